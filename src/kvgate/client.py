@@ -1,0 +1,272 @@
+"""HTTP/SSE client for OpenAI-compatible servers, with per-chunk monotonic timestamps.
+
+Everything the gates need from a server goes through :class:`KvClient`, which never raises on a
+bad *answer* (status, body) — it returns :class:`Reply` / :class:`StreamReply` so a gate can turn
+garbage into a conformance FAIL. It raises only :class:`EndpointUnreachable` when nothing answers
+at all (connection refused, DNS, TLS, connect timeout), with a one-line message.
+
+Transport and clock are injectable (``transport=`` an ``httpx.BaseTransport``, ``clock=`` a
+function returning seconds), so unit tests run against ``httpx.MockTransport`` without sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import httpx
+
+from .redact import redact_url
+
+Clock = Callable[[], float]
+
+
+class EndpointUnreachable(Exception):
+    """No HTTP answer at all from the endpoint. ``str()`` is one line naming the URL and cause."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a server is and how to authenticate.
+
+    ``base_url`` is the server root (``http://127.0.0.1:8000``), ``route_prefix`` the OpenAI route
+    prefix (``/v1``; KServe uses ``/openai/v1``). ``api_key`` is a secret: it is excluded from
+    ``repr`` and never written to any report.
+    """
+
+    base_url: str
+    route_prefix: str = "/v1"
+    api_key: str | None = field(default=None, repr=False)
+    host_header: str | None = None
+    managed: bool = False  # True when kvgate launched the server itself
+
+    @property
+    def display(self) -> str:
+        """The URL as reports show it (credentials in the URL masked)."""
+        return redact_url(self.base_url.rstrip("/") + self.route_prefix)
+
+    def headers(self) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        if self.host_header:
+            h["Host"] = self.host_header
+        return h
+
+
+@dataclass
+class Reply:
+    """A non-streamed answer. ``elapsed_s``: seconds from send to full body (monotonic)."""
+
+    status: int
+    text: str
+    elapsed_s: float
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def json(self) -> Any:
+        """Parsed body, or ``None`` when the body is not JSON."""
+        try:
+            return json.loads(self.text)
+        except (ValueError, TypeError):
+            return None
+
+    @property
+    def error_message(self) -> str:
+        """``error.message`` of an OpenAI-style error body, else the body's first 200 chars."""
+        body = self.json
+        if isinstance(body, dict):
+            err = body.get("error", body)
+            if isinstance(err, dict) and "message" in err:
+                return str(err["message"])
+            if isinstance(err, str):
+                return err
+        return self.text[:200]
+
+
+@dataclass
+class StreamReply:
+    """A streamed (SSE) answer.
+
+    ``events``: ``(t, data)`` pairs, ``t`` seconds since the request was sent (monotonic),
+    ``data`` the text after ``data:`` (``"[DONE]"`` included as it came). ``first_byte_s``: time of
+    the first body byte. ``status``/``text``: the HTTP status and, for non-200, the body.
+    ``transport_error``: set when the connection broke mid-stream (then ``done`` is False).
+    """
+
+    status: int
+    events: list[tuple[float, str]] = field(default_factory=list)
+    text: str = ""
+    first_byte_s: float | None = None
+    elapsed_s: float = 0.0
+    transport_error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the stream ended with ``data: [DONE]``."""
+        return bool(self.events) and self.events[-1][1].strip() == "[DONE]"
+
+    def chunks(self) -> list[tuple[float, Any]]:
+        """JSON-decoded events (``[DONE]`` excluded); undecodable data appear as ``str``."""
+        out: list[tuple[float, Any]] = []
+        for t, data in self.events:
+            if data.strip() == "[DONE]":
+                continue
+            try:
+                out.append((t, json.loads(data)))
+            except ValueError:
+                out.append((t, data))
+        return out
+
+    @property
+    def error_message(self) -> str:
+        return Reply(self.status, self.text, self.elapsed_s).error_message
+
+
+def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """Yield the ``data`` field of each SSE event from decoded lines (multi-line data joined)."""
+    buf: list[str] = []
+    for line in lines:
+        if line == "":
+            if buf:
+                yield "\n".join(buf)
+                buf = []
+            continue
+        if line.startswith("data:"):
+            buf.append(line[5:].lstrip(" "))
+    if buf:
+        yield "\n".join(buf)
+
+
+class KvClient:
+    """Synchronous client for one endpoint (one connection pool for its lifetime).
+
+    ``timeout_s``: default per-request timeout, seconds. Use as a context manager or ``close()``.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float = 120.0,
+        transport: httpx.BaseTransport | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.endpoint = endpoint
+        self.clock = clock
+        self._http = httpx.Client(
+            base_url=endpoint.base_url.rstrip("/"),
+            headers=endpoint.headers(),
+            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            transport=transport,
+        )
+
+    def __enter__(self) -> "KvClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---------------------------------------------------------------- plumbing
+    def _unreachable(self, exc: Exception, path: str) -> EndpointUnreachable:
+        cause = type(exc).__name__
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        return EndpointUnreachable(
+            f"endpoint {redact_url(self.endpoint.base_url)} is unreachable ({cause}: {detail}) on {path}"
+        )
+
+    def api(self, path: str) -> str:
+        """Full path for an OpenAI route: ``api('/models')`` -> ``/v1/models``."""
+        return self.endpoint.route_prefix.rstrip("/") + path
+
+    def request(self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None) -> Reply:
+        """Send one request; raise :class:`EndpointUnreachable` only when no answer comes."""
+        t0 = self.clock()
+        try:
+            r = self._http.request(
+                method, path, json=json_body,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+            raise self._unreachable(exc, path) from None
+        except httpx.HTTPError as exc:  # read timeout, protocol error: an answer that never finished
+            return Reply(status=0, text=f"{type(exc).__name__}: {exc}", elapsed_s=self.clock() - t0)
+        return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers))
+
+    def get(self, path: str, **kw: Any) -> Reply:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any, **kw: Any) -> Reply:
+        return self.request("POST", path, json_body=body, **kw)
+
+    def stream(self, path: str, body: Any, *, timeout_s: float | None = None,
+               on_event: Callable[[float, str], bool | None] | None = None) -> StreamReply:
+        """POST with ``stream: true`` and record every SSE event with its arrival time.
+
+        ``on_event(t, data)`` may return True to hang up early (client disconnect). Timestamps are
+        taken as lines arrive; JSON decoding is left to the caller (off the hot path).
+        """
+        t0 = self.clock()
+        out = StreamReply(status=0)
+        try:
+            with self._http.stream(
+                "POST", path, json=body,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
+            ) as r:
+                out.status = r.status_code
+                if r.status_code != 200:
+                    out.text = r.read().decode("utf-8", "replace")
+                    out.first_byte_s = self.clock() - t0
+                    out.elapsed_s = out.first_byte_s
+                    return out
+                for data in iter_sse_data(self._lines(r, out, t0)):
+                    t = self.clock() - t0
+                    out.events.append((t, data))
+                    if on_event is not None and on_event(t, data):
+                        break
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+            raise self._unreachable(exc, path) from None
+        except httpx.HTTPError as exc:
+            out.transport_error = f"{type(exc).__name__}: {exc}"
+        out.elapsed_s = self.clock() - t0
+        return out
+
+    def _lines(self, r: httpx.Response, out: StreamReply, t0: float) -> Iterator[str]:
+        for line in r.iter_lines():
+            if out.first_byte_s is None:
+                out.first_byte_s = self.clock() - t0
+            yield line
+
+    # ---------------------------------------------------------------- vLLM routes
+    def health(self) -> Reply:
+        return self.get("/health", timeout_s=10.0)
+
+    def version(self) -> str | None:
+        """``GET /version`` -> version string, or None when the server has no such route."""
+        r = self.get("/version", timeout_s=10.0)
+        body = r.json
+        return str(body["version"]) if r.status == 200 and isinstance(body, dict) and "version" in body else None
+
+    def models(self) -> Reply:
+        return self.get(self.api("/models"), timeout_s=10.0)
+
+    def tokenize(self, *, model: str, prompt: str | None = None,
+                 messages: list[dict[str, str]] | None = None) -> Reply:
+        """``POST /tokenize`` (vLLM's extension; chat-template aware when given ``messages``)."""
+        body: dict[str, Any] = {"model": model}
+        if messages is not None:
+            body["messages"] = messages
+            body["add_generation_prompt"] = True
+        else:
+            body["prompt"] = prompt
+        return self.post("/tokenize", body, timeout_s=30.0)
+
+    def metrics_text(self) -> str | None:
+        """``GET /metrics`` body, or None when the server exposes no metrics."""
+        r = self.get("/metrics", timeout_s=10.0)
+        return r.text if r.status == 200 else None

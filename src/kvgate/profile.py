@@ -1,0 +1,289 @@
+"""Deployment profiles: pydantic models of a YAML file, plus loading with ``extends:``.
+
+A profile says how a model is deployed and what the endpoint promises. Sections (see
+``shared/DESIGN.md``): ``model``, ``hardware``, ``engine`` (vLLM serve arguments), ``limits``
+(the request-side contract), ``slo``, ``workloads``, ``endpoint``. Unknown keys are errors
+(``extra="forbid"``) so a typo cannot silently disable a check.
+
+Loading: :func:`resolve_profile` turns ``--profile NAME`` into ``profiles/NAME.yaml`` (or accepts
+a path), :func:`load_profile` reads it, merges any ``extends:`` chain (deep merge of mappings, the
+child wins; lists are replaced) and validates. Every failure is a :class:`ProfileError` whose
+message names the file, the field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Profiles shipped with kvgate live at the repository root, beside ``src/``.
+DEFAULT_PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
+
+
+class ProfileError(Exception):
+    """A profile could not be found, parsed or validated. ``str()`` is a one-paragraph verdict."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class Architecture(_Strict):
+    """Transformer numbers the KV arithmetic needs (Hugging Face ``config.json`` names in comments).
+
+    ``head_dim`` defaults to ``hidden_size // attention_heads`` when ``hidden_size`` is given.
+    """
+
+    layers: int = Field(gt=0, description="num_hidden_layers")
+    attention_heads: int = Field(gt=0, description="num_attention_heads")
+    kv_heads: int = Field(gt=0, description="num_key_value_heads (== attention_heads without GQA)")
+    head_dim: int | None = Field(default=None, gt=0)
+    hidden_size: int | None = Field(default=None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
+    params_billion: float | None = Field(default=None, gt=0, description="parameter count, 1e9")
+    intermediate_size: int | None = Field(default=None, gt=0)
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    attention: Literal["mha", "gqa", "mla"] = "gqa"
+
+    @model_validator(mode="after")
+    def _head_dim(self) -> "Architecture":
+        if self.head_dim is None:
+            if self.hidden_size is None:
+                raise ValueError("give head_dim, or hidden_size to derive it from")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.attention_heads)
+        return self
+
+
+class ModelSpec(_Strict):
+    """What is served: the name clients send, its architecture and weight dtype."""
+
+    served_name: str
+    architecture: Architecture | None = None
+    hf_config: str | None = Field(default=None, description="path to a local HF config.json")
+    dtype: str = Field(default="bfloat16", description="weight dtype: bfloat16, float16, float32, q4_k_m, ...")
+    weights_gib: float | None = Field(default=None, gt=0, description="total weight bytes / 2**30, if known")
+    embedded: bool = Field(default=False, description="kvgate builds this model itself (tiny Llama)")
+
+
+class HardwareSpec(_Strict):
+    """Where it runs. ``memory_gib`` is per device, in GiB (2**30 bytes)."""
+
+    gpu: str = "cpu"
+    count: int = Field(default=1, gt=0)
+    memory_gib: float | None = Field(default=None, gt=0)
+
+
+class EngineSpec(_Strict):
+    """vLLM serve arguments (``vllm serve --help`` names with ``_``). ``None`` = leave vLLM's default.
+
+    The embedded launcher renders its command line from these; against a target endpoint the
+    deployment gate checks the live server against the ones that are observable.
+    """
+
+    runtime: Literal["vllm", "llama.cpp"] = "vllm"
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    max_model_len: int = Field(gt=0, description="tokens, prompt + output")
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    kv_cache_dtype: str = "auto"
+    dtype: str | None = None
+    block_size: int | None = Field(default=None, gt=0, description="tokens per KV block")
+    kv_cache_memory_bytes: int | None = Field(default=None, gt=0, description="explicit KV pool size, bytes")
+    enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None
+    override_generation_config: dict[str, Any] | None = None
+    # llama.cpp / llama-box / Ollama layer offload
+    num_gpu_layers: int | None = Field(default=None, ge=0, description="llama.cpp num_gpu / -ngl")
+    num_parallel: int | None = Field(default=None, gt=0, description="llama.cpp parallel slots")
+    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the command line")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the launched server")
+
+
+class LimitsSpec(_Strict):
+    """The request-side contract.
+
+    ``max_tokens_cap``: the largest ``max_tokens`` the deployment honours; ``over_cap`` says what a
+    request above it gets: ``reject`` (4xx) or ``clamp`` (200 with at most the cap). Deadlines are
+    seconds.
+    """
+
+    max_prompt_tokens: int | None = Field(default=None, gt=0)
+    max_tokens_cap: int | None = Field(default=None, gt=0)
+    over_cap: Literal["reject", "clamp"] = "clamp"
+    context_probe_max_tokens: int = Field(default=16, gt=0, description="max_tokens used by the max-context gate")
+    reject_deadline_s: float = Field(default=10.0, gt=0, description="over-length 4xx must arrive within this")
+    request_timeout_s: float = Field(default=120.0, gt=0)
+    canary_deadline_s: float = Field(default=30.0, gt=0, description="health-truth canary generation deadline")
+    stream_idle_timeout_s: float | None = Field(default=None, gt=0, description="gateway idle timeout")
+
+
+class SLOSpec(_Strict):
+    """Latency targets, milliseconds, at ``concurrency`` concurrent requests."""
+
+    concurrency: int = Field(default=1, gt=0)
+    ttft_p95_ms: float | None = Field(default=None, gt=0)
+    itl_p95_ms: float | None = Field(default=None, gt=0)
+    e2e_p95_ms: float | None = Field(default=None, gt=0)
+    error_rate_max: float = Field(default=0.0, ge=0, le=1)
+
+
+class Workload(_Strict):
+    """One traffic shape: prompt/output token lengths and concurrency."""
+
+    prompt_tokens: int = Field(gt=0)
+    prompt_tokens_p99: int | None = Field(default=None, gt=0)
+    output_tokens: int = Field(gt=0)
+    concurrency: int = Field(default=1, gt=0)
+    long: bool = Field(default=False, description="counts against the KV pool as a long-sequence workload")
+
+
+class EndpointSpec(_Strict):
+    """How to talk to a target endpoint. The API key itself never appears in a profile."""
+
+    api_key_env: str | None = Field(default=None, description="name of the env var holding the API key")
+    route_prefix: str = "/v1"
+    host_header: str | None = None
+
+
+class MemorySpec(_Strict):
+    """Memory terms the fit gate would otherwise estimate (``kvgate.kvmath``), per GPU, in GiB.
+
+    Take them from the server's own startup log when you have it: vLLM logs the activation peak
+    ("torch peak memory increase"), the non-torch memory and the CUDA-graph size ("Graph
+    capturing finished ... took X GiB"); llama.cpp logs its compute buffer ("CUDA0 compute
+    buffer size"). ``None`` = use kvgate's documented estimate.
+    """
+
+    activation_peak_gib: float | None = Field(
+        default=None, ge=0, description="GiB per GPU: vLLM's profiling peak at max_num_batched_tokens")
+    cuda_graph_gib: float | None = Field(
+        default=None, ge=0, description="GiB per GPU: CUDA-graph memory (0 with enforce_eager)")
+    non_torch_gib: float | None = Field(
+        default=None, ge=0, description="GiB per GPU: CUDA context, cuBLAS, NCCL; llama.cpp: runtime reserve")
+    compute_buffer_gib: float | None = Field(
+        default=None, ge=0, description="GiB on the GPU: llama.cpp compute buffer (Ollama GraphSize estimate)")
+
+
+class Profile(_Strict):
+    """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
+
+    name: str
+    description: str = ""
+    extends: str | None = None
+    source: str | None = None
+    model: ModelSpec
+    hardware: HardwareSpec = HardwareSpec()
+    engine: EngineSpec
+    limits: LimitsSpec = LimitsSpec()
+    slo: SLOSpec = SLOSpec()
+    workloads: dict[str, Workload] = Field(default_factory=dict)
+    endpoint: EndpointSpec = EndpointSpec()
+    memory: MemorySpec = Field(
+        default_factory=MemorySpec, description="fit-gate memory terms (GiB per GPU); unset = estimated"
+    )
+    expect_fit: Literal["pass", "fail"] | None = Field(
+        default=None, description="documentation: whether this profile is meant to pass the fit gate"
+    )
+
+    @property
+    def embedded(self) -> bool:
+        """True when kvgate can launch this deployment itself on the CPU."""
+        return self.model.embedded
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def available_profiles(profile_dir: Path = DEFAULT_PROFILE_DIR) -> list[str]:
+    """Names (file stems) of ``*.yaml`` profiles in ``profile_dir``, sorted."""
+    return sorted(p.stem for p in Path(profile_dir).glob("*.yaml"))
+
+
+def resolve_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> Path:
+    """Map ``--profile`` to a file: an existing path, or ``profile_dir/NAME.yaml``.
+
+    Raises :class:`ProfileError` listing the available profiles (and the closest match) when
+    nothing is found.
+    """
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        if candidate.is_file():
+            return candidate.resolve()
+        raise ProfileError(f"profile file {name_or_path} does not exist")
+    path = Path(profile_dir) / f"{name_or_path}.yaml"
+    if path.is_file():
+        return path
+    names = available_profiles(profile_dir)
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ProfileError(
+        f"unknown profile {name_or_path!r}{hint}; available in {profile_dir}: {', '.join(names) or '(none)'}"
+    )
+
+
+def _deep_merge(base: dict, child: dict) -> dict:
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: a profile must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()) -> dict:
+    if path in seen:
+        chain = " -> ".join(p.name for p in (*seen, path))
+        raise ProfileError(f"{path}: extends: cycle ({chain})")
+    data = _read_yaml(path)
+    parent = data.get("extends")
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ProfileError(f"{path}: field 'extends': expected a profile name or path, got {parent!r}")
+    parent_path = resolve_profile(parent, path.parent if (path.parent / f"{parent}.yaml").exists() else profile_dir)
+    base = _raw_with_extends(parent_path, profile_dir, (*seen, path))
+    base.pop("name", None)
+    base.pop("expect_fit", None)
+    return _deep_merge(base, data)
+
+
+def _format_validation(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid profile ({exc.error_count()} error(s))"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = err.get("input")
+        got_s = "" if isinstance(got, dict) else f"; got {got!r}"
+        lines.append(f"  field '{field}': {err['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> Profile:
+    """Find, read, merge (``extends:``) and validate a profile.
+
+    Raises :class:`ProfileError` naming the file and each bad field with the expected type.
+    """
+    path = resolve_profile(name_or_path, Path(profile_dir))
+    raw = _raw_with_extends(path, Path(profile_dir))
+    raw.setdefault("name", path.stem)
+    raw["source"] = str(path)
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(_format_validation(path, exc)) from None

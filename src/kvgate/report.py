@@ -1,0 +1,138 @@
+"""Where verdicts go: ``reports/summary.json``, Allure attachments and the console verdict table.
+
+Everything written passes through a :class:`~kvgate.redact.Redactor`, so API keys and auth
+headers never reach a report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .redact import Redactor
+from .verdict import Status, Verdict
+
+try:  # allure-pytest is a dependency, but keep the library importable without it
+    import allure
+except ImportError:  # pragma: no cover
+    allure = None
+
+
+@dataclass
+class Entry:
+    """One test's outcome: its readable id, its verdict (None when the harness itself erred)."""
+
+    test_id: str
+    nodeid: str
+    verdict: Verdict | None = None
+    error: str | None = None
+    console: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.verdict is not None:
+            return self.verdict.status.value
+        return "ERROR" if self.error else "NO-VERDICT"
+
+
+@dataclass
+class RunRecord:
+    """Everything a run collects for its reports. ``endpoint`` is the redacted display URL."""
+
+    profile_name: str
+    profile_source: str | None
+    redactor: Redactor
+    endpoint: str | None = None
+    server_version: str | None = None
+    launch: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, Entry] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    complete: bool = True
+
+    def add(self, nodeid: str, test_id: str, verdict: Verdict, console: list[tuple[str, str]] | None = None) -> None:
+        e = self.entries.setdefault(nodeid, Entry(test_id, nodeid))
+        e.verdict = verdict
+        e.console.extend(console or [])
+
+    def error(self, nodeid: str, test_id: str, message: str) -> None:
+        e = self.entries.setdefault(nodeid, Entry(test_id, nodeid))
+        if e.verdict is None:
+            e.error = message
+
+    def overall(self) -> str:
+        """FAIL if any FAIL or ERROR; else INVALID if any INVALID; else PASS (SKIPs allowed);
+        NO-GATES when nothing ran."""
+        statuses = {e.status for e in self.entries.values()}
+        if not statuses:
+            return "NO-GATES"
+        if statuses & {"FAIL", "ERROR", "NO-VERDICT"}:
+            return "FAIL"
+        if "INVALID" in statuses:
+            return "INVALID"
+        if statuses <= {"SKIP"}:
+            return "SKIP"
+        return "PASS"
+
+    def summary(self) -> dict[str, Any]:
+        gates = []
+        for e in self.entries.values():
+            d: dict[str, Any] = {"id": e.test_id, "nodeid": e.nodeid, "status": e.status}
+            if e.verdict is not None:
+                d.update({k: v for k, v in e.verdict.to_dict().items() if k != "status"})
+            if e.error:
+                d["error"] = e.error
+            gates.append(d)
+        out = {
+            "kvgate_summary_version": 1,
+            "profile": self.profile_name,
+            "profile_source": self.profile_source,
+            "endpoint": self.endpoint,
+            "server_version": self.server_version,
+            "launch": self.launch,
+            "started_unix": round(self.started, 3),
+            "duration_s": round(time.time() - self.started, 3),
+            "complete": self.complete,
+            "overall": self.overall() if self.complete else "INCOMPLETE",
+            "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
+                       for s in ("PASS", "FAIL", "INVALID", "SKIP", "ERROR")},
+            "gates": gates,
+        }
+        return self.redactor.data(out)
+
+    def write_summary(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.summary(), indent=2, default=str))
+        tmp.replace(path)
+        return path
+
+    def table(self) -> list[str]:
+        """The console verdict table: one line per gate, ``STATUS  id  message`` (not truncated)."""
+        lines = [f"kvgate {self.profile_name} @ {self.endpoint or '-'} (vLLM {self.server_version or '?'})"]
+        for e in self.entries.values():
+            msg = e.verdict.message if e.verdict else (e.error or "")
+            msg = self.redactor.text(msg.splitlines()[0] if msg else "")
+            lines.append(f"{e.status:<8} {e.test_id:<44} {msg}")
+        lines.append(f"OVERALL: {self.overall() if self.complete else 'INCOMPLETE'}")
+        return lines
+
+
+def attach_text(name: str, text: str, redactor: Redactor, kind: str = "text") -> None:
+    """Attach redacted ``text`` to the current Allure test (no-op without allure)."""
+    if allure is None:
+        return
+    t = {"text": allure.attachment_type.TEXT, "json": allure.attachment_type.JSON,
+         "csv": allure.attachment_type.CSV, "yaml": allure.attachment_type.YAML}.get(kind, allure.attachment_type.TEXT)
+    allure.attach(redactor.text(text), name=name, attachment_type=t)
+
+
+def attach_verdict(verdict: Verdict, redactor: Redactor) -> None:
+    """Attach the verdict (measured, limit, evidence) as JSON to the current Allure test."""
+    attach_text(f"verdict {verdict.gate}", json.dumps(redactor.data(verdict.to_dict()), indent=2, default=str),
+                redactor, "json")
+
+
+STATUS_ORDER = {Status.FAIL: 0, Status.INVALID: 1, Status.SKIP: 2, Status.PASS: 3}

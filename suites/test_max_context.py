@@ -1,0 +1,37 @@
+"""Gate: max context. A prompt of exactly max_model_len - max_tokens tokens completes; one of
+max_model_len + 1 tokens is rejected 4xx quickly, streaming and not; the server stays healthy."""
+
+import pytest
+
+from kvgate.gates import canary_verdict, fits_verdict, over_length_verdict
+from kvgate.probes import build_prompt, canary, send
+from kvgate.verdict import combine
+
+OVER_LENGTH = ["completions", "completions-stream", "chat", "chat-stream"]
+
+
+@pytest.mark.max_context
+@pytest.mark.gate("max-context", cases=["completions", "chat"])
+def test_longest_prompt_completes(case, kvgate_client, kvgate_profile, kvgate_gate):
+    model, limit = kvgate_profile.model.served_name, kvgate_profile.engine.max_model_len
+    max_tokens = kvgate_profile.limits.context_probe_max_tokens
+    prompt = build_prompt(kvgate_client, model, case, limit - max_tokens)
+    exchange = send(kvgate_client, case, prompt.body(model, max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                    prompt_tokens=prompt.tokens)
+    kvgate_gate(fits_verdict(exchange, limit, max_tokens))
+
+
+@pytest.mark.max_context
+@pytest.mark.gate("max-context", cases=[f"over-length/{c}" for c in OVER_LENGTH])
+def test_over_length_rejected_and_server_healthy(case, kvgate_client, kvgate_profile, kvgate_gate):
+    api, _, mode = case.removeprefix("over-length/").partition("-")
+    model, limit = kvgate_profile.model.served_name, kvgate_profile.engine.max_model_len
+    limits = kvgate_profile.limits
+    prompt = build_prompt(kvgate_client, model, api, limit + 1)
+    exchange = send(kvgate_client, api, prompt.body(model, max_tokens=limits.context_probe_max_tokens, temperature=0),
+                    stream=mode == "stream", prompt_tokens=prompt.tokens)
+    after = canary(kvgate_client, model, limits.canary_deadline_s)
+    kvgate_gate(combine(f"max-context/{case}", [
+        over_length_verdict(exchange, limit, limits.reject_deadline_s),
+        canary_verdict(after, limits.canary_deadline_s, after=f"a {prompt.tokens:,}-token over-length request"),
+    ]))

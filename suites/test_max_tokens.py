@@ -1,0 +1,50 @@
+"""Gate: max_tokens caps. completion_tokens <= max_tokens with finish_reason "length" at the cap;
+streamed usage == non-streamed usage == tokens received; the profile's cap enforced."""
+
+import pytest
+
+from kvgate.gates import cap_hit_verdict, over_cap_verdict, stream_usage_verdict
+from kvgate.probes import send
+from kvgate.verdict import Status, Verdict
+
+PROMPT = "the kv cache pool holds each block of the sequence"
+APIS = ["completions", "chat"]
+
+
+def body(api, model, **params):
+    if api == "chat":
+        return {"model": model, "messages": [{"role": "user", "content": PROMPT}], **params}
+    return {"model": model, "prompt": PROMPT, **params}
+
+
+def probe_tokens(profile):
+    return min(24, profile.limits.max_tokens_cap or 24)
+
+
+@pytest.mark.max_tokens
+@pytest.mark.gate("max-tokens", cases=[f"cap-hit/{a}" for a in APIS])
+def test_finish_length_at_cap(case, kvgate_client, kvgate_profile, kvgate_gate):
+    api, n, model = case.split("/")[1], probe_tokens(kvgate_profile), kvgate_profile.model.served_name
+    exchange = send(kvgate_client, api, body(api, model, max_tokens=n, temperature=0, ignore_eos=True))
+    kvgate_gate(cap_hit_verdict(exchange, n))
+
+
+@pytest.mark.max_tokens
+@pytest.mark.gate("max-tokens", cases=[f"stream-usage/{a}" for a in APIS])
+def test_streamed_usage_matches(case, kvgate_client, kvgate_profile, kvgate_gate):
+    api, n, model = case.split("/")[1], probe_tokens(kvgate_profile), kvgate_profile.model.served_name
+    params = dict(max_tokens=n, temperature=0, seed=0, ignore_eos=True, logprobs=1 if api == "completions" else True)
+    plain = send(kvgate_client, api, body(api, model, **params))
+    streamed = send(kvgate_client, api, body(api, model, **params, stream_options={"include_usage": True}), stream=True)
+    kvgate_gate(stream_usage_verdict(plain, streamed, n))
+
+
+@pytest.mark.max_tokens
+@pytest.mark.gate("max-tokens", cases=[f"over-cap/{a}" for a in APIS])
+def test_profile_cap_enforced(case, kvgate_client, kvgate_profile, kvgate_gate):
+    api, model, limits = case.split("/")[1], kvgate_profile.model.served_name, kvgate_profile.limits
+    if limits.max_tokens_cap is None:
+        kvgate_gate(Verdict(f"max-tokens/{case}", Status.SKIP, "profile states no max_tokens cap (limits.max_tokens_cap)"))
+    asked = limits.max_tokens_cap + 16
+    exchange = send(kvgate_client, api, body(api, model, max_tokens=asked, temperature=0, ignore_eos=True))
+    kvgate_gate(over_cap_verdict(exchange, limits.max_tokens_cap, limits.over_cap))

@@ -1,0 +1,1310 @@
+"""A fault-injecting fake of vLLM 0.32's OpenAI-compatible server, for kvgate's own tests.
+
+It imitates the parts of ``python -m vllm.entrypoints.openai.api_server`` that kvgate's gates look
+at — routes, JSON shapes, error bodies, SSE framing, length/clamp semantics, usage accounting and
+the Prometheus metrics — with a trivial deterministic tokenizer and a "model" that emits
+deterministic words. Faults (see :data:`FAULTS`) are switched per test, also between requests::
+
+    with FakeVLLM(FakeConfig(max_model_len=256)) as fake:      # uvicorn in a thread, port 0
+        httpx.get(fake.base_url + "/health")                   # base_url has no /v1
+        fake.config.faults.add("over_length_500")
+        ...
+        fake.state.running, fake.state.requests[-1].finish_reason
+
+    with running_fake(FakeConfig(faults={"missing_done"})) as base_url: ...
+
+    python -m tests.fakes.fake_vllm --port 0 --fault stall_mid_stream --set stall_s=0.2
+
+Tokenizer: every whitespace-separated word is one token. A completions prompt gets a BOS ``<s>``
+(so ``count = words + 1``); a list of token ids is taken as is. The chat template renders
+``<s> <|role|> content ... <|assistant|>`` — BOS, one token per role marker, the content words, and
+the generation prompt; ``/tokenize`` with ``messages`` renders the same template, so its ``count``
+equals chat ``usage.prompt_tokens``.
+
+Generation: token ``i`` is the word ``" tok{k}"`` (leading space), ``k`` derived from the prompt at
+temperature 0 (reproducible) or from ``seed`` / fresh randomness otherwise. Without ``ignore_eos``
+the "model" emits an EOS after ``max(eos_after, min_tokens)`` content tokens: the EOS counts in
+``usage.completion_tokens`` and in logprobs (token ``"</s>"``) but adds no text, and the
+``finish_reason`` is ``"stop"`` — exactly like vLLM. With ``ignore_eos`` (or when the limit comes
+first) the finish reason is ``"length"`` and every generated token is a word of text.
+
+Time is injectable: all delays go through ``FakeVLLM(sleep=...)`` (default ``asyncio.sleep``) and
+default to 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import socket
+import sys
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+
+import anyio
+import uvicorn
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+__all__ = [
+    "FAULTS",
+    "FakeConfig",
+    "FakeState",
+    "FakeTokenizer",
+    "FakeVLLM",
+    "RequestRecord",
+    "running_fake",
+    "main",
+]
+
+# --------------------------------------------------------------------------------------------
+# Faults
+# --------------------------------------------------------------------------------------------
+
+FAULTS: dict[str, str] = {
+    # issue 2: deployment / max context / max_tokens
+    "wrong_max_model_len": "advertise advertised_max_model_len (default 2 x max_model_len) in /v1/models "
+    "and /tokenize while enforcing max_model_len",
+    "over_length_500": "answer an over-length prompt (tokens >= max_model_len) with 500 instead of 400",
+    "over_length_truncate": "silently left-truncate an over-length prompt and answer 200 (prompt_tokens "
+    "then reads max_model_len - max_tokens, at most max_model_len - 1)",
+    "ignore_max_tokens": "generate max_tokens + ignore_max_tokens_extra tokens (still bounded by "
+    "max_model_len - prompt) and report them truthfully in usage",
+    "finish_stop_at_cap": 'finish_reason "stop" instead of "length" when the token limit is hit',
+    "stream_usage_mismatch": "the streamed usage chunk reports completion_tokens one more than the "
+    "tokens actually streamed (non-streamed usage stays correct)",
+    "dead_after_over_length": "after the first over-length request (itself answered 400) every "
+    "generation fails (dead_mode '500': HTTP 500; 'hang': never answers) while /health stays 200",
+    "ignore_cap": "the server-side cap max_tokens_cap (vLLM --override-generation-config "
+    "max_new_tokens) is not enforced",
+    # issue 4: load / latency / streaming
+    "stall_mid_stream": "sleep stall_s seconds before token stall_after (default: half way) of a "
+    "generation; /health stays fast",
+    "missing_done": "streams end without 'data: [DONE]'",
+    "duplicate_deltas": "one content delta (the middle one) is sent twice",
+    "two_finish_chunks": "the chunk carrying finish_reason is sent twice",
+    "hol_blocking": "prefills are serialized through one lock, each holding it prompt_tokens x "
+    "prefill_s_per_token seconds: TTFT grows with the prefill queued ahead (head-of-line blocking)",
+    "stuck_gauges": "a client disconnect never releases its slot: num_requests_running and KV usage "
+    "stay up (the slot also keeps counting against max_num_seqs)",
+    "5xx_under_concurrency": "a long prompt (>= long_prompt_tokens, default max_model_len // 2) is "
+    "answered 500 when more than max_concurrent_long long prompts would be in flight",
+    "leaky_rss": "each generation request leaks leak_bytes_per_request bytes of real, resident memory; "
+    "process_resident_memory_bytes in /metrics grows with it",
+    "drifting_ttft": "TTFT grows by drift_s_per_request for every generation request seen before",
+    # cheap extras
+    "no_metrics": "GET /metrics answers 404 (a server without metrics)",
+    "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
+}
+
+
+class FaultSet(set):
+    """A ``set`` of fault names that rejects names not in :data:`FAULTS` (typos fail loudly)."""
+
+    def __init__(self, items: Any = ()) -> None:
+        items = [items] if isinstance(items, str) else list(items or ())
+        for item in items:
+            _check_fault(item)
+        super().__init__(items)
+
+    def add(self, item: str) -> None:
+        _check_fault(item)
+        super().add(item)
+
+    def update(self, *others: Any) -> None:
+        for other in others:
+            for item in other:
+                self.add(item)
+
+    def __ior__(self, other: Any) -> "FaultSet":
+        self.update(other)
+        return self
+
+
+def _check_fault(name: Any) -> None:
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}; known faults: {', '.join(sorted(FAULTS))}")
+
+
+# --------------------------------------------------------------------------------------------
+# Config and state
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeConfig:
+    """Everything the fake serves and how it misbehaves. Read on every request, so a test may change
+    fields (and ``faults``) between requests."""
+
+    served_name: str = "fake-model"
+    model_path: str = "/models/fake-model"  # the card's `root`
+    max_model_len: int = 256
+    advertised_max_model_len: int | None = None  # None: same as max_model_len (2x under the fault)
+    version: str = "0.32.0+fake"
+    faults: set[str] = field(default_factory=FaultSet)
+    # cache config (vllm:cache_config_info) and the simulated KV pool
+    block_size: int = 16
+    num_gpu_blocks: int = 64  # 1024 tokens: 4 full-length sequences at the default max_model_len
+    gpu_memory_utilization: float = 0.9
+    cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256  # admitted ("running") at once; more wait (num_requests_waiting)
+    # generation
+    max_tokens_cap: int | None = None  # like --override-generation-config '{"max_new_tokens": N}'
+    default_max_tokens: int = 16  # completions default when max_tokens is absent (chat: L - N)
+    eos_after: int | None = 48  # natural EOS after this many content tokens (None: never)
+    max_logprobs: int = 20
+    api_key: str | None = None  # like --api-key: /v1/* then need "Authorization: Bearer <key>"
+    # timing (seconds; all default 0)
+    ttft_s: float = 0.0  # extra delay before the first token
+    itl_s: float = 0.0  # delay between tokens
+    prefill_s_per_token: float = 0.0  # prefill time = prompt_tokens x this (serialized under hol_blocking)
+    # fault knobs
+    ignore_max_tokens_extra: int = 8
+    dead_mode: str = "500"  # "500" or "hang"
+    stall_s: float = 0.3
+    stall_after: int | None = None  # token index before which to stall; None: half way
+    long_prompt_tokens: int | None = None  # None: max_model_len // 2
+    max_concurrent_long: int = 1
+    leak_bytes_per_request: int = 1 << 20
+    base_rss_bytes: int = 512 << 20  # process_resident_memory_bytes without leaks
+    drift_s_per_request: float = 0.002
+
+    def __post_init__(self) -> None:
+        self.faults = FaultSet(self.faults)
+        if self.dead_mode not in ("500", "hang"):
+            raise ValueError(f"dead_mode must be '500' or 'hang', not {self.dead_mode!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "faults" and not isinstance(value, FaultSet):
+            value = FaultSet(value)
+        object.__setattr__(self, name, value)
+
+    @property
+    def advertised_len(self) -> int:
+        """The max_model_len shown in /v1/models and /tokenize."""
+        if "wrong_max_model_len" in self.faults:
+            return self.advertised_max_model_len or 2 * self.max_model_len
+        return self.max_model_len
+
+    @property
+    def long_threshold(self) -> int:
+        return self.long_prompt_tokens if self.long_prompt_tokens is not None else self.max_model_len // 2
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["faults"] = sorted(self.faults)
+        return d
+
+
+@dataclass
+class RequestRecord:
+    """One request to a generation endpoint, as the fake saw it (monotonic clock: ``time.monotonic``)."""
+
+    id: str
+    endpoint: str  # "completions" | "chat"
+    stream: bool
+    t_received: float  # body read
+    status: int = 200
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None  # the effective limit after clamp/cap/faults
+    completion_tokens: int = 0  # generated by the engine (EOS included)
+    tokens_sent: int = 0  # streamed content/EOS deltas actually handed to the transport
+    finish_reason: str | None = None
+    error: str | None = None
+    t_admitted: float | None = None
+    t_first_token: float | None = None  # engine produced the first token
+    t_first_byte: float | None = None  # first SSE chunk handed to the transport (streaming)
+    t_done: float | None = None
+    disconnected: bool = False  # aborted before the engine finished (client went away)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class _Active:
+    prompt_tokens: int
+    generated: int = 0
+    preempted: bool = False
+    stuck: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+@dataclass
+class FakeState:
+    """What the fake has seen. Mutated only on the server's event loop; safe to read from tests."""
+
+    requests: list[RequestRecord] = field(default_factory=list)
+    active: dict[str, _Active] = field(default_factory=dict)  # admitted, not finished (or stuck)
+    waiting: int = 0
+    dead: bool = False
+    generations_started: int = 0
+    preemptions: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    leaked: list[bytes] = field(default_factory=list)
+    inflight: dict[str, int] = field(default_factory=dict)  # accepted request id -> prompt tokens
+
+    @property
+    def running(self) -> int:
+        """vllm:num_requests_running: admitted requests not yet finished (stuck ones included)."""
+        return len(self.active)
+
+    @property
+    def leaked_bytes(self) -> int:
+        return sum(len(b) for b in self.leaked)
+
+    def kv_blocks_used(self, block_size: int) -> int:
+        return sum(math.ceil(a.tokens / block_size) for a in self.active.values())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "running": self.running,
+            "waiting": self.waiting,
+            "dead": self.dead,
+            "generations_started": self.generations_started,
+            "preemptions": self.preemptions,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+            "leaked_bytes": self.leaked_bytes,
+            "requests": [r.to_json() for r in self.requests],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------
+
+BOS, EOS = "<s>", "</s>"
+GEN_VOCAB = 500  # generated words are tok0 .. tok499
+_SPECIAL_IDS = {"<unk>": 0, BOS: 1, EOS: 2, "<|system|>": 3, "<|user|>": 4, "<|assistant|>": 5, "<|tool|>": 6}
+
+
+class FakeTokenizer:
+    """Whitespace tokenizer with a stable word -> id map and the fake's chat template."""
+
+    def __init__(self) -> None:
+        self._id_to_word: dict[int, str] = {v: k for k, v in _SPECIAL_IDS.items()}
+
+    def token_id(self, word: str) -> int:
+        if word in _SPECIAL_IDS:
+            return _SPECIAL_IDS[word]
+        if word.startswith("tok") and word[3:].isdigit() and int(word[3:]) < GEN_VOCAB and word == f"tok{int(word[3:])}":
+            return 1000 + int(word[3:])
+        tid = 10_000 + zlib.crc32(word.encode()) % 1_000_000
+        self._id_to_word.setdefault(tid, word)
+        return tid
+
+    def word(self, tid: int) -> str:
+        if 1000 <= tid < 1000 + GEN_VOCAB:
+            return f"tok{tid - 1000}"
+        return self._id_to_word.get(tid, "<unk>")
+
+    def encode(self, text: str, add_bos: bool = True) -> list[str]:
+        """Token strings of ``text``."""
+        return ([BOS] if add_bos else []) + text.split()
+
+    def ids(self, words: list[str]) -> list[int]:
+        return [self.token_id(w) for w in words]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.word(i) for i in ids)
+
+    @staticmethod
+    def content_text(content: Any) -> str:
+        """Text of a chat message content: a string, None, or a list of parts."""
+        if content is None:
+            return ""
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+                elif isinstance(part, str):
+                    texts.append(part)
+                else:
+                    raise ValueError("only text content parts are supported")
+            return " ".join(texts)
+        raise ValueError("message content must be a string or a list of content parts")
+
+    def render_chat(self, messages: Any, add_generation_prompt: bool = True) -> list[str]:
+        """Token strings of the chat template: ``<s> <|role|> content ... [<|assistant|>]``."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        words = [BOS]
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise ValueError("each message needs a string 'role'")
+            words.append(f"<|{m['role']}|>")
+            words.extend(self.content_text(m.get("content")).split())
+        if add_generation_prompt:
+            words.append("<|assistant|>")
+        return words
+
+
+# --------------------------------------------------------------------------------------------
+# The planned generation and its events
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Token:
+    index: int
+    token_id: int
+    token_str: str  # "tok12" or "</s>"
+    text: str  # " tok12" or "" for EOS
+    logprob: float
+    alternatives: list[tuple[str, float]]
+    is_last: bool
+    finish_reason: str | None  # on the last token only
+
+
+@dataclass
+class _Plan:
+    record: RequestRecord
+    kind: str  # "completions" | "chat"
+    prompt_tokens: int
+    tokens: list[_Token]
+    finish_reason: str
+    faults: frozenset[str]
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    logprobs: int | None = None  # completions: int; chat: number of top_logprobs (0 when just true)
+    created: int = 0
+    model: str = ""
+    released: bool = False
+
+
+def _plan_tokens(
+    prompt_key: str,
+    limit: int,
+    ignore_eos: bool,
+    min_tokens: int,
+    eos_after: int | None,
+    temperature: float,
+    seed: int | None,
+    top: int,
+) -> tuple[list[_Token], str]:
+    """Deterministic output tokens and the natural finish reason."""
+    natural = None if eos_after is None else max(eos_after, min_tokens)
+    if ignore_eos or natural is None or natural >= limit:
+        n_content, eos, finish = limit, False, "length"
+    else:
+        n_content, eos, finish = natural, True, "stop"
+    greedy = temperature == 0
+    rng = random.Random(seed) if seed is not None else random.Random(os.urandom(8))
+    h = zlib.crc32(prompt_key.encode())
+    toks: list[_Token] = []
+    total = n_content + (1 if eos else 0)
+    for i in range(total):
+        if eos and i == n_content:
+            tid, tstr, text = _SPECIAL_IDS[EOS], EOS, ""
+            k = -1
+        else:
+            k = (h + 37 * i) % GEN_VOCAB if greedy else rng.randrange(GEN_VOCAB)
+            tid, tstr, text = 1000 + k, f"tok{k}", f" tok{k}"
+        lp = -(0.05 + (tid % 7) * 0.01) if greedy else -(0.3 + rng.random())
+        alts = [(f"tok{(max(k, 0) + j * 101) % GEN_VOCAB}", lp - j) for j in range(1, max(top, 1))]
+        toks.append(_Token(i, tid, tstr, text, round(lp, 4), alts, i == total - 1, None))
+    if toks:
+        toks[-1].finish_reason = finish
+    return toks, finish
+
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class _Metrics:
+    """prometheus_client metrics in a registry of their own (one per FakeVLLM)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r)
+        self.cache_info_labels = [
+            "block_size", "cache_dtype", "enable_prefix_caching", "engine", "gpu_memory_utilization",
+            "kv_cache_max_concurrency", "kv_cache_memory_bytes", "kv_cache_size_tokens", "num_cpu_blocks",
+            "num_gpu_blocks", "num_gpu_blocks_override", "sliding_window",
+        ]
+        self.cache_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                self.cache_info_labels, registry=r)
+        self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r)
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                               labels + ["finished_reason"], registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              labels, buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             labels, buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             labels, buckets=E2E_BUCKETS, registry=r)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                               labels, buckets=E2E_BUCKETS, registry=r)
+        self.rss = Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", registry=r)
+        self._model: str | None = None
+
+    def touch(self, model: str) -> None:
+        """Create the labelled children vLLM creates at startup (so counters show 0, not absent)."""
+        if model == self._model:
+            return
+        self._model = model
+        for m in (self.running, self.waiting, self.kv_usage, self.preemptions, self.prompt_tokens,
+                  self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue):
+            m.labels(model, "0")
+        for reason in FINISH_REASONS:
+            self.success.labels(model, "0", reason)
+
+
+# --------------------------------------------------------------------------------------------
+# Responses
+# --------------------------------------------------------------------------------------------
+
+
+def _error(message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None) -> JSONResponse:
+    """vLLM's ErrorResponse body."""
+    return JSONResponse({"error": {"message": message, "type": err_type, "param": param, "code": status}},
+                        status_code=status)
+
+
+class _BadRequest(Exception):
+    """An error answered with vLLM's ErrorResponse; ``param``/``value`` give vLLM's
+    ``(parameter=..., value=...)`` message suffix unless ``suffix`` is False."""
+
+    def __init__(self, message: str, param: str | None = None, value: Any = None, status: int = 400,
+                 err_type: str = "BadRequestError", suffix: bool = True) -> None:
+        extras = []
+        if suffix and param is not None:
+            extras.append(f"parameter={param}")
+        if suffix and value is not None:
+            extras.append(f"value={value}")
+        super().__init__(f"{message} ({', '.join(extras)})" if extras else message)
+        self.param, self.status, self.err_type = param, status, err_type
+
+    def response(self) -> JSONResponse:
+        return _error(str(self), self.status, self.err_type, self.param)
+
+
+class _SSEResponse(StreamingResponse):
+    """StreamingResponse that always closes its generator (so a disconnect runs its ``finally``
+    promptly, whether the cancel hit an ``await`` in the generator or the transport) and then runs
+    ``on_close``."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            self._on_close()
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+# --------------------------------------------------------------------------------------------
+# The fake server
+# --------------------------------------------------------------------------------------------
+
+
+class FakeVLLM:
+    """The fake vLLM server: an ASGI ``app``, its ``config`` and ``state``, and a runner.
+
+    ``with FakeVLLM(config) as fake:`` starts uvicorn in a background thread on a free loopback
+    port (``fake.base_url``, e.g. ``http://127.0.0.1:40123``; ``fake.url`` adds ``/v1``) and stops
+    it on exit. ``reset()`` clears state and metrics between tests without restarting.
+    """
+
+    def __init__(self, config: FakeConfig | None = None, *, sleep: Callable[[float], Awaitable[Any]] | None = None,
+                 **overrides: Any) -> None:
+        self.config = config if config is not None else FakeConfig()
+        for k, v in overrides.items():
+            if not hasattr(self.config, k):
+                raise TypeError(f"FakeConfig has no field {k!r}")
+            setattr(self.config, k, v)
+        self.sleep = sleep or asyncio.sleep
+        self.tokenizer = FakeTokenizer()
+        self.state = FakeState()
+        self.metrics = _Metrics()
+        self.created = int(time.time())
+        self.app = self._build_app()
+        self.base_url: str | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._prefill_lock: asyncio.Lock | None = None
+        self._slot_freed: asyncio.Event | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """OpenAI base URL (``base_url + "/v1"``)."""
+        if self.base_url is None:
+            raise RuntimeError("the fake is not running")
+        return self.base_url + "/v1"
+
+    @property
+    def port(self) -> int:
+        if self._sock is None:
+            raise RuntimeError("the fake is not running")
+        return self._sock.getsockname()[1]
+
+    def reset(self) -> None:
+        """Forget requests, counters, leaks and the dead flag; keep the config."""
+        self.state = FakeState()
+        self.metrics = _Metrics()
+
+    def _bind(self, host: str, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        return sock
+
+    def _uvicorn(self, host: str, log_level: str, **kw: Any) -> uvicorn.Server:
+        cfg = uvicorn.Config(self.app, host=host, log_level=log_level, access_log=False, lifespan="off",
+                             ws="none", timeout_graceful_shutdown=2, timeout_keep_alive=30, **kw)
+        return uvicorn.Server(cfg)
+
+    def start(self, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0, log_level: str = "warning",
+              **uvicorn_kw: Any) -> str:
+        """Serve in a background thread; returns ``base_url`` once the server accepts requests."""
+        if self._thread is not None:
+            raise RuntimeError("already running")
+        self._sock = self._bind(host, port)
+        self._server = server = self._uvicorn(host, log_level, **uvicorn_kw)
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [self._sock]},
+                                        name=f"fake-vllm:{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not self._thread.is_alive():
+                self._cleanup()
+                raise RuntimeError("fake vLLM server thread exited during startup")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"fake vLLM server did not start within {timeout}s")
+            time.sleep(0.002)
+        self.base_url = f"http://{host}:{self.port}"
+        return self.base_url
+
+    def stop(self, timeout: float = 5.0) -> None:
+        server, thread = self._server, self._thread
+        if server is not None and thread is not None:
+            server.should_exit = True
+            thread.join(timeout)
+            if thread.is_alive():
+                server.force_exit = True
+                thread.join(timeout)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._server = self._thread = None
+        self.base_url = None
+        self._loop = None
+
+    def __enter__(self) -> "FakeVLLM":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- loop-bound primitives ---------------------------------------------------------------
+
+    def _prims(self) -> tuple[asyncio.Lock, asyncio.Event]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._prefill_lock is None or self._slot_freed is None:
+            self._loop = loop
+            self._prefill_lock = asyncio.Lock()
+            self._slot_freed = asyncio.Event()
+        return self._prefill_lock, self._slot_freed
+
+    # ---- app ---------------------------------------------------------------------------------
+
+    def _build_app(self) -> Starlette:
+        routes = [
+            Route("/health", self._health, methods=["GET"]),
+            Route("/ping", self._ping, methods=["GET", "POST"]),
+            Route("/version", self._version, methods=["GET"]),
+            Route("/load", self._load, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/tokenize", self._tokenize, methods=["POST"]),
+            Route("/detokenize", self._detokenize, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/metrics", self._metrics_endpoint, methods=["GET"]),
+            Route("/_fake/state", self._fake_state, methods=["GET"]),
+            Route("/_fake/config", self._fake_config, methods=["GET", "POST"]),
+            Route("/_fake/reset", self._fake_reset, methods=["POST"]),
+        ]
+        return Starlette(routes=routes)
+
+    def _auth(self, request: Request) -> Response | None:
+        key = self.config.api_key
+        if key and request.headers.get("authorization") != f"Bearer {key}":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return None
+
+    async def _json(self, request: Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.body() or b"null")
+        except ValueError as e:
+            raise _BadRequest(f"Invalid JSON body: {e}")
+        if not isinstance(body, dict):
+            raise _BadRequest("Request body must be a JSON object")
+        return body
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.config.served_name:
+            raise _BadRequest(f"The model `{model}` does not exist.", status=404, err_type="NotFoundError",
+                              param="model", suffix=False)
+
+    # simple endpoints
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _ping(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _version(self, request: Request) -> Response:
+        return JSONResponse({"version": self.config.version})
+
+    async def _load(self, request: Request) -> Response:
+        return JSONResponse({"server_load": len(self.state.inflight)})
+
+    async def _models(self, request: Request) -> Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        cfg = self.config
+        card = {
+            "id": cfg.served_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": cfg.model_path,
+            "parent": None,
+            "max_model_len": cfg.advertised_len,
+            "permission": [{
+                "id": f"modelperm-{uuid.uuid5(uuid.NAMESPACE_DNS, cfg.served_name).hex}",
+                "object": "model_permission", "created": self.created, "allow_create_engine": False,
+                "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+                "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None,
+                "is_blocking": False,
+            }],
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def _tokenize(self, request: Request) -> Response:
+        if "no_tokenize" in self.config.faults:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        try:
+            body = await self._json(request)
+            self._check_model(body)
+            if "messages" in body:
+                words = self.tokenizer.render_chat(body["messages"], bool(body.get("add_generation_prompt", True)))
+                if body.get("add_special_tokens", False):
+                    words = [BOS] + words
+            elif isinstance(body.get("prompt"), str):
+                words = self.tokenizer.encode(body["prompt"], add_bos=bool(body.get("add_special_tokens", True)))
+            else:
+                raise _BadRequest("either 'prompt' (a string) or 'messages' is required")
+        except _BadRequest as e:
+            return e.response()
+        except ValueError as e:
+            return _BadRequest(str(e)).response()
+        return JSONResponse({
+            "count": len(words),
+            "max_model_len": self.config.advertised_len,
+            "tokens": self.tokenizer.ids(words),
+            "token_strs": words if body.get("return_token_strs") else None,
+        })
+
+    async def _detokenize(self, request: Request) -> Response:
+        if "no_tokenize" in self.config.faults:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        try:
+            body = await self._json(request)
+            self._check_model(body)
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise _BadRequest("'tokens' must be a list of integers")
+        except _BadRequest as e:
+            return e.response()
+        return JSONResponse({"prompt": self.tokenizer.decode(tokens)})
+
+    async def _metrics_endpoint(self, request: Request) -> Response:
+        if "no_metrics" in self.config.faults:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        cfg, st, m = self.config, self.state, self.metrics
+        model = cfg.served_name
+        m.touch(model)
+        m.running.labels(model, "0").set(st.running)
+        m.waiting.labels(model, "0").set(st.waiting)
+        m.kv_usage.labels(model, "0").set(min(1.0, st.kv_blocks_used(cfg.block_size) / max(1, cfg.num_gpu_blocks)))
+        size_tokens = cfg.num_gpu_blocks * cfg.block_size
+        info = {
+            "block_size": str(cfg.block_size), "cache_dtype": str(cfg.cache_dtype),
+            "enable_prefix_caching": str(cfg.enable_prefix_caching), "engine": "0",
+            "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+            "kv_cache_max_concurrency": str(round(size_tokens / cfg.max_model_len, 2)),
+            "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": str(size_tokens), "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(cfg.num_gpu_blocks), "num_gpu_blocks_override": "None", "sliding_window": "None",
+        }
+        m.cache_info.clear()
+        m.cache_info.labels(**info).set(1)
+        m.rss.set(cfg.base_rss_bytes + st.leaked_bytes)
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # control endpoints (for a fake in another process)
+
+    async def _fake_state(self, request: Request) -> Response:
+        return JSONResponse(self.state.summary())
+
+    async def _fake_config(self, request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                body = await self._json(request)
+                for k, v in body.items():
+                    if k not in {f.name for f in dataclasses.fields(FakeConfig)}:
+                        raise ValueError(f"FakeConfig has no field {k!r}")
+                    setattr(self.config, k, v)
+            except (_BadRequest, ValueError) as e:
+                return _error(str(e))
+        return JSONResponse(self.config.to_json())
+
+    async def _fake_reset(self, request: Request) -> Response:
+        self.reset()
+        return JSONResponse({"ok": True})
+
+    # ---- generation endpoints ------------------------------------------------------------------
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._generate(request, "completions")
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        try:
+            body = await self._json(request)
+        except _BadRequest as e:
+            return e.response()
+        t_received = time.monotonic()
+        cfg, st = self.config, self.state
+        faults = frozenset(cfg.faults)
+        stream = bool(body.get("stream", False))
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rec = RequestRecord(id=f"{prefix}-{rid}", endpoint=kind, stream=stream, t_received=t_received)
+        st.requests.append(rec)
+        try:
+            plan = self._admit(body, kind, rec, faults)
+        except _BadRequest as e:
+            rec.status, rec.error, rec.t_done = e.status, str(e), time.monotonic()
+            return e.response()
+
+        if plan is None:  # the engine is dead
+            if cfg.dead_mode == "hang":
+                await self._wait_disconnect(request)
+                rec.status, rec.disconnected, rec.t_done = 499, True, time.monotonic()
+                return Response(status_code=500)
+            rec.status, rec.t_done = 500, time.monotonic()
+            rec.error = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+            return _error(rec.error, 500, "InternalServerError")
+
+        if plan.stream:
+            return _SSEResponse(self._stream(plan), on_close=lambda: self._release(plan))
+        try:
+            return await self._complete_nonstream(request, plan)
+        finally:
+            self._release(plan)
+
+    def _admit(self, body: dict[str, Any], kind: str, rec: RequestRecord, faults: frozenset[str]) -> _Plan | None:
+        """Validate like vLLM, apply the length semantics and the admission faults; None = dead engine."""
+        cfg, st, tok = self.config, self.state, self.tokenizer
+        L = cfg.max_model_len
+        self._check_model(body)
+
+        n = body.get("n", 1)
+        if n != 1:
+            raise _BadRequest("the fake vLLM supports n=1 only", param="n", value=n)
+        stream = rec.stream
+        stream_options = body.get("stream_options")
+        if stream_options is not None and not stream:
+            raise _BadRequest("Stream options can only be defined when `stream=True`.")
+        stream_options = stream_options or {}
+        temperature = body.get("temperature")
+        if temperature is None:
+            temperature = 1.0  # vLLM's default without a generation_config
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise _BadRequest(f"temperature must be non-negative, got {temperature}.", param="temperature",
+                              value=temperature)
+        seed = body.get("seed")
+        if seed is not None and not isinstance(seed, int):
+            raise _BadRequest("seed must be an integer", param="seed", value=seed)
+        ignore_eos = bool(body.get("ignore_eos", False))
+        min_tokens = body.get("min_tokens", 0) or 0
+        if not isinstance(min_tokens, int) or min_tokens < 0:
+            raise _BadRequest(f"min_tokens must be greater than or equal to 0, got {min_tokens}.",
+                              param="min_tokens", value=min_tokens)
+
+        # max_tokens (chat: max_completion_tokens wins)
+        param = "max_tokens"
+        requested = body.get("max_tokens")
+        if kind == "chat" and body.get("max_completion_tokens") is not None:
+            param, requested = "max_completion_tokens", body["max_completion_tokens"]
+        if requested is not None:
+            if not isinstance(requested, int) or isinstance(requested, bool):
+                raise _BadRequest(f"{param} must be an integer", param=param, value=requested)
+            if requested > L:
+                raise _BadRequest(f"{param}={requested} cannot be greater than max_model_len={L}. "
+                                  f"Please request fewer output tokens.", param=param, value=requested)
+            if requested < 1:
+                raise _BadRequest(f"max_tokens must be at least 1, got {requested}.", param="max_tokens",
+                                  value=requested)
+            if min_tokens > requested:
+                raise _BadRequest(f"min_tokens must be less than or equal to max_tokens={requested}, "
+                                  f"got {min_tokens}.", param="min_tokens", value=min_tokens)
+
+        # logprobs
+        logprobs: int | None = None
+        if kind == "completions":
+            lp = body.get("logprobs")
+            if lp is not None:
+                if not isinstance(lp, int) or isinstance(lp, bool) or lp < 0:
+                    raise _BadRequest("logprobs must be a non-negative integer", param="logprobs", value=lp)
+                if lp > cfg.max_logprobs:
+                    raise _BadRequest(f"Requested sample logprobs of {lp}, which is greater than max allowed: "
+                                      f"{cfg.max_logprobs}", param="logprobs", value=lp)
+                logprobs = lp
+        elif body.get("logprobs"):
+            top = body.get("top_logprobs") or 0
+            if not isinstance(top, int) or top < 0 or top > cfg.max_logprobs:
+                raise _BadRequest(f"top_logprobs must be between 0 and {cfg.max_logprobs}", param="top_logprobs",
+                                  value=top)
+            logprobs = top
+
+        # the prompt
+        text_prompt = True
+        try:
+            if kind == "chat":
+                words = tok.render_chat(body.get("messages"), bool(body.get("add_generation_prompt", True)))
+                prompt_key = " ".join(words)
+                n_prompt = len(words)
+            else:
+                prompt = body.get("prompt")
+                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                    prompt = prompt[0]
+                if isinstance(prompt, str):
+                    words = tok.encode(prompt, add_bos=bool(body.get("add_special_tokens", True)))
+                    prompt_key, n_prompt = " ".join(words), len(words)
+                elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                    prompt_key, n_prompt, text_prompt = json.dumps(prompt), len(prompt), False
+                elif prompt is None:
+                    raise ValueError("'prompt' is required")
+                else:
+                    raise ValueError("prompt must be a string, a list of token ids, or a one-element batch")
+        except ValueError as e:
+            raise _BadRequest(str(e))
+
+        # length semantics (vLLM 0.32): N > L -> 400 input_tokens; N == L -> 400; N + max_tokens > L -> clamp
+        if n_prompt >= L:
+            if "dead_after_over_length" in faults:
+                st.dead = True
+            if "over_length_truncate" in faults:
+                keep = max(1, min(L - 1, L - (requested or 1)))
+                n_prompt = keep
+                prompt_key = f"truncated:{keep}:{prompt_key[-200:]}"
+            elif "over_length_500" in faults:
+                raise _BadRequest("Internal Server Error", status=500, err_type="InternalServerError")
+            elif n_prompt > L:
+                # vLLM tokenizes text with truncation at L + 1 tokens, so it reports "at least L + 1"
+                # for any longer text; token-id prompts are reported exactly.
+                counted = min(n_prompt, L + 1) if text_prompt else n_prompt
+                qualifier = "at least " if counted == L + 1 else ""
+                raise _BadRequest(f"This model's maximum context length is {L} tokens. However, your prompt "
+                                  f"contains {qualifier}{counted} input tokens, which exceeds this limit even "
+                                  f"without any output tokens. Please reduce the length of the input prompt.",
+                                  param="input_tokens", value=counted)
+            else:
+                raise _BadRequest(f"The decoder prompt (length {n_prompt}) plus the number of requested output "
+                                  f"tokens (at least 1) is longer than the maximum model length of {L}. Make sure "
+                                  f"that `max_model_len` is no smaller than the number of text tokens (prompt + "
+                                  f"requested output tokens).")
+        rec.prompt_tokens = n_prompt
+
+        if st.dead and "dead_after_over_length" in faults:
+            return None
+
+        # effective output limit, like vllm.entrypoints...get_max_tokens
+        fallback = requested if requested is not None else (cfg.default_max_tokens if kind == "completions" else None)
+        if "ignore_max_tokens" in faults and requested is not None:
+            fallback = requested + cfg.ignore_max_tokens_extra
+        cap = None if "ignore_cap" in faults else cfg.max_tokens_cap
+        limit = min(v for v in (L - n_prompt, fallback, cap) if v is not None)
+        rec.max_tokens = limit
+
+        # 5xx under concurrent long prompts
+        if "5xx_under_concurrency" in faults and n_prompt >= cfg.long_threshold:
+            long_now = sum(1 for p in st.inflight.values() if p >= cfg.long_threshold)
+            if long_now + 1 > cfg.max_concurrent_long:
+                raise _BadRequest("CUDA out of memory while allocating KV cache blocks (injected fault)",
+                                  status=500, err_type="InternalServerError")
+
+        tokens, finish = _plan_tokens(prompt_key, limit, ignore_eos, min_tokens, cfg.eos_after,
+                                      float(temperature), seed, logprobs or 0)
+        if "finish_stop_at_cap" in faults and finish == "length":
+            finish = "stop"
+            tokens[-1].finish_reason = "stop"
+        st.inflight[rec.id] = n_prompt
+        return _Plan(
+            record=rec, kind=kind, prompt_tokens=n_prompt, tokens=tokens, finish_reason=finish, faults=faults,
+            stream=rec.stream, include_usage=bool(stream_options.get("include_usage")),
+            continuous_usage=bool(stream_options.get("continuous_usage_stats")), logprobs=logprobs,
+            created=int(time.time()), model=cfg.served_name,
+        )
+
+    def _release(self, plan: _Plan) -> None:
+        if not plan.released:
+            plan.released = True
+            self.state.inflight.pop(plan.record.id, None)
+
+    # ---- the engine ----------------------------------------------------------------------------
+
+    async def _engine(self, plan: _Plan) -> AsyncIterator[_Token]:
+        """Queue, prefill, then emit the planned tokens with delays; all accounting in ``finally``."""
+        cfg, st, m, rec = self.config, self.state, self.metrics, plan.record
+        model = plan.model
+        m.touch(model)
+        lock, slot_freed = self._prims()
+        entry = _Active(prompt_tokens=plan.prompt_tokens)
+        admitted = finished = False
+        waiting = True
+        st.waiting += 1
+        st.generations_started += 1
+        drift = cfg.drift_s_per_request * (st.generations_started - 1) if "drifting_ttft" in plan.faults else 0.0
+        if "leaky_rss" in plan.faults and cfg.leak_bytes_per_request > 0:
+            st.leaked.append(b"\x01" * cfg.leak_bytes_per_request)
+        t_last = None
+        try:
+            while st.running >= cfg.max_num_seqs:
+                slot_freed.clear()
+                await slot_freed.wait()
+            prefill = plan.prompt_tokens * cfg.prefill_s_per_token
+            if "hol_blocking" in plan.faults:
+                async with lock:
+                    waiting = False
+                    st.waiting -= 1
+                    admitted = self._admit_entry(rec, entry, model)
+                    await self.sleep(prefill)
+            else:
+                waiting = False
+                st.waiting -= 1
+                admitted = self._admit_entry(rec, entry, model)
+                await self.sleep(prefill)
+            st.prompt_tokens_total += plan.prompt_tokens
+            m.prompt_tokens.labels(model, "0").inc(plan.prompt_tokens)
+            if cfg.ttft_s + drift > 0:
+                await self.sleep(cfg.ttft_s + drift)
+
+            n = len(plan.tokens)
+            stall_at = (cfg.stall_after if cfg.stall_after is not None else n // 2) if n >= 2 else None
+            for tok in plan.tokens:
+                if tok.index > 0:
+                    await self.sleep(cfg.itl_s)
+                if "stall_mid_stream" in plan.faults and tok.index == stall_at and tok.index > 0:
+                    await self.sleep(cfg.stall_s)
+                now = time.monotonic()
+                if tok.index == 0:
+                    rec.t_first_token = now
+                    m.ttft.labels(model, "0").observe(now - rec.t_received)
+                elif t_last is not None:
+                    m.itl.labels(model, "0").observe(now - t_last)
+                t_last = now
+                entry.generated += 1
+                rec.completion_tokens += 1
+                st.generation_tokens_total += 1
+                m.generation_tokens.labels(model, "0").inc()
+                if st.kv_blocks_used(cfg.block_size) > cfg.num_gpu_blocks and not entry.preempted:
+                    entry.preempted = True
+                    st.preemptions += 1
+                    m.preemptions.labels(model, "0").inc()
+                yield tok
+            finished = True
+            rec.finish_reason = plan.finish_reason
+        finally:
+            now = time.monotonic()
+            rec.t_done = now
+            if waiting:
+                st.waiting -= 1
+            if admitted:
+                if finished or "stuck_gauges" not in plan.faults:
+                    st.active.pop(rec.id, None)
+                    slot_freed.set()
+                else:
+                    entry.stuck = True
+            if finished:
+                m.success.labels(model, "0", plan.finish_reason).inc()
+                m.e2e.labels(model, "0").observe(now - rec.t_received)
+            else:
+                rec.disconnected = True
+                rec.finish_reason = rec.finish_reason or "abort"
+                m.success.labels(model, "0", "abort").inc()
+            self._release(plan)
+
+    def _admit_entry(self, rec: RequestRecord, entry: _Active, model: str) -> bool:
+        rec.t_admitted = time.monotonic()
+        self.metrics.queue.labels(model, "0").observe(rec.t_admitted - rec.t_received)
+        self.state.active[rec.id] = entry
+        return True
+
+    # ---- non-streaming -------------------------------------------------------------------------
+
+    async def _wait_disconnect(self, request: Request) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def _collect(self, plan: _Plan) -> list[_Token]:
+        out = []
+        async with contextlib.aclosing(self._engine(plan)) as events:
+            async for tok in events:
+                out.append(tok)
+        return out
+
+    async def _complete_nonstream(self, request: Request, plan: _Plan) -> Response:
+        work = asyncio.ensure_future(self._collect(plan))
+        watcher = asyncio.ensure_future(self._wait_disconnect(request))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (work, watcher):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(work, watcher, return_exceptions=True)
+        if work.cancelled() or work.exception() is not None:
+            plan.record.status = 499
+            exc = None if work.cancelled() else work.exception()
+            return _error(f"request aborted: {exc!r}" if exc else "client disconnected", 500, "InternalServerError")
+        tokens = work.result()
+        rec = plan.record
+        text = "".join(t.text for t in tokens)
+        usage = self._usage(plan, len(tokens))
+        if plan.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
+                            "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None},
+                "logprobs": {"content": [self._chat_lp(t, plan) for t in tokens]} if plan.logprobs is not None else None,
+                "finish_reason": plan.finish_reason,
+                "stop_reason": None,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": self._cmpl_lp(tokens, plan, 0) if plan.logprobs is not None else None,
+                "finish_reason": plan.finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            obj = "text_completion"
+        rec.t_first_byte = time.monotonic()
+        return JSONResponse({"id": rec.id, "object": obj, "created": plan.created, "model": plan.model,
+                             "choices": [choice], "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None})
+
+    @staticmethod
+    def _usage(plan: _Plan, completion_tokens: int) -> dict[str, Any]:
+        return {"prompt_tokens": plan.prompt_tokens, "total_tokens": plan.prompt_tokens + completion_tokens,
+                "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+
+    @staticmethod
+    def _chat_lp(t: _Token, plan: _Plan) -> dict[str, Any]:
+        top = [{"token": t.token_str, "logprob": t.logprob, "bytes": list(t.token_str.encode())}] if plan.logprobs else []
+        top += [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.alternatives][: max(0, (plan.logprobs or 0) - 1)]
+        return {"token": t.token_str, "logprob": t.logprob, "bytes": list(t.token_str.encode()), "top_logprobs": top}
+
+    @staticmethod
+    def _cmpl_lp(tokens: list[_Token], plan: _Plan, offset: int) -> dict[str, Any]:
+        offsets, pos = [], offset
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t.text)
+        k = max(1, plan.logprobs or 0)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [t.logprob for t in tokens],
+            "tokens": [t.token_str for t in tokens],
+            "top_logprobs": [dict([(t.token_str, t.logprob)] + t.alternatives[: k - 1]) for t in tokens],
+        }
+
+    # ---- streaming -----------------------------------------------------------------------------
+
+    def _chunk(self, plan: _Plan, tok: _Token | None, finish: str | None, text_offset: int,
+               role: bool = False, sent: int = 0) -> dict[str, Any]:
+        rec = plan.record
+        if plan.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": tok.text if tok else ""}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if tok is not None and plan.logprobs is not None:
+                choice["logprobs"] = {"content": [self._chat_lp(tok, plan)]}
+            if finish is not None:
+                choice["stop_reason"] = None
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": tok.text if tok else "", "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}
+            if tok is not None and plan.logprobs is not None:
+                choice["logprobs"] = self._cmpl_lp([tok], plan, text_offset)
+            obj = "text_completion"
+        chunk = {"id": rec.id, "object": obj, "created": plan.created, "model": plan.model, "choices": [choice]}
+        if plan.continuous_usage and plan.include_usage:
+            chunk["usage"] = self._usage(plan, sent)
+        return chunk
+
+    async def _stream(self, plan: _Plan) -> AsyncIterator[str]:
+        rec, faults = plan.record, plan.faults
+        n = len(plan.tokens)
+        dup_at = (n - 1) // 2
+        offset = 0
+        first = True
+        async with contextlib.aclosing(self._engine(plan)) as events:
+            async for tok in events:
+                if first and plan.kind == "chat":
+                    rec.t_first_byte = time.monotonic()
+                    yield _sse(self._chunk(plan, None, None, 0, role=True))
+                first = False
+                if "duplicate_deltas" in faults and tok.index == dup_at and tok.text:
+                    yield _sse(self._chunk(plan, tok, None, offset, sent=rec.tokens_sent))
+                rec.tokens_sent += 1
+                data = _sse(self._chunk(plan, tok, tok.finish_reason, offset, sent=rec.tokens_sent))
+                if rec.t_first_byte is None:
+                    rec.t_first_byte = time.monotonic()
+                yield data
+                offset += len(tok.text)
+                if tok.is_last and "two_finish_chunks" in faults:
+                    yield _sse(self._chunk(plan, None, tok.finish_reason, offset, sent=rec.tokens_sent))
+        if plan.include_usage:
+            completion = rec.completion_tokens + (1 if "stream_usage_mismatch" in faults else 0)
+            yield _sse({"id": rec.id, "object": "chat.completion.chunk" if plan.kind == "chat" else "text_completion",
+                        "created": plan.created, "model": plan.model, "choices": [],
+                        "usage": self._usage(plan, completion)})
+        if "missing_done" not in faults:
+            yield "data: [DONE]\n\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Runner and CLI
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def running_fake(config: FakeConfig | None = None, **overrides: Any) -> Iterator[str]:
+    """Start a :class:`FakeVLLM` on a free loopback port; yield its base URL (no ``/v1``).
+
+    Keep a reference to ``config`` to switch faults while it runs; use ``FakeVLLM`` directly when
+    the test also needs ``state``.
+    """
+    fake = FakeVLLM(config, **overrides)
+    with fake:
+        assert fake.base_url is not None
+        yield fake.base_url
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.fakes.fake_vllm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--fault", action="append", default=[], choices=sorted(FAULTS), help="repeatable")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--served-name", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="any FakeConfig field, value parsed as JSON when it parses (repeatable)")
+    p.add_argument("--list-faults", action="store_true")
+    p.add_argument("--log-level", default="warning")
+    args = p.parse_args(argv)
+    if args.list_faults:
+        for name, desc in FAULTS.items():
+            print(f"{name:24s} {desc}")
+        return 0
+    cfg = FakeConfig(faults=set(args.fault))
+    if args.max_model_len is not None:
+        cfg.max_model_len = args.max_model_len
+    if args.served_name is not None:
+        cfg.served_name = args.served_name
+    names = {f.name for f in dataclasses.fields(FakeConfig)}
+    for item in args.set:
+        key, _, raw = item.partition("=")
+        if key not in names:
+            p.error(f"FakeConfig has no field {key!r}")
+        setattr(cfg, key, _parse_value(raw))
+    fake = FakeVLLM(cfg)
+    sock = fake._bind(args.host, args.port)
+    fake._sock = sock
+    print(f"http://{args.host}:{sock.getsockname()[1]}", flush=True)
+    server = fake._uvicorn(args.host, args.log_level)
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
