@@ -1,0 +1,681 @@
+"""The fake vLLM behaves like vLLM 0.32 when healthy, and each fault does what FAULTS says."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .fake_vllm import FAULTS, FakeConfig, FakeVLLM, running_fake
+
+L = 256
+MODEL = "fake-model"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- fixtures and helpers ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeVLLM() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake(server):
+    """The module's fake with a fresh config and state for each test."""
+    server.config = FakeConfig()
+    server.reset()
+    yield server
+    server.config = FakeConfig()
+
+
+@pytest.fixture
+def client(fake):
+    with httpx.Client(base_url=fake.base_url, timeout=5) as c:
+        yield c
+
+
+def words(n: int) -> str:
+    return " ".join(f"w{i % 7}" for i in range(n))
+
+
+def cmpl(prompt_tokens: int, **kw) -> dict:
+    """A completions body whose prompt is exactly ``prompt_tokens`` tokens (BOS included)."""
+    return {"model": MODEL, "prompt": words(prompt_tokens - 1), "temperature": 0, **kw}
+
+
+def chat(prompt_tokens: int, **kw) -> dict:
+    """A chat body whose rendered prompt is exactly ``prompt_tokens`` tokens (BOS, role, gen prompt)."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": words(prompt_tokens - 3)}], "temperature": 0, **kw}
+
+
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+BODIES = {"completions": cmpl, "chat": chat}
+
+
+def stream(client: httpx.Client, path: str, body: dict) -> tuple[list[dict], bool, list[float]]:
+    """POST a streaming request; returns (JSON chunks, whether [DONE] came last, arrival times)."""
+    chunks, times, done = [], [], False
+    with client.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            times.append(time.monotonic())
+            assert not done, "data after [DONE]"
+            if line == "data: [DONE]":
+                done = True
+            else:
+                chunks.append(json.loads(line[6:]))
+    return chunks, done, times
+
+
+def text_of(chunks: list[dict]) -> str:
+    out = []
+    for c in chunks:
+        for ch in c["choices"]:
+            out.append(ch["delta"].get("content") or "" if "delta" in ch else ch["text"])
+    return "".join(out)
+
+
+def finishes(chunks: list[dict]) -> list[str]:
+    return [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch.get("finish_reason")]
+
+
+def usage_of(chunks: list[dict]) -> dict | None:
+    us = [c["usage"] for c in chunks if c.get("usage") and not c["choices"]]
+    assert len(us) <= 1
+    return us[0] if us else None
+
+
+def non_stream_text(body: dict) -> str:
+    ch = body["choices"][0]
+    return ch["message"]["content"] if "message" in ch else ch["text"]
+
+
+def metrics(client: httpx.Client) -> dict[str, list]:
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def gauge(client: httpx.Client, name: str) -> float:
+    return metrics(client)[name][0].value
+
+
+def wait_for(pred, timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+# ---- the healthy fake behaves like vLLM ----------------------------------------------------------
+
+
+def test_health_ping_version_models(client):
+    r = client.get("/health")
+    assert r.status_code == 200 and r.content == b""
+    assert client.get("/ping").status_code == 200
+    assert client.get("/version").json() == {"version": "0.32.0+fake"}
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    card = models["data"][0]
+    assert card["id"] == MODEL and card["object"] == "model" and card["owned_by"] == "vllm"
+    assert card["max_model_len"] == L and card["root"] and isinstance(card["created"], int)
+    assert client.post("/tokenize", json={"prompt": "a"}).json()["max_model_len"] == L
+
+
+@pytest.mark.parametrize("prompt", ["", "hello", "hello world  again\nand\tmore", words(100)])
+def test_tokenize_count_equals_completion_usage(client, prompt):
+    tok = client.post("/tokenize", json={"model": MODEL, "prompt": prompt, "return_token_strs": True}).json()
+    assert tok["count"] == len(prompt.split()) + 1 == len(tok["tokens"])
+    assert tok["token_strs"][0] == "<s>"
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == tok["count"]
+
+
+def test_tokenize_count_equals_chat_usage(client):
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hello there"}, {"type": "text", "text": "friend"}]},
+    ]
+    tok = client.post("/tokenize", json={"model": MODEL, "messages": messages}).json()
+    assert tok["count"] == 1 + (1 + 2) + (1 + 3) + 1  # BOS, role+words per message, <|assistant|>
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2})
+    assert r.json()["usage"]["prompt_tokens"] == tok["count"]
+    no_gen = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    assert no_gen["count"] == tok["count"] - 1
+
+
+def test_detokenize_round_trip(client):
+    tok = client.post("/tokenize", json={"prompt": "alpha tok7 beta", "add_special_tokens": False}).json()
+    assert client.post("/detokenize", json={"tokens": tok["tokens"]}).json() == {"prompt": "alpha tok7 beta"}
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+@pytest.mark.parametrize("stream_", [False, True])
+def test_over_length_is_400(client, fake, kind, stream_):
+    t0 = time.monotonic()
+    for n in (L + 1, L + 40, L):
+        r = client.post(PATHS[kind], json=BODIES[kind](n, max_tokens=4, stream=stream_))
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "BadRequestError" and err["code"] == 400 and "maximum" in err["message"]
+        if n > L:
+            assert err["param"] == "input_tokens"
+            assert f"(parameter=input_tokens, value={L + 1})" in err["message"]  # vLLM truncates at L+1
+    assert time.monotonic() - t0 < 1
+    assert fake.state.running == 0 and fake.state.prompt_tokens_total == 0
+    assert client.post(PATHS[kind], json=BODIES[kind](10, max_tokens=2)).status_code == 200
+
+
+def test_over_length_token_ids_reports_exact_count(client):
+    r = client.post("/v1/completions", json={"prompt": list(range(L + 10)), "max_tokens": 1})
+    assert r.status_code == 400
+    assert f"value={L + 10})" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_prompt_plus_max_tokens_over_length_is_clamped(client, kind):
+    r = client.post(PATHS[kind], json=BODIES[kind](L - 5, max_tokens=50, ignore_eos=True))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["usage"] == {"prompt_tokens": L - 5, "completion_tokens": 5, "total_tokens": L,
+                             "prompt_tokens_details": None}
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_tokens_above_max_model_len_is_400(client):
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=L + 1))
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "max_tokens"
+    assert client.post("/v1/completions", json=cmpl(5, max_tokens=0)).status_code == 400
+
+
+def test_default_max_tokens_and_natural_eos(client, fake):
+    r = client.post("/v1/completions", json=cmpl(5)).json()  # completions default: 16
+    assert r["usage"]["completion_tokens"] == 16 and r["choices"][0]["finish_reason"] == "length"
+    r = client.post("/v1/chat/completions", json=chat(6, ignore_eos=True)).json()  # chat default: L - N
+    assert r["usage"]["completion_tokens"] == L - 6 and r["choices"][0]["finish_reason"] == "length"
+    # without ignore_eos the model stops after eos_after words; the EOS counts as a token, adds no text
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=100)).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == fake.config.eos_after + 1
+    assert len(r["choices"][0]["text"].split()) == fake.config.eos_after
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=100, min_tokens=60)).json()
+    assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 61
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_stream_matches_non_stream(client, kind):
+    body = BODIES[kind](20, max_tokens=12, ignore_eos=True, seed=7)
+    full = client.post(PATHS[kind], json=body).json()
+    chunks, done, _ = stream(client, PATHS[kind], {**body, "stream_options": {"include_usage": True}})
+    assert done
+    assert text_of(chunks) == non_stream_text(full)
+    assert len(text_of(chunks).split()) == 12
+    assert finishes(chunks) == ["length"] == [full["choices"][0]["finish_reason"]]
+    assert usage_of(chunks) == full["usage"]
+    assert full["usage"]["completion_tokens"] == 12
+    if kind == "chat":
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert chunks[0]["object"] == "chat.completion.chunk"
+    # without include_usage there is no usage chunk (vLLM >= 0.33 / 0.32 default)
+    chunks, done, _ = stream(client, PATHS[kind], body)
+    assert done and usage_of(chunks) is None
+
+
+def test_stream_with_eos_counts_eos_token(client):
+    body = cmpl(5, max_tokens=100, stream_options={"include_usage": True})
+    chunks, done, _ = stream(client, "/v1/completions", body)
+    assert done and finishes(chunks) == ["stop"]
+    token_chunks = [c for c in chunks if c["choices"]]
+    assert len(token_chunks) == usage_of(chunks)["completion_tokens"] == 49
+    assert token_chunks[-1]["choices"][0]["text"] == ""
+
+
+def test_logprobs(client):
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=6, logprobs=2, ignore_eos=True)).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == 6
+    assert all(len(t) == 2 for t in lp["top_logprobs"])
+    chunks, _, _ = stream(client, "/v1/completions", cmpl(5, max_tokens=6, logprobs=0, ignore_eos=True))
+    assert [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]] == lp["tokens"]
+    r = client.post("/v1/chat/completions", json=chat(5, max_tokens=4, logprobs=True, ignore_eos=True)).json()
+    assert len(r["choices"][0]["logprobs"]["content"]) == 4
+    chunks, _, _ = stream(client, "/v1/chat/completions", chat(5, max_tokens=4, logprobs=True, ignore_eos=True))
+    assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks[1:]) == 4
+    assert client.post("/v1/completions", json=cmpl(5, logprobs=21)).status_code == 400
+
+
+def test_sampling_is_seeded_and_greedy_is_reproducible(client):
+    def gen(**kw):
+        return client.post("/v1/completions", json=cmpl(8, max_tokens=10, ignore_eos=True, **kw)).json()["choices"][0]["text"]
+
+    assert gen(temperature=0) == gen(temperature=0)
+    assert gen(temperature=1.0, seed=3) == gen(temperature=1.0, seed=3)
+    assert len({gen(temperature=1.0) for _ in range(4)}) > 1
+
+
+def test_unknown_model_404_and_bad_requests(client):
+    r = client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert r.status_code == 404
+    assert r.json()["error"] == {"message": "The model `nope` does not exist.", "type": "NotFoundError",
+                                 "param": "model", "code": 404}
+    assert client.post("/v1/chat/completions", json={"messages": "x"}).status_code == 400
+    assert client.post("/v1/completions", content=b"{not json").status_code == 400
+    assert client.post("/v1/completions", json=cmpl(5, stream_options={"include_usage": True})).status_code == 400
+    assert client.post("/v1/completions", json=cmpl(5, n=2)).status_code == 400
+
+
+def test_server_side_cap_clamps(client, fake):
+    fake.config.max_tokens_cap = 8
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=20, ignore_eos=True)).json()
+    assert r["usage"]["completion_tokens"] == 8 and r["choices"][0]["finish_reason"] == "length"
+
+
+def test_api_key_protects_v1_only(client, fake):
+    fake.config.api_key = "sekret"
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v1/models").json() == {"error": "Unauthorized"}
+    assert client.get("/health").status_code == 200
+    assert client.get("/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+
+
+def test_metrics_shape_and_counters(client, fake):
+    client.post("/v1/completions", json=cmpl(10, max_tokens=4, ignore_eos=True))
+    client.post("/v1/completions", json=cmpl(10, max_tokens=100))
+    m = metrics(client)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        (s,) = m[name]
+        assert s.labels == {"model_name": MODEL, "engine": "0"} and s.value == 0
+    (info,) = m["vllm:cache_config_info"]
+    assert info.value == 1
+    assert {k: info.labels[k] for k in ("block_size", "gpu_memory_utilization", "cache_dtype", "num_gpu_blocks",
+                                        "enable_prefix_caching", "kv_cache_size_tokens")} == {
+        "block_size": "16", "gpu_memory_utilization": "0.9", "cache_dtype": "auto", "num_gpu_blocks": "64",
+        "enable_prefix_caching": "True", "kv_cache_size_tokens": "1024"}
+    assert m["vllm:prompt_tokens_total"][0].value == 20
+    assert m["vllm:generation_tokens_total"][0].value == 4 + 49
+    success = {s.labels["finished_reason"]: s.value for s in m["vllm:request_success_total"]}
+    assert success["length"] == 1 and success["stop"] == 1 and success["abort"] == 0
+    count = [s for s in m["vllm:time_to_first_token_seconds_count"]]
+    assert count[0].value == 2
+    assert m["vllm:num_preemptions_total"][0].value == 0
+    assert "process_resident_memory_bytes" in m
+
+
+def test_running_gauge_and_kv_usage_while_streaming(client, fake):
+    fake.config.itl_s = 0.02
+    with client.stream("POST", "/v1/completions", json=cmpl(100, max_tokens=40, ignore_eos=True, stream=True)) as r:
+        it = r.iter_lines()
+        next(it)
+        assert gauge(client, "vllm:num_requests_running") == 1
+        assert gauge(client, "vllm:kv_cache_usage_perc") == pytest.approx(7 / 64)  # ceil(101/16) blocks
+        for _ in it:
+            pass
+    assert wait_for(lambda: fake.state.running == 0)
+
+
+def test_kv_pressure_counts_preemptions(client, fake):
+    fake.config.num_gpu_blocks = 8  # 128 tokens
+    client.post("/v1/completions", json=cmpl(120, max_tokens=20, ignore_eos=True))
+    assert gauge(client, "vllm:num_preemptions_total") == 1
+
+
+def test_max_num_seqs_queues_requests(client, fake):
+    fake.config.max_num_seqs = 1
+    fake.config.itl_s = 0.02
+    second = {}
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=200, ignore_eos=True, stream=True)) as r:
+        next(r.iter_lines())
+        t = threading.Thread(target=lambda: second.update(
+            r=httpx.post(fake.base_url + "/v1/completions", json=cmpl(5, max_tokens=2), timeout=5)))
+        t.start()
+        assert wait_for(lambda: fake.state.waiting == 1)
+        assert gauge(client, "vllm:num_requests_waiting") == 1 and fake.state.running == 1
+    # the first client hangs up: its slot goes to the queued request
+    t.join(5)
+    assert second["r"].status_code == 200
+    assert fake.state.waiting == 0 and fake.state.running == 0
+
+
+def test_stream_disconnect_frees_the_slot(client, fake):
+    fake.config.itl_s = 0.02
+    with client.stream("POST", "/v1/chat/completions", json=chat(20, max_tokens=200, ignore_eos=True, stream=True)) as r:
+        it = r.iter_lines()
+        next(it), next(it)
+        assert fake.state.running == 1
+    assert wait_for(lambda: fake.state.running == 0, 1.0)
+    assert gauge(client, "vllm:num_requests_running") == 0
+    rec = fake.state.requests[-1]
+    assert rec.disconnected and rec.finish_reason == "abort" and rec.completion_tokens < 200
+
+
+def test_non_stream_disconnect_frees_the_slot(fake):
+    fake.config.itl_s = 0.02
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(fake.base_url + "/v1/completions", json=cmpl(20, max_tokens=200, ignore_eos=True), timeout=0.15)
+    assert wait_for(lambda: fake.state.running == 0, 1.0)
+    assert fake.state.requests[-1].disconnected
+
+
+def test_injected_sleep_and_ttft_itl(fake):
+    slept: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        slept.append(s)
+        await asyncio.sleep(0)
+
+    fake.sleep, real = fake_sleep, fake.sleep
+    try:
+        fake.config.ttft_s, fake.config.itl_s, fake.config.prefill_s_per_token = 30.0, 5.0, 0.5
+        t0 = time.monotonic()
+        r = httpx.post(fake.base_url + "/v1/completions", json=cmpl(10, max_tokens=3, ignore_eos=True))
+        assert r.status_code == 200 and time.monotonic() - t0 < 1
+        assert slept == [5.0, 30.0, 5.0, 5.0]  # prefill 10 x 0.5, ttft, 2 x itl
+    finally:
+        fake.sleep = real
+
+
+def test_real_delays_show_in_ttft(client, fake):
+    fake.config.ttft_s = 0.1
+    t0 = time.monotonic()
+    chunks, _, times = stream(client, "/v1/completions", cmpl(5, max_tokens=2))
+    assert times[0] - t0 >= 0.1
+    rec = fake.state.requests[-1]
+    assert rec.t_first_token - rec.t_received >= 0.1 and rec.t_first_byte >= rec.t_first_token
+
+
+def test_fault_names_are_validated():
+    cfg = FakeConfig(faults={"missing_done"})
+    with pytest.raises(ValueError, match="unknown fault"):
+        cfg.faults.add("mising_done")
+    with pytest.raises(ValueError, match="unknown fault"):
+        FakeConfig(faults={"nope"})
+    cfg.faults = ["over_length_500"]
+    assert cfg.faults == {"over_length_500"}
+    assert all(isinstance(v, str) and v for v in FAULTS.values())
+
+
+def test_control_endpoints(client, fake):
+    r = client.post("/_fake/config", json={"faults": ["missing_done"], "itl_s": 0})
+    assert r.status_code == 200 and r.json()["faults"] == ["missing_done"]
+    assert fake.config.faults == {"missing_done"}
+    assert client.post("/_fake/config", json={"faults": ["bogus"]}).status_code == 400
+    client.post("/v1/completions", json=cmpl(5, max_tokens=2))
+    state = client.get("/_fake/state").json()
+    assert state["running"] == 0 and state["requests"][-1]["completion_tokens"] == 2
+    assert client.post("/_fake/reset").status_code == 200 and fake.state.requests == []
+
+
+def test_running_fake_context_manager():
+    cfg = FakeConfig(max_model_len=64)
+    with running_fake(cfg) as base_url:
+        assert base_url.startswith("http://127.0.0.1:") and not base_url.endswith("/v1")
+        assert httpx.get(base_url + "/v1/models").json()["data"][0]["max_model_len"] == 64
+        cfg.faults.add("wrong_max_model_len")  # switchable while running
+        assert httpx.get(base_url + "/v1/models").json()["data"][0]["max_model_len"] == 128
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(base_url + "/health")
+
+
+def test_cli_prints_url_and_serves():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", "0", "--fault", "missing_done",
+                             "--set", "max_model_len=128"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        assert wait_for(lambda: _get_ok(url + "/health"), 10)
+        cfg = httpx.get(url + "/_fake/config").json()
+        assert cfg["faults"] == ["missing_done"] and cfg["max_model_len"] == 128
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def _get_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# ---- issue 2 faults ------------------------------------------------------------------------------
+
+
+def test_fault_wrong_max_model_len(client, fake):
+    fake.config.faults.add("wrong_max_model_len")
+    assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 2 * L
+    assert client.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"] == 2 * L
+    assert client.post("/v1/completions", json=cmpl(L + 1, max_tokens=1)).status_code == 400  # still enforces L
+    fake.config.advertised_max_model_len = 1000
+    assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 1000
+
+
+@pytest.mark.parametrize("stream_", [False, True])
+def test_fault_over_length_500(client, fake, stream_):
+    fake.config.faults.add("over_length_500")
+    r = client.post("/v1/completions", json=cmpl(L + 1, max_tokens=4, stream=stream_))
+    assert r.status_code == 500
+    assert client.post("/v1/completions", json=cmpl(10, max_tokens=2)).status_code == 200
+
+
+def test_fault_over_length_truncate(client, fake):
+    fake.config.faults.add("over_length_truncate")
+    r = client.post("/v1/completions", json=cmpl(L + 50, max_tokens=10, ignore_eos=True))
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == L - 10 and r.json()["usage"]["completion_tokens"] == 10
+    r = client.post("/v1/chat/completions", json=chat(L + 1, stream=True))
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+
+
+def test_fault_ignore_max_tokens(client, fake):
+    fake.config.faults.add("ignore_max_tokens")
+    r = client.post("/v1/completions", json=cmpl(10, max_tokens=5, ignore_eos=True)).json()
+    assert r["usage"]["completion_tokens"] == 13 and len(r["choices"][0]["text"].split()) == 13
+    chunks, _, _ = stream(client, "/v1/chat/completions", chat(10, max_tokens=5, ignore_eos=True))
+    assert len(text_of(chunks).split()) == 13
+
+
+def test_fault_finish_stop_at_cap(client, fake):
+    fake.config.faults.add("finish_stop_at_cap")
+    r = client.post("/v1/completions", json=cmpl(10, max_tokens=5, ignore_eos=True)).json()
+    assert r["usage"]["completion_tokens"] == 5 and r["choices"][0]["finish_reason"] == "stop"
+    chunks, _, _ = stream(client, "/v1/chat/completions", chat(10, max_tokens=5, ignore_eos=True))
+    assert finishes(chunks) == ["stop"]
+
+
+def test_fault_stream_usage_mismatch(client, fake):
+    fake.config.faults.add("stream_usage_mismatch")
+    body = cmpl(10, max_tokens=5, ignore_eos=True)
+    full = client.post("/v1/completions", json=body).json()
+    assert full["usage"]["completion_tokens"] == 5
+    chunks, _, _ = stream(client, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
+    assert len(text_of(chunks).split()) == 5
+    assert usage_of(chunks)["completion_tokens"] == 6
+
+
+def test_fault_dead_after_over_length_500(client, fake):
+    fake.config.faults.add("dead_after_over_length")
+    assert client.post("/v1/completions", json=cmpl(10, max_tokens=2)).status_code == 200
+    assert client.post("/v1/completions", json=cmpl(L + 1)).status_code == 400
+    assert client.get("/health").status_code == 200
+    assert client.post("/v1/completions", json=cmpl(10, max_tokens=2)).status_code == 500
+    assert client.post("/v1/chat/completions", json=chat(10, max_tokens=2, stream=True)).status_code == 500
+    assert client.get("/health").status_code == 200
+    assert client.get("/v1/models").status_code == 200
+
+
+def test_fault_dead_after_over_length_hang(client, fake):
+    fake.config.faults.add("dead_after_over_length")
+    fake.config.dead_mode = "hang"
+    client.post("/v1/completions", json=cmpl(L + 1))
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/completions", json=cmpl(10, max_tokens=2), timeout=0.2)
+    assert client.get("/health", timeout=1).status_code == 200
+
+
+def test_fault_ignore_cap(client, fake):
+    fake.config.max_tokens_cap = 8
+    fake.config.faults.add("ignore_cap")
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=20, ignore_eos=True)).json()
+    assert r["usage"]["completion_tokens"] == 20
+
+
+# ---- issue 4 faults ------------------------------------------------------------------------------
+
+
+def test_fault_stall_mid_stream(client, fake):
+    fake.config.faults.add("stall_mid_stream")
+    fake.config.stall_s = 0.3
+    health_times = []
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=10, ignore_eos=True, stream=True)) as r:
+        times = []
+        for line in r.iter_lines():
+            if line:
+                times.append(time.monotonic())
+                if len(times) == 3:  # during the stall /health answers at once
+                    t = time.monotonic()
+                    assert httpx.get(fake.base_url + "/health").status_code == 200
+                    health_times.append(time.monotonic() - t)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps) >= 0.25 and sorted(gaps)[-2] < 0.1
+    assert health_times[0] < 0.1
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_fault_missing_done(client, fake, kind):
+    fake.config.faults.add("missing_done")
+    chunks, done, _ = stream(client, PATHS[kind], BODIES[kind](5, max_tokens=3))
+    assert not done and finishes(chunks) == ["length"]
+
+
+def test_fault_duplicate_deltas(client, fake):
+    body = chat(5, max_tokens=6, ignore_eos=True)
+    expected = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+    fake.config.faults.add("duplicate_deltas")
+    chunks, done, _ = stream(client, "/v1/chat/completions", body)
+    got = text_of(chunks)
+    assert done and got != expected and len(got.split()) == 7
+    assert len(set(got.split())) == 6
+
+
+def test_fault_two_finish_chunks(client, fake):
+    fake.config.faults.add("two_finish_chunks")
+    for kind in ("completions", "chat"):
+        chunks, done, _ = stream(client, PATHS[kind], BODIES[kind](5, max_tokens=3))
+        assert done and finishes(chunks) == ["length", "length"]
+
+
+def _ttft_short_while_long(fake) -> float:
+    """TTFT of a short request sent while a long prefill is in progress."""
+    results = {}
+
+    def long_req():
+        httpx.post(fake.base_url + "/v1/completions", json=cmpl(200, max_tokens=1), timeout=5)
+
+    t = threading.Thread(target=long_req)
+    t.start()
+    assert wait_for(lambda: fake.state.running == 1, 1)
+    with httpx.Client(base_url=fake.base_url, timeout=5) as c:
+        t0 = time.monotonic()
+        with c.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=1, stream=True)) as r:
+            next(r.iter_lines())
+            results["ttft"] = time.monotonic() - t0
+            r.read()
+    t.join(5)
+    return results["ttft"]
+
+
+def test_fault_hol_blocking(fake):
+    fake.config.prefill_s_per_token = 0.001  # 200-token prefill: 0.2 s
+    assert _ttft_short_while_long(fake) < 0.1
+    fake.config.faults.add("hol_blocking")
+    assert _ttft_short_while_long(fake) >= 0.12
+
+
+def test_fault_stuck_gauges(client, fake):
+    fake.config.faults.add("stuck_gauges")
+    fake.config.itl_s = 0.02
+    with client.stream("POST", "/v1/completions", json=cmpl(20, max_tokens=100, ignore_eos=True, stream=True)) as r:
+        next(r.iter_lines())
+    assert wait_for(lambda: fake.state.requests[-1].disconnected, 1)
+    time.sleep(0.05)
+    assert fake.state.running == 1 and gauge(client, "vllm:num_requests_running") == 1
+    assert gauge(client, "vllm:kv_cache_usage_perc") > 0
+    # a request that completes still releases its own slot
+    client.post("/v1/completions", json=cmpl(5, max_tokens=2))
+    assert fake.state.running == 1
+
+
+def test_fault_5xx_under_concurrency(client, fake):
+    fake.config.faults.add("5xx_under_concurrency")
+    fake.config.itl_s = 0.02
+    long_body = cmpl(150, max_tokens=50, ignore_eos=True, stream=True)
+    with client.stream("POST", "/v1/completions", json=long_body) as r:
+        next(r.iter_lines())
+        with httpx.Client(base_url=fake.base_url, timeout=5) as c2:
+            assert c2.post("/v1/completions", json={**long_body, "stream": False}).status_code == 500
+            assert c2.post("/v1/completions", json=cmpl(10, max_tokens=2)).status_code == 200  # short is fine
+    assert wait_for(lambda: not fake.state.inflight, 1)
+    assert client.post("/v1/completions", json=cmpl(150, max_tokens=2)).status_code == 200  # alone is fine
+
+
+def test_fault_leaky_rss(client, fake):
+    fake.config.faults.add("leaky_rss")
+    fake.config.leak_bytes_per_request = 1 << 16
+    base = gauge(client, "process_resident_memory_bytes")
+    for _ in range(3):
+        client.post("/v1/completions", json=cmpl(5, max_tokens=1))
+    assert gauge(client, "process_resident_memory_bytes") - base == 3 << 16
+    assert fake.state.leaked_bytes == 3 << 16
+    fake.config.faults.discard("leaky_rss")
+    client.post("/v1/completions", json=cmpl(5, max_tokens=1))
+    assert fake.state.leaked_bytes == 3 << 16
+
+
+def test_fault_drifting_ttft(client, fake):
+    fake.config.faults.add("drifting_ttft")
+    fake.config.drift_s_per_request = 0.04
+    for _ in range(5):
+        client.post("/v1/completions", json=cmpl(5, max_tokens=1))
+    ttfts = [r.t_first_token - r.t_received for r in fake.state.requests]
+    assert ttfts[0] < 0.03 and ttfts[-1] >= 0.15
+    assert all(b > a for a, b in zip(ttfts, ttfts[1:]))
+
+
+def test_fault_no_metrics_no_tokenize(client, fake):
+    fake.config.faults |= {"no_metrics", "no_tokenize"}
+    assert client.get("/metrics").status_code == 404
+    assert client.post("/tokenize", json={"prompt": "x"}).status_code == 404
+    assert client.post("/v1/completions", json=cmpl(5, max_tokens=1)).status_code == 200
+
+
+def test_every_fault_has_a_test():
+    src = Path(__file__).read_text()
+    missing = [f for f in FAULTS if f'"{f}"' not in src]
+    assert not missing, missing
