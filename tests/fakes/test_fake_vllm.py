@@ -349,7 +349,8 @@ def test_max_num_seqs_queues_requests(client, fake):
     fake.config.itl_s = 0.02
     second = {}
     with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=200, ignore_eos=True, stream=True)) as r:
-        next(r.iter_lines())
+        lines = r.iter_lines()  # keep a reference: a discarded iterator closes the stream
+        next(lines)
         t = threading.Thread(target=lambda: second.update(
             r=httpx.post(fake.base_url + "/v1/completions", json=cmpl(5, max_tokens=2), timeout=5)))
         t.start()
@@ -604,9 +605,11 @@ def _ttft_short_while_long(fake) -> float:
     with httpx.Client(base_url=fake.base_url, timeout=5) as c:
         t0 = time.monotonic()
         with c.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=1, stream=True)) as r:
-            next(r.iter_lines())
+            lines = r.iter_lines()
+            next(lines)
             results["ttft"] = time.monotonic() - t0
-            r.read()
+            for _ in lines:
+                pass
     t.join(5)
     return results["ttft"]
 
@@ -622,7 +625,7 @@ def test_fault_stuck_gauges(client, fake):
     fake.config.faults.add("stuck_gauges")
     fake.config.itl_s = 0.02
     with client.stream("POST", "/v1/completions", json=cmpl(20, max_tokens=100, ignore_eos=True, stream=True)) as r:
-        next(r.iter_lines())
+        next(r.iter_lines())  # then hang up
     assert wait_for(lambda: fake.state.requests[-1].disconnected, 1)
     time.sleep(0.05)
     assert fake.state.running == 1 and gauge(client, "vllm:num_requests_running") == 1
@@ -637,7 +640,8 @@ def test_fault_5xx_under_concurrency(client, fake):
     fake.config.itl_s = 0.02
     long_body = cmpl(150, max_tokens=50, ignore_eos=True, stream=True)
     with client.stream("POST", "/v1/completions", json=long_body) as r:
-        next(r.iter_lines())
+        lines = r.iter_lines()  # keep a reference: a discarded iterator closes the stream
+        next(lines)
         with httpx.Client(base_url=fake.base_url, timeout=5) as c2:
             assert c2.post("/v1/completions", json={**long_body, "stream": False}).status_code == 500
             assert c2.post("/v1/completions", json=cmpl(10, max_tokens=2)).status_code == 200  # short is fine

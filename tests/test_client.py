@@ -1,0 +1,102 @@
+"""KvClient over httpx.MockTransport with an injected clock: no network, no sleeping."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from kvgate.client import Endpoint, EndpointUnreachable, KvClient, iter_sse_data
+from kvgate.stream import summarize
+
+
+class Clock:
+    def __init__(self, step: float = 0.01) -> None:
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+SSE = (
+    b'data: {"choices":[{"index":0,"text":"a","logprobs":{"tokens":["a"]},"finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"text":"b","logprobs":{"tokens":["b"]},"finish_reason":"length"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def handler(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/v1/completions":
+        return httpx.Response(200, content=SSE, headers={"content-type": "text/event-stream"})
+    if request.url.path == "/version":
+        return httpx.Response(200, json={"version": "0.32.0"})
+    if request.url.path == "/garbage":
+        return httpx.Response(200, content=b"<html>oops")
+    return httpx.Response(404, json={"error": {"message": "nope", "code": 404}})
+
+
+def client(**kw) -> KvClient:
+    return KvClient(Endpoint("http://fake", api_key="sk-secret-1"), transport=httpx.MockTransport(handler), **kw)
+
+
+def test_stream_events_are_timestamped_with_the_injected_clock():
+    r = client(clock=Clock(0.01)).stream("/v1/completions", {"stream": True})
+    assert r.status == 200 and r.done
+    ts = [t for t, _ in r.events]
+    assert ts == sorted(ts) and len(ts) == 4
+    s = summarize(r)
+    assert s.text == "ab" and s.tokens_received == 2 and s.finish_reasons == ["length"]
+    assert s.usage["completion_tokens"] == 2
+
+
+def test_early_hangup_via_on_event():
+    r = client().stream("/v1/completions", {}, on_event=lambda t, d: True)
+    assert len(r.events) == 1 and not r.done
+
+
+def test_garbage_body_is_data_not_an_exception():
+    r = client().get("/garbage")
+    assert r.status == 200 and r.json is None and "oops" in r.error_message
+
+
+def test_error_message_from_openai_error_body():
+    assert client().get("/nowhere").error_message == "nope"
+
+
+def test_version():
+    assert client().version() == "0.32.0"
+
+
+def test_api_key_sent_but_not_in_repr():
+    seen = {}
+
+    def h(request):
+        seen["auth"] = request.headers.get("authorization")
+        return httpx.Response(200, json={})
+
+    ep = Endpoint("http://fake", api_key="sk-secret-1")
+    KvClient(ep, transport=httpx.MockTransport(h)).get("/x")
+    assert seen["auth"] == "Bearer sk-secret-1"
+    assert "sk-secret-1" not in repr(ep)
+
+
+def test_unreachable_is_one_line():
+    def refuse(request):
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    c = KvClient(Endpoint("http://127.0.0.1:9"), transport=httpx.MockTransport(refuse))
+    with pytest.raises(EndpointUnreachable) as exc:
+        c.models()
+    msg = str(exc.value)
+    assert "\n" not in msg and "unreachable" in msg and "127.0.0.1:9" in msg
+
+
+def test_unreachable_real_socket_refused():
+    with pytest.raises(EndpointUnreachable, match="unreachable"):
+        KvClient(Endpoint("http://127.0.0.1:9"), timeout_s=2).models()
+
+
+def test_sse_multiline_and_comments():
+    lines = [": keepalive", "data: a", "data: b", "", "event: x", "data: c", ""]
+    assert list(iter_sse_data(iter(lines))) == ["a\nb", "c"]

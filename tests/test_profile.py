@@ -1,0 +1,96 @@
+"""Profile loading: names, paths, extends, and error messages that name file, field and type."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.profile import ProfileError, available_profiles, load_profile, resolve_profile
+
+from .conftest import MINIMAL
+
+
+def test_shipped_profiles_all_load():
+    names = available_profiles()
+    assert "tiny-cpu" in names
+    for name in names:
+        p = load_profile(name)
+        assert p.name == name
+        assert p.engine.max_model_len > 0
+
+
+def test_tiny_cpu_is_embedded_and_states_its_kv_pool():
+    p = load_profile("tiny-cpu")
+    assert p.embedded
+    assert p.engine.kv_cache_memory_bytes == 64 * 2**20
+    assert p.model.architecture.head_dim % 32 == 0  # vLLM CPU attention needs it
+
+
+def test_unknown_name_lists_available_profiles():
+    with pytest.raises(ProfileError) as exc:
+        resolve_profile("nosuch")
+    msg = str(exc.value)
+    assert "unknown profile 'nosuch'" in msg
+    assert "tiny-cpu" in msg
+
+
+def test_close_name_gets_a_suggestion():
+    with pytest.raises(ProfileError, match="did you mean 'tiny-cpu'"):
+        resolve_profile("tiny-cpv")
+
+
+def test_path_to_yaml_works(write_profile):
+    path = write_profile("mine", MINIMAL)
+    p = load_profile(str(path))
+    assert p.name == "mine" and p.source == str(path)
+
+
+def test_wrong_type_names_file_field_and_expected_type(write_profile):
+    path = write_profile("bad", MINIMAL.replace("max_model_len: 256", "max_model_len: lots"))
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(path))
+    msg = str(exc.value)
+    assert str(path) in msg
+    assert "engine.max_model_len" in msg
+    assert "integer" in msg and "'lots'" in msg
+
+
+def test_unknown_key_is_an_error_not_ignored(write_profile):
+    path = write_profile("typo", MINIMAL + "limits:\n  max_token_cap: 5\n")
+    with pytest.raises(ProfileError, match=r"limits\.max_token_cap.*[Ee]xtra"):
+        load_profile(str(path))
+
+
+def test_missing_required_section(write_profile):
+    path = write_profile("nomodel", "engine:\n  max_model_len: 5\n")
+    with pytest.raises(ProfileError, match="field 'model': Field required"):
+        load_profile(str(path))
+
+
+def test_not_yaml_mapping(write_profile):
+    with pytest.raises(ProfileError, match="must be a YAML mapping"):
+        load_profile(str(write_profile("list", "- a\n- b\n")))
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(str(write_profile("broken", "model: [\n")))
+
+
+def test_extends_deep_merges_child_wins(write_profile):
+    write_profile("base", MINIMAL + "limits:\n  max_tokens_cap: 64\n  reject_deadline_s: 3\n")
+    child = write_profile("child", "extends: base\nengine:\n  max_model_len: 512\nlimits:\n  max_tokens_cap: 32\n")
+    p = load_profile(str(child))
+    assert p.name == "child"
+    assert p.engine.max_model_len == 512
+    assert p.limits.max_tokens_cap == 32
+    assert p.limits.reject_deadline_s == 3  # inherited
+    assert p.model.served_name == "m"
+
+
+def test_extends_cycle_is_reported(write_profile):
+    write_profile("a", "extends: b\n")
+    b = write_profile("b", "extends: a\n")
+    with pytest.raises(ProfileError, match="cycle"):
+        load_profile(str(b))
+
+
+def test_head_dim_derived_from_hidden_size(write_profile):
+    path = write_profile("hd", MINIMAL.replace("head_dim: 64", "hidden_size: 512"))
+    assert load_profile(str(path)).model.architecture.head_dim == 128
