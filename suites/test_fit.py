@@ -1,15 +1,31 @@
 """Fit gate: does the declared concurrency fit the KV cache? Pure arithmetic; needs no server.
 
-``pytest --profile NAME -m fit`` runs only this gate and prints the per-GPU fit table.
+``pytest --profile NAME -m fit`` runs only this gate and prints the per-GPU fit table. The
+live-pool check (predicted KV capacity vs vLLM's own ``vllm:cache_config_info``) needs a server
+and runs with the deployment gate.
 """
 
 import pytest
 
-from kvgate.fit import fit_table, fit_verdict
+from kvgate.fit import fit_table, fit_verdict, live_pool_verdict
+from kvgate.metrics import cache_config, parse
+from kvgate.verdict import Status, Verdict
 
-pytestmark = pytest.mark.fit
 
-
-def test_fit(kvgate_profile, kvgate_gate):
+@pytest.mark.fit
+@pytest.mark.gate("fit", cases=["kv-pool"])
+def test_fit(case, kvgate_profile, kvgate_gate):
     """KV bytes/token x max_model_len x declared concurrency vs the KV pool; weights + KV + reserves vs memory."""
     kvgate_gate(fit_verdict(kvgate_profile), attachments={"fit-table.txt": fit_table(kvgate_profile)}, console=True)
+
+
+@pytest.mark.deployment
+@pytest.mark.gate("fit", cases=["live-pool"])
+def test_predicted_pool_matches_vllm(case, kvgate_client, kvgate_profile, kvgate_gate):
+    """The arithmetic's KV token capacity vs the one vLLM allocated (within one block when exact)."""
+    text = kvgate_client.metrics_text()
+    labels = cache_config(parse(text)) if text else None
+    if labels is None:
+        kvgate_gate(Verdict("fit/live-pool", Status.SKIP, "server exposes no vllm:cache_config_info; "
+                            "predicted KV pool not comparable"))
+    kvgate_gate(live_pool_verdict(kvgate_profile, labels))

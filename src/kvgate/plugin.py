@@ -200,6 +200,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     st = item.config.stash.get(STATE, None)
     if st is None or item.get_closest_marker("gate") is None:
         return
+    if rep.when == "call" or rep.skipped or rep.failed:
+        st.extra.setdefault("finished", set()).add(item.nodeid)
     if rep.failed and item.nodeid not in st.record.entries:
         # the harness or the server broke before a verdict: still a named result, never silent
         text = str(rep.longrepr.reprcrash.message) if hasattr(rep.longrepr, "reprcrash") and rep.longrepr.reprcrash \
@@ -211,8 +213,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     st = session.config.stash.get(STATE, None)
     if st is None:
         return
-    if exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop:
+    gate_items = [it.nodeid for it in session.items if it.get_closest_marker("gate")]
+    finished = st.extra.get("finished", set())
+    missing = [n for n in gate_items if n not in finished]
+    if exitstatus == pytest.ExitCode.INTERRUPTED or missing:
         st.record.complete = False
+        st.record.launch["not_run"] = missing
     path = st.record.write_summary(st.reports_dir / "summary.json")
     st.extra["summary_path"] = str(path)
 

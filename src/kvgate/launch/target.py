@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..client import Endpoint, EndpointUnreachable, KvClient
 from ..profile import Profile
+from ..redact import redact_url
 
 KNOWN_PREFIXES = ("/openai/v1", "/v1")
 
@@ -27,7 +28,10 @@ def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None
     environ = os.environ if environ is None else environ
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise TargetError(f"--endpoint {url!r} is not an http(s) URL")
+        raise TargetError(f"--endpoint {redact_url(url)!r} is not an http(s) URL")
+    if "@" in parts.netloc:
+        raise TargetError("--endpoint must not carry credentials (user:password@); put the API key in an "
+                          "environment variable and name it with --api-key-env VAR")
     path = parts.path.rstrip("/")
     prefix = profile.endpoint.route_prefix
     for known in KNOWN_PREFIXES:

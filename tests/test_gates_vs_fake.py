@@ -1,0 +1,112 @@
+"""Every server-facing gate FAILS, naming the fault, against the fake with that fault, and PASSES
+against the healthy fake. The real suites run through pytester with ``--endpoint``; verdicts are
+read back from reports/summary.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO
+
+pytest_plugins = ["pytester"]
+PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
+SUITES = ["suites/test_deployment.py", "suites/test_max_context.py", "suites/test_max_tokens.py"]
+
+
+def run_suites(pytester, url, *extra):
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--profile", str(PROFILE), "--endpoint", url, "--kvgate-reports", str(reports),
+        *[str(REPO / s) for s in SUITES], *extra,
+    )
+    summary = json.loads((reports / "summary.json").read_text())
+    return result, summary, {g["id"]: g for g in summary["gates"]}
+
+
+@pytest.fixture
+def fake():
+    with FakeVLLM(FakeConfig(max_tokens_cap=64)) as f:
+        yield f
+
+
+def test_healthy_fake_passes_every_gate(pytester, fake):
+    result, summary, gates = run_suites(pytester, fake.url)
+    assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
+    assert len(gates) == 15 and all(g["status"] == "PASS" for g in gates.values())
+    result.assert_outcomes(passed=15)
+    assert summary["server_version"] == "0.32.0+fake"
+
+
+# fault -> (gates that must FAIL, fragment of their message)
+FAULT_CASES = {
+    "wrong_max_model_len": (["deployment/max-model-len"], "profile declares 256"),
+    "over_length_500": (["max-context/over-length/completions", "max-context/over-length/chat-stream"],
+                        "answered 500"),
+    "over_length_truncate": (["max-context/over-length/completions", "max-context/over-length/chat"],
+                             "silently truncated"),
+    "ignore_max_tokens": (["max-tokens/cap-hit/completions", "max-tokens/cap-hit/chat"], "cap ignored"),
+    "finish_stop_at_cap": (["max-tokens/cap-hit/completions", "max-context/completions"], "'stop'"),
+    "stream_usage_mismatch": (["max-tokens/stream-usage/completions", "max-tokens/stream-usage/chat"],
+                              "all must agree"),
+    "dead_after_over_length": (["max-context/over-length/completions"], "server unhealthy, whatever /health says"),
+    "ignore_cap": (["max-tokens/over-cap/completions", "max-tokens/over-cap/chat"], "cap not enforced"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULT_CASES))
+def test_gate_fails_on_fault(pytester, fake, fault):
+    fake.config.faults.add(fault)
+    result, summary, gates = run_suites(pytester, fake.url)
+    must_fail, fragment = FAULT_CASES[fault]
+    assert summary["overall"] == "FAIL"
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    for gate in must_fail:
+        g = gates[f"fake-vllm/{gate}"]
+        assert g["status"] == "FAIL", (gate, g)
+        assert fragment in g["message"], g["message"]
+        assert "-> FAIL" in g["message"]
+    # the console names the verdict too
+    result.stdout.fnmatch_lines([f"FAIL*fake-vllm/{must_fail[0]}*{fragment}*"])
+
+
+def test_dead_engine_with_healthy_health_endpoint_is_caught(pytester, fake):
+    fake.config.faults.add("dead_after_over_length")
+    _, _, gates = run_suites(pytester, fake.url, "-k", "over_length")
+    g = gates["fake-vllm/max-context/over-length/completions"]
+    assert g["status"] == "FAIL"
+    assert g["evidence"]["health/canary"]["status"] == "FAIL"
+    assert g["evidence"]["max-context/over-length/completions"]["status"] == "PASS"  # the 400 itself was right
+
+
+def test_garbage_server_is_a_conformance_failure_not_a_traceback(pytester):
+    import http.server
+    import threading
+
+    class Garbage(http.server.BaseHTTPRequestHandler):
+        def _reply(self):
+            body = b"<html>not an LLM</html>"
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _reply
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result, summary, gates = run_suites(pytester, f"http://127.0.0.1:{server.server_port}/v1",
+                                            "-k", "deployment")
+    finally:
+        server.shutdown()
+    g = gates["fake-vllm/deployment/served-model"]
+    assert g["status"] == "FAIL" and "without a model list" in g["message"]
+    assert "Traceback" not in result.stdout.str()

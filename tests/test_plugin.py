@@ -1,0 +1,127 @@
+"""The pytest plugin itself, through pytester: options, usage errors, ids, reports, redaction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO
+
+pytest_plugins = ["pytester"]
+FAKE_PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
+
+
+def run(pytester, *args):
+    return pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
+                                        "-p", "no:cacheprovider", *args)
+
+
+def test_unknown_profile_is_one_usage_error_listing_profiles(pytester):
+    result = run(pytester, "--profile", "nosuch", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "unknown profile 'nosuch'" in err and "tiny-cpu" in err
+    assert "Traceback" not in err
+
+
+def test_malformed_profile_names_file_field_and_type(pytester):
+    bad = pytester.path / "bad.yaml"
+    bad.write_text(FAKE_PROFILE.read_text().replace("max_model_len: 256", "max_model_len: [1, 2]"))
+    result = run(pytester, "--profile", str(bad), str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert str(bad) in err and "engine.max_model_len" in err and "valid integer" in err
+
+
+def test_unreachable_endpoint_says_so_in_one_line(pytester):
+    result = run(pytester, "--profile", "tiny-cpu", "--endpoint", "http://127.0.0.1:9", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = [ln for ln in result.stderr.str().splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert "endpoint http://127.0.0.1:9 is unreachable" in lines[0]
+
+
+def test_suites_without_profile_is_a_usage_error(pytester):
+    result = run(pytester, str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--profile NAME" in result.stderr.str() and "tiny-cpu" in result.stderr.str()
+
+
+def test_non_embedded_profile_needs_endpoint_except_for_fit(pytester):
+    result = run(pytester, "--profile", str(FAKE_PROFILE), str(REPO / "suites" / "test_deployment.py"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "give --endpoint URL" in result.stderr.str()
+
+
+def test_readable_ids_collect_only(pytester):
+    result = run(pytester, "--profile", "tiny-cpu", "--collect-only", "-q", str(REPO / "suites"))
+    out = result.stdout.str()
+    assert "[tiny-cpu/max-context/over-length/chat-stream]" in out
+    assert "[tiny-cpu/deployment/cache-config]" in out
+
+
+def test_deploy_profile_alias_and_profiling_clash(pytester, monkeypatch):
+    import kvgate.plugin
+
+    monkeypatch.setattr(kvgate.plugin, "_profiling_installed", lambda: True)
+    ok = run(pytester, "--deploy-profile", "tiny-cpu", "--collect-only", "-q", str(REPO / "suites"))
+    assert "[tiny-cpu/deployment/served-model]" in ok.stdout.str()
+    # with pytest-profiling owning --profile, kvgate does not register it
+    clash = run(pytester, "--profile", "tiny-cpu", str(REPO / "suites"))
+    assert clash.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_reports_written_and_secrets_redacted(pytester, monkeypatch):
+    secret = "sk-kvgate-test-9f8e7d6c"
+    monkeypatch.setenv("KVGATE_TEST_KEY", secret)
+    reports = pytester.path / "out"
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, api_key=secret)) as fake:
+        url = fake.url
+        result = run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, "--api-key-env", "KVGATE_TEST_KEY",
+                     "--kvgate-reports", str(reports), str(REPO / "suites" / "test_deployment.py"),
+                     str(REPO / "suites" / "test_max_tokens.py"))
+        assert fake.state.requests, "the fake saw no traffic"
+    result.assert_outcomes(passed=9)
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["overall"] == "PASS" and summary["complete"] is True
+    assert summary["endpoint"] == url
+    assert {g["status"] for g in summary["gates"]} == {"PASS"}
+    assert all({"measured", "limit", "evidence", "message"} <= set(g) for g in summary["gates"])
+    assert (reports / "junit.xml").is_file()
+    allure = list((reports / "allure-results").glob("*"))
+    assert any(p.name.endswith("-result.json") for p in allure) and any("attachment" in p.name for p in allure)
+    written = [p for p in reports.rglob("*") if p.is_file()]
+    for p in written:
+        text = p.read_text(errors="replace")
+        assert secret not in text, p
+    assert secret not in result.stdout.str()
+
+
+def test_wrong_api_key_is_a_failure_not_a_crash(pytester, monkeypatch):
+    monkeypatch.setenv("KVGATE_TEST_KEY", "sk-wrong-key-123")
+    with FakeVLLM(FakeConfig(api_key="sk-right-key-456")) as fake:
+        result = run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, "--api-key-env",
+                     "KVGATE_TEST_KEY", "--kvgate-reports", str(pytester.path / "r"),
+                     str(REPO / "suites" / "test_deployment.py"), "-k", "served")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*/v1/models answered 401*"])
+
+
+def test_stopped_run_is_marked_incomplete(pytester):
+    with FakeVLLM(FakeConfig(faults={"wrong_max_model_len"})) as fake:
+        reports = pytester.path / "r"
+        run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, "--kvgate-reports", str(reports),
+            "-x", str(REPO / "suites" / "test_deployment.py"))
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["complete"] is False and summary["overall"] == "INCOMPLETE"
+    assert summary["counts"]["FAIL"] == 1  # what was measured is still there
+
+
+def test_credentials_in_endpoint_url_are_refused_without_echo(pytester):
+    result = run(pytester, "--profile", "tiny-cpu", "--endpoint", "http://user:pw-secret-123@127.0.0.1:9/v1",
+                 str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--api-key-env" in result.stderr.str() and "pw-secret-123" not in result.stderr.str()
