@@ -101,10 +101,13 @@ FAULTS: dict[str, str] = {
     "stall_mid_stream": "sleep stall_s seconds before token stall_after (default: half way) of a "
     "generation; /health stays fast",
     "missing_done": "streams end without 'data: [DONE]'",
+    "error_mid_stream": "the engine fails half way through a generation: a stream gets vLLM's "
+    "'data: {\"error\": ...}' event then [DONE] (HTTP 200); a non-streamed request gets 500",
     "duplicate_deltas": "one content delta (the middle one) is sent twice",
     "two_finish_chunks": "the chunk carrying finish_reason is sent twice",
     "hol_blocking": "prefills are serialized through one lock, each holding it prompt_tokens x "
-    "prefill_s_per_token seconds: TTFT grows with the prefill queued ahead (head-of-line blocking)",
+    "prefill_s_per_token seconds (set it > 0): TTFT grows with the prefill queued ahead (head-of-line "
+    "blocking); without the fault prefills run concurrently",
     "stuck_gauges": "a client disconnect never releases its slot: num_requests_running and KV usage "
     "stay up (the slot also keeps counting against max_num_seqs)",
     "5xx_under_concurrency": "a long prompt (>= long_prompt_tokens, default max_model_len // 2) is "
@@ -221,10 +224,11 @@ class FakeConfig:
 class RequestRecord:
     """One request to a generation endpoint, as the fake saw it (monotonic clock: ``time.monotonic``)."""
 
-    id: str
+    id: str  # the response id ("cmpl-..." / "chatcmpl-..."; honours X-Request-Id)
     endpoint: str  # "completions" | "chat"
     stream: bool
     t_received: float  # body read
+    seq: int = 0  # arrival order, unique (ids need not be)
     status: int = 200
     prompt_tokens: int | None = None
     max_tokens: int | None = None  # the effective limit after clamp/cap/faults
@@ -259,7 +263,7 @@ class FakeState:
     """What the fake has seen. Mutated only on the server's event loop; safe to read from tests."""
 
     requests: list[RequestRecord] = field(default_factory=list)
-    active: dict[str, _Active] = field(default_factory=dict)  # admitted, not finished (or stuck)
+    active: dict[int, _Active] = field(default_factory=dict)  # by seq: admitted, not finished (or stuck)
     waiting: int = 0
     dead: bool = False
     generations_started: int = 0
@@ -267,7 +271,7 @@ class FakeState:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     leaked: list[bytes] = field(default_factory=list)
-    inflight: dict[str, int] = field(default_factory=dict)  # accepted request id -> prompt tokens
+    inflight: dict[int, int] = field(default_factory=dict)  # by seq: accepted, not answered -> prompt tokens
 
     @property
     def running(self) -> int:
@@ -520,6 +524,10 @@ class _BadRequest(Exception):
         return _error(str(self), self.status, self.err_type, self.param)
 
 
+class _EngineError(Exception):
+    """An injected engine failure during generation."""
+
+
 class _SSEResponse(StreamingResponse):
     """StreamingResponse that always closes its generator (so a disconnect runs its ``finally``
     promptly, whether the cancel hit an ``await`` in the generator or the transport) and then runs
@@ -536,6 +544,18 @@ class _SSEResponse(StreamingResponse):
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
             self._on_close()
+
+
+async def _first(*aws: Awaitable[Any]) -> None:
+    """Wait until the first of ``aws`` finishes; cancel (and reap) the rest."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _sse(obj: Any) -> str:
@@ -575,6 +595,7 @@ class FakeVLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prefill_lock: asyncio.Lock | None = None
         self._slot_freed: asyncio.Event | None = None
+        self._closing: asyncio.Event | None = None  # set by stop(): ends hung requests and slot waits
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -635,7 +656,10 @@ class FakeVLLM:
         return self.base_url
 
     def stop(self, timeout: float = 5.0) -> None:
-        server, thread = self._server, self._thread
+        server, thread, loop, closing = self._server, self._thread, self._loop, self._closing
+        if loop is not None and closing is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(closing.set)
         if server is not None and thread is not None:
             server.should_exit = True
             thread.join(timeout)
@@ -660,13 +684,14 @@ class FakeVLLM:
 
     # ---- loop-bound primitives ---------------------------------------------------------------
 
-    def _prims(self) -> tuple[asyncio.Lock, asyncio.Event]:
+    def _prims(self) -> tuple[asyncio.Lock, asyncio.Event, asyncio.Event]:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._prefill_lock is None or self._slot_freed is None:
+        if self._loop is not loop or self._prefill_lock is None or self._slot_freed is None or self._closing is None:
             self._loop = loop
             self._prefill_lock = asyncio.Lock()
             self._slot_freed = asyncio.Event()
-        return self._prefill_lock, self._slot_freed
+            self._closing = asyncio.Event()
+        return self._prefill_lock, self._slot_freed, self._closing
 
     # ---- app ---------------------------------------------------------------------------------
 
@@ -848,7 +873,8 @@ class FakeVLLM:
         stream = bool(body.get("stream", False))
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        rec = RequestRecord(id=f"{prefix}-{rid}", endpoint=kind, stream=stream, t_received=t_received)
+        rec = RequestRecord(id=f"{prefix}-{rid}", endpoint=kind, stream=stream, t_received=t_received,
+                            seq=len(st.requests))
         st.requests.append(rec)
         try:
             plan = self._admit(body, kind, rec, faults)
@@ -857,8 +883,8 @@ class FakeVLLM:
             return e.response()
 
         if plan is None:  # the engine is dead
-            if cfg.dead_mode == "hang":
-                await self._wait_disconnect(request)
+            if cfg.dead_mode == "hang":  # until the client hangs up (or the fake stops)
+                await _first(self._wait_disconnect(request), self._prims()[2].wait())
                 rec.status, rec.disconnected, rec.t_done = 499, True, time.monotonic()
                 return Response(status_code=500)
             rec.status, rec.t_done = 500, time.monotonic()
@@ -878,8 +904,8 @@ class FakeVLLM:
         L = cfg.max_model_len
         self._check_model(body)
 
-        n = body.get("n", 1)
-        if n != 1:
+        n = body.get("n")
+        if n not in (None, 1):
             raise _BadRequest("the fake vLLM supports n=1 only", param="n", value=n)
         stream = rec.stream
         stream_options = body.get("stream_options")
@@ -1009,7 +1035,7 @@ class FakeVLLM:
         if "finish_stop_at_cap" in faults and finish == "length":
             finish = "stop"
             tokens[-1].finish_reason = "stop"
-        st.inflight[rec.id] = n_prompt
+        st.inflight[rec.seq] = n_prompt
         return _Plan(
             record=rec, kind=kind, prompt_tokens=n_prompt, tokens=tokens, finish_reason=finish, faults=faults,
             stream=rec.stream, include_usage=bool(stream_options.get("include_usage")),
@@ -1020,7 +1046,7 @@ class FakeVLLM:
     def _release(self, plan: _Plan) -> None:
         if not plan.released:
             plan.released = True
-            self.state.inflight.pop(plan.record.id, None)
+            self.state.inflight.pop(plan.record.seq, None)
 
     # ---- the engine ----------------------------------------------------------------------------
 
@@ -1029,9 +1055,9 @@ class FakeVLLM:
         cfg, st, m, rec = self.config, self.state, self.metrics, plan.record
         model = plan.model
         m.touch(model)
-        lock, slot_freed = self._prims()
+        lock, slot_freed, closing = self._prims()
         entry = _Active(prompt_tokens=plan.prompt_tokens)
-        admitted = finished = False
+        admitted = finished = failed = False
         waiting = True
         st.waiting += 1
         st.generations_started += 1
@@ -1041,8 +1067,10 @@ class FakeVLLM:
         t_last = None
         try:
             while st.running >= cfg.max_num_seqs:
+                if closing.is_set():
+                    raise _EngineError("server shutting down")
                 slot_freed.clear()
-                await slot_freed.wait()
+                await _first(slot_freed.wait(), closing.wait())
             prefill = plan.prompt_tokens * cfg.prefill_s_per_token
             if "hol_blocking" in plan.faults:
                 async with lock:
@@ -1062,7 +1090,10 @@ class FakeVLLM:
 
             n = len(plan.tokens)
             stall_at = (cfg.stall_after if cfg.stall_after is not None else n // 2) if n >= 2 else None
+            error_at = n // 2 if "error_mid_stream" in plan.faults else None
             for tok in plan.tokens:
+                if tok.index == error_at:
+                    raise _EngineError("EngineCore encountered an issue (injected error_mid_stream fault)")
                 if tok.index > 0:
                     await self.sleep(cfg.itl_s)
                 if "stall_mid_stream" in plan.faults and tok.index == stall_at and tok.index > 0:
@@ -1085,20 +1116,26 @@ class FakeVLLM:
                 yield tok
             finished = True
             rec.finish_reason = plan.finish_reason
+        except _EngineError as e:
+            failed, rec.error = True, str(e)
+            raise
         finally:
             now = time.monotonic()
             rec.t_done = now
             if waiting:
                 st.waiting -= 1
             if admitted:
-                if finished or "stuck_gauges" not in plan.faults:
-                    st.active.pop(rec.id, None)
+                if finished or failed or "stuck_gauges" not in plan.faults:
+                    st.active.pop(rec.seq, None)
                     slot_freed.set()
                 else:
                     entry.stuck = True
             if finished:
                 m.success.labels(model, "0", plan.finish_reason).inc()
                 m.e2e.labels(model, "0").observe(now - rec.t_received)
+            elif failed:
+                rec.finish_reason = "error"
+                m.success.labels(model, "0", "error").inc()
             else:
                 rec.disconnected = True
                 rec.finish_reason = rec.finish_reason or "abort"
@@ -1108,7 +1145,7 @@ class FakeVLLM:
     def _admit_entry(self, rec: RequestRecord, entry: _Active, model: str) -> bool:
         rec.t_admitted = time.monotonic()
         self.metrics.queue.labels(model, "0").observe(rec.t_admitted - rec.t_received)
-        self.state.active[rec.id] = entry
+        self.state.active[rec.seq] = entry
         return True
 
     # ---- non-streaming -------------------------------------------------------------------------
@@ -1136,9 +1173,12 @@ class FakeVLLM:
                 if not t.done():
                     t.cancel()
             await asyncio.gather(work, watcher, return_exceptions=True)
-        if work.cancelled() or work.exception() is not None:
-            plan.record.status = 499
-            exc = None if work.cancelled() else work.exception()
+        exc = None if work.cancelled() else work.exception()
+        if isinstance(exc, _EngineError):
+            plan.record.status = 500
+            return _error(str(exc), 500, "InternalServerError")
+        if work.cancelled() or exc is not None:
+            plan.record.status = 499  # client went away; nobody reads this answer
             return _error(f"request aborted: {exc!r}" if exc else "client disconnected", 500, "InternalServerError")
         tokens = work.result()
         rec = plan.record
@@ -1219,16 +1259,31 @@ class FakeVLLM:
 
     async def _stream(self, plan: _Plan) -> AsyncIterator[str]:
         rec, faults = plan.record, plan.faults
-        n = len(plan.tokens)
-        dup_at = (n - 1) // 2
+        try:
+            async with contextlib.aclosing(self._stream_tokens(plan)) as chunks:  # closed on disconnect too
+                async for data in chunks:
+                    yield data
+        except _EngineError as e:  # vLLM: an error event, then [DONE], on a 200 stream
+            yield _sse({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
+            yield "data: [DONE]\n\n"
+            return
+        if plan.include_usage:
+            completion = rec.completion_tokens + (1 if "stream_usage_mismatch" in faults else 0)
+            yield _sse({"id": rec.id, "object": "chat.completion.chunk" if plan.kind == "chat" else "text_completion",
+                        "created": plan.created, "model": plan.model, "choices": [],
+                        "usage": self._usage(plan, completion)})
+        if "missing_done" not in faults:
+            yield "data: [DONE]\n\n"
+
+    async def _stream_tokens(self, plan: _Plan) -> AsyncIterator[str]:
+        rec, faults = plan.record, plan.faults
+        dup_at = (len(plan.tokens) - 1) // 2
         offset = 0
-        first = True
         async with contextlib.aclosing(self._engine(plan)) as events:
             async for tok in events:
-                if first and plan.kind == "chat":
+                if tok.index == 0 and plan.kind == "chat":
                     rec.t_first_byte = time.monotonic()
                     yield _sse(self._chunk(plan, None, None, 0, role=True))
-                first = False
                 if "duplicate_deltas" in faults and tok.index == dup_at and tok.text:
                     yield _sse(self._chunk(plan, tok, None, offset, sent=rec.tokens_sent))
                 rec.tokens_sent += 1
@@ -1239,13 +1294,6 @@ class FakeVLLM:
                 offset += len(tok.text)
                 if tok.is_last and "two_finish_chunks" in faults:
                     yield _sse(self._chunk(plan, None, tok.finish_reason, offset, sent=rec.tokens_sent))
-        if plan.include_usage:
-            completion = rec.completion_tokens + (1 if "stream_usage_mismatch" in faults else 0)
-            yield _sse({"id": rec.id, "object": "chat.completion.chunk" if plan.kind == "chat" else "text_completion",
-                        "created": plan.created, "model": plan.model, "choices": [],
-                        "usage": self._usage(plan, completion)})
-        if "missing_done" not in faults:
-            yield "data: [DONE]\n\n"
 
 
 # --------------------------------------------------------------------------------------------

