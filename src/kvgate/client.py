@@ -205,11 +205,14 @@ class KvClient:
         return self.request("POST", path, json_body=body, **kw)
 
     def stream(self, path: str, body: Any, *, timeout_s: float | None = None,
-               on_event: Callable[[float, str], bool | None] | None = None) -> StreamReply:
+               on_event: Callable[[float, str], bool | None] | None = None,
+               hang_up_after_headers: bool = False) -> StreamReply:
         """POST with ``stream: true`` and record every SSE event with its arrival time.
 
-        ``on_event(t, data)`` may return True to hang up early (client disconnect). Timestamps are
-        taken as lines arrive; JSON decoding is left to the caller (off the hot path).
+        ``on_event(t, data)`` may return True to hang up early (client disconnect mid-stream);
+        ``hang_up_after_headers`` closes the connection as soon as the 200 status line arrives,
+        before any token (disconnect mid-request). Timestamps are taken as lines arrive; JSON
+        decoding is left to the caller (off the hot path).
         """
         t0 = self.clock()
         out = StreamReply(status=0)
@@ -223,6 +226,9 @@ class KvClient:
                     out.text = r.read().decode("utf-8", "replace")
                     out.first_byte_s = self.clock() - t0
                     out.elapsed_s = out.first_byte_s
+                    return out
+                if hang_up_after_headers:
+                    out.elapsed_s = self.clock() - t0
                     return out
                 for data in iter_sse_data(self._lines(r, out, t0)):
                     t = self.clock() - t0

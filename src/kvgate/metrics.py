@@ -7,6 +7,7 @@ vLLM renamed metrics across versions (shared/VLLM_FACTS.md): ``vllm:gpu_cache_us
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -62,3 +63,47 @@ def cache_config(scrape: Scrape) -> dict[str, str] | None:
     num_gpu_blocks, kv_cache_memory_bytes, kv_cache_size_tokens, ...), or None if absent."""
     hit = scrape.first("cache_config")
     return dict(hit[0]) if hit else None
+
+
+@dataclass
+class GaugePoll:
+    """Result of :func:`poll_gauge`: ``samples`` are ``(t_s, value)`` with ``t_s`` seconds since
+    the poll began (value None when the scrape failed or the metric was absent)."""
+
+    logical: str
+    target: float
+    reached: bool
+    samples: list[tuple[float, float | None]]
+    elapsed_s: float
+
+    @property
+    def last(self) -> float | None:
+        return self.samples[-1][1] if self.samples else None
+
+
+def scrape_value(text: str | None, logical: str) -> float | None:
+    """Sum of ``logical``'s samples in one ``/metrics`` body (None if absent or unparsable)."""
+    if text is None:
+        return None
+    try:
+        return parse(text).total(logical)
+    except MetricsError:
+        return None
+
+
+def poll_gauge(fetch: Callable[[], "str | None"], logical: str, target: float, deadline_s: float, *,
+               interval_s: float = 0.1, clock: Callable[[], float], sleep: Callable[[float], None]) -> GaugePoll:
+    """Scrape with ``fetch()`` every ``interval_s`` seconds until ``logical`` <= ``target`` or
+    ``deadline_s`` seconds pass. Bounded: at most ``deadline_s / interval_s + 2`` scrapes."""
+    t0 = clock()
+    samples: list[tuple[float, float | None]] = []
+    for _ in range(int(deadline_s / interval_s) + 2):
+        value = scrape_value(fetch(), logical)
+        now = clock() - t0
+        samples.append((round(now, 4), value))
+        if value is not None and value <= target:
+            return GaugePoll(logical, target, True, samples, now)
+        if now >= deadline_s:
+            break
+        sleep(interval_s)
+    return GaugePoll(logical, target, False, samples, clock() - t0)

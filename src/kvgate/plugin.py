@@ -72,7 +72,8 @@ def _usage(msg: str) -> pytest.UsageError:
 def pytest_configure(config: pytest.Config) -> None:
     for line in ("gate(name, cases=()): a kvgate gate; cases become readable ids PROFILE/GATE/CASE",
                  "fit: the fit gate", "deployment: deployment matches profile", "max_context: max-context gate",
-                 "max_tokens: max_tokens caps gate"):
+                 "max_tokens: max_tokens caps gate", "streaming: streaming gate", "disconnect: disconnect gate",
+                 "load: gates that put the server under concurrent load"):
         config.addinivalue_line("markers", line)
     name = config.getoption("kvgate_profile")
     if name is None:

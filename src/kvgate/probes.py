@@ -6,10 +6,12 @@ Each probe sends a bounded number of requests (no hidden retries) and returns :c
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .client import KvClient, Reply, StreamReply
+from .metrics import GaugePoll, poll_gauge, scrape_value
 from .prompts import Api, ExactPrompt, exact_prompt, server_counter
 
 ROUTES: dict[Api, str] = {"completions": "/completions", "chat": "/chat/completions"}
@@ -87,3 +89,76 @@ def observe_deployment(client: KvClient, model: str) -> DeploymentObservation:
     tok = client.tokenize(model=model, prompt="kvgate")
     return DeploymentObservation(models=models, tokenize=tok, metrics_text=client.metrics_text(),
                                  version=client.version())
+
+
+def decode_rate(client: KvClient, model: str, tokens: int = 32) -> float | None:
+    """Tokens per second of one greedy stream after its first token (None if not measurable)."""
+    ex = send(client, "completions", {"model": model, "prompt": CANARY_PROMPT, "max_tokens": tokens,
+                                      "temperature": 0, "ignore_eos": True}, stream=True)
+    r = ex.reply
+    ts = [t for t, d in r.events if d.strip() != "[DONE]"] if isinstance(r, StreamReply) else []
+    if len(ts) < 3 or ts[-1] <= ts[0]:
+        return None
+    return (len(ts) - 1) / (ts[-1] - ts[0])
+
+
+@dataclass
+class DisconnectObservation:
+    """One hang-up: ``case``; ``baseline`` running requests before (None without metrics);
+    ``hung`` the cut exchange; ``cut`` whether it really was cut before completing; ``hangup_s``
+    seconds from send to hang-up; ``natural_s`` estimated seconds it would have run on after the
+    hang-up; ``poll`` the gauge poll after; ``canary`` a generation after."""
+
+    case: str
+    baseline: float | None
+    hung: Exchange
+    cut: bool
+    hangup_s: float
+    natural_s: float | None
+    poll: GaugePoll | None
+    canary: Exchange
+
+
+DISCONNECT_CASES = ("mid-stream", "before-first-token", "mid-request")
+
+
+def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate_tps: float | None,
+               deadline_s: float, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> DisconnectObservation:
+    """Hang up one long generation (``case`` in :data:`DISCONNECT_CASES`) and poll
+    ``vllm:num_requests_running`` back to its baseline (bounded by ``deadline_s``).
+
+    mid-stream: stream, hang up after 3 events. before-first-token: stream, hang up when the
+    status line arrives. mid-request: non-streamed, client read timeout (0.3 s) cuts it.
+    ``max_tokens`` should be the most the deployment will generate (cap included), so that the
+    request outlives the hang-up by as much as possible.
+    """
+    body = {"model": model, "prompt": CANARY_PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    baseline = scrape_value(client.metrics_text(), "running")
+    seen = {"n": 0}
+
+    def after_three(t: float, data: str) -> bool:
+        seen["n"] += 1
+        return seen["n"] >= 3
+
+    path = client.api(ROUTES["completions"])
+    if case == "mid-stream":
+        r: Reply | StreamReply = client.stream(path, {**body, "stream": True}, on_event=after_three)
+        cut = isinstance(r, StreamReply) and r.status == 200 and not r.done
+        received = len(r.events)
+    elif case == "before-first-token":
+        r = client.stream(path, {**body, "stream": True}, hang_up_after_headers=True)
+        cut, received = r.status == 200, 0
+    elif case == "mid-request":
+        r = client.post(path, body, timeout_s=0.3)
+        cut, received = r.status == 0, 0  # 0: the client timed out and closed the connection
+    else:
+        raise ValueError(f"unknown disconnect case {case!r}; known: {', '.join(DISCONNECT_CASES)}")
+    hung = Exchange("completions", case != "mid-request", body, r)
+    natural = (max_tokens - received) / rate_tps - (r.elapsed_s if case == "mid-request" else 0) if rate_tps else None
+    poll = None
+    if baseline is not None:
+        poll = poll_gauge(client.metrics_text, "running", baseline, deadline_s, clock=clock, sleep=sleep)
+    return DisconnectObservation(case, baseline, hung, cut, r.elapsed_s,
+                                 round(natural, 3) if natural is not None else None, poll,
+                                 canary(client, model, deadline_s))

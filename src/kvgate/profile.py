@@ -120,6 +120,9 @@ class LimitsSpec(_Strict):
     request_timeout_s: float = Field(default=120.0, gt=0)
     canary_deadline_s: float = Field(default=30.0, gt=0, description="health-truth canary generation deadline")
     stream_idle_timeout_s: float | None = Field(default=None, gt=0, description="gateway idle timeout")
+    disconnect_release_s: float = Field(default=10.0, gt=0, description="a hung-up request's slot must be freed within this")
+    preemptions_allowed: int = Field(default=0, ge=0, description="vllm:num_preemptions allowed during the concurrent-long gate")
+    schedule_lag_max_s: float = Field(default=0.05, gt=0, description="client lag behind the load schedule above which a run is INVALID")
 
 
 class SLOSpec(_Strict):
@@ -130,6 +133,10 @@ class SLOSpec(_Strict):
     itl_p95_ms: float | None = Field(default=None, gt=0)
     e2e_p95_ms: float | None = Field(default=None, gt=0)
     error_rate_max: float = Field(default=0.0, ge=0, le=1)
+    requests: int = Field(default=32, gt=0, description="requests measured by the latency-SLO gate")
+    workload: str | None = Field(default=None, description="workload whose lengths the latency-SLO gate uses")
+    short_ttft_p95_ms: float | None = Field(
+        default=None, gt=0, description="short requests' TTFT p95 while long prefills run (interference gate)")
 
 
 class Workload(_Strict):

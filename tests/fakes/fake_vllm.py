@@ -13,7 +13,11 @@ deterministic words. Faults (see :data:`FAULTS`) are switched per test, also bet
 
     with running_fake(FakeConfig(faults={"missing_done"})) as base_url: ...
 
-    python -m tests.fakes.fake_vllm --port 0 --fault stall_mid_stream --set stall_s=0.2
+    python -m tests.fakes.fake_vllm --port 0 --fault stall_mid_stream --set stall_s=0.2   # prints the URL
+
+A fake in another process is steered over HTTP: ``GET/POST /_fake/config`` (JSON of FakeConfig
+fields, ``faults`` as a list), ``GET /_fake/state`` (running, waiting, per-request records with
+server-side monotonic timestamps), ``POST /_fake/reset``.
 
 Tokenizer: every whitespace-separated word is one token. A completions prompt gets a BOS ``<s>``
 (so ``count = words + 1``); a list of token ids is taken as is. The chat template renders

@@ -1,0 +1,275 @@
+"""Latency statistics over load records, and a regression slope with a confidence interval.
+
+Per request (from a :class:`kvgate.load.RequestRecord`, all in seconds):
+
+- **TTFT** = ``first_token_s - sent_s`` (first event carrying generated text; from the moment the
+  request was written, so schedule lag is *not* in it — see ``LoadResult.lags_s`` for that);
+- **ITL** = the gaps between consecutive content events of one request;
+- **TPOT** = ``(e2e - ttft) / (tokens - 1)`` when ``tokens > 1``;
+- **e2e** = ``end_s - sent_s`` (response complete).
+
+:func:`summarize` pools them over requests into p50/p95/p99/mean/max **in milliseconds**.
+:func:`linear_fit` gives a least-squares slope with a two-sided confidence interval (scipy's t
+quantile when scipy is installed, else a built-in t table for 90/95/99 %), for soak rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+
+
+class _Record(Protocol):  # what kvgate.load.RequestRecord provides
+    sent_s: float | None
+    first_token_s: float | None
+    end_s: float | None
+    content_s: list[float]
+    tokens: int | None
+    status: int
+    error: str | None
+    hung_up: bool
+    tag: str
+
+    @property
+    def ok(self) -> bool: ...
+
+
+# ----------------------------------------------------------------------------- percentiles
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The ``q``-th percentile (0-100, linear interpolation, numpy's default); NaN when empty."""
+    arr = np.asarray(list(values), dtype=float)
+    if arr.size == 0:
+        return math.nan
+    return float(np.percentile(arr, q))
+
+
+def distribution(values: Iterable[float], qs: Sequence[float] = (50, 95, 99), scale: float = 1.0) -> dict[str, Any]:
+    """``{"n", "p50", "p95", "p99", "mean", "max"}`` of ``values`` times ``scale``.
+
+    Keys are ``p<q>`` for each ``q`` in ``qs`` (``p99.9`` style for fractional q). Empty input
+    gives ``n=0`` and ``None`` for every statistic (JSON-friendly).
+    """
+    arr = np.asarray(list(values), dtype=float) * scale
+    out: dict[str, Any] = {"n": int(arr.size)}
+    for q in qs:
+        out[f"p{q:g}"] = float(np.percentile(arr, q)) if arr.size else None
+    out["mean"] = float(arr.mean()) if arr.size else None
+    out["max"] = float(arr.max()) if arr.size else None
+    return out
+
+
+# ----------------------------------------------------------------------------- per request
+
+
+@dataclass
+class RequestMetrics:
+    """Latencies of one request, seconds (None where not defined)."""
+
+    ttft_s: float | None
+    e2e_s: float | None
+    tpot_s: float | None
+    itl_s: list[float] = field(default_factory=list)
+    tokens: int | None = None
+    ok: bool = False
+
+
+def request_metrics(rec: _Record) -> RequestMetrics:
+    """TTFT, ITL, TPOT and e2e of one record (see the module docstring for the definitions)."""
+    sent = rec.sent_s
+    ttft = rec.first_token_s - sent if sent is not None and rec.first_token_s is not None else None
+    e2e = rec.end_s - sent if sent is not None and rec.end_s is not None else None
+    c = rec.content_s
+    itl = [c[i + 1] - c[i] for i in range(len(c) - 1)]
+    tokens = rec.tokens
+    tpot = None
+    if ttft is not None and e2e is not None and tokens is not None and tokens > 1:
+        tpot = (e2e - ttft) / (tokens - 1)
+    return RequestMetrics(ttft, e2e, tpot, itl, tokens, bool(rec.ok))
+
+
+def summarize(records: Sequence[_Record], qs: Sequence[float] = (50, 95, 99)) -> dict[str, Any]:
+    """Pooled latency summary of the records that succeeded, in **milliseconds**.
+
+    Returns ``{"requests", "ok", "errors", "hung_up", "error_rate", "tokens", "ttft_ms",
+    "itl_ms", "tpot_ms", "e2e_ms", "max_gap_ms", "error_samples"}``; each ``*_ms`` is a
+    :func:`distribution`. ``error_rate`` = errors / (requests - deliberate hang-ups).
+    ``max_gap_ms`` is the longest silence within a successful stream, the wait for the first
+    event included (``first event - sent``, then between consecutive events).
+    """
+    ttft: list[float] = []
+    itl: list[float] = []
+    tpot: list[float] = []
+    e2e: list[float] = []
+    gaps: list[float] = []
+    tokens = 0
+    errors = 0
+    hung = 0
+    samples: list[str] = []
+    for r in records:
+        if r.hung_up:
+            hung += 1
+            continue
+        if not r.ok:
+            errors += 1
+            if r.error and len(samples) < 5 and r.error not in samples:
+                samples.append(r.error)
+            continue
+        m = request_metrics(r)
+        if m.ttft_s is not None:
+            ttft.append(m.ttft_s)
+        if m.e2e_s is not None:
+            e2e.append(m.e2e_s)
+        if m.tpot_s is not None:
+            tpot.append(m.tpot_s)
+        itl.extend(m.itl_s)
+        tokens += m.tokens or 0
+        g = max_gap_s(r)
+        if g is not None:
+            gaps.append(g)
+    judged = len(records) - hung
+    return {
+        "requests": len(records),
+        "ok": judged - errors,
+        "errors": errors,
+        "hung_up": hung,
+        "error_rate": errors / judged if judged else 0.0,
+        "tokens": tokens,
+        "ttft_ms": distribution(ttft, qs, 1e3),
+        "itl_ms": distribution(itl, qs, 1e3),
+        "tpot_ms": distribution(tpot, qs, 1e3),
+        "e2e_ms": distribution(e2e, qs, 1e3),
+        "max_gap_ms": distribution(gaps, qs, 1e3),
+        "error_samples": samples,
+    }
+
+
+def max_gap_s(rec: Any) -> float | None:
+    """Longest silence of one stream, seconds: the wait from send to the first SSE event, then
+    between consecutive events (``[DONE]`` included). None when nothing was sent or received."""
+    times = getattr(rec, "chunk_s", None) or []
+    if rec.sent_s is None or not times:
+        return None
+    prev = rec.sent_s
+    best = 0.0
+    for t in times:
+        best = max(best, t - prev)
+        prev = t
+    return best
+
+
+# ----------------------------------------------------------------------------- regression
+
+# Two-sided t quantiles t_{1-(1-c)/2, df} for c = 0.90, 0.95, 0.99 (standard tables).
+_T_DF = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28,
+         29, 30, 40, 60, 120]
+_T_TABLE = {
+    0.90: [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
+           1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
+           1.699, 1.697, 1.684, 1.671, 1.658],
+    0.95: [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+           2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+           2.045, 2.042, 2.021, 2.000, 1.980],
+    0.99: [63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169, 3.106, 3.055, 3.012, 2.977,
+           2.947, 2.921, 2.898, 2.878, 2.861, 2.845, 2.831, 2.819, 2.807, 2.797, 2.787, 2.779, 2.771, 2.763,
+           2.756, 2.750, 2.704, 2.660, 2.617],
+}
+_Z = {0.90: 1.645, 0.95: 1.960, 0.99: 2.576}
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """Two-sided Student-t critical value for ``confidence`` (e.g. 0.95) and ``df`` degrees of
+    freedom. scipy when installed; else the table above (0.90/0.95/0.99 only), interpolated
+    linearly in ``1/df`` between tabulated rows and towards the normal quantile beyond 120."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    try:
+        from scipy import stats as _st  # type: ignore[import-not-found]
+
+        return float(_st.t.ppf(0.5 + confidence / 2.0, df))
+    except ImportError:
+        pass
+    key = round(confidence, 4)
+    if key not in _T_TABLE:
+        raise ValueError(f"confidence {confidence} needs scipy; without it use one of 0.90, 0.95, 0.99")
+    return _t_from_table(key, df)
+
+
+def _t_from_table(confidence: float, df: int) -> float:
+    row = _T_TABLE[confidence]
+    if df in _T_DF:
+        return row[_T_DF.index(df)]
+    xs = [1.0 / d for d in _T_DF] + [0.0]
+    ys = row + [_Z[confidence]]
+    x = 1.0 / df
+    for i in range(len(xs) - 1):  # xs decreasing
+        if xs[i] >= x >= xs[i + 1]:
+            w = (xs[i] - x) / (xs[i] - xs[i + 1])
+            return ys[i] + w * (ys[i + 1] - ys[i])
+    return _Z[confidence]
+
+
+@dataclass(frozen=True)
+class Slope:
+    """Least-squares fit ``y = intercept + slope * x``.
+
+    ``slope`` in y-units per x-unit; ``ci_low``/``ci_high``: the two-sided ``confidence``
+    interval of the slope (NaN with fewer than 3 points); ``stderr``: standard error of the
+    slope; ``r2``: coefficient of determination; ``n``: points used.
+    """
+
+    slope: float
+    intercept: float
+    ci_low: float
+    ci_high: float
+    stderr: float
+    r2: float
+    n: int
+    confidence: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        """True when the whole confidence interval lies on one side of 0 (a significant trend)."""
+        return (self.ci_low > 0 or self.ci_high < 0) and not math.isnan(self.ci_low)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Slope:
+    """Ordinary least squares of ``y`` on ``x`` with a ``confidence`` interval on the slope.
+
+    Needs at least 2 points with distinct ``x``; the interval needs 3 (``df = n - 2``).
+    """
+    xa = np.asarray(x, dtype=float)
+    ya = np.asarray(y, dtype=float)
+    if xa.shape != ya.shape or xa.ndim != 1:
+        raise ValueError("x and y must be 1-D and the same length")
+    n = int(xa.size)
+    if n < 2:
+        raise ValueError("need at least 2 points")
+    xm, ym = xa.mean(), ya.mean()
+    sxx = float(((xa - xm) ** 2).sum())
+    if sxx == 0.0:
+        raise ValueError("x has no spread")
+    slope = float(((xa - xm) * (ya - ym)).sum() / sxx)
+    intercept = float(ym - slope * xm)
+    resid = ya - (intercept + slope * xa)
+    sse = float((resid ** 2).sum())
+    syy = float(((ya - ym) ** 2).sum())
+    r2 = 1.0 - sse / syy if syy > 0 else 1.0
+    if n < 3:
+        return Slope(slope, intercept, math.nan, math.nan, math.nan, r2, n, confidence)
+    stderr = math.sqrt(sse / (n - 2) / sxx)
+    half = t_quantile(confidence, n - 2) * stderr
+    return Slope(slope, intercept, slope - half, slope + half, stderr, r2, n, confidence)
+
+
+__all__ = [
+    "RequestMetrics", "Slope", "distribution", "linear_fit", "max_gap_s", "percentile", "request_metrics",
+    "summarize", "t_quantile",
+]
