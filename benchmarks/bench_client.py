@@ -94,6 +94,55 @@ class FakeServer:
                 self.proc.wait(10)
 
 
+# ----------------------------------------------------------------------------- contention
+
+
+class Contention:
+    """CPU time used on this machine by processes other than the benchmark's own, over a run.
+
+    Other work on a shared machine (another test run, a vLLM engine) steals the cores the
+    benchmark pinned itself to and shows up as timing error; this makes that visible.
+    ``foreign_cpu_s``: busy CPU-seconds (all cores; /proc/stat via psutil) minus this process,
+    its reaped children (vllm bench) and the fake servers; ``foreign_frac``: that over
+    ``wall x cores``.
+    """
+
+    def __init__(self, servers: list["FakeServer"]) -> None:
+        import psutil
+
+        self.psutil = psutil
+        self.servers = [psutil.Process(s.proc.pid) for s in servers]
+        self.start()
+
+    def _busy(self) -> float:
+        t = self.psutil.cpu_times()
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    def _ours(self) -> float:
+        import resource
+
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        srv = 0.0
+        for p in self.servers:
+            try:
+                c = p.cpu_times()
+                srv += c.user + c.system
+            except self.psutil.Error:
+                pass
+        own = os.times()
+        return own.user + own.system + ch.ru_utime + ch.ru_stime + srv
+
+    def start(self) -> None:
+        self.w0, self.b0, self.o0 = time.perf_counter(), self._busy(), self._ours()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.w0
+        foreign = max(0.0, (self._busy() - self.b0) - (self._ours() - self.o0))
+        n = self.psutil.cpu_count() or 1
+        return {"foreign_cpu_s": foreign, "foreign_frac": foreign / (wall * n) if wall else 0.0,
+                "loadavg_1m": os.getloadavg()[0]}
+
+
 # ----------------------------------------------------------------------------- clients
 
 
@@ -189,14 +238,14 @@ def fmt(v: Any, spec: str = ".2f") -> str:
 
 def table(rows: list[dict[str, Any]], title: str) -> str:
     head = (f"{'client':<17} {'streams':>7} {'reqs':>5} {'chunks':>7} {'chunks/s':>9} "
-            f"{'CPU-s/1k hot':>12} {'CPU-s/1k all':>12} {'TTFT err p50':>12} {'p99':>7} {'max':>7}")
+            f"{'CPU-s/1k hot':>12} {'CPU-s/1k all':>12} {'TTFT err p50':>12} {'p99':>7} {'max':>7} {'other':>6}")
     out = [title, head, "-" * len(head)]
     for r in rows:
         e = r["ttft_err_ms"]
         out.append(f"{r['client']:<17} {r['streams']:>7} {r['requests']:>5} {r['chunks']:>7} "
                    f"{fmt(r['chunks_per_s'], '.0f'):>9} {fmt(r['cpu_s_per_1k_chunks'], '.4f'):>12} "
                    f"{fmt(r['cpu_s_per_1k_chunks_total'], '.4f'):>12} {fmt(e['p50']):>12} {fmt(e['p99']):>7} "
-                   f"{fmt(e['max']):>7}")
+                   f"{fmt(e['max']):>7} {fmt(r.get('contention', {}).get('foreign_frac'), '.0%'):>6}")
     return "\n".join(out)
 
 
@@ -238,28 +287,39 @@ def main(argv: list[str] | None = None) -> int:
         timed = FakeServer(a.ttft_ms, a.itl_ms, SERVER_CPU if pinned else None, 3600)
         servers.append(timed)
 
+        cont = Contention(servers)
+
+        def measured(row_fn: Any, *args: Any) -> dict[str, Any]:
+            cont.start()
+            row = row_fn(*args)
+            row["contention"] = cont.stop()
+            return row
+
         print(f"(a) overhead: {a.overhead_streams} streams x {a.overhead_requests} requests x "
               f"{a.overhead_tokens} events, server without delays", flush=True)
-        results["overhead"].append(run_kvgate(fast, a.overhead_streams, a.overhead_requests, a.overhead_tokens,
-                                              a.deadline_s))
+        results["overhead"].append(measured(run_kvgate, fast, a.overhead_streams, a.overhead_requests,
+                                            a.overhead_tokens, a.deadline_s))
         if not a.skip_vllm:
-            results["overhead"].append(run_vllm(fast, a.overhead_streams, a.overhead_requests, a.overhead_tokens,
-                                                tok_dir, a.vllm_timeout_s))
+            results["overhead"].append(measured(run_vllm, fast, a.overhead_streams, a.overhead_requests,
+                                                a.overhead_tokens, tok_dir, a.vllm_timeout_s))
         print(table(results["overhead"], ""), flush=True)
 
         print(f"\n(b, c) TTFT error: server TTFT {a.ttft_ms} ms, ITL {a.itl_ms} ms, {a.tokens} events/request",
               flush=True)
         for c in levels:
             n = max(a.min_requests, a.requests_per_stream * c)
-            results["ttft"].append(run_kvgate(timed, c, n, a.tokens, a.deadline_s))
+            results["ttft"].append(measured(run_kvgate, timed, c, n, a.tokens, a.deadline_s))
             if not a.skip_vllm:
-                results["ttft"].append(run_vllm(timed, c, n, a.tokens, tok_dir, a.vllm_timeout_s))
+                results["ttft"].append(measured(run_vllm, timed, c, n, a.tokens, tok_dir, a.vllm_timeout_s))
             print(table(results["ttft"][-(1 if a.skip_vllm else 2):], ""), flush=True)
     finally:
         for s in servers:
             s.close()
 
     print()
+    print("columns: CPU-s per 1,000 streamed chunks (hot = during the run; all = with kvgate's after-run\n"
+          "decoding and setup); TTFT error in ms; other = CPU used by unrelated processes during the run\n"
+          "(share of all cores) - above a few % the timings are disturbed\n")
     print(table(results["overhead"], "(a) client overhead against a fast fake server"))
     print()
     print(table(results["ttft"], f"(b, c) TTFT error = client TTFT - server's own TTFT "

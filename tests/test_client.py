@@ -100,3 +100,15 @@ def test_unreachable_real_socket_refused():
 def test_sse_multiline_and_comments():
     lines = [": keepalive", "data: a", "data: b", "", "event: x", "data: c", ""]
     assert list(iter_sse_data(iter(lines))) == ["a\nb", "c"]
+
+
+def test_hang_up_request_closes_before_answer_and_reports_early_answer():
+    from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+    with FakeVLLM(FakeConfig(itl_s=0.01, max_model_len=512)) as fake:
+        c = KvClient(Endpoint(fake.base_url))
+        body = {"model": "fake-model", "prompt": "a b", "max_tokens": 400, "ignore_eos": True}
+        r = c.hang_up_request("/v1/completions", body, after_s=0.2)
+        assert r.status == 0 and r.text == "hung up"
+        quick = c.hang_up_request("/v1/completions", {**body, "max_tokens": 2}, after_s=5)
+        assert quick.status == 200

@@ -5,6 +5,7 @@ read back from reports/summary.json."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -14,15 +15,16 @@ from .conftest import REPO
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
-SUITES = ["suites/test_deployment.py", "suites/test_max_context.py", "suites/test_max_tokens.py"]
+SUITES = ["suites/test_deployment.py", "suites/test_max_context.py", "suites/test_max_tokens.py",
+          "suites/test_streaming.py"]
 
 
-def run_suites(pytester, url, *extra):
+def run_suites(pytester, url, *extra, suites=SUITES):
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess(
         "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
         "--profile", str(PROFILE), "--endpoint", url, "--kvgate-reports", str(reports),
-        *[str(REPO / s) for s in SUITES], *extra,
+        *[str(REPO / s) for s in suites], *extra,
     )
     summary = json.loads((reports / "summary.json").read_text())
     return result, summary, {g["id"]: g for g in summary["gates"]}
@@ -37,8 +39,8 @@ def fake():
 def test_healthy_fake_passes_every_gate(pytester, fake):
     result, summary, gates = run_suites(pytester, fake.url)
     assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
-    assert len(gates) == 15 and all(g["status"] == "PASS" for g in gates.values())
-    result.assert_outcomes(passed=15)
+    assert len(gates) == 25 and all(g["status"] == "PASS" for g in gates.values())
+    result.assert_outcomes(passed=25)
     assert summary["server_version"] == "0.32.0+fake"
 
 
@@ -55,6 +57,12 @@ FAULT_CASES = {
                               "all must agree"),
     "dead_after_over_length": (["max-context/over-length/completions"], "server unhealthy, whatever /health says"),
     "ignore_cap": (["max-tokens/over-cap/completions", "max-tokens/over-cap/chat"], "cap not enforced"),
+    "stall_mid_stream": (["streaming/idle-gap/completions", "streaming/idle-gap/chat"], "the gateway would cut"),
+    "missing_done": (["streaming/framing/completions", "streaming/framing/chat"], "no 'data: [DONE]'"),
+    "two_finish_chunks": (["streaming/framing/completions"], "2 chunks carry a finish_reason"),
+    "duplicate_deltas": (["streaming/deltas/completions", "streaming/deltas/chat", "streaming/openai-sdk/chat"],
+                         "differ"),
+    "error_mid_stream": (["streaming/framing/completions"], "in-stream error"),
 }
 
 
@@ -71,7 +79,7 @@ def test_gate_fails_on_fault(pytester, fake, fault):
         assert fragment in g["message"], g["message"]
         assert "-> FAIL" in g["message"]
     # the console names the verdict too
-    result.stdout.fnmatch_lines([f"FAIL*fake-vllm/{must_fail[0]}*{fragment}*"])
+    result.stdout.re_match_lines([rf"FAIL +fake-vllm/{re.escape(must_fail[0])} .*{re.escape(fragment)}"])
 
 
 def test_dead_engine_with_healthy_health_endpoint_is_caught(pytester, fake):
@@ -110,3 +118,37 @@ def test_garbage_server_is_a_conformance_failure_not_a_traceback(pytester):
     g = gates["fake-vllm/deployment/served-model"]
     assert g["status"] == "FAIL" and "without a model list" in g["message"]
     assert "Traceback" not in result.stdout.str()
+
+
+def test_slow_first_token_fails_ttft_slo(pytester, fake):
+    fake.config.ttft_s = 0.7
+    _, _, gates = run_suites(pytester, fake.url, "-k", "ttft")
+    g = gates["fake-vllm/streaming/ttft/completions"]
+    assert g["status"] == "FAIL" and "SLO 500 ms" in g["message"] and g["measured"] >= 700
+
+
+@pytest.fixture
+def slow_fake():
+    # 64 tokens at 20 ms: a cut request would have run ~1.3 s more, so a release can be told apart
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.02)) as f:
+        yield f
+
+
+def test_disconnect_frees_slot_on_healthy_fake(pytester, slow_fake):
+    _, summary, gates = run_suites(pytester, slow_fake.url, suites=["suites/test_disconnect.py"])
+    assert [g["status"] for g in gates.values()] == ["PASS"] * 3, [g["message"] for g in gates.values()]
+    assert all(g["evidence"]["natural_remaining_s"] > 0.5 for g in gates.values())
+
+
+def test_disconnect_with_stuck_gauges_fails(pytester, slow_fake):
+    slow_fake.config.faults.add("stuck_gauges")
+    _, _, gates = run_suites(pytester, slow_fake.url, "-k", "mid-stream", suites=["suites/test_disconnect.py"])
+    g = gates["fake-vllm/disconnect/mid-stream"]
+    assert g["status"] == "FAIL" and "slot not freed" in g["message"]
+
+
+def test_disconnect_that_cannot_be_told_from_completion_is_invalid(pytester, fake):
+    # no inter-token delay: the request ends before any hang-up can matter
+    _, summary, gates = run_suites(pytester, fake.url, "-k", "mid-request", suites=["suites/test_disconnect.py"])
+    g = gates["fake-vllm/disconnect/mid-request"]
+    assert g["status"] == "INVALID" and summary["overall"] == "INVALID"

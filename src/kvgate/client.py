@@ -12,6 +12,8 @@ function returning seconds), so unit tests run against ``httpx.MockTransport`` w
 from __future__ import annotations
 
 import json
+import select
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -241,6 +243,38 @@ class KvClient:
             out.transport_error = f"{type(exc).__name__}: {exc}"
         out.elapsed_s = self.clock() - t0
         return out
+
+    def hang_up_request(self, path: str, body: Any, after_s: float) -> Reply:
+        """Send a non-streamed POST on a raw socket and close it ``after_s`` seconds later unless
+        the answer has begun by then (a client that gives up mid-request).
+
+        Returns ``Reply(status=0, text="hung up")`` when the client hung up first, else the
+        status line the server managed to send. Plain http only (raises ``ValueError`` for https).
+        The close does not depend on a read timeout firing, so the hang-up time is what was asked.
+        """
+        url = httpx.URL(self.endpoint.base_url.rstrip("/") + path)
+        if url.scheme != "http":
+            raise ValueError("hang_up_request needs a plain-http endpoint")
+        payload = json.dumps(body).encode()
+        head = [f"POST {url.raw_path.decode()} HTTP/1.1", f"Host: {self.endpoint.host_header or url.netloc.decode()}",
+                "Content-Type: application/json", f"Content-Length: {len(payload)}", "Connection: close"]
+        head += [f"{k}: {v}" for k, v in self.endpoint.headers().items() if k.lower() != "host"]
+        t0 = self.clock()
+        try:
+            sock = socket.create_connection((url.host, url.port or 80), timeout=10)
+        except OSError as exc:
+            raise self._unreachable(exc, path) from None
+        with sock:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+            readable, _, _ = select.select([sock], [], [], after_s)
+            if not readable:
+                return Reply(status=0, text="hung up", elapsed_s=self.clock() - t0)
+            first = sock.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+        try:
+            status = int(first.split()[1])
+        except (IndexError, ValueError):
+            status = -1
+        return Reply(status=status, text=first, elapsed_s=self.clock() - t0)
 
     def _lines(self, r: httpx.Response, out: StreamReply, t0: float) -> Iterator[str]:
         for line in r.iter_lines():

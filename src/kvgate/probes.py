@@ -129,7 +129,7 @@ def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate
     ``vllm:num_requests_running`` back to its baseline (bounded by ``deadline_s``).
 
     mid-stream: stream, hang up after 3 events. before-first-token: stream, hang up when the
-    status line arrives. mid-request: non-streamed, client read timeout (0.3 s) cuts it.
+    status line arrives. mid-request: non-streamed, the client closes the socket after 0.3 s.
     ``max_tokens`` should be the most the deployment will generate (cap included), so that the
     request outlives the hang-up by as much as possible.
     """
@@ -150,8 +150,8 @@ def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate
         r = client.stream(path, {**body, "stream": True}, hang_up_after_headers=True)
         cut, received = r.status == 200, 0
     elif case == "mid-request":
-        r = client.post(path, body, timeout_s=0.3)
-        cut, received = r.status == 0, 0  # 0: the client timed out and closed the connection
+        r = client.hang_up_request(path, body, after_s=0.3)
+        cut, received = r.status == 0, 0  # 0: the client closed the connection before any answer
     else:
         raise ValueError(f"unknown disconnect case {case!r}; known: {', '.join(DISCONNECT_CASES)}")
     hung = Exchange("completions", case != "mid-request", body, r)
