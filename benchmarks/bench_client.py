@@ -261,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead-tokens", type=int, default=256)
     ap.add_argument("--overhead-requests", type=int, default=256)
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="at most this many runs per point; the least disturbed one is reported")
+    ap.add_argument("--quiet-frac", type=float, default=0.02,
+                    help="stop repeating once other processes used less than this share of the cores")
     ap.add_argument("--deadline-s", type=float, default=120.0, help="per kvgate run")
     ap.add_argument("--vllm-timeout-s", type=float, default=300.0, help="per vllm bench subprocess")
     ap.add_argument("--out", default=str(HERE / "results"))
@@ -290,10 +294,20 @@ def main(argv: list[str] | None = None) -> int:
         cont = Contention(servers)
 
         def measured(row_fn: Any, *args: Any) -> dict[str, Any]:
-            cont.start()
-            row = row_fn(*args)
-            row["contention"] = cont.stop()
-            return row
+            """Run ``a.repeat`` times; keep the run least disturbed by other processes (all kept
+            under ``runs``)."""
+            rows = []
+            for _ in range(max(1, a.repeat)):
+                cont.start()
+                row = row_fn(*args)
+                row["contention"] = cont.stop()
+                rows.append(row)
+                if row["contention"]["foreign_frac"] < a.quiet_frac:
+                    break  # quiet enough: no need to repeat
+            best = dict(min(rows, key=lambda r: r["contention"]["foreign_frac"]))
+            best["runs"] = [{"ttft_err_ms": r["ttft_err_ms"], "cpu_s_per_1k_chunks": r["cpu_s_per_1k_chunks"],
+                             "contention": r["contention"]} for r in rows]
+            return best
 
         print(f"(a) overhead: {a.overhead_streams} streams x {a.overhead_requests} requests x "
               f"{a.overhead_tokens} events, server without delays", flush=True)

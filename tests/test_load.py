@@ -545,3 +545,52 @@ def test_split_sse_times_each_event_by_the_piece_that_completed_it():
     assert data == ["a", "b", "c1\nc2", "tail"]
     assert times == [2.0, 2.0, 3.0, 4.0]
     assert split_sse([], []) == ([], [])
+    # the same without CR (the fast path), a blank line split across pieces
+    lf = [b"data: a\n", b"\ndata: b\n\nda", b"ta: c1\ndata: c2\n\n: comment\n\n", b"data: tail"]
+    assert split_sse([1.0, 2.0, 3.0, 4.0], lf) == ([2.0, 2.0, 3.0, 4.0], ["a", "b", "c1\nc2", "tail"])
+    assert split_sse([1.0, 2.0], [b"data: x\n\n", b"\n\ndata: y\n\n"]) == ([1.0, 2.0], ["x", "y"])
+
+
+# ----------------------------------------------------------------------------- sync API
+
+
+def test_sync_closed_and_open_loop_on_the_timed_event_loop():
+    """The sync wrappers run their own loop (poll-time timestamps); the server runs in a thread."""
+    import threading
+
+    from kvgate.load import _TIMED, closed_loop, new_event_loop, open_loop
+
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def serve() -> None:
+        async def main() -> None:
+            async with Server() as srv:
+                box["srv"], box["stop"] = srv, asyncio.Event()
+                ready.set()
+                await box["stop"].wait()
+
+        loop = asyncio.new_event_loop()
+        box["loop"] = loop
+        loop.run_until_complete(main())
+        loop.close()
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    assert ready.wait(10)
+    try:
+        ep = box["srv"].endpoint()
+        req = completion_request(ep, model="m", prompt="p", max_tokens=4, delay=0.001)
+        res = closed_loop(ep, req, n=6, concurrency=3, deadline_s=10)
+        ol = open_loop(ep, req, n=5, rate_rps=500.0, rng=2, deadline_s=10)
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        th.join(10)
+    for r in res.records + ol.records:
+        assert r.ok and r.tokens == 4 and r.sent_s <= r.first_byte_s <= r.first_token_s <= r.end_s
+        assert r.chunk_s == sorted(r.chunk_s)
+    loop = new_event_loop()
+    try:
+        assert loop in _TIMED and _TIMED[loop].t > 0
+    finally:
+        loop.close()

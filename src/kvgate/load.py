@@ -15,7 +15,9 @@ Every request becomes a :class:`RequestRecord`. Times are **seconds since the ru
 the injected monotonic ``clock`` (default :func:`time.perf_counter`): scheduled, sent (request
 handed to the kernel), first response byte, every SSE event's arrival, end. The hot path does no
 JSON and no SSE parsing: ``data_received`` takes a timestamp, undoes HTTP chunked framing and
-keeps ``(t, bytes)``. After the run, :meth:`RequestRecord.finalize` splits SSE events, decodes the
+keeps ``(t, bytes)``. On the loops :func:`new_event_loop` makes (the sync :func:`closed_loop` /
+:func:`open_loop` use one) the timestamp is the instant the poll that found the data returned, so
+it does not grow with the number of sockets handled before it in the same batch. After the run, :meth:`RequestRecord.finalize` splits SSE events, decodes the
 JSON, and derives first-token time, tokens, finish reason, usage and errors.
 
 **Schedule lag** is ``sent_s - scheduled_s - connect_s`` (opening a TCP connection is the
@@ -49,7 +51,10 @@ import gc
 import json
 import math
 import re
+import selectors
+import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 from urllib.parse import urlsplit
@@ -210,12 +215,14 @@ class RequestRecord:
     def _decode_events(self) -> None:
         parts: list[str] = []
         stream_error: str | None = None
+        loads = json.loads
+        content_s = self.content_s
         for t, data in zip(self.chunk_s, self.events):
-            if data.strip() == "[DONE]":
+            if data == "[DONE]" or data.strip() == "[DONE]":
                 self.done = True
                 continue
             try:
-                obj = json.loads(data)
+                obj = loads(data)
             except ValueError:
                 self.undecodable += 1
                 continue
@@ -234,17 +241,23 @@ class RequestRecord:
                 if ch.get("finish_reason"):
                     self.finish_reason = str(ch["finish_reason"])
                 delta = ch.get("delta")
+                # A decode step is an event whose choice carries a text field, even an empty one:
+                # a byte-level tokenizer emits tokens that do not complete a character yet (vLLM
+                # then streams "text": ""). Only chat's opening role announcement is not a token.
                 if isinstance(delta, dict):
                     piece = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                    if delta.get("tool_calls"):
+                    step = isinstance(delta.get("content"), str) and not (delta.get("role") and not delta["content"])
+                    if delta.get("tool_calls") or piece or step:
                         has_content = True
                 else:
                     piece = ch.get("text")
+                    if isinstance(piece, str):
+                        has_content = True
                 if isinstance(piece, str) and piece:
                     parts.append(piece)
                     has_content = True
             if has_content:
-                self.content_s.append(t)
+                content_s.append(t)
         self.text = "".join(parts)
         if self.content_s:
             self.first_token_s = self.content_s[0]
@@ -332,22 +345,85 @@ def split_sse(piece_s: Sequence[float], pieces: Sequence[bytes]) -> tuple[list[f
         ends.append(acc)
     times: list[float] = []
     datas: list[str] = []
-    start = 0
+    last = len(pieces) - 1
 
     def take(block: bytes, t: float) -> None:
+        if block.startswith(b"data: ") and b"\n" not in block:  # the usual one-line event
+            times.append(t)
+            datas.append(block[6:].decode("utf-8", "replace"))
+            return
         lines = [ln.rstrip(b"\r") for ln in block.split(b"\n")]
         data = [ln[6:] if ln.startswith(b"data: ") else ln[5:] for ln in lines if ln.startswith(b"data:")]
         if data:
             times.append(t)
             datas.append(b"\n".join(data).decode("utf-8", "replace"))
 
-    for m in _SSE_BOUNDARY.finditer(body):
-        i = bisect.bisect_right(ends, m.end() - 1)
-        take(body[start:m.start()], piece_s[min(i, len(piece_s) - 1)])
-        start = m.end()
-    if start < len(body) and body[start:].strip():
-        take(body[start:], piece_s[-1])
+    if b"\r" not in body:  # fast path: split on blank lines, walk the pieces alongside
+        blocks = body.split(b"\n\n")
+        tail = blocks.pop()
+        pos, i = 0, 0
+        for block in blocks:
+            pos += len(block) + 2
+            while ends[i] < pos:  # the piece holding the boundary's last byte (offset pos - 1)
+                i += 1
+            if block:
+                take(block, piece_s[i])
+    else:
+        start = 0
+        for m in _SSE_BOUNDARY.finditer(body):
+            i = bisect.bisect_right(ends, m.end() - 1)
+            take(body[start:m.start()], piece_s[min(i, last)])
+            start = m.end()
+        tail = body[start:]
+    if tail.strip():
+        take(tail, piece_s[last])
     return times, datas
+
+
+# ----------------------------------------------------------------------------- event loop
+
+
+class _TimedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The platform selector, plus the time its last ``select()`` returned (``t``, seconds on
+    ``clock``). Data found ready in one poll is stamped with that instant, so a socket's timestamp
+    does not depend on how many other sockets the loop handled before it in the same batch."""
+
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        super().__init__()
+        self.clock = clock
+        self.t = clock()
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        ready = super().select(timeout)
+        self.t = self.clock()
+        return ready
+
+
+_TIMED: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _TimedSelector]" = weakref.WeakKeyDictionary()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """An asyncio event loop whose raw-client timestamps are taken when the poll returns
+    (see :class:`_TimedSelector`). :func:`closed_loop` and :func:`open_loop` run on one; use it
+    to call :func:`run_closed_loop` / :func:`run_open_loop` with the same accuracy. On other loops
+    each ``data_received`` reads the clock itself (adds the in-batch processing delay, ~µs per
+    socket handled before it)."""
+    sel = _TimedSelector(time.perf_counter)
+    loop = asyncio.SelectorEventLoop(sel)
+    _TIMED[loop] = sel
+    return loop
+
+
+def _run_sync(coro: Any) -> Any:
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            return runner.run(coro)
+    loop = new_event_loop()  # pragma: no cover - Python 3.10
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 # ----------------------------------------------------------------------------- transports
@@ -376,8 +452,9 @@ _HEAD, _CHUNKED, _LENGTH, _UNTIL_CLOSE, _IDLE = range(5)
 class _Conn(asyncio.Protocol):
     """One HTTP/1.1 connection, one request at a time; parses responses incrementally."""
 
-    def __init__(self, clock: Clock, t0: float, max_bytes: int) -> None:
+    def __init__(self, clock: Clock, t0: float, max_bytes: int, sel: _TimedSelector | None = None) -> None:
         self.clock, self.t0, self.max_bytes = clock, t0, max_bytes
+        self.sel = sel  # when set, arrival time = when the poll that found the data returned
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.closed = False
@@ -419,7 +496,8 @@ class _Conn(asyncio.Protocol):
             self._finish(t, f"connection closed {where}" + (f" ({exc})" if exc else ""))
 
     def data_received(self, data: bytes) -> None:
-        t = self.clock() - self.t0
+        sel = self.sel
+        t = (sel.t if sel is not None else self.clock()) - self.t0
         rec = self.rec
         if rec is None:  # bytes nobody asked for: this connection cannot be trusted any more
             self.keep_alive = False
@@ -708,8 +786,11 @@ class RawHttpTransport:
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
+        sel = _TIMED.get(loop)
+        if sel is not None and sel.clock is not self.clock:
+            sel = None  # an injected clock: read it per event
         _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: _Conn(self.clock, self.t0, self.max_response_bytes),
+            loop.create_connection(lambda: _Conn(self.clock, self.t0, self.max_response_bytes, sel),
                                    self.host, self.port),
             self.connect_timeout_s)
         self.opened += 1
@@ -1152,17 +1233,17 @@ async def run_open_loop(endpoint: Endpoint | None, requests: RequestSpec | Seque
 
 
 def closed_loop(endpoint: Endpoint | None, requests: RequestSpec | Sequence[RequestSpec], **kw: Any) -> LoadResult:
-    """Synchronous :func:`run_closed_loop` (runs its own event loop)."""
-    return asyncio.run(run_closed_loop(endpoint, requests, **kw))
+    """Synchronous :func:`run_closed_loop` on its own :func:`new_event_loop`."""
+    return _run_sync(run_closed_loop(endpoint, requests, **kw))
 
 
 def open_loop(endpoint: Endpoint | None, requests: RequestSpec | Sequence[RequestSpec], **kw: Any) -> LoadResult:
-    """Synchronous :func:`run_open_loop` (runs its own event loop)."""
-    return asyncio.run(run_open_loop(endpoint, requests, **kw))
+    """Synchronous :func:`run_open_loop` on its own :func:`new_event_loop`."""
+    return _run_sync(run_open_loop(endpoint, requests, **kw))
 
 
 __all__ = [
     "DEFAULT_LAG_BOUND_S", "HttpxTransport", "LoadResult", "LoadTransport", "RawHttpTransport", "RequestRecord",
-    "RequestSpec", "chat_request", "closed_loop", "completion_request", "make_transport", "open_loop",
+    "RequestSpec", "chat_request", "closed_loop", "completion_request", "make_transport", "new_event_loop", "open_loop",
     "poisson_offsets", "run_closed_loop", "run_open_loop", "split_sse",
 ]

@@ -107,3 +107,104 @@ def poll_gauge(fetch: Callable[[], "str | None"], logical: str, target: float, d
             break
         sleep(interval_s)
     return GaugePoll(logical, target, False, samples, clock() - t0)
+
+
+@dataclass
+class MetricsTrace:
+    """Server gauges sampled around and during a scenario.
+
+    ``samples``: ``(t_s, {logical: value})`` with ``t_s`` seconds since the sampler started;
+    logical names from :data:`ALIASES` (``running``, ``waiting``, ``kv_usage`` as a 0-1 fraction,
+    ``preemptions`` as the cumulative counter). ``before``/``after``: the first/last scrape.
+    ``available``: False when the server has no ``/metrics`` (then every value is None and the
+    gates fall back to client-side evidence, saying so).
+    """
+
+    samples: list[tuple[float, dict[str, float | None]]] = field(default_factory=list)
+    available: bool = True
+    errors: int = 0
+
+    def values(self, logical: str) -> list[float]:
+        return [v[logical] for _, v in self.samples if v.get(logical) is not None]
+
+    def peak(self, logical: str) -> float | None:
+        vals = self.values(logical)
+        return max(vals) if vals else None
+
+    def delta(self, logical: str) -> float | None:
+        """Last minus first value of a counter (None without two readings)."""
+        vals = self.values(logical)
+        return vals[-1] - vals[0] if len(vals) >= 2 else None
+
+    def to_dict(self) -> dict:
+        return {"available": self.available, "errors": self.errors,
+                "samples": [{"t_s": round(t, 3), **v} for t, v in self.samples]}
+
+
+TRACKED = ("running", "waiting", "kv_usage", "preemptions")
+
+
+class MetricsSampler:
+    """Scrape ``/metrics`` every ``interval_s`` seconds in a background thread while a scenario
+    runs (bounded: stops on ``stop()``/context exit, and after ``max_samples``).
+
+    ``fetch``: returns the ``/metrics`` body or None (e.g. ``KvClient.metrics_text`` of a client
+    used only by this sampler). One scrape is taken on start and one on stop, so counters have a
+    before and an after even for short scenarios.
+    """
+
+    def __init__(self, fetch: Callable[[], "str | None"], interval_s: float = 0.2, max_samples: int = 3000,
+                 clock: Callable[[], float] | None = None) -> None:
+        import threading
+        import time as _time
+
+        self.fetch = fetch
+        self.interval_s = interval_s
+        self.max_samples = max_samples
+        self.clock = clock or _time.monotonic
+        self.trace = MetricsTrace()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvgate-metrics", daemon=True)
+        self._t0 = 0.0
+
+    def _scrape(self) -> None:
+        try:
+            text = self.fetch()
+        except Exception:  # a failing scrape is evidence, not a crash
+            text = None
+            self.trace.errors += 1
+        if text is None:
+            self.trace.available = False if not self.trace.samples else self.trace.available
+            values = {k: None for k in TRACKED}
+        else:
+            try:
+                scrape = parse(text)
+                values = {k: scrape.total(k) for k in TRACKED}
+            except MetricsError:
+                self.trace.errors += 1
+                values = {k: None for k in TRACKED}
+        self.trace.samples.append((self.clock() - self._t0, values))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s) and len(self.trace.samples) < self.max_samples:
+            self._scrape()
+
+    def start(self) -> "MetricsSampler":
+        self._t0 = self.clock()
+        self._scrape()
+        self._thread.start()
+        return self
+
+    def stop(self) -> MetricsTrace:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._scrape()
+        if all(v.get("running") is None for _, v in self.trace.samples):
+            self.trace.available = False
+        return self.trace
+
+    def __enter__(self) -> "MetricsSampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -20,7 +20,7 @@ from .client import Endpoint, EndpointUnreachable
 from .launch.target import TargetError, check_reachable, endpoint_from_url
 from .profile import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
 from .redact import Redactor
-from .report import RunRecord, attach_text, attach_verdict
+from .report import RunRecord, attach_png, attach_text, attach_verdict
 from .verdict import Status, Verdict
 
 
@@ -172,17 +172,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
     """The ``kvgate_gate`` fixture's callable: record, attach, then pass/fail/skip the test.
 
-    ``kvgate_gate(verdict, attachments={"name.txt": text}, console=False)``; ``console=True``
-    prints the attachments under the verdict table at the end of the run.
+    ``kvgate_gate(verdict, attachments={"name.txt": text, "plot.png": png_bytes}, console=False)``;
+    ``console=True`` prints the text attachments under the verdict table at the end of the run.
     """
     st = state(item.config)
 
     def record(verdict: Verdict, attachments: dict[str, str] | None = None, console: bool = False) -> Verdict:
         attachments = attachments or {}
-        st.record.add(item.nodeid, test_id(item), verdict, list(attachments.items()) if console else None)
+        st.record.add(item.nodeid, test_id(item), verdict,
+                      [(k, v) for k, v in attachments.items() if isinstance(v, str)] if console else None)
         attach_verdict(verdict, st.redactor)
-        for name, text in attachments.items():
-            attach_text(name, text, st.redactor, "csv" if name.endswith(".csv") else "text")
+        for name, body in attachments.items():
+            if isinstance(body, bytes):
+                attach_png(name, body)
+            else:
+                attach_text(name, body, st.redactor, "csv" if name.endswith(".csv") else "text")
         if verdict.status is Status.FAIL:
             pytest.fail(st.redactor.text(verdict.message), pytrace=False)
         if verdict.status is Status.INVALID:

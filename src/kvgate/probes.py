@@ -61,9 +61,10 @@ def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = Fal
     return Exchange(api, stream, body, reply, prompt_tokens)
 
 
-def build_prompt(client: KvClient, model: str, api: Api, tokens: int) -> ExactPrompt:
-    """An ``api`` prompt of exactly ``tokens`` tokens, verified with the server's ``/tokenize``."""
-    return exact_prompt(server_counter(client, model, api), tokens, api)
+def build_prompt(client: KvClient, model: str, api: Api, tokens: int, prefix: str = "") -> ExactPrompt:
+    """An ``api`` prompt of exactly ``tokens`` tokens (starting with ``prefix``), verified with
+    the server's ``/tokenize``."""
+    return exact_prompt(server_counter(client, model, api), tokens, api, prefix=prefix)
 
 
 def canary(client: KvClient, model: str, deadline_s: float) -> Exchange:

@@ -65,11 +65,14 @@ def server_counter(client: KvClient, model: str, api: Api) -> CountFn:
     return count
 
 
-def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_calls: int = 64) -> ExactPrompt:
-    """Text whose ``count`` is exactly ``target`` tokens.
+def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_calls: int = 64,
+                 prefix: str = "") -> ExactPrompt:
+    """Text whose ``count`` is exactly ``target`` tokens, starting with ``prefix``.
 
     Binary search on the number of filler words for the longest text with ``count <= target``,
     then close any remaining gap with short tails. At most ``max_calls`` calls of ``count``.
+    A distinct ``prefix`` per request keeps prefix caching from sharing KV blocks between
+    requests that are meant to occupy the pool separately.
     """
     calls = 0
 
@@ -80,19 +83,22 @@ def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_call
             raise PromptError(f"no {target}-token prompt found within {max_calls} /tokenize calls")
         return count(text)
 
-    base = c("")
+    def filler_p(n: int) -> str:
+        return prefix + filler(n)
+
+    base = c(prefix)
     if base > target:
-        raise PromptError(f"the empty {api} prompt already has {base} tokens (> {target})")
+        raise PromptError(f"the bare {api} prompt {prefix!r} already has {base} tokens (> {target})")
     lo, hi = 0, max(1, target)
-    while c(filler(hi)) <= target:  # make sure hi overshoots
+    while c(filler_p(hi)) <= target:  # make sure hi overshoots
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if c(filler(mid)) <= target:
+        if c(filler_p(mid)) <= target:
             lo = mid
         else:
             hi = mid
-    text = filler(lo)
+    text = filler_p(lo)
     n = c(text)
     for _ in range(target):
         if n == target:

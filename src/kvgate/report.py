@@ -129,6 +129,12 @@ def attach_text(name: str, text: str, redactor: Redactor, kind: str = "text") ->
     allure.attach(redactor.text(text), name=name, attachment_type=t)
 
 
+def attach_png(name: str, data: bytes) -> None:
+    """Attach a PNG image to the current Allure test (no-op without allure)."""
+    if allure is not None:
+        allure.attach(data, name=name, attachment_type=allure.attachment_type.PNG)
+
+
 def attach_verdict(verdict: Verdict, redactor: Redactor) -> None:
     """Attach the verdict (measured, limit, evidence) as JSON to the current Allure test."""
     attach_text(f"verdict {verdict.gate}", json.dumps(redactor.data(verdict.to_dict()), indent=2, default=str),
@@ -136,3 +142,49 @@ def attach_verdict(verdict: Verdict, redactor: Redactor) -> None:
 
 
 STATUS_ORDER = {Status.FAIL: 0, Status.INVALID: 1, Status.SKIP: 2, Status.PASS: 3}
+
+
+def records_csv(rows: list[dict[str, Any]]) -> str:
+    """Per-request rows (``kvgate.load.RequestRecord.row()``) as CSV text."""
+    import csv
+    import io
+
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def latency_png(records: list[Any], title: str) -> bytes:
+    """PNG: TTFT and ITL distributions (ms) of successful records, via matplotlib (Agg)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .stats import request_metrics
+
+    ttft, itl = [], []
+    for r in records:
+        if r.ok:
+            m = request_metrics(r)
+            if m.ttft_s is not None:
+                ttft.append(m.ttft_s * 1e3)
+            itl.extend(x * 1e3 for x in m.itl_s)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, data, name in ((axes[0], ttft, "TTFT (ms)"), (axes[1], itl, "ITL (ms)")):
+        if data:
+            ax.hist(data, bins=min(40, max(5, len(data) // 2)), color="#3b6ea5")
+        ax.set_xlabel(name)
+        ax.set_ylabel("count")
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()

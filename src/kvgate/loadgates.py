@@ -1,0 +1,158 @@
+"""Pure verdicts of the load gates: concurrent long sequences, latency SLO, mixed-workload
+interference. Inputs are :class:`~kvgate.scenarios.LoadObservation`; no I/O here.
+
+Every verdict first asks whether the client kept up (:meth:`kvgate.load.LoadResult.invalid_verdict`
+with the profile's ``limits.schedule_lag_max_s``): a run whose client fell behind is INVALID, not
+PASS or FAIL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .gates import canary_verdict
+from .profile import Profile
+from .scenarios import LoadObservation
+from .stats import summarize
+from .verdict import Status, Verdict
+
+PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP
+
+
+def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:
+    v = obs.result.invalid_verdict(gate, bound_s)
+    if v is None:
+        return None
+    return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}; the server was not judged)",
+                   measured=v.measured, limit=v.limit, evidence=v.evidence)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f}%"
+
+
+def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
+    """All declared long sequences complete 200 with the requested tokens, no 5xx; preemptions
+    (``vllm:num_preemptions`` delta) within ``limits.preemptions_allowed``; a canary succeeds after.
+    Peak KV usage and running/waiting recorded. Without ``/metrics`` preemptions are not
+    observable: noted in the message, judged on client-side evidence only."""
+    gate = "concurrency/long-sequences"
+    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+    if inv:
+        return inv
+    recs = obs.result.records
+    n = obs.concurrency
+    ok = [r for r in recs if r.ok]
+    five = [r for r in recs if r.status >= 500]
+    bad_tokens = [r.tokens for r in ok if r.tokens != obs.output_tokens]
+    trace = obs.trace
+    pre = trace.delta("preemptions")
+    kv = trace.peak("kv_usage")
+    running, waiting = trace.peak("running"), trace.peak("waiting")
+    can = canary_verdict(obs.canary, profile.limits.canary_deadline_s, after=obs.name) if obs.canary else None
+    allowed = profile.limits.preemptions_allowed
+    problems = []
+    if len(recs) < n:
+        problems.append(f"only {len(recs)} of {n} requests were sent before the deadline")
+    if len(ok) < len(recs):
+        errs = sorted({(r.status, (r.error or "")[:80]) for r in recs if not r.ok})
+        problems.append(f"{len(recs) - len(ok)} of {len(recs)} failed ({len(five)} 5xx): {errs[:3]}")
+    if bad_tokens:
+        problems.append(f"{len(bad_tokens)} completed with {sorted(set(bad_tokens))} tokens instead of {obs.output_tokens}")
+    if pre is not None and pre > allowed:
+        problems.append(f"{pre:g} preemptions (allowed {allowed}): the KV pool could not hold {n} sequences")
+    if can is not None and can.status is FAIL:
+        problems.append(can.message.removesuffix(" -> FAIL"))
+    what = f"{n} concurrent {obs.prompt_tokens:,}+{obs.output_tokens}-token sequences"
+    seen = (f"preemptions {'n/a (no /metrics)' if pre is None else f'{pre:g}'} (allowed {allowed}), "
+            f"peak KV usage {_pct(kv)}, peak running {running if running is None else f'{running:g}'}, "
+            f"peak waiting {waiting if waiting is None else f'{waiting:g}'}")
+    ev = {"scenario": obs.name, "trace": trace.to_dict(), "records": obs.result.rows(),
+          "canary": can.to_dict() if can else None, "wall_s": obs.result.wall_s, "transport": obs.result.transport}
+    measured = {"completed": len(ok), "preemptions": pre, "peak_kv_usage": kv, "peak_running": running}
+    limit = {"completed": n, "preemptions": allowed}
+    if problems:
+        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + f"; {seen} -> FAIL", measured=measured,
+                       limit=limit, evidence=ev)
+    return Verdict(gate, PASS, f"{what}: {len(ok)}/{n} completed 200 with {obs.output_tokens} tokens in "
+                   f"{obs.result.wall_s:.2f} s; {seen} -> PASS", measured=measured, limit=limit, evidence=ev)
+
+
+SLO_FIELDS = (("ttft_ms", "ttft_p95_ms", "TTFT"), ("itl_ms", "itl_p95_ms", "ITL"), ("e2e_ms", "e2e_p95_ms", "e2e"))
+
+
+def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
+    """TTFT, ITL and e2e p95 (ms) at ``slo.concurrency`` within the profile's ``slo``; error rate
+    within ``slo.error_rate_max``. p50/p95/p99 all recorded."""
+    gate = "latency/slo"
+    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+    if inv:
+        return inv
+    s = summarize(obs.result.records)
+    slo = profile.slo
+    parts, problems = [], []
+    for key, field_name, label in SLO_FIELDS:
+        p95 = s[key]["p95"]
+        limit = getattr(slo, field_name)
+        shown = "n/a" if p95 is None else f"{p95:,.0f} ms"
+        if limit is None:
+            parts.append(f"{label} p95 {shown} (no SLO)")
+            continue
+        parts.append(f"{label} p95 {shown} (SLO {limit:,.0f})")
+        if p95 is None or p95 > limit:
+            problems.append(f"{label} p95 {shown} > SLO {limit:,.0f} ms")
+    rate = s["error_rate"]
+    parts.append(f"errors {s['errors']}/{s['requests']} (max rate {slo.error_rate_max:g})")
+    if rate > slo.error_rate_max:
+        problems.append(f"error rate {rate:.1%} > {slo.error_rate_max:.1%} ({s['error_samples'][:2]})")
+    what = f"{s['requests']} requests ({obs.prompt_tokens:,}+{obs.output_tokens} tokens) at concurrency {obs.concurrency}"
+    ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport}
+    limits = {f: getattr(slo, f) for _, f, _ in SLO_FIELDS} | {"error_rate_max": slo.error_rate_max}
+    measured = {k: s[k]["p95"] for k, _, _ in SLO_FIELDS} | {"error_rate": rate}
+    if problems:
+        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + " -> FAIL", measured=measured, limit=limits,
+                       evidence=ev)
+    if all(getattr(slo, f) is None for _, f, _ in SLO_FIELDS):
+        return Verdict(gate, SKIP, f"{what}: " + ", ".join(parts) + "; profile sets no latency SLO", measured=measured,
+                       evidence=ev)
+    return Verdict(gate, PASS, f"{what}: " + ", ".join(parts) + " -> PASS", measured=measured, limit=limits, evidence=ev)
+
+
+def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile: Profile) -> Verdict:
+    """Short requests' TTFT p95 alone vs. while long prefills run; FAIL when the mixed p95 breaks
+    ``slo.short_ttft_p95_ms`` (or short requests fail). The message says which workload suffers
+    and by how much — the measurement behind splitting short and long pools."""
+    gate = "latency/interference"
+    for obs in (alone, mixed):
+        inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+        if inv:
+            return inv
+    a = summarize([r for r in alone.result.records if r.tag == "short"])
+    m = summarize([r for r in mixed.result.records if r.tag == "short"])
+    lm = summarize([r for r in mixed.result.records if r.tag == "long"])
+    pa, pm = a["ttft_ms"]["p95"], m["ttft_ms"]["p95"]
+    limit = profile.slo.short_ttft_p95_ms
+    ex = mixed.extra or {}
+    ratio = (pm / pa) if pa and pm else None
+    what = (f"short-request TTFT p95 {pa:,.0f} ms alone, {pm:,.0f} ms while {ex.get('long_per_wave')} long "
+            f"{ex.get('long_prompt_tokens', 0):,}-token prefills run ({ratio:.1f}x)") if pa and pm else \
+        f"short-request TTFT p95 alone {pa}, mixed {pm}"
+    ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
+                          "trace_mixed": mixed.trace.to_dict()}
+    measured = {"alone_p95_ms": pa, "mixed_p95_ms": pm, "ratio": ratio}
+    problems = []
+    if m["errors"] or a["errors"]:
+        problems.append(f"short requests failed: {a['errors']} alone, {m['errors']} mixed ({(m['error_samples'] or a['error_samples'])[:2]})")
+    if lm["errors"]:
+        problems.append(f"{lm['errors']} long requests failed ({lm['error_samples'][:2]})")
+    if limit is not None and (pm is None or pm > limit):
+        problems.append(f"short-request SLO {limit:,.0f} ms broken: the short workload suffers, "
+                        f"{(pm or 0) - (pa or 0):,.0f} ms added by long prefills (split short/long pools or "
+                        "limit max_num_batched_tokens)")
+    if problems:
+        return Verdict(gate, FAIL, f"{what}; " + "; ".join(problems) + " -> FAIL", measured=measured, limit=limit,
+                       evidence=ev)
+    if limit is None:
+        return Verdict(gate, SKIP, f"{what}; profile sets no slo.short_ttft_p95_ms", measured=measured, evidence=ev)
+    return Verdict(gate, PASS, f"{what}; short-request SLO {limit:,.0f} ms -> PASS", measured=measured, limit=limit,
+                   evidence=ev)

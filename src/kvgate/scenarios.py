@@ -1,0 +1,162 @@
+"""Load scenarios the load gates measure: concurrent long sequences, latency at the SLO's
+concurrency, and short requests alone vs. while long prefills run.
+
+Each scenario builds exact-length prompts (verified with ``/tokenize``; a distinct prefix per
+request so prefix caching cannot share KV blocks between them), runs :mod:`kvgate.load` while a
+:class:`~kvgate.metrics.MetricsSampler` scrapes ``/metrics``, and returns raw observations. Every
+run is bounded in requests and in time (``deadline_s``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .client import Endpoint, KvClient
+from .load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
+from .metrics import MetricsSampler, MetricsTrace
+from .probes import Exchange, build_prompt, canary
+from .profile import Profile, Workload
+
+
+class ScenarioError(Exception):
+    """The profile does not describe the scenario (e.g. no long workload). Message says what is missing."""
+
+
+@dataclass
+class LoadObservation:
+    """A load run with the server's gauges around it. ``prompt_tokens``/``output_tokens`` per
+    request (tokens); ``canary``: health-truth generation after the run (None if not taken)."""
+
+    name: str
+    result: LoadResult
+    trace: MetricsTrace
+    prompt_tokens: int
+    output_tokens: int
+    concurrency: int
+    canary: Exchange | None = None
+    extra: dict[str, Any] | None = None
+
+
+def long_workload(profile: Profile) -> tuple[str, Workload]:
+    """The profile's long-sequence workload with the highest concurrency."""
+    longs = [(n, w) for n, w in profile.workloads.items() if w.long]
+    if not longs:
+        raise ScenarioError(f"profile {profile.name} declares no long workload (workloads.*.long: true)")
+    return max(longs, key=lambda nw: nw[1].concurrency)
+
+
+def short_workload(profile: Profile) -> tuple[str, Workload]:
+    """``slo.workload`` if named, else the first non-long workload."""
+    if profile.slo.workload:
+        if profile.slo.workload not in profile.workloads:
+            raise ScenarioError(f"slo.workload {profile.slo.workload!r} is not in workloads "
+                                f"({', '.join(profile.workloads)})")
+        return profile.slo.workload, profile.workloads[profile.slo.workload]
+    shorts = [(n, w) for n, w in profile.workloads.items() if not w.long]
+    if not shorts:
+        raise ScenarioError(f"profile {profile.name} declares no short workload (workloads without long: true)")
+    return shorts[0]
+
+
+def _specs(client: KvClient, endpoint: Endpoint, model: str, prompt_tokens: int, output_tokens: int, n: int,
+           tag: str) -> list[RequestSpec]:
+    specs = []
+    for i in range(n):
+        p = build_prompt(client, model, "completions", prompt_tokens, prefix=f"{tag} request {i}: ")
+        specs.append(completion_request(endpoint, model=model, prompt=p.text, max_tokens=output_tokens, tag=tag,
+                                        temperature=0, ignore_eos=True))
+    return specs
+
+
+def _sampler(endpoint: Endpoint) -> tuple[MetricsSampler, KvClient]:
+    own = KvClient(endpoint, timeout_s=10.0)  # the sampler's thread gets its own connection pool
+    return MetricsSampler(own.metrics_text, interval_s=0.1), own
+
+
+def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0) -> LoadObservation:
+    """The long workload's declared concurrency of near-max-length sequences, all at once.
+
+    Prompt = ``min(workload.prompt_tokens, max_model_len - output_tokens)`` tokens, so each
+    sequence reaches close to ``max_model_len``; ``ignore_eos`` so each generates exactly
+    ``output_tokens``.
+    """
+    name, wl = long_workload(profile)
+    model, limit = profile.model.served_name, profile.engine.max_model_len
+    out = min(wl.output_tokens, limit - 1)
+    prompt = min(wl.prompt_tokens, limit - out)
+    specs = _specs(client, endpoint, model, prompt, out, wl.concurrency, "long")
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            result = closed_loop(endpoint, specs, concurrency=wl.concurrency, deadline_s=deadline_s,
+                                 request_timeout_s=profile.limits.request_timeout_s)
+    finally:
+        own.close()
+    after = canary(client, model, profile.limits.canary_deadline_s)
+    return LoadObservation(f"concurrent-long ({name})", result, sampler.trace, prompt, out, wl.concurrency, after)
+
+
+def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0) -> LoadObservation:
+    """``slo.requests`` requests of the SLO workload at ``slo.concurrency`` (closed loop)."""
+    name, wl = short_workload(profile)
+    model = profile.model.served_name
+    n, c = profile.slo.requests, profile.slo.concurrency
+    specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, 16), "slo")
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            result = closed_loop(endpoint, specs, n=n, concurrency=c, deadline_s=deadline_s,
+                                 request_timeout_s=profile.limits.request_timeout_s)
+    finally:
+        own.close()
+    return LoadObservation(f"latency ({name})", result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c)
+
+
+def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,
+                     shorts_per_wave: int = 4, deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+    """Short requests alone, then the same short requests while long prefills run.
+
+    Mixed run: ``waves`` waves; each sends the long workload's concurrency of long requests at
+    the wave's start and ``shorts_per_wave`` short requests spread over the next 50 ms, so every
+    short request is queued behind (or batched with) fresh long prefills. Waves are 1 s apart.
+    Returns ``(alone, mixed)``; short requests carry tag ``short``, long ones ``long``.
+    """
+    sname, short = short_workload(profile)
+    lname, long = long_workload(profile)
+    model, limit = profile.model.served_name, profile.engine.max_model_len
+    n_short = waves * shorts_per_wave
+    shorts = _specs(client, endpoint, model, short.prompt_tokens, short.output_tokens, n_short, "short")
+    lout = min(long.output_tokens, 16)
+    longs = _specs(client, endpoint, model, min(long.prompt_tokens, limit - lout), lout,
+                   waves * long.concurrency, "long")
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            alone = closed_loop(endpoint, shorts, concurrency=1, deadline_s=deadline_s,
+                                request_timeout_s=profile.limits.request_timeout_s)
+        trace_alone = sampler.trace
+        mixed_specs: list[RequestSpec] = []
+        offsets: list[float] = []
+        for w in range(waves):
+            start = w * 1.0
+            for j in range(long.concurrency):
+                mixed_specs.append(longs[w * long.concurrency + j])
+                offsets.append(start)
+            for j in range(shorts_per_wave):
+                mixed_specs.append(shorts[w * shorts_per_wave + j])
+                offsets.append(start + 0.005 + j * 0.0125)
+        sampler2, own2 = _sampler(endpoint)
+        try:
+            with sampler2:
+                mixed = open_loop(endpoint, mixed_specs, offsets_s=offsets, deadline_s=deadline_s,
+                                  request_timeout_s=profile.limits.request_timeout_s)
+        finally:
+            own2.close()
+    finally:
+        own.close()
+    return (LoadObservation(f"short alone ({sname})", alone, trace_alone, short.prompt_tokens, short.output_tokens, 1),
+            LoadObservation(f"short with long prefills ({sname} + {lname})", mixed, sampler2.trace, short.prompt_tokens,
+                            short.output_tokens, long.concurrency + shorts_per_wave,
+                            extra={"long_prompt_tokens": min(long.prompt_tokens, limit - lout),
+                                   "long_per_wave": long.concurrency, "waves": waves}))

@@ -1,0 +1,34 @@
+"""Gates under load: concurrent long sequences fit and finish; latency percentiles hold the SLO
+at the profile's concurrency; short requests keep their TTFT while long prefills run."""
+
+import pytest
+
+from kvgate.loadgates import concurrent_long_verdict, interference_verdict, latency_verdict
+from kvgate.report import latency_png, records_csv
+from kvgate.scenarios import run_concurrent_long, run_interference, run_latency
+
+
+def evidence(obs):
+    return {f"{obs.name} requests.csv": records_csv(obs.result.rows()),
+            f"{obs.name} latency.png": latency_png(obs.result.records, obs.name)}
+
+
+@pytest.mark.load
+@pytest.mark.gate("concurrency", cases=["long-sequences"])
+def test_concurrent_long_sequences(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+    obs = run_concurrent_long(kvgate_client, kvgate_endpoint, kvgate_profile)
+    kvgate_gate(concurrent_long_verdict(obs, kvgate_profile), attachments=evidence(obs))
+
+
+@pytest.mark.load
+@pytest.mark.gate("latency", cases=["slo"])
+def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+    obs = run_latency(kvgate_client, kvgate_endpoint, kvgate_profile)
+    kvgate_gate(latency_verdict(obs, kvgate_profile), attachments=evidence(obs))
+
+
+@pytest.mark.load
+@pytest.mark.gate("latency", cases=["interference"])
+def test_short_requests_under_long_prefills(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+    alone, mixed = run_interference(kvgate_client, kvgate_endpoint, kvgate_profile)
+    kvgate_gate(interference_verdict(alone, mixed, kvgate_profile), attachments={**evidence(alone), **evidence(mixed)})
