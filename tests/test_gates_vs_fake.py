@@ -152,3 +152,38 @@ def test_disconnect_that_cannot_be_told_from_completion_is_invalid(pytester, fak
     _, summary, gates = run_suites(pytester, fake.url, "-k", "mid-request", suites=["suites/test_disconnect.py"])
     g = gates["fake-vllm/disconnect/mid-request"]
     assert g["status"] == "INVALID" and summary["overall"] == "INVALID"
+
+
+LOAD = ["suites/test_load.py"]
+
+
+def test_load_gates_pass_on_healthy_fake(pytester):
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0005, itl_s=0.002)) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, suites=LOAD)
+    assert {g["id"]: g["status"] for g in gates.values()} == {
+        "fake-vllm/concurrency/long-sequences": "PASS", "fake-vllm/latency/slo": "PASS",
+        "fake-vllm/latency/interference": "PASS"}, [g["message"] for g in gates.values()]
+
+
+def test_head_of_line_blocking_fails_interference(pytester):
+    cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0005, itl_s=0.002, faults={"hol_blocking"})
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "-k", "interference", suites=LOAD)
+    g = gates["fake-vllm/latency/interference"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "the short workload suffers" in g["message"] and g["measured"]["mixed_p95_ms"] > 100
+
+
+def test_5xx_under_concurrent_long_prompts_fails(pytester):
+    cfg = FakeConfig(max_tokens_cap=64, itl_s=0.01, faults={"5xx_under_concurrency"})
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "-k", "long_sequences", suites=LOAD)
+    g = gates["fake-vllm/concurrency/long-sequences"]
+    assert g["status"] == "FAIL" and "1 5xx" in g["message"], g["message"]
+
+
+def test_slow_server_fails_latency_slo(pytester):
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, ttft_s=0.6)) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "-k", "latency_slo", suites=LOAD)
+    g = gates["fake-vllm/latency/slo"]
+    assert g["status"] == "FAIL" and "TTFT p95" in g["message"] and "> SLO 500 ms" in g["message"]

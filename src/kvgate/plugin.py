@@ -165,8 +165,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         if any(item.get_closest_marker("gate") for item in items):
             state(config)  # raises the usage error listing profiles
         return
-    # the fit gate needs no server and runs first in any run
-    items.sort(key=lambda it: 0 if it.get_closest_marker("fit") else 1)
+    # the fit gate needs no server and runs first; gates that load the server run last
+    items.sort(key=_gate_rank)
+
+
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "disconnect", "concurrency", "latency")
+
+
+def _gate_rank(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("gate")
+    name = marker.args[0] if marker else ""
+    return GATE_ORDER.index(name) if name in GATE_ORDER else len(GATE_ORDER)
 
 
 def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:

@@ -95,9 +95,20 @@ def test_endpoint_mode_gives_same_verdicts(embedded_run, running_server, tmp_pat
     assert target["launch"] == {}  # nothing launched: the existing server was gated
 
 
-def test_overcommitted_profile_fails_fit_for_the_right_reason(running_server, tmp_path):
+def test_overcommitted_profile_fails_fit_for_the_right_reason(tmp_path):
     proc, summary = main_job(tmp_path, "--profile", "tiny-cpu-overcommitted", "-m", "fit")
     assert proc.returncode == 1
     (gate,) = summary["gates"]
     assert gate["status"] == "FAIL"
     assert "profile declares 8" in gate["message"] and "4,096 tokens" in gate["message"]
+
+
+def test_overcommitted_pool_shows_the_predicted_preemptions(tmp_path):
+    """The 8 MiB pool holds 1 full-length sequence at once (fit arithmetic); 8 declared
+    concurrent long sequences on the live server must preempt, and the gate must say so."""
+    proc, summary = main_job(tmp_path, "--profile", "tiny-cpu-overcommitted", "-k", "long_sequences or kv-pool")
+    gates = {g["id"]: g for g in summary["gates"]}
+    live = gates["tiny-cpu-overcommitted/concurrency/long-sequences"]
+    assert live["status"] == "FAIL", live["message"]
+    assert live["measured"]["preemptions"] >= 1 and "preemptions" in live["message"]
+    assert gates["tiny-cpu-overcommitted/fit/kv-pool"]["status"] == "FAIL"
