@@ -430,6 +430,7 @@ def test_hang_up_after_k_chunks_and_after_t_seconds():
     res, srv = run(go)
     k, t, after = res.records
     assert k.hung_up and k.error is None and not k.ok and 3 <= len(k.chunk_s) < 10 and not k.done
+    assert k.undecodable == 0 and k.tokens == len(k.chunk_s)
     assert t.hung_up and t.status == 0 and t.first_byte_s is None
     assert 0.04 <= t.end_s - t.sent_s < 1.0  # hung up at ~50 ms, far before the server's 3 s
     assert after.ok and after.tokens == 2  # the run continues on a fresh connection
@@ -549,6 +550,7 @@ def test_split_sse_times_each_event_by_the_piece_that_completed_it():
     lf = [b"data: a\n", b"\ndata: b\n\nda", b"ta: c1\ndata: c2\n\n: comment\n\n", b"data: tail"]
     assert split_sse([1.0, 2.0, 3.0, 4.0], lf) == ([2.0, 2.0, 3.0, 4.0], ["a", "b", "c1\nc2", "tail"])
     assert split_sse([1.0, 2.0], [b"data: x\n\n", b"\n\ndata: y\n\n"]) == ([1.0, 2.0], ["x", "y"])
+    assert split_sse([1.0], [b'data: x\n\ndata: {"cut'], tail=False) == ([1.0], ["x"])
 
 
 # ----------------------------------------------------------------------------- sync API
@@ -594,3 +596,12 @@ def test_sync_closed_and_open_loop_on_the_timed_event_loop():
         assert loop in _TIMED and _TIMED[loop].t > 0
     finally:
         loop.close()
+
+
+def test_a_hung_up_record_with_a_cut_off_event_is_not_an_error():
+    r = RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, status=200, content_type="text/event-stream",
+                      hung_up=True, end_s=0.3)
+    r.piece_s, r.pieces = [0.1, 0.2], [b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', b'data: {"choi']
+    r.finalize()
+    assert r.error is None and r.undecodable == 0 and r.text == "a" and r.chunk_s == [0.1] and not r.ok
+    assert r.row()["chunks"] == 1 and r.row()["hung_up"] is True

@@ -125,3 +125,43 @@ def test_credentials_in_endpoint_url_are_refused_without_echo(pytester):
                  str(REPO / "suites"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--api-key-env" in result.stderr.str() and "pw-secret-123" not in result.stderr.str()
+
+
+def test_usage_error_replaces_a_stale_summary(pytester):
+    reports = pytester.path / "r"
+    reports.mkdir()
+    (reports / "summary.json").write_text('{"overall": "PASS"}')
+    result = run(pytester, "--profile", "nosuch", "--kvgate-reports", str(reports), str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["overall"] == "ERROR" and "unknown profile 'nosuch'" in summary["error"]
+
+
+def test_without_kvgate_config_says_how_to_run(pytester):
+    # no -c: pytester's tmp dir has no pyproject, as when a bare --profile PATH moves the rootdir
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--profile", "tiny-cpu", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--profile=PATH" in result.stderr.str()
+
+
+def test_unwritable_reports_dir_is_a_usage_error(pytester):
+    result = run(pytester, "--profile", "tiny-cpu", "-m", "fit", "--kvgate-reports", "/proc/kvgate-nope",
+                 str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "cannot create it" in result.stderr.str() and "INTERNALERROR" not in result.stdout.str()
+
+
+def test_junit_carries_verdict_properties(pytester):
+    reports = pytester.path / "r"
+    result = run(pytester, "--profile", "llama70b-tp4", "-m", "fit", "--kvgate-reports", str(reports),
+                 str(REPO / "suites"))
+    result.assert_outcomes(passed=1)
+    xml = (reports / "junit.xml").read_text()
+    assert 'name="kvgate_verdict" value="PASS"' in xml and 'name="kvgate_message"' in xml
+
+
+def test_fit_only_needs_neither_server_nor_reachable_endpoint(pytester):
+    result = run(pytester, "--profile", "llama70b-tp4-defaults", "-m", "fit", "--endpoint", "http://127.0.0.1:9",
+                 "--kvgate-reports", str(pytester.path / "r"), str(REPO / "suites"))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FAIL*llama70b-tp4-defaults/fit/kv-pool*"])

@@ -94,3 +94,15 @@ def test_extends_cycle_is_reported(write_profile):
 def test_head_dim_derived_from_hidden_size(write_profile):
     path = write_profile("hd", MINIMAL.replace("head_dim: 64", "hidden_size: 512"))
     assert load_profile(str(path)).model.architecture.head_dim == 128
+
+
+def test_missing_parent_names_the_child_file(write_profile):
+    child = write_profile("orphan", "extends: nosuch-parent\n")
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(child))
+    assert str(child) in str(exc.value) and "field 'extends'" in str(exc.value)
+
+
+def test_directory_is_not_a_profile(tmp_path):
+    with pytest.raises(ProfileError, match="is a directory"):
+        resolve_profile(str(tmp_path) + "/")

@@ -517,7 +517,7 @@ def _vllm_table(p: FitPlan) -> list[str]:
     out.append(_row(f"KV/sequence ({p.max_model_len:,} tokens)", fmt_bytes2(pool.sequence_bytes),
                     f"{pool.blocks_per_sequence:,} blocks of {pool.block_size} ({p.block_size_source})"))
     out.append(_row("pool holds", f"{pool.tokens:,} tokens",
-                    f"{pool.num_blocks:,} blocks; vLLM reports {pool.vllm_kv_cache_size_tokens:,} tokens, "
+                    f"{pool.num_blocks:,} blocks; vLLM would log {pool.vllm_kv_cache_size_tokens:,} tokens, "
                     f"{pool.vllm_max_concurrency:.2f}x"))
     out.append(_row("sequences that fit at once", f"{pool.sequences_at_once:,} x {p.max_model_len:,}",
                     "one block is vLLM's null block"))

@@ -37,7 +37,7 @@ def served_model_verdict(obs: DeploymentObservation, profile: Profile) -> Verdic
     body = _body(obs.models)
     ev = {"status": obs.models.status, "body": obs.models.text[:800], "version": obs.version}
     if obs.models.status != 200 or body is None or not isinstance(body.get("data"), list):
-        return Verdict(gate, FAIL, f"/v1/models answered {obs.models.status} without a model list "
+        return Verdict(gate, FAIL, f"{obs.models_path} answered {obs.models.status} without a model list "
                        f"({obs.models.text[:120]!r}) -> FAIL", measured=obs.models.status, limit=200, evidence=ev)
     ids = [m.get("id") for m in body["data"] if isinstance(m, dict)]
     if want not in ids:
@@ -296,7 +296,8 @@ def over_cap_verdict(ex: Exchange, cap: int, mode: str) -> Verdict:
         return Verdict(gate, FAIL, f"max_tokens={asked} above cap {cap} answered {r.status}; profile says reject (4xx) -> FAIL",
                        measured=r.status, limit="4xx", evidence=ev)
     if r.status != 200:
-        return Verdict(gate, FAIL, f"max_tokens={asked} above cap {cap} answered {r.status}; profile says clamp (200) -> FAIL",
+        return Verdict(gate, FAIL, f"max_tokens={asked} above cap {cap} answered {r.status} "
+                       f"({Reply(r.status, r.text, 0).error_message[:160]}); profile says clamp (200) -> FAIL",
                        measured=r.status, limit=200, evidence=ev)
     usage, _, problem = completion_facts(ex)
     if problem:

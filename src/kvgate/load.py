@@ -17,8 +17,9 @@ handed to the kernel), first response byte, every SSE event's arrival, end. The 
 JSON and no SSE parsing: ``data_received`` takes a timestamp, undoes HTTP chunked framing and
 keeps ``(t, bytes)``. On the loops :func:`new_event_loop` makes (the sync :func:`closed_loop` /
 :func:`open_loop` use one) the timestamp is the instant the poll that found the data returned, so
-it does not grow with the number of sockets handled before it in the same batch. After the run, :meth:`RequestRecord.finalize` splits SSE events, decodes the
-JSON, and derives first-token time, tokens, finish reason, usage and errors.
+it does not grow with the number of sockets handled before it in the same batch. After the run,
+:meth:`RequestRecord.finalize` splits SSE events, decodes the JSON, and derives first-token time,
+tokens, finish reason, usage and errors.
 
 **Schedule lag** is ``sent_s - scheduled_s - connect_s`` (opening a TCP connection is the
 server's/network's time, not the client's). A run whose client could not keep its schedule is not
@@ -202,7 +203,9 @@ class RequestRecord:
         self.finalized = True
         is_sse = "event-stream" in self.content_type.lower()
         if is_sse:
-            self.chunk_s, self.events = split_sse(self.piece_s, self.pieces)
+            # a cut-off last event (hang-up, broken connection) is not an event
+            whole = self.error is None and not self.hung_up
+            self.chunk_s, self.events = split_sse(self.piece_s, self.pieces, tail=whole)
             self._decode_events()
         else:
             raw = b"".join(self.pieces)
@@ -262,7 +265,7 @@ class RequestRecord:
         if self.content_s:
             self.first_token_s = self.content_s[0]
         self._set_tokens(len(self.content_s))
-        if self.error is None:
+        if self.error is None and not self.hung_up:
             if self.status != 200:
                 self.error = f"HTTP {self.status}"
             elif stream_error is not None:
@@ -328,12 +331,14 @@ def _error_text(obj: Any) -> str:
 _SSE_BOUNDARY = re.compile(rb"\r?\n\r?\n")
 
 
-def split_sse(piece_s: Sequence[float], pieces: Sequence[bytes]) -> tuple[list[float], list[str]]:
+def split_sse(piece_s: Sequence[float], pieces: Sequence[bytes],
+              tail: bool = True) -> tuple[list[float], list[str]]:
     """Split body pieces into SSE events; return (arrival time of each event, its ``data``).
 
     An event's time is the arrival of the piece that completed it (its blank line). Multi-line
     ``data`` fields are joined with ``\\n``; events without data (comments, ``: ping``) are
-    skipped; a trailing event without its blank line counts, at the last piece's time.
+    skipped; a trailing event without its blank line counts (at the last piece's time) when
+    ``tail`` is true — pass False for a body that was cut off.
     """
     if not pieces:
         return [], []
@@ -360,7 +365,7 @@ def split_sse(piece_s: Sequence[float], pieces: Sequence[bytes]) -> tuple[list[f
 
     if b"\r" not in body:  # fast path: split on blank lines, walk the pieces alongside
         blocks = body.split(b"\n\n")
-        tail = blocks.pop()
+        rest = blocks.pop()
         pos, i = 0, 0
         for block in blocks:
             pos += len(block) + 2
@@ -374,9 +379,9 @@ def split_sse(piece_s: Sequence[float], pieces: Sequence[bytes]) -> tuple[list[f
             i = bisect.bisect_right(ends, m.end() - 1)
             take(body[start:m.start()], piece_s[min(i, last)])
             start = m.end()
-        tail = body[start:]
-    if tail.strip():
-        take(tail, piece_s[last])
+        rest = body[start:]
+    if tail and rest.strip():
+        take(rest, piece_s[last])
     return times, datas
 
 
@@ -784,7 +789,7 @@ class RawHttpTransport:
             f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
         return _Wire(head.encode("latin-1") + body, spec.hangup_after_chunks, spec.hangup_after_s)
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self, timeout_s: float) -> _Conn:
         loop = asyncio.get_running_loop()
         sel = _TIMED.get(loop)
         if sel is not None and sel.clock is not self.clock:
@@ -792,7 +797,7 @@ class RawHttpTransport:
         _, conn = await asyncio.wait_for(
             loop.create_connection(lambda: _Conn(self.clock, self.t0, self.max_response_bytes, sel),
                                    self.host, self.port),
-            self.connect_timeout_s)
+            timeout_s)
         self.opened += 1
         self.conns.add(conn)
         return conn
@@ -810,7 +815,7 @@ class RawHttpTransport:
             if conn is None:
                 c0 = self.clock()
                 try:
-                    conn = await self._connect()
+                    conn = await self._connect(max(0.0, min(self.connect_timeout_s, timeout_s)))
                 except (OSError, asyncio.TimeoutError) as exc:
                     rec.error = f"connect failed: {type(exc).__name__}: {exc}".rstrip(": ")
                     rec.end_s = self.clock() - self.t0

@@ -23,7 +23,8 @@ def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:
     v = obs.result.invalid_verdict(gate, bound_s)
     if v is None:
         return None
-    return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}; the server was not judged)",
+    return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}; the server was not judged: run kvgate on CPUs "
+                   "the server does not use, e.g. taskset the server off one core)",
                    measured=v.measured, limit=v.limit, evidence=v.evidence)
 
 

@@ -10,6 +10,9 @@ bites.
 from __future__ import annotations
 
 import importlib.util
+import json
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -81,11 +84,47 @@ def pytest_configure(config: pytest.Config) -> None:
             raise _usage("pytest-profiling is installed and owns --profile (a flag); "
                          "use --deploy-profile NAME for kvgate")
         return
+    reports = _reports_dir(config)
+    try:
+        _configure(config, name, reports)
+    except pytest.UsageError as exc:
+        # a stale summary from an earlier run must not be read as this run's verdict
+        if not config.option.collectonly:
+            _write_error_summary(reports, str(exc))
+        raise
+
+
+def _reports_dir(config: pytest.Config) -> Path:
+    """``--kvgate-reports``; the default ``reports`` is relative to the rootdir, not the cwd."""
+    raw = config.getoption("kvgate_reports")
+    path = Path(raw)
+    return path if path.is_absolute() or raw != "reports" else config.rootpath / "reports"
+
+
+def _write_error_summary(reports: Path, message: str) -> None:
+    try:
+        reports.mkdir(parents=True, exist_ok=True)
+        (reports / "summary.json").write_text(json.dumps(
+            {"kvgate_summary_version": 1, "overall": "ERROR", "complete": False, "error": message, "gates": []},
+            indent=2))
+    except OSError:
+        pass
+
+
+def _configure(config: pytest.Config, name: str, reports: Path) -> None:
+    if config.inipath is None:
+        raise _usage(f"pytest found no kvgate configuration (rootdir {config.rootpath}): run from the kvgate "
+                     "checkout, and give profile paths as --profile=PATH (with '='), since pytest reads a bare "
+                     "path after an option it does not know yet as a test path")
     profile_dir = Path(config.getoption("kvgate_profile_dir"))
     try:
         profile = load_profile(name, profile_dir)
     except ProfileError as exc:
         raise _usage(str(exc)) from None
+    try:
+        reports.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _usage(f"--kvgate-reports {reports}: cannot create it ({exc.strerror})") from None
 
     api_key_env = config.getoption("kvgate_api_key_env")
     redactor = Redactor()
@@ -95,7 +134,7 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             endpoint = endpoint_from_url(url, profile, api_key_env)
             redactor.add(endpoint.api_key)
-            if not config.option.collectonly:
+            if not config.option.collectonly and not _only_fit(config):
                 check_reachable(endpoint)
         except (TargetError, EndpointUnreachable) as exc:
             raise _usage(redactor.text(str(exc))) from None
@@ -103,7 +142,6 @@ def pytest_configure(config: pytest.Config) -> None:
         raise _usage(f"profile {profile.name!r} describes a deployment kvgate cannot launch here; "
                      "give --endpoint URL (or run only the fit gate: -m fit)")
 
-    reports = Path(config.getoption("kvgate_reports"))
     record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None)
     config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint, url, api_key_env,
                                       config.getoption("kvgate_startup_budget"))
@@ -113,6 +151,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.clean_alluredir = True
     if not getattr(config.option, "xmlpath", None):
         config.option.xmlpath = str(reports / "junit.xml")
+    _install_sigterm(config)
+
+
+def _install_sigterm(config: pytest.Config) -> None:
+    """SIGTERM (CI cancel, ``timeout``, Kubernetes) takes pytest's Ctrl-C path: fixtures tear the
+    embedded server down and the summary is written, marked incomplete."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, previous))
 
 
 def _only_fit(config: pytest.Config) -> bool:
@@ -188,6 +240,10 @@ def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
 
     def record(verdict: Verdict, attachments: dict[str, str] | None = None, console: bool = False) -> Verdict:
         attachments = attachments or {}
+        item.user_properties.extend([("kvgate_verdict", verdict.status.value),
+                                     ("kvgate_message", st.redactor.text(verdict.message)),
+                                     ("kvgate_measured", st.redactor.text(json.dumps(verdict.measured, default=str))),
+                                     ("kvgate_limit", st.redactor.text(json.dumps(verdict.limit, default=str)))])
         st.record.add(item.nodeid, test_id(item), verdict,
                       [(k, v) for k, v in attachments.items() if isinstance(v, str)] if console else None)
         attach_verdict(verdict, st.redactor)
@@ -225,14 +281,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     st = session.config.stash.get(STATE, None)
-    if st is None:
+    if st is None or session.config.option.collectonly:
         return
-    gate_items = [it.nodeid for it in session.items if it.get_closest_marker("gate")]
     finished = st.extra.get("finished", set())
-    missing = [n for n in gate_items if n not in finished]
+    missing = [test_id(it) for it in session.items if it.get_closest_marker("gate") and it.nodeid not in finished]
     if exitstatus == pytest.ExitCode.INTERRUPTED or missing:
         st.record.complete = False
-        st.record.launch["not_run"] = missing
+        st.record.not_run = missing
     path = st.record.write_summary(st.reports_dir / "summary.json")
     st.extra["summary_path"] = str(path)
 

@@ -81,6 +81,7 @@ class DeploymentObservation:
     tokenize: Reply | None
     metrics_text: str | None
     version: str | None
+    models_path: str = "/v1/models"
     notes: list[str] = field(default_factory=list)
 
 
@@ -89,7 +90,7 @@ def observe_deployment(client: KvClient, model: str) -> DeploymentObservation:
     models = client.models()
     tok = client.tokenize(model=model, prompt="kvgate")
     return DeploymentObservation(models=models, tokenize=tok, metrics_text=client.metrics_text(),
-                                 version=client.version())
+                                 version=client.version(), models_path=client.api("/models"))
 
 
 def decode_rate(client: KvClient, model: str, tokens: int = 32) -> float | None:

@@ -222,6 +222,8 @@ def resolve_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) 
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
         if candidate.is_file():
             return candidate.resolve()
+        if candidate.is_dir():
+            raise ProfileError(f"profile {name_or_path} is a directory; give a .yaml file in it")
         raise ProfileError(f"profile file {name_or_path} does not exist")
     path = Path(profile_dir) / f"{name_or_path}.yaml"
     if path.is_file():
@@ -264,7 +266,10 @@ def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()
         return data
     if not isinstance(parent, str):
         raise ProfileError(f"{path}: field 'extends': expected a profile name or path, got {parent!r}")
-    parent_path = resolve_profile(parent, path.parent if (path.parent / f"{parent}.yaml").exists() else profile_dir)
+    try:
+        parent_path = resolve_profile(parent, path.parent if (path.parent / f"{parent}.yaml").exists() else profile_dir)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: field 'extends': {exc}") from None
     base = _raw_with_extends(parent_path, profile_dir, (*seen, path))
     base.pop("name", None)
     base.pop("expect_fit", None)

@@ -51,6 +51,7 @@ class RunRecord:
     entries: dict[str, Entry] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     complete: bool = True
+    not_run: list[str] = field(default_factory=list)
 
     def add(self, nodeid: str, test_id: str, verdict: Verdict, console: list[tuple[str, str]] | None = None) -> None:
         e = self.entries.setdefault(nodeid, Entry(test_id, nodeid))
@@ -95,6 +96,7 @@ class RunRecord:
             "started_unix": round(self.started, 3),
             "duration_s": round(time.time() - self.started, 3),
             "complete": self.complete,
+            "not_run": self.not_run,
             "overall": self.overall() if self.complete else "INCOMPLETE",
             "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
                        for s in ("PASS", "FAIL", "INVALID", "SKIP", "ERROR")},

@@ -112,3 +112,29 @@ def test_overcommitted_pool_shows_the_predicted_preemptions(tmp_path):
     assert live["status"] == "FAIL", live["message"]
     assert live["measured"]["preemptions"] >= 1 and "preemptions" in live["message"]
     assert gates["tiny-cpu-overcommitted/fit/kv-pool"]["status"] == "FAIL"
+
+
+@pytest.mark.parametrize("after_s", [8, 50], ids=["during-startup", "mid-run"])
+def test_sigterm_tears_down_server_and_writes_incomplete_summary(tmp_path, after_s):
+    import signal
+    import time
+
+    reports = tmp_path / "reports"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvgate-reports", str(reports),
+                             "--profile", "tiny-cpu", "-q"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: set[int] = set()
+    deadline = time.monotonic() + after_s
+    while time.monotonic() < deadline:  # remember every process the run spawns
+        try:
+            seen.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    time.sleep(1)
+    alive = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"processes outlived SIGTERM: {alive}"
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["complete"] is False and summary["overall"] == "INCOMPLETE"
+    assert summary["not_run"], "an interrupted run must say which gates did not run"

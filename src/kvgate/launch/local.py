@@ -16,6 +16,7 @@ gpu_memory_utilization (0.92) as a fraction of RAM and may refuse to start.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -130,7 +131,19 @@ class EmbeddedServer:
         return env
 
     def start(self) -> str:
-        """Launch and wait for health. Returns the root URL. Raises :class:`LaunchError`."""
+        """Launch and wait for health. Returns the root URL. Raises :class:`LaunchError`.
+
+        Any exception while waiting (timeout, KeyboardInterrupt, SIGTERM turned into one) stops
+        the process group before propagating; an ``atexit`` hook stops it if the interpreter
+        exits without ``stop()``.
+        """
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> str:
         port = free_port()
         self.command = render_command(self.profile, self.model_dir, port, self.python)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,6 +154,7 @@ class EmbeddedServer:
                                      env=self.environment(), start_new_session=True,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         log.close()
+        atexit.register(self.stop)
         url = f"http://{LOOPBACK}:{port}"
         deadline = t0 + self.startup_budget_s
         while True:
@@ -154,7 +168,6 @@ class EmbeddedServer:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                self.stop()
                 raise LaunchError(f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log {self.log_path}, "
                                   f"last lines:\n{tail(self.log_path)}")
             self.sleep(0.5)
@@ -162,28 +175,41 @@ class EmbeddedServer:
         self.base_url = url
         return url
 
+    def _group_gone(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)  # the group id is the leader's pid (start_new_session)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # pragma: no cover
+            return False
+        return False
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the process group, SIGKILL what is left after ``grace_s`` seconds."""
+        """SIGTERM the process group, SIGKILL what is left after ``grace_s`` seconds.
+
+        The group id is the server's pid (``start_new_session``), so engine-core and worker
+        processes are reached even after the API server itself has exited. Idempotent.
+        """
         if self.proc is None:
             return
+        atexit.unregister(self.stop)
+        pgid = self.proc.pid
+        if self._group_gone():
+            self.proc.poll()
+            return
         try:
-            pgid = os.getpgid(self.proc.pid)
+            os.killpg(pgid, signal.SIGTERM)
         except ProcessLookupError:
-            pgid = None
-        if pgid is not None:
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            return
         try:
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-        if pgid is not None:
-            try:  # workers may outlive the parent; the group kill reaches them
+        if not self._group_gone():
+            try:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
