@@ -23,6 +23,11 @@ def _n(x: Any) -> str:
     return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
 
 
+def _reason(reply: Reply | StreamReply) -> str:
+    """The server's own error text (``error.message`` or the body's start)."""
+    return reply.error_message
+
+
 def _body(reply: Reply) -> dict | None:
     b = reply.json
     return b if isinstance(b, dict) else None
@@ -160,7 +165,7 @@ def canary_verdict(ex: Exchange, deadline_s: float, after: str) -> Verdict:
     usage, _, problem = completion_facts(ex) if r.status == 200 else (None, None, None)
     ev = {"canary": ex.evidence(), "after": after}
     if r.status != 200 or problem or r.elapsed_s > deadline_s or not usage or not usage.get("completion_tokens"):
-        why = problem or (f"answered {r.status} ({Reply(r.status, r.text, 0).error_message[:120]})" if r.status != 200
+        why = problem or (f"answered {r.status} ({_reason(r)[:120]})" if r.status != 200
                           else f"took {r.elapsed_s:.2f} s" if r.elapsed_s > deadline_s else "produced no tokens")
         return Verdict(gate, FAIL, f"after {after} a {ex.body.get('max_tokens')}-token canary generation {why}; "
                        f"must succeed within {deadline_s:g} s -> FAIL (server unhealthy, whatever /health says)",
@@ -181,7 +186,7 @@ def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int) -> Verdict:
     ev = ex.evidence()
     what = f"{_n(n)}-token {ex.api} prompt + max_tokens {max_tokens} (= max_model_len {_n(max_model_len)})"
     if r.status != 200:
-        return Verdict(gate, FAIL, f"{what} answered {r.status} ({Reply(r.status, r.text, 0).error_message[:160]}); "
+        return Verdict(gate, FAIL, f"{what} answered {r.status} ({_reason(r)[:160]}); "
                        "must complete 200 -> FAIL", measured=r.status, limit=200, evidence=ev)
     usage, _, problem = completion_facts(ex)
     if problem:
@@ -209,7 +214,7 @@ def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> 
         if r.elapsed_s > deadline_s:
             return Verdict(gate, FAIL, f"{what} rejected {r.status} after {r.elapsed_s:.2f} s; deadline {deadline_s:g} s -> FAIL",
                            measured=f"{r.elapsed_s:.2f} s", limit=f"{deadline_s:g} s", evidence=ev)
-        msg = Reply(r.status, r.text, 0).error_message
+        msg = _reason(r)
         return Verdict(gate, PASS, f"{what} -> {r.status} in {r.elapsed_s * 1000:.0f} ms ({msg[:100]}) -> PASS",
                        measured=r.status, limit="4xx", evidence=ev)
     if r.status == 200:
@@ -222,7 +227,7 @@ def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> 
                    if isinstance(pt, int) and pt <= max_model_len else "answered 200")
         return Verdict(gate, FAIL, f"{what} {why}; must be rejected 4xx -> FAIL", measured=200, limit="4xx", evidence=ev)
     return Verdict(gate, FAIL, f"{what} answered {r.status or 'nothing'} "
-                   f"({(Reply(r.status, r.text, 0).error_message if r.status else r.text)[:120]}); must be 4xx -> FAIL",
+                   f"({(_reason(r) if r.status else r.text)[:120]}); must be 4xx -> FAIL",
                    measured=r.status, limit="4xx", evidence=ev)
 
 
@@ -297,7 +302,7 @@ def over_cap_verdict(ex: Exchange, cap: int, mode: str) -> Verdict:
                        measured=r.status, limit="4xx", evidence=ev)
     if r.status != 200:
         return Verdict(gate, FAIL, f"max_tokens={asked} above cap {cap} answered {r.status} "
-                       f"({Reply(r.status, r.text, 0).error_message[:160]}); profile says clamp (200) -> FAIL",
+                       f"({_reason(r)[:160]}); profile says clamp (200) -> FAIL",
                        measured=r.status, limit=200, evidence=ev)
     usage, _, problem = completion_facts(ex)
     if problem:
