@@ -187,3 +187,14 @@ def test_slow_server_fails_latency_slo(pytester):
         _, _, gates = run_suites(pytester, fake.url, "-k", "latency_slo", suites=LOAD)
     g = gates["fake-vllm/latency/slo"]
     assert g["status"] == "FAIL" and "TTFT p95" in g["message"] and "> SLO 500 ms" in g["message"]
+
+
+def test_server_without_metrics_degrades_to_client_evidence(pytester):
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.002, faults={"no_metrics"})) as fake:
+        result, summary, gates = run_suites(pytester, fake.url, "-k", "cache-config or long_sequences",
+                                            suites=["suites/test_deployment.py", "suites/test_load.py"])
+    assert gates["fake-vllm/deployment/cache-config"]["status"] == "SKIP"
+    assert "no /metrics" in gates["fake-vllm/deployment/cache-config"]["message"]
+    long_seq = gates["fake-vllm/concurrency/long-sequences"]
+    assert long_seq["status"] == "PASS" and "n/a (no /metrics)" in long_seq["message"]
+    assert "Traceback" not in result.stdout.str()
