@@ -20,4 +20,4 @@ def observation(kvgate_client, kvgate_profile):
 @pytest.mark.deployment
 @pytest.mark.gate("deployment", cases=list(CHECKS))
 def test_deployment_matches_profile(case, observation, kvgate_profile, kvgate_gate):
-    kvgate_gate(CHECKS[case](observation, kvgate_profile))
+    assert kvgate_gate(CHECKS[case](observation, kvgate_profile)).passed

@@ -20,4 +20,4 @@ def test_hang_up_frees_slot(case, rate_tps, kvgate_client, kvgate_profile, kvgat
     longest = min(kvgate_profile.engine.max_model_len - 64, limits.max_tokens_cap or 10**9)
     obs = disconnect(kvgate_client, kvgate_profile.model.served_name, case, max_tokens=longest,
                      rate_tps=rate_tps, deadline_s=limits.disconnect_release_s)
-    kvgate_gate(disconnect_verdict(obs, limits.disconnect_release_s))
+    assert kvgate_gate(disconnect_verdict(obs, limits.disconnect_release_s)).passed

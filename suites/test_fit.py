@@ -16,7 +16,8 @@ from kvgate.verdict import Status, Verdict
 @pytest.mark.gate("fit", cases=["kv-pool"])
 def test_fit(case, kvgate_profile, kvgate_gate):
     """KV bytes/token x max_model_len x declared concurrency vs the KV pool; weights + KV + reserves vs memory."""
-    kvgate_gate(fit_verdict(kvgate_profile), attachments={"fit-table.txt": fit_table(kvgate_profile)}, console=True)
+    table = {"fit-table.txt": fit_table(kvgate_profile)}
+    assert kvgate_gate(fit_verdict(kvgate_profile), attachments=table, console=True).passed
 
 
 @pytest.mark.deployment
@@ -27,5 +28,5 @@ def test_predicted_pool_matches_vllm(case, kvgate_client, kvgate_profile, kvgate
     labels = cache_config(parse(text)) if text else None
     if labels is None:
         kvgate_gate(Verdict("fit/live-pool", Status.SKIP, "server exposes no vllm:cache_config_info; "
-                            "predicted KV pool not comparable"))
-    kvgate_gate(live_pool_verdict(kvgate_profile, labels))
+                            "predicted KV pool not comparable"))  # skips the test
+    assert kvgate_gate(live_pool_verdict(kvgate_profile, labels)).passed

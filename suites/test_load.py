@@ -17,18 +17,19 @@ def evidence(obs):
 @pytest.mark.gate("concurrency", cases=["long-sequences"])
 def test_concurrent_long_sequences(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
     obs = run_concurrent_long(kvgate_client, kvgate_endpoint, kvgate_profile)
-    kvgate_gate(concurrent_long_verdict(obs, kvgate_profile), attachments=evidence(obs))
+    assert kvgate_gate(concurrent_long_verdict(obs, kvgate_profile), attachments=evidence(obs)).passed
 
 
 @pytest.mark.load
 @pytest.mark.gate("latency", cases=["slo"])
 def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
     obs = run_latency(kvgate_client, kvgate_endpoint, kvgate_profile)
-    kvgate_gate(latency_verdict(obs, kvgate_profile), attachments=evidence(obs))
+    assert kvgate_gate(latency_verdict(obs, kvgate_profile), attachments=evidence(obs)).passed
 
 
 @pytest.mark.load
 @pytest.mark.gate("latency", cases=["interference"])
 def test_short_requests_under_long_prefills(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
     alone, mixed = run_interference(kvgate_client, kvgate_endpoint, kvgate_profile)
-    kvgate_gate(interference_verdict(alone, mixed, kvgate_profile), attachments={**evidence(alone), **evidence(mixed)})
+    verdict = interference_verdict(alone, mixed, kvgate_profile)
+    assert kvgate_gate(verdict, attachments={**evidence(alone), **evidence(mixed)}).passed

@@ -18,7 +18,7 @@ def test_longest_prompt_completes(case, kvgate_client, kvgate_profile, kvgate_ga
     prompt = build_prompt(kvgate_client, model, case, limit - max_tokens)
     exchange = send(kvgate_client, case, prompt.body(model, max_tokens=max_tokens, temperature=0, ignore_eos=True),
                     prompt_tokens=prompt.tokens)
-    kvgate_gate(fits_verdict(exchange, limit, max_tokens))
+    assert kvgate_gate(fits_verdict(exchange, limit, max_tokens)).passed
 
 
 @pytest.mark.max_context
@@ -31,7 +31,7 @@ def test_over_length_rejected_and_server_healthy(case, kvgate_client, kvgate_pro
     exchange = send(kvgate_client, api, prompt.body(model, max_tokens=limits.context_probe_max_tokens, temperature=0),
                     stream=mode == "stream", prompt_tokens=prompt.tokens)
     after = canary(kvgate_client, model, limits.canary_deadline_s)
-    kvgate_gate(combine(f"max-context/{case}", [
+    assert kvgate_gate(combine(f"max-context/{case}", [
         over_length_verdict(exchange, limit, limits.reject_deadline_s),
         canary_verdict(after, limits.canary_deadline_s, after=f"a {prompt.tokens:,}-token over-length request"),
-    ]))
+    ])).passed

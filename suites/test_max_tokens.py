@@ -26,7 +26,7 @@ def probe_tokens(profile):
 def test_finish_length_at_cap(case, kvgate_client, kvgate_profile, kvgate_gate):
     api, n, model = case.split("/")[1], probe_tokens(kvgate_profile), kvgate_profile.model.served_name
     exchange = send(kvgate_client, api, body(api, model, max_tokens=n, temperature=0, ignore_eos=True))
-    kvgate_gate(cap_hit_verdict(exchange, n))
+    assert kvgate_gate(cap_hit_verdict(exchange, n)).passed
 
 
 @pytest.mark.max_tokens
@@ -36,7 +36,7 @@ def test_streamed_usage_matches(case, kvgate_client, kvgate_profile, kvgate_gate
     params = dict(max_tokens=n, temperature=0, seed=0, ignore_eos=True, logprobs=1 if api == "completions" else True)
     plain = send(kvgate_client, api, body(api, model, **params))
     streamed = send(kvgate_client, api, body(api, model, **params, stream_options={"include_usage": True}), stream=True)
-    kvgate_gate(stream_usage_verdict(plain, streamed, n))
+    assert kvgate_gate(stream_usage_verdict(plain, streamed, n)).passed
 
 
 @pytest.mark.max_tokens
@@ -47,4 +47,4 @@ def test_profile_cap_enforced(case, kvgate_client, kvgate_profile, kvgate_gate):
         kvgate_gate(Verdict(f"max-tokens/{case}", Status.SKIP, "profile states no max_tokens cap (limits.max_tokens_cap)"))
     asked = limits.max_tokens_cap + 16
     exchange = send(kvgate_client, api, body(api, model, max_tokens=asked, temperature=0, ignore_eos=True))
-    kvgate_gate(over_cap_verdict(exchange, limits.max_tokens_cap, limits.over_cap))
+    assert kvgate_gate(over_cap_verdict(exchange, limits.max_tokens_cap, limits.over_cap)).passed

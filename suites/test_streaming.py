@@ -41,4 +41,4 @@ def test_stream_conforms(case, observed, kvgate_profile, kvgate_gate):
         "deltas": lambda: stream_text_verdict(streamed, plain),
         "openai-sdk": lambda: sdk_verdict(api, sdk, plain),
     }[check]()
-    kvgate_gate(verdict)
+    assert kvgate_gate(verdict).passed

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Import lazily-loaded HTTP stacks up front: pytester's in-process runs drop modules first
+# imported inside them, and httpx imports httpcore lazily -- a re-imported httpcore then has new
+# exception classes that httpx no longer maps (httpcore.ConnectError escaping as an INTERNALERROR).
+import httpcore  # noqa: F401
+import httpx  # noqa: F401
+import openai  # noqa: F401
 import pytest
+
+httpx.HTTPTransport()  # instantiating triggers httpx's own lazy imports of httpcore internals
 
 REPO = Path(__file__).resolve().parents[1]
 
