@@ -563,7 +563,7 @@ def _llamacpp_table(p: FitPlan) -> list[str]:
     out = [f"  llama.cpp offload on {p.gpu_count} x {p.gpu} ({fmt_bytes2(off.memory_bytes)}); "
            f"num_ctx {p.max_model_len:,} x parallel {p.num_parallel} = {off.kv_tokens:,} KV tokens", "on the GPU"]
     out.append(_row("weights, whole model", fmt_bytes2(p.weights_total_bytes), p.weights_source))
-    out.append(_row(f"num_gpu (-ngl)", f"{off.num_gpu} / {off.layers + 1}",
+    out.append(_row("num_gpu (-ngl)", f"{off.num_gpu} / {off.layers + 1}",
                     f"{off.repeating_on_gpu} repeating layers + output layer"
                     if off.output_on_gpu else "nothing offloaded"))
     out.append(_row("weights on GPU", fmt_bytes2(off.weights_gpu_bytes),

@@ -6,6 +6,8 @@ vLLM renamed metrics across versions (shared/VLLM_FACTS.md): ``vllm:gpu_cache_us
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -91,7 +93,7 @@ def scrape_value(text: str | None, logical: str) -> float | None:
         return None
 
 
-def poll_gauge(fetch: Callable[[], "str | None"], logical: str, target: float, deadline_s: float, *,
+def poll_gauge(fetch: Callable[[], str | None], logical: str, target: float, deadline_s: float, *,
                interval_s: float = 0.1, clock: Callable[[], float], sleep: Callable[[float], None]) -> GaugePoll:
     """Scrape with ``fetch()`` every ``interval_s`` seconds until ``logical`` <= ``target`` or
     ``deadline_s`` seconds pass. Bounded: at most ``deadline_s / interval_s + 2`` scrapes."""
@@ -153,15 +155,12 @@ class MetricsSampler:
     before and an after even for short scenarios.
     """
 
-    def __init__(self, fetch: Callable[[], "str | None"], interval_s: float = 0.2, max_samples: int = 3000,
+    def __init__(self, fetch: Callable[[], str | None], interval_s: float = 0.2, max_samples: int = 3000,
                  clock: Callable[[], float] | None = None) -> None:
-        import threading
-        import time as _time
-
         self.fetch = fetch
         self.interval_s = interval_s
         self.max_samples = max_samples
-        self.clock = clock or _time.monotonic
+        self.clock = clock or time.monotonic
         self.trace = MetricsTrace()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvgate-metrics", daemon=True)

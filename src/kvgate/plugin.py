@@ -36,8 +36,6 @@ class KvgateState:
     redactor: Redactor
     reports_dir: Path
     endpoint: Endpoint | None = None
-    endpoint_url: str | None = None
-    api_key_env: str | None = None
     startup_budget_s: float = 240.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -143,7 +141,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
                      "give --endpoint URL (or run only the fit gate: -m fit)")
 
     record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None)
-    config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint, url, api_key_env,
+    config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint,
                                       config.getoption("kvgate_startup_budget"))
     # report outputs, unless the user chose their own
     if getattr(config.option, "allure_report_dir", None) is None and hasattr(config.option, "allure_report_dir"):

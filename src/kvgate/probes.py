@@ -7,7 +7,7 @@ Each probe sends a bounded number of requests (no hidden retries) and returns :c
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .client import KvClient, Reply, StreamReply
@@ -82,7 +82,6 @@ class DeploymentObservation:
     metrics_text: str | None
     version: str | None
     models_path: str = "/v1/models"
-    notes: list[str] = field(default_factory=list)
 
 
 def observe_deployment(client: KvClient, model: str) -> DeploymentObservation:

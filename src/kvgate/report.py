@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .redact import Redactor
-from .verdict import Status, Verdict
+from .verdict import Verdict
 
 try:  # allure-pytest is a dependency, but keep the library importable without it
     import allure
@@ -142,8 +142,6 @@ def attach_verdict(verdict: Verdict, redactor: Redactor) -> None:
     attach_text(f"verdict {verdict.gate}", json.dumps(redactor.data(verdict.to_dict()), indent=2, default=str),
                 redactor, "json")
 
-
-STATUS_ORDER = {Status.FAIL: 0, Status.INVALID: 1, Status.SKIP: 2, Status.PASS: 3}
 
 
 def records_csv(rows: list[dict[str, Any]]) -> str:

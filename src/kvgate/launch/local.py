@@ -184,9 +184,6 @@ class EmbeddedServer:
             return False
         return False
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the process group, SIGKILL what is left after ``grace_s`` seconds.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit, urlunsplit
 
-from ..client import Endpoint, EndpointUnreachable, KvClient
+from ..client import Endpoint, KvClient
 from ..profile import Profile
 from ..redact import redact_url
 
@@ -50,6 +50,6 @@ def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None
 
 
 def check_reachable(endpoint: Endpoint) -> None:
-    """One request to the models route; raises :class:`EndpointUnreachable` (one line) if nothing answers."""
+    """One request to the models route; raises :class:`~kvgate.client.EndpointUnreachable` (one line) if nothing answers."""
     with KvClient(endpoint, timeout_s=10.0) as c:
         c.models()
