@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvgate.gates import cache_config_verdict, max_model_len_verdict, served_model_verdict
+from kvgate.gates.deployment import cache_config_verdict, max_model_len_verdict, served_model_verdict
 from kvgate.probes import observe_deployment
 
 CHECKS = {

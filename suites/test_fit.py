@@ -7,7 +7,7 @@ and runs with the deployment gate.
 
 import pytest
 
-from kvgate.fit import fit_table, fit_verdict, live_pool_verdict
+from kvgate.gates.fit import fit_table, fit_verdict, live_pool_verdict
 from kvgate.metrics import cache_config, parse
 from kvgate.verdict import Status, Verdict
 

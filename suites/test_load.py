@@ -3,7 +3,7 @@ at the profile's concurrency; short requests keep their TTFT while long prefills
 
 import pytest
 
-from kvgate.loadgates import concurrent_long_verdict, interference_verdict, latency_verdict
+from kvgate.gates.load import concurrent_long_verdict, interference_verdict, latency_verdict
 from kvgate.report import latency_png, records_csv
 from kvgate.scenarios import run_concurrent_long, run_interference, run_latency
 

@@ -3,7 +3,8 @@ max_model_len + 1 tokens is rejected 4xx quickly, streaming and not; the server 
 
 import pytest
 
-from kvgate.gates import canary_verdict, fits_verdict, over_length_verdict
+from kvgate.gates.health import canary_verdict
+from kvgate.gates.max_context import fits_verdict, over_length_verdict
 from kvgate.probes import build_prompt, canary, send
 from kvgate.verdict import combine
 

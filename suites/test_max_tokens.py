@@ -3,7 +3,7 @@ streamed usage == non-streamed usage == tokens received; the profile's cap enfor
 
 import pytest
 
-from kvgate.gates import cap_hit_verdict, over_cap_verdict, stream_usage_verdict
+from kvgate.gates.max_tokens import cap_hit_verdict, over_cap_verdict, stream_usage_verdict
 from kvgate.probes import send
 from kvgate.verdict import Status, Verdict
 

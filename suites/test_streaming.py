@@ -4,7 +4,7 @@ official openai SDK parses the stream."""
 
 import pytest
 
-from kvgate.gates import (sdk_verdict, stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
+from kvgate.gates.streaming import (sdk_verdict, stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
                           stream_ttft_verdict)
 from kvgate.probes import send
 from kvgate.sdk import sdk_stream

@@ -1,6 +1,6 @@
 """KV-cache and VRAM arithmetic: vLLM's paged KV cache (TP, fp8) and llama.cpp layer offload.
 
-Pure functions and frozen dataclasses; no I/O, no pytest, no profile loading (``kvgate.fit`` maps
+Pure functions and frozen dataclasses; no I/O, no pytest, no profile loading (``kvgate.gates.fit`` maps
 a profile onto these). Every quantity carries its unit in its name: ``*_bytes`` are bytes,
 ``*_tokens`` are tokens, ``block_size`` is tokens per block, ``GiB`` is 2**30 bytes.
 

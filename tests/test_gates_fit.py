@@ -3,7 +3,7 @@
 import pytest
 
 from kvgate import kvmath as km
-from kvgate.fit import fit_table, fit_verdict, live_pool_verdict, plan
+from kvgate.gates.fit import fit_table, fit_verdict, live_pool_verdict, plan
 from kvgate.kvmath import GiB, MiB
 from kvgate.profile import Profile, available_profiles, load_profile
 from kvgate.verdict import Status

@@ -4,7 +4,7 @@ judged against the allowance, missing /metrics noted rather than crashing."""
 from __future__ import annotations
 
 from kvgate.load import LoadResult, RequestRecord
-from kvgate.loadgates import concurrent_long_verdict, latency_verdict
+from kvgate.gates.load import concurrent_long_verdict, latency_verdict
 from kvgate.metrics import MetricsTrace
 from kvgate.profile import load_profile
 from kvgate.scenarios import LoadObservation

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gates import canary_verdict
-from .profile import Profile
-from .scenarios import LoadObservation
-from .stats import summarize
-from .verdict import Status, Verdict
-
-PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP
+from ..profile import Profile
+from ..scenarios import LoadObservation
+from ..stats import summarize
+from ..verdict import Status, Verdict
+from .common import FAIL, PASS, SKIP
+from .health import canary_verdict
 
 
 def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:

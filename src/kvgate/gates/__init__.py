@@ -1,0 +1,27 @@
+"""Pure verdicts, one module per gate: observations in, :class:`~kvgate.verdict.Verdict` out; no I/O.
+
+Each verdict names the measured value, the limit and the evidence in its message, in the house
+style ``<what was seen>; <what the profile says> -> FAIL (<why>)``. A server answering garbage is a
+FAIL with the body in the evidence, never an exception.
+
+The map -- where a gate is *asserted* (suite), *decided* (here), *measured* (what sends the
+requests) and *tested* (kvgate's own tests):
+
+==============  ==========================  ======================  ===============================  ====================================
+gate            asserted in                 decided in              measured by                      tested in
+==============  ==========================  ======================  ===============================  ====================================
+fit             suites/test_fit.py          gates/fit.py            kvgate.kvmath (arithmetic only)  tests/test_gates_fit.py, test_kvmath.py
+deployment      suites/test_deployment.py   gates/deployment.py     probes.observe_deployment        tests/test_gates_vs_fake.py
+max-context     suites/test_max_context.py  gates/max_context.py    probes.build_prompt / send       tests/test_gates_vs_fake.py
+max-tokens      suites/test_max_tokens.py   gates/max_tokens.py     probes.send                      tests/test_gates_vs_fake.py
+streaming       suites/test_streaming.py    gates/streaming.py      probes.send, sdk.sdk_stream      tests/test_gates_vs_fake.py
+disconnect      suites/test_disconnect.py   gates/disconnect.py     probes.disconnect                tests/test_gates_vs_fake.py
+concurrency,    suites/test_load.py         gates/load.py           scenarios.run_* over kvgate.load tests/test_gates_load.py,
+latency                                                                                              tests/test_gates_vs_fake.py
+health/canary   (inside the gates above)    gates/health.py         probes.canary                    tests/test_gates_vs_fake.py
+==============  ==========================  ======================  ===============================  ====================================
+
+:mod:`kvgate.gates.common` holds what several gates share (status shorthands, number formatting,
+the server's error text, what a 200 completion says). A new gate is one module here, one suite
+file, and its tests.
+"""

@@ -1,0 +1,67 @@
+"""What the per-gate verdict modules share: status shorthands, number formatting, the server's
+error text, and what a 200 completion answer says (usage, stream summary, garbage).
+
+Pure: observations in, values out; no I/O. A server answering garbage (non-JSON, missing fields)
+is reported as a *problem string* for the calling gate to FAIL on, never an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..client import Reply, StreamReply
+from ..probes import Exchange
+from ..stream import StreamSummary, summarize
+from ..verdict import Status
+
+PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP
+
+
+def num(x: Any) -> str:
+    """An int with thousands separators (``32,768``); anything else as ``str``."""
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
+
+
+def server_error(reply: Reply | StreamReply) -> str:
+    """The server's own error text (``error.message`` or the body's start)."""
+    return reply.error_message
+
+
+def json_body(reply: Reply) -> dict | None:
+    """The reply's JSON object, or None when the body is not a JSON object."""
+    b = reply.json
+    return b if isinstance(b, dict) else None
+
+
+
+
+def completion_facts(ex: Exchange) -> tuple[dict | None, StreamSummary | None, str | None]:
+    """``(usage, stream_summary, problem)`` of a 200 answer; ``problem`` names garbage."""
+    r = ex.reply
+    if isinstance(r, StreamReply):
+        s = summarize(r)
+        if s.errors:
+            return s.usage, s, f"in-stream error {s.errors[0]!r}"
+        if s.undecodable:
+            return s.usage, s, f"undecodable stream event {s.undecodable[0]!r}"
+        if r.transport_error:
+            return s.usage, s, f"stream broke: {r.transport_error}"
+        return s.usage, s, None
+    body = json_body(r)
+    if body is None:
+        return None, None, f"non-JSON body {r.text[:120]!r}"
+    usage = body.get("usage")
+    choices = body.get("choices")
+    if not isinstance(usage, dict) or not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None, None, f"body lacks usage/choices: {r.text[:160]!r}"
+    return usage, None, None
+
+
+def finish_reason(ex: Exchange) -> str | None:
+    """The first choice's finish_reason (non-streamed) or the last one seen (streamed)."""
+    if isinstance(ex.reply, StreamReply):
+        fr = summarize(ex.reply).finish_reasons
+        return fr[-1] if fr else None
+    body = json_body(ex.reply) or {}
+    ch = (body.get("choices") or [{}])[0]
+    return ch.get("finish_reason") if isinstance(ch, dict) else None

@@ -1,0 +1,103 @@
+"""Gate ``deployment``: the live server matches the profile -- served model name, ``max_model_len``
+(``/v1/models`` and ``/tokenize``), cache config (``vllm:cache_config_info``). Asserted by
+``suites/test_deployment.py``; observations come from :func:`kvgate.probes.observe_deployment`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..metrics import MetricsError, cache_config, parse
+from ..probes import DeploymentObservation
+from ..profile import Profile
+from ..verdict import Verdict
+from .common import FAIL, PASS, SKIP, json_body, num
+
+
+
+
+def served_model_verdict(obs: DeploymentObservation, profile: Profile) -> Verdict:
+    """The profile's ``model.served_name`` is listed by ``/v1/models``."""
+    gate, want = "deployment/served-model", profile.model.served_name
+    body = json_body(obs.models)
+    ev = {"status": obs.models.status, "body": obs.models.text[:800], "version": obs.version}
+    if obs.models.status != 200 or body is None or not isinstance(body.get("data"), list):
+        return Verdict(gate, FAIL, f"{obs.models_path} answered {obs.models.status} without a model list "
+                       f"({obs.models.text[:120]!r}) -> FAIL", measured=obs.models.status, limit=200, evidence=ev)
+    ids = [m.get("id") for m in body["data"] if isinstance(m, dict)]
+    if want not in ids:
+        return Verdict(gate, FAIL, f"served models {ids}; profile declares {want!r} -> FAIL (model not served)",
+                       measured=ids, limit=want, evidence=ev)
+    return Verdict(gate, PASS, f"serves {want!r} (vLLM {obs.version or 'version unknown'}) -> PASS",
+                   measured=want, limit=want, evidence=ev)
+
+
+def max_model_len_verdict(obs: DeploymentObservation, profile: Profile) -> Verdict:
+    """``max_model_len`` advertised by the ``/v1/models`` card and by ``/tokenize`` equals the
+    profile's ``engine.max_model_len`` (tokens). Either source may be absent (KServe's route has
+    no ``max_model_len``); both absent -> SKIP with the reason."""
+    gate, want = "deployment/max-model-len", profile.engine.max_model_len
+    seen: dict[str, Any] = {}
+    body = json_body(obs.models)
+    if body and isinstance(body.get("data"), list):
+        for card in body["data"]:
+            if isinstance(card, dict) and card.get("id") == profile.model.served_name and "max_model_len" in card:
+                seen["/v1/models"] = card["max_model_len"]
+    if obs.tokenize is not None:
+        tb = json_body(obs.tokenize)
+        if obs.tokenize.status == 200 and tb and "max_model_len" in tb:
+            seen["/tokenize"] = tb["max_model_len"]
+    ev = {"advertised": seen, "profile": want, "version": obs.version}
+    if not seen:
+        return Verdict(gate, SKIP, "server advertises no max_model_len (/v1/models card and /tokenize lack it); "
+                       "the max-context gate checks enforcement instead", limit=want, evidence=ev)
+    wrong = {src: v for src, v in seen.items() if v != want}
+    if wrong:
+        parts = ", ".join(f"{src} says {num(v)}" for src, v in wrong.items())
+        return Verdict(gate, FAIL, f"max_model_len: {parts}; profile declares {num(want)} tokens -> FAIL",
+                       measured=seen, limit=want, evidence=ev)
+    srcs = " and ".join(seen)
+    return Verdict(gate, PASS, f"max_model_len {num(want)} tokens per {srcs} -> PASS", measured=want, limit=want, evidence=ev)
+
+
+#: profile engine field -> vllm:cache_config_info label
+CACHE_LABELS = {
+    "block_size": "block_size",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_dtype": "cache_dtype",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+}
+
+
+def _same(declared: Any, label: str) -> bool:
+    try:
+        return abs(float(declared) - float(label)) < 1e-9
+    except (TypeError, ValueError):
+        return str(declared) == label
+
+
+def cache_config_verdict(obs: DeploymentObservation, profile: Profile) -> Verdict:
+    """Cache settings the profile states (block_size, gpu_memory_utilization, kv_cache_dtype,
+    kv_cache_memory_bytes) equal the labels of ``vllm:cache_config_info``. Settings the profile
+    leaves unset are not checked; a server without that metric -> SKIP, named."""
+    gate = "deployment/cache-config"
+    declared = {f: getattr(profile.engine, f) for f in CACHE_LABELS if getattr(profile.engine, f) is not None}
+    if obs.metrics_text is None:
+        return Verdict(gate, SKIP, "server exposes no /metrics; cache config not verifiable", limit=declared)
+    try:
+        labels = cache_config(parse(obs.metrics_text))
+    except MetricsError as exc:
+        return Verdict(gate, FAIL, f"{exc} -> FAIL", evidence={"metrics_head": obs.metrics_text[:500]})
+    if labels is None:
+        return Verdict(gate, SKIP, "/metrics has no vllm:cache_config_info; cache config not verifiable",
+                       limit=declared)
+    ev = {"cache_config_info": labels, "declared": declared, "version": obs.version}
+    wrong = {f: (v, labels.get(CACHE_LABELS[f])) for f, v in declared.items()
+             if not _same(v, labels.get(CACHE_LABELS[f], ""))}
+    if wrong:
+        parts = ", ".join(f"{f} is {got!r}, profile declares {want!r}" for f, (want, got) in wrong.items())
+        return Verdict(gate, FAIL, f"cache config: {parts} -> FAIL", measured={f: g for f, (_, g) in wrong.items()},
+                       limit={f: w for f, (w, _) in wrong.items()}, evidence=ev)
+    shown = ", ".join(f"{f}={v}" for f, v in declared.items()) or "nothing stated"
+    return Verdict(gate, PASS, f"cache config matches ({shown}; block_size {labels.get('block_size')}, "
+                   f"{labels.get('num_gpu_blocks')} blocks) -> PASS", measured=labels, limit=declared, evidence=ev)

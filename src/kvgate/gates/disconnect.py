@@ -1,0 +1,52 @@
+"""Gate ``disconnect``: a client hanging up mid-stream, before the first token or mid-request frees
+its slot (``vllm:num_requests_running`` back to baseline) well before the request would have ended
+on its own, and a canary generates after. Asserted by ``suites/test_disconnect.py``; observations
+from :func:`kvgate.probes.disconnect`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..verdict import Status, Verdict
+from .common import FAIL, PASS, SKIP
+from .health import canary_verdict
+
+
+
+
+def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
+    """After a client hangs up, ``vllm:num_requests_running`` returns to its baseline in time and a
+    canary still generates.
+
+    The limit is ``min(deadline_s, natural_s / 2)``: a server that ignores the hang-up and simply
+    finishes the request must not pass, so the slot has to be freed well before the request would
+    have ended on its own (``natural_s``, estimated from the measured decode rate). When the
+    request was not actually cut (it finished first) the verdict is INVALID. Without ``/metrics``
+    the release is not observable: SKIP, unless the canary fails.
+    """
+    gate = f"disconnect/{obs.case}"
+    can = canary_verdict(obs.canary, deadline_s, after=f"a client disconnect ({obs.case})")
+    limit = min(deadline_s, obs.natural_s / 2) if obs.natural_s is not None else deadline_s
+    ev = {"baseline_running": obs.baseline, "samples": getattr(obs.poll, "samples", None), "canary": can.to_dict(),
+          "hung_up": obs.hung.evidence(), "hang_up_after_s": round(obs.hangup_s, 4),
+          "natural_remaining_s": obs.natural_s, "limit_s": limit}
+    if can.status is FAIL:
+        return Verdict(gate, FAIL, can.message, measured=can.measured, limit=can.limit, evidence=ev)
+    if not obs.cut:
+        return Verdict(gate, Status.INVALID, f"the request finished before the client hung up ({obs.case}); "
+                       "nothing was disconnected, so nothing was measured", evidence=ev)
+    if obs.natural_s is not None and obs.natural_s < 0.2:
+        return Verdict(gate, Status.INVALID, f"the request would have finished {obs.natural_s:.2f} s after the hang-up "
+                       "anyway; a release cannot be told from completion", evidence=ev)
+    if obs.baseline is None or obs.poll is None:
+        return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running; slot release not observable "
+                       "(canary after disconnect succeeded)", evidence=ev)
+    natural = f"; it would have run {obs.natural_s:.1f} s more" if obs.natural_s is not None else ""
+    if not obs.poll.reached or obs.poll.elapsed_s > limit:
+        return Verdict(gate, FAIL, f"num_requests_running still {obs.poll.last:g} {obs.poll.elapsed_s:.2f} s after the "
+                       f"client hung up ({obs.case}){natural}; must return to {obs.baseline:g} within {limit:.2f} s "
+                       "-> FAIL (slot not freed)", measured=obs.poll.last, limit=obs.baseline, evidence=ev)
+    return Verdict(gate, PASS, f"num_requests_running back to {obs.baseline:g} {obs.poll.elapsed_s:.2f} s after the "
+                   f"client hung up ({obs.case}){natural}; limit {limit:.2f} s -> PASS",
+                   measured=round(obs.poll.elapsed_s, 3), limit=round(limit, 3), evidence=ev)

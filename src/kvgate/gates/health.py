@@ -1,0 +1,25 @@
+"""Health truth: after a fault-prone step a short generation canary must succeed within a deadline;
+``/health`` alone proves little (DESIGN.md gate 9). Used by the max-context, disconnect and load gates.
+"""
+
+from __future__ import annotations
+
+from ..probes import Exchange
+from ..verdict import Verdict
+from .common import FAIL, PASS, completion_facts, server_error
+
+
+def canary_verdict(ex: Exchange, deadline_s: float, after: str) -> Verdict:
+    """Health truth: the canary generation answered 200 with a completion within ``deadline_s``."""
+    gate = "health/canary"
+    r = ex.reply
+    usage, _, problem = completion_facts(ex) if r.status == 200 else (None, None, None)
+    ev = {"canary": ex.evidence(), "after": after}
+    if r.status != 200 or problem or r.elapsed_s > deadline_s or not usage or not usage.get("completion_tokens"):
+        why = problem or (f"answered {r.status} ({server_error(r)[:120]})" if r.status != 200
+                          else f"took {r.elapsed_s:.2f} s" if r.elapsed_s > deadline_s else "produced no tokens")
+        return Verdict(gate, FAIL, f"after {after} a {ex.body.get('max_tokens')}-token canary generation {why}; "
+                       f"must succeed within {deadline_s:g} s -> FAIL (server unhealthy, whatever /health says)",
+                       measured=f"{r.status} in {r.elapsed_s:.2f} s", limit=f"200 within {deadline_s:g} s", evidence=ev)
+    return Verdict(gate, PASS, f"canary generation 200 in {r.elapsed_s:.2f} s after {after} -> PASS",
+                   measured=f"200 in {r.elapsed_s:.2f} s", limit=f"{deadline_s:g} s", evidence=ev)

@@ -1,0 +1,66 @@
+"""Gate ``max-context``: a prompt of exactly ``max_model_len - max_tokens`` tokens completes; one of
+``max_model_len + 1`` is answered 4xx within the deadline. Asserted by ``suites/test_max_context.py``
+(which also runs the :mod:`kvgate.gates.health` canary after it).
+"""
+
+from __future__ import annotations
+
+from ..probes import Exchange
+from ..verdict import Verdict
+from .common import FAIL, PASS, completion_facts, finish_reason, num, server_error
+
+
+
+
+def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int) -> Verdict:
+    """A prompt of exactly ``max_model_len - max_tokens`` tokens completes: 200, usage.prompt_tokens
+    equals the verified length, ``max_tokens`` tokens generated (``ignore_eos``), finish "length"."""
+    gate = f"max-context/{ex.api}{'-stream' if ex.stream else ''}"
+    n = ex.prompt_tokens
+    r = ex.reply
+    ev = ex.evidence()
+    what = f"{num(n)}-token {ex.api} prompt + max_tokens {max_tokens} (= max_model_len {num(max_model_len)})"
+    if r.status != 200:
+        return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r)[:160]}); "
+                       "must complete 200 -> FAIL", measured=r.status, limit=200, evidence=ev)
+    usage, _, problem = completion_facts(ex)
+    if problem:
+        return Verdict(gate, FAIL, f"{what}: {problem} -> FAIL", measured=problem, limit="valid completion", evidence=ev)
+    pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    fr = finish_reason(ex)
+    if pt != n:
+        return Verdict(gate, FAIL, f"{what}: server counted {pt} prompt tokens, /tokenize said {num(n)} -> FAIL "
+                       "(prompt altered or truncated)", measured=pt, limit=n, evidence=ev)
+    if ct != max_tokens or fr != "length":
+        return Verdict(gate, FAIL, f"{what}: {ct} completion tokens, finish_reason {fr!r}; expected {max_tokens} "
+                       "and 'length' (ignore_eos) -> FAIL", measured=ct, limit=max_tokens, evidence=ev)
+    return Verdict(gate, PASS, f"{what} -> 200, {ct} tokens, finish 'length' in {r.elapsed_s:.2f} s -> PASS",
+                   measured=pt + ct, limit=max_model_len, evidence=ev)
+
+
+def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> Verdict:
+    """A prompt of ``max_model_len + 1`` tokens is answered 4xx within ``deadline_s`` seconds,
+    before any stream starts (vLLM: 400 BadRequestError naming the limit)."""
+    gate = f"max-context/over-length/{ex.api}{'-stream' if ex.stream else ''}"
+    r = ex.reply
+    ev = ex.evidence()
+    what = f"{num(ex.prompt_tokens)}-token {ex.api}{' streaming' if ex.stream else ''} prompt (max_model_len {num(max_model_len)})"
+    if 400 <= r.status < 500:
+        if r.elapsed_s > deadline_s:
+            return Verdict(gate, FAIL, f"{what} rejected {r.status} after {r.elapsed_s:.2f} s; deadline {deadline_s:g} s -> FAIL",
+                           measured=f"{r.elapsed_s:.2f} s", limit=f"{deadline_s:g} s", evidence=ev)
+        msg = server_error(r)
+        return Verdict(gate, PASS, f"{what} -> {r.status} in {r.elapsed_s * 1000:.0f} ms ({msg[:100]}) -> PASS",
+                       measured=r.status, limit="4xx", evidence=ev)
+    if r.status == 200:
+        usage, summary, problem = completion_facts(ex)
+        if summary is not None and summary.errors:
+            why = f"answered 200 and reported the error inside the stream ({summary.errors[0]!r:.120})"
+        else:
+            pt = (usage or {}).get("prompt_tokens")
+            why = (f"answered 200 (server counted {pt} prompt tokens: silently truncated)"
+                   if isinstance(pt, int) and pt <= max_model_len else "answered 200")
+        return Verdict(gate, FAIL, f"{what} {why}; must be rejected 4xx -> FAIL", measured=200, limit="4xx", evidence=ev)
+    return Verdict(gate, FAIL, f"{what} answered {r.status or 'nothing'} "
+                   f"({(server_error(r) if r.status else r.text)[:120]}); must be 4xx -> FAIL",
+                   measured=r.status, limit="4xx", evidence=ev)
