@@ -11,6 +11,11 @@ Per request (from a :class:`kvgate.load.RequestRecord`, all in seconds):
 :func:`summarize` pools them over requests into p50/p95/p99/mean/max **in milliseconds**.
 :func:`linear_fit` gives a least-squares slope with a two-sided confidence interval (scipy's t
 quantile when scipy is installed, else a built-in t table for 90/95/99 %), for soak rounds.
+
+Soak trends: :func:`trend` puts a robust Theil-Sen slope (scipy) beside the least-squares one,
+:func:`low_envelope` reduces memory samples to the floor of each round (what is *retained*), and
+:func:`growth` decides whether a series grows faster than a ceiling, fitting the last part of the
+run separately and testing for a plateau (a bounded cache that fills and stops).
 """
 
 from __future__ import annotations
@@ -269,7 +274,126 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95)
     return Slope(slope, intercept, slope - half, slope + half, stderr, r2, n, confidence)
 
 
+# ----------------------------------------------------------------------------- soak trends
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A series' trend two ways: :class:`Slope` (least squares, with its ``confidence`` interval)
+    and the Theil-Sen slope (median of pairwise slopes, robust to a few outliers) with its own
+    interval (scipy's ``theilslopes``). Units: y-units per x-unit (the soak uses MB/hour and
+    ms/hour, x in hours)."""
+
+    ols: Slope
+    theil_sen: float
+    theil_low: float
+    theil_high: float
+    theil_intercept: float
+
+    @property
+    def slope(self) -> float:
+        return self.ols.slope
+
+    @property
+    def ci_low(self) -> float:
+        return self.ols.ci_low
+
+    @property
+    def ci_high(self) -> float:
+        return self.ols.ci_high
+
+    @property
+    def n(self) -> int:
+        return self.ols.n
+
+    def above(self, ceiling: float) -> bool:
+        """True when the trend is *shown* to exceed ``ceiling``: the least-squares interval's lower
+        bound lies above it **and** the robust Theil-Sen slope agrees (is above it too). A positive
+        point estimate alone is never enough."""
+        return (not math.isnan(self.ols.ci_low)) and self.ols.ci_low > ceiling and self.theil_sen > ceiling
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slope": self.ols.slope, "ci_low": self.ols.ci_low, "ci_high": self.ols.ci_high,
+                "stderr": self.ols.stderr, "r2": self.ols.r2, "n": self.ols.n, "confidence": self.ols.confidence,
+                "intercept": self.ols.intercept, "theil_sen": self.theil_sen, "theil_low": self.theil_low,
+                "theil_high": self.theil_high, "theil_intercept": self.theil_intercept}
+
+
+def theil_sen(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
+    """Theil-Sen slope of ``y`` on ``x``: ``(slope, low, high, intercept)`` (scipy
+    ``stats.theilslopes``; ``low``/``high`` its ``confidence`` interval). Needs 2 points."""
+    from scipy import stats as _st
+
+    xa = np.asarray(x, dtype=float)
+    ya = np.asarray(y, dtype=float)
+    if xa.size < 2:
+        raise ValueError("need at least 2 points")
+    res = _st.theilslopes(ya, xa, alpha=confidence)
+    return float(res[0]), float(res[2]), float(res[3]), float(res[1])
+
+
+def trend(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Trend:
+    """:func:`linear_fit` and :func:`theil_sen` of the same points (needs 3 for an interval)."""
+    ols = linear_fit(x, y, confidence)
+    ts, lo, hi, b = theil_sen(x, y, confidence)
+    return Trend(ols, ts, lo, hi, b)
+
+
+def low_envelope(times: Sequence[float], values: Sequence[float | None], edges: Sequence[float]) -> list[float | None]:
+    """The minimum of ``values`` within each window ``[edges[i], edges[i+1])`` (None where a
+    window holds no value). Memory a process *retains* is the floor it returns to, not its
+    peaks: allocators and caches sawtooth, so a soak fits the per-round low envelope."""
+    out: list[float | None] = []
+    pairs = [(t, v) for t, v in zip(times, values) if v is not None]
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = [v for t, v in pairs if lo <= t < hi]
+        out.append(min(inside) if inside else None)
+    return out
+
+
+@dataclass(frozen=True)
+class Growth:
+    """Is a soak series growing faster than ``ceiling`` (y-units per x-unit)?
+
+    ``full``: the trend over all measured points; ``last``: the trend of the last
+    ``last_frac`` of them (at least ``min_last`` points), fitted separately; ``plateau``: the
+    series rose but stopped: the last part's upper bound lies below the whole run's slope and
+    its Theil-Sen slope is within the ceiling (a bounded cache that filled); ``exceeds``: the
+    growth is shown (:meth:`Trend.above`) over the whole run and not a plateau, or over the last
+    part alone (growth that started late). ``kind``: ``"growth"``, ``"bounded"`` (rose
+    significantly, then plateaued) or ``"flat"``.
+    """
+
+    full: Trend
+    last: Trend | None
+    ceiling: float
+    plateau: bool
+    exceeds: bool
+    kind: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"full": self.full.to_dict(), "last": self.last.to_dict() if self.last else None,
+                "ceiling": self.ceiling, "plateau": self.plateau, "exceeds": self.exceeds, "kind": self.kind}
+
+
+def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float = 0.95,
+           last_frac: float = 1 / 3, min_last: int = 4) -> Growth:
+    """Judge the trend of ``y`` on ``x`` against ``ceiling`` (see :class:`Growth`). Needs 3
+    points; the last part is fitted only when it has ``min_last`` points and fewer than all."""
+    full = trend(x, y, confidence)
+    n = len(x)
+    k = max(min_last, int(math.ceil(n * last_frac)))
+    last = trend(x[n - k:], y[n - k:], confidence) if min_last <= k < n else None
+    rose = full.above(ceiling)
+    plateau = bool(rose and last is not None and not math.isnan(last.ci_high)
+                   and last.ci_high < full.slope and last.theil_sen <= ceiling)
+    late = bool(last is not None and last.above(ceiling))
+    exceeds = (rose and not plateau) or late
+    kind = "growth" if exceeds else ("bounded" if plateau else "flat")
+    return Growth(full, last, ceiling, plateau, exceeds, kind)
+
+
 __all__ = [
-    "RequestMetrics", "Slope", "distribution", "linear_fit", "max_gap_s", "percentile", "request_metrics",
-    "summarize", "t_quantile",
+    "Growth", "RequestMetrics", "Slope", "Trend", "distribution", "growth", "linear_fit", "low_envelope",
+    "max_gap_s", "percentile", "request_metrics", "summarize", "t_quantile", "theil_sen", "trend",
 ]
