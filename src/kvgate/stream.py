@@ -1,16 +1,18 @@
-"""Decode an OpenAI-style SSE stream (completions or chat) into what the gates compare.
+"""Fold an OpenAI-style SSE stream (completions or chat) into what the gates compare.
 
-Tolerant by design: a server that sends garbage yields a summary with ``undecodable`` entries,
-never an exception, so the gate can report a conformance failure.
+What each event is (``[DONE]``, error, malformed, role/content/finish/usage chunk) is decided by
+:func:`kvgate.sse.classify`; this module only folds a single probe's events into a
+:class:`StreamSummary`. Tolerant by design: a server that sends garbage yields a summary with
+``undecodable`` entries, never an exception, so the gate can report a conformance failure.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from .client import StreamReply
+from .sse import DONE, ERROR, MALFORMED, classify
 
 
 @dataclass
@@ -31,54 +33,35 @@ class StreamSummary:
     events_after_done: int = 0
 
 
-def _choice_tokens(choice: dict[str, Any]) -> int | None:
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return None
-    if isinstance(lp.get("tokens"), list):  # completions
-        return len(lp["tokens"])
-    if isinstance(lp.get("content"), list):  # chat
-        return len(lp["content"])
-    return None
-
-
 def summarize(reply: StreamReply) -> StreamSummary:
-    """Fold the events of ``reply`` into a :class:`StreamSummary`."""
+    """Fold the events of ``reply`` into a :class:`StreamSummary`. Events after ``[DONE]`` are
+    counted (``events_after_done``), not decoded."""
     s = StreamSummary()
     seen_done = False
     for _, data in reply.events:
         if seen_done:
             s.events_after_done += 1
             continue
-        if data.strip() == "[DONE]":
+        ev = classify(data)
+        if ev.kind == DONE:
             seen_done = True
             continue
-        try:
-            obj = json.loads(data)
-        except ValueError:
+        if ev.kind == MALFORMED:
             s.undecodable.append(data[:200])
             continue
-        if not isinstance(obj, dict):
-            s.undecodable.append(data[:200])
+        if ev.kind == ERROR:
+            s.errors.append(ev.error)
             continue
-        if "error" in obj:
-            s.errors.append(obj["error"])
-            continue
-        if isinstance(obj.get("usage"), dict):
-            s.usage = obj["usage"]
-        for choice in obj.get("choices") or []:
-            if not isinstance(choice, dict):
-                s.undecodable.append(str(choice)[:200])
-                continue
+        if ev.usage is not None:
+            s.usage = ev.usage
+        s.undecodable.extend(str(bad)[:200] for bad in ev.bad_choices)
+        for choice in ev.choices:
             s.content_chunks += 1
-            delta = choice.get("delta")
-            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if isinstance(piece, str):
-                s.text += piece
-            n = _choice_tokens(choice)
-            if n is not None:
-                s.tokens_received = (s.tokens_received or 0) + n
-            if choice.get("finish_reason"):
-                s.finish_reasons.append(str(choice["finish_reason"]))
+            if choice.text is not None:
+                s.text += choice.text
+            if choice.logprob_tokens is not None:
+                s.tokens_received = (s.tokens_received or 0) + choice.logprob_tokens
+            if choice.finish_reason:
+                s.finish_reasons.append(choice.finish_reason)
     s.done = seen_done
     return s

@@ -1,0 +1,95 @@
+"""The ``httpx.AsyncClient`` transport: the fallback for ``https://`` and anything else the raw
+HTTP/1.1 client does not speak. Same records, coarser timestamps (taken when httpx hands bytes
+over; :attr:`~kvgate.load.LoadResult.transport` says which client ran).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from ..client import Endpoint
+from .record import RequestRecord, RequestSpec
+from .transport import DEFAULT_MAX_RESPONSE_BYTES, Clock
+
+
+class HttpxTransport:
+    """Fallback for ``https://`` (and anything the raw client does not speak): ``httpx.AsyncClient``.
+
+    Same records; timestamps are taken when httpx hands bytes over, which adds its own parsing
+    delay (~ms at high concurrency). ``verify``: TLS verification (httpx semantics).
+    """
+
+    name = "httpx"
+
+    def __init__(self, endpoint: Endpoint, *, connect_timeout_s: float = 10.0, verify: Any = True,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+        self.endpoint = endpoint
+        self.connect_timeout_s = connect_timeout_s
+        self.verify = verify
+        self.max_response_bytes = max_response_bytes
+        self.client: Any = None
+        self.clock: Clock = time.perf_counter
+        self.t0 = 0.0
+
+    def bind(self, clock: Clock, t0: float, max_connections: int) -> None:
+        import httpx
+
+        self.clock, self.t0 = clock, t0
+        self.client = httpx.AsyncClient(
+            base_url=self.endpoint.base_url.rstrip("/"), headers=self.endpoint.headers(), verify=self.verify,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=httpx.Timeout(None, connect=self.connect_timeout_s))
+
+    def prepare(self, spec: RequestSpec) -> tuple[RequestSpec, bytes]:
+        return spec, json.dumps(spec.body, separators=(",", ":")).encode()
+
+    async def send(self, prepared: tuple[RequestSpec, bytes], rec: RequestRecord, timeout_s: float) -> None:
+        import httpx
+
+        spec, body = prepared
+        hang_k = spec.hangup_after_chunks or 0
+
+        async def go() -> None:
+            headers = {"content-type": "application/json", **(spec.headers or {})}
+            rec.sent_s = self.clock() - self.t0
+            async with self.client.stream("POST", spec.path, content=body, headers=headers) as r:
+                t = self.clock() - self.t0
+                rec.first_byte_s = t
+                rec.status = r.status_code
+                rec.content_type = r.headers.get("content-type", "")
+                seen, nbytes = 0, 0
+                async for b in r.aiter_bytes():
+                    t = self.clock() - self.t0
+                    rec.piece_s.append(t)
+                    rec.pieces.append(b)
+                    nbytes += len(b)
+                    if nbytes > self.max_response_bytes:
+                        rec.error = f"response larger than {self.max_response_bytes} bytes"
+                        break
+                    if hang_k:
+                        seen += b.count(b"\n\n")
+                        if seen >= hang_k:
+                            rec.hung_up = True
+                            break
+
+        budget = timeout_s if spec.hangup_after_s is None else min(timeout_s, spec.hangup_after_s)
+        try:
+            await asyncio.wait_for(go(), max(0.0, budget))
+        except asyncio.TimeoutError:
+            if spec.hangup_after_s is not None and spec.hangup_after_s <= timeout_s:
+                rec.hung_up = True
+            else:
+                rec.error = f"timeout: no complete response within {timeout_s:.3g} s"
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            rec.error = f"connect failed: {type(exc).__name__}: {exc}"
+        except httpx.HTTPError as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+        rec.end_s = self.clock() - self.t0
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+

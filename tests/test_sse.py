@@ -1,0 +1,177 @@
+"""The one SSE event classifier (kvgate.sse): every kind, completions and chat shapes, and that
+both folds over it (kvgate.stream.summarize for probes, RequestRecord for load) agree on tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvgate.client import StreamReply
+from kvgate.load import RequestRecord
+from kvgate.sse import CHUNK, DONE, ERROR, MALFORMED, classify, error_text
+from kvgate.stream import summarize
+
+
+def cmpl(text: str | None = "x", finish: str | None = None, **choice: object) -> str:
+    ch: dict[str, object] = {"index": 0, "finish_reason": finish, **choice}
+    if text is not None:
+        ch["text"] = text
+    return json.dumps({"id": "c", "object": "text_completion", "choices": [ch]})
+
+
+def chat(delta: dict[str, object], finish: str | None = None, **choice: object) -> str:
+    return json.dumps({"id": "c", "object": "chat.completion.chunk",
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **choice}]})
+
+
+USAGE = json.dumps({"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2,
+                                                         "total_tokens": 5}})
+
+
+# ----------------------------------------------------------------------------- kinds
+
+
+@pytest.mark.parametrize("data", ["[DONE]", " [DONE] ", "[DONE]\n"])
+def test_done_sentinel(data: str) -> None:
+    ev = classify(data)
+    assert ev.kind == DONE and ev.obj is None and not ev.choices
+
+
+@pytest.mark.parametrize("data", ["not json", "{\"choices\": [", "", "[1, 2]", "42", "null", '"text"', "[DONE"])
+def test_garbage_and_non_objects_are_malformed(data: str) -> None:
+    ev = classify(data)
+    assert ev.kind == MALFORMED and ev.data == data and not ev.is_content and ev.usage is None
+
+
+def test_error_event_carries_the_error_and_its_message() -> None:
+    ev = classify(json.dumps({"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}))
+    assert ev.kind == ERROR and ev.error["code"] == 500 and ev.error_text == "engine died"
+    assert classify('{"error": "plain text"}').error_text == "plain text"
+    assert classify('{"error": null}').kind == ERROR  # the key decides, whatever its value
+    assert len(error_text({"error": {"message": "m" * 500}})) == 200
+
+
+def test_completions_content_chunk() -> None:
+    ev = classify(cmpl("Hello"))
+    assert ev.kind == CHUNK and ev.is_content and not ev.is_role and not ev.is_finish and not ev.is_usage
+    (c,) = ev.choices
+    assert c.text == "Hello" and c.piece == "Hello" and c.step and c.role is None and c.finish_reason is None
+
+
+def test_completions_empty_text_is_a_decode_step() -> None:
+    """A byte-level tokenizer emits tokens that complete no character yet: vLLM streams text ""."""
+    ev = classify(cmpl(""))
+    assert ev.is_content and ev.choices[0].text == "" and ev.choices[0].piece == ""
+
+
+def test_completions_choice_without_text_is_no_step() -> None:
+    ev = classify(cmpl(None, finish="stop"))
+    assert not ev.is_content and ev.is_finish and ev.finish_reason == "stop"
+
+
+def test_finish_chunk_with_its_last_text_is_content_and_finish() -> None:
+    ev = classify(cmpl("end", finish="length"))
+    assert ev.is_content and ev.is_finish and ev.finish_reason == "length"
+
+
+def test_chat_role_announcement_is_not_a_token() -> None:
+    ev = classify(chat({"role": "assistant", "content": ""}))
+    assert ev.kind == CHUNK and ev.is_role and not ev.is_content
+    assert ev.choices[0].role == "assistant" and ev.choices[0].text == ""
+    assert classify(chat({"role": "assistant"})).is_role
+
+
+def test_chat_role_with_text_is_content() -> None:
+    ev = classify(chat({"role": "assistant", "content": "Hi"}))
+    assert ev.is_content and not ev.is_role and ev.choices[0].piece == "Hi"
+
+
+@pytest.mark.parametrize("delta, step, piece", [
+    ({"content": "a"}, True, "a"),
+    ({"content": ""}, True, ""),          # empty delta without a role: a decode step
+    ({}, False, ""),                       # the final chunk's empty delta
+    ({"content": None}, False, ""),
+    ({"reasoning_content": "think"}, True, "think"),
+    ({"content": None, "reasoning": "r"}, True, "r"),
+    ({"content": "a", "reasoning_content": "r"}, True, "a"),
+    ({"tool_calls": [{"index": 0, "function": {"name": "f"}}]}, True, ""),
+])
+def test_chat_delta_shapes(delta: dict[str, object], step: bool, piece: str) -> None:
+    ev = classify(chat(delta))
+    assert ev.is_content is step and ev.choices[0].step is step and ev.choices[0].piece == piece
+
+
+def test_chat_finish_chunk() -> None:
+    ev = classify(chat({}, finish="stop"))
+    assert ev.is_finish and not ev.is_content and ev.finish_reason == "stop"
+
+
+def test_usage_chunk() -> None:
+    ev = classify(USAGE)
+    assert ev.kind == CHUNK and ev.is_usage and ev.usage["completion_tokens"] == 2
+    assert not ev.choices and not ev.is_content and not ev.is_finish and not ev.is_role
+    # continuous usage stats: usage rides on a content chunk
+    both = json.loads(cmpl("x"))
+    both["usage"] = {"completion_tokens": 1}
+    ev = classify(json.dumps(both))
+    assert ev.is_usage and ev.is_content
+    assert classify(json.dumps({"choices": [], "usage": None})).usage is None
+
+
+def test_logprob_tokens_per_choice() -> None:
+    c = classify(cmpl("ab", logprobs={"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0]})).choices[0]
+    assert c.logprob_tokens == 2
+    lp = {"content": [{"token": "a"}, {"token": "b"}, {"token": "c"}]}
+    c = classify(chat({"content": "ab"}, logprobs=lp)).choices[0]
+    assert c.logprob_tokens == 3
+    assert classify(cmpl("x")).choices[0].logprob_tokens is None
+    assert classify(cmpl("x", logprobs=None)).choices[0].logprob_tokens is None
+
+
+def test_choices_that_are_not_objects_are_set_aside() -> None:
+    ev = classify(json.dumps({"choices": [{"index": 0, "text": "a"}, "junk", 3]}))
+    assert ev.kind == CHUNK and len(ev.choices) == 1 and ev.bad_choices == ("junk", 3) and ev.is_content
+    ev = classify(json.dumps({"choices": 7}))  # not a list: one bad choice, no exception
+    assert ev.bad_choices == (7,) and not ev.choices
+
+
+def test_several_choices_n_gt_1() -> None:
+    data = json.dumps({"choices": [{"index": 0, "text": "a", "finish_reason": None},
+                                   {"index": 1, "text": "b", "finish_reason": "length"}]})
+    ev = classify(data)
+    assert [c.index for c in ev.choices] == [0, 1] and ev.is_content and ev.finish_reason == "length"
+
+
+# ----------------------------------------------------------------------------- both folds agree
+
+
+def _record(events: list[str]) -> RequestRecord:
+    body = "".join(f"data: {e}\n\n" for e in events).encode()
+    r = RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, status=200, content_type="text/event-stream", end_s=1.0)
+    r.piece_s, r.pieces = [0.5], [body]
+    return r.finalize()
+
+
+def test_probe_and_load_folds_agree_on_a_chat_stream() -> None:
+    events = [chat({"role": "assistant", "content": ""}), chat({"content": "He"}), chat({"content": ""}),
+              chat({"content": "llo"}), chat({}, finish="length"), USAGE, "[DONE]"]
+    s = summarize(StreamReply(200, [(0.1 * i, e) for i, e in enumerate(events)]))
+    r = _record(events)
+    assert s.text == r.text == "Hello"
+    assert s.finish_reasons == ["length"] and r.finish_reason == "length"
+    assert s.usage == r.usage and s.done and r.done and r.error is None
+    assert len(r.content_s) == 3 and r.tokens == 2 and r.tokens_from == "usage"  # role chunk is no token
+
+
+def test_load_counts_steps_when_no_usage_came() -> None:
+    r = _record([cmpl("a"), cmpl(""), cmpl("b", finish="length"), "[DONE]"])
+    assert r.tokens == 3 and r.tokens_from == "chunks" and r.text == "ab"
+
+
+def test_folds_report_error_and_garbage() -> None:
+    events = [cmpl("a"), '{"error": {"message": "boom"}}', "garbage", "[DONE]"]
+    s = summarize(StreamReply(200, [(0.0, e) for e in events]))
+    assert s.errors == [{"message": "boom"}] and s.undecodable == ["garbage"] and s.done
+    r = _record(events)
+    assert r.error == "stream error: boom" and r.undecodable == 1
