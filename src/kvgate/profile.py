@@ -2,7 +2,7 @@
 
 A profile says how a model is deployed and what the endpoint promises. Sections (see
 ``shared/DESIGN.md``): ``model``, ``hardware``, ``engine`` (vLLM serve arguments), ``limits``
-(the request-side contract), ``slo``, ``workloads``, ``endpoint``. Unknown keys are errors
+(the request-side contract), ``slo``, ``workloads``, ``endpoint``, ``soak``. Unknown keys are errors
 (``extra="forbid"``) so a typo cannot silently disable a check.
 
 Loading: :func:`resolve_profile` turns ``--profile NAME`` into ``profiles/NAME.yaml`` (or accepts
@@ -14,6 +14,8 @@ message names the file, the field path and what was expected.
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -176,6 +178,119 @@ class MemorySpec(_Strict):
         default=None, ge=0, description="GiB on the GPU: llama.cpp compute buffer (Ollama GraphSize estimate)")
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)")
+
+
+def parse_duration(value: str | float | int, allow_zero: bool = False) -> float:
+    """Seconds in a duration: a number (seconds) or a string like ``90s``, ``10m``, ``6h``,
+    ``1h30m``. Raises ``ValueError`` naming the accepted forms (and for 0 unless ``allow_zero``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        else:
+            parts = _DURATION.findall(text)
+            if not parts or "".join(a + u for a, u in parts) != text:
+                raise ValueError(f"not a duration: {value!r} (give seconds, or e.g. 90s, 10m, 6h, 1h30m)")
+            scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3}
+            seconds = sum(float(a) * scale[u] for a, u in parts)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"a duration must be positive, got {value!r}")
+    return seconds
+
+
+class MemoryQuery(_Strict):
+    """Server memory read from a Prometheus HTTP API (``GET {url}/api/v1/query?query=...``): the
+    instant vector's values are summed, in bytes. ``covers`` says what the query measures (it goes
+    into the report), e.g. ``container_memory_working_set_bytes of the predictor pod``."""
+
+    url: str = Field(description="Prometheus base URL, e.g. http://prometheus.monitoring:9090")
+    query: str = Field(description="PromQL returning bytes, e.g. sum(container_memory_working_set_bytes{pod=~'x-predictor-.*'})")
+    covers: str = Field(description="what the query measures, for the report")
+    api_key_env: str | None = Field(default=None, description="env var with a bearer token (never printed)")
+    timeout_s: float = Field(default=5.0, gt=0)
+
+
+class SoakSpec(_Strict):
+    """The soak: rounds of fixed *offered* load (open loop, seeded Poisson arrivals) for
+    ``duration``; per round the server's memory and the TTFT p95; slopes with confidence intervals
+    judged against the ceilings.
+
+    ``duration`` / ``round`` / ``warmup``: seconds or ``90s``/``10m``/``6h`` (``--soak-duration``
+    overrides ``duration``); warm-up rounds run but are not fitted. ``rate_rps``: offered requests
+    per second. ``mix``: workload name -> weight (default: the SLO's workload). Ceilings:
+    ``memory_slope_max_mb_per_h`` (MB = 10**6 bytes, of *retained* memory: each round's low
+    envelope), ``ttft_p95_slope_max_ms_per_h``. A slope counts only when its ``confidence`` lower
+    bound is above the ceiling. ``memory_source``: ``auto`` = ``memory_query`` if given, else the
+    launched server's process tree (psutil), else ``process_resident_memory_bytes`` from
+    ``/metrics`` (the API-server process only).
+    """
+
+    duration: str | float = Field(description="total soak time, warm-up included: seconds or 90s/10m/6h")
+    round: str | float = Field(default="60s", description="length of one round")
+    warmup: str | float = Field(default="0s", description="rounds in this leading time are not fitted")
+    rate_rps: float = Field(gt=0, description="offered load, requests per second (open loop)")
+    mix: dict[str, float] = Field(default_factory=dict, description="workload name -> weight")
+    seed: int = 0
+    sample_period_s: float = Field(default=1.0, gt=0, description="memory and /metrics sampling period")
+    memory_slope_max_mb_per_h: float = Field(ge=0, description="ceiling on retained server memory growth")
+    ttft_p95_slope_max_ms_per_h: float = Field(ge=0, description="ceiling on TTFT p95 drift")
+    memory_source: Literal["auto", "process_tree", "metrics", "prometheus"] = "auto"
+    memory_query: MemoryQuery | None = None
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    last_part: float = Field(default=1 / 3, gt=0, le=0.5, description="fraction of measured rounds fitted separately")
+    lagged_rounds_max: float = Field(default=0.1, ge=0, le=1,
+                                     description="fraction of rounds whose client fell behind before the soak is INVALID")
+    gpu_slack_mib: float = Field(default=256.0, ge=0,
+                                 description="GPU memory above gpu_memory_utilization x total tolerated")
+
+    @property
+    def duration_s(self) -> float:
+        return parse_duration(self.duration)
+
+    @property
+    def round_s(self) -> float:
+        return parse_duration(self.round)
+
+    @property
+    def warmup_s(self) -> float:
+        return parse_duration(self.warmup, allow_zero=True)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds in the soak, warm-up included (``duration // round``)."""
+        return int(self.duration_s // self.round_s + 1e-9)
+
+    @property
+    def warmup_rounds(self) -> int:
+        return int(math.ceil(self.warmup_s / self.round_s - 1e-9))
+
+    @model_validator(mode="after")
+    def _shape(self) -> "SoakSpec":
+        try:
+            d, r, w = self.duration_s, self.round_s, self.warmup_s
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        measured = max(0, self.rounds - self.warmup_rounds)
+        if measured < 4:
+            raise ValueError(f"duration {d:g} s with round {r:g} s and warm-up {w:g} s leaves {measured} measured "
+                             "round(s); a slope with a confidence interval needs at least 4")
+        if self.memory_source == "prometheus" and self.memory_query is None:
+            raise ValueError("memory_source prometheus needs memory_query")
+        for name, weight in self.mix.items():
+            if weight <= 0:
+                raise ValueError(f"mix weight of {name!r} must be > 0, got {weight}")
+        return self
+
+    def with_duration(self, duration: str | float) -> "SoakSpec":
+        """A copy with another ``duration`` (``--soak-duration``), validated again."""
+        return SoakSpec.model_validate({**self.model_dump(), "duration": duration})
+
+
 class Profile(_Strict):
     """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
 
@@ -196,6 +311,15 @@ class Profile(_Strict):
     expect_fit: Literal["pass", "fail"] | None = Field(
         default=None, description="documentation: whether this profile is meant to pass the fit gate"
     )
+    soak: SoakSpec | None = Field(default=None, description="the soak gate: duration, load, slope ceilings")
+
+    @model_validator(mode="after")
+    def _soak_mix(self) -> "Profile":
+        if self.soak is not None:
+            unknown = [n for n in self.soak.mix if n not in self.workloads]
+            if unknown:
+                raise ValueError(f"soak.mix names unknown workload(s) {unknown}; workloads: {', '.join(self.workloads)}")
+        return self
 
     @property
     def embedded(self) -> bool:
