@@ -106,3 +106,21 @@ def test_missing_parent_names_the_child_file(write_profile):
 def test_directory_is_not_a_profile(tmp_path):
     with pytest.raises(ProfileError, match="is a directory"):
         resolve_profile(str(tmp_path) + "/")
+
+
+def test_misspelt_key_gets_did_you_mean(write_profile):
+    p = write_profile("typo", MINIMAL.replace("max_model_len: 256", "max_model_lenn: 256\n  max_model_len: 256")
+                      + "limts: {}\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(p))
+    msg = str(e.value)
+    assert "field 'engine.max_model_lenn': Extra inputs are not permitted; got 256; did you mean 'max_model_len'?" in msg
+    assert "field 'limts': Extra inputs are not permitted" in msg and "did you mean 'limits'?" in msg
+
+
+def test_far_off_key_lists_the_known_ones(write_profile):
+    p = write_profile("far", MINIMAL + "workloads:\n  chat: {prompt_tokens: 8, output_tokens: 8, zzz: 1}\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(p))
+    assert "field 'workloads.chat.zzz'" in str(e.value) and "known keys in workloads.chat: " in str(e.value)
+    assert "prompt_tokens" in str(e.value).split("known keys in workloads.chat: ")[1]

@@ -14,6 +14,7 @@ message names the file, the field path and what was expected.
 from __future__ import annotations
 
 import difflib
+import typing
 import math
 import re
 from pathlib import Path
@@ -400,13 +401,51 @@ def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()
     return _deep_merge(base, data)
 
 
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model, dict or list type inside ``annotation`` (``X | None`` unwrapped)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (dict, list):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def allowed_keys(loc: tuple[Any, ...], root: type[BaseModel] | None = None) -> list[str]:
+    """The keys a profile may have where ``loc`` points (``("engine", "max_model_lenn")`` -> the
+    fields of ``engine``); ``[]`` when ``loc`` is not inside a section with fixed keys."""
+    cur: Any = root or Profile
+    for part in loc[:-1]:
+        if isinstance(cur, type) and issubclass(cur, BaseModel):
+            field = cur.model_fields.get(str(part))
+            cur = _model_of(field.annotation) if field is not None else None
+        elif typing.get_origin(cur) in (dict, list):
+            cur = _model_of(typing.get_args(cur)[-1])
+        else:
+            return []
+    return list(cur.model_fields) if isinstance(cur, type) and issubclass(cur, BaseModel) else []
+
+
 def _format_validation(path: Path, exc: ValidationError) -> str:
     lines = [f"{path}: invalid profile ({exc.error_count()} error(s))"]
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
         got = err.get("input")
         got_s = "" if isinstance(got, dict) else f"; got {got!r}"
-        lines.append(f"  field '{field}': {err['msg']}{got_s}")
+        hint = ""
+        if err.get("type") == "extra_forbidden" and err["loc"]:
+            known = allowed_keys(tuple(err["loc"]))
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
+            section = ".".join(str(p) for p in err["loc"][:-1]) or "the top level"
+            if close:
+                hint = f"; did you mean '{close[0]}'?"
+            elif known:
+                hint = f"; known keys in {section}: {', '.join(known)}"
+        lines.append(f"  field '{field}': {err['msg']}{got_s}{hint}")
     return "\n".join(lines)
 
 
