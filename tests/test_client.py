@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvgate.client import Endpoint, EndpointUnreachable, KvClient, iter_sse_data
+from kvgate.client import Endpoint, EndpointUnreachable, KvClient, Reply, iter_sse_data
 from kvgate.stream import summarize
 
 
@@ -112,3 +112,22 @@ def test_hang_up_request_closes_before_answer_and_reports_early_answer():
         assert r.status == 0 and r.text == "hung up"
         quick = c.hang_up_request("/v1/completions", {**body, "max_tokens": 2}, after_s=5)
         assert quick.status == 200
+
+
+def test_clip_never_cuts_mid_word():
+    from kvgate.client import clip
+
+    text = ("This model's maximum context length is 2048 tokens. However, you requested 2049 tokens "
+            "(2041 in the messages, 8 in the completion). Please reduce the length: at least 2049 input tokens")
+    assert clip(text, None) == text and clip(text, 1000) == text
+    cut = clip(text, 60)
+    assert cut.endswith("…") and len(cut) <= 60 and text.startswith(cut[:-1])
+    assert not text[len(cut) - 1].isalnum(), cut  # the cut falls at a word's end, not inside it
+    assert clip("one\n  two\tthree", None) == "one two three"
+    assert clip("x" * 50, 10) == "x" * 9 + "…"  # one over-long word: cut at the limit
+
+
+def test_non_json_error_body_is_cut_at_a_word():
+    long_html = "<html>" + " word" * 100 + "</html>"
+    r = Reply(502, long_html, 0.1)
+    assert r.error_message.endswith("…") and r.error_message[:-1].endswith("word") and len(r.error_message) <= 200

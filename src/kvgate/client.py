@@ -25,6 +25,21 @@ from .redact import redact_url
 Clock = Callable[[], float]
 
 
+def clip(text: str, limit: int | None) -> str:
+    """``text`` whole if it has at most ``limit`` characters (``None``: no limit), else cut at the
+    last word boundary before ``limit`` with an ellipsis (``"...at least 2049 input…"``), never
+    mid-word (a single word longer than ``limit`` is cut at ``limit``). Whitespace runs, newlines
+    included, become one space so the text fits on one line."""
+    text = " ".join(text.split())
+    if limit is None or len(text) <= limit:
+        return text
+    cut = text[: max(1, limit - 1)]
+    if not text[len(cut)].isspace():
+        head = cut.rsplit(" ", 1)[0] if " " in cut else cut
+        cut = head
+    return cut.rstrip(" ,;:.") + "…"
+
+
 class EndpointUnreachable(Exception):
     """No HTTP answer at all from the endpoint. ``str()`` is one line naming the URL and cause."""
 
@@ -77,7 +92,8 @@ class Reply:
 
     @property
     def error_message(self) -> str:
-        """``error.message`` of an OpenAI-style error body, else the body's first 200 chars."""
+        """``error.message`` of an OpenAI-style error body (whole), else the body on one line, cut
+        at a word with an ellipsis after 200 characters (see :func:`clip`)."""
         body = self.json
         if isinstance(body, dict):
             err = body.get("error", body)
@@ -85,7 +101,7 @@ class Reply:
                 return str(err["message"])
             if isinstance(err, str):
                 return err
-        return self.text[:200]
+        return clip(self.text, 200)
 
 
 @dataclass

@@ -92,15 +92,61 @@ def observe_deployment(client: KvClient, model: str) -> DeploymentObservation:
                                  version=client.version(), models_path=client.api("/models"))
 
 
-def decode_rate(client: KvClient, model: str, tokens: int = 32) -> float | None:
-    """Tokens per second of one greedy stream after its first token (None if not measurable)."""
+#: Two events less than this many seconds apart arrived in one read (one burst), not one decode step apart.
+BURST_GAP_S = 0.0005
+#: Token events must span at least this many seconds for their spacing to be timed.
+MIN_RATE_SPAN_S = 0.01
+
+
+@dataclass(frozen=True)
+class DecodeRate:
+    """A decode-rate estimate: ``tps`` tokens/s after the first token, or None with ``why`` (one
+    clause saying what was seen). ``events``: token events used; ``span_s``: seconds from the first
+    to the last; ``bunched``: events that arrived less than :data:`BURST_GAP_S` after the previous."""
+
+    tps: float | None
+    why: str | None = None
+    events: int = 0
+    span_s: float = 0.0
+    bunched: int = 0
+
+    def evidence(self) -> dict[str, Any]:
+        return {"tps": None if self.tps is None else round(self.tps, 2), "why": self.why, "events": self.events,
+                "span_s": round(self.span_s, 6), "bunched": self.bunched}
+
+
+def estimate_rate(times_s: list[float]) -> DecodeRate:
+    """Tokens/s from the arrival times (seconds) of a stream's token events, or an honest reason
+    why it cannot be estimated: fewer than 3 events; no time between first and last; more than
+    half of them arriving in bursts (the client read them in bunches: a starved client times its
+    reads, not the server's decoding); or all of them within :data:`MIN_RATE_SPAN_S`."""
+    n = len(times_s)
+    if n < 3:
+        return DecodeRate(None, f"only {n} token event{'s' if n != 1 else ''} arrived (3 needed)", n)
+    span = times_s[-1] - times_s[0]
+    gaps = [b - a for a, b in zip(times_s, times_s[1:])]
+    bunched = sum(1 for g in gaps if g < BURST_GAP_S)
+    if span <= 0:
+        return DecodeRate(None, f"all {n} token events carry the same arrival time", n, span, bunched)
+    if bunched * 2 > len(gaps):
+        return DecodeRate(None, f"{bunched + 1} of {n} token events arrived in bursts (less than "
+                          f"{BURST_GAP_S * 1e3:g} ms apart): the client read them in bunches, so their spacing does "
+                          "not time the server's decoding", n, span, bunched)
+    if span < MIN_RATE_SPAN_S:
+        return DecodeRate(None, f"all {n} token events arrived within {span * 1e3:.2f} ms, too close together to time",
+                          n, span, bunched)
+    return DecodeRate((n - 1) / span, None, n, span, bunched)
+
+
+def decode_rate(client: KvClient, model: str, tokens: int = 32) -> DecodeRate:
+    """The decode rate of one greedy stream of ``tokens`` tokens after its first token
+    (:func:`estimate_rate`); a stream that fails gives ``tps=None`` with the status."""
     ex = send(client, "completions", {"model": model, "prompt": CANARY_PROMPT, "max_tokens": tokens,
                                       "temperature": 0, "ignore_eos": True}, stream=True)
     r = ex.reply
-    ts = [t for t, d in r.events if d.strip() != "[DONE]"] if isinstance(r, StreamReply) else []
-    if len(ts) < 3 or ts[-1] <= ts[0]:
-        return None
-    return (len(ts) - 1) / (ts[-1] - ts[0])
+    if not isinstance(r, StreamReply) or r.status != 200:
+        return DecodeRate(None, f"the rate probe stream answered {r.status}")
+    return estimate_rate([t for t, d in r.events if d.strip() != "[DONE]"])
 
 
 @dataclass
@@ -108,7 +154,9 @@ class DisconnectObservation:
     """One hang-up: ``case``; ``baseline`` running requests before (None without metrics);
     ``hung`` the cut exchange; ``cut`` whether it really was cut before completing; ``hangup_s``
     seconds from send to hang-up; ``natural_s`` estimated seconds it would have run on after the
-    hang-up; ``poll`` the gauge poll after; ``canary`` a generation after."""
+    hang-up (None when no decode rate; negative when the rate says it should already have
+    finished); ``poll`` the gauge poll after; ``canary`` a generation after; ``rate`` the decode-rate
+    estimate ``natural_s`` came from."""
 
     case: str
     baseline: float | None
@@ -118,12 +166,13 @@ class DisconnectObservation:
     natural_s: float | None
     poll: GaugePoll | None
     canary: Exchange
+    rate: DecodeRate | None = None
 
 
 DISCONNECT_CASES = ("mid-stream", "before-first-token", "mid-request")
 
 
-def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate_tps: float | None,
+def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate: DecodeRate | float | None,
                deadline_s: float, clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> DisconnectObservation:
     """Hang up one long generation (``case`` in :data:`DISCONNECT_CASES`) and poll
@@ -132,8 +181,12 @@ def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate
     mid-stream: stream, hang up after 3 events. before-first-token: stream, hang up when the
     status line arrives. mid-request: non-streamed, the client closes the socket after 0.3 s.
     ``max_tokens`` should be the most the deployment will generate (cap included), so that the
-    request outlives the hang-up by as much as possible.
+    request outlives the hang-up by as much as possible. ``rate``: the decode rate
+    (:func:`decode_rate`, or tokens/s) the time the request would have run on is estimated from.
     """
+    if not isinstance(rate, DecodeRate):
+        rate = DecodeRate(rate, None if rate else "no decode rate was measured")
+    rate_tps = rate.tps
     body = {"model": model, "prompt": CANARY_PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     baseline = scrape_value(client.metrics_text(), "running")
     seen = {"n": 0}
@@ -162,4 +215,4 @@ def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate
         poll = poll_gauge(client.metrics_text, "running", baseline, deadline_s, clock=clock, sleep=sleep)
     return DisconnectObservation(case, baseline, hung, cut, r.elapsed_s,
                                  round(natural, 3) if natural is not None else None, poll,
-                                 canary(client, model, deadline_s))
+                                 canary(client, model, deadline_s), rate)

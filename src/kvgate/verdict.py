@@ -1,33 +1,54 @@
-"""The verdict type every gate returns.
+"""The verdict type every gate returns, and its report form.
 
 A :class:`Verdict` is pure data: which gate, PASS/FAIL/INVALID/SKIP, what was measured, the limit
-it was held to, the evidence (JSON-serialisable), and a one-line ``message`` that reads as a
-verdict, e.g. ``KV pool holds 4 full-length (2048-token) sequences; profile declares 8 -> FAIL``.
+it was held to (each a number with a ``unit``), the evidence (JSON-serialisable), the sub-checks it
+was folded from (``parts``), and a one-line ``message`` that reads as a verdict, e.g.
+``KV pool holds 4 full-length (2048-token) sequences; profile declares 8 -> FAIL``.
+
+Gate modules pass plain values (``measured=2049, limit=2048, unit="tokens"``);
+:meth:`Verdict.to_summary` turns them into the report form of ``summary.json`` (schema
+``kvgate/schema/summary.schema.json``): ``measured``/``limit`` as ``{"value", "unit"}``, or
+``{"value": null, "unit": null, "reason": ...}`` when there is no single value, and ``checks`` /
+``skipped_checks`` listing the sub-verdicts with their own status.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
 class Status(str, enum.Enum):
     """PASS and FAIL are verdicts on the server; INVALID means the measurement itself cannot be
-    trusted (e.g. the client fell behind its schedule); SKIP means the profile does not ask."""
+    trusted (e.g. the client fell behind its schedule); SKIP means the profile does not ask;
+    INCOMPLETE means the measurement was cut short (a soak stopped by a signal or its deadline)
+    and is never a PASS."""
 
     PASS = "PASS"
     FAIL = "FAIL"
     INVALID = "INVALID"
     SKIP = "SKIP"
+    INCOMPLETE = "INCOMPLETE"
+
+
+#: Units gates use (free text is allowed; these keep reports consistent).
+UNITS = ("tokens", "ms", "s", "bytes", "sequences", "requests", "HTTP status", "chars", "chunks", "events",
+         "preemptions", "ratio", "blocks")
+
+_NUMBER_UNIT = re.compile(r"^\s*([-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?)\s+([A-Za-z%/][\w%/ .-]*?)\s*$")
 
 
 @dataclass(frozen=True)
 class Verdict:
     """One gate's outcome.
 
-    ``measured`` and ``limit`` are human-readable values with units (e.g. ``"2049 tokens"``);
-    ``evidence`` holds the raw observations (status codes, bodies truncated, timings in seconds).
+    ``measured`` and ``limit`` are single values -- a number (``2049``), or a word when the check
+    is categorical (``"length"``, ``"4xx"``) -- in ``unit`` (``limit_unit`` when the limit's unit
+    differs; ``None`` for unit-less values). ``evidence`` holds the raw observations (status codes,
+    bodies truncated, timings in seconds). ``parts``: the sub-verdicts this one was folded from
+    (:func:`combine`), each with its own status.
     """
 
     gate: str
@@ -36,28 +57,122 @@ class Verdict:
     measured: Any = None
     limit: Any = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    unit: str | None = None
+    limit_unit: str | None = None
+    parts: tuple["Verdict", ...] = ()
 
     @property
     def passed(self) -> bool:
         return self.status is Status.PASS
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data, values as given (``parts`` as their ``to_dict``)."""
         d = asdict(self)
         d["status"] = self.status.value
+        d["parts"] = [p.to_dict() for p in self.parts]
         return d
 
+    @property
+    def skipped_parts(self) -> list["Verdict"]:
+        """Sub-checks that were not checked (SKIP) although the verdict itself was not a SKIP."""
+        if self.status is Status.SKIP:
+            return []
+        return [p for p in self.parts if p.status is Status.SKIP]
 
-def combine(gate: str, parts: list[Verdict]) -> Verdict:
-    """Fold several sub-checks into one verdict: the first non-PASS decides (FAIL > INVALID > SKIP).
+    def not_checked_note(self) -> str:
+        """``"1 part not checked: memory not declared"`` for the console, or ``""``."""
+        skipped = self.skipped_parts
+        if not skipped:
+            return ""
+        reasons = "; ".join(skip_reason(p) for p in skipped)
+        return f"{len(skipped)} part{'s' if len(skipped) > 1 else ''} not checked: {reasons}"
 
-    The message joins every failing part's message with ``"; "``; the evidence keeps all parts.
+    def to_summary(self) -> dict[str, Any]:
+        """The report form (summary.json, JUnit properties, Allure): ``gate``, ``status``,
+        ``message``, ``measured``/``limit`` as quantities (:func:`quantity`), ``checks`` (the
+        parts, each in this form without evidence), ``skipped_checks`` and ``evidence``."""
+        out = self._core()
+        out["checks"] = [p._core() for p in self.parts]
+        out["skipped_checks"] = [{"check": p.gate, "reason": skip_reason(p)} for p in self.skipped_parts]
+        ev = dict(self.evidence)
+        for name, value in (("measured", self.measured), ("limit", self.limit)):
+            if isinstance(value, (dict, list, tuple)):
+                ev.setdefault(f"{name}_values", value)
+        out["evidence"] = ev
+        return out
+
+    def _core(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate, "status": self.status.value, "message": self.message,
+            "measured": quantity(self.measured, self.unit, self._missing("measured")),
+            "limit": quantity(self.limit, self.limit_unit or self.unit, self._missing("limit")),
+        }
+
+    def _missing(self, what: str) -> str:
+        if what == "limit" and self.status is Status.SKIP:
+            return "not checked: " + skip_reason(self)
+        if what == "measured" and self.status is Status.SKIP and self.measured is None:
+            return "not measured: " + skip_reason(self)
+        if self.status is Status.INVALID:
+            return "no trustworthy measurement: " + skip_reason(self)
+        if self.parts:
+            return f"one {what} value per check (see checks)"
+        return f"the gate states no single {what} value (see message and evidence)"
+
+
+def skip_reason(v: Verdict) -> str:
+    """The first clause of a verdict's message (``"memory not declared"``), without ``-> STATUS``."""
+    head = v.message.split(";")[0].strip()
+    return re.sub(r"\s*->\s*(PASS|FAIL|INVALID|SKIP)\b.*$", "", head) or v.message
+
+
+def quantity(value: Any, unit: str | None, reason: str) -> dict[str, Any]:
+    """``{"value": v, "unit": u}`` for one number, word or boolean; ``{"value": None, "unit": None,
+    "reason": reason}`` when there is none (``None``, or several values: dicts and lists go to the
+    evidence instead). A legacy string ``"12.5 ms"`` with no ``unit`` is split into 12.5 and "ms".
+    Floats are rounded to 6 significant digits."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None or isinstance(value, (dict, list, tuple)):
+        why = reason if value is None else f"several values, listed in evidence: {reason}"
+        return {"value": None, "unit": None, "reason": why}
+    if isinstance(value, str) and unit is None:
+        m = _NUMBER_UNIT.match(value)
+        if m:
+            num = float(m.group(1).replace(",", ""))
+            return {"value": int(num) if num.is_integer() and "." not in m.group(1) else num, "unit": m.group(2)}
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return {"value": None, "unit": None, "reason": f"not a finite number ({value}): {reason}"}
+        value = float(f"{value:.6g}")
+    elif not isinstance(value, (bool, int, str)):
+        value = str(value)
+    return {"value": value, "unit": unit}
+
+
+def combine(gate: str, parts: list[Verdict], headline: str | None = None) -> Verdict:
+    """Fold several sub-checks into one verdict: the first non-PASS decides (FAIL > INVALID > SKIP;
+    SKIP only when every part skipped).
+
+    The message joins every deciding part's message with ``"; "`` (on PASS, every passing part's);
+    ``measured``/``limit``/units are those of the first deciding part -- on PASS the part named
+    ``headline`` if it passed, else the first passing part. The evidence keeps every part (by its
+    gate name) and ``parts`` lists them with their own status.
     """
     order = [Status.FAIL, Status.INVALID, Status.SKIP]
     evidence = {p.gate: p.to_dict() for p in parts}
     for status in order:
         bad = [p for p in parts if p.status is status]
         if bad and (status is not Status.SKIP or len(bad) == len(parts)):
-            return Verdict(gate, status, "; ".join(p.message for p in bad),
-                           measured=[p.measured for p in bad], limit=[p.limit for p in bad], evidence=evidence)
-    return Verdict(gate, Status.PASS, "; ".join(p.message for p in parts if p.status is Status.PASS),
-                   measured=[p.measured for p in parts], limit=[p.limit for p in parts], evidence=evidence)
+            return _folded(gate, status, "; ".join(p.message for p in bad), bad[0], evidence, parts)
+    passed = [p for p in parts if p.status is Status.PASS]
+    lead = next((p for p in passed if p.gate == headline), passed[0] if passed else None)
+    return _folded(gate, Status.PASS, "; ".join(p.message for p in passed), lead, evidence, parts)
+
+
+def _folded(gate: str, status: Status, message: str, lead: Verdict | None, evidence: dict[str, Any],
+            parts: list[Verdict]) -> Verdict:
+    if lead is None:
+        return Verdict(gate, status, message, evidence=evidence, parts=tuple(parts))
+    return Verdict(gate, status, message, measured=lead.measured, limit=lead.limit, evidence=evidence,
+                   unit=lead.unit, limit_unit=lead.limit_unit, parts=tuple(parts))

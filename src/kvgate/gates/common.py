@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client import Reply, StreamReply
+from ..client import Reply, StreamReply, clip
 from ..probes import Exchange
 from ..stream import StreamSummary, summarize
 from ..verdict import Status
@@ -22,9 +22,10 @@ def num(x: Any) -> str:
     return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
 
 
-def server_error(reply: Reply | StreamReply) -> str:
-    """The server's own error text (``error.message`` or the body's start)."""
-    return reply.error_message
+def server_error(reply: Reply | StreamReply, limit: int | None = None) -> str:
+    """The server's own error text (``error.message`` or the body's start), whole or -- with
+    ``limit`` characters -- cut at a word with an ellipsis, never mid-word."""
+    return clip(reply.error_message, limit)
 
 
 def json_body(reply: Reply) -> dict | None:

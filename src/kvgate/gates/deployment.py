@@ -23,11 +23,12 @@ def served_model_verdict(obs: DeploymentObservation, profile: Profile) -> Verdic
     ev = {"status": obs.models.status, "body": obs.models.text[:800], "version": obs.version}
     if obs.models.status != 200 or body is None or not isinstance(body.get("data"), list):
         return Verdict(gate, FAIL, f"{obs.models_path} answered {obs.models.status} without a model list "
-                       f"({obs.models.text[:120]!r}) -> FAIL", measured=obs.models.status, limit=200, evidence=ev)
+                       f"({obs.models.text[:120]!r}) -> FAIL", measured=obs.models.status, limit=200, unit="HTTP status",
+                       evidence=ev)
     ids = [m.get("id") for m in body["data"] if isinstance(m, dict)]
     if want not in ids:
         return Verdict(gate, FAIL, f"served models {ids}; profile declares {want!r} -> FAIL (model not served)",
-                       measured=ids, limit=want, evidence=ev)
+                       measured=", ".join(str(i) for i in ids) or "no models", limit=want, evidence=ev)
     return Verdict(gate, PASS, f"serves {want!r} (vLLM {obs.version or 'version unknown'}) -> PASS",
                    measured=want, limit=want, evidence=ev)
 
@@ -50,14 +51,15 @@ def max_model_len_verdict(obs: DeploymentObservation, profile: Profile) -> Verdi
     ev = {"advertised": seen, "profile": want, "version": obs.version}
     if not seen:
         return Verdict(gate, SKIP, "server advertises no max_model_len (/v1/models card and /tokenize lack it); "
-                       "the max-context gate checks enforcement instead", limit=want, evidence=ev)
+                       "the max-context gate checks enforcement instead", limit=want, unit="tokens", evidence=ev)
     wrong = {src: v for src, v in seen.items() if v != want}
     if wrong:
         parts = ", ".join(f"{src} says {num(v)}" for src, v in wrong.items())
         return Verdict(gate, FAIL, f"max_model_len: {parts}; profile declares {num(want)} tokens -> FAIL",
-                       measured=seen, limit=want, evidence=ev)
+                       measured=next(iter(wrong.values())), limit=want, unit="tokens", evidence=ev)
     srcs = " and ".join(seen)
-    return Verdict(gate, PASS, f"max_model_len {num(want)} tokens per {srcs} -> PASS", measured=want, limit=want, evidence=ev)
+    return Verdict(gate, PASS, f"max_model_len {num(want)} tokens per {srcs} -> PASS", measured=want, limit=want,
+                   unit="tokens", evidence=ev)
 
 
 #: profile engine field -> vllm:cache_config_info label
@@ -67,6 +69,18 @@ CACHE_LABELS = {
     "kv_cache_dtype": "cache_dtype",
     "kv_cache_memory_bytes": "kv_cache_memory_bytes",
 }
+#: unit of each checked cache setting
+CACHE_UNITS = {"block_size": "tokens", "gpu_memory_utilization": "ratio", "kv_cache_dtype": None,
+               "kv_cache_memory_bytes": "bytes"}
+
+
+def _label_value(label: str | None) -> Any:
+    """A ``vllm:cache_config_info`` label as a number when it is one, else the string."""
+    try:
+        f = float(label)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return label
+    return int(f) if f.is_integer() else f
 
 
 def _same(declared: Any, label: str) -> bool:
@@ -94,10 +108,15 @@ def cache_config_verdict(obs: DeploymentObservation, profile: Profile) -> Verdic
     ev = {"cache_config_info": labels, "declared": declared, "version": obs.version}
     wrong = {f: (v, labels.get(CACHE_LABELS[f])) for f, v in declared.items()
              if not _same(v, labels.get(CACHE_LABELS[f], ""))}
+    checks = tuple(Verdict(f"cache-config.{f}", FAIL if f in wrong else PASS,
+                           f"{f} is {labels.get(CACHE_LABELS[f])!r}, profile declares {v!r} -> "
+                           f"{'FAIL' if f in wrong else 'PASS'}", measured=_label_value(labels.get(CACHE_LABELS[f])),
+                           limit=v, unit=CACHE_UNITS[f]) for f, v in declared.items())
     if wrong:
         parts = ", ".join(f"{f} is {got!r}, profile declares {want!r}" for f, (want, got) in wrong.items())
-        return Verdict(gate, FAIL, f"cache config: {parts} -> FAIL", measured={f: g for f, (_, g) in wrong.items()},
-                       limit={f: w for f, (w, _) in wrong.items()}, evidence=ev)
+        first = next(c for c in checks if c.status is FAIL)
+        return Verdict(gate, FAIL, f"cache config: {parts} -> FAIL", measured=first.measured, limit=first.limit,
+                       unit=first.unit, evidence=ev, parts=checks)
     shown = ", ".join(f"{f}={v}" for f, v in declared.items()) or "nothing stated"
     return Verdict(gate, PASS, f"cache config matches ({shown}; block_size {labels.get('block_size')}, "
-                   f"{labels.get('num_gpu_blocks')} blocks) -> PASS", measured=labels, limit=declared, evidence=ev)
+                   f"{labels.get('num_gpu_blocks')} blocks) -> PASS", evidence=ev, parts=checks)

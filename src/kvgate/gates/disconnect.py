@@ -28,17 +28,29 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     gate = f"disconnect/{obs.case}"
     can = canary_verdict(obs.canary, deadline_s, after=f"a client disconnect ({obs.case})")
     limit = min(deadline_s, obs.natural_s / 2) if obs.natural_s is not None else deadline_s
+    rate = getattr(obs, "rate", None)
     ev = {"baseline_running": obs.baseline, "samples": getattr(obs.poll, "samples", None), "canary": can.to_dict(),
           "hung_up": obs.hung.evidence(), "hang_up_after_s": round(obs.hangup_s, 4),
-          "natural_remaining_s": obs.natural_s, "limit_s": limit}
+          "natural_remaining_s": obs.natural_s, "limit_s": limit,
+          "decode_rate": rate.evidence() if rate is not None else None}
     if can.status is FAIL:
-        return Verdict(gate, FAIL, can.message, measured=can.measured, limit=can.limit, evidence=ev)
+        return Verdict(gate, FAIL, can.message, measured=can.measured, limit=can.limit, unit=can.unit,
+                       limit_unit=can.limit_unit, evidence=ev)
     if not obs.cut:
         return Verdict(gate, Status.INVALID, f"the request finished before the client hung up ({obs.case}); "
                        "nothing was disconnected, so nothing was measured", evidence=ev)
-    if obs.natural_s is not None and obs.natural_s < 0.2:
-        return Verdict(gate, Status.INVALID, f"the request would have finished {obs.natural_s:.2f} s after the hang-up "
-                       "anyway; a release cannot be told from completion", evidence=ev)
+    if obs.natural_s is None:
+        why = (rate.why if rate is not None and rate.why else None) or "no decode rate was measured"
+        return Verdict(gate, Status.INVALID, f"the decode rate could not be estimated ({why}); without it a slot "
+                       f"release cannot be told from the request finishing on its own ({obs.case})", evidence=ev)
+    tps = f"{rate.tps:,.1f} tokens/s" if rate is not None and rate.tps else "the measured decode rate"
+    if obs.natural_s < 0:
+        return Verdict(gate, Status.INVALID, f"at {tps} the request should have finished {-obs.natural_s:.2f} s before "
+                       f"the hang-up, yet it was still running ({obs.case}): the rate estimate does not hold for this "
+                       "request, so a release cannot be told from completion", evidence=ev)
+    if obs.natural_s < 0.2:
+        return Verdict(gate, Status.INVALID, f"at {tps} the request would have finished {obs.natural_s:.2f} s after the "
+                       f"hang-up anyway ({obs.case}); a release cannot be told from completion", evidence=ev)
     if obs.baseline is None or obs.poll is None:
         return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running; slot release not observable "
                        "(canary after disconnect succeeded)", evidence=ev)
@@ -46,7 +58,8 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     if not obs.poll.reached or obs.poll.elapsed_s > limit:
         return Verdict(gate, FAIL, f"num_requests_running still {obs.poll.last:g} {obs.poll.elapsed_s:.2f} s after the "
                        f"client hung up ({obs.case}){natural}; must return to {obs.baseline:g} within {limit:.2f} s "
-                       "-> FAIL (slot not freed)", measured=obs.poll.last, limit=obs.baseline, evidence=ev)
+                       "-> FAIL (slot not freed)", measured=round(obs.poll.elapsed_s, 3), limit=round(limit, 3),
+                       unit="s", evidence={**ev, "running_last": obs.poll.last})
     return Verdict(gate, PASS, f"num_requests_running back to {obs.baseline:g} {obs.poll.elapsed_s:.2f} s after the "
                    f"client hung up ({obs.case}){natural}; limit {limit:.2f} s -> PASS",
-                   measured=round(obs.poll.elapsed_s, 3), limit=round(limit, 3), evidence=ev)
+                   measured=round(obs.poll.elapsed_s, 3), limit=round(limit, 3), unit="s", evidence=ev)

@@ -23,7 +23,7 @@ reserve <= memory) and ``fit.slots`` (long concurrency <= parallel slots).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvgate import kvmath as km
@@ -367,8 +367,7 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
             msg = (f"weights {fmt_bytes(budget.weights_bytes)} + reserves "
                    f"{fmt_bytes(budget.reserved_bytes - budget.weights_bytes)} + KV pool {fmt_bytes(pool.pool_bytes)}"
                    f" = {fmt_bytes(need)} vs memory {fmt_bytes(budget.memory_bytes)}{_where(p)} -> {_pf(ok).value}")
-            parts.append(Verdict("fit.budget", _pf(ok), msg, measured=f"{need} bytes",
-                                 limit=f"{budget.memory_bytes} bytes"))
+            parts.append(Verdict("fit.budget", _pf(ok), msg, measured=need, limit=budget.memory_bytes, unit="bytes"))
         else:
             ok = budget.kv_budget_bytes > 0
             msg = (f"{fmt_bytes(budget.memory_bytes)} x {budget.gpu_memory_utilization:g} = "
@@ -376,8 +375,8 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
                    f"{fmt_bytes(budget.activation_peak_bytes)} - CUDA graphs {fmt_bytes(budget.cuda_graph_bytes)} - "
                    f"non-torch {fmt_bytes(budget.non_torch_bytes)} = KV budget {fmt_bytes(budget.kv_budget_bytes)}"
                    f"{_where(p)} -> {_pf(ok).value}")
-            parts.append(Verdict("fit.budget", _pf(ok), msg, measured=f"{budget.kv_budget_bytes} bytes KV budget",
-                                 limit="> 0 bytes"))
+            parts.append(Verdict("fit.budget", _pf(ok), msg, measured=budget.kv_budget_bytes, limit=0, unit="bytes",
+                                 evidence={"measured_is": "KV budget", "limit_is": "must be above"}))
     else:
         parts.append(Verdict("fit.budget", Status.SKIP,
                              f"memory not declared; KV pool from {p.pool_source}: {fmt_bytes(pool.pool_bytes)}"))
@@ -390,7 +389,7 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
     else:
         msg = (f"{head} < one sequence of {L:,} ({fmt_bytes(pool.sequence_bytes)}): vLLM refuses to start "
                f"(max_model_len larger than the KV cache) -> FAIL")
-    parts.append(Verdict("fit.max_model_len", _pf(ok), msg, measured=f"{pool.tokens} tokens", limit=f"{L} tokens"))
+    parts.append(Verdict("fit.max_model_len", _pf(ok), msg, measured=pool.tokens, limit=L, unit="tokens"))
 
     by_vllm = pool.num_blocks // pool.blocks_per_sequence
     if by_vllm != pool.sequences_at_once:
@@ -402,8 +401,8 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
         ok = pool.sequences_at_once >= wl.long_concurrency
         msg = (f"{head} = {at_once}; profile declares {wl.long_concurrency} "
                f"({' + '.join(wl.long_names)}) -> {_pf(ok).value}")
-        parts.append(Verdict("fit.long", _pf(ok), msg, measured=f"{pool.sequences_at_once} sequences of {L} tokens",
-                             limit=f"{wl.long_concurrency} declared"))
+        parts.append(Verdict("fit.long", _pf(ok), msg, measured=pool.sequences_at_once, limit=wl.long_concurrency,
+                             unit="sequences", evidence={"sequence_tokens": L}))
     else:
         parts.append(Verdict("fit.long", Status.SKIP, f"{head} = {at_once}; no long workload declared"))
 
@@ -414,8 +413,8 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
         msg = (f"max_num_seqs {p.max_num_seqs} x {wl.short_tokens:,} tokens ({wl.short_name}: prompt p99 "
                f"{wl.short_prompt:,} + output {wl.short_output:,}) = {need_blocks * pool.block_size:,} tokens vs "
                f"{pool.usable_blocks * pool.block_size:,} usable ({fits:,} such sequences fit) -> {_pf(ok).value}")
-        parts.append(Verdict("fit.max_num_seqs", _pf(ok), msg, measured=f"{fits} sequences of {wl.short_tokens} tokens",
-                             limit=f"max_num_seqs {p.max_num_seqs}"))
+        parts.append(Verdict("fit.max_num_seqs", _pf(ok), msg, measured=fits, limit=p.max_num_seqs, unit="sequences",
+                             evidence={"sequence_tokens": wl.short_tokens}))
     else:
         parts.append(Verdict("fit.max_num_seqs", Status.SKIP, "no short workload declared"))
     return parts
@@ -430,14 +429,13 @@ def _llamacpp_parts(p: FitPlan) -> list[Verdict]:
            f"{fmt_bytes(off.compute_buffer_bytes)} + reserve {fmt_bytes(off.overhead_bytes)} = "
            f"{fmt_bytes(off.total_bytes)} vs {fmt_bytes(off.memory_bytes)}; largest num_gpu that fits: "
            f"{p.offload_max_layers} -> {_pf(ok).value}")
-    parts = [Verdict("fit.offload", _pf(ok), msg, measured=f"{off.total_bytes} bytes",
-                     limit=f"{off.memory_bytes} bytes")]
+    parts = [Verdict("fit.offload", _pf(ok), msg, measured=off.total_bytes, limit=off.memory_bytes, unit="bytes")]
     if wl.long_concurrency:
         ok = wl.long_concurrency <= p.num_parallel
         msg = (f"{p.num_parallel} parallel slots of {p.max_model_len:,} tokens; profile declares "
                f"{wl.long_concurrency} long ({' + '.join(wl.long_names)}) -> {_pf(ok).value}")
-        parts.append(Verdict("fit.slots", _pf(ok), msg, measured=f"{p.num_parallel} slots",
-                             limit=f"{wl.long_concurrency} declared"))
+        parts.append(Verdict("fit.slots", _pf(ok), msg, measured=p.num_parallel, limit=wl.long_concurrency,
+                             unit="sequences"))
     return parts
 
 
@@ -454,10 +452,10 @@ def fit_verdict(profile: Profile) -> Verdict:
     except KvMathError as exc:
         return Verdict(GATE, Status.INVALID, f"fit arithmetic not possible for profile {profile.name}: {exc}")
     parts = _llamacpp_parts(p) if p.runtime == "llama.cpp" else _vllm_parts(p)
-    v = combine(GATE, parts)
+    v = combine(GATE, parts, headline="fit.long" if p.runtime != "llama.cpp" else "fit.slots")
     evidence = dict(v.evidence)
     evidence["plan"] = p.to_dict()
-    return Verdict(GATE, v.status, v.message, measured=v.measured, limit=v.limit, evidence=evidence)
+    return replace(v, evidence=evidence)
 
 
 # --------------------------------------------------------------------------------------------
@@ -644,11 +642,11 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
         head += f"; live block_size {live_block} != predicted {pool.block_size}"
     if within:
         return Verdict(gate, Status.PASS, f"{head}, within one block ({block}) -> PASS",
-                       measured=f"{live_tokens} tokens", limit=f"{predicted} +/- {block} tokens", evidence=evidence)
+                       measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
     if p.explicit_pool:
         return Verdict(gate, Status.FAIL,
                        f"{head}: more than one block ({block}) off an exact prediction -> FAIL",
-                       measured=f"{live_tokens} tokens", limit=f"{predicted} +/- {block} tokens", evidence=evidence)
+                       measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
     per_seq = km.blocks_for_tokens(p.max_model_len, block)
     live_at_once = max(0, live_tokens // block - 1) // per_seq
     need = p.workloads.long_concurrency
@@ -656,6 +654,8 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
     tail = (f"; the estimate is off by more than one block, and the live pool holds {live_at_once:,} "
             f"{_seq_word(live_at_once)} of {p.max_model_len:,} at once"
             + (f", profile declares {need}" if need else "") + f" -> {_pf(ok).value}")
-    return Verdict(gate, _pf(ok), head + tail, measured=f"{live_tokens} tokens",
-                   limit=f"{need} x {p.max_model_len} tokens" if need else f"{predicted} tokens (estimate)",
-                   evidence=evidence)
+    if need:
+        return Verdict(gate, _pf(ok), head + tail, measured=live_at_once, limit=need, unit="sequences",
+                       evidence={**evidence, "sequence_tokens": p.max_model_len})
+    return Verdict(gate, _pf(ok), head + tail, measured=live_tokens, limit=predicted, unit="tokens",
+                   evidence={**evidence, "limit_is": "estimate"})

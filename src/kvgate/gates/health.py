@@ -16,10 +16,16 @@ def canary_verdict(ex: Exchange, deadline_s: float, after: str) -> Verdict:
     usage, _, problem = completion_facts(ex) if r.status == 200 else (None, None, None)
     ev = {"canary": ex.evidence(), "after": after}
     if r.status != 200 or problem or r.elapsed_s > deadline_s or not usage or not usage.get("completion_tokens"):
-        why = problem or (f"answered {r.status} ({server_error(r)[:120]})" if r.status != 200
+        why = problem or (f"answered {r.status} ({server_error(r, 120)})" if r.status != 200
                           else f"took {r.elapsed_s:.2f} s" if r.elapsed_s > deadline_s else "produced no tokens")
+        if r.status != 200:
+            seen: dict = {"measured": r.status, "limit": 200, "unit": "HTTP status"}
+        elif r.elapsed_s > deadline_s:
+            seen = {"measured": round(r.elapsed_s, 3), "limit": deadline_s, "unit": "s"}
+        else:
+            seen = {"measured": why, "limit": "a completion with tokens"}
         return Verdict(gate, FAIL, f"after {after} a {ex.body.get('max_tokens')}-token canary generation {why}; "
                        f"must succeed within {deadline_s:g} s -> FAIL (server unhealthy, whatever /health says)",
-                       measured=f"{r.status} in {r.elapsed_s:.2f} s", limit=f"200 within {deadline_s:g} s", evidence=ev)
+                       evidence=ev, **seen)
     return Verdict(gate, PASS, f"canary generation 200 in {r.elapsed_s:.2f} s after {after} -> PASS",
-                   measured=f"200 in {r.elapsed_s:.2f} s", limit=f"{deadline_s:g} s", evidence=ev)
+                   measured=round(r.elapsed_s, 3), limit=deadline_s, unit="s", evidence=ev)

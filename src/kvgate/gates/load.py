@@ -24,7 +24,7 @@ def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:
         return None
     return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}; the server was not judged: run kvgate on CPUs "
                    "the server does not use, e.g. taskset the server off one core)",
-                   measured=v.measured, limit=v.limit, evidence=v.evidence)
+                   measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit, evidence=v.evidence)
 
 
 def _pct(x: float | None) -> str:
@@ -69,13 +69,26 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
             f"peak waiting {waiting if waiting is None else f'{waiting:g}'}")
     ev = {"scenario": obs.name, "trace": trace.to_dict(), "records": obs.result.rows(),
           "canary": can.to_dict() if can else None, "wall_s": obs.result.wall_s, "transport": obs.result.transport}
-    measured = {"completed": len(ok), "preemptions": pre, "peak_kv_usage": kv, "peak_running": running}
-    limit = {"completed": n, "preemptions": allowed}
+    ev["peaks"] = {"kv_usage_ratio": kv, "running": running, "waiting": waiting}
+    done_ok = len(ok) == n and not bad_tokens
+    parts = [Verdict(f"{gate}.completed", PASS if done_ok else FAIL,
+                     f"{len(ok)}/{n} completed 200 with {obs.output_tokens} tokens -> {'PASS' if done_ok else 'FAIL'}",
+                     measured=len([r for r in ok if r.tokens == obs.output_tokens]), limit=n, unit="requests")]
+    if pre is None:
+        parts.append(Verdict(f"{gate}.preemptions", SKIP, "no /metrics; preemptions not observable",
+                             limit=allowed, unit="preemptions"))
+    else:
+        parts.append(Verdict(f"{gate}.preemptions", PASS if pre <= allowed else FAIL,
+                             f"{pre:g} preemptions (allowed {allowed}) -> {'PASS' if pre <= allowed else 'FAIL'}",
+                             measured=pre, limit=allowed, unit="preemptions"))
+    if can is not None:
+        parts.append(can)
     if problems:
-        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + f"; {seen} -> FAIL", measured=measured,
-                       limit=limit, evidence=ev)
+        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + f"; {seen} -> FAIL", measured=parts[0].measured,
+                       limit=n, unit="requests", evidence=ev, parts=tuple(parts))
     return Verdict(gate, PASS, f"{what}: {len(ok)}/{n} completed 200 with {obs.output_tokens} tokens in "
-                   f"{obs.result.wall_s:.2f} s; {seen} -> PASS", measured=measured, limit=limit, evidence=ev)
+                   f"{obs.result.wall_s:.2f} s; {seen} -> PASS", measured=parts[0].measured, limit=n, unit="requests",
+                   evidence=ev, parts=tuple(parts))
 
 
 SLO_FIELDS = (("ttft_ms", "ttft_p95_ms", "TTFT"), ("itl_ms", "itl_p95_ms", "ITL"), ("e2e_ms", "e2e_p95_ms", "e2e"))
@@ -107,15 +120,29 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
         problems.append(f"error rate {rate:.1%} > {slo.error_rate_max:.1%} ({s['error_samples'][:2]})")
     what = f"{s['requests']} requests ({obs.prompt_tokens:,}+{obs.output_tokens} tokens) at concurrency {obs.concurrency}"
     ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport}
-    limits = {f: getattr(slo, f) for _, f, _ in SLO_FIELDS} | {"error_rate_max": slo.error_rate_max}
-    measured = {k: s[k]["p95"] for k, _, _ in SLO_FIELDS} | {"error_rate": rate}
+    checks = []
+    for key, field_name, label in SLO_FIELDS:
+        p95, lim = s[key]["p95"], getattr(slo, field_name)
+        if lim is None:
+            checks.append(Verdict(f"{gate}.{label} p95", SKIP, f"no SLO for {label} p95 (slo.{field_name})",
+                                  measured=p95, unit="ms"))
+        else:
+            good = p95 is not None and p95 <= lim
+            checks.append(Verdict(f"{gate}.{label} p95", PASS if good else FAIL,
+                                  f"{label} p95 {'n/a' if p95 is None else f'{p95:,.0f} ms'}; SLO {lim:,.0f} ms -> "
+                                  f"{'PASS' if good else 'FAIL'}", measured=p95, limit=lim, unit="ms"))
+    good = rate <= slo.error_rate_max
+    checks.append(Verdict(f"{gate}.error rate", PASS if good else FAIL, f"error rate {rate:.1%}; max "
+                          f"{slo.error_rate_max:.1%} -> {'PASS' if good else 'FAIL'}", measured=rate,
+                          limit=slo.error_rate_max, unit="ratio"))
+    lead = next((c for c in checks if c.status is FAIL), None) or next((c for c in checks if c.status is PASS))
+    shown = {"measured": lead.measured, "limit": lead.limit, "unit": lead.unit, "parts": tuple(checks)}
     if problems:
-        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + " -> FAIL", measured=measured, limit=limits,
-                       evidence=ev)
+        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + " -> FAIL", evidence=ev, **shown)
     if all(getattr(slo, f) is None for _, f, _ in SLO_FIELDS):
-        return Verdict(gate, SKIP, f"{what}: " + ", ".join(parts) + "; profile sets no latency SLO", measured=measured,
-                       evidence=ev)
-    return Verdict(gate, PASS, f"{what}: " + ", ".join(parts) + " -> PASS", measured=measured, limit=limits, evidence=ev)
+        return Verdict(gate, SKIP, f"{what}: " + ", ".join(parts) + "; profile sets no latency SLO", evidence=ev,
+                       **shown)
+    return Verdict(gate, PASS, f"{what}: " + ", ".join(parts) + " -> PASS", evidence=ev, **shown)
 
 
 def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile: Profile) -> Verdict:
@@ -138,8 +165,9 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
             f"{ex.get('long_prompt_tokens', 0):,}-token prefills run ({ratio:.1f}x)") if pa and pm else \
         f"short-request TTFT p95 alone {pa}, mixed {pm}"
     ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
-                          "trace_mixed": mixed.trace.to_dict()}
-    measured = {"alone_p95_ms": pa, "mixed_p95_ms": pm, "ratio": ratio}
+                          "trace_mixed": mixed.trace.to_dict(),
+                          "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio}}
+    measured = pm
     problems = []
     if m["errors"] or a["errors"]:
         problems.append(f"short requests failed: {a['errors']} alone, {m['errors']} mixed ({(m['error_samples'] or a['error_samples'])[:2]})")
@@ -151,8 +179,10 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
                         "limit max_num_batched_tokens)")
     if problems:
         return Verdict(gate, FAIL, f"{what}; " + "; ".join(problems) + " -> FAIL", measured=measured, limit=limit,
-                       evidence=ev)
+                       unit="ms", evidence=ev)
     if limit is None:
-        return Verdict(gate, SKIP, f"{what}; profile sets no slo.short_ttft_p95_ms", measured=measured, evidence=ev)
+        return Verdict(gate, SKIP, f"{what}; profile sets no slo.short_ttft_p95_ms", measured=measured, unit="ms",
+                       evidence=ev)
     return Verdict(gate, PASS, f"{what}; short-request SLO {limit:,.0f} ms -> PASS", measured=measured, limit=limit,
+                   unit="ms",
                    evidence=ev)

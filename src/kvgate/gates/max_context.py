@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..probes import Exchange
 from ..verdict import Verdict
+from ..client import clip
 from .common import FAIL, PASS, completion_facts, finish_reason, num, server_error
 
 
@@ -21,8 +22,8 @@ def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int) -> Verdict:
     ev = ex.evidence()
     what = f"{num(n)}-token {ex.api} prompt + max_tokens {max_tokens} (= max_model_len {num(max_model_len)})"
     if r.status != 200:
-        return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r)[:160]}); "
-                       "must complete 200 -> FAIL", measured=r.status, limit=200, evidence=ev)
+        return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r, 160)}); "
+                       "must complete 200 -> FAIL", measured=r.status, limit=200, unit="HTTP status", evidence=ev)
     usage, _, problem = completion_facts(ex)
     if problem:
         return Verdict(gate, FAIL, f"{what}: {problem} -> FAIL", measured=problem, limit="valid completion", evidence=ev)
@@ -30,12 +31,12 @@ def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int) -> Verdict:
     fr = finish_reason(ex)
     if pt != n:
         return Verdict(gate, FAIL, f"{what}: server counted {pt} prompt tokens, /tokenize said {num(n)} -> FAIL "
-                       "(prompt altered or truncated)", measured=pt, limit=n, evidence=ev)
+                       "(prompt altered or truncated)", measured=pt, limit=n, unit="tokens", evidence=ev)
     if ct != max_tokens or fr != "length":
         return Verdict(gate, FAIL, f"{what}: {ct} completion tokens, finish_reason {fr!r}; expected {max_tokens} "
-                       "and 'length' (ignore_eos) -> FAIL", measured=ct, limit=max_tokens, evidence=ev)
+                       "and 'length' (ignore_eos) -> FAIL", measured=ct, limit=max_tokens, unit="tokens", evidence=ev)
     return Verdict(gate, PASS, f"{what} -> 200, {ct} tokens, finish 'length' in {r.elapsed_s:.2f} s -> PASS",
-                   measured=pt + ct, limit=max_model_len, evidence=ev)
+                   measured=pt + ct, limit=max_model_len, unit="tokens", evidence=ev)
 
 
 def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> Verdict:
@@ -48,10 +49,10 @@ def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> 
     if 400 <= r.status < 500:
         if r.elapsed_s > deadline_s:
             return Verdict(gate, FAIL, f"{what} rejected {r.status} after {r.elapsed_s:.2f} s; deadline {deadline_s:g} s -> FAIL",
-                           measured=f"{r.elapsed_s:.2f} s", limit=f"{deadline_s:g} s", evidence=ev)
-        msg = server_error(r)
-        return Verdict(gate, PASS, f"{what} -> {r.status} in {r.elapsed_s * 1000:.0f} ms ({msg[:100]}) -> PASS",
-                       measured=r.status, limit="4xx", evidence=ev)
+                           measured=round(r.elapsed_s, 3), limit=deadline_s, unit="s", evidence=ev)
+        msg = server_error(r, 100)
+        return Verdict(gate, PASS, f"{what} -> {r.status} in {r.elapsed_s * 1000:.0f} ms ({msg}) -> PASS",
+                       measured=r.status, limit="4xx", unit="HTTP status", evidence=ev)
     if r.status == 200:
         usage, summary, problem = completion_facts(ex)
         if summary is not None and summary.errors:
@@ -60,7 +61,8 @@ def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> 
             pt = (usage or {}).get("prompt_tokens")
             why = (f"answered 200 (server counted {pt} prompt tokens: silently truncated)"
                    if isinstance(pt, int) and pt <= max_model_len else "answered 200")
-        return Verdict(gate, FAIL, f"{what} {why}; must be rejected 4xx -> FAIL", measured=200, limit="4xx", evidence=ev)
+        return Verdict(gate, FAIL, f"{what} {why}; must be rejected 4xx -> FAIL", measured=200, limit="4xx",
+                       unit="HTTP status", evidence=ev)
     return Verdict(gate, FAIL, f"{what} answered {r.status or 'nothing'} "
-                   f"({(server_error(r) if r.status else r.text)[:120]}); must be 4xx -> FAIL",
-                   measured=r.status, limit="4xx", evidence=ev)
+                   f"({server_error(r, 120) if r.status else clip(r.text, 120)}); must be 4xx -> FAIL",
+                   measured=r.status, limit="4xx", unit="HTTP status", evidence=ev)

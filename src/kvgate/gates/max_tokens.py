@@ -18,22 +18,22 @@ def cap_hit_verdict(ex: Exchange, max_tokens: int) -> Verdict:
     r, ev = ex.reply, ex.evidence()
     if r.status != 200:
         return Verdict(gate, FAIL, f"max_tokens={max_tokens} request answered {r.status} -> FAIL", measured=r.status,
-                       limit=200, evidence=ev)
+                       limit=200, unit="HTTP status", evidence=ev)
     usage, _, problem = completion_facts(ex)
     if problem:
         return Verdict(gate, FAIL, f"max_tokens={max_tokens}: {problem} -> FAIL", evidence=ev)
     ct, fr = usage.get("completion_tokens"), finish_reason(ex)
     if not isinstance(ct, int) or ct > max_tokens:
         return Verdict(gate, FAIL, f"{ct} completion tokens for max_tokens={max_tokens} -> FAIL (cap ignored)",
-                       measured=ct, limit=max_tokens, evidence=ev)
+                       measured=ct, limit=max_tokens, unit="tokens", evidence=ev)
     if ct < max_tokens:
         return Verdict(gate, FAIL, f"{ct} completion tokens for max_tokens={max_tokens} with ignore_eos -> FAIL "
-                       "(stopped early)", measured=ct, limit=max_tokens, evidence=ev)
+                       "(stopped early)", measured=ct, limit=max_tokens, unit="tokens", evidence=ev)
     if fr != "length":
         return Verdict(gate, FAIL, f"{ct} tokens = max_tokens but finish_reason {fr!r}; must be 'length' at the cap -> FAIL",
                        measured=fr, limit="length", evidence=ev)
     return Verdict(gate, PASS, f"{ct}/{max_tokens} tokens, finish_reason 'length' -> PASS", measured=ct,
-                   limit=max_tokens, evidence=ev)
+                   limit=max_tokens, unit="tokens", evidence=ev)
 
 
 def stream_usage_verdict(plain: Exchange, streamed: Exchange, max_tokens: int) -> Verdict:
@@ -44,7 +44,8 @@ def stream_usage_verdict(plain: Exchange, streamed: Exchange, max_tokens: int) -
     for ex in (plain, streamed):
         if ex.reply.status != 200:
             return Verdict(gate, FAIL, f"{'streamed' if ex.stream else 'non-streamed'} request answered "
-                           f"{ex.reply.status} -> FAIL", measured=ex.reply.status, limit=200, evidence=ev)
+                           f"{ex.reply.status} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status",
+                           evidence=ev)
     u_plain, _, p1 = completion_facts(plain)
     u_stream, summary, p2 = completion_facts(streamed)
     if p1 or p2:
@@ -61,9 +62,11 @@ def stream_usage_verdict(plain: Exchange, streamed: Exchange, max_tokens: int) -
     if a != b or b["completion_tokens"] != got:
         return Verdict(gate, FAIL, f"usage streamed {b}, non-streamed {a}, tokens received {got} "
                        f"(by {ev['counted_by']}); all must agree -> FAIL",
-                       measured={"streamed": b, "non_streamed": a, "received": got}, limit="equal", evidence=ev)
+                       measured=b["completion_tokens"], limit=got, unit="tokens",
+                       evidence={**ev, "usage": {"streamed": b, "non_streamed": a, "received": got}})
     return Verdict(gate, PASS, f"usage streamed == non-streamed == received ({got} completion tokens, "
-                   f"{a['prompt_tokens']} prompt tokens) -> PASS", measured=got, limit=max_tokens, evidence=ev)
+                   f"{a['prompt_tokens']} prompt tokens) -> PASS", measured=got, limit=max_tokens, unit="tokens",
+                   evidence=ev)
 
 
 def over_cap_verdict(ex: Exchange, cap: int, mode: str) -> Verdict:
@@ -75,19 +78,19 @@ def over_cap_verdict(ex: Exchange, cap: int, mode: str) -> Verdict:
     if mode == "reject":
         if 400 <= r.status < 500:
             return Verdict(gate, PASS, f"max_tokens={asked} above cap {cap} -> {r.status} -> PASS", measured=r.status,
-                           limit="4xx", evidence=ev)
+                           limit="4xx", unit="HTTP status", evidence=ev)
         return Verdict(gate, FAIL, f"max_tokens={asked} above cap {cap} answered {r.status}; profile says reject (4xx) -> FAIL",
-                       measured=r.status, limit="4xx", evidence=ev)
+                       measured=r.status, limit="4xx", unit="HTTP status", evidence=ev)
     if r.status != 200:
         return Verdict(gate, FAIL, f"max_tokens={asked} above cap {cap} answered {r.status} "
-                       f"({server_error(r)[:160]}); profile says clamp (200) -> FAIL",
-                       measured=r.status, limit=200, evidence=ev)
+                       f"({server_error(r, 160)}); profile says clamp (200) -> FAIL",
+                       measured=r.status, limit=200, unit="HTTP status", evidence=ev)
     usage, _, problem = completion_facts(ex)
     if problem:
         return Verdict(gate, FAIL, f"max_tokens={asked}: {problem} -> FAIL", evidence=ev)
     ct = usage.get("completion_tokens")
     if not isinstance(ct, int) or ct > cap:
         return Verdict(gate, FAIL, f"max_tokens={asked} produced {ct} tokens; profile cap is {cap} -> FAIL (cap not enforced)",
-                       measured=ct, limit=cap, evidence=ev)
+                       measured=ct, limit=cap, unit="tokens", evidence=ev)
     return Verdict(gate, PASS, f"max_tokens={asked} clamped to {ct} tokens (cap {cap}) -> PASS", measured=ct,
-                   limit=cap, evidence=ev)
+                   limit=cap, unit="tokens", evidence=ev)

@@ -48,13 +48,14 @@ def stream_ttft_verdict(ex: Exchange, ttft_ms_limit: float | None) -> Verdict:
     ev = ex.evidence()
     if ttft is None:
         return Verdict(gate, FAIL, f"stream answered {r.status} with no token chunk -> FAIL", measured=None,
-                       limit=ttft_ms_limit, evidence=ev)
+                       limit=ttft_ms_limit, unit="ms", evidence=ev)
     if ttft_ms_limit is None:
         return Verdict(gate, SKIP, f"TTFT {ttft * 1000:.0f} ms; profile sets no slo.ttft_p95_ms", measured=ttft * 1000,
-                       evidence=ev)
+                       unit="ms", evidence=ev)
     ok = ttft * 1000 <= ttft_ms_limit
     return Verdict(gate, PASS if ok else FAIL, f"TTFT {ttft * 1000:,.0f} ms; SLO {ttft_ms_limit:,.0f} ms -> "
-                   f"{'PASS' if ok else 'FAIL'}", measured=round(ttft * 1000, 2), limit=ttft_ms_limit, evidence=ev)
+                   f"{'PASS' if ok else 'FAIL'}", measured=round(ttft * 1000, 2), limit=ttft_ms_limit, unit="ms",
+                   evidence=ev)
 
 
 def stream_idle_verdict(ex: Exchange, idle_timeout_s: float | None) -> Verdict:
@@ -70,11 +71,11 @@ def stream_idle_verdict(ex: Exchange, idle_timeout_s: float | None) -> Verdict:
     where = "before the first event" if gaps.index(worst) == 0 else f"after event {gaps.index(worst)}"
     if idle_timeout_s is None:
         return Verdict(gate, SKIP, f"longest gap {worst:.2f} s ({where}); profile sets no limits.stream_idle_timeout_s",
-                       measured=worst, evidence=ev)
+                       measured=worst, unit="s", evidence=ev)
     ok = worst < idle_timeout_s
     return Verdict(gate, PASS if ok else FAIL, f"longest stream gap {worst:.3f} s ({where}); gateway idle timeout "
                    f"{idle_timeout_s:g} s -> {'PASS' if ok else 'FAIL (the gateway would cut this stream)'}",
-                   measured=round(worst, 4), limit=idle_timeout_s, evidence=ev)
+                   measured=round(worst, 4), limit=idle_timeout_s, unit="s", evidence=ev)
 
 
 def stream_framing_verdict(ex: Exchange) -> Verdict:
@@ -98,10 +99,10 @@ def stream_framing_verdict(ex: Exchange) -> Verdict:
     if s.undecodable:
         problems.append(f"non-JSON event {s.undecodable[0]!r}")
     if problems:
-        return Verdict(gate, FAIL, "; ".join(problems) + " -> FAIL", measured=problems, limit="1 finish chunk, then [DONE]",
-                       evidence=ev)
+        return Verdict(gate, FAIL, "; ".join(problems) + " -> FAIL", measured="; ".join(problems),
+                       limit="one finish chunk, then [DONE]", evidence=ev)
     return Verdict(gate, PASS, f"{len(r.events)} events, one finish chunk ({s.finish_reasons[0]!r}), then [DONE] -> PASS",
-                   measured=len(r.events), limit="1 finish chunk, then [DONE]", evidence=ev)
+                   measured="one finish chunk, then [DONE]", limit="one finish chunk, then [DONE]", evidence=ev)
 
 
 def stream_text_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
@@ -119,9 +120,9 @@ def stream_text_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
         ev["first_difference_at_char"] = i
         return Verdict(gate, FAIL, f"streamed deltas ({len(got)} chars) differ from the non-streamed text ({len(want)} chars) "
                        f"at char {i}: {got[max(0, i - 10):i + 20]!r} vs {want[max(0, i - 10):i + 20]!r} -> FAIL",
-                       measured=len(got), limit=len(want), evidence=ev)
+                       measured=len(got), limit=len(want), unit="chars", evidence=ev)
     return Verdict(gate, PASS, f"streamed deltas == non-streamed text ({len(got)} chars) -> PASS", measured=len(got),
-                   limit=len(want), evidence=ev)
+                   limit=len(want), unit="chars", evidence=ev)
 
 
 def sdk_verdict(api: str, sdk: Any, plain: Exchange) -> Verdict:
@@ -134,5 +135,7 @@ def sdk_verdict(api: str, sdk: Any, plain: Exchange) -> Verdict:
                        measured=sdk.error, limit="parses", evidence=ev)
     if want is not None and sdk.text != want:
         return Verdict(gate, FAIL, f"openai SDK text ({len(sdk.text)} chars) differs from the non-streamed text "
-                       f"({len(want)} chars) -> FAIL", measured=len(sdk.text), limit=len(want), evidence=ev)
-    return Verdict(gate, PASS, f"openai SDK parsed {sdk.chunks} chunks, same text -> PASS", measured=sdk.chunks, evidence=ev)
+                       f"({len(want)} chars) -> FAIL", measured=len(sdk.text), limit=len(want), unit="chars", evidence=ev)
+    return Verdict(gate, PASS, f"openai SDK parsed {sdk.chunks} chunks, same text -> PASS",
+                   measured=len(sdk.text), limit=len(want) if want is not None else None, unit="chars",
+                   evidence=ev)
