@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 # Import lazily-loaded HTTP stacks up front: pytester's in-process runs drop modules first
@@ -36,3 +37,45 @@ model:
 engine:
   max_model_len: 256
 """
+
+
+# ---------------------------------------------------------------------------- summary schema
+def validate_summary(summary: dict) -> dict:
+    """Validate a summary.json document against kvgate's JSON Schema; return it. Every test that
+    makes kvgate write a summary reads it through here (or :func:`read_summary`)."""
+    import jsonschema
+
+    from kvgate.report import SUMMARY_SCHEMA
+
+    schema = json.loads(SUMMARY_SCHEMA.read_text())
+    jsonschema.validate(summary, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    return summary
+
+
+def read_summary(reports: Path) -> dict:
+    """``reports/summary.json``, parsed and validated against the schema."""
+    return validate_summary(json.loads((reports / "summary.json").read_text()))
+
+
+# ---------------------------------------------------------------------------- the checkout's reports/
+CHECKOUT_REPORTS = REPO / "reports"
+
+
+def reports_snapshot(root: Path = CHECKOUT_REPORTS) -> dict[str, tuple[int, int]] | None:
+    """``{relative path: (mtime_ns, size)}`` of every file under ``root`` (None when absent)."""
+    if not root.exists():
+        return None
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_reports_untouched():
+    """kvgate's own tests never write into the checkout's ``reports/`` (a user's last real run
+    lives there): every pytester/subprocess run must pass ``--kvgate-reports`` a tmp dir. Checked
+    once, at the end of the session."""
+    before = reports_snapshot()
+    yield
+    after = reports_snapshot()
+    assert after == before, (f"kvgate's own tests wrote into {CHECKOUT_REPORTS}: "
+                             f"{sorted(set((after or {}).items()) ^ set((before or {}).items()))[:10]}")

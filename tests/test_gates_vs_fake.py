@@ -4,14 +4,13 @@ read back from reports/summary.json."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, read_summary
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
@@ -26,7 +25,7 @@ def run_suites(pytester, url, *extra, suites=SUITES):
         "--profile", str(PROFILE), "--endpoint", url, "--kvgate-reports", str(reports),
         *[str(REPO / s) for s in suites], *extra,
     )
-    summary = json.loads((reports / "summary.json").read_text())
+    summary = read_summary(reports)
     return result, summary, {g["id"]: g for g in summary["gates"]}
 
 
@@ -91,40 +90,25 @@ def test_dead_engine_with_healthy_health_endpoint_is_caught(pytester, fake):
     assert g["evidence"]["max-context/over-length/completions"]["status"] == "PASS"  # the 400 itself was right
 
 
-def test_garbage_server_is_a_conformance_failure_not_a_traceback(pytester):
-    import http.server
-    import threading
+def test_server_that_stops_listing_models_fails_the_gate(pytester, fake):
+    # past the preflight, a /v1/models that turns to garbage is a deployment FAIL, not a traceback
+    from kvgate.gates.deployment import served_model_verdict
+    from kvgate.client import Reply
+    from kvgate.probes import DeploymentObservation
+    from kvgate.profile import load_profile
 
-    class Garbage(http.server.BaseHTTPRequestHandler):
-        def _reply(self):
-            body = b"<html>not an LLM</html>"
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = _reply
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        result, summary, gates = run_suites(pytester, f"http://127.0.0.1:{server.server_port}/v1",
-                                            "-k", "deployment")
-    finally:
-        server.shutdown()
-    g = gates["fake-vllm/deployment/served-model"]
-    assert g["status"] == "FAIL" and "without a model list" in g["message"]
-    assert "Traceback" not in result.stdout.str()
+    obs = DeploymentObservation(models=Reply(200, "<html>not an LLM</html>", 0.01), tokenize=None,
+                                metrics_text=None, version=None)
+    v = served_model_verdict(obs, load_profile(str(PROFILE)))
+    assert v.status.value == "FAIL" and "without a model list" in v.message
 
 
 def test_slow_first_token_fails_ttft_slo(pytester, fake):
     fake.config.ttft_s = 0.7
     _, _, gates = run_suites(pytester, fake.url, "-k", "ttft")
     g = gates["fake-vllm/streaming/ttft/completions"]
-    assert g["status"] == "FAIL" and "SLO 500 ms" in g["message"] and g["measured"] >= 700
+    assert g["status"] == "FAIL" and "SLO 500 ms" in g["message"] and g["measured"]["value"] >= 700
+    assert g["measured"]["unit"] == g["limit"]["unit"] == "ms" and g["limit"]["value"] == 500
 
 
 @pytest.fixture
@@ -171,7 +155,9 @@ def test_head_of_line_blocking_fails_interference(pytester):
         _, _, gates = run_suites(pytester, fake.url, "-k", "interference", suites=LOAD)
     g = gates["fake-vllm/latency/interference"]
     assert g["status"] == "FAIL", g["message"]
-    assert "the short workload suffers" in g["message"] and g["measured"]["mixed_p95_ms"] > 100
+    assert "the short workload suffers" in g["message"] and g["measured"] == {"value": g["measured"]["value"],
+                                                                             "unit": "ms"}
+    assert g["measured"]["value"] > 100 and g["evidence"]["short_ttft_p95_ms"]["mixed"] > 100
 
 
 def test_5xx_under_concurrent_long_prompts_fails(pytester):

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, read_summary
 
 pytest_plugins = ["pytester"]
 FAKE_PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
 
 
 def run(pytester, *args):
+    """pytest in-process from the checkout's config; reports go to ``pytester.path/reports``
+    unless the test names its own (kvgate's tests never write into the checkout's reports/)."""
+    reports = [] if any(str(a).startswith("--kvgate-reports") for a in args) else \
+        [f"--kvgate-reports={pytester.path / 'reports'}"]
     return pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
-                                        "-p", "no:cacheprovider", *args)
+                                        "-p", "no:cacheprovider", *reports, *args)
 
 
 def test_unknown_profile_is_one_usage_error_listing_profiles(pytester):
@@ -25,6 +27,8 @@ def test_unknown_profile_is_one_usage_error_listing_profiles(pytester):
     err = result.stderr.str()
     assert "unknown profile 'nosuch'" in err and "tiny-cpu" in err
     assert "Traceback" not in err
+    summary = read_summary(pytester.path / "reports")
+    assert summary["overall"] == "ERROR" and "unknown profile 'nosuch'" in summary["error"]
 
 
 def test_malformed_profile_names_file_field_and_type(pytester):
@@ -41,7 +45,9 @@ def test_unreachable_endpoint_says_so_in_one_line(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     lines = [ln for ln in result.stderr.str().splitlines() if ln.strip()]
     assert len(lines) == 1, lines
-    assert "endpoint http://127.0.0.1:9 is unreachable" in lines[0]
+    assert "endpoint http://127.0.0.1:9 is unreachable" in lines[0] and "nothing was gated" in lines[0]
+    summary = read_summary(pytester.path / "reports")
+    assert summary["overall"] == "ERROR" and summary["endpoint_contacted"] is False
 
 
 def test_suites_without_profile_is_a_usage_error(pytester):
@@ -85,9 +91,9 @@ def test_reports_written_and_secrets_redacted(pytester, monkeypatch):
                      str(REPO / "suites" / "test_max_tokens.py"))
         assert fake.state.requests, "the fake saw no traffic"
     result.assert_outcomes(passed=9)
-    summary = json.loads((reports / "summary.json").read_text())
+    summary = read_summary(reports)
     assert summary["overall"] == "PASS" and summary["complete"] is True
-    assert summary["endpoint"] == url
+    assert summary["endpoint"] == url and summary["endpoint_contacted"] is True
     assert {g["status"] for g in summary["gates"]} == {"PASS"}
     assert all({"measured", "limit", "evidence", "message"} <= set(g) for g in summary["gates"])
     assert (reports / "junit.xml").is_file()
@@ -100,14 +106,29 @@ def test_reports_written_and_secrets_redacted(pytester, monkeypatch):
     assert secret not in result.stdout.str()
 
 
-def test_wrong_api_key_is_a_failure_not_a_crash(pytester, monkeypatch):
+def test_wrong_api_key_is_one_preflight_line_not_29_fails(pytester, monkeypatch):
     monkeypatch.setenv("KVGATE_TEST_KEY", "sk-wrong-key-123")
     with FakeVLLM(FakeConfig(api_key="sk-right-key-456")) as fake:
         result = run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, "--api-key-env",
-                     "KVGATE_TEST_KEY", "--kvgate-reports", str(pytester.path / "r"),
-                     str(REPO / "suites" / "test_deployment.py"), "-k", "served")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*/v1/models answered 401*"])
+                     "KVGATE_TEST_KEY", "--kvgate-reports", str(pytester.path / "r"), str(REPO / "suites"))
+        assert len(fake.state.requests) <= 1  # the preflight, nothing else
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = [ln for ln in result.stderr.str().splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert "answered 401 on /v1/models" in lines[0] and "$KVGATE_TEST_KEY (--api-key-env) was refused" in lines[0]
+    summary = read_summary(pytester.path / "r")
+    assert summary["overall"] == "ERROR" and summary["gates"] == []
+    for p in (pytester.path / "r").rglob("*"):
+        if p.is_file():
+            assert "sk-wrong-key-123" not in p.read_text(errors="replace"), p
+    assert "sk-wrong-key-123" not in result.stdout.str() + result.stderr.str()
+
+
+def test_missing_api_key_names_the_option(pytester):
+    with FakeVLLM(FakeConfig(api_key="sk-right-key-456")) as fake:
+        result = run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no API key was sent" in result.stderr.str() and "--api-key-env VAR" in result.stderr.str()
 
 
 def test_stopped_run_is_marked_incomplete(pytester):
@@ -115,9 +136,12 @@ def test_stopped_run_is_marked_incomplete(pytester):
         reports = pytester.path / "r"
         run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, "--kvgate-reports", str(reports),
             "-x", str(REPO / "suites" / "test_deployment.py"))
-    summary = json.loads((reports / "summary.json").read_text())
+    summary = read_summary(reports)
     assert summary["complete"] is False and summary["overall"] == "INCOMPLETE"
     assert summary["counts"]["FAIL"] == 1  # what was measured is still there
+    xml = (reports / "junit.xml").read_text()
+    assert f'name="kvgate_run_id" value="{summary["run_id"]}"' in xml
+    assert 'name="kvgate_overall" value="INCOMPLETE"' in xml and "run incomplete" in xml
 
 
 def test_credentials_in_endpoint_url_are_refused_without_echo(pytester):
@@ -133,7 +157,7 @@ def test_usage_error_replaces_a_stale_summary(pytester):
     (reports / "summary.json").write_text('{"overall": "PASS"}')
     result = run(pytester, "--profile", "nosuch", "--kvgate-reports", str(reports), str(REPO / "suites"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    summary = json.loads((reports / "summary.json").read_text())
+    summary = read_summary(reports)
     assert summary["overall"] == "ERROR" and "unknown profile 'nosuch'" in summary["error"]
 
 
@@ -158,6 +182,8 @@ def test_junit_carries_verdict_properties(pytester):
     result.assert_outcomes(passed=1)
     xml = (reports / "junit.xml").read_text()
     assert 'name="kvgate_verdict" value="PASS"' in xml and 'name="kvgate_message"' in xml
+    assert 'name="kvgate_measured" value="{&quot;value&quot;: 10, &quot;unit&quot;: &quot;sequences&quot;}"' in xml
+    assert f'name="kvgate_run_id" value="{read_summary(reports)["run_id"]}"' in xml
 
 
 def test_fit_only_needs_neither_server_nor_reachable_endpoint(pytester):
@@ -165,3 +191,16 @@ def test_fit_only_needs_neither_server_nor_reachable_endpoint(pytester):
                  "--kvgate-reports", str(pytester.path / "r"), str(REPO / "suites"))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAIL*llama70b-tp4-defaults/fit/kv-pool*"])
+    out = result.stdout.str()
+    assert "endpoint http://127.0.0.1:9/v1 not contacted (-m fit needs no server)" in out  # header
+    assert "kvgate llama70b-tp4-defaults: endpoint http://127.0.0.1:9/v1 not contacted" in out  # verdict table
+    assert "(vLLM ?)" not in out and "launched on first use" not in out
+    assert read_summary(pytester.path / "r")["endpoint_contacted"] is False
+
+
+def test_fit_only_without_endpoint_says_no_server(pytester):
+    result = run(pytester, "--profile", "tiny-cpu", "-m", "fit", str(REPO / "suites"))
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "no server (-m fit needs none)" in out and "kvgate tiny-cpu: no server started" in out
+    assert "@ -" not in out and "embedded vLLM" not in out

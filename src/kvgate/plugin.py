@@ -19,12 +19,19 @@ from typing import Any, Callable
 
 import pytest
 
-from .client import Endpoint, EndpointUnreachable
-from .launch.target import TargetError, check_reachable, endpoint_from_url
+from . import outputs
+from .client import Endpoint
+from .launch.target import TargetError, endpoint_from_url
+from .preflight import PreflightError, preflight
 from .profile import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
 from .redact import Redactor
 from .report import RunRecord, attach_png, attach_text, attach_verdict
 from .verdict import Status, Verdict
+
+try:  # allure-pytest is a dependency; keep the plugin importable without it
+    import allure
+except ImportError:  # pragma: no cover
+    allure = None
 
 
 @dataclass
@@ -42,6 +49,27 @@ class KvgateState:
 
 STATE = pytest.StashKey[KvgateState]()
 CLASH = pytest.StashKey[bool]()
+#: This run's id (summary.json ``run_id``, JUnit property and Allure label ``kvgate_run_id``).
+RUN_ID = pytest.StashKey[str]()
+#: Set when the run could not start: ``(message, junit path or None)``; the reports say ERROR.
+RUN_ERROR = pytest.StashKey[tuple[str, "Path | None"]]()
+
+#: Every marker kvgate defines, registered once here (pyproject.toml lists only kvgate's own
+#: test markers): the ``gate`` marker and one per gate for ``-m``.
+MARKERS = (
+    "gate(name, cases=()): a kvgate gate; cases become readable ids PROFILE/GATE/CASE",
+    "fit: the fit gate (KV-cache and VRAM arithmetic; needs no server)",
+    "deployment: the deployment-matches-profile gate",
+    "max_context: the max-context gate",
+    "max_tokens: the max_tokens caps gate",
+    "streaming: the streaming gate",
+    "disconnect: the disconnect-frees-the-slot gate",
+    "load: gates that put the server under concurrent load",
+    "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
+)
+#: Path-valued options of plugins loaded after pytest fixes its rootdir: given as ``--opt PATH``
+#: (with a space) pytest reads PATH as a test path when it picks the rootdir.
+PATH_OPTIONS = ("--profile", "--deploy-profile", "--kvgate-reports", "--profile-dir", "--alluredir")
 
 
 def _profiling_installed() -> bool:
@@ -52,17 +80,21 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group = parser.getgroup("kvgate", "kvgate deployment conformance")
     names = ["--deploy-profile"] if _profiling_installed() else ["--profile", "--deploy-profile"]
     group.addoption(*names, dest="kvgate_profile", default=None, metavar="NAME|PATH",
-                    help="deployment profile: a name in profiles/ or a path to a YAML file")
+                    help="deployment profile: a name in profiles/ or a path to a YAML file (give a path with "
+                         "'=': --profile=PATH)")
     group.addoption("--endpoint", dest="kvgate_endpoint", default=None, metavar="URL",
                     help="gate an existing OpenAI-compatible server (default: launch the embedded vLLM)")
     group.addoption("--api-key-env", dest="kvgate_api_key_env", default=None, metavar="VAR",
                     help="environment variable holding the endpoint's API key (never printed)")
     group.addoption("--kvgate-reports", dest="kvgate_reports", default="reports", metavar="DIR",
-                    help="directory for summary.json, allure-results/, junit.xml (default: reports)")
+                    help="directory for summary.json, allure-results/, junit.xml, vllm-server.log; each run "
+                         "replaces them (default: reports under the rootdir; give it with '=': --kvgate-reports=DIR)")
     group.addoption("--startup-budget", dest="kvgate_startup_budget", type=float, default=240.0, metavar="S",
                     help="seconds the embedded vLLM may take to become healthy (default 240)")
     group.addoption("--profile-dir", dest="kvgate_profile_dir", default=str(DEFAULT_PROFILE_DIR), metavar="DIR",
-                    help="where --profile NAME is looked up")
+                    help="where --profile NAME is looked up (give it with '=': --profile-dir=DIR)")
+    group.addoption("--soak-duration", dest="kvgate_soak_duration", default=None, metavar="DURATION",
+                    help="override the profile's soak.duration, e.g. 10m, 6h, 90s (warm-up included)")
 
 
 def _usage(msg: str) -> pytest.UsageError:
@@ -71,11 +103,9 @@ def _usage(msg: str) -> pytest.UsageError:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    for line in ("gate(name, cases=()): a kvgate gate; cases become readable ids PROFILE/GATE/CASE",
-                 "fit: the fit gate", "deployment: deployment matches profile", "max_context: max-context gate",
-                 "max_tokens: max_tokens caps gate", "streaming: streaming gate", "disconnect: disconnect gate",
-                 "load: gates that put the server under concurrent load"):
+    for line in MARKERS:
         config.addinivalue_line("markers", line)
+    config.stash[RUN_ID] = outputs.new_run_id()
     name = config.getoption("kvgate_profile")
     if name is None:
         if _profiling_installed() and config.getoption("profile", default=False) is True:
@@ -86,9 +116,8 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         _configure(config, name, reports)
     except pytest.UsageError as exc:
-        # a stale summary from an earlier run must not be read as this run's verdict
-        if not config.option.collectonly:
-            _write_error_summary(reports, str(exc))
+        # the earlier run's reports must not be read as this run's verdict: replace them all
+        write_error_reports(config, str(exc))
         raise
 
 
@@ -99,21 +128,85 @@ def _reports_dir(config: pytest.Config) -> Path:
     return path if path.is_absolute() or raw != "reports" else config.rootpath / "reports"
 
 
-def _write_error_summary(reports: Path, message: str) -> None:
+def _junit_path(config: pytest.Config, reports: Path) -> Path:
+    """Where this run's JUnit goes: ``--junitxml`` if given, else ``junit.xml`` in the reports dir."""
+    xml = getattr(config.option, "xmlpath", None)
+    return Path(xml) if xml else reports / outputs.JUNIT
+
+
+def _allure_path(config: pytest.Config, reports: Path) -> tuple[Path | None, bool]:
+    """``(dir, replace)``: where this run's Allure results go (``--alluredir`` if given, else
+    ``allure-results`` in the reports dir; None without allure-pytest) and whether kvgate empties
+    it first (its own dir always; a chosen one only with ``--clean-alluredir``)."""
+    if not hasattr(config.option, "allure_report_dir"):
+        return None, False
+    chosen = config.option.allure_report_dir
+    if chosen:
+        return Path(chosen), bool(getattr(config.option, "clean_alluredir", False))
+    return reports / outputs.ALLURE, True
+
+
+def write_error_reports(config: pytest.Config, message: str) -> None:
+    """A run that cannot start (usage error, preflight refusal) still replaces the reports as a
+    set: the previous run's outputs are removed, then an ``ERROR`` summary.json, a junit.xml with
+    one error testcase and an Allure *broken* result are written, all with this run's id. Not in
+    ``--collect-only`` (which is not a run). Never raises: an unwritable reports dir is itself the
+    usage error being reported."""
+    if config.option.collectonly:
+        return
+    reports = _reports_dir(config)
+    run_id = config.stash.get(RUN_ID, None) or outputs.new_run_id()
+    st = config.stash.get(STATE, None)
+    if st is not None:
+        record = st.record
+    else:
+        name = config.getoption("kvgate_profile", default=None)
+        record = RunRecord(name, None, Redactor())
+    record.run_id = run_id
+    record.run_error = record.redactor.text(message)
+    record.complete = False
+    junit = _junit_path(config, reports)
+    allure_dir, replace_allure = _allure_path(config, reports)
+    config.stash[RUN_ERROR] = (record.run_error, junit)
     try:
         reports.mkdir(parents=True, exist_ok=True)
-        (reports / "summary.json").write_text(json.dumps(
-            {"kvgate_summary_version": 1, "overall": "ERROR", "complete": False, "error": message, "gates": []},
-            indent=2))
+        outputs.clear(reports, [junit] + ([allure_dir] if allure_dir and replace_allure else []))
+        record.write_summary(reports / outputs.SUMMARY)
+        outputs.write_junit_problem(junit, run_id, "ERROR", record.run_error)
+        if allure_dir is not None:
+            outputs.write_allure_problem(allure_dir, run_id, record.run_error, profile=record.profile_name)
+            outputs.write_allure_environment(allure_dir, {outputs.RUN_ID_KEY: run_id, "overall": "ERROR",
+                                                          "profile": record.profile_name})
     except OSError:
         pass
 
 
+def given_with_space(args: list[str] | tuple[str, ...], options: tuple[str, ...] = PATH_OPTIONS) -> list[tuple[str, str]]:
+    """``(option, value)`` for each path-valued option written ``--opt VALUE`` (not ``--opt=VALUE``)
+    whose VALUE exists as a path -- the ones pytest took for a test path when it chose its rootdir."""
+    found = []
+    for opt, value in zip(args, list(args[1:]) + [""]):
+        if opt in options and value and not value.startswith("-") and Path(value).exists():
+            found.append((opt, value))
+    return found
+
+
+def _no_config_message(config: pytest.Config) -> str:
+    spaced = given_with_space(config.invocation_params.args)
+    if spaced:
+        opts = ", ".join(f"{opt} {value}" for opt, value in spaced)
+        fixed = " ".join(f"{opt}={value}" for opt, value in spaced)
+        return (f"pytest read the value of {opts} as a test path (it picks its rootdir before it knows kvgate's "
+                f"options) and found no kvgate configuration from there (rootdir {config.rootpath}); "
+                f"write it with '=': {fixed}")
+    return (f"pytest found no kvgate configuration (rootdir {config.rootpath}): run from the kvgate "
+            "checkout, and give path options with '=' (--profile=PATH, --kvgate-reports=DIR), since pytest reads a "
+            "bare path after an option it does not know yet as a test path")
+
+
 def _configure(config: pytest.Config, name: str, reports: Path) -> None:
     if config.inipath is None:
-        raise _usage(f"pytest found no kvgate configuration (rootdir {config.rootpath}): run from the kvgate "
-                     "checkout, and give profile paths as --profile=PATH (with '='), since pytest reads a bare "
-                     "path after an option it does not know yet as a test path")
+        raise _usage(_no_config_message(config))
     profile_dir = Path(config.getoption("kvgate_profile_dir"))
     try:
         profile = load_profile(name, profile_dir)
@@ -131,25 +224,49 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
     if url:
         try:
             endpoint = endpoint_from_url(url, profile, api_key_env)
-            redactor.add(endpoint.api_key)
-            if not config.option.collectonly and not _only_fit(config):
-                check_reachable(endpoint)
-        except (TargetError, EndpointUnreachable) as exc:
+        except TargetError as exc:
             raise _usage(redactor.text(str(exc))) from None
+        redactor.add(endpoint.api_key)
     elif not profile.embedded and not _only_fit(config):
         raise _usage(f"profile {profile.name!r} describes a deployment kvgate cannot launch here; "
                      "give --endpoint URL (or run only the fit gate: -m fit)")
 
-    record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None)
+    if config.getoption("kvgate_soak_duration"):
+        from .soak import SoakError, soak_spec
+
+        try:
+            soak_spec(profile, config.getoption("kvgate_soak_duration"))
+        except SoakError as exc:
+            raise _usage(str(exc)) from None
+    record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
+                       run_id=config.stash[RUN_ID])
     config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint,
                                       config.getoption("kvgate_startup_budget"))
-    # report outputs, unless the user chose their own
-    if getattr(config.option, "allure_report_dir", None) is None and hasattr(config.option, "allure_report_dir"):
-        config.option.allure_report_dir = str(reports / "allure-results")
-        config.option.clean_alluredir = True
-    if not getattr(config.option, "xmlpath", None):
-        config.option.xmlpath = str(reports / "junit.xml")
+    if config.option.collectonly:
+        return  # not a run: no reports are touched, no endpoint contacted
+    # one run, one set of reports: the previous run's go before anything runs
+    junit = _junit_path(config, reports)
+    allure_dir, replace_allure = _allure_path(config, reports)
+    try:
+        outputs.clear(reports, [junit] + ([allure_dir] if allure_dir and replace_allure else []))
+        record.write_summary(reports / outputs.SUMMARY, running=True)
+    except OSError as exc:
+        raise _usage(f"--kvgate-reports {reports}: cannot replace the previous run's reports ({exc})") from None
+    if allure_dir is not None:
+        config.option.allure_report_dir = str(allure_dir)
+    config.option.xmlpath = str(junit)
     _install_sigterm(config)
+    if endpoint is not None and not _only_fit(config):
+        try:
+            preflight(endpoint, profile, api_key_env)
+        except PreflightError as exc:
+            record.endpoint_contacted = exc.kind != "unreachable"
+            raise _usage(redactor.text(str(exc))) from None
+        except KeyboardInterrupt:
+            record.interrupted_in = "preflight"
+            write_error_reports(config, "interrupted during the preflight (Ctrl-C or SIGTERM); nothing was gated")
+            raise
+        record.endpoint_contacted = True
 
 
 def _install_sigterm(config: pytest.Config) -> None:
@@ -182,8 +299,14 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     st = config.stash.get(STATE, None)
     if st is None:
         return None
-    where = st.endpoint.display if st.endpoint else "embedded vLLM (launched on first use)"
-    return [f"kvgate: profile {st.profile.name} ({st.profile.source}); endpoint {where}; reports {st.reports_dir}/"]
+    if _only_fit(config):
+        where = (f"endpoint {st.endpoint.display} not contacted (-m fit needs no server)" if st.endpoint
+                 else "no server (-m fit needs none)")
+    else:
+        where = f"endpoint {st.endpoint.display}" if st.endpoint else "endpoint: embedded vLLM, started by kvgate"
+    run_id = config.stash.get(RUN_ID, "")
+    return [f"kvgate: profile {st.profile.name} ({st.profile.source}); {where}; reports {st.reports_dir}/ "
+            f"(run {run_id})"]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -213,13 +336,18 @@ def test_id(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.stash.get(STATE, None) is None:
         if any(item.get_closest_marker("gate") for item in items):
-            state(config)  # raises the usage error listing profiles
+            try:
+                state(config)  # raises the usage error listing profiles
+            except pytest.UsageError as exc:
+                write_error_reports(config, str(exc))
+                raise
         return
     # the fit gate needs no server and runs first; gates that load the server run last
     items.sort(key=_gate_rank)
 
 
-GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "disconnect", "concurrency", "latency")
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "disconnect", "concurrency", "latency",
+              "soak")
 
 
 def _gate_rank(item: pytest.Item) -> int:
@@ -238,10 +366,15 @@ def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
 
     def record(verdict: Verdict, attachments: dict[str, str] | None = None, console: bool = False) -> Verdict:
         attachments = attachments or {}
+        shown = verdict.to_summary()
         item.user_properties.extend([("kvgate_verdict", verdict.status.value),
                                      ("kvgate_message", st.redactor.text(verdict.message)),
-                                     ("kvgate_measured", st.redactor.text(json.dumps(verdict.measured, default=str))),
-                                     ("kvgate_limit", st.redactor.text(json.dumps(verdict.limit, default=str)))])
+                                     ("kvgate_measured", st.redactor.text(json.dumps(shown["measured"], default=str))),
+                                     ("kvgate_limit", st.redactor.text(json.dumps(shown["limit"], default=str)))])
+        if verdict.not_checked_note():
+            item.user_properties.append(("kvgate_not_checked", st.redactor.text(verdict.not_checked_note())))
+        if allure is not None:
+            allure.dynamic.label(outputs.RUN_ID_KEY, st.record.run_id)
         st.record.add(item.nodeid, test_id(item), verdict,
                       [(k, v) for k, v in attachments.items() if isinstance(v, str)] if console else None)
         attach_verdict(verdict, st.redactor)
@@ -254,6 +387,8 @@ def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
             pytest.fail(st.redactor.text(verdict.message), pytrace=False)
         if verdict.status is Status.INVALID:
             pytest.fail("INVALID: " + st.redactor.text(verdict.message), pytrace=False)
+        if verdict.status is Status.INCOMPLETE:
+            pytest.fail("INCOMPLETE: " + st.redactor.text(verdict.message), pytrace=False)
         if verdict.status is Status.SKIP:
             pytest.skip(st.redactor.text(verdict.message))
         return verdict
@@ -277,7 +412,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         st.record.error(item.nodeid, test_id(item), f"{rep.when}: {text}")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's JUnit plugin wrote its file, so it can be stamped
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    failed_start = session.config.stash.get(RUN_ERROR, None)
+    if failed_start is not None:
+        _, junit = failed_start
+        if junit is not None and junit.is_file() and "kvgate_run_id" not in junit.read_text(errors="replace"):
+            # pytest's JUnit plugin rewrote it after the usage error: put the error case back
+            outputs.write_junit_problem(junit, session.config.stash[RUN_ID], "ERROR", failed_start[0])
+        return
     st = session.config.stash.get(STATE, None)
     if st is None or session.config.option.collectonly:
         return
@@ -286,8 +429,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.INTERRUPTED or missing:
         st.record.complete = False
         st.record.not_run = missing
-    path = st.record.write_summary(st.reports_dir / "summary.json")
+    path = st.record.write_summary(st.reports_dir / outputs.SUMMARY)
     st.extra["summary_path"] = str(path)
+    _stamp_reports(session.config, st)
+
+
+def _stamp_reports(config: pytest.Config, st: KvgateState) -> None:
+    """Put this run's id (and, for an incomplete run, an error case) into the JUnit file and the
+    Allure results written beside summary.json, so all three say the same."""
+    rec, reports = st.record, st.reports_dir
+    overall = rec.final_status()
+    problem = None
+    if overall == "INCOMPLETE":
+        where = f" (interrupted in {rec.interrupted_in})" if rec.interrupted_in else ""
+        cut = [e.test_id for e in rec.entries.values() if e.status == "INCOMPLETE"]
+        parts = ([f"{len(rec.not_run)} selected gate(s) did not run: {', '.join(rec.not_run[:5])}"] if rec.not_run
+                 else []) + ([f"cut short: {', '.join(cut[:5])}"] if cut else [])
+        problem = f"run incomplete{where}: {'; '.join(parts) or 'not every gate finished'}"
+    elif overall == "ERROR":
+        problem = rec.run_error
+    xml = getattr(config.option, "xmlpath", None)
+    if xml:
+        outputs.stamp_junit(Path(xml), rec.run_id, overall, rec.redactor.text(problem) if problem else None)
+    allure_dir = getattr(config.option, "allure_report_dir", None)
+    if allure_dir:
+        try:
+            if problem:
+                outputs.write_allure_problem(Path(allure_dir), rec.run_id, rec.redactor.text(problem),
+                                             profile=rec.profile_name)
+            outputs.write_allure_environment(Path(allure_dir), {
+                outputs.RUN_ID_KEY: rec.run_id, "overall": overall, "profile": rec.profile_name,
+                "endpoint": rec.endpoint, "server_version": rec.server_version})
+        except OSError:
+            pass
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -302,6 +476,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             for line in st.redactor.text(text).splitlines():
                 tr.write_line(line)
     for line in st.record.table():
+        tr.write_line(line)
+    for line in st.record.phase_lines():
         tr.write_line(line)
     if "summary_path" in st.extra:
         tr.write_line(f"summary: {st.extra['summary_path']}; allure: {st.reports_dir / 'allure-results'}")

@@ -14,11 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvgate.launch.local import EmbeddedServer
-from kvgate.launch.tinymodel import TinySpec, ensure_model
-from kvgate.profile import load_profile
-
-from ..conftest import REPO
+from ..conftest import REPO, validate_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -32,7 +28,7 @@ def main_job(tmp, *args):
     )
     summary_path = reports / "summary.json"
     assert summary_path.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
-    return proc, json.loads(summary_path.read_text())
+    return proc, validate_summary(json.loads(summary_path.read_text()))
 
 
 def vllm_processes(port: str) -> list[psutil.Process]:
@@ -49,12 +45,43 @@ def embedded_run(tmp_path_factory):
     return main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu")
 
 
+class Served:
+    """``kvgate serve --profile tiny-cpu`` in a subprocess: its URL and the gate command it printed."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, command: str, lines: list[str]) -> None:
+        self.proc, self.url, self.command, self.lines = proc, url, command, lines
+
+
 @pytest.fixture(scope="module")
 def running_server(tmp_path_factory, embedded_run):  # after the embedded run: one vLLM at a time
-    profile = load_profile("tiny-cpu")
-    model = ensure_model(TinySpec.from_architecture(profile.model.architecture))
-    with EmbeddedServer(profile, model, tmp_path_factory.mktemp("srv") / "vllm.log") as server:
-        yield server
+    import re
+    import signal
+    import time
+
+    log = tmp_path_factory.mktemp("srv") / "vllm.log"
+    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--profile", "tiny-cpu", f"--log={log}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 300
+    url = command = None
+    while time.monotonic() < deadline and proc.poll() is None:  # bounded: the process ends or prints
+        line = proc.stdout.readline()
+        lines.append(line)
+        if m := re.search(r" at (http://127\.0\.0\.1:\d+/v1) ", line):
+            url = m.group(1)
+        if line.strip().startswith(".venv/bin/pytest"):
+            command = line.strip()
+        if line.startswith("Ctrl-C"):
+            break
+    assert url and command, "".join(lines) + (proc.stderr.read() if proc.poll() is not None else "")
+    served = Served(proc, url, command, lines)
+    yield served
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            proc.kill()
 
 
 def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
@@ -88,11 +115,27 @@ def test_allure_and_junit_written(embedded_run):
 
 
 def test_endpoint_mode_gives_same_verdicts(embedded_run, running_server, tmp_path):
+    """``kvgate serve`` + the ``--endpoint`` command it prints: the same verdicts as the embedded run."""
     _, embedded = embedded_run
-    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", "--endpoint", running_server.base_url + "/v1")
+    assert running_server.command == f".venv/bin/pytest --profile tiny-cpu --endpoint={running_server.url}"
+    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", f"--endpoint={running_server.url}")
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert {g["id"]: g["status"] for g in target["gates"]} == {g["id"]: g["status"] for g in embedded["gates"]}
     assert target["launch"] == {}  # nothing launched: the existing server was gated
+
+
+def test_kvgate_serve_stops_on_ctrl_c_without_traceback(running_server):
+    import signal
+
+    served = running_server
+    pids = [c.pid for c in psutil.Process(served.proc.pid).children(recursive=True)]
+    assert pids, "kvgate serve runs vLLM as a child process group"
+    served.proc.send_signal(signal.SIGINT)
+    out, err = served.proc.communicate(timeout=60)
+    assert served.proc.returncode == 0, err
+    assert "Traceback" not in out + err and "stopping the embedded vLLM" in out
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"vLLM processes outlived kvgate serve: {alive}"
 
 
 def test_overcommitted_profile_fails_fit_for_the_right_reason(tmp_path):
@@ -110,7 +153,9 @@ def test_overcommitted_pool_shows_the_predicted_preemptions(tmp_path):
     gates = {g["id"]: g for g in summary["gates"]}
     live = gates["tiny-cpu-overcommitted/concurrency/long-sequences"]
     assert live["status"] == "FAIL", live["message"]
-    assert live["measured"]["preemptions"] >= 1 and "preemptions" in live["message"]
+    pre = next(c for c in live["checks"] if c["gate"].endswith(".preemptions"))
+    assert pre["status"] == "FAIL" and pre["measured"]["value"] >= 1 and pre["measured"]["unit"] == "preemptions"
+    assert "preemptions" in live["message"]
     assert gates["tiny-cpu-overcommitted/fit/kv-pool"]["status"] == "FAIL"
 
 
@@ -135,6 +180,6 @@ def test_sigterm_tears_down_server_and_writes_incomplete_summary(tmp_path, after
     time.sleep(1)
     alive = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"processes outlived SIGTERM: {alive}"
-    summary = json.loads((reports / "summary.json").read_text())
+    summary = validate_summary(json.loads((reports / "summary.json").read_text()))
     assert summary["complete"] is False and summary["overall"] == "INCOMPLETE"
     assert summary["not_run"], "an interrupted run must say which gates did not run"

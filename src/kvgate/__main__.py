@@ -1,0 +1,7 @@
+"""``python -m kvgate ...``: the same as the ``kvgate`` console script (see :mod:`kvgate.cli`)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""``kvgate serve``: argument handling, what it prints, and that it always stops the server --
+with a fake server in place of vLLM (the real one is exercised by tests/e2e)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from kvgate import cli
+from kvgate.launch.local import LaunchError
+
+from .conftest import REPO
+
+
+class FakeProc:
+    def __init__(self, code=None):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+class FakeServer:
+    """Stands in for EmbeddedServer: ``start`` returns a URL, raises, or is interrupted."""
+
+    instances: list["FakeServer"] = []
+
+    def __init__(self, profile, model_dir, log_path, *, startup_budget_s, raise_on_start=None, exit_code=None):
+        self.profile, self.model_dir, self.log_path, self.startup_budget_s = profile, model_dir, log_path, startup_budget_s
+        self.raise_on_start = raise_on_start
+        self.proc = FakeProc(exit_code)
+        self.pid, self.startup_s, self.server_cpus = 4242, 1.5, {0}
+        self.stopped = 0
+        FakeServer.instances.append(self)
+
+    def start(self):
+        if self.raise_on_start is not None:
+            raise self.raise_on_start
+        return "http://127.0.0.1:5555"
+
+    def stop(self):
+        self.stopped += 1
+
+
+def serve(argv, stop=None, **factory_kw):
+    FakeServer.instances.clear()
+    out, err = io.StringIO(), io.StringIO()
+    args = cli.build_parser().parse_args(["serve", *argv])
+    stop = stop or threading.Event()
+    code = cli.serve(args, out=out, err=err, stop=stop, poll_s=0.01,
+                     server_factory=lambda *a, **kw: FakeServer(*a, **kw, **factory_kw),
+                     build_model=lambda spec: REPO / "model", check=lambda e, p: None)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_serve_prints_url_and_endpoint_command_then_stops_on_request(tmp_path):
+    stop = threading.Event()
+    stop.set()  # as if Ctrl-C came right after start-up
+    code, out, err = serve(["--profile", "tiny-cpu", f"--log={tmp_path / 'v.log'}"], stop=stop)
+    assert code == cli.OK, err
+    assert "tiny-cpu serving 'kvgate-tiny-llama' at http://127.0.0.1:5555/v1 (pid 4242, CPUs [0]" in out
+    assert ".venv/bin/pytest --profile tiny-cpu --endpoint=http://127.0.0.1:5555/v1" in out
+    (server,) = FakeServer.instances
+    assert server.stopped == 1 and server.log_path == tmp_path / "v.log"
+
+
+def test_profile_path_is_shown_with_equals(tmp_path):
+    prof = tmp_path / "mine.yaml"
+    prof.write_text((REPO / "profiles" / "tiny-cpu.yaml").read_text())
+    stop = threading.Event()
+    stop.set()
+    code, out, _ = serve(["--profile", str(prof)], stop=stop)
+    assert code == cli.OK and f"--profile={prof} --endpoint=" in out
+
+
+def test_unknown_profile_is_a_usage_error():
+    code, out, err = serve(["--profile", "nosuch"])
+    assert code == cli.USAGE and "unknown profile 'nosuch'" in err and FakeServer.instances == []
+
+
+def test_non_embedded_profile_is_refused():
+    code, _, err = serve(["--profile", "llama70b-tp4"])
+    assert code == cli.USAGE and "not an embedded profile" in err and FakeServer.instances == []
+
+
+def test_interrupt_during_start_up_stops_the_server():
+    code, _, err = serve(["--profile", "tiny-cpu"], raise_on_start=KeyboardInterrupt())
+    assert code == cli.INTERRUPTED and "interrupted while starting" in err and "Traceback" not in err
+    assert FakeServer.instances[0].stopped == 1
+
+
+def test_launch_failure_is_one_message():
+    code, _, err = serve(["--profile", "tiny-cpu"], raise_on_start=LaunchError("vLLM exited with code 1"))
+    assert code == cli.FAILED and "vLLM exited with code 1" in err and FakeServer.instances[0].stopped == 1
+
+
+def test_server_dying_while_serving_is_reported():
+    code, _, err = serve(["--profile", "tiny-cpu"], exit_code=-9)
+    assert code == cli.FAILED and "exited on its own with code -9" in err and FakeServer.instances[0].stopped == 1
+
+
+def test_missing_profile_argument_is_argparse_usage():
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["serve"])
+    assert e.value.code == 2
+
+
+def test_python_dash_m_kvgate_help():
+    proc = subprocess.run([sys.executable, "-m", "kvgate", "serve", "--help"], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 0 and "--profile NAME|PATH" in proc.stdout

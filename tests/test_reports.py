@@ -1,0 +1,241 @@
+"""One run, one set of reports: every run -- PASS, FAIL, ERROR, interrupted -- replaces summary.json,
+junit.xml and allure-results/ together, all carrying one run id; summary.json follows its JSON
+Schema (measured/limit as {value, unit}, sub-checks with their own status, skipped checks listed);
+plus the plugin's small promises: path options, markers registered once, the README's option list."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvgate import outputs
+from kvgate.plugin import given_with_space
+from kvgate.redact import Redactor
+from kvgate.report import RunRecord
+from kvgate.verdict import Status, Verdict, combine, quantity
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO, read_summary, validate_summary
+
+pytest_plugins = ["pytester"]
+FAKE_PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
+
+
+def run(pytester, reports: Path, *args):
+    return pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
+                                        "-p", "no:cacheprovider", f"--kvgate-reports={reports}", *args)
+
+
+def junit_run_id(reports: Path) -> str:
+    m = re.search(r'name="kvgate_run_id" value="([^"]+)"', (reports / "junit.xml").read_text())
+    assert m, (reports / "junit.xml").read_text()[:500]
+    return m.group(1)
+
+
+def allure_run_ids(reports: Path) -> set[str]:
+    env = (reports / "allure-results" / "environment.properties").read_text()
+    ids = {line.split("=", 1)[1] for line in env.splitlines() if line.startswith("kvgate_run_id=")}
+    for p in (reports / "allure-results").glob("*-result.json"):
+        labels = json.loads(p.read_text()).get("labels", [])
+        ids |= {lab["value"] for lab in labels if lab["name"] == "kvgate_run_id"}
+    return ids
+
+
+def one_run_id(reports: Path) -> tuple[dict, str]:
+    """The summary, and the run id that summary, JUnit and Allure all carry (asserted equal)."""
+    summary = read_summary(reports)
+    rid = summary["run_id"]
+    assert junit_run_id(reports) == rid
+    assert allure_run_ids(reports) == {rid}, "allure-results holds another run's results"
+    return summary, rid
+
+
+class Interrupt:
+    """A plugin that presses Ctrl-C when the test whose id contains ``at`` starts."""
+
+    def __init__(self, at: str) -> None:
+        self.at = at
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item):
+        if self.at in item.nodeid:
+            raise KeyboardInterrupt
+
+
+def test_every_run_replaces_the_whole_report_set(pytester, tmp_path):
+    reports = tmp_path / "reports"
+    suites = str(REPO / "suites")
+    seen = []
+    # PASS
+    result = run(pytester, reports, "--profile", "llama70b-tp4", "-m", "fit", suites)
+    assert result.ret == pytest.ExitCode.OK
+    summary, rid = one_run_id(reports)
+    assert summary["overall"] == "PASS" and 'failures="0"' in (reports / "junit.xml").read_text()
+    seen.append(rid)
+    # ERROR: the endpoint is dead; JUnit must not keep the green of the run before
+    result = run(pytester, reports, "--profile", "tiny-cpu", "--endpoint", "http://127.0.0.1:9", suites)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    summary, rid = one_run_id(reports)
+    xml = (reports / "junit.xml").read_text()
+    assert summary["overall"] == "ERROR" and 'errors="1"' in xml and "is unreachable" in xml and "kv-pool" not in xml
+    seen.append(rid)
+    # FAIL
+    result = run(pytester, reports, "--profile", "llama70b-tp4-defaults", "-m", "fit", suites)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    summary, rid = one_run_id(reports)
+    assert summary["overall"] == "FAIL" and 'failures="1"' in (reports / "junit.xml").read_text()
+    seen.append(rid)
+    # interrupted mid-gate (Ctrl-C on the second deployment check)
+    with FakeVLLM(FakeConfig(max_tokens_cap=64)) as fake:
+        result = pytester.runpytest_inprocess(
+            "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+            f"--kvgate-reports={reports}", "--profile", str(FAKE_PROFILE), "--endpoint", fake.url,
+            str(REPO / "suites" / "test_deployment.py"), plugins=[Interrupt("max-model-len")],
+            no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    summary, rid = one_run_id(reports)
+    xml = (reports / "junit.xml").read_text()
+    assert summary["overall"] == "INCOMPLETE" and summary["not_run"]
+    assert 'name="kvgate_overall" value="INCOMPLETE"' in xml and "run incomplete" in xml  # never green
+    assert any(json.loads(p.read_text())["status"] == "broken" for p in (reports / "allure-results").glob("*-result.json"))
+    seen.append(rid)
+    assert len(set(seen)) == 4
+    assert not (reports / "vllm-server.log").exists() and not (reports / "summary.json.tmp").exists()
+
+
+def test_collect_only_touches_no_reports(pytester, tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "summary.json").write_text('{"overall": "PASS"}')
+    result = run(pytester, reports, "--profile", "tiny-cpu", "--collect-only", "-q", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.OK
+    assert sorted(p.name for p in reports.iterdir()) == ["summary.json"]
+    assert (reports / "summary.json").read_text() == '{"overall": "PASS"}'
+
+
+def test_fit_gate_passing_with_a_part_not_checked_says_so(pytester, tmp_path):
+    reports = tmp_path / "reports"
+    result = run(pytester, reports, "--profile", "tiny-cpu", "-m", "fit", str(REPO / "suites"))
+    result.assert_outcomes(passed=1)
+    line = next(ln for ln in result.stdout.lines if ln.startswith("PASS") and "tiny-cpu/fit/kv-pool" in ln)
+    assert line.endswith("-> PASS (1 part not checked: memory not declared)"), line
+    summary = read_summary(reports)
+    (gate,) = summary["gates"]
+    assert gate["measured"] == {"value": 15, "unit": "sequences"} and gate["limit"] == {"value": 4, "unit": "sequences"}
+    assert {c["gate"]: c["status"] for c in gate["checks"]} == {
+        "fit.budget": "SKIP", "fit.max_model_len": "PASS", "fit.long": "PASS", "fit.max_num_seqs": "PASS"}
+    assert gate["skipped_checks"] == [{"check": "fit.budget", "reason": "memory not declared"}]
+    assert summary["skipped_checks"] == [{"id": "tiny-cpu/fit/kv-pool", "check": "fit.budget",
+                                          "reason": "memory not declared"}]
+
+
+# ---------------------------------------------------------------------------- quantities and schema
+@pytest.mark.parametrize("value, unit, want", [
+    (2049, "tokens", {"value": 2049, "unit": "tokens"}),
+    (0.123456789, "s", {"value": 0.123457, "unit": "s"}),
+    ("length", None, {"value": "length", "unit": None}),
+    ("12.5 ms", None, {"value": 12.5, "unit": "ms"}),        # legacy "number unit" strings
+    ("1,024 bytes", None, {"value": 1024, "unit": "bytes"}),
+    (True, None, {"value": True, "unit": None}),
+])
+def test_quantity_is_one_value_with_its_unit(value, unit, want):
+    assert quantity(value, unit, "why") == want
+
+
+@pytest.mark.parametrize("value", [None, {"a": 1}, [1, 2], float("nan"), float("inf")])
+def test_quantity_without_a_single_value_says_why(value):
+    q = quantity(value, "ms", "no SLO")
+    assert q["value"] is None and q["unit"] is None and "no SLO" in q["reason"]
+
+
+def test_combine_keeps_parts_and_the_headline():
+    parts = [Verdict("fit.budget", Status.SKIP, "memory not declared; pool from profile"),
+             Verdict("fit.max_model_len", Status.PASS, "fits -> PASS", measured=100, limit=50, unit="tokens"),
+             Verdict("fit.long", Status.PASS, "4 at once -> PASS", measured=4, limit=2, unit="sequences")]
+    v = combine("fit", parts, headline="fit.long")
+    assert v.status is Status.PASS and (v.measured, v.unit) == (4, "sequences")
+    assert v.not_checked_note() == "1 part not checked: memory not declared"
+    s = v.to_summary()
+    assert s["checks"][0]["measured"] == {"value": None, "unit": None, "reason": "not measured: memory not declared"}
+    assert s["skipped_checks"] == [{"check": "fit.budget", "reason": "memory not declared"}]
+    failing = combine("fit", [*parts, Verdict("fit.x", Status.FAIL, "too big -> FAIL", measured=9, limit=8,
+                                              unit="bytes")])
+    assert failing.status is Status.FAIL and (failing.measured, failing.limit, failing.unit) == (9, 8, "bytes")
+
+
+def test_every_kind_of_summary_validates():
+    rec = RunRecord("p", "/x.yaml", Redactor(), run_id=outputs.new_run_id())
+    rec.add("n1", "p/a", Verdict("a", Status.PASS, "ok -> PASS", measured=1, limit=2, unit="s"))
+    rec.add("n2", "p/b", Verdict("b", Status.FAIL, "bad -> FAIL", measured={"x": 1}, limit=[1, 2]))
+    rec.add("n3", "p/c", Verdict("c", Status.SKIP, "profile sets no SLO"))
+    rec.add("n4", "p/d", Verdict("d", Status.INVALID, "client fell behind -> INVALID", measured="12.0 ms",
+                                 limit="5.0 ms"))
+    rec.error("n5", "p/e", "setup: boom")
+    for running in (True, False):
+        validate_summary(rec.summary(running=running))
+    s = rec.summary()
+    b = next(g for g in s["gates"] if g["id"] == "p/b")
+    assert b["measured"]["value"] is None and b["evidence"]["measured_values"] == {"x": 1}
+    assert next(g for g in s["gates"] if g["id"] == "p/d")["measured"] == {"value": 12.0, "unit": "ms"}
+    assert {c["check"] for c in s["skipped_checks"]} == {"c"}
+    rec.run_error = "endpoint x is unreachable"
+    assert validate_summary(rec.summary())["overall"] == "ERROR"
+
+
+def test_run_ids_are_distinct_and_sortable():
+    a, b = outputs.new_run_id(lambda: 1_700_000_000.0), outputs.new_run_id(lambda: 1_700_000_001.0)
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{6}", a) and a[:16] < b[:16]
+
+
+# ---------------------------------------------------------------------------- options, markers, README
+def test_option_given_with_a_space_is_detected(tmp_path):
+    args = ["--profile", "tiny-cpu", "--kvgate-reports", str(tmp_path), "--profile-dir=x", "--alluredir", "nope"]
+    assert given_with_space(args) == [("--kvgate-reports", str(tmp_path))]
+
+
+def test_path_option_read_as_test_path_is_refused_naming_it(pytester, tmp_path):
+    out = tmp_path / "some-dir"
+    out.mkdir()
+    # no -c/--rootdir: pytest picks its rootdir from the bare path, as it does for a user
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--profile", "tiny-cpu", "--kvgate-reports",
+                                          str(out))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert f"--kvgate-reports {out} as a test path" in err and f"--kvgate-reports={out}" in err
+
+
+def test_markers_are_listed_once(pytester):
+    result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
+                                          "-p", "no:cacheprovider", "--markers")
+    lines = result.stdout.lines
+    for marker in ("fit", "deployment", "max_context", "max_tokens", "streaming", "disconnect", "load", "soak",
+                   "gate", "e2e"):
+        n = sum(1 for ln in lines if ln.startswith(f"@pytest.mark.{marker}:") or ln.startswith(f"@pytest.mark.{marker}("))
+        assert n == 1, (marker, n)
+
+
+def kvgate_help_options() -> list[str]:
+    """The options ``pytest --help`` lists under kvgate's group."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60).stdout
+    section = out.split("kvgate deployment conformance:", 1)[1].split("\n\n", 1)[0]
+    return sorted(set(re.findall(r"(--[a-z][a-z-]+)", section)))
+
+
+def test_readme_lists_every_kvgate_option():
+    options = kvgate_help_options()
+    assert "--kvgate-reports" in options and "--endpoint" in options
+    readme = (REPO / "README.md").read_text()
+    missing = [o for o in options if o not in readme]
+    assert not missing, f"README does not mention {missing}"
+    # every path option is written with '=' wherever the README gives it a value
+    # (except where it shows the wrong form, saying so: "... (with a space)")
+    lines = [ln for ln in readme.splitlines() if "with a space" not in ln]
+    for opt in ("--kvgate-reports", "--profile-dir", "--log"):
+        assert not [ln for ln in lines if re.search(rf"{opt} [A-Za-z/.~$]", ln)], f"README writes {opt} with a space"
+    assert not [ln for ln in lines if re.search(r"--profile [./~]", ln)], "README gives a profile path after a space"
