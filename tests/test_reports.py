@@ -239,3 +239,33 @@ def test_readme_lists_every_kvgate_option():
     for opt in ("--kvgate-reports", "--profile-dir", "--log"):
         assert not [ln for ln in lines if re.search(rf"{opt} [A-Za-z/.~$]", ln)], f"README writes {opt} with a space"
     assert not [ln for ln in lines if re.search(r"--profile [./~]", ln)], "README gives a profile path after a space"
+
+
+class PreflightFailsAfterLaunch:
+    """What the endpoint fixture does when the embedded server came up but fails its preflight:
+    ERROR reports (keeping this run's server log), then exit as a usage error."""
+
+    def pytest_runtest_setup(self, item):
+        from kvgate.plugin import state, write_error_reports
+
+        st = state(item.config)
+        (st.reports_dir / "vllm-server.log").write_text("this run's vLLM log\n")
+        msg = "endpoint http://127.0.0.1:1/v1 serves 'other', not the profile's model; nothing was gated"
+        write_error_reports(item.config, msg)
+        pytest.exit(msg, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def test_error_after_launch_keeps_this_runs_server_log(pytester, tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "vllm-server.log").write_text("the previous run's log\n")
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        f"--kvgate-reports={reports}", "--profile", "tiny-cpu", "-m", "fit", str(REPO / "suites"),
+        plugins=[PreflightFailsAfterLaunch()])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    summary, rid = one_run_id(reports)
+    assert summary["overall"] == "ERROR" and "not the profile's model" in summary["error"]
+    xml = (reports / "junit.xml").read_text()
+    assert 'errors="1"' in xml and "not the profile's model" in xml and "kv-pool" not in xml
+    assert (reports / "vllm-server.log").read_text() == "this run's vLLM log\n"

@@ -41,13 +41,14 @@ def new_run_id(now: Callable[[], float] = time.time) -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
-def clear(reports: Path, extra: list[Path] | tuple[Path, ...] = ()) -> list[Path]:
-    """Remove the previous run's outputs (:data:`OWNED`) from ``reports`` and the ``extra`` paths
-    (a JUnit file or Allure directory kvgate chose elsewhere). Missing ones are fine; other files
-    in ``reports`` are left alone. Returns what was removed. Raises ``OSError`` when a path
-    exists but cannot be removed."""
+def clear(reports: Path, extra: list[Path] | tuple[Path, ...] = (), keep: set[str] | frozenset[str] = frozenset()
+          ) -> list[Path]:
+    """Remove the previous run's outputs (:data:`OWNED`, less the names in ``keep``) from
+    ``reports`` and the ``extra`` paths (a JUnit file or Allure directory chosen elsewhere).
+    Missing ones are fine; other files in ``reports`` are left alone. Returns what was removed.
+    Raises ``OSError`` when a path exists but cannot be removed."""
     removed = []
-    for p in [*(reports / name for name in OWNED), *extra]:
+    for p in [*(reports / name for name in OWNED if name not in keep), *extra]:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         elif p.exists() or p.is_symlink():

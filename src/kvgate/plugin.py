@@ -168,9 +168,12 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
     junit = _junit_path(config, reports)
     allure_dir, replace_allure = _allure_path(config, reports)
     config.stash[RUN_ERROR] = (record.run_error, junit)
+    # once this run has cleared the reports (configure), the server log there is this run's own:
+    # keep it, it says why the embedded server failed its preflight
+    keep = {outputs.SERVER_LOG} if st is not None and st.extra.get("reports_cleared") else set()
     try:
         reports.mkdir(parents=True, exist_ok=True)
-        outputs.clear(reports, [junit] + ([allure_dir] if allure_dir and replace_allure else []))
+        outputs.clear(reports, [junit] + ([allure_dir] if allure_dir and replace_allure else []), keep=keep)
         record.write_summary(reports / outputs.SUMMARY)
         outputs.write_junit_problem(junit, run_id, "ERROR", record.run_error)
         if allure_dir is not None:
@@ -252,6 +255,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
         record.write_summary(reports / outputs.SUMMARY, running=True)
     except OSError as exc:
         raise _usage(f"--kvgate-reports {reports}: cannot replace the previous run's reports ({exc})") from None
+    config.stash[STATE].extra["reports_cleared"] = True
     if allure_dir is not None:
         config.option.allure_report_dir = str(allure_dir)
     config.option.xmlpath = str(junit)
