@@ -1,6 +1,8 @@
 """Gate: max_tokens caps. completion_tokens <= max_tokens with finish_reason "length" at the cap;
 streamed usage == non-streamed usage == tokens received; the profile's cap enforced."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from kvgate.gates.max_tokens import cap_hit_verdict, over_cap_verdict, stream_usage_verdict
@@ -39,12 +41,24 @@ def test_streamed_usage_matches(case, kvgate_client, kvgate_profile, kvgate_gate
     assert kvgate_gate(stream_usage_verdict(plain, streamed, n)).passed
 
 
+@pytest.fixture(scope="module")
+def over_cap(kvgate_client, kvgate_profile):
+    """Per API: a request for ``cap + 16`` tokens, both APIs sent at once (each runs until the cap,
+    a full-length decode; concurrently they take the time of one). None when no cap is stated."""
+    cap, model = kvgate_profile.limits.max_tokens_cap, kvgate_profile.model.served_name
+    if cap is None:
+        return None
+    with ThreadPoolExecutor(max_workers=len(APIS)) as pool:
+        futures = {api: pool.submit(send, kvgate_client, api,
+                                    body(api, model, max_tokens=cap + 16, temperature=0, ignore_eos=True))
+                   for api in APIS}
+        return {api: f.result() for api, f in futures.items()}
+
+
 @pytest.mark.max_tokens
 @pytest.mark.gate("max-tokens", cases=[f"over-cap/{a}" for a in APIS])
-def test_profile_cap_enforced(case, kvgate_client, kvgate_profile, kvgate_gate):
-    api, model, limits = case.split("/")[1], kvgate_profile.model.served_name, kvgate_profile.limits
-    if limits.max_tokens_cap is None:
+def test_profile_cap_enforced(case, over_cap, kvgate_profile, kvgate_gate):
+    api, limits = case.split("/")[1], kvgate_profile.limits
+    if over_cap is None:
         kvgate_gate(Verdict(f"max-tokens/{case}", Status.SKIP, "profile states no max_tokens cap (limits.max_tokens_cap)"))
-    asked = limits.max_tokens_cap + 16
-    exchange = send(kvgate_client, api, body(api, model, max_tokens=asked, temperature=0, ignore_eos=True))
-    assert kvgate_gate(over_cap_verdict(exchange, limits.max_tokens_cap, limits.over_cap)).passed
+    assert kvgate_gate(over_cap_verdict(over_cap[api], limits.max_tokens_cap, limits.over_cap)).passed

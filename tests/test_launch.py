@@ -20,7 +20,7 @@ def test_render_command_from_profile_engine():
                  "--host 127.0.0.1", "--kv-cache-memory-bytes 67108864", "--enforce-eager",
                  "--served-model-name kvgate-tiny-llama"):
         assert part in joined
-    assert cmd[cmd.index("--override-generation-config") + 1] == '{"max_new_tokens": 1536}'
+    assert cmd[cmd.index("--override-generation-config") + 1] == '{"max_new_tokens": 512}'
 
 
 def test_free_port_is_loopback_and_nonzero():

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..client import Reply, StreamReply
 from ..probes import Exchange
+from ..sse import classify
 from ..stream import summarize
 from ..verdict import Verdict
 from .common import FAIL, PASS, SKIP, json_body
@@ -26,10 +27,10 @@ def _plain_text(ex: Exchange) -> str | None:
 
 
 def first_token_s(reply: StreamReply) -> float | None:
-    """Seconds from send to the first chunk that carries a choice (vLLM sends none before the
-    first token), or None."""
-    for t, obj in reply.chunks():
-        if isinstance(obj, dict) and obj.get("choices"):
+    """Seconds from send to the first event that is a decode step (:attr:`kvgate.sse.SseEvent.is_content`:
+    chat's role announcement is not a token), or None. The same rule as the load client's TTFT."""
+    for t, data in reply.events:
+        if classify(data).is_content:
             return t
     return None
 

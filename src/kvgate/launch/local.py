@@ -117,6 +117,14 @@ class EmbeddedServer:
         self.startup_s: float | None = None
         self.command: list[str] = []
         self.server_cpus = server_cpus(reserve_client_cpu)
+        self.poll_s = 0.25
+        self._port = 0
+        self._t0 = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        """The API server's pid (also its process-group id), or None before :meth:`launch`."""
+        return self.proc.pid if self.proc is not None else None
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -131,47 +139,76 @@ class EmbeddedServer:
         return env
 
     def start(self) -> str:
-        """Launch and wait for health. Returns the root URL. Raises :class:`LaunchError`.
+        """Launch and wait for health: :meth:`launch` then :meth:`wait_ready`. Returns the root URL.
 
-        Any exception while waiting (timeout, KeyboardInterrupt, SIGTERM turned into one) stops
-        the process group before propagating; an ``atexit`` hook stops it if the interpreter
-        exits without ``stop()``.
+        Raises :class:`LaunchError`. Any exception while waiting (timeout, KeyboardInterrupt,
+        SIGTERM turned into one) stops the process group before propagating; an ``atexit`` hook
+        stops it if the interpreter exits without ``stop()``.
         """
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
+        self.launch()
+        return self.wait_ready()
 
-    def _start(self) -> str:
-        port = free_port()
-        self.command = render_command(self.profile, self.model_dir, port, self.python)
+    def launch(self) -> None:
+        """Start the server process and return at once (no waiting): the caller can do other work
+        (collection, the fit arithmetic) while vLLM loads, then call :meth:`wait_ready`.
+        Idempotent."""
+        if self.proc is not None:
+            return
+        self._port = free_port()
+        self.command = render_command(self.profile, self.model_dir, self._port, self.python)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         cpus = self.server_cpus
-        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.environment(), start_new_session=True,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
-        log.close()
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.environment(), start_new_session=True,
+                                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        except OSError as exc:
+            raise LaunchError(f"cannot start the embedded vLLM ({self.command[0]}): {exc}") from None
+        finally:
+            log.close()
         atexit.register(self.stop)
-        url = f"http://{LOOPBACK}:{port}"
-        deadline = t0 + self.startup_budget_s
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise LaunchError(f"embedded vLLM exited with code {code} during startup; log {self.log_path}, last lines:\n"
-                                  f"{tail(self.log_path)}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise LaunchError(f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log {self.log_path}, "
-                                  f"last lines:\n{tail(self.log_path)}")
-            self.sleep(0.5)
-        self.startup_s = time.monotonic() - t0
+
+    def wait_ready(self) -> str:
+        """Poll ``GET /health`` (every ``poll_s``, 0.25 s) until 200, watching the process, within
+        ``startup_budget_s`` counted from :meth:`launch`. Returns the root URL.
+
+        Raises :class:`LaunchError` (process exited, or budget spent; with the log's last lines).
+        On any exception, ``KeyboardInterrupt`` included, the process group is stopped at once
+        (SIGKILL after a short grace: a vLLM still loading does not need a clean shutdown), so an
+        interrupted start-up returns within a second or two.
+        """
+        if self.base_url is not None:
+            return self.base_url
+        if self.proc is None:
+            self.launch()
+        try:
+            return self._wait()
+        except BaseException:
+            self.stop(grace_s=1.0)
+            raise
+
+    def _wait(self) -> str:
+        assert self.proc is not None
+        url = f"http://{LOOPBACK}:{self._port}"
+        deadline = self._t0 + self.startup_budget_s
+        with httpx.Client(timeout=httpx.Timeout(1.0)) as http:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise LaunchError(f"embedded vLLM exited with code {code} during startup; log {self.log_path}, "
+                                      f"last lines:\n{tail(self.log_path)}")
+                try:
+                    if http.get(f"{url}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log "
+                                      f"{self.log_path}, last lines:\n{tail(self.log_path)}")
+                self.sleep(self.poll_s)
+        self.startup_s = time.monotonic() - self._t0
         self.base_url = url
         return url
 
@@ -184,36 +221,54 @@ class EmbeddedServer:
             return False
         return False
 
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the process group, SIGKILL what is left after ``grace_s`` seconds.
-
-        The group id is the server's pid (``start_new_session``), so engine-core and worker
-        processes are reached even after the API server itself has exited. Idempotent.
-        """
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once and reap the server. Idempotent."""
         if self.proc is None:
             return
-        atexit.unregister(self.stop)
-        pgid = self.proc.pid
-        if self._group_gone():
-            self.proc.poll()
-            return
         try:
-            os.killpg(pgid, signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
             pass
-        if not self._group_gone():
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover
             pass
+        atexit.unregister(self.stop)  # only once it is done: a kill cut short still ends at exit
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM the process group, SIGKILL what is left after ``grace_s`` seconds.
+
+        ``grace_s`` defaults to 15 s for a server that became healthy (a clean shutdown) and 1 s
+        for one still starting (vLLM loading weights does not act on SIGTERM for many seconds;
+        measured ~15 s here, which made Ctrl-C at start-up slow). The group id is the server's
+        pid (``start_new_session``), so engine-core and worker processes are reached even after
+        the API server itself has exited. Idempotent. The ``atexit`` hook is dropped only once the
+        group is gone, so a stop cut short (a second Ctrl-C) is finished at interpreter exit.
+        """
+        if self.proc is None:
+            return
+        if grace_s is None:
+            grace_s = 15.0 if self.base_url is not None else 1.0
+        pgid = self.proc.pid
+        if not self._group_gone():
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            if not self._group_gone():
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        atexit.unregister(self.stop)
 
     def __enter__(self) -> "EmbeddedServer":
         self.start()
