@@ -112,6 +112,10 @@ def pytest_configure(config: pytest.Config) -> None:
             raise _usage("pytest-profiling is installed and owns --profile (a flag); "
                          "use --deploy-profile NAME for kvgate")
         return
+    from . import lifecycle  # early launch, phases, interrupts (kept out of the wiring here)
+
+    if not config.pluginmanager.is_registered(lifecycle):
+        config.pluginmanager.register(lifecycle, "kvgate-lifecycle")
     reports = _reports_dir(config)
     try:
         _configure(config, name, reports)
