@@ -111,3 +111,21 @@ def test_sawtooth_with_a_flat_floor_has_a_flat_envelope():
     # the peaks alone would wander with phase; the floor does not
     g = growth((edges[:-1] / 3600).tolist(), env, ceiling=20.0)
     assert g.kind == "flat" and not math.isnan(g.full.ci_low)
+
+
+def test_a_single_allocator_step_is_not_growth():
+    # measured on the embedded vLLM: a slow creep, then one +2.1 MB step near the end. The
+    # least-squares slope is 143 MB/h and significantly positive; the last part alone would look
+    # like a leak that started late, but its rank-based Theil-Sen interval reaches down to 9 MB/h.
+    t = [i * 8 / 3600 for i in range(8)]
+    y = [1668.13, 1668.14, 1668.16, 1668.16, 1668.18, 1668.20, 1670.33, 1670.35]
+    g = growth(t, y, ceiling=20.0)
+    assert g.full.ci_low > 20.0 and g.full.theil_sen < 20.0 and not g.full.above(20.0)
+    assert g.last is not None and g.last.theil_sen > 20.0 and not g.last.sustained(20.0)
+    assert not g.exceeds and g.kind == "flat"
+
+
+def test_sustained_growth_needs_both_intervals_above_the_ceiling():
+    x, y = series(60.0, 2.0, n=12, hours=2.0, seed=5)  # a clean 1 MB/min leak
+    tr = trend(x, y)
+    assert tr.above(40.0) and tr.sustained(40.0) and tr.theil_low > 40.0

@@ -312,6 +312,13 @@ class Trend:
         point estimate alone is never enough."""
         return (not math.isnan(self.ols.ci_low)) and self.ols.ci_low > ceiling and self.theil_sen > ceiling
 
+    def sustained(self, ceiling: float) -> bool:
+        """:meth:`above`, and the Theil-Sen interval's lower bound above ``ceiling`` too: the rise is
+        spread over the run. A single step (an allocator arena, a cache growing once) makes least
+        squares look significant -- flat, jump, flat -- but leaves most pairwise slopes at zero, so
+        the rank-based Theil-Sen interval reaches down to the ceiling."""
+        return self.above(ceiling) and self.theil_low > ceiling
+
     def to_dict(self) -> dict[str, Any]:
         return {"slope": self.ols.slope, "ci_low": self.ols.ci_low, "ci_high": self.ols.ci_high,
                 "stderr": self.ols.stderr, "r2": self.ols.r2, "n": self.ols.n, "confidence": self.ols.confidence,
@@ -359,9 +366,10 @@ class Growth:
     ``last_frac`` of them (at least ``min_last`` points), fitted separately; ``plateau``: the
     series rose but stopped: the last part's upper bound lies below the whole run's slope and
     its Theil-Sen slope is within the ceiling (a bounded cache that filled); ``exceeds``: the
-    growth is shown (:meth:`Trend.above`) over the whole run and not a plateau, or over the last
-    part alone (growth that started late). ``kind``: ``"growth"``, ``"bounded"`` (rose
-    significantly, then plateaued) or ``"flat"``.
+    growth is shown and sustained (:meth:`Trend.sustained`) over the whole run and not a
+    plateau, or over the last part alone (growth that started late). ``kind``: ``"growth"``,
+    ``"bounded"`` (rose significantly, but plateaued or rose in a step that did not go on) or
+    ``"flat"``.
     """
 
     full: Trend
@@ -387,9 +395,9 @@ def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
     rose = full.above(ceiling)
     plateau = bool(rose and last is not None and not math.isnan(last.ci_high)
                    and last.ci_high < full.slope and last.theil_sen <= ceiling)
-    late = bool(last is not None and last.above(ceiling))
-    exceeds = (rose and not plateau) or late
-    kind = "growth" if exceeds else ("bounded" if plateau else "flat")
+    late = bool(last is not None and last.sustained(ceiling))
+    exceeds = (full.sustained(ceiling) and not plateau) or late
+    kind = "growth" if exceeds else ("bounded" if rose else "flat")
     return Growth(full, last, ceiling, plateau, exceeds, kind)
 
 
