@@ -1,0 +1,344 @@
+"""Pure verdicts of the soak gate: retained server memory, TTFT-p95 drift, GPU headroom.
+
+Input: a :class:`~kvgate.soak.SoakResult` (one row per completed round) and the profile's
+``soak:`` section; no I/O. :func:`analyze` fits the measured rounds (warm-up excluded; x in
+hours since the soak started, at each round's midpoint):
+
+- **memory**: the per-round *low envelope* of server memory (MB = 10**6 bytes; what the server
+  retains, not its sawtooth peaks), least squares with its confidence interval and Theil-Sen
+  beside it, the last part fitted separately, and a plateau test (:func:`kvgate.stats.growth`);
+- **TTFT p95** per round (ms), rounds whose client fell behind left out;
+- preemptions per round (the ``vllm:num_preemptions`` counter's increase), the waiting queue,
+  and kvgate's own RSS (the harness must not be the leak).
+
+A slope counts only when its lower confidence bound is above the ceiling (and Theil-Sen agrees):
+a positive point estimate inside the noise is not a leak. Classification:
+
+- ``memory growth``: retained memory rising above the ceiling (TTFT p95 following or not);
+- ``preemption/placement``: TTFT p95 rising above its ceiling while memory is flat; preemptions
+  climbing (or, without them, requests queueing) say which;
+- ``bounded cache``: memory rose significantly, then plateaued (the last part is flat): PASS;
+- ``healthy``.
+
+A cut-short soak (signal, deadline) is INCOMPLETE, never PASS; a soak whose client fell behind in
+more than ``soak.lagged_rounds_max`` of its rounds is INVALID; memory that cannot be measured
+makes the memory half SKIP with the reason (never PASS).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..profile import Profile, SoakSpec
+from ..soak import SoakResult
+from ..stats import Growth, Trend, growth, trend
+from ..verdict import Status, Verdict
+from .common import FAIL, PASS, SKIP
+
+INCOMPLETE = Status.INCOMPLETE
+INVALID = Status.INVALID
+MIB = 2**20
+
+
+@dataclass
+class SoakAnalysis:
+    """The fitted soak. Slopes: ``memory`` in MB/h, ``ttft`` in ms/h (None with a ``*_why``
+    when there were fewer than 4 usable rounds). ``preemptions``: counter increase over the
+    measured rounds (None without ``/metrics``); ``preemptions_rising``: the per-round count has
+    a positive trend. ``own``: kvgate's own RSS trend (MB/h). ``lagged``: measured rounds whose
+    client fell behind its schedule. ``classification`` and ``explanation``: see the module
+    docstring."""
+
+    spec: SoakSpec
+    result: SoakResult
+    n_measured: int
+    memory: Growth | None
+    memory_why: str | None
+    memory_level_mb: float | None
+    ttft: Growth | None
+    ttft_why: str | None
+    ttft_shown: bool
+    preemptions: float | None
+    preemptions_rising: bool
+    waiting: Trend | None
+    own: Trend | None
+    lagged: int
+    requests: int
+    errors: int
+    classification: str
+    explanation: str
+
+    def measured(self) -> dict[str, Any]:
+        """The numbers for summary.json: slopes, intervals, classification, sources, counts."""
+        r = self.result
+        return {
+            "classification": self.classification,
+            "explanation": self.explanation,
+            "rounds": {"planned": r.plan.rounds, "completed": len(r.rows), "warmup": r.plan.warmup_rounds,
+                       "measured": self.n_measured, "round_s": r.plan.round_s, "lagged": self.lagged},
+            "offered_rps": r.plan.rate_rps,
+            "memory_mb_per_h": _growth_dict(self.memory),
+            "memory_level_mb": self.memory_level_mb,
+            "memory_why_not": self.memory_why,
+            "ttft_p95_ms_per_h": _growth_dict(self.ttft),
+            "ttft_why_not": self.ttft_why,
+            "preemptions": self.preemptions, "preemptions_rising": self.preemptions_rising,
+            "waiting_per_h": self.waiting.to_dict() if self.waiting else None,
+            "kvgate_rss_mb_per_h": self.own.to_dict() if self.own else None,
+            "requests": self.requests, "errors": self.errors,
+            "samplers": r.samplers, "sampling_ticks": r.ticks, "complete": r.complete, "stopped": r.stopped,
+            "files": r.files,
+        }
+
+
+def _growth_dict(g: Growth | None) -> dict[str, Any] | None:
+    """The whole-run fit flat (slope, ci_low, ci_high, theil_sen, ...), the last part beside it."""
+    if g is None:
+        return None
+    return {**g.full.to_dict(), "last_part": g.last.to_dict() if g.last else None, "plateau": g.plateau,
+            "kind": g.kind, "ceiling": g.ceiling, "exceeds": g.exceeds}
+
+
+def _x_h(row: dict[str, Any], round_s: float) -> float:
+    return (row["t_start_s"] + round_s / 2) / 3600.0
+
+
+def _series(rows: list[dict[str, Any]], key: str, round_s: float,
+            keep: Any = None) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if v is None or (isinstance(v, float) and math.isnan(v)) or (keep is not None and not keep(r)):
+            continue
+        xs.append(_x_h(r, round_s))
+        ys.append(float(v))
+    return xs, ys
+
+
+def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Growth | None:
+    if len(xs) < 4 or len(set(xs)) < 2:
+        return None
+    return growth(xs, ys, ceiling, spec.confidence, spec.last_part)
+
+
+def _ci(t: Trend, unit: str) -> str:
+    pct = f"{t.ols.confidence * 100:g}%"
+    return (f"{t.slope:+,.1f} {unit} ({pct} CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}; Theil-Sen "
+            f"{t.theil_sen:+,.1f})")
+
+
+def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
+    """Fit the measured rounds of ``result`` against ``spec``'s ceilings and classify."""
+    rs = result.plan.round_s
+    rows = result.measured
+    mx, my = _series(rows, "mem_min_mb", rs)
+    memory = _fit(mx, my, spec.memory_slope_max_mb_per_h, spec)
+    memory_why = None
+    if memory is None:
+        mem = result.samplers.get("server-memory") or {}
+        why = result.memory_skip or mem.get("last_error") or "no memory sample in the measured rounds"
+        memory_why = (f"server memory not measurable: {why} ({len(my)} of {len(rows)} measured rounds had a "
+                      f"reading; source: {mem.get('source', 'none')})")
+    tx, ty = _series(rows, "ttft_p95_ms", rs, keep=lambda r: r["client_kept_up"])
+    ttft = _fit(tx, ty, spec.ttft_p95_slope_max_ms_per_h, spec)
+    ttft_why = None if ttft else (f"only {len(ty)} of {len(rows)} measured rounds have a TTFT p95 from a client "
+                                  "that kept its schedule (need 4)")
+    c = spec.ttft_p95_slope_max_ms_per_h
+    ttft_shown = bool(ttft and (ttft.full.above(c) or (ttft.last is not None and ttft.last.above(c))))
+    pre = [r["preemptions"] for r in rows if r.get("preemptions") is not None]
+    preemptions = float(sum(pre)) if pre else None
+    px, py = _series(rows, "preemptions", rs)
+    rising = False
+    if len(px) >= 3 and len(set(py)) > 1:
+        pt = trend(px, py, spec.confidence)
+        rising = not math.isnan(pt.ci_low) and pt.ci_low > 0
+    wx, wy = _series(rows, "waiting_max", rs)
+    waiting = trend(wx, wy, spec.confidence) if len(wx) >= 3 and len(set(wx)) > 1 and len(set(wy)) > 1 else None
+    ox, oy = _series(rows, "kvgate_rss_mb", rs)
+    own = trend(ox, oy, spec.confidence) if len(ox) >= 3 and len(set(ox)) > 1 else None
+    lagged = sum(1 for r in rows if not r["client_kept_up"])
+    requests = sum(r["requests"] for r in rows)
+    errors = sum(r["errors"] for r in rows)
+    level = my[-1] if my else None
+
+    if memory is not None and memory.exceeds:
+        cls = "memory growth"
+        follows = f"TTFT p95 follows ({_ci(ttft.full, 'ms/h')})" if ttft_shown and ttft else \
+            (f"TTFT p95 not (yet) following ({ttft.full.slope:+,.1f} ms/h)" if ttft else "TTFT p95 not measured")
+        late = " (in the last part of the run)" if not memory.full.above(memory.ceiling) else ""
+        expl = f"retained memory rising{late}; {follows}"
+    elif ttft_shown:
+        cls = "preemption/placement"
+        mem_s = (f"retained memory flat ({memory.full.slope:+,.1f} MB/h)" if memory is not None
+                 else "memory not measured")
+        if preemptions:
+            why = f"preemptions climbing (+{preemptions:,.0f} over the measured rounds{', rising per round' if rising else ''})"
+        elif preemptions is None:
+            why = "preemptions not observable (no /metrics)"
+        else:
+            w = f", waiting queue {waiting.slope:+,.1f}/h" if waiting is not None else ""
+            why = f"no preemptions: scheduling/placement or contention outside the KV pool{w}"
+        expl = f"TTFT p95 rising while {mem_s}; {why}"
+    elif memory is not None and memory.kind == "bounded":
+        cls = "bounded cache"
+        last = memory.last
+        expl = (f"retained memory rose {memory.full.slope:+,.1f} MB/h, then plateaued (last part "
+                f"{last.slope:+,.1f} MB/h, Theil-Sen {last.theil_sen:+,.1f})" if last else "rose, then plateaued")
+    else:
+        cls = "healthy"
+        expl = "no memory growth or TTFT drift shown"
+    return SoakAnalysis(spec, result, len(rows), memory, memory_why, level, ttft, ttft_why, ttft_shown, preemptions,
+                        rising, waiting, own, lagged, requests, errors, cls, expl)
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def _what(a: SoakAnalysis) -> str:
+    p = a.result.plan
+    return (f"{a.n_measured} measured rounds of {p.round_s:g} s at {p.rate_rps:g} req/s "
+            f"({a.n_measured * p.round_s / 3600:.2f} h; {p.warmup_rounds} warm-up round(s) not fitted)")
+
+
+def _evidence(a: SoakAnalysis) -> dict[str, Any]:
+    keep = ("round", "warmup", "t_start_s", "requests", "errors", "ttft_p50_ms", "ttft_p95_ms", "itl_p95_ms",
+            "mem_min_mb", "mem_max_mb", "swap_max_mb", "kv_usage_max", "preemptions", "running_max", "waiting_max",
+            "gpu_used_max_mb", "kvgate_rss_mb", "client_kept_up", "lag_p99_ms")
+    return {"rounds": [{k: r.get(k) for k in keep} for r in a.result.rows], "analysis": a.measured()}
+
+
+def _precheck(gate: str, a: SoakAnalysis) -> Verdict | None:
+    r = a.result
+    if not r.complete:
+        where = r.files.get("rounds_csv", "the rounds CSV")
+        return Verdict(gate, INCOMPLETE,
+                       f"soak stopped ({r.stopped}) after {len(r.rows)} of {r.plan.rounds} rounds; the completed "
+                       f"rounds are written to {where} -> INCOMPLETE (a cut-short soak is never a PASS)",
+                       measured=len(r.rows), limit=r.plan.rounds, unit="rounds", evidence=_evidence(a))
+    allowed = a.spec.lagged_rounds_max
+    if a.n_measured and a.lagged / a.n_measured > allowed:
+        worst = max((row["lag_p99_ms"] or 0) for row in r.measured)
+        worst_loop = max((row["loop_lag_p99_ms"] or 0) for row in r.measured)
+        return Verdict(gate, INVALID,
+                       f"client fell behind its schedule in {a.lagged} of {a.n_measured} measured rounds (allowed "
+                       f"{allowed:.0%}; p99 schedule lag up to {worst:.1f} ms, event-loop lag up to {worst_loop:.1f} ms, "
+                       f"bound {r.plan.lag_bound_s * 1e3:.0f} ms) -> INVALID (the offered load was not the planned one; "
+                       "run kvgate on CPUs the server does not use)",
+                       measured=round(a.lagged / a.n_measured, 4), limit=allowed, unit="ratio", evidence=_evidence(a))
+    return None
+
+
+def memory_verdict(a: SoakAnalysis) -> Verdict:
+    """Retained server memory slope (MB/h) vs ``soak.memory_slope_max_mb_per_h``: FAIL only when
+    the growth is shown (lower confidence bound above the ceiling, Theil-Sen agreeing) and is not a
+    plateau; SKIP with the reason when memory could not be measured."""
+    gate = "soak/memory"
+    pre = _precheck(gate, a)
+    if pre:
+        return pre
+    ceiling = a.spec.memory_slope_max_mb_per_h
+    mem = a.result.samplers.get("server-memory") or {}
+    src = f"source: {mem.get('source', 'none')} [{mem.get('quantity', '')}]"
+    own_mb = [r["kvgate_rss_mb"] for r in a.result.measured if r.get("kvgate_rss_mb") is not None]
+    own = (f"; kvgate's own RSS {own_mb[0]:,.1f} -> {own_mb[-1]:,.1f} MB, {_ci(a.own, 'MB/h')}"
+           if a.own and own_mb else "")
+    scrapes = f"; {a.result.ticks} sampling ticks ({sum(s.get('reads', 0) for s in a.result.samplers.values())} reads)"
+    if a.memory is None:
+        return Verdict(gate, SKIP, f"{a.memory_why}; the memory half is not judged (never a PASS) -> SKIP",
+                       limit=ceiling, unit="MB/h", evidence=_evidence(a))
+    g = a.memory
+    last = f"; last part {_ci(g.last, 'MB/h')}" if g.last else ""
+    head = (f"retained server memory {a.memory_level_mb:,.1f} MB, slope {_ci(g.full, 'MB/h')}{last} over "
+            f"{_what(a)}; ceiling {ceiling:g} MB/h")
+    tail = f"; {src}{scrapes}{own}"
+    slope = round(g.full.slope, 3)
+    if g.exceeds:
+        return Verdict(gate, FAIL, f"{head} -> FAIL ({a.classification}: {a.explanation}){tail}",
+                       measured=slope, limit=ceiling, unit="MB/h", evidence=_evidence(a))
+    label = "bounded cache" if g.kind == "bounded" else (
+        "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}")
+    extra = f": {a.explanation}" if g.kind == "bounded" else ""
+    return Verdict(gate, PASS, f"{head} -> PASS ({label}{extra}){tail}", measured=slope, limit=ceiling,
+                   unit="MB/h", evidence=_evidence(a))
+
+
+def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
+    """TTFT-p95 slope (ms/h) vs ``soak.ttft_p95_slope_max_ms_per_h`` (a step or a drift both
+    FAIL; there is no plateau pass for latency) and the soak's error rate vs ``slo.error_rate_max``."""
+    gate = "soak/latency"
+    pre = _precheck(gate, a)
+    if pre:
+        return pre
+    ceiling = a.spec.ttft_p95_slope_max_ms_per_h
+    rate = a.errors / a.requests if a.requests else 0.0
+    problems = []
+    if rate > profile.slo.error_rate_max:
+        samples = sorted({r.get("errors") for r in a.result.measured if r.get("errors")})
+        problems.append(f"{a.errors} of {a.requests} requests failed ({rate:.1%} > {profile.slo.error_rate_max:.1%}; "
+                        f"per-round error counts {samples[:5]})")
+    if a.ttft is None:
+        if problems:
+            return Verdict(gate, FAIL, f"{'; '.join(problems)}; {a.ttft_why} over {_what(a)} -> FAIL",
+                           measured=round(rate, 4), limit=profile.slo.error_rate_max, unit="ratio",
+                           evidence=_evidence(a))
+        return Verdict(gate, INVALID, f"{a.ttft_why} over {_what(a)}: raise soak.rate_rps or soak.round -> INVALID",
+                       limit=ceiling, unit="ms/h", evidence=_evidence(a))
+    g = a.ttft
+    ys = [r["ttft_p95_ms"] for r in a.result.measured if r["ttft_p95_ms"] is not None]
+    last = f"; last part {_ci(g.last, 'ms/h')}" if g.last else ""
+    head = (f"TTFT p95 {ys[0]:,.0f} -> {ys[-1]:,.0f} ms, slope {_ci(g.full, 'ms/h')}{last} over {_what(a)}; "
+            f"ceiling {ceiling:g} ms/h")
+    pre_s = "n/a (no /metrics)" if a.preemptions is None else f"{a.preemptions:,.0f}"
+    seen = f"; errors {a.errors}/{a.requests}; preemptions {pre_s}"
+    if a.ttft_shown:
+        problems.insert(0, f"{a.classification}: {a.explanation}")
+    slope = round(g.full.slope, 3)
+    if problems:
+        return Verdict(gate, FAIL, f"{head} -> FAIL ({'; '.join(problems)}){seen}", measured=slope,
+                       limit=ceiling, unit="ms/h", evidence=_evidence(a))
+    label = "no TTFT drift shown" + ("" if a.classification == "healthy" else f"; soak classified {a.classification}")
+    return Verdict(gate, PASS, f"{head} -> PASS ({label}){seen}", measured=slope, limit=ceiling,
+                   unit="ms/h", evidence=_evidence(a))
+
+
+def gpu_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
+    """Peak GPU memory used per local device (NVML) vs ``engine.gpu_memory_utilization`` x total
+    (+ ``soak.gpu_slack_mib``): the headroom left for everything outside vLLM's budget must stay.
+    SKIP with the reason when NVML is absent, the server is remote, or the profile runs on CPU."""
+    gate = "soak/gpu-memory"
+    r = a.result
+    if r.gpu_skip or not r.gpu:
+        return Verdict(gate, SKIP, f"GPU memory not watched: {r.gpu_skip or 'no GPU sampled'} -> SKIP",
+                       unit="MiB", evidence={"samplers": r.samplers})
+    pre = _precheck(gate, a)
+    if pre:
+        return pre
+    util = profile.engine.gpu_memory_utilization
+    default = util is None
+    util = 0.92 if util is None else util
+    slack = a.spec.gpu_slack_mib
+    parts, bad = [], []
+    devices = []
+    for d in r.gpu:
+        total, peak = d["total_bytes"] / MIB, d["peak_used_bytes"] / MIB
+        limit = util * total + slack
+        devices.append({"gpu": d["index"], "name": d["name"], "total_mib": round(total), "peak_used_mib": round(peak),
+                        "limit_mib": round(limit), "headroom_mib": round(total - peak)})
+        s = f"GPU{d['index']} peak {peak:,.0f} of {total:,.0f} MiB ({peak / total:.1%})"
+        parts.append(s)
+        if peak > limit:
+            bad.append(f"{s} > {util:g} x total + {slack:g} MiB = {limit:,.0f} MiB")
+    budget = f"gpu_memory_utilization {util:g}{' (vLLM default)' if default else ''} + {slack:g} MiB slack"
+    ev = {"devices": devices, "gpu_memory_utilization": util, "slack_mib": slack, "samplers": r.samplers}
+    worst = max(devices, key=lambda d: d["peak_used_mib"] - d["limit_mib"])
+    if bad:
+        return Verdict(gate, FAIL, f"{'; '.join(bad)} -> FAIL (the headroom outside vLLM's budget is gone: a process "
+                       "or allocation outside the KV pool grew; the next spike OOMs)", measured=worst["peak_used_mib"],
+                       limit=worst["limit_mib"], unit="MiB", evidence=ev)
+    return Verdict(gate, PASS, f"{'; '.join(parts)} within {budget} over {_what(a)} -> PASS",
+                   measured=worst["peak_used_mib"], limit=worst["limit_mib"], unit="MiB", evidence=ev)
+
+
+__all__ = ["SoakAnalysis", "analyze", "gpu_verdict", "latency_verdict", "memory_verdict"]

@@ -1,0 +1,283 @@
+"""The soak runner on virtual time: rounds, per-round rows and CSVs, progress, bounded sampling,
+interruption and the hard deadline -- no real sleeping, synthetic load and samplers."""
+
+from __future__ import annotations
+
+import csv
+import gc
+import os
+import signal
+import weakref
+from typing import Any
+
+import pytest
+
+from kvgate.client import Endpoint
+from kvgate.gates.soak import analyze, latency_verdict, memory_verdict
+from kvgate.load import LoadResult, RequestRecord
+from kvgate.profile import SoakSpec, load_profile
+from kvgate.soak import MixItem, Samplers, SoakPlan, SoakRunner, StopOnSignals, plan_for, soak_spec
+from kvgate.verdict import Status
+from tests.fakes.soak_fakes import run_virtual
+
+from .conftest import REPO
+
+MB = 1e6
+
+
+def plan(rounds: int = 12, round_s: float = 60.0, warmup: int = 2, rate: float = 2.0, period: float = 5.0) -> SoakPlan:
+    return SoakPlan(rounds=rounds, round_s=round_s, warmup_rounds=warmup, rate_rps=rate,
+                    mix=(MixItem("chat", 1.0, 16, 8, "hello world"),), sample_period_s=period,
+                    request_timeout_s=30.0, lag_bound_s=0.05)
+
+
+def spec(**kw: Any) -> SoakSpec:
+    base = dict(duration="12m", round="60s", warmup="120s", rate_rps=2, memory_slope_max_mb_per_h=20,
+                ttft_p95_slope_max_ms_per_h=300)
+    return SoakSpec(**{**base, **kw})
+
+
+class Mem:
+    """Synthetic server memory: ``f(t)`` bytes at virtual time t."""
+
+    name, source, covers, quantity = "server-memory", "synthetic", "a test series", "bytes"
+
+    def __init__(self, clock, f) -> None:
+        self.clock, self.f = clock, f
+        self.reads = self.errors = 0
+        self.last_error = None
+
+    async def sample(self):
+        self.reads += 1
+        v = self.f(self.clock())
+        if v is None:
+            self.errors += 1
+            self.last_error = "gone"
+        return {"memory": v}
+
+    async def aclose(self):
+        return None
+
+
+class Metrics(Mem):
+    name, source, covers = "server-metrics", "synthetic /metrics", "gauges"
+
+    async def sample(self):
+        self.reads += 1
+        return {"running": 1.0, "waiting": 0.0, "kv_usage": 0.25, "preemptions": self.f(self.clock())}
+
+
+def sender(clock, ttft_s, n_per_round: int = 10, hold_s: float = 1.0, lag_s: float = 0.0):
+    """A SendRound that 'sends' n requests at once with TTFT ``ttft_s(t)``, finishing after hold_s."""
+    sent = []
+
+    async def send(k, offsets, specs, deadline_s):
+        import asyncio
+
+        t0 = clock()
+        recs = []
+        for i in range(n_per_round):
+            ttft = ttft_s(t0) * (1 + 0.02 * (i % 5))
+            r = RequestRecord(index=i, scheduled_s=0.0, sent_s=lag_s, status=200, content_type="text/event-stream",
+                              finalized=True, tokens=8)
+            r.content_s = [lag_s + ttft + 0.01 * j for j in range(8)]
+            r.chunk_s = list(r.content_s)
+            r.first_token_s = r.content_s[0]
+            r.end_s = r.content_s[-1]
+            recs.append(r)
+        await asyncio.sleep(hold_s)
+        res = LoadResult("open", recs, len(recs), hold_s, deadline_s)
+        sent.append(weakref.ref(res))
+        return res
+
+    send.sent = sent  # type: ignore[attr-defined]
+    return send
+
+
+def no_requests(k):
+    return [], []
+
+
+def test_runner_writes_one_row_per_round_and_fits_a_linear_leak(tmp_path):
+    lines: list[str] = []
+
+    async def go(clock):
+        p = plan()
+        s = Samplers(Mem(clock, lambda t: 500 * MB + t / 3600 * 100 * MB), Metrics(clock, lambda t: 0.0), None, None)
+        runner = SoakRunner(p, sender(clock, lambda t: 0.05), s, requests=no_requests, out_dir=tmp_path,
+                            progress=lines.append, clock=clock)
+        return await runner.run(), clock()
+
+    result, t_end = run_virtual(go)
+    assert result.complete and result.stopped is None and len(result.rows) == 12
+    assert [r["round"] for r in result.rows] == list(range(12))
+    assert [r["warmup"] for r in result.rows] == [True, True] + [False] * 10
+    assert t_end == pytest.approx(12 * 60 + 1.0, abs=1.0)  # 12 rounds + the last round's tail
+    # bounded sampling: one tick per period, never past the end
+    assert result.ticks <= 12 * 60 / 5 + 2 and result.samplers["server-memory"]["reads"] == result.ticks
+    # each row: the round's low envelope (its first sample), TTFT p95 50 ms x up to 1.08
+    r5 = result.rows[5]
+    assert r5["mem_min_mb"] == pytest.approx(500 + 5 * 60 / 3600 * 100, abs=0.01)
+    assert r5["mem_max_mb"] > r5["mem_min_mb"]
+    assert 50 <= r5["ttft_p95_ms"] <= 54.1 and r5["requests"] == 10 and r5["errors"] == 0
+    assert r5["kv_usage_max"] == 0.25 and r5["preemptions"] == 0
+    # the CSV on disk holds every round, flushed as they completed
+    rows = list(csv.DictReader((tmp_path / "soak-rounds.csv").open()))
+    assert len(rows) == 12 and rows[-1]["round"] == "11"
+    assert (tmp_path / "soak-requests.csv").read_text().count("\n") == 1 + 12 * 10
+    # one progress line per round, with the slope so far and an ETA
+    assert len(lines) == 12 and lines[0].startswith("soak round 1/12 (warm-up): TTFT p95 5")
+    assert "slope so far +100.0 MB/h" in lines[-1] and "ETA 0m00s" in lines[-1]
+    a = analyze(result, spec())
+    assert a.memory is not None and a.memory.full.slope == pytest.approx(100.0, rel=1e-4)
+    v = memory_verdict(a)
+    assert v.status is Status.FAIL and "memory growth" in v.message and "ceiling 20 MB/h" in v.message
+
+
+def test_per_request_records_are_not_kept(tmp_path):
+    async def go(clock):
+        send = sender(clock, lambda t: 0.05, n_per_round=50)
+        s = Samplers(Mem(clock, lambda t: 1e9), None, None, None)
+        runner = SoakRunner(plan(rounds=200, round_s=10, warmup=0, period=5), send, s, requests=no_requests,
+                            out_dir=tmp_path, clock=clock)
+        result = await runner.run()
+        return result, send, runner
+
+    result, send, runner = run_virtual(go)
+    gc.collect()
+    assert len(result.rows) == 200
+    assert all(ref() is None for ref in send.sent)   # every round's LoadResult was dropped
+    assert runner._acc == {}                          # and every round's sample reductions
+    assert (tmp_path / "soak-requests.csv").read_text().count("\n") == 1 + 200 * 50  # they went to disk
+
+
+def test_interrupt_keeps_completed_rounds_and_marks_incomplete(tmp_path):
+    async def go(clock):
+        import asyncio
+
+        s = Samplers(Mem(clock, lambda t: 5e8), None, None, None)
+        runner = SoakRunner(plan(), sender(clock, lambda t: 0.05), s, requests=no_requests, out_dir=tmp_path,
+                            clock=clock)
+        asyncio.get_running_loop().call_at(5 * 60 + 30, runner.request_stop, "SIGINT")
+        return await runner.run()
+
+    result = run_virtual(go)
+    assert not result.complete and result.stopped == "SIGINT"
+    assert [r["round"] for r in result.rows] == [0, 1, 2, 3, 4]  # round 5 was cut mid-way: not a round
+    assert len(list(csv.DictReader((tmp_path / "soak-rounds.csv").open()))) == 5
+    v = memory_verdict(analyze(result, spec()))
+    assert v.status is Status.INCOMPLETE
+    assert "soak stopped (SIGINT) after 5 of 12 rounds" in v.message and "never a PASS" in v.message
+
+
+def test_a_real_sigint_stops_the_soak_cleanly(tmp_path):
+    async def go(clock):
+        import asyncio
+
+        s = Samplers(Mem(clock, lambda t: 5e8), None, None, None)
+        runner = SoakRunner(plan(), sender(clock, lambda t: 0.05), s, requests=no_requests, out_dir=tmp_path,
+                            clock=clock)
+        asyncio.get_running_loop().call_at(3 * 60 + 30, os.kill, os.getpid(), signal.SIGINT)
+        with StopOnSignals(runner) as sig:
+            result = await runner.run()
+        return result, sig.signal_name
+
+    before = signal.getsignal(signal.SIGINT)
+    result, name = run_virtual(go)
+    assert name == "SIGINT" and result.stopped == "SIGINT" and len(result.rows) == 3
+    assert signal.getsignal(signal.SIGINT) is before  # the previous handler is back
+
+
+def test_rounds_that_never_finish_hit_the_hard_deadline(tmp_path):
+    async def go(clock):
+        import asyncio
+
+        async def hang(k, offsets, specs, deadline_s):
+            await asyncio.sleep(10**6)
+
+        s = Samplers(Mem(clock, lambda t: 5e8), None, None, None)
+        runner = SoakRunner(plan(rounds=6), hang, s, requests=no_requests, out_dir=tmp_path, clock=clock)
+        return await runner.run(), clock()
+
+    result, t_end = run_virtual(go)
+    assert not result.complete and result.stopped.startswith("deadline") and result.rows == []
+    assert t_end == pytest.approx(6 * 60 + 30 + 30, abs=1)  # duration + request timeout + 30 s
+
+
+def test_ttft_drift_with_flat_memory_and_climbing_preemptions_is_preemption_placement(tmp_path):
+    async def go(clock):
+        s = Samplers(Mem(clock, lambda t: 5e8), Metrics(clock, lambda t: float(int(t / 30))), None, None)
+        runner = SoakRunner(plan(), sender(clock, lambda t: 0.05 + t / 3600 * 2.0), s, requests=no_requests,
+                            clock=clock)
+        return await runner.run()
+
+    a = analyze(run_virtual(go), spec())
+    assert a.classification == "preemption/placement" and a.preemptions == pytest.approx(20, abs=1)
+    v = latency_verdict(a, load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml")))
+    assert v.status is Status.FAIL and "preemptions climbing" in v.message and "ceiling 300 ms/h" in v.message
+    assert memory_verdict(a).status is Status.PASS
+
+
+def test_lagging_client_makes_the_soak_invalid(tmp_path):
+    async def go(clock):
+        s = Samplers(Mem(clock, lambda t: 5e8), None, None, None)
+        runner = SoakRunner(plan(), sender(clock, lambda t: 0.05, lag_s=0.2), s, requests=no_requests, clock=clock)
+        return await runner.run()
+
+    a = analyze(run_virtual(go), spec())
+    v = memory_verdict(a)
+    assert v.status is Status.INVALID and "client fell behind its schedule in 10 of 10 measured rounds" in v.message
+
+
+def test_plan_requests_are_seeded_poisson_within_the_round_with_unique_prefixes():
+    p = plan(round_s=10.0, rate=5.0)
+    ep = Endpoint("http://127.0.0.1:1")
+    a = p.requests(3, ep, "m")
+    b = p.requests(3, ep, "m")
+    assert a[0] == b[0] and len(a[0]) == len(a[1])          # same seed, same round: same schedule
+    assert p.requests(4, ep, "m")[0] != a[0]                 # another round: another draw
+    assert all(0 <= o < 10.0 for o in a[0]) and 25 <= len(a[0]) <= 80
+    prompts = [s.body["prompt"] for s in a[1]]
+    assert len(set(prompts)) == len(prompts) and prompts[0].startswith("soak 000-000003-00000: ")
+    assert a[1][0].path == "/v1/completions" and a[1][0].body["max_tokens"] == 8
+
+
+def test_plan_from_profile_and_duration_override():
+    prof = load_profile("tiny-cpu")
+    s = soak_spec(prof)
+    p = plan_for(prof, s)
+    assert p.rounds == s.rounds and p.round_s == s.round_s and 60 <= p.duration_s <= 90
+    assert p.mix[0].name == "chat-short"
+    longer = soak_spec(prof, "10m")
+    assert longer.duration_s == 600 and longer.round_s == s.round_s
+    from kvgate.soak import SoakError
+
+    with pytest.raises(SoakError, match="needs? at least 4|leaves"):
+        soak_spec(prof, "5s")
+
+
+def test_kvgate_keeps_a_small_fixed_amount_per_round(tmp_path):
+    """A day of 10 s rounds is 8,640 rounds: what the runner keeps per round must stay small
+    (the round row), whatever the number of requests and samples in it."""
+    import tracemalloc
+
+    async def go(clock, rounds):
+        send = sender(clock, lambda t: 0.05, n_per_round=40)
+        s = Samplers(Mem(clock, lambda t: 1e9), Metrics(clock, lambda t: 0.0), None, None)
+        runner = SoakRunner(plan(rounds=rounds, round_s=10, warmup=0, period=1), send, s, requests=no_requests,
+                            out_dir=tmp_path, clock=clock)
+        return await runner.run()
+
+    run_virtual(lambda c: go(c, 20))  # warm caches and imports
+    tracemalloc.start()
+    try:
+        small = run_virtual(lambda c: go(c, 50))
+        base = tracemalloc.get_traced_memory()[0]
+        del small
+        big = run_virtual(lambda c: go(c, 550))
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert len(big.rows) == 550
+    per_round = grown / 500
+    assert per_round < 4000, f"{per_round:.0f} bytes kept per round"  # ~35 MB for a day of 10 s rounds at most

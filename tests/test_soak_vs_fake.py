@@ -1,0 +1,166 @@
+"""The soak gate against the fake vLLM with soak-shaped faults, through the real suite
+(suites/test_soak.py via pytester, ``--endpoint``): each pattern gets the verdict and the
+classification it must get. Soaks here are 2.5 s (10 rounds of 0.25 s at 40 req/s); verdicts are
+read back from reports/summary.json."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fakes.fake_vllm import FakeConfig
+from tests.fakes.soak_fakes import SoakFakeVLLM, fill_then_plateau, flat, linear_leak, sawtooth
+
+from .conftest import REPO
+
+pytest_plugins = ["pytester"]
+PROFILE = REPO / "tests" / "data" / "fake-soak.yaml"
+SUITE = str(REPO / "suites" / "test_soak.py")
+
+
+def run_soak(pytester, url, *extra):
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--profile", str(PROFILE), "--endpoint", url, "--kvgate-reports", str(reports), SUITE, *extra)
+    summary = json.loads((reports / "summary.json").read_text())
+    gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
+    return result, summary, gates, reports
+
+
+def analysis(gate):
+    return gate["evidence"]["analysis"]
+
+
+@pytest.fixture
+def fake_with(request):
+    fakes = []
+
+    def start(**shape):
+        f = SoakFakeVLLM(FakeConfig(max_tokens_cap=64), **shape)
+        f.start()
+        fakes.append(f)
+        return f
+
+    yield start
+    for f in fakes:
+        f.stop()
+
+
+def test_healthy_fake_passes_the_soak_with_every_round_written(pytester, fake_with):
+    fake = fake_with(memory=sawtooth(3, 40.0))  # allocator sawtooth over a flat floor
+    result, summary, gates, reports = run_soak(pytester, fake.url)
+    mem, lat, gpu = gates["soak/memory"], gates["soak/latency"], gates["soak/gpu-memory"]
+    assert mem["status"] == "PASS" and lat["status"] == "PASS", (mem["message"], lat["message"])
+    assert "(healthy)" in mem["message"] and "ceiling 3600 MB/h" in mem["message"]
+    assert "API-server process only" in json.dumps(analysis(mem)["samplers"])
+    a = analysis(mem)
+    assert a["classification"] == "healthy" and a["memory_mb_per_h"]["slope"] == pytest.approx(0.0, abs=1e-6)
+    assert a["rounds"] == {"planned": 10, "completed": 10, "warmup": 1, "measured": 9, "round_s": 0.25, "lagged": 0}
+    assert a["sampling_ticks"] <= 2.5 / 0.05 + 2                      # bounded: one scrape per tick
+    assert a["samplers"]["server-metrics"]["reads"] == a["sampling_ticks"] == fake.scrapes
+    assert gpu["status"] == "SKIP" and "runs on CPU" in gpu["message"]
+    assert summary["overall"] == "PASS"
+    rows = list(csv.DictReader((reports / "soak-rounds.csv").open()))
+    assert len(rows) == 10 and all(int(r["requests"]) >= 3 for r in rows)
+    assert (reports / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result.assert_outcomes(passed=2, skipped=1)
+
+
+def test_linear_memory_growth_fails_as_memory_growth(pytester, fake_with):
+    fake = fake_with(memory=linear_leak(0.5))  # 0.5 MB per 50 ms scrape = 36 GB/h
+    _, summary, gates, _ = run_soak(pytester, fake.url)
+    mem = gates["soak/memory"]
+    assert mem["status"] == "FAIL" and "-> FAIL (memory growth: retained memory rising" in mem["message"]
+    assert analysis(mem)["memory_mb_per_h"]["ci_low"] > 3600
+    assert mem["measured"]["value"] == pytest.approx(36000, rel=0.2) and mem["measured"]["unit"] == "MB/h"
+    assert summary["overall"] == "FAIL"
+
+
+def test_growth_then_plateau_passes_as_a_bounded_cache(pytester, fake_with):
+    fake = fake_with(memory=fill_then_plateau(1.0, 22))  # fills for ~1.1 s, then flat
+    _, _, gates, _ = run_soak(pytester, fake.url)
+    mem = gates["soak/memory"]
+    assert mem["status"] == "PASS" and "(bounded cache: retained memory rose" in mem["message"], mem["message"]
+    a = analysis(mem)
+    assert a["classification"] == "bounded cache" and a["memory_mb_per_h"]["plateau"]
+    assert a["memory_mb_per_h"]["ci_low"] > 3600  # it did rise significantly: the plateau is what passes it
+
+
+def test_ttft_drift_with_flat_memory_and_climbing_preemptions_fails_as_preemption_placement(pytester, fake_with):
+    fake = fake_with(memory=flat(), ttft_extra=lambda t: 0.04 * t, preempt=lambda t: True)
+    _, _, gates, _ = run_soak(pytester, fake.url)
+    lat, mem = gates["soak/latency"], gates["soak/memory"]
+    assert lat["status"] == "FAIL", lat["message"]
+    assert "(preemption/placement: TTFT p95 rising while retained memory flat" in lat["message"]
+    assert "preemptions climbing" in lat["message"]
+    assert mem["status"] == "PASS" and analysis(lat)["preemptions"] > 0
+
+
+def test_a_latency_step_halfway_fails(pytester, fake_with):
+    fake = fake_with(memory=flat(), ttft_extra=lambda t: 0.08 if t > 1.25 else 0.0)
+    _, _, gates, _ = run_soak(pytester, fake.url)
+    lat = gates["soak/latency"]
+    assert lat["status"] == "FAIL", lat["message"]
+    assert "TTFT p95" in lat["message"] and "no preemptions" in lat["message"]
+    assert analysis(lat)["ttft_p95_ms_per_h"]["ci_low"] > 36000
+
+
+def test_unmeasurable_memory_skips_the_memory_half_with_the_reason(pytester, fake_with):
+    fake = fake_with(no_rss=True)
+    _, _, gates, _ = run_soak(pytester, fake.url)
+    mem = gates["soak/memory"]
+    assert mem["status"] == "SKIP"
+    assert "server memory not measurable: /metrics has no process_resident_memory_bytes" in mem["message"]
+    assert "never a PASS" in mem["message"]
+    assert gates["soak/latency"]["status"] == "PASS"
+
+
+def test_soak_duration_override_and_its_validation(pytester, fake_with):
+    fake = fake_with(memory=flat())
+    _, _, gates, reports = run_soak(pytester, fake.url, "--soak-duration", "1.5s")
+    assert analysis(gates["soak/memory"])["rounds"]["planned"] == 6
+    bad = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--profile", str(PROFILE), "--endpoint", fake.url, "--kvgate-reports", str(reports), SUITE,
+        "--soak-duration", "0.5s")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--soak-duration 0.5s: duration 0.5 s with round 0.25 s*needs at least 4*"])
+
+
+def test_sigterm_mid_soak_writes_completed_rounds_and_marks_incomplete(tmp_path, fake_with):
+    fake = fake_with(memory=flat())
+    reports = tmp_path / "reports"
+    cmd = [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
+           "-p", "no:cacheprovider", "--profile", str(PROFILE), "--endpoint", fake.url,
+           "--kvgate-reports", str(reports), "--soak-duration", "6s", SUITE]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        rounds = reports / "soak-rounds.csv"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait for 3 completed rounds on disk
+            if rounds.exists() and rounds.read_text().count("\n") >= 4:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.decode(errors="replace")
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["overall"] == "INCOMPLETE", text[-3000:]
+    gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
+    mem = gates["soak/memory"]
+    assert mem["status"] == "INCOMPLETE" and "soak stopped (SIGTERM) after" in mem["message"]
+    written = list(csv.DictReader(rounds.open()))
+    done = analysis(mem)["rounds"]["completed"]
+    assert 3 <= done < 24 and len(written) == done
+    assert "soak round 3/24" in text  # the live progress line reached the terminal
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED
