@@ -4,7 +4,7 @@
 :class:`~kvgate.gates.soak.SoakAnalysis`: memory per round as the low envelope (points) inside
 its min-max band, TTFT p95 per round; on each the least-squares line with its confidence band
 (the band of the fitted mean), the Theil-Sen line, the last-part fit, and the warm-up shaded.
-x is hours since the soak started. Pure: returns PNG bytes; the caller writes or attaches them.
+x is minutes (hours for soaks of 2 h and more) since the soak started; slopes are per hour. Pure: returns PNG bytes; the caller writes or attaches them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _band(tr: Trend, x: np.ndarray, xs: list[float]) -> tuple[np.ndarray, np.nda
 
 
 def _panel(ax: Any, rows: list[dict[str, Any]], key: str, band_keys: tuple[str, str] | None, growth: Any,
-           x_of: Any, ylabel: str, unit: str, warm_end_h: float, color: str) -> None:
+           x_of: Any, ylabel: str, unit: str, warm_end_h: float, color: str, scale: float) -> None:
+    """One panel; x values are hours, drawn times ``scale`` (60: minutes)."""
     pts = [(x_of(r), r[key], r["warmup"]) for r in rows if r.get(key) is not None]
     if band_keys:
         lo_k, hi_k = band_keys
@@ -44,31 +45,32 @@ def _panel(ax: Any, rows: list[dict[str, Any]], key: str, band_keys: tuple[str, 
         lo = [r[lo_k] for r in rows if r.get(lo_k) is not None and r.get(hi_k) is not None]
         hi = [r[hi_k] for r in rows if r.get(lo_k) is not None and r.get(hi_k) is not None]
         if bx:
-            ax.fill_between(bx, lo, hi, color=color, alpha=0.12, step="mid", label="round min-max")
+            ax.fill_between([b * scale for b in bx], lo, hi, color=color, alpha=0.12, step="mid", label="round min-max")
     if warm_end_h > 0:
-        ax.axvspan(0, warm_end_h, color="#999999", alpha=0.15, label="warm-up (not fitted)")
+        ax.axvspan(0, warm_end_h * scale, color="#999999", alpha=0.15, label="warm-up (not fitted)")
     if pts:
-        ax.plot([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], "o", color=color, ms=4,
+        ax.plot([p[0] * scale for p in pts if not p[2]], [p[1] for p in pts if not p[2]], "o", color=color, ms=4,
                 label=ylabel.split(" (")[0])
-        ax.plot([p[0] for p in pts if p[2]], [p[1] for p in pts if p[2]], "o", color="#999999", ms=4)
+        ax.plot([p[0] * scale for p in pts if p[2]], [p[1] for p in pts if p[2]], "o", color="#999999", ms=4)
     if growth is not None:
         xs = [p[0] for p in pts if not p[2]]
         if len(xs) >= 2:
             x = np.linspace(min(xs), max(xs), 50)
             y, lo, hi = _band(growth.full, x, xs)
-            ax.plot(x, y, "-", color="#c0392b", lw=1.5, label=f"least squares {growth.full.slope:+,.1f} {unit}")
-            ax.fill_between(x, lo, hi, color="#c0392b", alpha=0.15,
+            ax.plot(x * scale, y, "-", color="#c0392b", lw=1.5, label=f"least squares {growth.full.slope:+,.1f} {unit}")
+            ax.fill_between(x * scale, lo, hi, color="#c0392b", alpha=0.15,
                             label=f"{growth.full.ols.confidence:.0%} band ({growth.full.ci_low:+,.1f}.."
                                   f"{growth.full.ci_high:+,.1f})")
             ts = growth.full
-            ax.plot(x, ts.theil_intercept + ts.theil_sen * x, "--", color="#2c3e50", lw=1,
+            ax.plot(x * scale, ts.theil_intercept + ts.theil_sen * x, "--", color="#2c3e50", lw=1,
                     label=f"Theil-Sen {ts.theil_sen:+,.1f} {unit}")
             if growth.last is not None:
                 lx = xs[-growth.last.n:]
                 xx = np.linspace(min(lx), max(lx), 20)
-                ax.plot(xx, growth.last.ols.intercept + growth.last.slope * xx, ":", color="#8e44ad", lw=2,
+                ax.plot(xx * scale, growth.last.ols.intercept + growth.last.slope * xx, ":", color="#8e44ad", lw=2,
                         label=f"last part {growth.last.slope:+,.1f} {unit}")
     ax.set_ylabel(ylabel)
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
 
@@ -87,13 +89,14 @@ def soak_png(a: "SoakAnalysis", title: str = "soak") -> bytes:
         return (r["t_start_s"] + p.round_s / 2) / 3600.0
 
     warm_end_h = p.warmup_rounds * p.round_s / 3600.0
+    scale, xunit = (60.0, "minutes") if p.duration_s < 7200 else (1.0, "hours")
     fig, axes = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
     mem = a.result.samplers.get("server-memory") or {}
     _panel(axes[0], rows, "mem_min_mb", ("mem_min_mb", "mem_max_mb"), a.memory, x_of,
-           "retained memory (MB, round low envelope)", "MB/h", warm_end_h, "#3b6ea5")
+           "retained memory (MB, round low envelope)", "MB/h", warm_end_h, "#3b6ea5", scale)
     axes[0].set_title(f"memory: {mem.get('quantity', 'n/a')} - {mem.get('source', 'not measured')}"[:110], fontsize=8)
-    _panel(axes[1], rows, "ttft_p95_ms", None, a.ttft, x_of, "TTFT p95 (ms)", "ms/h", warm_end_h, "#d35400")
-    axes[1].set_xlabel("hours since the soak started")
+    _panel(axes[1], rows, "ttft_p95_ms", None, a.ttft, x_of, "TTFT p95 (ms)", "ms/h", warm_end_h, "#d35400", scale)
+    axes[1].set_xlabel(f"{xunit} since the soak started (slopes per hour)")
     fig.suptitle(f"{title}: {a.classification} ({len(rows)} rounds of {p.round_s:g} s at {p.rate_rps:g} req/s)",
                  fontsize=10)
     fig.tight_layout()
