@@ -150,8 +150,9 @@ class RunRecord:
 
     @property
     def contacted(self) -> bool:
-        """Whether any request reached the endpoint (the preflight ran, or kvgate launched it)."""
-        return self.endpoint_contacted or bool(self.launch)
+        """Whether any request reached the endpoint (the preflight ran, or kvgate launched it and it
+        came up; a failed launch, ``launch["error"]``, contacted nothing)."""
+        return self.endpoint_contacted or (bool(self.launch) and "error" not in self.launch)
 
     def final_status(self, running: bool = False) -> str:
         """The ``overall`` a report shows: RUNNING (written at start), ERROR, INCOMPLETE or :meth:`overall`."""
@@ -218,6 +219,8 @@ class RunRecord:
         name = self.profile_name or "(no profile)"
         if self.contacted:
             return f"kvgate {name} @ {self.endpoint or '-'} (vLLM {self.server_version or 'version unknown'})"
+        if self.launch.get("error"):
+            return f"kvgate {name}: the embedded vLLM did not start (see the errors below)"
         if self.endpoint:
             return f"kvgate {name}: endpoint {self.endpoint} not contacted (no selected gate needs a server)"
         return f"kvgate {name}: no server started (no selected gate needs one)"
