@@ -92,9 +92,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def _launch_failed(st: Any, server: EmbeddedServer | None, message: str) -> None:
     st.extra[LAUNCH_ERROR_KEY] = message
-    st.extra.pop(SERVER_KEY, None)
     if server is not None:
         server.stop()
+    st.extra.pop(SERVER_KEY, None)
     st.record.launch = {"mode": "embedded", "error": message,
                         "command": getattr(server, "command", None) or [],
                         "log": str(server.log_path) if server is not None else None}
@@ -116,8 +116,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     st = _state(config)
     server = st.extra.get(SERVER_KEY) if st is not None else None
     if server is not None and not any("kvgate_endpoint" in getattr(it, "fixturenames", ()) for it in items):
-        st.extra.pop(SERVER_KEY)
         server.stop()  # the selection needs no server (e.g. -k fit): do not keep one running
+        st.extra.pop(SERVER_KEY)  # only now: a stop cut short by Ctrl-C is finished at sessionfinish
 
 
 @pytest.hookimpl(wrapper=True)
@@ -206,10 +206,27 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
                         "command": server.command, "log": str(server.log_path),
                         "server_cpus": sorted(server.server_cpus) if server.server_cpus else "all"}
     st.extra["server_pids"] = [server.pid]  # the soak watches this process tree's memory
+    _preflight_embedded(config, st, server)
     try:
         yield st.endpoint
     finally:
         _teardown(config, st, server)
+
+
+def _preflight_embedded(config: pytest.Config, st: Any, server: EmbeddedServer) -> None:
+    """The same preflight as ``--endpoint`` gets (:func:`kvgate.preflight.preflight`: ``/v1/models``
+    in OpenAI's shape, serving the profile's model), once the embedded server is healthy. On a
+    failure the server is stopped, the run's reports say ERROR, and pytest exits as a usage error
+    (exit 4) with one line."""
+    from .plugin import write_error_reports
+    from .preflight import PreflightError, preflight
+
+    try:
+        preflight(st.endpoint, st.profile, None)
+    except PreflightError as exc:
+        _teardown(config, st, server)
+        write_error_reports(config, str(exc))
+        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def _teardown(config: pytest.Config, st: Any, server: EmbeddedServer) -> None:
