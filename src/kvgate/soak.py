@@ -601,8 +601,11 @@ class SoakRunner:
                           loop.ticks, self.clock() - t0, files, gpu, self.samplers.gpu_skip, self.samplers.memory_skip)
 
     async def _until(self, when: float, stop_wait: asyncio.Future[Any]) -> bool:
-        """Sleep until ``when`` on the injected clock; False when the soak was stopped first."""
-        while not self._stop.is_set():  # type: ignore[union-attr]
+        """Sleep until ``when`` on the injected clock; False when the soak was stopped first.
+        Bounded: a sleep that keeps returning early is retried at most 1,000 times."""
+        for _ in range(1000):
+            if self._stop.is_set():  # type: ignore[union-attr]
+                return False
             delay = when - self.clock()
             if delay <= 0:
                 return True
@@ -611,7 +614,7 @@ class SoakRunner:
             if nap not in finished:
                 nap.cancel()
                 await asyncio.gather(nap, return_exceptions=True)
-        return False
+        return not self._stop.is_set()  # type: ignore[union-attr]
 
 
 def _hms(s: float) -> str:

@@ -1,0 +1,199 @@
+"""The soak gate's pure verdicts on hand-built round rows, and the choice of memory source."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.client import Endpoint
+from kvgate.gates.soak import analyze, gpu_verdict, latency_verdict, memory_verdict
+from kvgate.profile import SoakSpec, load_profile
+from kvgate.sampling import MetricsMemorySampler, PrometheusSampler, ProcessTreeSampler
+from kvgate.soak import ROUND_FIELDS, SoakPlan, SoakResult, build_samplers
+from kvgate.verdict import Status
+from tests.fakes.soak_fakes import FakeNVML
+
+from .conftest import REPO
+
+GIB = 2**30
+SPEC = SoakSpec(duration="1h", round="5m", warmup="10m", rate_rps=1, memory_slope_max_mb_per_h=20,
+                ttft_p95_slope_max_ms_per_h=100)
+PLAN = SoakPlan(rounds=12, round_s=300, warmup_rounds=2, rate_rps=1, mix=())
+
+
+def profile(**engine):
+    p = load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml"))
+    return p.model_copy(update={"engine": p.engine.model_copy(update=engine)}) if engine else p
+
+
+def rows(mem=lambda k: 500.0, ttft=lambda k: 40.0, errors=lambda k: 0, requests=30, kept_up=True, pre=lambda k: 0):
+    out = []
+    for k in range(PLAN.rounds):
+        r = {f: None for f in ROUND_FIELDS}
+        r.update(round=k, warmup=k < PLAN.warmup_rounds, t_start_s=k * 300.0, t_end_s=(k + 1) * 300.0,
+                 requests=requests, errors=errors(k), ok=requests - errors(k), ttft_p95_ms=ttft(k),
+                 mem_min_mb=mem(k), mem_max_mb=None if mem(k) is None else mem(k) + 30, client_kept_up=kept_up,
+                 lag_p99_ms=1.0, loop_lag_p99_ms=1.0, preemptions=pre(k), waiting_max=0.0, kvgate_rss_mb=150.0)
+        out.append(r)
+    return out
+
+
+def result(rs, **kw):
+    samplers = {"server-memory": {"source": "psutil, process tree of pid 1 (server)", "quantity": "PSS + swap",
+                                  "reads": 720, "last_error": None}}
+    base = dict(plan=PLAN, rows=rs, complete=True, stopped=None, samplers=samplers, ticks=720, wall_s=3600.0,
+                files={"rounds_csv": "reports/soak-rounds.csv"})
+    return SoakResult(**{**base, **kw})
+
+
+def test_memory_growth_message_reads_as_a_verdict_with_its_numbers():
+    a = analyze(result(rows(mem=lambda k: 500 + k * 5.0)), SPEC)  # 5 MB per 5 min = 60 MB/h
+    v = memory_verdict(a)
+    assert v.status is Status.FAIL and v.unit == "MB/h" and v.limit == 20
+    assert v.measured == pytest.approx(60.0)
+    assert v.message.startswith("retained server memory 555.0 MB, slope +60.0 MB/h (95% CI +60.0..+60.0;")
+    assert "ceiling 20 MB/h -> FAIL (memory growth: retained memory rising; TTFT p95 not (yet) following" in v.message
+    assert "source: psutil, process tree of pid 1 (server) [PSS + swap]" in v.message
+    assert v.evidence["analysis"]["memory_mb_per_h"]["slope"] == pytest.approx(60.0)
+    assert v.evidence["analysis"]["classification"] == "memory growth"
+
+
+def test_memory_growth_with_ttft_following_says_so():
+    a = analyze(result(rows(mem=lambda k: 500 + k * 5.0, ttft=lambda k: 40 + 20 * k)), SPEC)
+    assert "TTFT p95 follows (+240.0 ms/h" in memory_verdict(a).message
+    lat = latency_verdict(a, profile())
+    assert lat.status is Status.FAIL and "memory growth" in lat.message
+
+
+def test_bounded_cache_passes_and_says_why():
+    a = analyze(result(rows(mem=lambda k: 500 + min(k, 6) * 8.0)), SPEC)
+    v = memory_verdict(a)
+    assert v.status is Status.PASS and "-> PASS (bounded cache: retained memory rose" in v.message
+    assert "then plateaued (last part +0.0 MB/h" in v.message
+
+
+def test_preemption_placement_names_the_preemptions():
+    a = analyze(result(rows(ttft=lambda k: 40 + 30 * k, pre=lambda k: 3 + k)), SPEC)
+    v = latency_verdict(a, profile())
+    assert v.status is Status.FAIL and v.unit == "ms/h" and v.measured == pytest.approx(360.0)
+    assert "(preemption/placement: TTFT p95 rising while retained memory flat (+0.0 MB/h); preemptions climbing " \
+           "(+95 over the measured rounds, rising per round))" in v.message
+    assert memory_verdict(a).status is Status.PASS
+    assert "soak classified preemption/placement" in memory_verdict(a).message
+
+
+def test_errors_fail_the_latency_half():
+    a = analyze(result(rows(errors=lambda k: 3 if k == 7 else 0)), SPEC)
+    v = latency_verdict(a, profile())
+    assert v.status is Status.FAIL and "3 of 300 requests failed (1.0% > 0.0%" in v.message
+
+
+def test_too_few_requests_for_a_p95_is_invalid_not_pass():
+    a = analyze(result(rows(ttft=lambda k: None)), SPEC)
+    v = latency_verdict(a, profile())
+    assert v.status is Status.INVALID and "only 0 of 10 measured rounds have a TTFT p95" in v.message
+
+
+def test_unmeasurable_memory_skips_with_the_source_and_reason():
+    res = result(rows(mem=lambda k: None))
+    res.samplers["server-memory"]["last_error"] = "/metrics has no process_resident_memory_bytes"
+    v = memory_verdict(analyze(res, SPEC))
+    assert v.status is Status.SKIP and v.measured is None
+    assert v.message.startswith("server memory not measurable: /metrics has no process_resident_memory_bytes "
+                                "(0 of 10 measured rounds had a reading; source: psutil")
+
+
+def test_cut_short_soak_is_incomplete_in_every_half():
+    res = result(rows()[:5], complete=False, stopped="SIGTERM")
+    a = analyze(res, SPEC)
+    for v in (memory_verdict(a), latency_verdict(a, profile())):
+        assert v.status is Status.INCOMPLETE and v.measured == 5 and v.limit == 12 and v.unit == "rounds"
+        assert "soak stopped (SIGTERM) after 5 of 12 rounds; the completed rounds are written to " \
+               "reports/soak-rounds.csv -> INCOMPLETE" in v.message
+
+
+def test_lagging_client_is_invalid():
+    a = analyze(result(rows(kept_up=False)), SPEC)
+    assert memory_verdict(a).status is Status.INVALID and latency_verdict(a, profile()).status is Status.INVALID
+
+
+def gpu_result(peaks, totals=(80 * GIB,)):
+    gpu = [{"index": i, "name": "H100", "total_bytes": t, "peak_used_bytes": p} for i, (p, t) in
+           enumerate(zip(peaks, totals))]
+    return result(rows(), gpu=gpu)
+
+
+def test_gpu_headroom_passes_within_the_budget_and_fails_beyond():
+    prof = profile(gpu_memory_utilization=0.9)
+    ok = gpu_verdict(analyze(gpu_result([70 * GIB]), SPEC), prof)
+    assert ok.status is Status.PASS and ok.unit == "MiB" and ok.measured == 70 * 1024
+    assert ok.limit == round(0.9 * 80 * 1024 + 256)
+    assert "GPU0 peak 71,680 of 81,920 MiB (87.5%) within gpu_memory_utilization 0.9 + 256 MiB slack" in ok.message
+    bad = gpu_verdict(analyze(gpu_result([75 * GIB]), SPEC), prof)
+    assert bad.status is Status.FAIL and "GPU0 peak 76,800 of 81,920 MiB (93.8%) > 0.9 x total + 256 MiB" in bad.message
+    assert "headroom outside vLLM's budget is gone" in bad.message
+    default = gpu_verdict(analyze(gpu_result([70 * GIB]), SPEC), profile(gpu_memory_utilization=None))
+    assert "0.92 (vLLM default)" in default.message
+
+
+def test_gpu_half_skips_with_the_reason():
+    v = gpu_verdict(analyze(result(rows(), gpu_skip="NVML is not available here: NVMLError: Driver Not Loaded"),
+                            SPEC), profile())
+    assert v.status is Status.SKIP and "NVML is not available here" in v.message
+
+
+def test_memory_source_choice():
+    ep = Endpoint("http://127.0.0.1:9")
+    prof = load_profile("tiny-cpu")
+    spec = prof.soak
+    local = build_samplers(prof, spec, ep, [1])
+    assert isinstance(local.memory, ProcessTreeSampler) and "runs on CPU" in local.gpu_skip
+    remote = build_samplers(prof, spec, ep, [])
+    assert isinstance(remote.memory, MetricsMemorySampler) and "API-server process only" in remote.memory.covers
+    q = SoakSpec.model_validate({**spec.model_dump(), "memory_query": {
+        "url": "http://127.0.0.1:9090", "query": "sum(x)", "covers": "the pod", "api_key_env": "PROM_TOKEN"}})
+    prom = build_samplers(prof, q, ep, [1], token_env=lambda name: "tok" if name == "PROM_TOKEN" else None)
+    assert isinstance(prom.memory, PrometheusSampler) and prom.memory.covers == "the pod"
+    forced = SoakSpec.model_validate({**spec.model_dump(), "memory_source": "process_tree"})
+    none = build_samplers(prof, forced, ep, [])
+    assert none.memory is None and "kvgate did not launch this server" in none.memory_skip
+    gpu_prof = prof.model_copy(update={"hardware": prof.hardware.model_copy(update={"gpu": "H100"})})
+    on_gpu = build_samplers(gpu_prof, spec, ep, [1], nvml=FakeNVML())
+    assert on_gpu.gpu is not None and on_gpu.gpu.available and on_gpu.gpu_skip is None
+    no_nvml = build_samplers(gpu_prof, spec, ep, [1], nvml=FakeNVML(init_error="Driver Not Loaded"))
+    assert no_nvml.gpu is None and "Driver Not Loaded" in no_nvml.gpu_skip
+    far = build_samplers(gpu_prof, spec, ep, [])
+    assert far.gpu is None and "the server is remote" in far.gpu_skip
+
+
+def test_soak_spec_validation_messages():
+    with pytest.raises(ValueError, match="leaves 2 measured round"):
+        SoakSpec(duration="20m", round="5m", warmup="10m", rate_rps=1, memory_slope_max_mb_per_h=1,
+                 ttft_p95_slope_max_ms_per_h=1)
+    with pytest.raises(ValueError, match="memory_source prometheus needs memory_query"):
+        SoakSpec(duration="1h", round="5m", rate_rps=1, memory_slope_max_mb_per_h=1, ttft_p95_slope_max_ms_per_h=1,
+                 memory_source="prometheus")
+    with pytest.raises(ValueError, match="not a duration: '5 minutes'"):
+        SoakSpec(duration="5 minutes", round="5m", rate_rps=1, memory_slope_max_mb_per_h=1,
+                 ttft_p95_slope_max_ms_per_h=1)
+    with pytest.raises(ValueError, match="extra"):
+        SoakSpec(duration="1h", rate_rps=1, memory_slope_max_mb_per_h=1, ttft_p95_slope_max_ms_per_h=1, ceiling=3)
+
+
+def test_profile_soak_mix_must_name_declared_workloads(write_profile):
+    from kvgate.profile import ProfileError
+
+    from .conftest import MINIMAL
+
+    path = write_profile("p", MINIMAL + """\
+workloads:
+  chat: {prompt_tokens: 16, output_tokens: 8}
+soak:
+  duration: 10m
+  round: 1m
+  rate_rps: 1
+  mix: {chat: 3, batch: 1}
+  memory_slope_max_mb_per_h: 20
+  ttft_p95_slope_max_ms_per_h: 100
+""")
+    with pytest.raises(ProfileError, match=r"soak.mix names unknown workload\(s\) \['batch'\]; workloads: chat"):
+        load_profile(str(path))
