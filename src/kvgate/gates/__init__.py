@@ -14,10 +14,12 @@ fit             suites/test_fit.py          gates/fit.py            kvgate.kvmat
 deployment      suites/test_deployment.py   gates/deployment.py     probes.observe_deployment        tests/test_gates_vs_fake.py
 max-context     suites/test_max_context.py  gates/max_context.py    probes.build_prompt / send       tests/test_gates_vs_fake.py
 max-tokens      suites/test_max_tokens.py   gates/max_tokens.py     probes.send                      tests/test_gates_vs_fake.py
-streaming       suites/test_streaming.py    gates/streaming.py      probes.send, sdk.sdk_stream      tests/test_gates_vs_fake.py
-disconnect      suites/test_disconnect.py   gates/disconnect.py     probes.disconnect                tests/test_gates_vs_fake.py
+streaming       suites/test_streaming.py    gates/streaming.py      probes.send, sdk.sdk_stream      tests/test_gates_streaming.py, …vs_fake
+disconnect      suites/test_disconnect.py   gates/disconnect.py     probes.disconnect                tests/test_gates_disconnect.py, …vs_fake
 concurrency,    suites/test_load.py         gates/load.py           scenarios.run_* over kvgate.load tests/test_gates_load.py,
 latency                                                                                              tests/test_gates_vs_fake.py
+soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner, sampling        tests/test_gates_soak.py,
+                                                                                                 tests/test_soak_vs_fake.py
 health/canary   (inside the gates above)    gates/health.py         probes.canary                    tests/test_gates_vs_fake.py
 soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner + sampling       tests/test_soak_vs_fake.py,
                                                                                                      test_soak_runner.py
