@@ -19,10 +19,8 @@ disconnect      suites/test_disconnect.py   gates/disconnect.py     probes.disco
 concurrency,    suites/test_load.py         gates/load.py           scenarios.run_* over kvgate.load tests/test_gates_load.py,
 latency                                                                                              tests/test_gates_vs_fake.py
 soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner, sampling        tests/test_gates_soak.py,
-                                                                                                 tests/test_soak_vs_fake.py
+                                                                                                 test_soak_vs_fake.py, test_soak_runner.py
 health/canary   (inside the gates above)    gates/health.py         probes.canary                    tests/test_gates_vs_fake.py
-soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner + sampling       tests/test_soak_vs_fake.py,
-                                                                                                     test_soak_runner.py
 ==============  ==========================  ======================  ===============================  ====================================
 
 :mod:`kvgate.gates.common` holds what several gates share (status shorthands, number formatting,
