@@ -269,3 +269,19 @@ def test_error_after_launch_keeps_this_runs_server_log(pytester, tmp_path):
     xml = (reports / "junit.xml").read_text()
     assert 'errors="1"' in xml and "not the profile's model" in xml and "kv-pool" not in xml
     assert (reports / "vllm-server.log").read_text() == "this run's vLLM log\n"
+
+
+def test_clear_removes_the_previous_runs_soak_files_too(tmp_path):
+    """A soak plot or round CSV of an earlier run must not sit beside this run's verdict."""
+    for name in (*outputs.SOAK_FILES, outputs.SUMMARY, outputs.JUNIT):
+        (tmp_path / name).write_text("old run")
+    (tmp_path / "mine.txt").write_text("not kvgate's")
+    removed = {p.name for p in outputs.clear(tmp_path)}
+    assert set(outputs.SOAK_FILES) <= removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_headline_of_a_run_interrupted_before_any_server_names_the_phase():
+    rec = RunRecord("tiny-cpu", None, Redactor())
+    rec.interrupted_in = "launch"
+    assert rec.headline() == "kvgate tiny-cpu: interrupted during launch before any server was contacted"

@@ -221,6 +221,8 @@ class RunRecord:
             return f"kvgate {name} @ {self.endpoint or '-'} (vLLM {self.server_version or 'version unknown'})"
         if self.launch.get("error"):
             return f"kvgate {name}: the embedded vLLM did not start (see the errors below)"
+        if self.interrupted_in is not None:
+            return f"kvgate {name}: interrupted during {self.interrupted_in} before any server was contacted"
         if self.endpoint:
             return f"kvgate {name}: endpoint {self.endpoint} not contacted (no selected gate needs a server)"
         return f"kvgate {name}: no server started (no selected gate needs one)"
