@@ -285,3 +285,21 @@ def test_headline_of_a_run_interrupted_before_any_server_names_the_phase():
     rec = RunRecord("tiny-cpu", None, Redactor())
     rec.interrupted_in = "launch"
     assert rec.headline() == "kvgate tiny-cpu: interrupted during launch before any server was contacted"
+
+
+def test_refused_bare_profile_path_writes_the_error_into_the_projects_reports(pytester, tmp_path):
+    """`pytest --profile /elsewhere/x.yaml` run in a project: pytest takes the path for a test path
+    and roots the run elsewhere; kvgate refuses, and replaces the *project's* reports (cwd), never
+    `<elsewhere>/reports`."""
+    pytester.makefile(".toml", pyproject="[project]\nname = 'someproject'\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    prof = elsewhere / "x.yaml"
+    prof.write_text("extends: tiny-cpu\n")
+    (pytester.path / "reports").mkdir()
+    (pytester.path / "reports" / "junit.xml").write_text("<testsuite name='old green run'/>")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--profile", str(prof))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert not (elsewhere / "reports").exists()
+    assert read_summary(pytester.path / "reports")["overall"] == "ERROR"
+    assert "old green run" not in (pytester.path / "reports" / "junit.xml").read_text()

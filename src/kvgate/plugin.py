@@ -126,10 +126,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _reports_dir(config: pytest.Config) -> Path:
-    """``--kvgate-reports``; the default ``reports`` is relative to the rootdir, not the cwd."""
+    """``--kvgate-reports``; the default ``reports`` is relative to the rootdir, not the cwd.
+
+    When pytest picked a rootdir outside the checkout (a path option given with a space, which
+    kvgate refuses), the default is the cwd's ``reports/`` if the cwd is a project (it has a
+    pyproject.toml) -- so the refusal replaces *that* run's reports -- never ``<other rootdir>/reports``.
+    """
     raw = config.getoption("kvgate_reports")
     path = Path(raw)
-    return path if path.is_absolute() or raw != "reports" else config.rootpath / "reports"
+    if path.is_absolute() or raw != "reports":
+        return path
+    if config.inipath is None and (Path.cwd() / "pyproject.toml").is_file():
+        return Path.cwd() / "reports"
+    return config.rootpath / "reports"
 
 
 def _junit_path(config: pytest.Config, reports: Path) -> Path:
