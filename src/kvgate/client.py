@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from .redact import redact_url
+from .sse import error_message
 
 Clock = Callable[[], float]
 
@@ -94,14 +95,8 @@ class Reply:
     def error_message(self) -> str:
         """``error.message`` of an OpenAI-style error body (whole), else the body on one line, cut
         at a word with an ellipsis after 200 characters (see :func:`clip`)."""
-        body = self.json
-        if isinstance(body, dict):
-            err = body.get("error", body)
-            if isinstance(err, dict) and "message" in err:
-                return str(err["message"])
-            if isinstance(err, str):
-                return err
-        return clip(self.text, 200)
+        msg = error_message(self.json)
+        return msg if msg is not None else clip(self.text, 200)
 
 
 @dataclass

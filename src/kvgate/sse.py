@@ -123,16 +123,24 @@ class SseEvent:
         return error_text(self.obj)
 
 
-def error_text(obj: Any) -> str:
-    """``error.message`` (or a string ``error``) of an OpenAI-style error object, else the
-    object's text; at most :data:`ERROR_TEXT_CAP` characters."""
+def error_message(obj: Any) -> str | None:
+    """``error.message`` (or a string ``error``) of an OpenAI-style error object, whole; None when
+    ``obj`` is not one. The one place that reads an error body's shape (SSE error events, load
+    records and :attr:`kvgate.client.Reply.error_message` all use it)."""
     if isinstance(obj, dict):
         err = obj.get("error", obj)
         if isinstance(err, dict) and "message" in err:
-            return str(err["message"])[:ERROR_TEXT_CAP]
+            return str(err["message"])
         if isinstance(err, str):
-            return err[:ERROR_TEXT_CAP]
-    return str(obj)[:ERROR_TEXT_CAP]
+            return err
+    return None
+
+
+def error_text(obj: Any) -> str:
+    """:func:`error_message` of ``obj``, else the object's text; at most :data:`ERROR_TEXT_CAP`
+    characters."""
+    msg = error_message(obj)
+    return (msg if msg is not None else str(obj))[:ERROR_TEXT_CAP]
 
 
 def _logprob_tokens(choice: dict[str, Any]) -> int | None:
