@@ -71,6 +71,22 @@ def test_bounded_cache_passes_and_says_why():
     assert "then plateaued (last part +0.0 MB/h" in v.message
 
 
+def test_estimate_above_the_ceiling_but_not_shown_passes_as_inconclusive_not_healthy():
+    noise = [0, 9, -7, 12, -10, 8, -9, 11, -6, 10, -8, 9]  # MB around a 2 MB/round (24 MB/h) rise
+    a = analyze(result(rows(mem=lambda k: 500 + 2.0 * k + noise[k], ttft=lambda k: 40 + (9 if k % 2 else -9) + 9 * k)),
+                SPEC)
+    assert a.memory.full.slope > 20 and a.memory.full.ci_low < 20  # the premise: estimate over, bound under
+    v = memory_verdict(a)
+    assert v.status is Status.PASS and "healthy" not in v.message
+    assert "-> PASS (no growth shown at this length, but inconclusive: point estimate +" in v.message
+    assert "a longer soak decides" in v.message
+    lat = latency_verdict(a, profile())
+    assert a.ttft.full.slope > 100 and a.ttft.full.ci_low < 100
+    assert lat.status is Status.PASS and "no TTFT drift shown at this length, but inconclusive" in lat.message
+    steady = memory_verdict(analyze(result(rows()), SPEC))
+    assert "-> PASS (healthy)" in steady.message and "inconclusive" not in steady.message
+
+
 def test_preemption_placement_names_the_preemptions():
     a = analyze(result(rows(ttft=lambda k: 40 + 30 * k, pre=lambda k: 3 + k)), SPEC)
     v = latency_verdict(a, profile())

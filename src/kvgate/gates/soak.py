@@ -230,6 +230,16 @@ def _precheck(gate: str, a: SoakAnalysis) -> Verdict | None:
     return None
 
 
+def _undecided(t: Trend, ceiling: float, unit: str, what: str) -> str | None:
+    """The PASS label when the point estimate is above the ceiling but the lower confidence bound
+    is not: no growth is *shown*, yet the run was too short to show health either. ``None`` when
+    the estimate is at or below the ceiling (the ordinary PASS)."""
+    if math.isnan(t.slope) or t.slope <= ceiling:
+        return None
+    return (f"no {what} shown at this length, but inconclusive: point estimate {t.slope:+,.1f} {unit} is above "
+            f"the ceiling while the lower confidence bound {t.ci_low:+,.1f} {unit} is not; a longer soak decides")
+
+
 def memory_verdict(a: SoakAnalysis) -> Verdict:
     """Retained server memory slope (MB/h) vs ``soak.memory_slope_max_mb_per_h``: FAIL only when
     the growth is shown (lower confidence bound above the ceiling, Theil-Sen agreeing) and is not a
@@ -257,8 +267,8 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
     if g.exceeds:
         return Verdict(gate, FAIL, f"{head} -> FAIL ({a.classification}: {a.explanation}){tail}",
                        measured=slope, limit=ceiling, unit="MB/h", evidence=_evidence(a))
-    label = "bounded cache" if g.kind == "bounded" else (
-        "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}")
+    label = "bounded cache" if g.kind == "bounded" else (_undecided(g.full, ceiling, "MB/h", "growth") or (
+        "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}"))
     extra = f": {a.explanation}" if g.kind == "bounded" else ""
     return Verdict(gate, PASS, f"{head} -> PASS ({label}{extra}){tail}", measured=slope, limit=ceiling,
                    unit="MB/h", evidence=_evidence(a))
@@ -298,7 +308,8 @@ def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
     if problems:
         return Verdict(gate, FAIL, f"{head} -> FAIL ({'; '.join(problems)}){seen}", measured=slope,
                        limit=ceiling, unit="ms/h", evidence=_evidence(a))
-    label = "no TTFT drift shown" + ("" if a.classification == "healthy" else f"; soak classified {a.classification}")
+    label = _undecided(g.full, ceiling, "ms/h", "TTFT drift") or "no TTFT drift shown"
+    label += "" if a.classification == "healthy" else f"; soak classified {a.classification}"
     return Verdict(gate, PASS, f"{head} -> PASS ({label}){seen}", measured=slope, limit=ceiling,
                    unit="ms/h", evidence=_evidence(a))
 
