@@ -50,7 +50,27 @@ class Architecture(_Strict):
     params_billion: float | None = Field(default=None, gt=0, description="parameter count, 1e9")
     intermediate_size: int | None = Field(default=None, gt=0)
     max_position_embeddings: int | None = Field(default=None, gt=0)
-    attention: Literal["mha", "gqa", "mla"] = "gqa"
+    attention: Literal["mha", "gqa", "mqa", "mla"] = Field(
+        default="gqa", description="mla = DeepSeek latent attention (needs kv_lora_rank, qk_rope_head_dim)")
+    # per-layer attention kind (vLLM groups layers by it; kvgate.kvmath.kv_groups)
+    layer_types: list[Literal["full_attention", "sliding_attention", "chunked_attention"]] | None = Field(
+        default=None, description="one per layer (HF layer_types); absent = all full, or all sliding with sliding_window")
+    sliding_window: int | None = Field(default=None, gt=0, description="tokens a sliding_attention layer sees")
+    attention_chunk_size: int | None = Field(default=None, gt=0, description="tokens per chunk of chunked_attention")
+    # MLA (DeepSeek-V2/V3): one latent of kv_lora_rank + qk_rope_head_dim per token and layer
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    qk_nope_head_dim: int | None = Field(default=None, gt=0)
+    v_head_dim: int | None = Field(default=None, gt=0)
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    # mixture of experts (weights estimate only)
+    num_experts: int | None = Field(default=None, gt=0, description="routed experts per MoE layer")
+    experts_per_token: int | None = Field(default=None, gt=0)
+    moe_intermediate_size: int | None = Field(default=None, gt=0, description="one expert's FFN width")
+    shared_experts: int | None = Field(default=None, ge=0)
+    first_dense_layers: int | None = Field(default=None, ge=0, description="leading layers with a dense MLP")
+    sources: dict[str, str] = Field(
+        default_factory=dict, description="where each number came from (filled from model.hf_config)")
 
     @model_validator(mode="after")
     def _head_dim(self) -> "Architecture":
@@ -58,6 +78,15 @@ class Architecture(_Strict):
             if self.hidden_size is None:
                 raise ValueError("give head_dim, or hidden_size to derive it from")
             object.__setattr__(self, "head_dim", self.hidden_size // self.attention_heads)
+        if self.attention == "mla" and (self.kv_lora_rank is None or self.qk_rope_head_dim is None):
+            raise ValueError("attention: mla needs kv_lora_rank and qk_rope_head_dim")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.layers} layers")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding_attention layers: give sliding_window")
+            if "chunked_attention" in self.layer_types and self.attention_chunk_size is None:
+                raise ValueError("layer_types has chunked_attention layers: give attention_chunk_size")
         return self
 
 
@@ -449,6 +478,36 @@ def _format_validation(path: Path, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def _with_hf_config(raw: dict, path: Path) -> dict:
+    """Fill ``model.architecture`` (and ``model.dtype``) from ``model.hf_config`` (a path relative
+    to the profile file). Keys written in the profile win; ``architecture.sources`` says which
+    number came from where. Raises :class:`ProfileError` naming the file and the missing key."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or not model.get("hf_config"):
+        return raw
+    from kvgate.hfconfig import HfConfigError, model_from_hf_config
+
+    cfg_path = Path(str(model["hf_config"])).expanduser()
+    if not cfg_path.is_absolute():
+        cfg_path = path.parent / cfg_path
+    try:
+        derived = model_from_hf_config(cfg_path)
+    except HfConfigError as exc:
+        raise ProfileError(f"{path}: field 'model.hf_config': {exc}") from None
+    hand = model.get("architecture") or {}
+    if not isinstance(hand, dict):
+        return raw
+    arch = {**derived["architecture"], **hand}
+    arch["sources"] = {**derived["architecture"].get("sources", {}),
+                       **{k: "profile" for k in hand if k != "sources"}, **hand.get("sources", {})}
+    model = {**model, "architecture": arch}
+    if "dtype" not in model:
+        model["dtype"] = derived["dtype"]
+    else:
+        arch["sources"]["dtype"] = "profile"
+    return {**raw, "model": model}
+
+
 def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> Profile:
     """Find, read, merge (``extends:``) and validate a profile.
 
@@ -458,6 +517,7 @@ def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> 
     raw = _raw_with_extends(path, Path(profile_dir))
     raw.setdefault("name", path.stem)
     raw["source"] = str(path)
+    raw = _with_hf_config(raw, path)
     try:
         return Profile.model_validate(raw)
     except ValidationError as exc:
