@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="vLLM's log file (default: vllm-serve-PROFILE.log in the kvgate cache dir)")
     serve.add_argument("--startup-budget", type=float, default=240.0, metavar="S",
                        help="seconds vLLM may take to become healthy (default 240)")
+    from .cli_authoring import add_commands  # schema, lint, advise (profile authoring)
+
+    add_commands(sub)
     return parser
 
 
@@ -123,6 +126,8 @@ def serve(args: argparse.Namespace, *, out: TextIO = sys.stdout, err: TextIO = s
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvgate`` console script and ``python -m kvgate``. Returns the exit code."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "run", None) is not None:  # schema, lint, advise: no server, no signal handling
+        return args.run(args)
     stop = threading.Event()
     serving = threading.Event()
 

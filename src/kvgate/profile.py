@@ -41,15 +41,15 @@ class Architecture(_Strict):
     ``head_dim`` defaults to ``hidden_size // attention_heads`` when ``hidden_size`` is given.
     """
 
-    layers: int = Field(gt=0, description="num_hidden_layers")
-    attention_heads: int = Field(gt=0, description="num_attention_heads")
-    kv_heads: int = Field(gt=0, description="num_key_value_heads (== attention_heads without GQA)")
-    head_dim: int | None = Field(default=None, gt=0)
-    hidden_size: int | None = Field(default=None, gt=0)
-    vocab_size: int | None = Field(default=None, gt=0)
-    params_billion: float | None = Field(default=None, gt=0, description="parameter count, 1e9")
-    intermediate_size: int | None = Field(default=None, gt=0)
-    max_position_embeddings: int | None = Field(default=None, gt=0)
+    layers: int = Field(gt=0, description="[layers] num_hidden_layers: decoder layers; KV per token grows with it")
+    attention_heads: int = Field(gt=0, description="[heads] num_attention_heads; TP must divide it")
+    kv_heads: int = Field(gt=0, description="[heads] num_key_value_heads (== attention_heads without GQA); KV per token is 2 x layers x kv_heads x head_dim x dtype bytes")
+    head_dim: int | None = Field(default=None, gt=0, description="[elements] per attention head; default hidden_size // attention_heads")
+    hidden_size: int | None = Field(default=None, gt=0, description="[elements] model width; sizes the activation peak and the weight estimate")
+    vocab_size: int | None = Field(default=None, gt=0, description="[tokens] vocabulary; sizes the sampler's logits in the activation peak")
+    params_billion: float | None = Field(default=None, gt=0, description="[1e9 parameters] parameter count; weights = this x dtype bytes (else estimated from the architecture)")
+    intermediate_size: int | None = Field(default=None, gt=0, description="[elements] MLP width (default 4 x hidden_size); sizes the activation peak")
+    max_position_embeddings: int | None = Field(default=None, gt=0, description="[tokens] the model's context; vLLM's default max_model_len")
     attention: Literal["mha", "gqa", "mqa", "mla"] = Field(
         default="gqa", description="mla = DeepSeek latent attention (needs kv_lora_rank, qk_rope_head_dim)")
     # per-layer attention kind (vLLM groups layers by it; kvgate.kvmath.kv_groups)
@@ -93,20 +93,20 @@ class Architecture(_Strict):
 class ModelSpec(_Strict):
     """What is served: the name clients send, its architecture and weight dtype."""
 
-    served_name: str
+    served_name: str = Field(description="the model name clients send (vLLM --served-model-name); the preflight expects it in /v1/models")
     architecture: Architecture | None = None
-    hf_config: str | None = Field(default=None, description="path to a local HF config.json")
+    hf_config: str | None = Field(default=None, description="[path] a local Hugging Face config.json")
     dtype: str = Field(default="bfloat16", description="weight dtype: bfloat16, float16, float32, q4_k_m, ...")
-    weights_gib: float | None = Field(default=None, gt=0, description="total weight bytes / 2**30, if known")
+    weights_gib: float | None = Field(default=None, gt=0, description="[GiB] total weight bytes / 2**30, if known; replaces params x dtype")
     embedded: bool = Field(default=False, description="kvgate builds this model itself (tiny Llama)")
 
 
 class HardwareSpec(_Strict):
     """Where it runs. ``memory_gib`` is per device, in GiB (2**30 bytes)."""
 
-    gpu: str = "cpu"
-    count: int = Field(default=1, gt=0)
-    memory_gib: float | None = Field(default=None, gt=0)
+    gpu: str = Field(default="cpu", description="GPU model as nvidia-smi names it, or cpu; picks vLLM's defaults")
+    count: int = Field(default=1, gt=0, description="[GPUs] devices the deployment uses")
+    memory_gib: float | None = Field(default=None, gt=0, description="[GiB] memory per device (nvidia-smi total / 1024); sizes the KV budget")
 
 
 class EngineSpec(_Strict):
@@ -116,22 +116,22 @@ class EngineSpec(_Strict):
     deployment gate checks the live server against the ones that are observable.
     """
 
-    runtime: Literal["vllm", "llama.cpp"] = "vllm"
-    tensor_parallel_size: int = Field(default=1, gt=0)
-    max_model_len: int = Field(gt=0, description="tokens, prompt + output")
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    kv_cache_dtype: str = "auto"
-    dtype: str | None = None
-    block_size: int | None = Field(default=None, gt=0, description="tokens per KV block")
-    kv_cache_memory_bytes: int | None = Field(default=None, gt=0, description="explicit KV pool size, bytes")
-    enforce_eager: bool = False
-    enable_prefix_caching: bool | None = None
-    override_generation_config: dict[str, Any] | None = None
+    runtime: Literal["vllm", "llama.cpp"] = Field(default="vllm", description="the serving engine: vllm, or llama.cpp (llama-box, Ollama) layer offload")
+    tensor_parallel_size: int = Field(default=1, gt=0, description="[GPUs] --tensor-parallel-size; weights and KV heads are split over this many GPUs")
+    max_model_len: int = Field(gt=0, description="[tokens] --max-model-len: prompt + output per request; longer requests are rejected; one such sequence must fit the KV pool")
+    max_num_seqs: int | None = Field(default=None, gt=0, description="[sequences] --max-num-seqs: requests scheduled at once (the rest wait); null = vLLM's default")
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, description="[tokens] --max-num-batched-tokens: tokens per scheduler step (prefill chunk); sizes the activation peak")
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="[fraction] --gpu-memory-utilization: share of each GPU vLLM may use; the KV pool is what is left of it")
+    kv_cache_dtype: str = Field(default="auto", description="--kv-cache-dtype: auto (= the model dtype) or fp8 (1 byte, half the KV of bf16); llama.cpp: f16, q8_0, ...")
+    dtype: str | None = Field(default=None, description="--dtype: activation/weight dtype (auto, bfloat16, float16, float32)")
+    block_size: int | None = Field(default=None, gt=0, description="[tokens] --block-size: tokens per KV block (vLLM: 16 on GPU, 128 on CPU)")
+    kv_cache_memory_bytes: int | None = Field(default=None, gt=0, description="[bytes] --kv-cache-memory-bytes: the KV pool per GPU, exactly; gpu_memory_utilization is then ignored")
+    enforce_eager: bool = Field(default=False, description="--enforce-eager: no CUDA graphs (saves their memory, slower decode)")
+    enable_prefix_caching: bool | None = Field(default=None, description="--enable-prefix-caching / --no-enable-prefix-caching; null = vLLM's default (on)")
+    override_generation_config: dict[str, Any] | None = Field(default=None, description="--override-generation-config (JSON), e.g. {max_new_tokens: 512}: the server-side max_tokens cap")
     # llama.cpp / llama-box / Ollama layer offload
-    num_gpu_layers: int | None = Field(default=None, ge=0, description="llama.cpp num_gpu / -ngl")
-    num_parallel: int | None = Field(default=None, gt=0, description="llama.cpp parallel slots")
+    num_gpu_layers: int | None = Field(default=None, ge=0, description="[layers] llama.cpp num_gpu / -ngl: output layer + repeating layers on the GPU")
+    num_parallel: int | None = Field(default=None, gt=0, description="[sequences] llama.cpp parallel slots, each max_model_len tokens of KV")
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the command line")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the launched server")
 
@@ -144,49 +144,49 @@ class LimitsSpec(_Strict):
     seconds.
     """
 
-    max_prompt_tokens: int | None = Field(default=None, gt=0)
-    max_tokens_cap: int | None = Field(default=None, gt=0)
-    over_cap: Literal["reject", "clamp"] = "clamp"
-    context_probe_max_tokens: int = Field(default=16, gt=0, description="max_tokens used by the max-context gate")
-    reject_deadline_s: float = Field(default=10.0, gt=0, description="over-length 4xx must arrive within this")
-    request_timeout_s: float = Field(default=120.0, gt=0)
-    canary_deadline_s: float = Field(default=30.0, gt=0, description="health-truth canary generation deadline")
-    stream_idle_timeout_s: float | None = Field(default=None, gt=0, description="gateway idle timeout")
-    disconnect_release_s: float = Field(default=10.0, gt=0, description="a hung-up request's slot must be freed within this")
-    preemptions_allowed: int = Field(default=0, ge=0, description="vllm:num_preemptions allowed during the concurrent-long gate")
-    schedule_lag_max_s: float = Field(default=0.05, gt=0, description="client lag behind the load schedule above which a run is INVALID")
+    max_prompt_tokens: int | None = Field(default=None, gt=0, description="[tokens] the longest prompt clients may send")
+    max_tokens_cap: int | None = Field(default=None, gt=0, description="[tokens] the largest max_tokens the deployment honours")
+    over_cap: Literal["reject", "clamp"] = Field(default="clamp", description="what a request above max_tokens_cap gets: reject (4xx) or clamp (200, at most the cap)")
+    context_probe_max_tokens: int = Field(default=16, gt=0, description="[tokens] max_tokens used by the max-context gate")
+    reject_deadline_s: float = Field(default=10.0, gt=0, description="[s] an over-length request's 4xx must arrive within this")
+    request_timeout_s: float = Field(default=120.0, gt=0, description="[s] client timeout of one request")
+    canary_deadline_s: float = Field(default=30.0, gt=0, description="[s] the canary generation after a gate must finish within this")
+    stream_idle_timeout_s: float | None = Field(default=None, gt=0, description="[s] gateway idle timeout: the longest silence a stream may have")
+    disconnect_release_s: float = Field(default=10.0, gt=0, description="[s] a hung-up request's slot must be freed within this")
+    preemptions_allowed: int = Field(default=0, ge=0, description="[preemptions] vllm:num_preemptions allowed during the concurrent-long gate")
+    schedule_lag_max_s: float = Field(default=0.05, gt=0, description="[s] client lag behind the load schedule above which a run is INVALID")
 
 
 class SLOSpec(_Strict):
     """Latency targets, milliseconds, at ``concurrency`` concurrent requests."""
 
-    concurrency: int = Field(default=1, gt=0)
-    ttft_p95_ms: float | None = Field(default=None, gt=0)
-    itl_p95_ms: float | None = Field(default=None, gt=0)
-    e2e_p95_ms: float | None = Field(default=None, gt=0)
-    error_rate_max: float = Field(default=0.0, ge=0, le=1)
-    requests: int = Field(default=32, gt=0, description="requests measured by the latency-SLO gate")
+    concurrency: int = Field(default=1, gt=0, description="[requests] concurrent requests the latency targets hold at")
+    ttft_p95_ms: float | None = Field(default=None, gt=0, description="[ms] time to first token, p95")
+    itl_p95_ms: float | None = Field(default=None, gt=0, description="[ms] inter-token latency, p95")
+    e2e_p95_ms: float | None = Field(default=None, gt=0, description="[ms] end-to-end request latency, p95")
+    error_rate_max: float = Field(default=0.0, ge=0, le=1, description="[fraction] failed requests allowed")
+    requests: int = Field(default=32, gt=0, description="[requests] measured by the latency-SLO gate")
     workload: str | None = Field(default=None, description="workload whose lengths the latency-SLO gate uses")
     short_ttft_p95_ms: float | None = Field(
-        default=None, gt=0, description="short requests' TTFT p95 while long prefills run (interference gate)")
+        default=None, gt=0, description="[ms] short requests' TTFT p95 while long prefills run (interference gate)")
 
 
 class Workload(_Strict):
     """One traffic shape: prompt/output token lengths and concurrency."""
 
-    prompt_tokens: int = Field(gt=0)
-    prompt_tokens_p99: int | None = Field(default=None, gt=0)
-    output_tokens: int = Field(gt=0)
-    concurrency: int = Field(default=1, gt=0)
-    long: bool = Field(default=False, description="counts against the KV pool as a long-sequence workload")
+    prompt_tokens: int = Field(gt=0, description="[tokens] typical prompt length")
+    prompt_tokens_p99: int | None = Field(default=None, gt=0, description="[tokens] prompt length p99; the fit gate sizes max_num_seqs with it")
+    output_tokens: int = Field(gt=0, description="[tokens] output length (max_tokens the clients send)")
+    concurrency: int = Field(default=1, gt=0, description="[requests] requests of this shape in flight at once")
+    long: bool = Field(default=False, description="counts against the KV pool at full max_model_len (fit.long, the concurrent-long gate)")
 
 
 class EndpointSpec(_Strict):
     """How to talk to a target endpoint. The API key itself never appears in a profile."""
 
     api_key_env: str | None = Field(default=None, description="name of the env var holding the API key")
-    route_prefix: str = "/v1"
-    host_header: str | None = None
+    route_prefix: str = Field(default="/v1", description="[URL path] the OpenAI routes' prefix (KServe: /openai/v1)")
+    host_header: str | None = Field(default=None, description="Host header to send (an ingress routing by host)")
 
 
 class MemorySpec(_Strict):
@@ -199,13 +199,13 @@ class MemorySpec(_Strict):
     """
 
     activation_peak_gib: float | None = Field(
-        default=None, ge=0, description="GiB per GPU: vLLM's profiling peak at max_num_batched_tokens")
+        default=None, ge=0, description="[GiB] per GPU: vLLM's profiling peak at max_num_batched_tokens")
     cuda_graph_gib: float | None = Field(
-        default=None, ge=0, description="GiB per GPU: CUDA-graph memory (0 with enforce_eager)")
+        default=None, ge=0, description="[GiB] per GPU: CUDA-graph memory (0 with enforce_eager)")
     non_torch_gib: float | None = Field(
-        default=None, ge=0, description="GiB per GPU: CUDA context, cuBLAS, NCCL; llama.cpp: runtime reserve")
+        default=None, ge=0, description="[GiB] per GPU: CUDA context, cuBLAS, NCCL; llama.cpp: runtime reserve")
     compute_buffer_gib: float | None = Field(
-        default=None, ge=0, description="GiB on the GPU: llama.cpp compute buffer (Ollama GraphSize estimate)")
+        default=None, ge=0, description="[GiB] on the GPU: llama.cpp compute buffer (Ollama GraphSize estimate)")
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)")
@@ -242,7 +242,7 @@ class MemoryQuery(_Strict):
     query: str = Field(description="PromQL returning bytes, e.g. sum(container_memory_working_set_bytes{pod=~'x-predictor-.*'})")
     covers: str = Field(description="what the query measures, for the report")
     api_key_env: str | None = Field(default=None, description="env var with a bearer token (never printed)")
-    timeout_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0, description="[s] timeout of one Prometheus query")
 
 
 class SoakSpec(_Strict):
@@ -263,20 +263,21 @@ class SoakSpec(_Strict):
     duration: str | float = Field(description="total soak time, warm-up included: seconds or 90s/10m/6h")
     round: str | float = Field(default="60s", description="length of one round")
     warmup: str | float = Field(default="0s", description="rounds in this leading time are not fitted")
-    rate_rps: float = Field(gt=0, description="offered load, requests per second (open loop)")
+    rate_rps: float = Field(gt=0, description="[requests/s] offered load (open loop)")
     mix: dict[str, float] = Field(default_factory=dict, description="workload name -> weight")
-    seed: int = 0
-    sample_period_s: float = Field(default=1.0, gt=0, description="memory and /metrics sampling period")
-    memory_slope_max_mb_per_h: float = Field(ge=0, description="ceiling on retained server memory growth")
-    ttft_p95_slope_max_ms_per_h: float = Field(ge=0, description="ceiling on TTFT p95 drift")
-    memory_source: Literal["auto", "process_tree", "metrics", "prometheus"] = "auto"
-    memory_query: MemoryQuery | None = None
-    confidence: float = Field(default=0.95, gt=0.5, lt=1)
-    last_part: float = Field(default=1 / 3, gt=0, le=0.5, description="fraction of measured rounds fitted separately")
+    seed: int = Field(default=0, description="seed of the Poisson arrivals and the mix draws")
+    sample_period_s: float = Field(default=1.0, gt=0, description="[s] memory and /metrics sampling period")
+    memory_slope_max_mb_per_h: float = Field(ge=0, description="[MB/h] ceiling on retained server memory growth (MB = 10**6 bytes)")
+    ttft_p95_slope_max_ms_per_h: float = Field(ge=0, description="[ms/h] ceiling on TTFT p95 drift")
+    memory_source: Literal["auto", "process_tree", "metrics", "prometheus"] = Field(
+        default="auto", description="where server memory is read: memory_query, the process tree, or /metrics")
+    memory_query: MemoryQuery | None = Field(default=None, description="a Prometheus query for server memory")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="[fraction] level of the slopes' confidence intervals")
+    last_part: float = Field(default=1 / 3, gt=0, le=0.5, description="[fraction] of measured rounds fitted separately")
     lagged_rounds_max: float = Field(default=0.1, ge=0, le=1,
-                                     description="fraction of rounds whose client fell behind before the soak is INVALID")
+                                     description="[fraction] of rounds whose client fell behind before the soak is INVALID")
     gpu_slack_mib: float = Field(default=256.0, ge=0,
-                                 description="GPU memory above gpu_memory_utilization x total tolerated")
+                                 description="[MiB] GPU memory above gpu_memory_utilization x total tolerated")
 
     @property
     def duration_s(self) -> float:
@@ -324,17 +325,17 @@ class SoakSpec(_Strict):
 class Profile(_Strict):
     """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
 
-    name: str
-    description: str = ""
-    extends: str | None = None
-    source: str | None = None
-    model: ModelSpec
-    hardware: HardwareSpec = HardwareSpec()
-    engine: EngineSpec
-    limits: LimitsSpec = LimitsSpec()
-    slo: SLOSpec = SLOSpec()
-    workloads: dict[str, Workload] = Field(default_factory=dict)
-    endpoint: EndpointSpec = EndpointSpec()
+    name: str = Field(description="the profile's name; default the file stem")
+    description: str = Field(default="", description="one line: what this deployment is")
+    extends: str | None = Field(default=None, description="a profile (name or path) this one deep-merges over; the child wins")
+    source: str | None = Field(default=None, description="set by the loader: the file read (not written in a profile)")
+    model: ModelSpec = Field(description="what is served: name, architecture, dtype")
+    hardware: HardwareSpec = Field(default=HardwareSpec(), description="where it runs: GPU model, count, memory")
+    engine: EngineSpec = Field(description="vLLM serve arguments (or llama.cpp offload settings)")
+    limits: LimitsSpec = Field(default=LimitsSpec(), description="the request-side contract and deadlines")
+    slo: SLOSpec = Field(default=SLOSpec(), description="latency targets at a concurrency")
+    workloads: dict[str, Workload] = Field(default_factory=dict, description="traffic shapes by name")
+    endpoint: EndpointSpec = Field(default=EndpointSpec(), description="how to reach a target endpoint")
     memory: MemorySpec = Field(
         default_factory=MemorySpec, description="fit-gate memory terms (GiB per GPU); unset = estimated"
     )
