@@ -156,7 +156,11 @@ def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
 class KvClient:
     """Synchronous client for one endpoint (one connection pool for its lifetime).
 
-    ``timeout_s``: default per-request timeout, seconds. Use as a context manager or ``close()``.
+    ``timeout_s``: default per-request timeout, seconds. ``chat_template_kwargs``: the chat
+    template options the deployment's clients send (profile ``limits.chat_template_kwargs``, e.g.
+    ``{"enable_thinking": false}``); :meth:`tokenize` with ``messages`` and every chat request
+    sent through :func:`kvgate.probes.send` carry them, so a prompt counted by ``/tokenize`` is
+    the prompt the chat route renders. Use as a context manager or ``close()``.
     """
 
     def __init__(
@@ -166,9 +170,11 @@ class KvClient:
         timeout_s: float = 120.0,
         transport: httpx.BaseTransport | None = None,
         clock: Clock = time.monotonic,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.clock = clock
+        self.chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs else None
         self._http = httpx.Client(
             base_url=endpoint.base_url.rstrip("/"),
             headers=endpoint.headers(),
@@ -197,12 +203,16 @@ class KvClient:
         """Full path for an OpenAI route: ``api('/models')`` -> ``/v1/models``."""
         return self.endpoint.route_prefix.rstrip("/") + path
 
-    def request(self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None) -> Reply:
-        """Send one request; raise :class:`EndpointUnreachable` only when no answer comes."""
+    def request(self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None,
+                content: bytes | None = None) -> Reply:
+        """Send one request; raise :class:`EndpointUnreachable` only when no answer comes.
+        ``content``: send these bytes as the body (``Content-Type: application/json``) instead of
+        ``json_body`` -- e.g. a body that is not JSON at all."""
         t0 = self.clock()
         try:
             r = self._http.request(
-                method, path, json=json_body,
+                method, path, json=json_body if content is None else None, content=content,
+                headers={"Content-Type": "application/json"} if content is not None else None,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
             )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
@@ -313,6 +323,8 @@ class KvClient:
         if messages is not None:
             body["messages"] = messages
             body["add_generation_prompt"] = True
+            if self.chat_template_kwargs:
+                body["chat_template_kwargs"] = self.chat_template_kwargs
         else:
             body["prompt"] = prompt
         return self.post("/tokenize", body, timeout_s=30.0)

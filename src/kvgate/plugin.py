@@ -64,6 +64,7 @@ MARKERS = (
     "max_tokens: the max_tokens caps gate",
     "streaming: the streaming gate",
     "disconnect: the disconnect-frees-the-slot gate",
+    "requests: the edge-requests gate (edge values, malformed bodies, chunk schema, non-ASCII, route timeout)",
     "load: gates that put the server under concurrent load",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
 )
@@ -363,8 +364,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items.sort(key=_gate_rank)
 
 
-GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "disconnect", "concurrency", "latency",
-              "soak")
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "disconnect", "concurrency",
+              "latency", "soak")
 
 
 def _gate_rank(item: pytest.Item) -> int:

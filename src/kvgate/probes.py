@@ -51,14 +51,24 @@ class Exchange:
 
 def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = False,
          timeout_s: float | None = None, prompt_tokens: int | None = None) -> Exchange:
-    """Send ``body`` to the ``api`` route, streamed or not."""
+    """Send ``body`` to the ``api`` route, streamed or not. A chat body gets the client's
+    ``chat_template_kwargs`` (the profile's) unless it names its own."""
     path = client.api(ROUTES[api])
+    if api == "chat" and client.chat_template_kwargs and "chat_template_kwargs" not in body:
+        body = {**body, "chat_template_kwargs": client.chat_template_kwargs}
     if stream:
         body = {**body, "stream": True}
         reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s)
     else:
         reply = client.post(path, body, timeout_s=timeout_s)
     return Exchange(api, stream, body, reply, prompt_tokens)
+
+
+def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None = None) -> Exchange:
+    """POST ``text`` as it is (not JSON-encoded; e.g. a body that is not JSON) to the ``api``
+    route. The exchange's ``body`` records it as ``{"raw": text}``."""
+    reply = client.request("POST", client.api(ROUTES[api]), content=text.encode(), timeout_s=timeout_s)
+    return Exchange(api, False, {"raw": text[:200]}, reply)
 
 
 def build_prompt(client: KvClient, model: str, api: Api, tokens: int, prefix: str = "") -> ExactPrompt:

@@ -155,6 +155,8 @@ class LimitsSpec(_Strict):
     disconnect_release_s: float = Field(default=10.0, gt=0, description="[s] a hung-up request's slot must be freed within this")
     preemptions_allowed: int = Field(default=0, ge=0, description="[preemptions] vllm:num_preemptions allowed during the concurrent-long gate")
     schedule_lag_max_s: float = Field(default=0.05, gt=0, description="[s] client lag behind the load schedule above which a run is INVALID")
+    route_timeout_s: float | None = Field(default=None, gt=0, description="[s] the gateway's total route timeout (not idle), e.g. Knative's revision timeout 300 s: must outlast the longest stream the profile allows (cap x ITL p95 + TTFT)")
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="chat template options the clients send (e.g. {enable_thinking: false}); kvgate sends them to /tokenize and to every chat request alike")
 
 
 class SLOSpec(_Strict):

@@ -119,6 +119,26 @@ FAULTS: dict[str, str] = {
     "leaky_rss": "each generation request leaks leak_bytes_per_request bytes of real, resident memory; "
     "process_resident_memory_bytes in /metrics grows with it",
     "drifting_ttft": "TTFT grows by drift_s_per_request for every generation request seen before",
+    # issue 12: edge requests, chunk schema, route timeout, garbage framing
+    "validation_500": "every request the fake would reject 400 is answered 500 InternalServerError instead",
+    "empty_prompt_kills": "an empty prompt (\"\", [], [\"\"]) is answered 500 and kills the engine (every "
+    "generation after it fails 500; /health stays 200)",
+    "plain_error_body": "4xx answers carry a text/plain 'Bad Request' body instead of OpenAI's error object",
+    "ignore_min_tokens": "the natural EOS comes after 2 tokens whatever min_tokens asks",
+    "split_utf8": "streamed deltas drop the last byte of every non-ASCII token (decoded with replacement chars)",
+    "finish_reason_empty": "stream chunks carry finish_reason \"\" instead of null until the finish chunk",
+    "usage_unasked": "every stream chunk carries a usage object, include_usage asked or not",
+    "route_timeout": "a gateway with a total route timeout of route_timeout_s: a stream still running then is "
+    "cut (connection dropped, no [DONE]); a non-streamed request gets 504 with an HTML page",
+    "truncated_stream": "the connection drops half way through a stream, mid chunked body (no [DONE])",
+    "html_error_page": "every generation is answered 502 with an ingress's HTML error page",
+    "empty_502": "every generation is answered 502 with an empty body",
+    "sse_crlf": "SSE lines end with \\r\\n (allowed by the SSE spec)",
+    "sse_comments": "': ping' comment lines between events (allowed by the SSE spec)",
+    "sse_event_fields": "every event carries an 'event: message' field (allowed by the SSE spec)",
+    "never_schedule": "a request needing more than schedulable_tokens (prompt + max_tokens) is admitted and "
+    "waits forever (num_requests_waiting 1, running 0), like vLLM 0.32 with a KV pool of exactly one "
+    "full-length sequence (one block is its null block)",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
@@ -196,6 +216,8 @@ class FakeConfig:
     leak_bytes_per_request: int = 1 << 20
     base_rss_bytes: int = 512 << 20  # process_resident_memory_bytes without leaks
     drift_s_per_request: float = 0.002
+    route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
+    schedulable_tokens: int | None = None  # never_schedule: None -> max_model_len - block_size
 
     def __post_init__(self) -> None:
         self.faults = FaultSet(self.faults)
@@ -361,8 +383,11 @@ class FakeTokenizer:
             return " ".join(texts)
         raise ValueError("message content must be a string or a list of content parts")
 
-    def render_chat(self, messages: Any, add_generation_prompt: bool = True) -> list[str]:
-        """Token strings of the chat template: ``<s> <|role|> content ... [<|assistant|>]``."""
+    def render_chat(self, messages: Any, add_generation_prompt: bool = True,
+                    template_kwargs: Any = None) -> list[str]:
+        """Token strings of the chat template: ``<s> <|role|> content ... [<|assistant|>]``; with
+        ``chat_template_kwargs`` ``{"enable_thinking": false}`` the generation prompt is followed by
+        an empty ``<think> </think>`` block (two tokens, as Qwen3's template adds one)."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         words = [BOS]
@@ -373,6 +398,8 @@ class FakeTokenizer:
             words.extend(self.content_text(m.get("content")).split())
         if add_generation_prompt:
             words.append("<|assistant|>")
+            if isinstance(template_kwargs, dict) and template_kwargs.get("enable_thinking") is False:
+                words += ["<think>", "</think>"]
         return words
 
 
@@ -419,8 +446,10 @@ def _plan_tokens(
     temperature: float,
     seed: int | None,
     top: int,
+    nonascii: bool = False,
 ) -> tuple[list[_Token], str]:
-    """Deterministic output tokens and the natural finish reason."""
+    """Deterministic output tokens and the natural finish reason. ``nonascii`` (the prompt has
+    non-ASCII text): the words end in Korean, CJK or emoji (``" 12토큰"``), several UTF-8 bytes each."""
     natural = None if eos_after is None else max(eos_after, min_tokens)
     if ignore_eos or natural is None or natural >= limit:
         n_content, eos, finish = limit, False, "length"
@@ -437,13 +466,22 @@ def _plan_tokens(
             k = -1
         else:
             k = (h + 37 * i) % GEN_VOCAB if greedy else rng.randrange(GEN_VOCAB)
-            tid, tstr, text = 1000 + k, f"tok{k}", f" tok{k}"
+            tid, tstr = 1000 + k, (f"{k}{NONASCII_WORDS[k % len(NONASCII_WORDS)]}" if nonascii else f"tok{k}")
+            text = " " + tstr
         lp = -(0.05 + (tid % 7) * 0.01) if greedy else -(0.3 + rng.random())
         alts = [(f"tok{(max(k, 0) + j * 101) % GEN_VOCAB}", lp - j) for j in range(1, max(top, 1))]
         toks.append(_Token(i, tid, tstr, text, round(lp, 4), alts, i == total - 1, None))
     if toks:
         toks[-1].finish_reason = finish
     return toks, finish
+
+
+NONASCII_WORDS = ("토큰", "缓存", "🙂", "キャッシュ", "é")
+
+
+class _CutConnection(Exception):
+    """Raised out of a streaming body to drop the connection mid chunked body (uvicorn closes
+    the transport without the terminating chunk)."""
 
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -560,6 +598,10 @@ async def _first(*aws: Awaitable[Any]) -> None:
             if not t.done():
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+HTML_502 = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway"
+            b"</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
 
 
 def _sse(obj: Any) -> str:
@@ -781,7 +823,8 @@ class FakeVLLM:
             body = await self._json(request)
             self._check_model(body)
             if "messages" in body:
-                words = self.tokenizer.render_chat(body["messages"], bool(body.get("add_generation_prompt", True)))
+                words = self.tokenizer.render_chat(body["messages"], bool(body.get("add_generation_prompt", True)),
+                                                   body.get("chat_template_kwargs"))
                 if body.get("add_special_tokens", False):
                     words = [BOS] + words
             elif isinstance(body.get("prompt"), str):
@@ -867,10 +910,14 @@ class FakeVLLM:
     async def _generate(self, request: Request, kind: str) -> Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if "html_error_page" in self.config.faults:
+            return Response(HTML_502, status_code=502, media_type="text/html")
+        if "empty_502" in self.config.faults:
+            return Response(b"", status_code=502)
         try:
             body = await self._json(request)
         except _BadRequest as e:
-            return e.response()
+            return self._reject(e)
         t_received = time.monotonic()
         cfg, st = self.config, self.state
         faults = frozenset(cfg.faults)
@@ -883,8 +930,9 @@ class FakeVLLM:
         try:
             plan = self._admit(body, kind, rec, faults)
         except _BadRequest as e:
-            rec.status, rec.error, rec.t_done = e.status, str(e), time.monotonic()
-            return e.response()
+            resp = self._reject(e)
+            rec.status, rec.error, rec.t_done = resp.status_code, str(e), time.monotonic()
+            return resp
 
         if plan is None:  # the engine is dead
             if cfg.dead_mode == "hang":  # until the client hangs up (or the fake stops)
@@ -901,6 +949,15 @@ class FakeVLLM:
             return await self._complete_nonstream(request, plan)
         finally:
             self._release(plan)
+
+    def _reject(self, e: _BadRequest) -> Response:
+        """vLLM's error answer, as the error faults bend it (500 for a 400, a plain-text body)."""
+        faults = self.config.faults
+        if "validation_500" in faults and e.status == 400:
+            return _error(f"Internal Server Error: {e}", 500, "InternalServerError")
+        if "plain_error_body" in faults and 400 <= e.status < 500:
+            return Response("Bad Request", status_code=e.status, media_type="text/plain")
+        return e.response()
 
     def _admit(self, body: dict[str, Any], kind: str, rec: RequestRecord, faults: frozenset[str]) -> _Plan | None:
         """Validate like vLLM, apply the length semantics and the admission faults; None = dead engine."""
@@ -971,11 +1028,16 @@ class FakeVLLM:
         text_prompt = True
         try:
             if kind == "chat":
-                words = tok.render_chat(body.get("messages"), bool(body.get("add_generation_prompt", True)))
+                words = tok.render_chat(body.get("messages"), bool(body.get("add_generation_prompt", True)),
+                                        body.get("chat_template_kwargs"))
                 prompt_key = " ".join(words)
                 n_prompt = len(words)
             else:
                 prompt = body.get("prompt")
+                if "empty_prompt_kills" in faults and prompt in ("", [], [""]):
+                    st.dead = True
+                    raise _BadRequest("EngineCore encountered an issue (injected empty_prompt_kills fault)",
+                                      status=500, err_type="InternalServerError")
                 if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                     prompt = prompt[0]
                 if isinstance(prompt, str):
@@ -1016,7 +1078,7 @@ class FakeVLLM:
                                   f"requested output tokens).")
         rec.prompt_tokens = n_prompt
 
-        if st.dead and "dead_after_over_length" in faults:
+        if st.dead and ("dead_after_over_length" in faults or "empty_prompt_kills" in faults):
             return None
 
         # effective output limit, like vllm.entrypoints...get_max_tokens
@@ -1034,8 +1096,11 @@ class FakeVLLM:
                 raise _BadRequest("CUDA out of memory while allocating KV cache blocks (injected fault)",
                                   status=500, err_type="InternalServerError")
 
-        tokens, finish = _plan_tokens(prompt_key, limit, ignore_eos, min_tokens, cfg.eos_after,
-                                      float(temperature), seed, logprobs or 0)
+        eos_after = cfg.eos_after
+        if "ignore_min_tokens" in faults:
+            min_tokens, eos_after = 0, 2
+        tokens, finish = _plan_tokens(prompt_key, limit, ignore_eos, min_tokens, eos_after,
+                                      float(temperature), seed, logprobs or 0, not prompt_key.isascii())
         if "finish_stop_at_cap" in faults and finish == "length":
             finish = "stop"
             tokens[-1].finish_reason = "stop"
@@ -1070,6 +1135,10 @@ class FakeVLLM:
             st.leaked.append(b"\x01" * cfg.leak_bytes_per_request)
         t_last = None
         try:
+            schedulable = cfg.schedulable_tokens or cfg.max_model_len - cfg.block_size
+            if "never_schedule" in plan.faults and plan.prompt_tokens + len(plan.tokens) > schedulable:
+                await closing.wait()  # waits until the client hangs up (cancelled) or the fake stops
+                raise _EngineError("server shutting down")
             while st.running >= cfg.max_num_seqs:
                 if closing.is_set():
                     raise _EngineError("server shutting down")
@@ -1170,8 +1239,14 @@ class FakeVLLM:
     async def _complete_nonstream(self, request: Request, plan: _Plan) -> Response:
         work = asyncio.ensure_future(self._collect(plan))
         watcher = asyncio.ensure_future(self._wait_disconnect(request))
+        route_s = self.config.route_timeout_s if "route_timeout" in plan.faults else None
         try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({work, watcher}, timeout=route_s, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done() and not watcher.done():  # the gateway's route timeout
+                work.cancel()
+                plan.record.status = 504
+                return Response(b"<html><body><h1>504 Gateway Time-out</h1>upstream request timeout</body></html>",
+                                status_code=504, media_type="text/html")
         finally:
             for t in (work, watcher):
                 if not t.done():
@@ -1242,8 +1317,14 @@ class FakeVLLM:
     def _chunk(self, plan: _Plan, tok: _Token | None, finish: str | None, text_offset: int,
                role: bool = False, sent: int = 0) -> dict[str, Any]:
         rec = plan.record
+        text = tok.text if tok else ""
+        if "split_utf8" in plan.faults and not text.isascii():
+            raw = text.encode()
+            text = raw[:-1].decode("utf-8", "replace")
+        if finish is None and "finish_reason_empty" in plan.faults:
+            finish = ""  # type: ignore[assignment]
         if plan.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": tok.text if tok else ""}
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             if tok is not None and plan.logprobs is not None:
                 choice["logprobs"] = {"content": [self._chat_lp(tok, plan)]}
@@ -1251,22 +1332,45 @@ class FakeVLLM:
                 choice["stop_reason"] = None
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": tok.text if tok else "", "logprobs": None, "finish_reason": finish,
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None}
             if tok is not None and plan.logprobs is not None:
                 choice["logprobs"] = self._cmpl_lp([tok], plan, text_offset)
             obj = "text_completion"
         chunk = {"id": rec.id, "object": obj, "created": plan.created, "model": plan.model, "choices": [choice]}
-        if plan.continuous_usage and plan.include_usage:
+        if (plan.continuous_usage and plan.include_usage) or "usage_unasked" in plan.faults:
             chunk["usage"] = self._usage(plan, sent)
         return chunk
 
+    @staticmethod
+    def _frame(data: str, faults: frozenset[str]) -> str:
+        """One SSE event as the framing faults write it (all allowed by the SSE spec)."""
+        if "sse_event_fields" in faults:
+            data = "event: message\n" + data
+        if "sse_comments" in faults:
+            data = ": ping\n\n" + data
+        if "sse_crlf" in faults:
+            data = data.replace("\n", "\r\n")
+        return data
+
     async def _stream(self, plan: _Plan) -> AsyncIterator[str]:
+        async for data in self._stream_events(plan):
+            if "route_timeout" in plan.faults and time.monotonic() - plan.record.t_received > self.config.route_timeout_s:
+                raise _CutConnection("route timeout")  # the gateway resets the stream: no [DONE]
+            yield self._frame(data, plan.faults)
+
+    async def _stream_events(self, plan: _Plan) -> AsyncIterator[str]:
         rec, faults = plan.record, plan.faults
+        cut_at = max(1, len(plan.tokens) // 2) if "truncated_stream" in faults else None
+        sent = 0
         try:
             async with contextlib.aclosing(self._stream_tokens(plan)) as chunks:  # closed on disconnect too
                 async for data in chunks:
+                    if sent == cut_at:
+                        yield data[: len(data) // 2]  # half an event, then the connection drops
+                        raise _CutConnection("truncated_stream")
                     yield data
+                    sent += 1
         except _EngineError as e:  # vLLM: an error event, then [DONE], on a 200 stream
             yield _sse({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
             yield "data: [DONE]\n\n"

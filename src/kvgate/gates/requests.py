@@ -1,0 +1,389 @@
+"""Gate ``requests``: the request shapes real clients send get documented outcomes, never a 5xx
+or a dead engine; stream chunks are valid against the OpenAI schema; non-ASCII streams lose no
+bytes; the gateway's total route timeout outlasts the longest stream the profile allows.
+Asserted by ``suites/test_requests.py``.
+
+The catalogue of edge requests (:data:`EDGE_CASES`) is data: each case names the fields it sends
+and the outcome it may have -- ``"4xx"`` (must be rejected, with OpenAI's error body:
+``{"error": {"message": str, "type": str, ...}}``) or ``"4xx-or-200"`` (rejected so, or a valid
+completion within its token bound). Outcomes as measured on vLLM 0.32 are in
+``/work/shared/VLLM_FACTS.md`` ("Edge requests"); they came from public failure reports against
+vLLM, SGLang, KServe and gateways (a 500 that takes the engine down, a chunk a strict client
+rejects, a gateway that cuts long healthy streams).
+
+Pure: observations in, :class:`~kvgate.verdict.Verdict` out. Garbage from the endpoint (HTML,
+empty bodies, cut streams, non-JSON events) is a FAIL naming what arrived, never an exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
+
+from ..client import StreamReply, clip
+from ..probes import Exchange
+from ..sse import CHUNK, DONE, ERROR, classify
+from ..stats import percentile
+from ..stream import summarize
+from ..verdict import Status, Verdict, combine
+from .common import FAIL, PASS, SKIP, completion_facts, finish_reason, json_body, num, server_error
+from .health import canary_verdict
+from .streaming import first_token_s, stream_text_verdict
+
+REJECT, EITHER = "4xx", "4xx-or-200"
+
+#: Non-ASCII text whose byte-level BPE tokens end mid-character (Korean, CJK, kana, emoji, Latin-1).
+NON_ASCII_PROMPT = "한국어 문장과 缓存 キャッシュ 🙂🚀 café: 계속 써 주세요"
+
+
+@dataclass(frozen=True)
+class EdgeCase:
+    """One edge request. ``name``: the readable case id (``max-tokens/null/chat``); ``api``:
+    completions or chat; ``fields``: merged over the base body (``{"model", "prompt" |
+    "messages", "temperature": 0}``), a value :data:`ABSENT` deletes the key; ``raw``: send this
+    text as the body instead of JSON (``{model}`` is replaced by the served name); ``expect``:
+    :data:`REJECT` or :data:`EITHER`; ``bound``: most completion tokens a 200 may carry
+    (``"cap"``: the profile's cap and the context left; ``0``: none)."""
+
+    name: str
+    api: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    expect: str = EITHER
+    bound: int | str = "cap"
+    raw: str | None = None
+
+
+#: Marks a field to be left out of the body (``max_tokens`` absent).
+ABSENT = object()
+
+_MAX_TOKENS_VALUES: tuple[tuple[str, Any, str, int | str], ...] = (
+    ("null", None, EITHER, "cap"),        # allowed by the OpenAI spec: the server's default
+    ("absent", ABSENT, EITHER, "cap"),
+    ("zero", 0, EITHER, 0),
+    ("negative", -1, EITHER, "cap"),      # llama.cpp reads -1 as "the rest of the context"
+    ("huge", 10**9, EITHER, "cap"),       # rejected, or clamped to the cap / the context left
+    ("string", "sixteen", REJECT, 0),
+)
+
+EDGE_CASES: tuple[EdgeCase, ...] = (
+    EdgeCase("empty-prompt/string", "completions", {"prompt": "", "max_tokens": 16}),
+    EdgeCase("empty-prompt/list", "completions", {"prompt": [], "max_tokens": 16}),
+    EdgeCase("empty-prompt/list-of-empty", "completions", {"prompt": [""], "max_tokens": 16}),
+    EdgeCase("empty-prompt/chat", "chat", {"messages": [{"role": "user", "content": ""}], "max_tokens": 16}),
+    *(EdgeCase(f"max-tokens/{label}/{api}", api, {"max_tokens": value}, expect, bound)
+      for label, value, expect, bound in _MAX_TOKENS_VALUES for api in ("completions", "chat")),
+    EdgeCase("malformed/not-json", "completions", expect=REJECT, bound=0,
+             raw='{"model": "{model}", "prompt": "the kv cache", "max_tokens": 16,'),
+    EdgeCase("malformed/wrong-types", "completions", {"max_tokens": 16, "temperature": "hot"}, REJECT, 0),
+    EdgeCase("malformed/messages-not-a-list", "chat", {"messages": "hello", "max_tokens": 16}, REJECT, 0),
+    EdgeCase("malformed/unknown-model", "completions", {"model": "kvgate-no-such-model", "max_tokens": 16},
+             REJECT, 0),
+    EdgeCase("malformed/stop-1000", "completions",
+             {"max_tokens": 16, "stop": [f"stop word {i}" for i in range(1000)]}),
+    EdgeCase("malformed/echo-logprobs-max-tokens-0", "completions",
+             {"max_tokens": 0, "logprobs": 1, "echo": True}, EITHER, 0),
+    EdgeCase("malformed/prompt-logprobs-max-tokens-0", "completions",
+             {"max_tokens": 0, "prompt_logprobs": 1}, EITHER, 0),
+)
+
+#: ``{"min_tokens": 32, "max_tokens": 64, "stop": ["\n"]}`` with ``ignore_eos`` false.
+MIN_TOKENS, MIN_TOKENS_MAX = 32, 64
+
+
+def edge_body(case: EdgeCase, model: str, prompt: str = "the kv cache pool") -> dict[str, Any]:
+    """The JSON body of ``case`` (not for ``raw`` cases)."""
+    base: dict[str, Any] = {"model": model, "temperature": 0}
+    base.update({"messages": [{"role": "user", "content": prompt}]} if case.api == "chat" else {"prompt": prompt})
+    for k, v in case.fields.items():
+        if v is ABSENT:
+            base.pop(k, None)
+        else:
+            base[k] = v
+    return base
+
+
+def openai_error_shape(body: Any) -> str | None:
+    """None when ``body`` is OpenAI's error object (``{"error": {"message": str, "type": str}}``),
+    else what is wrong with it (one clause)."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    err = body.get("error")
+    if not isinstance(err, dict):
+        return "no 'error' object" + (f" (error is {err!r:.40})" if "error" in body else "")
+    missing = [k for k in ("message", "type") if not isinstance(err.get(k), str)]
+    return f"error.{' and error.'.join(missing)} missing or not a string" if missing else None
+
+
+def _token_bound(case: EdgeCase, ex: Exchange, cap: int | None, max_model_len: int) -> int | None:
+    if case.bound != "cap":
+        return int(case.bound)
+    usage = (json_body(ex.reply) or {}).get("usage") if not isinstance(ex.reply, StreamReply) else None
+    pt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    room = max_model_len - pt if isinstance(pt, int) else max_model_len
+    return min(room, cap) if cap is not None else room
+
+
+def edge_outcome_verdict(case: EdgeCase, ex: Exchange, cap: int | None, max_model_len: int) -> Verdict:
+    """The answer to one edge request is a documented outcome: a 4xx with OpenAI's error body, or
+    (where ``case.expect`` allows) a 200 completion within its token bound. A 5xx, no answer, a
+    non-OpenAI error body or garbage is a FAIL naming what arrived."""
+    gate = f"requests/{case.name}/outcome"
+    r, ev = ex.reply, ex.evidence()
+    sent = case.raw if case.raw is not None else {k: ("<absent>" if v is ABSENT else v) for k, v in case.fields.items()}
+    what = f"{case.api} request with {clip(repr(sent), 90)}"
+    if r.status == 0:
+        return Verdict(gate, FAIL, f"{what}: no answer ({clip(r.text, 120)}) -> FAIL", measured="no answer",
+                       limit=case.expect, evidence=ev)
+    if r.status >= 500:
+        return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r, 120)}); a request a client can "
+                       f"send must get a 4xx or a completion, never a 5xx -> FAIL", measured=r.status,
+                       limit=case.expect, unit="HTTP status", evidence=ev)
+    if 400 <= r.status < 500:
+        bad = openai_error_shape(r.json)
+        if bad:
+            return Verdict(gate, FAIL, f"{what} answered {r.status} without OpenAI's error body ({bad}; got "
+                           f"{clip(r.text, 80)!r}) -> FAIL", measured=r.status, limit="4xx with {error: {message, type}}",
+                           unit="HTTP status", evidence=ev)
+        return Verdict(gate, PASS, f"{what} -> {r.status} ({server_error(r, 90)}) -> PASS", measured=r.status,
+                       limit=case.expect, unit="HTTP status", evidence=ev)
+    if r.status != 200:
+        return Verdict(gate, FAIL, f"{what} answered {r.status} ({clip(r.text, 80)!r}); expected {case.expect} -> FAIL",
+                       measured=r.status, limit=case.expect, unit="HTTP status", evidence=ev)
+    if case.expect == REJECT:
+        return Verdict(gate, FAIL, f"{what} was accepted (200); it must be rejected 4xx -> FAIL", measured=200,
+                       limit="4xx", unit="HTTP status", evidence=ev)
+    usage, _, problem = completion_facts(ex)
+    if problem:
+        return Verdict(gate, FAIL, f"{what} answered 200 with {problem} -> FAIL", measured=problem,
+                       limit="valid completion", evidence=ev)
+    ct = usage.get("completion_tokens")
+    bound = _token_bound(case, ex, cap, max_model_len)
+    if not isinstance(ct, int) or (bound is not None and ct > bound):
+        return Verdict(gate, FAIL, f"{what} answered 200 with {ct} completion tokens; at most {bound} may come back "
+                       f"(max_tokens cap {cap}, context left) -> FAIL", measured=ct, limit=bound, unit="tokens",
+                       evidence=ev)
+    return Verdict(gate, PASS, f"{what} -> 200, {ct} completion tokens (at most {bound}), finish "
+                   f"{finish_reason(ex)!r} -> PASS", measured=ct, limit=bound, unit="tokens", evidence=ev)
+
+
+def edge_verdict(case: EdgeCase, ex: Exchange, after: Exchange, cap: int | None, max_model_len: int,
+                 canary_deadline_s: float) -> Verdict:
+    """:func:`edge_outcome_verdict` and the health-truth canary sent after it (engine alive)."""
+    return combine(f"requests/{case.name}", [
+        edge_outcome_verdict(case, ex, cap, max_model_len),
+        canary_verdict(after, canary_deadline_s, after=f"the {case.name} request"),
+    ], headline=f"requests/{case.name}/outcome")
+
+
+def min_tokens_verdict(ex: Exchange, min_tokens: int, max_tokens: int, cap: int | None) -> Verdict:
+    """``min_tokens`` with a stop string and ``ignore_eos`` false: at least ``min(min_tokens, cap)``
+    completion tokens, at most ``max_tokens``; finish "length" exactly at ``max_tokens``, "stop"
+    below it."""
+    gate = f"requests/min-tokens/{ex.api}"
+    r, ev = ex.reply, ex.evidence()
+    want = min(min_tokens, cap) if cap is not None else min_tokens
+    what = f"min_tokens {min_tokens}, max_tokens {max_tokens}, stop ['\\n'] ({ex.api})"
+    if r.status != 200:
+        return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r, 120)}) -> FAIL", measured=r.status,
+                       limit=200, unit="HTTP status", evidence=ev)
+    usage, _, problem = completion_facts(ex)
+    if problem:
+        return Verdict(gate, FAIL, f"{what}: {problem} -> FAIL", evidence=ev)
+    ct, fr = usage.get("completion_tokens"), finish_reason(ex)
+    if not isinstance(ct, int) or ct < want:
+        return Verdict(gate, FAIL, f"{what}: {ct} completion tokens came back, finish {fr!r}; at least {want} must "
+                       "(min_tokens holds back EOS and stop strings) -> FAIL", measured=ct, limit=want, unit="tokens",
+                       evidence=ev)
+    if ct > max_tokens:
+        return Verdict(gate, FAIL, f"{what}: {ct} completion tokens, above max_tokens {max_tokens} -> FAIL",
+                       measured=ct, limit=max_tokens, unit="tokens", evidence=ev)
+    agree = "length" if ct == max_tokens else "stop"
+    if fr != agree:
+        return Verdict(gate, FAIL, f"{what}: {ct} completion tokens but finish_reason {fr!r}; {ct} of {max_tokens} "
+                       f"means {agree!r} -> FAIL", measured=fr, limit=agree, evidence=ev)
+    return Verdict(gate, PASS, f"{what}: {ct} completion tokens (>= {want}), finish {fr!r} -> PASS", measured=ct,
+                   limit=want, unit="tokens", evidence=ev)
+
+
+def non_ascii_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
+    """Non-ASCII prompt and output (greedy, seeded): the streamed deltas concatenate to exactly the
+    non-streamed text -- no replacement characters (U+FFFD) the non-streamed text lacks, no lost
+    bytes."""
+    gate = f"requests/non-ascii-stream/{streamed.api}"
+    base = stream_text_verdict(streamed, plain)
+    got = summarize(streamed.reply).text if isinstance(streamed.reply, StreamReply) else ""
+    ev = {**base.evidence, "streamed_replacement_chars": got.count("\ufffd"),
+          "streamed_non_ascii_chars": sum(1 for c in got if ord(c) > 127)}
+    msg = base.message
+    if base.status is Status.FAIL and got.count("\ufffd"):
+        msg = msg.replace(" -> FAIL", f"; the stream carries {got.count(chr(0xfffd))} replacement characters "
+                          "(U+FFFD: a multi-byte character split across deltas lost its bytes) -> FAIL")
+    elif base.status is Status.PASS:
+        msg = msg.replace(" -> PASS", f", {ev['streamed_non_ascii_chars']} non-ASCII characters -> PASS")
+    return dataclasses.replace(base, gate=gate, message=f"non-ASCII {streamed.api} stream: {msg}", evidence=ev)
+
+
+#: The openai SDK's own types a stream chunk must validate against, strictly.
+CHUNK_TYPES: dict[str, type[pydantic.BaseModel]] = {"chat": ChatCompletionChunk, "completions": Completion}
+
+
+def chunk_problems(api: str, reply: StreamReply, *, n: int = 1, usage_asked: bool = False) -> list[str]:
+    """What is wrong with a stream's chunks, one clause each (empty: all valid):
+
+    every chunk validates strictly (``model_validate(..., strict=True)``) against the SDK's
+    ``ChatCompletionChunk`` / ``Completion`` -- except a null ``finish_reason`` before the finish
+    chunk on completions, which OpenAI itself streams and the SDK types non-null; one finish per
+    choice index ``0..n-1``; a non-null ``usage`` only when asked, then exactly once, on the last
+    chunk, with ``choices: []``; no error events; ``[DONE]`` last."""
+    model = CHUNK_TYPES[api]
+    out: list[str] = []
+    finishes: dict[Any, int] = {}
+    usage_at: list[int] = []
+    chunks = 0
+    done = False
+    for i, (_, data) in enumerate(reply.events):
+        ev = classify(data)
+        if ev.kind == DONE:
+            done = True
+            continue
+        if ev.kind == ERROR:
+            out.append(f"event {i} is an error object {clip(ev.error_text, 80)!r}")
+            continue
+        if ev.kind != CHUNK:
+            out.append(f"event {i} is not a JSON object: {clip(data, 60)!r}")
+            continue
+        chunks += 1
+        try:
+            model.model_validate(ev.obj, strict=True)
+        except pydantic.ValidationError as exc:
+            errs = [e for e in exc.errors() if not (api == "completions" and e["loc"][-1:] == ("finish_reason",)
+                                                     and e.get("input") is None)]
+            if errs:
+                e = errs[0]
+                out.append(f"chunk {i} fails {model.__name__} at {'.'.join(map(str, e['loc']))}: {e['msg']} "
+                           f"(got {e.get('input')!r:.40})")
+        for c in ev.choices:
+            if c.finish_reason is not None:
+                finishes[c.index] = finishes.get(c.index, 0) + 1
+        if ev.usage is not None:
+            usage_at.append(i)
+    if not done:
+        out.append("no 'data: [DONE]'" + (f" ({reply.transport_error})" if reply.transport_error else ""))
+    want = {k: 1 for k in range(n)}
+    if finishes != want:
+        out.append(f"finish chunks per choice index {finishes} (want one each: {want})")
+    last_chunk = max((i for i, (_, d) in enumerate(reply.events) if classify(d).kind == CHUNK), default=-1)
+    if not usage_asked and usage_at:
+        out.append(f"{len(usage_at)} chunks carry usage, not asked for (stream_options.include_usage unset)")
+    if usage_asked:
+        if len(usage_at) != 1 or usage_at[0] != last_chunk:
+            out.append(f"usage asked: chunks {usage_at} carry it; want exactly one, the last chunk ({last_chunk})")
+        elif classify(reply.events[last_chunk][1]).choices:
+            out.append("the usage chunk carries choices; OpenAI sends it with choices: []")
+    if chunks == 0:
+        out.append("no chunks")
+    return out
+
+
+def chunk_schema_verdict(api: str, single: Exchange, multi: Exchange | None, n: int) -> Verdict:
+    """Every chunk of a plain stream (no usage asked) and of an ``n``-choice stream with
+    ``include_usage`` is valid (:func:`chunk_problems`). A server that rejects ``n`` > 1 with a 4xx
+    SKIPs that part with its reason."""
+    gate = f"requests/chunk-schema/{api}"
+    parts = []
+    for ex, k, usage in ((single, 1, False), (multi, n, True)):
+        name = f"{gate}/{'n1' if k == 1 else f'n{k}-usage'}"
+        if ex is None:
+            continue
+        r, ev = ex.reply, ex.evidence()
+        if 400 <= r.status < 500 and k > 1:
+            parts.append(Verdict(name, SKIP, f"n={k} rejected {r.status} ({server_error(r, 80)}): one finish per "
+                                 "choice not checked", evidence=ev))
+            continue
+        if not isinstance(r, StreamReply) or r.status != 200:
+            parts.append(Verdict(name, FAIL, f"{api} stream (n={k}) answered {r.status} ({server_error(r, 100)}) "
+                                 "-> FAIL", measured=r.status, limit=200, unit="HTTP status", evidence=ev))
+            continue
+        problems = chunk_problems(api, r, n=k, usage_asked=usage)
+        if problems:
+            parts.append(Verdict(name, FAIL, f"{api} stream (n={k}{', usage asked' if usage else ''}): "
+                                 f"{'; '.join(problems[:3])} -> FAIL", measured=len(problems), limit=0,
+                                 unit="problems", evidence={**ev, "problems": problems[:20]}))
+        else:
+            parts.append(Verdict(name, PASS, f"{api} stream (n={k}{', usage asked' if usage else ''}): "
+                                 f"{len(r.events)} events valid as openai {CHUNK_TYPES[api].__name__} (strict) -> PASS",
+                                 measured=0, limit=0, unit="problems", evidence=ev))
+    return combine(gate, parts)
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """One stream's timing: ``ttft_s`` (send -> first token), ``itl_p95_s`` (95th percentile of the
+    gaps between token events), ``tokens`` (token events), ``elapsed_s`` (send -> end)."""
+
+    ttft_s: float | None
+    itl_p95_s: float | None
+    tokens: int
+    elapsed_s: float
+
+
+def stream_timing(reply: StreamReply) -> StreamTiming:
+    """TTFT and ITL p95 of a stream from its event arrival times (the token rule of
+    :func:`kvgate.gates.streaming.first_token_s`: events that are decode steps)."""
+    times = [t for t, d in reply.events if classify(d).is_content]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return StreamTiming(first_token_s(reply), percentile(gaps, 95) if gaps else None, len(times), reply.elapsed_s)
+
+
+def route_timeout_verdict(ex: Exchange, max_tokens: int, route_timeout_s: float | None) -> Verdict:
+    """The gateway's total route timeout outlasts the longest generation the profile allows.
+
+    Arithmetic: ``max_tokens`` (the cap, or the context left) x ITL p95 + TTFT, both measured on
+    this stream, must not exceed ``route_timeout_s`` (``limits.route_timeout_s``; not declared:
+    that part SKIPs). Live: this ``max_tokens``-token stream through the endpoint ends with
+    ``[DONE]`` (a total timeout cuts it with a 504 or a reset and no ``[DONE]``)."""
+    gate = "requests/route-timeout"
+    r, ev = ex.reply, ex.evidence()
+    parts: list[Verdict] = []
+    if not isinstance(r, StreamReply) or r.status != 200:
+        live = Verdict(f"{gate}/live", FAIL, f"the longest allowed stream ({num(max_tokens)} tokens) answered "
+                       f"{r.status} after {r.elapsed_s:.2f} s ({server_error(r, 100)}) -> FAIL", measured=r.status,
+                       limit=200, unit="HTTP status", evidence=ev)
+        return combine(gate, [live])
+    timing = stream_timing(r)
+    ev["timing"] = dataclasses.asdict(timing)
+    s = summarize(r)
+    if not s.done:
+        cut = r.transport_error or ("an in-stream error " + repr(s.errors[0])[:80] if s.errors else "the body ended")
+        parts.append(Verdict(f"{gate}/live", FAIL, f"the longest allowed stream ({num(max_tokens)} tokens) was cut "
+                             f"after {r.elapsed_s:.2f} s and {timing.tokens} tokens with no [DONE] ({clip(cut, 100)}) "
+                             "-> FAIL", measured=round(r.elapsed_s, 3), limit=route_timeout_s, unit="s", evidence=ev))
+    else:
+        parts.append(Verdict(f"{gate}/live", PASS, f"a {timing.tokens}-token stream (max_tokens {num(max_tokens)}) "
+                             f"ended with [DONE] in {r.elapsed_s:.2f} s -> PASS", measured=round(r.elapsed_s, 3),
+                             limit=route_timeout_s, unit="s", evidence=ev))
+    if timing.ttft_s is None or timing.itl_p95_s is None:
+        parts.append(Verdict(f"{gate}/arithmetic", FAIL if route_timeout_s else SKIP,
+                             f"too few tokens ({timing.tokens}) to measure ITL; longest generation not estimated"
+                             + (" -> FAIL" if route_timeout_s else ""), evidence=ev))
+    else:
+        longest = max_tokens * timing.itl_p95_s + timing.ttft_s
+        sums = (f"longest allowed generation {num(max_tokens)} tokens x ITL p95 {timing.itl_p95_s * 1e3:.1f} ms + "
+                f"TTFT {timing.ttft_s * 1e3:.0f} ms = {longest:.1f} s")
+        ev["longest_generation_s"] = round(longest, 3)
+        if route_timeout_s is None:
+            parts.append(Verdict(f"{gate}/arithmetic", SKIP, f"route timeout not declared (limits.route_timeout_s); "
+                                 f"{sums}", measured=round(longest, 3), unit="s", evidence=ev))
+        elif longest > route_timeout_s:
+            parts.append(Verdict(f"{gate}/arithmetic", FAIL, f"{sums} > gateway route timeout {route_timeout_s:g} s: "
+                                 "the gateway cuts the longest streams the profile allows -> FAIL",
+                                 measured=round(longest, 3), limit=route_timeout_s, unit="s", evidence=ev))
+        else:
+            parts.append(Verdict(f"{gate}/arithmetic", PASS, f"{sums} <= gateway route timeout {route_timeout_s:g} s "
+                                 "-> PASS", measured=round(longest, 3), limit=route_timeout_s, unit="s", evidence=ev))
+    return combine(gate, parts, headline=f"{gate}/arithmetic")

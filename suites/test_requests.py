@@ -1,0 +1,106 @@
+"""Gate: edge requests. The request shapes real clients send -- empty prompts, max_tokens
+null/absent/0/-1/huge/a string on completions and chat, malformed bodies -- get a documented
+outcome (a 4xx with OpenAI's error body, or a valid completion within the cap), never a 5xx, and
+the engine still generates after each (canary); min_tokens holds with a stop string; non-ASCII
+streams lose no bytes; every stream chunk validates strictly against the openai SDK's own types;
+the gateway's total route timeout outlasts the longest stream the profile allows."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kvgate.gates.requests import (EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, chunk_schema_verdict,
+                                   edge_body, edge_verdict, min_tokens_verdict, non_ascii_verdict,
+                                   route_timeout_verdict)
+from kvgate.probes import canary, send, send_raw
+
+APIS = ["completions", "chat"]
+CASES = {c.name: c for c in EDGE_CASES}
+PROMPT = "write about the kv cache pool"
+N_CHOICES = 2
+
+
+def body(api, model, prompt=PROMPT, **params):
+    if api == "chat":
+        return {"model": model, "messages": [{"role": "user", "content": prompt}], **params}
+    return {"model": model, "prompt": prompt, **params}
+
+
+def longest_max_tokens(profile):
+    """The longest generation the profile allows: its cap, else the context left after a short prompt."""
+    return profile.limits.max_tokens_cap or profile.engine.max_model_len - 64
+
+
+@pytest.fixture(scope="module")
+def observed(kvgate_client, kvgate_profile):
+    """Every probe of this gate, six at a time (the longest stream first, so it runs alongside the
+    rest): each edge request with a canary after it, min_tokens, non-ASCII streamed and not, chunk
+    streams (n=1; n=2 with usage), and the longest allowed stream."""
+    client, model, limits = kvgate_client, kvgate_profile.model.served_name, kvgate_profile.limits
+
+    def edge(case):
+        ex = (send_raw(client, case.api, case.raw.replace("{model}", model)) if case.raw is not None
+              else send(client, case.api, edge_body(case, model)))
+        return ex, canary(client, model, limits.canary_deadline_s)
+
+    def non_ascii(api):
+        params = dict(max_tokens=32, temperature=0, seed=0, ignore_eos=True)
+        return (send(client, api, body(api, model, NON_ASCII_PROMPT, **params), stream=True),
+                send(client, api, body(api, model, NON_ASCII_PROMPT, **params)))
+
+    def chunks(api):
+        params = dict(max_tokens=8, temperature=0, ignore_eos=True)
+        return (send(client, api, body(api, model, **params), stream=True),
+                send(client, api, body(api, model, n=N_CHOICES, stream_options={"include_usage": True}, **params),
+                     stream=True))
+
+    jobs = {"route-timeout": lambda: send(client, "completions", body(
+        "completions", model, max_tokens=longest_max_tokens(kvgate_profile), temperature=0, ignore_eos=True),
+        stream=True)}
+    for api in APIS:
+        jobs[f"min-tokens/{api}"] = lambda api=api: send(client, api, body(
+            api, model, min_tokens=MIN_TOKENS, max_tokens=MIN_TOKENS_MAX, stop=["\n"], ignore_eos=False, temperature=0))
+        jobs[f"non-ascii-stream/{api}"] = lambda api=api: non_ascii(api)
+        jobs[f"chunk-schema/{api}"] = lambda api=api: chunks(api)
+    jobs.update({name: (lambda c=c: edge(c)) for name, c in CASES.items()})
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=list(CASES))
+def test_edge_request_gets_documented_outcome(case, observed, kvgate_profile, kvgate_gate):
+    exchange, after = observed[case]
+    limits = kvgate_profile.limits
+    assert kvgate_gate(edge_verdict(CASES[case], exchange, after, limits.max_tokens_cap,
+                                    kvgate_profile.engine.max_model_len, limits.canary_deadline_s)).passed
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=[f"min-tokens/{a}" for a in APIS])
+def test_min_tokens_holds_with_stop(case, observed, kvgate_profile, kvgate_gate):
+    verdict = min_tokens_verdict(observed[case], MIN_TOKENS, MIN_TOKENS_MAX, kvgate_profile.limits.max_tokens_cap)
+    assert kvgate_gate(verdict).passed
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=[f"non-ascii-stream/{a}" for a in APIS])
+def test_non_ascii_stream_loses_no_bytes(case, observed, kvgate_gate):
+    streamed, plain = observed[case]
+    assert kvgate_gate(non_ascii_verdict(streamed, plain)).passed
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=[f"chunk-schema/{a}" for a in APIS])
+def test_stream_chunks_valid_openai_schema(case, observed, kvgate_gate):
+    single, multi = observed[case]
+    assert kvgate_gate(chunk_schema_verdict(case.split("/")[1], single, multi, N_CHOICES)).passed
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=["route-timeout"])
+def test_route_timeout_outlasts_longest_stream(case, observed, kvgate_profile, kvgate_gate):
+    verdict = route_timeout_verdict(observed[case], longest_max_tokens(kvgate_profile),
+                                    kvgate_profile.limits.route_timeout_s)
+    assert kvgate_gate(verdict).passed

@@ -1,0 +1,142 @@
+"""The edge-requests gate (suites/test_requests.py) against the fault-injecting fake vLLM: PASS on
+the healthy fake, FAIL naming the case on each fault; garbage from the endpoint (HTML error
+pages, empty 502s, cut streams) is a verdict in every server-facing suite, never a harness error;
+SSE framing the spec allows (CRLF, comments, event fields) passes. Suites run through pytester
+with ``--endpoint``; verdicts are read back from summary.json."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO, read_summary
+
+pytest_plugins = ["pytester"]
+PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
+SUITE = ["suites/test_requests.py"]
+SERVER_SUITES = ["suites/test_max_context.py", "suites/test_max_tokens.py", "suites/test_streaming.py",
+                 "suites/test_requests.py"]
+
+
+def run(pytester, url, suites=SUITE, profile=PROFILE):
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        f"--profile={profile}", f"--endpoint={url}", f"--kvgate-reports={reports}", *[str(REPO / s) for s in suites])
+    summary = read_summary(reports)
+    return result, summary, {g["id"].removeprefix("fake-vllm/"): g for g in summary["gates"]}
+
+
+@pytest.fixture
+def fake():
+    with FakeVLLM(FakeConfig(max_tokens_cap=64)) as f:
+        yield f
+
+
+def test_healthy_fake_passes_every_edge_request(pytester, fake):
+    result, summary, gates = run(pytester, fake.url)
+    assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
+    assert len(gates) == 30 and all(g["status"] == "PASS" for g in gates.values())
+    # ids read from profile data; a 4xx case names the server's reason, a 200 case its tokens
+    assert "-> 400" in gates["requests/max-tokens/zero/chat"]["message"]
+    assert "-> 404" in gates["requests/malformed/unknown-model"]["message"]
+    assert "-> 200" in gates["requests/max-tokens/null/completions"]["message"]
+    assert "valid as openai ChatCompletionChunk (strict)" in gates["requests/chunk-schema/chat"]["message"]
+
+
+# fault -> (gates that must FAIL, fragment of their message)
+FAULT_CASES = {
+    "validation_500": (["requests/max-tokens/zero/completions", "requests/max-tokens/string/chat",
+                        "requests/malformed/not-json", "requests/malformed/wrong-types"], "never a 5xx"),
+    "empty_prompt_kills": (["requests/empty-prompt/string"], "server unhealthy, whatever /health says"),
+    "plain_error_body": (["requests/malformed/not-json", "requests/max-tokens/negative/chat"],
+                         "without OpenAI's error body"),
+    "ignore_min_tokens": (["requests/min-tokens/completions", "requests/min-tokens/chat"], "at least 32 must"),
+    "split_utf8": (["requests/non-ascii-stream/completions", "requests/non-ascii-stream/chat"],
+                   "replacement characters"),
+    "finish_reason_empty": (["requests/chunk-schema/chat"], "fails ChatCompletionChunk at choices.0.finish_reason"),
+    "usage_unasked": (["requests/chunk-schema/completions", "requests/chunk-schema/chat"], "not asked for"),
+    "error_mid_stream": (["requests/chunk-schema/completions"], "is an error object"),
+    "truncated_stream": (["requests/chunk-schema/chat", "requests/route-timeout"], "RemoteProtocolError"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULT_CASES))
+def test_edge_gate_fails_on_fault(pytester, fake, fault):
+    fake.config.faults.add(fault)
+    result, summary, gates = run(pytester, fake.url)
+    must_fail, fragment = FAULT_CASES[fault]
+    assert summary["overall"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED
+    for gate in must_fail:
+        assert gates[gate]["status"] == "FAIL", (gate, gates[gate])
+        assert fragment in gates[gate]["message"] and "-> FAIL" in gates[gate]["message"], gates[gate]["message"]
+
+
+def test_edge_case_on_fault_names_the_request_and_status(pytester, fake):
+    fake.config.faults.add("validation_500")
+    _, _, gates = run(pytester, fake.url)
+    msg = gates["requests/max-tokens/negative/completions"]["message"]
+    assert "{'max_tokens': -1}" in msg and "answered 500" in msg and "max_tokens must be at least 1" in msg
+    assert gates["requests/max-tokens/negative/completions"]["measured"] == {"value": 500, "unit": "HTTP status"}
+
+
+def _profile_with(tmp_path, **limits):
+    data = yaml.safe_load(PROFILE.read_text())
+    data["limits"].update(limits)
+    path = tmp_path / "fake-vllm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_route_timeout_below_longest_stream_fails_arithmetic_and_live(pytester, fake, tmp_path):
+    """A gateway with a 0.3 s total route timeout in front of 10 ms tokens: the 64-token stream the
+    profile allows (~0.64 s) is cut without [DONE], and the profile's declared timeout fails the
+    arithmetic (64 x ITL p95 + TTFT > 0.3 s)."""
+    fake.config.faults.add("route_timeout")
+    fake.config.route_timeout_s, fake.config.itl_s = 0.3, 0.01
+    _, summary, gates = run(pytester, fake.url, profile=_profile_with(tmp_path, route_timeout_s=0.3))
+    g = gates["requests/route-timeout"]
+    assert g["status"] == "FAIL"
+    checks = {c["gate"]: c for c in g["checks"]}
+    assert "was cut after" in checks["requests/route-timeout/live"]["message"]
+    assert "no [DONE]" in checks["requests/route-timeout/live"]["message"]
+    arith = checks["requests/route-timeout/arithmetic"]
+    assert arith["status"] == "FAIL" and "64 tokens x ITL p95" in arith["message"]
+    assert "> gateway route timeout 0.3 s" in arith["message"]
+
+
+def test_route_timeout_declared_and_long_enough_passes(pytester, fake, tmp_path):
+    _, _, gates = run(pytester, fake.url, profile=_profile_with(tmp_path, route_timeout_s=60))
+    g = gates["requests/route-timeout"]
+    assert g["status"] == "PASS" and "<= gateway route timeout 60 s" in g["message"], g["message"]
+    assert g["skipped_checks"] == []
+
+
+@pytest.mark.parametrize("fault", ["sse_crlf", "sse_comments", "sse_event_fields"])
+def test_sse_framing_the_spec_allows_passes(pytester, fake, fault):
+    fake.config.faults.add(fault)
+    _, summary, gates = run(pytester, fake.url, suites=["suites/test_streaming.py", "suites/test_requests.py"])
+    assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
+
+
+GARBAGE = {
+    "html_error_page": "502 Bad Gateway",
+    "empty_502": "answered 502",
+    "truncated_stream": "incomplete chunked read",
+}
+
+
+@pytest.mark.parametrize("fault", list(GARBAGE))
+def test_garbage_from_the_endpoint_is_a_verdict_not_a_traceback(pytester, fault):
+    """Every server-facing suite against an endpoint answering garbage: each gate ends in a
+    verdict (FAIL naming what arrived), none in a harness error."""
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={fault})) as f:
+        result, summary, gates = run(pytester, f.url, suites=SERVER_SUITES)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("errors", 0) == 0 and outcomes.get("failed", 0) > 0, outcomes
+    assert {g["status"] for g in gates.values()} <= {"PASS", "FAIL", "SKIP"}, \
+        [(k, g["status"], g["message"]) for k, g in gates.items() if g["status"] not in ("PASS", "FAIL", "SKIP")]
+    assert any(GARBAGE[fault] in g["message"] for g in gates.values() if g["status"] == "FAIL"), \
+        [g["message"] for g in gates.values()]
