@@ -58,3 +58,50 @@ def test_no_metrics_is_noted_not_a_crash():
 def test_wrong_token_count_fails():
     v = concurrent_long_verdict(obs([rec(0), rec(1, tokens=5)]), PROFILE)
     assert v.status is Status.FAIL and "[5] tokens instead of 8" in v.message
+
+
+def tagged(i, tag, sent, first, end):
+    r = rec(i)
+    r.tag, r.scheduled_s, r.sent_s, r.first_token_s, r.end_s = tag, sent, sent, first, end
+    r.content_s = [first + k * 0.01 for k in range(8)]
+    return r
+
+
+def mixed_run(short_first_token):
+    """Two waves: 2 longs sent at the wave start (ending 1.0 s later), 4 shorts just after."""
+    rs = []
+    for w in range(2):
+        t = w * 2.0
+        rs += [tagged(len(rs), "long", t, t + 0.4, t + 1.0) for _ in range(2)]
+        rs += [tagged(len(rs), "short", t + 0.01 * (j + 1), short_first_token(t), t + 1.5) for j in range(4)]
+    return rs
+
+
+def test_head_of_line_counts_shorts_that_waited_for_a_long_to_complete():
+    from kvgate.gates.load import head_of_line
+    ok = head_of_line(mixed_run(lambda t: t + 0.5))  # first token while the longs still decode
+    assert ok["judged"] == 8 and ok["blocked"] == 0 and ok["lead_ms"][0] == 500.0
+    bad = head_of_line(mixed_run(lambda t: t + 1.1))  # only after the longs completed
+    assert bad["blocked"] == 8 and bad["share"] == 1.0 and bad["lead_ms"][0] == -100.0
+    alone = head_of_line([tagged(0, "short", 0.0, 0.1, 0.2)])  # no long in flight: not judged
+    assert alone == {"judged": 0, "blocked": 0, "share": None, "lead_ms": []}
+
+
+def test_interference_fails_head_of_line_blocking_even_within_the_slo():
+    from kvgate.gates.load import interference_verdict
+    loose = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"short_ttft_p95_ms": 5000})})
+    alone = LoadObservation("short alone", LoadResult("closed", [tagged(i, "short", 0.0, 0.05, 0.1) for i in range(4)],
+                                                      4, 0.4, 60.0), MetricsTrace(samples=[]), 16, 8, 1)
+
+    def mixed(fn):
+        return LoadObservation("mixed", LoadResult("open", mixed_run(fn), 12, 3.0, 60.0), MetricsTrace(samples=[]),
+                               16, 8, 6, extra={"long_per_wave": 2, "long_prompt_tokens": 200, "waves": 2})
+
+    v = interference_verdict(alone, mixed(lambda t: t + 1.1), loose)
+    assert v.status is Status.FAIL, v.message
+    assert "head-of-line blocking: 8 of 8 short requests got their first token only after a long request" in v.message
+    assert "(median 100 ms after it; allowed: under 75%)" in v.message
+    assert v.evidence["head_of_line"]["blocked"] == 8
+    good = interference_verdict(alone, mixed(lambda t: t + 0.5), loose)
+    assert good.status is Status.PASS, good.message
+    assert "no head-of-line blocking (0 of 8 short requests" in good.message

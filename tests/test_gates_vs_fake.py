@@ -160,6 +160,17 @@ def test_head_of_line_blocking_fails_interference(pytester):
     assert g["measured"]["value"] > 100 and g["evidence"]["short_ttft_p95_ms"]["mixed"] > 100
 
 
+def test_shorts_queued_behind_whole_long_generations_fail_interference(pytester):
+    # max_num_seqs = the long workload's concurrency: every short request waits for a long one to finish
+    cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0005, itl_s=0.02, max_num_seqs=2)
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "-k", "interference", suites=LOAD)
+    g = gates["fake-vllm/latency/interference"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "head-of-line blocking: 16 of 16 short requests got their first token only after a long request" \
+        in g["message"], g["message"]
+
+
 def test_5xx_under_concurrent_long_prompts_fails(pytester):
     cfg = FakeConfig(max_tokens_cap=64, itl_s=0.01, faults={"5xx_under_concurrency"})
     with FakeVLLM(cfg) as fake:
