@@ -32,7 +32,9 @@ SERVER_LOG = "vllm-server.log"
 #: Everything kvgate writes into the reports directory (a run replaces all of it).
 #: The soak's own outputs (written by :class:`kvgate.soak.SoakRunner` and the soak fixture).
 SOAK_FILES = ("soak-rounds.csv", "soak-requests.csv", "soak.png")
-OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, *SOAK_FILES)
+#: record mode's profile overlay (kvgate.modes.OVERLAY_FILE).
+OVERLAY = "profile-overlay.yaml"
+OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, *SOAK_FILES)
 #: JUnit testsuite property / Allure label and environment key that carry the run id.
 RUN_ID_KEY = "kvgate_run_id"
 

@@ -22,6 +22,7 @@ import pytest
 from . import outputs
 from .client import Endpoint
 from .launch.target import TargetError, endpoint_from_url
+from .modes import DEFAULT_MODE, OVERLAY_FILE, ModeError, overlay, parse_mode
 from .preflight import PreflightError, preflight
 from .profile import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
 from .redact import Redactor
@@ -96,6 +97,10 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="where --profile NAME is looked up (give it with '=': --profile-dir=DIR)")
     group.addoption("--soak-duration", dest="kvgate_soak_duration", default=None, metavar="DURATION",
                     help="override the profile's soak.duration, e.g. 10m, 6h, 90s (warm-up included)")
+    group.addoption("--gate-mode", dest="kvgate_gate_mode", default=DEFAULT_MODE, metavar="MODE",
+                    help="enforce (default: a FAIL fails the run), record (calibration: every gate runs, none "
+                         "fails; measured values written as a profile overlay in the reports dir) or certify "
+                         "(sign-off: any SKIP or INVALID makes the run not pass). Exit codes: README")
 
 
 def _usage(msg: str) -> pytest.UsageError:
@@ -108,6 +113,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     config.stash[RUN_ID] = outputs.new_run_id()
     name = config.getoption("kvgate_profile")
+    try:
+        config.option.kvgate_gate_mode = parse_mode(config.getoption("kvgate_gate_mode", default=None))
+    except ModeError as exc:
+        if name is not None:
+            write_error_reports(config, str(exc))
+        raise _usage(str(exc)) from None
     if name is None:
         if _profiling_installed() and config.getoption("profile", default=False) is True:
             raise _usage("pytest-profiling is installed and owns --profile (a flag); "
@@ -256,7 +267,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
         except SoakError as exc:
             raise _usage(str(exc)) from None
     record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
-                       run_id=config.stash[RUN_ID])
+                       run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
     config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint,
                                       config.getoption("kvgate_startup_budget"))
     if config.option.collectonly:
@@ -401,6 +412,9 @@ def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
                 attach_png(name, body)
             else:
                 attach_text(name, body, st.redactor, "csv" if name.endswith(".csv") else "text")
+        if st.record.gate_mode == "record" and verdict.status in (Status.FAIL, Status.INVALID):
+            # calibration: the value is recorded (summary, overlay), the run is not failed by it
+            pytest.xfail(f"record mode, not enforced: {verdict.status.value}: " + st.redactor.text(verdict.message))
         if verdict.status is Status.FAIL:
             pytest.fail(st.redactor.text(verdict.message), pytrace=False)
         if verdict.status is Status.INVALID:
@@ -447,9 +461,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.INTERRUPTED or missing:
         st.record.complete = False
         st.record.not_run = missing
+    if st.record.gate_mode == "record" and st.record.complete:
+        st.extra["overlay_path"] = str(_write_overlay(st))
     path = st.record.write_summary(st.reports_dir / outputs.SUMMARY)
     st.extra["summary_path"] = str(path)
     _stamp_reports(session.config, st)
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        # the gate mode decides: 6 INVALID only, 7 not certified, 0 in record mode (kvgate.modes)
+        session.exitstatus = st.record.outcome().exit_code
+
+
+def _write_overlay(st: KvgateState) -> Path:
+    """Record mode: this run's measured values as a profile overlay (:func:`kvgate.modes.overlay`)."""
+    source = Path(st.profile.source or st.profile.name)
+    ref = st.profile.name if source.parent.resolve() == DEFAULT_PROFILE_DIR.resolve() else str(source.resolve())
+    verdicts = [(e.test_id, e.verdict) for e in st.record.entries.values() if e.verdict is not None]
+    text = overlay(ref, verdicts, run_id=st.record.run_id, endpoint=st.record.endpoint,
+                   server_version=st.record.server_version)
+    path = st.reports_dir / OVERLAY_FILE
+    path.write_text(st.redactor.text(text))
+    return path
 
 
 def _stamp_reports(config: pytest.Config, st: KvgateState) -> None:
@@ -497,5 +528,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(line)
     for line in st.record.phase_lines():
         tr.write_line(line)
+    if "overlay_path" in st.extra:
+        tr.write_line(f"record mode: measured values written as a profile overlay: {st.extra['overlay_path']}")
     if "summary_path" in st.extra:
         tr.write_line(f"summary: {st.extra['summary_path']}; allure: {st.reports_dir / 'allure-results'}")

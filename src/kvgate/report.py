@@ -11,10 +11,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .redact import Redactor
 from .verdict import Status, Verdict, skip_reason
+
+if TYPE_CHECKING:
+    from .modes import Outcome
 
 #: ``kvgate_summary_version`` of summary.json; bump on any incompatible change of its schema.
 SUMMARY_VERSION = 2
@@ -71,6 +74,8 @@ class RunRecord:
     run_id: str = ""
     run_error: str | None = None
     endpoint_contacted: bool = False
+    #: ``--gate-mode`` (:mod:`kvgate.modes`): enforce, record or certify.
+    gate_mode: str = "enforce"
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _open: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -199,12 +204,26 @@ class RunRecord:
             "phases": self.phases,
             "overall": self.final_status(running),
             "error": self.run_error,
+            **self._mode_fields(gates, running),
             "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
                        for s in ("PASS", "FAIL", "INVALID", "SKIP", "ERROR")},
             "gates": gates,
             "skipped_checks": skipped,
         }
         return self.redactor.data(out)
+
+    def outcome(self, gates: list[dict[str, Any]] | None = None) -> "Outcome":
+        """The run's :class:`kvgate.modes.Outcome` under :attr:`gate_mode` (outcome, exit code)."""
+        from .modes import decide
+
+        return decide(self.gate_mode, self.final_status(), gates if gates is not None else self.summary()["gates"])
+
+    def _mode_fields(self, gates: list[dict[str, Any]], running: bool) -> dict[str, Any]:
+        if running:
+            return {"gate_mode": self.gate_mode, "outcome": "RUNNING", "exit_code": None, "not_certified": []}
+        out = self.outcome(gates)
+        return {"gate_mode": self.gate_mode, "outcome": out.outcome, "exit_code": out.exit_code,
+                "exit_meaning": out.meaning, "not_certified": out.not_certified}
 
     def write_summary(self, path: Path, running: bool = False) -> Path:
         """Write :meth:`summary` to ``path`` atomically (tmp file, then rename). Raises ``OSError``."""
@@ -240,6 +259,11 @@ class RunRecord:
         if self.run_error:
             lines.append(f"ERROR: {self.redactor.text(self.run_error)}")
         lines.append(f"OVERALL: {self.final_status()}")
+        if self.gate_mode != "enforce" or self.final_status() == "INVALID":
+            out = self.outcome()
+            lines.append(f"{self.gate_mode} mode: {out.outcome} (exit {out.exit_code}: {out.meaning})")
+            lines += [f"  not certified: {m['id']}: {m['check']} {m['status']} ({m['reason']})"
+                      for m in out.not_certified]
         return lines
 
 
