@@ -135,13 +135,11 @@ def test_profile_memory_terms_replace_estimates():
                                         + base.budget.cuda_graph_bytes - 2 * GiB)
 
 
-def test_mla_is_invalid_not_pass():
+def test_mla_without_its_latent_dims_is_a_profile_error():
     arch = load_profile("tiny-cpu").model.architecture.model_dump()
     arch["attention"] = "mla"
-    v = fit_verdict(variant("tiny-cpu", model={**load_profile("tiny-cpu").model.model_dump(), "architecture": arch}))
-    assert v.status is Status.INVALID and "MLA" in v.message
-    assert "not computable" in fit_table(variant("tiny-cpu", model={**load_profile("tiny-cpu").model.model_dump(),
-                                                                     "architecture": arch}))
+    with pytest.raises(ValueError, match="kv_lora_rank and qk_rope_head_dim"):
+        variant("tiny-cpu", model={**load_profile("tiny-cpu").model.model_dump(), "architecture": arch})
 
 
 # --- llama.cpp offload ------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 and gpt-oss's ``layer_types`` (computed from ``sliding_window_pattern`` when the file has none),
 Qwen's ``sliding_window = None`` unless ``use_sliding_window``, a default ``head_dim``. A
 multimodal config (Gemma 3 ``Gemma3ForConditionalGeneration``) contributes its text config.
-Unknown ``model_type``\\s are read as plain attributes (``PretrainedConfig``).
+Unknown model types are read as plain attributes (``PretrainedConfig``).
 
 Which layers slide follows vLLM 0.32 ``engine/arg_utils.py::create_engine_config``: with no
 ``layer_types`` (or all ``sliding_attention``) every layer uses ``sliding_window`` (Mistral);

@@ -160,11 +160,14 @@ def kv_heads_per_gpu(kv_heads: int, tensor_parallel_size: int = 1) -> int:
 
 
 def require_supported_attention(attention: str) -> None:
-    """Raise :class:`KvMathError` for attention types the arithmetic does not model (MLA)."""
+    """Raise :class:`KvMathError` for MLA where only heads x head_dim arithmetic applies
+    (:func:`kv_bytes_per_token`, llama.cpp offload). vLLM's MLA cache is modelled by
+    :func:`mla_kv_bytes_per_token` and :func:`layer_kvs` (``kv_lora_rank``)."""
     if attention.lower() == "mla":
         raise KvMathError(
-            "MLA (multi-head latent attention) KV cache is not supported by kvgate's arithmetic: "
-            "it stores one kv_lora_rank + rope latent per token and layer, not K and V per head"
+            "MLA (multi-head latent attention) stores one kv_lora_rank + rope latent per token and layer, "
+            "not K and V per head: use mla_kv_bytes_per_token / layer_kvs(kv_lora_rank=...) "
+            "(the llama.cpp offload arithmetic does not model MLA)"
         )
 
 
@@ -186,7 +189,7 @@ def kv_bytes_per_token(
     TP=4 = 81,920 bytes per GPU; fp8 halves both.
 
     MLA (DeepSeek-style latent attention) caches one compressed latent per token instead of K
-    and V per head; it is not modelled and raises :class:`KvMathError`.
+    and V per head: :func:`mla_kv_bytes_per_token`; here it raises :class:`KvMathError`.
     """
     require_supported_attention(attention)
     if layers <= 0 or head_dim <= 0 or kv_dtype_bytes <= 0:
@@ -455,7 +458,7 @@ class KvGroup:
 class KvLayout:
     """How vLLM lays out a model's KV cache (``v1/core/kv_cache_utils.py::get_kv_cache_groups``).
 
-    ``groups``: the :class:`KvGroup`\s; ``bytes_per_block`` (bytes): the largest group's pages
+    ``groups``: the :class:`KvGroup` list; ``bytes_per_block`` (bytes): the largest group's pages
     summed (``_get_kv_cache_bytes_per_block``) -- one block id buys that much of the pool;
     ``blocks_per_request``: summed over groups (``get_max_concurrency_for_kv_cache_config``);
     ``hybrid``: the hybrid manager keeps kinds apart (off: sliding/chunked layers are promoted
@@ -626,6 +629,16 @@ def estimate_params(
     intermediate_size: int | None = None,
     vocab_size: int | None = None,
     tied_embeddings: bool = False,
+    *,
+    num_experts: int | None = None,
+    moe_intermediate_size: int | None = None,
+    shared_experts: int | None = None,
+    first_dense_layers: int | None = None,
+    kv_lora_rank: int | None = None,
+    qk_rope_head_dim: int | None = None,
+    qk_nope_head_dim: int | None = None,
+    v_head_dim: int | None = None,
+    q_lora_rank: int | None = None,
 ) -> int:
     """Parameter count of a Llama-style decoder (used when the profile gives no count).
 
@@ -633,16 +646,36 @@ def estimate_params(
     kv_heads * head_dim``, gated MLP ``3 * hidden * intermediate`` (intermediate defaults to
     ``4 * hidden``), two RMSNorms ``2 * hidden``. Plus the embedding and (untied) LM head
     ``vocab * hidden`` each. Llama-3.3-70B -> 70.55e9 (HF card: 70.6B).
+
+    MoE (``num_experts``): after ``first_dense_layers`` dense layers, each layer's MLP is
+    ``(num_experts + shared_experts) * 3 * hidden * moe_intermediate_size`` plus the router
+    ``hidden * num_experts`` (all experts are resident; active experts do not shrink weights).
+    MLA (``kv_lora_rank``): q ``hidden * heads * (nope + rope)`` (or through ``q_lora_rank``),
+    ``kv_a`` ``hidden * (kv_lora_rank + rope)``, ``kv_b`` ``kv_lora_rank * heads * (nope + v)``,
+    o ``heads * v * hidden`` (DeepSeek-V3: ~671e9 with its MTP layer excluded -> ~671B card).
     """
     inter = intermediate_size or 4 * hidden_size
-    per_layer = (
-        2 * hidden_size * attention_heads * head_dim
-        + 2 * hidden_size * kv_heads * head_dim
-        + 3 * hidden_size * inter
-        + 2 * hidden_size
-    )
+    if kv_lora_rank and qk_rope_head_dim:
+        nope = qk_nope_head_dim or head_dim
+        v = v_head_dim or head_dim
+        qk = nope + qk_rope_head_dim
+        q = (hidden_size * q_lora_rank + q_lora_rank * attention_heads * qk) if q_lora_rank else \
+            hidden_size * attention_heads * qk
+        attn = (q + hidden_size * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank * attention_heads * (nope + v)
+                + attention_heads * v * hidden_size)
+    else:
+        attn = 2 * hidden_size * attention_heads * head_dim + 2 * hidden_size * kv_heads * head_dim
+    dense_mlp = 3 * hidden_size * inter
+    total = 0
+    for i in range(layers):
+        if num_experts and i >= (first_dense_layers or 0):
+            e_inter = moe_intermediate_size or inter
+            mlp = (num_experts + (shared_experts or 0)) * 3 * hidden_size * e_inter + hidden_size * num_experts
+        else:
+            mlp = dense_mlp
+        total += attn + mlp + 2 * hidden_size
     embed = (vocab_size or 0) * hidden_size * (1 if tied_embeddings else 2)
-    return layers * per_layer + embed + hidden_size
+    return total + embed + hidden_size
 
 
 def activation_peak_bytes(
@@ -824,6 +857,7 @@ class WhatWouldFit:
     fp8_max_concurrency_at_len: int | None
     fp8_max_model_len_for_concurrency: int | None
     min_gpu_memory_utilization: float | None
+    fp8_kv_cache_size_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -831,10 +865,20 @@ class WhatWouldFit:
 
 def max_model_len_for(pool: KvPool, concurrency: int) -> int:
     """Largest ``max_model_len`` (tokens, a whole number of blocks) with ``concurrency`` sequences
-    of that length in the pool's usable blocks at once; 0 when not even one block each fits."""
+    of that length in the pool's usable blocks at once; 0 when not even one block each fits.
+    With KV groups (``pool.layout``) each length is charged per group (:meth:`KvLayout.blocks_for`)."""
     if concurrency <= 0:
         raise KvMathError("concurrency must be > 0")
-    return (pool.usable_blocks // concurrency) * pool.block_size
+    if pool.layout is None:
+        return (pool.usable_blocks // concurrency) * pool.block_size
+    lo, hi = 0, max(1, pool.usable_blocks)  # lengths in whole blocks of block_size tokens
+    while lo < hi:  # blocks_for grows with the length: bisect on whole blocks
+        mid = (lo + hi + 1) // 2
+        if concurrency * pool.layout.blocks_for(mid * pool.block_size) <= pool.usable_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * pool.block_size
 
 
 def what_would_fit(
@@ -842,16 +886,18 @@ def what_would_fit(
     concurrency: int,
     fp8_kv_bytes_per_token: int | None = None,
     budget: GpuBudget | None = None,
+    fp8_pool: KvPool | None = None,
 ) -> WhatWouldFit:
     """Largest ``max_model_len`` for ``concurrency``, largest concurrency at ``pool.max_model_len``,
-    the same with fp8 KV (pass its bytes/token, ``None`` to skip), and the utilisation needed."""
-    fp8_pool = None
-    if fp8_kv_bytes_per_token is not None and fp8_kv_bytes_per_token < pool.kv_bytes_per_token:
+    the same with fp8 KV (pass its bytes/token, or the whole ``fp8_pool`` for a grouped layout;
+    ``None`` to skip, e.g. where the backend has no fp8 KV), and the utilisation needed."""
+    if fp8_pool is None and fp8_kv_bytes_per_token is not None and fp8_kv_bytes_per_token < pool.kv_bytes_per_token:
         fp8_pool = kv_pool(pool.pool_bytes, fp8_kv_bytes_per_token, pool.block_size, pool.max_model_len)
     min_util = None
     if budget is not None:
         need_blocks = concurrency * pool.blocks_per_sequence + 1  # + the null block
-        min_util = min_gpu_memory_utilization(budget, need_blocks * pool.block_size * pool.kv_bytes_per_token)
+        block_bytes = pool.layout.bytes_per_block if pool.layout else pool.block_size * pool.kv_bytes_per_token
+        min_util = min_gpu_memory_utilization(budget, need_blocks * block_bytes)
     return WhatWouldFit(
         concurrency=concurrency,
         max_model_len=pool.max_model_len,
@@ -862,6 +908,7 @@ def what_would_fit(
         fp8_max_concurrency_at_len=fp8_pool.sequences_at_once if fp8_pool else None,
         fp8_max_model_len_for_concurrency=max_model_len_for(fp8_pool, concurrency) if fp8_pool else None,
         min_gpu_memory_utilization=min_util,
+        fp8_kv_cache_size_tokens=fp8_pool.vllm_kv_cache_size_tokens if fp8_pool else None,
     )
 
 

@@ -128,6 +128,7 @@ class EngineSpec(_Strict):
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0, description="[bytes] --kv-cache-memory-bytes: the KV pool per GPU, exactly; gpu_memory_utilization is then ignored")
     enforce_eager: bool = Field(default=False, description="--enforce-eager: no CUDA graphs (saves their memory, slower decode)")
     enable_prefix_caching: bool | None = Field(default=None, description="--enable-prefix-caching / --no-enable-prefix-caching; null = vLLM's default (on)")
+    disable_hybrid_kv_cache_manager: bool | None = Field(default=None, description="--disable-hybrid-kv-cache-manager: sliding-window/chunked layers then keep KV for every token (null = vLLM's default: hybrid on, off for chunked-local attention)")
     override_generation_config: dict[str, Any] | None = Field(default=None, description="--override-generation-config (JSON), e.g. {max_new_tokens: 512}: the server-side max_tokens cap")
     # llama.cpp / llama-box / Ollama layer offload
     num_gpu_layers: int | None = Field(default=None, ge=0, description="[layers] llama.cpp num_gpu / -ngl: output layer + repeating layers on the GPU")

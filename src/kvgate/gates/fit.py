@@ -79,8 +79,11 @@ class FitPlan:
     """Everything the verdict and the table need, per GPU. Sizes in bytes, lengths in tokens.
 
     ``kv_bytes_per_token_model`` is the whole model's KV per token (TP=1); ``kv_bytes_per_token``
-    is per GPU. ``*_source`` fields say where a value came from ("profile", a vLLM default, or an
-    estimate). ``pool`` is ``None`` for the llama.cpp runtime; ``offload`` for vLLM.
+    is per GPU (every layer holding the token). ``*_source`` fields say where a value came from
+    ("profile", a vLLM default, or an estimate); ``arch_sources`` the architecture's (from
+    ``model.hf_config``). ``layout`` is vLLM's KV cache groups (:class:`kvgate.kvmath.KvLayout`)
+    with ``in_flight_tokens`` (the sliding-window term) and ``hybrid_source`` (why the hybrid
+    manager is on or off). ``pool`` is ``None`` for the llama.cpp runtime; ``offload`` for vLLM.
     """
 
     profile: str
@@ -117,6 +120,13 @@ class FitPlan:
     offload_max_ctx: int | None = None
     num_parallel: int = 1
     notes: tuple[str, ...] = field(default_factory=tuple)
+    attention: str = "gqa"
+    layout: km.KvLayout | None = None
+    hybrid_source: str = ""
+    in_flight_tokens: int = 0
+    arch_sources: dict[str, str] = field(default_factory=dict)
+    arch_values: dict[str, Any] = field(default_factory=dict)
+    fp8_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -169,8 +179,40 @@ def _weights(profile: Profile, arch: Any) -> tuple[int, str]:
     if arch.hidden_size is None:
         raise KvMathError("weights unknown: give model.weights_gib, architecture.params_billion or hidden_size")
     params = km.estimate_params(arch.layers, arch.hidden_size, arch.attention_heads, arch.kv_heads,
-                                arch.head_dim, arch.intermediate_size, arch.vocab_size)
-    return int(params * b), f"~{params / 1e9:.3g}B params (estimated from architecture) x {b:g} B ({m.dtype})"
+                                arch.head_dim, arch.intermediate_size, arch.vocab_size, **_moe_mla(arch))
+    moe = f", MoE {arch.num_experts} experts" if arch.num_experts else ""
+    return int(params * b), f"~{params / 1e9:.3g}B params (estimated from architecture{moe}) x {b:g} B ({m.dtype})"
+
+
+def _moe_mla(arch: Any) -> dict[str, Any]:
+    """The MoE and MLA keywords of :func:`kvgate.kvmath.estimate_params` from the architecture."""
+    keys = ("num_experts", "moe_intermediate_size", "shared_experts", "first_dense_layers", "q_lora_rank",
+            "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+    out = {k: getattr(arch, k) for k in keys}
+    out["kv_lora_rank"] = arch.kv_lora_rank if arch.attention == "mla" else None
+    return out
+
+
+def _hybrid(profile: Profile, arch: Any) -> tuple[bool, str]:
+    """Whether vLLM 0.32 keeps its hybrid KV cache manager on, and why (``config/vllm.py``):
+    the profile's ``disable_hybrid_kv_cache_manager`` wins; else on, except for chunked-local
+    attention without ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``."""
+    eng = profile.engine
+    if eng.disable_hybrid_kv_cache_manager is not None:
+        on = not eng.disable_hybrid_kv_cache_manager
+        return on, f"profile disable_hybrid_kv_cache_manager: {eng.disable_hybrid_kv_cache_manager}"
+    if arch.layer_types and "chunked_attention" in arch.layer_types and \
+            eng.env.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE") != "1":
+        return False, "vLLM turns it off for chunked-local attention"
+    return True, "vLLM default"
+
+
+def _layout(arch: Any, kv_b: float, tp: int, block: int, L: int, in_flight: int, hybrid: bool) -> km.KvLayout:
+    mla = arch.attention == "mla"
+    lks = km.layer_kvs(arch.layers, arch.kv_heads, arch.head_dim, kv_b, tp, arch.layer_types, arch.sliding_window,
+                       arch.attention_chunk_size, arch.kv_lora_rank if mla else None,
+                       arch.qk_rope_head_dim if mla else None)
+    return km.kv_layout(lks, block, L, in_flight, hybrid)
 
 
 def plan(profile: Profile) -> FitPlan:
@@ -179,10 +221,10 @@ def plan(profile: Profile) -> FitPlan:
     arch = profile.model.architecture
     if arch is None:
         raise KvMathError(
-            "profile gives no model.architecture (layers, kv_heads, head_dim); the fit gate does not read hf_config"
+            "profile gives no model.architecture (layers, kv_heads, head_dim) and no model.hf_config to read it from"
         )
-    km.require_supported_attention(arch.attention)
     if profile.engine.runtime == "llama.cpp":
+        km.require_supported_attention(arch.attention)
         return _plan_llamacpp(profile, arch)
     return _plan_vllm(profile, arch)
 
@@ -197,21 +239,29 @@ def _plan_vllm(profile: Profile, arch: Any) -> FitPlan:
     kv_b = km.vllm_kv_dtype_bytes(eng.kv_cache_dtype, model_dtype)
     kv_label = eng.kv_cache_dtype if eng.kv_cache_dtype != "auto" else f"auto = {model_dtype}"
     head_dim = arch.head_dim
-    kv_model = km.kv_bytes_per_token(arch.layers, arch.kv_heads, head_dim, kv_b, 1, arch.attention)
-    kv_gpu = km.kv_bytes_per_token(arch.layers, arch.kv_heads, head_dim, kv_b, tp, arch.attention)
-    if tp > arch.kv_heads:
+    mla = arch.attention == "mla"
+    fp8_ok, fp8_why = km.fp8_kv_supported(on_gpu, mla)
+    if eng.kv_cache_dtype.lower().startswith("fp8") and not fp8_ok:
+        raise KvMathError(f"kv_cache_dtype {eng.kv_cache_dtype}: {fp8_why} (vLLM refuses to start)")
+    if tp > arch.kv_heads and not mla:
         notes.append(f"TP {tp} > {arch.kv_heads} KV heads: each GPU keeps 1 KV head (replicated), "
                      "so KV per GPU stops shrinking")
+    if mla and tp > 1:
+        notes.append(f"MLA: every one of the {tp} GPUs keeps the whole latent cache (not split by TP)")
 
     memory_bytes = int(round(hw.memory_gib * GiB)) if hw.memory_gib else None
     d = km.vllm_defaults(not on_gpu, memory_bytes, hw.gpu, tp)
-    block = eng.block_size or d.block_size
-    block_src = "profile" if eng.block_size else ("vLLM CPU default" if not on_gpu else "vLLM GPU default")
+    block, block_src = km.vllm_block_size(on_gpu, mla, eng.block_size)
     seqs = eng.max_num_seqs or d.max_num_seqs
     seqs_src = "profile" if eng.max_num_seqs else d.rule
     batched = eng.max_num_batched_tokens or d.max_num_batched_tokens
     batched_src = "profile" if eng.max_num_batched_tokens else d.rule
     util = eng.gpu_memory_utilization or d.gpu_memory_utilization
+    in_flight = km.max_in_flight_tokens(batched, on_gpu)
+    hybrid, hybrid_src = _hybrid(profile, arch)
+    layout = _layout(arch, kv_b, tp, block, L, in_flight, hybrid)
+    kv_gpu = layout.bytes_per_token_all_layers
+    kv_model = _layout(arch, kv_b, 1, block, L, in_flight, hybrid).bytes_per_token_all_layers
 
     weights_total, weights_src = _weights(profile, arch)
     weights_gpu = weights_total // tp
@@ -254,24 +304,29 @@ def _plan_vllm(profile: Profile, arch: Any) -> FitPlan:
             + (" (or VLLM_CPU_KVCACHE_SPACE in engine.env)" if not on_gpu else "")
         )
 
-    pool = km.kv_pool(pool_bytes, kv_gpu, block, L)
+    pool = km.kv_pool_for_layout(pool_bytes, layout)
     wl = _workloads(profile)
-    fp8 = None
-    if kv_b > 1:
-        fp8 = km.kv_bytes_per_token(arch.layers, arch.kv_heads, head_dim, 1, tp, arch.attention)
-    what = km.what_would_fit(pool, _declared_concurrency(wl, profile), fp8,
-                             budget if (budget is not None and explicit is None) else None)
+    fp8_pool = None
+    if kv_b > 1 and fp8_ok:
+        fp8_pool = km.kv_pool_for_layout(pool_bytes, _layout(arch, 1, tp, block, L, in_flight, hybrid))
+    what = km.what_would_fit(pool, _declared_concurrency(wl, profile), None,
+                             budget if (budget is not None and explicit is None) else None, fp8_pool=fp8_pool)
     if arch.max_position_embeddings and L > arch.max_position_embeddings:
         notes.append(f"max_model_len {L:,} > the model's max_position_embeddings {arch.max_position_embeddings:,}")
     return FitPlan(
         profile=profile.name, runtime="vllm", on_gpu=on_gpu, gpu=hw.gpu, gpu_count=hw.count,
         tensor_parallel_size=tp, layers=arch.layers, head_dim=head_dim, max_model_len=L, kv_cache_dtype=kv_label, kv_dtype_bytes=kv_b,
-        kv_heads_per_gpu=km.kv_heads_per_gpu(arch.kv_heads, tp), kv_bytes_per_token_model=kv_model,
+        kv_heads_per_gpu=1 if mla else km.kv_heads_per_gpu(arch.kv_heads, tp), kv_bytes_per_token_model=kv_model,
         kv_bytes_per_token=kv_gpu, block_size=block, block_size_source=block_src,
         max_num_seqs=seqs, max_num_seqs_source=seqs_src, max_num_batched_tokens=batched,
         max_num_batched_tokens_source=batched_src, weights_total_bytes=weights_total,
         weights_source=weights_src, workloads=wl, budget=budget, pool=pool, pool_source=pool_src,
-        explicit_pool=explicit is not None, what=what, notes=tuple(notes),
+        explicit_pool=explicit is not None, what=what, notes=tuple(notes) + layout.notes,
+        attention=arch.attention, layout=layout, hybrid_source=hybrid_src, in_flight_tokens=in_flight,
+        arch_sources=dict(arch.sources), fp8_note=fp8_why,
+        arch_values={**{k: getattr(arch, k) for k in ("kv_heads", "attention", "sliding_window", "attention_chunk_size",
+                                                       "kv_lora_rank", "qk_rope_head_dim", "num_experts",
+                                                       "experts_per_token")}, "dtype": profile.model.dtype},
     )
 
 
@@ -352,6 +407,29 @@ def _where(p: FitPlan) -> str:
     return "/GPU" if p.on_gpu else ""
 
 
+def _grouped(p: FitPlan) -> bool:
+    """True when blocks x block_size is not a token count: several KV groups or windowed layers."""
+    lay = p.layout
+    return lay is not None and (len(lay.groups) > 1 or lay.groups[0].kind in ("sliding", "chunked"))
+
+
+def _holds(p: FitPlan) -> str:
+    pool = p.pool
+    assert pool is not None
+    if not _grouped(p):
+        return f"{pool.tokens:,} tokens"
+    assert p.layout is not None
+    return (f"{pool.num_blocks:,} blocks of {pool.block_size} in {len(p.layout.groups)} KV "
+            f"group{'s' if len(p.layout.groups) != 1 else ''} ({pool.vllm_kv_cache_size_tokens:,} tokens by vLLM's count)")
+
+
+def _group_word(p: FitPlan) -> str:
+    if not _grouped(p):
+        return ""
+    assert p.layout is not None
+    return " summed over " + " + ".join(f"{g.blocks_per_request} ({g.describe()})" for g in p.layout.groups)
+
+
 def _seq_word(n: int) -> str:
     return "sequence" if n == 1 else "sequences"
 
@@ -382,14 +460,22 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
                              f"memory not declared; KV pool from {p.pool_source}: {fmt_bytes(pool.pool_bytes)}"))
 
     L = p.max_model_len
-    head = f"KV pool {fmt_bytes(pool.pool_bytes)}{_where(p)} holds {pool.tokens:,} tokens"
-    ok = pool.num_blocks >= pool.blocks_per_sequence
+    head = f"KV pool {fmt_bytes(pool.pool_bytes)}{_where(p)} holds {_holds(p)}"
+    ok = pool.usable_blocks >= pool.blocks_per_sequence
+    per_seq = f"{pool.blocks_per_sequence:,} blocks{_group_word(p)}"
     if ok:
-        msg = f"one sequence of {L:,} tokens needs {fmt_bytes(pool.sequence_bytes)}{_where(p)} of KV -> PASS"
+        msg = (f"one sequence of {L:,} tokens needs {fmt_bytes(pool.sequence_bytes)}{_where(p)} of KV "
+               f"({per_seq}) -> PASS")
+    elif pool.num_blocks < pool.blocks_per_sequence:
+        msg = (f"{head} < one sequence of {L:,} ({fmt_bytes(pool.sequence_bytes)}, {per_seq}): vLLM refuses to "
+               f"start (max_model_len larger than the KV cache) -> FAIL")
     else:
-        msg = (f"{head} < one sequence of {L:,} ({fmt_bytes(pool.sequence_bytes)}): vLLM refuses to start "
-               f"(max_model_len larger than the KV cache) -> FAIL")
-    parts.append(Verdict("fit.max_model_len", _pf(ok), msg, measured=pool.tokens, limit=L, unit="tokens"))
+        msg = (f"{head}: concurrency at max_model_len: 0 -- vLLM starts (its check counts all {pool.num_blocks:,} "
+               f"blocks) but block 0 is its null block, so {pool.usable_blocks:,} usable < {per_seq} one "
+               f"{L:,}-token request needs; such a request can never be scheduled -> FAIL")
+    parts.append(Verdict("fit.max_model_len", _pf(ok), msg, measured=pool.usable_blocks,
+                         limit=pool.blocks_per_sequence, unit="blocks",
+                         evidence={"num_blocks": pool.num_blocks, "null_blocks": 1, "sequence_tokens": L}))
 
     by_vllm = pool.num_blocks // pool.blocks_per_sequence
     if by_vllm != pool.sequences_at_once:
@@ -508,44 +594,77 @@ def _vllm_table(p: FitPlan) -> list[str]:
     else:
         out.append(_row("weights (whole model)", fmt_bytes2(p.weights_total_bytes), p.weights_source))
     out.append(_row("KV pool", fmt_bytes2(pool.pool_bytes), p.pool_source))
-    kv_note = (f"{p.kv_cache_dtype}: 2 x {p.layers} layers x {p.kv_heads_per_gpu} KV heads x {p.head_dim} x "
-               f"{p.kv_dtype_bytes:g} B"
-               + (f"; whole model {p.kv_bytes_per_token_model:,} B" if p.tensor_parallel_size > 1 else ""))
-    out.append(_row("KV/token", f"{p.kv_bytes_per_token:,} B", kv_note))
+    src = p.arch_sources
+    if src:
+        out.append("model numbers (source)")
+        for key in ("layers", "kv_heads", "head_dim", "attention", "sliding_window", "attention_chunk_size",
+                    "layer_types", "kv_lora_rank", "qk_rope_head_dim", "num_experts", "experts_per_token", "dtype"):
+            if key in src:
+                out.append(_row(key, _arch_value(p, key), src[key]))
+    lay = p.layout
+    if p.attention == "mla" and lay is not None:
+        kv_note = (f"{p.kv_cache_dtype}: MLA latent {lay.groups[0].bytes_per_token // max(1, p.layers) / p.kv_dtype_bytes:g}"
+                   f" (kv_lora_rank + rope) x {p.layers} layers x {p.kv_dtype_bytes:g} B, no V, not split by TP")
+    else:
+        kv_note = (f"{p.kv_cache_dtype}: 2 x {p.layers} layers x {p.kv_heads_per_gpu} KV heads x {p.head_dim} x "
+                   f"{p.kv_dtype_bytes:g} B"
+                   + (f"; whole model {p.kv_bytes_per_token_model:,} B" if p.tensor_parallel_size > 1 else ""))
+    out.append(_row("KV/token (all layers)" if _grouped(p) else "KV/token", f"{p.kv_bytes_per_token:,} B", kv_note))
+    if lay is not None and _grouped(p):
+        out.append(_row("KV cache groups", f"{len(lay.groups)}",
+                        f"hybrid KV cache manager {'on' if lay.hybrid else 'off'} ({p.hybrid_source}); one block id "
+                        f"= {fmt_bytes2(lay.bytes_per_block)} (largest group)"))
+        for i, g in enumerate(lay.groups):
+            rule = {"sliding": f"cdiv(min({g.window:,} - 1 + {g.in_flight_tokens:,} in flight, {p.max_model_len:,}), "
+                               f"{g.block_size}) + 1",
+                    "chunked": f"cdiv(min({g.window:,} + {g.in_flight_tokens:,} in flight, {p.max_model_len:,}), "
+                               f"{g.block_size})"}.get(g.kind, f"cdiv({p.max_model_len:,}, {g.block_size})")
+            out.append(_row(f"  group {i}: {g.describe()}", f"{g.blocks_per_request:,} blocks/request",
+                            f"{rule}; {g.bytes_per_token:,} B/token"))
     out.append(_row(f"KV/sequence ({p.max_model_len:,} tokens)", fmt_bytes2(pool.sequence_bytes),
                     f"{pool.blocks_per_sequence:,} blocks of {pool.block_size} ({p.block_size_source})"))
-    out.append(_row("pool holds", f"{pool.tokens:,} tokens",
-                    f"{pool.num_blocks:,} blocks; vLLM would log {pool.vllm_kv_cache_size_tokens:,} tokens, "
-                    f"{pool.vllm_max_concurrency:.2f}x"))
+    if _grouped(p):
+        out.append(_row("pool holds", f"{pool.num_blocks:,} blocks",
+                        f"vLLM logs {pool.vllm_kv_cache_size_tokens:,} tokens, {pool.vllm_max_concurrency:.2f}x "
+                        f"(blocks x block_size = {pool.tokens:,} is not a token count here)"))
+    else:
+        out.append(_row("pool holds", f"{pool.tokens:,} tokens",
+                        f"{pool.num_blocks:,} blocks; vLLM would log {pool.vllm_kv_cache_size_tokens:,} tokens, "
+                        f"{pool.vllm_max_concurrency:.2f}x"))
     out.append(_row("sequences that fit at once", f"{pool.sequences_at_once:,} x {p.max_model_len:,}",
-                    "one block is vLLM's null block"))
+                    f"({pool.num_blocks:,} - 1) // {pool.blocks_per_sequence:,}: one block is vLLM's null block"))
     if budget is not None:
         out.append(_row("headroom", fmt_bytes2(budget.headroom_bytes),
                         "left outside gpu_memory_utilization" if not p.explicit_pool
                         else "memory - weights - reserves - KV pool: "
                         f"{fmt_bytes2(budget.kv_budget_bytes - pool.pool_bytes)}"))
     out.append("declared load")
-    usable_tokens = pool.usable_blocks * pool.block_size
+    unit = "blocks" if _grouped(p) else "tokens"
+    scale = 1 if _grouped(p) else pool.block_size
+    usable = pool.usable_blocks * scale
     if wl.long_concurrency:
-        need = pool.blocks_needed(wl.long_concurrency, p.max_model_len) * pool.block_size
+        need = pool.blocks_needed(wl.long_concurrency, p.max_model_len) * scale
         out.append(_row(f"long ({' + '.join(wl.long_names)})", f"{wl.long_concurrency} x {p.max_model_len:,}",
-                        f"= {need:,} tokens of {usable_tokens:,} usable"
-                        f" ({usable_tokens - need:+,}) -> {'PASS' if need <= usable_tokens else 'FAIL'}"))
+                        f"= {need:,} {unit} of {usable:,} usable"
+                        f" ({usable - need:+,}) -> {'PASS' if need <= usable else 'FAIL'}"))
     if wl.short_tokens:
-        need = pool.blocks_needed(p.max_num_seqs, wl.short_tokens) * pool.block_size
+        need = pool.blocks_needed(p.max_num_seqs, wl.short_tokens) * scale
         out.append(_row("max_num_seqs x short p99 + output", f"{p.max_num_seqs} x {wl.short_tokens:,}",
-                        f"= {need:,} tokens of {usable_tokens:,} usable ({usable_tokens - need:+,}) -> "
-                        f"{'PASS' if need <= usable_tokens else 'FAIL'}; {wl.short_name}; max_num_seqs from "
+                        f"= {need:,} {unit} of {usable:,} usable ({usable - need:+,}) -> "
+                        f"{'PASS' if need <= usable else 'FAIL'}; {wl.short_name}; max_num_seqs from "
                         f"{p.max_num_seqs_source}"))
     out.append(_row("max_num_batched_tokens", f"{p.max_num_batched_tokens:,}", p.max_num_batched_tokens_source))
     out.append("what would fit (same KV budget)")
     out.append(_row(f"max_model_len for {w.concurrency} at once", f"{w.max_model_len_for_concurrency:,} tokens"))
     out.append(_row(f"concurrency at max_model_len {p.max_model_len:,}", f"{w.max_concurrency_at_len:,}"))
     if w.fp8_kv_bytes_per_token is not None:
-        out.append(_row("with --kv-cache-dtype fp8", f"{w.fp8_tokens:,} tokens",
+        fp8_tokens = w.fp8_kv_cache_size_tokens if _grouped(p) else w.fp8_tokens
+        out.append(_row("with --kv-cache-dtype fp8", f"{fp8_tokens:,} tokens",
                         f"{w.fp8_kv_bytes_per_token:,} B/token; {w.fp8_max_concurrency_at_len:,} x "
                         f"{p.max_model_len:,} at once; max_model_len for {w.concurrency}: "
                         f"{w.fp8_max_model_len_for_concurrency:,}"))
+    elif p.kv_dtype_bytes > 1:
+        out.append(_row("with --kv-cache-dtype fp8", "not offered", p.fp8_note))
     else:
         out.append(_row("with --kv-cache-dtype fp8", "no change", f"KV already {p.kv_cache_dtype}"))
     if w.min_gpu_memory_utilization is not None:
@@ -553,6 +672,22 @@ def _vllm_table(p: FitPlan) -> list[str]:
                         f"{w.min_gpu_memory_utilization:.3f}",
                         "> 1: not possible on this hardware" if w.min_gpu_memory_utilization > 1 else ""))
     return out
+
+
+def _arch_value(p: FitPlan, key: str) -> str:
+    """The architecture number ``key`` as the table prints it (layer_types as a count per kind)."""
+    lay = p.layout
+    if key == "layers":
+        return f"{p.layers}"
+    if key == "head_dim":
+        return f"{p.head_dim}"
+    if key == "layer_types" and lay is not None:
+        kinds: dict[str, int] = {}
+        for g in lay.groups:
+            kinds[g.kind] = kinds.get(g.kind, 0) + g.layers
+        return ", ".join(f"{n} {k}" for k, n in kinds.items())
+    value = p.arch_values.get(key)
+    return "-" if value is None else (f"{value:,}" if isinstance(value, int) else str(value))
 
 
 def _llamacpp_table(p: FitPlan) -> list[str]:
@@ -598,13 +733,18 @@ def _label_int(labels: dict[str, str], key: str) -> int | None:
 def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict:
     """Compare the predicted KV capacity with what a live vLLM allocated (gate ``"fit.live"``).
 
-    ``cache_config`` are the labels of ``vllm:cache_config_info``: live capacity =
-    ``num_gpu_blocks x block_size`` (compared with the predicted ``num_blocks x block_size``), or
-    ``kv_cache_size_tokens`` when the block count is absent (compared with the predicted value
-    of vLLM's own formula). PASS when the two agree within one block. When the prediction is an
-    estimate (no explicit ``kv_cache_memory_bytes``) a larger gap is reported but only fails if
-    the live pool no longer holds the declared long concurrency at ``max_model_len``.
-    The message gives the difference in tokens and %.
+    ``cache_config`` are the labels of ``vllm:cache_config_info`` (vLLM 0.32 publishes every
+    ``CacheConfig`` field there, including ``num_gpu_blocks``, ``kv_cache_size_tokens`` and
+    ``kv_cache_max_concurrency``, set by ``v1/core/kv_cache_utils.py::update_kv_cache_capacity``).
+    The comparison is in tokens as vLLM counts them: ``kv_cache_size_tokens`` against the
+    predicted ``int(num_blocks / blocks_per_request * max_model_len)`` (summed over KV groups);
+    without it, ``num_gpu_blocks`` turned into tokens the same way (for one full-attention group
+    that is ``num_gpu_blocks x block_size``). PASS when they agree within one block's worth of
+    tokens (``max_model_len / blocks_per_request``). A difference is explained by group: live
+    blocks vs predicted (bytes per block), live blocks per request vs the predicted per-group
+    sum. When the prediction is an estimate (no explicit ``kv_cache_memory_bytes``) a larger gap
+    is reported but only fails if the live pool no longer holds the declared long concurrency at
+    ``max_model_len``. The message gives the difference in tokens and %.
     """
     gate = "fit.live"
     try:
@@ -617,45 +757,90 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
         live_block = _label_int(cache_config, "block_size")
         live_blocks = _label_int(cache_config, "num_gpu_blocks")
         live_size = _label_int(cache_config, "kv_cache_size_tokens")
+        raw_conc = cache_config.get("kv_cache_max_concurrency")
+        live_conc = float(raw_conc) if raw_conc not in (None, "", "None", "none", "null") else None
     except ValueError as exc:
         return Verdict(gate, Status.INVALID, f"vllm:cache_config_info labels not numeric: {exc}",
                        evidence={"labels": dict(cache_config)})
     pool = p.pool
+    L = p.max_model_len
+    per_req = pool.blocks_per_sequence
     block = live_block or pool.block_size
-    if live_blocks is not None:
-        live_tokens, predicted, basis = live_blocks * block, pool.tokens, "num_gpu_blocks x block_size"
-    elif live_size is not None:
+    grouped = _grouped(p)
+    if live_size is not None:
         live_tokens, predicted, basis = live_size, pool.vllm_kv_cache_size_tokens, "kv_cache_size_tokens"
+    elif live_blocks is not None and not grouped:
+        live_tokens, predicted, basis = live_blocks * block, pool.tokens, "num_gpu_blocks x block_size"
+    elif live_blocks is not None:
+        live_tokens, predicted = int(live_blocks / per_req * L), pool.vllm_kv_cache_size_tokens
+        basis = f"num_gpu_blocks / {per_req} blocks per request x {L:,}"
     else:
         return Verdict(gate, Status.INVALID,
                        "vllm:cache_config_info has neither num_gpu_blocks nor kv_cache_size_tokens",
                        evidence={"labels": dict(cache_config)})
     diff = live_tokens - predicted
     pct = 100.0 * diff / predicted if predicted else float("inf")
-    within = abs(diff) <= block
+    one_block = block if basis == "num_gpu_blocks x block_size" else -(-L // per_req) + 1
+    within = abs(diff) <= one_block
     evidence = {"labels": dict(cache_config), "predicted_tokens": predicted, "live_tokens": live_tokens,
                 "basis": basis, "difference_tokens": diff, "block_size_live": live_block,
-                "block_size_predicted": pool.block_size, "exact_prediction": p.explicit_pool}
+                "block_size_predicted": pool.block_size, "exact_prediction": p.explicit_pool,
+                "predicted_num_blocks": pool.num_blocks, "live_num_blocks": live_blocks,
+                "predicted_blocks_per_request": per_req,
+                "predicted_max_concurrency": round(pool.vllm_max_concurrency, 4), "live_max_concurrency": live_conc}
+    if p.layout is not None:
+        evidence["groups"] = [{"kind": g.kind, "window": g.window, "layers": g.layers, "block_size": g.block_size,
+                               "blocks_per_request": g.blocks_per_request} for g in p.layout.groups]
     head = (f"vLLM reports {live_tokens:,} tokens ({basis}); predicted {predicted:,}; "
             f"difference {diff:+,} tokens ({pct:+.1f}%)")
+    if grouped and p.layout is not None:
+        head += (f"; {len(p.layout.groups)} KV groups, {per_req} blocks per request ("
+                 + " + ".join(f"{g.blocks_per_request} {g.kind}" for g in p.layout.groups) + ")")
     if live_block is not None and live_block != pool.block_size:
         head += f"; live block_size {live_block} != predicted {pool.block_size}"
     if within:
-        return Verdict(gate, Status.PASS, f"{head}, within one block ({block}) -> PASS",
+        return Verdict(gate, Status.PASS, f"{head}, within one block ({one_block:,} tokens) -> PASS",
                        measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
+    why = _explain_live(p, live_blocks, live_size, live_block)
+    if why:
+        head += f"; {why}"
     if p.explicit_pool:
         return Verdict(gate, Status.FAIL,
-                       f"{head}: more than one block ({block}) off an exact prediction -> FAIL",
+                       f"{head}: more than one block ({one_block:,} tokens) off an exact prediction -> FAIL",
                        measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
-    per_seq = km.blocks_for_tokens(p.max_model_len, block)
-    live_at_once = max(0, live_tokens // block - 1) // per_seq
+    if live_blocks is not None:
+        live_at_once = max(0, live_blocks - 1) // (per_req if grouped or live_block is None else
+                                                   km.blocks_for_tokens(L, block))
+    else:
+        live_at_once = int(live_tokens // L)
     need = p.workloads.long_concurrency
     ok = live_at_once >= need
     tail = (f"; the estimate is off by more than one block, and the live pool holds {live_at_once:,} "
-            f"{_seq_word(live_at_once)} of {p.max_model_len:,} at once"
+            f"{_seq_word(live_at_once)} of {L:,} at once"
             + (f", profile declares {need}" if need else "") + f" -> {_pf(ok).value}")
     if need:
         return Verdict(gate, _pf(ok), head + tail, measured=live_at_once, limit=need, unit="sequences",
-                       evidence={**evidence, "sequence_tokens": p.max_model_len})
+                       evidence={**evidence, "sequence_tokens": L})
     return Verdict(gate, _pf(ok), head + tail, measured=live_tokens, limit=predicted, unit="tokens",
                    evidence={**evidence, "limit_is": "estimate"})
+
+
+def _explain_live(p: FitPlan, live_blocks: int | None, live_size: int | None, live_block: int | None) -> str:
+    """Where a live/predicted difference comes from: the block count (bytes per block, pool
+    size) or the blocks each request is charged (groups, windows, in-flight tokens)."""
+    pool, lay = p.pool, p.layout
+    assert pool is not None
+    parts = []
+    if live_blocks is not None and live_blocks != pool.num_blocks:
+        implied = pool.pool_bytes // live_blocks if live_blocks else 0
+        parts.append(f"vLLM has {live_blocks:,} blocks, predicted {pool.num_blocks:,} "
+                     f"(~{implied:,} B per block vs predicted {lay.bytes_per_block if lay else 0:,} B: "
+                     "a different layer grouping, page size or pool size)")
+    if live_blocks and live_size:
+        live_per_req = round(live_blocks * p.max_model_len / live_size) if live_size else 0
+        if live_per_req != pool.blocks_per_sequence:
+            groups = (" = " + " + ".join(f"{g.blocks_per_request} ({g.describe()})" for g in lay.groups)) if lay else ""
+            parts.append(f"vLLM charges ~{live_per_req} blocks per {p.max_model_len:,}-token request, predicted "
+                         f"{pool.blocks_per_sequence}{groups} (window, in-flight tokens "
+                         f"{p.in_flight_tokens:,} or hybrid manager differ)")
+    return "; ".join(parts)

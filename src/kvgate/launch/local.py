@@ -71,6 +71,9 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
         cmd.append("--enforce-eager")
     if e.enable_prefix_caching is not None:
         cmd.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    if e.disable_hybrid_kv_cache_manager is not None:
+        cmd.append("--disable-hybrid-kv-cache-manager" if e.disable_hybrid_kv_cache_manager
+                   else "--no-disable-hybrid-kv-cache-manager")
     if e.override_generation_config:
         cmd += ["--override-generation-config", json.dumps(e.override_generation_config)]
     return cmd + list(e.extra_args)
