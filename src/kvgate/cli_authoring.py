@@ -37,8 +37,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         module.add_parser(sub)
 
 
-def run_schema(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run_schema(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """``kvgate schema profile [--write|--check|--reference]``."""
+    out, err = out or sys.stdout, err or sys.stderr
     from . import profile_schema as ps
 
     schema_path = Path(args.schema_path) if args.schema_path else ps.PROFILE_SCHEMA

@@ -240,6 +240,11 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
         profile = load_profile(name, profile_dir)
     except ProfileError as exc:
         raise _usage(str(exc)) from None
+    from .lint import lint_for_run  # profile lint: warnings, errors under --gate-mode certify
+
+    lint_findings, lint_refusal = lint_for_run(profile, profile_dir, getattr(config.option, "kvgate_gate_mode", "enforce"))
+    if lint_refusal:
+        raise _usage(lint_refusal)
     try:
         reports.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -270,6 +275,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
                        run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
     config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint,
                                       config.getoption("kvgate_startup_budget"))
+    config.stash[STATE].extra["lint"] = lint_findings
     if config.option.collectonly:
         return  # not a run: no reports are touched, no endpoint contacted
     # one run, one set of reports: the previous run's go before anything runs
@@ -335,7 +341,13 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         where = f"endpoint {st.endpoint.display}" if st.endpoint else "endpoint: embedded vLLM, started by kvgate"
     run_id = config.stash.get(RUN_ID, "")
     return [f"kvgate: profile {st.profile.name} ({st.profile.source}); {where}; reports {st.reports_dir}/ "
-            f"(run {run_id})"]
+            f"(run {run_id})"] + _lint_header(st)
+
+
+def _lint_header(st: KvgateState) -> list[str]:
+    from .lint import header_lines
+
+    return header_lines(st.extra.get("lint", []))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -117,6 +117,7 @@ class EngineSpec(_Strict):
     """
 
     runtime: Literal["vllm", "llama.cpp"] = Field(default="vllm", description="the serving engine: vllm, or llama.cpp (llama-box, Ollama) layer offload")
+    vllm_version: str | None = Field(default=None, description="[version] the vLLM the deployment runs (e.g. 0.32.0); kvgate lint checks the engine arguments against it (null: the installed vLLM)")
     tensor_parallel_size: int = Field(default=1, gt=0, description="[GPUs] --tensor-parallel-size; weights and KV heads are split over this many GPUs")
     max_model_len: int = Field(gt=0, description="[tokens] --max-model-len: prompt + output per request; longer requests are rejected; one such sequence must fit the KV pool")
     max_num_seqs: int | None = Field(default=None, gt=0, description="[sequences] --max-num-seqs: requests scheduled at once (the rest wait); null = vLLM's default")

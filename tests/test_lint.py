@@ -1,0 +1,242 @@
+"""kvgate lint: every rule FAILs a profile with the fault and PASSes the same profile without it;
+the shipped profiles lint clean (or explain their findings); the gate run lints first."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from kvgate.lint import ERROR, WARNING, lint_file, lint_for_run, lint_profile
+from kvgate.profile import DEFAULT_PROFILE_DIR, Profile, available_profiles
+from kvgate.vllm_args import CHANGES, load_snapshot, version_tuple
+
+from .conftest import REPO
+
+GPU = {
+    "name": "gpu",
+    "model": {"served_name": "m", "architecture": {
+        "layers": 80, "attention_heads": 64, "kv_heads": 8, "head_dim": 128, "hidden_size": 8192,
+        "intermediate_size": 28672, "vocab_size": 128256, "params_billion": 70.6, "max_position_embeddings": 131072}},
+    "hardware": {"gpu": "NVIDIA RTX 6000 Ada Generation", "count": 4, "memory_gib": 47.99},
+    "engine": {"tensor_parallel_size": 4, "max_model_len": 16384, "max_num_seqs": 32, "max_num_batched_tokens": 8192,
+               "gpu_memory_utilization": 0.88, "kv_cache_dtype": "fp8", "vllm_version": "0.32.0"},
+}
+CPU = {
+    "name": "cpu",
+    "model": {"served_name": "m", "dtype": "float32",
+              "architecture": {"layers": 2, "attention_heads": 4, "kv_heads": 2, "head_dim": 64, "hidden_size": 256,
+                               "intermediate_size": 512, "vocab_size": 512}},
+    "engine": {"max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32", "kv_cache_memory_bytes": 64 << 20},
+}
+
+
+def profile(base: dict, **engine) -> Profile:
+    data = copy.deepcopy(base)
+    for key, value in engine.items():
+        section, _, field = key.partition("__")
+        if field:
+            data.setdefault(section, {})[field] = value
+        else:
+            data["engine"][key] = value
+    return Profile.model_validate(data)
+
+
+def rules(findings, counted=True):
+    return {f.rule for f in findings if f.counts or not counted}
+
+
+def test_the_bases_are_clean():
+    assert lint_profile(profile(GPU)) == []
+    assert lint_profile(profile(CPU)) == []
+
+
+# ---------------------------------------------------------------------------- engine arguments
+
+
+def test_unknown_flag_fails_with_did_you_mean_and_a_known_one_passes():
+    bad = lint_profile(profile(GPU, extra_args=["--max-num-seq", "8"]))
+    f = next(f for f in bad if f.rule == "engine-arg-unknown")
+    assert f.severity == ERROR and f.field == "engine.extra_args"
+    assert "--max-num-seq is not a vllm serve argument in vLLM 0.32.0 (its own parser)" in f.message
+    assert "did you mean --max-num-seqs" in f.message
+    assert lint_profile(profile(GPU, extra_args=["--disable-log-stats", "--served-model-name=x"])) == []
+
+
+def test_removed_flag_fails_from_its_version_with_the_source_and_passes_before():
+    bad = lint_profile(profile(GPU, extra_args=["--swap-space", "4"]))
+    f = next(f for f in bad if f.rule == "engine-arg-removed")
+    assert f.severity == ERROR and "removed in vLLM 0.18.0" in f.message and "PR #36216" in f.message
+    assert "engine-arg-unknown" not in rules(bad)  # the documented change says it better
+    old = lint_profile(profile(GPU, extra_args=["--swap-space", "4"], vllm_version="0.17.1"))
+    assert not {"engine-arg-removed", "engine-arg-unknown"} & rules(old)
+
+
+def test_renamed_flag_fails_after_warns_before_and_its_replacement_passes():
+    after = lint_profile(profile(GPU, extra_args=["--disable-log-requests"]))
+    f = next(f for f in after if f.rule == "engine-arg-renamed")
+    assert f.severity == ERROR and "use --enable-log-requests" in f.message and "#29402" in f.message
+    before = lint_profile(profile(GPU, extra_args=["--disable-log-requests"], vllm_version="0.11.0"))
+    assert [f.severity for f in before if f.rule == "engine-arg-renamed"] == [WARNING]
+    assert lint_profile(profile(GPU, extra_args=["--enable-log-requests"])) == []
+
+
+def test_value_outside_the_parsers_choices_fails():
+    bad = lint_profile(profile(GPU, kv_cache_dtype="fp9"))
+    f = next(f for f in bad if f.rule == "engine-arg-value")
+    assert f.field == "engine.kv_cache_dtype" and "--kv-cache-dtype fp9" in f.message and "fp8_e4m3" in f.message
+    assert lint_profile(profile(GPU, kv_cache_dtype="fp8_e5m2")) == []
+
+
+def test_default_that_changed_across_versions_warns_when_left_unset():
+    bad = lint_profile(profile(GPU, max_num_seqs=None, gpu_memory_utilization=None))
+    got = {f.field: f for f in bad if f.rule == "engine-default-changed"}
+    assert set(got) == {"engine.max_num_seqs", "engine.gpu_memory_utilization"}
+    assert got["engine.gpu_memory_utilization"].severity == WARNING
+    assert "0.9 up to 0.11, 0.92 from 0.20" in got["engine.gpu_memory_utilization"].message
+    assert lint_profile(profile(CPU, max_num_seqs=None)) == []  # the CPU's defaults did not change
+
+
+def test_extra_args_repeating_an_engine_field_fails():
+    bad = lint_profile(profile(GPU, extra_args=["--max-model-len", "8192"]))
+    f = next(f for f in bad if f.rule == "extra-args-duplicate")
+    assert "--max-model-len repeats engine.max_model_len (16384)" in f.message
+    assert lint_profile(profile(GPU, extra_args=["--max-logprobs", "5"])) == []
+
+
+# ---------------------------------------------------------------------------- combinations
+
+
+def test_batched_below_len_without_chunked_prefill_fails():
+    bad = lint_profile(profile(GPU, max_num_batched_tokens=4096, extra_args=["--no-enable-chunked-prefill"]))
+    f = next(f for f in bad if f.rule == "batched-below-len")
+    assert "max_num_batched_tokens 4,096 < max_model_len 16,384" in f.message
+    assert lint_profile(profile(GPU, max_num_batched_tokens=4096)) == []  # chunked prefill (the default) copes
+    assert "batched-below-len" in rules(lint_profile(profile(GPU, max_num_batched_tokens=16)))  # < max_num_seqs 32
+
+
+def test_tp_not_dividing_heads_fails():
+    bad = lint_profile(profile(GPU, tensor_parallel_size=3, hardware__count=4))
+    msgs = [f.message for f in bad if f.rule == "tp-heads"]
+    assert any("TP 3 does not divide the 64 attention heads" in m for m in msgs)
+    assert any("TP 3 neither divides the 8 KV heads" in m for m in msgs)
+    fine = profile(GPU, tensor_parallel_size=16, hardware__count=16)  # 16 = 2 x 8 KV heads: replicated, fine
+    assert "tp-heads" not in rules(lint_profile(fine))
+
+
+def test_tp_above_gpu_count_fails():
+    assert "tp-gpu-count" in rules(lint_profile(profile(GPU, hardware__count=2)))
+    assert "tp-gpu-count" not in rules(lint_profile(profile(GPU, hardware__count=8)))
+
+
+def test_kv_pool_below_one_sequence_fails():
+    # 4 MiB at 2,048 B/token = 16 blocks of 128 = one 2,048-token sequence, but one block is vLLM's null block
+    bad = lint_profile(profile(CPU, kv_cache_memory_bytes=4 << 20))
+    f = next(f for f in bad if f.rule == "kv-pool-below-sequence")
+    assert f.severity == ERROR and "15 usable blocks of 128" in f.message and "2,048-token" in f.message
+    assert lint_profile(profile(CPU, kv_cache_memory_bytes=4 << 20, max_model_len=1024)) == []
+
+
+def test_enforce_eager_on_gpu_warns_unless_explained_and_not_on_cpu(write_profile):
+    data = copy.deepcopy(GPU)
+    data.pop("name")
+    data["engine"]["enforce_eager"] = True
+    path = write_profile("eager", yaml.safe_dump(data))
+    _, found = lint_file(str(path))
+    assert [(f.rule, f.severity, f.counts) for f in found] == [("enforce-eager-gpu", WARNING, True)]
+    path.write_text("# kvgate-lint: allow enforce-eager-gpu -- CUDA graphs crash on driver 550 (ticket 42)\n"
+                    + path.read_text())
+    _, found = lint_file(str(path))
+    assert [(f.rule, f.explained) for f in found] == [("enforce-eager-gpu", "CUDA graphs crash on driver 550 (ticket 42)")]
+    assert lint_profile(profile(CPU, enforce_eager=True)) == []
+
+
+def test_max_model_len_over_positions_fails_unless_allowed_by_env():
+    bad = lint_profile(profile(GPU, max_model_len=262144))
+    assert "len-over-positions" in rules(bad)
+    ok = lint_profile(profile(GPU, max_model_len=262144, env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}))
+    assert "len-over-positions" not in rules(ok)
+
+
+def test_allow_without_reason_or_without_a_finding_is_reported():
+    found = lint_profile(profile(GPU), texts=["# kvgate-lint: allow tp-heads\n# kvgate-lint: allow tp-gpu-count -- x\n"])
+    assert rules(found) == {"lint-allow-reason", "lint-allow-unused"}
+
+
+# ---------------------------------------------------------------------------- shipped, versions, wiring
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_shipped_profiles_lint_clean_or_explain(name):
+    _, found = lint_file(name)
+    assert [f.line() for f in found if f.counts] == []
+    for f in found:
+        assert f.explained and len(f.explained) > 10
+
+
+def test_changes_table_entries_name_their_source_and_agree_with_the_parser():
+    args = load_snapshot("0.32.0")
+    for ch in CHANGES:
+        assert ch.source and ch.kind in ("removed", "renamed", "default")
+        if ch.kind in ("removed", "renamed") and version_tuple(ch.version) <= version_tuple(args.version):
+            assert ch.flag not in args.by_flag, f"{ch.flag}: the table says {ch.kind} by {ch.version}"
+        if ch.replacement:
+            assert ch.replacement in args.by_flag
+        if ch.kind == "default":
+            assert ch.flag in args.by_flag
+
+
+def test_snapshot_is_for_the_installed_vllm():
+    from kvgate.vllm_args import available_snapshots, installed_version
+
+    inst = installed_version()
+    if inst is None:
+        pytest.skip("no vLLM installed: the checked-in snapshot is used as is")
+    assert inst in available_snapshots(), f"regenerate: .venv/bin/python -m kvgate.vllm_args --write (vLLM {inst})"
+
+
+def test_certify_turns_findings_into_a_refusal_and_enforce_does_not(tmp_path):
+    p = profile(GPU, hardware__count=2)
+    findings, refusal = lint_for_run(p, DEFAULT_PROFILE_DIR, "enforce")
+    assert refusal is None and "tp-gpu-count" in rules(findings)
+    findings, refusal = lint_for_run(p, DEFAULT_PROFILE_DIR, "certify")
+    assert "--gate-mode certify treats every unexplained lint finding as an error" in refusal
+    assert "tp-gpu-count" in refusal
+    assert lint_for_run(profile(GPU), DEFAULT_PROFILE_DIR, "certify") == ([], None)
+
+
+def test_cli_exit_codes(write_profile, capsys):
+    from kvgate.cli import main
+
+    assert main(["lint", "llama70b-tp4", "tiny-cpu"]) == 0
+    bad = copy.deepcopy(GPU)
+    bad["hardware"]["count"] = 2
+    path = write_profile("bad", yaml.safe_dump(bad))
+    assert main(["lint", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 error" in out and "tp-gpu-count" in out
+    assert main(["lint", str(path.with_name("nosuch.yaml"))]) == 2
+    ok_warn = copy.deepcopy(GPU)
+    ok_warn["engine"].pop("max_num_seqs")
+    path = write_profile("warn", yaml.safe_dump(ok_warn))
+    assert main(["lint", str(path)]) == 0
+    assert main(["lint", "--strict", str(path)]) == 1
+
+
+pytest_plugins = ["pytester"]
+
+
+def test_gate_run_prints_lint_warnings_and_certify_refuses(pytester):
+    data = copy.deepcopy(GPU)
+    data["engine"].pop("max_num_seqs")
+    path = pytester.path / "warn.yaml"
+    path.write_text(yaml.safe_dump(data))
+    common = ("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+              f"--kvgate-reports={pytester.path / 'r'}", f"--profile={path}", "-m", "fit", str(REPO / "suites"))
+    result = pytester.runpytest_inprocess(*common)
+    out = result.stdout.str()
+    assert "kvgate lint: 0 errors, 1 warning" in out and "engine-default-changed (engine.max_num_seqs)" in out
+    result = pytester.runpytest_inprocess(*common, "--gate-mode", "certify")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--gate-mode certify treats every unexplained lint finding" in result.stderr.str()
