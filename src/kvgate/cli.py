@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_authoring import add_commands  # schema, lint, advise (profile authoring)
 
     add_commands(sub)
+    from .cli_report import add_command  # report (signoff.md and the HTML report)
+
+    add_command(sub)
     return parser
 
 

@@ -34,7 +34,10 @@ SERVER_LOG = "vllm-server.log"
 SOAK_FILES = ("soak-rounds.csv", "soak-requests.csv", "soak.png")
 #: record mode's profile overlay (kvgate.modes.OVERLAY_FILE).
 OVERLAY = "profile-overlay.yaml"
-OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, *SOAK_FILES)
+#: ``kvgate report``'s sign-off summary (kvgate.signoff.SIGNOFF); the HTML report dir
+#: ``allure-report/`` is kept: its ``history.jsonl`` carries the trend into the next report.
+SIGNOFF = "signoff.md"
+OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES)
 #: JUnit testsuite property / Allure label and environment key that carry the run id.
 RUN_ID_KEY = "kvgate_run_id"
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pytest
 
-from . import outputs
+from . import allure_meta, outputs
 from .client import Endpoint
 from .launch.target import TargetError, endpoint_from_url
 from .modes import DEFAULT_MODE, OVERLAY_FILE, ModeError, overlay, parse_mode
@@ -416,6 +416,7 @@ def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
             item.user_properties.append(("kvgate_not_checked", st.redactor.text(verdict.not_checked_note())))
         if allure is not None:
             allure.dynamic.label(outputs.RUN_ID_KEY, st.record.run_id)
+        allure_meta.describe(verdict, st.redactor)
         st.record.add(item.nodeid, test_id(item), verdict,
                       [(k, v) for k, v in attachments.items() if isinstance(v, str)] if console else None)
         attach_verdict(verdict, st.redactor)
@@ -447,6 +448,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     st = item.config.stash.get(STATE, None)
     if st is None or item.get_closest_marker("gate") is None:
         return
+    if rep.when == "setup":  # allure-pytest named the result during setup: title and group it now
+        allure_meta.decorate(test_id(item), st.profile.name, st.profile.source)
     if rep.when == "call" or rep.skipped or rep.failed:
         st.extra.setdefault("finished", set()).add(item.nodeid)
     if rep.failed and item.nodeid not in st.record.entries:
@@ -454,6 +457,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         text = str(rep.longrepr.reprcrash.message) if hasattr(rep.longrepr, "reprcrash") and rep.longrepr.reprcrash \
             else str(rep.longrepr).splitlines()[-1] if rep.longrepr else "error"
         st.record.error(item.nodeid, test_id(item), f"{rep.when}: {text}")
+        allure_meta.describe_error(f"{rep.when}: {text}", st.redactor)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's JUnit plugin wrote its file, so it can be stamped
@@ -518,9 +522,10 @@ def _stamp_reports(config: pytest.Config, st: KvgateState) -> None:
             if problem:
                 outputs.write_allure_problem(Path(allure_dir), rec.run_id, rec.redactor.text(problem),
                                              profile=rec.profile_name)
-            outputs.write_allure_environment(Path(allure_dir), {
-                outputs.RUN_ID_KEY: rec.run_id, "overall": overall, "profile": rec.profile_name,
-                "endpoint": rec.endpoint, "server_version": rec.server_version})
+            allure_meta.tidy_results(Path(allure_dir))
+            gate_mode = getattr(config.option, "kvgate_gate_mode", "enforce")
+            allure_meta.write_metadata(Path(allure_dir), allure_meta.environment_props(rec.summary(), gate_mode),
+                                       rec.redactor)
         except OSError:
             pass
 

@@ -1,0 +1,208 @@
+"""reports/signoff.md (kvgate.signoff) for a passing, a failing and an interrupted run, and
+``kvgate report`` around it (kvgate.cli_report, kvgate.render) with the Allure CLI injected."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+from pathlib import Path
+
+from kvgate import cli_report, render
+from kvgate.redact import Redactor
+from kvgate.report import RunRecord
+from kvgate.signoff import fit_table_from_results, signoff_markdown, write_signoff
+from kvgate.verdict import Status, Verdict
+
+from .conftest import validate_summary
+
+FIT_TABLE = "per GPU          GiB\nweights         0.01\nKV pool         0.06\n"
+
+
+def record(tmp_path: Path, *verdicts: tuple[str, Verdict]) -> RunRecord:
+    prof = tmp_path / "tiny.yaml"
+    prof.write_text("model: {served_name: m}\n")
+    rec = RunRecord("tiny", str(prof), Redactor(["sk-signoff-secret-123456"]), endpoint="http://127.0.0.1:8000/v1",
+                    server_version="0.32.0", run_id="20261130T000000Z-abcdef", endpoint_contacted=True)
+    for test_id, v in verdicts:
+        rec.add(f"suites/x.py::t[{test_id}]", test_id, v)
+    return rec
+
+
+def kv_pass() -> Verdict:
+    return Verdict("fit", Status.PASS, "KV pool holds 15 full-length sequences; profile declares 4 -> PASS",
+                   measured=15, limit=4, unit="sequences",
+                   parts=(Verdict("fit.budget", Status.SKIP, "memory not declared -> SKIP"),
+                          Verdict("fit.long", Status.PASS, "15 at once -> PASS", 15, 4, unit="sequences")))
+
+
+def ttft_fail() -> Verdict:
+    return Verdict("streaming/ttft", Status.FAIL, "TTFT 742 ms; SLO 500 ms -> FAIL", measured=742.0, limit=500,
+                   unit="ms")
+
+
+def test_passing_run_says_pass_with_identity_fit_table_and_what_was_not_checked(tmp_path):
+    summary = validate_summary(record(tmp_path, ("tiny/fit/kv-pool", kv_pass())).summary())
+    md = signoff_markdown(summary, FIT_TABLE)
+    assert md.startswith("## kvgate sign-off: tiny @ http://127.0.0.1:8000/v1 — PASS")
+    assert "| overall | **PASS** (1 PASS, 0 FAIL, 0 INVALID, 0 SKIP, 0 ERROR) |" in md
+    assert "| server | vLLM 0.32.0 |" in md and "`tiny.yaml`, sha256 " in md and "20261130T000000Z-abcdef" in md
+    assert "| PASS | `tiny/fit/kv-pool` | 15 sequences | 4 sequences | KV pool holds 15" in md
+    assert "```\nper GPU          GiB\nweights         0.01\nKV pool         0.06\n```" in md
+    assert "- `tiny/fit/kv-pool`: fit.budget — memory not declared" in md
+    assert len(md.splitlines()) < 40  # short enough for a PR comment
+
+
+def test_failing_run_says_do_not_roll_out_and_names_measured_and_limit(tmp_path):
+    summary = validate_summary(record(tmp_path, ("tiny/fit/kv-pool", kv_pass()),
+                                      ("tiny/streaming/ttft/chat", ttft_fail())).summary())
+    md = signoff_markdown(summary, None)
+    assert "— FAIL" in md.splitlines()[0] and "do not roll out" in md
+    assert "| FAIL | `tiny/streaming/ttft/chat` | 742 ms | 500 ms | TTFT 742 ms; SLO 500 ms -> FAIL |" in md
+    assert "The fit gate did not run in this run." in md
+
+
+def test_interrupted_run_lists_the_gates_that_did_not_run(tmp_path):
+    rec = record(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
+    rec.complete, rec.interrupted_in = False, "gate tiny/streaming/ttft/chat"
+    rec.not_run = ["tiny/streaming/ttft/chat", "tiny/latency/slo"]
+    summary = validate_summary(rec.summary())
+    md = signoff_markdown(summary, FIT_TABLE)
+    assert "— INCOMPLETE" in md.splitlines()[0] and "no sign-off" in md
+    assert "**Interrupted during gate tiny/streaming/ttft/chat.** Gates that did not run: " \
+           "`tiny/streaming/ttft/chat`, `tiny/latency/slo`" in md
+    assert "- `tiny/latency/slo`: not run (the run ended before it)" in md
+
+
+def test_run_that_could_not_start_says_error(tmp_path):
+    rec = record(tmp_path)
+    rec.run_error = "endpoint http://127.0.0.1:9/v1 is unreachable; nothing was gated"
+    md = signoff_markdown(validate_summary(rec.summary()), None)
+    assert "— ERROR" in md.splitlines()[0] and "**Error:** endpoint http://127.0.0.1:9/v1 is unreachable" in md
+    assert "No gate recorded a verdict." in md
+
+
+def test_long_messages_are_cut_and_pipes_escaped(tmp_path):
+    long = Verdict("x", Status.FAIL, "a | b " + "word " * 80 + "-> FAIL", measured=1, limit=0, unit="tokens")
+    md = signoff_markdown(record(tmp_path, ("tiny/x/y", long)).summary())
+    row = next(ln for ln in md.splitlines() if "`tiny/x/y`" in ln)
+    assert "a \\| b word" in row and row.endswith(" … |") and len(row) < 240
+
+
+def test_secret_never_reaches_signoff(tmp_path):
+    leaky = Verdict("x", Status.FAIL, "server echoed Bearer sk-signoff-secret-123456 -> FAIL")
+    md = signoff_markdown(record(tmp_path, ("tiny/x/y", leaky)).summary(),
+                          redactor=Redactor(["sk-signoff-secret-123456"]))
+    assert "sk-signoff-secret-123456" not in md
+
+
+def write_run(tmp_path: Path, *verdicts: tuple[str, Verdict]) -> Path:
+    reports = tmp_path / "reports"
+    results = reports / "allure-results"
+    results.mkdir(parents=True)
+    record(tmp_path, *verdicts).write_summary(reports / "summary.json")
+    (results / "a-attachment.txt").write_text(FIT_TABLE)
+    (results / "r-result.json").write_text(json.dumps(
+        {"name": "tiny/fit/kv-pool", "status": "passed",
+         "attachments": [{"name": "fit-table.txt", "source": "a-attachment.txt", "type": "text/plain"}]}))
+    return reports
+
+
+def test_write_signoff_takes_the_fit_table_the_run_printed(tmp_path):
+    reports = write_run(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
+    assert fit_table_from_results(reports / "allure-results") == FIT_TABLE
+    assert fit_table_from_results(tmp_path / "nowhere") is None
+    text = write_signoff(reports).read_text()
+    assert "KV pool         0.06" in text
+
+
+def args(reports: Path, **kw) -> argparse.Namespace:
+    return argparse.Namespace(reports=str(reports), output=kw.get("output"), single_file=False,
+                              signoff_only=kw.get("signoff_only", False))
+
+
+def test_report_without_summary_is_a_usage_error(tmp_path):
+    err = io.StringIO()
+    assert cli_report.run_report(args(tmp_path), out=io.StringIO(), err=err) == cli_report.USAGE
+    assert "no summary.json in" in err.getvalue()
+
+
+def test_report_without_allure_cli_writes_signoff_and_says_how_to_get_it(tmp_path):
+    reports = write_run(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
+    err = io.StringIO()
+    code = cli_report.run_report(args(reports), out=io.StringIO(), err=err, find=lambda: None)
+    assert code == cli_report.FAILED and (reports / "signoff.md").is_file()
+    assert "Allure 3 CLI was not found" in err.getvalue() and "./bootstrap" in err.getvalue()
+    assert cli_report.run_report(args(reports, signoff_only=True), out=io.StringIO(), err=io.StringIO(),
+                                 find=lambda: None) == cli_report.OK
+
+
+class FakeAllure:
+    """Stands in for ``allure generate``: records the config it was given, writes index.html and
+    appends one history line (as Allure does to its historyPath)."""
+
+    def __init__(self, returncode: int = 0) -> None:
+        self.configs: list[dict] = []
+        self.returncode = returncode
+
+    def __call__(self, cmd, **kw):
+        config = json.loads(Path(cmd[cmd.index("--config") + 1]).read_text())
+        self.configs.append(config)
+        out = Path(cmd[cmd.index("--output") + 1])
+        if self.returncode == 0:
+            out.mkdir(parents=True)
+            (out / "index.html").write_text(f"<title>{config['name']}</title>")
+            with open(config["historyPath"], "a") as f:
+                f.write(json.dumps({"run": len(self.configs)}) + "\n")
+        return subprocess.CompletedProcess(cmd, self.returncode, "", "boom: bad results\n")
+
+
+def test_render_names_the_report_after_the_run_and_carries_history(tmp_path):
+    reports = write_run(tmp_path, ("tiny/streaming/ttft/chat", ttft_fail()))
+    summary = json.loads((reports / "summary.json").read_text())
+    name = render.report_name(summary)
+    assert name == "kvgate tiny @ http://127.0.0.1:8000/v1 — FAIL"
+    fake = FakeAllure()
+    out = reports / "allure-report"
+    (out).mkdir()
+    (out / "stale.js").write_text("old")
+    for _ in range(2):
+        render.render(reports / "allure-results", out, name, ["allure"], run=fake)
+    assert not (out / "stale.js").exists(), "the previous report is replaced as a whole"
+    assert [json.loads(ln) for ln in (out / "history.jsonl").read_text().splitlines()] == [{"run": 1}, {"run": 2}]
+    cfg = fake.configs[-1]
+    assert cfg["name"] == name and cfg["plugins"]["awesome"]["options"]["groupBy"] == ["epic", "feature", "story"]
+
+
+def test_render_failure_is_one_line_and_keeps_the_previous_report(tmp_path):
+    reports = write_run(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
+    out = reports / "allure-report"
+    out.mkdir()
+    (out / "index.html").write_text("previous")
+    try:
+        render.render(reports / "allure-results", out, "n", ["allure"], run=FakeAllure(returncode=1))
+    except render.RenderError as exc:
+        assert "allure generate failed (exit 1): boom: bad results" == str(exc)
+    else:
+        raise AssertionError("a failing CLI must raise RenderError")
+    assert (out / "index.html").read_text() == "previous"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    try:
+        render.render(empty, out, "n", ["allure"], run=FakeAllure())
+    except render.RenderError as exc:
+        assert "no Allure results in" in str(exc)
+    else:
+        raise AssertionError("no results must raise RenderError")
+
+
+def test_find_allure_prefers_env_then_bootstrap_install_then_path(tmp_path):
+    local = tmp_path / "allure" / "node_modules" / ".bin" / "allure"
+    assert render.find_allure({"KVGATE_ALLURE": "/x/allure"}, str(tmp_path)) == ["/x/allure"]
+    assert render.find_allure({}, str(tmp_path), which=lambda n: None) is None
+    local.parent.mkdir(parents=True)
+    local.write_text("#!/bin/sh\n")
+    assert render.find_allure({}, str(tmp_path), which=lambda n: "/usr/bin/" + n) == [str(local)]
+    assert render.find_allure({}, str(tmp_path), which=lambda n: None) is None  # no node to run it
+    assert render.find_allure({}, str(tmp_path / "none"), which=lambda n: "/usr/bin/" + n) == ["/usr/bin/allure"]
