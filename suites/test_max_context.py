@@ -5,7 +5,7 @@ import pytest
 
 from kvgate.gates.health import canary_verdict
 from kvgate.gates.max_context import fits_verdict, over_length_verdict
-from kvgate.probes import build_prompt, canary, send
+from kvgate.probes import build_prompt, canary, send, send_watched
 from kvgate.verdict import combine
 
 OVER_LENGTH = ["completions", "completions-stream", "chat", "chat-stream"]
@@ -16,10 +16,12 @@ OVER_LENGTH = ["completions", "completions-stream", "chat", "chat-stream"]
 def test_longest_prompt_completes(case, kvgate_client, kvgate_profile, kvgate_gate):
     model, limit = kvgate_profile.model.served_name, kvgate_profile.engine.max_model_len
     max_tokens = kvgate_profile.limits.context_probe_max_tokens
+    deadline = kvgate_profile.limits.request_timeout_s
     prompt = build_prompt(kvgate_client, model, case, limit - max_tokens)
-    exchange = send(kvgate_client, case, prompt.body(model, max_tokens=max_tokens, temperature=0, ignore_eos=True),
-                    prompt_tokens=prompt.tokens)
-    assert kvgate_gate(fits_verdict(exchange, limit, max_tokens)).passed
+    exchange, queue = send_watched(kvgate_client, case, prompt.body(model, max_tokens=max_tokens, temperature=0,
+                                                                    ignore_eos=True),
+                                   deadline_s=deadline, prompt_tokens=prompt.tokens)
+    assert kvgate_gate(fits_verdict(exchange, limit, max_tokens, queue, deadline)).passed
 
 
 @pytest.mark.max_context

@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kvgate.gates.requests import (EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, chunk_schema_verdict,
+from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, chunk_schema_verdict,
                                    edge_body, edge_verdict, min_tokens_verdict, non_ascii_verdict,
                                    route_timeout_verdict)
-from kvgate.probes import canary, send, send_raw
+from kvgate.probes import build_prompt, canary, send, send_raw
 
 APIS = ["completions", "chat"]
 CASES = {c.name: c for c in EDGE_CASES}
@@ -34,13 +34,17 @@ def longest_max_tokens(profile):
 @pytest.fixture(scope="module")
 def observed(kvgate_client, kvgate_profile):
     """Every probe of this gate, six at a time (the longest stream first, so it runs alongside the
-    rest): each edge request with a canary after it, min_tokens, non-ASCII streamed and not, chunk
-    streams (n=1; n=2 with usage), and the longest allowed stream."""
+    rest): each edge request with a canary after it (max_tokens cases bounded by the cap with a
+    prompt leaving CONTEXT_ROOM tokens of context), min_tokens, non-ASCII streamed and not, chunk
+    streams (n=1; n=2 sampled, with usage), and the longest allowed stream."""
     client, model, limits = kvgate_client, kvgate_profile.model.served_name, kvgate_profile.limits
+    long_prompt = {api: build_prompt(client, model, api, kvgate_profile.engine.max_model_len - CONTEXT_ROOM).text
+                   for api in APIS}
 
     def edge(case):
+        prompt = long_prompt[case.api] if case.long_prompt else PROMPT
         ex = (send_raw(client, case.api, case.raw.replace("{model}", model)) if case.raw is not None
-              else send(client, case.api, edge_body(case, model)))
+              else send(client, case.api, edge_body(case, model, prompt)))
         return ex, canary(client, model, limits.canary_deadline_s)
 
     def non_ascii(api):
@@ -49,10 +53,10 @@ def observed(kvgate_client, kvgate_profile):
                 send(client, api, body(api, model, NON_ASCII_PROMPT, **params)))
 
     def chunks(api):
-        params = dict(max_tokens=8, temperature=0, ignore_eos=True)
-        return (send(client, api, body(api, model, **params), stream=True),
-                send(client, api, body(api, model, n=N_CHOICES, stream_options={"include_usage": True}, **params),
-                     stream=True))
+        params = dict(max_tokens=8, ignore_eos=True)
+        return (send(client, api, body(api, model, temperature=0, **params), stream=True),
+                send(client, api, body(api, model, n=N_CHOICES, temperature=1, seed=0,  # vLLM: n > 1 needs sampling
+                                       stream_options={"include_usage": True}, **params), stream=True))
 
     jobs = {"route-timeout": lambda: send(client, "completions", body(
         "completions", model, max_tokens=longest_max_tokens(kvgate_profile), temperature=0, ignore_eos=True),

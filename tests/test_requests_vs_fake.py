@@ -140,3 +140,32 @@ def test_garbage_from_the_endpoint_is_a_verdict_not_a_traceback(pytester, fault)
         [(k, g["status"], g["message"]) for k, g in gates.items() if g["status"] not in ("PASS", "FAIL", "SKIP")]
     assert any(GARBAGE[fault] in g["message"] for g in gates.values() if g["status"] == "FAIL"), \
         [g["message"] for g in gates.values()]
+
+
+def test_max_context_probe_on_never_scheduled_request_ends_at_deadline(pytester, tmp_path):
+    """Case 1, live: a server that admits the full-length request and never schedules it (vLLM 0.32
+    with a KV pool of exactly one full-length sequence): the probe ends at its deadline with a
+    verdict naming the pattern (waiting 1, running 0), not a hang."""
+    profile = _profile_with(tmp_path, request_timeout_s=1.5)
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={"never_schedule"})) as f:
+        result, _, gates = run(pytester, f.url, suites=["suites/test_max_context.py"], profile=profile)
+    for api in ("completions", "chat"):
+        g = gates[f"max-context/{api}"]
+        assert g["status"] == "FAIL", g
+        assert "no answer within its 1.5 s deadline" in g["message"], g["message"]
+        assert "waiting 1, running 0 -> admitted but never scheduled" in g["message"], g["message"]
+        assert g["evidence"]["queue"][-1] == {"t_s": g["evidence"]["queue"][-1]["t_s"], "waiting": 1.0, "running": 0.0}
+    # the shorter requests (over-length rejections, canaries) are scheduled: only the full-length probe hangs
+    assert all(g["status"] == "PASS" for k, g in gates.items() if k.startswith("max-context/over-length"))
+
+
+def test_chat_template_kwargs_reach_tokenize_and_generation(pytester, fake, tmp_path):
+    """Case 2: a template option (enable_thinking false: two more tokens) declared in the profile
+    is sent to /tokenize and to the chat request alike, so the exact-length chat prompt is exact."""
+    profile = _profile_with(tmp_path, chat_template_kwargs={"enable_thinking": False})
+    _, _, gates = run(pytester, fake.url, suites=["suites/test_max_context.py"], profile=profile)
+    g = gates["max-context/chat"]
+    assert g["status"] == "PASS", g["message"]
+    assert g["evidence"]["request"]["chat_template_kwargs"] == {"enable_thinking": False}
+    req = next(r for r in fake.state.requests if r.endpoint == "chat" and r.status == 200 and r.prompt_tokens > 200)
+    assert req.prompt_tokens == g["evidence"]["prompt_tokens_verified"]

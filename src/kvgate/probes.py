@@ -7,6 +7,8 @@ Each probe sends a bounded number of requests (no hidden retries) and returns :c
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,6 +64,38 @@ def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = Fal
     else:
         reply = client.post(path, body, timeout_s=timeout_s)
     return Exchange(api, stream, body, reply, prompt_tokens)
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    """The server's scheduler gauges while a request was outstanding: ``t_s`` seconds after it
+    was sent; ``waiting``/``running``: ``vllm:num_requests_waiting``/``_running`` (None without
+    metrics)."""
+
+    t_s: float
+    waiting: float | None
+    running: float | None
+
+
+def send_watched(client: KvClient, api: Api, body: dict[str, Any], *, deadline_s: float, poll_s: float = 0.5,
+                 prompt_tokens: int | None = None) -> tuple[Exchange, list[QueueSample]]:
+    """:func:`send` with ``deadline_s`` as its timeout, scraping ``/metrics`` every ``poll_s``
+    seconds while it is outstanding (bounded: at most ``deadline_s / poll_s + 1`` scrapes), so a
+    request that never answers ends at its deadline with the pattern that held it: admitted but
+    never scheduled shows ``waiting 1, running 0``. Returns the exchange (status 0 when the
+    deadline passed) and the samples."""
+    samples: list[QueueSample] = []
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fut = pool.submit(send, client, api, body, timeout_s=deadline_s, prompt_tokens=prompt_tokens)
+        for _ in range(int(deadline_s / poll_s) + 1):
+            try:
+                return fut.result(timeout=poll_s), samples
+            except FuturesTimeout:
+                text = client.metrics_text()
+                samples.append(QueueSample(round(time.monotonic() - t0, 3), scrape_value(text, "waiting"),
+                                           scrape_value(text, "running")))
+        return fut.result(), samples
 
 
 def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None = None) -> Exchange:

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
-from ..probes import Exchange
+import dataclasses
+
+from ..probes import Exchange, QueueSample
 from ..verdict import Verdict
 from ..client import clip
 from .common import FAIL, PASS, completion_facts, finish_reason, num, server_error
@@ -13,14 +15,24 @@ from .common import FAIL, PASS, completion_facts, finish_reason, num, server_err
 
 
 
-def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int) -> Verdict:
+def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int, queue: list[QueueSample] | None = None,
+                 deadline_s: float | None = None) -> Verdict:
     """A prompt of exactly ``max_model_len - max_tokens`` tokens completes: 200, usage.prompt_tokens
-    equals the verified length, ``max_tokens`` tokens generated (``ignore_eos``), finish "length"."""
+    equals the verified length, ``max_tokens`` tokens generated (``ignore_eos``), finish "length".
+
+    ``queue``: the scheduler gauges sampled while it was outstanding
+    (:func:`kvgate.probes.send_watched`); a request with no answer by ``deadline_s`` that the
+    server held as waiting with nothing running was admitted but never scheduled -- vLLM 0.32 does
+    that when its KV pool holds exactly one full-length sequence, since one block is its null block."""
     gate = f"max-context/{ex.api}{'-stream' if ex.stream else ''}"
     n = ex.prompt_tokens
     r = ex.reply
     ev = ex.evidence()
     what = f"{num(n)}-token {ex.api} prompt + max_tokens {max_tokens} (= max_model_len {num(max_model_len)})"
+    if queue:
+        ev["queue"] = [dataclasses.asdict(q) for q in queue[-20:]]
+    if r.status == 0:
+        return _no_answer_verdict(gate, what, r.text, queue or [], deadline_s, ev)
     if r.status != 200:
         return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r, 160)}); "
                        "must complete 200 -> FAIL", measured=r.status, limit=200, unit="HTTP status", evidence=ev)
@@ -37,6 +49,21 @@ def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int) -> Verdict:
                        "and 'length' (ignore_eos) -> FAIL", measured=ct, limit=max_tokens, unit="tokens", evidence=ev)
     return Verdict(gate, PASS, f"{what} -> 200, {ct} tokens, finish 'length' in {r.elapsed_s:.2f} s -> PASS",
                    measured=pt + ct, limit=max_model_len, unit="tokens", evidence=ev)
+
+
+def _no_answer_verdict(gate: str, what: str, error: str, queue: list[QueueSample], deadline_s: float | None,
+                       ev: dict) -> Verdict:
+    by = f"within its {deadline_s:g} s deadline" if deadline_s else "at all"
+    last = queue[-1] if queue else None
+    if last is not None and last.waiting and last.waiting >= 1 and last.running == 0:
+        return Verdict(gate, FAIL, f"{what}: no answer {by}; /metrics while it waited: waiting {last.waiting:g}, "
+                       f"running {last.running:g} -> admitted but never scheduled (the KV pool cannot hold one "
+                       "full-length sequence: vLLM keeps one block as its null block) -> FAIL",
+                       measured="waiting 1, running 0", limit="a completion", evidence=ev)
+    seen = (f"; /metrics while it waited: waiting {last.waiting}, running {last.running}" if last is not None
+            else "; no /metrics sample")
+    return Verdict(gate, FAIL, f"{what}: no answer {by} ({clip(error, 100)}){seen} -> FAIL", measured="no answer",
+                   limit="a completion", evidence=ev)
 
 
 def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> Verdict:

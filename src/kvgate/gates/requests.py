@@ -48,7 +48,9 @@ class EdgeCase:
     "messages", "temperature": 0}``), a value :data:`ABSENT` deletes the key; ``raw``: send this
     text as the body instead of JSON (``{model}`` is replaced by the served name); ``expect``:
     :data:`REJECT` or :data:`EITHER`; ``bound``: most completion tokens a 200 may carry
-    (``"cap"``: the profile's cap and the context left; ``0``: none)."""
+    (``"cap"``: the profile's cap and the context left; ``0``: none; the suite sends "cap" cases
+    with a prompt that leaves :data:`CONTEXT_ROOM` tokens of context, so "the rest of the
+    context" is a short generation); ``long_prompt``: whether the suite does so for this case."""
 
     name: str
     api: str
@@ -57,6 +59,14 @@ class EdgeCase:
     bound: int | str = "cap"
     raw: str | None = None
 
+    @property
+    def long_prompt(self) -> bool:
+        return self.name.startswith("max-tokens/") and self.bound == "cap"
+
+
+#: Tokens of context left after the prompt of a ``max_tokens`` case whose bound is the cap: a
+#: server that answers "the rest of the context" generates this many, not the whole context.
+CONTEXT_ROOM = 32
 
 #: Marks a field to be left out of the body (``max_tokens`` absent).
 ABSENT = object()
@@ -163,12 +173,29 @@ def edge_outcome_verdict(case: EdgeCase, ex: Exchange, cap: int | None, max_mode
                        limit="valid completion", evidence=ev)
     ct = usage.get("completion_tokens")
     bound = _token_bound(case, ex, cap, max_model_len)
+    echoed = _echo_only(ex)
+    if echoed is not None and bound == 0:
+        return Verdict(gate, PASS, f"{what} -> 200, the prompt echoed with its logprobs and no token generated "
+                       f"(usage.completion_tokens {ct}{': counts a token it did not return' if ct else ''}) -> PASS",
+                       measured=0, limit=0, unit="tokens", evidence={**ev, "usage_completion_tokens": ct})
     if not isinstance(ct, int) or (bound is not None and ct > bound):
         return Verdict(gate, FAIL, f"{what} answered 200 with {ct} completion tokens; at most {bound} may come back "
                        f"(max_tokens cap {cap}, context left) -> FAIL", measured=ct, limit=bound, unit="tokens",
                        evidence=ev)
     return Verdict(gate, PASS, f"{what} -> 200, {ct} completion tokens (at most {bound}), finish "
                    f"{finish_reason(ex)!r} -> PASS", measured=ct, limit=bound, unit="tokens", evidence=ev)
+
+
+def _echo_only(ex: Exchange) -> str | None:
+    """The text of an ``echo`` completion that is the prompt and nothing more, else None."""
+    body, prompt = json_body(ex.reply) if not isinstance(ex.reply, StreamReply) else None, ex.body.get("prompt")
+    if not ex.body.get("echo") or not isinstance(prompt, str) or not body:
+        return None
+    try:
+        text = body["choices"][0]["text"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return text if text == prompt else None
 
 
 def edge_verdict(case: EdgeCase, ex: Exchange, after: Exchange, cap: int | None, max_model_len: int,
@@ -202,9 +229,10 @@ def min_tokens_verdict(ex: Exchange, min_tokens: int, max_tokens: int, cap: int 
     if ct > max_tokens:
         return Verdict(gate, FAIL, f"{what}: {ct} completion tokens, above max_tokens {max_tokens} -> FAIL",
                        measured=ct, limit=max_tokens, unit="tokens", evidence=ev)
-    agree = "length" if ct == max_tokens else "stop"
+    limit = min(max_tokens, cap) if cap is not None else max_tokens  # the server clamps to its cap
+    agree = "length" if ct == limit else "stop"
     if fr != agree:
-        return Verdict(gate, FAIL, f"{what}: {ct} completion tokens but finish_reason {fr!r}; {ct} of {max_tokens} "
+        return Verdict(gate, FAIL, f"{what}: {ct} completion tokens but finish_reason {fr!r}; {ct} of {limit} "
                        f"means {agree!r} -> FAIL", measured=fr, limit=agree, evidence=ev)
     return Verdict(gate, PASS, f"{what}: {ct} completion tokens (>= {want}), finish {fr!r} -> PASS", measured=ct,
                    limit=want, unit="tokens", evidence=ev)
