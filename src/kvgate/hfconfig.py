@@ -92,7 +92,7 @@ def model_from_hf_config(path: str | Path) -> dict[str, Any]:
     """The profile ``model:`` fields a HF ``config.json`` determines.
 
     Returns ``{"dtype": str, "architecture": {...}}`` where ``architecture`` has the keys of
-    :class:`kvgate.profile.Architecture`: ``layers``, ``attention_heads``, ``kv_heads``,
+    :class:`kvgate.profile.Architecture`: ``model_type``, ``layers``, ``attention_heads``, ``kv_heads``,
     ``head_dim``, ``hidden_size``, ``vocab_size``, ``intermediate_size``,
     ``max_position_embeddings``, ``attention`` (``mha``/``gqa``/``mqa``/``mla``), ``layer_types``
     (one of ``full_attention``/``sliding_attention``/``chunked_attention`` per layer),
@@ -121,6 +121,7 @@ def model_from_hf_config(path: str | Path) -> dict[str, Any]:
         return value
 
     layers = take("layers", "num_hidden_layers", "n_layer", "num_layers", required=True)
+    take("model_type", "model_type")
     heads = take("attention_heads", "num_attention_heads", "n_head", required=True)
     kv, kv_name = _get(cfg, "num_key_value_heads", "num_kv_heads", "multi_query_group_num")
     if kv is None and getattr(cfg, "multi_query", False):

@@ -449,8 +449,12 @@ class KvGroup:
 
     def describe(self) -> str:
         """``3 sliding-window (256) layers`` style."""
-        what = {"full": "full-attention", "sliding": f"sliding-window ({self.window:,})",
-                "chunked": f"chunked-local ({self.window:,})", "mla": "MLA"}[self.kind]
+        if self.kind == "sliding":
+            what = f"sliding-window ({self.window:,})"
+        elif self.kind == "chunked":
+            what = f"chunked-local ({self.window:,})"
+        else:
+            what = {"full": "full-attention", "mla": "MLA"}.get(self.kind, self.kind)
         return f"{self.layers} {what} layer{'s' if self.layers != 1 else ''}"
 
 

@@ -50,6 +50,7 @@ class Architecture(_Strict):
     params_billion: float | None = Field(default=None, gt=0, description="[1e9 parameters] parameter count; weights = this x dtype bytes (else estimated from the architecture)")
     intermediate_size: int | None = Field(default=None, gt=0, description="[elements] MLP width (default 4 x hidden_size); sizes the activation peak")
     max_position_embeddings: int | None = Field(default=None, gt=0, description="[tokens] the model's context; vLLM's default max_model_len")
+    model_type: str | None = Field(default=None, description="HF model_type (llama, qwen3, mistral, gemma2, gemma3_text, mixtral, deepseek_v2, ...); picks the embedded tiny model's family")
     attention: Literal["mha", "gqa", "mqa", "mla"] = Field(
         default="gqa", description="mla = DeepSeek latent attention (needs kv_lora_rank, qk_rope_head_dim)")
     # per-layer attention kind (vLLM groups layers by it; kvgate.kvmath.kv_groups)

@@ -423,11 +423,23 @@ def _holds(p: FitPlan) -> str:
             f"group{'s' if len(p.layout.groups) != 1 else ''} ({pool.vllm_kv_cache_size_tokens:,} tokens by vLLM's count)")
 
 
+def _amount(p: FitPlan, blocks: int) -> str:
+    """``blocks`` as tokens (one KV group: blocks x block_size) or as blocks (grouped layouts)."""
+    assert p.pool is not None
+    return f"{blocks:,} blocks" if _grouped(p) else f"{blocks * p.pool.block_size:,} tokens"
+
+
 def _group_word(p: FitPlan) -> str:
+    """`` summed over 3 x 7 (sliding-window (256), 1 layer) + 16 (1 full-attention layer)``."""
     if not _grouped(p):
         return ""
     assert p.layout is not None
-    return " summed over " + " + ".join(f"{g.blocks_per_request} ({g.describe()})" for g in p.layout.groups)
+    counts: dict[tuple[int, str], int] = {}
+    for g in p.layout.groups:
+        key = (g.blocks_per_request, g.describe())
+        counts[key] = counts.get(key, 0) + 1
+    return " summed over " + " + ".join(f"{n} x {b} ({d})" if n > 1 else f"{b} ({d})"
+                                         for (b, d), n in counts.items())
 
 
 def _seq_word(n: int) -> str:
@@ -497,8 +509,8 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
         ok = need_blocks <= pool.usable_blocks
         fits = pool.sequences_of(wl.short_tokens)
         msg = (f"max_num_seqs {p.max_num_seqs} x {wl.short_tokens:,} tokens ({wl.short_name}: prompt p99 "
-               f"{wl.short_prompt:,} + output {wl.short_output:,}) = {need_blocks * pool.block_size:,} tokens vs "
-               f"{pool.usable_blocks * pool.block_size:,} usable ({fits:,} such sequences fit) -> {_pf(ok).value}")
+               f"{wl.short_prompt:,} + output {wl.short_output:,}) = {_amount(p, need_blocks)} vs "
+               f"{_amount(p, pool.usable_blocks)} usable ({fits:,} such sequences fit) -> {_pf(ok).value}")
         parts.append(Verdict("fit.max_num_seqs", _pf(ok), msg, measured=fits, limit=p.max_num_seqs, unit="sequences",
                              evidence={"sequence_tokens": wl.short_tokens}))
     else:
@@ -594,13 +606,12 @@ def _vllm_table(p: FitPlan) -> list[str]:
     else:
         out.append(_row("weights (whole model)", fmt_bytes2(p.weights_total_bytes), p.weights_source))
     out.append(_row("KV pool", fmt_bytes2(pool.pool_bytes), p.pool_source))
-    src = p.arch_sources
-    if src:
-        out.append("model numbers (source)")
-        for key in ("layers", "kv_heads", "head_dim", "attention", "sliding_window", "attention_chunk_size",
-                    "layer_types", "kv_lora_rank", "qk_rope_head_dim", "num_experts", "experts_per_token", "dtype"):
-            if key in src:
-                out.append(_row(key, _arch_value(p, key), src[key]))
+    out.append("model numbers (source)")
+    for key in ("layers", "kv_heads", "head_dim", "attention", "sliding_window", "attention_chunk_size",
+                "layer_types", "kv_lora_rank", "qk_rope_head_dim", "num_experts", "experts_per_token", "dtype"):
+        if key in p.arch_sources or key in ("layers", "kv_heads", "head_dim", "attention", "dtype") or (
+                p.arch_values.get(key) is not None) or (key == "layer_types" and _grouped(p)):
+            out.append(_row(key, _arch_value(p, key), p.arch_sources.get(key, "profile")))
     lay = p.layout
     if p.attention == "mla" and lay is not None:
         kv_note = (f"{p.kv_cache_dtype}: MLA latent {lay.groups[0].bytes_per_token // max(1, p.layers) / p.kv_dtype_bytes:g}"
@@ -615,10 +626,13 @@ def _vllm_table(p: FitPlan) -> list[str]:
                         f"hybrid KV cache manager {'on' if lay.hybrid else 'off'} ({p.hybrid_source}); one block id "
                         f"= {fmt_bytes2(lay.bytes_per_block)} (largest group)"))
         for i, g in enumerate(lay.groups):
-            rule = {"sliding": f"cdiv(min({g.window:,} - 1 + {g.in_flight_tokens:,} in flight, {p.max_model_len:,}), "
-                               f"{g.block_size}) + 1",
-                    "chunked": f"cdiv(min({g.window:,} + {g.in_flight_tokens:,} in flight, {p.max_model_len:,}), "
-                               f"{g.block_size})"}.get(g.kind, f"cdiv({p.max_model_len:,}, {g.block_size})")
+            if g.kind == "sliding":
+                rule = (f"cdiv(min({g.window:,} - 1 + {g.in_flight_tokens:,} in flight, {p.max_model_len:,}), "
+                        f"{g.block_size}) + 1")
+            elif g.kind == "chunked":
+                rule = f"cdiv(min({g.window:,} + {g.in_flight_tokens:,} in flight, {p.max_model_len:,}), {g.block_size})"
+            else:
+                rule = f"cdiv({p.max_model_len:,}, {g.block_size})"
             out.append(_row(f"  group {i}: {g.describe()}", f"{g.blocks_per_request:,} blocks/request",
                             f"{rule}; {g.bytes_per_token:,} B/token"))
     out.append(_row(f"KV/sequence ({p.max_model_len:,} tokens)", fmt_bytes2(pool.sequence_bytes),

