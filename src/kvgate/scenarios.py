@@ -90,7 +90,8 @@ def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, 
     try:
         with sampler:
             result = closed_loop(endpoint, specs, concurrency=wl.concurrency, deadline_s=deadline_s,
-                                 request_timeout_s=profile.limits.request_timeout_s)
+                                 request_timeout_s=profile.limits.request_timeout_s,
+                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
     finally:
         own.close()
     after = canary(client, model, profile.limits.canary_deadline_s)
@@ -107,7 +108,8 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
     try:
         with sampler:
             result = closed_loop(endpoint, specs, n=n, concurrency=c, deadline_s=deadline_s,
-                                 request_timeout_s=profile.limits.request_timeout_s)
+                                 request_timeout_s=profile.limits.request_timeout_s,
+                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
     finally:
         own.close()
     return LoadObservation(f"latency ({name})", result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c)
@@ -141,7 +143,8 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     try:
         with sampler:
             alone = closed_loop(endpoint, shorts, concurrency=1, deadline_s=deadline_s,
-                                request_timeout_s=profile.limits.request_timeout_s)
+                                request_timeout_s=profile.limits.request_timeout_s,
+                                idle_timeout_s=profile.limits.stream_idle_timeout_s)
         trace_alone = sampler.trace
         mixed_specs: list[RequestSpec] = []
         offsets: list[float] = []
@@ -157,7 +160,8 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
         try:
             with sampler2:
                 mixed = open_loop(endpoint, mixed_specs, offsets_s=offsets, deadline_s=deadline_s,
-                                  request_timeout_s=profile.limits.request_timeout_s)
+                                  request_timeout_s=profile.limits.request_timeout_s,
+                                  idle_timeout_s=profile.limits.stream_idle_timeout_s)
         finally:
             own2.close()
     finally:

@@ -188,15 +188,17 @@ def with_prompts(client: KvClient, model: str, mix: Sequence[MixItem], seed: int
     return tuple(out)
 
 
-def open_loop_sender(endpoint: Endpoint, request_timeout_s: float) -> SendRound:
+def open_loop_sender(endpoint: Endpoint, request_timeout_s: float, idle_timeout_s: float | None = None) -> SendRound:
     """The real sender: one :func:`~kvgate.load.run_open_loop` per round (its own connection
-    pool; gc not frozen, since rounds overlap)."""
+    pool; gc not frozen, since rounds overlap). ``idle_timeout_s``: the gateway's stream idle
+    timeout; a request silent that long is cut and counted failed."""
 
     async def send(k: int, offsets: list[float], specs: list[RequestSpec], deadline_s: float) -> LoadResult:
         if not specs:
             return LoadResult("open", [], 0, 0.0, deadline_s)
         return await run_open_loop(endpoint, specs, offsets_s=offsets, deadline_s=deadline_s,
-                                   request_timeout_s=min(request_timeout_s, deadline_s), freeze_gc=False)
+                                   request_timeout_s=min(request_timeout_s, deadline_s), freeze_gc=False,
+                                   idle_timeout_s=idle_timeout_s)
 
     return send
 

@@ -55,7 +55,9 @@ class HttpxTransport:
         async def go() -> None:
             headers = {"content-type": "application/json", **(spec.headers or {})}
             rec.sent_s = self.clock() - self.t0
-            async with self.client.stream("POST", spec.path, content=body, headers=headers) as r:
+            idle = (httpx.Timeout(None, connect=self.connect_timeout_s, read=spec.idle_timeout_s)
+                    if spec.idle_timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
+            async with self.client.stream("POST", spec.path, content=body, headers=headers, timeout=idle) as r:
                 t = self.clock() - self.t0
                 rec.first_byte_s = t
                 rec.status = r.status_code
@@ -85,6 +87,9 @@ class HttpxTransport:
                 rec.error = f"timeout: no complete response within {timeout_s:.3g} s"
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             rec.error = f"connect failed: {type(exc).__name__}: {exc}"
+        except httpx.ReadTimeout:  # httpx's read timeout is the idle timeout: no byte for that long
+            rec.error = (f"idle timeout: no bytes for {spec.idle_timeout_s:g} s (stream idle timeout "
+                         f"{spec.idle_timeout_s:g} s: the gateway in front would cut it here)")
         except httpx.HTTPError as exc:
             rec.error = f"{type(exc).__name__}: {exc}"
         rec.end_s = self.clock() - self.t0

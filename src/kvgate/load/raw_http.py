@@ -132,7 +132,7 @@ class _Conn(asyncio.Protocol):
 
     # -- request lifecycle
     def start(self, rec: RequestRecord, wire: bytes, timeout_s: float, hang_k: int | None,
-              hang_s: float | None) -> asyncio.Future[None]:
+              hang_s: float | None, idle_s: float | None = None) -> asyncio.Future[None]:
         self._reset()
         self.rec = rec
         self.state = _HEAD
@@ -145,6 +145,8 @@ class _Conn(asyncio.Protocol):
         self.timers = [self.loop.call_later(max(0.0, timeout_s), self._on_timeout, timeout_s)]
         if hang_s is not None:
             self.timers.append(self.loop.call_later(max(0.0, hang_s), self._hang_up))
+        if idle_s is not None:
+            self.timers.append(self.loop.call_later(max(0.0, idle_s), self._idle_check, idle_s))
         rec.sent_s = self.clock() - self.t0
         assert self.transport is not None
         self.transport.write(wire)
@@ -176,6 +178,23 @@ class _Conn(asyncio.Protocol):
 
     def _on_timeout(self, timeout_s: float) -> None:
         self._finish(self.clock() - self.t0, f"timeout: no complete response within {timeout_s:.3g} s")
+
+    def _idle_check(self, idle_s: float) -> None:
+        """Cut the request when nothing has arrived for ``idle_s`` seconds (the last body piece,
+        the response head, or the send); else check again when that much quiet would have passed.
+        One timer per idle period, none per chunk: the hot path is untouched."""
+        rec = self.rec
+        if rec is None:
+            return
+        now = self.clock() - self.t0
+        last = max(t for t in (rec.sent_s, rec.first_byte_s, self.pt[-1] if self.pt else None) if t is not None)
+        quiet = now - last
+        if quiet >= idle_s:
+            what = "before the first byte" if rec.first_byte_s is None else f"after {len(self.pt)} body pieces"
+            self._fail(now, f"idle timeout: no bytes for {quiet:.3g} s {what} (stream idle timeout {idle_s:g} s: "
+                            "the gateway in front would cut it here)")
+        else:
+            self.timers.append(self.loop.call_later(idle_s - quiet, self._idle_check, idle_s))
 
     def _hang_up(self) -> None:
         self.keep_alive = False
@@ -354,6 +373,7 @@ class _Wire:
     wire: bytes
     hang_k: int | None
     hang_s: float | None
+    idle_s: float | None = None
 
 
 class RawHttpTransport:
@@ -398,7 +418,7 @@ class RawHttpTransport:
         hdrs.setdefault("accept", "text/event-stream, application/json")
         head = f"POST {self.path_prefix}{spec.path} HTTP/1.1\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
-        return _Wire(head.encode("latin-1") + body, spec.hangup_after_chunks, spec.hangup_after_s)
+        return _Wire(head.encode("latin-1") + body, spec.hangup_after_chunks, spec.hangup_after_s, spec.idle_timeout_s)
 
     async def _connect(self, timeout_s: float) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -433,7 +453,7 @@ class RawHttpTransport:
                     return
                 rec.connect_s = self.clock() - c0
             rec.reused_connection = reused
-            fut = conn.start(rec, prepared.wire, timeout_s, prepared.hang_k, prepared.hang_s)
+            fut = conn.start(rec, prepared.wire, timeout_s, prepared.hang_k, prepared.hang_s, prepared.idle_s)
             try:
                 await fut
             except asyncio.CancelledError:

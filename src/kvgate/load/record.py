@@ -39,7 +39,10 @@ class RequestSpec:
     ``body``: the JSON body (serialised before the run starts). ``headers``: extra headers for
     this request (e.g. ``x-request-id``). ``tag``: a workload label copied to the record
     (``"short"``, ``"long"``). ``hangup_after_chunks``: close the connection after this many SSE
-    events. ``hangup_after_s``: close it this many seconds after sending.
+    events. ``hangup_after_s``: close it this many seconds after sending. ``idle_timeout_s``: cut
+    the request, as the gateway in front would, once no byte has arrived for this many seconds
+    (before the first byte included); it then counts as failed with error ``"idle timeout: ..."``
+    (the profile's ``limits.stream_idle_timeout_s``; None: no idle cut).
     """
 
     path: str
@@ -48,6 +51,7 @@ class RequestSpec:
     tag: str = ""
     hangup_after_chunks: int | None = None
     hangup_after_s: float | None = None
+    idle_timeout_s: float | None = None
 
 
 def _api(endpoint: Endpoint, route: str) -> str:

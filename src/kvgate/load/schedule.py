@@ -28,6 +28,7 @@ sleeping.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import math
 import sys
@@ -188,8 +189,12 @@ async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Seq
                n: int | None, *, concurrency: int | None, offsets: list[float] | None, rate_rps: float | None,
                max_in_flight: int, deadline_s: float, request_timeout_s: float | None, clock: Clock,
                sleep: Sleep, transport: LoadTransport | None, loop_monitor_s: float | None,
-               freeze_gc: bool) -> LoadResult:
+               freeze_gc: bool, idle_timeout_s: float | None = None) -> LoadResult:
     specs = _specs(requests, n)
+    if idle_timeout_s is not None:  # specs without their own idle timeout get the run's
+        idled: dict[int, RequestSpec] = {}
+        specs = [s if s.idle_timeout_s is not None else
+                 idled.setdefault(id(s), dataclasses.replace(s, idle_timeout_s=idle_timeout_s)) for s in specs]
     if deadline_s <= 0:
         raise ValueError("deadline_s must be > 0")
     if transport is None:
@@ -313,7 +318,8 @@ async def run_closed_loop(endpoint: Endpoint | None, requests: RequestSpec | Seq
                           concurrency: int, n: int | None = None, deadline_s: float = 600.0,
                           request_timeout_s: float | None = None, clock: Clock = time.perf_counter,
                           sleep: Sleep = asyncio.sleep, transport: LoadTransport | None = None,
-                          loop_monitor_s: float | None = 0.005, freeze_gc: bool = True) -> LoadResult:
+                          loop_monitor_s: float | None = 0.005, freeze_gc: bool = True,
+                          idle_timeout_s: float | None = None) -> LoadResult:
     """Closed loop: ``concurrency`` workers send ``n`` requests in total (or one per spec).
 
     ``requests``: one spec (repeated ``n`` times) or a sequence (cycled to ``n``). A request's
@@ -322,13 +328,16 @@ async def run_closed_loop(endpoint: Endpoint | None, requests: RequestSpec | Seq
     ``request_timeout_s``: per request, seconds (default: the deadline). ``loop_monitor_s``:
     event-loop lag ticker period, seconds (None: off). ``freeze_gc``: collect, then
     :func:`gc.freeze` the heap for the run, so no long full collection pauses the timestamps.
+    ``idle_timeout_s``: cut any request silent this long, seconds (the gateway's idle timeout,
+    :attr:`RequestSpec.idle_timeout_s`): it fails with an ``"idle timeout: ..."`` error, so a
+    server that stalls every stream costs the run one idle timeout per request, not the stall.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     return await _run("closed", endpoint, requests, n, concurrency=concurrency, offsets=None, rate_rps=None,
                       max_in_flight=concurrency, deadline_s=deadline_s, request_timeout_s=request_timeout_s,
                       clock=clock, sleep=sleep, transport=transport, loop_monitor_s=loop_monitor_s,
-                      freeze_gc=freeze_gc)
+                      freeze_gc=freeze_gc, idle_timeout_s=idle_timeout_s)
 
 
 async def run_open_loop(endpoint: Endpoint | None, requests: RequestSpec | Sequence[RequestSpec], *,
@@ -337,7 +346,8 @@ async def run_open_loop(endpoint: Endpoint | None, requests: RequestSpec | Seque
                         max_in_flight: int = 512, deadline_s: float = 600.0,
                         request_timeout_s: float | None = None, clock: Clock = time.perf_counter,
                         sleep: Sleep = asyncio.sleep, transport: LoadTransport | None = None,
-                        loop_monitor_s: float | None = 0.005, freeze_gc: bool = True) -> LoadResult:
+                        loop_monitor_s: float | None = 0.005, freeze_gc: bool = True,
+                        idle_timeout_s: float | None = None) -> LoadResult:
     """Open loop: requests sent at Poisson arrivals of ``rate_rps`` req/s (seeded by ``rng``), or
     at the explicit ``offsets_s`` (seconds from run start), whatever the server does.
 
@@ -357,7 +367,7 @@ async def run_open_loop(endpoint: Endpoint | None, requests: RequestSpec | Seque
     return await _run("open", endpoint, requests, n, concurrency=None, offsets=offs, rate_rps=rate_rps,
                       max_in_flight=max_in_flight, deadline_s=deadline_s, request_timeout_s=request_timeout_s,
                       clock=clock, sleep=sleep, transport=transport, loop_monitor_s=loop_monitor_s,
-                      freeze_gc=freeze_gc)
+                      freeze_gc=freeze_gc, idle_timeout_s=idle_timeout_s)
 
 
 def _run_sync(coro: Any) -> Any:
