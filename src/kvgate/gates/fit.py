@@ -805,13 +805,16 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
     if p.layout is not None:
         evidence["groups"] = [{"kind": g.kind, "window": g.window, "layers": g.layers, "block_size": g.block_size,
                                "blocks_per_request": g.blocks_per_request} for g in p.layout.groups]
-    head = (f"vLLM reports {live_tokens:,} tokens ({basis}); predicted {predicted:,}; "
-            f"difference {diff:+,} tokens ({pct:+.1f}%)")
+    conc = f", {live_conc:.2f}x" if live_conc is not None else ""
+    head = (f"vLLM reports {live_tokens:,} tokens ({basis}{conc}); predicted {predicted:,} "
+            f"({pool.vllm_max_concurrency:.2f}x); difference {diff:+,} tokens ({pct:+.1f}%)")
     if grouped and p.layout is not None:
         head += (f"; {len(p.layout.groups)} KV groups, {per_req} blocks per request ("
                  + " + ".join(f"{g.blocks_per_request} {g.kind}" for g in p.layout.groups) + ")")
     if live_block is not None and live_block != pool.block_size:
         head += f"; live block_size {live_block} != predicted {pool.block_size}"
+    if live_conc is not None and abs(live_conc - pool.vllm_max_concurrency) * per_req > 1 + 1e-9:
+        within = False  # kv_cache_max_concurrency off by more than one block: the counts disagree
     if within:
         return Verdict(gate, Status.PASS, f"{head}, within one block ({one_block:,} tokens) -> PASS",
                        measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
