@@ -224,12 +224,15 @@ def field_reference() -> str:
 
 
 def modeline_for(profile_path: Path, schema_path: Path = PROFILE_SCHEMA) -> str:
-    """The ``# yaml-language-server: $schema=...`` line for a profile at ``profile_path``
-    (the schema's path relative to the profile's directory)."""
+    """The ``# yaml-language-server: $schema=...`` line for a profile at ``profile_path``: the
+    schema's path relative to the profile's directory inside the checkout, else its file URI."""
     import os
 
-    rel = os.path.relpath(schema_path.resolve(), Path(profile_path).resolve().parent)
-    return MODELINE.format(path=Path(rel).as_posix())
+    here = Path(profile_path).resolve().parent
+    root = Path(__file__).resolve().parents[2]
+    if not here.is_relative_to(root):  # outside the checkout: an absolute file URI
+        return MODELINE.format(path=schema_path.resolve().as_uri())
+    return MODELINE.format(path=Path(os.path.relpath(schema_path.resolve(), here)).as_posix())
 
 
 def write(schema_path: Path = PROFILE_SCHEMA, reference_path: Path = FIELD_REFERENCE) -> list[Path]:
