@@ -84,6 +84,8 @@ def test_head_of_line_counts_shorts_that_waited_for_a_long_to_complete():
     bad = head_of_line(mixed_run(lambda t: t + 1.1))  # only after the longs completed
     assert bad["blocked"] == 8 and bad["share"] == 1.0 and bad["lead_ms"][0] == -100.0
     alone = head_of_line([tagged(0, "short", 0.0, 0.1, 0.2)])  # no long in flight: not judged
+    decoding = head_of_line([tagged(0, "long", 0.0, 0.1, 0.5), tagged(1, "short", 0.2, 0.6, 0.7)])
+    assert decoding["judged"] == 0  # the long was already decoding: its completion blocks nobody
     assert alone == {"judged": 0, "blocked": 0, "share": None, "lead_ms": []}
 
 
@@ -99,7 +101,7 @@ def test_interference_fails_head_of_line_blocking_even_within_the_slo():
 
     v = interference_verdict(alone, mixed(lambda t: t + 1.1), loose)
     assert v.status is Status.FAIL, v.message
-    assert "head-of-line blocking: 8 of 8 short requests got their first token only after a long request" in v.message
+    assert "head-of-line blocking: 8 of 8 short requests got their first token only after a long request queued ahead" in v.message
     assert "(median 100 ms after it; allowed: under 75%)" in v.message
     assert v.evidence["head_of_line"]["blocked"] == 8
     good = interference_verdict(alone, mixed(lambda t: t + 0.5), loose)

@@ -162,7 +162,7 @@ def test_head_of_line_blocking_fails_interference(pytester):
 
 def test_shorts_queued_behind_whole_long_generations_fail_interference(pytester):
     # max_num_seqs = the long workload's concurrency: every short request waits for a long one to finish
-    cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0005, itl_s=0.02, max_num_seqs=2)
+    cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0002, itl_s=0.01, max_num_seqs=2)  # longs ~0.11 s
     with FakeVLLM(cfg) as fake:
         _, _, gates = run_suites(pytester, fake.url, "-k", "interference", suites=LOAD)
     g = gates["fake-vllm/latency/interference"]

@@ -152,12 +152,14 @@ class MetricsSampler:
 
     ``fetch``: returns the ``/metrics`` body or None (e.g. ``KvClient.metrics_text`` of a client
     used only by this sampler). One scrape is taken on start and one on stop, so counters have a
-    before and an after even for short scenarios.
+    before and an after even for short scenarios. ``extra``: metric names (or logical names) to
+    track beside :data:`TRACKED`, each summed over its label sets.
     """
 
     def __init__(self, fetch: Callable[[], str | None], interval_s: float = 0.2, max_samples: int = 3000,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, extra: tuple[str, ...] = ()) -> None:
         self.fetch = fetch
+        self.tracked = TRACKED + tuple(m for m in extra if m not in TRACKED)
         self.interval_s = interval_s
         self.max_samples = max_samples
         self.clock = clock or time.monotonic
@@ -174,19 +176,23 @@ class MetricsSampler:
             self.trace.errors += 1
         if text is None:
             self.trace.available = False if not self.trace.samples else self.trace.available
-            values = {k: None for k in TRACKED}
+            values = {k: None for k in self.tracked}
         else:
             try:
                 scrape = parse(text)
-                values = {k: scrape.total(k) for k in TRACKED}
+                values = {k: scrape.total(k) for k in self.tracked}
             except MetricsError:
                 self.trace.errors += 1
-                values = {k: None for k in TRACKED}
+                values = {k: None for k in self.tracked}
         self.trace.samples.append((self.clock() - self._t0, values))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s) and len(self.trace.samples) < self.max_samples:
             self._scrape()
+
+    def elapsed(self) -> float:
+        """Seconds since :meth:`start` on the sampler's clock: the time base of ``trace.samples``."""
+        return self.clock() - self._t0
 
     def start(self) -> "MetricsSampler":
         self._t0 = self.clock()

@@ -67,6 +67,7 @@ MARKERS = (
     "disconnect: the disconnect-frees-the-slot gate",
     "requests: the edge-requests gate (edge values, malformed bodies, chunk schema, non-ASCII, route timeout)",
     "load: gates that put the server under concurrent load",
+    "autoscale_signal: the autoscale-signal gate (the queue metric an autoscaler reads, under a burst)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
 )
 #: Path-valued options of plugins loaded after pytest fixes its rootdir: given as ``--opt PATH``
@@ -388,7 +389,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "disconnect", "concurrency",
-              "latency", "soak")
+              "latency", "autoscale-signal", "soak")
 
 
 def _gate_rank(item: pytest.Item) -> int:

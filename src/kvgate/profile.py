@@ -194,6 +194,36 @@ class EndpointSpec(_Strict):
     host_header: str | None = Field(default=None, description="Host header to send (an ingress routing by host)")
 
 
+class MountSpec(_Strict):
+    """A host path the docker launcher mounts into the server's container."""
+
+    source: str = Field(description="host path (~ expanded): a model directory or the HF cache")
+    target: str = Field(description="path inside the container")
+    read_only: bool = Field(default=True, description="mounted read-only (the default: a model is never written)")
+
+
+class LaunchSpec(_Strict):
+    """How the endpoint comes to exist when neither ``--endpoint`` nor ``KVGATE_ENDPOINT`` is given
+    (``--launch`` overrides ``mode``). One module per launcher in ``kvgate.launch``."""
+
+    mode: Literal["embedded", "docker", "none"] = Field(
+        default="none", description="embedded: kvgate's tiny vLLM on the CPU; docker: the image below on this "
+                                    "machine's GPUs (testcontainers); none: only --endpoint")
+    image: str | None = Field(default=None, description="docker: the server image (default vllm/vllm-openai:v<vLLM version>)")
+    model: str | None = Field(default=None, description="docker: what --model gets, an HF id or a path inside the "
+                                                        "container (default model.served_name)")
+    gpus: Literal["all"] | int | list[str] | None = Field(
+        default=None, description="[GPUs] docker: 'all', a count, or device ids; default hardware.count when "
+                                  "hardware.gpu is a GPU, else none")
+    mounts: list[MountSpec] = Field(default_factory=list, description="docker: host paths mounted into the container")
+    pass_env: list[str] = Field(default_factory=lambda: ["HF_TOKEN"],
+                                description="docker: environment variables copied from this machine when set "
+                                            "(values never printed or written)")
+    python: str = Field(default="python3", description="docker: the interpreter in the image that runs vLLM's API server")
+    startup_budget_s: float = Field(default=1800.0, gt=0, description="[s] docker: pull + load + warm-up until "
+                                                                      "/health and one generation succeed")
+
+
 class MemorySpec(_Strict):
     """Memory terms the fit gate would otherwise estimate (``kvgate.kvmath``), per GPU, in GiB.
 
@@ -248,6 +278,22 @@ class MemoryQuery(_Strict):
     covers: str = Field(description="what the query measures, for the report")
     api_key_env: str | None = Field(default=None, description="env var with a bearer token (never printed)")
     timeout_s: float = Field(default=5.0, gt=0, description="[s] timeout of one Prometheus query")
+
+
+class AutoscaleSpec(_Strict):
+    """The autoscaling signal (``autoscale-signal`` gate): under a burst, the queue metric the
+    autoscaler (KEDA ScaledObject / HPA external metric) reads must rise above its threshold soon
+    enough and drain after. Scaling on queue depth, not GPU utilisation: a saturated vLLM keeps GPU
+    utilisation flat while requests queue (``vllm:num_requests_waiting``)."""
+
+    metric: str = Field(default="vllm:num_requests_waiting",
+                        description="the /metrics gauge the autoscaler reads (summed over label sets), as the KEDA/HPA trigger names it")
+    threshold: float = Field(gt=0, description="[metric units, requests for the queue] the autoscaler's target: above it, it scales out")
+    rise_within_s: float = Field(default=10.0, gt=0, description="[s] after the burst starts, the metric must exceed threshold within this")
+    drain_to: float = Field(default=0.0, ge=0, description="[metric units] value the metric must fall back to once the burst is served")
+    drain_within_s: float = Field(default=30.0, gt=0, description="[s] after the burst's last request ends, the metric must reach drain_to within this")
+    burst_workload: str | None = Field(default=None, description="workload the burst sends (default: slo.workload, else the first short one)")
+    burst_requests: int = Field(default=48, gt=0, description="[requests] sent at once; more than max_num_seqs so some must wait")
 
 
 class SoakSpec(_Strict):
@@ -348,6 +394,9 @@ class Profile(_Strict):
         default=None, description="documentation: whether this profile is meant to pass the fit gate"
     )
     soak: SoakSpec | None = Field(default=None, description="the soak gate: duration, load, slope ceilings")
+    autoscale: AutoscaleSpec | None = Field(default=None, description="the autoscale-signal gate: queue metric, threshold, rise/drain times")
+    launch: LaunchSpec | None = Field(default=None, description="how kvgate starts the server when no --endpoint is "
+                                                               "given: embedded, docker or none")
 
     @model_validator(mode="after")
     def _soak_mix(self) -> "Profile":
@@ -355,12 +404,23 @@ class Profile(_Strict):
             unknown = [n for n in self.soak.mix if n not in self.workloads]
             if unknown:
                 raise ValueError(f"soak.mix names unknown workload(s) {unknown}; workloads: {', '.join(self.workloads)}")
+        bw = self.autoscale.burst_workload if self.autoscale is not None else None
+        if bw is not None and bw not in self.workloads:
+            raise ValueError(f"autoscale.burst_workload {bw!r} is not a workload; workloads: {', '.join(self.workloads)}")
         return self
 
     @property
     def embedded(self) -> bool:
         """True when kvgate can launch this deployment itself on the CPU."""
         return self.model.embedded
+
+    @property
+    def launch_mode(self) -> str:
+        """``launch.mode`` if the profile has a ``launch:`` section, else ``embedded`` for an embedded
+        model and ``none`` otherwise."""
+        if self.launch is not None:
+            return self.launch.mode
+        return "embedded" if self.model.embedded else "none"
 
 
 # --------------------------------------------------------------------------------------------

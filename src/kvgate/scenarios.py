@@ -115,6 +115,38 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
     return LoadObservation(f"latency ({name})", result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c)
 
 
+def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[RequestSpec]]], deadline_s: float,
+           **kw: Any) -> LoadResult:
+    """Each wave ``(longs, shorts)`` as one open-loop run (longs at 0 s, shorts 5-42 ms later),
+    the next starting when it ends; records merged onto one time base (seconds since the first
+    wave's start), re-indexed in send order. Bounded: the waves share ``deadline_s``. ``kw``:
+    passed to :func:`~kvgate.load.open_loop` (timeouts)."""
+    import time
+
+    t0 = time.monotonic()
+    records: list[Any] = []
+    lags: list[float] = []
+    cpu, requested, hit, last = 0.0, 0, False, None
+    for longs, shorts in waves:
+        left = deadline_s - (time.monotonic() - t0)
+        if left <= 0:
+            hit = True
+            break
+        offsets = [0.0] * len(longs) + [0.005 + j * 0.0125 for j in range(len(shorts))]
+        start = time.monotonic() - t0
+        last = open_loop(endpoint, [*longs, *shorts], offsets_s=offsets, deadline_s=left, **kw)
+        records += [r.shift(start) for r in last.records]
+        lags += last.loop_lag_s
+        cpu += last.cpu_s
+        requested += last.n_requested
+        hit = hit or last.deadline_hit
+    for i, r in enumerate(records):
+        r.index = i
+    ends = [r.end_s for r in records if r.end_s is not None]
+    return LoadResult("open", records, requested, max(ends, default=0.0), deadline_s, deadline_hit=hit,
+                      loop_lag_s=lags, cpu_s=cpu, transport=last.transport if last else "")
+
+
 #: Output tokens of the interference scenario's short requests (TTFT is what is judged).
 SHORT_OUTPUT_TOKENS = 8
 
@@ -125,8 +157,12 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
 
     Mixed run: ``waves`` waves; each sends the long workload's concurrency of long requests at
     the wave's start and ``shorts_per_wave`` short requests spread over the next 50 ms, so every
-    short request is queued behind (or batched with) fresh long prefills. Waves are 1 s apart.
-    Returns ``(alone, mixed)``; short requests carry tag ``short``, long ones ``long``.
+    short request is queued behind (or batched with) fresh long prefills. A wave starts when the
+    previous one has ended, so no more than the declared long concurrency runs at once (waves
+    1 s apart overlapped on a busy 2-core machine: 8 longs filled max_num_seqs 8 and the shorts
+    waited for whole long generations -- a load the profile never declared). The waves' records
+    share one time base (seconds since the first wave's start). Returns ``(alone, mixed)``; short
+    requests carry tag ``short``, long ones ``long``.
     """
     sname, short = short_workload(profile)
     lname, long = long_workload(profile)
@@ -146,22 +182,14 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
                                 request_timeout_s=profile.limits.request_timeout_s,
                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
         trace_alone = sampler.trace
-        mixed_specs: list[RequestSpec] = []
-        offsets: list[float] = []
-        for w in range(waves):
-            start = w * 1.0
-            for j in range(long.concurrency):
-                mixed_specs.append(longs[w * long.concurrency + j])
-                offsets.append(start)
-            for j in range(shorts_per_wave):
-                mixed_specs.append(shorts[w * shorts_per_wave + j])
-                offsets.append(start + 0.005 + j * 0.0125)
         sampler2, own2 = _sampler(endpoint)
         try:
             with sampler2:
-                mixed = open_loop(endpoint, mixed_specs, offsets_s=offsets, deadline_s=deadline_s,
-                                  request_timeout_s=profile.limits.request_timeout_s,
-                                  idle_timeout_s=profile.limits.stream_idle_timeout_s)
+                mixed = _waves(endpoint, [(longs[w * long.concurrency:(w + 1) * long.concurrency],
+                                           shorts[w * shorts_per_wave:(w + 1) * shorts_per_wave])
+                                          for w in range(waves)],
+                               deadline_s, request_timeout_s=profile.limits.request_timeout_s,
+                               idle_timeout_s=profile.limits.stream_idle_timeout_s)
         finally:
             own2.close()
     finally:
@@ -171,3 +199,62 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
                             sout, long.concurrency + shorts_per_wave,
                             extra={"long_prompt_tokens": min(long.prompt_tokens, limit - lout),
                                    "long_per_wave": long.concurrency, "waves": waves}))
+
+
+@dataclass
+class BurstObservation:
+    """A burst for the autoscale-signal gate. Times in seconds on the sampler's clock (the time
+    base of ``trace.samples``): ``burst_start_s`` when the requests went out, ``burst_end_s`` when
+    the last one ended; the sampler kept scraping after it until the metric drained or the drain
+    time passed. ``metric``: the tracked name in ``trace.samples``."""
+
+    workload: str
+    requests: int
+    result: LoadResult
+    trace: MetricsTrace
+    metric: str
+    burst_start_s: float
+    burst_end_s: float
+    max_num_seqs: int | None
+
+
+def run_autoscale_burst(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
+                        sleep: Any = None) -> BurstObservation:
+    """``autoscale.burst_requests`` requests of the burst workload sent at once (open loop, all at
+    t=0), ``/metrics`` scraped every 0.1 s with ``autoscale.metric`` tracked; after the last request
+    ends, scraping goes on until the metric is at or below ``autoscale.drain_to`` or
+    ``autoscale.drain_within_s`` + 1 s pass. Bounded in requests and time (``deadline_s``, each
+    request ``limits.request_timeout_s``). The stream idle timeout is not applied: requests queued
+    by the burst are meant to wait (the streaming gate judges idle gaps)."""
+    import time
+
+    spec = profile.autoscale
+    if spec is None:
+        raise ScenarioError(f"profile {profile.name} declares no autoscale section")
+    if spec.burst_workload:
+        name, wl = spec.burst_workload, profile.workloads[spec.burst_workload]
+    else:
+        name, wl = short_workload(profile)
+    model, n = profile.model.served_name, spec.burst_requests
+    base = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, 16), "burst")
+    specs = [base[i % len(base)] for i in range(n)]
+    own = KvClient(endpoint, timeout_s=10.0)
+    sampler = MetricsSampler(own.metrics_text, interval_s=0.1, extra=(spec.metric,))
+    pause = sleep or time.sleep
+    try:
+        with sampler:
+            start = sampler.elapsed()
+            result = open_loop(endpoint, specs, offsets_s=[0.0] * n, deadline_s=deadline_s,
+                               request_timeout_s=profile.limits.request_timeout_s,
+                               idle_timeout_s=profile.limits.stream_idle_timeout_s)
+            end = sampler.elapsed()
+            while sampler.elapsed() - end < spec.drain_within_s + 1.0:
+                last = [v.get(spec.metric) for t, v in sampler.trace.samples if t >= end]
+                if last and last[-1] is not None and last[-1] <= spec.drain_to:
+                    break
+                if not sampler.trace.available:
+                    break
+                pause(0.1)
+    finally:
+        own.close()
+    return BurstObservation(name, n, result, sampler.trace, spec.metric, start, end, profile.engine.max_num_seqs)

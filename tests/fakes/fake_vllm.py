@@ -119,6 +119,8 @@ FAULTS: dict[str, str] = {
     "leaky_rss": "each generation request leaks leak_bytes_per_request bytes of real, resident memory; "
     "process_resident_memory_bytes in /metrics grows with it",
     "drifting_ttft": "TTFT grows by drift_s_per_request for every generation request seen before",
+    "frozen_queue_gauge": "vllm:num_requests_waiting always reads 0 in /metrics, however many requests wait",
+    "stuck_queue_gauge": "vllm:num_requests_waiting never falls: it reads the highest queue depth seen so far",
     # issue 12: edge requests, chunk schema, route timeout, garbage framing
     "validation_500": "every request the fake would reject 400 is answered 500 InternalServerError instead",
     "empty_prompt_kills": "an empty prompt (\"\", [], [\"\"]) is answered 500 and kills the engine (every "
@@ -291,6 +293,7 @@ class FakeState:
     requests: list[RequestRecord] = field(default_factory=list)
     active: dict[int, _Active] = field(default_factory=dict)  # by seq: admitted, not finished (or stuck)
     waiting: int = 0
+    waiting_peak: int = 0  # highest num_requests_waiting a /metrics scrape saw (stuck_queue_gauge)
     dead: bool = False
     generations_started: int = 0
     preemptions: int = 0
@@ -862,7 +865,10 @@ class FakeVLLM:
         model = cfg.served_name
         m.touch(model)
         m.running.labels(model, "0").set(st.running)
-        m.waiting.labels(model, "0").set(st.waiting)
+        st.waiting_peak = max(st.waiting_peak, st.waiting)
+        shown = 0 if "frozen_queue_gauge" in cfg.faults else (
+            st.waiting_peak if "stuck_queue_gauge" in cfg.faults else st.waiting)
+        m.waiting.labels(model, "0").set(shown)
         m.kv_usage.labels(model, "0").set(min(1.0, st.kv_blocks_used(cfg.block_size) / max(1, cfg.num_gpu_blocks)))
         size_tokens = cfg.num_gpu_blocks * cfg.block_size
         info = {

@@ -18,6 +18,8 @@ streaming       suites/test_streaming.py    gates/streaming.py      probes.send,
 disconnect      suites/test_disconnect.py   gates/disconnect.py     probes.disconnect                tests/test_gates_disconnect.py, …vs_fake
 concurrency,    suites/test_load.py         gates/load.py           scenarios.run_* over kvgate.load tests/test_gates_load.py,
 latency                                                                                              tests/test_gates_vs_fake.py
+autoscale-      suites/test_autoscale.py    gates/autoscale.py      scenarios.run_autoscale_burst    tests/test_gates_autoscale.py
+signal
 soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner, sampling        tests/test_gates_soak.py,
                                                                                                  test_soak_vs_fake.py, test_soak_runner.py
 health/canary   (inside the gates above)    gates/health.py         probes.canary                    tests/test_gates_vs_fake.py

@@ -156,13 +156,15 @@ def head_of_line(records: Sequence[Any]) -> dict[str, Any]:
     """Did short requests get their first token only after long requests *completed*?
 
     ``records``: one mixed run's :class:`~kvgate.load.RequestRecord` (tags ``short``/``long``;
-    times in seconds since the run start). A short request is *judged* when at least one long
-    request was in flight when it was sent (sent before it, ended after); it is *blocked* when its
-    first token arrived at or after the earliest completion among those longs. A server that
-    batches prefills with running decodes (vLLM's continuous batching) gives shorts their first
-    token while the longs still decode: measured on the embedded vLLM 0.32, 0 of 16 blocked,
-    first token 120-210 ms before the first in-flight long completed. A server or gateway that
-    serves one request per slot, or queues behind whole generations, blocks every one of them.
+    times in seconds since the run start). A short request is *judged* when it arrived behind at
+    least one long request still waiting for its first token (sent before the short, first token
+    after the short was sent: queued or in prefill); it is *blocked* when its first token arrived
+    at or after the earliest completion among those longs. Longs already decoding when the short
+    arrived are left out: one of them may finish any moment without blocking anyone. A server
+    that batches prefills with running decodes (vLLM's continuous batching) gives shorts their
+    first token while those longs still decode: measured on the embedded vLLM 0.32, 0 of 16
+    blocked, first token 120-210 ms before the first such long completed. A server or gateway
+    that serves one request per slot, or queues behind whole generations, blocks every one.
 
     Returns ``{"judged", "blocked", "share", "lead_ms"}``: ``lead_ms`` per judged short, the
     earliest in-flight long's completion minus the short's first token (ms; negative = blocked).
@@ -172,7 +174,8 @@ def head_of_line(records: Sequence[Any]) -> dict[str, Any]:
     for r in records:
         if r.tag != "short" or r.sent_s is None or r.first_token_s is None:
             continue
-        ends = [lg.end_s for lg in longs if lg.sent_s <= r.sent_s < lg.end_s]
+        ends = [lg.end_s for lg in longs
+                if lg.sent_s <= r.sent_s < lg.end_s and (lg.first_token_s is None or lg.first_token_s > r.sent_s)]
         if ends:
             leads.append(round((min(ends) - r.first_token_s) * 1e3, 1))
     blocked = sum(1 for x in leads if x <= 0)
@@ -216,7 +219,7 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
     if hol["judged"] >= HOL_MIN_JUDGED and hol["share"] >= HOL_SHARE:
         late = sorted(-x for x in hol["lead_ms"] if x <= 0)
         problems.append(f"head-of-line blocking: {hol['blocked']} of {hol['judged']} short requests got their first "
-                        f"token only after a long request in flight at their arrival had completed (median "
+                        f"token only after a long request queued ahead of them had completed (median "
                         f"{late[len(late) // 2]:,.0f} ms after it; allowed: under {HOL_SHARE:.0%}) -- the server or "
                         "gateway queues short requests behind whole long generations (max_num_seqs full of long "
                         "sequences, one request per connection/slot); continuous batching would start them at once")
@@ -228,7 +231,7 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
         return Verdict(gate, FAIL, f"{what}; " + "; ".join(problems) + " -> FAIL", measured=measured, limit=limit,
                        unit="ms", evidence=ev)
     hol_s = (f"; no head-of-line blocking ({hol['blocked']} of {hol['judged']} short requests got their first token "
-             "only after an in-flight long request completed)" if hol["judged"] else "")
+             "only after a long request queued ahead of them completed)" if hol["judged"] else "")
     if limit is None:
         return Verdict(gate, SKIP, f"{what}{hol_s}; profile sets no slo.short_ttft_p95_ms", measured=measured,
                        unit="ms", evidence=ev)

@@ -137,6 +137,17 @@ class RequestRecord:
     pieces: list[bytes] = field(default_factory=list, repr=False)
     finalized: bool = field(default=False, repr=False)
 
+    def shift(self, dt_s: float) -> "RequestRecord":
+        """Move every time of this record by ``dt_s`` seconds (to put records of runs started at
+        different moments on one time base: the time since the first run's start). Returns self."""
+        for name in ("scheduled_s", "sent_s", "first_byte_s", "end_s", "first_token_s"):
+            v = getattr(self, name)
+            if v is not None:
+                setattr(self, name, v + dt_s)
+        for name in ("chunk_s", "content_s", "piece_s"):
+            setattr(self, name, [t + dt_s for t in getattr(self, name)])
+        return self
+
     @property
     def lag_s(self) -> float | None:
         """Schedule lag, seconds: ``sent_s - scheduled_s - connect_s`` (None if never sent)."""
