@@ -9,6 +9,7 @@ import pytest
 
 from kvgate.gates.fit import fit_table, fit_verdict, live_pool_verdict
 from kvgate.metrics import cache_config, parse
+from kvgate.plots import checks_png
 from kvgate.verdict import Status, Verdict
 
 
@@ -16,8 +17,10 @@ from kvgate.verdict import Status, Verdict
 @pytest.mark.gate("fit", cases=["kv-pool"])
 def test_fit(case, kvgate_profile, kvgate_gate):
     """KV bytes/token x max_model_len x declared concurrency vs the KV pool; weights + KV + reserves vs memory."""
-    table = {"fit-table.txt": fit_table(kvgate_profile)}
-    assert kvgate_gate(fit_verdict(kvgate_profile), attachments=table, console=True).passed
+    verdict = fit_verdict(kvgate_profile)
+    shown = {"fit-table.txt": fit_table(kvgate_profile),
+             "fit.png": checks_png(verdict, f"{kvgate_profile.name}: what the KV pool holds vs what the profile declares")}
+    assert kvgate_gate(verdict, attachments=shown, console=True).passed
 
 
 @pytest.mark.deployment

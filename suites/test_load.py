@@ -4,6 +4,7 @@ at the profile's concurrency; short requests keep their TTFT while long prefills
 import pytest
 
 from kvgate.gates.load import concurrent_long_verdict, interference_verdict, latency_verdict
+from kvgate.plots import interference_png
 from kvgate.report import latency_png, records_csv
 from kvgate.scenarios import run_concurrent_long, run_interference, run_latency
 
@@ -32,4 +33,6 @@ def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgat
 def test_short_requests_under_long_prefills(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
     alone, mixed = run_interference(kvgate_client, kvgate_endpoint, kvgate_profile)
     verdict = interference_verdict(alone, mixed, kvgate_profile)
-    assert kvgate_gate(verdict, attachments={**evidence(alone), **evidence(mixed)}).passed
+    picture = interference_png(alone.result.records, mixed.result.records, kvgate_profile.slo.short_ttft_p95_ms,
+                               f"{kvgate_profile.name}: short-request TTFT alone vs with long prefills")
+    assert kvgate_gate(verdict, attachments={"interference.png": picture, **evidence(alone), **evidence(mixed)}).passed

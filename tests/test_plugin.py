@@ -99,6 +99,10 @@ def test_reports_written_and_secrets_redacted(pytester, monkeypatch):
     assert (reports / "junit.xml").is_file()
     allure = list((reports / "allure-results").glob("*"))
     assert any(p.name.endswith("-result.json") for p in allure) and any("attachment" in p.name for p in allure)
+    from kvgate.cli import main as kvgate_main  # signoff.md too (the rendered HTML: tests/e2e/test_report_browser.py)
+
+    assert kvgate_main(["report", f"--reports={reports}", "--signoff-only"]) == 0
+    assert (reports / "signoff.md").is_file()
     written = [p for p in reports.rglob("*") if p.is_file()]
     for p in written:
         text = p.read_text(errors="replace")

@@ -146,10 +146,11 @@ def test_overcommitted_profile_fails_fit_for_the_right_reason(tmp_path):
     assert "profile declares 8" in gate["message"] and "4,096 tokens" in gate["message"]
 
 
-def test_overcommitted_pool_shows_the_predicted_preemptions(tmp_path):
+def test_overcommitted_pool_shows_the_predicted_preemptions(overcommitted_run):
     """The 8 MiB pool holds 1 full-length sequence at once (fit arithmetic); 8 declared
-    concurrent long sequences on the live server must preempt, and the gate must say so."""
-    proc, summary = main_job(tmp_path, "--profile", "tiny-cpu-overcommitted", "-k", "long_sequences or kv-pool")
+    concurrent long sequences on the live server must preempt, and the gate must say so.
+    (The run, shared with the sign-off report's browser test, is in tests/e2e/conftest.py.)"""
+    proc, summary, _ = overcommitted_run
     gates = {g["id"]: g for g in summary["gates"]}
     live = gates["tiny-cpu-overcommitted/concurrency/long-sequences"]
     assert live["status"] == "FAIL", live["message"]
