@@ -37,10 +37,13 @@ from typing import Any, Generator
 import pytest
 
 from .client import Endpoint
+from .launch.base import LAUNCHERS, Launcher, launcher_class
 from .launch.local import EmbeddedServer, LaunchError
 from .launch.tinymodel import TinyModelError, TinySpec, ensure_model
 
 SERVER_KEY = "embedded_server"
+#: The plugin's :class:`kvgate.launch.base.Choice` for this run.
+CHOICE_KEY = "launch_choice"
 LAUNCH_ERROR_KEY = "launch_error"
 #: Set once the fixture has the server healthy: from then on the fixture's teardown stops it.
 OWNED_KEY = "embedded_server_owned"
@@ -56,19 +59,36 @@ def _state(config: pytest.Config) -> Any:
     return config.stash.get(STATE, None)
 
 
+def launch_mode(st: Any) -> str:
+    """The run's launcher (:func:`kvgate.launch.base.choose`, stashed by the plugin as ``launch_choice``):
+    ``embedded``, ``docker``, ``none`` or ``endpoint``."""
+    choice = st.extra.get(CHOICE_KEY)
+    if choice is not None:
+        return choice.mode
+    return "endpoint" if st.endpoint is not None else st.profile.launch_mode
+
+
 def _wants_server(config: pytest.Config, st: Any) -> bool:
     from .plugin import _only_fit
 
-    return (st is not None and st.endpoint is None and st.profile.embedded and not config.option.collectonly
-            and not _only_fit(config))
+    if st is None or st.endpoint is not None or config.option.collectonly or _only_fit(config):
+        return False
+    choice = st.extra.get(CHOICE_KEY)
+    return launch_mode(st) in LAUNCHERS and (choice is None or choice.unavailable is None)
 
 
-def _build(st: Any) -> EmbeddedServer:
-    """The tiny model (built once, cached) and an unstarted :class:`EmbeddedServer` for the profile.
-    Raises :class:`TinyModelError`."""
+def _build(st: Any) -> Launcher:
+    """An unstarted launcher for the run (:data:`kvgate.launch.base.LAUNCHERS`); for ``embedded``
+    the tiny model is built first (once, cached). Raises :class:`TinyModelError`."""
+    log = st.reports_dir / "vllm-server.log"
+    mode = launch_mode(st)
+    if mode != "embedded":
+        launcher = launcher_class(mode)(st.profile, log, startup_budget_s=st.startup_budget_s)
+        for secret in getattr(launcher, "secrets", ()):
+            st.redactor.add(secret)
+        return launcher
     model_dir = ensure_model(TinySpec.from_architecture(st.profile.model.architecture))
-    return EmbeddedServer(st.profile, model_dir, st.reports_dir / "vllm-server.log",
-                          startup_budget_s=st.startup_budget_s)
+    return EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0)
 
 
 @pytest.hookimpl(trylast=True)
@@ -76,7 +96,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     st = _state(session.config)
     if not _wants_server(session.config, st):
         return
-    server: EmbeddedServer | None = None
+    server: Launcher | None = None
     try:
         with st.record.phase("prepare model"):
             server = _build(st)
@@ -90,12 +110,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         st.extra[DEFERRED_INTERRUPT_KEY] = exc
 
 
-def _launch_failed(st: Any, server: EmbeddedServer | None, message: str) -> None:
+def _launch_failed(st: Any, server: Launcher | None, message: str) -> None:
     st.extra[LAUNCH_ERROR_KEY] = message
     if server is not None:
         server.stop()
     st.extra.pop(SERVER_KEY, None)
-    st.record.launch = {"mode": "embedded", "error": message,
+    st.record.launch = {"mode": launch_mode(st), "error": message,
                         "command": getattr(server, "command", None) or [],
                         "log": str(server.log_path) if server is not None else None}
 
@@ -186,7 +206,7 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
     st = state(config)
     if LAUNCH_ERROR_KEY in st.extra:
         pytest.fail(st.extra[LAUNCH_ERROR_KEY], pytrace=False)
-    server: EmbeddedServer | None = st.extra.get(SERVER_KEY)
+    server: Launcher | None = st.extra.get(SERVER_KEY)
     try:
         if server is None:  # not started at session start (e.g. the fixture used outside a run)
             with st.record.phase("prepare model"):
@@ -202,10 +222,9 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
     st.extra[OWNED_KEY] = True
     st.endpoint = Endpoint(base_url=url, managed=True)
     st.record.endpoint = st.endpoint.display
-    st.record.launch = {"mode": "embedded", "startup_s": round(server.startup_s or 0, 2),
-                        "command": server.command, "log": str(server.log_path),
-                        "server_cpus": sorted(server.server_cpus) if server.server_cpus else "all"}
-    st.extra["server_pids"] = [server.pid]  # the soak watches this process tree's memory
+    st.record.launch = server.describe()
+    if server.pid is not None:
+        st.extra["server_pids"] = [server.pid]  # the soak watches this process tree's memory
     _preflight_embedded(config, st, server)
     try:
         yield st.endpoint
@@ -213,7 +232,7 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
         _teardown(config, st, server)
 
 
-def _preflight_embedded(config: pytest.Config, st: Any, server: EmbeddedServer) -> None:
+def _preflight_embedded(config: pytest.Config, st: Any, server: Launcher) -> None:
     """The same preflight as ``--endpoint`` gets (:func:`kvgate.preflight.preflight`: ``/v1/models``
     in OpenAI's shape, serving the profile's model), once the embedded server is healthy. On a
     failure the server is stopped, the run's reports say ERROR, and pytest exits as a usage error
@@ -229,7 +248,7 @@ def _preflight_embedded(config: pytest.Config, st: Any, server: EmbeddedServer) 
         pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
-def _teardown(config: pytest.Config, st: Any, server: EmbeddedServer) -> None:
+def _teardown(config: pytest.Config, st: Any, server: Launcher) -> None:
     """Stop the server (the ``teardown`` phase). A session fixture is torn down only when the
     session ends, so every gate has its verdict: an interrupt kills the server instead and is
     recorded, and once the server is gone SIGINT/SIGTERM are ignored -- nothing that is left to do

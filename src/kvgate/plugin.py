@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import pytest
 
 from . import allure_meta, outputs
 from .client import Endpoint
+from .launch.base import ENDPOINT_ENV, choose
 from .launch.target import TargetError, endpoint_from_url
 from .modes import DEFAULT_MODE, OVERLAY_FILE, ModeError, overlay, parse_mode
 from .preflight import PreflightError, preflight
@@ -92,8 +94,12 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--kvgate-reports", dest="kvgate_reports", default="reports", metavar="DIR",
                     help="directory for summary.json, allure-results/, junit.xml, vllm-server.log; each run "
                          "replaces them (default: reports under the rootdir; give it with '=': --kvgate-reports=DIR)")
-    group.addoption("--startup-budget", dest="kvgate_startup_budget", type=float, default=240.0, metavar="S",
-                    help="seconds the embedded vLLM may take to become healthy (default 240)")
+    group.addoption("--startup-budget", dest="kvgate_startup_budget", type=float, default=None, metavar="S",
+                    help="seconds a launched server may take to become ready (default: embedded 240, docker the "
+                         "profile's launch.startup_budget_s, 1800)")
+    group.addoption("--launch", dest="kvgate_launch", default=None, choices=("embedded", "docker", "none"),
+                    help="how kvgate starts the server when no --endpoint/KVGATE_ENDPOINT is given "
+                         "(default: the profile's launch.mode)")
     group.addoption("--profile-dir", dest="kvgate_profile_dir", default=str(DEFAULT_PROFILE_DIR), metavar="DIR",
                     help="where --profile NAME is looked up (give it with '=': --profile-dir=DIR)")
     group.addoption("--soak-duration", dest="kvgate_soak_duration", default=None, metavar="DURATION",
@@ -253,7 +259,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
 
     api_key_env = config.getoption("kvgate_api_key_env")
     redactor = Redactor()
-    url = config.getoption("kvgate_endpoint")
+    url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or None
     endpoint = None
     if url:
         try:
@@ -261,9 +267,12 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
         except TargetError as exc:
             raise _usage(redactor.text(str(exc))) from None
         redactor.add(endpoint.api_key)
-    elif not profile.embedded and not _only_fit(config):
-        raise _usage(f"profile {profile.name!r} describes a deployment kvgate cannot launch here; "
-                     "give --endpoint URL (or run only the fit gate: -m fit)")
+    # which launcher (kvgate.launch.base.choose); one that cannot run here makes live gates SKIP
+    choice = choose(profile, endpoint=config.getoption("kvgate_endpoint"), launch=config.getoption("kvgate_launch"),
+                    check=not (_only_fit(config) or config.option.collectonly))
+    if choice.mode == "none" and not _only_fit(config):
+        raise _usage(f"profile {profile.name!r} launches nothing (launch: none); give --endpoint URL (or "
+                     f"{ENDPOINT_ENV}), or --launch docker, or run only the fit gate: -m fit")
 
     if config.getoption("kvgate_soak_duration"):
         from .soak import SoakError, soak_spec
@@ -276,6 +285,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
                        run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
     config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint,
                                       config.getoption("kvgate_startup_budget"))
+    config.stash[STATE].extra["launch_choice"] = choice
     config.stash[STATE].extra["lint"] = lint_findings
     if config.option.collectonly:
         return  # not a run: no reports are touched, no endpoint contacted
@@ -339,7 +349,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         where = (f"endpoint {st.endpoint.display} not contacted (-m fit needs no server)" if st.endpoint
                  else "no server (-m fit needs none)")
     else:
-        where = f"endpoint {st.endpoint.display}" if st.endpoint else "endpoint: embedded vLLM, started by kvgate"
+        where = f"endpoint {st.endpoint.display}" if st.endpoint else _launch_header(st)
     run_id = config.stash.get(RUN_ID, "")
     return [f"kvgate: profile {st.profile.name} ({st.profile.source}); {where}; reports {st.reports_dir}/ "
             f"(run {run_id})"] + _lint_header(st)
@@ -349,6 +359,25 @@ def _lint_header(st: KvgateState) -> list[str]:
     from .lint import header_lines
 
     return header_lines(st.extra.get("lint", []))
+
+
+def _launch_header(st: KvgateState) -> str:
+    choice = st.extra.get("launch_choice")
+    if choice is not None and choice.unavailable:
+        return f"no server: {choice.unavailable} -- live gates SKIP"
+    if choice is not None and choice.mode == "docker":
+        from .launch.docker import DEFAULT_IMAGE
+
+        image = (st.profile.launch.image if st.profile.launch else None) or DEFAULT_IMAGE
+        return f"endpoint: {image} in docker, started by kvgate ({choice.source})"
+    return "endpoint: embedded vLLM, started by kvgate"
+
+
+def live_skip_reason(config: pytest.Config) -> str | None:
+    """Why this run's live gates SKIP (its launcher cannot run here), or None."""
+    st = config.stash.get(STATE, None)
+    choice = st.extra.get("launch_choice") if st is not None else None
+    return choice.unavailable if choice is not None else None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -453,6 +482,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         allure_meta.decorate(test_id(item), st.profile.name, st.profile.source)
     if rep.when == "call" or rep.skipped or rep.failed:
         st.extra.setdefault("finished", set()).add(item.nodeid)
+    reason = live_skip_reason(item.config)
+    if rep.skipped and reason and item.nodeid not in st.record.entries:
+        # the launcher cannot run here: each live gate is a named SKIP with the one reason
+        st.record.add(item.nodeid, test_id(item),
+                      Verdict(item.get_closest_marker("gate").args[0], Status.SKIP, f"{reason} -> SKIP"))
     if rep.failed and item.nodeid not in st.record.entries:
         # the harness or the server broke before a verdict: still a named result, never silent
         text = str(rep.longrepr.reprcrash.message) if hasattr(rep.longrepr, "reprcrash") and rep.longrepr.reprcrash \

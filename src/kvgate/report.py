@@ -239,7 +239,8 @@ class RunRecord:
         if self.contacted:
             return f"kvgate {name} @ {self.endpoint or '-'} (vLLM {self.server_version or 'version unknown'})"
         if self.launch.get("error"):
-            return f"kvgate {name}: the embedded vLLM did not start (see the errors below)"
+            server = "embedded vLLM" if self.launch.get("mode", "embedded") == "embedded" else f"{self.launch['mode']} server"
+            return f"kvgate {name}: the {server} did not start (see the errors below)"
         if self.interrupted_in is not None:
             return f"kvgate {name}: interrupted during {self.interrupted_in} before any server was contacted"
         if self.endpoint:

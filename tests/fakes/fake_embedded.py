@@ -98,6 +98,11 @@ class FakeEmbeddedServer:
                 time.sleep(0.02)
         self.running = False
 
+    def describe(self) -> dict:
+        """summary.json's ``launch`` entry, as :meth:`kvgate.launch.local.EmbeddedServer.describe`."""
+        return {"mode": "embedded", "startup_s": round(self.startup_s or 0, 2), "command": self.command,
+                "log": str(self.log_path), "server_cpus": "all"}
+
     def kill(self) -> None:
         self._event("kill")
         self.killed, self.running = True, False

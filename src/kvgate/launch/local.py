@@ -30,12 +30,11 @@ from typing import Callable
 import httpx
 
 from ..profile import Profile
+from .base import LaunchError  # one error type for every launcher
 
 LOOPBACK = "127.0.0.1"
 
 
-class LaunchError(RuntimeError):
-    """The embedded server did not come up. The message carries the last log lines."""
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -45,8 +44,11 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
-def render_command(profile: Profile, model_dir: Path | str, port: int, python: str = sys.executable) -> list[str]:
-    """vLLM's OpenAI server command line for ``profile`` (flags only for values the profile sets)."""
+def render_command(profile: Profile, model_dir: Path | str, port: int, python: str = sys.executable,
+                   default_dtype: str | None = "float32") -> list[str]:
+    """vLLM's OpenAI server command line for ``profile`` (flags only for values the profile sets).
+    ``default_dtype``: ``--dtype`` when the profile sets none (float32 on the CPU, see module doc;
+    the docker launcher passes None: the model's own dtype on a GPU)."""
     e = profile.engine
     cmd = [
         python, "-m", "vllm.entrypoints.openai.api_server",
@@ -60,7 +62,7 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
         ("--max-num-batched-tokens", e.max_num_batched_tokens),
         ("--gpu-memory-utilization", e.gpu_memory_utilization),
         ("--kv-cache-dtype", e.kv_cache_dtype if e.kv_cache_dtype != "auto" else None),
-        ("--dtype", e.dtype or "float32"),
+        ("--dtype", e.dtype or default_dtype),
         ("--block-size", e.block_size),
         ("--kv-cache-memory-bytes", e.kv_cache_memory_bytes),
     ]
@@ -105,6 +107,21 @@ class EmbeddedServer:
     allowed CPU so the load generator's timestamps are not taken on a starved core; measured
     here on 2 cores: event-loop lag p99 275 ms with the server on both cores (INVALID load runs).
     """
+
+    mode = "embedded"
+
+    @classmethod
+    def unavailable(cls, profile: Profile) -> str | None:
+        """Why the embedded launcher cannot serve ``profile``: it builds only kvgate's tiny model."""
+        if not profile.embedded:
+            return (f"the embedded vLLM serves only kvgate's tiny model (model.embedded: true); profile "
+                    f"{profile.name!r} models {profile.model.served_name}")
+        return None
+
+    def describe(self) -> dict:
+        """summary.json's ``launch`` entry."""
+        return {"mode": "embedded", "startup_s": round(self.startup_s or 0, 2), "command": self.command,
+                "log": str(self.log_path), "server_cpus": sorted(self.server_cpus) if self.server_cpus else "all"}
 
     def __init__(self, profile: Profile, model_dir: Path, log_path: Path, *, startup_budget_s: float = 240.0,
                  python: str = sys.executable, sleep: Callable[[float], None] = time.sleep,

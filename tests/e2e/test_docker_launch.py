@@ -1,0 +1,138 @@
+"""The docker launcher for real: a Docker engine on this machine (started as
+``dockerd --bridge=none --iptables=false`` when none runs), a locally built image (Debian bookworm
+from debootstrap + ``docker import``, the fake vLLM behind a ``vllm.entrypoints.openai.api_server``
+shim: :mod:`tests.fakes.vllm_image`). kvgate starts the container from the profile's ``launch:``
+section, waits for /health and one generation, runs gates against it and removes it -- also when
+the run is interrupted (SIGTERM). The GPU device request is asserted on the arguments the
+container was created with. SKIPs with the reason where no Docker can be had."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import vllm_image
+
+from ..conftest import REPO, read_summary
+
+pytestmark = pytest.mark.e2e
+FAKE_PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> str:
+    log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
+    try:
+        started = vllm_image.ensure_docker(log)
+        tag = vllm_image.image()
+    except vllm_image.Unavailable as exc:
+        pytest.skip(f"no Docker here: {exc}")
+    yield tag
+    if started is not None:
+        started.terminate()
+        started.wait(timeout=30)
+
+
+def containers(tag: str) -> list[str]:
+    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={tag}"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def docker_profile(tmp_path: Path, tag: str, launch_extra: str = "") -> Path:
+    path = tmp_path / "fake-docker.yaml"
+    path.write_text(f"""extends: {FAKE_PROFILE}
+description: the fake vLLM in a local container, started by kvgate's docker launcher
+engine:
+  override_generation_config: {{max_new_tokens: 64}}
+launch:
+  mode: docker
+  image: {tag}
+  model: /models/fake-model
+  startup_budget_s: 60
+{launch_extra}""")
+    return path
+
+
+def kvgate(tmp_path: Path, profile: Path, *suites: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profile={profile}",
+           f"--kvgate-reports={tmp_path / 'reports'}", *[str(REPO / "suites" / f"test_{s}.py") for s in suites]]
+    env = {**os.environ, "HF_TOKEN": "hf_NeverPrintedSecret42"}
+    env.pop("KVGATE_ENDPOINT", None)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_launcher_starts_gates_and_removes_the_container(image, tmp_path):
+    t0 = time.monotonic()
+    proc = kvgate(tmp_path, docker_profile(tmp_path, image), "deployment", "max_tokens", "streaming")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    summary = read_summary(tmp_path / "reports")
+    assert summary["overall"] == "PASS" and summary["counts"]["PASS"] >= 15
+    launch = summary["launch"]
+    assert launch["mode"] == "docker" and launch["image"] == image and launch["network"] == "host"
+    assert launch["env_passed"] == ["HF_TOKEN"] and launch["gpus"] is None
+    assert launch["command"][:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert summary["endpoint"] == f"http://127.0.0.1:{launch['port']}/v1"
+    assert containers(image) == []  # removed at the end of the run
+    log = (tmp_path / "reports" / "vllm-server.log").read_text()
+    assert "fake vLLM in a container" in log
+    reports = "".join(p.read_text(errors="replace") for p in (tmp_path / "reports").rglob("*") if p.is_file())
+    assert "hf_NeverPrintedSecret42" not in reports + out
+    print(f"docker launch run: {time.monotonic() - t0:.1f} s, startup {launch['startup_s']} s")
+
+
+def test_sigterm_mid_run_removes_the_container(image, tmp_path):
+    proc = kvgate(tmp_path, docker_profile(tmp_path, image), "streaming", "max_context", "max_tokens")
+    deadline = time.monotonic() + 60
+    while not containers(image) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert containers(image), "the container never appeared"
+    time.sleep(2.0)  # ready within ~1 s here: the signal lands mid-gate (or, on a slow day, in the wait)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    summary = read_summary(tmp_path / "reports")
+    assert summary["overall"] == "INCOMPLETE" and summary["interrupted_in"] and summary["exit_code"] == 2
+    assert containers(image) == [], "the container outlived the interrupted run"
+
+
+def test_gpu_device_request_reaches_docker(image, tmp_path, monkeypatch):
+    """The device request is on the create call docker receives; here (no NVIDIA runtime) docker
+    refuses to start it, the launcher says so in one line and removes the container."""
+    import docker.models.containers as dmc
+
+    from kvgate.launch.docker import DockerLauncher
+    from kvgate.launch.local import LaunchError
+    from kvgate.profile import load_profile
+
+    seen: list[dict] = []
+    real_create = dmc.ContainerCollection.create
+
+    def spy(self, image, command=None, **kwargs):
+        seen.append(kwargs)
+        return real_create(self, image, command, **kwargs)
+
+    monkeypatch.setattr(dmc.ContainerCollection, "create", spy)
+    prof = load_profile(str(docker_profile(tmp_path, image, "  gpus: all\n")))
+    dock = DockerLauncher(prof, tmp_path / "vllm-server.log", startup_budget_s=20)
+    try:
+        dock.launch()
+        dock.wait_ready()  # a machine with the NVIDIA runtime gets this far
+    except LaunchError as exc:
+        assert "did not start" in str(exc) or "docker launcher" in str(exc)
+        assert "\n" not in str(exc).split("last lines:")[0]
+    finally:
+        dock.stop()
+    (kwargs,) = seen
+    assert [dict(r) for r in kwargs["device_requests"]] == [
+        {"Driver": "", "Count": -1, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}]
+    assert kwargs["network_mode"] == "host" and kwargs["ipc_mode"] == "host"
+    assert containers(image) == []
+    print("create kwargs:", json.dumps({k: v for k, v in kwargs.items() if k != "device_requests"}, default=str))
