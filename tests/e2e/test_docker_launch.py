@@ -45,12 +45,13 @@ def containers(tag: str) -> list[str]:
     return out.stdout.split()
 
 
-def docker_profile(tmp_path: Path, tag: str, launch_extra: str = "") -> Path:
+def docker_profile(tmp_path: Path, tag: str, launch_extra: str = "", extra_args: str = "[]") -> Path:
     path = tmp_path / "fake-docker.yaml"
     path.write_text(f"""extends: {FAKE_PROFILE}
 description: the fake vLLM in a local container, started by kvgate's docker launcher
 engine:
   override_generation_config: {{max_new_tokens: 64}}
+  extra_args: {extra_args}
 launch:
   mode: docker
   image: {tag}
@@ -89,18 +90,23 @@ def test_launcher_starts_gates_and_removes_the_container(image, tmp_path):
 
 
 def test_sigterm_mid_run_removes_the_container(image, tmp_path):
-    proc = kvgate(tmp_path, docker_profile(tmp_path, image), "streaming", "max_context", "max_tokens")
+    # the server stalls 30 s mid-generation: the signal lands in a gate
+    stalling = docker_profile(tmp_path, image, extra_args='["--fake-fault", "stall_mid_stream", "--fake-set", "stall_s=30"]')
+    proc = kvgate(tmp_path, stalling, "streaming", "max_tokens")
     deadline = time.monotonic() + 60
     while not containers(image) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert containers(image), "the container never appeared"
-    time.sleep(2.0)  # ready within ~1 s here: the signal lands mid-gate (or, on a slow day, in the wait)
+    time.sleep(3.0)  # ready within ~1 s here, then the stalled stream
+    t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
     summary = read_summary(tmp_path / "reports")
     assert summary["overall"] == "INCOMPLETE" and summary["interrupted_in"] and summary["exit_code"] == 2
     assert containers(image) == [], "the container outlived the interrupted run"
+    assert summary["interrupted_in"].startswith("gate fake-docker/"), summary["interrupted_in"]  # mid-gate
+    assert time.monotonic() - t0 < 20
 
 
 def test_gpu_device_request_reaches_docker(image, tmp_path, monkeypatch):

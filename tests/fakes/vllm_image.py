@@ -3,7 +3,8 @@ Debian bookworm (``debootstrap --variant=minbase --include=python3``, imported w
 import`` -- nothing can be pulled here) plus the fake vLLM and the pure-Python packages it needs,
 copied from this venv, and a ``vllm.entrypoints.openai.api_server`` shim that reads vLLM's own
 command line (``--served-model-name``, ``--host``, ``--port``, ``--max-model-len``,
-``--override-generation-config``) and serves the fake with it.
+``--override-generation-config``; ``--fake-fault``/``--fake-set`` from a test profile's
+``engine.extra_args``) and serves the fake with it.
 
 Also the Docker engine itself: :func:`ensure_docker` uses a running one, or starts
 ``dockerd --bridge=none --iptables=false`` as root when the binary is installed, or says why not.
@@ -47,6 +48,8 @@ p.add_argument("--host", default="127.0.0.1")
 p.add_argument("--port", type=int, default=8000)
 p.add_argument("--max-model-len", type=int)
 p.add_argument("--override-generation-config")
+p.add_argument("--fake-fault", action="append", default=[], help="a fake_vllm fault (tests: engine.extra_args)")
+p.add_argument("--fake-set", action="append", default=[], help="a FakeConfig FIELD=VALUE (tests: engine.extra_args)")
 args, rest = p.parse_known_args()
 print("fake vLLM in a container; ignoring", rest, flush=True)
 argv = ["--host", args.host, "--port", str(args.port), "--served-name", args.served_model_name or args.model]
@@ -55,6 +58,10 @@ if args.max_model_len:
 cap = json.loads(args.override_generation_config or "{}").get("max_new_tokens")
 if cap:
     argv += ["--set", f"max_tokens_cap={cap}"]
+for fault in args.fake_fault:
+    argv += ["--fault", fault]
+for item in args.fake_set:
+    argv += ["--set", item]
 sys.exit(fake_vllm.main(argv))
 '''
 
