@@ -12,12 +12,15 @@ gate            asserted in                 decided in              measured by 
 ==============  ==========================  ======================  ===============================  ====================================
 fit             suites/test_fit.py          gates/fit.py            kvgate.kvmath (arithmetic only)  tests/test_gates_fit.py, test_kvmath.py
 deployment      suites/test_deployment.py   gates/deployment.py     probes.observe_deployment        tests/test_gates_vs_fake.py
-max-context     suites/test_max_context.py  gates/max_context.py    probes.build_prompt / send       tests/test_gates_vs_fake.py
+max-context     suites/test_max_context.py  gates/max_context.py    probes.build_prompt/send_watched tests/test_gates_vs_fake.py
 max-tokens      suites/test_max_tokens.py   gates/max_tokens.py     probes.send                      tests/test_gates_vs_fake.py
 streaming       suites/test_streaming.py    gates/streaming.py      probes.send, sdk.sdk_stream      tests/test_gates_streaming.py, …vs_fake
 disconnect      suites/test_disconnect.py   gates/disconnect.py     probes.disconnect                tests/test_gates_disconnect.py, …vs_fake
+requests        suites/test_requests.py     gates/requests.py       probes.send / send_raw, canary   tests/test_gates_requests.py,
+                                                                                                 test_requests_vs_fake.py
 concurrency,    suites/test_load.py         gates/load.py           scenarios.run_* over kvgate.load tests/test_gates_load.py,
 latency                                                                                              tests/test_gates_vs_fake.py
+priority        suites/test_priority.py     gates/priority.py       scenarios.run_priority           tests/test_gates_priority.py
 autoscale-      suites/test_autoscale.py    gates/autoscale.py      scenarios.run_autoscale_burst    tests/test_gates_autoscale.py
 signal
 soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner, sampling        tests/test_gates_soak.py,
