@@ -735,3 +735,103 @@ def test_openai_sdk_parses_the_fake(fake):
         assert text == sdk.completions.create(model=MODEL, prompt="a b", max_tokens=3, temperature=0).choices[0].text
         with pytest.raises(openai.BadRequestError, match="maximum context length"):
             sdk.completions.create(model=MODEL, prompt=words(L + 5), max_tokens=3)
+
+
+# ---- issue 12: edge requests, chunk schema, route timeout, garbage framing --------------------------
+
+
+def _events(client, path, body):
+    with client.stream("POST", path, json={**body, "stream": True}) as r:
+        return r.status_code, r.read().decode()
+
+
+def test_fault_validation_500_and_plain_error_body(client, fake):
+    fake.config.faults.add("validation_500")
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=0))
+    assert r.status_code == 500 and "max_tokens must be at least 1" in r.json()["error"]["message"]
+    fake.config.faults = {"plain_error_body"}
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=0))
+    assert r.status_code == 400 and r.text == "Bad Request"
+    assert client.post("/v1/completions", content=b"{not json").text == "Bad Request"
+
+
+def test_fault_empty_prompt_kills(client, fake):
+    fake.config.faults.add("empty_prompt_kills")
+    assert client.post("/v1/completions", json={"model": MODEL, "prompt": [""], "max_tokens": 4}).status_code == 500
+    assert client.post("/v1/completions", json=cmpl(5, max_tokens=4)).status_code == 500  # engine dead
+    assert client.get("/health").status_code == 200
+
+
+def test_fault_ignore_min_tokens(client, fake):
+    body = cmpl(5, max_tokens=64, min_tokens=32)
+    assert client.post("/v1/completions", json=body).json()["usage"]["completion_tokens"] >= 32
+    fake.config.faults.add("ignore_min_tokens")
+    r = client.post("/v1/completions", json=body).json()
+    assert r["usage"]["completion_tokens"] == 3 and r["choices"][0]["finish_reason"] == "stop"  # 2 words + EOS
+
+
+def test_non_ascii_prompt_gets_non_ascii_words_and_split_utf8_breaks_them(client, fake):
+    body = {"model": MODEL, "prompt": "한국어 🙂", "max_tokens": 4, "temperature": 0}
+    text = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert not text.isascii() and "\ufffd" not in text
+    _, clean = _events(client, "/v1/completions", body)
+    fake.config.faults.add("split_utf8")
+    _, broken = _events(client, "/v1/completions", body)
+    assert "\\ufffd" not in clean and "\\ufffd" in broken
+
+
+def test_fault_finish_reason_empty_and_usage_unasked(client, fake):
+    fake.config.faults |= {"finish_reason_empty", "usage_unasked"}
+    _, raw = _events(client, "/v1/chat/completions", chat(5, max_tokens=3, ignore_eos=True))
+    chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == ["", "", "", "length"]
+    assert all(c["usage"] for c in chunks)
+
+
+def test_fault_route_timeout(client, fake):
+    fake.config.faults.add("route_timeout")
+    fake.config.route_timeout_s, fake.config.itl_s = 0.1, 0.02
+    r = client.post("/v1/completions", json=cmpl(5, max_tokens=30, ignore_eos=True))
+    assert r.status_code == 504 and "Gateway Time-out" in r.text
+    with pytest.raises(httpx.RemoteProtocolError):
+        _events(client, "/v1/completions", cmpl(5, max_tokens=30, ignore_eos=True))
+    assert client.post("/v1/completions", json=cmpl(5, max_tokens=2)).status_code == 200  # short ones pass
+
+
+def test_fault_truncated_stream(client, fake):
+    fake.config.faults.add("truncated_stream")
+    with pytest.raises(httpx.RemoteProtocolError):
+        _events(client, "/v1/completions", cmpl(5, max_tokens=8, ignore_eos=True))
+
+
+def test_fault_html_error_page_and_empty_502(client, fake):
+    fake.config.faults.add("html_error_page")
+    r = client.post("/v1/completions", json=cmpl(5))
+    assert r.status_code == 502 and r.headers["content-type"].startswith("text/html") and "502 Bad Gateway" in r.text
+    fake.config.faults = {"empty_502"}
+    r = client.post("/v1/chat/completions", json=chat(5))
+    assert r.status_code == 502 and r.content == b""
+
+
+def test_sse_framing_faults(client, fake):
+    fake.config.faults |= {"sse_crlf", "sse_comments", "sse_event_fields"}
+    _, raw = _events(client, "/v1/completions", cmpl(5, max_tokens=2, ignore_eos=True))
+    assert raw.startswith(": ping\r\n\r\nevent: message\r\ndata: {") and raw.endswith("data: [DONE]\r\n\r\n")
+    assert "\n" not in raw.replace("\r\n", "")
+
+
+def test_fault_never_schedule(client, fake):
+    fake.config.faults.add("never_schedule")
+    assert client.post("/v1/completions", json=cmpl(5, max_tokens=4)).status_code == 200  # fits: scheduled
+    with pytest.raises(httpx.ReadTimeout):  # 250 + 4 tokens > 256 - 16 schedulable: waits forever
+        client.post("/v1/completions", json=cmpl(250, max_tokens=4), timeout=0.5)
+    assert wait_for(lambda: fake.state.waiting == 0)  # the hang-up released it
+
+
+def test_chat_template_kwargs_add_tokens_in_tokenize_and_chat(client, fake):
+    msgs = [{"role": "user", "content": "a b c"}]
+    plain = client.post("/tokenize", json={"model": MODEL, "messages": msgs}).json()["count"]
+    kw = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert client.post("/tokenize", json={"model": MODEL, "messages": msgs, **kw}).json()["count"] == plain + 2
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 1, **kw}).json()
+    assert r["usage"]["prompt_tokens"] == plain + 2
