@@ -62,8 +62,8 @@ def test_load_gates_against_stalling_server_stay_bounded(pytester, stalling):
         f"--kvgate-reports={reports}", str(REPO / "suites" / "test_load.py"))
     wall = time.monotonic() - t0
     gates = {g["id"]: g for g in read_summary(reports)["gates"]}
-    # 8 latency requests + 2 long + 32 interference requests would wait out ~20 stalls (60 s) uncut
-    assert wall < 20, wall
+    # measured: 18 s with the idle cut; 80 s uncut (every load request waits out its 3 s stall)
+    assert wall < 40, wall
     for gate in ("fake-vllm/concurrency/long-sequences", "fake-vllm/latency/slo"):
         assert gates[gate]["status"] == "FAIL", gates[gate]
         assert "idle timeout" in str(gates[gate]), gates[gate]["message"]
