@@ -59,6 +59,9 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)
     host_header: str | None = None
     managed: bool = False  # True when kvgate launched the server itself
+    #: A local Hugging Face tokenizer (the profile's ``model.tokenizer``) for servers without
+    #: ``/tokenize`` (KServe's Hugging Face runtime): exact-length chat prompts are counted with it.
+    tokenizer: str | None = None
 
     @property
     def display(self) -> str:

@@ -9,6 +9,7 @@ bites.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -22,7 +23,7 @@ import pytest
 
 from . import allure_meta, outputs
 from .client import Endpoint
-from .launch.base import ENDPOINT_ENV, choose
+from .launch.base import ENDPOINT_ENV, Choice, choose
 from .launch.target import TargetError, endpoint_from_url
 from .modes import DEFAULT_MODE, OVERLAY_FILE, ModeError, overlay, parse_mode
 from .preflight import PreflightError, preflight
@@ -97,6 +98,17 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--startup-budget", dest="kvgate_startup_budget", type=float, default=None, metavar="S",
                     help="seconds a launched server may take to become ready (default: embedded 240, docker the "
                          "profile's launch.startup_budget_s, 1800)")
+    group.addoption("--isvc", dest="kvgate_isvc", default=None, metavar="NAME",
+                    help="gate the new version of this KServe InferenceService / LLMInferenceService before it "
+                         "takes traffic (read with the kubernetes client; see README 'KServe pre-canary')")
+    group.addoption("--namespace", dest="kvgate_namespace", default="default", metavar="NS",
+                    help="the --isvc's namespace (default: default)")
+    group.addoption("--canary", dest="kvgate_canary", default=None, metavar="NAME",
+                    help="--isvc RawDeployment: the named canary to gate (default: the one at trafficPercent 0)")
+    group.addoption("--ingress", dest="kvgate_ingress", default=None, metavar="URL",
+                    help="--isvc serverless: connect to this ingress and send the tag URL's Host header")
+    group.addoption("--ca-bundle", dest="kvgate_ca_bundle", default=None, metavar="PATH",
+                    help="a CA bundle (PEM) to verify https endpoints with; TLS is always verified")
     group.addoption("--launch", dest="kvgate_launch", default=None, choices=("embedded", "docker", "none"),
                     help="how kvgate starts the server when no --endpoint/KVGATE_ENDPOINT is given "
                          "(default: the profile's launch.mode)")
@@ -258,6 +270,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
         raise _usage(f"--kvgate-reports {reports}: cannot create it ({exc.strerror})") from None
 
     api_key_env = config.getoption("kvgate_api_key_env")
+    _ca_bundle(config)
     redactor = Redactor()
     url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or None
     endpoint = None
@@ -270,6 +283,13 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
     # which launcher (kvgate.launch.base.choose); one that cannot run here makes live gates SKIP
     choice = choose(profile, endpoint=config.getoption("kvgate_endpoint"), launch=config.getoption("kvgate_launch"),
                     check=not (_only_fit(config) or config.option.collectonly))
+    kserve_notes: list[str] = []
+    if endpoint is None and config.getoption("kvgate_isvc"):
+        endpoint, kserve_notes = _kserve_endpoint(config, profile, api_key_env)
+        redactor.add(endpoint.api_key)
+        choice = Choice("endpoint", "--isvc")
+    if endpoint is not None and profile.model.tokenizer:
+        endpoint = dataclasses.replace(endpoint, tokenizer=profile.model.tokenizer)
     if choice.mode == "none" and not _only_fit(config):
         raise _usage(f"profile {profile.name!r} launches nothing (launch: none); give --endpoint URL (or "
                      f"{ENDPOINT_ENV}), or --launch docker, or run only the fit gate: -m fit")
@@ -286,6 +306,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
     config.stash[STATE] = KvgateState(profile, record, redactor, reports, endpoint,
                                       config.getoption("kvgate_startup_budget"))
     config.stash[STATE].extra["launch_choice"] = choice
+    config.stash[STATE].extra["kserve_notes"] = kserve_notes
     config.stash[STATE].extra["lint"] = lint_findings
     if config.option.collectonly:
         return  # not a run: no reports are touched, no endpoint contacted
@@ -350,6 +371,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
                  else "no server (-m fit needs none)")
     else:
         where = f"endpoint {st.endpoint.display}" if st.endpoint else _launch_header(st)
+        where += "".join(f"; {n}" for n in st.extra.get("kserve_notes", []))
     run_id = config.stash.get(RUN_ID, "")
     return [f"kvgate: profile {st.profile.name} ({st.profile.source}); {where}; reports {st.reports_dir}/ "
             f"(run {run_id})"] + _lint_header(st)
@@ -359,6 +381,38 @@ def _lint_header(st: KvgateState) -> list[str]:
     from .lint import header_lines
 
     return header_lines(st.extra.get("lint", []))
+
+
+def _ca_bundle(config: pytest.Config) -> None:
+    """``--ca-bundle PATH``: https endpoints are verified against it (``SSL_CERT_FILE``, which httpx
+    and Python's ssl read); there is no way to turn verification off."""
+    path = config.getoption("kvgate_ca_bundle")
+    if not path:
+        return
+    if not Path(path).is_file():
+        raise _usage(f"--ca-bundle {path}: no such file (a PEM bundle of CA certificates)")
+    os.environ["SSL_CERT_FILE"] = str(Path(path).resolve())
+
+
+def _kserve_endpoint(config: pytest.Config, profile: Profile, api_key_env: str | None) -> tuple[Endpoint, list[str]]:
+    """``--isvc``: the KServe object's new version as an :class:`Endpoint` (kvgate.launch.kserve) and
+    what was found (notes for the header). A usage error when it cannot be read or gated."""
+    from .launch import kserve
+
+    name, ns = config.getoption("kvgate_isvc"), config.getoption("kvgate_namespace")
+    try:
+        obj, siblings = kserve.read(name, ns, kserve.custom_objects_api())
+        target = kserve.discover(obj, canary=config.getoption("kvgate_canary"), ingress=config.getoption("kvgate_ingress"),
+                                 siblings=siblings, default_prefix=profile.endpoint.route_prefix)
+        endpoint = endpoint_from_url(target.endpoint_url, profile, api_key_env)
+    except (kserve.KServeError, TargetError) as exc:
+        raise _usage(f"--isvc {ns}/{name}: {exc}") from None
+    except Exception as exc:  # no kubeconfig / in-cluster config, API unreachable
+        raise _usage(f"--isvc {ns}/{name}: cannot read it from Kubernetes ({type(exc).__name__}: "
+                     f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+    if target.host_header:
+        endpoint = dataclasses.replace(endpoint, host_header=target.host_header)
+    return endpoint, [f"KServe {target.shape} {ns}/{name}: gating {target.revision}"] + target.notes
 
 
 def _launch_header(st: KvgateState) -> str:
@@ -469,6 +523,23 @@ def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
         return verdict
 
     return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """A gate whose exact-length prompt cannot be built here (no /tokenize and no local tokenizer:
+    :class:`kvgate.prompts.PromptUnavailable`) is a SKIP with that reason, not a harness error."""
+    from .prompts import PromptUnavailable
+
+    try:
+        return (yield)
+    except PromptUnavailable as exc:
+        st = pyfuncitem.config.stash.get(STATE, None)
+        marker = pyfuncitem.get_closest_marker("gate")
+        if st is None or marker is None:
+            raise
+        st.record.add(pyfuncitem.nodeid, test_id(pyfuncitem), Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))
+        pytest.skip(str(exc))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from .client import KvClient, Reply, StreamReply
 from .metrics import GaugePoll, poll_gauge, scrape_value
-from .prompts import Api, ExactPrompt, exact_prompt, server_counter
+from .prompts import (Api, ExactPrompt, PromptUnavailable, exact_prompt, local_counter, server_counter,
+                      token_id_prompt)
 
 ROUTES: dict[Api, str] = {"completions": "/completions", "chat": "/chat/completions"}
 CANARY_PROMPT = "kv cache canary"
@@ -107,8 +108,30 @@ def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None =
 
 def build_prompt(client: KvClient, model: str, api: Api, tokens: int, prefix: str = "") -> ExactPrompt:
     """An ``api`` prompt of exactly ``tokens`` tokens (starting with ``prefix``), verified with
-    the server's ``/tokenize``."""
-    return exact_prompt(server_counter(client, model, api), tokens, api, prefix=prefix)
+    the server's ``/tokenize``.
+
+    Without ``/tokenize`` (KServe's Hugging Face runtime answers 404): completions get a token-id
+    prompt (exact by construction, :func:`kvgate.prompts.token_id_prompt`); chat is counted with
+    the profile's local tokenizer (``model.tokenizer``, carried as ``Endpoint.tokenizer``), else
+    :class:`kvgate.prompts.PromptUnavailable` -- the gate SKIPs with that reason."""
+    if has_tokenize(client, model):
+        return exact_prompt(server_counter(client, model, api), tokens, api, prefix=prefix)
+    if api == "completions":
+        return token_id_prompt(tokens, seed=prefix)
+    path = getattr(client.endpoint, "tokenizer", None)
+    if not path:
+        raise PromptUnavailable("the server has no /tokenize (KServe's Hugging Face runtime?) and the profile sets "
+                                "no model.tokenizer: an exact-length chat prompt cannot be built")
+    return exact_prompt(local_counter(path, api), tokens, api, prefix=prefix)
+
+
+def has_tokenize(client: KvClient, model: str) -> bool:
+    """Whether the server answers ``POST /tokenize`` (asked once per client: 404/405 -> False)."""
+    known = getattr(client, "_kvgate_has_tokenize", None)
+    if known is None:
+        known = client.tokenize(model=model, prompt="x").status not in (404, 405)
+        client._kvgate_has_tokenize = known
+    return known
 
 
 def canary(client: KvClient, model: str, deadline_s: float) -> Exchange:

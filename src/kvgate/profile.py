@@ -100,6 +100,9 @@ class ModelSpec(_Strict):
     dtype: str = Field(default="bfloat16", description="weight dtype: bfloat16, float16, float32, q4_k_m, ...")
     weights_gib: float | None = Field(default=None, gt=0, description="[GiB] total weight bytes / 2**30, if known; replaces params x dtype")
     embedded: bool = Field(default=False, description="kvgate builds this model itself (tiny Llama)")
+    tokenizer: str | None = Field(default=None, description="[path] a local Hugging Face tokenizer directory: counts "
+                                                            "exact-length chat prompts where the server has no /tokenize "
+                                                            "(KServe's Hugging Face runtime)")
 
 
 class HardwareSpec(_Strict):

@@ -27,6 +27,16 @@ class PromptError(Exception):
     """No prompt of the requested length exists or the tokenizer endpoint misbehaved."""
 
 
+class PromptUnavailable(PromptError):
+    """An exact-length prompt cannot be built here at all (the server has no ``/tokenize`` and no
+    local tokenizer is configured for chat): what needs it is not checked (a SKIP with this reason)."""
+
+
+#: Token ids of token-id prompts (``/completions`` accepts ``prompt: [ids]``; vLLM adds no BOS to
+#: them): small ids, present in every vocabulary, cycled.
+TOKEN_IDS = tuple(range(100, 164))
+
+
 @dataclass(frozen=True)
 class ExactPrompt:
     """``text`` whose server-side token count (``tokens``) equals the request, for ``api``."""
@@ -34,12 +44,49 @@ class ExactPrompt:
     text: str
     tokens: int
     api: Api
+    #: Set for a token-id prompt (``/completions`` ``prompt: [ids]``): exact by construction.
+    token_ids: tuple[int, ...] | None = None
 
     def body(self, model: str, **params: object) -> dict:
         """Request body for ``/v1/completions`` or ``/v1/chat/completions``."""
         if self.api == "chat":
             return {"model": model, "messages": [{"role": "user", "content": self.text}], **params}
-        return {"model": model, "prompt": self.text, **params}
+        return {"model": model, "prompt": list(self.token_ids) if self.token_ids is not None else self.text, **params}
+
+
+def token_id_prompt(tokens: int, seed: str = "") -> ExactPrompt:
+    """A completions prompt of exactly ``tokens`` token ids (no tokenizer needed: the count is the
+    list's length). ``seed`` (a request's prefix) shifts the ids, so requests meant to occupy the KV
+    pool separately share no prefix blocks."""
+    import zlib
+
+    off = zlib.crc32(seed.encode()) % len(TOKEN_IDS)
+    ids = tuple(TOKEN_IDS[(off + i) % len(TOKEN_IDS)] for i in range(tokens))
+    return ExactPrompt(f"<{tokens} token ids>", tokens, "completions", ids)
+
+
+def local_counter(tokenizer_path: str, api: Api) -> CountFn:
+    """A ``count(text)`` with the Hugging Face tokenizer at ``tokenizer_path`` (the profile's
+    ``model.tokenizer``): chat renders the tokenizer's chat template with the generation prompt,
+    as vLLM does for ``/v1/chat/completions``; completions adds the special tokens (BOS) as vLLM
+    does. Raises :class:`PromptUnavailable` when transformers or the tokenizer cannot be loaded."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as exc:  # ImportError, OSError (no such directory), ValueError
+        raise PromptUnavailable(f"model.tokenizer {tokenizer_path!r} cannot be loaded ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+
+    def count(text: str) -> int:
+        if api == "chat":
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            return len(ids)
+        return len(tok(text)["input_ids"])
+
+    return count
 
 
 def filler(n: int) -> str:

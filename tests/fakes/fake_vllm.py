@@ -755,6 +755,11 @@ class FakeVLLM:
             Route("/detokenize", self._detokenize, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            # KServe's Hugging Face runtime serves the OpenAI routes under /openai/v1 (with the
+            # no_tokenize fault it also has no /tokenize, like that runtime)
+            Route("/openai/v1/models", self._models, methods=["GET"]),
+            Route("/openai/v1/completions", self._completions, methods=["POST"]),
+            Route("/openai/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/metrics", self._metrics_endpoint, methods=["GET"]),
             Route("/_fake/state", self._fake_state, methods=["GET"]),
             Route("/_fake/config", self._fake_config, methods=["GET", "POST"]),

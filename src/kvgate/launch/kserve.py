@@ -1,0 +1,220 @@
+"""KServe pre-canary targets: find the *new* version of a KServe deployment, before it takes
+traffic, from ``--isvc NAME --namespace NS`` (read with the ``kubernetes`` client), and gate it.
+
+Three shapes (:func:`discover`, pure: Kubernetes objects in, :class:`KServeTarget` out):
+
+- **Serverless InferenceService** (Knative; ``spec.predictor.canaryTrafficPercent``): the new
+  revision is the ``status.components.predictor.traffic[]`` entry with ``latestRevision: true``.
+  With tag routing (``serving.kserve.io/enable-tag-routing: "true"``) it has its own ``latest-``
+  URL; through an ingress (``--ingress URL``) kvgate connects to the ingress and sends the
+  ``Host`` header of that URL. Without tag routing, the revision's own in-cluster Service
+  (``http://REVISION.NS.svc.cluster.local``, Knative makes one per revision) is the target.
+- **RawDeployment InferenceService with named canaries** (``spec.canary[]``, each
+  ``{name, trafficPercent}`` served by its own ``{isvc}-{name}-predictor`` Service): the canary
+  named by ``--canary``, else the one at ``trafficPercent: 0`` (gated directly, before any
+  traffic).
+- **LLMInferenceService routing groups** (``spec.router.route.group`` / ``weight``; members are
+  symmetric): the member at weight 0 in NAME's group, through its own endpoint
+  (``status.addresses[0].url``, else ``status.url``). ``ci/`` patches its weight only after
+  kvgate passed.
+
+Route prefix: ``/openai/v1`` for KServe's Hugging Face runtime (``modelFormat.name:
+huggingface``), ``/v1`` for an LLMInferenceService (vLLM's own routes), else the profile's
+``endpoint.route_prefix``. TLS is verified (``--ca-bundle`` adds a CA; there is no switch to turn
+verification off). Recorded objects for each shape: ``tests/data/kserve/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+GROUP = "serving.kserve.io"
+ISVC = ("v1beta1", "inferenceservices")
+LLMISVC = ("v1alpha1", "llminferenceservices")
+TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
+DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+HF_PREFIX = "/openai/v1"
+
+
+class KServeError(Exception):
+    """The object cannot be gated as asked (no canary pending, ambiguous, not found). One line."""
+
+
+@dataclass(frozen=True)
+class KServeTarget:
+    """Where the new version answers: ``url`` (server root, no route prefix), the ``route_prefix``,
+    the ``host_header`` to send (ingress + tag URL) or None, the ``shape`` (serverless,
+    raw-canary, llmisvc-group), what is gated (``revision``: a revision, canary or member name),
+    its current traffic share (``percent``, 0-100) and ``notes`` for the report."""
+
+    url: str
+    route_prefix: str
+    host_header: str | None
+    shape: str
+    revision: str
+    percent: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.url.rstrip("/") + self.route_prefix
+
+
+class CustomObjects(Protocol):
+    """The two calls of ``kubernetes.client.CustomObjectsApi`` kvgate uses (injectable in tests)."""
+
+    def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                     name: str) -> dict[str, Any]: ...
+
+    def list_namespaced_custom_object(self, group: str, version: str, namespace: str,
+                                      plural: str) -> dict[str, Any]: ...
+
+
+def _prefix(obj: dict[str, Any], default: str) -> str:
+    if obj.get("kind") == "LLMInferenceService":
+        return "/v1"
+    fmt = (((obj.get("spec") or {}).get("predictor") or {}).get("model") or {}).get("modelFormat") or {}
+    return HF_PREFIX if str(fmt.get("name", "")).lower() == "huggingface" else default
+
+
+def _root(url: str) -> str:
+    p = urlsplit(url)
+    if p.scheme not in ("http", "https") or not p.netloc:
+        raise KServeError(f"not an http(s) URL in the object's status: {url!r}")
+    return f"{p.scheme}://{p.netloc}"
+
+
+def discover(obj: dict[str, Any], *, canary: str | None = None, ingress: str | None = None,
+             siblings: list[dict[str, Any]] | None = None, default_prefix: str = "/v1") -> KServeTarget:
+    """The new version of ``obj`` (an InferenceService or LLMInferenceService as the API returns
+    it) to gate. ``canary``: a named RawDeployment canary; ``ingress``: connect here and send the
+    tag URL's host; ``siblings``: the LLMInferenceServices of the namespace (for routing groups).
+    Raises :class:`KServeError`."""
+    kind = obj.get("kind", "InferenceService")
+    meta = obj.get("metadata") or {}
+    name, ns = meta.get("name", "?"), meta.get("namespace", "default")
+    prefix = _prefix(obj, default_prefix)
+    if kind == "LLMInferenceService":
+        return _llmisvc(obj, siblings or [obj], ns, prefix)
+    annotations = meta.get("annotations") or {}
+    if annotations.get(DEPLOYMENT_MODE, "").lower() in ("rawdeployment", "standard"):
+        return _raw(obj, name, ns, prefix, canary)
+    return _serverless(obj, name, ns, prefix, ingress, annotations.get(TAG_ROUTING, "").lower() == "true")
+
+
+def _serverless(obj: dict[str, Any], name: str, ns: str, prefix: str, ingress: str | None,
+                tagged: bool) -> KServeTarget:
+    pred = ((obj.get("status") or {}).get("components") or {}).get("predictor") or {}
+    traffic = pred.get("traffic") or []
+    latest = next((t for t in traffic if t.get("latestRevision")), None)
+    if latest is None:
+        raise KServeError(f"InferenceService {ns}/{name}: no latestRevision in status.components.predictor.traffic "
+                          "(is the new revision Ready?)")
+    revision = latest.get("revisionName") or pred.get("latestCreatedRevision") or "?"
+    percent = float(latest.get("percent") or 0)
+    if len(traffic) < 2 and percent >= 100:
+        raise KServeError(f"InferenceService {ns}/{name}: revision {revision} already takes 100% of the traffic; "
+                          "nothing to gate before rollout (set spec.predictor.canaryTrafficPercent)")
+    notes = [f"serverless: revision {revision} at {percent:g}% (canaryTrafficPercent "
+             f"{((obj.get('spec') or {}).get('predictor') or {}).get('canaryTrafficPercent', 'unset')})"]
+    tag_url = latest.get("url")
+    if tag_url:
+        if ingress:
+            notes.append(f"through the ingress {ingress} with Host {urlsplit(tag_url).netloc}")
+            return KServeTarget(_root(ingress), prefix, urlsplit(tag_url).netloc, "serverless", revision, percent, notes)
+        notes.append(f"tag URL {tag_url}")
+        return KServeTarget(_root(tag_url), prefix, None, "serverless", revision, percent, notes)
+    why = "tag routing off" if not tagged else "no tag URL in the traffic entry"
+    url = f"http://{revision}.{ns}.svc.cluster.local"
+    notes.append(f"{why}: the revision's own Service {url} (in-cluster)")
+    return KServeTarget(url, prefix, None, "serverless", revision, percent, notes)
+
+
+def _raw(obj: dict[str, Any], name: str, ns: str, prefix: str, canary: str | None) -> KServeTarget:
+    canaries = (obj.get("spec") or {}).get("canary") or []
+    if not canaries:
+        raise KServeError(f"InferenceService {ns}/{name} (RawDeployment) has no spec.canary[]: nothing to gate "
+                          "before rollout")
+    names = [c.get("name") for c in canaries]
+    if canary is not None:
+        chosen = next((c for c in canaries if c.get("name") == canary), None)
+        if chosen is None:
+            raise KServeError(f"InferenceService {ns}/{name}: no canary {canary!r}; canaries: {', '.join(names)}")
+    else:
+        idle = [c for c in canaries if not c.get("trafficPercent")]
+        if len(idle) != 1:
+            raise KServeError(f"InferenceService {ns}/{name}: {len(idle)} canaries at trafficPercent 0 "
+                              f"({', '.join(c['name'] for c in idle) or 'none'}); name one with --canary "
+                              f"(canaries: {', '.join(names)})")
+        chosen = idle[0]
+    percent = float(chosen.get("trafficPercent") or 0)
+    url = f"http://{name}-{chosen['name']}-predictor.{ns}.svc.cluster.local"
+    notes = [f"RawDeployment canary {chosen['name']} at {percent:g}%: its own Service {url}"]
+    if percent > 0:
+        notes.append(f"canary {chosen['name']} already takes {percent:g}% of the traffic")
+    return KServeTarget(url, prefix, None, "raw-canary", chosen["name"], percent, notes)
+
+
+def _route(o: dict[str, Any]) -> dict[str, Any]:
+    return (((o.get("spec") or {}).get("router") or {}).get("route") or {})
+
+
+def _llmisvc(obj: dict[str, Any], siblings: list[dict[str, Any]], ns: str, prefix: str) -> KServeTarget:
+    name = obj["metadata"]["name"]
+    group = _route(obj).get("group")
+    members = [s for s in siblings if group is not None and _route(s).get("group") == group] if group else [obj]
+    idle = [m for m in members if not _route(m).get("weight")]
+    if _route(obj).get("weight"):
+        if len(idle) != 1:
+            raise KServeError(f"LLMInferenceService {ns}/{name} takes traffic (weight {_route(obj)['weight']}) and "
+                              f"group {group!r} has {len(idle)} members at weight 0; name the one to gate with --isvc")
+        chosen = idle[0]
+    else:
+        chosen = obj
+    status = chosen.get("status") or {}
+    addresses = [a.get("url") for a in status.get("addresses") or [] if a.get("url")]
+    url = addresses[0] if addresses else status.get("url")
+    cname = chosen["metadata"]["name"]
+    if not url:
+        raise KServeError(f"LLMInferenceService {ns}/{cname}: no status.addresses[].url or status.url (is it Ready?)")
+    notes = [f"LLMInferenceService group {group!r}: member {cname} at weight 0 of "
+             f"{len(members)} member(s), through its own endpoint {url}"]
+    return KServeTarget(_root(url), prefix, None, "llmisvc-group", cname, 0.0, notes)
+
+
+def custom_objects_api() -> CustomObjects:
+    """``CustomObjectsApi`` from the in-cluster config (a Job's service account) or ``~/.kube/config``."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CustomObjectsApi()
+
+
+def read(name: str, namespace: str, api: CustomObjects) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The InferenceService (or, failing that, LLMInferenceService) ``namespace/name`` and, for an
+    LLMInferenceService, its namespace's LLMInferenceServices. Raises :class:`KServeError` (not
+    found, no permission: one line)."""
+    errors = []
+    for (version, plural), kind in ((ISVC, "InferenceService"), (LLMISVC, "LLMInferenceService")):
+        try:
+            obj = api.get_namespaced_custom_object(GROUP, version, namespace, plural, name)
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            errors.append(f"{kind}: {status or type(exc).__name__}")
+            if status not in (404, None):
+                raise KServeError(f"reading {kind} {namespace}/{name}: HTTP {status} "
+                                  f"({getattr(exc, 'reason', '')}); check the service account's RBAC") from None
+            continue
+        obj.setdefault("kind", kind)
+        siblings: list[dict[str, Any]] = []
+        if kind == "LLMInferenceService":
+            siblings = api.list_namespaced_custom_object(GROUP, version, namespace, plural).get("items", [])
+            for s in siblings:
+                s.setdefault("kind", kind)
+        return obj, siblings
+    raise KServeError(f"no InferenceService or LLMInferenceService {namespace}/{name} ({'; '.join(errors)})")
