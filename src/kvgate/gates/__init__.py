@@ -10,7 +10,8 @@ requests) and *tested* (kvgate's own tests):
 ==============  ==========================  ======================  ===============================  ====================================
 gate            asserted in                 decided in              measured by                      tested in
 ==============  ==========================  ======================  ===============================  ====================================
-fit             suites/test_fit.py          gates/fit.py            kvgate.kvmath (arithmetic only)  tests/test_gates_fit.py, test_kvmath.py
+fit             suites/test_fit.py          gates/fit.py            kvgate.kvmath (arithmetic only)  tests/test_gates_fit.py, test_kvmath.py,
+                                                                    + kvgate.hfconfig                test_kv_families.py, e2e/test_kv_families.py
 deployment      suites/test_deployment.py   gates/deployment.py     probes.observe_deployment        tests/test_gates_vs_fake.py
 max-context     suites/test_max_context.py  gates/max_context.py    probes.build_prompt/send_watched tests/test_gates_vs_fake.py
 max-tokens      suites/test_max_tokens.py   gates/max_tokens.py     probes.send                      tests/test_gates_vs_fake.py
