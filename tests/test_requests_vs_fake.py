@@ -17,7 +17,7 @@ pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
 SUITE = ["suites/test_requests.py"]
 SERVER_SUITES = ["suites/test_max_context.py", "suites/test_max_tokens.py", "suites/test_streaming.py",
-                 "suites/test_requests.py"]
+                 "suites/test_requests.py", "suites/test_load.py"]
 
 
 def run(pytester, url, suites=SUITE, profile=PROFILE):
