@@ -46,6 +46,15 @@ def allure_run_ids(reports: Path) -> set[str]:
     return ids
 
 
+def signoff_first_line(reports: Path) -> str:
+    """``kvgate report --signoff-only`` on this run's reports; the first line of its signoff.md."""
+    from kvgate.cli import main as kvgate_main
+
+    assert not (reports / "signoff.md").exists(), "a run must remove the previous run's signoff.md"
+    assert kvgate_main(["report", f"--reports={reports}", "--signoff-only"]) == 0
+    return (reports / "signoff.md").read_text().splitlines()[0]
+
+
 def one_run_id(reports: Path) -> tuple[dict, str]:
     """The summary, and the run id that summary, JUnit and Allure all carry (asserted equal)."""
     summary = read_summary(reports)
@@ -76,6 +85,7 @@ def test_every_run_replaces_the_whole_report_set(pytester, tmp_path):
     assert result.ret == pytest.ExitCode.OK
     summary, rid = one_run_id(reports)
     assert summary["overall"] == "PASS" and 'failures="0"' in (reports / "junit.xml").read_text()
+    assert signoff_first_line(reports).endswith(" — PASS")
     seen.append(rid)
     # ERROR: the endpoint is dead; JUnit must not keep the green of the run before
     result = run(pytester, reports, "--profile", "tiny-cpu", "--endpoint", "http://127.0.0.1:9", suites)
@@ -83,12 +93,14 @@ def test_every_run_replaces_the_whole_report_set(pytester, tmp_path):
     summary, rid = one_run_id(reports)
     xml = (reports / "junit.xml").read_text()
     assert summary["overall"] == "ERROR" and 'errors="1"' in xml and "is unreachable" in xml and "kv-pool" not in xml
+    assert signoff_first_line(reports).endswith(" — ERROR")
     seen.append(rid)
     # FAIL
     result = run(pytester, reports, "--profile", "llama70b-tp4-defaults", "-m", "fit", suites)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     summary, rid = one_run_id(reports)
     assert summary["overall"] == "FAIL" and 'failures="1"' in (reports / "junit.xml").read_text()
+    assert signoff_first_line(reports).endswith(" — FAIL")
     seen.append(rid)
     # interrupted mid-gate (Ctrl-C on the second deployment check)
     with FakeVLLM(FakeConfig(max_tokens_cap=64)) as fake:
@@ -103,6 +115,8 @@ def test_every_run_replaces_the_whole_report_set(pytester, tmp_path):
     assert summary["overall"] == "INCOMPLETE" and summary["not_run"]
     assert 'name="kvgate_overall" value="INCOMPLETE"' in xml and "run incomplete" in xml  # never green
     assert any(json.loads(p.read_text())["status"] == "broken" for p in (reports / "allure-results").glob("*-result.json"))
+    assert signoff_first_line(reports).endswith(" — INCOMPLETE")
+    assert "Gates that did not run: `fake-vllm/deployment/" in (reports / "signoff.md").read_text()
     seen.append(rid)
     assert len(set(seen)) == 4
     assert not (reports / "vllm-server.log").exists() and not (reports / "summary.json.tmp").exists()

@@ -222,8 +222,9 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
         outputs.write_junit_problem(junit, run_id, "ERROR", record.run_error)
         if allure_dir is not None:
             outputs.write_allure_problem(allure_dir, run_id, record.run_error, profile=record.profile_name)
-            outputs.write_allure_environment(allure_dir, {outputs.RUN_ID_KEY: run_id, "overall": "ERROR",
-                                                          "profile": record.profile_name})
+            gate_mode = getattr(config.option, "kvgate_gate_mode", "enforce")
+            allure_meta.write_metadata(allure_dir, allure_meta.environment_props(record.summary(), gate_mode),
+                                       record.redactor)
     except OSError:
         pass
 
