@@ -64,5 +64,6 @@ def run_report(args: argparse.Namespace, *, out: TextIO = sys.stdout, err: TextI
     except RenderError as exc:
         print(f"kvgate report: {exc}", file=err)
         return FAILED
-    print(f"kvgate report: {output}/index.html (serve it over HTTP: npx allure open {output})", file=out)
+    how = "one file: opens from disk" if args.single_file else f"serve it over HTTP: npx allure open {output}"
+    print(f"kvgate report: {output}/index.html ({how})", file=out)
     return OK
