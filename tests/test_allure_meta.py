@@ -46,6 +46,9 @@ def test_verdict_description_says_what_it_means_measured_limit_and_checks():
     assert text.startswith("**FAIL** — a defect in the deployment")
     assert "need 16,384 tokens" in text and "- measured: 4 sequences" in text and "- limit: 8 sequences" in text
     assert "- FAIL `fit.long`: 4 at once -> FAIL" in text and "Not checked: fit.budget (memory not declared)" in text
+    assert text.endswith("What to change: give the KV pool more memory (gpu_memory_utilization, kv_cache_dtype fp8, "
+                         "more GPUs / TP) or declare less (max_model_len, the workloads' concurrency, max_num_seqs).")
+    assert "What to change" not in allure_meta.verdict_description(Verdict("fit", Status.PASS, "ok -> PASS"))
     invalid = allure_meta.verdict_description(Verdict("d", Status.INVALID, "bunched -> INVALID"))
     assert "untrusted measurement" in invalid and "- measured: - (no trustworthy measurement" in invalid
 

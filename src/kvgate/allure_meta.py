@@ -73,6 +73,26 @@ MEANING = {
     "INCOMPLETE": "cut short before it could decide; never a pass",
 }
 
+#: What to change when a gate FAILs (the description's last line); the message carries the numbers.
+ADVICE = {
+    "fit": "give the KV pool more memory (gpu_memory_utilization, kv_cache_dtype fp8, more GPUs / TP) or declare "
+           "less (max_model_len, the workloads' concurrency, max_num_seqs)",
+    "fit.live": "kvgate's arithmetic and vLLM's pool disagree: check the profile's model architecture and engine "
+                "numbers against what the server reports (vllm:cache_config_info)",
+    "deployment": "deploy what the profile says (served model name, max_model_len, cache config) or correct the profile",
+    "max-context": "check max_model_len on the server and any body-size or timeout limit of the gateway in front of it",
+    "max-tokens": "set the server's cap (vLLM --override-generation-config max_new_tokens, or the gateway) as the "
+                  "profile declares, or correct the profile",
+    "streaming": "check the gateway's buffering and idle timeout, and the server's TTFT at this load",
+    "disconnect": "the server (or a proxy in front) keeps generating for clients that left: make the proxy pass the "
+                  "hang-up through",
+    "concurrency": "fewer concurrent long sequences per replica, or more KV (see the fit gate)",
+    "latency": "lower the concurrency per replica, limit max_num_batched_tokens (chunked prefill), or split short "
+               "and long requests into separate pools",
+    "soak": "read the classification in the message (memory growth, preemption/placement, bounded cache) and the "
+            "soak plot",
+}
+
 #: Labels allure-pytest adds that say nothing about the deployment.
 NOISE_LABELS = ("host", "thread")
 
@@ -144,6 +164,9 @@ def verdict_description(verdict: Verdict) -> str:
         lines += [f"- {c['status']} `{c['gate']}`: {c['message']}" for c in d["checks"]]
     if d["skipped_checks"]:
         lines += ["", "Not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in d["skipped_checks"])]
+    advice = ADVICE.get(verdict.gate) or ADVICE.get(verdict.gate.split("/")[0].split(".")[0])
+    if verdict.status is Status.FAIL and advice:
+        lines += ["", f"What to change: {advice}."]
     return "\n".join(lines)
 
 
