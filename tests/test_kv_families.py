@@ -288,3 +288,44 @@ def test_profile_reads_hf_config_relative_to_itself_and_profile_keys_win(tmp_pat
     (tmp_path / "q.yaml").write_text("model: {served_name: x, hf_config: nope/config.json}\nengine: {max_model_len: 8}\n")
     with pytest.raises(ProfileError, match=r"q.yaml: field 'model.hf_config': .*nope/config.json"):
         load_profile(str(tmp_path / "q.yaml"))
+
+
+# --- the tiny-model builder and the launcher -------------------------------------------------
+
+
+@pytest.mark.parametrize("family, model_type", [
+    ("llama", "llama"), ("qwen3", "qwen3"), ("mistral", "mistral"), ("gemma2", "gemma2"),
+    ("gemma3", "gemma3_text"), ("mixtral", "mixtral"), ("mqa", "llama"), ("deepseek-mla", "deepseek_v2"),
+])
+def test_tiny_spec_per_family(family, model_type):
+    from kvgate.launch.tinymodel import TinySpec, family_config_kwargs
+
+    spec = TinySpec.from_architecture(load_profile(str(FAMILIES / f"{family}.yaml")).model.architecture)
+    assert spec.model_type == model_type
+    kw = family_config_kwargs(spec)
+    if family == "deepseek-mla":
+        assert (kw["kv_lora_rank"], kw["qk_rope_head_dim"], kw["q_lora_rank"]) == (512, 64, None)
+    if family == "gemma3":
+        assert kw["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"] and kw["sliding_window"] == 256
+    if family == "mistral":
+        assert kw == {"sliding_window": 256}
+
+
+def test_tiny_llama_keeps_its_cached_build_and_other_families_do_not_share_it():
+    from kvgate.launch.tinymodel import TinySpec, TinyModelError, family_config_kwargs
+
+    tiny = TinySpec.from_architecture(load_profile("tiny-cpu").model.architecture)
+    assert tiny.digest() == TinySpec().digest() == "ade7e5cc3fd9"  # the digest before families existed
+    assert TinySpec(model_type="qwen3").digest() != tiny.digest()
+    with pytest.raises(TinyModelError, match="576"):
+        family_config_kwargs(TinySpec(model_type="deepseek_v2", kv_lora_rank=256, qk_rope_head_dim=64))
+    with pytest.raises(TinyModelError, match="not buildable"):
+        family_config_kwargs(TinySpec(model_type="gpt_oss"))
+
+
+def test_launcher_renders_the_hybrid_manager_switch():
+    from kvgate.launch.local import render_command
+
+    cmd = render_command(load_profile(str(FAMILIES / "gemma3-no-hybrid.yaml")), "/m", 1234)
+    assert "--disable-hybrid-kv-cache-manager" in cmd
+    assert not any("hybrid" in c for c in render_command(load_profile(str(FAMILIES / "gemma3.yaml")), "/m", 1234))
