@@ -482,9 +482,11 @@ def _vllm_parts(p: FitPlan) -> list[Verdict]:
         msg = (f"{head} < one sequence of {L:,} ({fmt_bytes(pool.sequence_bytes)}, {per_seq}): vLLM refuses to "
                f"start (max_model_len larger than the KV cache) -> FAIL")
     else:
-        msg = (f"{head}: concurrency at max_model_len: 0 -- vLLM starts (its check counts all {pool.num_blocks:,} "
-               f"blocks) but block 0 is its null block, so {pool.usable_blocks:,} usable < {per_seq} one "
-               f"{L:,}-token request needs; such a request can never be scheduled -> FAIL")
+        msg = (f"{head}: concurrency at max_model_len: 0 -- of its {pool.num_blocks:,} blocks block 0 is vLLM's "
+               f"null block, so {pool.usable_blocks:,} usable < {per_seq} one {L:,}-token request needs: vLLM 0.32 "
+               f"refuses to start (its startup check holds the null block back, "
+               f"kv_cache_utils.check_enough_kv_cache_memory); a vLLM that starts anyway can never schedule such a "
+               f"request -> FAIL")
     parts.append(Verdict("fit.max_model_len", _pf(ok), msg, measured=pool.usable_blocks,
                          limit=pool.blocks_per_sequence, unit="blocks",
                          evidence={"num_blocks": pool.num_blocks, "null_blocks": 1, "sequence_tokens": L}))
