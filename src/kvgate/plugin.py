@@ -286,8 +286,9 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
                     check=not (_only_fit(config) or config.option.collectonly))
     kserve_notes: list[str] = []
     if endpoint is None and config.getoption("kvgate_isvc"):
-        endpoint, kserve_notes = _kserve_endpoint(config, profile, api_key_env)
-        redactor.add(endpoint.api_key)
+        if not config.option.collectonly:  # --collect-only reads nothing from the cluster
+            endpoint, kserve_notes = _kserve_endpoint(config, profile, api_key_env)
+            redactor.add(endpoint.api_key)
         choice = Choice("endpoint", "--isvc")
     if endpoint is not None and profile.model.tokenizer:
         endpoint = dataclasses.replace(endpoint, tokenizer=profile.model.tokenizer)

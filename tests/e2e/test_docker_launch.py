@@ -142,3 +142,27 @@ def test_gpu_device_request_reaches_docker(image, tmp_path, monkeypatch):
     assert kwargs["network_mode"] == "host" and kwargs["ipc_mode"] == "host"
     assert containers(image) == []
     print("create kwargs:", json.dumps({k: v for k, v in kwargs.items() if k != "device_requests"}, default=str))
+
+
+def test_dockerfile_builds_on_a_local_base_and_runs_the_fit_gate(image, tmp_path):
+    """The repository's Dockerfile, its base image a build argument: built here on a local base
+    (bookworm + this venv's dependencies, no network), then run as the CI templates run it."""
+    t0 = time.monotonic()
+    try:
+        base = vllm_image.python_base_image()
+    except vllm_image.Unavailable as exc:
+        pytest.skip(f"no local base image: {exc}")
+    tag = "local/kvgate:e2e"
+    build = subprocess.run(["docker", "build", "-q", "--network", "host", "--build-arg", f"BASE={base}",
+                            "--build-arg", "PIP_ARGS=--no-deps --no-build-isolation", "-t", tag, str(REPO)],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    assert build.returncode == 0, build.stderr[-2000:]
+    built_s = time.monotonic() - t0
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    run = subprocess.run(["docker", "run", "--rm", "--network", "host", "-v", f"{reports}:/kvgate/reports", tag,
+                          "--profile", "llama70b-tp4", "-m", "fit"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-1000:]
+    summary = read_summary(reports)
+    assert summary["overall"] == "PASS" and summary["gates"][0]["id"] == "llama70b-tp4/fit/kv-pool"
+    print(f"Dockerfile: base + build {built_s:.1f} s, fit run {time.monotonic() - t0 - built_s:.1f} s")

@@ -26,6 +26,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -141,23 +142,73 @@ def _extra_files() -> dict[str, bytes]:
 
 def image() -> str:
     """The fake-vLLM image's tag, built when missing. Raises :class:`Unavailable`."""
-    base = base_rootfs()
     files = _extra_files()
-    h = hashlib.sha256(f"{base.stat().st_size}:{base.stat().st_mtime_ns}".encode())
-    for path in sorted(files):
-        h.update(path.encode() + b"\0" + files[path])
-    tag = f"{IMAGE_REPO}:{h.hexdigest()[:12]}"
+    return _import(IMAGE_REPO, {p: (lambda d=d: d) for p, d in files.items()},
+                   "".join(sorted(f"{p}:{hashlib.sha256(d).hexdigest()}" for p, d in files.items())))
+
+
+def _import(repo: str, files: dict[str, "Callable[[], bytes]"], digest: str) -> str:
+    """``docker import`` of the cached bookworm root plus ``files`` (image path -> content), with
+    ``PYTHONPATH`` at :data:`SITE`; tagged by a hash of the base and ``digest``, reused when present."""
+    base = base_rootfs()
+    h = hashlib.sha256(f"{base.stat().st_size}:{base.stat().st_mtime_ns}:{digest}".encode())
+    tag = f"{repo}:{h.hexdigest()[:12]}"
     if _docker("image", "inspect", tag).returncode == 0:
         return tag
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as out, tarfile.open(base) as src:
-        for member in src:
-            out.addfile(member, src.extractfile(member) if member.isfile() else None)
-        for path, data in files.items():
-            info = tarfile.TarInfo("." + path)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            out.addfile(info, io.BytesIO(data))
-    r = _docker("import", "--change", f"ENV PYTHONPATH={SITE}", "-", tag, input=buf.getvalue(), timeout=300)
+    with tempfile.TemporaryFile() as buf:
+        with tarfile.open(fileobj=buf, mode="w") as out, tarfile.open(base) as src:
+            for member in src:
+                out.addfile(member, src.extractfile(member) if member.isfile() else None)
+            for path, read in files.items():
+                data = read()
+                info = tarfile.TarInfo("." + path)
+                info.size, info.mode, info.mtime = len(data), 0o755 if path.endswith(".so") else 0o644, 0
+                out.addfile(info, io.BytesIO(data))
+        buf.seek(0)
+        r = subprocess.run(["docker", "import", "--change", f"ENV PYTHONPATH={SITE}", "-", tag], stdin=buf,
+                           capture_output=True, timeout=600)
     if r.returncode != 0:
         raise Unavailable(f"docker import failed: {r.stderr.decode(errors='replace')[-300:]}")
     return tag
+
+
+def _closure(roots: tuple[str, ...]) -> list[md.Distribution]:
+    """The installed distributions ``roots`` need (their requirements, recursively; no extras)."""
+    import re
+
+    from packaging.requirements import Requirement
+
+    seen: dict[str, md.Distribution] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        seen[key] = dist
+        for r in dist.requires or ():
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(seen.values())
+
+
+def python_base_image() -> str:
+    """A base for kvgate's Dockerfile with no network: bookworm + python3 + kvgate's dependencies
+    (no extras) and pip/setuptools, copied from this venv (same CPython 3.11 ABI) onto
+    ``PYTHONPATH``. Build the Dockerfile on it with ``PIP_ARGS=--no-deps --no-build-isolation``."""
+    files: dict[str, Callable[[], bytes]] = {}
+    digest = []
+    deps = [d for d in _closure(("kvgate", "pip", "setuptools")) if d.metadata["Name"].lower() != "kvgate"]
+    for dist in deps:
+        digest.append(f"{dist.metadata['Name']}=={dist.version}")
+        for f in dist.files or ():
+            src = Path(dist.locate_file(f))
+            if str(f).startswith("..") or "__pycache__" in str(f) or not src.is_file():
+                continue
+            files[f"{SITE}/{f}"] = src.read_bytes
+    return _import("local/kvgate-pybase", files, ",".join(sorted(digest)))
