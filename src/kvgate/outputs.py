@@ -37,7 +37,9 @@ OVERLAY = "profile-overlay.yaml"
 #: ``kvgate report``'s sign-off summary (kvgate.signoff.SIGNOFF); the HTML report dir
 #: ``allure-report/`` is kept: its ``history.jsonl`` carries the trend into the next report.
 SIGNOFF = "signoff.md"
-OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES)
+#: launch mode pools (kvgate.launch.pools.POOLS_DIR): each pool's vLLM log, nginx's config and logs.
+POOLS_DIR = "pools"
+OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES, POOLS_DIR)
 #: JUnit testsuite property / Allure label and environment key that carry the run id.
 RUN_ID_KEY = "kvgate_run_id"
 

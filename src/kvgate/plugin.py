@@ -71,6 +71,7 @@ MARKERS = (
     "requests: the edge-requests gate (edge values, malformed bodies, chunk schema, non-ASCII, route timeout)",
     "load: gates that put the server under concurrent load",
     "autoscale_signal: the autoscale-signal gate (the queue metric an autoscaler reads, under a burst)",
+    "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
 )
 #: Path-valued options of plugins loaded after pytest fixes its rootdir: given as ``--opt PATH``
@@ -90,6 +91,9 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                          "'=': --profile=PATH)")
     group.addoption("--endpoint", dest="kvgate_endpoint", default=None, metavar="URL",
                     help="gate an existing OpenAI-compatible server (default: launch the embedded vLLM)")
+    group.addoption("--pool-endpoint", dest="kvgate_pool_endpoints", action="append", default=None,
+                    metavar="NAME=URL", help="a pools profile: pool NAME's own server, bypassing the router (where "
+                                             "the pools gates read its /metrics); repeat for short and long")
     group.addoption("--api-key-env", dest="kvgate_api_key_env", default=None, metavar="VAR",
                     help="environment variable holding the endpoint's API key (never printed)")
     group.addoption("--kvgate-reports", dest="kvgate_reports", default="reports", metavar="DIR",
@@ -273,7 +277,8 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
     api_key_env = config.getoption("kvgate_api_key_env")
     _ca_bundle(config)
     redactor = Redactor()
-    url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or None
+    router = profile.pools.router_endpoint if profile.pools else None  # a pools profile's run goes to its router
+    url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or router or None
     endpoint = None
     if url:
         try:
@@ -282,7 +287,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
             raise _usage(redactor.text(str(exc))) from None
         redactor.add(endpoint.api_key)
     # which launcher (kvgate.launch.base.choose); one that cannot run here makes live gates SKIP
-    choice = choose(profile, endpoint=config.getoption("kvgate_endpoint"), launch=config.getoption("kvgate_launch"),
+    choice = choose(profile, endpoint=config.getoption("kvgate_endpoint") or router, launch=config.getoption("kvgate_launch"),
                     check=not (_only_fit(config) or config.option.collectonly))
     kserve_notes: list[str] = []
     if endpoint is None and config.getoption("kvgate_isvc"):
@@ -376,7 +381,16 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         where += "".join(f"; {n}" for n in st.extra.get("kserve_notes", []))
     run_id = config.stash.get(RUN_ID, "")
     return [f"kvgate: profile {st.profile.name} ({st.profile.source}); {where}; reports {st.reports_dir}/ "
-            f"(run {run_id})"] + _lint_header(st)
+            f"(run {run_id})"] + _lint_header(st) + _pools_header(st)
+
+
+def _pools_header(st: KvgateState) -> list[str]:
+    pools = st.profile.pools
+    if pools is None:
+        return []
+    return [f"kvgate: pools profile: the pools gates only (routing, isolation); gate each pool with its own profile: "
+            f"pytest --profile={pools.short.profile} --endpoint=<short pool URL>, "
+            f"pytest --profile={pools.long.profile} --endpoint=<long pool URL>"]
 
 
 def _lint_header(st: KvgateState) -> list[str]:
@@ -426,6 +440,8 @@ def _launch_header(st: KvgateState) -> str:
 
         image = (st.profile.launch.image if st.profile.launch else None) or DEFAULT_IMAGE
         return f"endpoint: {image} in docker, started by kvgate ({choice.source})"
+    if choice is not None and choice.mode == "pools":
+        return "endpoint: nginx in front of two embedded vLLM pools, started by kvgate"
     return "endpoint: embedded vLLM, started by kvgate"
 
 
@@ -471,10 +487,23 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     # the fit gate needs no server and runs first; gates that load the server run last
     items.sort(key=_gate_rank)
+    _pools_only(config, items)
+
+
+def _pools_only(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A pools profile gates the router and the split (the pools gates); each pool is gated by its
+    own profile (``--profile=<pool profile> --endpoint=<pool URL>``), so the other gates, which
+    would judge the router against one pool's numbers, are deselected (the header says so)."""
+    if state(config).profile.pools is None:
+        return
+    other = [it for it in items if (m := it.get_closest_marker("gate")) is not None and m.args[0] != "pools"]
+    if other:
+        items[:] = [it for it in items if it not in other]
+        config.hook.pytest_deselected(items=other)
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "disconnect", "concurrency",
-              "latency", "autoscale-signal", "soak")
+              "latency", "autoscale-signal", "pools", "soak")
 
 
 def _gate_rank(item: pytest.Item) -> int:

@@ -209,9 +209,10 @@ class LaunchSpec(_Strict):
     """How the endpoint comes to exist when neither ``--endpoint`` nor ``KVGATE_ENDPOINT`` is given
     (``--launch`` overrides ``mode``). One module per launcher in ``kvgate.launch``."""
 
-    mode: Literal["embedded", "docker", "none"] = Field(
+    mode: Literal["embedded", "docker", "pools", "none"] = Field(
         default="none", description="embedded: kvgate's tiny vLLM on the CPU; docker: the image below on this "
-                                    "machine's GPUs (testcontainers); none: only --endpoint")
+                                    "machine's GPUs (testcontainers); pools: each pool's embedded vLLM and nginx "
+                                    "routing in front (a pools: profile); none: only --endpoint")
     image: str | None = Field(default=None, description="docker: the server image (default vllm/vllm-openai:v<vLLM version>)")
     model: str | None = Field(default=None, description="docker: what --model gets, an HF id or a path inside the "
                                                         "container (default model.served_name)")
@@ -297,6 +298,54 @@ class AutoscaleSpec(_Strict):
     drain_within_s: float = Field(default=30.0, gt=0, description="[s] after the burst's last request ends, the metric must reach drain_to within this")
     burst_workload: str | None = Field(default=None, description="workload the burst sends (default: slo.workload, else the first short one)")
     burst_requests: int = Field(default=48, gt=0, description="[requests] sent at once; more than max_num_seqs so some must wait")
+
+
+class PoolSpec(_Strict):
+    """One pool behind the router: a full profile of its own (engine, limits, workloads, slo), so
+    the existing gates run against it alone (``pytest --profile=<it> --endpoint=<the pool's URL>``),
+    and the pool's own URL, bypassing the router, where kvgate reads its ``/metrics``."""
+
+    profile: str = Field(description="the pool's own profile: a name in profiles/ or a path relative to this file")
+    endpoint: str | None = Field(default=None, description="[URL] the pool's own server (not the router); "
+                                                           "--pool-endpoint NAME=URL overrides; launched pools fill it in")
+
+
+class RoutingRule(_Strict):
+    """How the router splits traffic: requests of at most ``threshold`` go to the short pool, longer
+    ones to the long pool, counted in prompt tokens (a router that tokenizes) or in request-body bytes
+    (a router that sees only those, e.g. nginx's ``$content_length``)."""
+
+    by: Literal["prompt_tokens", "request_bytes"] = Field(description="what the router measures: prompt_tokens "
+                                                                      "(as /tokenize counts them) or request_bytes (the body's Content-Length)")
+    threshold: int = Field(gt=0, description="[tokens or bytes] at most this -> short pool; above it -> long pool")
+
+
+class PoolIsolationSpec(_Strict):
+    """The pools/isolation gate: short requests through the router while the long pool runs its
+    declared long load, against the short pool's SLO and the short-alone figure."""
+
+    ttft_ratio_max: float = Field(default=3.0, gt=1, description="[ratio] short TTFT p95 under the long load / "
+                                                                 "short TTFT p95 alone, at most")
+    waves: int = Field(default=4, gt=0, description="[waves] of the long pool's declared long concurrency, each "
+                                                   "with short requests sent behind it")
+    shorts_per_wave: int = Field(default=4, gt=0, description="[requests] short requests per wave")
+
+
+class PoolsSpec(_Strict):
+    """Two pools behind one router (short chat / long context), the routing rule to verify, and the
+    isolation the split must buy. The run's endpoint (``--endpoint``, ``router_endpoint`` or the
+    launched router) is the router."""
+
+    short: PoolSpec = Field(description="the pool for short requests")
+    long: PoolSpec = Field(description="the pool for long requests")
+    routing: RoutingRule = Field(description="the rule the router applies")
+    router_endpoint: str | None = Field(default=None, description="[URL] the router; --endpoint overrides; "
+                                                                  "launch mode pools starts one (nginx)")
+    router_config: str = Field(default="ci/nginx-pools.conf", description="[path] launch mode pools: the nginx "
+                                                                           "config template (relative to the checkout)")
+    requests_per_case: int = Field(default=2, gt=0, description="[requests] sent per routing case (below, at, "
+                                                                "above the threshold; each pool's workload)")
+    isolation: PoolIsolationSpec = Field(default_factory=PoolIsolationSpec, description="the pools/isolation gate")
 
 
 class SoakSpec(_Strict):
@@ -400,6 +449,8 @@ class Profile(_Strict):
     autoscale: AutoscaleSpec | None = Field(default=None, description="the autoscale-signal gate: queue metric, threshold, rise/drain times")
     launch: LaunchSpec | None = Field(default=None, description="how kvgate starts the server when no --endpoint is "
                                                                "given: embedded, docker or none")
+    pools: PoolsSpec | None = Field(default=None, description="short/long pools behind a router: the pools gates "
+                                                             "(routing, isolation)")
 
     @model_validator(mode="after")
     def _soak_mix(self) -> "Profile":
@@ -588,6 +639,39 @@ def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> 
     raw["source"] = str(path)
     raw = _with_hf_config(raw, path)
     try:
-        return Profile.model_validate(raw)
+        profile = Profile.model_validate(raw)
     except ValidationError as exc:
         raise ProfileError(_format_validation(path, exc)) from None
+    if profile.pools is not None:  # a pool's profile that does not load is this file's error
+        if str(path) in _POOLS_LOADING:
+            raise ProfileError(f"{path}: field 'pools': a pool's profile leads back to this pools profile")
+        _POOLS_LOADING.add(str(path))
+        try:
+            pool_profiles(profile, Path(profile_dir))
+        finally:
+            _POOLS_LOADING.discard(str(path))
+    return profile
+
+
+_POOLS_LOADING: set[str] = set()
+
+
+def pool_profiles(profile: Profile, profile_dir: Path = DEFAULT_PROFILE_DIR) -> dict[str, Profile]:
+    """``{"short": Profile, "long": Profile}``: each pool's own profile (``pools.NAME.profile``, a
+    path relative to the pools profile's file or a name in ``profile_dir``). Raises
+    :class:`ProfileError` naming the pools profile, the field and the pool profile's own error."""
+    if profile.pools is None:
+        raise ProfileError(f"profile {profile.name!r} has no pools: section")
+    here = Path(profile.source).parent if profile.source else Path(profile_dir)
+    out = {}
+    for name in ("short", "long"):
+        ref = getattr(profile.pools, name).profile
+        local = here / ref if ref.endswith((".yaml", ".yml")) else here / f"{ref}.yaml"
+        try:
+            out[name] = load_profile(str(local) if local.is_file() else ref, profile_dir)
+        except ProfileError as exc:
+            raise ProfileError(f"{profile.source or profile.name}: field 'pools.{name}.profile': {exc}") from None
+        if out[name].pools is not None:
+            raise ProfileError(f"{profile.source or profile.name}: field 'pools.{name}.profile': {ref!r} has a pools: "
+                               "section itself; a pool's profile describes one pool")
+    return out

@@ -526,6 +526,9 @@ class _Metrics:
         self.queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
                                labels, buckets=E2E_BUCKETS, registry=r)
         self.rss = Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", registry=r)
+        # vLLM's HTTP instrumentator (prometheus-fastapi-instrumentator); the fake counts its rejections (4xx)
+        self.http = Counter("http_requests", "Total number of requests by method, status and handler.",
+                            ["handler", "method", "status"], registry=r)
         self._model: str | None = None
 
     def touch(self, model: str) -> None:
@@ -943,6 +946,8 @@ class FakeVLLM:
         except _BadRequest as e:
             resp = self._reject(e)
             rec.status, rec.error, rec.t_done = resp.status_code, str(e), time.monotonic()
+            handler = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+            self.metrics.http.labels(handler, "POST", f"{resp.status_code // 100}xx").inc()
             return resp
 
         if plan is None:  # the engine is dead

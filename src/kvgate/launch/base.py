@@ -28,6 +28,7 @@ from ..profile import Profile
 LAUNCHERS: dict[str, str] = {
     "embedded": "kvgate.launch.local:EmbeddedServer",
     "docker": "kvgate.launch.docker:DockerLauncher",
+    "pools": "kvgate.launch.pools:PoolsLauncher",
 }
 MODES = (*LAUNCHERS, "none")
 ENDPOINT_ENV = "KVGATE_ENDPOINT"

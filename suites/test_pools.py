@@ -1,0 +1,42 @@
+"""Gates: pools. Short and long requests sent through the router land on the pool the routing rule
+names (read from each pool's own /metrics); short requests keep their TTFT through the router while
+the long pool serves its declared long load."""
+
+import pytest
+
+from kvgate.gates.pools import ISOLATION, ROUTING, isolation_verdict, routing_verdict
+from kvgate.plots import interference_png
+from kvgate.pools import run_isolation, run_routing
+from kvgate.report import records_csv
+from kvgate.verdict import Status, Verdict
+
+NO_POOLS = "profile declares no pools section (short/long pools behind a router) -> SKIP"
+
+
+@pytest.mark.pools
+@pytest.mark.gate("pools", cases=["routing"])
+def test_each_request_lands_on_the_pool_the_rule_names(case, kvgate_profile, kvgate_pools, kvgate_gate):
+    if kvgate_pools is None:
+        assert kvgate_gate(Verdict(ROUTING, Status.SKIP, NO_POOLS)).passed
+        return
+    spec = kvgate_profile.pools
+    obs = run_routing(kvgate_pools, spec.routing, spec.requests_per_case)
+    assert kvgate_gate(routing_verdict(obs), attachments={"routing.csv": records_csv(obs.rows())}).passed
+
+
+@pytest.mark.pools
+@pytest.mark.load
+@pytest.mark.gate("pools", cases=["isolation"])
+def test_short_requests_keep_their_ttft_while_the_long_pool_is_loaded(case, kvgate_profile, kvgate_pools,
+                                                                       kvgate_gate):
+    if kvgate_pools is None:
+        assert kvgate_gate(Verdict(ISOLATION, Status.SKIP, NO_POOLS)).passed
+        return
+    spec, short = kvgate_profile.pools, kvgate_pools.profiles["short"]
+    alone, mixed = run_isolation(kvgate_pools, spec.isolation.waves, spec.isolation.shorts_per_wave)
+    verdict = isolation_verdict(alone, mixed, spec, short, short.limits.schedule_lag_max_s)
+    picture = interference_png(alone.result.records, mixed.result.records, verdict.limit,
+                               f"{kvgate_profile.name}: short-request TTFT through the router, alone vs long pool busy")
+    assert kvgate_gate(verdict, attachments={"isolation.png": picture,
+                                             "short alone.csv": records_csv(alone.result.rows()),
+                                             "with long load.csv": records_csv(mixed.result.rows())}).passed

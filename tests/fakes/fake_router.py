@@ -1,0 +1,114 @@
+"""A tiny fault-injecting router for kvgate's own tests: two upstream pools (fake vLLMs), routing
+by request-body size, with the misconfigurations the pools gates must catch.
+
+    with FakeVLLM(...) as short, FakeVLLM(...) as long, FakeRouter(short.base_url, long.base_url,
+                                                                 threshold=2048, fault="inverted") as router:
+        router.url   # http://127.0.0.1:PORT/v1
+
+Faults (:data:`ROUTER_FAULTS`): ``all_short`` / ``all_long`` (everything to one pool),
+``inverted`` (the threshold on the wrong side: small bodies to the long pool, large ones to the
+short pool), ``drop_long`` (a body above the threshold is answered 502 by the router itself and
+never forwarded), ``None`` = healthy (at most ``threshold`` bytes -> short, more -> long). GET
+requests (``/v1/models``, ``/metrics``) go to the short pool, as nginx's empty ``$content_length``
+does. Responses are streamed through (SSE passes chunk by chunk).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+ROUTER_FAULTS = {
+    "all_short": "every request goes to the short pool",
+    "all_long": "every request goes to the long pool",
+    "inverted": "the threshold on the wrong side: at most threshold bytes -> long pool, more -> short pool",
+    "drop_long": "a body above the threshold is answered 502 by the router and never forwarded",
+}
+
+
+class FakeRouter:
+    """A reverse proxy on a free loopback port in a background thread (see module doc)."""
+
+    def __init__(self, short_url: str, long_url: str, threshold: int, fault: str | None = None) -> None:
+        if fault is not None and fault not in ROUTER_FAULTS:
+            raise ValueError(f"unknown router fault {fault!r}; known: {', '.join(ROUTER_FAULTS)}")
+        self.upstreams = {"short": short_url.rstrip("/"), "long": long_url.rstrip("/")}
+        self.threshold = threshold
+        self.fault = fault
+        self.sent: list[tuple[int, str]] = []  # (body bytes, pool) per forwarded request
+        self.app = Starlette(routes=[Route("/{path:path}", self._proxy, methods=["GET", "POST"])])
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.base_url: str | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL (``base_url + "/v1"``)."""
+        return f"{self.base_url}/v1"
+
+    def pool_for(self, size: int | None) -> str | None:
+        """The pool a body of ``size`` bytes goes to (None: dropped); ``size`` None = no body."""
+        if size is None or self.fault == "all_short":
+            return "short"
+        if self.fault == "all_long":
+            return "long"
+        big = size > self.threshold
+        if self.fault == "inverted":
+            return "short" if big else "long"
+        if self.fault == "drop_long" and big:
+            return None
+        return "long" if big else "short"
+
+    async def _proxy(self, request: Request) -> Response:
+        body = await request.body()
+        pool = self.pool_for(len(body) if request.method == "POST" else None)
+        if pool is None:
+            return JSONResponse({"error": "no upstream for this request"}, status_code=502)
+        self.sent.append((len(body), pool))
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        upstream = self._client.build_request(request.method, self.upstreams[pool] + request.url.path,
+                                              content=body, headers=headers)
+        r = await self._client.send(upstream, stream=True)
+        keep = {k: v for k, v in r.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding")}
+        return StreamingResponse(r.aiter_raw(), status_code=r.status_code, headers=keep,
+                                 background=BackgroundTask(r.aclose))
+
+    def start(self, timeout: float = 10.0) -> "FakeRouter":
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
+                                lifespan="off", ws="none")
+        self._server = server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=server.run, name="fake-router", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("fake router did not start")
+            time.sleep(0.005)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(5)
+        self._server = self._thread = None
+
+    def __enter__(self) -> "FakeRouter":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,271 @@
+"""The pools gates: routing read from each pool's own /metrics and isolation through the router.
+
+Two fake vLLMs (tests/fakes/fake_vllm.py) are the pools; in front of them the fault-injecting fake
+router (tests/fakes/fake_router.py) -- everything to one pool, the threshold on the wrong side,
+long requests dropped -- or real nginx rendered from ci/nginx-pools.conf. Each fault FAILs naming
+the counts; the healthy router and nginx PASS. Also: the nginx renderer, the landing counters,
+the pool endpoints and the pools profile's wiring (other gates deselected, pool profiles loaded).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvgate.client import Endpoint
+from kvgate.gates.pools import isolation_verdict, routing_verdict
+from kvgate.launch.pools import NginxRouter, PoolsLauncher, above_regex, pool_cpus, render_nginx
+from kvgate.pools import (PoolsError, PoolTargets, completion_body, landing_counts, pool_endpoints, run_isolation,
+                          run_routing)
+from kvgate.profile import ProfileError, load_profile, pool_profiles
+from kvgate.verdict import Status
+from tests.fakes.fake_router import FakeRouter
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO, read_summary
+
+pytest_plugins = ["pytester"]
+DATA = REPO / "tests" / "data" / "pools"
+PROFILE = load_profile(str(DATA / "fake-pools.yaml"))
+POOLS = pool_profiles(PROFILE)
+THRESHOLD = PROFILE.pools.routing.threshold
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
+# ------------------------------------------------------------------------------ pure parts
+@pytest.mark.parametrize("n", [0, 7, 9, 10, 99, 1024, 2048, 1999, 90909])
+def test_above_regex_matches_exactly_the_larger_numbers(n):
+    rx = re.compile(f"^({above_regex(n)})$")
+    for k in list(range(0, 3000)) + [n - 1, n, n + 1, 10 * n + 5, 10**7]:
+        if k >= 0:
+            assert bool(rx.match(str(k))) == (k > n), (n, k)
+
+
+def test_nginx_template_renders_every_placeholder(tmp_path):
+    text = render_nginx((REPO / "ci" / "nginx-pools.conf").read_text(), listen=4321, short="127.0.0.1:1",
+                        long="127.0.0.1:2", threshold=2048, prefix=tmp_path)
+    assert "{{" not in text and "listen 127.0.0.1:4321;" in text
+    assert "server 127.0.0.1:1;" in text and "server 127.0.0.1:2;" in text
+    assert f'"~^({above_regex(2048)})$" kvgate_long;' in text
+    with pytest.raises(ValueError, match=r"placeholder kvgate does not fill: \{\{upstream_x\}\}"):
+        render_nginx("server {{upstream_x}};", listen=1, short="a", long="b", threshold=1, prefix=tmp_path)
+
+
+def test_pool_cpus_keep_the_last_cpu_for_the_client():
+    assert pool_cpus([0]) == (None, None)
+    assert pool_cpus([0, 1]) == ({0}, {0})
+    assert pool_cpus([0, 1, 2, 3, 4]) == ({0, 1}, {2, 3})
+
+
+def test_landing_counts_read_served_and_rejected_requests():
+    text = ('vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 3.0\n'
+            'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 2.0\n'
+            'http_requests_total{handler="/v1/completions",method="POST",status="4xx"} 1.0\n'
+            'http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 5.0\n'
+            'http_requests_total{handler="/tokenize",method="POST",status="4xx"} 7.0\n')
+    assert landing_counts(text) == {"served": 5.0, "rejected": 1.0}
+    assert landing_counts(None) is None and landing_counts("process_cpu_seconds_total 1\n") is None
+    assert landing_counts("not prometheus {{{") is None
+
+
+def test_padded_bodies_have_exactly_the_bytes_asked():
+    assert len(completion_body("m", "hello there", pad_to=300)) == 300
+    assert completion_body("m", "x", pad_to=300).endswith(b" }")
+    with pytest.raises(PoolsError, match="routing threshold"):
+        completion_body("m", "x" * 400, pad_to=300)
+
+
+def test_pool_endpoints_come_from_the_option_the_launch_or_the_profile():
+    eps = pool_endpoints(PROFILE, POOLS, ["short=http://127.0.0.1:1/v1"], {"long": "http://127.0.0.1:2"})
+    assert eps["short"].base_url == "http://127.0.0.1:1" and eps["long"].base_url == "http://127.0.0.1:2"
+    with pytest.raises(PoolsError, match=r"pool 'long' has no endpoint: give --pool-endpoint=long=URL"):
+        pool_endpoints(PROFILE, POOLS, ["short=http://127.0.0.1:1/v1"])
+    with pytest.raises(PoolsError, match="expected NAME=URL"):
+        pool_endpoints(PROFILE, POOLS, ["middle=http://x"])
+
+
+def test_a_pool_profile_that_does_not_load_is_the_pools_profiles_error(write_profile):
+    bad = write_profile("p", "extends: " + str(DATA / "fake-pool-long.yaml") + "\n"
+                        "pools:\n  short: {profile: nowhere}\n  long: {profile: fake-pool-long}\n"
+                        "  routing: {by: request_bytes, threshold: 100}\n")
+    with pytest.raises(ProfileError, match=r"field 'pools.short.profile': unknown profile 'nowhere'"):
+        load_profile(str(bad))
+
+
+def test_the_launcher_says_why_it_cannot_launch_a_pools_profile():
+    assert "not kvgate's embedded tiny model" in PoolsLauncher.unavailable(PROFILE)
+    tokens = PROFILE.model_copy(update={"pools": PROFILE.pools.model_copy(
+        update={"routing": PROFILE.pools.routing.model_copy(update={"by": "prompt_tokens"})})})
+    assert "nginx routes by request size only" in PoolsLauncher.unavailable(tokens)
+    assert PoolsLauncher.unavailable(load_profile("tiny-cpu")) == "profile 'tiny-cpu' has no pools: section to launch"
+
+
+# ------------------------------------------------------------------------------ against fakes
+@pytest.fixture
+def pools():
+    # a first token 20 ms in, 5 ms per token after: a long request outlasts a short one's TTFT, as on vLLM
+    timing = dict(ttft_s=0.02, itl_s=0.005)
+    with FakeVLLM(FakeConfig(max_model_len=256, **timing)) as short, \
+            FakeVLLM(FakeConfig(max_model_len=2048, **timing)) as long:
+        yield short, long
+
+
+def targets(router_url: str, short: FakeVLLM, long: FakeVLLM) -> PoolTargets:
+    return PoolTargets(Endpoint(router_url.removesuffix("/v1")),
+                       pool_endpoints(PROFILE, POOLS, [f"short={short.url}", f"long={long.url}"]), POOLS)
+
+
+def route(pools, fault):
+    short, long = pools
+    with FakeRouter(short.base_url, long.base_url, THRESHOLD, fault) as router:
+        obs = run_routing(targets(router.url, short, long), PROFILE.pools.routing, PROFILE.pools.requests_per_case,
+                          settle_s=0.3)  # the fake counts a request before answering it
+    return obs, routing_verdict(obs)
+
+
+def test_healthy_router_passes_and_every_landing_was_read_from_the_pools(pools):
+    obs, v = route(pools, None)
+    assert v.status is Status.PASS, v.message
+    assert [(c.name, c.expect) for c in obs.cases] == [("short workload (chat)", "short"), ("at threshold", "short"),
+                                                       ("above threshold", "long"), ("long workload (batch)", "long")]
+    assert [c.size for c in obs.cases][1:3] == [THRESHOLD, THRESHOLD + 1]
+    assert v.message.startswith("8 requests through the router (rule: at most 1,024 bytes -> short pool, more -> "
+                                "long pool; read from each pool's request_success_total): 4/4 short on the short "
+                                "pool, 4/4 long on the long pool, all answered 200 (1,024 bytes -> short, "
+                                "1,025 bytes -> long) -> PASS")
+    assert all(r.where == r.expect for r in obs.routed) and v.measured == 0
+    short, long = pools
+    assert len([r for r in short.state.requests if r.endpoint == "completions"]) == 4
+
+
+def test_router_sending_everything_to_one_pool_fails_with_the_counts(pools):
+    _, v = route(pools, "all_short")
+    assert v.status is Status.FAIL
+    assert "4 of 4 long requests reached the short pool (above threshold x2, long workload (batch) x2); 2 of them " \
+           "rejected there (400: " in v.message
+    assert "(4/4 short on the short pool, 0/4 long on the long pool)" in v.message and v.measured == 4
+    _, v = route(pools, "all_long")
+    assert v.status is Status.FAIL
+    assert "4 of 4 short requests reached the long pool (short workload (chat) x2, at threshold x2)" in v.message
+    assert "long requests reached the short pool" not in v.message
+
+
+def test_threshold_on_the_wrong_side_fails_both_ways(pools):
+    _, v = route(pools, "inverted")
+    assert v.status is Status.FAIL and v.measured == 8
+    assert "4 of 4 short requests reached the long pool" in v.message
+    assert "4 of 4 long requests reached the short pool" in v.message and "rejected there (400" in v.message
+
+
+def test_router_dropping_long_requests_fails_naming_what_reached_no_pool(pools):
+    _, v = route(pools, "drop_long")
+    assert v.status is Status.FAIL
+    assert "4 request(s) reached neither pool (above threshold x2, long workload (batch) x2; the router answered " \
+           "502" in v.message
+
+
+def test_pool_without_metrics_makes_the_routing_run_invalid(pools):
+    pools[1].config.faults.add("no_metrics")
+    _, v = route(pools, None)
+    assert v.status is Status.INVALID and "pool(s) long serve no vllm:request_success_total" in v.message
+
+
+def test_a_rule_that_sends_a_pools_own_workload_elsewhere_fails(pools):
+    short, long = pools
+    rule = PROFILE.pools.routing.model_copy(update={"threshold": 100_000})  # above the 1000-token batch body
+    with FakeRouter(short.base_url, long.base_url, 100_000) as router:
+        v = routing_verdict(run_routing(targets(router.url, short, long), rule, 1))
+    assert v.status is Status.FAIL
+    assert re.search(r"the rule itself sends the long pool's own workload \(\d,\d{3} bytes\) to the short pool", v.message)
+    assert "1 request(s) reached the right pool but were answered [400] (long workload (batch) x1)" in v.message
+
+
+def isolation(short: FakeVLLM, long: FakeVLLM, fault: str | None):
+    with FakeRouter(short.base_url, long.base_url, THRESHOLD, fault) as router:
+        alone, mixed = run_isolation(targets(router.url, short, long), 2, 4)
+    return isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+
+
+def test_isolation_passes_when_the_split_keeps_short_requests_off_the_long_load():
+    # TTFT >= 50 ms on both pools, so the in-process fakes' scheduling noise cannot move the ratio
+    cfg = dict(max_model_len=2048, prefill_s_per_token=0.0004, ttft_s=0.05, itl_s=0.005)
+    with FakeVLLM(FakeConfig(**cfg)) as short, FakeVLLM(FakeConfig(**cfg, faults={"hol_blocking"})) as long:
+        v = isolation(short, long, None)
+    assert v.status is Status.PASS, v.message
+    assert re.match(r"short-request TTFT p95 through the router \d+ ms alone, \d+ ms while the long pool serves 2 "
+                    r"long 1,000-token requests at a time \(2 waves\) \(\d\.\dx; allowed 3x\); short SLO 300 ms", v.message)
+
+
+def test_isolation_fails_when_long_requests_share_the_short_pool():
+    cfg = dict(max_model_len=2048, prefill_s_per_token=0.0004, ttft_s=0.05, itl_s=0.005, faults={"hol_blocking"})
+    with FakeVLLM(FakeConfig(**cfg)) as short, FakeVLLM(FakeConfig(**cfg)) as long:
+        v = isolation(short, long, "all_short")
+    assert v.status is Status.FAIL
+    assert "short SLO 300 ms broken" in v.message and "the split does not isolate: short requests" in v.message
+    assert re.search(r"head-of-line blocking: \d+ of \d+ short requests got their first token only after", v.message)
+
+
+# ------------------------------------------------------------------------------ nginx, for real
+def nginx_router(tmp_path: Path, pools, threshold: int = THRESHOLD) -> NginxRouter:
+    router = NginxRouter(REPO / "ci" / "nginx-pools.conf", tmp_path / "nginx")
+    router.start(pools[0].base_url, pools[1].base_url, threshold)
+    return router
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install -y nginx; .ci/run installs it)")
+def test_nginx_from_the_shipped_config_routes_by_size_and_passes(tmp_path, pools):
+    router = nginx_router(tmp_path, pools)
+    try:
+        v = routing_verdict(run_routing(targets(router.base_url + "/v1", *pools), PROFILE.pools.routing, 2))
+    finally:
+        router.stop()
+    assert v.status is Status.PASS, v.message
+    assert router.proc.poll() is not None  # stopped
+    log = (tmp_path / "nginx" / "access.log").read_text()
+    assert "pool=kvgate_long" in log and "pool=kvgate_short" in log
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install -y nginx; .ci/run installs it)")
+def test_nginx_with_its_threshold_off_from_the_profile_fails(tmp_path, pools):
+    router = nginx_router(tmp_path, pools, threshold=THRESHOLD * 8)  # nginx keeps 8 KiB bodies on the short pool
+    try:
+        v = routing_verdict(run_routing(targets(router.base_url + "/v1", *pools), PROFILE.pools.routing, 1))
+    finally:
+        router.kill()
+    assert v.status is Status.FAIL
+    assert "2 of 2 long requests reached the short pool (above threshold x1, long workload (batch) x1); 1 of them " \
+           "rejected there (400" in v.message
+
+
+# ------------------------------------------------------------------------------ the suite, wired
+def run_pools_suite(pytester, router_url, short, long):
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        f"--profile={DATA / 'fake-pools.yaml'}", f"--endpoint={router_url}", f"--kvgate-reports={reports}",
+        f"--pool-endpoint=short={short.url}", f"--pool-endpoint=long={long.url}",
+        str(REPO / "suites" / "test_pools.py"), str(REPO / "suites" / "test_deployment.py"))
+    summary = read_summary(reports)
+    return result, summary, {g["id"]: g for g in summary["gates"]}
+
+
+def test_pools_suite_through_a_healthy_router_passes_and_runs_only_the_pools_gates(pytester, pools):
+    short, long = pools
+    with FakeRouter(short.base_url, long.base_url, THRESHOLD) as router:
+        result, summary, gates = run_pools_suite(pytester, router.url, short, long)
+    assert sorted(gates) == ["fake-pools/pools/isolation", "fake-pools/pools/routing"], gates
+    assert summary["overall"] == "PASS", [g["message"] for g in gates.values()]
+    assert "pools profile: the pools gates only" in result.stdout.str()
+    result.assert_outcomes(passed=2, deselected=3)
+
+
+def test_pools_suite_through_an_inverted_router_fails_routing(pytester, pools):
+    short, long = pools
+    with FakeRouter(short.base_url, long.base_url, THRESHOLD, "inverted") as router:
+        result, summary, gates = run_pools_suite(pytester, router.url, short, long)
+    routing = gates["fake-pools/pools/routing"]
+    assert routing["status"] == "FAIL" and "4 of 4 short requests reached the long pool" in routing["message"]
+    assert summary["overall"] == "FAIL"
