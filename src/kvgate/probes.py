@@ -6,13 +6,12 @@ Each probe sends a bounded number of requests (no hidden retries) and returns :c
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .client import KvClient, Reply, StreamReply
+from .client import EndpointUnreachable, KvClient, Reply, StreamReply
 from .metrics import GaugePoll, poll_gauge, scrape_value
 from .prompts import (Api, ExactPrompt, PromptUnavailable, exact_prompt, local_counter, server_counter,
                       token_id_prompt)
@@ -80,23 +79,33 @@ class QueueSample:
 
 def send_watched(client: KvClient, api: Api, body: dict[str, Any], *, deadline_s: float, poll_s: float = 0.5,
                  prompt_tokens: int | None = None) -> tuple[Exchange, list[QueueSample]]:
-    """:func:`send` with ``deadline_s`` as its timeout, scraping ``/metrics`` every ``poll_s``
-    seconds while it is outstanding (bounded: at most ``deadline_s / poll_s + 1`` scrapes), so a
-    request that never answers ends at its deadline with the pattern that held it: admitted but
-    never scheduled shows ``waiting 1, running 0``. Returns the exchange (status 0 when the
-    deadline passed) and the samples."""
+    """:func:`send` with ``deadline_s`` as its timeout, while a daemon thread scrapes ``/metrics``
+    every ``poll_s`` seconds (bounded: it stops when the request ends, so at most
+    ``deadline_s / poll_s + 1`` scrapes), so a request that never answers ends at its deadline with
+    the pattern that held it: admitted but never scheduled shows ``waiting 1, running 0``. The
+    request itself runs on the calling thread, so Ctrl-C/SIGTERM interrupt it at once. Returns the
+    exchange (status 0 when the deadline passed) and the samples."""
     samples: list[QueueSample] = []
+    stop = threading.Event()
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        fut = pool.submit(send, client, api, body, timeout_s=deadline_s, prompt_tokens=prompt_tokens)
-        for _ in range(int(deadline_s / poll_s) + 1):
+
+    def watch() -> None:
+        while not stop.wait(poll_s):
             try:
-                return fut.result(timeout=poll_s), samples
-            except FuturesTimeout:
                 text = client.metrics_text()
-                samples.append(QueueSample(round(time.monotonic() - t0, 3), scrape_value(text, "waiting"),
-                                           scrape_value(text, "running")))
-        return fut.result(), samples
+            except EndpointUnreachable:
+                text = None
+            samples.append(QueueSample(round(time.monotonic() - t0, 3), scrape_value(text, "waiting"),
+                                       scrape_value(text, "running")))
+
+    watcher = threading.Thread(target=watch, name="kvgate-queue-watch", daemon=True)
+    watcher.start()
+    try:
+        ex = send(client, api, body, timeout_s=deadline_s, prompt_tokens=prompt_tokens)
+    finally:
+        stop.set()
+    watcher.join(timeout=1.0)  # a scrape in flight may finish; never wait on it longer
+    return ex, list(samples)
 
 
 def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None = None) -> Exchange:
