@@ -24,6 +24,8 @@ latency                                                                         
 priority        suites/test_priority.py     gates/priority.py       scenarios.run_priority           tests/test_gates_priority.py
 autoscale-      suites/test_autoscale.py    gates/autoscale.py      scenarios.run_autoscale_burst    tests/test_gates_autoscale.py
 signal
+pools           suites/test_pools.py        gates/pools.py          kvgate.pools.run_*               tests/test_gates_pools.py,
+                                                                                                 e2e/test_pools.py
 soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner, sampling        tests/test_gates_soak.py,
                                                                                                  test_soak_vs_fake.py, test_soak_runner.py
 health/canary   (inside the gates above)    gates/health.py         probes.canary                    tests/test_gates_vs_fake.py
