@@ -169,3 +169,15 @@ def test_chat_template_kwargs_reach_tokenize_and_generation(pytester, fake, tmp_
     assert g["evidence"]["request"]["chat_template_kwargs"] == {"enable_thinking": False}
     req = next(r for r in fake.state.requests if r.endpoint == "chat" and r.status == 200 and r.prompt_tokens > 200)
     assert req.prompt_tokens == g["evidence"]["prompt_tokens_verified"]
+
+
+def test_edge_requests_through_the_route_prefix(pytester, fake):
+    """Case 4 through a route prefix (KServe's /openai/v1): the same documented outcomes; a
+    server answering 500 there is caught there too."""
+    _, summary, gates = run(pytester, fake.base_url + "/openai/v1")
+    assert summary["overall"] == "PASS" and len(gates) == 30, [g["message"] for g in gates.values()
+                                                               if g["status"] != "PASS"]
+    fake.config.faults.add("validation_500")
+    _, _, gates = run(pytester, fake.base_url + "/openai/v1")
+    assert gates["requests/max-tokens/negative/chat"]["status"] == "FAIL"
+    assert "answered 500" in gates["requests/max-tokens/negative/chat"]["message"]
