@@ -98,6 +98,26 @@ def tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
+def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callable[[float], None], poll_s: float,
+                exited: Callable[[int], str], late: Callable[[], str]) -> None:
+    """Poll ``GET {url}/health`` every ``poll_s`` seconds until it answers 200 while ``proc`` runs.
+    Raises :class:`LaunchError` with ``exited(returncode)`` when the process ends first, or with
+    ``late()`` once ``time.monotonic()`` passes ``deadline``."""
+    with httpx.Client(timeout=httpx.Timeout(1.0)) as http:
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise LaunchError(exited(code))
+            try:
+                if http.get(f"{url}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise LaunchError(late())
+            sleep(poll_s)
+
+
 class EmbeddedServer:
     """One vLLM subprocess. Use as a context manager, or ``start()`` / ``stop()``.
 
@@ -212,22 +232,11 @@ class EmbeddedServer:
     def _wait(self) -> str:
         assert self.proc is not None
         url = f"http://{LOOPBACK}:{self._port}"
-        deadline = self._t0 + self.startup_budget_s
-        with httpx.Client(timeout=httpx.Timeout(1.0)) as http:
-            while True:
-                code = self.proc.poll()
-                if code is not None:
-                    raise LaunchError(f"embedded vLLM exited with code {code} during startup; log {self.log_path}, "
-                                      f"last lines:\n{tail(self.log_path)}")
-                try:
-                    if http.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise LaunchError(f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log "
-                                      f"{self.log_path}, last lines:\n{tail(self.log_path)}")
-                self.sleep(self.poll_s)
+        wait_health(url, self.proc, self._t0 + self.startup_budget_s, self.sleep, self.poll_s,
+                    lambda code: f"embedded vLLM exited with code {code} during startup; log {self.log_path}, "
+                                 f"last lines:\n{tail(self.log_path)}",
+                    lambda: f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log {self.log_path}, "
+                            f"last lines:\n{tail(self.log_path)}")
         self.startup_s = time.monotonic() - self._t0
         self.base_url = url
         return url

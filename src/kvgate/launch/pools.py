@@ -28,12 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
-
 from ..outputs import POOLS_DIR  # under the reports directory: rendered nginx.conf, nginx and vLLM logs
 from ..profile import DEFAULT_PROFILE_DIR, Profile, ProfileError, pool_profiles
 from .base import LaunchError
-from .local import LOOPBACK, EmbeddedServer, free_port, tail
+from .local import LOOPBACK, EmbeddedServer, free_port, tail, wait_health
 
 #: The checkout (``pools.router_config`` is relative to it).
 CHECKOUT = DEFAULT_PROFILE_DIR.parent
@@ -136,21 +134,14 @@ class NginxRouter:
             log.close()
         atexit.register(self.kill)
         url = f"http://{LOOPBACK}:{port}"
-        deadline = time.monotonic() + ready_s
-        with httpx.Client(timeout=httpx.Timeout(1.0)) as http:
-            while True:
-                if self.proc.poll() is not None:
-                    raise LaunchError(f"nginx exited with code {self.proc.returncode} at start; log {self.error_log}:"
-                                      f"\n{tail(self.error_log)}")
-                try:
-                    if http.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise LaunchError(f"nginx not answering on {url} after {ready_s:g} s; log {self.error_log}")
-                self.sleep(0.05)
+        try:
+            wait_health(url, self.proc, time.monotonic() + ready_s, self.sleep, 0.05,
+                        lambda code: f"nginx exited with code {code} at start; log {self.error_log}:\n"
+                                     f"{tail(self.error_log)}",
+                        lambda: f"nginx not answering on {url} after {ready_s:g} s; log {self.error_log}")
+        except LaunchError:
+            self.kill()
+            raise
         self.base_url = url
         return url
 
