@@ -18,8 +18,8 @@ import pytest
 from kvgate.client import Endpoint
 from kvgate.gates.pools import isolation_verdict, routing_verdict
 from kvgate.launch.pools import NginxRouter, PoolsLauncher, above_regex, pool_cpus, render_nginx
-from kvgate.pools import (PoolsError, PoolTargets, completion_body, landing_counts, pool_endpoints, run_isolation,
-                          run_routing)
+from kvgate.pools import (PoolsError, PoolTargets, Routed, RoutingObservation, completion_body, isolation_view,
+                          landing_counts, pool_endpoints, run_isolation, run_routing)
 from kvgate.profile import ProfileError, load_profile, pool_profiles
 from kvgate.verdict import Status
 from tests.fakes.fake_router import FakeRouter
@@ -101,6 +101,19 @@ def test_the_launcher_says_why_it_cannot_launch_a_pools_profile():
         update={"routing": PROFILE.pools.routing.model_copy(update={"by": "prompt_tokens"})})})
     assert "nginx routes by request size only" in PoolsLauncher.unavailable(tokens)
     assert PoolsLauncher.unavailable(load_profile("tiny-cpu")) == "profile 'tiny-cpu' has no pools: section to launch"
+
+
+def test_a_request_that_moved_both_pools_makes_the_run_invalid():
+    rule = PROFILE.pools.routing
+    both = Routed("at threshold", "short", 16, THRESHOLD, 200, None, {"short": "served", "long": "served"})
+    v = routing_verdict(RoutingObservation(rule, [], [both], [], {}))
+    assert v.status is Status.INVALID and "1 moved both pools' counters at once" in v.message
+
+
+def test_isolation_view_puts_the_short_pools_workload_beside_the_long_load():
+    view = isolation_view(POOLS["short"], POOLS["long"])
+    assert view.engine.max_model_len == 2048 and view.slo.workload == "chat"
+    assert view.workloads["batch"].prompt_tokens == 1000 and view.slo.short_ttft_p95_ms == 300
 
 
 # ------------------------------------------------------------------------------ against fakes
