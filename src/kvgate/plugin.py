@@ -70,6 +70,7 @@ MARKERS = (
     "disconnect: the disconnect-frees-the-slot gate",
     "requests: the edge-requests gate (edge values, malformed bodies, chunk schema, non-ASCII, route timeout)",
     "load: gates that put the server under concurrent load",
+    "priority: the priority gate (high-priority short requests overtake low-priority long ones)",
     "autoscale_signal: the autoscale-signal gate (the queue metric an autoscaler reads, under a burst)",
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
@@ -503,7 +504,7 @@ def _pools_only(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "disconnect", "concurrency",
-              "latency", "autoscale-signal", "pools", "soak")
+              "latency", "priority", "autoscale-signal", "pools", "soak")
 
 
 def _gate_rank(item: pytest.Item) -> int:

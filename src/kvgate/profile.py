@@ -133,6 +133,7 @@ class EngineSpec(_Strict):
     kv_cache_memory_bytes: int | None = Field(default=None, gt=0, description="[bytes] --kv-cache-memory-bytes: the KV pool per GPU, exactly; gpu_memory_utilization is then ignored")
     enforce_eager: bool = Field(default=False, description="--enforce-eager: no CUDA graphs (saves their memory, slower decode)")
     enable_prefix_caching: bool | None = Field(default=None, description="--enable-prefix-caching / --no-enable-prefix-caching; null = vLLM's default (on)")
+    scheduling_policy: Literal["fcfs", "priority"] | None = Field(default=None, description="--scheduling-policy: fcfs (vLLM's default) or priority (the request field 'priority' orders the waiting queue, lower first; the priority gate checks it works)")
     disable_hybrid_kv_cache_manager: bool | None = Field(default=None, description="--disable-hybrid-kv-cache-manager: sliding-window/chunked layers then keep KV for every token (null = vLLM's default: hybrid on, off for chunked-local attention)")
     override_generation_config: dict[str, Any] | None = Field(default=None, description="--override-generation-config (JSON), e.g. {max_new_tokens: 512}: the server-side max_tokens cap")
     # llama.cpp / llama-box / Ollama layer offload
@@ -282,6 +283,22 @@ class MemoryQuery(_Strict):
     covers: str = Field(description="what the query measures, for the report")
     api_key_env: str | None = Field(default=None, description="env var with a bearer token (never printed)")
     timeout_s: float = Field(default=5.0, gt=0, description="[s] timeout of one Prometheus query")
+
+
+class PrioritySpec(_Strict):
+    """The priority gate: low-priority long requests fill the server (more than ``max_num_seqs``
+    or the KV pool holds), then high-priority short requests arrive; their TTFT p95 is measured
+    with the ``priority`` field and again without it (same requests, all priority 0). vLLM serves
+    the lowest value first (``--scheduling-policy priority``; vllm/config/scheduler.py) and, under
+    KV pressure, preempts the lowest-priority running request (v1/core/sched/scheduler.py)."""
+
+    high: int = Field(default=0, description="the priority value short (interactive) requests send; lower is served first")
+    low: int = Field(default=10, description="the priority value long (batch) requests send")
+    longs: int = Field(default=16, gt=0, description="[requests] low-priority long requests sent at once (fill the server: more than max_num_seqs or the KV pool holds)")
+    shorts: int = Field(default=8, gt=0, description="[requests] high-priority short requests sent while the longs run")
+    shorts_after_s: float = Field(default=0.5, ge=0, description="[s] when the first short request goes out, after the longs")
+    shorts_every_s: float = Field(default=0.1, gt=0, description="[s] spacing of the short requests")
+    min_gain: float = Field(default=1.5, gt=1, description="[ratio] short TTFT p95 without priority / with priority must reach this, or priority is ignored")
 
 
 class AutoscaleSpec(_Strict):
@@ -446,6 +463,7 @@ class Profile(_Strict):
         default=None, description="documentation: whether this profile is meant to pass the fit gate"
     )
     soak: SoakSpec | None = Field(default=None, description="the soak gate: duration, load, slope ceilings")
+    priority: PrioritySpec | None = Field(default=None, description="the priority gate: how the run fills the server and the gain priority must show (defaults when engine.scheduling_policy is priority)")
     autoscale: AutoscaleSpec | None = Field(default=None, description="the autoscale-signal gate: queue metric, threshold, rise/drain times")
     launch: LaunchSpec | None = Field(default=None, description="how kvgate starts the server when no --endpoint is "
                                                                "given: embedded, docker or none")

@@ -258,3 +258,52 @@ def run_autoscale_burst(client: KvClient, endpoint: Endpoint, profile: Profile, 
     finally:
         own.close()
     return BurstObservation(name, n, result, sampler.trace, spec.metric, start, end, profile.engine.max_num_seqs)
+
+
+def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
+                 deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+    """Low-priority long requests fill the server, high-priority short ones arrive while they run;
+    the same pattern twice: first without the ``priority`` field (every request priority 0: what
+    the server does on arrival order), then with it (longs ``priority.low``, shorts
+    ``priority.high``). Longs: ``priority.longs`` requests of the long workload (prompt so that
+    prompt + output <= max_model_len, at most 64 output tokens) at 0 s; shorts:
+    ``priority.shorts`` requests of the short workload (8 output tokens: TTFT is judged) from
+    ``priority.shorts_after_s``, every ``priority.shorts_every_s``. A canary follows the second
+    run (priority preemption under KV pressure must not take the engine down). Returns
+    ``(without, with)``; records tagged ``short``/``long``; bounded by ``deadline_s`` each."""
+    import dataclasses
+
+    from .profile import PrioritySpec
+
+    spec = profile.priority or PrioritySpec()
+    sname, short = short_workload(profile)
+    lname, long = long_workload(profile)
+    model, limit = profile.model.served_name, profile.engine.max_model_len
+    lout = min(long.output_tokens, 64)
+    lprompt = min(long.prompt_tokens, limit - lout)
+    sout = min(short.output_tokens, SHORT_OUTPUT_TOKENS)
+    longs = _specs(client, endpoint, model, lprompt, lout, spec.longs, "long")
+    shorts = _specs(client, endpoint, model, short.prompt_tokens, sout, spec.shorts, "short")
+    offsets = [0.0] * len(longs) + [spec.shorts_after_s + j * spec.shorts_every_s for j in range(len(shorts))]
+
+    def prioritised(specs: list[RequestSpec], value: int) -> list[RequestSpec]:
+        return [dataclasses.replace(s, body={**s.body, "priority": value}) for s in specs]
+
+    runs = []
+    for label, specs in (("without priority", [*longs, *shorts]),
+                         ("with priority", [*prioritised(longs, spec.low), *prioritised(shorts, spec.high)])):
+        sampler, own = _sampler(endpoint)
+        try:
+            with sampler:
+                result = open_loop(endpoint, specs, offsets_s=offsets, deadline_s=deadline_s,
+                                   request_timeout_s=profile.limits.request_timeout_s)
+        finally:
+            own.close()
+        runs.append(LoadObservation(f"{sname} among {lname}, {label}", result, sampler.trace, short.prompt_tokens,
+                                    sout, len(specs),
+                                    extra={"longs": len(longs), "long_prompt_tokens": lprompt, "long_output_tokens": lout,
+                                           "shorts": len(shorts), "max_num_seqs": profile.engine.max_num_seqs,
+                                           "policy": profile.engine.scheduling_policy, "high": spec.high,
+                                           "low": spec.low}))
+    runs[1].canary = canary(client, model, profile.limits.canary_deadline_s)
+    return runs[0], runs[1]

@@ -198,6 +198,7 @@ class FakeConfig:
     cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     max_num_seqs: int = 256  # admitted ("running") at once; more wait (num_requests_waiting)
+    scheduling_policy: str = "fcfs"  # "priority": waiting requests admitted by (priority, arrival) like vLLM
     # generation
     max_tokens_cap: int | None = None  # like --override-generation-config '{"max_new_tokens": N}'
     default_max_tokens: int = 16  # completions default when max_tokens is absent (chat: L - N)
@@ -293,6 +294,7 @@ class FakeState:
     requests: list[RequestRecord] = field(default_factory=list)
     active: dict[int, _Active] = field(default_factory=dict)  # by seq: admitted, not finished (or stuck)
     waiting: int = 0
+    queue: dict[int, tuple[int, int]] = field(default_factory=dict)  # waiting: seq -> (priority, seq)
     waiting_peak: int = 0  # highest num_requests_waiting a /metrics scrape saw (stuck_queue_gauge)
     dead: bool = False
     generations_started: int = 0
@@ -438,6 +440,7 @@ class _Plan:
     created: int = 0
     model: str = ""
     released: bool = False
+    priority: int = 0  # the request's "priority" (lower is served first under scheduling_policy priority)
 
 
 def _plan_tokens(
@@ -999,6 +1002,9 @@ class FakeVLLM:
         if seed is not None and not isinstance(seed, int):
             raise _BadRequest("seed must be an integer", param="seed", value=seed)
         ignore_eos = bool(body.get("ignore_eos", False))
+        priority = body.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise _BadRequest("priority must be an integer", param="priority", value=priority)
         min_tokens = body.get("min_tokens", 0) or 0
         if not isinstance(min_tokens, int) or min_tokens < 0:
             raise _BadRequest(f"min_tokens must be greater than or equal to 0, got {min_tokens}.",
@@ -1125,7 +1131,7 @@ class FakeVLLM:
             record=rec, kind=kind, prompt_tokens=n_prompt, tokens=tokens, finish_reason=finish, faults=faults,
             stream=rec.stream, include_usage=bool(stream_options.get("include_usage")),
             continuous_usage=bool(stream_options.get("continuous_usage_stats")), logprobs=logprobs,
-            created=int(time.time()), model=cfg.served_name,
+            created=int(time.time()), model=cfg.served_name, priority=priority,
         )
 
     def _release(self, plan: _Plan) -> None:
@@ -1155,11 +1161,15 @@ class FakeVLLM:
             if "never_schedule" in plan.faults and plan.prompt_tokens + len(plan.tokens) > schedulable:
                 await closing.wait()  # waits until the client hangs up (cancelled) or the fake stops
                 raise _EngineError("server shutting down")
-            while st.running >= cfg.max_num_seqs:
+            key = (plan.priority if cfg.scheduling_policy == "priority" else 0, rec.seq)
+            st.queue[rec.seq] = key
+            while st.running >= cfg.max_num_seqs or key != min(st.queue.values()):
                 if closing.is_set():
                     raise _EngineError("server shutting down")
                 slot_freed.clear()
                 await _first(slot_freed.wait(), closing.wait())
+            st.queue.pop(rec.seq, None)
+            slot_freed.set()  # the next in the queue re-checks (a slot may still be free)
             prefill = plan.prompt_tokens * cfg.prefill_s_per_token
             if "hol_blocking" in plan.faults:
                 async with lock:
@@ -1211,6 +1221,8 @@ class FakeVLLM:
         finally:
             now = time.monotonic()
             rec.t_done = now
+            if st.queue.pop(rec.seq, None) is not None:
+                slot_freed.set()  # a waiter left the queue: the next one re-checks
             if waiting:
                 st.waiting -= 1
             if admitted:

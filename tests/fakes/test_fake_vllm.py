@@ -377,6 +377,56 @@ def test_max_num_seqs_queues_requests(client, fake):
     assert fake.state.waiting == 0 and fake.state.running == 0
 
 
+def _order_served(fake, policy):
+    """One slot held by a stream; then a low-priority (10) and a high-priority (0) request queue,
+    the low one first. Returns the order the two were admitted in."""
+    fake.config.max_num_seqs, fake.config.itl_s, fake.config.scheduling_policy = 1, 0.02, policy
+    done: list[int] = []
+
+    def send(prio):
+        post(fake.base_url + "/v1/completions", json=cmpl(5, max_tokens=2, priority=prio), timeout=5)
+        done.append(prio)
+
+    client = new_client(base_url=fake.base_url)
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=200, ignore_eos=True, stream=True)) as r:
+        lines = r.iter_lines()
+        next(lines)
+        low = threading.Thread(target=send, args=(10,))
+        low.start()
+        assert wait_for(lambda: fake.state.waiting == 1)
+        high = threading.Thread(target=send, args=(0,))
+        high.start()
+        assert wait_for(lambda: fake.state.waiting == 2)
+    low.join(5), high.join(5)
+    client.close()
+    return done
+
+
+def test_priority_policy_admits_by_priority_and_fcfs_by_arrival(fake):
+    assert _order_served(fake, "priority") == [0, 10]  # the high-priority request jumped the queue
+    fake.reset()
+    assert _order_served(fake, "fcfs") == [10, 0]  # FCFS: the "priority" field is accepted and ignored
+    r = post(fake.base_url + "/v1/completions", json=cmpl(5, max_tokens=2, priority="high"))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+
+
+@pytest.mark.parametrize("fault, after", [("frozen_queue_gauge", 0), ("stuck_queue_gauge", 1)])
+def test_fault_queue_gauges(client, fake, fault, after):
+    fake.config.max_num_seqs, fake.config.itl_s = 1, 0.02
+    fake.config.faults.add(fault)
+    second = {}
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=200, ignore_eos=True, stream=True)) as r:
+        lines = r.iter_lines()
+        next(lines)
+        t = threading.Thread(target=lambda: second.update(
+            r=post(fake.base_url + "/v1/completions", json=cmpl(5, max_tokens=2), timeout=5)))
+        t.start()
+        assert wait_for(lambda: fake.state.waiting == 1)
+        assert gauge(client, "vllm:num_requests_waiting") == (0 if fault == "frozen_queue_gauge" else 1)
+    t.join(5)
+    assert fake.state.waiting == 0 and gauge(client, "vllm:num_requests_waiting") == after
+
+
 def test_stream_disconnect_frees_the_slot(client, fake):
     fake.config.itl_s = 0.02
     with client.stream("POST", "/v1/chat/completions", json=chat(20, max_tokens=200, ignore_eos=True, stream=True)) as r:

@@ -65,6 +65,7 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
         ("--dtype", e.dtype or default_dtype),
         ("--block-size", e.block_size),
         ("--kv-cache-memory-bytes", e.kv_cache_memory_bytes),
+        ("--scheduling-policy", e.scheduling_policy),
     ]
     for flag, value in flags:
         if value is not None:

@@ -1,0 +1,75 @@
+"""The priority gate: the pure verdict on hand-built runs, then the suite against the fake run
+with priority scheduling (PASS) and FCFS (FAIL: priority ignored), and a profile without
+priority (SKIP, nothing sent)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.gates.priority import not_asked, priority_verdict
+from kvgate.load import LoadResult
+from kvgate.metrics import MetricsTrace
+from kvgate.profile import load_profile
+from kvgate.scenarios import LoadObservation
+from kvgate.verdict import Status
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO
+from .test_gates_load import tagged
+from .test_gates_vs_fake import run_suites
+
+pytest_plugins = ["pytester"]
+PROFILE = load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml"))
+
+
+def run(short_ttft_s, status=200, preemptions=(0.0, 0.0)):
+    recs = [tagged(i, "long", 0.0, 0.1, 1.0) for i in range(4)]
+    recs += [tagged(4 + j, "short", 0.3, 0.3 + short_ttft_s, 0.5 + short_ttft_s) for j in range(4)]
+    for r in recs:
+        r.status = status
+    trace = MetricsTrace(samples=[(0.0, {"preemptions": preemptions[0], "waiting": 0}),
+                                  (1.0, {"preemptions": preemptions[1], "waiting": 4})])
+    return LoadObservation("x", LoadResult("open", recs, 8, 1.5, 60.0), trace, 16, 8, 8,
+                           extra={"longs": 4, "shorts": 4, "long_prompt_tokens": 200, "long_output_tokens": 8,
+                                  "max_num_seqs": 2})
+
+
+def test_gain_passes_with_both_runs_in_the_message():
+    v = priority_verdict(run(0.6), run(0.09, preemptions=(0.0, 3.0)), PROFILE)
+    assert v.status is Status.PASS, v.message
+    assert "short TTFT p95 600 ms without priority, 90 ms with it (6.7x better); preemptions 0 / 3" in v.message
+    assert v.message.endswith("(need >= 1.5x); short-request SLO 100 ms; canary after -> PASS")
+    assert v.measured == pytest.approx(90.0) and v.evidence["gain"] == pytest.approx(600 / 90)
+
+
+def test_no_gain_fails_as_priority_ignored():
+    v = priority_verdict(run(0.6), run(0.55), PROFILE)
+    assert v.status is Status.FAIL
+    assert "priority ignored: short TTFT p95 550 ms with priority vs 600 ms without (1.09x; need >= 1.5x)" in v.message
+    assert "short-request SLO 100 ms broken even with priority" in v.message
+
+
+def test_failed_requests_fail_and_no_priority_profile_skips():
+    v = priority_verdict(run(0.6), run(0.1, status=500), PROFILE)
+    assert v.status is Status.FAIL and "4 short requests failed with priority" in v.message
+    plain = PROFILE.model_copy(update={"priority": None})
+    skip = not_asked(plain)
+    assert skip.status is Status.SKIP and "profile does not use priority scheduling" in skip.message
+
+
+SUITE = ["suites/test_priority.py"]
+GID = "fake-vllm/priority/short-over-long"
+
+
+@pytest.mark.parametrize("policy, status, fragment", [
+    ("priority", "PASS", "x better); preemptions"),
+    ("fcfs", "FAIL", "priority ignored: short TTFT p95"),
+])
+def test_suite_against_the_fake(pytester, policy, status, fragment):
+    # a long request takes ~0.06 s (200 x 0.1 ms prefill + 8 x 5 ms); 16 of them through 2 slots ~0.5 s
+    cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0001, itl_s=0.005, max_num_seqs=2,
+                     scheduling_policy=policy)
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, suites=SUITE)
+    g = gates[GID]
+    assert g["status"] == status and fragment in g["message"], g["message"]
