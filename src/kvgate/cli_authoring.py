@@ -29,12 +29,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     schema.add_argument("--schema-path", default=None, metavar="PATH", help=argparse.SUPPRESS)
     schema.add_argument("--reference-path", default=None, metavar="PATH", help=argparse.SUPPRESS)
     schema.set_defaults(run=run_schema)
-    for name in ("lint", "advise"):
-        try:
-            module = __import__(f"kvgate.{name}", fromlist=["add_parser"])
-        except ModuleNotFoundError:
-            continue
-        module.add_parser(sub)
+    from . import advise, lint
+
+    lint.add_parser(sub)
+    advise.add_parser(sub)
 
 
 def run_schema(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
