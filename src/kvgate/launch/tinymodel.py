@@ -106,12 +106,17 @@ class TinySpec:
         for key, default in _FAMILY_DEFAULTS.items():
             if d[key] == default:
                 del d[key]
+        if self.model_type in _FAMILY_REVISION:
+            d["family_revision"] = _FAMILY_REVISION[self.model_type]
         blob = json.dumps({**d, "builder": 2, "template": CHAT_TEMPLATE}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 _FAMILY_DEFAULTS = {"model_type": "llama", "layer_types": None, "sliding_window": None, "num_experts": None,
                     "experts_per_token": None, "kv_lora_rank": None, "qk_rope_head_dim": None}
+
+#: Builder revisions per family (in the digest): a changed recipe gets a new cache entry.
+_FAMILY_REVISION = {"gemma2": 2}  # 2: tied embeddings (vLLM's Gemma2 has no lm_head)
 
 #: Families :func:`build` makes: HF ``model_type`` -> (config class, causal-LM class) in ``transformers``.
 FAMILIES = {
@@ -133,6 +138,8 @@ def family_config_kwargs(spec: TinySpec) -> dict:
     kw: dict = {}
     if t in ("mistral", "gemma2", "gemma3_text", "qwen3") and spec.sliding_window:
         kw["sliding_window"] = spec.sliding_window
+    if t == "gemma2":
+        kw["tie_word_embeddings"] = True  # vLLM's Gemma2ForCausalLM has no lm_head: always tied
     if t in ("gemma2", "gemma3_text"):
         kw["layer_types"] = list(spec.layer_types or ["full_attention"] * spec.layers)
         kw["query_pre_attn_scalar"] = spec.head_dim
@@ -201,8 +208,8 @@ def build(spec: TinySpec, out: Path) -> Path:
         num_hidden_layers=spec.layers, num_attention_heads=spec.attention_heads,
         num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings, bos_token_id=bos,
-        eos_token_id=tok.token_to_id("</s>"), tie_word_embeddings=False,
-        dtype="float32", **family_kw,
+        eos_token_id=tok.token_to_id("</s>"), **{"tie_word_embeddings": False, **family_kw},
+        dtype="float32",
     )
     model = model_cls(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
