@@ -187,12 +187,12 @@ def routing_cases(targets: PoolTargets, rule: RoutingRule, tokenizer: KvClient) 
     if rule.by == "prompt_tokens":
         plans += [("at threshold", rule.threshold, None), ("above threshold", rule.threshold + 1, None)]
     else:
-        small = min(swl.prompt_tokens, 16)
+        small = min(swl.prompt_tokens, 64)
         plans += [("at threshold", small, rule.threshold), ("above threshold", small, rule.threshold + 1)]
     plans.append((f"long workload ({lname})", min(lwl.prompt_tokens, long_len), None))
     cases, sizes = [], {}
     for name, tokens, pad in plans:
-        prompt = build_prompt(tokenizer, model, "completions", tokens, prefix=f"routing {name}: ")
+        prompt = build_prompt(tokenizer, model, "completions", tokens)
         body = completion_body(model, prompt.text, pad)
         size = tokens if rule.by == "prompt_tokens" else len(body)
         cases.append(RoutingCase(name, rule_sends(rule, size), tokens, size, body))

@@ -67,8 +67,44 @@ def test_pools_run_left_no_process_behind(pools_run):
         assert vllm_processes(port) == [], f"vLLM processes outlived the run: {pool['url']}"
 
 
+def test_sigterm_mid_run_stops_both_pools_and_nginx(tmp_path):
+    """SIGTERM once the routing gate is sending (nginx's access log has lines): the run ends
+    INCOMPLETE and no vLLM or nginx process outlives it."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ..conftest import REPO, validate_summary
+
+    reports = tmp_path / "reports"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--kvgate-reports={reports}",
+                             "--profile", "tiny-cpu-pools", "-q"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    access = reports / "pools" / "access.log"
+    seen: set[int] = set()
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and proc.poll() is None:  # remember every process the run spawns
+        try:
+            seen.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            break
+        if access.is_file() and "POST /v1/completions" in access.read_text():
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, "the run ended before the routing gate sent anything"
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode(errors="replace")
+    time.sleep(1)
+    alive = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"processes outlived SIGTERM: {alive}"
+    summary = validate_summary(json.loads((reports / "summary.json").read_text()))
+    assert summary["overall"] == "INCOMPLETE", out[-2000:]
+
+
 @pytest.fixture(scope="module")
-def pools_up(tmp_path_factory, pools_run):  # after the launched run: one set of pools at a time
+def pools_up(tmp_path_factory, pools_run):  # after the launched runs: one set of pools at a time
     reports = tmp_path_factory.mktemp("pools-up")
     launcher = PoolsLauncher(load_profile("tiny-cpu-pools"), reports / "vllm-server.log")
     try:
@@ -87,3 +123,4 @@ def test_each_pool_passes_its_own_profile_with_endpoint(pools_up, pool, tmp_path
     mml = {"short": 1024, "long": 2048}[pool]
     deployment = [g for g in summary["gates"] if g["id"].startswith(f"tiny-cpu-pool-{pool}/deployment")]
     assert deployment and any(f"{mml:,}" in g["message"] or str(mml) in g["message"] for g in deployment)
+
