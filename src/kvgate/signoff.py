@@ -1,6 +1,7 @@
 """``reports/signoff.md``: the run on one screen, for a PR comment, a rollout ticket or
-``$GITHUB_STEP_SUMMARY`` -- the overall verdict, server and profile identity, the verdict table,
-the fit table, and what was not checked (or not run) and why.
+``$GITHUB_STEP_SUMMARY`` -- the overall verdict, server and profile identity, the verdict table
+(every gate that did not pass, the passes folded in a ``<details>`` block), the fit table, and
+what was not checked (or not run) and why.
 
 Built from ``summary.json`` alone (schema ``kvgate/schema/summary.schema.json``) plus the fit
 table text the fit gate printed, so it describes exactly the run those reports describe.
@@ -86,13 +87,16 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
                   + (", ".join(f"`{g}`" for g in summary.get("not_run") or []) or "none listed")]
     gates = summary.get("gates") or []
     lines += ["", "### Verdicts", ""]
-    if gates:
-        lines += ["| status | gate | measured | limit | verdict |", "|---|---|---|---|---|"]
-        for g in gates:
-            lines.append(f"| {g.get('status')} | `{g.get('id')}` | {_cell(fmt_quantity(g.get('measured') or {}, why=False))}"
-                         f" | {_cell(fmt_quantity(g.get('limit') or {}, why=False))} | {_cell(g.get('message', ''))} |")
+    shown = [g for g in gates if g.get("status") != "PASS"]
+    passed = [g for g in gates if g.get("status") == "PASS"]
+    if shown:
+        lines += _verdict_table(shown)
+    elif gates:
+        lines.append(f"All {len(gates)} gates passed.")
     else:
         lines.append("No gate recorded a verdict.")
+    if passed:  # folded (GitHub renders <details>), so the decisive rows stay on one screen
+        lines += ["", f"<details><summary>{len(passed)} PASS</summary>", "", *_verdict_table(passed), "", "</details>"]
     lines += ["", "### Fit", ""]
     lines += ["```", fit_table.rstrip(), "```"] if fit_table else ["The fit gate did not run in this run."]
     lines += ["", "### Not checked", ""]
@@ -105,6 +109,14 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     if report_hint:
         lines += ["", report_hint]
     return redactor.text("\n".join(lines) + "\n")
+
+
+def _verdict_table(gates: list[Mapping[str, Any]]) -> list[str]:
+    rows = ["| status | gate | measured | limit | verdict |", "|---|---|---|---|---|"]
+    for g in gates:
+        rows.append(f"| {g.get('status')} | `{g.get('id')}` | {_cell(fmt_quantity(g.get('measured') or {}, why=False))}"
+                    f" | {_cell(fmt_quantity(g.get('limit') or {}, why=False))} | {_cell(g.get('message', ''))} |")
+    return rows
 
 
 def fit_table_from_results(results: Path) -> str | None:
