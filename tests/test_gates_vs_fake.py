@@ -18,11 +18,11 @@ SUITES = ["suites/test_deployment.py", "suites/test_max_context.py", "suites/tes
           "suites/test_streaming.py"]
 
 
-def run_suites(pytester, url, *extra, suites=SUITES):
+def run_suites(pytester, url, *extra, suites=SUITES, profile=PROFILE):
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess(
         "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
-        "--profile", str(PROFILE), "--endpoint", url, "--kvgate-reports", str(reports),
+        f"--profile={profile}", "--endpoint", url, "--kvgate-reports", str(reports),
         *[str(REPO / s) for s in suites], *extra,
     )
     summary = read_summary(reports)

@@ -11,7 +11,8 @@ import yaml
 
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO, read_summary
+from .conftest import REPO
+from .test_gates_vs_fake import fake, run_suites  # noqa: F401  (fake: the healthy fake fixture, shared)
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
@@ -21,18 +22,9 @@ SERVER_SUITES = ["suites/test_max_context.py", "suites/test_max_tokens.py", "sui
 
 
 def run(pytester, url, suites=SUITE, profile=PROFILE):
-    reports = pytester.path / "reports"
-    result = pytester.runpytest_inprocess(
-        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
-        f"--profile={profile}", f"--endpoint={url}", f"--kvgate-reports={reports}", *[str(REPO / s) for s in suites])
-    summary = read_summary(reports)
-    return result, summary, {g["id"].removeprefix("fake-vllm/"): g for g in summary["gates"]}
-
-
-@pytest.fixture
-def fake():
-    with FakeVLLM(FakeConfig(max_tokens_cap=64)) as f:
-        yield f
+    """:func:`tests.test_gates_vs_fake.run_suites`, gates keyed without the profile name."""
+    result, summary, gates = run_suites(pytester, url, suites=suites, profile=profile)
+    return result, summary, {k.removeprefix("fake-vllm/"): g for k, g in gates.items()}
 
 
 def test_healthy_fake_passes_every_edge_request(pytester, fake):

@@ -12,7 +12,7 @@ from typing import Any
 from ..client import Reply, StreamReply, clip
 from ..probes import Exchange
 from ..stream import StreamSummary, summarize
-from ..verdict import Status
+from ..verdict import Status, Verdict
 
 PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP
 
@@ -56,6 +56,20 @@ def completion_facts(ex: Exchange) -> tuple[dict | None, StreamSummary | None, s
     if not isinstance(usage, dict) or not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None, None, f"body lacks usage/choices: {r.text[:160]!r}"
     return usage, None, None
+
+
+def completed(gate: str, what: str, ex: Exchange) -> tuple[dict | None, Verdict | None]:
+    """``(usage, None)`` for a 200 completion, else ``(None, a FAIL verdict)`` naming the status
+    and the server's error, or the garbage that came back (``what`` opens the message)."""
+    r, ev = ex.reply, ex.evidence()
+    if r.status != 200:
+        return None, Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r, 120)}) -> FAIL",
+                             measured=r.status, limit=200, unit="HTTP status", evidence=ev)
+    usage, _, problem = completion_facts(ex)
+    if problem:
+        return None, Verdict(gate, FAIL, f"{what}: {problem} -> FAIL", measured=problem, limit="valid completion",
+                             evidence=ev)
+    return usage, None
 
 
 def finish_reason(ex: Exchange) -> str | None:

@@ -31,7 +31,7 @@ from ..sse import CHUNK, DONE, ERROR, classify
 from ..stats import percentile
 from ..stream import summarize
 from ..verdict import Status, Verdict, combine
-from .common import FAIL, PASS, SKIP, completion_facts, finish_reason, json_body, num, server_error
+from .common import FAIL, PASS, SKIP, completed, completion_facts, finish_reason, json_body, num, server_error
 from .health import canary_verdict
 from .streaming import first_token_s, stream_text_verdict
 
@@ -212,15 +212,12 @@ def min_tokens_verdict(ex: Exchange, min_tokens: int, max_tokens: int, cap: int 
     completion tokens, at most ``max_tokens``; finish "length" exactly at ``max_tokens``, "stop"
     below it."""
     gate = f"requests/min-tokens/{ex.api}"
-    r, ev = ex.reply, ex.evidence()
+    ev = ex.evidence()
     want = min(min_tokens, cap) if cap is not None else min_tokens
     what = f"min_tokens {min_tokens}, max_tokens {max_tokens}, stop ['\\n'] ({ex.api})"
-    if r.status != 200:
-        return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r, 120)}) -> FAIL", measured=r.status,
-                       limit=200, unit="HTTP status", evidence=ev)
-    usage, _, problem = completion_facts(ex)
-    if problem:
-        return Verdict(gate, FAIL, f"{what}: {problem} -> FAIL", evidence=ev)
+    usage, failed = completed(gate, what, ex)
+    if failed is not None:
+        return failed
     ct, fr = usage.get("completion_tokens"), finish_reason(ex)
     if not isinstance(ct, int) or ct < want:
         return Verdict(gate, FAIL, f"{what}: {ct} completion tokens came back, finish {fr!r}; at least {want} must "
