@@ -64,6 +64,17 @@ def test_unknown_flag_fails_with_did_you_mean_and_a_known_one_passes():
     assert lint_profile(profile(GPU, extra_args=["--disable-log-stats", "--served-model-name=x"])) == []
 
 
+def test_engine_field_whose_flag_the_version_lacks_fails():
+    from dataclasses import replace as dc_replace
+
+    real = load_snapshot("0.32.0")
+    older = dc_replace(real, by_flag={k: v for k, v in real.by_flag.items() if k != "--kv-cache-memory-bytes"})
+    bad = lint_profile(profile(CPU), args=older)
+    f = next(f for f in bad if f.rule == "engine-arg-unknown")
+    assert f.field == "engine.kv_cache_memory_bytes" and "--kv-cache-memory-bytes" in f.message
+    assert lint_profile(profile(CPU), args=real) == []
+
+
 def test_removed_flag_fails_from_its_version_with_the_source_and_passes_before():
     bad = lint_profile(profile(GPU, extra_args=["--swap-space", "4"]))
     f = next(f for f in bad if f.rule == "engine-arg-removed")

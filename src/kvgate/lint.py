@@ -138,11 +138,16 @@ def _chunked_prefill(profile: Profile) -> bool | None:
 
 
 def rule_engine_arg_unknown(c: Context) -> Iterable[Finding]:
-    """``engine.extra_args`` flags the declared version's parser does not accept (and no
-    documented change explains)."""
+    """Engine fields the launcher renders as flags, and ``engine.extra_args`` flags, that the
+    declared version's parser does not accept (and no documented change explains)."""
     if not c.vllm:
         return
     documented = {ch.flag for ch in CHANGES}
+    for name in _set_fields(c.profile):
+        flag = FIELD_FLAGS[name]
+        if flag not in c.args.by_flag and flag not in documented:
+            yield Finding("engine-arg-unknown", ERROR, f"engine.{name}",
+                          f"engine.{name} is rendered as {flag}, which vLLM {c.args.version}'s parser does not accept")
     for flag in _flags_in(c.profile.engine.extra_args):
         if flag in c.args.by_flag or flag in documented:
             continue
@@ -360,12 +365,14 @@ def _chain_texts(path: Path, profile_dir: Path) -> list[str]:
     return texts
 
 
-def lint_profile(profile: Profile, texts: Iterable[str] = (), version: str | None = None) -> list[Finding]:
+def lint_profile(profile: Profile, texts: Iterable[str] = (), version: str | None = None,
+                 args: VllmArgs | None = None) -> list[Finding]:
     """Run every rule on ``profile``. ``texts``: the profile file(s)' text, read for allow
-    comments. ``version``: the vLLM version to check against (default :func:`declared_version`).
+    comments. ``version``: the vLLM version to check against (default :func:`declared_version`);
+    ``args``: the parser snapshot to use (default :func:`kvgate.vllm_args.load_snapshot` of it).
     Findings come errors first; explained ones are marked, not dropped."""
     ver = version or declared_version(profile)[0]
-    args = load_snapshot(ver)
+    args = args or load_snapshot(ver)
     ctx = Context(profile, args, ver, version_tuple(args.version) == version_tuple(ver))
     allows = allows_in(texts)
     findings: list[Finding] = []
