@@ -54,9 +54,10 @@ def test_nginx_template_renders_every_placeholder(tmp_path):
         render_nginx("server {{upstream_x}};", listen=1, short="a", long="b", threshold=1, prefix=tmp_path)
 
 
-def test_pool_cpus_keep_the_last_cpu_for_the_client():
+def test_pool_cpus_keep_the_pools_apart_and_the_last_cpu_for_the_client():
     assert pool_cpus([0]) == (None, None)
-    assert pool_cpus([0, 1]) == ({0}, {0})
+    assert pool_cpus([0, 1]) == ({0}, {1})
+    assert pool_cpus([0, 1, 2]) == ({0}, {1})
     assert pool_cpus([0, 1, 2, 3, 4]) == ({0, 1}, {2, 3})
 
 
