@@ -68,7 +68,8 @@ def test_absent_metric_fails_and_no_metrics_skips():
 
 def test_profile_burst_workload_must_exist(tmp_path):
     p = tmp_path / "x.yaml"
-    p.write_text((REPO / "tests" / "data" / "fake-vllm.yaml").read_text() + "  burst_workload: chatt\n")
+    p.write_text((REPO / "tests" / "data" / "fake-vllm.yaml").read_text().replace(
+        "autoscale:\n", "autoscale:\n  burst_workload: chatt\n"))
     with pytest.raises(ProfileError, match="autoscale.burst_workload 'chatt' is not a workload"):
         load_profile(str(p))
 
