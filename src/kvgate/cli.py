@@ -59,7 +59,7 @@ def _endpoint_command(profile_arg: str, profile: Profile, url: str) -> str:
     return f".venv/bin/pytest {prof} --endpoint={url}"
 
 
-def serve(args: argparse.Namespace, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
           server_factory: Callable[..., Any] = EmbeddedServer,
           build_model: Callable[[TinySpec], Path] = ensure_model,
           check: Callable[[Endpoint, Profile], None] = lambda e, p: preflight(e, p),
@@ -74,6 +74,7 @@ def serve(args: argparse.Namespace, *, out: TextIO = sys.stdout, err: TextIO = s
     signal interrupts the start-up instead). ``server_factory``, ``build_model`` and ``check`` are
     injectable for tests.
     """
+    out, err = out or sys.stdout, err or sys.stderr  # resolved per call: pytest swaps sys.stdout
     stop = stop or threading.Event()
     try:
         profile = load_profile(args.profile, Path(args.profile_dir))

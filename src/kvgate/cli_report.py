@@ -33,12 +33,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     rep.set_defaults(run=run_report)
 
 
-def run_report(args: argparse.Namespace, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
                find: Callable[[], list[str] | None] = find_allure, render_fn: Callable[..., Path] = render) -> int:
     """Run ``kvgate report``: :data:`OK` when signoff.md (and, unless ``--signoff-only``, the HTML
     report) was written; :data:`USAGE` without a readable summary.json; :data:`FAILED` when the
     Allure CLI is missing or fails (signoff.md is written first either way). ``find`` and
     ``render_fn`` are injectable for tests."""
+    out, err = out or sys.stdout, err or sys.stderr  # resolved per call: pytest swaps sys.stdout
     reports = Path(args.reports)
     output = Path(args.output) if args.output else reports / REPORT_DIR
     try:
