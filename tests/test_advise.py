@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-import yaml
 
 from kvgate import advise as adv
 from kvgate.cli import main
