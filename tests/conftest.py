@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 # Import lazily-loaded HTTP stacks up front: pytester's in-process runs drop modules first
@@ -16,6 +17,14 @@ import pytest
 httpx.HTTPTransport()  # instantiating triggers httpx's own lazy imports of httpcore internals
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A shell starts a backgrounded job (`.ci/run &`, nohup, some CI runners) with SIGINT ignored, and
+# an ignored signal stays ignored across exec: the interrupt tests' Ctrl-C (to this process and to
+# the pytest/kvgate subprocesses they start) would then never arrive. kvgate's own tests need a
+# working Ctrl-C, so give this process Python's handler back; children then start with SIGINT at
+# its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
