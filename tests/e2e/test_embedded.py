@@ -118,9 +118,11 @@ def test_endpoint_mode_gives_same_verdicts(embedded_run, running_server, tmp_pat
     """``kvgate serve`` + the ``--endpoint`` command it prints: the same verdicts as the embedded run."""
     _, embedded = embedded_run
     assert running_server.command == f".venv/bin/pytest --profile tiny-cpu --endpoint={running_server.url}"
-    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", f"--endpoint={running_server.url}")
+    # every gate but the 80 s soak (the embedded run above covers it; CI time)
+    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", f"--endpoint={running_server.url}", "-m", "not soak")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert {g["id"]: g["status"] for g in target["gates"]} == {g["id"]: g["status"] for g in embedded["gates"]}
+    assert {g["id"]: g["status"] for g in target["gates"]} == {
+        g["id"]: g["status"] for g in embedded["gates"] if not g["id"].startswith("tiny-cpu/soak/")}
     assert target["launch"] == {}  # nothing launched: the existing server was gated
 
 
