@@ -45,6 +45,8 @@ Every profile written passes the fit gate: :func:`advise_pool` checks
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 import argparse
 import json
 import math
@@ -763,6 +765,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         get: Callable[[str], str] | None = None) -> int:
     """Exit 0 with the profile(s) written, 1 when nothing fits, 2 for bad input."""
     out, err = out or sys.stdout, err or sys.stderr
+    try:
+        return _run(args, out, err, get)
+    except ValidationError as exc:  # a value pydantic refuses (a negative --concurrency, --arch layers=abc)
+        why = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()[:3])
+        print(f"kvgate advise: invalid input ({why}); check the options given (--help)", file=err)
+        return 2
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO, get: Callable[[str], str] | None) -> int:
     try:
         target = target_from_args(args)
         if args.traffic:

@@ -79,6 +79,8 @@ def render(results: Path, output: Path, name: str, allure: Sequence[str], single
     """Render ``results`` into ``output`` (replaced as a whole, its ``history.jsonl`` carried over
     and extended by this run). Returns ``output``. Raises :class:`RenderError` when ``results``
     has no results or the CLI fails (its last output lines in the message)."""
+    # absolute: the CLI runs in a temporary directory, where a relative path would not resolve
+    results, output = Path(results).resolve(), Path(output).resolve()
     if not results.is_dir() or not any(results.glob("*-result.json")):
         raise RenderError(f"no Allure results in {results} (run the gates first: pytest --profile NAME)")
     cats_file = results / "categories.json"
@@ -104,7 +106,10 @@ def render(results: Path, output: Path, name: str, allure: Sequence[str], single
         except OSError as exc:
             raise RenderError(f"cannot run {allure[0]}: {exc.strerror or exc}") from None
         if proc.returncode != 0 or not (fresh / "index.html").is_file():
-            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            # the error line itself, not only the stack under it
+            said = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("at ")]
+            tail = " | ".join(dict.fromkeys((said[-3:] if said else []) + lines[-2:]))
             raise RenderError(f"allure generate failed (exit {proc.returncode}): {tail}")
         if history.is_file():
             shutil.copyfile(history, fresh / HISTORY)
