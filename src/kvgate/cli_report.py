@@ -51,6 +51,10 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: Text
     except ValueError as exc:
         print(f"kvgate report: {reports / 'summary.json'} is not JSON ({exc})", file=err)
         return USAGE
+    if not isinstance(summary, dict) or "gates" not in summary:
+        print(f"kvgate report: {reports / 'summary.json'} is not a kvgate summary (a JSON object with 'gates' "
+              f"expected, got {type(summary).__name__})", file=err)
+        return USAGE
     hint = None if args.signoff_only else f"HTML report: `{output}/index.html` (serve it over HTTP: `npx allure open {output}`)"
     path = write_signoff(reports, redactor=Redactor(), report_hint=hint)
     print(f"kvgate report: {path} (overall {summary.get('overall')})", file=out)
