@@ -38,8 +38,8 @@ def test_serverless_tag_routing_gates_the_latest_url():
 
 
 def test_serverless_through_the_ingress_sends_the_tag_host():
-    t = discover(load("serverless-tagged.yaml"), ingress="http://10.0.0.7:80")
-    assert t.url == "http://10.0.0.7:80" and t.host_header == "latest-llama-predictor.models.example.com"
+    t = discover(load("serverless-tagged.yaml"), ingress="http://127.0.0.1:8080")
+    assert t.url == "http://127.0.0.1:8080" and t.host_header == "latest-llama-predictor.models.example.com"
     assert any("with Host latest-llama-predictor" in n for n in t.notes)
 
 
