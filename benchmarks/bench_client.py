@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from kvgate.client import Endpoint  # noqa: E402
+from kvgate.http.client import Endpoint  # noqa: E402
 from kvgate.load import closed_loop, completion_request  # noqa: E402
 
 MODEL = "bench-model"

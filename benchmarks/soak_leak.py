@@ -2,7 +2,7 @@
 
 Not a test. Starts the embedded vLLM (tiny-cpu) once, plus a *leaker*: a separate process that
 retains 1 MB per minute of real, touched memory (``--leak-mb-per-min``). Then one long run of the
-real soak runner (:class:`kvgate.soak.SoakRunner`, the tiny-cpu soak plan: rounds of 8 s at
+real soak runner (:class:`kvgate.soak.runner.SoakRunner`, the tiny-cpu soak plan: rounds of 8 s at
 2 req/s) samples every second, side by side:
 
 - ``healthy``: the server's process tree (what the soak gate measures: PSS + swap);
@@ -41,13 +41,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from kvgate.client import Endpoint, KvClient  # noqa: E402
+from kvgate.http.client import Endpoint, KvClient  # noqa: E402
 from kvgate.launch.local import EmbeddedServer  # noqa: E402
 from kvgate.launch.tinymodel import TinySpec, ensure_model  # noqa: E402
 from kvgate.load import new_event_loop  # noqa: E402
-from kvgate.profile import load_profile  # noqa: E402
-from kvgate.sampling import ProcessTreeSampler, SamplingLoop  # noqa: E402
-from kvgate.soak import (  # noqa: E402
+from kvgate.profile.models import load_profile  # noqa: E402
+from kvgate.soak.sampling import ProcessTreeSampler, SamplingLoop  # noqa: E402
+from kvgate.soak.runner import (  # noqa: E402
     SoakResult,
     SoakRunner,
     build_samplers,

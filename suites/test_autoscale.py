@@ -5,8 +5,8 @@ threshold in time, and drains once the burst is served."""
 import pytest
 
 from kvgate.gates.autoscale import GATE, autoscale_verdict
-from kvgate.report import latency_png, records_csv
-from kvgate.scenarios import run_autoscale_burst
+from kvgate.report.record import latency_png, records_csv
+from kvgate.load.scenarios import run_autoscale_burst
 from kvgate.verdict import Status, Verdict
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from kvgate.gates.deployment import cache_config_verdict, max_model_len_verdict, served_model_verdict
-from kvgate.probes import observe_deployment
+from kvgate.http.probes import observe_deployment
 
 CHECKS = {
     "served-model": served_model_verdict,    # /v1/models lists the profile's served name

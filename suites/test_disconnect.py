@@ -5,7 +5,7 @@ before the request would have finished on its own, and a canary generation still
 import pytest
 
 from kvgate.gates.disconnect import disconnect_verdict
-from kvgate.probes import DISCONNECT_CASES, decode_rate, disconnect
+from kvgate.http.probes import DISCONNECT_CASES, decode_rate, disconnect
 
 
 @pytest.fixture(scope="module")

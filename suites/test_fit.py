@@ -8,8 +8,8 @@ and runs with the deployment gate.
 import pytest
 
 from kvgate.gates.fit import fit_table, fit_verdict, live_pool_verdict
-from kvgate.metrics import cache_config, parse
-from kvgate.plots import checks_png
+from kvgate.http.metrics import cache_config, parse
+from kvgate.report.plots import checks_png
 from kvgate.verdict import Status, Verdict
 
 

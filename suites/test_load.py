@@ -4,9 +4,9 @@ at the profile's concurrency; short requests keep their TTFT while long prefills
 import pytest
 
 from kvgate.gates.load import concurrent_long_verdict, interference_verdict, latency_verdict
-from kvgate.plots import interference_png
-from kvgate.report import latency_png, records_csv
-from kvgate.scenarios import run_concurrent_long, run_interference, run_latency
+from kvgate.report.plots import interference_png
+from kvgate.report.record import latency_png, records_csv
+from kvgate.load.scenarios import run_concurrent_long, run_interference, run_latency
 
 
 def evidence(obs):

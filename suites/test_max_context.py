@@ -5,7 +5,7 @@ import pytest
 
 from kvgate.gates.health import canary_verdict
 from kvgate.gates.max_context import fits_verdict, over_length_verdict
-from kvgate.probes import build_prompt, canary, send, send_watched
+from kvgate.http.probes import build_prompt, canary, send, send_watched
 from kvgate.verdict import combine
 
 OVER_LENGTH = ["completions", "completions-stream", "chat", "chat-stream"]

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kvgate.gates.max_tokens import cap_hit_verdict, over_cap_verdict, stream_usage_verdict
-from kvgate.probes import send
+from kvgate.http.probes import send
 from kvgate.verdict import Status, Verdict
 
 PROMPT = "the kv cache pool holds each block of the sequence"

@@ -5,9 +5,9 @@ the long pool serves its declared long load."""
 import pytest
 
 from kvgate.gates.pools import ISOLATION, ROUTING, isolation_verdict, routing_verdict
-from kvgate.plots import interference_png
-from kvgate.pools import run_isolation, run_routing
-from kvgate.report import records_csv
+from kvgate.report.plots import interference_png
+from kvgate.pools.routing import run_isolation, run_routing
+from kvgate.report.record import records_csv
 from kvgate.verdict import Status, Verdict
 
 NO_POOLS = "profile declares no pools section (short/long pools behind a router) -> SKIP"

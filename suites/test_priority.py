@@ -5,8 +5,8 @@ requests without priority, within the short SLO, and the engine survives the pre
 import pytest
 
 from kvgate.gates.priority import not_asked, priority_verdict
-from kvgate.report import latency_png, records_csv
-from kvgate.scenarios import run_priority
+from kvgate.report.record import latency_png, records_csv
+from kvgate.load.scenarios import run_priority
 
 
 @pytest.mark.load

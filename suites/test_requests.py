@@ -12,7 +12,7 @@ import pytest
 from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, chunk_schema_verdict,
                                    edge_body, edge_verdict, min_tokens_verdict, non_ascii_verdict,
                                    route_timeout_verdict)
-from kvgate.probes import build_prompt, canary, send, send_raw
+from kvgate.http.probes import build_prompt, canary, send, send_raw
 
 APIS = ["completions", "chat"]
 CASES = {c.name: c for c in EDGE_CASES}

@@ -6,8 +6,8 @@ import pytest
 
 from kvgate.gates.streaming import (sdk_verdict, stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
                           stream_ttft_verdict)
-from kvgate.probes import send
-from kvgate.sdk import sdk_stream
+from kvgate.http.probes import send
+from kvgate.http.sdk import sdk_stream
 
 APIS = ["completions", "chat"]
 CHECKS = ["ttft", "idle-gap", "framing", "deltas", "openai-sdk"]

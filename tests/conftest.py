@@ -54,7 +54,7 @@ def validate_summary(summary: dict) -> dict:
     makes kvgate write a summary reads it through here (or :func:`read_summary`)."""
     import jsonschema
 
-    from kvgate.report import SUMMARY_SCHEMA
+    from kvgate.report.record import SUMMARY_SCHEMA
 
     schema = json.loads(SUMMARY_SCHEMA.read_text())
     jsonschema.validate(summary, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from kvgate import advise as adv
-from kvgate.cli import main
+from kvgate.authoring import advise as adv
+from kvgate.cli.main import main
 from kvgate.gates.fit import fit_verdict, plan
-from kvgate.profile import load_profile
+from kvgate.profile.models import load_profile
 
 from .conftest import REPO
 
@@ -205,7 +205,7 @@ def test_cli_from_metrics_on_cpu_with_hf_config(tmp_path, capsys):
 
 
 def _args(argv):
-    from kvgate.cli import build_parser
+    from kvgate.cli.main import build_parser
 
     return build_parser().parse_args(["advise", *argv] if "--traffic" in argv or "--metrics" in argv
                                      else ["advise", "--traffic", "unused.jsonl", *argv])

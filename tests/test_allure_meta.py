@@ -1,4 +1,4 @@
-"""What the Allure results say (kvgate.allure_meta): readable titles, grouping, severity, the
+"""What the Allure results say (kvgate.report.allure_meta): readable titles, grouping, severity, the
 verdict as description and parameters, no teardown noise, categories that separate FAIL from
 INVALID, executor and environment -- on hand-made results and on a real run against the fake."""
 
@@ -9,7 +9,7 @@ import re
 
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from kvgate import allure_meta
+from kvgate.report import allure_meta
 from kvgate.verdict import Status, Verdict
 
 from .conftest import REPO, read_summary

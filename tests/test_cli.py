@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from kvgate import cli
+from kvgate.cli import main as cli
 from kvgate.launch.local import LaunchError
 
 from .conftest import REPO

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvgate.client import Endpoint, EndpointUnreachable, KvClient, Reply, iter_sse_data
-from kvgate.stream import summarize
+from kvgate.http.client import Endpoint, EndpointUnreachable, KvClient, Reply, iter_sse_data
+from kvgate.http.stream import summarize
 
 
 class Clock:
@@ -115,7 +115,7 @@ def test_hang_up_request_closes_before_answer_and_reports_early_answer():
 
 
 def test_clip_never_cuts_mid_word():
-    from kvgate.client import clip
+    from kvgate.http.client import clip
 
     text = ("This model's maximum context length is 2048 tokens. However, you requested 2049 tokens "
             "(2041 in the messages, 8 in the completion). Please reduce the length: at least 2049 input tokens")

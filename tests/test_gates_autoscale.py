@@ -8,9 +8,9 @@ import pytest
 
 from kvgate.gates.autoscale import autoscale_verdict, signal_points
 from kvgate.load import LoadResult, RequestRecord
-from kvgate.metrics import MetricsTrace
-from kvgate.profile import AutoscaleSpec, ProfileError, load_profile
-from kvgate.scenarios import BurstObservation
+from kvgate.http.metrics import MetricsTrace
+from kvgate.profile.models import AutoscaleSpec, ProfileError, load_profile
+from kvgate.load.scenarios import BurstObservation
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 

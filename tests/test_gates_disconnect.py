@@ -11,10 +11,10 @@ import re
 import httpx
 import pytest
 
-from kvgate.client import Endpoint, KvClient, Reply
+from kvgate.http.client import Endpoint, KvClient, Reply
 from kvgate.gates.disconnect import disconnect_verdict
-from kvgate.metrics import GaugePoll
-from kvgate.probes import DecodeRate, DisconnectObservation, Exchange, decode_rate, estimate_rate
+from kvgate.http.metrics import GaugePoll
+from kvgate.http.probes import DecodeRate, DisconnectObservation, Exchange, decode_rate, estimate_rate
 from kvgate.verdict import Status
 
 CANARY_OK = Reply(200, '{"choices": [{"text": " a b c d", "finish_reason": "length"}], '

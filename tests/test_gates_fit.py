@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvgate import kvmath as km
+from kvgate.kv import arithmetic as km
 from kvgate.gates.fit import fit_table, fit_verdict, live_pool_verdict, plan
-from kvgate.kvmath import GiB, MiB
-from kvgate.profile import Profile, available_profiles, load_profile
+from kvgate.kv.arithmetic import GiB, MiB
+from kvgate.profile.models import Profile, available_profiles, load_profile
 from kvgate.verdict import Status
 
 SHIPPED = available_profiles()
@@ -41,7 +41,7 @@ def test_every_profile_meets_its_expect_fit(name):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_profile_file_says_what_it_models(name):
-    from kvgate.profile import DEFAULT_PROFILE_DIR
+    from kvgate.profile.models import DEFAULT_PROFILE_DIR
 
     lines = (DEFAULT_PROFILE_DIR / f"{name}.yaml").read_text().splitlines()
     first = [line for line in lines if not line.startswith("# yaml-language-server:")][0]  # the editor modeline

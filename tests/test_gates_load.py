@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from kvgate.load import LoadResult, RequestRecord
 from kvgate.gates.load import concurrent_long_verdict, latency_verdict
-from kvgate.metrics import MetricsTrace
-from kvgate.profile import load_profile
-from kvgate.scenarios import LoadObservation
+from kvgate.http.metrics import MetricsTrace
+from kvgate.profile.models import load_profile
+from kvgate.load.scenarios import LoadObservation
 from kvgate.verdict import Status
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.client import Endpoint
+from kvgate.http.client import Endpoint
 from kvgate.gates.pools import isolation_verdict, routing_verdict
 from kvgate.launch.pools import NginxRouter, PoolsLauncher, above_regex, pool_cpus, render_nginx
-from kvgate.pools import (PoolsError, PoolTargets, Routed, RoutingObservation, completion_body, isolation_view,
+from kvgate.pools.routing import (PoolsError, PoolTargets, Routed, RoutingObservation, completion_body, isolation_view,
                           landing_counts, pool_endpoints, run_isolation, run_routing)
-from kvgate.profile import ProfileError, load_profile, pool_profiles
+from kvgate.profile.models import ProfileError, load_profile, pool_profiles
 from kvgate.verdict import Status
 from tests.fakes.fake_router import FakeRouter
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM

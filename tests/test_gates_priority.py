@@ -8,9 +8,9 @@ import pytest
 
 from kvgate.gates.priority import not_asked, priority_verdict
 from kvgate.load import LoadResult
-from kvgate.metrics import MetricsTrace
-from kvgate.profile import load_profile
-from kvgate.scenarios import LoadObservation
+from kvgate.http.metrics import MetricsTrace
+from kvgate.profile.models import load_profile
+from kvgate.load.scenarios import LoadObservation
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 

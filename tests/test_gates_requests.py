@@ -7,10 +7,10 @@ import json
 
 import httpx
 
-from kvgate.client import Endpoint, KvClient, Reply, StreamReply
+from kvgate.http.client import Endpoint, KvClient, Reply, StreamReply
 from kvgate.gates.requests import (EDGE_CASES, REJECT, chunk_problems, edge_outcome_verdict, min_tokens_verdict,
                                    non_ascii_verdict, openai_error_shape, route_timeout_verdict)
-from kvgate.probes import Exchange
+from kvgate.http.probes import Exchange
 from kvgate.verdict import Status
 
 CASES = {c.name: c for c in EDGE_CASES}

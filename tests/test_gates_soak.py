@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.client import Endpoint
+from kvgate.http.client import Endpoint
 from kvgate.gates.soak import analyze, gpu_verdict, latency_verdict, memory_verdict
-from kvgate.profile import SoakSpec, load_profile
-from kvgate.sampling import MetricsMemorySampler, PrometheusSampler, ProcessTreeSampler
-from kvgate.soak import ROUND_FIELDS, SoakPlan, SoakResult, build_samplers
+from kvgate.profile.models import SoakSpec, load_profile
+from kvgate.soak.sampling import MetricsMemorySampler, PrometheusSampler, ProcessTreeSampler
+from kvgate.soak.runner import ROUND_FIELDS, SoakPlan, SoakResult, build_samplers
 from kvgate.verdict import Status
 from tests.fakes.soak_fakes import FakeNVML
 
@@ -196,7 +196,7 @@ def test_soak_spec_validation_messages():
 
 
 def test_profile_soak_mix_must_name_declared_workloads(write_profile):
-    from kvgate.profile import ProfileError
+    from kvgate.profile.models import ProfileError
 
     from .conftest import MINIMAL
 

@@ -1,6 +1,6 @@
 """gates/streaming.py: the single-request TTFT uses the same first-token rule as the load client."""
 
-from kvgate.client import StreamReply
+from kvgate.http.client import StreamReply
 from kvgate.gates.streaming import first_token_s, stream_gaps
 
 ROLE = '{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}'

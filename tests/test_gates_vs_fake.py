@@ -93,9 +93,9 @@ def test_dead_engine_with_healthy_health_endpoint_is_caught(pytester, fake):
 def test_server_that_stops_listing_models_fails_the_gate(pytester, fake):
     # past the preflight, a /v1/models that turns to garbage is a deployment FAIL, not a traceback
     from kvgate.gates.deployment import served_model_verdict
-    from kvgate.client import Reply
-    from kvgate.probes import DeploymentObservation
-    from kvgate.profile import load_profile
+    from kvgate.http.client import Reply
+    from kvgate.http.probes import DeploymentObservation
+    from kvgate.profile.models import load_profile
 
     obs = DeploymentObservation(models=Reply(200, "<html>not an LLM</html>", 0.01), tokenize=None,
                                 metrics_text=None, version=None)

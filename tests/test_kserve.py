@@ -14,7 +14,7 @@ import yaml
 
 from kvgate.launch import kserve
 from kvgate.launch.kserve import KServeError, discover
-from kvgate.prompts import PromptUnavailable, local_counter, token_id_prompt
+from kvgate.http.prompts import PromptUnavailable, local_counter, token_id_prompt
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO, read_summary

@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from kvgate import kvmath as km
+from kvgate.kv import arithmetic as km
 from kvgate.gates.fit import fit_table, fit_verdict, live_pool_verdict, plan
-from kvgate.hfconfig import HfConfigError, model_from_hf_config
-from kvgate.profile import Profile, ProfileError, load_profile
+from kvgate.profile.hfconfig import HfConfigError, model_from_hf_config
+from kvgate.profile.models import Profile, ProfileError, load_profile
 from kvgate.verdict import Status
 
 from .conftest import REPO

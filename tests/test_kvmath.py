@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvgate import kvmath as km
-from kvgate.kvmath import GiB, MiB, KvMathError
+from kvgate.kv import arithmetic as km
+from kvgate.kv.arithmetic import GiB, MiB, KvMathError
 
 L70 = dict(layers=80, kv_heads=8, head_dim=128)
 

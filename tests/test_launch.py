@@ -8,7 +8,7 @@ import pytest
 from kvgate.launch.local import EmbeddedServer, LaunchError, free_port, render_command
 from kvgate.launch.target import TargetError, endpoint_from_url
 from kvgate.launch.tinymodel import TinySpec
-from kvgate.profile import load_profile
+from kvgate.profile.models import load_profile
 
 
 def test_render_command_from_profile_engine():

@@ -13,7 +13,7 @@ import pytest
 
 from kvgate.launch import docker as dl
 from kvgate.launch.base import Choice, LaunchError, choose
-from kvgate.profile import load_profile
+from kvgate.profile.models import load_profile
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO

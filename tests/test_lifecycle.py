@@ -1,6 +1,6 @@
-"""The run's life cycle (:mod:`kvgate.lifecycle`) without vLLM: the real suites run against a fake
+"""The run's life cycle (:mod:`kvgate.run.lifecycle`) without vLLM: the real suites run against a fake
 embedded server (:mod:`tests.fakes.fake_embedded`, backed by the fault-injecting fake vLLM) put in
-place of ``kvgate.lifecycle._build``.
+place of ``kvgate.run.lifecycle._build``.
 
 - early launch: the server is launched at session start, before collection ends, and waited for
   only in the ``kvgate_endpoint`` fixture; ``-m fit`` builds nothing; a selection without a live
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-import kvgate.lifecycle
+import kvgate.run.lifecycle
 from kvgate.launch.local import LaunchError
 from tests.fakes.fake_embedded import ENV, FakeEmbeddedServer
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
@@ -41,7 +41,7 @@ DEPLOYMENT = [f"{NAME}/deployment/{c}" for c in ("served-model", "max-model-len"
 MAX_CONTEXT = [f"{NAME}/max-context/{c}" for c in ("completions", "chat", "over-length/completions",
                                                    "over-length/completions-stream", "over-length/chat",
                                                    "over-length/chat-stream")]
-EXIT_FOR = {"PASS": 0, "INCOMPLETE": 2, "FAIL": 1, "INVALID": 6}  # kvgate.modes.EXIT_CODES
+EXIT_FOR = {"PASS": 0, "INCOMPLETE": 2, "FAIL": 1, "INVALID": 6}  # kvgate.run.modes.EXIT_CODES
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def run_embedded(pytester, monkeypatch, fake):
                                               events=events, **server_kw))
             return servers[-1]
 
-        monkeypatch.setattr(kvgate.lifecycle, "_build", fake_build)
+        monkeypatch.setattr(kvgate.run.lifecycle, "_build", fake_build)
         reports = pytester.path / "reports"
         t0 = time.monotonic()
         result = pytester.runpytest_inprocess(

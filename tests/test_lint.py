@@ -8,9 +8,9 @@ import copy
 import pytest
 import yaml
 
-from kvgate.lint import ERROR, WARNING, lint_file, lint_for_run, lint_profile
-from kvgate.profile import DEFAULT_PROFILE_DIR, Profile, available_profiles
-from kvgate.vllm_args import CHANGES, load_snapshot, version_tuple
+from kvgate.authoring.lint import ERROR, WARNING, lint_file, lint_for_run, lint_profile
+from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, available_profiles
+from kvgate.authoring.vllm_args import CHANGES, load_snapshot, version_tuple
 
 from .conftest import REPO
 
@@ -199,12 +199,12 @@ def test_changes_table_entries_name_their_source_and_agree_with_the_parser():
 
 
 def test_snapshot_is_for_the_installed_vllm():
-    from kvgate.vllm_args import available_snapshots, installed_version
+    from kvgate.authoring.vllm_args import available_snapshots, installed_version
 
     inst = installed_version()
     if inst is None:
         pytest.skip("no vLLM installed: the checked-in snapshot is used as is")
-    assert inst in available_snapshots(), f"regenerate: .venv/bin/python -m kvgate.vllm_args --write (vLLM {inst})"
+    assert inst in available_snapshots(), f"regenerate: .venv/bin/python -m kvgate.authoring.vllm_args --write (vLLM {inst})"
 
 
 def test_certify_turns_findings_into_a_refusal_and_enforce_does_not(tmp_path):
@@ -218,7 +218,7 @@ def test_certify_turns_findings_into_a_refusal_and_enforce_does_not(tmp_path):
 
 
 def test_cli_exit_codes(write_profile, capsys):
-    from kvgate.cli import main
+    from kvgate.cli.main import main
 
     assert main(["lint", "llama70b-tp4", "tiny-cpu"]) == 0
     bad = copy.deepcopy(GPU)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvgate.client import Endpoint
+from kvgate.http.client import Endpoint
 from kvgate.load import (
     HttpxTransport,
     LoadResult,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kvgate.client import Endpoint
+from kvgate.http.client import Endpoint
 from kvgate.load import HttpxTransport, closed_loop, completion_request
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 

@@ -1,4 +1,4 @@
-"""Gate modes (enforce, record, certify) and exit codes: kvgate.modes unit tests, and the plugin
+"""Gate modes (enforce, record, certify) and exit codes: kvgate.run.modes unit tests, and the plugin
 through pytester -- synthetic gates of chosen statuses (``-m fit``: no server), the real fit gate,
 and the streaming suite against the fault-injecting fake in record mode."""
 
@@ -9,8 +9,8 @@ import datetime as dt
 import pytest
 import yaml
 
-from kvgate.modes import EXIT_CODES, ModeError, decide, overlay, parse_mode, recorded_values
-from kvgate.profile import load_profile
+from kvgate.run.modes import EXIT_CODES, ModeError, decide, overlay, parse_mode, recorded_values
+from kvgate.profile.models import load_profile
 from kvgate.verdict import Status, Verdict
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
@@ -47,7 +47,7 @@ def run_synthetic(pytester, cases, *args):
     return result, read_summary(reports)
 
 
-# ---------------------------------------------------------------------------- kvgate.modes
+# ---------------------------------------------------------------------------- kvgate.run.modes
 def test_parse_mode_lists_valid_values():
     assert parse_mode(None) == "enforce" and parse_mode("Certify") == "certify"
     with pytest.raises(ModeError, match="valid values: enforce, record, certify"):

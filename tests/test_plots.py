@@ -1,11 +1,11 @@
-"""Report plots (kvgate.plots): which records and checks they draw, and that they are PNGs."""
+"""Report plots (kvgate.report.plots): which records and checks they draw, and that they are PNGs."""
 
 from __future__ import annotations
 
 import io
 from types import SimpleNamespace
 
-from kvgate import plots
+from kvgate.report import plots
 from kvgate.verdict import Status, Verdict
 
 

@@ -99,7 +99,7 @@ def test_reports_written_and_secrets_redacted(pytester, monkeypatch):
     assert (reports / "junit.xml").is_file()
     allure = list((reports / "allure-results").glob("*"))
     assert any(p.name.endswith("-result.json") for p in allure) and any("attachment" in p.name for p in allure)
-    from kvgate.cli import main as kvgate_main  # signoff.md too (the rendered HTML: tests/e2e/test_report_browser.py)
+    from kvgate.cli.main import main as kvgate_main  # signoff.md too (the rendered HTML: tests/e2e/test_report_browser.py)
 
     assert kvgate_main(["report", f"--reports={reports}", "--signoff-only"]) == 0
     assert (reports / "signoff.md").is_file()

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvgate.client import Endpoint, KvClient
-from kvgate.preflight import PreflightError, preflight
-from kvgate.profile import load_profile
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.http.preflight import PreflightError, preflight
+from kvgate.profile.models import load_profile
 
 from .conftest import REPO, read_summary
 

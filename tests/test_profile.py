@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.profile import ProfileError, available_profiles, load_profile, resolve_profile
+from kvgate.profile.models import ProfileError, available_profiles, load_profile, resolve_profile
 
 from .conftest import MINIMAL
 

@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 import yaml
 
-from kvgate import profile_schema as ps
-from kvgate.profile import DEFAULT_PROFILE_DIR, Profile, available_profiles
+from kvgate.profile import schema as ps
+from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, available_profiles
 
 REGENERATE = "regenerate with: .venv/bin/kvgate schema profile --write"
 
@@ -89,7 +89,7 @@ def test_every_field_is_in_the_reference_with_its_unit():
 
 def test_numeric_fields_state_their_unit():
     """A number without a unit cannot be written correctly: every int/float field's description
-    starts with ``[unit]`` (see kvgate.profile_schema.split_unit)."""
+    starts with ``[unit]`` (see kvgate.profile.schema.split_unit)."""
     nominal = {"`soak.seed`", "`priority.high`", "`priority.low`"}  # numbers that name or order, not measure
     missing = []
     for row in ps.field_reference().splitlines():
@@ -107,7 +107,7 @@ def test_split_unit():
 
 
 def test_cli_prints_and_writes_the_schema(tmp_path, capsys):
-    from kvgate.cli import main
+    from kvgate.cli.main import main
 
     assert main(["schema", "profile"]) == 0
     printed = json.loads(capsys.readouterr().out)

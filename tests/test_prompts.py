@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.prompts import PromptError, exact_prompt
+from kvgate.http.prompts import PromptError, exact_prompt
 
 
 def words_plus_bos(text: str) -> int:

@@ -1,4 +1,4 @@
-from kvgate.redact import MASK, Redactor, redact_url
+from kvgate.report.redact import MASK, Redactor, redact_url
 
 
 def test_url_userinfo_and_secret_query_masked():

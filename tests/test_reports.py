@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import outputs
+from kvgate.report import outputs
 from kvgate.plugin import given_with_space
-from kvgate.redact import Redactor
-from kvgate.report import RunRecord
+from kvgate.report.redact import Redactor
+from kvgate.report.record import RunRecord
 from kvgate.verdict import Status, Verdict, combine, quantity
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
@@ -48,7 +48,7 @@ def allure_run_ids(reports: Path) -> set[str]:
 
 def signoff_first_line(reports: Path) -> str:
     """``kvgate report --signoff-only`` on this run's reports; the first line of its signoff.md."""
-    from kvgate.cli import main as kvgate_main
+    from kvgate.cli.main import main as kvgate_main
 
     assert not (reports / "signoff.md").exists(), "a run must remove the previous run's signoff.md"
     assert kvgate_main(["report", f"--reports={reports}", "--signoff-only"]) == 0

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from kvgate.sampling import (
+from kvgate.soak.sampling import (
     MetricsMemorySampler,
     NvmlSampler,
     ProcessTreeSampler,

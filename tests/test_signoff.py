@@ -1,5 +1,5 @@
-"""reports/signoff.md (kvgate.signoff) for a passing, a failing and an interrupted run, and
-``kvgate report`` around it (kvgate.cli_report, kvgate.render) with the Allure CLI injected."""
+"""reports/signoff.md (kvgate.report.signoff) for a passing, a failing and an interrupted run, and
+``kvgate report`` around it (kvgate.cli.report, kvgate.report.render) with the Allure CLI injected."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import json
 import subprocess
 from pathlib import Path
 
-from kvgate import cli_report, render
-from kvgate.redact import Redactor
-from kvgate.report import RunRecord
-from kvgate.signoff import fit_table_from_results, signoff_markdown, write_signoff
+from kvgate.cli import report as cli_report
+
+from kvgate.report import render
+from kvgate.report.redact import Redactor
+from kvgate.report.record import RunRecord
+from kvgate.report.signoff import fit_table_from_results, signoff_markdown, write_signoff
 from kvgate.verdict import Status, Verdict
 
 from .conftest import validate_summary

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from kvgate.client import Endpoint
+from kvgate.http.client import Endpoint
 from kvgate.gates.soak import analyze, latency_verdict, memory_verdict
 from kvgate.load import LoadResult, RequestRecord
-from kvgate.profile import SoakSpec, load_profile
-from kvgate.soak import MixItem, Samplers, SoakPlan, SoakRunner, StopOnSignals, plan_for, soak_spec
+from kvgate.profile.models import SoakSpec, load_profile
+from kvgate.soak.runner import MixItem, Samplers, SoakPlan, SoakRunner, StopOnSignals, plan_for, soak_spec
 from kvgate.verdict import Status
 from tests.fakes.soak_fakes import run_virtual
 
@@ -250,7 +250,7 @@ def test_plan_from_profile_and_duration_override():
     assert p.mix[0].name == "chat-short"
     longer = soak_spec(prof, "10m")
     assert longer.duration_s == 600 and longer.round_s == s.round_s
-    from kvgate.soak import SoakError
+    from kvgate.soak.runner import SoakError
 
     with pytest.raises(SoakError, match="needs? at least 4|leaves"):
         soak_spec(prof, "5s")

@@ -1,5 +1,5 @@
-"""The one SSE event classifier (kvgate.sse): every kind, completions and chat shapes, and that
-both folds over it (kvgate.stream.summarize for probes, RequestRecord for load) agree on tokens."""
+"""The one SSE event classifier (kvgate.http.sse): every kind, completions and chat shapes, and that
+both folds over it (kvgate.http.stream.summarize for probes, RequestRecord for load) agree on tokens."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from kvgate.client import StreamReply
+from kvgate.http.client import StreamReply
 from kvgate.load import RequestRecord
-from kvgate.sse import CHUNK, DONE, ERROR, MALFORMED, classify, error_text
-from kvgate.stream import summarize
+from kvgate.http.sse import CHUNK, DONE, ERROR, MALFORMED, classify, error_text
+from kvgate.http.stream import summarize
 
 
 def cmpl(text: str | None = "x", finish: str | None = None, **choice: object) -> str:

@@ -1,7 +1,7 @@
-"""``python -m kvgate ...``: the same as the ``kvgate`` console script (see :mod:`kvgate.cli`)."""
+"""``python -m kvgate ...``: the same as the ``kvgate`` console script (see :mod:`kvgate.cli.main`)."""
 
 import sys
 
-from .cli import main
+from kvgate.cli.main import main
 
 sys.exit(main())

@@ -21,16 +21,17 @@ from typing import Any, Callable
 
 import pytest
 
-from . import allure_meta, outputs
-from .client import Endpoint
-from .launch.base import ENDPOINT_ENV, Choice, choose
-from .launch.target import TargetError, endpoint_from_url
-from .modes import DEFAULT_MODE, OVERLAY_FILE, ModeError, overlay, parse_mode
-from .preflight import PreflightError, preflight
-from .profile import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
-from .redact import Redactor
-from .report import RunRecord, attach_png, attach_text, attach_verdict
-from .verdict import Status, Verdict
+from kvgate.report import allure_meta, outputs
+
+from kvgate.http.client import Endpoint
+from kvgate.launch.base import ENDPOINT_ENV, Choice, choose
+from kvgate.launch.target import TargetError, endpoint_from_url
+from kvgate.run.modes import DEFAULT_MODE, OVERLAY_FILE, ModeError, overlay, parse_mode
+from kvgate.http.preflight import PreflightError, preflight
+from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
+from kvgate.report.redact import Redactor
+from kvgate.report.record import RunRecord, attach_png, attach_text, attach_verdict
+from kvgate.verdict import Status, Verdict
 
 try:  # allure-pytest is a dependency; keep the plugin importable without it
     import allure
@@ -148,7 +149,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise _usage("pytest-profiling is installed and owns --profile (a flag); "
                          "use --deploy-profile NAME for kvgate")
         return
-    from . import lifecycle  # early launch, phases, interrupts (kept out of the wiring here)
+    from kvgate.run import lifecycle  # early launch, phases, interrupts (kept out of the wiring here)
 
     if not config.pluginmanager.is_registered(lifecycle):
         config.pluginmanager.register(lifecycle, "kvgate-lifecycle")
@@ -265,7 +266,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
         profile = load_profile(name, profile_dir)
     except ProfileError as exc:
         raise _usage(str(exc)) from None
-    from .lint import lint_for_run  # profile lint: warnings, errors under --gate-mode certify
+    from kvgate.authoring.lint import lint_for_run  # profile lint: warnings, errors under --gate-mode certify
 
     lint_findings, lint_refusal = lint_for_run(profile, profile_dir, getattr(config.option, "kvgate_gate_mode", "enforce"))
     if lint_refusal:
@@ -303,7 +304,7 @@ def _configure(config: pytest.Config, name: str, reports: Path) -> None:
                      f"{ENDPOINT_ENV}), or --launch docker, or run only the fit gate: -m fit")
 
     if config.getoption("kvgate_soak_duration"):
-        from .soak import SoakError, soak_spec
+        from kvgate.soak.runner import SoakError, soak_spec
 
         try:
             soak_spec(profile, config.getoption("kvgate_soak_duration"))
@@ -395,7 +396,7 @@ def _pools_header(st: KvgateState) -> list[str]:
 
 
 def _lint_header(st: KvgateState) -> list[str]:
-    from .lint import header_lines
+    from kvgate.authoring.lint import header_lines
 
     return header_lines(st.extra.get("lint", []))
 
@@ -414,7 +415,7 @@ def _ca_bundle(config: pytest.Config) -> None:
 def _kserve_endpoint(config: pytest.Config, profile: Profile, api_key_env: str | None) -> tuple[Endpoint, list[str]]:
     """``--isvc``: the KServe object's new version as an :class:`Endpoint` (kvgate.launch.kserve) and
     what was found (notes for the header). A usage error when it cannot be read or gated."""
-    from .launch import kserve
+    from kvgate.launch import kserve
 
     name, ns = config.getoption("kvgate_isvc"), config.getoption("kvgate_namespace")
     try:
@@ -437,7 +438,7 @@ def _launch_header(st: KvgateState) -> str:
     if choice is not None and choice.unavailable:
         return f"no server: {choice.unavailable} -- live gates SKIP"
     if choice is not None and choice.mode == "docker":
-        from .launch.docker import DEFAULT_IMAGE
+        from kvgate.launch.docker import DEFAULT_IMAGE
 
         image = (st.profile.launch.image if st.profile.launch else None) or DEFAULT_IMAGE
         return f"endpoint: {image} in docker, started by kvgate ({choice.source})"
@@ -560,8 +561,8 @@ def make_recorder(item: pytest.Item) -> Callable[..., Verdict]:
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     """A gate whose exact-length prompt cannot be built here (no /tokenize and no local tokenizer:
-    :class:`kvgate.prompts.PromptUnavailable`) is a SKIP with that reason, not a harness error."""
-    from .prompts import PromptUnavailable
+    :class:`kvgate.http.prompts.PromptUnavailable`) is a SKIP with that reason, not a harness error."""
+    from kvgate.http.prompts import PromptUnavailable
 
     try:
         return (yield)
@@ -621,12 +622,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     st.extra["summary_path"] = str(path)
     _stamp_reports(session.config, st)
     if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        # the gate mode decides: 6 INVALID only, 7 not certified, 0 in record mode (kvgate.modes)
+        # the gate mode decides: 6 INVALID only, 7 not certified, 0 in record mode (kvgate.run.modes)
         session.exitstatus = st.record.outcome().exit_code
 
 
 def _write_overlay(st: KvgateState) -> Path:
-    """Record mode: this run's measured values as a profile overlay (:func:`kvgate.modes.overlay`)."""
+    """Record mode: this run's measured values as a profile overlay (:func:`kvgate.run.modes.overlay`)."""
     source = Path(st.profile.source or st.profile.name)
     ref = st.profile.name if source.parent.resolve() == DEFAULT_PROFILE_DIR.resolve() else str(source.resolve())
     verdicts = [(e.test_id, e.verdict) for e in st.record.entries.values() if e.verdict is not None]

@@ -17,8 +17,8 @@ import pytest
 from kvgate.gates.fit import fit_verdict
 from kvgate.launch.local import EmbeddedServer
 from kvgate.launch.tinymodel import TinySpec, ensure_model
-from kvgate.lint import lint_file
-from kvgate.profile import load_profile
+from kvgate.authoring.lint import lint_file
+from kvgate.profile.models import load_profile
 
 from ..conftest import REPO
 

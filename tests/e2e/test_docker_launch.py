@@ -116,7 +116,7 @@ def test_gpu_device_request_reaches_docker(image, tmp_path, monkeypatch):
 
     from kvgate.launch.docker import DockerLauncher
     from kvgate.launch.local import LaunchError
-    from kvgate.profile import load_profile
+    from kvgate.profile.models import load_profile
 
     seen: list[dict] = []
     real_create = dmc.ContainerCollection.create

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.gates.fit import plan
-from kvgate.profile import load_profile
+from kvgate.profile.models import load_profile
 
 from ..conftest import REPO
 from .test_embedded import main_job

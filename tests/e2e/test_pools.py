@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from kvgate.launch.pools import NGINX_INSTALL, PoolsLauncher
-from kvgate.profile import load_profile
+from kvgate.profile.models import load_profile
 
 from .test_embedded import main_job, vllm_processes
 

@@ -33,7 +33,7 @@ from typing import Iterator
 
 import pytest
 
-from kvgate.render import NO_ALLURE, find_allure
+from kvgate.report.render import NO_ALLURE, find_allure
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from ..conftest import REPO, validate_summary

@@ -10,10 +10,10 @@ at ``url``, with scripted misbehaviour:
   would), ``block`` (waits until a signal arrives, like a vLLM slow to shut down).
 
 Every call is logged in ``events`` as ``(name, open phases)`` -- the names of the run's phases
-running at that moment (``record``: the run's :class:`kvgate.report.RunRecord`) -- and, when
+running at that moment (``record``: the run's :class:`kvgate.report.record.RunRecord`) -- and, when
 ``events_file`` is set, appended to it as one JSON line, so a test can watch a run in another process.
 
-In-process (pytester): ``monkeypatch.setattr(kvgate.lifecycle, "_build", lambda st: FakeEmbeddedServer(...))``.
+In-process (pytester): ``monkeypatch.setattr(kvgate.run.lifecycle, "_build", lambda st: FakeEmbeddedServer(...))``.
 In a subprocess: ``python -m pytest -p tests.fakes.fake_embedded ...`` with ``KVGATE_FAKE_EMBEDDED`` set
 to the JSON of the keyword arguments (``url``, ``wait``, ``stop``, ``events_file``, ...).
 """
@@ -113,8 +113,8 @@ def pytest_configure(config: Any) -> None:
     spec = os.environ.get(ENV)
     if not spec:
         return
-    import kvgate.lifecycle
+    import kvgate.run.lifecycle
 
     kwargs = json.loads(spec)
-    kvgate.lifecycle._build = lambda st: FakeEmbeddedServer(log_path=st.reports_dir / "vllm-server.log",
+    kvgate.run.lifecycle._build = lambda st: FakeEmbeddedServer(log_path=st.reports_dir / "vllm-server.log",
                                                             record=st.record, **kwargs)

@@ -10,7 +10,7 @@
 - ``preempt(t)``: True -> this request counts one ``vllm:num_preemptions``.
 
 :data:`SHAPES` holds the patterns the soak gate must tell apart. :class:`FakeNVML` imitates the
-pynvml calls :class:`kvgate.sampling.NvmlSampler` makes. :func:`virtual_loop` is an event loop
+pynvml calls :class:`kvgate.soak.sampling.NvmlSampler` makes. :func:`virtual_loop` is an event loop
 whose clock jumps to the next timer instead of sleeping, so runner tests take no real time.
 """
 

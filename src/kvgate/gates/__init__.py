@@ -10,8 +10,8 @@ requests) and *tested* (kvgate's own tests):
 ==============  ==========================  ======================  ===============================  ====================================
 gate            asserted in                 decided in              measured by                      tested in
 ==============  ==========================  ======================  ===============================  ====================================
-fit             suites/test_fit.py          gates/fit.py            kvgate.kvmath (arithmetic only)  tests/test_gates_fit.py, test_kvmath.py,
-                                                                    + kvgate.hfconfig                test_kv_families.py, e2e/test_kv_families.py
+fit             suites/test_fit.py          gates/fit.py            kvgate.kv.arithmetic (arithmetic only)  tests/test_gates_fit.py, test_kvmath.py,
+                                                                    + kvgate.profile.hfconfig                test_kv_families.py, e2e/test_kv_families.py
 deployment      suites/test_deployment.py   gates/deployment.py     probes.observe_deployment        tests/test_gates_vs_fake.py
 max-context     suites/test_max_context.py  gates/max_context.py    probes.build_prompt/send_watched tests/test_gates_vs_fake.py
 max-tokens      suites/test_max_tokens.py   gates/max_tokens.py     probes.send                      tests/test_gates_vs_fake.py
@@ -24,7 +24,7 @@ latency                                                                         
 priority        suites/test_priority.py     gates/priority.py       scenarios.run_priority           tests/test_gates_priority.py
 autoscale-      suites/test_autoscale.py    gates/autoscale.py      scenarios.run_autoscale_burst    tests/test_gates_autoscale.py
 signal
-pools           suites/test_pools.py        gates/pools.py          kvgate.pools.run_*               tests/test_gates_pools.py,
+pools           suites/test_pools.py        gates/pools.py          kvgate.pools.routing.run_*               tests/test_gates_pools.py,
                                                                                                  e2e/test_pools.py
 soak            suites/test_soak.py         gates/soak.py           soak.SoakRunner, sampling        tests/test_gates_soak.py,
                                                                                                  test_soak_vs_fake.py, test_soak_runner.py

@@ -8,17 +8,17 @@ external metric; example in ``ci/keda-scaledobject.yaml``). Two silent misconfig
 a metric that never moves (wrong name, a gateway's own queue in front, a server that admits
 everything and queues internally where the metric cannot see) and a metric that never falls
 back (a stuck gauge keeps the deployment scaled out). Input: a
-:class:`~kvgate.scenarios.BurstObservation`; no I/O.
+:class:`~kvgate.load.scenarios.BurstObservation`; no I/O.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..profile import AutoscaleSpec
-from ..scenarios import BurstObservation
-from ..verdict import Verdict
-from .common import FAIL, PASS, SKIP
+from kvgate.profile.models import AutoscaleSpec
+from kvgate.load.scenarios import BurstObservation
+from kvgate.verdict import Verdict
+from kvgate.gates.common import FAIL, PASS, SKIP
 
 GATE = "autoscale-signal/burst"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client import Reply, StreamReply, clip
-from ..probes import Exchange
-from ..stream import StreamSummary, summarize
-from ..verdict import Status, Verdict
+from kvgate.http.client import Reply, StreamReply, clip
+from kvgate.http.probes import Exchange
+from kvgate.http.stream import StreamSummary, summarize
+from kvgate.verdict import Status, Verdict
 
 PASS, FAIL, SKIP = Status.PASS, Status.FAIL, Status.SKIP
 

@@ -1,17 +1,17 @@
 """Gate ``deployment``: the live server matches the profile -- served model name, ``max_model_len``
 (``/v1/models`` and ``/tokenize``), cache config (``vllm:cache_config_info``). Asserted by
-``suites/test_deployment.py``; observations come from :func:`kvgate.probes.observe_deployment`.
+``suites/test_deployment.py``; observations come from :func:`kvgate.http.probes.observe_deployment`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..metrics import MetricsError, cache_config, parse
-from ..probes import DeploymentObservation
-from ..profile import Profile
-from ..verdict import Verdict
-from .common import FAIL, PASS, SKIP, json_body, num
+from kvgate.http.metrics import MetricsError, cache_config, parse
+from kvgate.http.probes import DeploymentObservation
+from kvgate.profile.models import Profile
+from kvgate.verdict import Verdict
+from kvgate.gates.common import FAIL, PASS, SKIP, json_body, num
 
 
 

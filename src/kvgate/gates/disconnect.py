@@ -1,16 +1,16 @@
 """Gate ``disconnect``: a client hanging up mid-stream, before the first token or mid-request frees
 its slot (``vllm:num_requests_running`` back to baseline) well before the request would have ended
 on its own, and a canary generates after. Asserted by ``suites/test_disconnect.py``; observations
-from :func:`kvgate.probes.disconnect`.
+from :func:`kvgate.http.probes.disconnect`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..verdict import Status, Verdict
-from .common import FAIL, PASS, SKIP
-from .health import canary_verdict
+from kvgate.verdict import Status, Verdict
+from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.gates.health import canary_verdict
 
 
 

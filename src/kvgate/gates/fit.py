@@ -1,7 +1,7 @@
 """The fit gate: does the concurrency a profile declares fit the KV cache it will get?
 
-Pure (no I/O, no server). :func:`plan` maps a :class:`~kvgate.profile.Profile` onto the
-arithmetic in :mod:`kvgate.kvmath`; :func:`fit_verdict` decides; :func:`fit_table` explains per
+Pure (no I/O, no server). :func:`plan` maps a :class:`~kvgate.profile.models.Profile` onto the
+arithmetic in :mod:`kvgate.kv.arithmetic`; :func:`fit_verdict` decides; :func:`fit_table` explains per
 GPU in numbers; :func:`live_pool_verdict` holds the prediction against the capacity a live vLLM
 reports in the labels of its ``vllm:cache_config_info`` metric.
 
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kvgate import kvmath as km
-from kvgate.kvmath import GiB, MiB, KvMathError
-from kvgate.profile import Profile
+from kvgate.kv import arithmetic as km
+from kvgate.kv.arithmetic import GiB, MiB, KvMathError
+from kvgate.profile.models import Profile
 from kvgate.verdict import Status, Verdict, combine
 
 GATE = "fit"
@@ -81,7 +81,7 @@ class FitPlan:
     ``kv_bytes_per_token_model`` is the whole model's KV per token (TP=1); ``kv_bytes_per_token``
     is per GPU (every layer holding the token). ``*_source`` fields say where a value came from
     ("profile", a vLLM default, or an estimate); ``arch_sources`` the architecture's (from
-    ``model.hf_config``). ``layout`` is vLLM's KV cache groups (:class:`kvgate.kvmath.KvLayout`)
+    ``model.hf_config``). ``layout`` is vLLM's KV cache groups (:class:`kvgate.kv.arithmetic.KvLayout`)
     with ``in_flight_tokens`` (the sliding-window term) and ``hybrid_source`` (why the hybrid
     manager is on or off). ``pool`` is ``None`` for the llama.cpp runtime; ``offload`` for vLLM.
     """
@@ -185,7 +185,7 @@ def _weights(profile: Profile, arch: Any) -> tuple[int, str]:
 
 
 def _moe_mla(arch: Any) -> dict[str, Any]:
-    """The MoE and MLA keywords of :func:`kvgate.kvmath.estimate_params` from the architecture."""
+    """The MoE and MLA keywords of :func:`kvgate.kv.arithmetic.estimate_params` from the architecture."""
     keys = ("num_experts", "moe_intermediate_size", "shared_experts", "first_dense_layers", "q_lora_rank",
             "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
     out = {k: getattr(arch, k) for k in keys}

@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from ..probes import Exchange
-from ..verdict import Verdict
-from .common import FAIL, PASS, completion_facts, server_error
+from kvgate.http.probes import Exchange
+from kvgate.verdict import Verdict
+from kvgate.gates.common import FAIL, PASS, completion_facts, server_error
 
 
 def canary_verdict(ex: Exchange, deadline_s: float, after: str) -> Verdict:

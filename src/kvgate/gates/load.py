@@ -1,5 +1,5 @@
 """Pure verdicts of the load gates: concurrent long sequences, latency SLO, mixed-workload
-interference. Inputs are :class:`~kvgate.scenarios.LoadObservation`; no I/O here.
+interference. Inputs are :class:`~kvgate.load.scenarios.LoadObservation`; no I/O here.
 
 Every verdict first asks whether the client kept up (:meth:`kvgate.load.LoadResult.invalid_verdict`
 with the profile's ``limits.schedule_lag_max_s``): a run whose client fell behind is INVALID, not
@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..profile import Profile
-from ..scenarios import LoadObservation
-from ..stats import summarize
-from ..verdict import Status, Verdict
-from .common import FAIL, PASS, SKIP
-from .health import canary_verdict
+from kvgate.profile.models import Profile
+from kvgate.load.scenarios import LoadObservation
+from kvgate.stats import summarize
+from kvgate.verdict import Status, Verdict
+from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.gates.health import canary_verdict
 
 
 def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..probes import Exchange, QueueSample
-from ..verdict import Verdict
-from ..client import clip
-from .common import FAIL, PASS, completion_facts, finish_reason, num, server_error
+from kvgate.http.probes import Exchange, QueueSample
+from kvgate.verdict import Verdict
+from kvgate.http.client import clip
+from kvgate.gates.common import FAIL, PASS, completion_facts, finish_reason, num, server_error
 
 
 
@@ -21,7 +21,7 @@ def fits_verdict(ex: Exchange, max_model_len: int, max_tokens: int, queue: list[
     equals the verified length, ``max_tokens`` tokens generated (``ignore_eos``), finish "length".
 
     ``queue``: the scheduler gauges sampled while it was outstanding
-    (:func:`kvgate.probes.send_watched`); a request with no answer by ``deadline_s`` that the
+    (:func:`kvgate.http.probes.send_watched`); a request with no answer by ``deadline_s`` that the
     server held as waiting with nothing running was admitted but never scheduled -- vLLM 0.32 does
     that when its KV pool holds exactly one full-length sequence, since one block is its null block."""
     gate = f"max-context/{ex.api}{'-stream' if ex.stream else ''}"

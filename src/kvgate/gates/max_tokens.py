@@ -5,9 +5,9 @@ clamp). Asserted by ``suites/test_max_tokens.py``.
 
 from __future__ import annotations
 
-from ..probes import Exchange
-from ..verdict import Verdict
-from .common import FAIL, PASS, completion_facts, finish_reason, server_error
+from kvgate.http.probes import Exchange
+from kvgate.verdict import Verdict
+from kvgate.gates.common import FAIL, PASS, completion_facts, finish_reason, server_error
 
 
 

@@ -1,7 +1,7 @@
 """Pure verdicts of the pools gates: does the router send each request to the pool its rule
 names (``pools/routing``), and does the split keep short requests fast while the long pool is
-loaded (``pools/isolation``)? Inputs: :class:`~kvgate.pools.RoutingObservation` and the
-``(alone, mixed)`` :class:`~kvgate.scenarios.LoadObservation` pair; no I/O.
+loaded (``pools/isolation``)? Inputs: :class:`~kvgate.pools.routing.RoutingObservation` and the
+``(alone, mixed)`` :class:`~kvgate.load.scenarios.LoadObservation` pair; no I/O.
 
 Splitting short chat and long-context batch into separate pools is the common cure for the
 interference the latency gate measures; it fails silently when the router sends everything to one
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..pools import RoutingObservation
-from ..profile import PoolsSpec, Profile
-from ..scenarios import LoadObservation
-from ..stats import summarize
-from ..verdict import Status, Verdict
-from .common import FAIL, PASS
-from .load import HOL_MIN_JUDGED, HOL_SHARE, head_of_line
+from kvgate.pools.routing import RoutingObservation
+from kvgate.profile.models import PoolsSpec, Profile
+from kvgate.load.scenarios import LoadObservation
+from kvgate.stats import summarize
+from kvgate.verdict import Status, Verdict
+from kvgate.gates.common import FAIL, PASS
+from kvgate.gates.load import HOL_MIN_JUDGED, HOL_SHARE, head_of_line
 
 ROUTING = "pools/routing"
 ISOLATION = "pools/isolation"

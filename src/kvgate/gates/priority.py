@@ -7,7 +7,7 @@ ordered by it, and under KV pressure the lowest-priority running request is pree
 (vllm/v1/core/sched/scheduler.py). It fails silently: a server started FCFS accepts the field and
 ignores it (vLLM 0.32 raises no error), a gateway may strip unknown fields. So the gate measures
 the same run twice -- without the field and with it -- and requires a gain. Input: two
-:class:`~kvgate.scenarios.LoadObservation` from :func:`kvgate.scenarios.run_priority`; no I/O.
+:class:`~kvgate.load.scenarios.LoadObservation` from :func:`kvgate.load.scenarios.run_priority`; no I/O.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..profile import PrioritySpec, Profile
-from ..scenarios import LoadObservation
-from ..stats import summarize
-from ..verdict import Verdict
-from .common import FAIL, PASS, SKIP
-from .health import canary_verdict
+from kvgate.profile.models import PrioritySpec, Profile
+from kvgate.load.scenarios import LoadObservation
+from kvgate.stats import summarize
+from kvgate.verdict import Verdict
+from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.gates.health import canary_verdict
 
 GATE = "priority/short-over-long"
 

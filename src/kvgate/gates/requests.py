@@ -25,15 +25,15 @@ import pydantic
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
-from ..client import StreamReply, clip
-from ..probes import Exchange
-from ..sse import CHUNK, DONE, ERROR, classify
-from ..stats import percentile
-from ..stream import summarize
-from ..verdict import Status, Verdict, combine
-from .common import FAIL, PASS, SKIP, completed, completion_facts, finish_reason, json_body, num, server_error
-from .health import canary_verdict
-from .streaming import first_token_s, stream_text_verdict
+from kvgate.http.client import StreamReply, clip
+from kvgate.http.probes import Exchange
+from kvgate.http.sse import CHUNK, DONE, ERROR, classify
+from kvgate.stats import percentile
+from kvgate.http.stream import summarize
+from kvgate.verdict import Status, Verdict, combine
+from kvgate.gates.common import FAIL, PASS, SKIP, completed, completion_facts, finish_reason, json_body, num, server_error
+from kvgate.gates.health import canary_verdict
+from kvgate.gates.streaming import first_token_s, stream_text_verdict
 
 REJECT, EITHER = "4xx", "4xx-or-200"
 

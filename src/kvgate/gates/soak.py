@@ -1,6 +1,6 @@
 """Pure verdicts of the soak gate: retained server memory, TTFT-p95 drift, GPU headroom.
 
-Input: a :class:`~kvgate.soak.SoakResult` (one row per completed round) and the profile's
+Input: a :class:`~kvgate.soak.runner.SoakResult` (one row per completed round) and the profile's
 ``soak:`` section; no I/O. :func:`analyze` fits the measured rounds (warm-up excluded; x in
 hours since the soak started, at each round's midpoint):
 
@@ -31,11 +31,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..profile import Profile, SoakSpec
-from ..soak import SoakResult
-from ..stats import Growth, Trend, growth, trend
-from ..verdict import Status, Verdict
-from .common import FAIL, PASS, SKIP
+from kvgate.profile.models import Profile, SoakSpec
+from kvgate.soak.runner import SoakResult
+from kvgate.stats import Growth, Trend, growth, trend
+from kvgate.verdict import Status, Verdict
+from kvgate.gates.common import FAIL, PASS, SKIP
 
 INCOMPLETE = Status.INCOMPLETE
 INVALID = Status.INVALID

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client import Reply, StreamReply
-from ..probes import Exchange
-from ..sse import classify
-from ..stream import summarize
-from ..verdict import Verdict
-from .common import FAIL, PASS, SKIP, json_body
+from kvgate.http.client import Reply, StreamReply
+from kvgate.http.probes import Exchange
+from kvgate.http.sse import classify
+from kvgate.http.stream import summarize
+from kvgate.verdict import Verdict
+from kvgate.gates.common import FAIL, PASS, SKIP, json_body
 
 
 
@@ -27,7 +27,7 @@ def _plain_text(ex: Exchange) -> str | None:
 
 
 def first_token_s(reply: StreamReply) -> float | None:
-    """Seconds from send to the first event that is a decode step (:attr:`kvgate.sse.SseEvent.is_content`:
+    """Seconds from send to the first event that is a decode step (:attr:`kvgate.http.sse.SseEvent.is_content`:
     chat's role announcement is not a token), or None. The same rule as the load client's TTFT."""
     for t, data in reply.events:
         if classify(data).is_content:

@@ -8,7 +8,7 @@ image via testcontainers on this machine's GPUs). A new server (SGLang, llama.cp
 one more module and one more line in :data:`LAUNCHERS`.
 
 Which one runs (:func:`choose`): ``--endpoint``/``KVGATE_ENDPOINT`` wins (no launcher), else
-``--launch``, else the profile's ``launch.mode`` (:attr:`kvgate.profile.Profile.launch_mode`).
+``--launch``, else the profile's ``launch.mode`` (:attr:`kvgate.profile.models.Profile.launch_mode`).
 Where the chosen launcher cannot run here (no Docker engine, fewer GPUs than the profile needs),
 :meth:`Launcher.unavailable` says why in one line; the run still does its arithmetic (the fit
 gate) and every live gate SKIPs with that reason.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol
 
-from ..profile import Profile
+from kvgate.profile.models import Profile
 
 #: launch mode -> "module:Class" implementing :class:`Launcher`.
 LAUNCHERS: dict[str, str] = {
@@ -39,7 +39,7 @@ class LaunchError(RuntimeError):
 
 
 class Launcher(Protocol):
-    """What the life cycle (:mod:`kvgate.lifecycle`) needs of a launched server.
+    """What the life cycle (:mod:`kvgate.run.lifecycle`) needs of a launched server.
 
     ``launch()`` starts it and returns at once; ``wait_ready()`` blocks until it serves (returns
     the root URL, ``http://127.0.0.1:PORT``; raises :class:`LaunchError` with the log's tail, and

@@ -41,9 +41,9 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import httpx
 
-from ..profile import Profile
-from .base import LaunchError
-from .local import LOOPBACK, free_port, render_command
+from kvgate.profile.models import Profile
+from kvgate.launch.base import LaunchError
+from kvgate.launch.local import LOOPBACK, free_port, render_command
 
 #: The image when the profile names none: vLLM's own OpenAI server at the version kvgate targets.
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"

@@ -29,8 +29,8 @@ from typing import Callable
 
 import httpx
 
-from ..profile import Profile
-from .base import LaunchError  # one error type for every launcher
+from kvgate.profile.models import Profile
+from kvgate.launch.base import LaunchError  # one error type for every launcher
 
 LOOPBACK = "127.0.0.1"
 

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..outputs import POOLS_DIR  # under the reports directory: rendered nginx.conf, nginx and vLLM logs
-from ..profile import DEFAULT_PROFILE_DIR, Profile, ProfileError, pool_profiles
-from .base import LaunchError
-from .local import LOOPBACK, EmbeddedServer, free_port, tail, wait_health
+from kvgate.report.outputs import POOLS_DIR  # under the reports directory: rendered nginx.conf, nginx and vLLM logs
+from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, pool_profiles
+from kvgate.launch.base import LaunchError
+from kvgate.launch.local import LOOPBACK, EmbeddedServer, free_port, tail, wait_health
 
 #: The checkout (``pools.router_config`` is relative to it).
 CHECKOUT = DEFAULT_PROFILE_DIR.parent
@@ -226,7 +226,7 @@ class PoolsLauncher:
         :class:`~kvgate.launch.tinymodel.TinyModelError` from the model build)."""
         if self.pools:
             return
-        from .tinymodel import TinySpec, ensure_model
+        from kvgate.launch.tinymodel import TinySpec, ensure_model
 
         why = self.unavailable(self.profile)
         if why:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit, urlunsplit
 
-from ..client import Endpoint, KvClient
-from ..profile import Profile
-from ..redact import redact_url
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.profile.models import Profile
+from kvgate.report.redact import redact_url
 
 KNOWN_PREFIXES = ("/openai/v1", "/v1")
 
@@ -50,6 +50,6 @@ def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None
 
 
 def check_reachable(endpoint: Endpoint) -> None:
-    """One request to the models route; raises :class:`~kvgate.client.EndpointUnreachable` (one line) if nothing answers."""
+    """One request to the models route; raises :class:`~kvgate.http.client.EndpointUnreachable` (one line) if nothing answers."""
     with KvClient(endpoint, timeout_s=10.0) as c:
         c.models()

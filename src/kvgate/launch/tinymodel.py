@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..profile import Architecture
+from kvgate.profile.models import Architecture
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = (

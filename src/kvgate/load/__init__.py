@@ -9,7 +9,7 @@ client fell behind its schedule is INVALID (:meth:`LoadResult.invalid_verdict`).
 Modules (each docstring holds the details):
 
 - :mod:`~kvgate.load.record`: :class:`RequestSpec` and its builders (what is sent),
-  :class:`RequestRecord` (what happened, decoded by :mod:`kvgate.sse`), :func:`split_sse`.
+  :class:`RequestRecord` (what happened, decoded by :mod:`kvgate.http.sse`), :func:`split_sse`.
 - :mod:`~kvgate.load.schedule`: :func:`run_closed_loop` / :func:`run_open_loop` and their sync
   forms, :func:`poisson_offsets`, schedule lag, :class:`LoadResult`, :func:`make_transport`.
 - :mod:`~kvgate.load.transport`: the :class:`LoadTransport` interface.
@@ -20,10 +20,10 @@ Modules (each docstring holds the details):
 
 from __future__ import annotations
 
-from .httpx_fallback import HttpxTransport
-from .raw_http import _TIMED, RawHttpTransport, new_event_loop
-from .record import RequestRecord, RequestSpec, chat_request, completion_request, split_sse
-from .schedule import (
+from kvgate.load.httpx_fallback import HttpxTransport
+from kvgate.load.raw_http import _TIMED, RawHttpTransport, new_event_loop
+from kvgate.load.record import RequestRecord, RequestSpec, chat_request, completion_request, split_sse
+from kvgate.load.schedule import (
     DEFAULT_LAG_BOUND_S,
     LoadResult,
     Sleep,
@@ -34,7 +34,7 @@ from .schedule import (
     run_closed_loop,
     run_open_loop,
 )
-from .transport import DEFAULT_MAX_RESPONSE_BYTES, Clock, LoadTransport
+from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock, LoadTransport
 
 __all__ = [
     "DEFAULT_LAG_BOUND_S", "DEFAULT_MAX_RESPONSE_BYTES", "Clock", "HttpxTransport", "LoadResult", "LoadTransport",

@@ -10,9 +10,9 @@ import json
 import time
 from typing import Any
 
-from ..client import Endpoint
-from .record import RequestRecord, RequestSpec
-from .transport import DEFAULT_MAX_RESPONSE_BYTES, Clock
+from kvgate.http.client import Endpoint
+from kvgate.load.record import RequestRecord, RequestSpec
+from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock
 
 
 class HttpxTransport:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..client import Endpoint
-from .record import RequestRecord, RequestSpec
-from .transport import DEFAULT_MAX_RESPONSE_BYTES, Clock
+from kvgate.http.client import Endpoint
+from kvgate.load.record import RequestRecord, RequestSpec
+from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock
 
 
 class _TimedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]

@@ -6,7 +6,7 @@ every SSE event's arrival, end. The transports fill only what the hot path can a
 timestamps, the status line and ``(t, bytes)`` body pieces with the HTTP framing removed; no JSON
 and no SSE parsing. After the run, :meth:`RequestRecord.finalize` splits the pieces into SSE events
 (:func:`split_sse`: an event's time is the arrival of the piece that completed it), has
-:func:`kvgate.sse.classify` decide what each event is, and derives first-token time, tokens,
+:func:`kvgate.http.sse.classify` decide what each event is, and derives first-token time, tokens,
 finish reason, usage and errors from that.
 
 Client-side disconnects for the disconnect gate: :attr:`RequestSpec.hangup_after_chunks` (hang up
@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..client import Endpoint
-from ..sse import DONE, ERROR, MALFORMED, classify, error_text
+from kvgate.http.client import Endpoint
+from kvgate.http.sse import DONE, ERROR, MALFORMED, classify, error_text
 
 _BODY_TEXT_CAP = 1024 * 1024  # chars of a non-SSE body kept as text
 
@@ -183,7 +183,7 @@ class RequestRecord:
         return self
 
     def _decode_events(self) -> None:
-        """Fold the events (:func:`kvgate.sse.classify` says what each is): ``[DONE]`` sets
+        """Fold the events (:func:`kvgate.http.sse.classify` says what each is): ``[DONE]`` sets
         ``done``; an error event fails the record (the first one's text); a malformed event counts
         in ``undecodable``; a chunk that is a decode step (text, even empty; not chat's role
         announcement) adds its arrival to ``content_s``. Events after ``[DONE]`` are decoded too."""

@@ -39,12 +39,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ..client import Endpoint
-from ..verdict import Status, Verdict
-from .httpx_fallback import HttpxTransport
-from .raw_http import RawHttpTransport, new_event_loop
-from .record import RequestRecord, RequestSpec
-from .transport import Clock, LoadTransport
+from kvgate.http.client import Endpoint
+from kvgate.verdict import Status, Verdict
+from kvgate.load.httpx_fallback import HttpxTransport
+from kvgate.load.raw_http import RawHttpTransport, new_event_loop
+from kvgate.load.record import RequestRecord, RequestSpec
+from kvgate.load.transport import Clock, LoadTransport
 
 Sleep = Callable[[float], Awaitable[Any]]
 

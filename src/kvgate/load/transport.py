@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from .record import RequestRecord, RequestSpec
+from kvgate.load.record import RequestRecord, RequestSpec
 
 #: A monotonic clock, seconds.
 Clock = Callable[[], float]

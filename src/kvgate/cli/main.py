@@ -1,0 +1,154 @@
+"""``kvgate`` command line (also ``python -m kvgate``).
+
+``kvgate serve --profile tiny-cpu`` starts the embedded vLLM alone -- the same command line, tiny
+model and CPU pinning the suite uses -- prints its URL and the ``--endpoint`` command that gates
+it, and runs until Ctrl-C or SIGTERM, which stop the server's whole process group (no
+traceback). Point other tools (``vllm bench serve``, curl, an SDK) at the URL meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from kvgate.http.client import Endpoint
+from kvgate.launch.local import EmbeddedServer, LaunchError
+from kvgate.launch.tinymodel import TinyModelError, TinySpec, cache_root, ensure_model
+from kvgate.http.preflight import PreflightError, preflight
+from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, load_profile
+
+#: Exit codes: served and stopped on request; bad arguments/profile; the server failed; interrupted while starting.
+OK, USAGE, FAILED, INTERRUPTED = 0, 2, 1, 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvgate`` argument parser (sub-command ``serve``)."""
+    parser = argparse.ArgumentParser(prog="kvgate", description="kvgate: deployment conformance for vLLM. "
+                                     "The gates run under pytest (pytest --profile NAME); this command has helpers.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="start the embedded vLLM alone and print its URL (Ctrl-C stops it)",
+                           description="Start the embedded vLLM of an embedded profile (e.g. tiny-cpu) exactly as "
+                                       "the suite does, print its URL, and run until Ctrl-C or SIGTERM.")
+    serve.add_argument("--profile", required=True, metavar="NAME|PATH",
+                       help="an embedded deployment profile: a name in profiles/ or a YAML file")
+    serve.add_argument("--profile-dir", default=str(DEFAULT_PROFILE_DIR), metavar="DIR",
+                       help="where --profile NAME is looked up")
+    serve.add_argument("--log", default=None, metavar="PATH",
+                       help="vLLM's log file (default: vllm-serve-PROFILE.log in the kvgate cache dir)")
+    serve.add_argument("--startup-budget", type=float, default=240.0, metavar="S",
+                       help="seconds vLLM may take to become healthy (default 240)")
+    from kvgate.cli.authoring import add_commands  # schema, lint, advise (profile authoring)
+
+    add_commands(sub)
+    from kvgate.cli.report import add_command  # report (signoff.md and the HTML report)
+
+    add_command(sub)
+    return parser
+
+
+def _endpoint_command(profile_arg: str, profile: Profile, url: str) -> str:
+    """The pytest command that gates this server: ``--profile NAME`` for a shipped profile,
+    ``--profile=PATH`` (with '=') for a file."""
+    named = profile_arg == profile.name and not profile_arg.endswith((".yaml", ".yml"))
+    prof = f"--profile {profile.name}" if named else f"--profile={shlex.quote(profile_arg)}"
+    return f".venv/bin/pytest {prof} --endpoint={url}"
+
+
+def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
+          server_factory: Callable[..., Any] = EmbeddedServer,
+          build_model: Callable[[TinySpec], Path] = ensure_model,
+          check: Callable[[Endpoint, Profile], None] = lambda e, p: preflight(e, p),
+          stop: threading.Event | None = None, serving: threading.Event | None = None, poll_s: float = 0.5) -> int:
+    """Run ``kvgate serve``: returns an exit code (:data:`OK` after a requested stop, :data:`USAGE`
+    for a bad profile, :data:`FAILED` when vLLM does not come up or dies, :data:`INTERRUPTED`
+    when stopped while starting). Raises nothing for these; the server's process group is always
+    stopped before returning.
+
+    ``stop`` (set by SIGINT/SIGTERM in :func:`main`) ends the serving loop, which checks the
+    process every ``poll_s`` seconds; ``serving`` is set when the loop begins (before it, a
+    signal interrupts the start-up instead). ``server_factory``, ``build_model`` and ``check`` are
+    injectable for tests.
+    """
+    out, err = out or sys.stdout, err or sys.stderr  # resolved per call: pytest swaps sys.stdout
+    stop = stop or threading.Event()
+    try:
+        profile = load_profile(args.profile, Path(args.profile_dir))
+    except ProfileError as exc:
+        print(f"kvgate serve: {exc}", file=err)
+        return USAGE
+    if not profile.embedded:
+        print(f"kvgate serve: profile {profile.name!r} is not an embedded profile (model.embedded: true); "
+              "kvgate serve starts only the embedded vLLM (e.g. --profile tiny-cpu)", file=err)
+        return USAGE
+    try:
+        model_dir = build_model(TinySpec.from_architecture(profile.model.architecture))
+    except TinyModelError as exc:
+        print(f"kvgate serve: cannot build the tiny model: {exc}", file=err)
+        return FAILED
+    log = Path(args.log) if args.log else cache_root() / f"vllm-serve-{profile.name}.log"
+    server = server_factory(profile, model_dir, log, startup_budget_s=args.startup_budget)
+    print(f"kvgate serve: starting the embedded vLLM for profile {profile.name} (log {log}) ...", file=out, flush=True)
+    try:
+        try:
+            url = server.start()
+        except KeyboardInterrupt:
+            print("kvgate serve: interrupted while starting; server stopped", file=err)
+            return INTERRUPTED
+        except LaunchError as exc:
+            print(f"kvgate serve: {exc}", file=err)
+            return FAILED
+        endpoint = Endpoint(base_url=url, managed=True)
+        try:
+            check(endpoint, profile)
+        except PreflightError as exc:
+            print(f"kvgate serve: the server came up but {exc}", file=err)
+            return FAILED
+        cpus = sorted(server.server_cpus) if getattr(server, "server_cpus", None) else "all"
+        print(f"kvgate serve: {profile.name} serving {profile.model.served_name!r} at {endpoint.display} "
+              f"(pid {server.pid}, CPUs {cpus}, started in {server.startup_s or 0:.1f} s)", file=out)
+        print(f"gate it from the kvgate checkout:\n  {_endpoint_command(args.profile, profile, endpoint.display)}",
+              file=out)
+        print("Ctrl-C (or SIGTERM) stops it.", file=out, flush=True)
+        if serving is not None:
+            serving.set()
+        while not stop.wait(poll_s):
+            code = server.proc.poll()
+            if code is not None:
+                print(f"kvgate serve: vLLM exited on its own with code {code}; log {log}", file=err)
+                return FAILED
+        print("kvgate serve: stopping the embedded vLLM ...", file=out, flush=True)
+        return OK
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``kvgate`` console script and ``python -m kvgate``. Returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "run", None) is not None:  # schema, lint, advise: no server, no signal handling
+        return args.run(args)
+    stop = threading.Event()
+    serving = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if serving.is_set():
+            stop.set()  # the serving loop stops the server and returns
+        else:
+            raise KeyboardInterrupt  # interrupts start-up; EmbeddedServer stops its process group
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+    if args.command == "serve":
+        try:
+            return serve(args, stop=stop, serving=serving)
+        except KeyboardInterrupt:  # between start-up and serving (model build, preflight)
+            print("kvgate serve: interrupted; server stopped", file=sys.stderr)
+            return INTERRUPTED
+    return USAGE  # pragma: no cover (argparse requires a command)

@@ -1,0 +1,74 @@
+"""``kvgate report``: ``reports/signoff.md`` from the run's summary.json, and the HTML report
+``reports/allure-report/`` rendered from ``reports/allure-results`` with the Allure 3 CLI
+(:mod:`kvgate.report.render`). :func:`add_command` adds it to ``kvgate``'s sub-parsers; it sets
+``args.run`` (see :func:`kvgate.cli.main.main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, TextIO
+
+from kvgate.report.redact import Redactor
+from kvgate.report.render import NO_ALLURE, REPORT_DIR, RenderError, find_allure, render, report_name
+from kvgate.report.signoff import write_signoff
+
+#: Exit codes: written; the Allure CLI is missing or failed (signoff.md is written anyway); no summary.json.
+OK, FAILED, USAGE = 0, 1, 2
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    """Add ``report`` to the ``kvgate`` sub-parsers ``sub``."""
+    rep = sub.add_parser("report", help="write reports/signoff.md and render the HTML sign-off report",
+                         description="Write REPORTS/signoff.md from summary.json and render REPORTS/allure-results "
+                                     "into REPORTS/allure-report/ with the Allure 3 CLI (the previous report's "
+                                     "history carried over).")
+    rep.add_argument("--reports", default="reports", metavar="DIR", help="the run's reports directory (default: reports)")
+    rep.add_argument("--output", default=None, metavar="DIR", help="HTML report directory (default: REPORTS/allure-report)")
+    rep.add_argument("--single-file", action="store_true", help="one self-contained index.html that opens from disk")
+    rep.add_argument("--signoff-only", action="store_true", help="write signoff.md only (no Allure CLI needed)")
+    rep.set_defaults(run=run_report)
+
+
+def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
+               find: Callable[[], list[str] | None] = find_allure, render_fn: Callable[..., Path] = render) -> int:
+    """Run ``kvgate report``: :data:`OK` when signoff.md (and, unless ``--signoff-only``, the HTML
+    report) was written; :data:`USAGE` without a readable summary.json; :data:`FAILED` when the
+    Allure CLI is missing or fails (signoff.md is written first either way). ``find`` and
+    ``render_fn`` are injectable for tests."""
+    out, err = out or sys.stdout, err or sys.stderr  # resolved per call: pytest swaps sys.stdout
+    reports = Path(args.reports)
+    output = Path(args.output) if args.output else reports / REPORT_DIR
+    try:
+        summary = json.loads((reports / "summary.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        print(f"kvgate report: no summary.json in {reports}/ (run the gates first: pytest --profile NAME; "
+              "or give --reports=DIR)", file=err)
+        return USAGE
+    except ValueError as exc:
+        print(f"kvgate report: {reports / 'summary.json'} is not JSON ({exc})", file=err)
+        return USAGE
+    if not isinstance(summary, dict) or "gates" not in summary:
+        print(f"kvgate report: {reports / 'summary.json'} is not a kvgate summary (a JSON object with 'gates' "
+              f"expected, got {type(summary).__name__})", file=err)
+        return USAGE
+    hint = None if args.signoff_only else f"HTML report: `{output}/index.html` (serve it over HTTP: `npx allure open {output}`)"
+    path = write_signoff(reports, redactor=Redactor(), report_hint=hint)
+    print(f"kvgate report: {path} (overall {summary.get('overall')})", file=out)
+    if args.signoff_only:
+        return OK
+    allure = find()
+    if allure is None:
+        print(f"kvgate report: {NO_ALLURE}", file=err)
+        return FAILED
+    try:
+        render_fn(reports / "allure-results", output, report_name(summary), allure, single_file=args.single_file)
+    except RenderError as exc:
+        print(f"kvgate report: {exc}", file=err)
+        return FAILED
+    how = "one file: opens from disk" if args.single_file else f"serve it over HTTP: npx allure open {output}"
+    print(f"kvgate report: {output}/index.html ({how})", file=out)
+    return OK

@@ -1,0 +1,338 @@
+"""HTTP/SSE client for OpenAI-compatible servers, with per-chunk monotonic timestamps.
+
+Everything the gates need from a server goes through :class:`KvClient`, which never raises on a
+bad *answer* (status, body) — it returns :class:`Reply` / :class:`StreamReply` so a gate can turn
+garbage into a conformance FAIL. It raises only :class:`EndpointUnreachable` when nothing answers
+at all (connection refused, DNS, TLS, connect timeout), with a one-line message.
+
+Transport and clock are injectable (``transport=`` an ``httpx.BaseTransport``, ``clock=`` a
+function returning seconds), so unit tests run against ``httpx.MockTransport`` without sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import httpx
+
+from kvgate.report.redact import redact_url
+from kvgate.http.sse import error_message
+
+Clock = Callable[[], float]
+
+
+def clip(text: str, limit: int | None) -> str:
+    """``text`` whole if it has at most ``limit`` characters (``None``: no limit), else cut at the
+    last word boundary before ``limit`` with an ellipsis (``"...at least 2049 input…"``), never
+    mid-word (a single word longer than ``limit`` is cut at ``limit``). Whitespace runs, newlines
+    included, become one space so the text fits on one line."""
+    text = " ".join(text.split())
+    if limit is None or len(text) <= limit:
+        return text
+    cut = text[: max(1, limit - 1)]
+    if not text[len(cut)].isspace():
+        head = cut.rsplit(" ", 1)[0] if " " in cut else cut
+        cut = head
+    return cut.rstrip(" ,;:.") + "…"
+
+
+class EndpointUnreachable(Exception):
+    """No HTTP answer at all from the endpoint. ``str()`` is one line naming the URL and cause."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a server is and how to authenticate.
+
+    ``base_url`` is the server root (``http://127.0.0.1:8000``), ``route_prefix`` the OpenAI route
+    prefix (``/v1``; KServe uses ``/openai/v1``). ``api_key`` is a secret: it is excluded from
+    ``repr`` and never written to any report.
+    """
+
+    base_url: str
+    route_prefix: str = "/v1"
+    api_key: str | None = field(default=None, repr=False)
+    host_header: str | None = None
+    managed: bool = False  # True when kvgate launched the server itself
+    #: A local Hugging Face tokenizer (the profile's ``model.tokenizer``) for servers without
+    #: ``/tokenize`` (KServe's Hugging Face runtime): exact-length chat prompts are counted with it.
+    tokenizer: str | None = None
+
+    @property
+    def display(self) -> str:
+        """The URL as reports show it (credentials in the URL masked)."""
+        return redact_url(self.base_url.rstrip("/") + self.route_prefix)
+
+    def headers(self) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        if self.host_header:
+            h["Host"] = self.host_header
+        return h
+
+
+@dataclass
+class Reply:
+    """A non-streamed answer. ``elapsed_s``: seconds from send to full body (monotonic)."""
+
+    status: int
+    text: str
+    elapsed_s: float
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def json(self) -> Any:
+        """Parsed body, or ``None`` when the body is not JSON."""
+        try:
+            return json.loads(self.text)
+        except (ValueError, TypeError):
+            return None
+
+    @property
+    def error_message(self) -> str:
+        """``error.message`` of an OpenAI-style error body (whole), else the body on one line, cut
+        at a word with an ellipsis after 200 characters (see :func:`clip`)."""
+        msg = error_message(self.json)
+        return msg if msg is not None else clip(self.text, 200)
+
+
+@dataclass
+class StreamReply:
+    """A streamed (SSE) answer.
+
+    ``events``: ``(t, data)`` pairs, ``t`` seconds since the request was sent (monotonic),
+    ``data`` the text after ``data:`` (``"[DONE]"`` included as it came). ``first_byte_s``: time of
+    the first body byte. ``status``/``text``: the HTTP status and, for non-200, the body.
+    ``transport_error``: set when the connection broke mid-stream (then ``done`` is False).
+    """
+
+    status: int
+    events: list[tuple[float, str]] = field(default_factory=list)
+    text: str = ""
+    first_byte_s: float | None = None
+    elapsed_s: float = 0.0
+    transport_error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the stream ended with ``data: [DONE]``."""
+        return bool(self.events) and self.events[-1][1].strip() == "[DONE]"
+
+    def chunks(self) -> list[tuple[float, Any]]:
+        """JSON-decoded events (``[DONE]`` excluded); undecodable data appear as ``str``."""
+        out: list[tuple[float, Any]] = []
+        for t, data in self.events:
+            if data.strip() == "[DONE]":
+                continue
+            try:
+                out.append((t, json.loads(data)))
+            except ValueError:
+                out.append((t, data))
+        return out
+
+    @property
+    def error_message(self) -> str:
+        return Reply(self.status, self.text, self.elapsed_s).error_message
+
+
+def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """Yield the ``data`` field of each SSE event from decoded lines (multi-line data joined)."""
+    buf: list[str] = []
+    for line in lines:
+        if line == "":
+            if buf:
+                yield "\n".join(buf)
+                buf = []
+            continue
+        if line.startswith("data:"):
+            buf.append(line[5:].lstrip(" "))
+    if buf:
+        yield "\n".join(buf)
+
+
+class KvClient:
+    """Synchronous client for one endpoint (one connection pool for its lifetime).
+
+    ``timeout_s``: default per-request timeout, seconds. ``chat_template_kwargs``: the chat
+    template options the deployment's clients send (profile ``limits.chat_template_kwargs``, e.g.
+    ``{"enable_thinking": false}``); :meth:`tokenize` with ``messages`` and every chat request
+    sent through :func:`kvgate.http.probes.send` carry them, so a prompt counted by ``/tokenize`` is
+    the prompt the chat route renders. Use as a context manager or ``close()``.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float = 120.0,
+        transport: httpx.BaseTransport | None = None,
+        clock: Clock = time.monotonic,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.clock = clock
+        self.chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs else None
+        self._http = httpx.Client(
+            base_url=endpoint.base_url.rstrip("/"),
+            headers=endpoint.headers(),
+            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            transport=transport,
+        )
+
+    def __enter__(self) -> "KvClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---------------------------------------------------------------- plumbing
+    def _unreachable(self, exc: Exception, path: str) -> EndpointUnreachable:
+        cause = type(exc).__name__
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        return EndpointUnreachable(
+            f"endpoint {redact_url(self.endpoint.base_url)} is unreachable ({cause}: {detail}) on {path}"
+        )
+
+    def api(self, path: str) -> str:
+        """Full path for an OpenAI route: ``api('/models')`` -> ``/v1/models``."""
+        return self.endpoint.route_prefix.rstrip("/") + path
+
+    def request(self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None,
+                content: bytes | None = None) -> Reply:
+        """Send one request; raise :class:`EndpointUnreachable` only when no answer comes.
+        ``content``: send these bytes as the body (``Content-Type: application/json``) instead of
+        ``json_body`` -- e.g. a body that is not JSON at all."""
+        t0 = self.clock()
+        try:
+            r = self._http.request(
+                method, path, json=json_body if content is None else None, content=content,
+                headers={"Content-Type": "application/json"} if content is not None else None,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+            raise self._unreachable(exc, path) from None
+        except httpx.HTTPError as exc:  # read timeout, protocol error: an answer that never finished
+            return Reply(status=0, text=f"{type(exc).__name__}: {exc}", elapsed_s=self.clock() - t0)
+        return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers))
+
+    def get(self, path: str, **kw: Any) -> Reply:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any, **kw: Any) -> Reply:
+        return self.request("POST", path, json_body=body, **kw)
+
+    def stream(self, path: str, body: Any, *, timeout_s: float | None = None,
+               on_event: Callable[[float, str], bool | None] | None = None,
+               hang_up_after_headers: bool = False) -> StreamReply:
+        """POST with ``stream: true`` and record every SSE event with its arrival time.
+
+        ``on_event(t, data)`` may return True to hang up early (client disconnect mid-stream);
+        ``hang_up_after_headers`` closes the connection as soon as the 200 status line arrives,
+        before any token (disconnect mid-request). Timestamps are taken as lines arrive; JSON
+        decoding is left to the caller (off the hot path).
+        """
+        t0 = self.clock()
+        out = StreamReply(status=0)
+        try:
+            with self._http.stream(
+                "POST", path, json=body,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
+            ) as r:
+                out.status = r.status_code
+                if r.status_code != 200:
+                    out.text = r.read().decode("utf-8", "replace")
+                    out.first_byte_s = self.clock() - t0
+                    out.elapsed_s = out.first_byte_s
+                    return out
+                if hang_up_after_headers:
+                    out.elapsed_s = self.clock() - t0
+                    return out
+                for data in iter_sse_data(self._lines(r, out, t0)):
+                    t = self.clock() - t0
+                    out.events.append((t, data))
+                    if on_event is not None and on_event(t, data):
+                        break
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+            raise self._unreachable(exc, path) from None
+        except httpx.HTTPError as exc:
+            out.transport_error = f"{type(exc).__name__}: {exc}"
+        out.elapsed_s = self.clock() - t0
+        return out
+
+    def hang_up_request(self, path: str, body: Any, after_s: float) -> Reply:
+        """Send a non-streamed POST on a raw socket and close it ``after_s`` seconds later unless
+        the answer has begun by then (a client that gives up mid-request).
+
+        Returns ``Reply(status=0, text="hung up")`` when the client hung up first, else the
+        status line the server managed to send. Plain http only (raises ``ValueError`` for https).
+        The close does not depend on a read timeout firing, so the hang-up time is what was asked.
+        """
+        url = httpx.URL(self.endpoint.base_url.rstrip("/") + path)
+        if url.scheme != "http":
+            raise ValueError("hang_up_request needs a plain-http endpoint")
+        payload = json.dumps(body).encode()
+        head = [f"POST {url.raw_path.decode()} HTTP/1.1", f"Host: {self.endpoint.host_header or url.netloc.decode()}",
+                "Content-Type: application/json", f"Content-Length: {len(payload)}", "Connection: close"]
+        head += [f"{k}: {v}" for k, v in self.endpoint.headers().items() if k.lower() != "host"]
+        t0 = self.clock()
+        try:
+            sock = socket.create_connection((url.host, url.port or 80), timeout=10)
+        except OSError as exc:
+            raise self._unreachable(exc, path) from None
+        with sock:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+            readable, _, _ = select.select([sock], [], [], after_s)
+            if not readable:
+                return Reply(status=0, text="hung up", elapsed_s=self.clock() - t0)
+            first = sock.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+        try:
+            status = int(first.split()[1])
+        except (IndexError, ValueError):
+            status = -1
+        return Reply(status=status, text=first, elapsed_s=self.clock() - t0)
+
+    def _lines(self, r: httpx.Response, out: StreamReply, t0: float) -> Iterator[str]:
+        for line in r.iter_lines():
+            if out.first_byte_s is None:
+                out.first_byte_s = self.clock() - t0
+            yield line
+
+    # ---------------------------------------------------------------- vLLM routes
+    def health(self) -> Reply:
+        return self.get("/health", timeout_s=10.0)
+
+    def version(self) -> str | None:
+        """``GET /version`` -> version string, or None when the server has no such route."""
+        r = self.get("/version", timeout_s=10.0)
+        body = r.json
+        return str(body["version"]) if r.status == 200 and isinstance(body, dict) and "version" in body else None
+
+    def models(self) -> Reply:
+        return self.get(self.api("/models"), timeout_s=10.0)
+
+    def tokenize(self, *, model: str, prompt: str | None = None,
+                 messages: list[dict[str, str]] | None = None) -> Reply:
+        """``POST /tokenize`` (vLLM's extension; chat-template aware when given ``messages``)."""
+        body: dict[str, Any] = {"model": model}
+        if messages is not None:
+            body["messages"] = messages
+            body["add_generation_prompt"] = True
+            if self.chat_template_kwargs:
+                body["chat_template_kwargs"] = self.chat_template_kwargs
+        else:
+            body["prompt"] = prompt
+        return self.post("/tokenize", body, timeout_s=30.0)
+
+    def metrics_text(self) -> str | None:
+        """``GET /metrics`` body, or None when the server exposes no metrics."""
+        r = self.get("/metrics", timeout_s=10.0)
+        return r.text if r.status == 200 else None

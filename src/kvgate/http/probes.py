@@ -1,0 +1,294 @@
+"""The HTTP interactions the gates need, returning raw observations (no verdicts here).
+
+Each probe sends a bounded number of requests (no hidden retries) and returns :class:`Reply` /
+:class:`StreamReply` objects plus what was asked, so :mod:`kvgate.gates` can decide purely.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kvgate.http.client import EndpointUnreachable, KvClient, Reply, StreamReply
+from kvgate.http.metrics import GaugePoll, poll_gauge, scrape_value
+from kvgate.http.prompts import (Api, ExactPrompt, PromptUnavailable, exact_prompt, local_counter, server_counter,
+                      token_id_prompt)
+
+ROUTES: dict[Api, str] = {"completions": "/completions", "chat": "/chat/completions"}
+CANARY_PROMPT = "kv cache canary"
+CANARY_MAX_TOKENS = 4
+
+
+@dataclass
+class Exchange:
+    """One request and its answer. ``body`` is what was sent (the prompt text elided)."""
+
+    api: Api
+    stream: bool
+    body: dict[str, Any]
+    reply: Reply | StreamReply
+    prompt_tokens: int | None = None  # verified with /tokenize, tokens
+
+    def evidence(self) -> dict[str, Any]:
+        r = self.reply
+        ev: dict[str, Any] = {
+            "api": self.api, "stream": self.stream, "status": r.status, "elapsed_s": round(r.elapsed_s, 4),
+            "request": {k: v for k, v in self.body.items() if k not in ("prompt", "messages")},
+            "prompt_tokens_verified": self.prompt_tokens,
+        }
+        if isinstance(r, StreamReply):
+            ev["events"] = len(r.events)
+            ev["done"] = r.done
+            ev["transport_error"] = r.transport_error
+            ev["first_events"] = [d[:300] for _, d in r.events[:2]]
+            ev["last_events"] = [d[:300] for _, d in r.events[-3:]]
+            if r.status != 200:
+                ev["body"] = r.text[:500]
+        else:
+            ev["body"] = r.text[:800]
+        return ev
+
+
+def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = False,
+         timeout_s: float | None = None, prompt_tokens: int | None = None) -> Exchange:
+    """Send ``body`` to the ``api`` route, streamed or not. A chat body gets the client's
+    ``chat_template_kwargs`` (the profile's) unless it names its own."""
+    path = client.api(ROUTES[api])
+    if api == "chat" and client.chat_template_kwargs and "chat_template_kwargs" not in body:
+        body = {**body, "chat_template_kwargs": client.chat_template_kwargs}
+    if stream:
+        body = {**body, "stream": True}
+        reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s)
+    else:
+        reply = client.post(path, body, timeout_s=timeout_s)
+    return Exchange(api, stream, body, reply, prompt_tokens)
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    """The server's scheduler gauges while a request was outstanding: ``t_s`` seconds after it
+    was sent; ``waiting``/``running``: ``vllm:num_requests_waiting``/``_running`` (None without
+    metrics)."""
+
+    t_s: float
+    waiting: float | None
+    running: float | None
+
+
+def send_watched(client: KvClient, api: Api, body: dict[str, Any], *, deadline_s: float, poll_s: float = 0.5,
+                 prompt_tokens: int | None = None) -> tuple[Exchange, list[QueueSample]]:
+    """:func:`send` with ``deadline_s`` as its timeout, while a daemon thread scrapes ``/metrics``
+    every ``poll_s`` seconds (bounded: it stops when the request ends, so at most
+    ``deadline_s / poll_s + 1`` scrapes), so a request that never answers ends at its deadline with
+    the pattern that held it: admitted but never scheduled shows ``waiting 1, running 0``. The
+    request itself runs on the calling thread, so Ctrl-C/SIGTERM interrupt it at once. Returns the
+    exchange (status 0 when the deadline passed) and the samples."""
+    samples: list[QueueSample] = []
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def watch() -> None:
+        while not stop.wait(poll_s):
+            try:
+                text = client.metrics_text()
+            except EndpointUnreachable:
+                text = None
+            samples.append(QueueSample(round(time.monotonic() - t0, 3), scrape_value(text, "waiting"),
+                                       scrape_value(text, "running")))
+
+    watcher = threading.Thread(target=watch, name="kvgate-queue-watch", daemon=True)
+    watcher.start()
+    try:
+        ex = send(client, api, body, timeout_s=deadline_s, prompt_tokens=prompt_tokens)
+    finally:
+        stop.set()
+    watcher.join(timeout=1.0)  # a scrape in flight may finish; never wait on it longer
+    return ex, list(samples)
+
+
+def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None = None) -> Exchange:
+    """POST ``text`` as it is (not JSON-encoded; e.g. a body that is not JSON) to the ``api``
+    route. The exchange's ``body`` records it as ``{"raw": text}``."""
+    reply = client.request("POST", client.api(ROUTES[api]), content=text.encode(), timeout_s=timeout_s)
+    return Exchange(api, False, {"raw": text[:200]}, reply)
+
+
+def build_prompt(client: KvClient, model: str, api: Api, tokens: int, prefix: str = "") -> ExactPrompt:
+    """An ``api`` prompt of exactly ``tokens`` tokens (starting with ``prefix``), verified with
+    the server's ``/tokenize``.
+
+    Without ``/tokenize`` (KServe's Hugging Face runtime answers 404): completions get a token-id
+    prompt (exact by construction, :func:`kvgate.http.prompts.token_id_prompt`); chat is counted with
+    the profile's local tokenizer (``model.tokenizer``, carried as ``Endpoint.tokenizer``), else
+    :class:`kvgate.http.prompts.PromptUnavailable` -- the gate SKIPs with that reason."""
+    if has_tokenize(client, model):
+        return exact_prompt(server_counter(client, model, api), tokens, api, prefix=prefix)
+    if api == "completions":
+        return token_id_prompt(tokens, seed=prefix)
+    path = getattr(client.endpoint, "tokenizer", None)
+    if not path:
+        raise PromptUnavailable("the server has no /tokenize (KServe's Hugging Face runtime?) and the profile sets "
+                                "no model.tokenizer: an exact-length chat prompt cannot be built")
+    return exact_prompt(local_counter(path, api), tokens, api, prefix=prefix)
+
+
+def has_tokenize(client: KvClient, model: str) -> bool:
+    """Whether the server answers ``POST /tokenize`` (asked once per client: 404/405 -> False)."""
+    known = getattr(client, "_kvgate_has_tokenize", None)
+    if known is None:
+        known = client.tokenize(model=model, prompt="x").status not in (404, 405)
+        client._kvgate_has_tokenize = known
+    return known
+
+
+def canary(client: KvClient, model: str, deadline_s: float) -> Exchange:
+    """Health truth: a short generation that must succeed within ``deadline_s`` seconds."""
+    body = {"model": model, "prompt": CANARY_PROMPT, "max_tokens": CANARY_MAX_TOKENS, "temperature": 0}
+    return send(client, "completions", body, timeout_s=deadline_s)
+
+
+@dataclass
+class DeploymentObservation:
+    """What the server says about itself: ``/v1/models``, ``/tokenize``, ``/metrics``, ``/version``."""
+
+    models: Reply
+    tokenize: Reply | None
+    metrics_text: str | None
+    version: str | None
+    models_path: str = "/v1/models"
+
+
+def observe_deployment(client: KvClient, model: str) -> DeploymentObservation:
+    """One call each to ``/v1/models``, ``/tokenize``, ``/metrics``, ``/version``."""
+    models = client.models()
+    tok = client.tokenize(model=model, prompt="kvgate")
+    return DeploymentObservation(models=models, tokenize=tok, metrics_text=client.metrics_text(),
+                                 version=client.version(), models_path=client.api("/models"))
+
+
+#: Two events less than this many seconds apart arrived in one read (one burst), not one decode step apart.
+BURST_GAP_S = 0.0005
+#: Token events must span at least this many seconds for their spacing to be timed.
+MIN_RATE_SPAN_S = 0.01
+
+
+@dataclass(frozen=True)
+class DecodeRate:
+    """A decode-rate estimate: ``tps`` tokens/s after the first token, or None with ``why`` (one
+    clause saying what was seen). ``events``: token events used; ``span_s``: seconds from the first
+    to the last; ``bunched``: events that arrived less than :data:`BURST_GAP_S` after the previous."""
+
+    tps: float | None
+    why: str | None = None
+    events: int = 0
+    span_s: float = 0.0
+    bunched: int = 0
+
+    def evidence(self) -> dict[str, Any]:
+        return {"tps": None if self.tps is None else round(self.tps, 2), "why": self.why, "events": self.events,
+                "span_s": round(self.span_s, 6), "bunched": self.bunched}
+
+
+def estimate_rate(times_s: list[float]) -> DecodeRate:
+    """Tokens/s from the arrival times (seconds) of a stream's token events, or an honest reason
+    why it cannot be estimated: fewer than 3 events; no time between first and last; more than
+    half of them arriving in bursts (the client read them in bunches: a starved client times its
+    reads, not the server's decoding); or all of them within :data:`MIN_RATE_SPAN_S`."""
+    n = len(times_s)
+    if n < 3:
+        return DecodeRate(None, f"only {n} token event{'s' if n != 1 else ''} arrived (3 needed)", n)
+    span = times_s[-1] - times_s[0]
+    gaps = [b - a for a, b in zip(times_s, times_s[1:])]
+    bunched = sum(1 for g in gaps if g < BURST_GAP_S)
+    if span <= 0:
+        return DecodeRate(None, f"all {n} token events carry the same arrival time", n, span, bunched)
+    if bunched * 2 > len(gaps):
+        return DecodeRate(None, f"{bunched + 1} of {n} token events arrived in bursts (less than "
+                          f"{BURST_GAP_S * 1e3:g} ms apart): the client read them in bunches, so their spacing does "
+                          "not time the server's decoding", n, span, bunched)
+    if span < MIN_RATE_SPAN_S:
+        return DecodeRate(None, f"all {n} token events arrived within {span * 1e3:.2f} ms, too close together to time",
+                          n, span, bunched)
+    return DecodeRate((n - 1) / span, None, n, span, bunched)
+
+
+def decode_rate(client: KvClient, model: str, tokens: int = 32) -> DecodeRate:
+    """The decode rate of one greedy stream of ``tokens`` tokens after its first token
+    (:func:`estimate_rate`); a stream that fails gives ``tps=None`` with the status."""
+    ex = send(client, "completions", {"model": model, "prompt": CANARY_PROMPT, "max_tokens": tokens,
+                                      "temperature": 0, "ignore_eos": True}, stream=True)
+    r = ex.reply
+    if not isinstance(r, StreamReply) or r.status != 200:
+        return DecodeRate(None, f"the rate probe stream answered {r.status}")
+    return estimate_rate([t for t, d in r.events if d.strip() != "[DONE]"])
+
+
+@dataclass
+class DisconnectObservation:
+    """One hang-up: ``case``; ``baseline`` running requests before (None without metrics);
+    ``hung`` the cut exchange; ``cut`` whether it really was cut before completing; ``hangup_s``
+    seconds from send to hang-up; ``natural_s`` estimated seconds it would have run on after the
+    hang-up (None when no decode rate; negative when the rate says it should already have
+    finished); ``poll`` the gauge poll after; ``canary`` a generation after; ``rate`` the decode-rate
+    estimate ``natural_s`` came from."""
+
+    case: str
+    baseline: float | None
+    hung: Exchange
+    cut: bool
+    hangup_s: float
+    natural_s: float | None
+    poll: GaugePoll | None
+    canary: Exchange
+    rate: DecodeRate | None = None
+
+
+DISCONNECT_CASES = ("mid-stream", "before-first-token", "mid-request")
+
+
+def disconnect(client: KvClient, model: str, case: str, *, max_tokens: int, rate: DecodeRate | float | None,
+               deadline_s: float, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> DisconnectObservation:
+    """Hang up one long generation (``case`` in :data:`DISCONNECT_CASES`) and poll
+    ``vllm:num_requests_running`` back to its baseline (bounded by ``deadline_s``).
+
+    mid-stream: stream, hang up after 3 events. before-first-token: stream, hang up when the
+    status line arrives. mid-request: non-streamed, the client closes the socket after 0.3 s.
+    ``max_tokens`` should be the most the deployment will generate (cap included), so that the
+    request outlives the hang-up by as much as possible. ``rate``: the decode rate
+    (:func:`decode_rate`, or tokens/s) the time the request would have run on is estimated from.
+    """
+    if not isinstance(rate, DecodeRate):
+        rate = DecodeRate(rate, None if rate else "no decode rate was measured")
+    rate_tps = rate.tps
+    body = {"model": model, "prompt": CANARY_PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    baseline = scrape_value(client.metrics_text(), "running")
+    seen = {"n": 0}
+
+    def after_three(t: float, data: str) -> bool:
+        seen["n"] += 1
+        return seen["n"] >= 3
+
+    path = client.api(ROUTES["completions"])
+    if case == "mid-stream":
+        r: Reply | StreamReply = client.stream(path, {**body, "stream": True}, on_event=after_three)
+        cut = isinstance(r, StreamReply) and r.status == 200 and not r.done
+        received = len(r.events)
+    elif case == "before-first-token":
+        r = client.stream(path, {**body, "stream": True}, hang_up_after_headers=True)
+        cut, received = r.status == 200, 0
+    elif case == "mid-request":
+        r = client.hang_up_request(path, body, after_s=0.3)
+        cut, received = r.status == 0, 0  # 0: the client closed the connection before any answer
+    else:
+        raise ValueError(f"unknown disconnect case {case!r}; known: {', '.join(DISCONNECT_CASES)}")
+    hung = Exchange("completions", case != "mid-request", body, r)
+    natural = (max_tokens - received) / rate_tps - (r.elapsed_s if case == "mid-request" else 0) if rate_tps else None
+    poll = None
+    if baseline is not None:
+        poll = poll_gauge(client.metrics_text, "running", baseline, deadline_s, clock=clock, sleep=sleep)
+    return DisconnectObservation(case, baseline, hung, cut, r.elapsed_s,
+                                 round(natural, 3) if natural is not None else None, poll,
+                                 canary(client, model, deadline_s), rate)

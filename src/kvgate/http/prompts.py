@@ -1,0 +1,162 @@
+"""Prompts of an exact token length, verified against the server's own tokenizer.
+
+Token counts depend on the served tokenizer (BPE merges, BOS, chat template), so lengths are
+never guessed: :func:`exact_prompt` searches the number of filler words with a ``count`` function
+— normally :func:`server_counter`, which calls vLLM's ``POST /tokenize`` — until the count is
+exactly the target, then returns the text with its verified count. A target that cannot be hit
+(e.g. the chat template alone is longer) raises :class:`PromptError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from kvgate.http.client import KvClient
+
+Api = Literal["completions", "chat"]
+CountFn = Callable[[str], int]
+
+#: Filler that most BPE vocabularies split into ~1 token per word; the search does not rely on it.
+FILLER_WORDS = ("the", "kv", "cache", "block", "token", "pool", "gate", "load")
+#: Short tails tried to close a gap of one or two tokens after the search.
+TAILS = (" a", " x", ".", "a", " the", " kv", "!", "?", " 1", "1", ",", " and")
+
+
+class PromptError(Exception):
+    """No prompt of the requested length exists or the tokenizer endpoint misbehaved."""
+
+
+class PromptUnavailable(PromptError):
+    """An exact-length prompt cannot be built here at all (the server has no ``/tokenize`` and no
+    local tokenizer is configured for chat): what needs it is not checked (a SKIP with this reason)."""
+
+
+#: Token ids of token-id prompts (``/completions`` accepts ``prompt: [ids]``; vLLM adds no BOS to
+#: them): small ids, present in every vocabulary, cycled.
+TOKEN_IDS = tuple(range(100, 164))
+
+
+@dataclass(frozen=True)
+class ExactPrompt:
+    """``text`` whose server-side token count (``tokens``) equals the request, for ``api``."""
+
+    text: str
+    tokens: int
+    api: Api
+    #: Set for a token-id prompt (``/completions`` ``prompt: [ids]``): exact by construction.
+    token_ids: tuple[int, ...] | None = None
+
+    def body(self, model: str, **params: object) -> dict:
+        """Request body for ``/v1/completions`` or ``/v1/chat/completions``."""
+        if self.api == "chat":
+            return {"model": model, "messages": [{"role": "user", "content": self.text}], **params}
+        return {"model": model, "prompt": list(self.token_ids) if self.token_ids is not None else self.text, **params}
+
+
+def token_id_prompt(tokens: int, seed: str = "") -> ExactPrompt:
+    """A completions prompt of exactly ``tokens`` token ids (no tokenizer needed: the count is the
+    list's length). ``seed`` (a request's prefix) shifts the ids, so requests meant to occupy the KV
+    pool separately share no prefix blocks."""
+    import zlib
+
+    off = zlib.crc32(seed.encode()) % len(TOKEN_IDS)
+    ids = tuple(TOKEN_IDS[(off + i) % len(TOKEN_IDS)] for i in range(tokens))
+    return ExactPrompt(f"<{tokens} token ids>", tokens, "completions", ids)
+
+
+def local_counter(tokenizer_path: str, api: Api) -> CountFn:
+    """A ``count(text)`` with the Hugging Face tokenizer at ``tokenizer_path`` (the profile's
+    ``model.tokenizer``): chat renders the tokenizer's chat template with the generation prompt,
+    as vLLM does for ``/v1/chat/completions``; completions adds the special tokens (BOS) as vLLM
+    does. Raises :class:`PromptUnavailable` when transformers or the tokenizer cannot be loaded."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as exc:  # ImportError, OSError (no such directory), ValueError
+        raise PromptUnavailable(f"model.tokenizer {tokenizer_path!r} cannot be loaded ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+
+    def count(text: str) -> int:
+        if api == "chat":
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            return len(ids)
+        return len(tok(text)["input_ids"])
+
+    return count
+
+
+def filler(n: int) -> str:
+    """``n`` filler words, deterministic."""
+    return " ".join(FILLER_WORDS[i % len(FILLER_WORDS)] for i in range(n))
+
+
+def server_counter(client: KvClient, model: str, api: Api) -> CountFn:
+    """A ``count(text)`` that asks ``/tokenize`` (chat: with the chat template and generation
+    prompt, as the server renders ``/v1/chat/completions``). Raises :class:`PromptError` when the
+    server has no usable ``/tokenize``."""
+
+    def count(text: str) -> int:
+        if api == "chat":
+            r = client.tokenize(model=model, messages=[{"role": "user", "content": text}])
+        else:
+            r = client.tokenize(model=model, prompt=text)
+        body = r.json
+        if r.status != 200 or not isinstance(body, dict) or not isinstance(body.get("count"), int):
+            raise PromptError(f"/tokenize answered {r.status}: {r.text[:200]!r}; cannot build exact-length prompts")
+        return body["count"]
+
+    return count
+
+
+def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_calls: int = 64,
+                 prefix: str = "") -> ExactPrompt:
+    """Text whose ``count`` is exactly ``target`` tokens, starting with ``prefix``.
+
+    Binary search on the number of filler words for the longest text with ``count <= target``,
+    then close any remaining gap with short tails. At most ``max_calls`` calls of ``count``.
+    A distinct ``prefix`` per request keeps prefix caching from sharing KV blocks between
+    requests that are meant to occupy the pool separately.
+    """
+    calls = 0
+
+    def c(text: str) -> int:
+        nonlocal calls
+        calls += 1
+        if calls > max_calls:
+            raise PromptError(f"no {target}-token prompt found within {max_calls} /tokenize calls")
+        return count(text)
+
+    def filler_p(n: int) -> str:
+        return prefix + filler(n)
+
+    base = c(prefix)
+    if base > target:
+        raise PromptError(f"the bare {api} prompt {prefix!r} already has {base} tokens (> {target})")
+    lo, hi = 0, max(1, target)
+    while c(filler_p(hi)) <= target:  # make sure hi overshoots
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if c(filler_p(mid)) <= target:
+            lo = mid
+        else:
+            hi = mid
+    text = filler_p(lo)
+    n = c(text)
+    for _ in range(target):
+        if n == target:
+            return ExactPrompt(text, n, api)
+        for tail in TAILS:
+            m = c(text + tail)
+            if n < m <= target:
+                text, n = text + tail, m
+                break
+        else:
+            break
+    if n == target:
+        return ExactPrompt(text, n, api)
+    raise PromptError(f"could not build a {target}-token {api} prompt (closest {n})")

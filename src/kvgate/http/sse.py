@@ -1,0 +1,200 @@
+"""One classifier for the events of an OpenAI-style SSE stream (``/completions`` and
+``/chat/completions``): the single place that decides what an event *is*.
+
+Input: one event's ``data`` text, as the framing left it (:func:`kvgate.load.split_sse` for the
+load client, :func:`kvgate.http.client.iter_sse_data` for single probes). Output: an :class:`SseEvent`
+whose :attr:`~SseEvent.kind` is one of
+
+- ``"done"``: the ``[DONE]`` sentinel (surrounding white space ignored);
+- ``"malformed"``: not JSON, or JSON that is not an object;
+- ``"error"``: an object with an ``"error"`` key (vLLM reports a failure inside a 200 stream so);
+- ``"chunk"``: any other object. A chunk's facets are not exclusive (vLLM's last text chunk can
+  carry the finish reason, and with ``continuous_usage_stats`` every chunk carries usage), so they
+  are properties: :attr:`~SseEvent.is_role` (chat's opening role announcement and nothing else),
+  :attr:`~SseEvent.is_content` (a decode step: some choice carries a text field),
+  :attr:`~SseEvent.is_finish` (some choice has a non-null ``finish_reason``),
+  :attr:`~SseEvent.is_usage` (a ``usage`` object, e.g. the ``stream_options.include_usage``
+  chunk, whose ``choices`` is empty).
+
+**Decode steps** (what the load client counts as tokens when no usage came, and times as
+``content_s``): an event whose choice carries a text field, *even an empty one* — a byte-level
+tokenizer emits tokens that do not complete a character yet, and vLLM then streams ``"text": ""``
+(completions) or ``"content": ""`` (chat). Chat's opening ``{"role": "assistant", "content": ""}``
+is not a token. Reasoning text and tool calls are steps too.
+
+**Tokens from logprobs**: with ``logprobs`` requested, each choice lists one entry per generated
+token (completions: ``logprobs.tokens``; chat: ``logprobs.content``); :attr:`Choice.logprob_tokens`
+is that count, the ground truth the max-tokens gate compares usage with.
+
+Tolerant by design: no input raises; garbage becomes ``"malformed"`` (or, for a choice that is not
+an object, an entry of :attr:`SseEvent.bad_choices`), so a gate can report it as a conformance
+failure. The folds over these events live with their users: :func:`kvgate.http.stream.summarize`
+(single probes) and :meth:`kvgate.load.RequestRecord.finalize` (load runs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+DONE = "done"
+MALFORMED = "malformed"
+ERROR = "error"
+CHUNK = "chunk"
+
+#: characters of a server's error text kept (one line in a verdict or a record)
+ERROR_TEXT_CAP = 200
+
+
+@dataclass(slots=True)
+class Choice:
+    """One entry of a chunk's ``choices``.
+
+    ``text``: the answer text it carries — ``delta.content`` (chat) or ``text`` (completions);
+    None when absent or not a string, ``""`` when present and empty. ``reasoning``: a chat
+    delta's ``reasoning_content`` (or ``reasoning``) when it carries no answer text, else None.
+    ``role``: a chat delta's role, if any. ``tool_calls``: the delta carries tool calls.
+    ``finish_reason``: as a string, None when null/absent. ``logprob_tokens``: tokens listed by
+    the per-chunk logprobs, None when the server sent none. ``step``: this choice is a decode step
+    (see the module docstring).
+    """
+
+    index: Any
+    text: str | None
+    reasoning: str | None
+    role: str | None
+    tool_calls: bool
+    finish_reason: str | None
+    logprob_tokens: int | None
+    step: bool
+
+    @property
+    def piece(self) -> str:
+        """The generated text to concatenate: the answer text, else the reasoning text."""
+        return self.text or self.reasoning or ""
+
+
+@dataclass(slots=True)
+class SseEvent:
+    """What one SSE event is. ``data``: its raw text; ``obj``: the decoded object (None unless
+    ``kind`` is ``"error"`` or ``"chunk"``); ``choices``: the choices that are objects, in order;
+    ``bad_choices``: the ones that are not; ``usage``: the ``usage`` object, if any; ``error``:
+    the value of ``"error"`` for an error event."""
+
+    kind: str
+    data: str
+    obj: dict[str, Any] | None = None
+    choices: tuple[Choice, ...] = ()
+    bad_choices: tuple[Any, ...] = ()
+    usage: dict[str, Any] | None = None
+    error: Any = None
+
+    @property
+    def is_content(self) -> bool:
+        """Some choice is a decode step (carries a text field, reasoning or tool calls)."""
+        return any(c.step for c in self.choices)
+
+    @property
+    def is_role(self) -> bool:
+        """Chat's role announcement and nothing more: a choice names a role, none is a step."""
+        return any(c.role for c in self.choices) and not self.is_content
+
+    @property
+    def is_finish(self) -> bool:
+        return any(c.finish_reason for c in self.choices)
+
+    @property
+    def is_usage(self) -> bool:
+        return self.usage is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The last non-null finish reason among the choices."""
+        out = None
+        for c in self.choices:
+            if c.finish_reason:
+                out = c.finish_reason
+        return out
+
+    @property
+    def error_text(self) -> str:
+        """The error's message, one line of at most :data:`ERROR_TEXT_CAP` characters."""
+        return error_text(self.obj)
+
+
+def error_message(obj: Any) -> str | None:
+    """``error.message`` (or a string ``error``) of an OpenAI-style error object, whole; None when
+    ``obj`` is not one. The one place that reads an error body's shape (SSE error events, load
+    records and :attr:`kvgate.http.client.Reply.error_message` all use it)."""
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return None
+
+
+def error_text(obj: Any) -> str:
+    """:func:`error_message` of ``obj``, else the object's text; at most :data:`ERROR_TEXT_CAP`
+    characters."""
+    msg = error_message(obj)
+    return (msg if msg is not None else str(obj))[:ERROR_TEXT_CAP]
+
+
+def _logprob_tokens(choice: dict[str, Any]) -> int | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if isinstance(lp.get("tokens"), list):  # completions
+        return len(lp["tokens"])
+    if isinstance(lp.get("content"), list):  # chat
+        return len(lp["content"])
+    return None
+
+
+def _choice(ch: dict[str, Any]) -> Choice:
+    fr = ch.get("finish_reason")
+    finish = str(fr) if fr else None
+    delta = ch.get("delta")
+    if isinstance(delta, dict):  # chat
+        content = delta.get("content")
+        role = delta.get("role")
+        tools = bool(delta.get("tool_calls"))
+        r = None if content else (delta.get("reasoning_content") or delta.get("reasoning"))
+        reasoning = r if isinstance(r, str) and r else None
+        # a step: any generated text, tool calls, or a content field (even "") that is not the
+        # opening role announcement
+        step = tools or bool(content) or bool(r) or (isinstance(content, str) and not role)
+        return Choice(ch.get("index"), content if isinstance(content, str) else None, reasoning,
+                      role if isinstance(role, str) and role else None, tools, finish,
+                      _logprob_tokens(ch), step)
+    text = ch.get("text")  # completions
+    is_str = isinstance(text, str)
+    return Choice(ch.get("index"), text if is_str else None, None, None, False, finish, _logprob_tokens(ch),
+                  is_str)
+
+
+def classify(data: str) -> SseEvent:
+    """Decide what the SSE event with this ``data`` text is (see the module docstring)."""
+    if data == "[DONE]" or data.strip() == "[DONE]":
+        return SseEvent(DONE, data)
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return SseEvent(MALFORMED, data)
+    if not isinstance(obj, dict):
+        return SseEvent(MALFORMED, data)
+    if "error" in obj:
+        return SseEvent(ERROR, data, obj, error=obj["error"])
+    usage = obj.get("usage")
+    raw = obj.get("choices") or ()
+    if not isinstance(raw, (list, tuple)):
+        raw = (raw,)
+    choices = tuple(_choice(ch) for ch in raw if isinstance(ch, dict))
+    bad = tuple(ch for ch in raw if not isinstance(ch, dict)) if len(choices) != len(raw) else ()
+    return SseEvent(CHUNK, data, obj, choices, bad, usage if isinstance(usage, dict) else None)
+
+
+__all__ = ["CHUNK", "DONE", "ERROR", "ERROR_TEXT_CAP", "MALFORMED", "Choice", "SseEvent", "classify", "error_text"]

@@ -1,0 +1,309 @@
+"""Load scenarios the load gates measure: concurrent long sequences, latency at the SLO's
+concurrency, and short requests alone vs. while long prefills run.
+
+Each scenario builds exact-length prompts (verified with ``/tokenize``; a distinct prefix per
+request so prefix caching cannot share KV blocks between them), runs :mod:`kvgate.load` while a
+:class:`~kvgate.http.metrics.MetricsSampler` scrapes ``/metrics``, and returns raw observations. Every
+run is bounded in requests and in time (``deadline_s``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
+from kvgate.http.metrics import MetricsSampler, MetricsTrace
+from kvgate.http.probes import Exchange, build_prompt, canary
+from kvgate.profile.models import Profile, Workload
+
+
+class ScenarioError(Exception):
+    """The profile does not describe the scenario (e.g. no long workload). Message says what is missing."""
+
+
+@dataclass
+class LoadObservation:
+    """A load run with the server's gauges around it. ``prompt_tokens``/``output_tokens`` per
+    request (tokens); ``canary``: health-truth generation after the run (None if not taken)."""
+
+    name: str
+    result: LoadResult
+    trace: MetricsTrace
+    prompt_tokens: int
+    output_tokens: int
+    concurrency: int
+    canary: Exchange | None = None
+    extra: dict[str, Any] | None = None
+
+
+def long_workload(profile: Profile) -> tuple[str, Workload]:
+    """The profile's long-sequence workload with the highest concurrency."""
+    longs = [(n, w) for n, w in profile.workloads.items() if w.long]
+    if not longs:
+        raise ScenarioError(f"profile {profile.name} declares no long workload (workloads.*.long: true)")
+    return max(longs, key=lambda nw: nw[1].concurrency)
+
+
+def short_workload(profile: Profile) -> tuple[str, Workload]:
+    """``slo.workload`` if named, else the first non-long workload."""
+    if profile.slo.workload:
+        if profile.slo.workload not in profile.workloads:
+            raise ScenarioError(f"slo.workload {profile.slo.workload!r} is not in workloads "
+                                f"({', '.join(profile.workloads)})")
+        return profile.slo.workload, profile.workloads[profile.slo.workload]
+    shorts = [(n, w) for n, w in profile.workloads.items() if not w.long]
+    if not shorts:
+        raise ScenarioError(f"profile {profile.name} declares no short workload (workloads without long: true)")
+    return shorts[0]
+
+
+def _specs(client: KvClient, endpoint: Endpoint, model: str, prompt_tokens: int, output_tokens: int, n: int,
+           tag: str) -> list[RequestSpec]:
+    specs = []
+    for i in range(n):
+        p = build_prompt(client, model, "completions", prompt_tokens, prefix=f"{tag} request {i}: ")
+        specs.append(completion_request(endpoint, model=model, prompt=p.text, max_tokens=output_tokens, tag=tag,
+                                        temperature=0, ignore_eos=True))
+    return specs
+
+
+def _sampler(endpoint: Endpoint) -> tuple[MetricsSampler, KvClient]:
+    own = KvClient(endpoint, timeout_s=10.0)  # the sampler's thread gets its own connection pool
+    return MetricsSampler(own.metrics_text, interval_s=0.1), own
+
+
+def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0) -> LoadObservation:
+    """The long workload's declared concurrency of near-max-length sequences, all at once.
+
+    Prompt = ``min(workload.prompt_tokens, max_model_len - output_tokens)`` tokens, so each
+    sequence reaches close to ``max_model_len``; ``ignore_eos`` so each generates exactly
+    ``output_tokens``.
+    """
+    name, wl = long_workload(profile)
+    model, limit = profile.model.served_name, profile.engine.max_model_len
+    out = min(wl.output_tokens, limit - 1)
+    prompt = min(wl.prompt_tokens, limit - out)
+    specs = _specs(client, endpoint, model, prompt, out, wl.concurrency, "long")
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            result = closed_loop(endpoint, specs, concurrency=wl.concurrency, deadline_s=deadline_s,
+                                 request_timeout_s=profile.limits.request_timeout_s,
+                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
+    finally:
+        own.close()
+    after = canary(client, model, profile.limits.canary_deadline_s)
+    return LoadObservation(f"concurrent-long ({name})", result, sampler.trace, prompt, out, wl.concurrency, after)
+
+
+def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0) -> LoadObservation:
+    """``slo.requests`` requests of the SLO workload at ``slo.concurrency`` (closed loop)."""
+    name, wl = short_workload(profile)
+    model = profile.model.served_name
+    n, c = profile.slo.requests, profile.slo.concurrency
+    specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, 16), "slo")
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            result = closed_loop(endpoint, specs, n=n, concurrency=c, deadline_s=deadline_s,
+                                 request_timeout_s=profile.limits.request_timeout_s,
+                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
+    finally:
+        own.close()
+    return LoadObservation(f"latency ({name})", result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c)
+
+
+def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[RequestSpec]]], deadline_s: float,
+           **kw: Any) -> LoadResult:
+    """Each wave ``(longs, shorts)`` as one open-loop run (longs at 0 s, shorts 5-42 ms later),
+    the next starting when it ends; records merged onto one time base (seconds since the first
+    wave's start), re-indexed in send order. Bounded: the waves share ``deadline_s``. ``kw``:
+    passed to :func:`~kvgate.load.open_loop` (timeouts)."""
+    import time
+
+    t0 = time.monotonic()
+    records: list[Any] = []
+    lags: list[float] = []
+    cpu, requested, hit, last = 0.0, 0, False, None
+    for longs, shorts in waves:
+        left = deadline_s - (time.monotonic() - t0)
+        if left <= 0:
+            hit = True
+            break
+        offsets = [0.0] * len(longs) + [0.005 + j * 0.0125 for j in range(len(shorts))]
+        start = time.monotonic() - t0
+        last = open_loop(endpoint, [*longs, *shorts], offsets_s=offsets, deadline_s=left, **kw)
+        records += [r.shift(start) for r in last.records]
+        lags += last.loop_lag_s
+        cpu += last.cpu_s
+        requested += last.n_requested
+        hit = hit or last.deadline_hit
+    for i, r in enumerate(records):
+        r.index = i
+    ends = [r.end_s for r in records if r.end_s is not None]
+    return LoadResult("open", records, requested, max(ends, default=0.0), deadline_s, deadline_hit=hit,
+                      loop_lag_s=lags, cpu_s=cpu, transport=last.transport if last else "")
+
+
+#: Output tokens of the interference scenario's short requests (TTFT is what is judged).
+SHORT_OUTPUT_TOKENS = 8
+
+
+def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,
+                     shorts_per_wave: int = 4, deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+    """Short requests alone, then the same short requests while long prefills run.
+
+    Mixed run: ``waves`` waves; each sends the long workload's concurrency of long requests at
+    the wave's start and ``shorts_per_wave`` short requests spread over the next 50 ms, so every
+    short request is queued behind (or batched with) fresh long prefills. A wave starts when the
+    previous one has ended, so no more than the declared long concurrency runs at once (waves
+    1 s apart overlapped on a busy 2-core machine: 8 longs filled max_num_seqs 8 and the shorts
+    waited for whole long generations -- a load the profile never declared). The waves' records
+    share one time base (seconds since the first wave's start). Returns ``(alone, mixed)``; short
+    requests carry tag ``short``, long ones ``long``.
+    """
+    sname, short = short_workload(profile)
+    lname, long = long_workload(profile)
+    model, limit = profile.model.served_name, profile.engine.max_model_len
+    n_short = waves * shorts_per_wave
+    # the gate judges short-request TTFT only: a few output tokens suffice, and the "alone" run
+    # (sequential) then takes ~2 s instead of ~10 s on the embedded server
+    sout = min(short.output_tokens, SHORT_OUTPUT_TOKENS)
+    shorts = _specs(client, endpoint, model, short.prompt_tokens, sout, n_short, "short")
+    lout = min(long.output_tokens, 16)
+    longs = _specs(client, endpoint, model, min(long.prompt_tokens, limit - lout), lout,
+                   waves * long.concurrency, "long")
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            alone = closed_loop(endpoint, shorts, concurrency=1, deadline_s=deadline_s,
+                                request_timeout_s=profile.limits.request_timeout_s,
+                                idle_timeout_s=profile.limits.stream_idle_timeout_s)
+        trace_alone = sampler.trace
+        sampler2, own2 = _sampler(endpoint)
+        try:
+            with sampler2:
+                mixed = _waves(endpoint, [(longs[w * long.concurrency:(w + 1) * long.concurrency],
+                                           shorts[w * shorts_per_wave:(w + 1) * shorts_per_wave])
+                                          for w in range(waves)],
+                               deadline_s, request_timeout_s=profile.limits.request_timeout_s,
+                               idle_timeout_s=profile.limits.stream_idle_timeout_s)
+        finally:
+            own2.close()
+    finally:
+        own.close()
+    return (LoadObservation(f"short alone ({sname})", alone, trace_alone, short.prompt_tokens, sout, 1),
+            LoadObservation(f"short with long prefills ({sname} + {lname})", mixed, sampler2.trace, short.prompt_tokens,
+                            sout, long.concurrency + shorts_per_wave,
+                            extra={"long_prompt_tokens": min(long.prompt_tokens, limit - lout),
+                                   "long_per_wave": long.concurrency, "waves": waves}))
+
+
+@dataclass
+class BurstObservation:
+    """A burst for the autoscale-signal gate. Times in seconds on the sampler's clock (the time
+    base of ``trace.samples``): ``burst_start_s`` when the requests went out, ``burst_end_s`` when
+    the last one ended; the sampler kept scraping after it until the metric drained or the drain
+    time passed. ``metric``: the tracked name in ``trace.samples``."""
+
+    workload: str
+    requests: int
+    result: LoadResult
+    trace: MetricsTrace
+    metric: str
+    burst_start_s: float
+    burst_end_s: float
+    max_num_seqs: int | None
+
+
+def run_autoscale_burst(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
+                        sleep: Any = None) -> BurstObservation:
+    """``autoscale.burst_requests`` requests of the burst workload sent at once (open loop, all at
+    t=0), ``/metrics`` scraped every 0.1 s with ``autoscale.metric`` tracked; after the last request
+    ends, scraping goes on until the metric is at or below ``autoscale.drain_to`` or
+    ``autoscale.drain_within_s`` + 1 s pass. Bounded in requests and time (``deadline_s``, each
+    request ``limits.request_timeout_s``). The stream idle timeout is not applied: requests queued
+    by the burst are meant to wait (the streaming gate judges idle gaps)."""
+    import time
+
+    spec = profile.autoscale
+    if spec is None:
+        raise ScenarioError(f"profile {profile.name} declares no autoscale section")
+    if spec.burst_workload:
+        name, wl = spec.burst_workload, profile.workloads[spec.burst_workload]
+    else:
+        name, wl = short_workload(profile)
+    model, n = profile.model.served_name, spec.burst_requests
+    base = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, 16), "burst")
+    specs = [base[i % len(base)] for i in range(n)]
+    own = KvClient(endpoint, timeout_s=10.0)
+    sampler = MetricsSampler(own.metrics_text, interval_s=0.1, extra=(spec.metric,))
+    pause = sleep or time.sleep
+    try:
+        with sampler:
+            start = sampler.elapsed()
+            result = open_loop(endpoint, specs, offsets_s=[0.0] * n, deadline_s=deadline_s,
+                               request_timeout_s=profile.limits.request_timeout_s,
+                               idle_timeout_s=profile.limits.stream_idle_timeout_s)
+            end = sampler.elapsed()
+            while sampler.elapsed() - end < spec.drain_within_s + 1.0:
+                last = [v.get(spec.metric) for t, v in sampler.trace.samples if t >= end]
+                if last and last[-1] is not None and last[-1] <= spec.drain_to:
+                    break
+                if not sampler.trace.available:
+                    break
+                pause(0.1)
+    finally:
+        own.close()
+    return BurstObservation(name, n, result, sampler.trace, spec.metric, start, end, profile.engine.max_num_seqs)
+
+
+def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
+                 deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+    """Low-priority long requests fill the server, high-priority short ones arrive while they run;
+    the same pattern twice: first without the ``priority`` field (every request priority 0: what
+    the server does on arrival order), then with it (longs ``priority.low``, shorts
+    ``priority.high``). Longs: ``priority.longs`` requests of the long workload (prompt so that
+    prompt + output <= max_model_len, at most 64 output tokens) at 0 s; shorts:
+    ``priority.shorts`` requests of the short workload (8 output tokens: TTFT is judged) from
+    ``priority.shorts_after_s``, every ``priority.shorts_every_s``. A canary follows the second
+    run (priority preemption under KV pressure must not take the engine down). Returns
+    ``(without, with)``; records tagged ``short``/``long``; bounded by ``deadline_s`` each."""
+    import dataclasses
+
+    from kvgate.profile.models import PrioritySpec
+
+    spec = profile.priority or PrioritySpec()
+    sname, short = short_workload(profile)
+    lname, long = long_workload(profile)
+    model, limit = profile.model.served_name, profile.engine.max_model_len
+    lout = min(long.output_tokens, 64)
+    lprompt = min(long.prompt_tokens, limit - lout)
+    sout = min(short.output_tokens, SHORT_OUTPUT_TOKENS)
+    longs = _specs(client, endpoint, model, lprompt, lout, spec.longs, "long")
+    shorts = _specs(client, endpoint, model, short.prompt_tokens, sout, spec.shorts, "short")
+    offsets = [0.0] * len(longs) + [spec.shorts_after_s + j * spec.shorts_every_s for j in range(len(shorts))]
+
+    def prioritised(specs: list[RequestSpec], value: int) -> list[RequestSpec]:
+        return [dataclasses.replace(s, body={**s.body, "priority": value}) for s in specs]
+
+    runs = []
+    for label, specs in (("without priority", [*longs, *shorts]),
+                         ("with priority", [*prioritised(longs, spec.low), *prioritised(shorts, spec.high)])):
+        sampler, own = _sampler(endpoint)
+        try:
+            with sampler:
+                result = open_loop(endpoint, specs, offsets_s=offsets, deadline_s=deadline_s,
+                                   request_timeout_s=profile.limits.request_timeout_s)
+        finally:
+            own.close()
+        runs.append(LoadObservation(f"{sname} among {lname}, {label}", result, sampler.trace, short.prompt_tokens,
+                                    sout, len(specs),
+                                    extra={"longs": len(longs), "long_prompt_tokens": lprompt, "long_output_tokens": lout,
+                                           "shorts": len(shorts), "max_num_seqs": profile.engine.max_num_seqs,
+                                           "policy": profile.engine.scheduling_policy, "high": spec.high,
+                                           "low": spec.low}))
+    runs[1].canary = canary(client, model, profile.limits.canary_deadline_s)
+    return runs[0], runs[1]

@@ -1,0 +1,278 @@
+"""Short/long pools behind one router: where each request landed, and what the split buys.
+
+- :func:`pool_endpoints`: each pool's own URL (``--pool-endpoint NAME=URL``, a launched pool, or
+  ``pools.NAME.endpoint``), next to the router (the run's endpoint).
+- :func:`run_routing` (the ``pools/routing`` gate): requests below, at and just above the routing
+  threshold and each pool's own workload, sent one at a time through the router; where each one
+  landed is read from each pool's ``/metrics`` -- the delta of ``vllm:request_success_total``
+  (served) and of ``http_requests_total{status="4xx"}`` on the generation routes (rejected; vLLM's
+  API server counts every answer it gives there, prometheus-fastapi-instrumentator) -- never
+  assumed from the answer.
+- :func:`run_isolation` (the ``pools/isolation`` gate): the interference scenario
+  (:func:`kvgate.load.scenarios.run_interference`) sent through the router, with the short pool's
+  short workload and the long pool's declared long load.
+
+Every loop is bounded in requests and in time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.launch.target import TargetError, endpoint_from_url
+from kvgate.http.metrics import MetricsError, parse
+from kvgate.http.probes import build_prompt
+from kvgate.profile.models import Profile, RoutingRule
+from kvgate.load.scenarios import LoadObservation, long_workload, run_interference, short_workload
+
+POOLS = ("short", "long")
+#: Routes whose answers count as "this pool answered a generation request" in http_requests_total.
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+#: Output tokens of a routing probe: where it lands is what is judged.
+PROBE_MAX_TOKENS = 1
+
+
+class PoolsError(Exception):
+    """The pools cannot be reached as the profile describes (a pool without an endpoint, a bad
+    URL, a threshold no request can sit at). One line naming the field or option."""
+
+
+@dataclass(frozen=True)
+class PoolTargets:
+    """The router (the run's endpoint), each pool's own endpoint and profile."""
+
+    router: Endpoint
+    endpoints: dict[str, Endpoint]
+    profiles: dict[str, Profile]
+
+
+def pool_endpoints(profile: Profile, pools: dict[str, Profile], given: list[str] | None = None,
+                   launched: dict[str, str] | None = None, api_key_env: str | None = None) -> dict[str, Endpoint]:
+    """``{"short": Endpoint, "long": Endpoint}`` from ``given`` (``--pool-endpoint NAME=URL``,
+    first), ``launched`` (root URLs of launched pools), then ``pools.NAME.endpoint``. Raises
+    :class:`PoolsError` naming the pool and where its URL may be given."""
+    spec = profile.pools
+    assert spec is not None
+    urls: dict[str, str] = {}
+    for item in given or ():
+        name, sep, url = item.partition("=")
+        if not sep or name not in POOLS or not url:
+            raise PoolsError(f"--pool-endpoint {item!r}: expected NAME=URL with NAME one of {', '.join(POOLS)}")
+        urls[name] = url
+    for name in POOLS:
+        url = urls.get(name) or (launched or {}).get(name) or getattr(spec, name).endpoint
+        if not url:
+            raise PoolsError(f"pool {name!r} has no endpoint: give --pool-endpoint={name}=URL (the pool's own server, "
+                             f"not the router) or pools.{name}.endpoint in {profile.source or profile.name}")
+        urls[name] = url
+    try:
+        return {name: endpoint_from_url(urls[name], pools[name], api_key_env) for name in POOLS}
+    except TargetError as exc:
+        raise PoolsError(f"pool endpoint: {exc}") from None
+
+
+# ------------------------------------------------------------------------------- landing counts
+def landing_counts(text: str | None) -> dict[str, float] | None:
+    """``{"served": n, "rejected": n}`` from one pool's ``/metrics`` text: ``served`` =
+    ``vllm:request_success_total`` summed over its label sets (any finish reason); ``rejected`` =
+    ``http_requests_total`` with a 4xx status on the generation routes (absent on servers without
+    the HTTP instrumentator: 0). None when there is no usable ``/metrics`` or no
+    ``vllm:request_success_total`` at all."""
+    if text is None:
+        return None
+    try:
+        scrape = parse(text)
+    except MetricsError:
+        return None
+    served = scrape.samples.get("vllm:request_success_total")
+    if not served:
+        return None
+    rejected = sum(v for labels, v in scrape.samples.get("http_requests_total", ())
+                   if labels.get("handler") in GENERATION_ROUTES and str(labels.get("status", "")).startswith("4"))
+    return {"served": sum(v for _, v in served), "rejected": rejected}
+
+
+# ------------------------------------------------------------------------------- routing
+@dataclass(frozen=True)
+class RoutingCase:
+    """One request shape: ``expect`` is the pool the rule sends it to; ``size`` its measure in
+    the rule's unit (tokens or bytes); ``body`` the exact bytes sent."""
+
+    name: str
+    expect: str
+    prompt_tokens: int
+    size: int
+    body: bytes
+
+
+@dataclass
+class Routed:
+    """One routed request: the router's answer and where it landed. ``landed``: pool ->
+    ``served`` / ``rejected`` for each pool whose counters moved (normally one; none when the
+    request reached no pool)."""
+
+    case: str
+    expect: str
+    prompt_tokens: int
+    size: int
+    status: int
+    error: str | None
+    landed: dict[str, str] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def where(self) -> str:
+        """``short``, ``long``, ``none`` or ``short+long`` (ambiguous)."""
+        return "+".join(sorted(self.landed)) or "none"
+
+
+@dataclass
+class RoutingObservation:
+    """The routing run: ``rule``, the cases, every routed request, and pools without usable
+    ``/metrics`` (nothing can be attributed to them)."""
+
+    rule: RoutingRule
+    cases: list[RoutingCase]
+    routed: list[Routed]
+    no_metrics: list[str]
+    workload_sizes: dict[str, int]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per request (for the CSV attachment)."""
+        return [{**{k: v for k, v in asdict(r).items() if k != "landed"}, "where": r.where,
+                 "landed": ";".join(f"{p}:{how}" for p, how in sorted(r.landed.items()))} for r in self.routed]
+
+
+def rule_sends(rule: RoutingRule, size: int) -> str:
+    """The pool ``rule`` sends a request of ``size`` (tokens or bytes) to: at most the threshold
+    -> ``short``, above it -> ``long``."""
+    return "short" if size <= rule.threshold else "long"
+
+
+def completion_body(model: str, prompt: str, pad_to: int | None = None) -> bytes:
+    """A ``/v1/completions`` body (``max_tokens`` :data:`PROBE_MAX_TOKENS`, greedy) as bytes;
+    ``pad_to``: JSON whitespace before the closing brace makes it exactly that many bytes (the
+    request the server sees is unchanged). Raises :class:`PoolsError` when it is already longer."""
+    head = json.dumps({"model": model, "prompt": prompt, "max_tokens": PROBE_MAX_TOKENS, "temperature": 0})[:-1]
+    body = (head + "}").encode()
+    if pad_to is None:
+        return body
+    if len(body) > pad_to:
+        raise PoolsError(f"a {len(body)}-byte request is the smallest kvgate can send; the routing threshold "
+                         f"({pad_to} bytes) is below it")
+    return head.encode() + b" " * (pad_to - len(body)) + b"}"
+
+
+def routing_cases(targets: PoolTargets, rule: RoutingRule, tokenizer: KvClient) -> tuple[list[RoutingCase], dict[str, int]]:
+    """The cases the routing gate sends, and each pool workload's size in the rule's unit:
+
+    - ``short workload``: the short pool's short workload (``slo.workload`` or its first
+      non-long one) at its ``prompt_tokens``;
+    - ``at threshold`` / ``above threshold``: exactly the threshold and one more (tokens: the
+      prompt as ``/tokenize`` counts it; bytes: the body, padded with JSON whitespace around a
+      short prompt) -> short / long;
+    - ``long workload``: the long pool's long workload, capped to its ``max_model_len`` less
+      :data:`PROBE_MAX_TOKENS`.
+
+    Prompts are verified with ``tokenizer``'s ``/tokenize`` (a pool's own server)."""
+    model = targets.profiles["short"].model.served_name
+    sname, swl = short_workload(targets.profiles["short"])
+    lname, lwl = long_workload(targets.profiles["long"])
+    long_len = targets.profiles["long"].engine.max_model_len - PROBE_MAX_TOKENS
+    plans: list[tuple[str, int, int | None]] = [(f"short workload ({sname})", swl.prompt_tokens, None)]
+    if rule.by == "prompt_tokens":
+        plans += [("at threshold", rule.threshold, None), ("above threshold", rule.threshold + 1, None)]
+    else:
+        small = min(swl.prompt_tokens, 64)
+        plans += [("at threshold", small, rule.threshold), ("above threshold", small, rule.threshold + 1)]
+    plans.append((f"long workload ({lname})", min(lwl.prompt_tokens, long_len), None))
+    cases, sizes = [], {}
+    for name, tokens, pad in plans:
+        prompt = build_prompt(tokenizer, model, "completions", tokens)
+        body = completion_body(model, prompt.text, pad)
+        size = tokens if rule.by == "prompt_tokens" else len(body)
+        cases.append(RoutingCase(name, rule_sends(rule, size), tokens, size, body))
+        if "workload" in name:
+            sizes["short" if name.startswith("short") else "long"] = size
+    return cases, sizes
+
+
+def _landing(before: dict[str, dict[str, float] | None], after: dict[str, dict[str, float] | None]) -> dict[str, str]:
+    out = {}
+    for pool, b in before.items():
+        a = after.get(pool)
+        if a is None or b is None:
+            continue
+        if a["served"] > b["served"]:
+            out[pool] = "served"
+        elif a["rejected"] > b["rejected"]:
+            out[pool] = "rejected"
+    return out
+
+
+def run_routing(targets: PoolTargets, rule: RoutingRule, per_case: int = 2, *, settle_s: float = 3.0,
+                timeout_s: float = 120.0, clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep) -> RoutingObservation:
+    """Each case ``per_case`` times, one request at a time through the router: scrape both pools,
+    send, then scrape until a pool's counters moved or ``settle_s`` seconds passed (vLLM counts a
+    request a moment after answering it). Nothing is sent when a pool has no usable ``/metrics``
+    (``no_metrics``: no landing could be read). Bounded: ``len(cases) x per_case`` requests of at
+    most ``timeout_s`` each."""
+    pool_clients = {name: KvClient(ep, timeout_s=10.0) for name, ep in targets.endpoints.items()}
+    router = KvClient(targets.router, timeout_s=timeout_s)
+    try:
+        cases, sizes = routing_cases(targets, rule, pool_clients["long"])
+
+        def counts() -> dict[str, dict[str, float] | None]:
+            return {name: landing_counts(c.metrics_text()) for name, c in pool_clients.items()}
+
+        no_metrics = [name for name, v in counts().items() if v is None]
+        routed: list[Routed] = []
+        for i in range(per_case if not no_metrics else 0):  # unattributable: send nothing
+            for case in cases:
+                before = counts()
+                reply = router.request("POST", router.api("/completions"), content=case.body)
+                t_end = clock() + settle_s
+                landed = _landing(before, counts())
+                while not landed and clock() < t_end:
+                    sleep(0.05)
+                    landed = _landing(before, counts())
+                routed.append(Routed(case.name, case.expect, case.prompt_tokens, case.size, reply.status,
+                                     None if reply.status == 200 else reply.error_message, landed,
+                                     round(reply.elapsed_s, 4)))
+    finally:
+        router.close()
+        for c in pool_clients.values():
+            c.close()
+    return RoutingObservation(rule, cases, routed, no_metrics, sizes)
+
+
+# ------------------------------------------------------------------------------- isolation
+def isolation_view(short: Profile, long: Profile) -> Profile:
+    """The profile the interference scenario runs through the router: the long pool's (model,
+    ``max_model_len`` that caps the long prompts, limits) with the short pool's short workload
+    and SLO beside the long pool's long workload."""
+    sname, swl = short_workload(short)
+    lname, lwl = long_workload(long)
+    return long.model_copy(update={"name": f"{short.name}+{long.name}", "workloads": {sname: swl, lname: lwl},
+                                   "slo": short.slo.model_copy(update={"workload": sname})})
+
+
+def run_isolation(targets: PoolTargets, waves: int, shorts_per_wave: int,
+                  deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+    """Short requests through the router alone, then while each wave sends the long pool's
+    declared long concurrency of long requests through the router (:func:`run_interference`).
+    Prompts are counted on the long pool's own ``/tokenize``. Returns ``(alone, mixed)``."""
+    view = isolation_view(targets.profiles["short"], targets.profiles["long"])
+    with KvClient(targets.endpoints["long"], timeout_s=30.0) as tokenizer:
+        return run_interference(tokenizer, targets.router, view, waves=waves, shorts_per_wave=shorts_per_wave,
+                                deadline_s=deadline_s)
+
+
+__all__ = ["GENERATION_ROUTES", "POOLS", "PoolTargets", "PoolsError", "Routed", "RoutingCase", "RoutingObservation",
+           "completion_body", "isolation_view", "landing_counts", "pool_endpoints", "routing_cases", "rule_sends",
+           "run_isolation", "run_routing"]

@@ -1,0 +1,695 @@
+"""Deployment profiles: pydantic models of a YAML file, plus loading with ``extends:``.
+
+A profile says how a model is deployed and what the endpoint promises. Sections (see
+``shared/DESIGN.md``): ``model``, ``hardware``, ``engine`` (vLLM serve arguments), ``limits``
+(the request-side contract), ``slo``, ``workloads``, ``endpoint``, ``soak``. Unknown keys are errors
+(``extra="forbid"``) so a typo cannot silently disable a check.
+
+Loading: :func:`resolve_profile` turns ``--profile NAME`` into ``profiles/NAME.yaml`` (or accepts
+a path), :func:`load_profile` reads it, merges any ``extends:`` chain (deep merge of mappings, the
+child wins; lists are replaced) and validates. Every failure is a :class:`ProfileError` whose
+message names the file, the field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Profiles shipped with kvgate live at the repository root, beside ``src/``.
+DEFAULT_PROFILE_DIR = Path(__file__).resolve().parents[3] / "profiles"
+
+
+class ProfileError(Exception):
+    """A profile could not be found, parsed or validated. ``str()`` is a one-paragraph verdict."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class Architecture(_Strict):
+    """Transformer numbers the KV arithmetic needs (Hugging Face ``config.json`` names in comments).
+
+    ``head_dim`` defaults to ``hidden_size // attention_heads`` when ``hidden_size`` is given.
+    """
+
+    layers: int = Field(gt=0, description="[layers] num_hidden_layers: decoder layers; KV per token grows with it")
+    attention_heads: int = Field(gt=0, description="[heads] num_attention_heads; TP must divide it")
+    kv_heads: int = Field(gt=0, description="[heads] num_key_value_heads (== attention_heads without GQA); KV per token is 2 x layers x kv_heads x head_dim x dtype bytes")
+    head_dim: int | None = Field(default=None, gt=0, description="[elements] per attention head; default hidden_size // attention_heads")
+    hidden_size: int | None = Field(default=None, gt=0, description="[elements] model width; sizes the activation peak and the weight estimate")
+    vocab_size: int | None = Field(default=None, gt=0, description="[tokens] vocabulary; sizes the sampler's logits in the activation peak")
+    params_billion: float | None = Field(default=None, gt=0, description="[1e9 parameters] parameter count; weights = this x dtype bytes (else estimated from the architecture)")
+    intermediate_size: int | None = Field(default=None, gt=0, description="[elements] MLP width (default 4 x hidden_size); sizes the activation peak")
+    max_position_embeddings: int | None = Field(default=None, gt=0, description="[tokens] the model's context; vLLM's default max_model_len")
+    model_type: str | None = Field(default=None, description="HF model_type (llama, qwen3, mistral, gemma2, gemma3_text, mixtral, deepseek_v2, ...); picks the embedded tiny model's family")
+    attention: Literal["mha", "gqa", "mqa", "mla"] = Field(
+        default="gqa", description="mla = DeepSeek latent attention (needs kv_lora_rank, qk_rope_head_dim)")
+    # per-layer attention kind (vLLM groups layers by it; kvgate.kv.arithmetic.kv_groups)
+    layer_types: list[Literal["full_attention", "sliding_attention", "chunked_attention"]] | None = Field(
+        default=None, description="one per layer (HF layer_types); absent = all full, or all sliding with sliding_window")
+    sliding_window: int | None = Field(default=None, gt=0, description="[tokens] what a sliding_attention layer attends to (HF sliding_window); vLLM keeps only ~window + max_num_batched_tokens of KV for it")
+    attention_chunk_size: int | None = Field(default=None, gt=0, description="[tokens] chunk of a chunked_attention (local) layer (HF attention_chunk_size, Llama 4)")
+    # MLA (DeepSeek-V2/V3): one latent of kv_lora_rank + qk_rope_head_dim per token and layer
+    kv_lora_rank: int | None = Field(default=None, gt=0, description="[elements] MLA latent width cached per token and layer")
+    qk_rope_head_dim: int | None = Field(default=None, gt=0, description="[elements] MLA rope part cached beside the latent")
+    qk_nope_head_dim: int | None = Field(default=None, gt=0, description="[elements] MLA non-rope q/k head part (weights estimate)")
+    v_head_dim: int | None = Field(default=None, gt=0, description="[elements] MLA value head (weights estimate)")
+    q_lora_rank: int | None = Field(default=None, gt=0, description="[elements] MLA query compression (weights estimate; null = none)")
+    # mixture of experts (weights estimate only)
+    num_experts: int | None = Field(default=None, gt=0, description="[experts] routed experts per MoE layer; all are resident in the weights")
+    experts_per_token: int | None = Field(default=None, gt=0, description="[experts] routed experts active per token")
+    moe_intermediate_size: int | None = Field(default=None, gt=0, description="[elements] one expert's FFN width")
+    shared_experts: int | None = Field(default=None, ge=0, description="[experts] always-active experts per MoE layer")
+    first_dense_layers: int | None = Field(default=None, ge=0, description="[layers] leading layers with a dense MLP (HF first_k_dense_replace)")
+    sources: dict[str, str] = Field(
+        default_factory=dict, description="where each number came from (filled from model.hf_config)")
+
+    @model_validator(mode="after")
+    def _head_dim(self) -> "Architecture":
+        if self.head_dim is None:
+            if self.hidden_size is None:
+                raise ValueError("give head_dim, or hidden_size to derive it from")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.attention_heads)
+        if self.attention == "mla" and (self.kv_lora_rank is None or self.qk_rope_head_dim is None):
+            raise ValueError("attention: mla needs kv_lora_rank and qk_rope_head_dim")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.layers} layers")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding_attention layers: give sliding_window")
+            if "chunked_attention" in self.layer_types and self.attention_chunk_size is None:
+                raise ValueError("layer_types has chunked_attention layers: give attention_chunk_size")
+        return self
+
+
+class ModelSpec(_Strict):
+    """What is served: the name clients send, its architecture and weight dtype."""
+
+    served_name: str = Field(description="the model name clients send (vLLM --served-model-name); the preflight expects it in /v1/models")
+    architecture: Architecture | None = None
+    hf_config: str | None = Field(default=None, description="[path] a local Hugging Face config.json")
+    dtype: str = Field(default="bfloat16", description="weight dtype: bfloat16, float16, float32, q4_k_m, ...")
+    weights_gib: float | None = Field(default=None, gt=0, description="[GiB] total weight bytes / 2**30, if known; replaces params x dtype")
+    embedded: bool = Field(default=False, description="kvgate builds this model itself (tiny Llama)")
+    tokenizer: str | None = Field(default=None, description="[path] a local Hugging Face tokenizer directory: counts "
+                                                            "exact-length chat prompts where the server has no /tokenize "
+                                                            "(KServe's Hugging Face runtime)")
+
+
+class HardwareSpec(_Strict):
+    """Where it runs. ``memory_gib`` is per device, in GiB (2**30 bytes)."""
+
+    gpu: str = Field(default="cpu", description="GPU model as nvidia-smi names it, or cpu; picks vLLM's defaults")
+    count: int = Field(default=1, gt=0, description="[GPUs] devices the deployment uses")
+    memory_gib: float | None = Field(default=None, gt=0, description="[GiB] memory per device (nvidia-smi total / 1024); sizes the KV budget")
+
+
+class EngineSpec(_Strict):
+    """vLLM serve arguments (``vllm serve --help`` names with ``_``). ``None`` = leave vLLM's default.
+
+    The embedded launcher renders its command line from these; against a target endpoint the
+    deployment gate checks the live server against the ones that are observable.
+    """
+
+    runtime: Literal["vllm", "llama.cpp"] = Field(default="vllm", description="the serving engine: vllm, or llama.cpp (llama-box, Ollama) layer offload")
+    vllm_version: str | None = Field(default=None, description="[version] the vLLM the deployment runs (e.g. 0.32.0); kvgate lint checks the engine arguments against it (null: the installed vLLM)")
+    tensor_parallel_size: int = Field(default=1, gt=0, description="[GPUs] --tensor-parallel-size; weights and KV heads are split over this many GPUs")
+    max_model_len: int = Field(gt=0, description="[tokens] --max-model-len: prompt + output per request; longer requests are rejected; one such sequence must fit the KV pool")
+    max_num_seqs: int | None = Field(default=None, gt=0, description="[sequences] --max-num-seqs: requests scheduled at once (the rest wait); null = vLLM's default")
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, description="[tokens] --max-num-batched-tokens: tokens per scheduler step (prefill chunk); sizes the activation peak")
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="[fraction] --gpu-memory-utilization: share of each GPU vLLM may use; the KV pool is what is left of it")
+    kv_cache_dtype: str = Field(default="auto", description="--kv-cache-dtype: auto (= the model dtype) or fp8 (1 byte, half the KV of bf16); llama.cpp: f16, q8_0, ...")
+    dtype: str | None = Field(default=None, description="--dtype: activation/weight dtype (auto, bfloat16, float16, float32)")
+    block_size: int | None = Field(default=None, gt=0, description="[tokens] --block-size: tokens per KV block (vLLM: 16 on GPU, 128 on CPU)")
+    kv_cache_memory_bytes: int | None = Field(default=None, gt=0, description="[bytes] --kv-cache-memory-bytes: the KV pool per GPU, exactly; gpu_memory_utilization is then ignored")
+    enforce_eager: bool = Field(default=False, description="--enforce-eager: no CUDA graphs (saves their memory, slower decode)")
+    enable_prefix_caching: bool | None = Field(default=None, description="--enable-prefix-caching / --no-enable-prefix-caching; null = vLLM's default (on)")
+    scheduling_policy: Literal["fcfs", "priority"] | None = Field(default=None, description="--scheduling-policy: fcfs (vLLM's default) or priority (the request field 'priority' orders the waiting queue, lower first; the priority gate checks it works)")
+    disable_hybrid_kv_cache_manager: bool | None = Field(default=None, description="--disable-hybrid-kv-cache-manager: sliding-window/chunked layers then keep KV for every token (null = vLLM's default: hybrid on, off for chunked-local attention)")
+    override_generation_config: dict[str, Any] | None = Field(default=None, description="--override-generation-config (JSON), e.g. {max_new_tokens: 512}: the server-side max_tokens cap")
+    # llama.cpp / llama-box / Ollama layer offload
+    num_gpu_layers: int | None = Field(default=None, ge=0, description="[layers] llama.cpp num_gpu / -ngl: output layer + repeating layers on the GPU")
+    num_parallel: int | None = Field(default=None, gt=0, description="[sequences] llama.cpp parallel slots, each max_model_len tokens of KV")
+    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the command line")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the launched server")
+
+
+class LimitsSpec(_Strict):
+    """The request-side contract.
+
+    ``max_tokens_cap``: the largest ``max_tokens`` the deployment honours; ``over_cap`` says what a
+    request above it gets: ``reject`` (4xx) or ``clamp`` (200 with at most the cap). Deadlines are
+    seconds.
+    """
+
+    max_prompt_tokens: int | None = Field(default=None, gt=0, description="[tokens] the longest prompt clients may send")
+    max_tokens_cap: int | None = Field(default=None, gt=0, description="[tokens] the largest max_tokens the deployment honours")
+    over_cap: Literal["reject", "clamp"] = Field(default="clamp", description="what a request above max_tokens_cap gets: reject (4xx) or clamp (200, at most the cap)")
+    context_probe_max_tokens: int = Field(default=16, gt=0, description="[tokens] max_tokens used by the max-context gate")
+    reject_deadline_s: float = Field(default=10.0, gt=0, description="[s] an over-length request's 4xx must arrive within this")
+    request_timeout_s: float = Field(default=120.0, gt=0, description="[s] client timeout of one request")
+    canary_deadline_s: float = Field(default=30.0, gt=0, description="[s] the canary generation after a gate must finish within this")
+    stream_idle_timeout_s: float | None = Field(default=None, gt=0, description="[s] gateway idle timeout: the longest silence a stream may have")
+    disconnect_release_s: float = Field(default=10.0, gt=0, description="[s] a hung-up request's slot must be freed within this")
+    preemptions_allowed: int = Field(default=0, ge=0, description="[preemptions] vllm:num_preemptions allowed during the concurrent-long gate")
+    schedule_lag_max_s: float = Field(default=0.05, gt=0, description="[s] client lag behind the load schedule above which a run is INVALID")
+    route_timeout_s: float | None = Field(default=None, gt=0, description="[s] the gateway's total route timeout (not idle), e.g. Knative's revision timeout 300 s: must outlast the longest stream the profile allows (cap x ITL p95 + TTFT)")
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="chat template options the clients send (e.g. {enable_thinking: false}); kvgate sends them to /tokenize and to every chat request alike")
+
+
+class SLOSpec(_Strict):
+    """Latency targets, milliseconds, at ``concurrency`` concurrent requests."""
+
+    concurrency: int = Field(default=1, gt=0, description="[requests] concurrent requests the latency targets hold at")
+    ttft_p95_ms: float | None = Field(default=None, gt=0, description="[ms] time to first token, p95")
+    itl_p95_ms: float | None = Field(default=None, gt=0, description="[ms] inter-token latency, p95")
+    e2e_p95_ms: float | None = Field(default=None, gt=0, description="[ms] end-to-end request latency, p95")
+    error_rate_max: float = Field(default=0.0, ge=0, le=1, description="[fraction] failed requests allowed")
+    requests: int = Field(default=32, gt=0, description="[requests] measured by the latency-SLO gate")
+    workload: str | None = Field(default=None, description="workload whose lengths the latency-SLO gate uses")
+    short_ttft_p95_ms: float | None = Field(
+        default=None, gt=0, description="[ms] short requests' TTFT p95 while long prefills run (interference gate)")
+
+
+class Workload(_Strict):
+    """One traffic shape: prompt/output token lengths and concurrency."""
+
+    prompt_tokens: int = Field(gt=0, description="[tokens] typical prompt length")
+    prompt_tokens_p99: int | None = Field(default=None, gt=0, description="[tokens] prompt length p99; the fit gate sizes max_num_seqs with it")
+    output_tokens: int = Field(gt=0, description="[tokens] output length (max_tokens the clients send)")
+    concurrency: int = Field(default=1, gt=0, description="[requests] requests of this shape in flight at once")
+    long: bool = Field(default=False, description="counts against the KV pool at full max_model_len (fit.long, the concurrent-long gate)")
+
+
+class EndpointSpec(_Strict):
+    """How to talk to a target endpoint. The API key itself never appears in a profile."""
+
+    api_key_env: str | None = Field(default=None, description="name of the env var holding the API key")
+    route_prefix: str = Field(default="/v1", description="[URL path] the OpenAI routes' prefix (KServe: /openai/v1)")
+    host_header: str | None = Field(default=None, description="Host header to send (an ingress routing by host)")
+
+
+class MountSpec(_Strict):
+    """A host path the docker launcher mounts into the server's container."""
+
+    source: str = Field(description="host path (~ expanded): a model directory or the HF cache")
+    target: str = Field(description="path inside the container")
+    read_only: bool = Field(default=True, description="mounted read-only (the default: a model is never written)")
+
+
+class LaunchSpec(_Strict):
+    """How the endpoint comes to exist when neither ``--endpoint`` nor ``KVGATE_ENDPOINT`` is given
+    (``--launch`` overrides ``mode``). One module per launcher in ``kvgate.launch``."""
+
+    mode: Literal["embedded", "docker", "pools", "none"] = Field(
+        default="none", description="embedded: kvgate's tiny vLLM on the CPU; docker: the image below on this "
+                                    "machine's GPUs (testcontainers); pools: each pool's embedded vLLM and nginx "
+                                    "routing in front (a pools: profile); none: only --endpoint")
+    image: str | None = Field(default=None, description="docker: the server image (default vllm/vllm-openai:v<vLLM version>)")
+    model: str | None = Field(default=None, description="docker: what --model gets, an HF id or a path inside the "
+                                                        "container (default model.served_name)")
+    gpus: Literal["all"] | int | list[str] | None = Field(
+        default=None, description="[GPUs] docker: 'all', a count, or device ids; default hardware.count when "
+                                  "hardware.gpu is a GPU, else none")
+    mounts: list[MountSpec] = Field(default_factory=list, description="docker: host paths mounted into the container")
+    pass_env: list[str] = Field(default_factory=lambda: ["HF_TOKEN"],
+                                description="docker: environment variables copied from this machine when set "
+                                            "(values never printed or written)")
+    python: str = Field(default="python3", description="docker: the interpreter in the image that runs vLLM's API server")
+    startup_budget_s: float = Field(default=1800.0, gt=0, description="[s] docker: pull + load + warm-up until "
+                                                                      "/health and one generation succeed")
+
+
+class MemorySpec(_Strict):
+    """Memory terms the fit gate would otherwise estimate (``kvgate.kv.arithmetic``), per GPU, in GiB.
+
+    Take them from the server's own startup log when you have it: vLLM logs the activation peak
+    ("torch peak memory increase"), the non-torch memory and the CUDA-graph size ("Graph
+    capturing finished ... took X GiB"); llama.cpp logs its compute buffer ("CUDA0 compute
+    buffer size"). ``None`` = use kvgate's documented estimate.
+    """
+
+    activation_peak_gib: float | None = Field(
+        default=None, ge=0, description="[GiB] per GPU: vLLM's profiling peak at max_num_batched_tokens")
+    cuda_graph_gib: float | None = Field(
+        default=None, ge=0, description="[GiB] per GPU: CUDA-graph memory (0 with enforce_eager)")
+    non_torch_gib: float | None = Field(
+        default=None, ge=0, description="[GiB] per GPU: CUDA context, cuBLAS, NCCL; llama.cpp: runtime reserve")
+    compute_buffer_gib: float | None = Field(
+        default=None, ge=0, description="[GiB] on the GPU: llama.cpp compute buffer (Ollama GraphSize estimate)")
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)")
+
+
+def parse_duration(value: str | float | int, allow_zero: bool = False) -> float:
+    """Seconds in a duration: a number (seconds) or a string like ``90s``, ``10m``, ``6h``,
+    ``1h30m``. Raises ``ValueError`` naming the accepted forms (and for 0 unless ``allow_zero``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        else:
+            parts = _DURATION.findall(text)
+            if not parts or "".join(a + u for a, u in parts) != text:
+                raise ValueError(f"not a duration: {value!r} (give seconds, or e.g. 90s, 10m, 6h, 1h30m)")
+            scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3}
+            seconds = sum(float(a) * scale[u] for a, u in parts)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"a duration must be positive, got {value!r}")
+    return seconds
+
+
+class MemoryQuery(_Strict):
+    """Server memory read from a Prometheus HTTP API (``GET {url}/api/v1/query?query=...``): the
+    instant vector's values are summed, in bytes. ``covers`` says what the query measures (it goes
+    into the report), e.g. ``container_memory_working_set_bytes of the predictor pod``."""
+
+    url: str = Field(description="Prometheus base URL, e.g. http://prometheus.monitoring:9090")
+    query: str = Field(description="PromQL returning bytes, e.g. sum(container_memory_working_set_bytes{pod=~'x-predictor-.*'})")
+    covers: str = Field(description="what the query measures, for the report")
+    api_key_env: str | None = Field(default=None, description="env var with a bearer token (never printed)")
+    timeout_s: float = Field(default=5.0, gt=0, description="[s] timeout of one Prometheus query")
+
+
+class PrioritySpec(_Strict):
+    """The priority gate: low-priority long requests fill the server (more than ``max_num_seqs``
+    or the KV pool holds), then high-priority short requests arrive; their TTFT p95 is measured
+    with the ``priority`` field and again without it (same requests, all priority 0). vLLM serves
+    the lowest value first (``--scheduling-policy priority``; vllm/config/scheduler.py) and, under
+    KV pressure, preempts the lowest-priority running request (v1/core/sched/scheduler.py)."""
+
+    high: int = Field(default=0, description="the priority value short (interactive) requests send; lower is served first")
+    low: int = Field(default=10, description="the priority value long (batch) requests send")
+    longs: int = Field(default=16, gt=0, description="[requests] low-priority long requests sent at once (fill the server: more than max_num_seqs or the KV pool holds)")
+    shorts: int = Field(default=8, gt=0, description="[requests] high-priority short requests sent while the longs run")
+    shorts_after_s: float = Field(default=0.5, ge=0, description="[s] when the first short request goes out, after the longs")
+    shorts_every_s: float = Field(default=0.1, gt=0, description="[s] spacing of the short requests")
+    min_gain: float = Field(default=1.5, gt=1, description="[ratio] short TTFT p95 without priority / with priority must reach this, or priority is ignored")
+
+
+class AutoscaleSpec(_Strict):
+    """The autoscaling signal (``autoscale-signal`` gate): under a burst, the queue metric the
+    autoscaler (KEDA ScaledObject / HPA external metric) reads must rise above its threshold soon
+    enough and drain after. Scaling on queue depth, not GPU utilisation: a saturated vLLM keeps GPU
+    utilisation flat while requests queue (``vllm:num_requests_waiting``)."""
+
+    metric: str = Field(default="vllm:num_requests_waiting",
+                        description="the /metrics gauge the autoscaler reads (summed over label sets), as the KEDA/HPA trigger names it")
+    threshold: float = Field(gt=0, description="[metric units, requests for the queue] the autoscaler's target: above it, it scales out")
+    rise_within_s: float = Field(default=10.0, gt=0, description="[s] after the burst starts, the metric must exceed threshold within this")
+    drain_to: float = Field(default=0.0, ge=0, description="[metric units] value the metric must fall back to once the burst is served")
+    drain_within_s: float = Field(default=30.0, gt=0, description="[s] after the burst's last request ends, the metric must reach drain_to within this")
+    burst_workload: str | None = Field(default=None, description="workload the burst sends (default: slo.workload, else the first short one)")
+    burst_requests: int = Field(default=48, gt=0, description="[requests] sent at once; more than max_num_seqs so some must wait")
+
+
+class PoolSpec(_Strict):
+    """One pool behind the router: a full profile of its own (engine, limits, workloads, slo), so
+    the existing gates run against it alone (``pytest --profile=<it> --endpoint=<the pool's URL>``),
+    and the pool's own URL, bypassing the router, where kvgate reads its ``/metrics``."""
+
+    profile: str = Field(description="the pool's own profile: a name in profiles/ or a path relative to this file")
+    endpoint: str | None = Field(default=None, description="[URL] the pool's own server (not the router); "
+                                                           "--pool-endpoint NAME=URL overrides; launched pools fill it in")
+
+
+class RoutingRule(_Strict):
+    """How the router splits traffic: requests of at most ``threshold`` go to the short pool, longer
+    ones to the long pool, counted in prompt tokens (a router that tokenizes) or in request-body bytes
+    (a router that sees only those, e.g. nginx's ``$content_length``)."""
+
+    by: Literal["prompt_tokens", "request_bytes"] = Field(description="what the router measures: prompt_tokens "
+                                                                      "(as /tokenize counts them) or request_bytes (the body's Content-Length)")
+    threshold: int = Field(gt=0, description="[tokens or bytes] at most this -> short pool; above it -> long pool")
+
+
+class PoolIsolationSpec(_Strict):
+    """The pools/isolation gate: short requests through the router while the long pool runs its
+    declared long load, against the short pool's SLO and the short-alone figure."""
+
+    ttft_ratio_max: float = Field(default=3.0, gt=1, description="[ratio] short TTFT p95 under the long load / "
+                                                                 "short TTFT p95 alone, at most")
+    waves: int = Field(default=4, gt=0, description="[waves] of the long pool's declared long concurrency, each "
+                                                   "with short requests sent behind it")
+    shorts_per_wave: int = Field(default=4, gt=0, description="[requests] short requests per wave")
+
+
+class PoolsSpec(_Strict):
+    """Two pools behind one router (short chat / long context), the routing rule to verify, and the
+    isolation the split must buy. The run's endpoint (``--endpoint``, ``router_endpoint`` or the
+    launched router) is the router."""
+
+    short: PoolSpec = Field(description="the pool for short requests")
+    long: PoolSpec = Field(description="the pool for long requests")
+    routing: RoutingRule = Field(description="the rule the router applies")
+    router_endpoint: str | None = Field(default=None, description="[URL] the router; --endpoint overrides; "
+                                                                  "launch mode pools starts one (nginx)")
+    router_config: str = Field(default="ci/nginx-pools.conf", description="[path] launch mode pools: the nginx "
+                                                                           "config template (relative to the checkout)")
+    requests_per_case: int = Field(default=2, gt=0, description="[requests] sent per routing case (below, at, "
+                                                                "above the threshold; each pool's workload)")
+    isolation: PoolIsolationSpec = Field(default_factory=PoolIsolationSpec, description="the pools/isolation gate")
+
+
+class SoakSpec(_Strict):
+    """The soak: rounds of fixed *offered* load (open loop, seeded Poisson arrivals) for
+    ``duration``; per round the server's memory and the TTFT p95; slopes with confidence intervals
+    judged against the ceilings.
+
+    ``duration`` / ``round`` / ``warmup``: seconds or ``90s``/``10m``/``6h`` (``--soak-duration``
+    overrides ``duration``); warm-up rounds run but are not fitted. ``rate_rps``: offered requests
+    per second. ``mix``: workload name -> weight (default: the SLO's workload). Ceilings:
+    ``memory_slope_max_mb_per_h`` (MB = 10**6 bytes, of *retained* memory: each round's low
+    envelope), ``ttft_p95_slope_max_ms_per_h``. A slope counts only when its ``confidence`` lower
+    bound is above the ceiling. ``memory_source``: ``auto`` = ``memory_query`` if given, else the
+    launched server's process tree (psutil), else ``process_resident_memory_bytes`` from
+    ``/metrics`` (the API-server process only).
+    """
+
+    duration: str | float = Field(description="total soak time, warm-up included: seconds or 90s/10m/6h")
+    round: str | float = Field(default="60s", description="length of one round")
+    warmup: str | float = Field(default="0s", description="rounds in this leading time are not fitted")
+    rate_rps: float = Field(gt=0, description="[requests/s] offered load (open loop)")
+    mix: dict[str, float] = Field(default_factory=dict, description="workload name -> weight")
+    seed: int = Field(default=0, description="seed of the Poisson arrivals and the mix draws")
+    sample_period_s: float = Field(default=1.0, gt=0, description="[s] memory and /metrics sampling period")
+    memory_slope_max_mb_per_h: float = Field(ge=0, description="[MB/h] ceiling on retained server memory growth (MB = 10**6 bytes)")
+    ttft_p95_slope_max_ms_per_h: float = Field(ge=0, description="[ms/h] ceiling on TTFT p95 drift")
+    memory_source: Literal["auto", "process_tree", "metrics", "prometheus"] = Field(
+        default="auto", description="where server memory is read: memory_query, the process tree, or /metrics")
+    memory_query: MemoryQuery | None = Field(default=None, description="a Prometheus query for server memory")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="[fraction] level of the slopes' confidence intervals")
+    last_part: float = Field(default=1 / 3, gt=0, le=0.5, description="[fraction] of measured rounds fitted separately")
+    lagged_rounds_max: float = Field(default=0.1, ge=0, le=1,
+                                     description="[fraction] of rounds whose client fell behind before the soak is INVALID")
+    gpu_slack_mib: float = Field(default=256.0, ge=0,
+                                 description="[MiB] GPU memory above gpu_memory_utilization x total tolerated")
+
+    @property
+    def duration_s(self) -> float:
+        return parse_duration(self.duration)
+
+    @property
+    def round_s(self) -> float:
+        return parse_duration(self.round)
+
+    @property
+    def warmup_s(self) -> float:
+        return parse_duration(self.warmup, allow_zero=True)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds in the soak, warm-up included (``duration // round``)."""
+        return int(self.duration_s // self.round_s + 1e-9)
+
+    @property
+    def warmup_rounds(self) -> int:
+        return int(math.ceil(self.warmup_s / self.round_s - 1e-9))
+
+    @model_validator(mode="after")
+    def _shape(self) -> "SoakSpec":
+        try:
+            d, r, w = self.duration_s, self.round_s, self.warmup_s
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        measured = max(0, self.rounds - self.warmup_rounds)
+        if measured < 4:
+            raise ValueError(f"duration {d:g} s with round {r:g} s and warm-up {w:g} s leaves {measured} measured "
+                             "round(s); a slope with a confidence interval needs at least 4")
+        if self.memory_source == "prometheus" and self.memory_query is None:
+            raise ValueError("memory_source prometheus needs memory_query")
+        for name, weight in self.mix.items():
+            if weight <= 0:
+                raise ValueError(f"mix weight of {name!r} must be > 0, got {weight}")
+        return self
+
+    def with_duration(self, duration: str | float) -> "SoakSpec":
+        """A copy with another ``duration`` (``--soak-duration``), validated again."""
+        return SoakSpec.model_validate({**self.model_dump(), "duration": duration})
+
+
+class Profile(_Strict):
+    """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
+
+    name: str = Field(description="the profile's name; default the file stem")
+    description: str = Field(default="", description="one line: what this deployment is")
+    extends: str | None = Field(default=None, description="a profile (name or path) this one deep-merges over; the child wins")
+    source: str | None = Field(default=None, description="set by the loader: the file read (not written in a profile)")
+    model: ModelSpec = Field(description="what is served: name, architecture, dtype")
+    hardware: HardwareSpec = Field(default=HardwareSpec(), description="where it runs: GPU model, count, memory")
+    engine: EngineSpec = Field(description="vLLM serve arguments (or llama.cpp offload settings)")
+    limits: LimitsSpec = Field(default=LimitsSpec(), description="the request-side contract and deadlines")
+    slo: SLOSpec = Field(default=SLOSpec(), description="latency targets at a concurrency")
+    workloads: dict[str, Workload] = Field(default_factory=dict, description="traffic shapes by name")
+    endpoint: EndpointSpec = Field(default=EndpointSpec(), description="how to reach a target endpoint")
+    memory: MemorySpec = Field(
+        default_factory=MemorySpec, description="fit-gate memory terms (GiB per GPU); unset = estimated"
+    )
+    expect_fit: Literal["pass", "fail"] | None = Field(
+        default=None, description="documentation: whether this profile is meant to pass the fit gate"
+    )
+    soak: SoakSpec | None = Field(default=None, description="the soak gate: duration, load, slope ceilings")
+    priority: PrioritySpec | None = Field(default=None, description="the priority gate: how the run fills the server and the gain priority must show (defaults when engine.scheduling_policy is priority)")
+    autoscale: AutoscaleSpec | None = Field(default=None, description="the autoscale-signal gate: queue metric, threshold, rise/drain times")
+    launch: LaunchSpec | None = Field(default=None, description="how kvgate starts the server when no --endpoint is "
+                                                               "given: embedded, docker or none")
+    pools: PoolsSpec | None = Field(default=None, description="short/long pools behind a router: the pools gates "
+                                                             "(routing, isolation)")
+
+    @model_validator(mode="after")
+    def _soak_mix(self) -> "Profile":
+        if self.soak is not None:
+            unknown = [n for n in self.soak.mix if n not in self.workloads]
+            if unknown:
+                raise ValueError(f"soak.mix names unknown workload(s) {unknown}; workloads: {', '.join(self.workloads)}")
+        bw = self.autoscale.burst_workload if self.autoscale is not None else None
+        if bw is not None and bw not in self.workloads:
+            raise ValueError(f"autoscale.burst_workload {bw!r} is not a workload; workloads: {', '.join(self.workloads)}")
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        """True when kvgate can launch this deployment itself on the CPU."""
+        return self.model.embedded
+
+    @property
+    def launch_mode(self) -> str:
+        """``launch.mode`` if the profile has a ``launch:`` section, else ``embedded`` for an embedded
+        model and ``none`` otherwise."""
+        if self.launch is not None:
+            return self.launch.mode
+        return "embedded" if self.model.embedded else "none"
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def available_profiles(profile_dir: Path = DEFAULT_PROFILE_DIR) -> list[str]:
+    """Names (file stems) of ``*.yaml`` profiles in ``profile_dir``, sorted."""
+    return sorted(p.stem for p in Path(profile_dir).glob("*.yaml"))
+
+
+def resolve_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> Path:
+    """Map ``--profile`` to a file: an existing path, or ``profile_dir/NAME.yaml``.
+
+    Raises :class:`ProfileError` listing the available profiles (and the closest match) when
+    nothing is found.
+    """
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        if candidate.is_file():
+            return candidate.resolve()
+        if candidate.is_dir():
+            raise ProfileError(f"profile {name_or_path} is a directory; give a .yaml file in it")
+        raise ProfileError(f"profile file {name_or_path} does not exist")
+    path = Path(profile_dir) / f"{name_or_path}.yaml"
+    if path.is_file():
+        return path
+    names = available_profiles(profile_dir)
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ProfileError(
+        f"unknown profile {name_or_path!r}{hint}; available in {profile_dir}: {', '.join(names) or '(none)'}"
+    )
+
+
+def _deep_merge(base: dict, child: dict) -> dict:
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: a profile must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()) -> dict:
+    if path in seen:
+        chain = " -> ".join(p.name for p in (*seen, path))
+        raise ProfileError(f"{path}: extends: cycle ({chain})")
+    data = _read_yaml(path)
+    parent = data.get("extends")
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ProfileError(f"{path}: field 'extends': expected a profile name or path, got {parent!r}")
+    try:
+        parent_path = resolve_profile(parent, path.parent if (path.parent / f"{parent}.yaml").exists() else profile_dir)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: field 'extends': {exc}") from None
+    base = _raw_with_extends(parent_path, profile_dir, (*seen, path))
+    base.pop("name", None)
+    base.pop("expect_fit", None)
+    return _deep_merge(base, data)
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model, dict or list type inside ``annotation`` (``X | None`` unwrapped)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (dict, list):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def allowed_keys(loc: tuple[Any, ...], root: type[BaseModel] | None = None) -> list[str]:
+    """The keys a profile may have where ``loc`` points (``("engine", "max_model_lenn")`` -> the
+    fields of ``engine``); ``[]`` when ``loc`` is not inside a section with fixed keys."""
+    cur: Any = root or Profile
+    for part in loc[:-1]:
+        if isinstance(cur, type) and issubclass(cur, BaseModel):
+            field = cur.model_fields.get(str(part))
+            cur = _model_of(field.annotation) if field is not None else None
+        elif typing.get_origin(cur) in (dict, list):
+            cur = _model_of(typing.get_args(cur)[-1])
+        else:
+            return []
+    return list(cur.model_fields) if isinstance(cur, type) and issubclass(cur, BaseModel) else []
+
+
+def _format_validation(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid profile ({exc.error_count()} error(s))"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = err.get("input")
+        got_s = "" if isinstance(got, dict) else f"; got {got!r}"
+        hint = ""
+        if err.get("type") == "extra_forbidden" and err["loc"]:
+            known = allowed_keys(tuple(err["loc"]))
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
+            section = ".".join(str(p) for p in err["loc"][:-1]) or "the top level"
+            if close:
+                hint = f"; did you mean '{close[0]}'?"
+            elif known:
+                hint = f"; known keys in {section}: {', '.join(known)}"
+        lines.append(f"  field '{field}': {err['msg']}{got_s}{hint}")
+    return "\n".join(lines)
+
+
+def _with_hf_config(raw: dict, path: Path) -> dict:
+    """Fill ``model.architecture`` (and ``model.dtype``) from ``model.hf_config`` (a path relative
+    to the profile file). Keys written in the profile win; ``architecture.sources`` says which
+    number came from where. Raises :class:`ProfileError` naming the file and the missing key."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or not model.get("hf_config"):
+        return raw
+    from kvgate.profile.hfconfig import HfConfigError, model_from_hf_config
+
+    cfg_path = Path(str(model["hf_config"])).expanduser()
+    if not cfg_path.is_absolute():
+        cfg_path = path.parent / cfg_path
+    try:
+        derived = model_from_hf_config(cfg_path)
+    except HfConfigError as exc:
+        raise ProfileError(f"{path}: field 'model.hf_config': {exc}") from None
+    hand = model.get("architecture") or {}
+    if not isinstance(hand, dict):
+        return raw
+    arch = {**derived["architecture"], **hand}
+    arch["sources"] = {**derived["architecture"].get("sources", {}),
+                       **{k: "profile" for k in hand if k != "sources"}, **hand.get("sources", {})}
+    model = {**model, "architecture": arch}
+    if "dtype" not in model:
+        model["dtype"] = derived["dtype"]
+    else:
+        arch["sources"]["dtype"] = "profile"
+    return {**raw, "model": model}
+
+
+def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> Profile:
+    """Find, read, merge (``extends:``) and validate a profile.
+
+    Raises :class:`ProfileError` naming the file and each bad field with the expected type.
+    """
+    path = resolve_profile(name_or_path, Path(profile_dir))
+    raw = _raw_with_extends(path, Path(profile_dir))
+    raw.setdefault("name", path.stem)
+    raw["source"] = str(path)
+    raw = _with_hf_config(raw, path)
+    try:
+        profile = Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(_format_validation(path, exc)) from None
+    if profile.pools is not None:  # a pool's profile that does not load is this file's error
+        if str(path) in _POOLS_LOADING:
+            raise ProfileError(f"{path}: field 'pools': a pool's profile leads back to this pools profile")
+        _POOLS_LOADING.add(str(path))
+        try:
+            pool_profiles(profile, Path(profile_dir))
+        finally:
+            _POOLS_LOADING.discard(str(path))
+    return profile
+
+
+_POOLS_LOADING: set[str] = set()
+
+
+def pool_profiles(profile: Profile, profile_dir: Path = DEFAULT_PROFILE_DIR) -> dict[str, Profile]:
+    """``{"short": Profile, "long": Profile}``: each pool's own profile (``pools.NAME.profile``, a
+    path relative to the pools profile's file or a name in ``profile_dir``). Raises
+    :class:`ProfileError` naming the pools profile, the field and the pool profile's own error."""
+    if profile.pools is None:
+        raise ProfileError(f"profile {profile.name!r} has no pools: section")
+    here = Path(profile.source).parent if profile.source else Path(profile_dir)
+    out = {}
+    for name in ("short", "long"):
+        ref = getattr(profile.pools, name).profile
+        local = here / ref if ref.endswith((".yaml", ".yml")) else here / f"{ref}.yaml"
+        try:
+            out[name] = load_profile(str(local) if local.is_file() else ref, profile_dir)
+        except ProfileError as exc:
+            raise ProfileError(f"{profile.source or profile.name}: field 'pools.{name}.profile': {exc}") from None
+        if out[name].pools is not None:
+            raise ProfileError(f"{profile.source or profile.name}: field 'pools.{name}.profile': {ref!r} has a pools: "
+                               "section itself; a pool's profile describes one pool")
+    return out

@@ -1,0 +1,270 @@
+"""The run's life cycle, wired into pytest: the embedded server started early, the phases timed,
+interrupts turned into a named phase instead of a traceback.
+
+Registered by :mod:`kvgate.plugin` (``pytest_configure``); inert without a profile.
+
+- **Early launch.** At ``pytest_sessionstart`` (before collection) the embedded vLLM is built (the
+  tiny model, cached) and its process started *without waiting*; collection, the fit arithmetic and
+  anything else that needs no server run while vLLM loads (~30 s on 2 cores). The
+  ``kvgate_endpoint`` fixture then only waits for ``/health`` (:func:`embedded_endpoint`). When
+  the selection needs no server after all (``-m fit``, ``-k``, ``--collect-only``), nothing is
+  started, or what was started is stopped right after collection.
+- **Phases.** ``prepare model``, ``collect``, ``launch`` (the part of vLLM's start-up that was
+  *not* overlapped: the wait in the fixture; the entry also carries ``startup_s``, Popen to
+  healthy), ``gate PROFILE/GATE/CASE`` (each test's call), ``teardown`` (server stop), in
+  :attr:`kvgate.report.record.RunRecord.phases` -> ``summary.json`` ``phases`` and the console.
+- **Interrupts.** Ctrl-C / SIGTERM (the plugin turns SIGTERM into ``KeyboardInterrupt``) during
+  start-up stops the server with a 1 s grace, so the run ends within a second or two; the phase it
+  hit is recorded (``interrupted_in``). During teardown, after every gate has its verdict, an
+  interrupt kills the server group (SIGKILL) and is recorded, not re-raised: the verdicts stand and
+  exit code and summary agree. Once the server is gone at the end of the run (or the summary is
+  being written), SIGINT/SIGTERM are ignored, so nothing can leave a summary that disagrees with
+  the exit code; a server the fixture never took over (start-up interrupted or failed) is stopped
+  then, not in a config cleanup where a second Ctrl-C could cut the stop short. A Ctrl-C while the model is prepared (``pytest_sessionstart``,
+  where pytest would skip ``pytest_sessionfinish`` and so every report) is re-raised as collection
+  begins, so the run still ends INCOMPLETE with its reports.
+
+Proven without vLLM in ``tests/test_lifecycle.py`` (a fake server in place of :func:`_build`), with
+the real embedded vLLM in ``tests/e2e/test_interrupts.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Generator
+
+import pytest
+
+from kvgate.http.client import Endpoint
+from kvgate.launch.base import LAUNCHERS, Launcher, launcher_class
+from kvgate.launch.local import EmbeddedServer, LaunchError
+from kvgate.launch.tinymodel import TinyModelError, TinySpec, ensure_model
+
+SERVER_KEY = "embedded_server"
+#: The plugin's :class:`kvgate.launch.base.Choice` for this run.
+CHOICE_KEY = "launch_choice"
+LAUNCH_ERROR_KEY = "launch_error"
+#: Set once the fixture has the server healthy: from then on the fixture's teardown stops it.
+OWNED_KEY = "embedded_server_owned"
+#: A Ctrl-C that hit ``pytest_sessionstart``: pytest would skip ``pytest_sessionfinish`` (no reports
+#: written, the summary left RUNNING), so it is raised again at the start of collection.
+DEFERRED_INTERRUPT_KEY = "deferred_interrupt"
+SIGNALS_IGNORED_KEY = "signals_ignored"
+
+
+def _state(config: pytest.Config) -> Any:
+    from kvgate.plugin import STATE
+
+    return config.stash.get(STATE, None)
+
+
+def launch_mode(st: Any) -> str:
+    """The run's launcher (:func:`kvgate.launch.base.choose`, stashed by the plugin as ``launch_choice``):
+    ``embedded``, ``docker``, ``none`` or ``endpoint``."""
+    choice = st.extra.get(CHOICE_KEY)
+    if choice is not None:
+        return choice.mode
+    return "endpoint" if st.endpoint is not None else st.profile.launch_mode
+
+
+def _wants_server(config: pytest.Config, st: Any) -> bool:
+    from kvgate.plugin import _only_fit
+
+    if st is None or st.endpoint is not None or config.option.collectonly or _only_fit(config):
+        return False
+    choice = st.extra.get(CHOICE_KEY)
+    return launch_mode(st) in LAUNCHERS and (choice is None or choice.unavailable is None)
+
+
+def _build(st: Any) -> Launcher:
+    """An unstarted launcher for the run (:data:`kvgate.launch.base.LAUNCHERS`); for ``embedded``
+    the tiny model is built first (once, cached). Raises :class:`TinyModelError`."""
+    log = st.reports_dir / "vllm-server.log"
+    mode = launch_mode(st)
+    if mode != "embedded":
+        launcher = launcher_class(mode)(st.profile, log, startup_budget_s=st.startup_budget_s)
+        for secret in getattr(launcher, "secrets", ()):
+            st.redactor.add(secret)
+        return launcher
+    model_dir = ensure_model(TinySpec.from_architecture(st.profile.model.architecture))
+    return EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    st = _state(session.config)
+    if not _wants_server(session.config, st):
+        return
+    server: Launcher | None = None
+    try:
+        with st.record.phase("prepare model"):
+            server = _build(st)
+            st.extra[SERVER_KEY] = server
+            session.config.add_cleanup(server.stop)  # last resort; see pytest_sessionfinish
+            server.launch()
+    except (TinyModelError, LaunchError) as exc:
+        _launch_failed(st, server, str(exc))  # every live gate reports it (see embedded_endpoint)
+    except KeyboardInterrupt as exc:
+        # raised here, pytest would end the run without pytest_sessionfinish: no reports at all
+        st.extra[DEFERRED_INTERRUPT_KEY] = exc
+
+
+def _launch_failed(st: Any, server: Launcher | None, message: str) -> None:
+    st.extra[LAUNCH_ERROR_KEY] = message
+    if server is not None:
+        server.stop()
+    st.extra.pop(SERVER_KEY, None)
+    st.record.launch = {"mode": launch_mode(st), "error": message,
+                        "command": getattr(server, "command", None) or [],
+                        "log": str(server.log_path) if server is not None else None}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Generator[None, Any, Any]:
+    st = _state(session.config)
+    if st is None:
+        return (yield)
+    if DEFERRED_INTERRUPT_KEY in st.extra:  # Ctrl-C during "prepare model": end the run here
+        raise st.extra.pop(DEFERRED_INTERRUPT_KEY)
+    with st.record.phase("collect"):
+        return (yield)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    st = _state(config)
+    server = st.extra.get(SERVER_KEY) if st is not None else None
+    if server is not None and not any("kvgate_endpoint" in getattr(it, "fixturenames", ()) for it in items):
+        server.stop()  # the selection needs no server (e.g. -k fit): do not keep one running
+        st.extra.pop(SERVER_KEY)  # only now: a stop cut short by Ctrl-C is finished at sessionfinish
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    """One phase per gate: setup + call + teardown (a suite may measure in a fixture), less the
+    nested ``launch``/``teardown`` phases. A failed or skipped gate is a *done* phase; only an
+    interrupt or a harness crash marks it otherwise."""
+    st = _state(item.config)
+    if st is None or item.get_closest_marker("gate") is None:
+        return (yield)
+    from kvgate.plugin import test_id
+
+    with st.record.phase(f"gate {test_id(item)}"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Generator[None, Any, Any]:
+    """From here on the verdicts are decided: ignore SIGINT/SIGTERM while the reports are written
+    (restored at unconfigure), so no late Ctrl-C leaves a traceback or a summary that disagrees
+    with the exit code.
+
+    A server the ``kvgate_endpoint`` fixture never took over (its start-up was interrupted or
+    failed, the selected gates never reached it, ``--setup-plan``) is stopped here, before the
+    reports, while signals are ignored -- not in a config cleanup, where a second Ctrl-C would cut
+    the stop short and leave vLLM running. One the fixture owns is stopped by the fixture's teardown
+    (which pytest runs inside this hook for an interrupted run); whatever is still left after that
+    (a teardown cut short) is stopped last.
+    """
+    st = _state(session.config)
+    if st is None:
+        return (yield)
+    if exitstatus == pytest.ExitCode.INTERRUPTED and st.record.interrupted_in is None:
+        last = st.record.phases[-1]["name"] if st.record.phases else "start-up"
+        st.record.interrupted_in = f"between phases (after {last})"
+    _ignore_signals(session.config, st)
+    if SERVER_KEY in st.extra and not st.extra.get(OWNED_KEY):
+        with st.record.phase("teardown"):
+            st.extra.pop(SERVER_KEY).stop()
+    try:
+        return (yield)
+    finally:
+        leftover = st.extra.pop(SERVER_KEY, None)
+        if leftover is not None:
+            leftover.stop()
+
+
+def _ignore_signals(config: pytest.Config, st: Any) -> None:
+    """Ignore SIGINT/SIGTERM from now on (the previous handlers come back at unconfigure). Idempotent."""
+    if st.extra.get(SIGNALS_IGNORED_KEY) or threading.current_thread() is not threading.main_thread():
+        return
+    st.extra[SIGNALS_IGNORED_KEY] = True
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    config.add_cleanup(lambda: [signal.signal(s, h) for s, h in previous.items()])
+
+
+def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
+    """The ``kvgate_endpoint`` fixture's body for the embedded server: wait for the server launched
+    at session start (or launch it now), yield its :class:`Endpoint`, stop it at the end.
+
+    Fails the requesting test (``pytest.fail``, one line with the log's tail) when the model cannot
+    be built or vLLM does not come up within ``--startup-budget`` seconds.
+    """
+    from kvgate.plugin import state
+
+    st = state(config)
+    if LAUNCH_ERROR_KEY in st.extra:
+        pytest.fail(st.extra[LAUNCH_ERROR_KEY], pytrace=False)
+    server: Launcher | None = st.extra.get(SERVER_KEY)
+    try:
+        if server is None:  # not started at session start (e.g. the fixture used outside a run)
+            with st.record.phase("prepare model"):
+                server = _build(st)
+            st.extra[SERVER_KEY] = server
+        with st.record.phase("launch") as entry:
+            url = server.wait_ready()  # stops the server itself on failure or interrupt
+            entry["startup_s"] = round(server.startup_s or 0.0, 3)
+    except (TinyModelError, LaunchError) as exc:
+        _launch_failed(st, server, str(exc))
+    if LAUNCH_ERROR_KEY in st.extra:  # failed outside the except: one line, no chained exception
+        pytest.fail(st.extra[LAUNCH_ERROR_KEY], pytrace=False)
+    st.extra[OWNED_KEY] = True
+    st.endpoint = Endpoint(base_url=url, managed=True)
+    st.record.endpoint = st.endpoint.display
+    st.record.launch = server.describe()
+    if server.pid is not None:
+        st.extra["server_pids"] = [server.pid]  # the soak watches this process tree's memory
+    _preflight_embedded(config, st, server)
+    try:
+        yield st.endpoint
+    finally:
+        _teardown(config, st, server)
+
+
+def _preflight_embedded(config: pytest.Config, st: Any, server: Launcher) -> None:
+    """The same preflight as ``--endpoint`` gets (:func:`kvgate.http.preflight.preflight`: ``/v1/models``
+    in OpenAI's shape, serving the profile's model), once the embedded server is healthy. On a
+    failure the server is stopped, the run's reports say ERROR, and pytest exits as a usage error
+    (exit 4) with one line."""
+    from kvgate.plugin import write_error_reports
+    from kvgate.http.preflight import PreflightError, preflight
+
+    try:
+        preflight(st.endpoint, st.profile, None)
+    except PreflightError as exc:
+        _teardown(config, st, server)
+        write_error_reports(config, str(exc))
+        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def _teardown(config: pytest.Config, st: Any, server: Launcher) -> None:
+    """Stop the server (the ``teardown`` phase). A session fixture is torn down only when the
+    session ends, so every gate has its verdict: an interrupt kills the server instead and is
+    recorded, and once the server is gone SIGINT/SIGTERM are ignored -- nothing that is left to do
+    (reports) may turn a finished run into an interrupted one."""
+    interrupted = False
+    with st.record.phase("teardown") as entry:
+        try:
+            server.stop()
+        except KeyboardInterrupt:
+            # every gate already has its verdict: finish the stop hard and let the verdicts stand
+            interrupted = True
+            server.kill()
+        finally:
+            st.extra.pop(SERVER_KEY, None)
+    if interrupted:
+        entry["status"] = "interrupted"
+        entry["note"] = "interrupted: the server's process group was killed (SIGKILL) instead of stopped"
+        st.record.interrupted_in = st.record.interrupted_in or "teardown"
+    _ignore_signals(config, st)

@@ -1,0 +1,211 @@
+"""Gate modes and exit codes: what a run's verdicts mean for the process that started it.
+
+- ``enforce`` (default): a FAIL fails the run; an INVALID measurement fails it with its own exit
+  code; SKIPs are allowed (the profile does not ask, the server cannot show it).
+- ``record`` (calibration): every gate runs and none fails the run; the measured values are
+  written as a *profile overlay* (``profile-overlay.yaml`` in the reports dir, ``extends:`` the
+  run's profile) that a person reviews and commits (:func:`overlay`).
+- ``certify`` (sign-off): only a run in which every selected gate and every sub-check was made
+  and passed is ``CERTIFIED``; any SKIP, skipped sub-check or INVALID makes it ``NOT-CERTIFIED``
+  and :func:`decide` lists which (``summary.json`` ``not_certified``).
+
+Exit codes (:data:`EXIT_CODES`; README "Exit codes"; ``summary.json`` ``exit_code``): 0 pass,
+1 a gate failed, 2 interrupted / incomplete, 4 usage error (bad option, profile, unreachable
+endpoint), 5 no gate selected, 6 INVALID only (no gate failed, a measurement cannot be trusted),
+7 not certified (certify mode: something was skipped). 2, 4 and 5 are pytest's own codes.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import yaml
+
+from kvgate.report.outputs import OVERLAY as OVERLAY_FILE
+
+MODES = ("enforce", "record", "certify")
+DEFAULT_MODE = "enforce"
+
+#: outcome -> exit code. Outcomes are :meth:`kvgate.report.record.RunRecord.final_status` values plus
+#: the mode words RECORDED, CERTIFIED, NOT-CERTIFIED.
+EXIT_CODES = {
+    "PASS": 0, "SKIP": 0, "RECORDED": 0, "CERTIFIED": 0,
+    "FAIL": 1,
+    "INCOMPLETE": 2,
+    "ERROR": 4,
+    "NO-GATES": 5,
+    "INVALID": 6,
+    "NOT-CERTIFIED": 7,
+}
+EXIT_MEANING = {
+    0: "pass", 1: "a gate failed", 2: "interrupted or incomplete", 4: "usage error (nothing was gated)",
+    5: "no gate selected", 6: "INVALID only: no gate failed, a measurement cannot be trusted",
+    7: "not certified: a gate or check was skipped or INVALID (certify mode)",
+}
+
+
+class ModeError(ValueError):
+    """``--gate-mode`` names no known mode. One line listing the valid values."""
+
+
+def parse_mode(value: str | None) -> str:
+    """``--gate-mode`` value -> one of :data:`MODES` (None -> ``enforce``). Raises :class:`ModeError`."""
+    if value is None:
+        return DEFAULT_MODE
+    mode = value.strip().lower()
+    if mode not in MODES:
+        raise ModeError(f"--gate-mode {value!r}: not a gate mode; valid values: {', '.join(MODES)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run ends in: ``outcome`` (a key of :data:`EXIT_CODES`), its ``exit_code``, and for
+    certify the checks that kept it from being certified (``{"id", "check", "status", "reason"}``)."""
+
+    outcome: str
+    exit_code: int
+    not_certified: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def meaning(self) -> str:
+        return EXIT_MEANING.get(self.exit_code, "")
+
+
+def decide(mode: str, final_status: str, gates: Iterable[dict[str, Any]]) -> Outcome:
+    """The run's outcome under ``mode``.
+
+    ``final_status``: the verdict aggregate (PASS, FAIL, INVALID, SKIP, INCOMPLETE, ERROR,
+    NO-GATES). ``gates``: summary.json gate entries (``id``, ``status``, ``message``,
+    ``skipped_checks``). A run that could not start (ERROR), was cut short (INCOMPLETE) or
+    selected nothing (NO-GATES) keeps that outcome in every mode; otherwise ``record`` is
+    RECORDED (FAIL when a gate ended without a verdict: the harness broke); ``certify`` is FAIL or NOT-CERTIFIED when a check was not made (SKIP, INVALID,
+    skipped sub-check), else CERTIFIED; ``enforce`` is the aggregate itself.
+    """
+    if final_status in ("ERROR", "INCOMPLETE", "NO-GATES", "RUNNING"):
+        return Outcome(final_status, EXIT_CODES.get(final_status, 1))
+    if mode == "record":
+        if any(g["status"] in ("ERROR", "NO-VERDICT") for g in gates):
+            return Outcome("FAIL", 1)  # the harness broke: something was not measured, nothing to calibrate from
+        return Outcome("RECORDED", 0)
+    if mode == "certify":
+        missing: list[dict[str, Any]] = []
+        for g in gates:
+            if g["status"] in ("SKIP", "INVALID"):
+                missing.append({"id": g["id"], "check": g["id"], "status": g["status"],
+                                "reason": g.get("message", "")})
+            for s in g.get("skipped_checks", ()):
+                missing.append({"id": g["id"], "check": s["check"], "status": "SKIP", "reason": s["reason"]})
+        if final_status == "FAIL":
+            return Outcome("FAIL", 1, missing)
+        if missing:
+            return Outcome("NOT-CERTIFIED", 7, missing)
+        return Outcome("CERTIFIED", 0)
+    return Outcome(final_status, EXIT_CODES.get(final_status, 1))
+
+
+# ------------------------------------------------------------------------------------------
+# record mode: the profile overlay
+
+#: check name (a verdict's ``gate`` or a sub-check's) -> (profile field, unit the measured value
+#: must have). The limit each check is judged against, so the overlay is what this server did.
+#: Prefix matches end in ``/`` (``streaming/ttft/`` covers completions and chat).
+RECORDABLE: tuple[tuple[str, str, str], ...] = (
+    ("latency/slo.TTFT p95", "slo.ttft_p95_ms", "ms"),
+    ("latency/slo.ITL p95", "slo.itl_p95_ms", "ms"),
+    ("latency/slo.e2e p95", "slo.e2e_p95_ms", "ms"),
+    ("latency/slo.error rate", "slo.error_rate_max", "ratio"),
+    ("latency/interference", "slo.short_ttft_p95_ms", "ms"),
+    ("streaming/ttft/", "slo.ttft_p95_ms", "ms"),
+    ("streaming/idle-gap/", "limits.stream_idle_timeout_s", "s"),
+    ("concurrency/long-sequences.preemptions", "limits.preemptions_allowed", "preemptions"),
+    ("soak/memory", "soak.memory_slope_max_mb_per_h", "MB/h"),
+    ("soak/latency", "soak.ttft_p95_slope_max_ms_per_h", "ms/h"),
+)
+#: Fields that must be >= 0 (a negative slope is written as 0, said in a comment).
+_NON_NEGATIVE = ("soak.", "limits.preemptions_allowed", "slo.error_rate_max")
+_INTEGER = ("limits.preemptions_allowed",)
+
+
+def _field_for(check: str) -> tuple[str, str] | None:
+    for name, field_path, unit in RECORDABLE:
+        if check == name or (name.endswith("/") and check.startswith(name)):
+            return field_path, unit
+    return None
+
+
+def _walk(v: Any) -> Iterable[Any]:
+    yield v
+    for p in getattr(v, "parts", ()):
+        yield from _walk(p)
+
+
+def recorded_values(verdicts: Iterable[tuple[str, Any]]) -> tuple[dict[str, tuple[float, list[str]]], list[str]]:
+    """From ``(test_id, Verdict)`` pairs: ``({field: (value, [checks it came from])}, [unmapped
+    lines])``. A field judged by several checks gets the largest measured value (the limit every
+    one of them would have passed). Values with the wrong unit or none are not mapped; numeric
+    measurements with no profile field are listed as ``"test_id: check = value unit"``."""
+    fields: dict[str, tuple[float, list[str]]] = {}
+    unmapped: list[str] = []
+    for test_id, verdict in verdicts:
+        for v in _walk(verdict):
+            value = v.measured
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                continue
+            target = _field_for(v.gate)
+            if target is None or (v.unit or "") != target[1]:
+                if v is verdict and not v.parts:
+                    unmapped.append(f"{test_id}: {v.gate} = {value:g} {v.unit or ''}".rstrip())
+                continue
+            path, _ = target
+            old = fields.get(path)
+            if old is None or value > old[0]:
+                fields[path] = (float(value), (old[1] if old else []) + [f"{test_id}: {v.gate}"])
+            else:
+                old[1].append(f"{test_id}: {v.gate}")
+    return fields, unmapped
+
+
+def overlay(profile_ref: str, verdicts: Iterable[tuple[str, Any]], *, run_id: str, endpoint: str | None,
+            server_version: str | None, now: _dt.datetime | None = None) -> str:
+    """The record-mode profile overlay as YAML text: ``extends: profile_ref`` plus every
+    recordable field (:data:`RECORDABLE`) set to the value measured in this run, each with a
+    comment naming the checks it came from, and a comment block of measured values no profile
+    field holds. Loading it with :func:`kvgate.profile.models.load_profile` gives the run's profile with
+    its limits set to what this server did; a person reviews (adds headroom) before committing."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    fields, unmapped = recorded_values(verdicts)
+    tree: dict[str, dict[str, Any]] = {}
+    notes: dict[str, str] = {}
+    for path, (value, sources) in sorted(fields.items()):
+        section, key = path.split(".", 1)
+        shown: float | int = round(value, 4) if value < 1 else round(value, 1)
+        if path.startswith(_NON_NEGATIVE) and value < 0:
+            notes[path] = f"measured {value:g}, negative: written as 0; "
+            shown = 0
+        if path in _INTEGER:
+            shown = int(round(shown))
+        if not path.startswith(_NON_NEGATIVE) and shown <= 0:
+            continue  # a limit must be > 0; nothing to record
+        tree.setdefault(section, {})[key] = shown
+        notes[path] = notes.get(path, "") + "from " + ", ".join(sources)
+    lines = [
+        f"# kvgate record mode: values measured in run {run_id} ({now:%Y-%m-%d %H:%M} UTC)",
+        f"# on {endpoint or 'no endpoint'} (server {server_version or 'version unknown'}).",
+        "# These are what this server did, not what it should do: review, add headroom, then commit",
+        "# (e.g. as profiles/NAME-calibrated.yaml) or copy the values into the profile.",
+        f"extends: {profile_ref}",
+    ]
+    for section, values in tree.items():
+        lines.append(f"{section}:")
+        for key, value in values.items():
+            dumped = yaml.safe_dump({key: value}, default_flow_style=True).strip().strip("{}")
+            lines.append(f"  {dumped}  # {notes[f'{section}.{key}']}")
+    if not tree:
+        lines.append("# no recordable value was measured (no latency, streaming, load or soak gate ran)")
+    if unmapped:
+        lines.append("# measured, with no profile field to hold it:")
+        lines += [f"#   {u}" for u in unmapped]
+    return "\n".join(lines) + "\n"

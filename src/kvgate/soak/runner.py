@@ -1,0 +1,671 @@
+"""The soak runner: rounds of fixed *offered* load while the server's memory and gauges are sampled.
+
+A soak is ``rounds`` back-to-back rounds of ``round_s`` seconds (:class:`SoakPlan`, from the
+profile's ``soak:`` section). Round ``k`` starts at ``t0 + k * round_s`` whatever happened to
+round ``k-1`` (its stragglers may still be finishing: the offered load stays fixed). Each round
+sends seeded Poisson arrivals at ``rate_rps`` (open loop, :func:`kvgate.load.run_open_loop`),
+each request a workload of the profile's ``mix`` with a unique prefix so prefix caching cannot
+share blocks between requests. Meanwhile a :class:`~kvgate.soak.sampling.SamplingLoop` samples the
+server's memory, ``/metrics`` (one connection), the GPUs if local, and kvgate's own RSS, every
+``sample_period_s`` seconds.
+
+Per round (:data:`ROUND_FIELDS`, one CSV row, appended and flushed as soon as the round is done):
+TTFT p50/p95, ITL p95, e2e p95 (ms), throughput, errors, schedule lag, retained memory (the
+round's low envelope) with its peak, KV usage, preemptions, running/waiting, GPU memory and
+kvgate's own RSS. Per-request records are written to the requests CSV and dropped; only the
+round rows stay in memory (a few hundred bytes per round), so kvgate's footprint stays flat over
+a day-long soak.
+
+Interruption: :meth:`SoakRunner.request_stop` (the suite wires SIGINT/SIGTERM to it) or the hard
+deadline (``duration + request timeout + 30 s``) end the soak early; every completed round is
+already on disk and :attr:`SoakResult.complete` is False with the reason — the verdict is then
+INCOMPLETE, never PASS.
+
+Clock and sleep are injectable; the load sender is a callable (:data:`SendRound`), so the runner
+is unit-tested on virtual time with synthetic rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+import numpy as np
+import scipy.stats  # noqa: F401  -- imported up front: a first import mid-soak blocks the event loop ~1 s
+from pydantic import ValidationError
+
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.load import LoadResult, RequestSpec, completion_request, poisson_offsets, run_open_loop
+from kvgate.profile.models import Profile, SoakSpec
+from kvgate.soak.sampling import (
+    MetricsMemorySampler,
+    NvmlSampler,
+    ProcessTreeSampler,
+    PrometheusSampler,
+    Reading,
+    SamplingLoop,
+    SelfSampler,
+    ServerMetricsSampler,
+    describe,
+)
+from kvgate.stats import linear_fit, summarize
+
+MB = 1e6  #: the soak's memory unit: 10**6 bytes
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[Any]]
+#: ``send_round(k, offsets_s, specs, deadline_s) -> LoadResult``: send one round's requests.
+SendRound = Callable[[int, list[float], list[RequestSpec], float], Awaitable[LoadResult]]
+
+
+class SoakError(Exception):
+    """The soak cannot be set up (no soak section, unknown workload, bad override)."""
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class MixItem:
+    """One workload of the soak's mix: ``weight`` (relative), prompt/output tokens, and the prompt
+    body (``text``) that follows each request's unique prefix."""
+
+    name: str
+    weight: float
+    prompt_tokens: int
+    output_tokens: int
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    """What the runner does, in seconds: ``rounds`` rounds of ``round_s`` (the first
+    ``warmup_rounds`` not fitted), ``rate_rps`` offered requests per second, ``mix`` workloads,
+    ``seed`` for arrivals and the mix, ``sample_period_s`` sampling period,
+    ``request_timeout_s`` per request, ``lag_bound_s`` client lag above which a round is lagged."""
+
+    rounds: int
+    round_s: float
+    warmup_rounds: int
+    rate_rps: float
+    mix: tuple[MixItem, ...]
+    seed: int = 0
+    sample_period_s: float = 1.0
+    request_timeout_s: float = 120.0
+    lag_bound_s: float = 0.05
+
+    @property
+    def duration_s(self) -> float:
+        return self.rounds * self.round_s
+
+    @property
+    def hard_deadline_s(self) -> float:
+        """Seconds after which the soak is cut short (INCOMPLETE): duration + one request timeout + 30 s."""
+        return self.duration_s + self.request_timeout_s + 30.0
+
+    def requests(self, k: int, endpoint: Endpoint, model: str) -> tuple[list[float], list[RequestSpec]]:
+        """Round ``k``'s arrival offsets (seconds from the round's start, all < ``round_s``) and
+        requests: Poisson at ``rate_rps`` seeded by ``(seed, k)``, workloads drawn by weight, each
+        prompt starting with a unique ``soak <seed>-<round>-<i>:`` prefix."""
+        rng = np.random.default_rng([self.seed, k])
+        cap = int(self.rate_rps * self.round_s * 3 + 20)  # far above the expected count; bounded
+        offsets = [o for o in poisson_offsets(cap, self.rate_rps, rng) if o < self.round_s]
+        weights = np.asarray([m.weight for m in self.mix], dtype=float)
+        picks = rng.choice(len(self.mix), size=len(offsets), p=weights / weights.sum()) if offsets else []
+        specs = []
+        for i, j in enumerate(picks):
+            m = self.mix[int(j)]
+            specs.append(completion_request(endpoint, model=model, prompt=f"{prefix(self.seed, k, i)}{m.text}",
+                                            max_tokens=m.output_tokens, tag=m.name, temperature=0,
+                                            ignore_eos=True))
+        return offsets, specs
+
+
+def prefix(seed: int, k: int, i: int) -> str:
+    """The unique request prefix (fixed width, so prompt lengths do not drift with the counter)."""
+    return f"soak {seed % 1000:03d}-{k:06d}-{i:05d}: "
+
+
+def soak_spec(profile: Profile, duration: str | None = None) -> SoakSpec:
+    """The profile's ``soak:`` section, with ``duration`` (``--soak-duration``) applied.
+    Raises :class:`SoakError` when the profile has none or the override is invalid."""
+    if profile.soak is None:
+        raise SoakError(f"profile {profile.name} declares no soak: section")
+    if duration is None:
+        return profile.soak
+    try:
+        return profile.soak.with_duration(duration)
+    except ValidationError as exc:
+        why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise SoakError(f"--soak-duration {duration}: {why}") from None
+
+
+def mix_of(profile: Profile, spec: SoakSpec) -> tuple[MixItem, ...]:
+    """The soak's workloads with their weights (``soak.mix``; default: the SLO's workload, else
+    the first non-long one, else the first). Prompt text is filled in by :func:`with_prompts`."""
+    wl = profile.workloads
+    names = dict(spec.mix)
+    if not names:
+        if not wl:
+            raise SoakError(f"profile {profile.name} declares no workloads for the soak to send")
+        default = profile.slo.workload if profile.slo.workload in wl else \
+            next((n for n, w in wl.items() if not w.long), next(iter(wl)))
+        names = {default: 1.0}
+    out = []
+    for name, weight in names.items():
+        w = wl[name]
+        out.append(MixItem(name, float(weight), min(w.prompt_tokens, profile.engine.max_model_len - w.output_tokens - 8),
+                           w.output_tokens))
+    return tuple(out)
+
+
+def plan_for(profile: Profile, spec: SoakSpec, mix: Sequence[MixItem] | None = None) -> SoakPlan:
+    """A :class:`SoakPlan` from a profile and its (possibly overridden) soak section."""
+    return SoakPlan(rounds=spec.rounds, round_s=spec.round_s, warmup_rounds=spec.warmup_rounds,
+                    rate_rps=spec.rate_rps, mix=tuple(mix if mix is not None else mix_of(profile, spec)),
+                    seed=spec.seed, sample_period_s=spec.sample_period_s,
+                    request_timeout_s=profile.limits.request_timeout_s, lag_bound_s=profile.limits.schedule_lag_max_s)
+
+
+def with_prompts(client: KvClient, model: str, mix: Sequence[MixItem], seed: int = 0) -> tuple[MixItem, ...]:
+    """Each workload's prompt body, sized with the server's ``/tokenize`` so that prefix + body
+    is the workload's prompt length (the prefix's digits may tokenize a token or two apart)."""
+    from kvgate.http.probes import build_prompt
+
+    out = []
+    for m in mix:
+        p0 = prefix(seed, 0, 0)
+        p = build_prompt(client, model, "completions", m.prompt_tokens, prefix=p0)
+        out.append(MixItem(m.name, m.weight, m.prompt_tokens, m.output_tokens, p.text[len(p0):]))
+    return tuple(out)
+
+
+def open_loop_sender(endpoint: Endpoint, request_timeout_s: float, idle_timeout_s: float | None = None) -> SendRound:
+    """The real sender: one :func:`~kvgate.load.run_open_loop` per round (its own connection
+    pool; gc not frozen, since rounds overlap). ``idle_timeout_s``: the gateway's stream idle
+    timeout; a request silent that long is cut and counted failed."""
+
+    async def send(k: int, offsets: list[float], specs: list[RequestSpec], deadline_s: float) -> LoadResult:
+        if not specs:
+            return LoadResult("open", [], 0, 0.0, deadline_s)
+        return await run_open_loop(endpoint, specs, offsets_s=offsets, deadline_s=deadline_s,
+                                   request_timeout_s=min(request_timeout_s, deadline_s), freeze_gc=False,
+                                   idle_timeout_s=idle_timeout_s)
+
+    return send
+
+
+# ----------------------------------------------------------------------------- samplers
+
+
+@dataclass
+class Samplers:
+    """The soak's samplers: ``memory`` (server memory: process tree, /metrics or Prometheus;
+    None when none applies), ``metrics`` (``/metrics``), ``gpu`` (NVML; None when the GPUs are
+    not local), ``own`` (kvgate's RSS). ``gpu_skip``: why GPU memory is not watched."""
+
+    memory: Any | None
+    metrics: ServerMetricsSampler | None
+    gpu: NvmlSampler | None
+    own: SelfSampler | None
+    gpu_skip: str | None = None
+    memory_skip: str | None = None
+
+    def ordered(self) -> list[Any]:
+        """Sampling order within a tick: /metrics first (the metrics memory sampler reads its scrape)."""
+        return [s for s in (self.metrics, self.memory, self.gpu, self.own) if s is not None]
+
+    def describe(self) -> dict[str, Any]:
+        return {s.name: describe(s) for s in self.ordered()}
+
+    async def aclose(self) -> None:
+        for s in self.ordered():
+            await s.aclose()
+
+
+def build_samplers(profile: Profile, spec: SoakSpec, endpoint: Endpoint, server_pids: Sequence[int] = (), *,
+                   token_env: Callable[[str], str | None] | None = None, nvml: Any = None,
+                   transport: Any = None) -> Samplers:
+    """Choose the memory source (``soak.memory_source``; ``auto``: the Prometheus query if the
+    profile gives one, else the launched server's process tree when ``server_pids`` are known,
+    else ``process_resident_memory_bytes`` from ``/metrics``), plus ``/metrics``, NVML when the
+    server is local and the profile's hardware is a GPU, and kvgate's own RSS."""
+    import os
+
+    metrics = ServerMetricsSampler(endpoint.base_url, headers=endpoint.headers(), transport=transport)
+    source = spec.memory_source
+    if source == "auto":
+        source = "prometheus" if spec.memory_query else ("process_tree" if server_pids else "metrics")
+    memory: Any = None
+    memory_skip = None
+    if source == "prometheus":
+        q = spec.memory_query
+        assert q is not None  # the profile validator guarantees it
+        token = (token_env or os.environ.get)(q.api_key_env) if q.api_key_env else None
+        memory = PrometheusSampler(q.url, q.query, q.covers, token=token, timeout_s=q.timeout_s, transport=transport)
+    elif source == "process_tree":
+        if server_pids:
+            memory = ProcessTreeSampler(server_pids, label="server")
+        else:
+            memory_skip = ("soak.memory_source is process_tree but kvgate did not launch this server (no pid to "
+                           "watch); use metrics or a Prometheus memory_query")
+    else:
+        memory = MetricsMemorySampler(metrics)
+    gpu, gpu_skip = None, None
+    if profile.hardware.gpu.lower() == "cpu":
+        gpu_skip = "the profile runs on CPU (hardware.gpu: cpu): no GPU memory to watch"
+    elif not server_pids:
+        gpu_skip = ("the server is remote: NVML on this machine cannot see its GPUs (watch them with a Prometheus "
+                    "query, e.g. DCGM_FI_DEV_FB_USED)")
+    else:
+        gpu = NvmlSampler(nvml)
+        if not gpu.available:
+            gpu_skip, gpu = gpu.reason, None
+    return Samplers(memory, metrics, gpu, SelfSampler(), gpu_skip, memory_skip)
+
+
+# ----------------------------------------------------------------------------- rounds
+
+#: Columns of the per-round CSV (times in seconds since the soak started; memory in MB = 1e6 B).
+ROUND_FIELDS = (
+    "round", "warmup", "t_start_s", "t_end_s", "requests", "ok", "errors", "error_rate",
+    "ttft_p50_ms", "ttft_p95_ms", "itl_p95_ms", "e2e_p95_ms", "tokens", "throughput_tok_s", "completed_rps",
+    "lag_p99_ms", "loop_lag_p99_ms", "client_kept_up",
+    "mem_min_mb", "mem_max_mb", "mem_last_mb", "rss_min_mb", "uss_min_mb", "swap_max_mb", "processes",
+    "kv_usage_max", "kv_usage_mean", "running_max", "waiting_max", "preemptions", "preemptions_total",
+    "gpu_used_max_mb", "gpu_used_max_frac", "kvgate_rss_mb", "samples", "sample_errors",
+)
+
+
+@dataclass
+class _Acc:
+    """Online reductions of one round's samples (bounded: no sample list is kept)."""
+
+    ticks: int = 0
+    errors: int = 0
+    mem_min: float | None = None
+    mem_max: float | None = None
+    mem_last: float | None = None
+    rss_min: float | None = None
+    uss_min: float | None = None
+    swap_max: float | None = None
+    processes: float | None = None
+    kv_max: float | None = None
+    kv_sum: float = 0.0
+    kv_n: int = 0
+    running_max: float | None = None
+    waiting_max: float | None = None
+    pre_first: float | None = None
+    pre_last: float | None = None
+    gpu_max: float | None = None
+    gpu_frac: float | None = None
+    own_min: float | None = None
+
+
+def _lo(a: float | None, b: float | None) -> float | None:
+    return b if a is None else (a if b is None else min(a, b))
+
+
+def _hi(a: float | None, b: float | None) -> float | None:
+    return b if a is None else (a if b is None else max(a, b))
+
+
+def _mb(x: float | None) -> float | None:
+    return None if x is None else round(x / MB, 3)
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), nd)
+
+
+@dataclass
+class SoakResult:
+    """A finished (or cut-short) soak. ``rows``: one dict per completed round (:data:`ROUND_FIELDS`),
+    in round order. ``complete``: all planned rounds completed; else ``stopped`` says why
+    (``SIGINT``, ``SIGTERM``, ``deadline``, ...). ``samplers``: each sampler's source, coverage,
+    read and error counts. ``ticks``: sampling ticks taken (each = at most one scrape per
+    sampler). ``files``: paths of the CSVs written."""
+
+    plan: SoakPlan
+    rows: list[dict[str, Any]]
+    complete: bool
+    stopped: str | None
+    samplers: dict[str, Any]
+    ticks: int
+    wall_s: float
+    files: dict[str, str] = field(default_factory=dict)
+    gpu: list[dict[str, Any]] = field(default_factory=list)
+    gpu_skip: str | None = None
+    memory_skip: str | None = None
+
+    @property
+    def measured(self) -> list[dict[str, Any]]:
+        """Rows after the warm-up."""
+        return [r for r in self.rows if not r["warmup"]]
+
+    def rounds_csv(self) -> str:
+        """The per-round rows as CSV text."""
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(ROUND_FIELDS), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(self.rows)
+        return buf.getvalue()
+
+
+class _CsvSink:
+    """Appends rows to a CSV file, header first, flushed per round (None path: nothing written)."""
+
+    def __init__(self, path: Path | None, fields: Sequence[str]) -> None:
+        self.path = path
+        self.fields = list(fields)
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(path, "w", newline="")
+            self._w = csv.DictWriter(self._fh, fieldnames=self.fields, extrasaction="ignore")
+            self._w.writeheader()
+            self._fh.flush()
+
+    def write(self, rows: Sequence[dict[str, Any]]) -> None:
+        if self._fh is not None:
+            self._w.writerows(rows)
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+REQUEST_FIELDS = ("round", "index", "tag", "scheduled_s", "sent_s", "lag_s", "connect_s", "first_byte_s",
+                  "first_token_s", "end_s", "status", "chunks", "tokens", "finish_reason", "done", "hung_up", "error")
+
+
+class SoakRunner:
+    """Run a :class:`SoakPlan` (see the module docstring).
+
+    ``send_round``: sends one round (:func:`open_loop_sender` for real). ``requests(k)``:
+    ``(offsets, specs)`` of round ``k`` (default :meth:`SoakPlan.requests` with ``endpoint`` and
+    ``model``). ``samplers``: a :class:`Samplers`. ``out_dir``: where ``soak-rounds.csv`` and
+    ``soak-requests.csv`` go (None: nowhere). ``progress(line)``: one line per round.
+    """
+
+    def __init__(self, plan: SoakPlan, send_round: SendRound, samplers: Samplers, *,
+                 requests: Callable[[int], tuple[list[float], list[RequestSpec]]],
+                 out_dir: Path | None = None, progress: Callable[[str], None] | None = None,
+                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+        self.plan = plan
+        self.send_round = send_round
+        self.samplers = samplers
+        self.requests = requests
+        self.out_dir = out_dir
+        self.progress = progress or (lambda line: None)
+        self.clock = clock
+        self.sleep = sleep
+        self.rows: list[dict[str, Any]] = []
+        self.stopped: str | None = None
+        self._stop: asyncio.Event | None = None
+        self._acc: dict[int, _Acc] = {}
+        self._pre_prev: float | None = None
+        self._t0 = 0.0
+
+    # -- control
+
+    def request_stop(self, reason: str) -> None:
+        """End the soak early (signal, deadline): completed rounds are kept, the result is incomplete."""
+        if self.stopped is None:
+            self.stopped = reason
+        if self._stop is not None:
+            self._stop.set()
+
+    # -- sampling
+
+    def _round_of(self, t: float) -> int:
+        return int((t - self._t0) // self.plan.round_s)
+
+    def _on_tick(self, t: float, readings: dict[str, Reading]) -> None:
+        k = self._round_of(t)
+        if k < 0 or k >= self.plan.rounds:
+            return
+        a = self._acc.setdefault(k, _Acc())
+        a.ticks += 1
+        mem = readings.get("server-memory") or {}
+        v = mem.get("memory")
+        if "server-memory" in readings and v is None:
+            a.errors += 1
+        a.mem_min, a.mem_max = _lo(a.mem_min, v), _hi(a.mem_max, v)
+        if v is not None:
+            a.mem_last = v
+        a.rss_min = _lo(a.rss_min, mem.get("rss"))
+        a.uss_min = _lo(a.uss_min, mem.get("uss"))
+        a.swap_max = _hi(a.swap_max, mem.get("swap"))
+        a.processes = _hi(a.processes, mem.get("processes"))
+        met = readings.get("server-metrics") or {}
+        kv = met.get("kv_usage")
+        if kv is not None:
+            a.kv_max, a.kv_sum, a.kv_n = _hi(a.kv_max, kv), a.kv_sum + kv, a.kv_n + 1
+        a.running_max = _hi(a.running_max, met.get("running"))
+        a.waiting_max = _hi(a.waiting_max, met.get("waiting"))
+        pre = met.get("preemptions")
+        if pre is not None:
+            a.pre_first = pre if a.pre_first is None else a.pre_first
+            a.pre_last = pre
+        gpu = readings.get("gpu-memory") or {}
+        used = [x for key, x in gpu.items() if key.endswith("_used") and x is not None]
+        if used:
+            a.gpu_max = _hi(a.gpu_max, max(used))
+        a.gpu_frac = _hi(a.gpu_frac, gpu.get("gpu_used_max_frac"))
+        a.own_min = _lo(a.own_min, (readings.get("kvgate-memory") or {}).get("rss"))
+
+    # -- one round
+
+    def _row(self, k: int, result: LoadResult) -> dict[str, Any]:
+        p = self.plan
+        s = summarize(result.records)
+        a = self._acc.pop(k, _Acc())
+        lags = result.lags_s
+        pre_delta = None
+        if a.pre_last is not None:
+            base = self._pre_prev if self._pre_prev is not None else a.pre_first
+            pre_delta = a.pre_last - base if base is not None else None
+            self._pre_prev = a.pre_last
+        t_start = k * p.round_s
+        return {
+            "round": k, "warmup": k < p.warmup_rounds, "t_start_s": round(t_start, 3),
+            "t_end_s": round(t_start + p.round_s, 3), "requests": s["requests"], "ok": s["ok"], "errors": s["errors"],
+            "error_rate": _r(s["error_rate"], 4), "ttft_p50_ms": _r(s["ttft_ms"]["p50"], 2),
+            "ttft_p95_ms": _r(s["ttft_ms"]["p95"], 2), "itl_p95_ms": _r(s["itl_ms"]["p95"], 2),
+            "e2e_p95_ms": _r(s["e2e_ms"]["p95"], 2), "tokens": s["tokens"],
+            "throughput_tok_s": _r(s["tokens"] / p.round_s, 2), "completed_rps": _r(s["ok"] / p.round_s, 3),
+            "lag_p99_ms": _r(float(np.percentile(lags, 99)) * 1e3 if lags else 0.0, 2),
+            "loop_lag_p99_ms": _r(result.p99_loop_lag_s * 1e3, 2),
+            "client_kept_up": bool(result.client_kept_up(p.lag_bound_s)),
+            "mem_min_mb": _mb(a.mem_min), "mem_max_mb": _mb(a.mem_max), "mem_last_mb": _mb(a.mem_last),
+            "rss_min_mb": _mb(a.rss_min), "uss_min_mb": _mb(a.uss_min), "swap_max_mb": _mb(a.swap_max),
+            "processes": a.processes, "kv_usage_max": _r(a.kv_max, 4),
+            "kv_usage_mean": _r(a.kv_sum / a.kv_n, 4) if a.kv_n else None,
+            "running_max": a.running_max, "waiting_max": a.waiting_max, "preemptions": pre_delta,
+            "preemptions_total": a.pre_last, "gpu_used_max_mb": _mb(a.gpu_max), "gpu_used_max_frac": _r(a.gpu_frac, 4),
+            "kvgate_rss_mb": _mb(a.own_min), "samples": a.ticks, "sample_errors": a.errors,
+        }
+
+    def _progress(self, row: dict[str, Any]) -> None:
+        p = self.plan
+        k = row["round"]
+        measured = [(r["t_start_s"] + p.round_s / 2, r["mem_min_mb"]) for r in self.rows
+                    if not r["warmup"] and r["mem_min_mb"] is not None]
+        slope = "n/a"
+        if len(measured) >= 3:
+            f = linear_fit([t / 3600 for t, _ in measured], [m for _, m in measured])
+            slope = f"{f.slope:+.1f} MB/h (95% CI {f.ci_low:+.1f}..{f.ci_high:+.1f})"
+        left = max(0.0, (p.rounds - k - 1) * p.round_s)
+        ttft = row["ttft_p95_ms"]
+        mem = row["mem_min_mb"]
+        self.progress(
+            f"soak round {k + 1}/{p.rounds}{' (warm-up)' if row['warmup'] else ''}: "
+            f"TTFT p95 {'n/a' if ttft is None else f'{ttft:.0f} ms'}, "
+            f"memory {'n/a' if mem is None else f'{mem:,.1f} MB'}, slope so far {slope}, "
+            f"errors {row['errors']}/{row['requests']}, ETA {_hms(left)}")
+
+    async def _round(self, k: int, closed: asyncio.Event, prev_done: asyncio.Event | None,
+                     done: asyncio.Event, sink: _CsvSink, req_sink: _CsvSink) -> None:
+        offsets, specs = self.requests(k)
+        deadline_s = self.plan.round_s + self.plan.request_timeout_s
+        result = await self.send_round(k, offsets, specs, deadline_s)
+        req_sink.write([{"round": k, **r.row()} for r in result.records])
+        await closed.wait()
+        if prev_done is not None:
+            await prev_done.wait()
+        row = self._row(k, result)
+        del result  # per-request records end here: only the round row is kept
+        self.rows.append(row)
+        sink.write([row])
+        self._progress(row)
+        done.set()
+
+    # -- the soak
+
+    async def run(self) -> SoakResult:
+        """Run every round (or until stopped); returns a :class:`SoakResult`. Never raises for a
+        failed request or sample: those are data. Cancellation stops the soak like a signal."""
+        p = self.plan
+        self._stop = asyncio.Event()
+        if self.stopped:
+            self._stop.set()
+        out = self.out_dir
+        sink = _CsvSink(out / "soak-rounds.csv" if out else None, ROUND_FIELDS)
+        req_sink = _CsvSink(out / "soak-requests.csv" if out else None, REQUEST_FIELDS)
+        self._t0 = t0 = self.clock()
+        end = t0 + p.duration_s
+        hard = t0 + p.hard_deadline_s
+        loop = SamplingLoop(self.samplers.ordered(), p.sample_period_s, self._on_tick, self.clock, self.sleep,
+                            max_ticks=int(math.ceil(p.duration_s / p.sample_period_s)) + 2)
+        sampling = asyncio.ensure_future(loop.run(end))
+        tasks: list[asyncio.Task[None]] = []
+        closed = [asyncio.Event() for _ in range(p.rounds)]
+        done = [asyncio.Event() for _ in range(p.rounds)]
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        try:
+            for k in range(p.rounds):
+                start = t0 + k * p.round_s
+                if not await self._until(start, stop_wait):
+                    break
+                if k > 0:
+                    closed[k - 1].set()
+                tasks.append(asyncio.ensure_future(self._round(
+                    k, closed[k], done[k - 1] if k else None, done[k], sink, req_sink)))
+            if not self.stopped and await self._until(end, stop_wait):
+                closed[p.rounds - 1].set()
+            if not self.stopped and tasks:
+                all_done = asyncio.ensure_future(asyncio.gather(*tasks))
+                finished, _ = await asyncio.wait({all_done, stop_wait}, timeout=max(0.0, hard - self.clock()),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                if all_done not in finished:
+                    self.request_stop(self.stopped or f"deadline: rounds not finished {p.hard_deadline_s:.0f} s "
+                                                      "after the start")
+                    all_done.cancel()
+                    await asyncio.gather(all_done, return_exceptions=True)
+                elif all_done.exception() is not None:
+                    raise all_done.exception()  # type: ignore[misc]
+        except asyncio.CancelledError:
+            self.request_stop(self.stopped or "cancelled")
+        finally:
+            loop.stop()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            stop_wait.cancel()
+            sampling.cancel()
+            await asyncio.gather(sampling, stop_wait, return_exceptions=True)
+            sink.close()
+            req_sink.close()
+            await self.samplers.aclose()
+        self.rows.sort(key=lambda r: r["round"])
+        complete = self.stopped is None and len(self.rows) == p.rounds
+        if self.stopped is None and not complete:
+            self.stopped = f"only {len(self.rows)} of {p.rounds} rounds completed"
+        gpu = []
+        if self.samplers.gpu is not None:
+            gpu = [{"index": d.index, "name": d.name, "total_bytes": d.total, "peak_used_bytes": d.peak_used}
+                   for d in self.samplers.gpu.devices]
+        files = {}
+        if out is not None:
+            files = {"rounds_csv": str(out / "soak-rounds.csv"), "requests_csv": str(out / "soak-requests.csv")}
+        return SoakResult(p, self.rows, complete, None if complete else self.stopped, self.samplers.describe(),
+                          loop.ticks, self.clock() - t0, files, gpu, self.samplers.gpu_skip, self.samplers.memory_skip)
+
+    async def _until(self, when: float, stop_wait: asyncio.Future[Any]) -> bool:
+        """Sleep until ``when`` on the injected clock; False when the soak was stopped first.
+        Bounded: a sleep that keeps returning early is retried at most 1,000 times."""
+        for _ in range(1000):
+            if self._stop.is_set():  # type: ignore[union-attr]
+                return False
+            delay = when - self.clock()
+            if delay <= 0:
+                return True
+            nap = asyncio.ensure_future(self.sleep(delay))
+            finished, _ = await asyncio.wait({nap, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if nap not in finished:
+                nap.cancel()
+                await asyncio.gather(nap, return_exceptions=True)
+        return not self._stop.is_set()  # type: ignore[union-attr]
+
+
+def _hms(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class StopOnSignals:
+    """While active, SIGINT and SIGTERM call ``runner.request_stop("SIGINT"/"SIGTERM")`` instead of
+    killing the run, so completed rounds are written and the soak is marked INCOMPLETE; the
+    previous handlers come back on exit and :attr:`signal_name` says which signal arrived (the
+    caller re-raises it as ``KeyboardInterrupt`` once the verdict is recorded). A no-op off the
+    main thread."""
+
+    def __init__(self, runner: SoakRunner, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.runner = runner
+        self.loop = loop
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on(self, name: str) -> None:
+        self.signal_name = self.signal_name or name
+        self.runner.request_stop(name)
+
+    def __enter__(self) -> "StopOnSignals":
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        loop = self.loop or asyncio.get_running_loop()
+        self.loop = loop
+        for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
+            try:
+                self._previous[sig] = signal.getsignal(sig)
+                loop.add_signal_handler(sig, self._on, name)
+            except (NotImplementedError, RuntimeError, ValueError):
+                self._previous.pop(sig, None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, prev in self._previous.items():
+            try:
+                self.loop.remove_signal_handler(sig)  # type: ignore[union-attr]
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+__all__ = [
+    "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
+    "SoakRunner", "StopOnSignals", "build_samplers", "mix_of", "open_loop_sender", "plan_for", "prefix", "soak_spec",
+    "with_prompts",
+]
