@@ -244,14 +244,17 @@ def run(pytester, *args):
 
 def test_llama70b_without_docker_fit_runs_live_gates_skip_one_reason(pytester, monkeypatch):
     """``pytest --profile llama70b-tp4`` where its docker launcher cannot run: the fit arithmetic
-    has its verdict, every live gate is a SKIP naming the one reason, nothing is launched, exit 0
-    (enforce) -- and 7 under certify, which lists them."""
+    has its verdict, every live gate is a SKIP naming the one reason, nothing is launched -- and
+    the run, which gated nothing live, is NO-SERVER (exit 8), not PASS, in enforce and certify
+    (which still lists what was not checked); ``-m fit`` alone is a pass (exit 0)."""
     why = "no Docker engine reachable (DOCKER_HOST or /var/run/docker.sock): connection refused"
     monkeypatch.setattr(dl.DockerLauncher, "unavailable", classmethod(lambda cls, p: why))
     monkeypatch.delenv("KVGATE_ENDPOINT", raising=False)
     suites = [str(REPO / "suites" / f"test_{n}.py") for n in ("fit", "deployment", "max_context", "streaming")]
     result, summary = run(pytester, "--profile", "llama70b-tp4", *suites)
-    assert result.ret == 0, result.stdout.str()[-2000:]
+    assert result.ret == 8, result.stdout.str()[-2000:]
+    assert summary["overall"] == summary["outcome"] == "NO-SERVER" and summary["exit_code"] == 8
+    assert "no server" in summary["exit_meaning"] and "OVERALL: NO-SERVER" in result.stdout.str()
     gates = {g["id"]: g for g in summary["gates"]}
     assert gates["llama70b-tp4/fit/kv-pool"]["status"] == "PASS"
     live = [g for i, g in gates.items() if i != "llama70b-tp4/fit/kv-pool"]
@@ -259,8 +262,14 @@ def test_llama70b_without_docker_fit_runs_live_gates_skip_one_reason(pytester, m
     assert {g["message"] for g in live} == {f"docker launcher cannot run here: {why} -> SKIP"}
     assert summary["endpoint_contacted"] is False and summary["launch"] == {}
     assert f"no server: docker launcher cannot run here: {why} -- live gates SKIP" in result.stdout.str()
+    from kvgate.report.signoff import signoff_markdown
+
+    signoff = signoff_markdown(summary)
+    assert "NO-SERVER" in signoff and "not a pass" in signoff and "every gate passed" not in signoff
     result, summary = run(pytester, "--profile", "llama70b-tp4", "--gate-mode=certify", *suites)
-    assert result.ret == 7 and len(summary["not_certified"]) >= len(live)
+    assert result.ret == 8 and summary["outcome"] == "NO-SERVER" and len(summary["not_certified"]) >= len(live)
+    result, summary = run(pytester, "--profile", "llama70b-tp4", "-m", "fit", *suites)
+    assert result.ret == 0 and summary["overall"] == "PASS", result.stdout.str()[-2000:]
 
 
 def test_kvgate_endpoint_env_overrides_the_launcher(pytester, monkeypatch):

@@ -209,13 +209,15 @@ def test_launch_error_is_one_line_per_live_gate(run_embedded, where):
     out = run.out
     assert TRACEBACK not in out and "During handling of the above exception" not in out
     # pytest's ERRORS section: per live gate one block holding the message, one line
-    section = out.split(" ERRORS ====")[1].split(" FAILURES ====")[0].rstrip("= \n")
+    section = out.split(" ERRORS ====")[1].split(" FAILURES ====")[0].split(" kvgate verdicts ====")[0]
+    section = section.split("\n- generated xml file")[0].rstrip("= \n")
     blocks = section.split("_ ERROR at setup of ")[1:]
     assert len(blocks) == len(live)
     for block in blocks:
         assert [ln for ln in block.splitlines()[1:] if ln.strip()] == [message], block
     assert run.summary["launch"]["error"] == message and run.summary["endpoint_contacted"] is False
     assert f"kvgate {NAME}: the embedded vLLM did not start" in out
+    assert "1 invalid" in out.splitlines()[-1]  # pytest's summary line: INVALID is not counted as "failed"
     assert not any(s.running for s in run.servers)
     assert_agree(run.result.ret, run.summary, run.reports)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.report import outputs
-from kvgate.plugin import given_with_space
+from kvgate.run.session import given_with_space
 from kvgate.report.redact import Redactor
 from kvgate.report.record import RunRecord
 from kvgate.verdict import Status, Verdict, combine, quantity
@@ -260,7 +260,7 @@ class PreflightFailsAfterLaunch:
     ERROR reports (keeping this run's server log), then exit as a usage error."""
 
     def pytest_runtest_setup(self, item):
-        from kvgate.plugin import state, write_error_reports
+        from kvgate.run.session import current as state, write_error_reports
 
         st = state(item.config)
         (st.reports_dir / "vllm-server.log").write_text("this run's vLLM log\n")

@@ -24,10 +24,16 @@ class TargetError(Exception):
 
 def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None,
                       environ: dict[str, str] | None = None) -> Endpoint:
-    """Split ``url`` into server root + route prefix and attach the API key from the environment."""
+    """Split ``url`` into server root + route prefix and attach the API key from the environment.
+    Raises :class:`TargetError` (one line) for a URL that does not parse (``http://[::1``), is not
+    http(s), carries credentials, or whose API-key variable is not set."""
     environ = os.environ if environ is None else environ
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:  # "http://[::1" (unclosed IPv6 bracket), "http://h:99999"
+        raise TargetError(f"--endpoint {url!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc or not parts.hostname:
         raise TargetError(f"--endpoint {redact_url(url)!r} is not an http(s) URL")
     if "@" in parts.netloc:
         raise TargetError("--endpoint must not carry credentials (user:password@); put the API key in an "

@@ -50,6 +50,26 @@ class PoolTargets:
     profiles: dict[str, Profile]
 
 
+def parse_pool_endpoints(given: list[str] | None, profile: Profile) -> dict[str, str]:
+    """``--pool-endpoint NAME=URL`` values -> ``{pool name: URL}``. Raises :class:`PoolsError` (one
+    line) for a value that is not ``NAME=URL`` with NAME one of :data:`POOLS` and an http(s) URL, or
+    a pool given twice."""
+    urls: dict[str, str] = {}
+    for item in given or ():
+        name, sep, url = item.partition("=")
+        if not sep or name not in POOLS or not url:
+            raise PoolsError(f"--pool-endpoint={item}: expected NAME=URL with NAME one of {', '.join(POOLS)} "
+                             f"(e.g. --pool-endpoint=short=http://127.0.0.1:8001/v1)")
+        if name in urls:
+            raise PoolsError(f"--pool-endpoint={item}: pool {name!r} given twice")
+        try:
+            endpoint_from_url(url, profile)
+        except TargetError as exc:
+            raise PoolsError(f"--pool-endpoint={item}: {str(exc).replace('--endpoint ', '', 1)}") from None
+        urls[name] = url
+    return urls
+
+
 def pool_endpoints(profile: Profile, pools: dict[str, Profile], given: list[str] | None = None,
                    launched: dict[str, str] | None = None, api_key_env: str | None = None) -> dict[str, Endpoint]:
     """``{"short": Endpoint, "long": Endpoint}`` from ``given`` (``--pool-endpoint NAME=URL``,
@@ -57,12 +77,7 @@ def pool_endpoints(profile: Profile, pools: dict[str, Profile], given: list[str]
     :class:`PoolsError` naming the pool and where its URL may be given."""
     spec = profile.pools
     assert spec is not None
-    urls: dict[str, str] = {}
-    for item in given or ():
-        name, sep, url = item.partition("=")
-        if not sep or name not in POOLS or not url:
-            raise PoolsError(f"--pool-endpoint {item!r}: expected NAME=URL with NAME one of {', '.join(POOLS)}")
-        urls[name] = url
+    urls = parse_pool_endpoints(given, profile)
     for name in POOLS:
         url = urls.get(name) or (launched or {}).get(name) or getattr(spec, name).endpoint
         if not url:

@@ -110,10 +110,14 @@ def write_junit_problem(path: Path, run_id: str, overall: str, message: str, cas
     return path
 
 
-def stamp_junit(path: Path, run_id: str, overall: str, problem: str | None = None) -> bool:
+def stamp_junit(path: Path, run_id: str, overall: str, problem: str | None = None,
+                incomplete: dict[str, str] | None = None) -> bool:
     """Add ``kvgate_run_id`` and ``kvgate_overall`` properties to the testsuite of the JUnit file
     pytest wrote; with ``problem`` (an incomplete run) also an error testcase ``kvgate.run`` so
-    the file is not green. Returns False when there is no such file (or it does not parse)."""
+    the file is not green; ``incomplete`` (``{test id: message}``: gates cut short, e.g. a soak
+    stopped by SIGTERM, which pytest's JUnit plugin never saw finish) become error testcases named
+    by their test id unless the file has them already. Returns False when there is no such file
+    (or it does not parse)."""
     try:
         tree = ET.parse(path)
     except (OSError, ET.ParseError):
@@ -123,6 +127,10 @@ def stamp_junit(path: Path, run_id: str, overall: str, problem: str | None = Non
     _set_property(suite, "kvgate_overall", overall)
     if problem:
         _add_error_case(suite, "run", problem)
+    present = {c.get("name", "") for c in suite.iter("testcase")}
+    for test_id, message in (incomplete or {}).items():
+        if not any(test_id in name for name in present):
+            _add_error_case(suite, test_id, f"INCOMPLETE: {message}")
     tree.write(path, encoding="utf-8", xml_declaration=True)
     return True
 

@@ -76,6 +76,9 @@ class RunRecord:
     endpoint_contacted: bool = False
     #: ``--gate-mode`` (:mod:`kvgate.run.modes`): enforce, record or certify.
     gate_mode: str = "enforce"
+    #: Why no server could be had for the live gates this run selected (the launcher cannot run
+    #: here: no Docker engine, fewer GPUs), or None. Such a run gated nothing live: NO-SERVER.
+    no_server: str | None = None
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _open: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -137,7 +140,8 @@ class RunRecord:
 
     def overall(self) -> str:
         """ERROR if the run could not start (:attr:`run_error`); FAIL if any FAIL or ERROR; else
-        INVALID if any INVALID; else PASS (SKIPs allowed); NO-GATES when nothing ran."""
+        INVALID if any INVALID; else NO-SERVER when the live gates it selected had no server
+        (:attr:`no_server`); else PASS (SKIPs allowed); NO-GATES when nothing ran."""
         if self.run_error:
             return "ERROR"
         statuses = {e.status for e in self.entries.values()}
@@ -149,6 +153,8 @@ class RunRecord:
             return "FAIL"
         if "INVALID" in statuses:
             return "INVALID"
+        if self.no_server:  # only the arithmetic ran: never a PASS
+            return "NO-SERVER"
         if statuses <= {"SKIP"}:
             return "SKIP"
         return "PASS"

@@ -30,6 +30,8 @@ OVERALL_MEANING = {
     "INCOMPLETE": "the run was cut short: not every gate ran, so this is no sign-off",
     "ERROR": "the run could not start: nothing was gated",
     "NO-GATES": "no gate was selected",
+    "NO-SERVER": "no server could be had for the live gates (the launcher cannot run here): only the arithmetic was "
+                 "gated -- this is not a pass",
     "RUNNING": "the run has not finished (or was killed outright)",
 }
 

@@ -1,7 +1,8 @@
 """The run's life cycle, wired into pytest: the embedded server started early, the phases timed,
 interrupts turned into a named phase instead of a traceback.
 
-Registered by :mod:`kvgate.plugin` (``pytest_configure``); inert without a profile.
+Registered by :mod:`kvgate.plugin` (``pytest_configure``); inert without a profile. Works on the run's
+:class:`kvgate.run.session.Run` (``config.stash[RUN]``).
 
 - **Early launch.** At ``pytest_sessionstart`` (before collection) the embedded vLLM is built (the
   tiny model, cached) and its process started *without waiting*; collection, the fit arithmetic and
@@ -40,10 +41,9 @@ from kvgate.http.client import Endpoint
 from kvgate.launch.base import LAUNCHERS, Launcher, launcher_class
 from kvgate.launch.local import EmbeddedServer, LaunchError
 from kvgate.launch.tinymodel import TinyModelError, TinySpec, ensure_model
+from kvgate.run.session import RUN, Run, current, test_id, write_error_reports
 
 SERVER_KEY = "embedded_server"
-#: The plugin's :class:`kvgate.launch.base.Choice` for this run.
-CHOICE_KEY = "launch_choice"
 LAUNCH_ERROR_KEY = "launch_error"
 #: Set once the fixture has the server healthy: from then on the fixture's teardown stops it.
 OWNED_KEY = "embedded_server_owned"
@@ -53,35 +53,23 @@ DEFERRED_INTERRUPT_KEY = "deferred_interrupt"
 SIGNALS_IGNORED_KEY = "signals_ignored"
 
 
-def _state(config: pytest.Config) -> Any:
-    from kvgate.plugin import STATE
-
-    return config.stash.get(STATE, None)
+def _state(config: pytest.Config) -> Run | None:
+    return config.stash.get(RUN, None)
 
 
-def launch_mode(st: Any) -> str:
-    """The run's launcher (:func:`kvgate.launch.base.choose`, stashed by the plugin as ``launch_choice``):
-    ``embedded``, ``docker``, ``none`` or ``endpoint``."""
-    choice = st.extra.get(CHOICE_KEY)
-    if choice is not None:
-        return choice.mode
-    return "endpoint" if st.endpoint is not None else st.profile.launch_mode
-
-
-def _wants_server(config: pytest.Config, st: Any) -> bool:
-    from kvgate.plugin import _only_fit
-
-    if st is None or st.endpoint is not None or config.option.collectonly or _only_fit(config):
+def _wants_server(config: pytest.Config, st: Run | None) -> bool:
+    """Whether to launch at session start: the run needs a server (:meth:`Run.needs_server`, the
+    one decision), none was given, and the chosen launcher can run here."""
+    if st is None or st.endpoint is not None or config.option.collectonly or not st.needs_server():
         return False
-    choice = st.extra.get(CHOICE_KEY)
-    return launch_mode(st) in LAUNCHERS and (choice is None or choice.unavailable is None)
+    return st.launch_mode in LAUNCHERS and st.live_skip_reason is None
 
 
-def _build(st: Any) -> Launcher:
+def _build(st: Run) -> Launcher:
     """An unstarted launcher for the run (:data:`kvgate.launch.base.LAUNCHERS`); for ``embedded``
     the tiny model is built first (once, cached). Raises :class:`TinyModelError`."""
     log = st.reports_dir / "vllm-server.log"
-    mode = launch_mode(st)
+    mode = st.launch_mode
     if mode != "embedded":
         launcher = launcher_class(mode)(st.profile, log, startup_budget_s=st.startup_budget_s)
         for secret in getattr(launcher, "secrets", ()):
@@ -110,12 +98,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         st.extra[DEFERRED_INTERRUPT_KEY] = exc
 
 
-def _launch_failed(st: Any, server: Launcher | None, message: str) -> None:
+def _launch_failed(st: Run, server: Launcher | None, message: str) -> None:
     st.extra[LAUNCH_ERROR_KEY] = message
     if server is not None:
         server.stop()
     st.extra.pop(SERVER_KEY, None)
-    st.record.launch = {"mode": launch_mode(st), "error": message,
+    st.record.launch = {"mode": st.launch_mode, "error": message,
                         "command": getattr(server, "command", None) or [],
                         "log": str(server.log_path) if server is not None else None}
 
@@ -135,7 +123,7 @@ def pytest_collection(session: pytest.Session) -> Generator[None, Any, Any]:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     st = _state(config)
     server = st.extra.get(SERVER_KEY) if st is not None else None
-    if server is not None and not any("kvgate_endpoint" in getattr(it, "fixturenames", ()) for it in items):
+    if server is not None and not st.needs_server(items):
         server.stop()  # the selection needs no server (e.g. -k fit): do not keep one running
         st.extra.pop(SERVER_KEY)  # only now: a stop cut short by Ctrl-C is finished at sessionfinish
 
@@ -148,8 +136,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     st = _state(item.config)
     if st is None or item.get_closest_marker("gate") is None:
         return (yield)
-    from kvgate.plugin import test_id
-
     with st.record.phase(f"gate {test_id(item)}"):
         return (yield)
 
@@ -185,7 +171,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Generator[
             leftover.stop()
 
 
-def _ignore_signals(config: pytest.Config, st: Any) -> None:
+def _ignore_signals(config: pytest.Config, st: Run) -> None:
     """Ignore SIGINT/SIGTERM from now on (the previous handlers come back at unconfigure). Idempotent."""
     if st.extra.get(SIGNALS_IGNORED_KEY) or threading.current_thread() is not threading.main_thread():
         return
@@ -201,9 +187,7 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
     Fails the requesting test (``pytest.fail``, one line with the log's tail) when the model cannot
     be built or vLLM does not come up within ``--startup-budget`` seconds.
     """
-    from kvgate.plugin import state
-
-    st = state(config)
+    st = current(config)
     if LAUNCH_ERROR_KEY in st.extra:
         pytest.fail(st.extra[LAUNCH_ERROR_KEY], pytrace=False)
     server: Launcher | None = st.extra.get(SERVER_KEY)
@@ -232,12 +216,11 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
         _teardown(config, st, server)
 
 
-def _preflight_embedded(config: pytest.Config, st: Any, server: Launcher) -> None:
+def _preflight_embedded(config: pytest.Config, st: Run, server: Launcher) -> None:
     """The same preflight as ``--endpoint`` gets (:func:`kvgate.http.preflight.preflight`: ``/v1/models``
     in OpenAI's shape, serving the profile's model), once the embedded server is healthy. On a
     failure the server is stopped, the run's reports say ERROR, and pytest exits as a usage error
     (exit 4) with one line."""
-    from kvgate.plugin import write_error_reports
     from kvgate.http.preflight import PreflightError, preflight
 
     try:
@@ -248,7 +231,7 @@ def _preflight_embedded(config: pytest.Config, st: Any, server: Launcher) -> Non
         pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
-def _teardown(config: pytest.Config, st: Any, server: Launcher) -> None:
+def _teardown(config: pytest.Config, st: Run, server: Launcher) -> None:
     """Stop the server (the ``teardown`` phase). A session fixture is torn down only when the
     session ends, so every gate has its verdict: an interrupt kills the server instead and is
     recorded, and once the server is gone SIGINT/SIGTERM are ignored -- nothing that is left to do

@@ -12,7 +12,9 @@
 Exit codes (:data:`EXIT_CODES`; README "Exit codes"; ``summary.json`` ``exit_code``): 0 pass,
 1 a gate failed, 2 interrupted / incomplete, 4 usage error (bad option, profile, unreachable
 endpoint), 5 no gate selected, 6 INVALID only (no gate failed, a measurement cannot be trusted),
-7 not certified (certify mode: something was skipped). 2, 4 and 5 are pytest's own codes.
+7 not certified (certify mode: something was skipped), 8 no server (the live gates selected could
+not run here: the launcher is unavailable; only the arithmetic was gated). 2, 4 and 5 are
+pytest's own codes.
 """
 
 from __future__ import annotations
@@ -38,11 +40,28 @@ EXIT_CODES = {
     "NO-GATES": 5,
     "INVALID": 6,
     "NOT-CERTIFIED": 7,
+    "NO-SERVER": 8,
 }
+#: outcome -> what it means, in summary.json ``exit_meaning`` (by outcome, not by exit code: a
+#: RECORDED run exits 0 without having passed).
+OUTCOME_MEANING = {
+    "PASS": "pass", "SKIP": "pass: nothing failed, every selected gate was skipped (see why)",
+    "RECORDED": "recorded (calibration): verdicts kept, not enforced; overall says what they were",
+    "CERTIFIED": "certified: every selected gate and check was made and passed",
+    "FAIL": "a gate failed", "INCOMPLETE": "interrupted or incomplete", "ERROR": "usage error (nothing was gated)",
+    "NO-GATES": "no gate selected", "INVALID": "INVALID only: no gate failed, a measurement cannot be trusted",
+    "NOT-CERTIFIED": "not certified: a gate or check was skipped or INVALID (certify mode)",
+    "NO-SERVER": "no server: the live gates could not run here (the launcher is unavailable); only the "
+                 "arithmetic was gated",
+    "RUNNING": "running",
+}
+#: exit code -> its meaning (README "Exit codes").
 EXIT_MEANING = {
-    0: "pass", 1: "a gate failed", 2: "interrupted or incomplete", 4: "usage error (nothing was gated)",
-    5: "no gate selected", 6: "INVALID only: no gate failed, a measurement cannot be trusted",
+    0: "pass, certified or recorded", 1: "a gate failed", 2: "interrupted or incomplete",
+    4: "usage error (nothing was gated)", 5: "no gate selected",
+    6: "INVALID only: no gate failed, a measurement cannot be trusted",
     7: "not certified: a gate or check was skipped or INVALID (certify mode)",
+    8: "no server: the live gates could not run (launcher unavailable here)",
 }
 
 
@@ -71,7 +90,8 @@ class Outcome:
 
     @property
     def meaning(self) -> str:
-        return EXIT_MEANING.get(self.exit_code, "")
+        """What the outcome means (:data:`OUTCOME_MEANING`), e.g. ``recorded (calibration): ...``."""
+        return OUTCOME_MEANING.get(self.outcome, EXIT_MEANING.get(self.exit_code, ""))
 
 
 def decide(mode: str, final_status: str, gates: Iterable[dict[str, Any]]) -> Outcome:
@@ -80,13 +100,16 @@ def decide(mode: str, final_status: str, gates: Iterable[dict[str, Any]]) -> Out
     ``final_status``: the verdict aggregate (PASS, FAIL, INVALID, SKIP, INCOMPLETE, ERROR,
     NO-GATES). ``gates``: summary.json gate entries (``id``, ``status``, ``message``,
     ``skipped_checks``). A run that could not start (ERROR), was cut short (INCOMPLETE) or
-    selected nothing (NO-GATES) keeps that outcome in every mode; otherwise ``record`` is
+    selected nothing (NO-GATES) keeps that outcome; one that had no server for its live gates
+    (NO-SERVER) keeps it too (certify still lists what was not checked) in every mode; otherwise ``record`` is
     RECORDED (FAIL when a gate ended without a verdict: the harness broke); ``certify`` is FAIL or NOT-CERTIFIED when a check was not made (SKIP, INVALID,
     skipped sub-check), else CERTIFIED; ``enforce`` is the aggregate itself.
     """
     if final_status in ("ERROR", "INCOMPLETE", "NO-GATES", "RUNNING"):
         return Outcome(final_status, EXIT_CODES.get(final_status, 1))
     if mode == "record":
+        if final_status == "NO-SERVER":
+            return Outcome("NO-SERVER", EXIT_CODES["NO-SERVER"])  # nothing live was measured: nothing to record
         if any(g["status"] in ("ERROR", "NO-VERDICT") for g in gates):
             return Outcome("FAIL", 1)  # the harness broke: something was not measured, nothing to calibrate from
         return Outcome("RECORDED", 0)
@@ -98,8 +121,8 @@ def decide(mode: str, final_status: str, gates: Iterable[dict[str, Any]]) -> Out
                                 "reason": g.get("message", "")})
             for s in g.get("skipped_checks", ()):
                 missing.append({"id": g["id"], "check": s["check"], "status": "SKIP", "reason": s["reason"]})
-        if final_status == "FAIL":
-            return Outcome("FAIL", 1, missing)
+        if final_status in ("FAIL", "NO-SERVER"):
+            return Outcome(final_status, EXIT_CODES[final_status], missing)
         if missing:
             return Outcome("NOT-CERTIFIED", 7, missing)
         return Outcome("CERTIFIED", 0)

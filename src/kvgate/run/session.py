@@ -1,0 +1,735 @@
+"""The object that owns one run of the suite: :class:`Run`.
+
+A run goes configure -> launch -> gates -> reports, and each step is a method here that a pytest
+hook in :mod:`kvgate.plugin` calls:
+
+- :meth:`Run.configure` (``pytest_configure``): the profile (with its lint), the options checked,
+  the endpoint or the launcher, the previous run's reports replaced by a ``RUNNING`` summary, the
+  preflight. Every refusal is a ``pytest.UsageError`` of one line, and the reports say ERROR
+  (:func:`write_error_reports`).
+- :meth:`Run.needs_server`: the one decision whether this run needs a server -- from the ``-m``
+  expression before collection (early launch, preflight, the launcher's availability check), from
+  the selected items after it.
+- the life cycle (:mod:`kvgate.run.lifecycle`) launches, times the phases and tears down;
+- :meth:`Run.recorder` (the ``kvgate_gate`` fixture) records each gate's verdict;
+- :meth:`Run.finish` (``pytest_sessionfinish``) writes summary.json, stamps JUnit and Allure, and
+  sets the exit code from the gate mode (:mod:`kvgate.run.modes`).
+
+Nothing here is imported by :mod:`kvgate.report`, :mod:`kvgate.http` or the gates; the plugin and
+the life cycle import it (never the other way round).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from kvgate.http.client import Endpoint
+from kvgate.http.preflight import PreflightError, preflight
+from kvgate.launch.base import ENDPOINT_ENV, MODES as LAUNCH_MODES, Choice, choose
+from kvgate.launch.target import TargetError, endpoint_from_url
+from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
+from kvgate.report import allure_meta, outputs
+from kvgate.report.record import RunRecord, attach_png, attach_text, attach_verdict
+from kvgate.report.redact import Redactor
+from kvgate.run.modes import OVERLAY_FILE, ModeError, overlay, parse_mode
+from kvgate.verdict import Status, Verdict
+
+try:  # allure-pytest is a dependency; keep kvgate importable without it
+    import allure
+except ImportError:  # pragma: no cover
+    allure = None
+
+#: This run's :class:`Run` (absent without ``--profile``).
+RUN = pytest.StashKey["Run"]()
+#: This run's id (summary.json ``run_id``, JUnit property and Allure label ``kvgate_run_id``).
+RUN_ID = pytest.StashKey[str]()
+#: Set when the run could not start: ``(message, junit path or None)``; the reports say ERROR.
+RUN_ERROR = pytest.StashKey[tuple[str, "Path | None"]]()
+#: Set once kvgate's ``pytest_configure`` ran for a config (see :func:`refused_before_configure`).
+CONFIGURED = pytest.StashKey[bool]()
+
+#: Path-valued options of plugins loaded after pytest fixes its rootdir: given as ``--opt PATH``
+#: (with a space) pytest reads PATH as a test path when it picks the rootdir. ``ALWAYS_PATH``
+#: take nothing but a path, so the space form is refused whether or not the path exists yet
+#: (it would work today and be refused once the folder exists).
+PATH_OPTIONS = ("--profile", "--deploy-profile", "--kvgate-reports", "--profile-dir", "--alluredir")
+ALWAYS_PATH = ("--kvgate-reports", "--profile-dir", "--alluredir")
+
+#: The marker sets the suites' gate items carry (besides ``gate``), one per kind of item: the fit
+#: arithmetic needs no server (:data:`SERVERLESS`), every other set does. Kept equal to the
+#: suites by tests/test_session.py, which collects them.
+SERVERLESS = frozenset({"fit"})
+GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
+    SERVERLESS,
+    frozenset({"deployment"}),  # deployment/*, fit/live-pool
+    frozenset({"max_context"}), frozenset({"max_tokens"}), frozenset({"streaming"}),
+    frozenset({"requests"}), frozenset({"disconnect"}),
+    frozenset({"load"}),  # concurrency/long-sequences, latency/*
+    frozenset({"load", "priority"}), frozenset({"load", "autoscale_signal"}),
+    frozenset({"pools"}), frozenset({"pools", "load"}),
+    frozenset({"soak"}),
+)
+#: Every gate marker ``-m`` may name.
+GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
+
+
+def usage(msg: str) -> pytest.UsageError:
+    """A one-line usage error (pytest prints ``ERROR: msg`` and exits 4)."""
+    return pytest.UsageError(msg)
+
+
+# ----------------------------------------------------------------------------------- the run
+@dataclass
+class Run:
+    """What one run knows, stashed on the config (:data:`RUN`). ``endpoint`` is None until
+    launched or targeted; ``choice`` is the launcher decision (:func:`kvgate.launch.base.choose`);
+    ``extra`` holds the life cycle's bookkeeping (server, ownership, signals)."""
+
+    config: pytest.Config
+    profile: Profile
+    record: RunRecord
+    redactor: Redactor
+    reports_dir: Path
+    endpoint: Endpoint | None = None
+    startup_budget_s: float | None = None
+    choice: Choice | None = None
+    kserve_notes: list[str] = field(default_factory=list)
+    lint: list[Any] = field(default_factory=list)
+    finished: set[str] = field(default_factory=set)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ configure
+    @classmethod
+    def configure(cls, config: pytest.Config, name: str) -> "Run":
+        """Load the profile and check every kvgate option, choose the endpoint or launcher, replace
+        the previous reports with a RUNNING summary, and preflight a given endpoint. Raises
+        ``pytest.UsageError`` (one line) on any refusal; the caller writes the ERROR reports."""
+        if config.inipath is None:
+            raise usage(_no_config_message(config))
+        _refuse_spaced_paths(config)
+        check_markexpr(config)
+        budget = parse_startup_budget(config.getoption("kvgate_startup_budget"))
+        launch = parse_launch(config.getoption("kvgate_launch"))
+        profile_dir = Path(config.getoption("kvgate_profile_dir"))
+        try:
+            profile = load_profile(name, profile_dir)
+        except ProfileError as exc:
+            raise usage(str(exc)) from None
+        from kvgate.authoring.lint import lint_for_run  # profile lint: warnings, errors under certify
+
+        lint_findings, lint_refusal = lint_for_run(profile, profile_dir, config.option.kvgate_gate_mode)
+        if lint_refusal:
+            raise usage(lint_refusal)
+        _check_pool_endpoints(config, profile)
+        reports = reports_dir(config)
+        try:
+            reports.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise usage(f"--kvgate-reports {reports}: cannot create it ({exc.strerror})") from None
+
+        api_key_env = config.getoption("kvgate_api_key_env")
+        _ca_bundle(config)
+        redactor = Redactor()
+        router = profile.pools.router_endpoint if profile.pools else None  # a pools profile's run goes to its router
+        url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or router or None
+        endpoint = None
+        if url:
+            try:
+                endpoint = endpoint_from_url(url, profile, api_key_env)
+            except TargetError as exc:
+                raise usage(redactor.text(str(exc))) from None
+            redactor.add(endpoint.api_key)
+        run = cls(config, profile, RunRecord(profile.name, profile.source, redactor), redactor, reports, endpoint,
+                  budget, lint=lint_findings)
+        wants = run.needs_server()
+        # which launcher (kvgate.launch.base.choose); one that cannot run here makes live gates SKIP
+        run.choice = choose(profile, endpoint=config.getoption("kvgate_endpoint") or router, launch=launch,
+                            check=wants and not config.option.collectonly)
+        if endpoint is None and config.getoption("kvgate_isvc"):
+            if not config.option.collectonly:  # --collect-only reads nothing from the cluster
+                run.endpoint, run.kserve_notes = _kserve_endpoint(config, profile, api_key_env)
+                redactor.add(run.endpoint.api_key)
+            run.choice = Choice("endpoint", "--isvc")
+        if run.endpoint is not None and profile.model.tokenizer:
+            run.endpoint = dataclasses.replace(run.endpoint, tokenizer=profile.model.tokenizer)
+        if run.choice.mode == "none" and wants:
+            raise usage(f"profile {profile.name!r} launches nothing (launch: none); give --endpoint URL (or "
+                        f"{ENDPOINT_ENV}), or --launch docker, or run only the fit gate: -m fit")
+        if config.getoption("kvgate_soak_duration"):
+            from kvgate.soak.runner import SoakError, soak_spec
+
+            try:
+                soak_spec(profile, config.getoption("kvgate_soak_duration"))
+            except SoakError as exc:
+                raise usage(str(exc)) from None
+        run.record = RunRecord(profile.name, profile.source, redactor,
+                               endpoint=run.endpoint.display if run.endpoint else None,
+                               run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
+        if wants and run.choice.unavailable:
+            run.record.no_server = run.choice.unavailable
+        config.stash[RUN] = run
+        if config.option.collectonly:
+            return run  # not a run: no reports are touched, no endpoint contacted
+        run._replace_reports()
+        _install_sigterm(config)
+        if run.endpoint is not None and wants:
+            run._preflight(api_key_env)
+        return run
+
+    def _replace_reports(self) -> None:
+        """One run, one set of reports: the previous run's go before anything runs."""
+        junit = junit_path(self.config, self.reports_dir)
+        allure_dir, replace_allure = allure_path(self.config, self.reports_dir)
+        try:
+            outputs.clear(self.reports_dir, [junit] + ([allure_dir] if allure_dir and replace_allure else []))
+            self.record.write_summary(self.reports_dir / outputs.SUMMARY, running=True)
+        except OSError as exc:
+            raise usage(f"--kvgate-reports {self.reports_dir}: cannot replace the previous run's reports "
+                        f"({exc})") from None
+        self.extra["reports_cleared"] = True
+        if allure_dir is not None:
+            self.config.option.allure_report_dir = str(allure_dir)
+        self.config.option.xmlpath = str(junit)
+
+    def _preflight(self, api_key_env: str | None) -> None:
+        try:
+            preflight(self.endpoint, self.profile, api_key_env)
+        except PreflightError as exc:
+            self.record.endpoint_contacted = exc.kind != "unreachable"
+            raise usage(self.redactor.text(str(exc))) from None
+        except KeyboardInterrupt:
+            self.record.interrupted_in = "preflight"
+            write_error_reports(self.config, "interrupted during the preflight (Ctrl-C or SIGTERM); nothing was gated")
+            raise
+        self.record.endpoint_contacted = True
+
+    # ------------------------------------------------------------------ the one server decision
+    def needs_server(self, items: list[pytest.Item] | None = None) -> bool:
+        """Whether this run needs a live server. Without ``items`` (before collection): whether the
+        ``-m`` expression selects any gate other than the fit arithmetic (``-m fit``, ``-m "fit and
+        not deployment"`` need none; ``-k`` is decided after collection). With ``items`` (the
+        selection): whether any selected test uses the ``kvgate_endpoint`` fixture."""
+        if items is not None:
+            return any("kvgate_endpoint" in getattr(it, "fixturenames", ()) for it in items)
+        return markexpr_selects_live(self.config.getoption("markexpr") or "")
+
+    @property
+    def launch_mode(self) -> str:
+        """``embedded``, ``docker``, ``pools``, ``none`` or ``endpoint`` (a URL was given)."""
+        if self.choice is not None:
+            return self.choice.mode
+        return "endpoint" if self.endpoint is not None else self.profile.launch_mode
+
+    @property
+    def live_skip_reason(self) -> str | None:
+        """Why this run's live gates SKIP (its launcher cannot run here), or None."""
+        return self.choice.unavailable if self.choice is not None else None
+
+    # ------------------------------------------------------------------ header
+    def header_lines(self) -> list[str]:
+        """``pytest_report_header``: profile, where the server is, reports dir, lint, pools."""
+        if not self.needs_server():
+            where = (f"endpoint {self.endpoint.display} not contacted (-m {self.config.getoption('markexpr')} "
+                     f"needs no server)" if self.endpoint
+                     else f"no server (-m {self.config.getoption('markexpr')} needs none)")
+        else:
+            where = f"endpoint {self.endpoint.display}" if self.endpoint else self._launch_header()
+            where += "".join(f"; {n}" for n in self.kserve_notes)
+        from kvgate.authoring.lint import header_lines
+
+        lines = [f"kvgate: profile {self.profile.name} ({self.profile.source}); {where}; reports {self.reports_dir}/ "
+                 f"(run {self.record.run_id})"] + header_lines(self.lint)
+        pools = self.profile.pools
+        if pools is not None:
+            lines.append(f"kvgate: pools profile: the pools gates only (routing, isolation); gate each pool with its "
+                         f"own profile: pytest --profile={pools.short.profile} --endpoint=<short pool URL>, "
+                         f"pytest --profile={pools.long.profile} --endpoint=<long pool URL>")
+        return lines
+
+    def _launch_header(self) -> str:
+        choice = self.choice
+        if choice is not None and choice.unavailable:
+            return f"no server: {choice.unavailable} -- live gates SKIP and the run ends NO-SERVER (exit 8)"
+        if choice is not None and choice.mode == "docker":
+            from kvgate.launch.docker import DEFAULT_IMAGE
+
+            image = (self.profile.launch.image if self.profile.launch else None) or DEFAULT_IMAGE
+            return f"endpoint: {image} in docker, started by kvgate ({choice.source})"
+        if choice is not None and choice.mode == "pools":
+            return "endpoint: nginx in front of two embedded vLLM pools, started by kvgate"
+        return "endpoint: embedded vLLM, started by kvgate"
+
+    # ------------------------------------------------------------------ gates
+    def recorder(self, item: pytest.Item) -> Callable[..., Verdict]:
+        """The ``kvgate_gate`` fixture's callable: record, attach, then pass/fail/skip the test.
+
+        ``kvgate_gate(verdict, attachments={"name.txt": text, "plot.png": png_bytes}, console=False)``;
+        ``console=True`` prints the text attachments under the verdict table at the end of the run.
+        """
+        red = self.redactor
+
+        def record(verdict: Verdict, attachments: dict[str, str] | None = None, console: bool = False) -> Verdict:
+            attachments = attachments or {}
+            shown = verdict.to_summary()
+            item.user_properties.extend([("kvgate_verdict", verdict.status.value),
+                                         ("kvgate_message", red.text(verdict.message)),
+                                         ("kvgate_measured", red.text(json.dumps(shown["measured"], default=str))),
+                                         ("kvgate_limit", red.text(json.dumps(shown["limit"], default=str)))])
+            if verdict.not_checked_note():
+                item.user_properties.append(("kvgate_not_checked", red.text(verdict.not_checked_note())))
+            if allure is not None:
+                allure.dynamic.label(outputs.RUN_ID_KEY, self.record.run_id)
+            allure_meta.describe(verdict, red)
+            self.record.add(item.nodeid, test_id(item), verdict,
+                            [(k, v) for k, v in attachments.items() if isinstance(v, str)] if console else None)
+            attach_verdict(verdict, red)
+            for name, body in attachments.items():
+                if isinstance(body, bytes):
+                    attach_png(name, body)
+                else:
+                    attach_text(name, body, red, "csv" if name.endswith(".csv") else "text")
+            if self.record.gate_mode == "record" and verdict.status in (Status.FAIL, Status.INVALID):
+                # calibration: the value is recorded (summary, overlay), the run is not failed by it
+                pytest.xfail(f"record mode, not enforced: {verdict.status.value}: " + red.text(verdict.message))
+            if verdict.status is Status.FAIL:
+                pytest.fail(red.text(verdict.message), pytrace=False)
+            if verdict.status is Status.INVALID:
+                pytest.fail("INVALID: " + red.text(verdict.message), pytrace=False)
+            if verdict.status is Status.INCOMPLETE:
+                pytest.fail("INCOMPLETE: " + red.text(verdict.message), pytrace=False)
+            if verdict.status is Status.SKIP:
+                pytest.skip(red.text(verdict.message))
+            return verdict
+
+        return record
+
+    def verdict_status(self, nodeid: str) -> str | None:
+        """The recorded status of a gate (``PASS``, ``INVALID``, ...), or None."""
+        e = self.record.entries.get(nodeid)
+        return e.status if e is not None else None
+
+    # ------------------------------------------------------------------ reports
+    def finish(self, session: pytest.Session, exitstatus: int) -> None:
+        """``pytest_sessionfinish``: which gates did not run, the record-mode overlay, summary.json,
+        JUnit/Allure stamped, an empty server log removed, and the exit code from the gate mode."""
+        missing = [test_id(it) for it in session.items
+                   if it.get_closest_marker("gate") and it.nodeid not in self.finished
+                   and it.nodeid not in self.record.entries]  # a gate cut short has its INCOMPLETE verdict
+        if self.record.no_server and not self.needs_server(session.items):
+            self.record.no_server = None  # the selection (-k) needed no server after all
+        if exitstatus == pytest.ExitCode.INTERRUPTED or missing:
+            self.record.complete = False
+            self.record.not_run = missing
+        if self.record.gate_mode == "record" and self.record.complete:
+            self.extra["overlay_path"] = str(self._write_overlay())
+        path = self.record.write_summary(self.reports_dir / outputs.SUMMARY)
+        self.extra["summary_path"] = str(path)
+        self._stamp_reports()
+        log = self.reports_dir / outputs.SERVER_LOG
+        try:
+            if log.is_file() and log.stat().st_size == 0:
+                log.unlink()  # a server that was never needed wrote nothing: no empty log beside the verdict
+        except OSError:
+            pass
+        if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            # the gate mode decides: 6 INVALID only, 7 not certified, 8 no server, 0 recorded (kvgate.run.modes)
+            session.exitstatus = self.record.outcome().exit_code
+
+    def _write_overlay(self) -> Path:
+        """Record mode: this run's measured values as a profile overlay (:func:`kvgate.run.modes.overlay`)."""
+        source = Path(self.profile.source or self.profile.name)
+        ref = self.profile.name if source.parent.resolve() == DEFAULT_PROFILE_DIR.resolve() else str(source.resolve())
+        verdicts = [(e.test_id, e.verdict) for e in self.record.entries.values() if e.verdict is not None]
+        text = overlay(ref, verdicts, run_id=self.record.run_id, endpoint=self.record.endpoint,
+                       server_version=self.record.server_version)
+        path = self.reports_dir / OVERLAY_FILE
+        path.write_text(self.redactor.text(text))
+        return path
+
+    def _stamp_reports(self) -> None:
+        """Put this run's id (and, for an incomplete run, an error case per gate cut short) into the
+        JUnit file and the Allure results written beside summary.json, so all three say the same."""
+        rec, config = self.record, self.config
+        overall = rec.final_status()
+        problem = None
+        cut = [e.test_id for e in rec.entries.values() if e.status == "INCOMPLETE"]
+        if overall == "INCOMPLETE":
+            where = f" (interrupted in {rec.interrupted_in})" if rec.interrupted_in else ""
+            parts = ([f"{len(rec.not_run)} selected gate(s) did not run: {', '.join(rec.not_run[:5])}"] if rec.not_run
+                     else []) + ([f"cut short: {', '.join(cut[:5])}"] if cut else [])
+            problem = f"run incomplete{where}: {'; '.join(parts) or 'not every gate finished'}"
+        elif overall == "ERROR":
+            problem = rec.run_error
+        xml = getattr(config.option, "xmlpath", None)
+        if xml:
+            cases = {e.test_id: rec.redactor.text(e.verdict.message) for e in rec.entries.values()
+                     if e.status == "INCOMPLETE" and e.verdict is not None}
+            outputs.stamp_junit(Path(xml), rec.run_id, overall, rec.redactor.text(problem) if problem else None,
+                                incomplete=cases)
+        allure_dir = getattr(config.option, "allure_report_dir", None)
+        if allure_dir:
+            try:
+                if problem:
+                    outputs.write_allure_problem(Path(allure_dir), rec.run_id, rec.redactor.text(problem),
+                                                 profile=rec.profile_name)
+                allure_meta.tidy_results(Path(allure_dir))
+                allure_meta.write_metadata(Path(allure_dir),
+                                           allure_meta.environment_props(rec.summary(), rec.gate_mode), rec.redactor)
+            except OSError:
+                pass
+
+    def console_lines(self) -> list[str]:
+        """The ``kvgate verdicts`` section: console attachments, the verdict table, phases."""
+        out: list[str] = []
+        for e in self.record.entries.values():
+            for name, text in e.console:
+                out.append(f"--- {e.test_id}: {name}")
+                out += self.redactor.text(text).splitlines()
+        out += self.record.table()
+        out += self.record.phase_lines()
+        if "overlay_path" in self.extra:
+            out.append(f"record mode: measured values written as a profile overlay: {self.extra['overlay_path']}")
+        return out
+
+
+# ----------------------------------------------------------------------------------- lookups
+def current(config: pytest.Config) -> Run:
+    """The run's :class:`Run`; raises ``pytest.UsageError`` listing the profiles when no profile was given."""
+    run = config.stash.get(RUN, None)
+    if run is None:
+        names = ", ".join(available_profiles(Path(config.getoption("kvgate_profile_dir"))))
+        raise usage(f"kvgate suites need a deployment profile: --profile NAME (available: {names})")
+    return run
+
+
+def test_id(item: pytest.Item) -> str:
+    """Readable id: the PROFILE/GATE/CASE parameter id when there is one, else PROFILE/GATE, else the test name."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "/" in callspec.id:
+        return callspec.id
+    run = item.config.stash.get(RUN, None)
+    marker = item.get_closest_marker("gate")
+    if run and marker:
+        return f"{run.profile.name}/{marker.args[0]}"
+    return item.name
+
+
+test_id.__test__ = False  # type: ignore[attr-defined]  # not a test, whatever pytest's name rule says
+
+
+# ----------------------------------------------------------------------------------- options
+def parse_startup_budget(raw: str | float | None) -> float | None:
+    """``--startup-budget`` -> seconds (> 0), or None for the launcher's default. Raises
+    ``pytest.UsageError`` for anything else (kvgate parses it, not argparse, so a bad value is
+    refused by kvgate, which replaces the previous run's reports)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise usage(f"--startup-budget={raw}: not a number of seconds (e.g. --startup-budget=240)") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise usage(f"--startup-budget={raw}: must be a positive number of seconds (e.g. --startup-budget=240)")
+    return value
+
+
+def parse_launch(raw: str | None) -> str | None:
+    """``--launch`` -> one of :data:`kvgate.launch.base.MODES` without ``pools`` (chosen by the
+    profile), or None. Raises ``pytest.UsageError`` listing the valid values."""
+    valid = tuple(m for m in LAUNCH_MODES if m != "pools")
+    if raw is None:
+        return None
+    if raw not in valid:
+        raise usage(f"--launch={raw}: not a launcher; valid values: {', '.join(valid)}")
+    return raw
+
+
+def check_markexpr(config: pytest.Config, *, names: bool = False) -> None:
+    """A ``-m`` expression pytest would refuse is refused here first, in pytest's words, so the
+    run's reports say ERROR instead of being left from an earlier run: its syntax at configure
+    time, and with ``names`` (at session start, once every plugin has registered its markers)
+    any name that is no registered marker under ``--strict-markers``. Raises ``pytest.UsageError``."""
+    expr = config.getoption("markexpr") or ""
+    if not expr.strip():
+        return
+    compiled = _compile(expr)  # raises pytest's own UsageError for a syntax error
+    strict = config.getini("strict_markers")
+    if strict is None:
+        strict = config.getini("strict")
+    if not names or not (strict or getattr(config.option, "strict_markers", False)):
+        return
+    registered = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
+    idents = compiled.idents() if hasattr(compiled, "idents") else set()
+    unknown = sorted(set(idents) - registered)
+    if unknown:
+        raise usage(f"Unknown marker(s) in '-m' expression: {', '.join(unknown)}; kvgate's gate markers: "
+                    f"{', '.join(GATE_MARKERS)} (pytest --markers lists all)")
+
+
+def _compile(expr: str) -> Any:
+    """pytest's own ``-m`` parser (``_pytest.mark``; the same words pytest would print). Raises
+    ``pytest.UsageError``."""
+    from _pytest.mark import _parse_expression
+
+    return _parse_expression(expr, "Wrong expression passed to '-m'")
+
+
+def markexpr_selects_live(expr: str) -> bool:
+    """Whether the ``-m`` expression ``expr`` selects any gate that needs a server (every gate but
+    the fit arithmetic), judged on each gate item's markers (:data:`GATE_MARKER_SETS`). An empty
+    expression selects all of them. A live item also carries the ``gate`` marker."""
+    if not expr.strip():
+        return True
+    try:
+        compiled = _compile(expr)
+    except pytest.UsageError:
+        return True  # refused by check_markexpr; never decide "no server" on a broken expression
+    for markers in GATE_MARKER_SETS:
+        if markers == SERVERLESS:
+            continue
+        names = markers | {"gate"}
+        if compiled.evaluate(lambda name, **kw: name in names):
+            return True
+    return False
+
+
+def _check_pool_endpoints(config: pytest.Config, profile: Profile) -> None:
+    """``--pool-endpoint NAME=URL``: only with a pools profile, NAME a pool, URL an http(s) URL."""
+    given = config.getoption("kvgate_pool_endpoints") or []
+    if not given:
+        return
+    if profile.pools is None:
+        raise usage(f"--pool-endpoint={given[0]}: profile {profile.name!r} has no pools (a pools profile, e.g. "
+                    f"tiny-cpu-pools, names a short and a long pool)")
+    from kvgate.pools.routing import PoolsError, parse_pool_endpoints
+
+    try:
+        parse_pool_endpoints(given, profile)
+    except PoolsError as exc:
+        raise usage(str(exc)) from None
+
+
+def reports_dir(config: pytest.Config) -> Path:
+    """``--kvgate-reports``; the default ``reports`` is relative to the rootdir, not the cwd.
+
+    When pytest picked a rootdir outside the checkout (a path option given with a space, which
+    kvgate refuses), the default is the cwd's ``reports/`` if the cwd is a project (it has a
+    pyproject.toml) -- so the refusal replaces *that* run's reports -- never ``<other rootdir>/reports``.
+    """
+    raw = config.getoption("kvgate_reports")
+    path = Path(raw)
+    if path.is_absolute() or raw != "reports":
+        return path
+    if config.inipath is None and (Path.cwd() / "pyproject.toml").is_file():
+        return Path.cwd() / "reports"
+    return config.rootpath / "reports"
+
+
+def junit_path(config: pytest.Config, reports: Path) -> Path:
+    """Where this run's JUnit goes: ``--junitxml`` if given, else ``junit.xml`` in the reports dir."""
+    xml = getattr(config.option, "xmlpath", None)
+    return Path(xml) if xml else reports / outputs.JUNIT
+
+
+def allure_path(config: pytest.Config, reports: Path) -> tuple[Path | None, bool]:
+    """``(dir, replace)``: where this run's Allure results go (``--alluredir`` if given, else
+    ``allure-results`` in the reports dir; None without allure-pytest) and whether kvgate empties
+    it first (its own dir always; a chosen one only with ``--clean-alluredir``)."""
+    if not hasattr(config.option, "allure_report_dir"):
+        return None, False
+    chosen = config.option.allure_report_dir
+    if chosen:
+        return Path(chosen), bool(getattr(config.option, "clean_alluredir", False))
+    return reports / outputs.ALLURE, True
+
+
+def write_error_reports(config: pytest.Config, message: str) -> None:
+    """A run that cannot start (usage error, preflight refusal) still replaces the reports as a
+    set: the previous run's outputs are removed, then an ``ERROR`` summary.json, a junit.xml with
+    one error testcase and an Allure *broken* result are written, all with this run's id. Not in
+    ``--collect-only`` (which is not a run). Never raises: an unwritable reports dir is itself the
+    usage error being reported."""
+    if getattr(config.option, "collectonly", False):
+        return
+    reports = reports_dir(config)
+    run_id = config.stash.get(RUN_ID, None) or outputs.new_run_id()
+    config.stash[RUN_ID] = run_id
+    run = config.stash.get(RUN, None)
+    if run is not None:
+        record = run.record
+    else:
+        record = RunRecord(config.getoption("kvgate_profile", default=None), None, Redactor())
+    record.run_id = run_id
+    record.run_error = record.redactor.text(message)
+    record.complete = False
+    junit = junit_path(config, reports)
+    allure_dir, replace_allure = allure_path(config, reports)
+    config.stash[RUN_ERROR] = (record.run_error, junit)
+    # once this run has cleared the reports (configure), the server log there is this run's own:
+    # keep it, it says why the embedded server failed its preflight
+    keep = {outputs.SERVER_LOG} if run is not None and run.extra.get("reports_cleared") else set()
+    try:
+        reports.mkdir(parents=True, exist_ok=True)
+        outputs.clear(reports, [junit] + ([allure_dir] if allure_dir and replace_allure else []), keep=keep)
+        record.write_summary(reports / outputs.SUMMARY)
+        outputs.write_junit_problem(junit, run_id, "ERROR", record.run_error)
+        if allure_dir is not None:
+            outputs.write_allure_problem(allure_dir, run_id, record.run_error, profile=record.profile_name)
+            gate_mode = getattr(config.option, "kvgate_gate_mode", "enforce")
+            if gate_mode not in ("enforce", "record", "certify"):
+                gate_mode = "enforce"
+            allure_meta.write_metadata(allure_dir, allure_meta.environment_props(record.summary(), gate_mode),
+                                       record.redactor)
+    except OSError:
+        pass
+
+
+def refused_before_configure(config: pytest.Config) -> None:
+    """A config cleanup registered as soon as kvgate's options are added: when pytest refuses the
+    command line before kvgate's ``pytest_configure`` runs (an unknown option, a bad value for
+    another plugin's option), pytest unwinds the config while handling its ``UsageError`` and this
+    runs. For a kvgate run (``--profile`` given) the previous run's reports are replaced by an
+    ERROR set naming pytest's refusal, so no earlier green report sits where this run's should be."""
+    if config.stash.get(CONFIGURED, False):
+        return
+    exc = sys.exc_info()[1]
+    if not isinstance(exc, pytest.UsageError):
+        return
+    ns = getattr(config, "known_args_namespace", None)
+    args = list(config.invocation_params.args)
+    name = getattr(ns, "kvgate_profile", None) or _arg_value(args, ("--profile", "--deploy-profile"))
+    if not name:
+        return
+    if ns is None or not hasattr(ns, "kvgate_reports"):
+        return  # kvgate's options were never parsed: nowhere known to write
+    for key in ("kvgate_reports", "kvgate_profile"):
+        if getattr(config.option, key, None) is None and hasattr(ns, key):
+            setattr(config.option, key, getattr(ns, key))
+    if getattr(config.option, "kvgate_reports", None) is None:
+        config.option.kvgate_reports = ns.kvgate_reports
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else "usage error"
+    write_error_reports(config, f"pytest refused the command line before kvgate started: {first}")
+
+
+def _arg_value(args: list[str], options: tuple[str, ...]) -> str | None:
+    for i, a in enumerate(args):
+        for opt in options:
+            if a == opt and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(opt + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def given_with_space(args: list[str] | tuple[str, ...], options: tuple[str, ...] = PATH_OPTIONS) -> list[tuple[str, str]]:
+    """``(option, value)`` for each path-valued option written ``--opt VALUE`` (not ``--opt=VALUE``)
+    whose VALUE exists as a path -- the ones pytest took for a test path when it chose its rootdir."""
+    found = []
+    for opt, value in zip(args, list(args[1:]) + [""]):
+        if opt in options and value and not value.startswith("-") and Path(value).exists():
+            found.append((opt, value))
+    return found
+
+
+def _spaced_message(spaced: list[tuple[str, str]]) -> str:
+    opts = ", ".join(f"{opt} {value}" for opt, value in spaced)
+    fixed = " ".join(f"{opt}={value}" for opt, value in spaced)
+    return (f"{opts}: write it with '=' ({fixed}): pytest picks its rootdir before it knows kvgate's options, "
+            f"and reads a path outside the checkout after a space as a test path (once it exists)")
+
+
+def _refuse_spaced_paths(config: pytest.Config) -> None:
+    """``--kvgate-reports DIR`` (a space) with DIR outside the rootdir works until DIR exists, then
+    pytest takes DIR for a test path and picks another rootdir: refused whether DIR exists yet or
+    not, so the same command does not start failing on its second run. Inside the rootdir, or with
+    the rootdir fixed (``-c``, ``--rootdir``), it is harmless and accepted."""
+    if getattr(config.option, "inifilename", None) or getattr(config.option, "rootdir", None):
+        return  # -c / --rootdir fix the rootdir: a path after a space cannot move it
+    root = config.rootpath.resolve()
+    spaced = [(opt, value) for opt, value in zip(config.invocation_params.args,
+                                                 list(config.invocation_params.args[1:]) + [""])
+              if opt in ALWAYS_PATH and value and not value.startswith("-")
+              and not _inside((config.invocation_params.dir / value).resolve(), root)]
+    if spaced:
+        raise usage(_spaced_message(spaced))
+
+
+def _no_config_message(config: pytest.Config) -> str:
+    spaced = given_with_space(config.invocation_params.args)
+    if spaced:
+        opts = ", ".join(f"{opt} {value}" for opt, value in spaced)
+        fixed = " ".join(f"{opt}={value}" for opt, value in spaced)
+        return (f"pytest read the value of {opts} as a test path (it picks its rootdir before it knows kvgate's "
+                f"options) and found no kvgate configuration from there (rootdir {config.rootpath}); "
+                f"write it with '=': {fixed}")
+    return (f"pytest found no kvgate configuration (rootdir {config.rootpath}): run from the kvgate "
+            "checkout, and give path options with '=' (--profile=PATH, --kvgate-reports=DIR), since pytest reads a "
+            "bare path after an option it does not know yet as a test path")
+
+
+def _install_sigterm(config: pytest.Config) -> None:
+    """SIGTERM (CI cancel, ``timeout``, Kubernetes) takes pytest's Ctrl-C path: fixtures tear the
+    embedded server down and the summary is written, marked incomplete."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, previous))
+
+
+def _ca_bundle(config: pytest.Config) -> None:
+    """``--ca-bundle PATH``: https endpoints are verified against it (``SSL_CERT_FILE``, which httpx
+    and Python's ssl read); there is no way to turn verification off."""
+    path = config.getoption("kvgate_ca_bundle")
+    if not path:
+        return
+    if not Path(path).is_file():
+        raise usage(f"--ca-bundle {path}: no such file (a PEM bundle of CA certificates)")
+    os.environ["SSL_CERT_FILE"] = str(Path(path).resolve())
+
+
+def _kserve_endpoint(config: pytest.Config, profile: Profile, api_key_env: str | None) -> tuple[Endpoint, list[str]]:
+    """``--isvc``: the KServe object's new version as an :class:`Endpoint` (kvgate.launch.kserve) and
+    what was found (notes for the header). A usage error when it cannot be read or gated."""
+    from kvgate.launch import kserve
+
+    name, ns = config.getoption("kvgate_isvc"), config.getoption("kvgate_namespace")
+    try:
+        obj, siblings = kserve.read(name, ns, kserve.custom_objects_api())
+        target = kserve.discover(obj, canary=config.getoption("kvgate_canary"), ingress=config.getoption("kvgate_ingress"),
+                                 siblings=siblings, default_prefix=profile.endpoint.route_prefix)
+        endpoint = endpoint_from_url(target.endpoint_url, profile, api_key_env)
+    except (kserve.KServeError, TargetError) as exc:
+        raise usage(f"--isvc {ns}/{name}: {exc}") from None
+    except Exception as exc:  # no kubeconfig / in-cluster config, API unreachable
+        raise usage(f"--isvc {ns}/{name}: cannot read it from Kubernetes ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+    if target.host_header:
+        endpoint = dataclasses.replace(endpoint, host_header=target.host_header)
+    return endpoint, [f"KServe {target.shape} {ns}/{name}: gating {target.revision}"] + target.notes
+
+
+def parse_gate_mode(config: pytest.Config) -> str:
+    """``--gate-mode`` checked into ``config.option.kvgate_gate_mode``. Raises ``pytest.UsageError``."""
+    try:
+        config.option.kvgate_gate_mode = parse_mode(config.getoption("kvgate_gate_mode", default=None))
+    except ModeError as exc:
+        raise usage(str(exc)) from None
+    return config.option.kvgate_gate_mode
