@@ -99,11 +99,22 @@ def tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
+def log_tail(path: Path, waited_s: float, who: str = "vLLM", lines: int = 25) -> str:
+    """What a start-up failure says about the server's log: ``log PATH, last lines:`` and the
+    last ``lines`` lines, or, for an empty (or missing) log, ``vLLM wrote nothing to its log
+    (PATH) in 1 s`` (``waited_s``: seconds since the launch)."""
+    text = tail(path, lines)
+    if text.strip():
+        return f"log {path}, last lines:\n{text}"
+    return f"{who} wrote nothing to its log ({path}) in {max(round(waited_s, 1), 0.1):g} s"
+
+
 def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callable[[float], None], poll_s: float,
-                exited: Callable[[int], str], late: Callable[[], str]) -> None:
+                exited: Callable[[int], str], late: Callable[[], str],
+                clock: Callable[[], float] = time.monotonic) -> None:
     """Poll ``GET {url}/health`` every ``poll_s`` seconds until it answers 200 while ``proc`` runs.
     Raises :class:`LaunchError` with ``exited(returncode)`` when the process ends first, or with
-    ``late()`` once ``time.monotonic()`` passes ``deadline``."""
+    ``late()`` once ``clock()`` (seconds, monotonic) passes ``deadline``."""
     with httpx.Client(timeout=httpx.Timeout(1.0)) as http:
         while True:
             code = proc.poll()
@@ -114,7 +125,7 @@ def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callab
                     return
             except httpx.HTTPError:
                 pass
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 raise LaunchError(late())
             sleep(poll_s)
 
@@ -146,13 +157,14 @@ class EmbeddedServer:
 
     def __init__(self, profile: Profile, model_dir: Path, log_path: Path, *, startup_budget_s: float = 240.0,
                  python: str = sys.executable, sleep: Callable[[float], None] = time.sleep,
-                 reserve_client_cpu: bool = True) -> None:
+                 reserve_client_cpu: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.profile = profile
         self.model_dir = model_dir
         self.log_path = log_path
         self.startup_budget_s = startup_budget_s
         self.python = python
         self.sleep = sleep
+        self.clock = clock
         self.proc: subprocess.Popen | None = None
         self.base_url: str | None = None
         self.startup_s: float | None = None
@@ -199,7 +211,7 @@ class EmbeddedServer:
         self.command = render_command(self.profile, self.model_dir, self._port, self.python)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
-        self._t0 = time.monotonic()
+        self._t0 = self.clock()
         cpus = self.server_cpus
         try:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -234,11 +246,11 @@ class EmbeddedServer:
         assert self.proc is not None
         url = f"http://{LOOPBACK}:{self._port}"
         wait_health(url, self.proc, self._t0 + self.startup_budget_s, self.sleep, self.poll_s,
-                    lambda code: f"embedded vLLM exited with code {code} during startup; log {self.log_path}, "
-                                 f"last lines:\n{tail(self.log_path)}",
-                    lambda: f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log {self.log_path}, "
-                            f"last lines:\n{tail(self.log_path)}")
-        self.startup_s = time.monotonic() - self._t0
+                    lambda code: f"embedded vLLM exited with code {code} during startup; "
+                                 f"{log_tail(self.log_path, self.clock() - self._t0)}",
+                    lambda: f"embedded vLLM not healthy after {self.startup_budget_s:g} s; "
+                            f"{log_tail(self.log_path, self.clock() - self._t0)}", self.clock)
+        self.startup_s = self.clock() - self._t0
         self.base_url = url
         return url
 
