@@ -244,3 +244,22 @@ def test_nothing_fits_is_exit_1_with_the_reason(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot hold one" in err or "does not pass the fit gate" in err or "cannot be done" in err
     assert not (tmp_path / "o.yaml").exists()
+
+
+# ---------------------------------------------------------------------------- the schema modeline
+
+
+def test_written_profile_points_at_the_schema_by_a_relative_path(tmp_path):
+    from kvgate.profile.schema import PROFILE_SCHEMA, modeline_for
+
+    out = tmp_path / "deep" / "advised.yaml"
+    assert main(["advise", "--traffic", jsonl(tmp_path / "t.jsonl", seed_traffic(300)), *LLAMA70B,
+                 "--concurrency", "4", "-o", str(out)]) == 0
+    first = out.read_text().splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema=")
+    ref = first.split("$schema=", 1)[1]
+    assert "file:" not in ref and not ref.startswith("/"), first
+    assert (out.parent / ref).resolve() == PROFILE_SCHEMA.resolve()
+    # where the shipped profiles live, the same line as theirs
+    shipped = (REPO / "profiles" / "llama70b-tp4.yaml").read_text().splitlines()[0]
+    assert modeline_for(REPO / "profiles" / "new.yaml") == shipped
