@@ -30,7 +30,7 @@ from typing import Callable
 import httpx
 
 from kvgate.profile.models import Profile
-from kvgate.launch.base import LaunchError  # one error type for every launcher
+from kvgate.launch.base import LaunchError, Launcher  # one error type for every launcher
 
 LOOPBACK = "127.0.0.1"
 
@@ -130,7 +130,7 @@ def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callab
             sleep(poll_s)
 
 
-class EmbeddedServer:
+class EmbeddedServer(Launcher):
     """One vLLM subprocess. Use as a context manager, or ``start()`` / ``stop()``.
 
     ``startup_budget_s``: seconds to wait for ``/health`` 200 (default 240; measured ~40 s here).
@@ -141,6 +141,7 @@ class EmbeddedServer:
     """
 
     mode = "embedded"
+    ready_stop_grace_s = 1.0
 
     @classmethod
     def unavailable(cls, profile: Profile) -> str | None:
@@ -223,26 +224,15 @@ class EmbeddedServer:
             log.close()
         atexit.register(self.stop)
 
-    def wait_ready(self) -> str:
-        """Poll ``GET /health`` (every ``poll_s``, 0.25 s) until 200, watching the process, within
-        ``startup_budget_s`` counted from :meth:`launch`. Returns the root URL.
-
-        Raises :class:`LaunchError` (process exited, or budget spent; with the log's last lines).
-        On any exception, ``KeyboardInterrupt`` included, the process group is stopped at once
-        (SIGKILL after a short grace: a vLLM still loading does not need a clean shutdown), so an
-        interrupted start-up returns within a second or two.
-        """
-        if self.base_url is not None:
-            return self.base_url
-        if self.proc is None:
-            self.launch()
-        try:
-            return self._wait()
-        except BaseException:
-            self.stop(grace_s=1.0)
-            raise
+    def _launched(self) -> bool:
+        return self.proc is not None
 
     def _wait(self) -> str:
+        """Poll ``GET /health`` (every ``poll_s``, 0.25 s) until 200, watching the process, within
+        ``startup_budget_s`` counted from :meth:`launch`. Raises :class:`LaunchError` (process
+        exited, or budget spent; with the log's last lines). :meth:`wait_ready` then stops the
+        process group at once (:attr:`ready_stop_grace_s`, 1 s, then SIGKILL: a vLLM still loading
+        does not need a clean shutdown), so an interrupted start-up returns within a second or two."""
         assert self.proc is not None
         url = f"http://{LOOPBACK}:{self._port}"
         wait_health(url, self.proc, self._t0 + self.startup_budget_s, self.sleep, self.poll_s,
