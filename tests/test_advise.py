@@ -324,3 +324,35 @@ def yaml_data(path):
     import yaml
 
     return yaml.safe_load(path.read_text())
+
+
+# ---------------------------------------------------------------------------- bad options and paths: one line, exit 2
+
+
+@pytest.mark.parametrize("option,value,expected", [
+    ("--confidence", "1.5", "a probability 0 < P < 1 (e.g. 0.99)"),
+    ("--confidence", "0", "a probability 0 < P < 1 (e.g. 0.99)"),
+    ("--percentile", "150", "a percentile 0 < P <= 100 (e.g. 99)"),
+    ("--gpus", "0", "an integer > 0 (e.g. 4)"),
+    ("--round-to", "-1", "an integer > 0 (e.g. 4)"),
+    ("--concurrency", "x", "an integer > 0 (e.g. 4)"),
+])
+def test_out_of_range_options_are_usage_errors_naming_value_and_range(option, value, expected, capsys):
+    argv = ["advise", "--traffic", "t.jsonl", *LLAMA70B, "--concurrency", "4", option, value]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"kvgate advise: error: argument {option}: {value!r} is not allowed; expected {expected}"
+
+
+def test_unreadable_traffic_or_unwritable_output_is_one_line_exit_2(tmp_path, capsys):
+    binary = tmp_path / "t.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert main(["advise", "--traffic", str(binary), *LLAMA70B, "--concurrency", "4", "-o", str(tmp_path / "o.yaml")]) == 2
+    assert "not UTF-8 text (byte 0" in capsys.readouterr().err
+    good = jsonl(tmp_path / "g.jsonl", seed_traffic(200))
+    (tmp_path / "taken").mkdir()
+    assert main(["advise", "--traffic", good, *LLAMA70B, "--concurrency", "4", "-o", str(tmp_path / "taken")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"kvgate advise: cannot write the profile to {tmp_path / 'taken'}: Is a directory"

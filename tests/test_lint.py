@@ -307,3 +307,23 @@ def test_image_tag_with_a_suffix_declares_its_version():
 
     p = profile(GPU, vllm_version=None, launch__image="vllm/vllm-openai:v0.11.0-cu128")
     assert declared_version(p) == ("0.11.0", "launch.image tag")
+
+
+def test_cli_profile_that_is_not_text_is_one_line_exit_2(tmp_path, capsys):
+    from kvgate.cli.main import main
+
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe\x00")
+    assert main(["lint", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"kvgate lint: {path}: not UTF-8 text (byte 0: invalid start byte); " \
+                                              "a profile is a YAML file"
+
+
+def test_cli_schema_write_to_an_unwritable_place_is_one_line_exit_2(tmp_path, capsys):
+    from kvgate.cli.main import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["schema", "profile", "--write", f"--schema-path={blocker / 's.json'}",
+                 f"--reference-path={tmp_path / 'r.md'}"]) == 2
+    assert capsys.readouterr().err.startswith("kvgate schema: cannot write ")

@@ -150,6 +150,9 @@ def traffic_from_jsonl(path: str | Path) -> Traffic:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise AdviseError(f"traffic sample {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise AdviseError(f"traffic sample {path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected JSON "
+                          "lines") from None
     prompt, output = [], []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -788,6 +791,33 @@ def target_from_args(args: argparse.Namespace) -> Target:
                   kv_cache_memory_bytes=kvmem if not on_gpu else None, dtype=args.dtype or dtype)
 
 
+def _number(text: str, kind: type, ok: Callable[[float], bool], expected: str) -> Any:
+    """argparse type: ``text`` as ``kind`` (finite) when ``ok(value)``, else a usage error (exit 2)
+    naming the value and ``expected``."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected {expected}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count (GPUs, requests, bytes, tokens): an integer > 0."""
+    return _number(text, int, lambda v: v > 0, "an integer > 0 (e.g. 4)")
+
+
+def percentile_arg(text: str) -> float:
+    """argparse type of ``--percentile``: 0 < P <= 100."""
+    return _number(text, float, lambda v: 0 < v <= 100, "a percentile 0 < P <= 100 (e.g. 99)")
+
+
+def probability_arg(text: str) -> float:
+    """argparse type of ``--confidence``: 0 < P < 1 (1 would need an infinite margin)."""
+    return _number(text, float, lambda v: 0 < v < 1, "a probability 0 < P < 1 (e.g. 0.99)")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``kvgate advise ...``."""
     p = sub.add_parser("advise", help="write a hardened profile from the model, hardware, real traffic and the SLO",
@@ -808,20 +838,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--dtype", metavar="DTYPE", help="engine --dtype to write")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", metavar="NAME", help="GPU model (nvidia-smi name), or cpu")
-    h.add_argument("--gpus", type=int, metavar="N", help="GPUs per deployment")
+    h.add_argument("--gpus", type=positive_int, metavar="N", help="GPUs per deployment")
     h.add_argument("--memory-gib", type=float, metavar="GIB", help="memory per GPU, GiB")
-    h.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (default: --gpus)")
-    h.add_argument("--kv-cache-memory-bytes", type=int, metavar="B", help="CPU: the KV pool, bytes")
+    h.add_argument("--tp", type=positive_int, metavar="N", help="tensor parallel size (default: --gpus)")
+    h.add_argument("--kv-cache-memory-bytes", type=positive_int, metavar="B", help="CPU: the KV pool, bytes")
     s = p.add_argument_group("SLO and choices")
-    s.add_argument("--concurrency", type=int, required=True, metavar="N", help="requests in flight to hold at once")
+    s.add_argument("--concurrency", type=positive_int, required=True, metavar="N", help="requests in flight to hold at once")
     s.add_argument("--ttft-p95-ms", type=float)
     s.add_argument("--itl-p95-ms", type=float)
     s.add_argument("--e2e-p95-ms", type=float)
-    s.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE, help="of prompt + output (default 99)")
-    s.add_argument("--round-to", type=int, default=DEFAULT_ROUND_TO, metavar="TOKENS",
+    s.add_argument("--percentile", type=percentile_arg, default=DEFAULT_PERCENTILE, help="of prompt + output (default 99)")
+    s.add_argument("--round-to", type=positive_int, default=DEFAULT_ROUND_TO, metavar="TOKENS",
                    help="max_model_len granularity (default 1024; rounded to the block size)")
     s.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
-    s.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
+    s.add_argument("--confidence", type=probability_arg, default=DEFAULT_CONFIDENCE,
                    help="that max_num_seqs requests at the mix fit (default 0.99)")
     s.add_argument("--kv-cache-dtype", choices=["choose", "auto", "fp8"], default="choose")
     s.add_argument("--pools", choices=["auto", "1", "2"], default="auto")
@@ -832,7 +862,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None,
         get: Callable[[str], str] | None = None) -> int:
-    """Exit 0 with the profile(s) written, 1 when nothing fits, 2 for bad input."""
+    """Exit 0 with the profile(s) written, 1 when nothing fits, 2 for bad input (or an output
+    path that cannot be written)."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
         return _run(args, out, err, get)
@@ -868,7 +899,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, get: Callable[[str]
         print(table(pool), file=out)
     if advice.split_reason:
         print(f"two pools: {advice.split_reason}", file=out)
-    for path in write(advice, output):
+    try:
+        paths = write(advice, output)
+    except OSError as exc:
+        print(f"kvgate advise: cannot write the profile to {output}: {exc.strerror or exc}"
+              + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(output) else ""), file=err)
+        return 2
+    for path in paths:
         print(f"kvgate advise: wrote {path}; check it: .venv/bin/pytest --profile={path} -m fit", file=out)
     return 0
 

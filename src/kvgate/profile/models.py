@@ -541,6 +541,8 @@ def _deep_merge(base: dict, child: dict) -> dict:
 def _read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); a profile is a YAML file") from None
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
