@@ -244,3 +244,115 @@ def test_nothing_fits_is_exit_1_with_the_reason(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot hold one" in err or "does not pass the fit gate" in err or "cannot be done" in err
     assert not (tmp_path / "o.yaml").exists()
+
+
+# ---------------------------------------------------------------------------- the schema modeline
+
+
+def test_written_profile_points_at_the_schema_by_a_relative_path(tmp_path):
+    from kvgate.profile.schema import PROFILE_SCHEMA, modeline_for
+
+    out = tmp_path / "deep" / "advised.yaml"
+    assert main(["advise", "--traffic", jsonl(tmp_path / "t.jsonl", seed_traffic(300)), *LLAMA70B,
+                 "--concurrency", "4", "-o", str(out)]) == 0
+    first = out.read_text().splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema=")
+    ref = first.split("$schema=", 1)[1]
+    assert "file:" not in ref and not ref.startswith("/"), first
+    assert (out.parent / ref).resolve() == PROFILE_SCHEMA.resolve()
+    # where the shipped profiles live, the same line as theirs
+    shipped = (REPO / "profiles" / "llama70b-tp4.yaml").read_text().splitlines()[0]
+    assert modeline_for(REPO / "profiles" / "new.yaml") == shipped
+
+
+# ---------------------------------------------------------------------------- self-consistency
+
+
+def long_tail_traffic(n=400, seed=20):
+    """90% chat (lognormal prompts ~300, long-tailed outputs ~120 up to 2,000) and 10% documents
+    (prompts 2,900-3,060, mostly 5-40 output tokens, a tenth 200-330): the short requests' p99
+    output is above the whole sample's (the cap), and the documents' median prompt plus their p99
+    output is above the p99 of prompt + output (max_model_len) -- the shape whose profile used
+    to reject its own workloads."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        if rng.random() < 0.9:
+            rows.append((int(rng.lognormal(np.log(300), 0.5)), int(min(2000, rng.lognormal(np.log(120), 0.8))) + 1))
+        else:
+            rows.append((int(rng.integers(2900, 3060)),
+                         int(rng.choice([rng.integers(5, 40), rng.integers(200, 330)], p=[0.9, 0.1]))))
+    return rows
+
+
+def test_written_workloads_are_requests_the_profile_admits(tmp_path, capsys):
+    rows = long_tail_traffic()
+    out = tmp_path / "tail.yaml"
+    assert main(["advise", "--traffic", jsonl(tmp_path / "t.jsonl", rows), *LLAMA70B, "--concurrency", "8",
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    prof = load_profile(str(out))
+    L, cap = prof.engine.max_model_len, prof.limits.max_tokens_cap
+    assert L == 3072 and set(prof.workloads) == {"observed-short", "observed-long"}  # the shape reproduced
+    for name, w in prof.workloads.items():
+        prompt = max(w.prompt_tokens, w.prompt_tokens_p99 or 0)
+        assert prompt + w.output_tokens <= L, f"{name}: {prompt} + {w.output_tokens} > max_model_len {L}"
+        assert w.output_tokens <= cap, f"{name}: output_tokens {w.output_tokens} > max_tokens_cap {cap}"
+    assert adv.contradictions(yaml_data(out)) == []
+    # the observed numbers were above the limits: the explanation says what was written instead and why
+    long_prompts = sorted(p for p, o in rows if p >= 2900)
+    assert prof.workloads["observed-long"].prompt_tokens == long_prompts[len(long_prompts) // 2]
+    text = out.read_text()
+    assert "#   workloads.observed-short.output_tokens" in text and f"above limits.max_tokens_cap {cap:,}" in text
+    assert "#   workloads.observed-long.output_tokens" in text and f"exceed max_model_len {L:,}" in text
+    assert "workloads.observed-long.output_tokens" in printed
+    assert fit_verdict(prof).status.value == "PASS"
+    assert plan(prof).workloads.short_tokens == prof.workloads["observed-short"].prompt_tokens_p99 + \
+        prof.workloads["observed-short"].output_tokens
+
+
+def test_contradictions_names_each_workload_its_limits_reject():
+    data = {"engine": {"max_model_len": 3072}, "limits": {"max_tokens_cap": 512},
+            "workloads": {"long": {"prompt_tokens": 3044, "output_tokens": 325},
+                          "short": {"prompt_tokens": 200, "prompt_tokens_p99": 900, "output_tokens": 542}}}
+    assert adv.contradictions(data) == [
+        "workload long: prompt 3,044 + output 325 tokens > max_model_len 3,072 (vLLM rejects it)",
+        "workload short: output_tokens 542 > limits.max_tokens_cap 512"]
+
+
+def yaml_data(path):
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+# ---------------------------------------------------------------------------- bad options and paths: one line, exit 2
+
+
+@pytest.mark.parametrize("option,value,expected", [
+    ("--confidence", "1.5", "a probability 0 < P < 1 (e.g. 0.99)"),
+    ("--confidence", "0", "a probability 0 < P < 1 (e.g. 0.99)"),
+    ("--percentile", "150", "a percentile 0 < P <= 100 (e.g. 99)"),
+    ("--gpus", "0", "an integer > 0 (e.g. 4)"),
+    ("--round-to", "-1", "an integer > 0 (e.g. 4)"),
+    ("--concurrency", "x", "an integer > 0 (e.g. 4)"),
+])
+def test_out_of_range_options_are_usage_errors_naming_value_and_range(option, value, expected, capsys):
+    argv = ["advise", "--traffic", "t.jsonl", *LLAMA70B, "--concurrency", "4", option, value]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"kvgate advise: error: argument {option}: {value!r} is not allowed; expected {expected}"
+
+
+def test_unreadable_traffic_or_unwritable_output_is_one_line_exit_2(tmp_path, capsys):
+    binary = tmp_path / "t.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert main(["advise", "--traffic", str(binary), *LLAMA70B, "--concurrency", "4", "-o", str(tmp_path / "o.yaml")]) == 2
+    assert "not UTF-8 text (byte 0" in capsys.readouterr().err
+    good = jsonl(tmp_path / "g.jsonl", seed_traffic(200))
+    (tmp_path / "taken").mkdir()
+    assert main(["advise", "--traffic", good, *LLAMA70B, "--concurrency", "4", "-o", str(tmp_path / "taken")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"kvgate advise: cannot write the profile to {tmp_path / 'taken'}: Is a directory"

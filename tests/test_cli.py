@@ -113,3 +113,54 @@ def test_python_dash_m_kvgate_help():
     proc = subprocess.run([sys.executable, "-m", "kvgate", "serve", "--help"], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert proc.returncode == 0 and "--profile NAME|PATH" in proc.stdout
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "banana", "nan", "inf", ""])
+def test_startup_budget_must_be_positive_seconds(budget, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["serve", "--profile", "tiny-cpu", f"--startup-budget={budget}"])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"kvgate serve: error: argument --startup-budget: {budget!r} is not a duration; "
+                    "expected seconds > 0 (e.g. 240)")
+    assert cli.build_parser().parse_args(["serve", "--profile", "tiny-cpu", "--startup-budget=1.5"]).startup_budget == 1.5
+
+
+def _silent_server(tmp_path, exit_code=None):
+    """A real EmbeddedServer whose "python" writes nothing to the log and stays up (or exits with
+    ``exit_code``), on a clock that moves 0.5 s per reading: the budget passes without waiting."""
+    from kvgate.launch.local import EmbeddedServer
+
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n" if exit_code is None else f"#!/bin/sh\nexit {exit_code}\n")
+    fake.chmod(0o755)
+    ticks = iter(range(10_000))
+
+    def factory(profile, model_dir, log_path, *, startup_budget_s):
+        return EmbeddedServer(profile, model_dir, log_path, startup_budget_s=startup_budget_s, python=str(fake),
+                              sleep=lambda s: None, clock=lambda: 0.5 * next(ticks), reserve_client_cpu=False)
+    return factory
+
+
+def test_empty_log_at_startup_timeout_says_vllm_wrote_nothing(tmp_path):
+    log = tmp_path / "v.log"
+    args = cli.build_parser().parse_args(["serve", "--profile", "tiny-cpu", f"--log={log}", "--startup-budget=1"])
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.serve(args, out=out, err=err, server_factory=_silent_server(tmp_path),
+                     build_model=lambda spec: tmp_path, check=lambda e, p: None)
+    msg = err.getvalue().strip()
+    assert code == cli.FAILED
+    assert "last lines" not in msg
+    assert msg.startswith(f"kvgate serve: embedded vLLM not healthy after 1 s; vLLM wrote nothing to its log ({log}) "
+                          "in ") and msg.endswith(" s")
+
+
+def test_log_tail_shows_the_lines_or_says_the_log_is_empty(tmp_path):
+    from kvgate.launch.local import log_tail
+
+    log = tmp_path / "v.log"
+    assert log_tail(log, 1.0) == f"vLLM wrote nothing to its log ({log}) in 1 s"  # missing
+    log.write_text("\n\n")
+    assert log_tail(log, 0.01, who="nginx") == f"nginx wrote nothing to its log ({log}) in 0.1 s"
+    log.write_text("INFO starting\nERROR no GPU\n")
+    assert log_tail(log, 3.0) == f"log {log}, last lines:\nINFO starting\nERROR no GPU"

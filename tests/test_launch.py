@@ -66,3 +66,50 @@ def test_api_key_from_named_env_var():
 def test_not_a_url():
     with pytest.raises(TargetError, match="not an http"):
         endpoint_from_url("localhost:8000", load_profile("tiny-cpu"), environ={})
+
+
+def test_wait_ready_is_one_method_on_the_launcher_base():
+    from kvgate.launch.base import Launcher
+    from kvgate.launch.docker import DockerLauncher
+
+    assert EmbeddedServer.wait_ready is Launcher.wait_ready is DockerLauncher.wait_ready
+    assert (EmbeddedServer.ready_stop_grace_s, DockerLauncher.ready_stop_grace_s) == (1.0, None)
+
+
+def test_wait_ready_template_returns_known_url_launches_once_and_stops_on_any_exception():
+    from kvgate.launch.base import Launcher
+
+    class Fake(Launcher):
+        mode = "fake"
+        ready_stop_grace_s = 2.5
+
+        def __init__(self, fail=None):
+            self.base_url, self.fail, self.calls = None, fail, []
+            self.up = False
+
+        def launch(self):
+            self.calls.append("launch")
+            self.up = True
+
+        def _launched(self):
+            return self.up
+
+        def _wait(self):
+            self.calls.append("wait")
+            if self.fail is not None:
+                raise self.fail
+            self.base_url = "http://127.0.0.1:1"
+            return self.base_url
+
+        def stop(self, grace_s=None):
+            self.calls.append(("stop", grace_s))
+
+    ok = Fake()
+    assert ok.wait_ready() == "http://127.0.0.1:1" and ok.wait_ready() == "http://127.0.0.1:1"
+    assert ok.calls == ["launch", "wait"]  # the second call returns the known URL
+    for exc in (LaunchError("no"), KeyboardInterrupt()):
+        bad = Fake(exc)
+        bad.up = True  # launched already: not launched again
+        with pytest.raises(type(exc)):
+            bad.wait_ready()
+        assert bad.calls == ["wait", ("stop", 2.5)]

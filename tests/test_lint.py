@@ -251,3 +251,79 @@ def test_gate_run_prints_lint_warnings_and_certify_refuses(pytester):
     result = pytester.runpytest_inprocess(*common, "--gate-mode", "certify")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--gate-mode certify treats every unexplained lint finding" in result.stderr.str()
+
+
+# ---------------------------------------------------------------------------- the declared version
+
+
+def test_parse_version_reads_vllm_versions_and_names_the_form_otherwise():
+    from kvgate.authoring.vllm_args import VERSION_FORM, parse_version
+
+    for text, want in (("0.32.0", (0, 32, 0)), ("v0.11", (0, 11, 0)), ("0.10.1.1", (0, 10, 1)),
+                       ("0.32.0+cpu", (0, 32, 0)), ("0.12.0rc1", (0, 12, 0)), ("0.8.5.post1", (0, 8, 5))):
+        assert parse_version(text) == want
+    for bad in ("banana", "32", "", "0.32.x", "latest"):
+        with pytest.raises(ValueError, match=f"{bad!r} is not a vLLM version; expected X.Y or X.Y.Z"):
+            parse_version(bad)
+    assert "e.g. 0.32.0" in VERSION_FORM
+
+
+def test_cli_unparseable_vllm_version_is_a_usage_error_naming_value_and_form(capsys):
+    from kvgate.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["lint", "tiny-cpu", "--vllm-version=banana"])
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("kvgate lint: error: argument --vllm-version: 'banana' is not a vLLM version; "
+                           "expected X.Y or X.Y.Z (e.g. 0.32.0")
+
+
+def test_cli_version_without_a_snapshot_says_which_snapshot_is_used(capsys):
+    from kvgate.authoring.vllm_args import available_snapshots
+    from kvgate.cli.main import main
+
+    newest = available_snapshots()[-1]
+    assert main(["lint", "tiny-cpu", "--vllm-version=99.0.0"]) == 0
+    out = capsys.readouterr().out
+    assert (f"note: kvgate has no vllm serve argument snapshot for vLLM 99.0.0 (it has {', '.join(available_snapshots())}); "
+            f"checked against the {newest} snapshot (the newest older one") in out
+    assert main(["lint", "tiny-cpu", "--vllm-version=0.0.1"]) == 0
+    assert "(the oldest kvgate has, newer than it" in capsys.readouterr().out
+    assert main(["lint", "tiny-cpu", f"--vllm-version=v{newest}"]) == 0
+    assert "note:" not in capsys.readouterr().out  # its own snapshot: nothing to say
+
+
+def test_profile_version_that_is_not_a_version_is_an_error_finding():
+    found = lint_profile(profile(GPU, vllm_version="banana"))
+    f = next(f for f in found if f.rule == "vllm-version")
+    assert f.severity == ERROR and f.field == "engine.vllm_version"
+    assert "'banana' is not a vLLM version; expected X.Y or X.Y.Z" in f.message and "snapshot instead" in f.message
+    assert "vllm-version" not in rules(lint_profile(profile(GPU, vllm_version="0.32")))
+
+
+def test_image_tag_with_a_suffix_declares_its_version():
+    from kvgate.authoring.lint import declared_version
+
+    p = profile(GPU, vllm_version=None, launch__image="vllm/vllm-openai:v0.11.0-cu128")
+    assert declared_version(p) == ("0.11.0", "launch.image tag")
+
+
+def test_cli_profile_that_is_not_text_is_one_line_exit_2(tmp_path, capsys):
+    from kvgate.cli.main import main
+
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe\x00")
+    assert main(["lint", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"kvgate lint: {path}: not UTF-8 text (byte 0: invalid start byte); " \
+                                              "a profile is a YAML file"
+
+
+def test_cli_schema_write_to_an_unwritable_place_is_one_line_exit_2(tmp_path, capsys):
+    from kvgate.cli.main import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["schema", "profile", "--write", f"--schema-path={blocker / 's.json'}",
+                 f"--reference-path={tmp_path / 'r.md'}"]) == 2
+    assert capsys.readouterr().err.startswith("kvgate schema: cannot write ")

@@ -175,3 +175,45 @@ def test_folds_report_error_and_garbage() -> None:
     assert s.errors == [{"message": "boom"}] and s.undecodable == ["garbage"] and s.done
     r = _record(events)
     assert r.error == "stream error: boom" and r.undecodable == 1
+
+
+# ----------------------------------------------------------------------------- one framer, one clipping rule
+
+
+def test_every_reader_uses_the_one_framer_and_they_agree():
+    from kvgate.http import client, sse
+    from kvgate.load import record, split_sse
+
+    assert client.iter_sse_data is sse.iter_data and record.split_sse is split_sse is sse.split_sse
+    body = (": keepalive\r\n\r\ndata: a\r\ndata:b\r\n\r\nevent: x\ndata:  two spaces\n\n"
+            "data: {\"x\": 1}\n\nevent: only\n\ndata: [DONE]\n\n")
+    want = ["a\nb", " two spaces", '{"x": 1}', "[DONE]"]  # one space after the colon dropped, no more
+    assert list(sse.iter_data(body.splitlines())) == want
+    raw = body.encode()
+    assert split_sse([1.0, 2.0, 3.0], [raw[:7], raw[7:40], raw[40:]])[1] == want
+    assert split_sse([1.0], [raw.replace(b"\r", b"")])[1] == want  # the fast path (no CR) too
+    assert sse.event_data([": ping"]) is None and sse.event_data(["data: x\r"]) == "x"
+
+
+def test_stream_reply_chunks_are_what_classify_decodes():
+    from kvgate.http.client import StreamReply
+
+    reply = StreamReply(200, [(0.1, '{"choices": []}'), (0.2, "not json"), (0.3, "[1, 2]"),
+                              (0.4, '{"error": {"message": "boom"}}'), (0.5, " [DONE] ")])
+    assert reply.done
+    assert reply.chunks() == [(0.1, {"choices": []}), (0.2, "not json"), (0.3, "[1, 2]"),
+                              (0.4, {"error": {"message": "boom"}})]
+
+
+def test_error_text_is_cut_at_a_word_boundary_like_every_quoted_text():
+    from kvgate.http.sse import ERROR_TEXT_CAP, error_text
+    from kvgate.http.text import clip
+
+    message = "This model's maximum context length is 2048 tokens. However, you requested " + \
+              " ".join(f"token{i}" for i in range(60))
+    assert len(message) > ERROR_TEXT_CAP
+    text = error_text({"error": {"message": message}})
+    assert text == clip(message, ERROR_TEXT_CAP) and len(text) <= ERROR_TEXT_CAP and text.endswith("…")
+    head = text[:-1]
+    assert message.startswith(head) and message[len(head)] == " "  # no word cut in half
+    assert error_text({"error": "short\nand\tplain"}) == "short and plain"  # one line

@@ -30,7 +30,11 @@ observed requests it rejects (:class:`Choice`):
   least ``max_num_seqs``.
 * Workloads: requests above a quarter of ``max_model_len`` and above 4 x the median length are
   the *long* workload (the fit gate counts them at full length), at ``ceil(concurrency x their
-  share)``; the rest the short one (the fit gate sizes ``max_num_seqs`` at its p99).
+  share)``; the rest the short one (the fit gate sizes ``max_num_seqs`` at its p99). Each
+  workload is a request its own profile admits: ``output_tokens`` at most ``max_tokens_cap``
+  and at most what its prompt (p99 or median) leaves of ``max_model_len`` -- a percentile of a
+  subset can exceed the whole sample's -- and the explanation says when a workload was cut so
+  (:func:`contradictions` is the check).
 
 Two pools (:func:`advise`): when the sample is bimodal (Otsu's threshold on log length; each
 mode >= 5% of requests, medians >= 8x apart) and one pool cannot hold the SLO's concurrency
@@ -146,6 +150,9 @@ def traffic_from_jsonl(path: str | Path) -> Traffic:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise AdviseError(f"traffic sample {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise AdviseError(f"traffic sample {path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected JSON "
+                          "lines") from None
     prompt, output = [], []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -382,6 +389,53 @@ def _mix_sequences(blocks: np.ndarray, weight: np.ndarray, usable: int, z: float
     return max(0, int(math.floor(s * s + 1e-9)))
 
 
+def contradictions(data: dict[str, Any]) -> list[str]:
+    """What a profile mapping (``data``: engine, limits, workloads) asks of itself that it rejects,
+    one verdict line each: a workload whose prompt (its ``prompt_tokens_p99`` too) plus
+    ``output_tokens`` exceeds ``engine.max_model_len``, or whose ``output_tokens`` exceeds
+    ``limits.max_tokens_cap``. Empty when consistent."""
+    L = data["engine"]["max_model_len"]
+    cap = (data.get("limits") or {}).get("max_tokens_cap")
+    out = []
+    for name, w in (data.get("workloads") or {}).items():
+        prompt = max(w["prompt_tokens"], w.get("prompt_tokens_p99") or 0)
+        if prompt + w["output_tokens"] > L:
+            out.append(f"workload {name}: prompt {prompt:,} + output {w['output_tokens']:,} tokens > max_model_len "
+                       f"{L:,} (vLLM rejects it)")
+        if cap is not None and w["output_tokens"] > cap:
+            out.append(f"workload {name}: output_tokens {w['output_tokens']:,} > limits.max_tokens_cap {cap:,}")
+    return out
+
+
+def _admitted_output(prompt: int, output: int, L: int, cap: int) -> int:
+    """A workload's ``output_tokens`` that its own profile admits: at most ``cap``
+    (``limits.max_tokens_cap``) and at most what ``prompt`` leaves of ``L`` (``max_model_len``);
+    at least 1 (``prompt`` is at most ``L - 1``). Tokens."""
+    return max(1, min(output, cap, L - prompt))
+
+
+def _clamp_choices(workload: str, who: str, prompt_stat: str, output_stat: str, prompt: int, prompt_w: int,
+                   output: int, output_w: int, L: int, cap: int, share_more: float) -> list[Choice]:
+    """The explanation rows of a workload cut to fit its own limits (none when it fitted):
+    ``who`` (``"the short requests'"``), ``prompt_stat``/``output_stat`` (``"p99 prompt"``), the
+    observed and written prompt/output tokens, ``L`` (max_model_len), ``cap`` (max_tokens_cap), and the share
+    (0-1) of these requests that ask for more output than written."""
+    out = []
+    if prompt_w < prompt:
+        out.append(Choice(f"workloads.{workload}.prompt_tokens", prompt_w,
+                          f"{who} {prompt_stat} {prompt:,} is not below max_model_len {L:,}: written as {L - 1:,}, "
+                          "the longest prompt the profile admits"))
+    if output_w < output:
+        why = (f"{who} {output_stat} {output:,} tokens is above limits.max_tokens_cap {cap:,}: written as the cap "
+               "(over_cap: clamp gives them no more)" if output_w == cap else
+               f"{who} {prompt_stat} {prompt_w:,} + {output_stat} {output:,} = {prompt_w + output:,} tokens exceed "
+               f"max_model_len {L:,}: written as {L:,} - {prompt_w:,} = {output_w:,}, the most such a prompt gets "
+               "(vLLM rejects prompt + max_tokens above max_model_len)")
+        out.append(Choice(f"workloads.{workload}.output_tokens", output_w, why,
+                          f"{_pct(share_more)} of these requests ask for more"))
+    return out
+
+
 def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, concurrency: int | None = None,
                 role: str = "") -> PoolAdvice:
     """The profile for one pool serving ``traffic`` at ``concurrency`` (default ``opts.concurrency``).
@@ -417,6 +471,13 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
     longs = traffic.subset(long_mask) if long_mask.any() else None
     short_prompt_p = int(quantile(short.prompt, short.weight, pct)) if short else 0
     short_out_p = int(quantile(short.output, short.weight, pct)) if short else 0
+    # the workloads as written: each one a request this profile admits (module docstring)
+    short_prompt_w = max(1, min(short_prompt_p, L - 1))
+    short_out_w = _admitted_output(short_prompt_w, short_out_p, L, cap)
+    long_prompt_p = int(quantile(longs.prompt, longs.weight, 50)) if longs else 0
+    long_out_p = int(quantile(longs.output, longs.weight, pct)) if longs else 0
+    long_prompt_w = max(1, min(long_prompt_p, L - 1))
+    long_out_w = _admitted_output(long_prompt_w, long_out_p, L, cap)
     z = float(norm.ppf(opts.confidence))
     util = opts.gpu_memory_utilization
     batched0 = GPU_BATCHED_TOKENS if target.on_gpu else CPU_BATCHED_TOKENS
@@ -430,7 +491,7 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
             adm = np.minimum(tot, L)
             per = np.array([pool.blocks_per(int(t)) for t in adm], float)
             n_mix = _mix_sequences(per, w, pool.usable_blocks, z)
-            short_tokens = min(L, short_prompt_p + short_out_p) if short else 0
+            short_tokens = short_prompt_w + short_out_w if short else 0
             n_fit = pool.usable_blocks // pool.blocks_per(short_tokens) if short_tokens else MAX_NUM_SEQS_CAP
             new = max(1, min(n_mix, n_fit, MAX_NUM_SEQS_CAP))
             if new == seqs:
@@ -461,13 +522,12 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
     workloads: dict[str, Any] = {}
     if short:
         workloads["observed-short"] = {
-            "prompt_tokens": max(1, int(quantile(short.prompt, short.weight, 50))),
-            "prompt_tokens_p99": max(1, short_prompt_p), "output_tokens": max(1, short_out_p),
+            "prompt_tokens": max(1, min(int(quantile(short.prompt, short.weight, 50)), short_prompt_w)),
+            "prompt_tokens_p99": short_prompt_w, "output_tokens": short_out_w,
             "concurrency": short_conc}
     if longs:
         workloads["observed-long"] = {
-            "prompt_tokens": max(1, min(int(quantile(longs.prompt, longs.weight, 50)), L - 1)),
-            "output_tokens": max(1, min(int(quantile(longs.output, longs.weight, pct)), cap)),
+            "prompt_tokens": long_prompt_w, "output_tokens": long_out_w,
             "concurrency": max(1, long_conc_w), "long": True}
     engine = _engine(target, L, pick["kv"], seqs, pick["batched"], util)
     limits = {"max_prompt_tokens": max_prompt, "max_tokens_cap": cap, "over_cap": "clamp"}
@@ -477,6 +537,9 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
     desc = (f"written by kvgate advise{' (' + role + ')' if role else ''}: {traffic.requests:,.0f} observed requests, "
             f"p{pct:g} {q_total:,.0f} tokens -> max_model_len {L:,}, {pick['kv']} KV, max_num_seqs {seqs}")
     data = _profile(name, target, engine, limits, slo, workloads, desc)
+    bad = contradictions(data)
+    if bad:
+        raise AdviseError(f"internal: the advised profile {name} contradicts itself: {'; '.join(bad)}")
     verdict = fit_verdict(Profile.model_validate({**data, "name": name}))
     if verdict.status.value != "PASS":
         raise AdviseError(f"internal: the advised profile {name} does not pass the fit gate: {verdict.message}")
@@ -518,7 +581,7 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
         "engine.max_num_seqs", seqs,
         f"min(at the observed mix {pick['n_mix']} (N x mean + {z:.2f} sqrt(N) x sd <= {pool.usable_blocks:,} usable "
         f"blocks, {opts.confidence:g} confidence), fit gate's worst case {pick['n_fit']} (every short request at "
-        f"p{pct:g} prompt {short_prompt_p:,} + output {short_out_p:,}), {MAX_NUM_SEQS_CAP})",
+        f"p{pct:g} prompt {short_prompt_w:,} + output {short_out_w:,}), {MAX_NUM_SEQS_CAP})",
         "none rejected: requests above it wait in the queue"))
     choices.append(Choice("engine.max_num_batched_tokens", pick["batched"],
                           (f"{GPU_BATCHED_TOKENS} on a GPU (the seed; vLLM's default for >= 70 GiB GPUs): larger prefill "
@@ -531,6 +594,15 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
                           f"ceil({C} x {share_long:.3f}) = {long_conc} at once"
                           + (f" (the pool holds {pool.sequences_at_once}: written as {long_conc_w})"
                              if long_conc_w < long_conc else "")))
+    if short:
+        choices += _clamp_choices("observed-short", "the short requests'", f"p{pct:g} prompt", f"p{pct:g} output",
+                                  short_prompt_p,
+                                  short_prompt_w, short_out_p, short_out_w, L, cap,
+                                  share_above(short.output, short.weight, short_out_w))
+    if longs:
+        choices += _clamp_choices("observed-long", "the long requests'", "median prompt", f"p{pct:g} output",
+                                  long_prompt_p, long_prompt_w,
+                                  long_out_p, long_out_w, L, cap, share_above(longs.output, longs.weight, long_out_w))
     if not pick["holds"]:
         notes.append(f"concurrency {C} does not fit this hardware at this mix (max_num_seqs {seqs}, "
                      f"{pool.sequences_at_once} full-length at once): add replicas, memory or GPUs, or split pools")
@@ -719,6 +791,33 @@ def target_from_args(args: argparse.Namespace) -> Target:
                   kv_cache_memory_bytes=kvmem if not on_gpu else None, dtype=args.dtype or dtype)
 
 
+def _number(text: str, kind: type, ok: Callable[[float], bool], expected: str) -> Any:
+    """argparse type: ``text`` as ``kind`` (finite) when ``ok(value)``, else a usage error (exit 2)
+    naming the value and ``expected``."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected {expected}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count (GPUs, requests, bytes, tokens): an integer > 0."""
+    return _number(text, int, lambda v: v > 0, "an integer > 0 (e.g. 4)")
+
+
+def percentile_arg(text: str) -> float:
+    """argparse type of ``--percentile``: 0 < P <= 100."""
+    return _number(text, float, lambda v: 0 < v <= 100, "a percentile 0 < P <= 100 (e.g. 99)")
+
+
+def probability_arg(text: str) -> float:
+    """argparse type of ``--confidence``: 0 < P < 1 (1 would need an infinite margin)."""
+    return _number(text, float, lambda v: 0 < v < 1, "a probability 0 < P < 1 (e.g. 0.99)")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``kvgate advise ...``."""
     p = sub.add_parser("advise", help="write a hardened profile from the model, hardware, real traffic and the SLO",
@@ -739,20 +838,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--dtype", metavar="DTYPE", help="engine --dtype to write")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", metavar="NAME", help="GPU model (nvidia-smi name), or cpu")
-    h.add_argument("--gpus", type=int, metavar="N", help="GPUs per deployment")
+    h.add_argument("--gpus", type=positive_int, metavar="N", help="GPUs per deployment")
     h.add_argument("--memory-gib", type=float, metavar="GIB", help="memory per GPU, GiB")
-    h.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (default: --gpus)")
-    h.add_argument("--kv-cache-memory-bytes", type=int, metavar="B", help="CPU: the KV pool, bytes")
+    h.add_argument("--tp", type=positive_int, metavar="N", help="tensor parallel size (default: --gpus)")
+    h.add_argument("--kv-cache-memory-bytes", type=positive_int, metavar="B", help="CPU: the KV pool, bytes")
     s = p.add_argument_group("SLO and choices")
-    s.add_argument("--concurrency", type=int, required=True, metavar="N", help="requests in flight to hold at once")
+    s.add_argument("--concurrency", type=positive_int, required=True, metavar="N", help="requests in flight to hold at once")
     s.add_argument("--ttft-p95-ms", type=float)
     s.add_argument("--itl-p95-ms", type=float)
     s.add_argument("--e2e-p95-ms", type=float)
-    s.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE, help="of prompt + output (default 99)")
-    s.add_argument("--round-to", type=int, default=DEFAULT_ROUND_TO, metavar="TOKENS",
+    s.add_argument("--percentile", type=percentile_arg, default=DEFAULT_PERCENTILE, help="of prompt + output (default 99)")
+    s.add_argument("--round-to", type=positive_int, default=DEFAULT_ROUND_TO, metavar="TOKENS",
                    help="max_model_len granularity (default 1024; rounded to the block size)")
     s.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
-    s.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
+    s.add_argument("--confidence", type=probability_arg, default=DEFAULT_CONFIDENCE,
                    help="that max_num_seqs requests at the mix fit (default 0.99)")
     s.add_argument("--kv-cache-dtype", choices=["choose", "auto", "fp8"], default="choose")
     s.add_argument("--pools", choices=["auto", "1", "2"], default="auto")
@@ -763,7 +862,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None,
         get: Callable[[str], str] | None = None) -> int:
-    """Exit 0 with the profile(s) written, 1 when nothing fits, 2 for bad input."""
+    """Exit 0 with the profile(s) written, 1 when nothing fits, 2 for bad input (or an output
+    path that cannot be written)."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
         return _run(args, out, err, get)
@@ -799,7 +899,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, get: Callable[[str]
         print(table(pool), file=out)
     if advice.split_reason:
         print(f"two pools: {advice.split_reason}", file=out)
-    for path in write(advice, output):
+    try:
+        paths = write(advice, output)
+    except OSError as exc:
+        print(f"kvgate advise: cannot write the profile to {output}: {exc.strerror or exc}"
+              + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(output) else ""), file=err)
+        return 2
+    for path in paths:
         print(f"kvgate advise: wrote {path}; check it: .venv/bin/pytest --profile={path} -m fit", file=out)
     return 0
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, load_profile, resolve_profile
-from kvgate.authoring.vllm_args import CHANGES, VllmArgs, installed_version, load_snapshot, version_tuple
+from kvgate.authoring.vllm_args import (CHANGES, VllmArgs, installed_version, load_snapshot, parse_version,
+                                        snapshot_note, version_tuple)
 
 ERROR, WARNING = "error", "warning"
 _ALLOW = re.compile(r"#\s*kvgate-lint:\s*allow\s+([a-z0-9-]+)\s*(?:--|:)?\s*(.*)$")
@@ -88,8 +89,9 @@ def declared_version(profile: Profile) -> tuple[str, str]:
         return str(v), "engine.vllm_version"
     launch = getattr(profile, "launch", None)
     image = getattr(launch, "image", None) if launch is not None else None
-    if image and ":" in str(image) and re.search(r"\d+\.\d+", str(image).rsplit(":", 1)[1]):
-        return str(image).rsplit(":", 1)[1].lstrip("v"), "launch.image tag"
+    tag = re.search(r"\d+\.\d+(?:\.\d+)*", str(image).rsplit(":", 1)[1]) if image and ":" in str(image) else None
+    if tag:  # vllm/vllm-openai:v0.11.0-cu128 -> 0.11.0
+        return tag.group(0), "launch.image tag"
     inst = installed_version()
     if inst:
         return inst, "the installed vLLM"
@@ -135,6 +137,17 @@ def _chunked_prefill(profile: Profile) -> bool | None:
 
 # --------------------------------------------------------------------------------------------
 # rules: each takes the Context and yields findings
+
+
+def rule_vllm_version(c: Context) -> Iterable[Finding]:
+    """A declared vLLM version that is not a version (``engine.vllm_version: banana``): every
+    engine-argument rule would silently check against an arbitrary snapshot."""
+    try:
+        parse_version(c.declared_version)
+    except ValueError as exc:
+        field = "engine.vllm_version" if c.profile.engine.vllm_version else "(version)"
+        yield Finding("vllm-version", ERROR, field, f"{exc}; the engine arguments were checked against the "
+                      f"{c.args.version} snapshot instead")
 
 
 def rule_engine_arg_unknown(c: Context) -> Iterable[Finding]:
@@ -310,6 +323,7 @@ def rule_len_over_positions(c: Context) -> Iterable[Finding]:
 
 
 RULES: dict[str, Callable[[Context], Iterable[Finding]]] = {
+    "vllm-version": rule_vllm_version,
     "engine-arg-unknown": rule_engine_arg_unknown,
     "engine-arg-changed": rule_engine_arg_changed,
     "engine-arg-value": rule_engine_arg_value,
@@ -420,10 +434,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "accept (its own parser + documented changes), and combinations that cannot work.")
     p.add_argument("profiles", nargs="+", metavar="PROFILE", help="a name in profiles/ or a YAML file")
     p.add_argument("--profile-dir", default=str(DEFAULT_PROFILE_DIR), metavar="DIR")
-    p.add_argument("--vllm-version", default=None, metavar="X.Y.Z",
+    p.add_argument("--vllm-version", default=None, metavar="X.Y.Z", type=vllm_version_arg,
                    help="check against this vLLM version (default: the profile's, else the installed one)")
     p.add_argument("--strict", action="store_true", help="warnings fail too (what --gate-mode certify does)")
     p.set_defaults(run=run)
+
+
+def vllm_version_arg(text: str) -> str:
+    """``--vllm-version``'s argparse type: ``text`` when :func:`kvgate.authoring.vllm_args.parse_version`
+    reads it, else a usage error (exit 2) naming the value and the accepted form."""
+    try:
+        parse_version(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -440,12 +464,25 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             continue
         ver, where = (args.vllm_version, "--vllm-version") if args.vllm_version else declared_version(profile)
         print(f"{profile.name}: vLLM {ver} ({where}): {summary_line(findings)}", file=out)
+        note = _snapshot_note(ver)
+        if note:
+            print(f"  note: {note}", file=out)
         for f in findings:
             print(f"  {f.line()}", file=out)
         failing = [f for f in findings if f.counts and (f.severity == ERROR or args.strict)]
         if failing:
             worst = max(worst, 1)
     return worst
+
+
+def _snapshot_note(version: str) -> str | None:
+    """:func:`kvgate.authoring.vllm_args.snapshot_note` for a version that parses (the
+    ``vllm-version`` finding speaks for one that does not)."""
+    try:
+        parse_version(version)
+    except ValueError:
+        return None
+    return snapshot_note(version)
 
 
 # --------------------------------------------------------------------------------------------

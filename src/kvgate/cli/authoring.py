@@ -44,7 +44,12 @@ def run_schema(args: argparse.Namespace, out: TextIO | None = None, err: TextIO 
     schema_path = Path(args.schema_path) if args.schema_path else ps.PROFILE_SCHEMA
     ref_path = Path(args.reference_path) if args.reference_path else ps.FIELD_REFERENCE
     if args.write:
-        for path in ps.write(schema_path, ref_path):
+        try:
+            written = ps.write(schema_path, ref_path)
+        except OSError as exc:
+            print(f"kvgate schema: cannot write {exc.filename or schema_path}: {exc.strerror or exc}", file=err)
+            return USAGE
+        for path in written:
             print(f"kvgate schema: wrote {path}", file=out)
         return OK
     if args.check:

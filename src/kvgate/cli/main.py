@@ -9,6 +9,7 @@ traceback). Point other tools (``vllm bench serve``, curl, an SDK) at the URL me
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import signal
 import sys
@@ -26,6 +27,18 @@ from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, lo
 OK, USAGE, FAILED, INTERRUPTED = 0, 2, 1, 130
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type of a duration: ``text`` as seconds (a finite number > 0), else a usage error
+    (exit 2) naming the value and what is allowed."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; expected seconds > 0 (e.g. 240)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvgate`` argument parser (sub-command ``serve``)."""
     parser = argparse.ArgumentParser(prog="kvgate", description="kvgate: deployment conformance for vLLM. "
@@ -40,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where --profile NAME is looked up")
     serve.add_argument("--log", default=None, metavar="PATH",
                        help="vLLM's log file (default: vllm-serve-PROFILE.log in the kvgate cache dir)")
-    serve.add_argument("--startup-budget", type=float, default=240.0, metavar="S",
+    serve.add_argument("--startup-budget", type=positive_seconds, default=240.0, metavar="S",
                        help="seconds vLLM may take to become healthy (default 240)")
     from kvgate.cli.authoring import add_commands  # schema, lint, advise (profile authoring)
 

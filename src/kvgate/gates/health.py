@@ -1,5 +1,5 @@
 """Health truth: after a fault-prone step a short generation canary must succeed within a deadline;
-``/health`` alone proves little (DESIGN.md gate 9). Used by the max-context, disconnect and load gates.
+``/health`` alone proves little (vLLM's API server answers it while the engine is wedged). Used by the max-context, disconnect and load gates.
 """
 
 from __future__ import annotations

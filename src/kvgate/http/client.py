@@ -21,24 +21,11 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from kvgate.report.redact import redact_url
-from kvgate.http.sse import error_message
+from kvgate.http.sse import DONE, classify, error_message, is_done
+from kvgate.http.sse import iter_data as iter_sse_data  # the one SSE framer, by its old name
+from kvgate.http.text import clip  # the one clipping rule; re-exported for the gates
 
 Clock = Callable[[], float]
-
-
-def clip(text: str, limit: int | None) -> str:
-    """``text`` whole if it has at most ``limit`` characters (``None``: no limit), else cut at the
-    last word boundary before ``limit`` with an ellipsis (``"...at least 2049 input…"``), never
-    mid-word (a single word longer than ``limit`` is cut at ``limit``). Whitespace runs, newlines
-    included, become one space so the text fits on one line."""
-    text = " ".join(text.split())
-    if limit is None or len(text) <= limit:
-        return text
-    cut = text[: max(1, limit - 1)]
-    if not text[len(cut)].isspace():
-        head = cut.rsplit(" ", 1)[0] if " " in cut else cut
-        cut = head
-    return cut.rstrip(" ,;:.") + "…"
 
 
 class EndpointUnreachable(Exception):
@@ -121,39 +108,22 @@ class StreamReply:
 
     @property
     def done(self) -> bool:
-        """Whether the stream ended with ``data: [DONE]``."""
-        return bool(self.events) and self.events[-1][1].strip() == "[DONE]"
+        """Whether the stream ended with ``data: [DONE]`` (:func:`kvgate.http.sse.is_done`)."""
+        return bool(self.events) and is_done(self.events[-1][1])
 
     def chunks(self) -> list[tuple[float, Any]]:
-        """JSON-decoded events (``[DONE]`` excluded); undecodable data appear as ``str``."""
+        """``(t, object)`` of each event as :func:`kvgate.http.sse.classify` decodes it
+        (``[DONE]`` excluded); an event that is not a JSON object appears as its ``str`` data."""
         out: list[tuple[float, Any]] = []
         for t, data in self.events:
-            if data.strip() == "[DONE]":
-                continue
-            try:
-                out.append((t, json.loads(data)))
-            except ValueError:
-                out.append((t, data))
+            ev = classify(data)
+            if ev.kind != DONE:
+                out.append((t, ev.obj if ev.obj is not None else data))
         return out
 
     @property
     def error_message(self) -> str:
         return Reply(self.status, self.text, self.elapsed_s).error_message
-
-
-def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
-    """Yield the ``data`` field of each SSE event from decoded lines (multi-line data joined)."""
-    buf: list[str] = []
-    for line in lines:
-        if line == "":
-            if buf:
-                yield "\n".join(buf)
-                buf = []
-            continue
-        if line.startswith("data:"):
-            buf.append(line[5:].lstrip(" "))
-    if buf:
-        yield "\n".join(buf)
 
 
 class KvClient:

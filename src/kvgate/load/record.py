@@ -16,14 +16,12 @@ before any byte came back); such records have ``hung_up=True`` and no error.
 
 from __future__ import annotations
 
-import bisect
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from kvgate.http.client import Endpoint
-from kvgate.http.sse import DONE, ERROR, MALFORMED, classify, error_text
+from kvgate.http.sse import DONE, ERROR, MALFORMED, classify, error_text, split_sse  # the one SSE framer
 
 _BODY_TEXT_CAP = 1024 * 1024  # chars of a non-SSE body kept as text
 
@@ -247,7 +245,7 @@ class RequestRecord:
             self.text = "".join(parts)
         self._set_tokens(None)
         if self.error is None and self.status and self.status != 200:
-            msg = error_text(obj) if isinstance(obj, dict) else self.body[:200]
+            msg = error_text(obj if isinstance(obj, dict) else self.body)  # one line, cut at a word
             self.error = f"HTTP {self.status}: {msg}".strip()
         elif self.error is None and self.status == 200 and self.sent_s is not None and not self.hung_up \
                 and obj is None:
@@ -271,58 +269,3 @@ class RequestRecord:
         }
 
 
-_SSE_BOUNDARY = re.compile(rb"\r?\n\r?\n")
-
-
-def split_sse(piece_s: Sequence[float], pieces: Sequence[bytes],
-              tail: bool = True) -> tuple[list[float], list[str]]:
-    """Split body pieces into SSE events; return (arrival time of each event, its ``data``).
-
-    An event's time is the arrival of the piece that completed it (its blank line). Multi-line
-    ``data`` fields are joined with ``\\n``; events without data (comments, ``: ping``) are
-    skipped; a trailing event without its blank line counts (at the last piece's time) when
-    ``tail`` is true — pass False for a body that was cut off.
-    """
-    if not pieces:
-        return [], []
-    body = b"".join(pieces)
-    ends: list[int] = []
-    acc = 0
-    for p in pieces:
-        acc += len(p)
-        ends.append(acc)
-    times: list[float] = []
-    datas: list[str] = []
-    last = len(pieces) - 1
-
-    def take(block: bytes, t: float) -> None:
-        if block.startswith(b"data: ") and b"\n" not in block:  # the usual one-line event
-            times.append(t)
-            datas.append(block[6:].decode("utf-8", "replace"))
-            return
-        lines = [ln.rstrip(b"\r") for ln in block.split(b"\n")]
-        data = [ln[6:] if ln.startswith(b"data: ") else ln[5:] for ln in lines if ln.startswith(b"data:")]
-        if data:
-            times.append(t)
-            datas.append(b"\n".join(data).decode("utf-8", "replace"))
-
-    if b"\r" not in body:  # fast path: split on blank lines, walk the pieces alongside
-        blocks = body.split(b"\n\n")
-        rest = blocks.pop()
-        pos, i = 0, 0
-        for block in blocks:
-            pos += len(block) + 2
-            while ends[i] < pos:  # the piece holding the boundary's last byte (offset pos - 1)
-                i += 1
-            if block:
-                take(block, piece_s[i])
-    else:
-        start = 0
-        for m in _SSE_BOUNDARY.finditer(body):
-            i = bisect.bisect_right(ends, m.end() - 1)
-            take(body[start:m.start()], piece_s[min(i, last)])
-            start = m.end()
-        rest = body[start:]
-    if tail and rest.strip():
-        take(rest, piece_s[last])
-    return times, datas

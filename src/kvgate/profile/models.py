@@ -1,7 +1,7 @@
 """Deployment profiles: pydantic models of a YAML file, plus loading with ``extends:``.
 
-A profile says how a model is deployed and what the endpoint promises. Sections (see
-``shared/DESIGN.md``): ``model``, ``hardware``, ``engine`` (vLLM serve arguments), ``limits``
+A profile says how a model is deployed and what the endpoint promises. Sections (each field:
+``docs/profile-fields.md``): ``model``, ``hardware``, ``engine`` (vLLM serve arguments), ``limits``
 (the request-side contract), ``slo``, ``workloads``, ``endpoint``, ``soak``. Unknown keys are errors
 (``extra="forbid"``) so a typo cannot silently disable a check.
 
@@ -541,6 +541,8 @@ def _deep_merge(base: dict, child: dict) -> dict:
 def _read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); a profile is a YAML file") from None
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

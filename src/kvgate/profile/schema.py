@@ -225,14 +225,21 @@ def field_reference() -> str:
 
 def modeline_for(profile_path: Path, schema_path: Path = PROFILE_SCHEMA) -> str:
     """The ``# yaml-language-server: $schema=...`` line for a profile at ``profile_path``: the
-    schema's path relative to the profile's directory inside the checkout, else its file URI."""
+    schema's path relative to the profile's directory, wherever the profile is written (from
+    ``profiles/``: ``../src/kvgate/schema/profile.schema.json``, as the shipped profiles have it).
+    Never an absolute path or ``file://`` URI: the line stays true when the checkout moves with
+    the profile. Where no relative path exists (another drive on Windows): the schema's path
+    inside the checkout, ``src/kvgate/schema/profile.schema.json``."""
     import os
 
     here = Path(profile_path).resolve().parent
-    root = Path(__file__).resolve().parents[3]
-    if not here.is_relative_to(root):  # outside the checkout: an absolute file URI
-        return MODELINE.format(path=schema_path.resolve().as_uri())
-    return MODELINE.format(path=Path(os.path.relpath(schema_path.resolve(), here)).as_posix())
+    schema = schema_path.resolve()
+    try:
+        rel = os.path.relpath(schema, here)
+    except ValueError:
+        root = Path(__file__).resolve().parents[3]
+        rel = str(schema.relative_to(root)) if schema.is_relative_to(root) else schema.name
+    return MODELINE.format(path=Path(rel).as_posix())
 
 
 def write(schema_path: Path = PROFILE_SCHEMA, reference_path: Path = FIELD_REFERENCE) -> list[Path]:
