@@ -617,7 +617,9 @@ def refused_before_configure(config: pytest.Config) -> None:
             setattr(config.option, key, getattr(ns, key))
     if getattr(config.option, "kvgate_reports", None) is None:
         config.option.kvgate_reports = ns.kvgate_reports
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else "usage error"
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    said = [ln for ln in lines if "error:" in ln] or lines[-1:] or ["usage error"]
+    first = said[0].split("error:", 1)[-1].strip() if "error:" in said[0] else said[0]
     write_error_reports(config, f"pytest refused the command line before kvgate started: {first}")
 
 

@@ -1,0 +1,195 @@
+"""The run's owner (:mod:`kvgate.run.session`) and the first-contact defects it closes: what pytest
+or kvgate refuses never leaves an earlier run's green report behind, and the one decision about
+whether a run needs a server."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from kvgate.report import outputs
+from kvgate.run.session import GATE_MARKER_SETS, markexpr_selects_live
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO, read_summary
+
+pytest_plugins = ["pytester"]
+FAKE_PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
+POOLS_PROFILE = REPO / "profiles" / "tiny-cpu-pools.yaml"
+
+
+def stale_green(reports) -> None:
+    """An earlier run's green report set, as a CI would publish it."""
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "summary.json").write_text(json.dumps({"overall": "PASS", "run_id": "old-green"}))
+    outputs.write_junit_problem(reports / "junit.xml", "old-green", "PASS", "x")
+
+
+def run(pytester, *args, reports=None):
+    reports = reports or pytester.path / "reports"
+    return pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
+                                        "-p", "no:cacheprovider", f"--kvgate-reports={reports}", *args,
+                                        no_reraise_ctrlc=True)
+
+
+def assert_error_replaced(reports, *words: str) -> dict:
+    """The stale set is gone: summary.json ERROR (exit 4) naming ``words``; junit.xml this run's."""
+    summary = read_summary(reports)
+    assert summary["overall"] == "ERROR" and summary["exit_code"] == 4 and summary["run_id"] != "old-green"
+    for w in words:
+        assert w in summary["error"], (w, summary["error"])
+    props = {p.get("name"): p.get("value") for p in ET.parse(reports / "junit.xml").iter("property")}
+    assert props["kvgate_run_id"] == summary["run_id"] and props["kvgate_overall"] == "ERROR"
+    return summary
+
+
+@pytest.mark.parametrize("expr, words", [
+    ("deployment and", ["Wrong expression passed to '-m'", "deployment and"]),
+    ("deploymnet", ["Unknown marker(s) in '-m' expression: deploymnet"]),
+])
+def test_bad_marker_expression_is_an_error_naming_pytests_words(pytester, expr, words):
+    reports = pytester.path / "reports"
+    stale_green(reports)
+    result = run(pytester, "--profile", "tiny-cpu", "-m", expr, str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert_error_replaced(reports, *words)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--no-such-option"], ["pytest refused the command line", "--no-such-option"]),
+    (["--startup-budget=abc"], ["--startup-budget=abc", "not a number"]),
+    (["--startup-budget=-5"], ["--startup-budget=-5", "positive"]),
+    (["--launch=bogus"], ["--launch=bogus", "embedded, docker, none"]),
+    (["--endpoint=http://[::1"], ["http://[::1", "not a valid URL"]),
+    (["--pool-endpoint=short=http://127.0.0.1:1/v1"], ["has no pools"]),
+])
+def test_refused_options_leave_no_earlier_green_report(pytester, args, words):
+    reports = pytester.path / "reports"
+    stale_green(reports)
+    result = run(pytester, "--profile", "tiny-cpu", *args, str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert_error_replaced(reports, *words)
+
+
+@pytest.mark.parametrize("value, words", [
+    ("bogus", ["--pool-endpoint=bogus", "NAME=URL"]),
+    ("middle=http://127.0.0.1:1/v1", ["NAME one of short, long"]),
+    ("short=ftp://x", ["ftp://x", "http(s)"]),
+])
+def test_bad_pool_endpoint_is_a_usage_error_not_a_gate_fail(pytester, value, words):
+    reports = pytester.path / "reports"
+    result = run(pytester, f"--profile={POOLS_PROFILE}", f"--pool-endpoint={value}", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert_error_replaced(reports, *words)
+
+
+def test_reports_dir_after_a_space_outside_the_checkout_is_refused_before_it_exists(pytester, tmp_path):
+    (pytester.path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())  # a checkout
+    out = tmp_path / "not-yet"  # does not exist: pytest would accept it now and refuse it next time
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--profile", "tiny-cpu", "--kvgate-reports",
+                                          str(out), "-m", "fit")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"--kvgate-reports={out}" in result.stderr.str()
+
+
+def test_cut_short_gate_is_not_also_in_not_run_and_has_its_junit_testcase(pytester):
+    """A gate that records INCOMPLETE and is then interrupted (the soak on SIGTERM) is listed once:
+    as an INCOMPLETE gate, with its own JUnit testcase -- not also under ``not_run``."""
+    pytester.makepyfile(test_cut="""
+        import pytest
+        from kvgate.run.session import current
+        from kvgate.verdict import Status, Verdict
+
+        @pytest.mark.gate("soak", cases=["memory"])
+        def test_soak(case, request):
+            record = current(request.config).recorder(request.node)
+            try:
+                record(Verdict("soak/memory", Status.INCOMPLETE, "soak stopped by SIGTERM after 2 of 8 rounds"))
+            finally:
+                raise KeyboardInterrupt("SIGTERM during the soak")
+    """)
+    reports = pytester.path / "reports"
+    with FakeVLLM(FakeConfig()) as fake:
+        result = run(pytester, f"--profile={FAKE_PROFILE}", f"--endpoint={fake.url}", str(pytester.path / "test_cut.py"))
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    summary = read_summary(reports)
+    assert summary["overall"] == "INCOMPLETE" and summary["not_run"] == []
+    assert [g["status"] for g in summary["gates"]] == ["INCOMPLETE"]
+    names = [c.get("name") or "" for c in ET.parse(reports / "junit.xml").iter("testcase")]
+    assert any("soak/memory" in n for n in names), names
+
+
+def test_pytest_counts_invalid_under_its_own_word(pytester):
+    pytester.makepyfile(test_inv="""
+        import pytest
+        from kvgate.run.session import current
+        from kvgate.verdict import Status, Verdict
+
+        @pytest.mark.gate("latency", cases=["slo"])
+        def test_slo(case, request):
+            current(request.config).recorder(request.node)(Verdict("latency/slo", Status.INVALID, "client fell behind"))
+    """)
+    with FakeVLLM(FakeConfig()) as fake:
+        result = run(pytester, f"--profile={FAKE_PROFILE}", f"--endpoint={fake.url}", str(pytester.path / "test_inv.py"))
+    assert result.ret == 6
+    last = result.stdout.lines[-1]
+    assert "1 invalid" in last and "failed" not in last, last
+
+
+def test_no_gate_selected_leaves_no_empty_server_log(pytester):
+    reports = pytester.path / "reports"
+
+    class EarlyLaunchLeftovers:  # an early launch stopped after collection leaves an empty log
+        def pytest_collection_finish(self, session):
+            (reports / "vllm-server.log").touch()
+
+    with FakeVLLM(FakeConfig()) as fake:
+        result = pytester.runpytest_inprocess(
+            "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+            f"--kvgate-reports={reports}", f"--profile={FAKE_PROFILE}", f"--endpoint={fake.url}", "-k", "no_such_gate",
+            str(REPO / "suites" / "test_deployment.py"), plugins=[EarlyLaunchLeftovers()])
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert read_summary(reports)["overall"] == "NO-GATES"
+    assert not (reports / "vllm-server.log").exists()
+
+
+@pytest.mark.parametrize("expr, live", [
+    ("", True), ("fit", False), ("fit and not deployment", False), ("not fit", True), ("deployment", True),
+    ("fit or soak", True), ("pools and not load", True), ("not (fit or deployment or max_context or max_tokens or "
+                                                          "streaming or requests or disconnect or load or pools or soak)",
+                                                          False),
+])
+def test_marker_expression_decides_whether_a_server_is_needed(expr, live):
+    assert markexpr_selects_live(expr) is live
+
+
+def test_gate_marker_sets_are_the_suites(pytester):
+    """:data:`GATE_MARKER_SETS` (what the server decision evaluates) equals the markers the suites'
+    gate items really carry, so a new gate cannot be launched-for wrongly."""
+    result = run(pytester, "--profile", "tiny-cpu", "--collect-only", "-q", str(REPO / "suites"))
+    assert result.ret == 0
+    import kvgate.run.session as session
+
+    seen = set()
+
+    class Spy:
+        def pytest_collection_modifyitems(self, items):
+            for it in items:
+                names = {m.name for m in it.iter_markers()} - {"gate", "parametrize", "asyncio", "usefixtures"}
+                seen.add(frozenset(names))
+
+    pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+                                 f"--kvgate-reports={pytester.path / 'r'}", "--profile", "tiny-cpu", "--collect-only",
+                                 "-q", str(REPO / "suites"), plugins=[Spy()])
+    assert seen == set(session.GATE_MARKER_SETS), (seen ^ set(session.GATE_MARKER_SETS))
+
+
+def test_record_mode_meaning_is_not_pass_beside_a_failed_verdict():
+    from kvgate.run.modes import decide
+
+    out = decide("record", "FAIL", [{"id": "x", "status": "FAIL", "message": "m", "skipped_checks": []}])
+    assert out.outcome == "RECORDED" and out.exit_code == 0
+    assert out.meaning != "pass" and out.meaning.startswith("recorded")
