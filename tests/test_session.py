@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kvgate.report import outputs
-from kvgate.run.session import GATE_MARKER_SETS, markexpr_selects_live
+from kvgate.run.session import markexpr_selects_live
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO, read_summary
@@ -184,7 +184,7 @@ def test_gate_marker_sets_are_the_suites(pytester):
     pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
                                  f"--kvgate-reports={pytester.path / 'r'}", "--profile", "tiny-cpu", "--collect-only",
                                  "-q", str(REPO / "suites"), plugins=[Spy()])
-    assert seen == set(session.GATE_MARKER_SETS), (seen ^ set(session.GATE_MARKER_SETS))
+    assert seen == set(session.GATE_MARKER_SETS), seen ^ set(session.GATE_MARKER_SETS)
 
 
 def test_record_mode_meaning_is_not_pass_beside_a_failed_verdict():

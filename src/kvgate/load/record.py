@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from kvgate.http.client import Endpoint
 from kvgate.http.sse import DONE, ERROR, MALFORMED, classify, error_text, split_sse  # the one SSE framer
