@@ -120,51 +120,18 @@ class Run:
         check_markexpr(config)
         budget = parse_startup_budget(config.getoption("kvgate_startup_budget"))
         launch = parse_launch(config.getoption("kvgate_launch"))
-        profile_dir = Path(config.getoption("kvgate_profile_dir"))
-        try:
-            profile = load_profile(name, profile_dir)
-        except ProfileError as exc:
-            raise usage(str(exc)) from None
-        from kvgate.authoring.lint import lint_for_run  # profile lint: warnings, errors under certify
-
-        lint_findings, lint_refusal = lint_for_run(profile, profile_dir, config.option.kvgate_gate_mode)
-        if lint_refusal:
-            raise usage(lint_refusal)
+        profile, lint_findings = _profile_and_lint(config, name)
         _check_pool_endpoints(config, profile)
         reports = reports_dir(config)
         try:
             reports.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise usage(f"--kvgate-reports {reports}: cannot create it ({exc.strerror})") from None
-
         api_key_env = config.getoption("kvgate_api_key_env")
         _ca_bundle(config)
         redactor = Redactor()
-        router = profile.pools.router_endpoint if profile.pools else None  # a pools profile's run goes to its router
-        url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or router or None
-        endpoint = None
-        if url:
-            try:
-                endpoint = endpoint_from_url(url, profile, api_key_env)
-            except TargetError as exc:
-                raise usage(redactor.text(str(exc))) from None
-            redactor.add(endpoint.api_key)
-        run = cls(config, profile, RunRecord(profile.name, profile.source, redactor), redactor, reports, endpoint,
-                  budget, lint=lint_findings)
-        wants = run.needs_server()
-        # which launcher (kvgate.launch.base.choose); one that cannot run here makes live gates SKIP
-        run.choice = choose(profile, endpoint=config.getoption("kvgate_endpoint") or router, launch=launch,
-                            check=wants and not config.option.collectonly)
-        if endpoint is None and config.getoption("kvgate_isvc"):
-            if not config.option.collectonly:  # --collect-only reads nothing from the cluster
-                run.endpoint, run.kserve_notes = _kserve_endpoint(config, profile, api_key_env)
-                redactor.add(run.endpoint.api_key)
-            run.choice = Choice("endpoint", "--isvc")
-        if run.endpoint is not None and profile.model.tokenizer:
-            run.endpoint = dataclasses.replace(run.endpoint, tokenizer=profile.model.tokenizer)
-        if run.choice.mode == "none" and wants:
-            raise usage(f"profile {profile.name!r} launches nothing (launch: none); give --endpoint URL (or "
-                        f"{ENDPOINT_ENV}), or --launch docker, or run only the fit gate: -m fit")
+        wants = markexpr_selects_live(config.getoption("markexpr") or "")  # = Run.needs_server() before collection
+        endpoint, choice, kserve_notes = _endpoint_and_launcher(config, profile, redactor, launch, api_key_env, wants)
         if config.getoption("kvgate_soak_duration"):
             from kvgate.soak.runner import SoakError, soak_spec
 
@@ -172,9 +139,10 @@ class Run:
                 soak_spec(profile, config.getoption("kvgate_soak_duration"))
             except SoakError as exc:
                 raise usage(str(exc)) from None
-        run.record = RunRecord(profile.name, profile.source, redactor,
-                               endpoint=run.endpoint.display if run.endpoint else None,
-                               run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
+        record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
+                           run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
+        run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
+                  kserve_notes=kserve_notes, lint=lint_findings)
         if wants and run.choice.unavailable:
             run.record.no_server = run.choice.unavailable
         config.stash[RUN] = run
@@ -425,6 +393,53 @@ def test_id(item: pytest.Item) -> str:
 
 
 test_id.__test__ = False  # type: ignore[attr-defined]  # not a test, whatever pytest's name rule says
+
+
+def _profile_and_lint(config: pytest.Config, name: str) -> tuple[Profile, list[Any]]:
+    """The profile (``--profile`` NAME or PATH, looked up in ``--profile-dir``) and its lint
+    findings; a profile lint refuses only under certify. Raises ``pytest.UsageError``."""
+    profile_dir = Path(config.getoption("kvgate_profile_dir"))
+    try:
+        profile = load_profile(name, profile_dir)
+    except ProfileError as exc:
+        raise usage(str(exc)) from None
+    from kvgate.authoring.lint import lint_for_run  # profile lint: warnings, errors under certify
+
+    findings, refusal = lint_for_run(profile, profile_dir, config.option.kvgate_gate_mode)
+    if refusal:
+        raise usage(refusal)
+    return profile, findings
+
+
+def _endpoint_and_launcher(config: pytest.Config, profile: Profile, redactor: Redactor, launch: str | None,
+                           api_key_env: str | None, wants: bool) -> tuple[Endpoint | None, Choice, list[str]]:
+    """``(endpoint or None, launcher choice, KServe notes)``: ``--endpoint`` / ``KVGATE_ENDPOINT`` /
+    a pools profile's router, else ``--isvc`` discovery, else the launcher
+    (:func:`kvgate.launch.base.choose`; one that cannot run here makes the live gates SKIP and the
+    run NO-SERVER). The API key joins the redactor. Raises ``pytest.UsageError``."""
+    router = profile.pools.router_endpoint if profile.pools else None  # a pools profile's run goes to its router
+    url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or router or None
+    endpoint = None
+    if url:
+        try:
+            endpoint = endpoint_from_url(url, profile, api_key_env)
+        except TargetError as exc:
+            raise usage(redactor.text(str(exc))) from None
+        redactor.add(endpoint.api_key)
+    choice = choose(profile, endpoint=config.getoption("kvgate_endpoint") or router, launch=launch,
+                    check=wants and not config.option.collectonly)
+    notes: list[str] = []
+    if endpoint is None and config.getoption("kvgate_isvc"):
+        if not config.option.collectonly:  # --collect-only reads nothing from the cluster
+            endpoint, notes = _kserve_endpoint(config, profile, api_key_env)
+            redactor.add(endpoint.api_key)
+        choice = Choice("endpoint", "--isvc")
+    if endpoint is not None and profile.model.tokenizer:
+        endpoint = dataclasses.replace(endpoint, tokenizer=profile.model.tokenizer)
+    if choice.mode == "none" and wants:
+        raise usage(f"profile {profile.name!r} launches nothing (launch: none); give --endpoint URL (or "
+                    f"{ENDPOINT_ENV}), or --launch docker, or run only the fit gate: -m fit")
+    return endpoint, choice, notes
 
 
 # ----------------------------------------------------------------------------------- options
