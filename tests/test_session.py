@@ -74,6 +74,22 @@ def test_refused_options_leave_no_earlier_green_report(pytester, args, words):
     assert_error_replaced(reports, *words)
 
 
+def test_misspelt_kvgate_option_replaces_the_reports_and_says_what_was_meant(pytester):
+    reports = pytester.path / "reports"
+    stale_green(reports)
+    result = run(pytester, "--profle=tiny-cpu", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert_error_replaced(reports, "--profle=tiny-cpu", "did you mean --profile?")
+
+
+def test_unknown_option_of_another_kind_leaves_a_non_kvgate_run_alone(pytester):
+    reports = pytester.path / "reports"
+    stale_green(reports)
+    result = run(pytester, "--no-such-thing", str(REPO / "tests" / "test_stats.py"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert json.loads((reports / "summary.json").read_text())["run_id"] == "old-green"
+
+
 @pytest.mark.parametrize("value, words", [
     ("bogus", ["--pool-endpoint=bogus", "NAME=URL"]),
     ("middle=http://127.0.0.1:1/v1", ["NAME one of short, long"]),

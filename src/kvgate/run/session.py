@@ -623,29 +623,50 @@ def refused_before_configure(config: pytest.Config) -> None:
     """A config cleanup registered as soon as kvgate's options are added: when pytest refuses the
     command line before kvgate's ``pytest_configure`` runs (an unknown option, a bad value for
     another plugin's option), pytest unwinds the config while handling its ``UsageError`` and this
-    runs. For a kvgate run (``--profile`` given) the previous run's reports are replaced by an
-    ERROR set naming pytest's refusal, so no earlier green report sits where this run's should be."""
+    runs. For a kvgate run (``--profile`` given, or an unknown option that is a misspelt kvgate
+    option such as ``--profle``) the previous run's reports are replaced by an ERROR set naming
+    pytest's refusal, so no earlier green report sits where this run's should be."""
     if config.stash.get(CONFIGURED, False):
         return
     exc = sys.exc_info()[1]
     if not isinstance(exc, pytest.UsageError):
         return
-    ns = getattr(config, "known_args_namespace", None)
-    args = list(config.invocation_params.args)
-    name = getattr(ns, "kvgate_profile", None) or _arg_value(args, ("--profile", "--deploy-profile"))
-    if not name:
-        return
-    if ns is None or not hasattr(ns, "kvgate_reports"):
-        return  # kvgate's options were never parsed: nowhere known to write
-    for key in ("kvgate_reports", "kvgate_profile"):
-        if getattr(config.option, key, None) is None and hasattr(ns, key):
-            setattr(config.option, key, getattr(ns, key))
-    if getattr(config.option, "kvgate_reports", None) is None:
-        config.option.kvgate_reports = ns.kvgate_reports
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     said = [ln for ln in lines if "error:" in ln] or lines[-1:] or ["usage error"]
     first = said[0].split("error:", 1)[-1].strip() if "error:" in said[0] else said[0]
-    write_error_reports(config, f"pytest refused the command line before kvgate started: {first}")
+    ns = getattr(config, "known_args_namespace", None)
+    args = [str(a) for a in config.invocation_params.args]
+    name = getattr(ns, "kvgate_profile", None) or _arg_value(args, ("--profile", "--deploy-profile"))
+    hint = _misspelt_kvgate_option(config, first)
+    if not name and not hint:
+        return  # not a kvgate run: another project's reports are not ours to replace
+    config.option.kvgate_profile = name
+    config.option.kvgate_reports = (getattr(ns, "kvgate_reports", None) or _arg_value(args, ("--kvgate-reports",))
+                                    or "reports")
+    write_error_reports(config, f"pytest refused the command line before kvgate started: {first}"
+                                + (f" (did you mean {hint}?)" if hint else ""))
+
+
+def _misspelt_kvgate_option(config: pytest.Config, message: str) -> str | None:
+    """The kvgate option an unrecognised ``--word`` in pytest's ``message`` was probably meant to
+    be (``--profle`` -> ``--profile``), or None."""
+    import difflib
+    import re
+
+    found = re.search(r"unrecognized arguments: (.*)", message)
+    if not found:
+        return None
+    try:
+        group = config._parser.getgroup("kvgate")
+        names = [n for opt in group.options for n in opt.names() if n.startswith("--")]
+    except Exception:  # pragma: no cover -- pytest's parser internals moved
+        return None
+    for word in found.group(1).split():
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], names, n=1, cutoff=0.75)
+            if close:
+                return close[0]
+    return None
 
 
 def _arg_value(args: list[str], options: tuple[str, ...]) -> str | None:
