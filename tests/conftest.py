@@ -70,21 +70,133 @@ def read_summary(reports: Path) -> dict:
 CHECKOUT_REPORTS = REPO / "reports"
 
 
-def reports_snapshot(root: Path = CHECKOUT_REPORTS) -> dict[str, tuple[int, int]] | None:
-    """``{relative path: (mtime_ns, size)}`` of every file under ``root`` (None when absent)."""
+def _run_outputs() -> tuple[str, ...]:
+    """The names a gate run (``pytest --profile ...``) writes or replaces in its reports dir:
+    kvgate.report.outputs.OWNED less ``kvgate report``'s signoff.md (``allure-report/`` is not in it
+    either). ``kvgate report`` -- which a user may well run in the same checkout while these tests
+    take their half hour -- writes only signoff.md, allure-report/ and a transient .allure-render-*
+    dir; a gate run that kvgate's tests let loose on the checkout writes these."""
+    from kvgate.report import outputs
+
+    return tuple(n for n in outputs.OWNED if n != outputs.SIGNOFF)
+
+
+def reports_snapshot(root: Path = CHECKOUT_REPORTS, names: tuple[str, ...] | None = None
+                     ) -> dict[str, tuple[int, int]] | None:
+    """``{relative path: (mtime_ns, size)}`` of the gate-run outputs under ``root`` (``names``,
+    default :func:`_run_outputs`: files, or every file under a directory of that name); None when
+    ``root`` is absent. Anything else there (signoff.md, allure-report/, a user's own files) is
+    not looked at."""
     if not root.exists():
         return None
-    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    names = _run_outputs() if names is None else names
+    snap: dict[str, tuple[int, int]] = {}
+    for name in names:
+        top = root / name
+        files = sorted(p for p in top.rglob("*") if p.is_file()) if top.is_dir() else [top] if top.is_file() else []
+        for f in files:
+            try:
+                st = f.stat()
+            except OSError:  # gone between the listing and the stat
+                continue
+            snap[str(f.relative_to(root))] = (st.st_mtime_ns, st.st_size)
+    return snap
 
 
-@pytest.fixture(scope="session", autouse=True)
-def checkout_reports_untouched():
-    """kvgate's own tests never write into the checkout's ``reports/`` (a user's last real run
-    lives there): every pytester/subprocess run must pass ``--kvgate-reports`` a tmp dir. Checked
-    once, at the end of the session."""
-    before = reports_snapshot()
-    yield
-    after = reports_snapshot()
-    assert after == before, (f"kvgate's own tests wrote into {CHECKOUT_REPORTS}: "
-                             f"{sorted(set((after or {}).items()) ^ set((before or {}).items()))[:10]}")
+def reports_changes(before: dict[str, tuple[int, int]] | None, after: dict[str, tuple[int, int]] | None) -> list[str]:
+    """What changed between two :func:`reports_snapshot` s: ``["+ new", "- removed", "~ changed"]``
+    by path, sorted; ``[]`` when nothing a gate run writes was touched."""
+    before, after = before or {}, after or {}
+    return sorted([f"+ {k}" for k in after.keys() - before.keys()] + [f"- {k}" for k in before.keys() - after.keys()]
+                  + [f"~ {k}" for k in after.keys() & before.keys() if after[k] != before[k]], key=lambda c: c[2:])
+
+
+def reports_guard_message(changes: list[str], root: Path = CHECKOUT_REPORTS) -> str:
+    return (f"a gate run's outputs in {root} changed during this test session -- kvgate's own tests must give "
+            f"every run they make a tmp --kvgate-reports (or a gate run was started in this checkout meanwhile; "
+            f"`kvgate report`'s signoff.md and allure-report/ are not counted): {changes[:10]}")
+
+
+_REPORTS_BEFORE = pytest.StashKey[object]()
+_REPORTS_PROBLEM = pytest.StashKey[str]()
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Snapshot the checkout's reports/ once per run: in the controller under pytest-xdist (whose
+    session spans every worker's), not in each worker."""
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_REPORTS_BEFORE] = reports_snapshot()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """kvgate's own tests never write into the checkout's ``reports/`` (a user's last real run lives
+    there): every pytester/subprocess run must pass ``--kvgate-reports`` a tmp dir. Checked once, at
+    the end of the session; a change fails the run (exit 1) and says what changed."""
+    config = session.config
+    if _is_xdist_worker(config) or _REPORTS_BEFORE not in config.stash:
+        return
+    changes = reports_changes(config.stash[_REPORTS_BEFORE], reports_snapshot())
+    if changes:
+        config.stash[_REPORTS_PROBLEM] = reports_guard_message(changes)
+        if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if problem := config.stash.get(_REPORTS_PROBLEM, None):
+        terminalreporter.section("checkout reports/ guard", sep="=", red=True, bold=True)
+        terminalreporter.line(f"FAILED: {problem}", red=True)
+
+
+# ---------------------------------------------------------------------------- order and pytest-xdist
+E2E_DIR = "tests/e2e/"
+
+
+def _is_e2e(nodeid: str) -> bool:
+    return nodeid.startswith(E2E_DIR) or f"/{E2E_DIR}" in nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The end-to-end tests (tests/e2e/, each starting real vLLMs) run after all the others, in
+    their own order: the quick tests report first, and under pytest-xdist they can run on every
+    worker before the e2e tests get the machine to themselves (:class:`UnitsThenE2E`)."""
+    items[:] = [it for it in items if not _is_e2e(it.nodeid)] + [it for it in items if _is_e2e(it.nodeid)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``pytest tests -n 2``: the unit, fake and pytester tests are spread over the workers a test at
+    a time (as ``--dist load``); the e2e tests (tests/e2e/) go, in collection order, to ONE
+    worker, and only once every other worker is out of work -- each e2e test needs the machine's
+    CPUs (vLLM is pinned to them), so none runs beside another test. Applies to ``--dist load``
+    (what ``-n`` implies) and ``--dist loadfile``; other ``--dist`` modes are left as asked."""
+    if config.getoption("dist") not in ("load", "loadfile"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitsThenE2E(LoadScopeScheduling):
+        E2E = "<kvgate e2e, one worker, alone>"
+
+        def _split_scope(self, nodeid: str) -> str:
+            return self.E2E if _is_e2e(nodeid) else nodeid  # one test at a time: no module-scoped fixtures there
+
+        def _assign_work_unit(self, node) -> None:
+            if self.E2E in self.workqueue and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(self.E2E)  # last, whatever --loadscope-reorder made of it
+            if next(iter(self.workqueue)) != self.E2E:
+                return super()._assign_work_unit(node)
+            # An xdist worker holds back its last test until it gets more work or is shut down:
+            # the other workers are done once at most that one is pending; they run it and stop.
+            if any(self._pending_of(work) > 1 for n, work in self.assigned_work.items() if n is not node):
+                return  # the last of them to run low assigns the e2e unit
+            super()._assign_work_unit(node)
+            for other in self.nodes:
+                if other is not node and not other.shutting_down:
+                    other.shutdown()
+
+    return UnitsThenE2E(config, log)

@@ -6,6 +6,20 @@ import pytest
 
 from .test_embedded import main_job
 
+#: set once ``embedded_run`` has run in this session (test_kv_families.py reads it from there).
+EMBEDDED_RUN = pytest.StashKey[tuple]()
+
+
+@pytest.fixture(scope="session")
+def embedded_run(request, tmp_path_factory):
+    """The README's main job, ``pytest --profile tiny-cpu``, kvgate launching the embedded vLLM
+    itself: ``(proc, summary)``. The one run of kvgate's own launch of tiny-cpu: test_embedded.py
+    proves it passes; test_served.py compares the ``--endpoint`` run's verdicts with it;
+    test_kv_families.py's Llama case reads its live pool when it has run (the same server)."""
+    run = main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu")
+    request.session.stash[EMBEDDED_RUN] = run
+    return run
+
 
 @pytest.fixture(scope="session")
 def overcommitted_run(tmp_path_factory):

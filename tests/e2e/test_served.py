@@ -1,0 +1,142 @@
+"""One ``kvgate serve --profile tiny-cpu`` (the embedded vLLM alone, as a user starts it), used in
+turn by everything that needs only a healthy tiny-cpu server -- one vLLM start instead of one each:
+
+1. ``kvgate advise --metrics`` after a mixed load: the histograms vLLM fills while serving become a
+   profile that passes the fit gate (first: the histograms hold exactly this test's 16 requests);
+2. the ``--endpoint`` command ``kvgate serve`` printed, run: the same verdicts as the main job's
+   own launch (``embedded_run``, tests/e2e/conftest.py; every gate but the soak);
+3. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
+   server).
+
+The tests run in this order (pytest keeps a module's order); run alone, each still works (the
+server starts for the first of them that runs). Marked e2e.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psutil
+import pytest
+
+from kvgate.authoring.lint import lint_file
+from kvgate.gates.fit import fit_verdict
+from kvgate.launch.tinymodel import TinySpec, ensure_model
+from kvgate.profile.models import load_profile
+
+from ..conftest import REPO
+from .test_embedded import main_job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+class Served:
+    """``kvgate serve --profile tiny-cpu`` in a subprocess: its URL and the gate command it printed."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, command: str, lines: list[str]) -> None:
+        self.proc, self.url, self.command, self.lines = proc, url, command, lines
+
+
+@pytest.fixture(scope="module")
+def running_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("srv") / "vllm.log"
+    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "serve", "--profile", "tiny-cpu", f"--log={log}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 300
+    url = command = None
+    while time.monotonic() < deadline and proc.poll() is None:  # bounded: the process ends or prints
+        line = proc.stdout.readline()
+        lines.append(line)
+        if m := re.search(r" at (http://127\.0\.0\.1:\d+/v1) ", line):
+            url = m.group(1)
+        if line.strip().startswith(".venv/bin/pytest"):
+            command = line.strip()
+        if line.startswith("Ctrl-C"):
+            break
+    assert url and command, "".join(lines) + (proc.stderr.read() if proc.poll() is not None else "")
+    served = Served(proc, url, command, lines)
+    yield served
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            proc.kill()
+
+
+# ------------------------------------------------------------------ 1. advise from live histograms
+SHORT, LONG = (40, 16), (1500, 32)  # (prompt tokens, output tokens)
+MIX = [SHORT] * 12 + [LONG] * 4
+
+
+def test_advise_from_live_histograms_after_a_mixed_load(running_server, tmp_path):
+    tiny = load_profile("tiny-cpu")
+    model_dir = ensure_model(TinySpec.from_architecture(tiny.model.architecture))
+    api = running_server.url  # .../v1
+    served = tiny.model.served_name
+
+    def send(shape: tuple[int, int]) -> int:
+        prompt, output = shape
+        body = {"model": served, "prompt": [100] * prompt, "max_tokens": output, "min_tokens": output,
+                "ignore_eos": True, "temperature": 0}
+        r = httpx.post(f"{api}/completions", json=body, timeout=120)
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, output)
+        return r.status_code
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # bounded: 16 requests, 4 at a time
+        assert list(pool.map(send, MIX)) == [200] * len(MIX)
+
+    out = tmp_path / "advised.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvgate", "advise", "--metrics", api, "--hf-config", str(model_dir / "config.json"),
+         "--served-name", served, "--dtype", "float32", "--kv-cache-memory-bytes", str(64 << 20),
+         "--concurrency", "4", "-o", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the server's histograms hold these 16 requests and nothing else (this test is its first user)
+    assert "16 requests" in proc.stdout and "paired quantile by quantile" in proc.stdout
+    prof = load_profile(str(out))
+    # the long requests (1,500 + 32 tokens) sit in vLLM's (1000, 2000] prompt bucket: p99 of prompt +
+    # output interpolates to ~2,000 tokens -> one 1,024-token step up
+    assert prof.engine.max_model_len == 2048
+    assert prof.engine.kv_cache_memory_bytes == 64 << 20 and prof.model.architecture.layers == 2
+    assert prof.workloads["observed-long"].long and prof.workloads["observed-long"].concurrency == 1
+    assert prof.workloads["observed-short"].prompt_tokens <= 50
+    assert fit_verdict(prof).status.value == "PASS"
+    _, findings = lint_file(str(out))
+    assert [f.line() for f in findings if f.counts] == []
+
+
+# ------------------------------------------------------------------ 2. --endpoint: the same verdicts
+def test_endpoint_mode_gives_same_verdicts(embedded_run, running_server, tmp_path):
+    """``kvgate serve`` + the ``--endpoint`` command it prints: the same verdicts as the embedded run."""
+    _, embedded = embedded_run
+    assert running_server.command == f".venv/bin/pytest --profile tiny-cpu --endpoint={running_server.url}"
+    # every gate but the 80 s soak (the embedded run covers it; CI time)
+    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", f"--endpoint={running_server.url}", "-m", "not soak")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert {g["id"]: g["status"] for g in target["gates"]} == {
+        g["id"]: g["status"] for g in embedded["gates"] if not g["id"].startswith("tiny-cpu/soak/")}
+    assert target["launch"] == {}  # nothing launched: the existing server was gated
+
+
+# ------------------------------------------------------------------ 3. Ctrl-C (last: ends the server)
+def test_kvgate_serve_stops_on_ctrl_c_without_traceback(running_server):
+    served = running_server
+    pids = [c.pid for c in psutil.Process(served.proc.pid).children(recursive=True)]
+    assert pids, "kvgate serve runs vLLM as a child process group"
+    served.proc.send_signal(signal.SIGINT)
+    out, err = served.proc.communicate(timeout=60)
+    assert served.proc.returncode == 0, err
+    assert "Traceback" not in out + err and "stopping the embedded vLLM" in out
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"vLLM processes outlived kvgate serve: {alive}"
