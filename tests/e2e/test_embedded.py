@@ -25,7 +25,7 @@ def main_job(tmp, *args):
     """Run `pytest --profile ...` as a user would, in a subprocess; return (proc, summary)."""
     reports = tmp / "reports"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvgate-reports", str(reports), *args],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--kvgate-reports={reports}", *args],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     summary_path = reports / "summary.json"
@@ -107,7 +107,7 @@ def test_sigterm_tears_down_server_and_writes_incomplete_summary(tmp_path, when)
     import time
 
     reports = tmp_path / "reports"
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvgate-reports", str(reports),
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--kvgate-reports={reports}",
                              "--profile", "tiny-cpu", "-q"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen: set[int] = set()
     t0 = time.monotonic()
