@@ -246,6 +246,17 @@ def test_nothing_fits_is_exit_1_with_the_reason(tmp_path, capsys):
     assert not (tmp_path / "o.yaml").exists()
 
 
+def test_a_profile_vllm_would_refuse_to_start_is_not_written(tmp_path, capsys):
+    """TP 3 divides neither Llama-70B's 64 attention heads nor its 8 KV heads: vLLM refuses to start,
+    so advise refuses to write it (found by a newcomer: it used to say "fit gate: PASS")."""
+    out = tmp_path / "tp3.yaml"
+    code = main(["advise", "--traffic", jsonl(tmp_path / "t.jsonl", seed_traffic(200)), *LLAMA70B,
+                 "--concurrency", "32", "--tp", "3", "--gpus", "3", "--gpu", "H100", "--memory-gib", "80", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "would not start on vLLM" in err and "tensor_parallel_size" in err, err
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------- the schema modeline
 
 

@@ -19,3 +19,18 @@ def test_registered_secret_and_auth_headers_masked_in_nested_data():
 def test_short_strings_are_not_treated_as_secrets():
     r = Redactor(["ab"])
     assert r.text("abc") == "abc"
+
+
+def test_short_placeholder_keys_never_rewrite_kvgate_words_or_ids():
+    """vLLM servers without auth get keys like ``EMPTY``/``test``; a key ``PASS`` or ``tiny`` must
+    not turn ``overall: PASS`` into ``***`` or ``tiny-cpu/fit`` into ``***-cpu/fit`` (found by a
+    newcomer: summary.json then failed its own schema), yet stays masked as a token of its own."""
+    from kvgate.report.redact import Redactor
+
+    r = Redactor(["PASS", "tiny", "EMPTY"])
+    assert r.text("tiny-cpu/fit/kv-pool -> PASS") == "tiny-cpu/fit/kv-pool -> PASS"
+    assert r.data({"overall": "PASS", "id": "tiny-cpu/deployment"}) == {"overall": "PASS", "id": "tiny-cpu/deployment"}
+    assert r.text("invalid api key EMPTY (got 'tiny')") == "invalid api key *** (got '***')"
+    assert r.text("Authorization: Bearer PASS") == "Authorization: Bearer ***"
+    long = Redactor(["sk-0123456789"])
+    assert long.text("xsk-0123456789y") == "x***y"  # a real key is masked wherever it occurs

@@ -64,6 +64,7 @@ def test_bad_marker_expression_is_an_error_naming_pytests_words(pytester, expr, 
     (["--launch=bogus"], ["--launch=bogus", "embedded, docker, none"]),
     (["--endpoint=http://[::1"], ["http://[::1", "not a valid URL"]),
     (["--pool-endpoint=short=http://127.0.0.1:1/v1"], ["has no pools"]),
+    (["--endpoint="], ["--endpoint= is empty"]),
 ])
 def test_refused_options_leave_no_earlier_green_report(pytester, args, words):
     reports = pytester.path / "reports"
@@ -100,6 +101,16 @@ def test_bad_pool_endpoint_is_a_usage_error_not_a_gate_fail(pytester, value, wor
     result = run(pytester, f"--profile={POOLS_PROFILE}", f"--pool-endpoint={value}", str(REPO / "suites"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert_error_replaced(reports, *words)
+
+
+def test_empty_reports_dir_is_refused_not_read_as_the_current_directory(pytester):
+    (pytester.path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())  # a checkout
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--profile", "tiny-cpu", "--kvgate-reports=",
+                                          "-m", "fit", no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--kvgate-reports= is empty" in result.stderr.str()
+    assert not (pytester.path / "junit.xml").exists()
+    assert read_summary(pytester.path / "reports")["overall"] == "ERROR"  # the default place says why
 
 
 def test_reports_dir_after_a_space_outside_the_checkout_is_refused_before_it_exists(pytester, tmp_path):
@@ -209,3 +220,23 @@ def test_record_mode_meaning_is_not_pass_beside_a_failed_verdict():
     out = decide("record", "FAIL", [{"id": "x", "status": "FAIL", "message": "m", "skipped_checks": []}])
     assert out.outcome == "RECORDED" and out.exit_code == 0
     assert out.meaning != "pass" and out.meaning.startswith("recorded")
+
+
+def test_not_certified_run_is_not_green_in_junit_console_or_signoff(pytester):
+    """certify with every verdict PASS but a check not made: exit 7, and neither the console's
+    OVERALL line, nor junit.xml, nor signoff.md's headline reads as a green sign-off."""
+    from kvgate.report.signoff import signoff_markdown
+
+    reports = pytester.path / "reports"
+    result = run(pytester, "--profile", "tiny-cpu", "-m", "fit", "--gate-mode=certify", str(REPO / "suites"))
+    assert result.ret == 7
+    summary = read_summary(reports)
+    assert summary["overall"] == "PASS" and summary["outcome"] == "NOT-CERTIFIED"
+    assert "OVERALL: PASS -- outcome NOT-CERTIFIED (exit 7)" in result.stdout.str()
+    tree = ET.parse(reports / "junit.xml")
+    props = {p.get("name"): p.get("value") for p in tree.iter("property")}
+    assert props["kvgate_outcome"] == "NOT-CERTIFIED"
+    errors = [c for c in tree.iter("testcase") if c.find("error") is not None]
+    assert errors and "NOT-CERTIFIED (exit 7)" in errors[0].find("error").get("message")
+    head = signoff_markdown(summary).splitlines()[0]
+    assert head.endswith("NOT-CERTIFIED") and "PASS" not in head

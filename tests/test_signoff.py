@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+
+import pytest
 import subprocess
 from pathlib import Path
 
@@ -128,6 +130,20 @@ def test_report_without_summary_is_a_usage_error(tmp_path):
     err = io.StringIO()
     assert cli_report.run_report(args(tmp_path), out=io.StringIO(), err=err) == cli_report.USAGE
     assert "no summary.json in" in err.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["reports-is-a-file", "gates-a-string", "gates-of-strings"])
+def test_report_on_something_that_is_not_a_run_is_one_line_not_a_traceback(tmp_path, kind):
+    if kind == "reports-is-a-file":
+        target = tmp_path / "profile.yaml"
+        target.write_text("model: {}\n")
+    else:
+        target = tmp_path
+        gates = "oops" if kind == "gates-a-string" else ["oops"]
+        (tmp_path / "summary.json").write_text(json.dumps({"overall": "PASS", "gates": gates}))
+    err = io.StringIO()
+    assert cli_report.run_report(args(target, signoff_only=True), out=io.StringIO(), err=err) == cli_report.USAGE
+    assert len(err.getvalue().strip().splitlines()) == 1 and "Traceback" not in err.getvalue()
 
 
 def test_report_without_allure_cli_writes_signoff_and_says_how_to_get_it(tmp_path):

@@ -540,9 +540,17 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
     bad = contradictions(data)
     if bad:
         raise AdviseError(f"internal: the advised profile {name} contradicts itself: {'; '.join(bad)}")
-    verdict = fit_verdict(Profile.model_validate({**data, "name": name}))
+    advised = Profile.model_validate({**data, "name": name})
+    verdict = fit_verdict(advised)
     if verdict.status.value != "PASS":
         raise AdviseError(f"internal: the advised profile {name} does not pass the fit gate: {verdict.message}")
+    from kvgate.authoring.lint import lint_profile  # what vLLM itself would refuse at start-up
+
+    refused = [f for f in lint_profile(advised) if f.severity == "error" and f.counts]
+    if refused:
+        raise AdviseError(f"the advised profile {name} would not start on vLLM: "
+                          + "; ".join(f"{f.field}: {f.message}" for f in refused)
+                          + " -- change the inputs (e.g. --tp, --gpus) and run advise again")
 
     kvp = pick["plan"]
     over_L = share_above(tot, w, L)

@@ -51,9 +51,14 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: Text
     except ValueError as exc:
         print(f"kvgate report: {reports / 'summary.json'} is not JSON ({exc})", file=err)
         return USAGE
-    if not isinstance(summary, dict) or "gates" not in summary:
+    except OSError as exc:  # --reports names a file, an unreadable folder...
+        print(f"kvgate report: cannot read {reports / 'summary.json'} ({exc.strerror or exc}; --reports takes the "
+              f"reports folder of a run)", file=err)
+        return USAGE
+    if not isinstance(summary, dict) or not isinstance(summary.get("gates"), list) \
+            or not all(isinstance(g, dict) for g in summary["gates"]):
         print(f"kvgate report: {reports / 'summary.json'} is not a kvgate summary (a JSON object with 'gates' "
-              f"expected, got {type(summary).__name__})", file=err)
+              f"expected, got {_shape(summary)})", file=err)
         return USAGE
     hint = None if args.signoff_only else f"HTML report: `{output}/index.html` (serve it over HTTP: `npx allure open {output}`)"
     path = write_signoff(reports, redactor=Redactor(), report_hint=hint)
@@ -72,3 +77,14 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: Text
     how = "one file: opens from disk" if args.single_file else f"serve it over HTTP: npx allure open {output}"
     print(f"kvgate report: {output}/index.html ({how})", file=out)
     return OK
+
+
+def _shape(summary: object) -> str:
+    """What a summary.json that is not a kvgate summary holds, in a few words."""
+    if not isinstance(summary, dict):
+        return type(summary).__name__
+    gates = summary.get("gates")
+    if gates is None:
+        return "an object without 'gates'"
+    return f"'gates' as {type(gates).__name__}" + ("" if not isinstance(gates, list) else " of non-objects")
+

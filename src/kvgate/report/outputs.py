@@ -111,13 +111,14 @@ def write_junit_problem(path: Path, run_id: str, overall: str, message: str, cas
 
 
 def stamp_junit(path: Path, run_id: str, overall: str, problem: str | None = None,
-                incomplete: dict[str, str] | None = None) -> bool:
+                incomplete: dict[str, str] | None = None, outcome: str | None = None) -> bool:
     """Add ``kvgate_run_id`` and ``kvgate_overall`` properties to the testsuite of the JUnit file
     pytest wrote; with ``problem`` (an incomplete run) also an error testcase ``kvgate.run`` so
     the file is not green; ``incomplete`` (``{test id: message}``: gates cut short, e.g. a soak
     stopped by SIGTERM, which pytest's JUnit plugin never saw finish) become error testcases named
-    by their test id unless the file has them already. Returns False when there is no such file
-    (or it does not parse)."""
+    by their test id unless the file has them already; ``outcome`` (the gate mode's word, e.g.
+    NOT-CERTIFIED) becomes the ``kvgate_outcome`` property. Returns False when there is no such
+    file (or it does not parse)."""
     try:
         tree = ET.parse(path)
     except (OSError, ET.ParseError):
@@ -125,6 +126,8 @@ def stamp_junit(path: Path, run_id: str, overall: str, problem: str | None = Non
     suite = _suite(tree.getroot())
     _set_property(suite, RUN_ID_KEY, run_id)
     _set_property(suite, "kvgate_overall", overall)
+    if outcome:
+        _set_property(suite, "kvgate_outcome", outcome)
     if problem:
         _add_error_case(suite, "run", problem)
     present = {c.get("name", "") for c in suite.iter("testcase")}

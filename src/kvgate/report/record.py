@@ -249,6 +249,8 @@ class RunRecord:
             return f"kvgate {name}: the {server} did not start (see the errors below)"
         if self.interrupted_in is not None:
             return f"kvgate {name}: interrupted during {self.interrupted_in} before any server was contacted"
+        if self.no_server:
+            return f"kvgate {name}: no server: {self.no_server} -- the live gates selected could not run (NO-SERVER)"
         if self.endpoint:
             return f"kvgate {name}: endpoint {self.endpoint} not contacted (no selected gate needs a server)"
         return f"kvgate {name}: no server started (no selected gate needs one)"
@@ -265,7 +267,11 @@ class RunRecord:
             lines.append(f"{e.status:<8} {e.test_id:<44} {msg}")
         if self.run_error:
             lines.append(f"ERROR: {self.redactor.text(self.run_error)}")
-        lines.append(f"OVERALL: {self.final_status()}")
+        out = self.outcome()
+        if out.outcome != self.final_status() and out.exit_code != 0:  # certify: PASS verdicts, not certified
+            lines.append(f"OVERALL: {self.final_status()} -- outcome {out.outcome} (exit {out.exit_code})")
+        else:
+            lines.append(f"OVERALL: {self.final_status()}")
         if self.gate_mode != "enforce" or self.final_status() == "INVALID":
             out = self.outcome()
             lines.append(f"{self.gate_mode} mode: {out.outcome} (exit {out.exit_code}: {out.meaning})")

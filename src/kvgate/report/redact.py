@@ -12,6 +12,13 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 MASK = "***"
+#: A secret this long or longer is masked wherever it occurs; a shorter one (vLLM servers without
+#: auth are often given placeholder keys: ``EMPTY``, ``test``, ``vllm``) only as a whole token, and
+#: never where it is one of kvgate's own words (:data:`OWN_WORDS`): masking ``PASS`` inside
+#: ``-> PASS`` or ``tiny`` inside ``tiny-cpu`` would corrupt the verdict without hiding anything.
+WHOLE_TOKEN_BELOW = 8
+OWN_WORDS = frozenset({"PASS", "FAIL", "SKIP", "INVALID", "INCOMPLETE", "ERROR", "RUNNING", "RECORDED", "CERTIFIED",
+                       "NOT-CERTIFIED", "NO-GATES", "NO-SERVER", "NO-VERDICT", "enforce", "record", "certify"})
 _SECRET_KEYS = re.compile(r"(key|token|secret|password|auth|signature)", re.I)
 _HEADER_RE = re.compile(r"(?i)(authorization|x-api-key|api-key)(\"?\s*[:=]\s*\"?)(bearer\s+)?[^\s\",}']+")
 
@@ -40,15 +47,24 @@ class Redactor:
     """
 
     def __init__(self, secrets: list[str | None] | None = None) -> None:
-        self.secrets = sorted({s for s in (secrets or []) if s and len(s) >= 4}, key=len, reverse=True)
+        self.secrets: list[str] = []
+        for secret in secrets or []:
+            self.add(secret)
 
     def add(self, secret: str | None) -> None:
+        """Register a secret value (an API key: characters). Values under 4 characters are not
+        secrets worth the name and are only masked in auth headers (see :data:`WHOLE_TOKEN_BELOW`)."""
         if secret and len(secret) >= 4 and secret not in self.secrets:
             self.secrets = sorted([*self.secrets, secret], key=len, reverse=True)
 
     def text(self, s: str) -> str:
+        """``s`` with every registered secret and auth-header value replaced by ``***``."""
         for secret in self.secrets:
-            s = s.replace(secret, MASK)
+            if len(secret) >= WHOLE_TOKEN_BELOW:
+                s = s.replace(secret, MASK)
+            else:
+                pattern = r"(?<![\w\-.])" + re.escape(secret) + r"(?![\w\-.])"
+                s = re.sub(pattern, lambda m: m.group(0) if m.group(0) in OWN_WORDS else MASK, s)
         return _HEADER_RE.sub(lambda m: m.group(1) + m.group(2) + (m.group(3) or "") + MASK, s)
 
     def data(self, obj: Any) -> Any:

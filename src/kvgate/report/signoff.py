@@ -33,6 +33,7 @@ OVERALL_MEANING = {
     "NO-SERVER": "no server could be had for the live gates (the launcher cannot run here): only the arithmetic was "
                  "gated -- this is not a pass",
     "RUNNING": "the run has not finished (or was killed outright)",
+    "NOT-CERTIFIED": "certify mode: a selected gate or check was skipped or INVALID, so this is no sign-off",
 }
 
 
@@ -48,6 +49,10 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     the HTML report is, one line. Redacted with ``redactor`` (a fresh one when None)."""
     redactor = redactor or Redactor()
     overall = summary.get("overall") or "?"
+    outcome = summary.get("outcome")
+    # the headline says what the run ends in: a certify run whose verdicts all PASS but that is
+    # NOT-CERTIFIED (exit 7) must not read "PASS: every gate passed"
+    head = outcome if outcome and outcome != overall and summary.get("exit_code") not in (0, None) else overall
     profile = summary.get("profile") or "(no profile)"
     endpoint = summary.get("endpoint") or "-"
     counts = summary.get("counts") or {}
@@ -64,9 +69,10 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     prof_text = f"{profile}" + (f" (`{Path(source).name}`" + (f", sha256 {sha}" if sha else "") + ")" if source else "")
     secs = summary.get("duration_s")
     lines = [
-        f"## kvgate sign-off: {profile} @ {endpoint} — {overall}",
+        f"## kvgate sign-off: {profile} @ {endpoint} — {head}",
         "",
-        f"**{overall}**: {OVERALL_MEANING.get(overall, '')}.",
+        f"**{head}**: {OVERALL_MEANING.get(head, summary.get('exit_meaning') or '')}."
+        + (f" The verdicts themselves: {overall}." if head != overall else ""),
         "",
         "| | |",
         "|---|---|",

@@ -117,6 +117,7 @@ class Run:
         if config.inipath is None:
             raise usage(_no_config_message(config))
         _refuse_spaced_paths(config)
+        _refuse_empty(config)
         check_markexpr(config)
         budget = parse_startup_budget(config.getoption("kvgate_startup_budget"))
         launch = parse_launch(config.getoption("kvgate_launch"))
@@ -338,12 +339,19 @@ class Run:
             problem = f"run incomplete{where}: {'; '.join(parts) or 'not every gate finished'}"
         elif overall == "ERROR":
             problem = rec.run_error
+        out = rec.outcome()
+        if problem is None and out.exit_code != 0 and out.outcome in ("NOT-CERTIFIED", "NO-SERVER"):
+            # verdicts that read green, an outcome that is not: the JUnit file must not be green either
+            what = (f"not certified: {len(out.not_certified)} check(s) not made or not passed: "
+                    + ", ".join(f"{m['id']} {m['check']} {m['status']}" for m in out.not_certified[:5])
+                    if out.outcome == "NOT-CERTIFIED" else f"no server: {rec.no_server}; only the arithmetic was gated")
+            problem = f"{out.outcome} (exit {out.exit_code}): {what}"
         xml = getattr(config.option, "xmlpath", None)
         if xml:
             cases = {e.test_id: rec.redactor.text(e.verdict.message) for e in rec.entries.values()
                      if e.status == "INCOMPLETE" and e.verdict is not None}
             outputs.stamp_junit(Path(xml), rec.run_id, overall, rec.redactor.text(problem) if problem else None,
-                                incomplete=cases)
+                                incomplete=cases, outcome=out.outcome)
         allure_dir = getattr(config.option, "allure_report_dir", None)
         if allure_dir:
             try:
@@ -551,7 +559,7 @@ def reports_dir(config: pytest.Config) -> Path:
     kvgate refuses), the default is the cwd's ``reports/`` if the cwd is a project (it has a
     pyproject.toml) -- so the refusal replaces *that* run's reports -- never ``<other rootdir>/reports``.
     """
-    raw = config.getoption("kvgate_reports")
+    raw = config.getoption("kvgate_reports") or "reports"  # empty: refused, its ERROR set goes to the default
     path = Path(raw)
     if path.is_absolute() or raw != "reports":
         return path
@@ -698,6 +706,16 @@ def _spaced_message(spaced: list[tuple[str, str]]) -> str:
     fixed = " ".join(f"{opt}={value}" for opt, value in spaced)
     return (f"{opts}: write it with '=' ({fixed}): pytest picks its rootdir before it knows kvgate's options, "
             f"and reads a path outside the checkout after a space as a test path (once it exists)")
+
+
+def _refuse_empty(config: pytest.Config) -> None:
+    """``--kvgate-reports=`` or ``--endpoint=`` with nothing after ``=`` (an unset shell variable):
+    refused, not read as the current directory or as "no endpoint" (which would launch a server)."""
+    for opt, dest in (("--kvgate-reports", "kvgate_reports"), ("--endpoint", "kvgate_endpoint"),
+                      ("--profile-dir", "kvgate_profile_dir"), ("--api-key-env", "kvgate_api_key_env")):
+        value = config.getoption(dest)
+        if value is not None and not str(value).strip():
+            raise usage(f"{opt}= is empty (an unset variable?): give a value, or leave {opt} out")
 
 
 def _refuse_spaced_paths(config: pytest.Config) -> None:
