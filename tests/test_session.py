@@ -240,3 +240,10 @@ def test_not_certified_run_is_not_green_in_junit_console_or_signoff(pytester):
     assert errors and "NOT-CERTIFIED (exit 7)" in errors[0].find("error").get("message")
     head = signoff_markdown(summary).splitlines()[0]
     assert head.endswith("NOT-CERTIFIED") and "PASS" not in head
+
+
+def test_console_names_where_the_summary_and_allure_results_are(pytester):
+    reports = pytester.path / "reports"
+    result = run(pytester, "--profile", "tiny-cpu", "-m", "fit", str(REPO / "suites"))
+    assert result.ret == 0
+    assert f"summary: {reports / 'summary.json'}; allure: {reports / 'allure-results'}" in result.stdout.str()

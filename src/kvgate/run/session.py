@@ -375,6 +375,8 @@ class Run:
         out += self.record.phase_lines()
         if "overlay_path" in self.extra:
             out.append(f"record mode: measured values written as a profile overlay: {self.extra['overlay_path']}")
+        if "summary_path" in self.extra:
+            out.append(f"summary: {self.extra['summary_path']}; allure: {self.reports_dir / 'allure-results'}")
         return out
 
 
