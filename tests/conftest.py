@@ -146,7 +146,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+_COSTS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Seconds per test file (setup + call + teardown; a module fixture's start counts in its first
+    test), for the cost table below. Under pytest-xdist the controller sees every worker's reports."""
+    path = report.nodeid.split("::", 1)[0]
+    key = path if _is_e2e(report.nodeid) else "unit, fake and pytester tests (all other files)"
+    _COSTS[key] = _COSTS.get(key, 0.0) + (report.duration or 0.0)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _COSTS and not _is_xdist_worker(config):
+        terminalreporter.section("test cost per file (seconds, summed over tests; CI reads this)")
+        for name, secs in sorted(_COSTS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.line(f"{secs:8.1f}  {name}")
     if problem := config.stash.get(_REPORTS_PROBLEM, None):
         terminalreporter.section("checkout reports/ guard", sep="=", red=True, bold=True)
         terminalreporter.line(f"FAILED: {problem}", red=True)
