@@ -247,3 +247,50 @@ def test_console_names_where_the_summary_and_allure_results_are(pytester):
     result = run(pytester, "--profile", "tiny-cpu", "-m", "fit", str(REPO / "suites"))
     assert result.ret == 0
     assert f"summary: {reports / 'summary.json'}; allure: {reports / 'allure-results'}" in result.stdout.str()
+
+
+def test_harness_error_quoting_the_server_is_one_redacted_line_everywhere(pytester, monkeypatch):
+    """A gate whose code raises on what the server sent (the text may echo the API key): one line,
+    the key masked, in the console, junit.xml and allure-results -- no traceback."""
+    secret = "sk-kvgate-harness-0123456789"
+    monkeypatch.setenv("KVGATE_TEST_KEY", secret)
+    pytester.makepyfile(test_boom=f"""
+        import pytest
+
+        @pytest.fixture
+        def broken_setup():
+            raise ValueError("server said: bad key {secret}")
+
+        @pytest.mark.gate("max-context", cases=["completions"])
+        def test_call(case):
+            raise RuntimeError("/tokenize answered 400: key={secret} not allowed")
+
+        @pytest.mark.gate("max-context", cases=["chat"])
+        def test_setup(case, broken_setup):
+            pass
+    """)
+    reports = pytester.path / "reports"
+    with FakeVLLM(FakeConfig(api_key=secret)) as fake:
+        result = run(pytester, f"--profile={FAKE_PROFILE}", f"--endpoint={fake.url}", "--api-key-env=KVGATE_TEST_KEY",
+                     str(pytester.path / "test_boom.py"))
+    assert result.ret == 1
+    out = result.stdout.str() + result.stderr.str()
+    assert secret not in out and "harness error (at " in out and "Traceback" not in out
+    for path in reports.rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+    summary = read_summary(reports)
+    assert {g["status"] for g in summary["gates"]} == {"ERROR"}
+
+
+def test_pools_profile_through_a_router_needs_both_pool_endpoints(pytester):
+    reports = pytester.path / "reports"
+    result = run(pytester, f"--profile={POOLS_PROFILE}", "--endpoint=http://127.0.0.1:9/v1",
+                 "--pool-endpoint=short=http://127.0.0.1:9/v1", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert_error_replaced(reports, "pool 'long' has no endpoint", "--pool-endpoint=long=URL")
+
+
+def test_collect_only_prints_no_verdict(pytester):
+    result = run(pytester, "--profile", "tiny-cpu", "--collect-only", "-q", str(REPO / "suites"))
+    assert result.ret == 0 and "OVERALL:" not in result.stdout.str()

@@ -132,15 +132,16 @@ def test_report_without_summary_is_a_usage_error(tmp_path):
     assert "no summary.json in" in err.getvalue()
 
 
-@pytest.mark.parametrize("kind", ["reports-is-a-file", "gates-a-string", "gates-of-strings"])
+@pytest.mark.parametrize("kind", ["reports-is-a-file", "gates-a-string", "gates-of-strings", "counts-a-string"])
 def test_report_on_something_that_is_not_a_run_is_one_line_not_a_traceback(tmp_path, kind):
     if kind == "reports-is-a-file":
         target = tmp_path / "profile.yaml"
         target.write_text("model: {}\n")
     else:
         target = tmp_path
-        gates = "oops" if kind == "gates-a-string" else ["oops"]
-        (tmp_path / "summary.json").write_text(json.dumps({"overall": "PASS", "gates": gates}))
+        gates = "oops" if kind == "gates-a-string" else [] if kind == "counts-a-string" else ["oops"]
+        (tmp_path / "summary.json").write_text(json.dumps({"overall": "PASS", "gates": gates, "counts": "x",
+                                                           "skipped_checks": "x"}))
     err = io.StringIO()
     assert cli_report.run_report(args(target, signoff_only=True), out=io.StringIO(), err=err) == cli_report.USAGE
     assert len(err.getvalue().strip().splitlines()) == 1 and "Traceback" not in err.getvalue()

@@ -205,6 +205,36 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
             raise
         run.record.add(pyfuncitem.nodeid, test_id(pyfuncitem), Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))
         pytest.skip(str(exc))
+    except Exception as exc:  # a harness error: one redacted line, never a traceback quoting the server
+        _redacted_failure(pyfuncitem, exc)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: Any, request: pytest.FixtureRequest) -> Any:
+    """A kvgate fixture that raises while setting up a gate (the server answered something the
+    harness could not use) fails that gate with one redacted line: the exception text may quote
+    the server, which may echo the API key, and pytest, JUnit and Allure would write it verbatim."""
+    try:
+        return (yield)
+    except Exception as exc:
+        node = getattr(request, "_pyfuncitem", None) or getattr(request, "node", None)  # the gate that asked
+        if not isinstance(node, pytest.Item) or node.get_closest_marker("gate") is None:
+            raise
+        _redacted_failure(node, exc)
+
+
+def _redacted_failure(item: pytest.Item, exc: Exception) -> None:
+    """Re-raise ``exc`` as ``pytest.fail`` with its text redacted and where it was raised, unless it
+    is pytest's own outcome (fail/skip/xfail) or the run has no profile. Raises always."""
+    run = item.config.stash.get(RUN, None)
+    if run is None or item.get_closest_marker("gate") is None:  # pytest's outcomes are BaseExceptions: never here
+        raise exc
+    import traceback
+
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" (at {frame.filename.rsplit('/src/', 1)[-1]}:{frame.lineno})" if frame else ""
+    text = run.redactor.text(f"{type(exc).__name__}: {exc}".strip())
+    raise pytest.fail.Exception(f"harness error{where}: {text}", pytrace=False) from None  # no chained traceback
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -269,7 +299,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     run = config.stash.get(RUN, None)
-    if run is None:
+    if run is None or config.option.collectonly:  # --collect-only is not a run: no verdicts to show
         return
     terminalreporter.section("kvgate verdicts")
     for line in run.console_lines():

@@ -61,8 +61,16 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: Text
               f"expected, got {_shape(summary)})", file=err)
         return USAGE
     hint = None if args.signoff_only else f"HTML report: `{output}/index.html` (serve it over HTTP: `npx allure open {output}`)"
-    path = write_signoff(reports, redactor=Redactor(), report_hint=hint)
-    print(f"kvgate report: {path} (overall {summary.get('overall')})", file=out)
+    try:
+        path = write_signoff(reports, redactor=Redactor(), report_hint=hint)
+    except (AttributeError, TypeError, KeyError, ValueError) as exc:  # a field of the wrong shape
+        print(f"kvgate report: {reports / 'summary.json'} is not a kvgate summary (a field has the wrong shape: "
+              f"{type(exc).__name__}: {exc})", file=err)
+        return USAGE
+    outcome = summary.get("outcome")
+    said = f"overall {summary.get('overall')}" + (f", outcome {outcome}" if outcome and outcome != summary.get("overall")
+                                                  else "")
+    print(f"kvgate report: {path} ({said})", file=out)
     if args.signoff_only:
         return OK
     allure = find()

@@ -104,6 +104,7 @@ def write_junit_problem(path: Path, run_id: str, overall: str, message: str, cas
                           time="0", timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     _set_property(suite, RUN_ID_KEY, run_id)
     _set_property(suite, "kvgate_overall", overall)
+    _set_property(suite, "kvgate_outcome", overall)
     _add_error_case(suite, case, message)
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

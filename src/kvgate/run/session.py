@@ -133,6 +133,8 @@ class Run:
         redactor = Redactor()
         wants = markexpr_selects_live(config.getoption("markexpr") or "")  # = Run.needs_server() before collection
         endpoint, choice, kserve_notes = _endpoint_and_launcher(config, profile, redactor, launch, api_key_env, wants)
+        if profile.pools is not None and endpoint is not None and wants:
+            _check_pools_reachable(config, profile)
         if config.getoption("kvgate_soak_duration"):
             from kvgate.soak.runner import SoakError, soak_spec
 
@@ -552,6 +554,20 @@ def _check_pool_endpoints(config: pytest.Config, profile: Profile) -> None:
         parse_pool_endpoints(given, profile)
     except PoolsError as exc:
         raise usage(str(exc)) from None
+
+
+def _check_pools_reachable(config: pytest.Config, profile: Profile) -> None:
+    """A pools profile gated through a given router (nothing launched) needs each pool's own URL
+    (``--pool-endpoint`` or ``pools.NAME.endpoint``): one missing is a usage error up front, not
+    an ERROR in every pools gate."""
+    from kvgate.pools.routing import POOLS, parse_pool_endpoints
+
+    given = parse_pool_endpoints(config.getoption("kvgate_pool_endpoints") or [], profile)
+    missing = [n for n in POOLS if n not in given and not getattr(profile.pools, n).endpoint]
+    if missing:
+        raise usage(f"pool {', '.join(repr(m) for m in missing)} has no endpoint: with --endpoint (the router) give "
+                    f"each pool's own server too: " + " ".join(f"--pool-endpoint={m}=URL" for m in missing)
+                    + f" (or pools.{missing[0]}.endpoint in {profile.source or profile.name})")
 
 
 def reports_dir(config: pytest.Config) -> Path:
