@@ -21,7 +21,8 @@ from kvgate.report import allure_meta, outputs
 from kvgate.run import lifecycle
 from kvgate.run.modes import DEFAULT_MODE
 from kvgate.run.session import (CONFIGURED, RUN, RUN_ERROR, RUN_ID, Run, check_markexpr, current,
-                                parse_gate_mode, refused_before_configure, test_id, usage, write_error_reports)
+                                parse_gate_mode, refusal_words, refused_before_configure, test_id, usage,
+                                write_error_reports)
 from kvgate.verdict import Status, Verdict
 
 
@@ -281,9 +282,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     failed_start = config.stash.get(RUN_ERROR, None)
     if failed_start is None and exitstatus == pytest.ExitCode.USAGE_ERROR and config.stash.get(RUN, None) is not None:
         # pytest refused the run after kvgate configured it (e.g. while collecting): say so, in its words
-        exc = sys.exc_info()[1]
-        text = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else "pytest usage error (exit 4)"
-        write_error_reports(config, f"pytest refused the run: {text}")
+        write_error_reports(config, f"pytest refused the run: {refusal_words(sys.exc_info()[1])}")
         failed_start = config.stash.get(RUN_ERROR, None)
     if failed_start is not None:
         message, junit = failed_start

@@ -122,7 +122,6 @@ class Run:
         budget = parse_startup_budget(config.getoption("kvgate_startup_budget"))
         launch = parse_launch(config.getoption("kvgate_launch"))
         profile, lint_findings = _profile_and_lint(config, name)
-        _check_pool_endpoints(config, profile)
         reports = reports_dir(config)
         try:
             reports.mkdir(parents=True, exist_ok=True)
@@ -133,8 +132,7 @@ class Run:
         redactor = Redactor()
         wants = markexpr_selects_live(config.getoption("markexpr") or "")  # = Run.needs_server() before collection
         endpoint, choice, kserve_notes = _endpoint_and_launcher(config, profile, redactor, launch, api_key_env, wants)
-        if profile.pools is not None and endpoint is not None and wants:
-            _check_pools_reachable(config, profile)
+        _check_pool_endpoints(config, profile, through_router=endpoint is not None and wants)
         if config.getoption("kvgate_soak_duration"):
             from kvgate.soak.runner import SoakError, soak_spec
 
@@ -540,30 +538,24 @@ def markexpr_selects_live(expr: str) -> bool:
     return False
 
 
-def _check_pool_endpoints(config: pytest.Config, profile: Profile) -> None:
-    """``--pool-endpoint NAME=URL``: only with a pools profile, NAME a pool, URL an http(s) URL."""
+def _check_pool_endpoints(config: pytest.Config, profile: Profile, *, through_router: bool) -> None:
+    """``--pool-endpoint NAME=URL``: only with a pools profile, NAME a pool, URL an http(s) URL.
+    ``through_router``: the run gates a given router (nothing launched), so each pool needs its own
+    URL (``--pool-endpoint`` or ``pools.NAME.endpoint``): one missing is a usage error up front,
+    not an ERROR in every pools gate."""
     given = config.getoption("kvgate_pool_endpoints") or []
-    if not given:
-        return
-    if profile.pools is None:
+    if given and profile.pools is None:
         raise usage(f"--pool-endpoint={given[0]}: profile {profile.name!r} has no pools (a pools profile, e.g. "
                     f"tiny-cpu-pools, names a short and a long pool)")
-    from kvgate.pools.routing import PoolsError, parse_pool_endpoints
+    if profile.pools is None:
+        return
+    from kvgate.pools.routing import POOLS, PoolsError, parse_pool_endpoints
 
     try:
-        parse_pool_endpoints(given, profile)
+        urls = parse_pool_endpoints(given, profile)
     except PoolsError as exc:
         raise usage(str(exc)) from None
-
-
-def _check_pools_reachable(config: pytest.Config, profile: Profile) -> None:
-    """A pools profile gated through a given router (nothing launched) needs each pool's own URL
-    (``--pool-endpoint`` or ``pools.NAME.endpoint``): one missing is a usage error up front, not
-    an ERROR in every pools gate."""
-    from kvgate.pools.routing import POOLS, parse_pool_endpoints
-
-    given = parse_pool_endpoints(config.getoption("kvgate_pool_endpoints") or [], profile)
-    missing = [n for n in POOLS if n not in given and not getattr(profile.pools, n).endpoint]
+    missing = [n for n in POOLS if n not in urls and not getattr(profile.pools, n).endpoint] if through_router else []
     if missing:
         raise usage(f"pool {', '.join(repr(m) for m in missing)} has no endpoint: with --endpoint (the router) give "
                     f"each pool's own server too: " + " ".join(f"--pool-endpoint={m}=URL" for m in missing)
@@ -657,9 +649,7 @@ def refused_before_configure(config: pytest.Config) -> None:
     exc = sys.exc_info()[1]
     if not isinstance(exc, pytest.UsageError):
         return
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    said = [ln for ln in lines if "error:" in ln] or lines[-1:] or ["usage error"]
-    first = said[0].split("error:", 1)[-1].strip() if "error:" in said[0] else said[0]
+    first = refusal_words(exc)
     ns = getattr(config, "known_args_namespace", None)
     args = [str(a) for a in config.invocation_params.args]
     name = getattr(ns, "kvgate_profile", None) or _arg_value(args, ("--profile", "--deploy-profile"))
@@ -671,6 +661,14 @@ def refused_before_configure(config: pytest.Config) -> None:
                                     or "reports")
     write_error_reports(config, f"pytest refused the command line before kvgate started: {first}"
                                 + (f" (did you mean {hint}?)" if hint else ""))
+
+
+def refusal_words(exc: BaseException | None) -> str:
+    """The line of a pytest ``UsageError`` that says what is wrong: argparse's ``error: ...`` line
+    when there is one (its usage block is dropped), else the last line; ``usage error`` when empty."""
+    lines = [ln.strip() for ln in str(exc or "").splitlines() if ln.strip()]
+    said = [ln for ln in lines if "error:" in ln] or lines[-1:] or ["usage error"]
+    return said[0].split("error:", 1)[-1].strip() if "error:" in said[0] else said[0]
 
 
 def _misspelt_kvgate_option(config: pytest.Config, message: str) -> str | None:
