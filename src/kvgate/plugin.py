@@ -37,6 +37,7 @@ MARKERS = (
     "streaming: the streaming gate",
     "disconnect: the disconnect-frees-the-slot gate",
     "requests: the edge-requests gate (edge values, malformed bodies, chunk schema, non-ASCII, route timeout)",
+    "features: the serve-features gate (tool calling, structured output, reasoning, LoRA adapters, prefix caching)",
     "load: gates that put the server under concurrent load",
     "priority: the priority gate (high-priority short requests overtake low-priority long ones)",
     "autoscale_signal: the autoscale-signal gate (the queue metric an autoscaler reads, under a burst)",
@@ -143,13 +144,18 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """``@pytest.mark.gate("max-context", cases=[...])`` + a ``case`` argument -> ids PROFILE/GATE/CASE."""
+    """``@pytest.mark.gate("max-context", cases=[...])`` + a ``case`` argument -> ids PROFILE/GATE/CASE.
+    ``cases`` may be a callable of the run's profile returning the names (the features gate's cases
+    follow the engine flags)."""
     marker = metafunc.definition.get_closest_marker("gate")
     if marker is None or "case" not in metafunc.fixturenames:
         return
     gate = marker.args[0]
-    cases = list(marker.kwargs.get("cases", ()))
     run = metafunc.config.stash.get(RUN, None)
+    cases = marker.kwargs.get("cases", ())
+    if callable(cases):  # cases from profile data: cases(profile) -> names
+        cases = cases(run.profile) if run else []
+    cases = list(cases)
     prefix = run.profile.name if run else "no-profile"
     metafunc.parametrize("case", cases, ids=[f"{prefix}/{gate}/{c}" for c in cases])
 
@@ -181,7 +187,7 @@ def _pools_only(run: Run, items: list[pytest.Item]) -> None:
         run.config.hook.pytest_deselected(items=other)
 
 
-GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "disconnect", "concurrency",
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "disconnect", "concurrency",
               "latency", "priority", "autoscale-signal", "pools", "soak")
 
 

@@ -20,6 +20,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "waiting": ("vllm:num_requests_waiting",),
     "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
     "cache_config": ("vllm:cache_config_info",),
+    # prefix-cache counters, in tokens (vllm/v1/metrics/loggers.py; 0.32 adds _total)
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries",
+                       "vllm:gpu_prefix_cache_queries_total"),
 }
 
 

@@ -465,7 +465,8 @@ class ToolsFeature(_Strict):
 class StructuredFeature(_Strict):
     """The features/structured cases: kvgate's battery of schemas, regexes and choices."""
 
-    cases: list[str] | None = Field(default=None, description="the battery cases to run (enum-const, nested, array, regex, choice, json-object, recursive); null = all")
+    cases: list[Literal["enum-const", "nested", "array", "recursive", "json-object", "regex", "choice"]] | None = Field(
+        default=None, description="the battery cases to run (kvgate.gates.features.BATTERY); null = all")
     whitespace_share_max: float = Field(default=0.25, ge=0, le=1, description="[fraction] whitespace characters of the reply allowed (the whitespace loop: '{' then spaces until max_tokens)")
     tokens_max: int | None = Field(default=None, gt=0, description="[tokens] completion tokens a structured reply may take; null = half of features.max_tokens")
 

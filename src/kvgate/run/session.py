@@ -73,7 +73,7 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     SERVERLESS,
     frozenset({"deployment"}),  # deployment/*, fit/live-pool
     frozenset({"max_context"}), frozenset({"max_tokens"}), frozenset({"streaming"}),
-    frozenset({"requests"}), frozenset({"disconnect"}),
+    frozenset({"requests"}), frozenset({"disconnect"}), frozenset({"features"}),
     frozenset({"load"}),  # concurrency/long-sequences, latency/*
     frozenset({"load", "priority"}), frozenset({"load", "autoscale_signal"}),
     frozenset({"pools"}), frozenset({"pools", "load"}),

@@ -1,0 +1,179 @@
+"""The requests of the features gate, returning raw observations (verdicts: :mod:`kvgate.gates.features`).
+
+Bounded: every request has the ``features.deadline_s`` client timeout and no retry; the LoRA
+over-slots burst is one request per adapter and a second round; the prefix ladder is three
+lengths x three requests. Randomness (the prefix ladder's nonce) is injected, so a test can fix it.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kvgate.http.client import KvClient
+from kvgate.http.metrics import MetricsError, cache_config, parse
+from kvgate.http.probes import Exchange, canary, send
+from kvgate.http.prompts import TOKEN_IDS
+from kvgate.profile.models import Profile
+
+
+def max_loras(profile: Profile) -> int:
+    """``engine.max_loras``, else vLLM's default (1, vllm/config/lora.py)."""
+    return profile.engine.max_loras or 1
+
+
+def lora_body(profile: Profile, model: str) -> dict[str, Any]:
+    """The completion request sent to the base model and to each adapter: temperature 0,
+    ``ignore_eos``, special tokens kept (a random model's output may be all special tokens)."""
+    lo = profile.features.lora
+    return {"model": model, "prompt": lo.prompt, "max_tokens": lo.tokens, "temperature": 0, "ignore_eos": True,
+            "skip_special_tokens": False}
+
+
+@dataclass(frozen=True)
+class PrefixTry:
+    """One request of the prefix ladder: the shared prefix length (tokens), ``cold`` (first time
+    this prefix is seen), the prompt tokens, ``cached_tokens`` from usage (None when the server
+    does not report it), the time to the full answer of a 1-token generation (TTFT, seconds), and
+    the ``vllm:prefix_cache_hits`` / ``_queries`` counter deltas over this request (tokens; None
+    without /metrics)."""
+
+    prefix_tokens: int
+    cold: bool
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    ttft_s: float
+    status: int
+    hits_delta: float | None = None
+    queries_delta: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class PrefixObservation:
+    """The prefix ladder: ``block_size`` (tokens, and where it came from), the tries in order
+    (per prefix length: one cold, then warm ones with other suffixes)."""
+
+    block_size: int
+    block_source: str
+    tries: list[PrefixTry]
+
+    def evidence(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "block_source": self.block_source,
+                "tries": [t.__dict__ for t in self.tries]}
+
+
+def prefix_lengths(profile: Profile, block: int) -> list[int]:
+    """The shared-prefix lengths tried, in tokens: half a block (below one block: never cached by
+    vLLM, which caches whole blocks), one and a half blocks, and the long prefix
+    (``features.prefix_caching.prefix_tokens``, else 8 blocks, at most half of max_model_len)."""
+    long = profile.features.prefix_caching.prefix_tokens or min(8 * block, profile.engine.max_model_len // 2)
+    return sorted({max(1, block // 2), block + block // 2, long})
+
+
+def both_ways(client: KvClient, body: dict[str, Any], timeout_s: float) -> tuple[Exchange, Exchange]:
+    """``(non-streamed, streamed)``: the same chat request sent twice, one after the other."""
+    return (send(client, "chat", body, timeout_s=timeout_s),
+            send(client, "chat", body, stream=True, timeout_s=timeout_s))
+
+
+def with_canary(client: KvClient, body: dict[str, Any], profile: Profile) -> tuple[Exchange, Exchange]:
+    """``(the request, a canary generation after it)``: a grammar that wedges the engine shows in
+    the canary even when its own request answered."""
+    ex = send(client, "chat", body, timeout_s=profile.features.deadline_s)
+    return ex, canary(client, profile.model.served_name, profile.limits.canary_deadline_s)
+
+
+@dataclass
+class LoraObservation:
+    """``listed``: adapter -> parent from ``/v1/models``; ``base``: the base model's completion;
+    ``adapters``: adapter -> its completion (declared adapters, else every listed one);
+    ``burst``: the over-max-loras requests (empty when there are not more adapters than slots)."""
+
+    listed: dict[str, str | None]
+    base: Exchange
+    adapters: dict[str, Exchange]
+    burst: list[Exchange]
+
+
+def observe_lora(client: KvClient, profile: Profile, listed: dict[str, str | None]) -> LoraObservation:
+    """The base model and each adapter once (sequentially: their outputs are compared), then all
+    declared adapters at once, twice over, when there are more of them than ``max_loras`` slots."""
+    t = profile.features.deadline_s
+    base = send(client, "completions", lora_body(profile, profile.model.served_name), timeout_s=t)
+    names = list(profile.engine.lora_modules) or list(listed)
+    adapters = {n: send(client, "completions", lora_body(profile, n), timeout_s=t) for n in names}
+    burst: list[Exchange] = []
+    declared = list(profile.engine.lora_modules)
+    if len(declared) > max_loras(profile):
+        wave = declared * 2
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            burst = list(pool.map(lambda n: send(client, "completions", lora_body(profile, n), timeout_s=t), wave))
+    return LoraObservation(listed, base, adapters, burst)
+
+
+def block_size(client: KvClient, profile: Profile, metrics_text: str | None) -> tuple[int, str]:
+    """``(tokens per KV block, where from)``: the server's ``vllm:cache_config_info`` label, else
+    ``engine.block_size``, else vLLM's default (128 on the CPU backend, 16 on a GPU:
+    vllm/platforms/cpu.py, vllm/config/cache.py)."""
+    if metrics_text:
+        try:
+            cfg = cache_config(parse(metrics_text))
+        except MetricsError:
+            cfg = None
+        if cfg and str(cfg.get("block_size", "")).isdigit():
+            return int(cfg["block_size"]), "the server's vllm:cache_config_info"
+    if profile.engine.block_size:
+        return profile.engine.block_size, "engine.block_size"
+    cpu = profile.hardware.gpu == "cpu"
+    return (128 if cpu else 16), f"vLLM's default on {'the CPU' if cpu else 'a GPU'}"
+
+
+def _counters(client: KvClient) -> tuple[float | None, float | None]:
+    text = client.metrics_text()
+    if text is None:
+        return None, None
+    try:
+        scrape = parse(text)
+    except MetricsError:
+        return None, None
+    return scrape.total("prefix_hits"), scrape.total("prefix_queries")
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+def observe_prefix(client: KvClient, profile: Profile, *, nonce: int | None = None, warm: int = 2,
+                   rng: Callable[[int], random.Random] = random.Random) -> PrefixObservation:
+    """The prefix ladder, alone on the server (TTFT is compared): for each length of
+    :func:`~kvgate.gates.features.prefix_lengths`, a token-id prompt of that many fresh ids (drawn
+    with ``rng(nonce + length)``: ``nonce`` defaults to a random one, so no earlier run has cached
+    it) plus a 4-token suffix, sent cold once then ``warm`` times with other suffixes;
+    ``max_tokens: 1``, so the answer time is the TTFT. The prefix-cache counters are read from
+    /metrics around each request."""
+    model = profile.model.served_name
+    t = profile.features.deadline_s
+    text = client.metrics_text()
+    block, source = block_size(client, profile, text)
+    nonce = random.SystemRandom().randrange(1 << 30) if nonce is None else nonce
+    tries: list[PrefixTry] = []
+    for n in prefix_lengths(profile, block):
+        r = rng(nonce + n)
+        prefix = [r.choice(TOKEN_IDS) for _ in range(n)]
+        for i in range(1 + warm):
+            suffix = [r.choice(TOKEN_IDS) for _ in range(4)]
+            before = _counters(client)
+            ex = send(client, "completions", {"model": model, "prompt": prefix + suffix, "max_tokens": 1,
+                                              "temperature": 0}, timeout_s=t)
+            after = _counters(client)
+            usage = (ex.reply.json or {}).get("usage") if isinstance(ex.reply.json, dict) else None
+            details = (usage or {}).get("prompt_tokens_details") if isinstance(usage, dict) else None
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            tries.append(PrefixTry(n, i == 0, (usage or {}).get("prompt_tokens") if isinstance(usage, dict) else None,
+                                   cached if isinstance(cached, int) else None, ex.reply.elapsed_s, ex.reply.status,
+                                   _delta(before[0], after[0]), _delta(before[1], after[1]),
+                                   None if ex.reply.status == 200 else ex.reply.error_message[:200]))
+    return PrefixObservation(block, source, tries)

@@ -1,0 +1,96 @@
+"""Gate: serve features. What the engine flags turn on must actually work, streamed and not:
+tool calls parse to the offered functions with schema-valid arguments and no markup left; every
+structured-output grammar of the battery ends valid, short and on time, and the engine still
+generates after it; a reasoning parser splits reasoning from content with thinking on and off;
+every LoRA adapter answers as itself with output of its own, more of them than slots included;
+a repeated prefix hits the prefix cache (cached_tokens, the hits counter, TTFT). A feature the
+profile does not turn on is one SKIP saying which flag is unset."""
+
+import pytest
+
+from kvgate.gates.features import (cases, grammar, lora_listed_verdict, lora_verdict, listed_adapters,
+                                   over_max_loras_verdict, prefix_verdict, reasoning_body, reasoning_verdict,
+                                   skip_verdict, structured_body, structured_verdict, tool_body, tools_verdict)
+from kvgate.http.features import both_ways, observe_lora, observe_prefix, with_canary
+
+
+def of(feature):
+    """The cases of one feature, from the profile (``cases`` in the gate marker takes a callable)."""
+    return lambda profile: [c for c in cases(profile) if c.split("/", 1)[0] == feature]
+
+
+@pytest.fixture(scope="module")
+def observed(kvgate_client, kvgate_profile):
+    """Every request of the cases that run, one at a time (a temperature-0 answer is compared
+    streamed and not, and batch composition changes a near-tie argmax: measured on the tiny model,
+    concurrent pairs differed), tools and reasoning both ways, each grammar with a canary after
+    it, the LoRA adapters (their burst is concurrent by design), then the prefix ladder (it
+    compares TTFT)."""
+    client, profile = kvgate_client, kvgate_profile
+    run = [c for c in cases(profile) if skip_verdict(c, profile) is None]
+    t = profile.features.deadline_s
+    jobs = {}
+    for c in run:
+        if c.startswith("tools/"):
+            jobs[c] = lambda c=c: both_ways(client, tool_body(profile, c), t)
+        elif c.startswith("structured/"):
+            jobs[c] = lambda c=c: with_canary(client, structured_body(profile, grammar(c.split("/", 1)[1])), profile)
+        elif c.startswith("reasoning/"):
+            jobs[c] = lambda c=c: both_ways(client, reasoning_body(profile, c), t)
+    if any(c.startswith("lora/") for c in run):
+        jobs["lora"] = lambda: observe_lora(client, profile, listed_adapters(client.models().json))
+    out = {name: job() for name, job in jobs.items()}
+    if "prefix-caching" in run:
+        out["prefix-caching"] = observe_prefix(client, profile)
+    return out
+
+
+@pytest.fixture
+def feature_on(case, kvgate_profile, kvgate_gate):
+    """Records the SKIP verdict (and skips the test) when the case's feature is not turned on."""
+    verdict = skip_verdict(case, kvgate_profile)
+    if verdict is not None:
+        kvgate_gate(verdict)
+
+
+@pytest.mark.features
+@pytest.mark.gate("features", cases=of("tools"))
+def test_tool_calls_parse_to_valid_arguments(case, feature_on, observed, kvgate_profile, kvgate_gate):
+    plain, streamed = observed[case]
+    assert kvgate_gate(tools_verdict(case, kvgate_profile, plain, streamed)).passed
+
+
+@pytest.mark.features
+@pytest.mark.gate("features", cases=of("structured"))
+def test_structured_output_ends_valid_and_engine_survives(case, feature_on, observed, kvgate_profile, kvgate_gate):
+    reply, canary_after = observed[case]
+    g = grammar(case.split("/", 1)[1])
+    assert kvgate_gate(structured_verdict(g, kvgate_profile, reply, canary_after)).passed
+
+
+@pytest.mark.features
+@pytest.mark.gate("features", cases=of("reasoning"))
+def test_reasoning_parser_splits_reasoning_from_content(case, feature_on, observed, kvgate_profile, kvgate_gate):
+    plain, streamed = observed[case]
+    assert kvgate_gate(reasoning_verdict(case, kvgate_profile, plain, streamed)).passed
+
+
+@pytest.mark.features
+@pytest.mark.gate("features", cases=of("lora"))
+def test_lora_adapters_answer_as_themselves(case, feature_on, observed, kvgate_profile, kvgate_gate):
+    lora = observed["lora"]
+    name = case.split("/", 1)[1]
+    if name == "over-max-loras":
+        verdict = over_max_loras_verdict(kvgate_profile, lora.burst)
+    elif name == "listed":
+        verdict = lora_listed_verdict(kvgate_profile, lora.listed, lora.base, lora.adapters)
+    else:
+        verdict = lora_verdict(name, kvgate_profile, lora.listed, lora.base, lora.adapters[name])
+    assert kvgate_gate(verdict).passed
+
+
+@pytest.mark.features
+@pytest.mark.gate("features", cases=of("prefix-caching"))
+def test_repeated_prefix_hits_the_prefix_cache(case, feature_on, observed, kvgate_profile, kvgate_gate):
+    verdict = prefix_verdict(kvgate_profile, observed[case], kvgate_profile.engine.enable_prompt_tokens_details)
+    assert kvgate_gate(verdict).passed
