@@ -238,6 +238,14 @@ def chat_fields(ex: Exchange) -> ChatFields:
     return out
 
 
+def _trapped(got: ChatFields) -> str:
+    """``, the reply went to reasoning: '...'`` when content is empty and the reasoning field
+    holds the answer (a reasoning parser that does not honour thinking off), else ""."""
+    if got.content.strip() or not got.reasoning.strip():
+        return ""
+    return f"; the reply went to the {got.reasoning_field or 'reasoning'} field instead: {clip(repr(got.reasoning), CLIP)}"
+
+
 def _markup(text: str, markers: tuple[str, ...]) -> str | None:
     return next((m for m in markers if m in text), None)
 
@@ -332,7 +340,7 @@ def _calls_problem(case: str, way: str, got: ChatFields, fns: dict[str, dict[str
         if left:
             return [], (f"{way}: the call was left as text in content ({clip(got.content, CLIP)!r}), finish "
                         f"{got.finish}, no tool_calls: the tool parser did not run")
-        return [], f"{way}: no tool call (finish {got.finish}, content {clip(got.content, CLIP)!r})"
+        return [], f"{way}: no tool call (finish {got.finish}, content {clip(got.content, CLIP)!r}{_trapped(got)})"
     if left:
         return [], f"{way}: parser markup {left!r} left in content ({clip(got.content, CLIP)!r})"
     allowed = {"stop", "tool_calls"} if named else {"tool_calls"}
@@ -530,6 +538,8 @@ def structured_verdict(g: Grammar, profile: Profile, ex: Exchange, after: Exchan
                    f"until max_tokens (finish length)")
     if problem is None and got.finish != "stop":
         problem = f"finish_reason {got.finish}, must be stop: {shown}"
+    if problem is None and not text.strip() and got.reasoning.strip():
+        problem = f"content empty{_trapped(got)}"
     content = _content_problem(g, text) if problem is None else None
     if problem is None and content:
         problem = f"reply {shown} {content}" + (", with finish stop" if "cut mid-object" in content else "")
