@@ -54,6 +54,12 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
                  "max-tokens/over-cap/completions"):
         assert statuses[f"tiny-cpu/{gate}"] == "PASS", (gate, statuses)
     assert "OVERALL: PASS" in proc.stdout
+    # tiny-cpu turns no serve feature on: one SKIP per feature, naming the flag
+    for feat, flag in (("tools", "tool_call_parser"), ("structured", "structured_outputs_config"),
+                       ("reasoning", "reasoning_parser"), ("lora", "enable_lora"),
+                       ("prefix-caching", "enable_prefix_caching")):
+        g = {x["id"]: x for x in summary["gates"]}[f"tiny-cpu/features/{feat}"]
+        assert g["status"] == "SKIP" and flag in g["message"], g
 
 
 def test_embedded_server_left_no_orphans(embedded_run):
