@@ -8,10 +8,10 @@ profile does not turn on is one SKIP saying which flag is unset."""
 
 import pytest
 
-from kvgate.gates.features import (cases, grammar, lora_listed_verdict, lora_verdict, listed_adapters,
+from kvgate.gates.features import (cases, grammar, halted_verdict, lora_listed_verdict, lora_verdict, listed_adapters,
                                    over_max_loras_verdict, prefix_verdict, reasoning_body, reasoning_verdict,
                                    skip_verdict, structured_body, structured_verdict, tool_body, tools_verdict)
-from kvgate.http.features import both_ways, observe_lora, observe_prefix, with_canary
+from kvgate.http.features import Halt, both_ways, observe_lora, observe_prefix, stalled, with_canary
 
 
 def of(feature):
@@ -25,7 +25,8 @@ def observed(kvgate_client, kvgate_profile):
     streamed and not, and batch composition changes a near-tie argmax: measured on the tiny model,
     concurrent pairs differed), tools and reasoning both ways, each grammar with a canary after
     it, the LoRA adapters (their burst is concurrent by design), then the prefix ladder (it
-    compares TTFT)."""
+    compares TTFT). Once a request goes unanswered within ``features.deadline_s`` (or a canary
+    fails), the rest are not sent: their cases FAIL naming where the engine stopped."""
     client, profile = kvgate_client, kvgate_profile
     run = [c for c in cases(profile) if skip_verdict(c, profile) is None]
     t = profile.features.deadline_s
@@ -39,10 +40,19 @@ def observed(kvgate_client, kvgate_profile):
             jobs[c] = lambda c=c: both_ways(client, reasoning_body(profile, c), t)
     if any(c.startswith("lora/") for c in run):
         jobs["lora"] = lambda: observe_lora(client, profile, listed_adapters(client.models().json))
-    out = {name: job() for name, job in jobs.items()}
     if "prefix-caching" in run:
-        out["prefix-caching"] = observe_prefix(client, profile)
+        jobs["prefix-caching"] = lambda: observe_prefix(client, profile)
+    out, halt = {}, None
+    for name, job in jobs.items():
+        out[name] = halt or job()
+        why = None if halt else stalled(out[name])
+        halt = halt or (Halt(name, why) if why else None)
     return out
+
+
+def verdict_of(case, obs, decide):
+    """``decide(obs)``, or the FAIL of a case left unsent because the engine stopped answering."""
+    return halted_verdict(case, obs) if isinstance(obs, Halt) else decide(obs)
 
 
 @pytest.fixture
@@ -56,41 +66,43 @@ def feature_on(case, kvgate_profile, kvgate_gate):
 @pytest.mark.features
 @pytest.mark.gate("features", cases=of("tools"))
 def test_tool_calls_parse_to_valid_arguments(case, feature_on, observed, kvgate_profile, kvgate_gate):
-    plain, streamed = observed[case]
-    assert kvgate_gate(tools_verdict(case, kvgate_profile, plain, streamed)).passed
+    verdict = verdict_of(case, observed[case], lambda pair: tools_verdict(case, kvgate_profile, *pair))
+    assert kvgate_gate(verdict).passed
 
 
 @pytest.mark.features
 @pytest.mark.gate("features", cases=of("structured"))
 def test_structured_output_ends_valid_and_engine_survives(case, feature_on, observed, kvgate_profile, kvgate_gate):
-    reply, canary_after = observed[case]
     g = grammar(case.split("/", 1)[1])
-    assert kvgate_gate(structured_verdict(g, kvgate_profile, reply, canary_after)).passed
+    verdict = verdict_of(case, observed[case], lambda pair: structured_verdict(g, kvgate_profile, *pair))
+    assert kvgate_gate(verdict).passed
 
 
 @pytest.mark.features
 @pytest.mark.gate("features", cases=of("reasoning"))
 def test_reasoning_parser_splits_reasoning_from_content(case, feature_on, observed, kvgate_profile, kvgate_gate):
-    plain, streamed = observed[case]
-    assert kvgate_gate(reasoning_verdict(case, kvgate_profile, plain, streamed)).passed
+    verdict = verdict_of(case, observed[case], lambda pair: reasoning_verdict(case, kvgate_profile, *pair))
+    assert kvgate_gate(verdict).passed
 
 
 @pytest.mark.features
 @pytest.mark.gate("features", cases=of("lora"))
 def test_lora_adapters_answer_as_themselves(case, feature_on, observed, kvgate_profile, kvgate_gate):
-    lora = observed["lora"]
     name = case.split("/", 1)[1]
-    if name == "over-max-loras":
-        verdict = over_max_loras_verdict(kvgate_profile, lora.burst)
-    elif name == "listed":
-        verdict = lora_listed_verdict(kvgate_profile, lora.listed, lora.base, lora.adapters)
-    else:
-        verdict = lora_verdict(name, kvgate_profile, lora.listed, lora.base, lora.adapters[name])
-    assert kvgate_gate(verdict).passed
+
+    def decide(lora):
+        if name == "over-max-loras":
+            return over_max_loras_verdict(kvgate_profile, lora.burst)
+        if name == "listed":
+            return lora_listed_verdict(kvgate_profile, lora.listed, lora.base, lora.adapters)
+        return lora_verdict(name, kvgate_profile, lora.listed, lora.base, lora.adapters[name])
+
+    assert kvgate_gate(verdict_of(case, observed["lora"], decide)).passed
 
 
 @pytest.mark.features
 @pytest.mark.gate("features", cases=of("prefix-caching"))
 def test_repeated_prefix_hits_the_prefix_cache(case, feature_on, observed, kvgate_profile, kvgate_gate):
-    verdict = prefix_verdict(kvgate_profile, observed[case], kvgate_profile.engine.enable_prompt_tokens_details)
+    details = kvgate_profile.engine.enable_prompt_tokens_details
+    verdict = verdict_of(case, observed[case], lambda ladder: prefix_verdict(kvgate_profile, ladder, details))
     assert kvgate_gate(verdict).passed

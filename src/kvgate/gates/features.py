@@ -37,7 +37,7 @@ import jsonschema
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body, num, server_error
 from kvgate.gates.health import canary_verdict
 from kvgate.http.client import StreamReply, clip
-from kvgate.http.features import PrefixObservation, PrefixTry, max_loras
+from kvgate.http.features import Halt, PrefixObservation, PrefixTry, max_loras
 from kvgate.http.probes import Exchange
 from kvgate.profile.models import FeaturesSpec, Profile
 from kvgate.verdict import Verdict
@@ -252,6 +252,8 @@ def _markup(text: str, markers: tuple[str, ...]) -> str | None:
 
 def _answered(ex: Exchange, what: str) -> str | None:
     """None for a 200, else the problem (status and the server's error)."""
+    if ex.reply.status == 0:
+        return f"{what} got no answer ({server_error(ex.reply, 120)})"
     if ex.reply.status != 200:
         return f"{what} answered {ex.reply.status} ({server_error(ex.reply, 120)})"
     return None
@@ -779,3 +781,11 @@ def prefix_verdict(profile: Profile, obs: PrefixObservation, declared_details: b
         return Verdict(gate, FAIL, f"{seen} -> FAIL ({problem})", measured=round(speedup, 2), limit=need,
                        unit="ratio", evidence=ev)
     return Verdict(gate, PASS, f"{seen} -> PASS", measured=round(speedup, 2), limit=need, unit="ratio", evidence=ev)
+
+
+def halted_verdict(case: str, halt: Halt) -> Verdict:
+    """The FAIL of a case whose requests were not sent because the engine stopped answering
+    after an earlier case (:class:`~kvgate.http.features.Halt`)."""
+    return Verdict(f"{GATE}/{case}", FAIL, f"not sent: the engine stopped answering after features/{halt.after} "
+                   f"({halt.why}); every later request would wait the same deadline -> FAIL", measured="not sent",
+                   limit="an answer within features.deadline_s", evidence={"after": halt.after, "why": halt.why})

@@ -73,6 +73,45 @@ def prefix_lengths(profile: Profile, block: int) -> list[int]:
     return sorted({max(1, block // 2), block + block // 2, long})
 
 
+@dataclass(frozen=True)
+class Halt:
+    """Stands for a case's observation when its requests were not sent: ``after`` (a case name)
+    timed out or left the engine unable to generate (``why``), so every later request would wait
+    the same deadline -- the gate stops sending instead (a hung engine costs one deadline)."""
+
+    after: str
+    why: str
+
+
+def stalled(observation: Any) -> str | None:
+    """Why the engine looks hung after ``observation`` (an Exchange, a tuple of them, or an
+    object with Exchange fields): a request (the canary after a grammar included) that got no
+    full answer within its timeout; None when every request was answered (a refused or garbled
+    answer is a verdict of its own case, not a hang)."""
+    exchanges: list[Exchange] = []
+
+    def collect(o: Any) -> None:
+        if isinstance(o, Exchange):
+            exchanges.append(o)
+        elif isinstance(o, (tuple, list)):
+            for x in o:
+                collect(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                collect(x)
+        elif hasattr(o, "__dataclass_fields__"):
+            for name in o.__dataclass_fields__:
+                collect(getattr(o, name))
+
+    collect(observation)
+    for ex in exchanges:
+        r = ex.reply
+        err = getattr(r, "transport_error", None) or (r.text if r.status == 0 else None)
+        if err and "Timeout" in err:
+            return f"{ex.body.get('model')!r} request {'streamed ' if ex.stream else ''}got no full answer ({err[:120]})"
+    return None
+
+
 def both_ways(client: KvClient, body: dict[str, Any], timeout_s: float) -> tuple[Exchange, Exchange]:
     """``(non-streamed, streamed)``: the same chat request sent twice, one after the other."""
     return (send(client, "chat", body, timeout_s=timeout_s),
