@@ -29,8 +29,10 @@ class FakeServer:
 
     instances: list["FakeServer"] = []
 
-    def __init__(self, profile, model_dir, log_path, *, startup_budget_s, raise_on_start=None, exit_code=None):
+    def __init__(self, profile, model_dir, log_path, *, startup_budget_s, lora_dirs=None, raise_on_start=None,
+                 exit_code=None):
         self.profile, self.model_dir, self.log_path, self.startup_budget_s = profile, model_dir, log_path, startup_budget_s
+        self.lora_dirs = lora_dirs
         self.raise_on_start = raise_on_start
         self.proc = FakeProc(exit_code)
         self.pid, self.startup_s, self.server_cpus = 4242, 1.5, {0}
@@ -46,14 +48,14 @@ class FakeServer:
         self.stopped += 1
 
 
-def serve(argv, stop=None, **factory_kw):
+def serve(argv, stop=None, build_model=lambda spec: REPO / "model", build_adapter=None, **factory_kw):
     FakeServer.instances.clear()
     out, err = io.StringIO(), io.StringIO()
     args = cli.build_parser().parse_args(["serve", *argv])
     stop = stop or threading.Event()
     code = cli.serve(args, out=out, err=err, stop=stop, poll_s=0.01,
                      server_factory=lambda *a, **kw: FakeServer(*a, **kw, **factory_kw),
-                     build_model=lambda spec: REPO / "model", check=lambda e, p: None)
+                     build_model=build_model, build_adapter=build_adapter, check=lambda e, p: None)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -103,6 +105,49 @@ def test_server_dying_while_serving_is_reported():
     assert code == cli.FAILED and "exited on its own with code -9" in err and FakeServer.instances[0].stopped == 1
 
 
+def test_features_profile_gets_its_markers_and_built_adapters(tmp_path):
+    specs, built = [], []
+
+    def build_adapter(base, name, rank):
+        built.append((base, name, rank))
+        return tmp_path / f"lora-{name}"
+
+    stop = threading.Event()
+    stop.set()
+    code, _, err = serve(["--profile", "tiny-cpu-features"], stop=stop, build_adapter=build_adapter,
+                         build_model=lambda spec: specs.append(spec) or tmp_path / "model")
+    assert code == cli.OK, err
+    assert [s.markers for s in specs] == [("<think>", "</think>", "<tool_call>", "</tool_call>")]
+    assert built == [(tmp_path / "model", "kvgate-lora-a", 8), (tmp_path / "model", "kvgate-lora-b", 8)]
+    (server,) = FakeServer.instances
+    assert server.lora_dirs == {"kvgate-lora-a": tmp_path / "lora-kvgate-lora-a",
+                                "kvgate-lora-b": tmp_path / "lora-kvgate-lora-b"}
+
+
+def test_profile_without_features_builds_no_adapter_and_keeps_its_model():
+    from kvgate.launch.tinymodel import TinySpec
+
+    specs = []
+    stop = threading.Event()
+    stop.set()
+    code, _, _ = serve(["--profile", "tiny-cpu"], stop=stop, build_model=lambda spec: specs.append(spec) or REPO,
+                       build_adapter=lambda *a, **kw: pytest.fail("built an adapter for tiny-cpu"))
+    assert code == cli.OK and [s.digest() for s in specs] == [TinySpec().digest()]
+    assert FakeServer.instances[0].lora_dirs == {}
+
+
+def test_adapter_build_failure_is_the_tiny_model_build_message():
+    from kvgate.launch.tinymodel import TinyModelError
+
+    def build_adapter(base, name, rank):
+        raise TinyModelError(f"building LoRA adapter {name!r} failed (exit 1):\nNo module named 'peft'")
+
+    code, out, err = serve(["--profile", "tiny-cpu-features"], build_adapter=build_adapter)
+    assert code == cli.FAILED and FakeServer.instances == [] and "starting" not in out
+    assert err.startswith("kvgate serve: cannot build the tiny model: building LoRA adapter 'kvgate-lora-a' failed")
+    assert "Traceback" not in err
+
+
 def test_missing_profile_argument_is_argparse_usage():
     with pytest.raises(SystemExit) as e:
         cli.build_parser().parse_args(["serve"])
@@ -136,9 +181,10 @@ def _silent_server(tmp_path, exit_code=None):
     fake.chmod(0o755)
     ticks = iter(range(10_000))
 
-    def factory(profile, model_dir, log_path, *, startup_budget_s):
+    def factory(profile, model_dir, log_path, *, startup_budget_s, lora_dirs=None):
         return EmbeddedServer(profile, model_dir, log_path, startup_budget_s=startup_budget_s, python=str(fake),
-                              sleep=lambda s: None, clock=lambda: 0.5 * next(ticks), reserve_client_cpu=False)
+                              sleep=lambda s: None, clock=lambda: 0.5 * next(ticks), reserve_client_cpu=False,
+                              lora_dirs=lora_dirs)
     return factory
 
 

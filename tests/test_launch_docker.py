@@ -122,6 +122,25 @@ def test_container_kwargs(write_profile, tmp_path):
     assert "--dtype" not in cmd  # the CPU default (float32) is the embedded launcher's, not a GPU server's
 
 
+def test_lora_modules_in_the_container_are_paths_and_an_embedded_adapter_is_refused(write_profile, tmp_path):
+    prof = profile_with(write_profile, "  mode: docker\n  image: local/vllm:test\n")
+    engine = prof.engine.model_copy(update={"enable_lora": True, "lora_modules": {"sql": "/adapters/sql"}})
+    cmd = dl.container_command(prof.model_copy(update={"engine": engine}), 41234)
+    assert cmd[cmd.index("--lora-modules") + 1:] == ["sql=/adapters/sql"] and "--enable-lora" in cmd
+    engine = engine.model_copy(update={"lora_modules": {"sql": "/adapters/sql", "mine": "embedded"}})
+    embedded = prof.model_copy(update={"engine": engine})
+    with pytest.raises(LaunchError) as exc:
+        dl.container_command(embedded, 41234)
+    assert str(exc.value) == ("docker launcher: engine.lora_modules.mine is 'embedded', but the container cannot "
+                              "see the adapters kvgate builds in its cache; give a path inside the container "
+                              "(mounted with launch.mounts) or an HF id")
+    made = []
+    with pytest.raises(LaunchError, match="engine.lora_modules.mine"):
+        dl.DockerLauncher(embedded, tmp_path / "vllm-server.log", environ={},
+                          container_factory=lambda image: made.append(image)).launch()
+    assert made == []  # refused before any container was made
+
+
 # ---------------------------------------------------------------------------- readiness and clean-up
 def launcher(prof, tmp_path, container: FakeContainer, **kw) -> dl.DockerLauncher:
     return dl.DockerLauncher(prof, tmp_path / "vllm-server.log", environ={"HF_TOKEN": SECRET},

@@ -27,7 +27,9 @@ from pathlib import Path
 import pytest
 
 import kvgate.run.lifecycle
-from kvgate.launch.local import LaunchError
+from kvgate.launch.local import EmbeddedServer, LaunchError
+from kvgate.launch.tinymodel import TinyModelError, TinySpec
+from kvgate.profile.models import load_profile
 from tests.fakes.fake_embedded import ENV, FakeEmbeddedServer
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
@@ -193,11 +195,13 @@ def test_selection_without_live_gate_stops_the_launched_server_after_collection(
     assert run.summary["launch"] == {}
 
 
-@pytest.mark.parametrize("where", ["build", "wait_ready"])
+@pytest.mark.parametrize("where", ["build", "build-model", "wait_ready"])
 def test_launch_error_is_one_line_per_live_gate(run_embedded, where):
     message = "embedded vLLM exited with code 1 during startup (fake); log in vllm-server.log"
     if where == "build":
         run = run_embedded(suites=("fit", "deployment"), build=LaunchError(message))
+    elif where == "build-model":  # the tiny model's or a LoRA adapter's build (_build raises TinyModelError)
+        run = run_embedded(suites=("fit", "deployment"), build=TinyModelError(message))
     else:
         run = run_embedded(suites=("fit", "deployment"), wait="error")
     assert run.result.ret == pytest.ExitCode.TESTS_FAILED
@@ -220,6 +224,44 @@ def test_launch_error_is_one_line_per_live_gate(run_embedded, where):
     assert "1 invalid" in out.splitlines()[-1]  # pytest's summary line: INVALID is not counted as "failed"
     assert not any(s.running for s in run.servers)
     assert_agree(run.result.ret, run.summary, run.reports)
+
+
+def _build_run(tmp_path, name):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(profile=load_profile(name), reports_dir=tmp_path, launch_mode="embedded",
+                           startup_budget_s=None)
+
+
+def test_build_makes_the_features_model_with_markers_and_its_adapters(tmp_path, monkeypatch):
+    import kvgate.launch.lora
+
+    specs, adapters = [], []
+    monkeypatch.setattr(kvgate.run.lifecycle, "ensure_model", lambda spec: specs.append(spec) or tmp_path / "m")
+    monkeypatch.setattr(kvgate.launch.lora, "ensure_adapter",
+                        lambda base, name, rank: adapters.append((base, name, rank)) or tmp_path / name)
+    server = kvgate.run.lifecycle._build(_build_run(tmp_path, "tiny-cpu-features"))
+    assert isinstance(server, EmbeddedServer) and server.model_dir == tmp_path / "m"
+    assert specs[0].markers == ("<think>", "</think>", "<tool_call>", "</tool_call>")
+    assert adapters == [(tmp_path / "m", "kvgate-lora-a", 8), (tmp_path / "m", "kvgate-lora-b", 8)]
+    assert server.lora_dirs == {"kvgate-lora-a": tmp_path / "kvgate-lora-a", "kvgate-lora-b": tmp_path / "kvgate-lora-b"}
+
+    specs.clear()
+    monkeypatch.setattr(kvgate.launch.lora, "ensure_adapter", lambda *a, **kw: pytest.fail("an adapter for tiny-cpu"))
+    server = kvgate.run.lifecycle._build(_build_run(tmp_path, "tiny-cpu"))
+    assert [s.digest() for s in specs] == [TinySpec().digest()] and server.lora_dirs == {}
+
+
+def test_build_passes_an_adapter_build_failure_on_as_a_tiny_model_error(tmp_path, monkeypatch):
+    import kvgate.launch.lora
+
+    def fail(base, name, rank):
+        raise TinyModelError(f"building LoRA adapter {name!r} failed (exit 1)")
+
+    monkeypatch.setattr(kvgate.run.lifecycle, "ensure_model", lambda spec: tmp_path)
+    monkeypatch.setattr(kvgate.launch.lora, "ensure_adapter", fail)
+    with pytest.raises(TinyModelError, match="building LoRA adapter 'kvgate-lora-a' failed"):
+        kvgate.run.lifecycle._build(_build_run(tmp_path, "tiny-cpu-features"))
 
 
 # ------------------------------------------------------------------------------- interrupts, in-process

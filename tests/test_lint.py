@@ -170,6 +170,53 @@ def test_max_model_len_over_positions_fails_unless_allowed_by_env():
     assert "len-over-positions" not in rules(ok)
 
 
+def test_serve_feature_mistakes_fail_and_the_working_combinations_pass():
+    bad = lint_profile(profile(GPU, enable_auto_tool_choice=True))
+    (f,) = [f for f in bad if f.rule == "serve-feature"]
+    assert (f.severity, f.field) == (ERROR, "engine.enable_auto_tool_choice")
+    assert f.message.startswith("enable_auto_tool_choice: true without tool_call_parser: vLLM refuses to start")
+    assert "validate_parsed_serve_args" in f.message
+    assert lint_profile(profile(GPU, enable_auto_tool_choice=True, tool_call_parser="hermes")) == []
+
+    bad = lint_profile(profile(GPU, lora_modules={"sql": "/adapters/sql"}))
+    (f,) = [f for f in bad if f.rule == "serve-feature"]
+    assert (f.severity, f.field) == (ERROR, "engine.lora_modules")
+    assert f.message.startswith("lora_modules (sql) with enable_lora false: vLLM fails at start-up")
+    assert lint_profile(profile(GPU, enable_lora=True, lora_modules={"sql": "/adapters/sql"})) == []
+
+    bad = lint_profile(profile(GPU, enable_lora=True, lora_modules={"sql": "/adapters/sql", "mine": "embedded"}))
+    (f,) = [f for f in bad if f.rule == "serve-feature"]
+    assert (f.severity, f.field) == (ERROR, "engine.lora_modules.mine")
+    assert f.message.startswith("lora_modules.mine: embedded on model 'm', which kvgate does not build")
+    embedded = profile(CPU, enable_lora=True, lora_modules={"mine": "embedded"}, model__embedded=True)
+    assert lint_profile(embedded) == []
+
+
+def test_serve_feature_fields_are_checked_against_the_parser():
+    from dataclasses import replace as dc_replace
+
+    fields = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes", "tool_strict_level": "parameter",
+              "reasoning_parser": "qwen3", "structured_outputs_config": {"backend": "xgrammar"}, "enable_lora": True,
+              "max_loras": 2, "max_lora_rank": 16, "lora_modules": {"sql": "/adapters/sql"},
+              "enable_prompt_tokens_details": True}
+    real = load_snapshot("0.32.0")
+    assert lint_profile(profile(GPU, **fields), args=real) == []
+    for name in fields:
+        from kvgate.authoring.lint import FIELD_FLAGS
+
+        flag = FIELD_FLAGS[name]
+        assert flag in real.by_flag, flag
+        older = dc_replace(real, by_flag={k: v for k, v in real.by_flag.items() if k != flag})
+        found = [f for f in lint_profile(profile(GPU, **fields), args=older) if f.rule == "engine-arg-unknown"]
+        assert [f.field for f in found] == [f"engine.{name}"] and flag in found[0].message
+    bad = lint_profile(profile(GPU, enable_lora=True, max_lora_rank=12))
+    f = next(f for f in bad if f.rule == "engine-arg-value")
+    assert f.field == "engine.max_lora_rank" and "--max-lora-rank 12 is not accepted" in f.message
+    dup = lint_profile(profile(GPU, tool_call_parser="hermes", extra_args=["--tool-call-parser", "mistral"]))
+    assert "--tool-call-parser repeats engine.tool_call_parser ('hermes')" in \
+        next(f for f in dup if f.rule == "extra-args-duplicate").message
+
+
 def test_allow_without_reason_or_without_a_finding_is_reported():
     found = lint_profile(profile(GPU), texts=["# kvgate-lint: allow tp-heads\n# kvgate-lint: allow tp-gpu-count -- x\n"])
     assert rules(found) == {"lint-allow-reason", "lint-allow-unused"}

@@ -111,6 +111,11 @@ FIELD_FLAGS = {
     "dtype": "--dtype", "block_size": "--block-size", "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "enforce_eager": "--enforce-eager", "enable_prefix_caching": "--enable-prefix-caching",
     "override_generation_config": "--override-generation-config",
+    "enable_auto_tool_choice": "--enable-auto-tool-choice", "tool_call_parser": "--tool-call-parser",
+    "tool_strict_level": "--tool-strict-level", "reasoning_parser": "--reasoning-parser",
+    "structured_outputs_config": "--structured-outputs-config", "enable_lora": "--enable-lora",
+    "max_loras": "--max-loras", "max_lora_rank": "--max-lora-rank", "lora_modules": "--lora-modules",
+    "enable_prompt_tokens_details": "--enable-prompt-tokens-details",
 }
 
 
@@ -119,7 +124,7 @@ def _set_fields(profile: Profile) -> dict[str, object]:
     out: dict[str, object] = {}
     for name in FIELD_FLAGS:
         value = getattr(e, name, None)
-        default = type(e).model_fields[name].default
+        default = type(e).model_fields[name].get_default(call_default_factory=True)
         if value is not None and value != default:
             out[name] = value
     out["max_model_len"] = e.max_model_len
@@ -196,7 +201,7 @@ def rule_engine_arg_value(c: Context) -> Iterable[Finding]:
     """Engine field values outside the choices the declared version's parser allows."""
     if not c.vllm:
         return
-    for name in ("kv_cache_dtype", "dtype"):
+    for name in ("kv_cache_dtype", "dtype", "tool_strict_level", "max_lora_rank"):
         value = getattr(c.profile.engine, name, None)
         flag = FIELD_FLAGS[name]
         spec = c.args.by_flag.get(flag)
@@ -322,6 +327,38 @@ def rule_len_over_positions(c: Context) -> Iterable[Finding]:
                       "in engine.env only if the model really extrapolates)")
 
 
+def rule_serve_feature(c: Context) -> Iterable[Finding]:
+    """Serve-feature fields that cannot work together: ``enable_auto_tool_choice`` without
+    ``tool_call_parser`` (vLLM refuses to start: entrypoints/launchers/cli_args.py::
+    validate_parsed_serve_args); ``lora_modules`` with ``enable_lora`` off (the static adapters
+    load at start-up and fail: v1/worker/lora_model_runner_mixin.py, "LoRA is not enabled");
+    a ``lora_modules`` value ``embedded`` on a model kvgate does not build (only the embedded
+    tiny model gets built adapters, :func:`kvgate.launch.lora.ensure_adapters`)."""
+    from kvgate.launch.lora import EMBEDDED
+
+    e = c.profile.engine
+    if not c.vllm:
+        return
+    if e.enable_auto_tool_choice and not e.tool_call_parser:
+        yield Finding("serve-feature", ERROR, "engine.enable_auto_tool_choice",
+                      "enable_auto_tool_choice: true without tool_call_parser: vLLM refuses to start "
+                      "(--enable-auto-tool-choice requires --tool-call-parser; "
+                      "entrypoints/launchers/cli_args.py::validate_parsed_serve_args); set tool_call_parser "
+                      "(hermes, llama3_json, mistral, ...)")
+    if e.lora_modules and not e.enable_lora:
+        yield Finding("serve-feature", ERROR, "engine.lora_modules",
+                      f"lora_modules ({', '.join(e.lora_modules)}) with enable_lora false: vLLM fails at start-up "
+                      "loading them (\"LoRA is not enabled. Use --enable-lora\", "
+                      "v1/worker/lora_model_runner_mixin.py); set enable_lora: true")
+    if not c.profile.embedded:
+        for name, value in e.lora_modules.items():
+            if value == EMBEDDED:
+                yield Finding("serve-feature", ERROR, f"engine.lora_modules.{name}",
+                              f"lora_modules.{name}: {EMBEDDED} on model {c.profile.model.served_name!r}, which "
+                              "kvgate does not build (model.embedded is false): only the embedded tiny model "
+                              "gets built adapters; give the adapter's path (or HF id) as the server sees it")
+
+
 RULES: dict[str, Callable[[Context], Iterable[Finding]]] = {
     "vllm-version": rule_vllm_version,
     "engine-arg-unknown": rule_engine_arg_unknown,
@@ -335,6 +372,7 @@ RULES: dict[str, Callable[[Context], Iterable[Finding]]] = {
     "kv-pool-below-sequence": rule_kv_pool_below_sequence,
     "enforce-eager-gpu": rule_enforce_eager_gpu,
     "len-over-positions": rule_len_over_positions,
+    "serve-feature": rule_serve_feature,
 }
 
 

@@ -19,7 +19,8 @@ from typing import Any, Callable, TextIO
 
 from kvgate.http.client import Endpoint
 from kvgate.launch.local import EmbeddedServer, LaunchError
-from kvgate.launch.tinymodel import TinyModelError, TinySpec, cache_root, ensure_model
+from kvgate.launch.lora import ensure_adapters
+from kvgate.launch.tinymodel import TinyModelError, TinySpec, cache_root, ensure_model, markers_for
 from kvgate.http.preflight import PreflightError, preflight
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, load_profile
 
@@ -75,6 +76,7 @@ def _endpoint_command(profile_arg: str, profile: Profile, url: str) -> str:
 def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
           server_factory: Callable[..., Any] = EmbeddedServer,
           build_model: Callable[[TinySpec], Path] = ensure_model,
+          build_adapter: Callable[..., Path] | None = None,
           check: Callable[[Endpoint, Profile], None] = lambda e, p: preflight(e, p),
           stop: threading.Event | None = None, serving: threading.Event | None = None, poll_s: float = 0.5) -> int:
     """Run ``kvgate serve``: returns an exit code (:data:`OK` after a requested stop, :data:`USAGE`
@@ -84,8 +86,12 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
 
     ``stop`` (set by SIGINT/SIGTERM in :func:`main`) ends the serving loop, which checks the
     process every ``poll_s`` seconds; ``serving`` is set when the loop begins (before it, a
-    signal interrupts the start-up instead). ``server_factory``, ``build_model`` and ``check`` are
-    injectable for tests.
+    signal interrupts the start-up instead). The tiny model is built with the markers of the
+    engine's parsers (:func:`kvgate.launch.tinymodel.markers_for`), then each ``engine.lora_modules``
+    adapter whose value is ``embedded`` (:func:`kvgate.launch.lora.ensure_adapters`); a failed
+    build of either is one ``cannot build the tiny model`` message (:data:`FAILED`).
+    ``server_factory``, ``build_model``, ``build_adapter`` (``(base_dir, name, rank=R) -> dir``,
+    default :func:`kvgate.launch.lora.ensure_adapter`) and ``check`` are injectable for tests.
     """
     out, err = out or sys.stdout, err or sys.stderr  # resolved per call: pytest swaps sys.stdout
     stop = stop or threading.Event()
@@ -99,12 +105,14 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
               "kvgate serve starts only the embedded vLLM (e.g. --profile tiny-cpu)", file=err)
         return USAGE
     try:
-        model_dir = build_model(TinySpec.from_architecture(profile.model.architecture))
+        model_dir = build_model(TinySpec.from_architecture(profile.model.architecture,
+                                                           markers=markers_for(profile.engine)))
+        lora_dirs = ensure_adapters(profile.engine, model_dir, build=build_adapter)
     except TinyModelError as exc:
         print(f"kvgate serve: cannot build the tiny model: {exc}", file=err)
         return FAILED
     log = Path(args.log) if args.log else cache_root() / f"vllm-serve-{profile.name}.log"
-    server = server_factory(profile, model_dir, log, startup_budget_s=args.startup_budget)
+    server = server_factory(profile, model_dir, log, startup_budget_s=args.startup_budget, lora_dirs=lora_dirs)
     print(f"kvgate serve: starting the embedded vLLM for profile {profile.name} (log {log}) ...", file=out, flush=True)
     try:
         try:

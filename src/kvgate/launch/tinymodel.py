@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvgate.profile.models import Architecture
+from kvgate.profile.models import Architecture, EngineSpec
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = (
@@ -58,6 +58,31 @@ FEATURES_CHAT_TEMPLATE = (
 def chat_template(spec: "TinySpec") -> str:
     """The chat template the tiny model of ``spec`` is built with."""
     return FEATURES_CHAT_TEMPLATE if spec.markers else CHAT_TEMPLATE
+
+
+#: vLLM parser name -> the tokens kvgate's tokenizer must contain for it (added as non-special
+#: tokens, :attr:`TinySpec.markers`). Reasoning parsers (``--reasoning-parser``) look their start
+#: and end markers up in the vocabulary and refuse to start without them; the hermes tool parser
+#: (``--tool-call-parser hermes``) looks up ``<tool_call>``/``</tool_call>`` the same way.
+PARSER_MARKERS: dict[str, tuple[str, ...]] = {
+    "deepseek_r1": ("<think>", "</think>"),
+    "qwen3": ("<think>", "</think>"),
+    "hermes": ("<tool_call>", "</tool_call>"),
+}
+
+
+def markers_for(engine: EngineSpec) -> tuple[str, ...] | None:
+    """The markers the embedded tiny model needs for ``engine``'s parsers: those of
+    ``engine.reasoning_parser``, then of ``engine.tool_call_parser``, from :data:`PARSER_MARKERS`,
+    in that order without repeats; ``None`` when no parser set there needs any (so the spec, and
+    the cached model's digest, of a profile without serve features stay what they were). A parser
+    kvgate has no entry for adds nothing."""
+    out: list[str] = []
+    for parser in (engine.reasoning_parser, engine.tool_call_parser):
+        for marker in PARSER_MARKERS.get(parser or "", ()):
+            if marker not in out:
+                out.append(marker)
+    return tuple(out) or None
 
 
 _WORDS = (
