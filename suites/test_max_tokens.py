@@ -35,7 +35,9 @@ def test_finish_length_at_cap(case, kvgate_client, kvgate_profile, kvgate_gate):
 @pytest.mark.gate("max-tokens", cases=[f"stream-usage/{a}" for a in APIS])
 def test_streamed_usage_matches(case, kvgate_client, kvgate_profile, kvgate_gate):
     api, n, model = case.split("/")[1], probe_tokens(kvgate_profile), kvgate_profile.model.served_name
-    params = dict(max_tokens=n, temperature=0, seed=0, ignore_eos=True, logprobs=1 if api == "completions" else True)
+    # completions logprobs 0: the sampled token's logprob only -- enough to count tokens, and allowed under any
+    # --max-logprobs (a deployment that sets 0 to refuse prompt logprobs, as tiny-cpu-features does, passes)
+    params = dict(max_tokens=n, temperature=0, seed=0, ignore_eos=True, logprobs=0 if api == "completions" else True)
     plain = send(kvgate_client, api, body(api, model, **params))
     streamed = send(kvgate_client, api, body(api, model, **params, stream_options={"include_usage": True}), stream=True)
     assert kvgate_gate(stream_usage_verdict(plain, streamed, n)).passed

@@ -23,6 +23,8 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
     for api in APIS:
         body = {"model": model, "max_tokens": n, "temperature": 0, "seed": 0, "ignore_eos": True}
         body.update({"messages": [{"role": "user", "content": PROMPT}]} if api == "chat" else {"prompt": PROMPT})
+        if api == "chat" and kvgate_profile.limits.chat_template_kwargs:  # the SDK request too, not only send()'s
+            body["chat_template_kwargs"] = kvgate_profile.limits.chat_template_kwargs
         streamed = send(kvgate_client, api, {**body, "stream_options": {"include_usage": True}}, stream=True)
         plain = send(kvgate_client, api, body)
         out[api] = (streamed, plain, sdk_stream(kvgate_endpoint, api, body))
