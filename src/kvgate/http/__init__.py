@@ -1,9 +1,10 @@
 """Talking to an OpenAI-compatible server, one request at a time: the client (:mod:`.client`), SSE
 framing and event classes (:mod:`.sse`), folding a stream (:mod:`.stream`), the official ``openai``
 SDK checks (:mod:`.sdk`), exact-token-length prompts (:mod:`.prompts`), the probes the gates send
-(:mod:`.probes`), the preflight (:mod:`.preflight`) and ``/metrics`` (:mod:`.metrics`).
+(:mod:`.probes`; the features gate's in :mod:`.features`), the preflight (:mod:`.preflight`) and
+``/metrics`` (:mod:`.metrics`).
 
-Observations only, no verdicts. May import :mod:`kvgate.verdict`, :mod:`kvgate.stats` and
-:mod:`kvgate.report.redact`; never :mod:`kvgate.gates` or pytest. Timed load lives in
+Observations only, no verdicts. May import :mod:`kvgate.verdict`, :mod:`kvgate.stats`,
+:mod:`kvgate.profile` and :mod:`kvgate.report.redact`; never :mod:`kvgate.gates` or pytest. Timed load lives in
 :mod:`kvgate.load`.
 """
