@@ -32,6 +32,18 @@ the "model" emits an EOS after ``max(eos_after, min_tokens)`` content tokens: th
 ``finish_reason`` is ``"stop"`` — exactly like vLLM. With ``ignore_eos`` (or when the limit comes
 first) the finish reason is ``"length"`` and every generated token is a word of text.
 
+Serve features (the features gate), healthy by default, each with faults: a chat request with
+``tools`` answers one call (named -> that function, required -> the first, auto -> the first with
+parameters) whose arguments are a minimal valid instance of the function's schema, streamed as
+vLLM's tool-call deltas; ``response_format`` / ``structured_outputs`` answer the matching
+:data:`kvgate.gates.features.BATTERY` example (else a minimal instance; an unknown regex is a 400);
+with ``reasoning_parser`` set, a chat answer splits into ``reasoning`` and ``content`` unless
+``enable_thinking`` is False; ``lora_adapters`` are listed in /v1/models with the served model as
+parent and answer text of their own; with ``enable_prefix_caching`` a prompt sharing whole blocks
+with an earlier one reports them as ``usage.prompt_tokens_details.cached_tokens`` (with
+``prompt_tokens_details``), counts them in ``vllm:prefix_cache_hits_total`` and prefills only the
+uncached tokens (``prefill_s_per_token`` each).
+
 Time is injectable: all delays go through ``FakeVLLM(sleep=...)`` (default ``asyncio.sleep``) and
 default to 0.
 """
@@ -46,12 +58,14 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import sys
 import threading
 import time
 import uuid
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
@@ -71,12 +85,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 __all__ = [
+    "CONTENT_TEXT",
     "FAULTS",
     "FakeConfig",
     "FakeState",
     "FakeTokenizer",
     "FakeVLLM",
+    "REASONING_TEXT",
     "RequestRecord",
+    "battery_example",
+    "minimal_instance",
     "running_fake",
     "main",
 ]
@@ -141,6 +159,18 @@ FAULTS: dict[str, str] = {
     "never_schedule": "a request needing more than schedulable_tokens (prompt + max_tokens) is admitted and "
     "waits forever (num_requests_waiting 1, running 0), like vLLM 0.32 with a KV pool of exactly one "
     "full-length sequence (one block is its null block)",
+    # the features gate: tool calling, structured output, reasoning, LoRA, prefix caching
+    "tools_stream_as_text": "streamed tool-call answers carry the call as raw '<tool_call>...</tool_call>' text in "
+    "content with finish stop and no tool_calls (the parser did not run); non-streamed stays right",
+    "tools_empty_calls": "non-streamed tool-call answers say finish_reason tool_calls with an empty tool_calls list",
+    "tools_args_not_object": "tool-call arguments are the JSON text false, for every function (vLLM 0.32 leaves a "
+    "non-strict tool's arguments unconstrained)",
+    "structured_whitespace_loop": "json_schema answers are '{' then whitespace until max_tokens, finish length",
+    "structured_cut": "json_schema answers are cut half way (mid-object) with finish stop",
+    "reasoning_markers_in_content": "thinking-on answers leave '<think>...</think>' in content and no reasoning",
+    "lora_as_base": "LoRA adapters answer (as themselves) with the base model's text",
+    "prefix_cache_never_hits": "prefix caching never hits: cached_tokens 0, the hits counter flat, full prefill",
+    "prefix_counter_frozen": "cached_tokens and the prefill are right, but vllm:prefix_cache_hits_total never rises",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
@@ -221,6 +251,10 @@ class FakeConfig:
     drift_s_per_request: float = 0.002
     route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
     schedulable_tokens: int | None = None  # never_schedule: None -> max_model_len - block_size
+    # serve features (tools and structured outputs are always served)
+    reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
+    lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
+    prompt_tokens_details: bool = False  # like --enable-prompt-tokens-details (vLLM's default: off)
 
     def __post_init__(self) -> None:
         self.faults = FaultSet(self.faults)
@@ -270,6 +304,7 @@ class RequestRecord:
     t_first_byte: float | None = None  # first SSE chunk handed to the transport (streaming)
     t_done: float | None = None
     disconnected: bool = False  # aborted before the engine finished (client went away)
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (whole blocks)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -303,6 +338,7 @@ class FakeState:
     generation_tokens_total: int = 0
     leaked: list[bytes] = field(default_factory=list)
     inflight: dict[int, int] = field(default_factory=dict)  # by seq: accepted, not answered -> prompt tokens
+    prefix_blocks: OrderedDict = field(default_factory=OrderedDict)  # cached block chain hashes, LRU order
 
     @property
     def running(self) -> int:
@@ -423,6 +459,7 @@ class _Token:
     alternatives: list[tuple[str, float]]
     is_last: bool
     finish_reason: str | None  # on the last token only
+    delta: dict[str, Any] | None = None  # a chat chunk's delta other than {"content": text} (features)
 
 
 @dataclass
@@ -441,6 +478,11 @@ class _Plan:
     model: str = ""
     released: bool = False
     priority: int = 0  # the request's "priority" (lower is served first under scheduling_policy priority)
+    prompt_ids: tuple[Any, ...] = ()  # the prompt's token ids (the prefix cache's key)
+    cache_salt: str = ""  # the adapter: its blocks are not the base model's
+    cached_tokens: int = 0
+    details: bool = False  # usage.prompt_tokens_details reported
+    special: str | None = None  # "tools" | "structured" | "reasoning": the answer is the tokens' deltas
 
 
 def _plan_tokens(
@@ -485,6 +527,150 @@ def _plan_tokens(
 NONASCII_WORDS = ("토큰", "缓存", "🙂", "キャッシュ", "é")
 
 
+# --------------------------------------------------------------------------------------------
+# Serve features: what a healthy vLLM 0.32 answers (tool calls, structured output, reasoning)
+# --------------------------------------------------------------------------------------------
+
+#: The thinking-on answer of a reasoning request: ``reasoning``, then ``content``.
+REASONING_TEXT = "The user asks a short question, so a short answer will do."
+CONTENT_TEXT = "Paris is the answer."
+#: Short strings tried, in order, for a string schema with a ``pattern``.
+_STRING_CANDIDATES = ("kv", "Oslo", "a", "A", "x1", "0", "00", "000", "0000", "00000", "kv-1", "a@b.c")
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` cut into the deltas a tokenizer would stream: words with their leading whitespace,
+    or, without spaces (compact JSON), pieces of at most 4 characters -- at least two pieces for
+    a text of two or more characters (``{}`` streams as ``{`` and ``}``)."""
+    if not text:
+        return []
+    if re.search(r"\s", text.strip()):
+        parts = re.findall(r"\s*\S+(?:\s+$)?", text)
+    else:
+        size = max(1, min(4, len(text) // 2))
+        parts = [text[i:i + size] for i in range(0, len(text), size)]
+    assert "".join(parts) == text
+    return parts
+
+
+def minimal_instance(schema: Any, root: Any = None) -> Any:
+    """A small value valid against JSON ``schema`` (the subset tool parameters and kvgate's battery
+    use): ``$ref`` into ``$defs``, the first ``enum`` value, ``const``, an object's required
+    properties, ``minimum`` (else 0) for a number, ``minItems`` items for an array, a short word
+    matching a simple ``pattern`` for a string, the first ``anyOf``/``oneOf`` branch."""
+    root = schema if root is None else root
+    if not isinstance(schema, dict):
+        return {}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        node: Any = root
+        for part in ref[2:].split("/"):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        return minimal_instance(node, root)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return minimal_instance(schema[key][0], root)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties") or {}
+        return {k: minimal_instance(props.get(k, {}), root) for k in schema.get("required") or []}
+    if kind in ("integer", "number"):
+        if "minimum" in schema:
+            return schema["minimum"]
+        if "exclusiveMinimum" in schema:
+            return schema["exclusiveMinimum"] + 1
+        return 0
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    if kind == "array":
+        return [minimal_instance(schema.get("items") or {}, root) for _ in range(schema.get("minItems") or 0)]
+    if kind == "string":
+        pattern, low = schema.get("pattern"), schema.get("minLength") or 0
+        for cand in _STRING_CANDIDATES:
+            cand += "a" * max(0, low - len(cand))
+            if pattern is None or re.search(pattern, cand):
+                return cand
+        return "kv"
+    return {}
+
+
+def battery_example(kind: str, spec: Any) -> str | None:
+    """The ``example`` of the :data:`kvgate.gates.features.BATTERY` entry asking for ``kind``
+    (json_schema / json_object / regex / choice) with ``spec``; None when no entry matches."""
+    from kvgate.gates.features import BATTERY  # the gate's battery: the fake answers its examples
+
+    return next((g.example for g in BATTERY if g.kind == kind and (kind == "json_object" or g.spec == spec)), None)
+
+
+def _content_deltas(text: str) -> list[dict[str, Any]]:
+    """``text`` as streamed content deltas (:func:`_pieces`)."""
+    return [{"content": p} for p in _pieces(text)]
+
+
+def _delta_text(delta: dict[str, Any]) -> str:
+    """The text a delta carries (content, reasoning, or a tool call's name/arguments piece)."""
+    fn = ((delta.get("tool_calls") or [{}])[0].get("function") or {}) if delta.get("tool_calls") else {}
+    return delta.get("content") or delta.get("reasoning") or fn.get("arguments") or fn.get("name") or ""
+
+
+def _delta_tokens(deltas: list[dict[str, Any]], finish: str, limit: int, eos: bool = True
+                  ) -> tuple[list[_Token], str]:
+    """One token per delta, then an EOS (content "") when ``eos``; cut to ``limit`` tokens with
+    finish ``length`` when the answer does not fit (the EOS counts, as in :func:`_plan_tokens`)."""
+    if len(deltas) + (1 if eos else 0) > limit:
+        deltas, eos, finish = deltas[:limit], False, "length"
+    toks = []
+    for i, d in enumerate(deltas):
+        text = _delta_text(d)
+        k = zlib.crc32(text.encode()) % GEN_VOCAB
+        toks.append(_Token(i, 1000 + k, text or f"tok{k}", text, -0.05, [], False, None, delta=d))
+    if eos:
+        toks.append(_Token(len(toks), _SPECIAL_IDS[EOS], EOS, "", -0.05, [], False, None))
+    if toks:
+        toks[-1].is_last, toks[-1].finish_reason = True, finish
+    return toks, finish
+
+
+def _called_function(body: dict[str, Any]) -> tuple[dict[str, Any], bool] | None:
+    """``(the function vLLM's parser would report a call to, named)`` for a chat request with
+    ``tools`` and a ``tool_choice`` other than none (absent = auto); None when no call is asked.
+    Raises :class:`_BadRequest` as vLLM does for a tool_choice that names no offered tool."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise _BadRequest("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise _BadRequest("tools must be a list", param="tools")
+    fns = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+           and isinstance(t["function"].get("name"), str)]
+    if len(fns) != len(tools):
+        raise _BadRequest("each tool needs {type: function, function: {name, ...}}", param="tools")
+    choice = "auto" if choice is None else choice
+    if choice == "none":
+        return None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        fn = next((f for f in fns if f["name"] == name), None)
+        if fn is None:
+            raise _BadRequest(f"Tool '{name}' has not been passed in `tools`.", param="tool_choice")
+        return fn, True
+    if choice == "required":
+        return fns[0], False
+    if choice == "auto":
+        return next((f for f in fns if (f.get("parameters") or {}).get("properties")), fns[0]), False
+    raise _BadRequest(f"Invalid tool_choice {choice!r}", param="tool_choice")
+
+
 class _CutConnection(Exception):
     """Raised out of a streaming body to drop the connection mid chunked body (uvicorn closes
     the transport without the terminating chunk)."""
@@ -518,6 +704,10 @@ class _Metrics:
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+                                      "queried tokens.", labels, registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                                   "tokens.", labels, registry=r)
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                labels + ["finished_reason"], registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
@@ -540,7 +730,8 @@ class _Metrics:
             return
         self._model = model
         for m in (self.running, self.waiting, self.kv_usage, self.preemptions, self.prompt_tokens,
-                  self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue):
+                  self.generation_tokens, self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
+                  self.queue):
             m.labels(model, "0")
         for reason in FINISH_REASONS:
             self.success.labels(model, "0", reason)
@@ -790,7 +981,7 @@ class FakeVLLM:
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
-        if model is not None and model != self.config.served_name:
+        if model is not None and model != self.config.served_name and model not in self.config.lora_adapters:
             raise _BadRequest(f"The model `{model}` does not exist.", status=404, err_type="NotFoundError",
                               param="model", suffix=False)
 
@@ -812,23 +1003,29 @@ class FakeVLLM:
         if (denied := self._auth(request)) is not None:
             return denied
         cfg = self.config
-        card = {
-            "id": cfg.served_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "vllm",
-            "root": cfg.model_path,
-            "parent": None,
-            "max_model_len": cfg.advertised_len,
-            "permission": [{
-                "id": f"modelperm-{uuid.uuid5(uuid.NAMESPACE_DNS, cfg.served_name).hex}",
-                "object": "model_permission", "created": self.created, "allow_create_engine": False,
-                "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
-                "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None,
-                "is_blocking": False,
-            }],
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+
+        def card(name: str, root: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": parent,
+                "max_model_len": max_len,
+                "permission": [{
+                    "id": f"modelperm-{uuid.uuid5(uuid.NAMESPACE_DNS, name).hex}",
+                    "object": "model_permission", "created": self.created, "allow_create_engine": False,
+                    "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+                    "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None,
+                    "is_blocking": False,
+                }],
+            }
+
+        # vLLM lists each LoRA adapter after the base model, its parent, without a max_model_len
+        cards = [card(cfg.served_name, cfg.model_path, None, cfg.advertised_len)]
+        cards += [card(name, f"/adapters/{name}", cfg.served_name, None) for name in cfg.lora_adapters]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def _tokenize(self, request: Request) -> Response:
         if "no_tokenize" in self.config.faults:
@@ -1054,6 +1251,7 @@ class FakeVLLM:
                                         body.get("chat_template_kwargs"))
                 prompt_key = " ".join(words)
                 n_prompt = len(words)
+                prompt_ids: list[Any] = tok.ids(words)
             else:
                 prompt = body.get("prompt")
                 if "empty_prompt_kills" in faults and prompt in ("", [], [""]):
@@ -1065,8 +1263,10 @@ class FakeVLLM:
                 if isinstance(prompt, str):
                     words = tok.encode(prompt, add_bos=bool(body.get("add_special_tokens", True)))
                     prompt_key, n_prompt = " ".join(words), len(words)
+                    prompt_ids = tok.ids(words)
                 elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
                     prompt_key, n_prompt, text_prompt = json.dumps(prompt), len(prompt), False
+                    prompt_ids = list(prompt)
                 elif prompt is None:
                     raise ValueError("'prompt' is required")
                 else:
@@ -1082,6 +1282,7 @@ class FakeVLLM:
                 keep = max(1, min(L - 1, L - (requested or 1)))
                 n_prompt = keep
                 prompt_key = f"truncated:{keep}:{prompt_key[-200:]}"
+                prompt_ids = prompt_ids[-keep:]
             elif "over_length_500" in faults:
                 raise _BadRequest("Internal Server Error", status=500, err_type="InternalServerError")
             elif n_prompt > L:
@@ -1121,8 +1322,18 @@ class FakeVLLM:
         eos_after = cfg.eos_after
         if "ignore_min_tokens" in faults:
             min_tokens, eos_after = 0, 2
-        tokens, finish = _plan_tokens(prompt_key, limit, ignore_eos, min_tokens, eos_after,
-                                      float(temperature), seed, logprobs or 0, not prompt_key.isascii())
+        model = body.get("model") or cfg.served_name
+        adapter = model if model != cfg.served_name else None
+        if adapter is not None and "lora_as_base" not in faults:
+            prompt_key = f"lora:{adapter}:{prompt_key}"  # the adapter's own deterministic text
+        feature = self._feature_answer(body, stream, faults, limit) if kind == "chat" else None
+        if feature is not None:
+            special, deltas, finish = feature
+            tokens, finish = _delta_tokens(deltas, finish, limit, eos=finish != "length")
+        else:
+            special = None
+            tokens, finish = _plan_tokens(prompt_key, limit, ignore_eos, min_tokens, eos_after,
+                                          float(temperature), seed, logprobs or 0, not prompt_key.isascii())
         if "finish_stop_at_cap" in faults and finish == "length":
             finish = "stop"
             tokens[-1].finish_reason = "stop"
@@ -1131,8 +1342,95 @@ class FakeVLLM:
             record=rec, kind=kind, prompt_tokens=n_prompt, tokens=tokens, finish_reason=finish, faults=faults,
             stream=rec.stream, include_usage=bool(stream_options.get("include_usage")),
             continuous_usage=bool(stream_options.get("continuous_usage_stats")), logprobs=logprobs,
-            created=int(time.time()), model=cfg.served_name, priority=priority,
+            created=int(time.time()), model=model, priority=priority, prompt_ids=tuple(prompt_ids),
+            cache_salt=adapter or "", details=cfg.prompt_tokens_details, special=special,
         )
+
+    # ---- serve features ------------------------------------------------------------------------
+
+    def _feature_answer(self, body: dict[str, Any], stream: bool, faults: frozenset[str], limit: int
+                        ) -> tuple[str, list[dict[str, Any]], str] | None:
+        """``(kind, the chat deltas of the answer, finish_reason)`` of a tools, structured-output or
+        reasoning request, as vLLM 0.32 answers it; None for a plain chat request. Resolution: a
+        call when ``tools`` ask for one (a ``structured_outputs`` regex beside ``tool_choice: auto``
+        is vLLM's combined guide: ignored); then ``response_format``; then ``structured_outputs``
+        (a regex no battery entry asks is a reasoning request's guide when a reasoning parser is
+        set, else a 400); then, with ``reasoning_parser``, reasoning and content."""
+        called = _called_function(body)
+        if called is not None:
+            return ("tools", *self._tool_deltas(*called, stream, faults))
+        rf, so = body.get("response_format"), body.get("structured_outputs")
+        if isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object"):
+            if rf["type"] == "json_object":
+                return "structured", _content_deltas(battery_example("json_object", None) or "{}"), "stop"
+            schema = (rf.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise _BadRequest("response_format json_schema needs json_schema.schema", param="response_format")
+            text = battery_example("json_schema", schema) or json.dumps(minimal_instance(schema), separators=(",", ":"))
+            if "structured_whitespace_loop" in faults:  # '{' then whitespace until max_tokens (no EOS)
+                return "structured", [{"content": "{"}] + [{"content": " "}] * (limit - 1), "length"
+            if "structured_cut" in faults:
+                return "structured", _content_deltas(text[: len(text) // 2]), "stop"
+            return "structured", _content_deltas(text), "stop"
+        if isinstance(so, dict):
+            if isinstance(so.get("choice"), list) and so["choice"]:
+                text = battery_example("choice", so["choice"]) or str(so["choice"][0])
+                return "structured", _content_deltas(text), "stop"
+            if isinstance(so.get("json"), dict):
+                return "structured", _content_deltas(json.dumps(minimal_instance(so["json"]))), "stop"
+            if isinstance(so.get("regex"), str):
+                text = battery_example("regex", so["regex"])
+                if text is not None:
+                    return "structured", _content_deltas(text), "stop"
+                if not self.config.reasoning_parser:
+                    raise _BadRequest(f"fake cannot satisfy regex {so['regex']!r}", param="structured_outputs")
+        if self.config.reasoning_parser:
+            kwargs = body.get("chat_template_kwargs") or {}
+            if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
+                return "reasoning", _content_deltas(CONTENT_TEXT), "stop"
+            if "reasoning_markers_in_content" in faults:
+                return "reasoning", _content_deltas(f"<think>\n{REASONING_TEXT}\n</think>\n\n{CONTENT_TEXT}"), "stop"
+            return ("reasoning", [{"reasoning": p} for p in _pieces(REASONING_TEXT)] + _content_deltas(CONTENT_TEXT),
+                    "stop")
+        return None
+
+    @staticmethod
+    def _tool_deltas(fn: dict[str, Any], named: bool, stream: bool, faults: frozenset[str]
+                     ) -> tuple[list[dict[str, Any]], str]:
+        """The deltas of one call to ``fn`` (hermes: the name first, then the arguments in pieces)
+        and the finish reason (``stop`` for a named tool_choice, as vLLM answers it)."""
+        name = fn["name"]
+        args = json.dumps(minimal_instance(fn.get("parameters") or {"type": "object", "properties": {}}))
+        if "tools_args_not_object" in faults:
+            args = "false"
+        if stream and "tools_stream_as_text" in faults:
+            raw = json.dumps({"name": name, "arguments": json.loads(args)})
+            return _content_deltas(f"<tool_call>\n{raw}\n</tool_call>"), "stop"
+        call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
+        head = {"tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": {"name": name}}]}
+        parts = [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in _pieces(args)]
+        return [head] + parts, "stop" if named else "tool_calls"
+
+    @staticmethod
+    def _special_message(plan: _Plan, tokens: list[_Token]) -> tuple[dict[str, Any], str]:
+        """The non-streamed message of a features answer (its deltas folded) and its finish reason."""
+        content = "".join((t.delta.get("content") or "") if t.delta is not None else t.text for t in tokens)
+        reasoning = "".join((t.delta or {}).get("reasoning") or "" for t in tokens)
+        calls: dict[int, dict[str, Any]] = {}
+        for t in tokens:
+            for tc in (t.delta or {}).get("tool_calls") or []:
+                slot = calls.setdefault(tc["index"], {"id": tc.get("id"), "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+                slot["function"]["name"] += tc.get("function", {}).get("name") or ""
+                slot["function"]["arguments"] += tc.get("function", {}).get("arguments") or ""
+        tool_calls = [calls[i] for i in sorted(calls)]
+        finish = plan.finish_reason
+        if plan.special == "tools" and "tools_empty_calls" in plan.faults:
+            tool_calls, content, finish = [], "", "tool_calls"
+        message = {"role": "assistant", "content": content or (None if plan.special == "tools" else ""),
+                   "refusal": None, "annotations": None, "audio": None, "function_call": None,
+                   "tool_calls": tool_calls, "reasoning": reasoning or None, "reasoning_content": None}
+        return message, finish
 
     def _release(self, plan: _Plan) -> None:
         if not plan.released:
@@ -1144,7 +1442,7 @@ class FakeVLLM:
     async def _engine(self, plan: _Plan) -> AsyncIterator[_Token]:
         """Queue, prefill, then emit the planned tokens with delays; all accounting in ``finally``."""
         cfg, st, m, rec = self.config, self.state, self.metrics, plan.record
-        model = plan.model
+        model = cfg.served_name  # vLLM labels every metric with the served model, adapters included
         m.touch(model)
         lock, slot_freed, closing = self._prims()
         entry = _Active(prompt_tokens=plan.prompt_tokens)
@@ -1170,18 +1468,18 @@ class FakeVLLM:
                 await _first(slot_freed.wait(), closing.wait())
             st.queue.pop(rec.seq, None)
             slot_freed.set()  # the next in the queue re-checks (a slot may still be free)
-            prefill = plan.prompt_tokens * cfg.prefill_s_per_token
             if "hol_blocking" in plan.faults:
                 async with lock:
                     waiting = False
                     st.waiting -= 1
                     admitted = self._admit_entry(rec, entry, model)
-                    await self.sleep(prefill)
+                    await self.sleep(self._prefill_s(plan))
             else:
                 waiting = False
                 st.waiting -= 1
                 admitted = self._admit_entry(rec, entry, model)
-                await self.sleep(prefill)
+                await self.sleep(self._prefill_s(plan))
+            self._prefix_store(plan)
             st.prompt_tokens_total += plan.prompt_tokens
             m.prompt_tokens.labels(model, "0").inc(plan.prompt_tokens)
             if cfg.ttft_s + drift > 0:
@@ -1243,6 +1541,48 @@ class FakeVLLM:
                 m.success.labels(model, "0", "abort").inc()
             self._release(plan)
 
+    # ---- the prefix cache ----------------------------------------------------------------------
+
+    def _block_hashes(self, plan: _Plan, blocks: int) -> list[int]:
+        """Chain hashes of the prompt's first ``blocks`` whole blocks (each covers every token
+        before it, as vLLM's block hashes do; an adapter's blocks are its own)."""
+        bs, out, h = self.config.block_size, [], hash(plan.cache_salt)
+        for i in range(blocks):
+            h = hash((h, plan.prompt_ids[i * bs:(i + 1) * bs]))
+            out.append(h)
+        return out
+
+    def _prefill_s(self, plan: _Plan) -> float:
+        """Look the prompt up in the prefix cache (whole blocks; like vLLM, at most
+        ``prompt_tokens - 1`` tokens hit, so one is always computed), count the query and the hit,
+        and return the prefill time of the uncached tokens."""
+        cfg, m = self.config, self.metrics
+        cached = 0
+        if cfg.enable_prefix_caching and plan.prompt_ids and "prefix_cache_never_hits" not in plan.faults:
+            for h in self._block_hashes(plan, (len(plan.prompt_ids) - 1) // cfg.block_size):
+                if h not in self.state.prefix_blocks:
+                    break
+                self.state.prefix_blocks.move_to_end(h)
+                cached += cfg.block_size
+        plan.cached_tokens = plan.record.cached_tokens = cached
+        if cfg.enable_prefix_caching:
+            m.prefix_queries.labels(cfg.served_name, "0").inc(plan.prompt_tokens)
+            if "prefix_counter_frozen" not in plan.faults:
+                m.prefix_hits.labels(cfg.served_name, "0").inc(cached)
+        return (plan.prompt_tokens - cached) * cfg.prefill_s_per_token
+
+    def _prefix_store(self, plan: _Plan) -> None:
+        """Cache the prompt's whole blocks once prefilled (least recently used evicted beyond
+        ``num_gpu_blocks``: the pool holds that many)."""
+        cfg, cache = self.config, self.state.prefix_blocks
+        if not cfg.enable_prefix_caching or not plan.prompt_ids:
+            return
+        for h in self._block_hashes(plan, len(plan.prompt_ids) // cfg.block_size):
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > max(1, cfg.num_gpu_blocks):
+            cache.popitem(last=False)
+
     def _admit_entry(self, rec: RequestRecord, entry: _Active, model: str) -> bool:
         rec.t_admitted = time.monotonic()
         self.metrics.queue.labels(model, "0").observe(rec.t_admitted - rec.t_received)
@@ -1292,12 +1632,17 @@ class FakeVLLM:
         text = "".join(t.text for t in tokens)
         usage = self._usage(plan, len(tokens))
         if plan.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": None,
+                                       "audio": None, "function_call": None, "tool_calls": [],
+                                       "reasoning_content": None}
+            finish = plan.finish_reason
+            if plan.special is not None:
+                message, finish = self._special_message(plan, tokens)
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                            "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None},
+                "message": message,
                 "logprobs": {"content": [self._chat_lp(t, plan) for t in tokens]} if plan.logprobs is not None else None,
-                "finish_reason": plan.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": None,
             }
             obj = "chat.completion"
@@ -1317,8 +1662,9 @@ class FakeVLLM:
 
     @staticmethod
     def _usage(plan: _Plan, completion_tokens: int) -> dict[str, Any]:
+        details = {"cached_tokens": plan.cached_tokens} if plan.details else None
         return {"prompt_tokens": plan.prompt_tokens, "total_tokens": plan.prompt_tokens + completion_tokens,
-                "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+                "completion_tokens": completion_tokens, "prompt_tokens_details": details}
 
     @staticmethod
     def _chat_lp(t: _Token, plan: _Plan) -> dict[str, Any]:
@@ -1352,7 +1698,12 @@ class FakeVLLM:
         if finish is None and "finish_reason_empty" in plan.faults:
             finish = ""  # type: ignore[assignment]
         if plan.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+            if role:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""}
+            elif tok is not None and tok.delta is not None:  # a features answer: reasoning, tool calls
+                delta = dict(tok.delta)
+            else:
+                delta = {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             if tok is not None and plan.logprobs is not None:
                 choice["logprobs"] = {"content": [self._chat_lp(tok, plan)]}

@@ -15,7 +15,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .fake_vllm import FAULTS, FakeConfig, FakeVLLM, running_fake
+from kvgate.gates.features import BATTERY, DEFAULT_FUNCTIONS
+
+from .fake_vllm import CONTENT_TEXT, FAULTS, REASONING_TEXT, FakeConfig, FakeVLLM, minimal_instance, running_fake
 
 L = 256
 MODEL = "fake-model"
@@ -681,6 +683,7 @@ def _ttft_short_while_long(fake) -> float:
 
 def test_fault_hol_blocking(fake):
     fake.config.prefill_s_per_token = 0.001  # 200-token prefill: 0.2 s
+    fake.config.enable_prefix_caching = False  # the same long prompt twice: a prefix hit would skip its prefill
     assert _ttft_short_while_long(fake) < 0.1
     fake.config.faults.add("hol_blocking")
     assert _ttft_short_while_long(fake) >= 0.12
@@ -885,3 +888,280 @@ def test_chat_template_kwargs_add_tokens_in_tokenize_and_chat(client, fake):
     assert client.post("/tokenize", json={"model": MODEL, "messages": msgs, **kw}).json()["count"] == plain + 2
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 1, **kw}).json()
     assert r["usage"]["prompt_tokens"] == plain + 2
+
+
+# ---- serve features (the features gate) ----------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": f} for f in DEFAULT_FUNCTIONS]
+WEATHER = {"city": "Oslo", "unit": "c"}  # get_weather's minimal instance: each enum's first value
+CHAT = "/v1/chat/completions"
+
+
+def tool_chat(choice, **kw) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "weather in Oslo"}], "tools": TOOLS,
+            "tool_choice": choice, "max_tokens": 64, "temperature": 0, **kw}
+
+
+def named(fn: str) -> dict:
+    return {"type": "function", "function": {"name": fn}}
+
+
+def plain_chat(**kw) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "the capital of France"}], "max_tokens": 64,
+            "temperature": 0, **kw}
+
+
+def streamed_calls(chunks: list[dict]) -> tuple[list[tuple[str, str]], int]:
+    """``([(name, arguments)] reassembled by index, how many deltas carried arguments)``."""
+    calls: dict[int, list[str]] = {}
+    arg_deltas = 0
+    for c in chunks:
+        for ch in c["choices"]:
+            for tc in ch["delta"].get("tool_calls") or []:
+                slot = calls.setdefault(tc["index"], ["", ""])
+                slot[0] += tc.get("function", {}).get("name") or ""
+                if "arguments" in tc.get("function", {}):
+                    slot[1] += tc["function"]["arguments"]
+                    arg_deltas += 1
+    return [(n, a) for _, (n, a) in sorted(calls.items())], arg_deltas
+
+
+def streamed_reasoning(chunks: list[dict]) -> str:
+    return "".join(ch["delta"].get("reasoning") or "" for c in chunks for ch in c["choices"])
+
+
+@pytest.mark.parametrize("choice, fn, args, finish", [
+    ("auto", "get_weather", WEATHER, "tool_calls"),  # the first function with parameters
+    ("required", "get_weather", WEATHER, "tool_calls"),  # the first function
+    (named("get_weather"), "get_weather", WEATHER, "stop"),  # a named choice finishes stop, as vLLM's does
+    (named("get_time"), "get_time", {}, "stop"),
+], ids=["auto", "required", "named-get_weather", "named-get_time"])
+def test_tool_calls_non_streamed_and_streamed(client, choice, fn, args, finish):
+    body = client.post(CHAT, json=tool_chat(choice)).json()
+    ch = body["choices"][0]
+    (call,) = ch["message"]["tool_calls"]
+    assert ch["message"]["content"] is None and ch["finish_reason"] == finish
+    assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+    assert call["function"]["name"] == fn and json.loads(call["function"]["arguments"]) == args
+    chunks, done, _ = stream(client, CHAT, tool_chat(choice))
+    first = next(tc for c in chunks for x in c["choices"] for tc in x["delta"].get("tool_calls") or [])
+    assert first["function"] == {"name": fn} and first["type"] == "function" and first["index"] == 0
+    calls, arg_deltas = streamed_calls(chunks)
+    assert done and calls == [(fn, call["function"]["arguments"])] and arg_deltas >= 2  # {} too: "{", "}"
+    assert finishes(chunks) == [finish] and text_of(chunks) == ""
+
+
+def test_tool_choice_auto_with_a_regex_still_calls_and_bad_choices_are_400(client):
+    body = client.post(CHAT, json=tool_chat("auto", structured_outputs={"regex": "<tool_call>.*"})).json()
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    r = client.post(CHAT, json=tool_chat(named("nope")))
+    assert r.status_code == 400 and "'nope' has not been passed in `tools`" in r.json()["error"]["message"]
+    no_tools = tool_chat("required")
+    del no_tools["tools"]
+    assert client.post(CHAT, json=no_tools).status_code == 400
+    msg = client.post(CHAT, json=tool_chat("none")).json()["choices"][0]["message"]
+    assert msg["tool_calls"] == [] and msg["content"]  # tool_choice none: a plain answer
+
+
+def test_minimal_instance_is_valid_against_its_schema():
+    import jsonschema
+
+    extra = {"type": "object", "required": ["n", "s", "t", "a"],
+             "properties": {"n": {"type": "integer", "minimum": 3}, "s": {"type": "string", "pattern": "^[0-9]{3}$"},
+                            "t": {"type": "string", "minLength": 5},
+                            "a": {"type": "array", "items": {"type": "boolean"}, "minItems": 2}}}
+    schemas = [g.spec for g in BATTERY if g.kind == "json_schema"] + [f["parameters"] for f in DEFAULT_FUNCTIONS]
+    for schema in schemas + [extra]:
+        jsonschema.validate(minimal_instance(schema), schema)
+    assert minimal_instance(extra) == {"n": 3, "s": "000", "t": "kvaaa", "a": [True, True]}
+    assert minimal_instance(DEFAULT_FUNCTIONS[0]["parameters"]) == WEATHER
+    assert minimal_instance(DEFAULT_FUNCTIONS[1]["parameters"]) == {}
+
+
+@pytest.mark.parametrize("g", BATTERY, ids=[g.name for g in BATTERY])
+def test_structured_outputs_answer_the_battery_example(client, g):
+    body = client.post(CHAT, json=plain_chat(**g.request())).json()
+    ch = body["choices"][0]
+    assert ch["message"]["content"] == g.example and ch["finish_reason"] == "stop"
+    assert 2 <= body["usage"]["completion_tokens"] <= 16  # the pieces + EOS
+    chunks, done, _ = stream(client, CHAT, plain_chat(**g.request()))
+    assert done and text_of(chunks) == g.example and finishes(chunks) == ["stop"]
+
+
+def test_structured_outputs_outside_the_battery(client, fake):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 2}}, "required": ["n"]}
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}}
+    assert client.post(CHAT, json=plain_chat(**rf)).json()["choices"][0]["message"]["content"] == '{"n":2}'
+    choice = client.post(CHAT, json=plain_chat(structured_outputs={"choice": ["x", "y"]})).json()
+    assert choice["choices"][0]["message"]["content"] == "x"
+    r = client.post(CHAT, json=plain_chat(structured_outputs={"regex": "[a-z]+!"}))
+    assert r.status_code == 400 and "fake cannot satisfy regex" in r.json()["error"]["message"]
+    fake.config.reasoning_parser = "qwen3"  # then an unknown regex is a reasoning request's guide: ignored
+    guided = plain_chat(structured_outputs={"regex": "[a-z]+!"}, chat_template_kwargs={"enable_thinking": False})
+    assert client.post(CHAT, json=guided).json()["choices"][0]["message"]["content"] == CONTENT_TEXT
+
+
+@pytest.mark.parametrize("kwargs, reasoning", [({}, REASONING_TEXT), ({"enable_thinking": True}, REASONING_TEXT),
+                                               ({"enable_thinking": False}, None)], ids=["default", "on", "off"])
+def test_reasoning_parser_splits_reasoning_from_content(client, fake, kwargs, reasoning):
+    fake.config.reasoning_parser = "qwen3"
+    body = plain_chat(chat_template_kwargs=kwargs)
+    msg = client.post(CHAT, json=body).json()["choices"][0]["message"]
+    assert msg["reasoning"] == reasoning and msg["content"] == CONTENT_TEXT
+    chunks, done, _ = stream(client, CHAT, body)
+    assert done and streamed_reasoning(chunks) == (reasoning or "") and text_of(chunks) == CONTENT_TEXT
+    order = ["r" if ch["delta"].get("reasoning") else "c" for c in chunks for ch in c["choices"]
+             if ch["delta"].get("reasoning") or ch["delta"].get("content")]
+    assert order == sorted(order, reverse=True)  # every reasoning delta before the first content delta
+
+
+def test_without_a_reasoning_parser_chat_is_plain(client):
+    msg = client.post(CHAT, json=plain_chat()).json()["choices"][0]["message"]
+    assert "reasoning" not in msg and msg["content"].startswith(" tok")
+
+
+def test_lora_adapters_are_listed_and_answer_text_of_their_own(client, fake):
+    fake.config.lora_adapters = ("a1", "a2")
+    cards = client.get("/v1/models").json()["data"]
+    assert [(m["id"], m["parent"], m["root"]) for m in cards] == [
+        (MODEL, None, "/models/fake-model"), ("a1", MODEL, "/adapters/a1"), ("a2", MODEL, "/adapters/a2")]
+
+    def text(model: str) -> str:
+        body = client.post("/v1/completions", json={**cmpl(5, max_tokens=8, ignore_eos=True), "model": model}).json()
+        assert body["model"] == model
+        return body["choices"][0]["text"]
+
+    texts = {m: text(m) for m in (MODEL, "a1", "a2")}
+    assert len(set(texts.values())) == 3 and text("a1") == texts["a1"]  # distinct and deterministic
+    assert client.post("/v1/completions", json={**cmpl(5), "model": "a3"}).status_code == 404
+    fake.config.faults.add("lora_as_base")
+    assert text("a1") == text("a2") == texts[MODEL]  # echoed as themselves, the base model's text
+    labels = {s.labels["model_name"] for s in metrics(client)["vllm:prompt_tokens_total"]}
+    assert labels == {MODEL}  # metrics carry the served model, adapters included
+
+
+def _prefilled(fake) -> list[float]:
+    """Install a sleep that records the prefill (and any other) delays, returning the record."""
+    slept: list[float] = []
+
+    async def record(s: float) -> None:
+        slept.append(s)
+        await asyncio.sleep(0)
+
+    fake.sleep = record
+    return slept
+
+
+def _cached(client, prompt, model=MODEL):
+    body = client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1}).json()
+    details = body["usage"]["prompt_tokens_details"]
+    return None if details is None else details["cached_tokens"]
+
+
+def _prefix_counters(client) -> tuple[float, float]:
+    m = metrics(client)
+    return m["vllm:prefix_cache_queries_total"][0].value, m["vllm:prefix_cache_hits_total"][0].value
+
+
+def test_prefix_cache_hits_whole_blocks_and_prefills_the_rest(client, fake):
+    real = fake.sleep
+    try:
+        slept = _prefilled(fake)
+        fake.config.prefill_s_per_token, fake.config.prompt_tokens_details = 1.0, True
+        prefix = list(range(100, 140))  # 40 tokens: 2 whole blocks of 16 and 8 more
+        assert _cached(client, prefix + [1, 2]) == 0
+        assert _cached(client, prefix + [3, 4]) == 32  # the whole blocks shared
+        assert _cached(client, prefix[:32]) == 16  # never the whole prompt: its last block is computed again
+        assert slept == [42.0, 10.0, 16.0]  # prefill: the uncached tokens only
+        assert _prefix_counters(client) == (42 + 42 + 32, 32 + 16)
+        assert _cached(client, words(40)) == 0 and _cached(client, words(40)) == 32  # text prompts alike
+        fake.config.lora_adapters = ("a1",)
+        assert _cached(client, prefix + [5, 6], model="a1") == 0  # an adapter's blocks are its own
+        fake.config.enable_prefix_caching = False
+        assert _cached(client, prefix + [7, 8]) == 0
+        fake.config.prompt_tokens_details = False
+        assert _cached(client, prefix + [7, 8]) is None  # vLLM's default: no prompt_tokens_details
+    finally:
+        fake.sleep = real
+
+
+@pytest.mark.parametrize("fault, cached, hits", [("prefix_cache_never_hits", 0, 0), ("prefix_counter_frozen", 32, 0)])
+def test_fault_prefix_cache(client, fake, fault, cached, hits):
+    real = fake.sleep
+    try:
+        slept = _prefilled(fake)
+        fake.config.faults.add(fault)
+        fake.config.prefill_s_per_token, fake.config.prompt_tokens_details = 1.0, True
+        prefix = list(range(100, 140))
+        assert _cached(client, prefix + [1, 2]) == 0 and _cached(client, prefix + [3, 4]) == cached
+        assert slept == [42.0, 42.0 - cached]
+        assert _prefix_counters(client) == (84, hits)
+    finally:
+        fake.sleep = real
+
+
+def test_fault_tools_stream_as_text(client, fake):
+    fake.config.faults.add("tools_stream_as_text")
+    chunks, done, _ = stream(client, CHAT, tool_chat("auto"))
+    raw = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    assert done and text_of(chunks) == raw and finishes(chunks) == ["stop"] and streamed_calls(chunks) == ([], 0)
+    ch = client.post(CHAT, json=tool_chat("auto")).json()["choices"][0]  # non-streamed stays right
+    assert ch["finish_reason"] == "tool_calls" and len(ch["message"]["tool_calls"]) == 1
+
+
+def test_fault_tools_empty_calls(client, fake):
+    fake.config.faults.add("tools_empty_calls")
+    for choice in ("auto", named("get_time")):
+        ch = client.post(CHAT, json=tool_chat(choice)).json()["choices"][0]
+        assert ch["finish_reason"] == "tool_calls" and ch["message"]["tool_calls"] == []
+        assert ch["message"]["content"] is None
+    chunks, _, _ = stream(client, CHAT, tool_chat("auto"))  # streamed stays right
+    assert streamed_calls(chunks)[0] == [("get_weather", json.dumps(WEATHER))]
+
+
+def test_fault_tools_args_not_object(client, fake):
+    fake.config.faults.add("tools_args_not_object")
+    for choice, fn in (("auto", "get_weather"), (named("get_time"), "get_time")):  # parameterless too
+        call = client.post(CHAT, json=tool_chat(choice)).json()["choices"][0]["message"]["tool_calls"][0]
+        assert call["function"] == {"name": fn, "arguments": "false"}
+        chunks, _, _ = stream(client, CHAT, tool_chat(choice))
+        assert streamed_calls(chunks)[0] == [(fn, "false")]
+
+
+def _schema_case(name: str):
+    return next(g for g in BATTERY if g.name == name)
+
+
+def test_fault_structured_whitespace_loop(client, fake):
+    fake.config.faults.add("structured_whitespace_loop")
+    body = client.post(CHAT, json=plain_chat(**_schema_case("nested").request())).json()
+    ch = body["choices"][0]
+    assert ch["message"]["content"] == "{" + " " * 63 and ch["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 64
+    for other in ("json-object", "regex"):  # json_schema only
+        g = _schema_case(other)
+        assert client.post(CHAT, json=plain_chat(**g.request())).json()["choices"][0]["message"]["content"] == g.example
+
+
+def test_fault_structured_cut(client, fake):
+    fake.config.faults.add("structured_cut")
+    g = _schema_case("enum-const")
+    ch = client.post(CHAT, json=plain_chat(**g.request())).json()["choices"][0]
+    assert ch["message"]["content"] == g.example[: len(g.example) // 2] and ch["finish_reason"] == "stop"
+    chunks, _, _ = stream(client, CHAT, plain_chat(**g.request()))
+    assert text_of(chunks) == g.example[: len(g.example) // 2]
+    assert client.post(CHAT, json=plain_chat(**_schema_case("choice").request())).json()["choices"][0][
+        "message"]["content"] == "block"
+
+
+def test_fault_reasoning_markers_in_content(client, fake):
+    fake.config.reasoning_parser = "qwen3"
+    fake.config.faults.add("reasoning_markers_in_content")
+    on = plain_chat(chat_template_kwargs={"enable_thinking": True})
+    msg = client.post(CHAT, json=on).json()["choices"][0]["message"]
+    marked = f"<think>\n{REASONING_TEXT}\n</think>\n\n{CONTENT_TEXT}"
+    assert msg["reasoning"] is None and msg["content"] == marked
+    chunks, _, _ = stream(client, CHAT, on)
+    assert streamed_reasoning(chunks) == "" and text_of(chunks) == marked
+    off = client.post(CHAT, json=plain_chat(chat_template_kwargs={"enable_thinking": False})).json()
+    assert off["choices"][0]["message"]["content"] == CONTENT_TEXT  # thinking off: unaffected

@@ -175,66 +175,92 @@ class ChatFields:
     problem: str | None = None
 
 
+def _tokens(usage: Any, default: int | None) -> int | None:
+    """``usage.completion_tokens`` when it is an integer, else ``default``."""
+    v = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
 def chat_fields(ex: Exchange) -> ChatFields:
-    """Fold ``ex`` (a chat exchange with status 200) into :class:`ChatFields`; never raises."""
+    """Fold ``ex`` (a chat exchange with status 200) into :class:`ChatFields`; never raises: a
+    field of the wrong JSON type (a delta or message that is not an object, content that is not
+    a string, a tool call without a function object) is the ``problem``."""
     out = ChatFields()
     r = ex.reply
+
+    def note(problem: str) -> None:
+        out.problem = out.problem or problem
+
+    def text(value: Any, where: str) -> str:
+        if value is None or isinstance(value, str):
+            return value or ""
+        note(f"{where} is a JSON {type(value).__name__} ({clip(json.dumps(value), 60)}), not a string")
+        return ""
+
+    def obj(value: Any, where: str) -> dict[str, Any]:
+        if value is None or isinstance(value, dict):
+            return value or {}
+        note(f"{where} is a JSON {type(value).__name__} ({clip(json.dumps(value), 60)}), not an object")
+        return {}
+
     if isinstance(r, StreamReply):
         calls: dict[int, list[str]] = {}
-        for _, obj in r.chunks():
-            if not isinstance(obj, dict):
-                out.problem = out.problem or f"undecodable stream event {str(obj)[:120]!r}"
+        for _, chunk in r.chunks():
+            if not isinstance(chunk, dict):
+                note(f"undecodable stream event {str(chunk)[:120]!r}")
                 continue
-            if "error" in obj:
-                out.problem = out.problem or f"in-stream error {clip(json.dumps(obj['error']), CLIP)!r}"
+            if "error" in chunk:
+                note(f"in-stream error {clip(json.dumps(chunk['error']), CLIP)!r}")
                 continue
-            if isinstance(obj.get("usage"), dict):
-                out.completion_tokens = obj["usage"].get("completion_tokens", out.completion_tokens)
-            for ch in obj.get("choices") or []:
+            out.completion_tokens = _tokens(chunk.get("usage"), out.completion_tokens)
+            for ch in chunk.get("choices") or []:
                 if not isinstance(ch, dict):
                     continue
-                d = ch.get("delta") or {}
-                out.content += d.get("content") or ""
+                d = obj(ch.get("delta"), "a stream delta")
+                out.content += text(d.get("content"), "a delta's content")
                 for key in ("reasoning", "reasoning_content"):
                     if d.get(key):
-                        out.reasoning += d[key]
+                        out.reasoning += text(d[key], f"a delta's {key}")
                         out.reasoning_field = out.reasoning_field or key
                 if isinstance(d.get("tool_calls"), list):
                     out.tool_calls_field = True
                     for i, tc in enumerate(d["tool_calls"]):
-                        if not isinstance(tc, dict):
+                        tc = obj(tc, "a streamed tool call")
+                        index = tc.get("index", i)
+                        if not isinstance(index, int):
+                            note(f"a streamed tool call's index is {clip(json.dumps(index), 40)}, not an integer")
                             continue
-                        slot = calls.setdefault(tc.get("index", i), ["", ""])
-                        fn = tc.get("function") or {}
-                        slot[0] += fn.get("name") or ""
-                        slot[1] += fn.get("arguments") or ""
+                        slot = calls.setdefault(index, ["", ""])
+                        fn = obj(tc.get("function"), "a streamed tool call's function")
+                        slot[0] += text(fn.get("name"), "a streamed tool call's name")
+                        slot[1] += text(fn.get("arguments"), "a streamed tool call's arguments")
                 out.finish = ch.get("finish_reason") or out.finish
         out.calls = [(n, a) for _, (n, a) in sorted(calls.items())]
         if r.transport_error:
-            out.problem = out.problem or f"stream broke: {r.transport_error}"
+            note(f"stream broke: {r.transport_error}")
         elif not r.done:
-            out.problem = out.problem or "stream ended without data: [DONE]"
+            note("stream ended without data: [DONE]")
         return out
     body = json_body(r)
     choices = body.get("choices") if body else None
     if not body or not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         out.problem = f"not a chat completion: {clip(r.text, CLIP)!r}"
         return out
-    msg = choices[0].get("message") or {}
-    out.content = msg.get("content") or ""
+    msg = obj(choices[0].get("message"), "the message")
+    out.content = text(msg.get("content"), "the message's content")
     for key in ("reasoning", "reasoning_content"):
         if msg.get(key):
-            out.reasoning, out.reasoning_field = msg[key], key
+            out.reasoning, out.reasoning_field = text(msg[key], f"the message's {key}"), key
             break
     tcs = msg.get("tool_calls")
     out.tool_calls_field = isinstance(tcs, list)
     for tc in tcs if isinstance(tcs, list) else []:
-        fn = (tc or {}).get("function") or {} if isinstance(tc, dict) else {}
-        out.calls.append((fn.get("name") or "", fn.get("arguments") if isinstance(fn.get("arguments"), str)
-                          else json.dumps(fn.get("arguments"))))
+        fn = obj(obj(tc, "a tool call").get("function"), "a tool call's function")
+        args = fn.get("arguments")
+        out.calls.append((text(fn.get("name"), "a tool call's name"),
+                          args if isinstance(args, str) else json.dumps(args)))
     out.finish = choices[0].get("finish_reason")
-    usage = body.get("usage")
-    out.completion_tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    out.completion_tokens = _tokens(body.get("usage"), None)
     return out
 
 
@@ -498,6 +524,8 @@ def _content_problem(g: Grammar, text: str) -> str | None:
         except json.JSONDecodeError as exc:
             if exc.pos >= len(text.rstrip()):
                 return f"is JSON cut mid-object ({exc.msg} at the end, char {exc.pos})"
+            if exc.msg.startswith("Unterminated string"):  # the string runs to the end: cut inside it
+                return f"is JSON cut mid-object (a string opened at char {exc.pos} never closes)"
             if exc.msg.startswith("Invalid control character"):
                 return (f"is not valid JSON: an unescaped control character {text[exc.pos]!r} in a string at char "
                         f"{exc.pos} (RFC 8259 section 7), which the grammar let through")
@@ -550,7 +578,7 @@ def structured_verdict(g: Grammar, profile: Profile, ex: Exchange, after: Exchan
     if problem is None and share > share_max:
         problem = f"{shown} is {share:.0%} whitespace; at most {share_max:.0%}"
     if problem is None and ex.reply.elapsed_s > f.deadline_s:
-        problem = f"answered in {ex.reply.elapsed_s:.1f} s; must within {f.deadline_s:g} s (features.deadline_s)"
+        problem = f"answered in {ex.reply.elapsed_s:.1f} s; must answer within {f.deadline_s:g} s (features.deadline_s)"
     if problem:
         return Verdict(gate, FAIL, f"{g.kind} {g.name}: {problem} -> FAIL", measured=problem,
                        limit=f"valid {g.kind}, finish stop, <= {num(cap_t)} tokens", evidence=ev)
@@ -765,6 +793,8 @@ def prefix_verdict(profile: Profile, obs: PrefixObservation, declared_details: b
     if declared_details and not reported:
         problem = ("engine.enable_prompt_tokens_details is set but no answer carries "
                    "usage.prompt_tokens_details.cached_tokens")
+    elif counted and reported and best_cached == 0 and hits > 0:  # before "never hitting": the counter says it did
+        problem = "the prefix_cache_hits counter rose while cached_tokens stayed 0"
     elif reported and best_cached < whole:
         problem = (f"enabled but never hitting: cached_tokens {num(best_cached)}, the prefix's whole blocks are "
                    f"{num(whole)}" if best_cached == 0 else
@@ -773,8 +803,6 @@ def prefix_verdict(profile: Profile, obs: PrefixObservation, declared_details: b
         problem = "cached_tokens says it hit while the prefix_cache_hits counter stayed flat (dashboards lie)"
     elif counted and not reported and hits <= 0:
         problem = "enabled but never hitting: the prefix_cache_hits counter stayed flat"
-    elif counted and reported and best_cached == 0 and hits > 0:
-        problem = "the prefix_cache_hits counter rose while cached_tokens stayed 0"
     elif speedup < need:
         problem = f"TTFT dropped {speedup:.2f}x; at least {need:g}x (features.prefix_caching.ttft_speedup_min)"
     if problem:
