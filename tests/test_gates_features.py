@@ -479,7 +479,7 @@ def test_a_hitting_prefix_cache_passes_naming_the_smallest_prefix_that_hit():
     v = prefix_verdict(FEAT, ladder(), True)
     assert v.status is Status.PASS and (v.measured, v.limit, v.unit) == (4.0, 1.5, "ratio")
     assert v.message == ("128-token prefix sent again: cached_tokens 128 of 128 whole-block tokens, "
-                         "prefix_cache_hits +256, TTFT 200 -> 50 ms (4.0x); smallest shared prefix that hit: 24 "
+                         "prefix_cache_hits +128 per warm request, TTFT 200 -> 50 ms (4.0x); smallest shared prefix that hit: 24 "
                          "tokens (1.5 blocks of 16); 8 did not -> PASS")
 
 
@@ -535,7 +535,7 @@ def test_a_profile_without_features_is_five_skips_naming_the_flag():
 def test_the_features_profile_runs_every_case():
     assert cases(FEAT) == ["tools/auto", "tools/required", "tools/named/get_weather", "tools/named/get_time",
                            *[f"structured/{g.name}" for g in BATTERY], "reasoning/thinking-on",
-                           "reasoning/thinking-off", "lora/a1", "lora/a2", "lora/over-max-loras", "prefix-caching"]
+                           "reasoning/thinking-off", "lora/kvgate-lora-a", "lora/kvgate-lora-b", "lora/over-max-loras", "prefix-caching"]
     assert len(cases(FEAT)) == 17 and all(skip_verdict(c, FEAT) is None for c in cases(FEAT))
 
 

@@ -723,6 +723,9 @@ def over_max_loras_verdict(profile: Profile, exchanges: list[Exchange]) -> Verdi
     """``lora/over-max-loras``: requests to more adapters at once than ``max_loras`` slots all
     answer 200, each echoing its adapter, within ``features.deadline_s`` seconds."""
     gate = f"{GATE}/lora/over-max-loras"
+    if not exchanges:
+        return Verdict(gate, FAIL, "no request was sent over the adapters -> FAIL", measured=0, limit=">= 1",
+                       unit="requests")
     names = sorted({str(ex.body.get("model")) for ex in exchanges})
     m = max_loras(profile)
     ev = {"requests": [ex.evidence() for ex in exchanges]}
@@ -763,6 +766,9 @@ def prefix_verdict(profile: Profile, obs: PrefixObservation, declared_details: b
         return Verdict(gate, FAIL, f"a {num(bad.prefix_tokens)}-token-prefix request answered {bad.status} "
                        f"({bad.error}) -> FAIL", measured=bad.status, limit=200, unit="HTTP status", evidence=ev)
     block = obs.block_size
+    if not any(t.cold for t in obs.tries) or all(t.cold for t in obs.tries):
+        return Verdict(gate, FAIL, f"the prefix ladder has {len(obs.tries)} tries, no cold and warm pair to compare "
+                       "-> FAIL", measured=len(obs.tries), limit="a cold and a warm try", evidence=ev)
     lengths = sorted({t.prefix_tokens for t in obs.tries})
     long = lengths[-1]
     cold = next(t for t in obs.tries if t.prefix_tokens == long and t.cold)
@@ -786,7 +792,8 @@ def prefix_verdict(profile: Profile, obs: PrefixObservation, declared_details: b
         smallest += f"; {', '.join(num(n) for n in misses)} did not"
     where = (f"cached_tokens {num(best_cached)} of {num(whole)} whole-block tokens" if reported
              else "cached_tokens not reported")
-    counter = f"prefix_cache_hits +{hits:,.0f}" if counted else "no prefix_cache_hits counter"
+    counter = (f"prefix_cache_hits +{hits / max(len(warm), 1):,.0f} per warm request" if counted
+               else "no prefix_cache_hits counter")
     seen = f"{num(long)}-token prefix sent again: {where}, {counter}, TTFT {cold.ttft_s * 1e3:.0f} -> " \
            f"{min(t.ttft_s for t in warm) * 1e3:.0f} ms ({speedup:.1f}x); {smallest}"
     problem = None
