@@ -14,14 +14,11 @@ Cached beside the base model under ``cache_root()/lora-<hash>``; built in a subp
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
-from kvgate.launch.tinymodel import TinyModelError, cache_root
+from kvgate.launch.tinymodel import TinyModelError, build_cached, cache_root
 from kvgate.profile.models import EngineSpec
 
 #: The projections an embedded adapter targets (vLLM's Llama supports LoRA on all of them).
@@ -68,25 +65,9 @@ def ensure_adapter(base: Path, name: str, rank: int = 8, python: str = sys.execu
     missing (written to a temporary sibling, then renamed into place). Raises
     :class:`~kvgate.launch.tinymodel.TinyModelError` with the builder's last lines on failure."""
     key = hashlib.sha256(f"{base.name}|{name}|{rank}|{RECIPE}".encode()).hexdigest()[:12]
-    target = cache_root() / f"lora-{key}"
-    if (target / "adapter_config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        proc = subprocess.run([python, "-m", "kvgate.launch.lora", str(tmp), str(base), name, str(rank)],
-                              capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0:
-            last = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise TinyModelError(f"building LoRA adapter {name!r} failed (exit {proc.returncode}):\n{last}")
-        try:
-            tmp.rename(target)
-        except OSError:  # a concurrent build won the race
-            if not (target / "adapter_config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_cached(cache_root() / f"lora-{key}", "adapter_config.json",
+                        [python, "-m", "kvgate.launch.lora", "{out}", str(base), name, str(rank)],
+                        f"LoRA adapter {name!r}", timeout_s)
 
 
 def ensure_adapters(engine: EngineSpec, base: Path,

@@ -279,22 +279,29 @@ def ensure_model(spec: TinySpec, python: str = sys.executable, timeout_s: float 
     """
     family = "llama" if spec.model_type == "llama" else spec.model_type.replace("_", "-")
     target = cache_root() / f"tiny-{family}-{spec.digest()}"
-    if (target / "kvgate-spec.json").is_file():
+    return build_cached(target, "kvgate-spec.json", [python, "-m", "kvgate.launch.tinymodel", "{out}",
+                                                      json.dumps(asdict(spec))], "the tiny model", timeout_s)
+
+
+def build_cached(target: Path, marker: str, argv: list[str], what: str, timeout_s: float) -> Path:
+    """``target`` when ``target/marker`` exists, else run ``argv`` (``"{out}"`` replaced by a
+    temporary sibling directory) and rename its output into place, so an interrupted build never
+    leaves a half-written cache entry and a concurrent build that won the race is used. Raises
+    :class:`TinyModelError` naming ``what`` with the builder's last 15 output lines on failure."""
+    if (target / marker).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        proc = subprocess.run(
-            [python, "-m", "kvgate.launch.tinymodel", str(tmp), json.dumps(asdict(spec))],
-            capture_output=True, text=True, timeout=timeout_s,
-        )
+        proc = subprocess.run([str(tmp) if a == "{out}" else a for a in argv], capture_output=True, text=True,
+                              timeout=timeout_s)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise TinyModelError(f"building the tiny model failed (exit {proc.returncode}):\n{tail}")
+            raise TinyModelError(f"building {what} failed (exit {proc.returncode}):\n{tail}")
         try:
             tmp.rename(target)
         except OSError:  # a concurrent build won the race; use theirs
-            if not (target / "kvgate-spec.json").is_file():
+            if not (target / marker).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
