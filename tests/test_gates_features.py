@@ -389,6 +389,14 @@ def test_an_adapter_not_listed_fails():
     assert "(listed adapters: a2) -> FAIL" in v.message
 
 
+def test_an_adapter_whose_text_is_not_a_string_fails_not_passes():
+    ex = Exchange("completions", False, {"model": "a1"},
+                  Reply(200, json.dumps({"model": "a1", "choices": [{"index": 0, "text": ["x"]}]}), 0.1))
+    v = lora_verdict("a1", FEAT, LISTED, completion_ex(BASE, BASE_TEXT), ex)
+    assert v.status is Status.FAIL
+    assert v.message == "LoRA a1: the completion's text is a JSON list ([\"x\"]), not a string -> FAIL"
+
+
 def test_an_adapter_answering_as_another_model_fails():
     v = lora_verdict("a1", FEAT, LISTED, completion_ex(BASE, BASE_TEXT), completion_ex("a1", " x", echoed=BASE))
     assert v.message == f"LoRA a1: answered as model {BASE!r}, not 'a1' -> FAIL"

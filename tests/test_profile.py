@@ -124,3 +124,25 @@ def test_far_off_key_lists_the_known_ones(write_profile):
         load_profile(str(p))
     assert "field 'workloads.chat.zzz'" in str(e.value) and "known keys in workloads.chat: " in str(e.value)
     assert "prompt_tokens" in str(e.value).split("known keys in workloads.chat: ")[1]
+
+
+@pytest.mark.parametrize("functions, fragment", [
+    ("[{description: no name}]", "functions[0] needs a 'name' (a non-empty string), got None"),
+    ("[{name: f, parameters: nope}]", "functions[0] (f): parameters must be a JSON Schema object, got 'nope'"),
+    ("[{name: f, parameters: {type: objekt}}]", "functions[0] (f): parameters is not a valid JSON Schema"),
+    ("[{name: f}, {name: f}]", "functions[1]: the name 'f' is offered twice"),
+    ("[]", "functions: [] offers no tool"),
+])
+def test_a_bad_tool_function_is_a_profile_error_naming_file_and_field(write_profile, functions, fragment):
+    """Not a KeyError at collection, an AttributeError in the verdict, nor a FAIL blamed on the server."""
+    path = write_profile("tools", MINIMAL + f"features:\n  tools:\n    functions: {functions}\n")
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(path))
+    assert str(path) in str(exc.value) and "field 'features.tools'" in str(exc.value)
+    assert fragment in str(exc.value)
+
+
+def test_auto_expect_must_be_an_offered_function(write_profile):
+    path = write_profile("tools", MINIMAL + "features:\n  tools:\n    auto_expect: nope\n")
+    with pytest.raises(ProfileError, match=r"auto_expect 'nope' is not among the functions offered \(get_weather, get_time\)"):
+        load_profile(str(path))

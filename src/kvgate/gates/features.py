@@ -671,7 +671,10 @@ def _completion_text(ex: Exchange) -> tuple[str | None, str | None, str | None]:
     ch = (body or {}).get("choices")
     if not body or not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
         return None, None, f"not a completion: {clip(ex.reply.text, CLIP)!r}"
-    return ch[0].get("text") or "", body.get("model"), None
+    text = ch[0].get("text")
+    if text is not None and not isinstance(text, str):
+        return None, None, f"the completion's text is a JSON {type(text).__name__} ({clip(json.dumps(text), 60)}), not a string"
+    return text or "", body.get("model"), None
 
 
 def lora_verdict(name: str, profile: Profile, listed: dict[str, str | None], base: Exchange, adapter: Exchange) -> Verdict:

@@ -461,6 +461,40 @@ class ToolsFeature(_Strict):
     auto_guide: str | None = Field(default=None, description="[regex] sent as structured_outputs.regex with tool_choice auto, to drive a model that never calls on its own (a random one) to emit the parser's markup; null = the prompt alone")
     auto_expect: str | None = Field(default=None, description="the function tool_choice auto must call; null = the first one with parameters")
 
+    @model_validator(mode="after")
+    def _functions(self) -> "ToolsFeature":
+        """Each function a ``name`` (a string, unique) and, if given, ``parameters`` a valid JSON
+        Schema object; ``auto_expect`` one of them. A bad definition is the profile's error, not a
+        FAIL of the deployment (nor a harness traceback)."""
+        import jsonschema
+
+        fns = self.functions
+        if fns is not None and not fns:
+            raise ValueError("functions: [] offers no tool; leave it null for kvgate's get_weather and get_time")
+        names: list[str] = []
+        for i, fn in enumerate(fns or []):
+            name = fn.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"functions[{i}] needs a 'name' (a non-empty string), got {name!r}")
+            if name in names:
+                raise ValueError(f"functions[{i}]: the name {name!r} is offered twice")
+            names.append(name)
+            params = fn.get("parameters")
+            if params is None:
+                continue
+            if not isinstance(params, dict):
+                raise ValueError(f"functions[{i}] ({name}): parameters must be a JSON Schema object, got {params!r}")
+            try:
+                jsonschema.Draft202012Validator.check_schema(params)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"functions[{i}] ({name}): parameters is not a valid JSON Schema: {exc.message}") from None
+        if self.auto_expect is not None:
+            offered = names or ["get_weather", "get_time"]
+            if self.auto_expect not in offered:
+                raise ValueError(f"auto_expect {self.auto_expect!r} is not among the functions offered "
+                                 f"({', '.join(offered)})")
+        return self
+
 
 class StructuredFeature(_Strict):
     """The features/structured cases: kvgate's battery of schemas, regexes and choices."""
