@@ -11,6 +11,7 @@ import pytest
 from kvgate.gates.features import (cases, grammar, halted_verdict, lora_listed_verdict, lora_verdict, listed_adapters,
                                    over_max_loras_verdict, prefix_verdict, reasoning_body, reasoning_verdict,
                                    skip_verdict, structured_body, structured_verdict, tool_body, tools_verdict)
+from kvgate.http.client import EndpointUnreachable
 from kvgate.http.features import Halt, both_ways, observe_lora, observe_prefix, stalled, with_canary
 
 
@@ -44,9 +45,16 @@ def observed(kvgate_client, kvgate_profile):
         jobs["prefix-caching"] = lambda: observe_prefix(client, profile)
     out, halt = {}, None
     for name, job in jobs.items():
-        out[name] = halt or job()
-        why = None if halt else stalled(out[name])
-        halt = halt or (Halt(name, why) if why else None)
+        if halt is None:
+            try:
+                out[name] = job()
+            except EndpointUnreachable as exc:  # the server went away mid-gate: a verdict, not a traceback
+                out[name] = halt = Halt(name, f"the endpoint went away: {exc}")
+                continue
+            why = stalled(out[name])
+            halt = Halt(name, why) if why else None
+        else:
+            out[name] = halt
     return out
 
 
@@ -95,7 +103,7 @@ def test_lora_adapters_answer_as_themselves(case, feature_on, observed, kvgate_p
             return over_max_loras_verdict(kvgate_profile, lora.burst)
         if name == "listed":
             return lora_listed_verdict(kvgate_profile, lora.listed, lora.base, lora.adapters)
-        return lora_verdict(name, kvgate_profile, lora.listed, lora.base, lora.adapters[name])
+        return lora_verdict(name, kvgate_profile, lora.listed, lora.base, lora.adapters[name], lora.adapters)
 
     assert kvgate_gate(verdict_of(case, observed["lora"], decide)).passed
 

@@ -3,6 +3,7 @@ Every verdict's message is checked for what it measured and the limit it held it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -280,7 +281,7 @@ def test_too_many_tokens_too_much_whitespace_and_too_slow_fail():
     v = structured("enum-const", '{"city":         "Oslo",          "ok":   true}')
     assert "is 47% whitespace; at most 25% -> FAIL" in v.message
     v = structured("enum-const", '{"city":"Oslo","ok":true}', elapsed=31.0)
-    assert "answered in 31.0 s; must answer within 30 s (features.deadline_s) -> FAIL" in v.message
+    assert "json_schema enum-const took 31.0 s; must answer within features.deadline_s (30 s) -> FAIL" in v.message
 
 
 @pytest.mark.parametrize("name, content, fragment", [
@@ -378,7 +379,7 @@ def test_an_adapter_with_its_own_output_passes():
     v = lora_verdict("a1", FEAT, LISTED, completion_ex(BASE, BASE_TEXT), completion_ex("a1", " tok9 tok8"))
     assert v.status is Status.PASS and v.limit == "listed, echoed, output unlike the base model's"
     assert v.message == (f"LoRA a1 (parent {BASE}): 200 as 'a1', text ' tok9 tok8' differs from the base model's "
-                         "' tok1 tok2 tok3 tok4' -> PASS")
+                         "' tok1 tok2 tok3 tok4' (by text) -> PASS")
 
 
 def test_an_adapter_not_listed_fails():
@@ -404,8 +405,8 @@ def test_an_adapter_answering_as_another_model_fails():
 
 def test_an_adapter_identical_to_the_base_model_fails():
     v = lora_verdict("a2", FEAT, LISTED, completion_ex(BASE, BASE_TEXT), completion_ex("a2", BASE_TEXT))
-    assert v.message == ("LoRA a2: temperature-0 text ' tok1 tok2 tok3 tok4' is byte-identical to the base model's: "
-                         "the adapter changes nothing (target modules that do not match?) -> FAIL")
+    assert v.message == ("LoRA a2: temperature-0 output (text; text ' tok1 tok2 tok3 tok4') is byte-identical to the "
+                         "base model's: the adapter changes nothing (target modules that do not match?) -> FAIL")
 
 
 def test_an_adapter_is_held_to_its_golden_text():
@@ -430,12 +431,12 @@ def test_listed_adapters_without_declared_ones():
     v = lora_listed_verdict(FEAT, LISTED, base, {"a1": completion_ex("a1", " x"), "a2": completion_ex("a2", " y")})
     assert v.message == "2 listed adapter(s) answer with their own output -> PASS"
     v = lora_listed_verdict(FEAT, LISTED, base, {"a1": completion_ex("a1", " x"), "a2": completion_ex("a2", BASE_TEXT)})
-    assert v.status is Status.FAIL and v.measured == 1 and "LoRA a2: temperature-0 text" in v.message
+    assert v.status is Status.FAIL and v.measured == 1 and "LoRA a2: temperature-0 output" in v.message
 
 
 def burst(*specs: tuple[str, str | None, int, float]) -> list[Exchange]:
     """(adapter, echoed, status, elapsed) per request."""
-    return [completion_ex(m, " x", echoed=e, status=s, elapsed=t) if s == 200 else
+    return [completion_ex(m, f" x {m}", echoed=e, status=s, elapsed=t) if s == 200 else
             error_ex(s, "no free LoRA slot", api="completions", body={"model": m}) for m, e, s, t in specs]
 
 
@@ -563,3 +564,90 @@ def test_case_preconditions_skip_with_their_reason():
         "features.reasoning.thinking_off is null: the model cannot turn thinking off -> SKIP")
     few = with_(FEAT, "features", structured=FEAT.features.structured.model_copy(update={"cases": ["regex", "nested"]}))
     assert [c for c in cases(few) if c.startswith("structured/")] == ["structured/nested", "structured/regex"]
+
+
+def test_two_adapters_with_the_same_output_fail():
+    base = completion_ex(BASE, BASE_TEXT)
+    same = {"a1": completion_ex("a1", " q r"), "a2": completion_ex("a2", " q r")}
+    v = lora_verdict("a2", FEAT, LISTED, base, same["a2"], same)
+    assert v.status is Status.FAIL and "is identical to that of adapter 'a1'" in v.message
+    v = over_max_loras_verdict(FEAT, [completion_ex(m, " q r") for m in ("a1", "a2", "a1", "a2")])
+    assert v.status is Status.FAIL and "'a1' and 'a2' answered identically (text) in the burst" in v.message
+
+
+def test_outputs_are_compared_by_token_ids_when_returned():
+    def with_ids(model, text, ids):
+        ex = completion_ex(model, text)
+        body = json.loads(ex.reply.text)
+        body["choices"][0]["token_ids"] = ids
+        return Exchange("completions", False, {"model": model}, Reply(200, json.dumps(body), 0.1))
+    base, a1 = with_ids(BASE, "", [5, 6, 7]), with_ids("a1", "", [8, 9, 10])
+    v = lora_verdict("a1", FEAT, LISTED, base, a1)
+    assert v.status is Status.PASS and "(by token ids) -> PASS" in v.message
+    v = lora_verdict("a1", FEAT, LISTED, base, with_ids("a1", "", [5, 6, 7]))
+    assert v.status is Status.FAIL and "(token ids; text '')" in v.message
+
+
+# ---- newcomer findings: OpenAI's tool-call shape, deadlines, prefix counters that disagree ------------------
+
+
+def test_a_tool_call_must_have_openais_shape():
+    as_object = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": json.loads(WEATHER)}}
+    v = tools("tools/required", chat_ex(calls_msg(as_object), "tool_calls"),
+              stream_ex(call_deltas("get_weather", WEATHER), "tool_calls"))
+    assert v.status is Status.FAIL and "arguments is a JSON dict, not the JSON-encoded string" in v.message
+    no_id = {"type": "function", "function": {"name": "get_weather", "arguments": WEATHER}}
+    v = tools("tools/required", chat_ex(calls_msg(no_id), "tool_calls"),
+              stream_ex(call_deltas("get_weather", WEATHER), "tool_calls"))
+    assert "a tool call without an id (a client answers it by tool_call_id)" in v.message
+    deltas = call_deltas("get_weather", WEATHER)
+    del deltas[0]["tool_calls"][0]["id"]
+    v = tools("tools/required", chat_ex(calls_msg(call("get_weather", WEATHER)), "tool_calls"),
+              stream_ex(deltas, "tool_calls"))
+    assert "streamed: streamed tool call 0 never carried an id -> FAIL" in v.message
+
+
+def test_a_late_answer_fails_naming_the_deadline():
+    slow = chat_ex(calls_msg(call("get_weather", WEATHER)), "tool_calls", elapsed=31.0)
+    v = tools("tools/required", slow, stream_ex(call_deltas("get_weather", WEATHER), "tool_calls"))
+    assert v.message == ("tool_choice required (non-streamed) took 31.0 s; must answer within features.deadline_s "
+                         "(30 s) -> FAIL")
+    cut = stream_ex(call_deltas("get_weather", WEATHER), None, done=False,
+                    transport_error="DeadlineTimeout: still streaming after 30.2 s (features.deadline_s 30 s); hung up")
+    v = tools("tools/required", chat_ex(calls_msg(call("get_weather", WEATHER)), "tool_calls"), cut)
+    assert "got no full answer within features.deadline_s (30 s) (DeadlineTimeout: still streaming" in v.message
+
+
+def test_stream_within_hangs_up_a_trickling_stream():
+    from kvgate.http.features import stalled, stream_within
+
+    class Trickle:
+        chat_template_kwargs = None
+
+        def api(self, path):
+            return "/v1" + path
+
+        def stream(self, path, body, *, timeout_s=None, on_event=None):
+            events = []
+            for i in range(100):  # a token a second, for 100 s, unless the caller hangs up
+                events.append((float(i), json.dumps({"choices": [{"index": 0, "delta": {"content": "x"}}]})))
+                if on_event(float(i), events[-1][1]):
+                    break
+            return StreamReply(200, events=events, elapsed_s=events[-1][0])
+
+    ex = stream_within(Trickle(), {"model": "m"}, 5.0)
+    assert len(ex.reply.events) == 7 and "DeadlineTimeout: still streaming after 6.0 s" in ex.reply.transport_error
+    assert "got no full answer" in stalled(ex)
+
+
+def test_prefix_counters_that_disagree_with_cached_tokens_fail():
+    obs = ladder(hits=1)
+    v = prefix_verdict(FEAT, obs, True)
+    assert v.status is Status.FAIL and "counter rose 1 for a request reporting cached_tokens 128" in v.message
+    obs = ladder(cached=999_999, hits=999_999)
+    v = prefix_verdict(FEAT, obs, True)
+    assert "cached_tokens 999,999 exceeds the prompt's 132 tokens" in v.message
+    obs = ladder()
+    obs.tries[-3] = dataclasses.replace(obs.tries[-3], cached_tokens=128)  # the long prefix's cold try
+    v = prefix_verdict(FEAT, obs, True)
+    assert "never sent before (a random one) already reports cached_tokens 128" in v.message

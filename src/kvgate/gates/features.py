@@ -162,8 +162,11 @@ class ChatFields:
     ``reasoning_field`` names which field carried it: ``reasoning`` (vLLM >= 0.11) or the
     deprecated ``reasoning_content``), ``calls`` as ``[(name, arguments text)]`` (streamed:
     reassembled by ``index``), ``finish`` the (last) finish_reason, ``tool_calls_field`` whether a
-    ``tool_calls`` list was present at all, ``completion_tokens`` from usage, ``problem`` when the
-    answer is not a chat completion (garbage, error, broken stream)."""
+    ``tool_calls`` list was present at all, ``call_format`` the first way a call breaks OpenAI's
+    shape (no ``id``, ``type`` not ``function``, ``arguments`` not a string: a client answers a
+    call with ``tool_call_id`` and decodes ``arguments`` with ``json.loads``), ``completion_tokens``
+    from usage, ``problem`` when the answer is not a chat completion (garbage, error, broken
+    stream)."""
 
     content: str = ""
     reasoning: str = ""
@@ -171,6 +174,7 @@ class ChatFields:
     calls: list[tuple[str, str]] = field(default_factory=list)
     finish: str | None = None
     tool_calls_field: bool = False
+    call_format: str | None = None
     completion_tokens: int | None = None
     problem: str | None = None
 
@@ -205,6 +209,7 @@ def chat_fields(ex: Exchange) -> ChatFields:
 
     if isinstance(r, StreamReply):
         calls: dict[int, list[str]] = {}
+        shape: dict[int, dict[str, Any]] = {}
         for _, chunk in r.chunks():
             if not isinstance(chunk, dict):
                 note(f"undecodable stream event {str(chunk)[:120]!r}")
@@ -231,11 +236,21 @@ def chat_fields(ex: Exchange) -> ChatFields:
                             note(f"a streamed tool call's index is {clip(json.dumps(index), 40)}, not an integer")
                             continue
                         slot = calls.setdefault(index, ["", ""])
+                        seen = shape.setdefault(index, {})
+                        for key in ("id", "type"):
+                            if tc.get(key):
+                                seen[key] = tc[key]
                         fn = obj(tc.get("function"), "a streamed tool call's function")
                         slot[0] += text(fn.get("name"), "a streamed tool call's name")
                         slot[1] += text(fn.get("arguments"), "a streamed tool call's arguments")
                 out.finish = ch.get("finish_reason") or out.finish
         out.calls = [(n, a) for _, (n, a) in sorted(calls.items())]
+        for index, seen in sorted(shape.items()):
+            if not seen.get("id"):
+                out.call_format = out.call_format or f"streamed tool call {index} never carried an id"
+            elif seen.get("type") != "function":
+                out.call_format = out.call_format or (f"streamed tool call {index} has type "
+                                                      f"{seen.get('type')!r}, not 'function'")
         if r.transport_error:
             note(f"stream broke: {r.transport_error}")
         elif not r.done:
@@ -255,8 +270,16 @@ def chat_fields(ex: Exchange) -> ChatFields:
     tcs = msg.get("tool_calls")
     out.tool_calls_field = isinstance(tcs, list)
     for tc in tcs if isinstance(tcs, list) else []:
-        fn = obj(obj(tc, "a tool call").get("function"), "a tool call's function")
+        tc = obj(tc, "a tool call")
+        fn = obj(tc.get("function"), "a tool call's function")
         args = fn.get("arguments")
+        if not isinstance(args, str):
+            out.call_format = out.call_format or (f"a tool call's arguments is a JSON {type(args).__name__}, not the "
+                                                  "JSON-encoded string OpenAI clients json.loads")
+        elif not tc.get("id"):
+            out.call_format = out.call_format or "a tool call without an id (a client answers it by tool_call_id)"
+        elif tc.get("type") != "function":
+            out.call_format = out.call_format or f"a tool call of type {tc.get('type')!r}, not 'function'"
         out.calls.append((text(fn.get("name"), "a tool call's name"),
                           args if isinstance(args, str) else json.dumps(args)))
     out.finish = choices[0].get("finish_reason")
@@ -276,12 +299,18 @@ def _markup(text: str, markers: tuple[str, ...]) -> str | None:
     return next((m for m in markers if m in text), None)
 
 
-def _answered(ex: Exchange, what: str) -> str | None:
-    """None for a 200, else the problem (status and the server's error)."""
-    if ex.reply.status == 0:
-        return f"{what} got no answer ({server_error(ex.reply, 120)})"
-    if ex.reply.status != 200:
-        return f"{what} answered {ex.reply.status} ({server_error(ex.reply, 120)})"
+def _answered(ex: Exchange, what: str, deadline_s: float | None = None) -> str | None:
+    """None for a 200 within ``deadline_s`` seconds (``features.deadline_s``; None: not timed),
+    else the problem: no answer (a timeout), the status and the server's error, or the time."""
+    r = ex.reply
+    within = f" within features.deadline_s ({deadline_s:g} s)" if deadline_s is not None else ""
+    late = getattr(r, "transport_error", None) or ""
+    if r.status == 0 or "DeadlineTimeout" in late:
+        return f"{what} got no full answer{within} ({server_error(r, 120) if r.status == 0 else late})"
+    if r.status != 200:
+        return f"{what} answered {r.status} ({server_error(r, 120)})"
+    if deadline_s is not None and r.elapsed_s > deadline_s:
+        return f"{what} took {r.elapsed_s:.1f} s; must answer within features.deadline_s ({deadline_s:g} s)"
     return None
 
 
@@ -371,6 +400,8 @@ def _calls_problem(case: str, way: str, got: ChatFields, fns: dict[str, dict[str
         return [], f"{way}: no tool call (finish {got.finish}, content {clip(got.content, CLIP)!r}{_trapped(got)})"
     if left:
         return [], f"{way}: parser markup {left!r} left in content ({clip(got.content, CLIP)!r})"
+    if got.call_format:
+        return [], f"{way}: {got.call_format}"
     allowed = {"stop", "tool_calls"} if named else {"tool_calls"}
     if got.finish not in allowed:
         return [], (f"{way}: finish_reason {got.finish} with {len(got.calls)} call(s); must be "
@@ -409,7 +440,7 @@ def tools_verdict(case: str, profile: Profile, plain: Exchange, streamed: Exchan
         auto_expect(profile) if case == "tools/auto" else None)
     limit = "a call valid against the tool's schema, both ways alike"
     for ex in (plain, streamed):
-        bad = _answered(ex, f"tool_choice {choice} ({_way(ex)})")
+        bad = _answered(ex, f"tool_choice {choice} ({_way(ex)})", profile.features.deadline_s)
         if bad:
             return Verdict(gate, FAIL, f"{bad} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status",
                            evidence=ev)
@@ -551,7 +582,7 @@ def structured_verdict(g: Grammar, profile: Profile, ex: Exchange, after: Exchan
     gate = f"{GATE}/structured/{g.name}"
     f = profile.features
     ev = {"request": ex.evidence(), "grammar": {"kind": g.kind, "spec": g.spec}}
-    bad = _answered(ex, f"{g.kind} {g.name}")
+    bad = _answered(ex, f"{g.kind} {g.name}", f.deadline_s)
     if bad:
         return Verdict(gate, FAIL, f"{bad} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status",
                        evidence=ev)
@@ -568,8 +599,10 @@ def structured_verdict(g: Grammar, profile: Profile, ex: Exchange, after: Exchan
                    f"until max_tokens (finish length)")
     if problem is None and got.finish != "stop":
         problem = f"finish_reason {got.finish}, must be stop: {shown}"
-    if problem is None and not text.strip() and got.reasoning.strip():
-        problem = f"content empty{_trapped(got)}"
+    if problem is None and not text.strip():
+        problem = f"content empty (finish {got.finish}){_trapped(got)}"
+    if problem is None and toks is None:
+        problem = f"no usage.completion_tokens in the answer: the token count ({num(cap_t)} at most) cannot be checked"
     content = _content_problem(g, text) if problem is None else None
     if problem is None and content:
         problem = f"reply {shown} {content}" + (", with finish stop" if "cut mid-object" in content else "")
@@ -577,8 +610,6 @@ def structured_verdict(g: Grammar, profile: Profile, ex: Exchange, after: Exchan
         problem = f"took {num(toks)} completion tokens for {shown}; at most {num(cap_t)} (features.structured.tokens_max)"
     if problem is None and share > share_max:
         problem = f"{shown} is {share:.0%} whitespace; at most {share_max:.0%}"
-    if problem is None and ex.reply.elapsed_s > f.deadline_s:
-        problem = f"answered in {ex.reply.elapsed_s:.1f} s; must answer within {f.deadline_s:g} s (features.deadline_s)"
     if problem:
         return Verdict(gate, FAIL, f"{g.kind} {g.name}: {problem} -> FAIL", measured=problem,
                        limit=f"valid {g.kind}, finish stop, <= {num(cap_t)} tokens", evidence=ev)
@@ -620,7 +651,7 @@ def reasoning_verdict(case: str, profile: Profile, plain: Exchange, streamed: Ex
     what = f"thinking {'on' if on else 'off'}"
     got = {}
     for ex in (plain, streamed):
-        bad = _answered(ex, f"{what} ({_way(ex)})")
+        bad = _answered(ex, f"{what} ({_way(ex)})", profile.features.deadline_s)
         if bad:
             return Verdict(gate, FAIL, f"{bad} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status",
                            evidence=ev)
@@ -677,9 +708,26 @@ def _completion_text(ex: Exchange) -> tuple[str | None, str | None, str | None]:
     return text or "", body.get("model"), None
 
 
-def lora_verdict(name: str, profile: Profile, listed: dict[str, str | None], base: Exchange, adapter: Exchange) -> Verdict:
+def output_key(ex: Exchange) -> tuple[str, Any] | None:
+    """What two temperature-0 completions are compared by: the generated token ids when the
+    server returns them (``return_token_ids``, vLLM >= 0.10: a random model's tokens may decode to
+    nothing, and two different outputs to the same empty text), else the text; None for a
+    non-answer."""
+    body = json_body(ex.reply) if ex.reply.status == 200 else None
+    ch = (body or {}).get("choices")
+    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+        return None
+    ids = ch[0].get("token_ids")
+    if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+        return ("token ids", tuple(ids))
+    return ("text", ch[0].get("text"))
+
+
+def lora_verdict(name: str, profile: Profile, listed: dict[str, str | None], base: Exchange, adapter: Exchange,
+                 others: dict[str, Exchange] | None = None) -> Verdict:
     """``lora/<name>``: the server lists the adapter with a parent, answers it 200 echoing its
-    name as ``model``, and its temperature-0 text differs from the base model's (or equals
+    name as ``model``, and its temperature-0 output (token ids where returned, else text) differs
+    from the base model's and from every other adapter's in ``others`` (or its text equals
     ``features.lora.golden[name]``)."""
     gate = f"{GATE}/lora/{name}"
     ev = {"listed": listed, "base": base.evidence(), "adapter": adapter.evidence()}
@@ -695,12 +743,19 @@ def lora_verdict(name: str, profile: Profile, listed: dict[str, str | None], bas
         problem = f"answered as model {echoed!r}, not {name!r}"
     if problem is None and golden is not None and text != golden:
         problem = f"temperature-0 text {clip(repr(text), 80)} is not the golden {clip(repr(golden), 80)}"
-    if problem is None and golden is None and text == base_text:
-        problem = (f"temperature-0 text {clip(repr(text), 80)} is byte-identical to the base model's: the adapter "
-                   "changes nothing (target modules that do not match?)")
+    key = output_key(adapter)
+    if problem is None and golden is None and key == output_key(base):
+        problem = (f"temperature-0 output ({key[0]}; text {clip(repr(text), 80)}) is byte-identical to the base "
+                   "model's: the adapter changes nothing (target modules that do not match?)")
+    twin = next((o for o, ex in (others or {}).items() if o != name and output_key(ex) == key), None)
+    if problem is None and golden is None and twin is not None:
+        problem = (f"temperature-0 output ({key[0]}; text {clip(repr(text), 80)}) is identical to that of adapter {twin!r}: "
+                   "requests reach the wrong adapter, or the adapters are the same")
     if problem:
         return Verdict(gate, FAIL, f"LoRA {name}: {problem} -> FAIL", measured=problem, limit=limit, evidence=ev)
-    how = "equals the golden text" if golden is not None else f"differs from the base model's {clip(repr(base_text), 40)}"
+    how = ("equals the golden text" if golden is not None else
+           f"differs from the base model's {clip(repr(base_text), 40)}"
+           + (" and the other adapters'" if others and len(others) > 1 else "") + f" (by {key[0]})")
     return Verdict(gate, PASS, f"LoRA {name} (parent {listed[name]}): 200 as {name!r}, text {clip(repr(text), 60)} "
                    f"{how} -> PASS", measured="distinct output", limit=limit, evidence=ev)
 
@@ -713,7 +768,7 @@ def lora_listed_verdict(profile: Profile, listed: dict[str, str | None], base: E
     if not listed:
         return Verdict(gate, FAIL, "engine.enable_lora is set but /v1/models lists no adapter (no entry with a "
                        "parent) -> FAIL", measured=0, limit=">= 1", unit="adapters", evidence={"listed": listed})
-    parts = [lora_verdict(n, profile, listed, base, adapters[n]) for n in listed]
+    parts = [lora_verdict(n, profile, listed, base, adapters[n], adapters) for n in listed]
     bad = [p for p in parts if not p.passed]
     if bad:
         return Verdict(gate, FAIL, "; ".join(p.message for p in bad), measured=len(bad), limit=0,
@@ -742,6 +797,13 @@ def over_max_loras_verdict(profile: Profile, exchanges: list[Exchange]) -> Verdi
             problem = f"{want!r} took {ex.reply.elapsed_s:.1f} s (> {profile.features.deadline_s:g} s)"
         if problem:
             problems.append(problem)
+    keys: dict[Any, str] = {}
+    for ex in exchanges:
+        key, want = output_key(ex), str(ex.body.get("model"))
+        if key is not None and keys.setdefault(key, want) != want:
+            problems.append(f"{keys[key]!r} and {want!r} answered identically ({key[0]}) in the burst: requests "
+                            "served by the wrong adapter")
+            break
     ok = len(exchanges) - len(problems)
     if problems:
         return Verdict(gate, FAIL, f"{len(exchanges)} requests at once over {len(names)} adapters (max_loras {m}): "
@@ -811,6 +873,16 @@ def prefix_verdict(profile: Profile, obs: PrefixObservation, declared_details: b
                    f"cached_tokens {num(best_cached)} below the prefix's {num(whole)} whole-block tokens")
     elif counted and reported and best_cached > 0 and hits <= 0:
         problem = "cached_tokens says it hit while the prefix_cache_hits counter stayed flat (dashboards lie)"
+    elif counted and reported and (short := next((t for t in warm if t.cached_tokens and t.hits_delta is not None
+                                                  and t.hits_delta < t.cached_tokens - block), None)):
+        problem = (f"the prefix_cache_hits counter rose {short.hits_delta:,.0f} for a request reporting cached_tokens "
+                   f"{num(short.cached_tokens)} (vLLM counts hit tokens: the two must agree within a block)")
+    elif over := next((t for t in obs.tries if t.cached_tokens and t.prompt_tokens
+                       and t.cached_tokens > t.prompt_tokens), None):
+        problem = f"cached_tokens {num(over.cached_tokens)} exceeds the prompt's {num(over.prompt_tokens)} tokens"
+    elif reported and (pre := next((t for t in obs.tries if t.cold and t.cached_tokens), None)):
+        problem = (f"a {num(pre.prefix_tokens)}-token prefix never sent before (a random one) already reports "
+                   f"cached_tokens {num(pre.cached_tokens)}")
     elif counted and not reported and hits <= 0:
         problem = "enabled but never hitting: the prefix_cache_hits counter stayed flat"
     elif speedup < need:
@@ -824,6 +896,10 @@ def prefix_verdict(profile: Profile, obs: PrefixObservation, declared_details: b
 def halted_verdict(case: str, halt: Halt) -> Verdict:
     """The FAIL of a case whose requests were not sent because the engine stopped answering
     after an earlier case (:class:`~kvgate.http.features.Halt`)."""
+    if halt.after == case:
+        return Verdict(f"{GATE}/{case}", FAIL, f"{case}: {halt.why}; the gate's later requests were not sent -> FAIL",
+                       measured="no answer", limit="an answer within features.deadline_s",
+                       evidence={"after": halt.after, "why": halt.why})
     return Verdict(f"{GATE}/{case}", FAIL, f"not sent: the engine stopped answering after features/{halt.after} "
                    f"({halt.why}); every later request would wait the same deadline -> FAIL", measured="not sent",
                    limit="an answer within features.deadline_s", evidence={"after": halt.after, "why": halt.why})

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvgate.http.client import KvClient
+from kvgate.http.client import KvClient, StreamReply
 from kvgate.http.metrics import MetricsError, cache_config, parse
 from kvgate.http.probes import Exchange, canary, send
 from kvgate.http.prompts import TOKEN_IDS
@@ -26,10 +26,11 @@ def max_loras(profile: Profile) -> int:
 
 def lora_body(profile: Profile, model: str) -> dict[str, Any]:
     """The completion request sent to the base model and to each adapter: temperature 0,
-    ``ignore_eos``, special tokens kept (a random model's output may be all special tokens)."""
+    ``ignore_eos``, special tokens kept and the token ids returned (a random model's tokens may
+    decode to nothing: the outputs are compared by id, vLLM's ``return_token_ids``)."""
     lo = profile.features.lora
     return {"model": model, "prompt": lo.prompt, "max_tokens": lo.tokens, "temperature": 0, "ignore_eos": True,
-            "skip_special_tokens": False}
+            "skip_special_tokens": False, "return_token_ids": True}
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,11 @@ class PrefixObservation:
 def prefix_lengths(profile: Profile, block: int) -> list[int]:
     """The shared-prefix lengths tried, in tokens: half a block (below one block: never cached by
     vLLM, which caches whole blocks), one and a half blocks, and the long prefix
-    (``features.prefix_caching.prefix_tokens``, else 8 blocks, at most half of max_model_len)."""
-    long = profile.features.prefix_caching.prefix_tokens or min(8 * block, profile.engine.max_model_len // 2)
+    (``features.prefix_caching.prefix_tokens``, else 8 blocks, at most half of max_model_len; at
+    least 4 blocks either way, up to max_model_len - 8: a shorter prefill's TTFT drop is noise)."""
+    max_len = profile.engine.max_model_len
+    long = profile.features.prefix_caching.prefix_tokens or min(8 * block, max_len // 2)
+    long = min(max(long, 4 * block), max_len - 8)
     return sorted({max(1, block // 2), block + block // 2, long})
 
 
@@ -112,10 +116,22 @@ def stalled(observation: Any) -> str | None:
     return None
 
 
+def stream_within(client: KvClient, body: dict[str, Any], deadline_s: float) -> Exchange:
+    """The chat request streamed, hung up once it has run ``deadline_s`` seconds (httpx's timeout
+    is per read: a stream that trickles a token a second would otherwise run as long as it
+    likes); a stream cut so carries ``transport_error`` ``DeadlineTimeout: ...``."""
+    ex = send(client, "chat", body, stream=True, timeout_s=deadline_s, on_event=lambda t, _: t > deadline_s)
+    r = ex.reply
+    if isinstance(r, StreamReply) and not r.done and not r.transport_error and r.elapsed_s > deadline_s:
+        r.transport_error = (f"DeadlineTimeout: still streaming after {r.elapsed_s:.1f} s "
+                             f"(features.deadline_s {deadline_s:g} s); hung up")
+    return ex
+
+
 def both_ways(client: KvClient, body: dict[str, Any], timeout_s: float) -> tuple[Exchange, Exchange]:
-    """``(non-streamed, streamed)``: the same chat request sent twice, one after the other."""
-    return (send(client, "chat", body, timeout_s=timeout_s),
-            send(client, "chat", body, stream=True, timeout_s=timeout_s))
+    """``(non-streamed, streamed)``: the same chat request sent twice, one after the other, each
+    bounded by ``timeout_s`` seconds (:func:`stream_within`)."""
+    return send(client, "chat", body, timeout_s=timeout_s), stream_within(client, body, timeout_s)
 
 
 def with_canary(client: KvClient, body: dict[str, Any], profile: Profile) -> tuple[Exchange, Exchange]:

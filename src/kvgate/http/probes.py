@@ -52,15 +52,17 @@ class Exchange:
 
 
 def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = False,
-         timeout_s: float | None = None, prompt_tokens: int | None = None) -> Exchange:
+         timeout_s: float | None = None, prompt_tokens: int | None = None,
+         on_event: Callable[[float, str], bool | None] | None = None) -> Exchange:
     """Send ``body`` to the ``api`` route, streamed or not. A chat body gets the client's
-    ``chat_template_kwargs`` (the profile's) unless it names its own."""
+    ``chat_template_kwargs`` (the profile's) unless it names its own. ``on_event(t, data)``
+    (streamed only) may return True to hang up (:meth:`KvClient.stream`)."""
     path = client.api(ROUTES[api])
     if api == "chat" and client.chat_template_kwargs and "chat_template_kwargs" not in body:
         body = {**body, "chat_template_kwargs": client.chat_template_kwargs}
     if stream:
         body = {**body, "stream": True}
-        reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s)
+        reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s, on_event=on_event)
     else:
         reply = client.post(path, body, timeout_s=timeout_s)
     return Exchange(api, stream, body, reply, prompt_tokens)

@@ -18,7 +18,7 @@ import typing
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -458,7 +458,7 @@ class ToolsFeature(_Strict):
 
     prompt: str = Field(default="What is the weather in Oslo, in celsius?", description="the user message of every tool-calling request")
     functions: list[dict[str, Any]] | None = Field(default=None, description="OpenAI function definitions ({name, description, parameters}); null = kvgate's get_weather(city, unit) and the parameterless get_time()")
-    auto_guide: str | None = Field(default=None, description="[regex] sent as structured_outputs.regex with tool_choice auto, to drive a model that never calls on its own (a random one) to emit the parser's markup; null = the prompt alone")
+    auto_guide: str | None = Field(default=None, description="[regex] sent as structured_outputs.regex with tool_choice auto, to drive a model that never calls on its own (a random one) to emit the parser's markup (vLLM ORs it with its own tool-call grammar: the reply is a call either way); null = the prompt alone")
     auto_expect: str | None = Field(default=None, description="the function tool_choice auto must call; null = the first one with parameters")
 
     @model_validator(mode="after")
@@ -546,6 +546,28 @@ class FeaturesSpec(_Strict):
     lora: LoraFeature = Field(default_factory=LoraFeature, description="the features/lora cases")
     prefix_caching: PrefixCachingFeature = Field(default_factory=PrefixCachingFeature, description="the features/prefix-caching case")
 
+    #: Request fields the gate sets itself; ``sampling`` may not override them.
+    OWN_FIELDS: ClassVar[tuple[str, ...]] = (
+        "model", "messages", "prompt", "stream", "stream_options", "tools", "tool_choice", "max_tokens",
+        "response_format", "structured_outputs", "chat_template_kwargs", "n")
+
+    @model_validator(mode="after")
+    def _requests(self) -> "FeaturesSpec":
+        own = [k for k in self.sampling if k in self.OWN_FIELDS]
+        if own:
+            raise ValueError(f"sampling sets {', '.join(own)}, which the gate sets itself per case; sampling is for "
+                             "sampling fields (temperature, frequency_penalty, seed, ...)")
+        guides = {"tools.auto_guide": self.tools.auto_guide, "reasoning.guide_on": self.reasoning.guide_on,
+                  "reasoning.guide_off": self.reasoning.guide_off}
+        for where, rx in guides.items():
+            if rx is None:
+                continue
+            try:
+                re.compile(rx)
+            except re.error as exc:
+                raise ValueError(f"{where} is not a regular expression ({exc})") from None
+        return self
+
 
 class Profile(_Strict):
     """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
@@ -576,6 +598,19 @@ class Profile(_Strict):
                                                              "(routing, isolation)")
     features: FeaturesSpec = Field(default_factory=FeaturesSpec, description="the features gate: tools, battery, "
                                    "adapters' expectations (which cases run follows the engine flags)")
+
+    @model_validator(mode="after")
+    def _features(self) -> "Profile":
+        pt = self.features.prefix_caching.prefix_tokens
+        if pt is not None and pt > self.engine.max_model_len - 8:
+            raise ValueError(f"features.prefix_caching.prefix_tokens {pt:,} leaves no room in max_model_len "
+                             f"{self.engine.max_model_len:,} (the ladder adds a 4-token suffix and 1 output token)")
+        declared = self.engine.lora_modules
+        unknown = [n for n in self.features.lora.golden if declared and n not in declared]
+        if unknown:
+            raise ValueError(f"features.lora.golden names {', '.join(unknown)}, not in engine.lora_modules "
+                             f"({', '.join(declared)})")
+        return self
 
     @model_validator(mode="after")
     def _soak_mix(self) -> "Profile":
