@@ -294,3 +294,19 @@ def test_pools_profile_through_a_router_needs_both_pool_endpoints(pytester):
 def test_collect_only_prints_no_verdict(pytester):
     result = run(pytester, "--profile", "tiny-cpu", "--collect-only", "-q", str(REPO / "suites"))
     assert result.ret == 0 and "OVERALL:" not in result.stdout.str()
+
+
+def test_a_profile_vllm_would_refuse_is_not_launched(pytester, tmp_path):
+    """A serve-feature lint finding (vLLM refuses --enable-auto-tool-choice without a parser) on a
+    profile kvgate would launch: exit 4 before any start-up, naming the field; -m fit (no server)
+    and --endpoint (the server already runs) are not refused for it."""
+    bad = tmp_path / "unstartable.yaml"
+    bad.write_text(f"extends: {REPO / 'profiles' / 'tiny-cpu.yaml'}\nengine:\n  enable_auto_tool_choice: true\n")
+    reports = pytester.path / "reports"
+    result = run(pytester, f"--profile={bad}", "-m", "features", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert_error_replaced(reports, "the embedded launcher would start a server that cannot come up",
+                          "engine.enable_auto_tool_choice", "without tool_call_parser")
+    result = run(pytester, f"--profile={bad}", "-m", "fit", str(REPO / "suites" / "test_fit.py"),
+                 reports=pytester.path / "fit")
+    assert result.ret != pytest.ExitCode.USAGE_ERROR

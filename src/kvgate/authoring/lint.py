@@ -527,6 +527,11 @@ def _snapshot_note(version: str) -> str | None:
 # the gate run
 
 
+#: Rules whose findings mean the launched server cannot start (vLLM refuses the command line, or
+#: kvgate cannot build what it names): a run that would launch it is refused up front (exit 4).
+LAUNCH_FATAL = frozenset({"serve-feature"})
+
+
 def lint_for_run(profile: Profile, profile_dir: Path, gate_mode: str = "enforce") -> tuple[list[Finding], str | None]:
     """Lint at the start of a gate run: ``(findings, refusal)``. ``refusal`` is a one-paragraph
     usage error under ``gate_mode == "certify"`` when any finding is unexplained (a certified

@@ -133,6 +133,7 @@ class Run:
         wants = markexpr_selects_live(config.getoption("markexpr") or "")  # = Run.needs_server() before collection
         endpoint, choice, kserve_notes = _endpoint_and_launcher(config, profile, redactor, launch, api_key_env, wants)
         _check_pool_endpoints(config, profile, through_router=endpoint is not None and wants)
+        _refuse_unstartable(profile, lint_findings, choice.mode if wants and endpoint is None else None)
         if config.getoption("kvgate_soak_duration"):
             from kvgate.soak.runner import SoakError, soak_spec
 
@@ -419,6 +420,22 @@ def _profile_and_lint(config: pytest.Config, name: str) -> tuple[Profile, list[A
     if refusal:
         raise usage(refusal)
     return profile, findings
+
+
+def _refuse_unstartable(profile: Profile, findings: list[Any], launching: str | None) -> None:
+    """Refuse (one usage error, exit 4: nothing gated) when kvgate is about to launch the server
+    (``launching``: the launcher's mode; None for ``--endpoint`` or a run that needs no server)
+    and a lint finding says the launch cannot succeed (:data:`kvgate.authoring.lint.LAUNCH_FATAL`:
+    vLLM refuses such a command line), instead of starting vLLM (~25 s) to watch it fail."""
+    if launching not in ("embedded", "docker", "pools"):
+        return
+    from kvgate.authoring.lint import LAUNCH_FATAL
+
+    fatal = [f for f in findings if f.counts and f.rule in LAUNCH_FATAL]
+    if fatal:
+        lines = "; ".join(f"{f.field}: {f.message}" for f in fatal)
+        raise usage(f"profile {profile.name}: the {launching} launcher would start a server that cannot come up "
+                    f"(kvgate lint {', '.join(sorted({f.rule for f in fatal}))}): {lines}")
 
 
 def _endpoint_and_launcher(config: pytest.Config, profile: Profile, redactor: Redactor, launch: str | None,
