@@ -26,8 +26,8 @@ def observed(kvgate_client, kvgate_profile):
     streamed and not, and batch composition changes a near-tie argmax: measured on the tiny model,
     concurrent pairs differed), tools and reasoning both ways, each grammar with a canary after
     it, the LoRA adapters (their burst is concurrent by design), then the prefix ladder (it
-    compares TTFT). Once a request goes unanswered within ``features.deadline_s`` (or a canary
-    fails), the rest are not sent: their cases FAIL naming where the engine stopped."""
+    compares TTFT). Once a request (a canary included) goes unanswered within its deadline, or the
+    endpoint goes away, the rest are not sent: their cases FAIL naming where the engine stopped."""
     client, profile = kvgate_client, kvgate_profile
     run = [c for c in cases(profile) if skip_verdict(c, profile) is None]
     t = profile.features.deadline_s

@@ -5,6 +5,6 @@ SDK checks (:mod:`.sdk`), exact-token-length prompts (:mod:`.prompts`), the prob
 ``/metrics`` (:mod:`.metrics`).
 
 Observations only, no verdicts. May import :mod:`kvgate.verdict`, :mod:`kvgate.stats`,
-:mod:`kvgate.profile` and :mod:`kvgate.report.redact`; never :mod:`kvgate.gates` or pytest. Timed load lives in
+:mod:`kvgate.profile`, :mod:`kvgate.kv` (pure arithmetic) and :mod:`kvgate.report.redact`; never :mod:`kvgate.gates` or pytest. Timed load lives in
 :mod:`kvgate.load`.
 """

@@ -16,6 +16,7 @@ from kvgate.http.client import KvClient, StreamReply
 from kvgate.http.metrics import MetricsError, cache_config, parse
 from kvgate.http.probes import Exchange, canary, send
 from kvgate.http.prompts import TOKEN_IDS
+from kvgate.kv.arithmetic import vllm_block_size
 from kvgate.profile.models import Profile
 
 
@@ -79,9 +80,9 @@ def prefix_lengths(profile: Profile, block: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Halt:
-    """Stands for a case's observation when its requests were not sent: ``after`` (a case name)
-    timed out or left the engine unable to generate (``why``), so every later request would wait
-    the same deadline -- the gate stops sending instead (a hung engine costs one deadline)."""
+    """Stands for a case's observation when its requests were not sent: a request of ``after`` (a
+    case name) got no answer in time, or the endpoint went away (``why``), so every later request
+    would wait the same deadline -- the gate stops sending instead (a hung engine costs one)."""
 
     after: str
     why: str
@@ -169,10 +170,10 @@ def observe_lora(client: KvClient, profile: Profile, listed: dict[str, str | Non
     return LoraObservation(listed, base, adapters, burst)
 
 
-def block_size(client: KvClient, profile: Profile, metrics_text: str | None) -> tuple[int, str]:
+def block_size(profile: Profile, metrics_text: str | None) -> tuple[int, str]:
     """``(tokens per KV block, where from)``: the server's ``vllm:cache_config_info`` label, else
-    ``engine.block_size``, else vLLM's default (128 on the CPU backend, 16 on a GPU:
-    vllm/platforms/cpu.py, vllm/config/cache.py)."""
+    what vLLM 0.32 uses for the profile (:func:`kvgate.kv.arithmetic.vllm_block_size`: an explicit
+    ``engine.block_size``, else 128 on the CPU, 16 on a GPU; MLA's own sizes)."""
     if metrics_text:
         try:
             cfg = cache_config(parse(metrics_text))
@@ -180,10 +181,9 @@ def block_size(client: KvClient, profile: Profile, metrics_text: str | None) -> 
             cfg = None
         if cfg and str(cfg.get("block_size", "")).isdigit():
             return int(cfg["block_size"]), "the server's vllm:cache_config_info"
-    if profile.engine.block_size:
-        return profile.engine.block_size, "engine.block_size"
-    cpu = profile.hardware.gpu == "cpu"
-    return (128 if cpu else 16), f"vLLM's default on {'the CPU' if cpu else 'a GPU'}"
+    arch = profile.model.architecture
+    return vllm_block_size(profile.hardware.gpu.lower() != "cpu", arch is not None and arch.attention == "mla",
+                           profile.engine.block_size)
 
 
 def _counters(client: KvClient) -> tuple[float | None, float | None]:
@@ -212,7 +212,7 @@ def observe_prefix(client: KvClient, profile: Profile, *, nonce: int | None = No
     model = profile.model.served_name
     t = profile.features.deadline_s
     text = client.metrics_text()
-    block, source = block_size(client, profile, text)
+    block, source = block_size(profile, text)
     nonce = random.SystemRandom().randrange(1 << 30) if nonce is None else nonce
     tries: list[PrefixTry] = []
     for n in prefix_lengths(profile, block):
@@ -224,10 +224,12 @@ def observe_prefix(client: KvClient, profile: Profile, *, nonce: int | None = No
             ex = send(client, "completions", {"model": model, "prompt": prefix + suffix, "max_tokens": 1,
                                               "temperature": 0}, timeout_s=t)
             after = _counters(client)
-            usage = (ex.reply.json or {}).get("usage") if isinstance(ex.reply.json, dict) else None
-            details = (usage or {}).get("prompt_tokens_details") if isinstance(usage, dict) else None
+            body = ex.reply.json  # parsed once: Reply.json decodes on every access
+            usage = body.get("usage") if isinstance(body, dict) else None
+            usage = usage if isinstance(usage, dict) else {}
+            details = usage.get("prompt_tokens_details")
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
-            tries.append(PrefixTry(n, i == 0, (usage or {}).get("prompt_tokens") if isinstance(usage, dict) else None,
+            tries.append(PrefixTry(n, i == 0, usage.get("prompt_tokens"),
                                    cached if isinstance(cached, int) else None, ex.reply.elapsed_s, ex.reply.status,
                                    _delta(before[0], after[0]), _delta(before[1], after[1]),
                                    None if ex.reply.status == 200 else ex.reply.error_message[:200]))
