@@ -314,6 +314,14 @@ def _answered(ex: Exchange, what: str, deadline_s: float | None = None) -> str |
     return None
 
 
+def _unanswered(gate: str, ex: Exchange, what: str, deadline_s: float, ev: dict[str, Any]) -> Verdict | None:
+    """The FAIL of an exchange that is not a 200 within ``deadline_s`` (:func:`_answered`), else None."""
+    bad = _answered(ex, what, deadline_s)
+    if bad is None:
+        return None
+    return Verdict(gate, FAIL, f"{bad} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status", evidence=ev)
+
+
 def _evidence(*named: tuple[str, Exchange]) -> dict[str, Any]:
     return {name: ex.evidence() for name, ex in named}
 
@@ -376,10 +384,8 @@ def _arguments_problem(name: str, args_text: str, fns: dict[str, dict[str, Any]]
         return args, None if args == {} else f"parameterless {name} got arguments {clip(json.dumps(args), 80)}, not {{}}"
     try:
         jsonschema.validate(args, schema)
-    except jsonschema.ValidationError as exc:
+    except jsonschema.ValidationError as exc:  # the schema itself is checked when the profile loads
         return args, f"{name} arguments {clip(json.dumps(args), 80)} fail its parameters schema: {clip(exc.message, 100)}"
-    except jsonschema.SchemaError as exc:
-        return args, f"{name}'s own parameters schema is invalid ({clip(exc.message, 80)}): fix features.tools.functions"
     return args, None
 
 
@@ -440,10 +446,8 @@ def tools_verdict(case: str, profile: Profile, plain: Exchange, streamed: Exchan
         auto_expect(profile) if case == "tools/auto" else None)
     limit = "a call valid against the tool's schema, both ways alike"
     for ex in (plain, streamed):
-        bad = _answered(ex, f"tool_choice {choice} ({_way(ex)})", profile.features.deadline_s)
-        if bad:
-            return Verdict(gate, FAIL, f"{bad} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status",
-                           evidence=ev)
+        if unanswered := _unanswered(gate, ex, f"tool_choice {choice} ({_way(ex)})", profile.features.deadline_s, ev):
+            return unanswered
     got = {ex.stream: chat_fields(ex) for ex in (plain, streamed)}
     parsed = {}
     for ex in (plain, streamed):
@@ -521,16 +525,10 @@ BATTERY: tuple[Grammar, ...] = (
 
 
 def battery(features: FeaturesSpec) -> list[Grammar]:
-    """The battery cases ``features.structured.cases`` selects (all when null), in battery order.
-    Raises ValueError naming an unknown case and the known ones."""
-    names = [g.name for g in BATTERY]
+    """The battery cases ``features.structured.cases`` selects (all when null), in battery order
+    (the profile model admits only the battery's names)."""
     wanted = features.structured.cases
-    if wanted is None:
-        return list(BATTERY)
-    unknown = [w for w in wanted if w not in names]
-    if unknown:
-        raise ValueError(f"features.structured.cases: unknown {unknown}; known: {', '.join(names)}")
-    return [g for g in BATTERY if g.name in wanted]
+    return [g for g in BATTERY if wanted is None or g.name in wanted]
 
 
 def grammar(name: str) -> Grammar:
@@ -582,10 +580,8 @@ def structured_verdict(g: Grammar, profile: Profile, ex: Exchange, after: Exchan
     gate = f"{GATE}/structured/{g.name}"
     f = profile.features
     ev = {"request": ex.evidence(), "grammar": {"kind": g.kind, "spec": g.spec}}
-    bad = _answered(ex, f"{g.kind} {g.name}", f.deadline_s)
-    if bad:
-        return Verdict(gate, FAIL, f"{bad} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status",
-                       evidence=ev)
+    if unanswered := _unanswered(gate, ex, f"{g.kind} {g.name}", f.deadline_s, ev):
+        return unanswered
     got = chat_fields(ex)
     text = got.content
     shown = clip(repr(text), CLIP)
@@ -606,7 +602,7 @@ def structured_verdict(g: Grammar, profile: Profile, ex: Exchange, after: Exchan
     content = _content_problem(g, text) if problem is None else None
     if problem is None and content:
         problem = f"reply {shown} {content}" + (", with finish stop" if "cut mid-object" in content else "")
-    if problem is None and toks is not None and toks > cap_t:
+    if problem is None and toks > cap_t:
         problem = f"took {num(toks)} completion tokens for {shown}; at most {num(cap_t)} (features.structured.tokens_max)"
     if problem is None and share > share_max:
         problem = f"{shown} is {share:.0%} whitespace; at most {share_max:.0%}"
@@ -651,10 +647,8 @@ def reasoning_verdict(case: str, profile: Profile, plain: Exchange, streamed: Ex
     what = f"thinking {'on' if on else 'off'}"
     got = {}
     for ex in (plain, streamed):
-        bad = _answered(ex, f"{what} ({_way(ex)})", profile.features.deadline_s)
-        if bad:
-            return Verdict(gate, FAIL, f"{bad} -> FAIL", measured=ex.reply.status, limit=200, unit="HTTP status",
-                           evidence=ev)
+        if unanswered := _unanswered(gate, ex, f"{what} ({_way(ex)})", profile.features.deadline_s, ev):
+            return unanswered
         c = got[ex.stream] = chat_fields(ex)
         way = _way(ex)
         left = _markup(c.content, THINK_MARKUP)
