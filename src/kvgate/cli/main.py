@@ -20,7 +20,7 @@ from typing import Any, Callable, TextIO
 from kvgate.http.client import Endpoint
 from kvgate.launch.local import EmbeddedServer, LaunchError
 from kvgate.launch.lora import ensure_adapters
-from kvgate.launch.tinymodel import TinyModelError, TinySpec, cache_root, ensure_model, markers_for
+from kvgate.launch.tinymodel import TinyModelError, TinySpec, cache_root, ensure_model
 from kvgate.http.preflight import PreflightError, preflight
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, load_profile
 
@@ -87,7 +87,7 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
     ``stop`` (set by SIGINT/SIGTERM in :func:`main`) ends the serving loop, which checks the
     process every ``poll_s`` seconds; ``serving`` is set when the loop begins (before it, a
     signal interrupts the start-up instead). The tiny model is built with the markers of the
-    engine's parsers (:func:`kvgate.launch.tinymodel.markers_for`), then each ``engine.lora_modules``
+    engine's parsers (:meth:`kvgate.launch.tinymodel.TinySpec.for_profile`), then each ``engine.lora_modules``
     adapter whose value is ``embedded`` (:func:`kvgate.launch.lora.ensure_adapters`); a failed
     build of either is one ``cannot build the tiny model`` message (:data:`FAILED`).
     ``server_factory``, ``build_model``, ``build_adapter`` (``(base_dir, name, rank=R) -> dir``,
@@ -105,8 +105,7 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
               "kvgate serve starts only the embedded vLLM (e.g. --profile tiny-cpu)", file=err)
         return USAGE
     try:
-        model_dir = build_model(TinySpec.from_architecture(profile.model.architecture,
-                                                           markers=markers_for(profile.engine)))
+        model_dir = build_model(TinySpec.for_profile(profile))
         lora_dirs = ensure_adapters(profile.engine, model_dir, build=build_adapter)
     except TinyModelError as exc:
         print(f"kvgate serve: cannot build the tiny model: {exc}", file=err)

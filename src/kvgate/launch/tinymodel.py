@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvgate.profile.models import Architecture, EngineSpec
+from kvgate.profile.models import Architecture, EngineSpec, Profile
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = (
@@ -123,6 +123,12 @@ class TinySpec:
     #: ``<tool_call>``/``</tool_call>`` (hermes); with markers the chat template also honours
     #: ``enable_thinking`` (see :data:`FEATURES_CHAT_TEMPLATE`).
     markers: tuple[str, ...] | None = None
+
+    @classmethod
+    def for_profile(cls, profile: "Profile") -> "TinySpec":
+        """The spec of ``profile``'s embedded model: its ``model.architecture`` plus the markers
+        its engine's parsers need (:func:`markers_for`) -- what every launcher builds."""
+        return cls.from_architecture(profile.model.architecture, markers=markers_for(profile.engine))
 
     @classmethod
     def from_architecture(cls, arch: Architecture | None, markers: list[str] | tuple[str, ...] | None = None) -> "TinySpec":

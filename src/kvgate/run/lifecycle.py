@@ -41,7 +41,7 @@ from kvgate.http.client import Endpoint
 from kvgate.launch.base import LAUNCHERS, Launcher, launcher_class
 from kvgate.launch.local import EmbeddedServer, LaunchError
 from kvgate.launch.lora import ensure_adapters
-from kvgate.launch.tinymodel import TinyModelError, TinySpec, ensure_model, markers_for
+from kvgate.launch.tinymodel import TinyModelError, TinySpec, ensure_model
 from kvgate.run.session import RUN, Run, current, test_id, write_error_reports
 
 SERVER_KEY = "embedded_server"
@@ -68,7 +68,7 @@ def _wants_server(config: pytest.Config, st: Run | None) -> bool:
 
 def _build(st: Run) -> Launcher:
     """An unstarted launcher for the run (:data:`kvgate.launch.base.LAUNCHERS`); for ``embedded``
-    the tiny model (with the parser markers the engine needs, :func:`markers_for`) and its
+    the tiny model (with the parser markers the engine needs, :meth:`TinySpec.for_profile`) and its
     ``embedded`` LoRA adapters are built first (once each, cached). Raises :class:`TinyModelError`."""
     log = st.reports_dir / "vllm-server.log"
     mode = st.launch_mode
@@ -77,10 +77,9 @@ def _build(st: Run) -> Launcher:
         for secret in getattr(launcher, "secrets", ()):
             st.redactor.add(secret)
         return launcher
-    engine = st.profile.engine
-    model_dir = ensure_model(TinySpec.from_architecture(st.profile.model.architecture, markers=markers_for(engine)))
+    model_dir = ensure_model(TinySpec.for_profile(st.profile))
     return EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0,
-                          lora_dirs=ensure_adapters(engine, model_dir))
+                          lora_dirs=ensure_adapters(st.profile.engine, model_dir))
 
 
 @pytest.hookimpl(trylast=True)
