@@ -73,3 +73,19 @@ def test_suite_against_the_fake(pytester, policy, status, fragment):
         _, _, gates = run_suites(pytester, fake.url, suites=SUITE)
     g = gates[GID]
     assert g["status"] == status and fragment in g["message"], g["message"]
+
+
+def test_the_two_runs_send_prompts_of_their_own_so_the_prefix_cache_favours_neither():
+    # regression (CI 2026-12-01): the "with" run re-sent the "without" run's prompts, found them in
+    # vLLM's prefix cache and skipped their prefill -- a 1.9x "gain" on an FCFS server
+    from kvgate.http.client import Endpoint, KvClient
+    from kvgate.load.scenarios import run_priority
+
+    cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0001, itl_s=0.002, max_num_seqs=2,
+                     scheduling_policy="fcfs", enable_prefix_caching=True)
+    with FakeVLLM(cfg) as fake:
+        endpoint = Endpoint(fake.base_url)
+        with KvClient(endpoint, timeout_s=10.0) as client:
+            without, with_ = run_priority(client, endpoint, PROFILE, deadline_s=60.0)
+        cached = [r.cached_tokens for r in fake.state.requests if r.endpoint == "completions"]
+    assert len(cached) == len(without.result.records) + len(with_.result.records) + 1 and sum(cached) == 0, cached  # + the canary

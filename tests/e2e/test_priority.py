@@ -33,3 +33,4 @@ def test_same_profile_served_fcfs_fails_as_priority_ignored(tmp_path):
     g = {x["id"]: x for x in summary["gates"]}[GID]
     assert proc.returncode != 0 and g["status"] == "FAIL", g["message"]
     assert "priority ignored: short TTFT p95" in g["message"]
+    print(f"\npriority e2e, FCFS: gain {g['evidence']['gain']:.2f}x (need >= {g['evidence']['min_gain']:g}x)")

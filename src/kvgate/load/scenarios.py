@@ -60,10 +60,14 @@ def short_workload(profile: Profile) -> tuple[str, Workload]:
 
 
 def _specs(client: KvClient, endpoint: Endpoint, model: str, prompt_tokens: int, output_tokens: int, n: int,
-           tag: str) -> list[RequestSpec]:
+           tag: str, salt: str = "") -> list[RequestSpec]:
+    """``n`` completion requests of exactly ``prompt_tokens`` prompt tokens, ``output_tokens`` out
+    (``ignore_eos``), tagged ``tag``. Each prompt opens with ``"<tag> request <i><salt>: "``, so no
+    two of them -- and, with distinct ``salt``, no two runs of them -- share a KV block that vLLM's
+    prefix cache (on by default) could serve instead of a prefill."""
     specs = []
     for i in range(n):
-        p = build_prompt(client, model, "completions", prompt_tokens, prefix=f"{tag} request {i}: ")
+        p = build_prompt(client, model, "completions", prompt_tokens, prefix=f"{tag} request {i}{salt}: ")
         specs.append(completion_request(endpoint, model=model, prompt=p.text, max_tokens=output_tokens, tag=tag,
                                         temperature=0, ignore_eos=True))
     return specs
@@ -263,14 +267,15 @@ def run_autoscale_burst(client: KvClient, endpoint: Endpoint, profile: Profile, 
 def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
                  deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
     """Low-priority long requests fill the server, high-priority short ones arrive while they run;
-    the same pattern twice: first without the ``priority`` field (every request priority 0: what
-    the server does on arrival order), then with it (longs ``priority.low``, shorts
-    ``priority.high``). Longs: ``priority.longs`` requests of the long workload (prompt so that
-    prompt + output <= max_model_len, at most 64 output tokens) at 0 s; shorts:
-    ``priority.shorts`` requests of the short workload (8 output tokens: TTFT is judged) from
-    ``priority.shorts_after_s``, every ``priority.shorts_every_s``. A canary follows the second
-    run (priority preemption under KV pressure must not take the engine down). Returns
-    ``(without, with)``; records tagged ``short``/``long``; bounded by ``deadline_s`` each."""
+    the same pattern twice, each run with prompts of its own (so the prefix cache favours neither):
+    with the ``priority`` field (longs ``priority.low``, shorts ``priority.high``), then without it
+    (every request priority 0: what the server does on arrival order). Longs: ``priority.longs``
+    requests of the long workload (prompt so that prompt + output <= max_model_len, at most 64
+    output tokens) at 0 s; shorts: ``priority.shorts`` requests of the short workload (8 output
+    tokens: TTFT is judged) from ``priority.shorts_after_s``, every ``priority.shorts_every_s``. A
+    canary follows both runs (priority preemption under KV pressure must not take the engine down;
+    it is reported on the "with" observation). Returns ``(without, with)``; records tagged
+    ``short``/``long``; bounded by ``deadline_s`` each."""
     import dataclasses
 
     from kvgate.profile.models import PrioritySpec
@@ -282,16 +287,24 @@ def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
     lout = min(long.output_tokens, 64)
     lprompt = min(long.prompt_tokens, limit - lout)
     sout = min(short.output_tokens, SHORT_OUTPUT_TOKENS)
-    longs = _specs(client, endpoint, model, lprompt, lout, spec.longs, "long")
-    shorts = _specs(client, endpoint, model, short.prompt_tokens, sout, spec.shorts, "short")
-    offsets = [0.0] * len(longs) + [spec.shorts_after_s + j * spec.shorts_every_s for j in range(len(shorts))]
+    offsets = [0.0] * spec.longs + [spec.shorts_after_s + j * spec.shorts_every_s for j in range(spec.shorts)]
 
-    def prioritised(specs: list[RequestSpec], value: int) -> list[RequestSpec]:
-        return [dataclasses.replace(s, body={**s.body, "priority": value}) for s in specs]
+    def pattern(run: str, low: int | None, high: int | None) -> list[RequestSpec]:
+        # fresh prompts per run: the second run re-sending the first one's would find them in the
+        # prefix cache (a measured 1.9x "gain" on an FCFS server, CI 2026-12-01), not in the queue order
+        longs = _specs(client, endpoint, model, lprompt, lout, spec.longs, "long", salt=f" ({run})")
+        shorts = _specs(client, endpoint, model, short.prompt_tokens, sout, spec.shorts, "short", salt=f" ({run})")
+        if low is None or high is None:
+            return [*longs, *shorts]
+        return [*(dataclasses.replace(s, body={**s.body, "priority": low}) for s in longs),
+                *(dataclasses.replace(s, body={**s.body, "priority": high}) for s in shorts)]
 
+    # "with" goes first: a server's first heavy run is the slower one (a cold tiny-cpu server: 1.28x
+    # slower short TTFT p95, measured), so any order bias shrinks the measured gain -- it can make
+    # a priority server look worse, never an FCFS one look better
     runs = []
-    for label, specs in (("without priority", [*longs, *shorts]),
-                         ("with priority", [*prioritised(longs, spec.low), *prioritised(shorts, spec.high)])):
+    for label, specs in (("with priority", pattern("with", spec.low, spec.high)),
+                         ("without priority", pattern("without", None, None))):
         sampler, own = _sampler(endpoint)
         try:
             with sampler:
@@ -301,9 +314,10 @@ def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
             own.close()
         runs.append(LoadObservation(f"{sname} among {lname}, {label}", result, sampler.trace, short.prompt_tokens,
                                     sout, len(specs),
-                                    extra={"longs": len(longs), "long_prompt_tokens": lprompt, "long_output_tokens": lout,
-                                           "shorts": len(shorts), "max_num_seqs": profile.engine.max_num_seqs,
+                                    extra={"longs": spec.longs, "long_prompt_tokens": lprompt, "long_output_tokens": lout,
+                                           "shorts": spec.shorts, "max_num_seqs": profile.engine.max_num_seqs,
                                            "policy": profile.engine.scheduling_policy, "high": spec.high,
                                            "low": spec.low}))
-    runs[1].canary = canary(client, model, profile.limits.canary_deadline_s)
-    return runs[0], runs[1]
+    with_, without = runs
+    with_.canary = canary(client, model, profile.limits.canary_deadline_s)
+    return without, with_
