@@ -1,12 +1,12 @@
 """Gate: health under load. While the server is saturated, ``/health`` and ``/v1/models`` answer
 200 within the deployment's probe timeout (p99 and max), so the kubelet neither restarts nor
 unroutes a pod that is merely busy. The samples were taken while the load gates ran; a run
-without them (``-m health``), or whose load gates gave too few, sends a few seconds of long
-requests of its own."""
+without them (``-m health``), or whose load gates gave too few to decide, sends a few seconds of
+long requests of its own."""
 
 import pytest
 
-from kvgate.gates.health_load import MIN_SAMPLES, under_load_verdict
+from kvgate.gates.health_load import needs_more, under_load_verdict
 from kvgate.load.health import run_own_load
 from kvgate.report.record import records_csv
 
@@ -18,7 +18,7 @@ def test_health_answers_within_the_probe_timeout_under_load(case, kvgate_client,
     limit_s, source = kvgate_probe_limit
     log = kvgate_health_log
     samples, loads = list(log.samples), ["the load of " + ", ".join(log.gates)] if log.gates else []
-    if sum(s.route == "/health" for s in samples) < MIN_SAMPLES:  # no load gate ran, or too short a one
+    if needs_more(samples, limit_s):  # no load gate ran, or too short a one: a few seconds of its own
         own = run_own_load(kvgate_client, kvgate_endpoint, kvgate_profile, limit_s, during="its own load")
         samples, loads = samples + own.samples, loads + [own.label]
     verdict = under_load_verdict(samples, limit_s, source, " and ".join(loads))

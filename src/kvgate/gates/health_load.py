@@ -50,6 +50,13 @@ def probe_limit(profile: Profile, isvc: Any = None) -> tuple[float, str]:
     return lim.probe_timeout_s, "limits.probe_timeout_s default: Kubernetes' timeoutSeconds default"
 
 
+def needs_more(samples: Sequence[ProbeSample], limit_s: float) -> bool:
+    """Whether ``samples`` cannot decide yet: a route has fewer than :data:`MIN_SAMPLES` and none
+    already failed (non-200, or at/over ``limit_s`` seconds) -- then the gate adds its own load."""
+    failed = any(s.status != 200 or s.latency_s >= limit_s for s in samples)
+    return not failed and any(sum(s.route == r for s in samples) < MIN_SAMPLES for r in ROUTES)
+
+
 def _ms(s: float) -> str:
     ms = s * 1000
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
@@ -122,4 +129,4 @@ def under_load_verdict(samples: Sequence[ProbeSample], limit_s: float, source: s
                    f"p99 and max below the {limit} -> PASS", **seen)
 
 
-__all__ = ["GATE", "MIN_SAMPLES", "probe_limit", "route_stats", "under_load_verdict"]
+__all__ = ["GATE", "MIN_SAMPLES", "needs_more", "probe_limit", "route_stats", "under_load_verdict"]
