@@ -136,8 +136,8 @@ def test_healthy_fake_passes_on_its_own_load_with_the_isvcs_probe_timeout(pytest
 
 
 @pytest.mark.parametrize("suites, during", [
-    (["suites/test_priority.py", "suites/test_health.py"], "fake-vllm/priority/short-over-long"),  # the load gates'
-    (["suites/test_health.py"], "its own load"),  # the gate's own load
+    (["suites/test_priority.py", "suites/test_health_load.py"], "fake-vllm/priority/short-over-long"),  # load gates
+    (["suites/test_health_load.py"], "its own load"),  # the gate's own load
 ])
 def test_slow_health_while_busy_fails(pytester, suites, during):
     cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0001, itl_s=0.005, max_num_seqs=2,

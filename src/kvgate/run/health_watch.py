@@ -1,8 +1,8 @@
 """The run-wide health sampler: while each load gate saturates the server, a
 :class:`~kvgate.http.health_sampler.HealthSampler` probes ``/health`` and ``/v1/models``; the samples
 collect in the run's :class:`HealthLog` (on the config's stash, :data:`HEALTH_LOG`) with the gate
-that was running, for the health/under-load gate (``suites/test_health.py``) to judge. The samples
-come from load the run sends anyway: the main job pays ~0 s for them.
+that was running, for the health/under-load gate (``suites/test_health_load.py``) to judge. The
+samples come from load the run sends anyway: the main job pays ~0 s for them.
 
 :func:`watch` is entered by :func:`kvgate.plugin.pytest_runtest_call` around every gate's call.
 """
