@@ -72,10 +72,11 @@ def test_too_few_samples_or_none_is_invalid_never_pass():
     assert v.status is Status.INVALID and "/health: no samples" in v.message and v.measured is None
 
 
-def test_probe_limit_default_profile_and_isvc():
+def test_probe_limit_default_profile_and_isvc(tmp_path):
     assert probe_limit(PROFILE) == (1.0, "limits.probe_timeout_s default: Kubernetes' timeoutSeconds default")
-    mine = PROFILE.model_copy(update={"limits": PROFILE.limits.model_copy(update={"probe_timeout_s": 3.0})})
-    mine.limits.model_fields_set.add("probe_timeout_s")
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"extends: {REPO / 'tests' / 'data' / 'fake-vllm.yaml'}\nlimits:\n  probe_timeout_s: 3\n")
+    mine = load_profile(str(path))
     assert probe_limit(mine) == (3.0, "profile limits.probe_timeout_s")
     isvc = ProbeTimeout(2.0, "spec.predictor.model.livenessProbe.timeoutSeconds 2 s")
     assert probe_limit(PROFILE, isvc) == (2.0, "the InferenceService's spec.predictor.model.livenessProbe."
