@@ -41,6 +41,7 @@ MARKERS = (
     "load: gates that put the server under concurrent load",
     "priority: the priority gate (high-priority short requests overtake low-priority long ones)",
     "autoscale_signal: the autoscale-signal gate (the queue metric an autoscaler reads, under a burst)",
+    "health: the health-under-load gate (/health and /v1/models latency under load vs the probe timeout)",
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
 )
@@ -188,7 +189,7 @@ def _pools_only(run: Run, items: list[pytest.Item]) -> None:
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "disconnect", "concurrency",
-              "latency", "priority", "autoscale-signal", "pools", "soak")
+              "latency", "priority", "autoscale-signal", "health", "pools", "soak")
 
 
 def _gate_rank(item: pytest.Item) -> int:
@@ -214,6 +215,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         pytest.skip(str(exc))
     except Exception as exc:  # a harness error: one redacted line, never a traceback quoting the server
         _redacted_failure(pyfuncitem, exc)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """A load gate's call runs with the run-wide health sampler (:func:`kvgate.run.health_watch.watch`)."""
+    from kvgate.run.health_watch import watch
+
+    with watch(item):
+        return (yield)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -54,6 +54,11 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
                  "max-tokens/over-cap/completions"):
         assert statuses[f"tiny-cpu/{gate}"] == "PASS", (gate, statuses)
     assert "OVERALL: PASS" in proc.stdout
+    # health under load: judged on the samples taken while the load gates ran (no load of its own)
+    health = {x["id"]: x for x in summary["gates"]}["tiny-cpu/health/under-load"]
+    assert health["status"] == "PASS" and "/health p50 " in health["message"] and ", p99 " in health["message"], health
+    assert "under the load of tiny-cpu/concurrency/long-sequences" in health["message"], health["message"]
+    assert "its own load" not in health["message"] and health["limit"] == {"value": 1000.0, "unit": "ms"}
     # tiny-cpu turns no serve feature on: one SKIP per feature, naming the flag
     for feat, flag in (("tools", "tool_call_parser"), ("structured", "structured_outputs_config"),
                        ("reasoning", "reasoning_parser"), ("lora", "enable_lora"),

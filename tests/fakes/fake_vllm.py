@@ -174,6 +174,9 @@ FAULTS: dict[str, str] = {
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
+    # issue 21: health under load
+    "slow_health_while_busy": "GET /health takes slow_health_s (default 3 s) while any generation is in flight "
+    "(a saturated API server missing the kubelet's probe timeout); it answers at once when idle",
 }
 
 
@@ -251,6 +254,7 @@ class FakeConfig:
     drift_s_per_request: float = 0.002
     route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
     schedulable_tokens: int | None = None  # never_schedule: None -> max_model_len - block_size
+    slow_health_s: float = 3.0  # slow_health_while_busy: /health's delay while a generation is in flight
     # serve features (tools and structured outputs are always served)
     reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
     lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
@@ -988,6 +992,8 @@ class FakeVLLM:
     # simple endpoints
 
     async def _health(self, request: Request) -> Response:
+        if "slow_health_while_busy" in self.config.faults and self.state.inflight:
+            await self.sleep(self.config.slow_health_s)
         return Response(status_code=200)
 
     async def _ping(self, request: Request) -> Response:

@@ -635,6 +635,23 @@ def test_fault_stall_mid_stream(client, fake):
     assert health_times[0] < 0.1
 
 
+def test_fault_slow_health_while_busy(client, fake):
+    fake.config.faults.add("slow_health_while_busy")
+    fake.config.slow_health_s = 0.3
+    fake.config.itl_s = 0.05  # the generation is still in flight when /health is asked
+    t = time.monotonic()
+    assert get(fake.base_url + "/health").status_code == 200
+    idle = time.monotonic() - t
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=10, ignore_eos=True, stream=True)) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line)  # a generation is in flight
+        t = time.monotonic()
+        assert get(fake.base_url + "/health").status_code == 200
+        busy = time.monotonic() - t
+        list(lines)
+    assert idle < 0.1 and busy >= 0.29, (idle, busy)
+
+
 @pytest.mark.parametrize("kind", ["completions", "chat"])
 def test_fault_missing_done(client, fake, kind):
     fake.config.faults.add("missing_done")

@@ -26,6 +26,8 @@ latency                                                                         
 priority       suites/test_priority.py     gates/priority.py     load/scenarios.run_priority            tests/test_gates_priority.py
 autoscale-     suites/test_autoscale.py    gates/autoscale.py    load/scenarios.run_autoscale_burst     tests/test_gates_autoscale.py
 signal
+health         suites/test_health_load.py  gates/health_load.py  http/health_sampler.HealthSampler      tests/test_gates_health_load.py
+(under-load)                                                     (run/health_watch, load/health)
 pools          suites/test_pools.py        gates/pools.py        pools/routing.run_*                    tests/test_gates_pools.py,
                                                                                                         e2e/test_pools.py
 soak           suites/test_soak.py         gates/soak.py         soak/runner.SoakRunner, sampling       tests/test_gates_soak.py,

@@ -184,6 +184,49 @@ def _llmisvc(obj: dict[str, Any], siblings: list[dict[str, Any]], ns: str, prefi
     return KServeTarget(_root(url), prefix, None, "llmisvc-group", cname, 0.0, notes)
 
 
+#: Kubernetes' ``timeoutSeconds`` when a probe sets none (core/v1 Probe: "Defaults to 1 second").
+K8S_PROBE_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class ProbeTimeout:
+    """The probe timeout the kubelet enforces on the gated pods: ``seconds`` and ``where`` it was
+    read (``spec.predictor.model.readinessProbe.timeoutSeconds``)."""
+
+    seconds: float
+    where: str
+
+
+def probe_timeout(obj: dict[str, Any]) -> ProbeTimeout | None:
+    """The smallest liveness/readiness probe timeout (seconds) of ``obj``'s serving containers: an
+    InferenceService's ``spec.predictor.model`` (a container inline) and ``spec.predictor.containers[]``,
+    an LLMInferenceService's ``spec.template.containers[]``. A probe without ``timeoutSeconds`` gets
+    Kubernetes' default, 1 s. None when no container declares such a probe (then the profile's
+    ``limits.probe_timeout_s`` decides). Pure."""
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "LLMInferenceService":
+        containers = [(f"spec.template.containers[{c.get('name', i)}]", c)
+                      for i, c in enumerate((spec.get("template") or {}).get("containers") or [])]
+    else:
+        pred = spec.get("predictor") or {}
+        containers = [("spec.predictor.model", pred.get("model") or {})]
+        containers += [(f"spec.predictor.containers[{c.get('name', i)}]", c)
+                       for i, c in enumerate(pred.get("containers") or [])]
+    found = []
+    for path, c in containers:
+        for kind in ("livenessProbe", "readinessProbe"):
+            probe = c.get(kind) if isinstance(c, dict) else None
+            if not isinstance(probe, dict):
+                continue
+            raw = probe.get("timeoutSeconds")
+            if raw is None:
+                found.append(ProbeTimeout(K8S_PROBE_TIMEOUT_S, f"{path}.{kind} (timeoutSeconds unset: Kubernetes' "
+                                                                f"default {K8S_PROBE_TIMEOUT_S:g} s)"))
+            else:
+                found.append(ProbeTimeout(float(raw), f"{path}.{kind}.timeoutSeconds {float(raw):g} s"))
+    return min(found, key=lambda p: p.seconds) if found else None
+
+
 def custom_objects_api() -> CustomObjects:
     """``CustomObjectsApi`` from the in-cluster config (a Job's service account) or ``~/.kube/config``."""
     from kubernetes import client, config

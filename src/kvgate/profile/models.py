@@ -175,6 +175,7 @@ class LimitsSpec(_Strict):
     schedule_lag_max_s: float = Field(default=0.05, gt=0, description="[s] client lag behind the load schedule above which a run is INVALID")
     route_timeout_s: float | None = Field(default=None, gt=0, description="[s] the gateway's total route timeout (not idle), e.g. Knative's revision timeout 300 s: must outlast the longest stream the profile allows (cap x ITL p95 + TTFT)")
     chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="chat template options the clients send (e.g. {enable_thinking: false}); kvgate sends them to /tokenize and to every chat request alike")
+    probe_timeout_s: float = Field(default=1.0, gt=0, description="[s] the liveness/readiness probe timeout the deployment's kubelet enforces (timeoutSeconds; default 1 s, Kubernetes' own default when a probe sets none); /health and /v1/models under load must answer within it (health/under-load). With --isvc the InferenceService's probes decide (the smaller timeoutSeconds of its predictor's livenessProbe/readinessProbe)")
 
 
 class SLOSpec(_Strict):

@@ -57,6 +57,8 @@ RUN_ID = pytest.StashKey[str]()
 RUN_ERROR = pytest.StashKey[tuple[str, "Path | None"]]()
 #: Set once kvgate's ``pytest_configure`` ran for a config (see :func:`refused_before_configure`).
 CONFIGURED = pytest.StashKey[bool]()
+#: ``--isvc``: the probe timeout its pods' kubelet enforces (:func:`kvgate.launch.kserve.probe_timeout`), or None.
+ISVC_PROBE_TIMEOUT = pytest.StashKey[Any]()
 
 #: Path-valued options of plugins loaded after pytest fixes its rootdir: given as ``--opt PATH``
 #: (with a space) pytest reads PATH as a test path when it picks the rootdir. ``ALWAYS_PATH``
@@ -76,6 +78,7 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"requests"}), frozenset({"disconnect"}), frozenset({"features"}),
     frozenset({"load"}),  # concurrency/long-sequences, latency/*
     frozenset({"load", "priority"}), frozenset({"load", "autoscale_signal"}),
+    frozenset({"health"}),  # health/under-load
     frozenset({"pools"}), frozenset({"pools", "load"}),
     frozenset({"soak"}),
 )
@@ -822,7 +825,10 @@ def _kserve_endpoint(config: pytest.Config, profile: Profile, api_key_env: str |
                     f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
     if target.host_header:
         endpoint = dataclasses.replace(endpoint, host_header=target.host_header)
-    return endpoint, [f"KServe {target.shape} {ns}/{name}: gating {target.revision}"] + target.notes
+    gated = next((s for s in siblings if (s.get("metadata") or {}).get("name") == target.revision), obj)
+    probe = config.stash[ISVC_PROBE_TIMEOUT] = kserve.probe_timeout(gated)  # the health/under-load gate's limit
+    notes = [f"probe timeout {probe.seconds:g} s ({probe.where})"] if probe else []
+    return endpoint, [f"KServe {target.shape} {ns}/{name}: gating {target.revision}"] + target.notes + notes
 
 
 def parse_gate_mode(config: pytest.Config) -> str:
