@@ -43,6 +43,7 @@ MARKERS = (
     "autoscale_signal: the autoscale-signal gate (the queue metric an autoscaler reads, under a burst)",
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
+    "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
 
 
@@ -188,7 +189,8 @@ def _pools_only(run: Run, items: list[pytest.Item]) -> None:
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "disconnect", "concurrency",
-              "latency", "priority", "autoscale-signal", "pools", "soak")
+              "latency", "priority", "autoscale-signal", "pools", "soak",
+              "drain")
 
 
 def _gate_rank(item: pytest.Item) -> int:

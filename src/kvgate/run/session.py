@@ -78,6 +78,7 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"load", "priority"}), frozenset({"load", "autoscale_signal"}),
     frozenset({"pools"}), frozenset({"pools", "load"}),
     frozenset({"soak"}),
+    frozenset({"drain"}),  # drain/* (the server is gone after it: last)
 )
 #: Every gate marker ``-m`` may name.
 GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
