@@ -54,6 +54,11 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
                  "max-tokens/over-cap/completions"):
         assert statuses[f"tiny-cpu/{gate}"] == "PASS", (gate, statuses)
     assert "OVERALL: PASS" in proc.stdout
+    # the drain gate runs last (--shutdown-timeout 10): in-flight outcomes and the exit time in the evidence
+    drain = {x["id"].removeprefix("tiny-cpu/"): x for x in summary["gates"] if x["id"].startswith("tiny-cpu/drain/")}
+    assert list(drain) == ["drain/in-flight", "drain/exit", "drain/new-requests"], list(drain)
+    assert all(f["complete"] and f["finish_reason"] == "length" for f in drain["drain/in-flight"]["evidence"]["in_flight"])
+    assert drain["drain/exit"]["measured"]["unit"] == "s" and summary["gates"][-1]["id"] == "tiny-cpu/drain/new-requests"
     # tiny-cpu turns no serve feature on: one SKIP per feature, naming the flag
     for feat, flag in (("tools", "tool_call_parser"), ("structured", "structured_outputs_config"),
                        ("reasoning", "reasoning_parser"), ("lora", "enable_lora"),
