@@ -199,7 +199,7 @@ TINY_CPU_COMMAND = [
     "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--served-model-name", "kvgate-tiny-llama",
     "--host", "127.0.0.1", "--port", "1234", "--max-model-len", "2048", "--max-num-seqs", "8",
     "--max-num-batched-tokens", "4096", "--dtype", "float32", "--kv-cache-memory-bytes", "67108864",
-    "--enforce-eager", "--override-generation-config", '{"max_new_tokens": 512}',
+    "--enforce-eager", "--override-generation-config", '{"max_new_tokens": 512}', "--shutdown-timeout", "10",  # rollout.drain_timeout_s
 ]
 FEATURE_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "--tool-strict-level", "--reasoning-parser",
                  "--structured-outputs-config", "--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules",

@@ -77,6 +77,16 @@ class Wrapped:
         if self.owner.exits:
             self.status, self.attrs = "exited", {"State": {"ExitCode": 3}}
 
+    def stop(self, timeout=10):
+        """``docker stop -t timeout``: the fake vLLM drains (sigterm) and exits, or -- ``owner.killed_at_grace``
+        -- the container is SIGKILLed at the timeout (exit code 137)."""
+        self.stopped_with = timeout
+        if self.owner.fake is not None:
+            self.owner.fake.sigterm()
+            self.owner.fake.wait_exit(5)
+        self.status = "exited"
+        self.attrs = {"State": {"ExitCode": 137 if getattr(self.owner, "killed_at_grace", False) else 0}}
+
     def logs(self, tail=None):
         lines = [f"INFO line {i}" for i in range(100)] + [f"token={SECRET}", "ERROR: CUDA out of memory"]
         return "\n".join(lines[-tail:] if tail else lines).encode()
@@ -191,6 +201,21 @@ def test_container_exit_reports_the_log_tail_without_secrets(write_profile, tmp_
     assert "exited with code 3 during start-up" in msg and "CUDA out of memory" in msg
     assert SECRET not in msg and "token=***" in msg and "INFO line 59" not in msg  # a tail, not the whole log
     assert box.removed and "CUDA out of memory" in (tmp_path / "vllm-server.log").read_text()
+
+
+@pytest.mark.parametrize("killed", [False, True])
+def test_drain_gate_signal_is_docker_stop_with_the_grace_period(write_profile, tmp_path, killed):
+    prof = profile_with(write_profile, "  mode: docker\n  image: local/x\n"
+                        + "rollout: {drain_timeout_s: 20, grace_period_s: 45.5}\n")
+    box = FakeContainer("local/x", serve=FakeConfig(max_tokens_cap=64))
+    box.killed_at_grace = killed
+    dock = launcher(prof, tmp_path, box)
+    dock.wait_ready()
+    assert "--shutdown-timeout" in dock.command and dock.command[dock.command.index("--shutdown-timeout") + 1] == "20"
+    assert dock.terminate() == "docker stop -t 46 0123456789ab"
+    assert dock.wait_exit(5) is (not killed) and box._container.stopped_with == 46
+    dock.stop()  # the teardown after the drain: log saved, container removed, no error
+    assert box.removed
 
 
 def test_start_failure_removes_the_container_and_says_why(write_profile, tmp_path):

@@ -44,6 +44,7 @@ MARKERS = (
     "health: the health-under-load gate (/health and /v1/models latency under load vs the probe timeout)",
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
+    "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
 
 
@@ -189,7 +190,7 @@ def _pools_only(run: Run, items: list[pytest.Item]) -> None:
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "disconnect", "concurrency",
-              "latency", "priority", "autoscale-signal", "health", "pools", "soak")
+              "latency", "priority", "autoscale-signal", "health", "pools", "soak", "drain")
 
 
 def _gate_rank(item: pytest.Item) -> int:

@@ -59,6 +59,11 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
     assert health["status"] == "PASS" and "/health p50 " in health["message"] and ", p99 " in health["message"], health
     assert "under the load of tiny-cpu/concurrency/long-sequences" in health["message"], health["message"]
     assert "its own load" not in health["message"] and health["limit"] == {"value": 1000.0, "unit": "ms"}
+    # the drain gate runs last (--shutdown-timeout 10): in-flight outcomes and the exit time in the evidence
+    drain = {x["id"].removeprefix("tiny-cpu/"): x for x in summary["gates"] if x["id"].startswith("tiny-cpu/drain/")}
+    assert list(drain) == ["drain/in-flight", "drain/exit", "drain/new-requests"], list(drain)
+    assert all(f["complete"] and f["finish_reason"] == "length" for f in drain["drain/in-flight"]["evidence"]["in_flight"])
+    assert drain["drain/exit"]["measured"]["unit"] == "s" and summary["gates"][-1]["id"] == "tiny-cpu/drain/new-requests"
     # tiny-cpu turns no serve feature on: one SKIP per feature, naming the flag
     for feat, flag in (("tools", "tool_call_parser"), ("structured", "structured_outputs_config"),
                        ("reasoning", "reasoning_parser"), ("lora", "enable_lora"),

@@ -9,6 +9,11 @@ at ``url``, with scripted misbehaviour:
 - ``stop``: ``ok``, ``interrupt`` (raises ``KeyboardInterrupt`` once, as a Ctrl-C during teardown
   would), ``block`` (waits until a signal arrives, like a vLLM slow to shut down).
 
+``terminate()`` / ``wait_exit(s)`` (the drain gate's SIGTERM) call the served fake's
+:meth:`~tests.fakes.fake_vllm.FakeVLLM.sigterm` / ``wait_exit`` when ``fake`` (the in-process
+FakeVLLM) is given; without it, ``terminate()`` posts ``/_fake/sigterm`` and ``wait_exit`` polls
+until the port refuses connections.
+
 Every call is logged in ``events`` as ``(name, open phases)`` -- the names of the run's phases
 running at that moment (``record``: the run's :class:`kvgate.report.record.RunRecord`) -- and, when
 ``events_file`` is set, appended to it as one JSON line, so a test can watch a run in another process.
@@ -34,7 +39,7 @@ ENV = "KVGATE_FAKE_EMBEDDED"
 class FakeEmbeddedServer:
     def __init__(self, url: str, log_path: Path | str, *, wait: str = "ready", stop: str = "ok",
                  ready_s: float = 0.0, budget_s: float = 60.0, record: Any = None,
-                 events: list | None = None, events_file: str | None = None) -> None:
+                 events: list | None = None, events_file: str | None = None, fake: Any = None) -> None:
         assert wait in ("ready", "interrupt", "error", "never") and stop in ("ok", "interrupt", "block")
         self.url, self.log_path = url, Path(log_path)
         self.wait_mode, self.stop_mode, self.ready_s, self.budget_s = wait, stop, ready_s, budget_s
@@ -46,6 +51,7 @@ class FakeEmbeddedServer:
         self.startup_s: float | None = None
         self.launched = self.running = False
         self.killed = False
+        self.fake = fake
         self._t0 = 0.0
 
     @property
@@ -102,6 +108,34 @@ class FakeEmbeddedServer:
         """summary.json's ``launch`` entry, as :meth:`kvgate.launch.local.EmbeddedServer.describe`."""
         return {"mode": "embedded", "startup_s": round(self.startup_s or 0, 2), "command": self.command,
                 "log": str(self.log_path), "server_cpus": "all"}
+
+    def terminate(self) -> str:
+        self._event("terminate")
+        if self.fake is not None:
+            self.fake.sigterm()
+        else:
+            import httpx
+
+            httpx.post(f"{self.url}/_fake/sigterm", timeout=5)
+        return "SIGTERM to the fake vLLM"
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        self._event("wait_exit")
+        if self.fake is not None:
+            return self.fake.wait_exit(timeout_s)
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                httpx.get(f"{self.url}/health", timeout=1)
+            except httpx.ConnectError:
+                return True
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
     def kill(self) -> None:
         self._event("kill")

@@ -171,6 +171,13 @@ FAULTS: dict[str, str] = {
     "lora_as_base": "LoRA adapters answer (as themselves) with the base model's text",
     "prefix_cache_never_hits": "prefix caching never hits: cached_tokens 0, the hits counter flat, full prefill",
     "prefix_counter_frozen": "cached_tokens and the prefill are right, but vllm:prefix_cache_hits_total never rises",
+    # issue 21: the drain of a rolling update (FakeVLLM.sigterm(); healthy: in-flight requests finish,
+    # new generations get 503, the server exits once idle or after shutdown_timeout_s)
+    "abort_on_sigterm": "SIGTERM aborts every in-flight request at once (like vLLM --shutdown-timeout 0): "
+    "streams are cut (connection dropped, no [DONE]), non-streamed requests get 500",
+    "drain_500": "during the drain new generations are answered 500 InternalServerError (as vLLM 0.32 does), "
+    "not 503",
+    "no_exit_after_drain": "after the drain the server never exits (a process that hangs in its teardown)",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
@@ -259,6 +266,7 @@ class FakeConfig:
     reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
     lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
     prompt_tokens_details: bool = False  # like --enable-prompt-tokens-details (vLLM's default: off)
+    shutdown_timeout_s: float = 30.0  # like --shutdown-timeout: after sigterm(), in-flight work left then is aborted
 
     def __post_init__(self) -> None:
         self.faults = FaultSet(self.faults)
@@ -343,6 +351,9 @@ class FakeState:
     leaked: list[bytes] = field(default_factory=list)
     inflight: dict[int, int] = field(default_factory=dict)  # by seq: accepted, not answered -> prompt tokens
     prefix_blocks: OrderedDict = field(default_factory=OrderedDict)  # cached block chain hashes, LRU order
+    t_sigterm: float | None = None  # monotonic time of sigterm(): draining from then on
+    aborting: bool = False  # in-flight generations are being aborted (abort_on_sigterm, shutdown_timeout_s)
+    t_exit: float | None = None  # monotonic time the server began to exit after the drain
 
     @property
     def running(self) -> int:
@@ -932,6 +943,43 @@ class FakeVLLM:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
+    # ---- a rolling update's SIGTERM ---------------------------------------------------------
+
+    def sigterm(self) -> None:
+        """What vLLM does on SIGTERM with ``--shutdown-timeout``: from now on new generations are
+        refused (503; 500 under ``drain_500``) while ``/health`` stays 200, in-flight ones run to
+        their end (all aborted at once under ``abort_on_sigterm``, the rest aborted after
+        ``shutdown_timeout_s``), then the server exits (never under ``no_exit_after_drain``).
+        Returns at once; :meth:`wait_exit` waits for the exit. Thread-safe."""
+        st = self.state
+        if st.t_sigterm is not None:
+            return
+        st.t_sigterm = time.monotonic()
+        st.aborting = "abort_on_sigterm" in self.config.faults
+        threading.Thread(target=self._drain, name="fake-vllm-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        st, cfg = self.state, self.config
+        deadline = (st.t_sigterm or time.monotonic()) + cfg.shutdown_timeout_s
+        while st.inflight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if st.inflight:
+            st.aborting = True
+            while st.inflight:
+                time.sleep(0.005)
+        if "no_exit_after_drain" in cfg.faults or self._server is None:
+            return
+        st.t_exit = time.monotonic()
+        self._server.should_exit = True
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the server thread to end after :meth:`sigterm`."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(max(timeout_s, 0.0))
+        return not thread.is_alive()
+
     # ---- loop-bound primitives ---------------------------------------------------------------
 
     def _prims(self) -> tuple[asyncio.Lock, asyncio.Event, asyncio.Event]:
@@ -965,6 +1013,7 @@ class FakeVLLM:
             Route("/_fake/state", self._fake_state, methods=["GET"]),
             Route("/_fake/config", self._fake_config, methods=["GET", "POST"]),
             Route("/_fake/reset", self._fake_reset, methods=["POST"]),
+            Route("/_fake/sigterm", self._fake_sigterm, methods=["POST"]),
         ]
         return Starlette(routes=routes)
 
@@ -1115,6 +1164,10 @@ class FakeVLLM:
                 return _error(str(e))
         return JSONResponse(self.config.to_json())
 
+    async def _fake_sigterm(self, request: Request) -> Response:
+        self.sigterm()
+        return JSONResponse({"ok": True})
+
     async def _fake_reset(self, request: Request) -> Response:
         self.reset()
         return JSONResponse({"ok": True})
@@ -1130,6 +1183,10 @@ class FakeVLLM:
     async def _generate(self, request: Request, kind: str) -> Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if self.state.t_sigterm is not None:  # draining: no new work (vLLM 0.32 answers 500 here)
+            if "drain_500" in self.config.faults:
+                return _error("EngineCore is shutting down", 500, "InternalServerError")
+            return _error("The server is shutting down", 503, "ServiceUnavailableError")
         if "html_error_page" in self.config.faults:
             return Response(HTML_502, status_code=502, media_type="text/html")
         if "empty_502" in self.config.faults:
@@ -1495,6 +1552,8 @@ class FakeVLLM:
             stall_at = (cfg.stall_after if cfg.stall_after is not None else n // 2) if n >= 2 else None
             error_at = n // 2 if "error_mid_stream" in plan.faults else None
             for tok in plan.tokens:
+                if st.aborting:
+                    raise _CutConnection("aborted at SIGTERM")
                 if tok.index == error_at:
                     raise _EngineError("EngineCore encountered an issue (injected error_mid_stream fault)")
                 if tok.index > 0:

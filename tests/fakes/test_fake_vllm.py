@@ -1182,3 +1182,69 @@ def test_fault_reasoning_markers_in_content(client, fake):
     assert streamed_reasoning(chunks) == "" and text_of(chunks) == marked
     off = client.post(CHAT, json=plain_chat(chat_template_kwargs={"enable_thinking": False})).json()
     assert off["choices"][0]["message"]["content"] == CONTENT_TEXT  # thinking off: unaffected
+
+
+# ---- issue 21: the drain of a rolling update (FakeVLLM.sigterm) ------------------------------------
+
+
+def _drain_run(faults=(), max_tokens=30):
+    """Start a fresh fake (the drain ends it), one stream in flight, SIGTERM after its first token, one
+    new request during the drain; returns (stream events, stream error, new request's status, /health
+    status during the drain, exited)."""
+    fake = FakeVLLM(FakeConfig(itl_s=0.01, eos_after=None, faults=set(faults)))
+    fake.start()
+    try:
+        first = threading.Event()
+        events: list[str] = []
+        error: list[str] = []
+
+        def stream():
+            body = {"model": MODEL, "prompt": "drain me", "max_tokens": max_tokens, "stream": True}
+            try:
+                with new_client(fake.base_url, 5) as c, c.stream("POST", "/v1/completions", json=body) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+                            first.set()
+            except httpx.HTTPError as exc:
+                error.append(type(exc).__name__)
+            first.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert first.wait(5)
+        fake.sigterm()
+        with new_client(fake.base_url, 5) as c:
+            new = c.post("/v1/completions", json={"model": MODEL, "prompt": "new", "max_tokens": 2}).status_code
+            health = c.get("/health").status_code
+        t.join(5)
+        return events, error, new, health, fake.wait_exit(3)
+    finally:
+        fake.stop()
+
+
+def test_healthy_drain_finishes_in_flight_refuses_new_work_with_503_and_exits():
+    events, error, new, health, exited = _drain_run()
+    assert not error and events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+    assert new == 503 and health == 200 and exited
+
+
+def test_fault_abort_on_sigterm():
+    events, error, new, _, exited = _drain_run(["abort_on_sigterm"], max_tokens=200)
+    assert "[DONE]" not in events and len(events) < 200 and error, (events[-2:], error)
+    assert exited
+
+
+def test_fault_drain_500():
+    events, _, new, health, exited = _drain_run(["drain_500"])
+    assert new == 500 and health == 200 and events[-1] == "[DONE]" and exited
+
+
+def test_fault_no_exit_after_drain():
+    fake = FakeVLLM(FakeConfig(faults={"no_exit_after_drain"}))
+    fake.start()
+    try:
+        fake.sigterm()
+        assert fake.wait_exit(0.2) is False and get(fake.base_url + "/health").status_code == 200
+    finally:
+        fake.stop()

