@@ -6,6 +6,7 @@ a /health that is slow while generations run (FAIL, naming the load gate that wa
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
@@ -148,6 +149,8 @@ def test_slow_health_while_busy_fails(pytester, suites, during):
     g = gates[GID]
     assert g["status"] == "FAIL", g["message"]
     assert "/health failed" in g["message"] and "no answer within 1.5 s" in g["message"], g["message"]
-    assert f"reaches the 1 s probe timeout (worst 1,50" in g["message"] and f"during {during})" in g["message"]
+    # the unanswered probe is measured at its own 1.5 s wait; more on a loaded host, never less
+    worst = re.search(r"reaches the 1 s probe timeout \(worst ([\d,]+) ms", g["message"])
+    assert worst and int(worst.group(1).replace(",", "")) >= 1500 and f"during {during})" in g["message"], g["message"]
     if len(suites) == 2:
         assert gates["fake-vllm/priority/short-over-long"]["status"] == "PASS"  # only the health gate sees it
