@@ -6,7 +6,6 @@ its first event classifies the server as stalling streams. Transport and clock i
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.http.watch import EngineWatch
@@ -61,7 +60,7 @@ def test_deadline_then_silent_canary_with_healthy_health_is_hung_once():
     assert r.status == 0 and "ReadTimeout" in r.text and "engine hung since p/requests/x" in r.text
     h = w.hung
     assert h is not None and h.gate == "p/requests/x" and h.request == "POST /v1/completions" and h.health == "200"
-    assert (h.running, h.waiting) == (2.0, 5.0) and "no answer within 3 s" in h.canary
+    assert (h.running, h.waiting) == (2.0, 5.0) and "no token within 3 s" in h.canary
     assert "running 2, waiting 5" in h.reason() and "/health answered 200" in h.reason()
     assert seen.count("/health") == 1 and seen.count("/v1/completions") == 2  # the request, then one canary
     # from now on nothing is sent, streamed or not, and the answer names the one reason
@@ -89,12 +88,94 @@ def test_canary_answering_after_its_deadline_is_hung():
     clock = Clock()
     w, _ = watched(server(canary="ok", clock=clock, canary_s=3.5), clock)
     h = w.suspect("POST /v1/chat/completions", 10.0)
-    assert h is not None and "its answer only after 3.5 s" in h.canary
+    assert h is not None and "its first token only after 3.5 s" in h.canary
 
 
 def test_canary_answering_500_is_an_answer_not_a_hang():
     w, _ = watched(server(canary="500"))
     assert w.suspect("POST /v1/completions", 10.0) is None and w.checks[0]["canary_s"] == 0.0
+
+
+def test_canary_judged_on_its_first_token_a_paused_generation_is_not_hung():
+    """A server that pauses every generation mid-way (it stalls streams; non-streamed replies wait
+    the pause too) gives the canary its first token at once: progress, not a hang."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+
+        class Paused(httpx.SyncByteStream):
+            def __iter__(self):
+                yield b": ping\n\n"  # a gateway's keep-alive comment is not a token
+                yield b'data: {"choices": [{"text": " a"}]}\n\n'
+                raise httpx.ReadTimeout("paused", request=request)
+        return httpx.Response(200, stream=Paused(), headers={"content-type": "text/event-stream"})
+
+    w, _ = watched(httpx.MockTransport(handle))
+    assert w.suspect("POST /v1/completions (stream)", 0.2) is None and w.hung is None
+    assert w.checks[0]["canary_s"] == 0.0
+
+
+def test_canary_with_only_keepalive_comments_is_hung():
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+
+        class Pings(httpx.SyncByteStream):
+            def __iter__(self):
+                yield b": ping\n\n"
+                raise httpx.ReadTimeout("frozen", request=request)
+        return httpx.Response(200, stream=Pings(), headers={"content-type": "text/event-stream"})
+
+    w, _ = watched(httpx.MockTransport(handle))
+    h = w.suspect("POST /v1/completions", 10.0)
+    assert h is not None and "no token within 3 s (ReadTimeout)" in h.canary
+
+
+def test_suspects_arriving_during_a_check_share_its_outcome():
+    """A wave of timed-out requests costs one check: those that time out while a check runs wait
+    for it and take its answer (here: the canary answers, so none is hung)."""
+    import threading
+
+    seen: list[str] = []
+    late: list = []
+    inner = server(canary="ok", seen=seen)
+    holder: dict = {}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if b'"max_tokens":4' in request.content.replace(b" ", b"") and not late:
+            t = threading.Thread(target=lambda: late.append(holder["w"].suspect("POST /v1/chat/completions", 10.0)))
+            late.append(t)
+            t.start()  # times out while this check runs: blocks until it ends, then shares it
+        return inner.handle_request(request)
+
+    class Checking:  # the watch's one-check-at-a-time lock, telling when the late request waits on it
+        def __init__(self) -> None:
+            self.lock, self.waiting = threading.Lock(), threading.Event()
+
+        def __enter__(self):
+            if self.lock.locked():
+                self.waiting.set()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    w, _ = watched(httpx.MockTransport(handle))
+    holder["w"] = w
+    w._checking = checking = Checking()
+    real_handle = handle
+
+    def handle_then_wait(request: httpx.Request) -> httpx.Response:
+        reply = real_handle(request)
+        if late and request.url.path.endswith("/completions"):
+            assert checking.waiting.wait(5.0)  # the late request timed out while this check runs
+        return reply
+
+    w.transport = httpx.MockTransport(handle_then_wait)
+    assert w.suspect("POST /v1/completions", 10.0) is None
+    late[0].join(timeout=5.0)
+    assert late[1:] == [None] and seen.count("/health") == 1 and len(w.checks) == 1
+    assert w.suspect("POST /v1/completions", 10.0) is None and seen.count("/health") == 2  # a later one checks
 
 
 def test_unhealthy_health_is_not_a_hidden_hang():
@@ -151,6 +232,41 @@ def test_idle_cut_on_a_real_socket_after_the_first_event_classifies_stalling():
                                              "ignore_eos": True, "stream": True})
     assert len(r.events) == 2 and r.elapsed_s < 2.0 and r.idle_cut_s >= 0.2, r
     assert w.stalling is not None and w.stalling.events == 2 and w.hung is None
+
+
+def test_stream_idle_watchdog_threads_end_with_their_streams():
+    """One daemon thread per stream on a real socket, gone once the stream ends -- finished, hung up
+    early, or cut -- so a run's hundreds of probes leave none behind; keep-alive reuse unharmed."""
+    import threading
+
+    from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+    def idle_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "kvgate-stream-idle"]
+
+    before = set(idle_threads())
+    body = {"model": "fake-model", "prompt": "a b", "max_tokens": 8, "ignore_eos": True, "stream": True}
+    with FakeVLLM(FakeConfig()) as fake:
+        w = EngineWatch("fake-model", stream_idle_timeout_s=5.0)
+        ep = Endpoint(fake.url.removesuffix("/v1"))
+        w.bind(ep.base_url, ep.route_prefix, ep.headers())
+        with KvClient(Endpoint(ep.base_url, watch=w), timeout_s=10.0) as c:
+            def ended() -> bool:  # every watchdog this test started has exited (joined, bounded)
+                spawned = [t for t in idle_threads() if t not in before]
+                for t in spawned:
+                    t.join(timeout=2.0)
+                return all(t.daemon and not t.is_alive() for t in spawned)
+
+            replies = [c.stream("/v1/completions", body) for _ in range(20)]
+            assert ended()
+            during: list[int] = []
+            replies.append(c.stream("/v1/completions", body,  # hung up early, counting threads mid-stream
+                                    on_event=lambda t, d: during.append(sum(x not in before
+                                                                            for x in idle_threads())) or True))
+            replies.append(c.stream("/v1/completions", body, hang_up_after_headers=True))
+            assert ended() and during == [1]  # one watchdog per stream while it is read, none after
+    assert all(r.status == 200 and r.idle_cut_s is None and r.transport_error is None for r in replies), replies
+    assert all(r.done for r in replies[:20]) and w.stalling is None and w.hung is None
 
 
 def test_client_without_a_watch_is_unchanged():

@@ -19,6 +19,7 @@ TTFT the gates judge, bounded by the request's timeout).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -245,14 +246,11 @@ class KvClient:
         idle = idle if idle is not None and (total is None or idle < total) else None
         t0 = self.clock()
         out = StreamReply(status=0)
-        stop = threading.Event()
         try:
             with self._http.stream(
                 "POST", path, json=body,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
-            ) as r:
-                if idle is not None and r.status_code == 200:
-                    self._watchdog(r, out, t0, idle, stop)
+            ) as r, self._idle_cut(r, out, t0, idle):
                 out.status = r.status_code
                 if r.status_code != 200:
                     out.text = r.read().decode("utf-8", "replace")
@@ -273,20 +271,24 @@ class KvClient:
             out.transport_error = f"{type(exc).__name__}: {exc}"
             if watch is not None and (out.idle_cut_s is not None or isinstance(exc, httpx.TimeoutException)):
                 self._stream_timed_out(watch, out, path, t0, idle)
-        finally:
-            stop.set()
         out.elapsed_s = self.clock() - t0
         return out
 
-    def _watchdog(self, r: httpx.Response, out: StreamReply, t0: float, idle: float, stop: threading.Event) -> None:
-        """Cut the stream once it has been silent for ``idle`` seconds after its first event (the
-        gateway's idle timeout): a daemon thread shuts the socket down, which ends the blocked read.
-        The wait for the first event is the TTFT the gates judge; it is bounded by the request's
-        own timeout. No thread without a real socket (a mock transport)."""
-        stream = r.extensions.get("network_stream")
+    @contextlib.contextmanager
+    def _idle_cut(self, r: httpx.Response, out: StreamReply, t0: float, idle: float | None) -> Iterator[None]:
+        """While the body is read: cut the stream once it has been silent for ``idle`` seconds
+        after its first event (the gateway's idle timeout) -- a daemon thread shuts the socket
+        down, which ends the blocked read. One thread per stream, started only for a 200 on a real
+        socket (none for a mock transport or ``idle`` None) and ended when the body's reading ends
+        (normally, early or by an error): it wakes at once and exits; a cut is decided under the
+        same lock, so a socket handed back to the pool is never shut down. The wait for the first
+        event is the TTFT the gates judge; it is bounded by the request's own timeout."""
+        stream = r.extensions.get("network_stream") if idle is not None and r.status_code == 200 else None
         sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is None:
+        if sock is None or idle is None:
+            yield
             return
+        stop, guard = threading.Event(), threading.Lock()
 
         def watch() -> None:
             wait = idle
@@ -294,16 +296,25 @@ class KvClient:
                 if not out.events:
                     continue
                 quiet = self.clock() - t0 - out.events[-1][0]
-                if quiet >= idle:
+                if quiet < idle:
+                    wait = idle - quiet
+                    continue
+                with guard:
+                    if stop.is_set():
+                        return
                     out.idle_cut_s = quiet
                     try:
                         sock.shutdown(socket.SHUT_RDWR)
                     except OSError:
                         pass
-                    return
-                wait = idle - quiet
+                return
 
         threading.Thread(target=watch, name="kvgate-stream-idle", daemon=True).start()
+        try:
+            yield
+        finally:
+            with guard:
+                stop.set()
 
     def _stream_timed_out(self, watch: "EngineWatch", out: StreamReply, path: str, t0: float,
                           idle: float | None) -> None:

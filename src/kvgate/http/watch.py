@@ -10,12 +10,24 @@ request timeout). The rule, with its numbers (profile ``limits``):
 - **Suspect.** A request passes its deadline (no complete answer within its timeout --
   ``request_timeout_s`` by default, the canary's ``canary_deadline_s``, a probe's own deadline;
   or a stream silent for ``stream_idle_timeout_s`` before its first event) -> **check once**:
-  ``GET /health`` (:data:`HEALTH_TIMEOUT_S`) and a 4-token canary generation
-  (``POST <prefix>/completions``, ``max_tokens`` 4) within ``canary_deadline_s``.
-- **Not hung.** The canary answers (any HTTP answer within ``canary_deadline_s``): the engine is
-  making progress; the slow request was slow, nothing is classified (the check is kept in
-  :attr:`EngineWatch.checks`). An engine that recovers within the canary deadline is not hung.
-- **Hung.** The canary gets no answer within ``canary_deadline_s`` while ``/health`` answers 200:
+  ``GET /health`` (:data:`HEALTH_TIMEOUT_S`) and a 4-token *streamed* canary generation
+  (``POST <prefix>/completions``, ``max_tokens`` 4, ``stream``) judged on its **first token**
+  within ``canary_deadline_s``. Suspects that arrive while a check runs share its outcome (one
+  check answers every request that timed out before it started), so a wave of timed-out load
+  requests costs one check, not one each.
+- **Not hung.** The canary shows progress within ``canary_deadline_s`` -- its first token chunk
+  (any ``data:`` line; SSE comments such as ``: ping`` are not progress, a gateway sends those),
+  or any HTTP answer other than 200 (a failing server answers; the gates' verdicts name it): the
+  engine is making progress; the slow request was slow, nothing is classified (the check is kept
+  in :attr:`EngineWatch.checks`). An engine that recovers within the canary deadline is not hung.
+  Progress is a token, not a complete answer: a server that pauses every generation mid-way (a
+  stalling-streams server, which delays non-streamed replies the same) answers the first token
+  at once and is *not* hung -- it is classified stalling streams below, or its slow requests FAIL
+  the gates that judge them; a complete 4-token answer would have charged it the whole pause and
+  called it hung whenever the pause reached the canary deadline.
+- **Hung.** The canary gets no token within ``canary_deadline_s`` (200 headers and then silence
+  is what a frozen EngineCore gives: vLLM's API server sends the headers itself) while
+  ``/health`` answers 200:
   the engine is classified HUNG **once** (:class:`Hang`: the gate, the request, how long it
   waited, what ``/health`` said, ``vllm:num_requests_running`` / ``waiting`` from ``/metrics``
   when readable). From then on every send through :class:`~kvgate.http.client.KvClient` or the
@@ -68,7 +80,7 @@ CANARY_MAX_TOKENS = 4
 class Hang:
     """The engine was classified hung: ``gate`` (test id) where, ``request`` (``POST /v1/...``)
     that passed its deadline after ``waited_s`` seconds, ``health`` what ``GET /health`` said,
-    ``canary`` what the check's canary got (``no answer within 3 s (ReadTimeout)``), ``running`` /
+    ``canary`` what the check's canary got (``no token within 3 s (ReadTimeout)``), ``running`` /
     ``waiting`` the scheduler gauges (None when ``/metrics`` could not be read), ``at_s`` when
     (watch clock)."""
 
@@ -147,6 +159,7 @@ class EngineWatch:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _hooks: list[Callable[[str], None]] = field(default_factory=list, repr=False)
     _checking: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one check at a time
+    _finished: int = field(default=0, repr=False)  # checks finished (a suspect shares a later one's outcome)
 
     def bind(self, base_url: str, route_prefix: str, headers: dict[str, str]) -> "EngineWatch":
         """Point the checks at the endpoint (its root, OpenAI prefix and auth headers)."""
@@ -196,16 +209,25 @@ class EngineWatch:
 
     def suspect(self, request: str, waited_s: float) -> Hang | None:
         """``request`` (``POST /v1/completions``) passed its deadline after ``waited_s`` s: check
-        the engine once (``/health``, a canary within ``canary_deadline_s``) unless it is already
-        classified or another check runs (then wait for that one). Returns the :class:`Hang`, or
-        None when the engine answered. Never raises."""
+        the engine once (``/health``, a streamed canary's first token within ``canary_deadline_s``)
+        unless it is already classified, or a check that finishes after this call began found the
+        engine answering (then that outcome is shared: no second check). Returns the :class:`Hang`,
+        or None when the engine answered. Never raises."""
         if self.hung is not None or self.base_url is None:
             return self.hung
         gate = self.gate
+        with self._lock:
+            seen = self._finished
         with self._checking:
             if self.hung is not None:
                 return self.hung
-            health, canary_s, canary, (running, waiting) = self._check()
+            if self._finished > seen:  # a check that finished after this request timed out found it answering
+                return None
+            try:
+                health, canary_s, canary, (running, waiting) = self._check()
+            finally:
+                with self._lock:
+                    self._finished += 1
             if canary_s is not None:  # the engine answered: slow, not hung
                 self.checks.append({"gate": gate, "request": request, "waited_s": round(waited_s, 3),
                                     "health": health, "canary_s": round(canary_s, 3)})
@@ -237,12 +259,11 @@ class EngineWatch:
                 health = str(r.status_code)
             except httpx.HTTPError as exc:
                 health = f"nothing ({type(exc).__name__})"
-            body = {"model": self.model, "prompt": CANARY_PROMPT, "max_tokens": CANARY_MAX_TOKENS, "temperature": 0}
             timeout = httpx.Timeout(self.canary_deadline_s, connect=min(10.0, self.canary_deadline_s))
             t0 = self.clock()
             gauges: tuple[float | None, float | None] = (None, None)
             with ThreadPoolExecutor(1, thread_name_prefix="kvgate-watch") as pool:
-                fut = pool.submit(c.post, self.route_prefix.rstrip("/") + "/completions", json=body, timeout=timeout)
+                fut = pool.submit(self._canary, c, timeout)
                 try:
                     fut.result(timeout=self.canary_deadline_s / 2)
                 except FutureTimeout:
@@ -250,17 +271,32 @@ class EngineWatch:
                 except httpx.HTTPError:
                     pass
                 try:
-                    r = fut.result()
+                    got = fut.result()
                 except httpx.HTTPError as exc:
                     if gauges == (None, None):
                         gauges = self._gauges()
-                    return (health, None, f"no answer within {self.canary_deadline_s:g} s ({type(exc).__name__})",
+                    return (health, None, f"no token within {self.canary_deadline_s:g} s ({type(exc).__name__})",
                             gauges)
             took = self.clock() - t0
             if took > self.canary_deadline_s:
-                return (health, None, f"its answer only after {took:.1f} s (deadline {self.canary_deadline_s:g} s)",
+                return (health, None, f"its first token only after {took:.1f} s (deadline {self.canary_deadline_s:g} s)",
                         gauges if gauges != (None, None) else self._gauges())
-            return health, took, f"HTTP {r.status_code} in {took:.2f} s", gauges
+            return health, took, f"{got} in {took:.2f} s", gauges
+
+    def _canary(self, c: httpx.Client, timeout: httpx.Timeout) -> str:
+        """Send the streamed canary and stop at its first sign of progress: ``"HTTP 200, first
+        token"``; ``"HTTP <status>"`` for any other answer; ``"HTTP 200, ended without a token"``
+        when the server closed the stream (an answer too: a frozen engine ends nothing). Raises
+        ``httpx.HTTPError`` (the read timeout: no token within the deadline)."""
+        body = {"model": self.model, "prompt": CANARY_PROMPT, "max_tokens": CANARY_MAX_TOKENS, "temperature": 0,
+                "stream": True}
+        with c.stream("POST", self.route_prefix.rstrip("/") + "/completions", json=body, timeout=timeout) as r:
+            if r.status_code != 200:
+                return f"HTTP {r.status_code}"
+            for line in r.iter_lines():
+                if line.strip() and not line.startswith(":"):  # an SSE comment is a gateway's, not a token
+                    return "HTTP 200, first token"
+        return "HTTP 200, ended without a token"
 
     def _gauges(self) -> tuple[float | None, float | None]:
         try:

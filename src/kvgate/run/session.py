@@ -90,6 +90,14 @@ def usage(msg: str) -> pytest.UsageError:
 
 
 # ----------------------------------------------------------------------------------- the run
+def _probe_idle_cut_s(profile: Profile, gate_mode: str) -> float | None:
+    """Where single probes cut a silent stream (``limits.stream_idle_timeout_s``, kvgate.http.watch),
+    or None: not in record mode, whose point is to measure the longest gap this server leaves so
+    the overlay can write it as ``limits.stream_idle_timeout_s`` -- a stream cut at the current
+    limit would record that limit, not the gap (the wait stays bounded by the request timeout)."""
+    return None if gate_mode == "record" else profile.limits.stream_idle_timeout_s
+
+
 @dataclass
 class Run:
     """What one run knows, stashed on the config (:data:`RUN`). ``endpoint`` is None until
@@ -150,7 +158,7 @@ class Run:
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
                   kserve_notes=kserve_notes, lint=lint_findings,
                   watch=EngineWatch(profile.model.served_name, canary_deadline_s=profile.limits.canary_deadline_s,
-                                    stream_idle_timeout_s=profile.limits.stream_idle_timeout_s))
+                                    stream_idle_timeout_s=_probe_idle_cut_s(profile, config.option.kvgate_gate_mode)))
         if wants and run.choice.unavailable:
             run.record.no_server = run.choice.unavailable
         config.stash[RUN] = run
