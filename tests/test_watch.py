@@ -6,6 +6,7 @@ its first event classifies the server as stalling streams. Transport and clock i
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.http.watch import EngineWatch
@@ -272,3 +273,32 @@ def test_stream_idle_watchdog_threads_end_with_their_streams():
 def test_client_without_a_watch_is_unchanged():
     c = KvClient(Endpoint("http://llm.test"), transport=server())
     assert c.post("/v1/completions", {"model": "m"}).status == 0
+
+
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
+def test_load_transports_obey_the_watch(transport):
+    """Both load clients (raw HTTP/1.1 and the https fallback): requests in flight are cut when the
+    engine is classified hung (here by a check the canary of which is held), and later sends are
+    refused without a connection, naming the one reason."""
+    import threading
+
+    from kvgate.load import HttpxTransport, closed_loop, completion_request
+    from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={"hang_after_generations"}, hang_after=0)) as fake:
+        w = EngineWatch("fake-model", canary_deadline_s=1.0)
+        base = fake.url.removesuffix("/v1")
+        w.bind(base, "/v1", {})
+        ep = Endpoint(base, watch=w)
+        spec = completion_request(ep, model="fake-model", prompt="kv cache", max_tokens=8, temperature=0)
+        check = threading.Thread(target=w.suspect, args=("POST /v1/completions", 10.0))
+        check.start()  # its canary is held too: hung after canary_deadline_s, while the load waits
+        kw = {"transport": HttpxTransport(ep)} if transport == "httpx" else {}
+        cut = closed_loop(ep, spec, n=2, concurrency=2, deadline_s=30, request_timeout_s=20, **kw)
+        check.join(timeout=10.0)
+        kw = {"transport": HttpxTransport(ep)} if transport == "httpx" else {}
+        refused = closed_loop(ep, spec, n=2, concurrency=2, deadline_s=30, **kw)
+    reason = w.hung.reason()
+    assert [r.error for r in cut.records] == [f"cut: {reason}"] * 2
+    assert [r.error for r in refused.records] == [f"not sent: {reason}"] * 2
+    assert all(r.end_s - r.sent_s < 5.0 for r in cut.records)  # cut at the hang (~1 s), not at 20 s

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from kvgate.http.client import Endpoint
 from kvgate.load.record import RequestRecord, RequestSpec
-from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock
+from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock, cut_on_hang, refused_by_watch, tell_watch
 
 
 class _TimedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
@@ -439,19 +439,6 @@ class RawHttpTransport:
             if c.rec is not None:
                 c.abort(f"cut: {reason}")
 
-    async def _watched(self, prepared: _Wire, rec: RequestRecord) -> None:
-        """Tell the watch what a finished request met: a timeout (or an idle cut before the first
-        byte) -> one engine check, off the loop; an idle cut after body pieces -> a stall."""
-        watch, err = self.watch, rec.error or ""
-        if watch is None:
-            return
-        if err.startswith("idle timeout") and rec.first_byte_s is not None and rec.piece_s:
-            quiet = (rec.end_s or 0.0) - rec.piece_s[-1]
-            watch.stalled(prepared.what, len(rec.piece_s), quiet)
-        elif err.startswith(("timeout", "idle timeout")):
-            waited = (rec.end_s or 0.0) - (rec.sent_s or 0.0)
-            await asyncio.get_running_loop().run_in_executor(None, watch.suspect, prepared.what, waited)
-
     async def _connect(self, timeout_s: float) -> _Conn:
         loop = asyncio.get_running_loop()
         sel = _TIMED.get(loop)
@@ -466,18 +453,12 @@ class RawHttpTransport:
         return conn
 
     async def send(self, prepared: _Wire, rec: RequestRecord, timeout_s: float) -> None:
-        watch = self.watch
-        if watch is not None:
-            refused = watch.refusal(stream=prepared.stream)
-            if refused:
-                rec.sent_s = rec.end_s = self.clock() - self.t0
-                rec.error = refused
-                return
-            if self._unhook is None:
-                loop = asyncio.get_running_loop()
-                self._unhook = watch.on_hang(lambda why: loop.call_soon_threadsafe(self._cut_in_flight, why))
+        if refused_by_watch(self.watch, prepared.stream, rec, self.clock() - self.t0):
+            return
+        if self._unhook is None:
+            self._unhook = cut_on_hang(self.watch, self._cut_in_flight)
         await self._send(prepared, rec, timeout_s)
-        await self._watched(prepared, rec)
+        await tell_watch(self.watch, prepared.what, rec)
 
     async def _send(self, prepared: _Wire, rec: RequestRecord, timeout_s: float) -> None:
         for attempt in (0, 1):
