@@ -45,7 +45,8 @@ request timeout). The rule, with its numbers (profile ``limits``):
   events before the pause, seconds of silence). Later *streamed* sends are refused at once naming
   that cause (``not sent: the server stalls streams since <gate> (...)``); non-streamed requests
   still go. A stalling server costs the run one idle timeout per stream in flight when it is
-  first seen, not one per stream sent.
+  first seen, not one per stream sent. The run passes no idle timeout in ``--gate-mode=record``
+  (calibration measures the whole gap for the overlay; each wait is bounded by the request timeout).
 
 Thread-safe: the load client's event loop, the gates' threads and the checker may call at once;
 one check runs at a time and a suspect that arrives while one runs waits for its outcome. The
