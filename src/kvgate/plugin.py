@@ -199,6 +199,15 @@ def _gate_rank(item: pytest.Item) -> int:
     return GATE_ORDER.index(name) if name in GATE_ORDER else len(GATE_ORDER)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A live gate after the engine was classified hung ends here, FAIL with the one reason and
+    nothing sent (:meth:`kvgate.run.session.Run.before_gate`)."""
+    run = item.config.stash.get(RUN, None)
+    if run is not None:
+        run.before_gate(item)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     """A gate whose exact-length prompt cannot be built here (no /tokenize and no local tokenizer:

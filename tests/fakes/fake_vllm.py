@@ -178,6 +178,11 @@ FAULTS: dict[str, str] = {
     "drain_500": "during the drain new generations are answered 500 InternalServerError (as vLLM 0.32 does), "
     "not 503",
     "no_exit_after_drain": "after the drain the server never exits (a process that hangs in its teardown)",
+    # issue 21: a hung engine behind a healthy /health, a server that stalls streams
+    "hang_after_generations": "after hang_after generations (default 60) every later generation is held forever "
+    "(queued: num_requests_waiting counts it; until the client hangs up or the fake stops) while /health stays 200",
+    "pause_streams": "every stream pauses pause_s seconds (default 40) after pause_after_chunks token chunks "
+    "(default 4), then goes on; non-streamed requests are not delayed",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
@@ -262,6 +267,9 @@ class FakeConfig:
     route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
     schedulable_tokens: int | None = None  # never_schedule: None -> max_model_len - block_size
     slow_health_s: float = 3.0  # slow_health_while_busy: /health's delay while a generation is in flight
+    hang_after: int = 60  # hang_after_generations: generations served before every later one is held
+    pause_s: float = 40.0  # pause_streams: seconds of silence in every stream
+    pause_after_chunks: int = 4  # pause_streams: token chunks sent before the pause
     # serve features (tools and structured outputs are always served)
     reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
     lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
@@ -1522,6 +1530,9 @@ class FakeVLLM:
             if "never_schedule" in plan.faults and plan.prompt_tokens + len(plan.tokens) > schedulable:
                 await closing.wait()  # waits until the client hangs up (cancelled) or the fake stops
                 raise _EngineError("server shutting down")
+            if "hang_after_generations" in plan.faults and st.generations_started > cfg.hang_after:
+                await closing.wait()  # held like a frozen EngineCore: until the client hangs up or the fake stops
+                raise _EngineError("server shutting down")
             key = (plan.priority if cfg.scheduling_policy == "priority" else 0, rec.seq)
             st.queue[rec.seq] = key
             while st.running >= cfg.max_num_seqs or key != min(st.queue.values()):
@@ -1560,6 +1571,8 @@ class FakeVLLM:
                     await self.sleep(cfg.itl_s)
                 if "stall_mid_stream" in plan.faults and tok.index == stall_at and tok.index > 0:
                     await self.sleep(cfg.stall_s)
+                if "pause_streams" in plan.faults and plan.stream and tok.index == cfg.pause_after_chunks:
+                    await self.sleep(cfg.pause_s)
                 now = time.monotonic()
                 if tok.index == 0:
                     rec.t_first_token = now

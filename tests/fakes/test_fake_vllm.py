@@ -1248,3 +1248,34 @@ def test_fault_no_exit_after_drain():
         assert fake.wait_exit(0.2) is False and get(fake.base_url + "/health").status_code == 200
     finally:
         fake.stop()
+
+
+# ---- issue 21 faults: a hung engine behind a healthy /health, streams that pause --------------------
+
+
+def test_fault_hang_after_generations(client, fake):
+    fake.config.faults.add("hang_after_generations")
+    fake.config.hang_after = 2
+    for _ in range(2):  # the first two generations are served
+        assert client.post("/v1/completions", json=cmpl(5, max_tokens=2)).status_code == 200
+    with pytest.raises(httpx.ReadTimeout):  # the third is held, non-streamed...
+        client.post("/v1/completions", json=cmpl(5, max_tokens=2), timeout=0.3)
+    with pytest.raises(httpx.ReadTimeout):  # ...and streamed (headers, then nothing)
+        with client.stream("POST", "/v1/chat/completions", json=chat(5, max_tokens=2, stream=True), timeout=0.3) as r:
+            list(r.iter_lines())
+    assert client.get("/health").status_code == 200  # while /health stays healthy
+    assert client.post("/tokenize", json={"model": MODEL, "prompt": "a b"}).status_code == 200  # not a generation
+    assert wait_for(lambda: fake.state.waiting == 0)  # the hang-ups released them
+
+
+def test_fault_pause_streams(client, fake):
+    fake.config.faults.add("pause_streams")
+    fake.config.pause_s, fake.config.pause_after_chunks = 0.3, 4
+    times = []
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=8, ignore_eos=True, stream=True)) as r:
+        times = [time.monotonic() for line in r.iter_lines() if line]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps.index(max(gaps)) == 3 and max(gaps) >= 0.25 and sorted(gaps)[-2] < 0.1  # after 4 token chunks
+    t = time.monotonic()
+    assert client.post("/v1/completions", json=cmpl(5, max_tokens=8, ignore_eos=True)).status_code == 200
+    assert time.monotonic() - t < 0.2  # non-streamed: no pause

@@ -36,9 +36,18 @@ def first_token_s(reply: StreamReply) -> float | None:
 
 
 def stream_gaps(reply: StreamReply) -> list[float]:
-    """Silences a gateway sees, seconds: send -> first event, then between consecutive events."""
+    """Silences a gateway sees, seconds: send -> first event, then between consecutive events, and
+    the silence the client cut the stream at (its idle timeout, ``idle_cut_s``) last."""
     ts = [t for t, _ in reply.events]
-    return [ts[0]] + [b - a for a, b in zip(ts, ts[1:])] if ts else []
+    gaps = [ts[0]] + [b - a for a, b in zip(ts, ts[1:])] if ts else []
+    return gaps + [reply.idle_cut_s] if gaps and reply.idle_cut_s is not None else gaps
+
+
+def _answered(r: Reply | StreamReply) -> str:
+    """``answered 200``, or for a stream that got no answer the client's words: ``answered 0 (not
+    sent: the server stalls streams since ...)``, ``answered 0 (ReadTimeout: ...)``."""
+    why = r.text if r.status == 0 and r.text else getattr(r, "transport_error", None) if r.status == 0 else None
+    return f"answered {r.status}" + (f" ({why})" if why else "")
 
 
 def stream_ttft_verdict(ex: Exchange, ttft_ms_limit: float | None) -> Verdict:
@@ -48,7 +57,7 @@ def stream_ttft_verdict(ex: Exchange, ttft_ms_limit: float | None) -> Verdict:
     ttft = first_token_s(r) if isinstance(r, StreamReply) and r.status == 200 else None
     ev = ex.evidence()
     if ttft is None:
-        return Verdict(gate, FAIL, f"stream answered {r.status} with no token chunk -> FAIL", measured=None,
+        return Verdict(gate, FAIL, f"stream {_answered(r)} with no token chunk -> FAIL", measured=None,
                        limit=ttft_ms_limit, unit="ms", evidence=ev)
     if ttft_ms_limit is None:
         return Verdict(gate, SKIP, f"TTFT {ttft * 1000:.0f} ms; profile sets no slo.ttft_p95_ms", measured=ttft * 1000,
@@ -67,15 +76,19 @@ def stream_idle_verdict(ex: Exchange, idle_timeout_s: float | None) -> Verdict:
     gaps = stream_gaps(r) if isinstance(r, StreamReply) else []
     ev = {**ex.evidence(), "gaps_s_top5": sorted((round(g, 4) for g in gaps), reverse=True)[:5]}
     if not gaps:
-        return Verdict(gate, FAIL, f"stream answered {r.status} with no events -> FAIL", evidence=ev)
+        return Verdict(gate, FAIL, f"stream {_answered(r)} with no events -> FAIL", evidence=ev)
     worst = max(gaps)
     where = "before the first event" if gaps.index(worst) == 0 else f"after event {gaps.index(worst)}"
     if idle_timeout_s is None:
         return Verdict(gate, SKIP, f"longest gap {worst:.2f} s ({where}); profile sets no limits.stream_idle_timeout_s",
                        measured=worst, unit="s", evidence=ev)
     ok = worst < idle_timeout_s
-    return Verdict(gate, PASS if ok else FAIL, f"longest stream gap {worst:.3f} s ({where}); gateway idle timeout "
-                   f"{idle_timeout_s:g} s -> {'PASS' if ok else 'FAIL (the gateway would cut this stream)'}",
+    cut = getattr(r, "idle_cut_s", None) is not None and gaps.index(worst) == len(gaps) - 1
+    if cut:  # the client cut the stream there (kvgate.http.watch): the silence lasted at least this long
+        where += ", still silent when cut"
+    return Verdict(gate, PASS if ok else FAIL, f"longest stream gap {'>= ' if cut else ''}{worst:.3f} s ({where}); "
+                   f"gateway idle timeout {idle_timeout_s:g} s -> "
+                   f"{'PASS' if ok else 'FAIL (the gateway would cut this stream)'}",
                    measured=round(worst, 4), limit=idle_timeout_s, unit="s", evidence=ev)
 
 
@@ -86,7 +99,7 @@ def stream_framing_verdict(ex: Exchange) -> Verdict:
     r = ex.reply
     ev = ex.evidence()
     if not isinstance(r, StreamReply) or r.status != 200:
-        return Verdict(gate, FAIL, f"stream answered {r.status} -> FAIL", evidence=ev)
+        return Verdict(gate, FAIL, f"stream {_answered(r)} -> FAIL", evidence=ev)
     s = summarize(r)
     problems = []
     if len(s.finish_reasons) != 1:

@@ -7,16 +7,26 @@ at all (connection refused, DNS, TLS, connect timeout), with a one-line message.
 
 Transport and clock are injectable (``transport=`` an ``httpx.BaseTransport``, ``clock=`` a
 function returning seconds), so unit tests run against ``httpx.MockTransport`` without sleeping.
+
+An endpoint that carries the run's :class:`~kvgate.http.watch.EngineWatch` (``Endpoint.watch``)
+gets the watch's rule (see :mod:`kvgate.http.watch`): a request that passes its deadline makes the
+watch check the engine once; once it is classified hung every send returns at once with
+``status 0`` and ``not sent: ...`` as its text, without touching the network; a stream silent for
+``stream_idle_timeout_s`` after its first event is cut there and classifies the server as stalling
+streams, after which streamed sends are refused the same way (the wait for the first event is the
+TTFT the gates judge, bounded by the request's timeout).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import httpx
 
@@ -24,6 +34,9 @@ from kvgate.report.redact import redact_url
 from kvgate.http.sse import DONE, classify, error_message, is_done
 from kvgate.http.sse import iter_data as iter_sse_data  # the one SSE framer, by its old name
 from kvgate.http.text import clip  # the one clipping rule; re-exported for the gates
+
+if TYPE_CHECKING:
+    from kvgate.http.watch import EngineWatch
 
 Clock = Callable[[], float]
 
@@ -49,6 +62,9 @@ class Endpoint:
     #: A local Hugging Face tokenizer (the profile's ``model.tokenizer``) for servers without
     #: ``/tokenize`` (KServe's Hugging Face runtime): exact-length chat prompts are counted with it.
     tokenizer: str | None = None
+    #: The run's record of the engine's condition (:class:`kvgate.http.watch.EngineWatch`), shared by
+    #: every client of this endpoint; None outside a run (no watch, no refusals).
+    watch: "EngineWatch | None" = field(default=None, repr=False, compare=False)
 
     @property
     def display(self) -> str:
@@ -105,6 +121,8 @@ class StreamReply:
     first_byte_s: float | None = None
     elapsed_s: float = 0.0
     transport_error: str | None = None
+    #: Seconds of silence when the stream was cut at the stream idle timeout, else None.
+    idle_cut_s: float | None = None
 
     @property
     def done(self) -> bool:
@@ -181,6 +199,10 @@ class KvClient:
         """Send one request; raise :class:`EndpointUnreachable` only when no answer comes.
         ``content``: send these bytes as the body (``Content-Type: application/json``) instead of
         ``json_body`` -- e.g. a body that is not JSON at all."""
+        watch = self.endpoint.watch
+        refused = watch.refusal(stream=False) if watch is not None else None
+        if refused:
+            return Reply(status=0, text=refused, elapsed_s=0.0)
         t0 = self.clock()
         try:
             r = self._http.request(
@@ -191,7 +213,12 @@ class KvClient:
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
             raise self._unreachable(exc, path) from None
         except httpx.HTTPError as exc:  # read timeout, protocol error: an answer that never finished
-            return Reply(status=0, text=f"{type(exc).__name__}: {exc}", elapsed_s=self.clock() - t0)
+            waited = self.clock() - t0
+            text = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, httpx.TimeoutException) and watch is not None:  # passed its deadline: check once
+                hang = watch.suspect(f"{method} {path}", waited)
+                text += f"; {hang.reason()}" if hang else ""
+            return Reply(status=0, text=text, elapsed_s=waited)
         return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers))
 
     def get(self, path: str, **kw: Any) -> Reply:
@@ -210,13 +237,20 @@ class KvClient:
         before any token (disconnect mid-request). Timestamps are taken as lines arrive; JSON
         decoding is left to the caller (off the hot path).
         """
+        watch = self.endpoint.watch
+        refused = watch.refusal(stream=True) if watch is not None else None
+        if refused:
+            return StreamReply(status=0, text=refused)
+        total = self._http.timeout.read if timeout_s is None else timeout_s
+        idle = watch.stream_idle_timeout_s if watch is not None else None
+        idle = idle if idle is not None and (total is None or idle < total) else None
         t0 = self.clock()
         out = StreamReply(status=0)
         try:
             with self._http.stream(
                 "POST", path, json=body,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
-            ) as r:
+            ) as r, self._idle_cut(r, out, t0, idle):
                 out.status = r.status_code
                 if r.status_code != 200:
                     out.text = r.read().decode("utf-8", "replace")
@@ -235,8 +269,71 @@ class KvClient:
             raise self._unreachable(exc, path) from None
         except httpx.HTTPError as exc:
             out.transport_error = f"{type(exc).__name__}: {exc}"
+            if watch is not None and (out.idle_cut_s is not None or isinstance(exc, httpx.TimeoutException)):
+                self._stream_timed_out(watch, out, path, t0, idle)
         out.elapsed_s = self.clock() - t0
         return out
+
+    @contextlib.contextmanager
+    def _idle_cut(self, r: httpx.Response, out: StreamReply, t0: float, idle: float | None) -> Iterator[None]:
+        """While the body is read: cut the stream once it has been silent for ``idle`` seconds
+        after its first event (the gateway's idle timeout) -- a daemon thread shuts the socket
+        down, which ends the blocked read. One thread per stream, started only for a 200 on a real
+        socket (none for a mock transport or ``idle`` None) and ended when the body's reading ends
+        (normally, early or by an error): it wakes at once and exits; a cut is decided under the
+        same lock, so a socket handed back to the pool is never shut down. The wait for the first
+        event is the TTFT the gates judge; it is bounded by the request's own timeout."""
+        stream = r.extensions.get("network_stream") if idle is not None and r.status_code == 200 else None
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None or idle is None:
+            yield
+            return
+        stop, guard = threading.Event(), threading.Lock()
+
+        def watch() -> None:
+            wait = idle
+            while not stop.wait(wait):
+                if not out.events:
+                    continue
+                quiet = self.clock() - t0 - out.events[-1][0]
+                if quiet < idle:
+                    wait = idle - quiet
+                    continue
+                with guard:
+                    if stop.is_set():
+                        return
+                    out.idle_cut_s = quiet
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+
+        threading.Thread(target=watch, name="kvgate-stream-idle", daemon=True).start()
+        try:
+            yield
+        finally:
+            with guard:
+                stop.set()
+
+    def _stream_timed_out(self, watch: "EngineWatch", out: StreamReply, path: str, t0: float,
+                          idle: float | None) -> None:
+        """A stream's read timed out: after its first event with the idle timeout in force, a stall
+        (cut here, the server classified as stalling streams); before it, a request that passed its
+        deadline (the watch checks the engine once)."""
+        now = self.clock() - t0
+        last = out.events[-1][0] if out.events else out.first_byte_s
+        request = f"POST {path} (stream)"
+        if idle is not None and last is not None and out.events:
+            out.idle_cut_s = out.idle_cut_s if out.idle_cut_s is not None else now - last
+            stall = watch.stalled(request, len(out.events), out.idle_cut_s)
+            out.transport_error = (f"idle timeout: no bytes for {out.idle_cut_s:.3g} s after {len(out.events)} events "
+                                   f"(stream idle timeout {idle:g} s: the gateway in front would cut it here); "
+                                   f"{stall.reason()}")
+            return
+        hang = watch.suspect(request, now)
+        if hang is not None:
+            out.transport_error += f"; {hang.reason()}"
 
     def hang_up_request(self, path: str, body: Any, after_s: float) -> Reply:
         """Send a non-streamed POST on a raw socket and close it ``after_s`` seconds later unless

@@ -86,7 +86,8 @@ def send_watched(client: KvClient, api: Api, body: dict[str, Any], *, deadline_s
     ``deadline_s / poll_s + 1`` scrapes), so a request that never answers ends at its deadline with
     the pattern that held it: admitted but never scheduled shows ``waiting 1, running 0``. The
     request itself runs on the calling thread, so Ctrl-C/SIGTERM interrupt it at once. Returns the
-    exchange (status 0 when the deadline passed) and the samples."""
+    exchange (status 0 when the deadline passed) and the samples taken while it was outstanding
+    (for an unanswered request, those whose scrape had returned by its deadline)."""
     samples: list[QueueSample] = []
     stop = threading.Event()
     t0 = time.monotonic()
@@ -107,7 +108,11 @@ def send_watched(client: KvClient, api: Api, body: dict[str, Any], *, deadline_s
     finally:
         stop.set()
     watcher.join(timeout=1.0)  # a scrape in flight may finish; never wait on it longer
-    return ex, list(samples)
+    # only what the server said while the request was outstanding: a request past its deadline makes
+    # the run's EngineWatch check the engine before the call returns (kvgate.http.watch), and the
+    # hang-up has released the request by then -- a sample from that window reads waiting 0
+    outstanding = ex.reply.elapsed_s if ex.reply.status == 0 and ex.reply.elapsed_s else None
+    return ex, [q for q in samples if outstanding is None or q.t_s <= outstanding]
 
 
 def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None = None) -> Exchange:

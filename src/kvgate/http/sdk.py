@@ -28,7 +28,11 @@ class SdkStream:
 
 def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: float = 60.0) -> SdkStream:
     """Stream ``body`` through ``openai.OpenAI`` (completions or chat); vLLM-only fields such as
-    ``ignore_eos`` go through ``extra_body``."""
+    ``ignore_eos`` go through ``extra_body``. Refused at once (``error`` ``not sent: ...``) when the
+    run's :class:`~kvgate.http.watch.EngineWatch` found the engine hung or the server stalling streams."""
+    refused = endpoint.watch.refusal(stream=True) if endpoint.watch is not None else None
+    if refused:
+        return SdkStream("", 0, [], refused)
     std = {"model", "prompt", "messages", "max_tokens", "temperature", "seed", "stream_options", "logprobs", "n"}
     kwargs = {k: v for k, v in body.items() if k in std}
     extra = {k: v for k, v in body.items() if k not in std and k != "stream"}

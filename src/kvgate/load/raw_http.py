@@ -11,6 +11,13 @@ at. On the loops :func:`new_event_loop` makes (the sync :func:`~kvgate.load.clos
 :func:`~kvgate.load.open_loop` use one) the timestamp is the instant the poll that found the data
 returned, so it does not grow with the number of sockets handled before it in the same batch.
 Timeouts and hang-up timers run on the event loop's own clock.
+
+With the run's :class:`~kvgate.http.watch.EngineWatch` on the endpoint (``Endpoint.watch``): a
+request refused by the watch (engine hung; a streamed one to a server that stalls streams) ends at
+once with ``not sent: ...`` as its error, without a connection; a request that times out (or is
+idle-cut before its first byte) makes the watch check the engine once (in a worker thread, so the
+loop goes on); an idle cut after body pieces classifies the server as stalling streams; and when
+the engine is classified hung every request in flight is cut at once (``cut: engine hung ...``).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from urllib.parse import urlsplit
 
 from kvgate.http.client import Endpoint
 from kvgate.load.record import RequestRecord, RequestSpec
-from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock
+from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock, cut_on_hang, refused_by_watch, tell_watch
 
 
 class _TimedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
@@ -374,6 +381,8 @@ class _Wire:
     hang_k: int | None
     hang_s: float | None
     idle_s: float | None = None
+    stream: bool = False
+    what: str = ""
 
 
 class RawHttpTransport:
@@ -404,6 +413,8 @@ class RawHttpTransport:
         self.opened = 0
         self.clock: Clock = time.perf_counter
         self.t0 = 0.0
+        self.watch = endpoint.watch
+        self._unhook: Any = None
 
     def bind(self, clock: Clock, t0: float, max_connections: int) -> None:
         self.clock, self.t0 = clock, t0
@@ -418,7 +429,15 @@ class RawHttpTransport:
         hdrs.setdefault("accept", "text/event-stream, application/json")
         head = f"POST {self.path_prefix}{spec.path} HTTP/1.1\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
-        return _Wire(head.encode("latin-1") + body, spec.hangup_after_chunks, spec.hangup_after_s, spec.idle_timeout_s)
+        stream = bool(spec.body.get("stream"))
+        return _Wire(head.encode("latin-1") + body, spec.hangup_after_chunks, spec.hangup_after_s, spec.idle_timeout_s,
+                     stream, f"POST {self.path_prefix}{spec.path}" + (" (stream)" if stream else ""))
+
+    def _cut_in_flight(self, reason: str) -> None:
+        """The engine was classified hung: end every request in flight now (on the loop's thread)."""
+        for c in list(self.conns):
+            if c.rec is not None:
+                c.abort(f"cut: {reason}")
 
     async def _connect(self, timeout_s: float) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -434,6 +453,14 @@ class RawHttpTransport:
         return conn
 
     async def send(self, prepared: _Wire, rec: RequestRecord, timeout_s: float) -> None:
+        if refused_by_watch(self.watch, prepared.stream, rec, self.clock() - self.t0):
+            return
+        if self._unhook is None:
+            self._unhook = cut_on_hang(self.watch, self._cut_in_flight)
+        await self._send(prepared, rec, timeout_s)
+        await tell_watch(self.watch, prepared.what, rec)
+
+    async def _send(self, prepared: _Wire, rec: RequestRecord, timeout_s: float) -> None:
         for attempt in (0, 1):
             conn: _Conn | None = None
             while self.idle:
@@ -472,6 +499,9 @@ class RawHttpTransport:
             return
 
     async def aclose(self) -> None:
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
         for c in list(self.conns):
             if c.transport is not None and not c.closed:
                 c.transport.close()

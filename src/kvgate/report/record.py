@@ -79,6 +79,9 @@ class RunRecord:
     #: Why no server could be had for the live gates this run selected (the launcher cannot run
     #: here: no Docker engine, fewer GPUs), or None. Such a run gated nothing live: NO-SERVER.
     no_server: str | None = None
+    #: The engine's condition when the run classified it (:meth:`kvgate.http.watch.EngineWatch.summary`:
+    #: hung, or stalling streams, with the one reason and where), else None.
+    engine: dict[str, Any] | None = None
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _open: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -210,6 +213,7 @@ class RunRecord:
             "phases": self.phases,
             "overall": self.final_status(running),
             "error": self.run_error,
+            "engine": self.engine,
             **self._mode_fields(gates, running),
             "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
                        for s in ("PASS", "FAIL", "INVALID", "SKIP", "ERROR")},
@@ -267,6 +271,9 @@ class RunRecord:
             lines.append(f"{e.status:<8} {e.test_id:<44} {msg}")
         if self.run_error:
             lines.append(f"ERROR: {self.redactor.text(self.run_error)}")
+        if self.engine:
+            word = "ENGINE HUNG" if self.engine["condition"] == "hung" else "STREAMS STALLED"
+            lines.append(f"{word}: {self.redactor.text(self.engine['reason'])}")
         out = self.outcome()
         if out.outcome != self.final_status() and out.exit_code != 0:  # certify: PASS verdicts, not certified
             lines.append(f"OVERALL: {self.final_status()} -- outcome {out.outcome} (exit {out.exit_code})")

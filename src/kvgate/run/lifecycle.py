@@ -142,6 +142,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     st = _state(item.config)
     if st is None or item.get_closest_marker("gate") is None:
         return (yield)
+    if st.watch is not None:
+        st.watch.gate = test_id(item)  # where a hang or a stall is classified, if it is
     with st.record.phase(f"gate {test_id(item)}"):
         return (yield)
 

@@ -35,6 +35,7 @@ import pytest
 
 from kvgate.http.client import Endpoint
 from kvgate.http.preflight import PreflightError, preflight
+from kvgate.http.watch import EngineWatch
 from kvgate.launch.base import ENDPOINT_ENV, MODES as LAUNCH_MODES, Choice, choose
 from kvgate.launch.target import TargetError, endpoint_from_url
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
@@ -93,6 +94,14 @@ def usage(msg: str) -> pytest.UsageError:
 
 
 # ----------------------------------------------------------------------------------- the run
+def _probe_idle_cut_s(profile: Profile, gate_mode: str) -> float | None:
+    """Where single probes cut a silent stream (``limits.stream_idle_timeout_s``, kvgate.http.watch),
+    or None: not in record mode, whose point is to measure the longest gap this server leaves so
+    the overlay can write it as ``limits.stream_idle_timeout_s`` -- a stream cut at the current
+    limit would record that limit, not the gap (the wait stays bounded by the request timeout)."""
+    return None if gate_mode == "record" else profile.limits.stream_idle_timeout_s
+
+
 @dataclass
 class Run:
     """What one run knows, stashed on the config (:data:`RUN`). ``endpoint`` is None until
@@ -111,6 +120,9 @@ class Run:
     lint: list[Any] = field(default_factory=list)
     finished: set[str] = field(default_factory=set)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The run's record of the engine's condition (:mod:`kvgate.http.watch`), carried by the
+    #: endpoint every gate gets (:meth:`watched`).
+    watch: EngineWatch | None = None
 
     # ------------------------------------------------------------------ configure
     @classmethod
@@ -148,7 +160,9 @@ class Run:
         record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
                            run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
-                  kserve_notes=kserve_notes, lint=lint_findings)
+                  kserve_notes=kserve_notes, lint=lint_findings,
+                  watch=EngineWatch(profile.model.served_name, canary_deadline_s=profile.limits.canary_deadline_s,
+                                    stream_idle_timeout_s=_probe_idle_cut_s(profile, config.option.kvgate_gate_mode)))
         if wants and run.choice.unavailable:
             run.record.no_server = run.choice.unavailable
         config.stash[RUN] = run
@@ -243,6 +257,51 @@ class Run:
             return "endpoint: nginx in front of two embedded vLLM pools, started by kvgate"
         return "endpoint: embedded vLLM, started by kvgate"
 
+    # ------------------------------------------------------------------ the engine's condition
+    def watched(self, endpoint: Endpoint) -> Endpoint:
+        """``endpoint`` carrying the run's :class:`~kvgate.http.watch.EngineWatch`, its checks aimed at it."""
+        if self.watch is None:
+            return endpoint
+        self.watch.bind(endpoint.base_url, endpoint.route_prefix, endpoint.headers())
+        return dataclasses.replace(endpoint, watch=self.watch)
+
+    def before_gate(self, item: pytest.Item) -> None:
+        """A live gate after the engine was classified hung is recorded FAIL with the one reason,
+        without sending anything (``pytest.fail`` from the recorder). FAIL, not INCOMPLETE: the
+        deployment cannot serve what the gate asks (a user's request would not be answered either),
+        and an INCOMPLETE would make the run read as interrupted (exit 2) instead of failed."""
+        hang = self.watch.hung if self.watch is not None else None
+        marker = item.get_closest_marker("gate")
+        if hang is None or marker is None or "kvgate_endpoint" not in getattr(item, "fixturenames", ()):
+            return
+        self.recorder(item)(Verdict(marker.args[0], Status.FAIL, f"not sent: {hang.reason()} -> FAIL",
+                                    measured="engine hung", limit="an engine that answers",
+                                    evidence={"engine": hang.evidence()}))
+
+    def _engine_verdict(self, item: pytest.Item, verdict: Verdict) -> Verdict:
+        """Name the engine's condition in a verdict that met it: the gate where the engine was
+        classified hung FAILs with the hang first; a gate whose sends were refused (or whose
+        evidence quotes a refusal) FAILs naming the same one cause instead of its own symptom."""
+        w = self.watch
+        cause = w.cause() if w is not None else None
+        if cause is None or verdict.status is Status.SKIP:
+            return verdict
+        tid = test_id(item)
+        reason = cause.reason()
+        here = w.hung is not None and w.hung.gate == tid
+        refused = w.refused.get(tid, 0)
+        quoted = "not sent: " in json.dumps(verdict.evidence, default=str) or "not sent: " in verdict.message
+        if not (here or refused or (quoted and verdict.status is not Status.PASS)) \
+                or verdict.message.startswith(f"not sent: {reason}"):  # already the one reason (before_gate)
+            return verdict
+        if here:
+            head = f"{reason} -> FAIL (the later live gates are not sent)"
+        else:
+            head = (f"{refused} send{'s' if refused != 1 else ''} not sent: " if refused else "not sent: ") + \
+                f"{reason} -> FAIL"
+        return dataclasses.replace(verdict, status=Status.FAIL, message=f"{head}; {verdict.message}",
+                                   evidence={**verdict.evidence, "engine": cause.evidence()})
+
     # ------------------------------------------------------------------ gates
     def recorder(self, item: pytest.Item) -> Callable[..., Verdict]:
         """The ``kvgate_gate`` fixture's callable: record, attach, then pass/fail/skip the test.
@@ -254,6 +313,7 @@ class Run:
 
         def record(verdict: Verdict, attachments: dict[str, str] | None = None, console: bool = False) -> Verdict:
             attachments = attachments or {}
+            verdict = self._engine_verdict(item, verdict)
             shown = verdict.to_summary()
             item.user_properties.extend([("kvgate_verdict", verdict.status.value),
                                          ("kvgate_message", red.text(verdict.message)),
@@ -304,6 +364,8 @@ class Run:
         if exitstatus == pytest.ExitCode.INTERRUPTED or missing:
             self.record.complete = False
             self.record.not_run = missing
+        if self.watch is not None:
+            self.record.engine = self.watch.summary()
         if self.record.gate_mode == "record" and self.record.complete:
             self.extra["overlay_path"] = str(self._write_overlay())
         path = self.record.write_summary(self.reports_dir / outputs.SUMMARY)

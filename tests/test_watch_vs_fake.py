@@ -1,0 +1,75 @@
+"""The whole suite against a fake whose engine hangs behind a healthy /health, and one that stalls
+every stream: the run ends within the bound (kvgate.http.watch), overall FAIL, with ONE reason
+naming where -- in the console and summary.json alike. Subprocess runs of ``pytest --profile ...
+--endpoint <fake>`` over ``suites/``, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from kvgate.profile.models import load_profile
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO
+
+HUNG = REPO / "tests" / "data" / "fake-vllm-hung.yaml"
+STALL = REPO / "tests" / "data" / "fake-vllm-stall.yaml"
+
+
+def run_all(url: str, profile, reports) -> tuple[subprocess.CompletedProcess, dict, float]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profile={profile}",
+                           f"--endpoint={url}", f"--kvgate-reports={reports}", "suites", "-q"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - t0
+    return proc, json.loads((reports / "summary.json").read_text()), wall
+
+
+def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
+    limits = load_profile(str(HUNG)).limits
+    cfg = FakeConfig(max_tokens_cap=64, faults={"hang_after_generations"}, hang_after=60)
+    with FakeVLLM(cfg) as fake:
+        proc, summary, wall = run_all(fake.url, HUNG, tmp_path)
+    assert wall < 2 * limits.request_timeout_s + 60, wall
+    assert summary["overall"] == "FAIL" and summary["exit_code"] == 1 and proc.returncode == 1
+    engine = summary["engine"]
+    assert engine["condition"] == "hung" and engine["evidence"]["health"] == "200"
+    where = engine["gate"]
+    gates = {g["id"]: g for g in summary["gates"]}
+    assert gates[where]["status"] == "FAIL" and gates[where]["message"].startswith(engine["reason"])
+    later = [g for g in summary["gates"][list(gates).index(where) + 1:] if not g["id"].split("/")[1] == "fit"]
+    assert later and all(g["status"] == "FAIL" and g["message"] == f"not sent: {engine['reason']} -> FAIL"
+                         for g in later), [g["message"] for g in later]
+    # ONE reason in the console: the ENGINE HUNG line, naming the gate, once
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ENGINE HUNG: ")]
+    assert lines == [f"ENGINE HUNG: {engine['reason']}"] and where in lines[0]
+    assert "OVERALL: FAIL" in proc.stdout
+    # the fit arithmetic (no server) still ran
+    assert all(g["status"] != "FAIL" for g in summary["gates"] if g["id"].split("/")[1] == "fit")
+
+
+def test_server_that_stalls_streams_costs_one_idle_timeout(tmp_path):
+    # the issue's 40 s pause / 30 s idle timeout scaled by 1/10 (README: the literal run took ...)
+    limits = load_profile(str(STALL)).limits
+    cfg = FakeConfig(max_tokens_cap=64, faults={"pause_streams"}, pause_s=4.0, pause_after_chunks=4)
+    with FakeVLLM(cfg) as fake:
+        proc, summary, wall = run_all(fake.url, STALL, tmp_path)
+    assert wall < 300 / 10 + 20, wall  # 5 min scaled, plus start-up
+    assert summary["overall"] == "FAIL" and proc.returncode == 1
+    engine = summary["engine"]
+    assert engine["condition"] == "stalling-streams" and engine["evidence"]["events_before_pause"] == 4
+    assert engine["evidence"]["idle_timeout_s"] == limits.stream_idle_timeout_s
+    gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
+    for api in ("completions", "chat"):  # the idle-gap gate FAILs with the stall
+        g = gates[f"streaming/idle-gap/{api}"]
+        assert g["status"] == "FAIL" and engine["reason"] in g["message"], g["message"]
+    met = [g for g in summary["gates"] if g["status"] == "FAIL"]
+    assert len(met) > 10 and all(engine["reason"] in g["message"] for g in met), \
+        [g["message"] for g in met if engine["reason"] not in g["message"]]
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("STREAMS STALLED: ")] == \
+        [f"STREAMS STALLED: {engine['reason']}"]
