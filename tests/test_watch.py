@@ -132,6 +132,30 @@ def test_canary_with_only_keepalive_comments_is_hung():
     assert h is not None and "no token within 3 s (ReadTimeout)" in h.canary
 
 
+def test_canary_kept_open_by_endless_keepalive_comments_is_hung_at_its_deadline():
+    """A gateway that sends ': ping' every second in front of a frozen engine resets the read
+    timeout: the canary's deadline must be a total one, else the check never ends."""
+    clock = Clock()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS)
+
+        class Pings(httpx.SyncByteStream):
+            def __iter__(self):
+                for _ in range(1000):  # "for ever": the check must stop after ~3 of them
+                    clock.t += 1.0
+                    yield b": ping\n\n"
+                raise AssertionError("the canary read 1000 keep-alive comments: no deadline")
+        return httpx.Response(200, stream=Pings(), headers={"content-type": "text/event-stream"})
+
+    w, _ = watched(httpx.MockTransport(handle), clock)
+    h = w.suspect("POST /v1/completions", 10.0)
+    assert h is not None and "no token within 3 s (ReadTimeout)" in h.canary, h
+
+
 def test_suspects_arriving_during_a_check_share_its_outcome():
     """A wave of timed-out requests costs one check: those that time out while a check runs wait
     for it and take its answer (here: the canary answers, so none is hung)."""
