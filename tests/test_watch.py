@@ -132,6 +132,30 @@ def test_canary_with_only_keepalive_comments_is_hung():
     assert h is not None and "no token within 3 s (ReadTimeout)" in h.canary
 
 
+def test_canary_kept_open_by_endless_keepalive_comments_is_hung_at_its_deadline():
+    """A gateway that sends ': ping' every second in front of a frozen engine resets the read
+    timeout: the canary's deadline must be a total one, else the check never ends."""
+    clock = Clock()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS)
+
+        class Pings(httpx.SyncByteStream):
+            def __iter__(self):
+                for _ in range(1000):  # "for ever": the check must stop after ~3 of them
+                    clock.t += 1.0
+                    yield b": ping\n\n"
+                raise AssertionError("the canary read 1000 keep-alive comments: no deadline")
+        return httpx.Response(200, stream=Pings(), headers={"content-type": "text/event-stream"})
+
+    w, _ = watched(httpx.MockTransport(handle), clock)
+    h = w.suspect("POST /v1/completions", 10.0)
+    assert h is not None and "no token within 3 s (ReadTimeout)" in h.canary, h
+
+
 def test_suspects_arriving_during_a_check_share_its_outcome():
     """A wave of timed-out requests costs one check: those that time out while a check runs wait
     for it and take its answer (here: the canary answers, so none is hung)."""
@@ -302,3 +326,38 @@ def test_load_transports_obey_the_watch(transport):
     assert [r.error for r in cut.records] == [f"cut: {reason}"] * 2
     assert [r.error for r in refused.records] == [f"not sent: {reason}"] * 2
     assert all(r.end_s - r.sent_s < 5.0 for r in cut.records)  # cut at the hang (~1 s), not at 20 s
+
+
+def test_stream_kept_open_by_keepalive_comments_ends_at_the_request_timeout_and_checks_the_engine():
+    """A hung engine behind a gateway that sends ': ping' every second: the comments reset httpx's
+    read timeout, so the stream's wait for its (first or next) event must be bounded by the request
+    timeout itself -- then the watch checks the engine (here: hung, the canary too gets only pings)."""
+    clock = Clock()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS)
+        first = b"max_tokens\": 64" in request.content  # the probe gets one token, then only pings
+
+        class Pings(httpx.SyncByteStream):
+            def __iter__(self):
+                if first:
+                    yield b'data: {"choices": [{"text": " a"}]}\n\n'
+                for _ in range(1000):
+                    clock.t += 1.0
+                    yield b": ping\n\n"
+                raise AssertionError("the stream read 1000 keep-alive comments: no deadline")
+        return httpx.Response(200, stream=Pings(), headers={"content-type": "text/event-stream"})
+
+    w, _ = watched(httpx.MockTransport(handle), clock)
+    c = KvClient(Endpoint("http://llm.test", watch=w), timeout_s=10.0, transport=httpx.MockTransport(handle),
+                 clock=clock)
+    for body in ({"model": "m", "max_tokens": 64, "stream": True}, {"model": "m", "max_tokens": 8, "stream": True}):
+        w.hung = None
+        t0 = clock.t
+        r = c.stream("/v1/completions", body)
+        assert r.status == 200 and "ReadTimeout: no event for 10 s" in r.transport_error, r.transport_error
+        assert 10 <= clock.t - t0 <= 10 + 3 + 2, clock.t - t0  # the request timeout, then one 3 s canary check
+        assert w.hung is not None and "engine hung since p/requests/x" in r.transport_error

@@ -68,6 +68,10 @@ def test_server_that_stalls_streams_costs_one_idle_timeout(tmp_path):
     for api in ("completions", "chat"):  # the idle-gap gate FAILs with the stall
         g = gates[f"streaming/idle-gap/{api}"]
         assert g["status"] == "FAIL" and engine["reason"] in g["message"], g["message"]
+    # the load gates' streams were refused: their health samples were taken on an idle server and
+    # do not count (the gate's own load is refused too), so health/under-load cannot PASS "under load"
+    health = gates["health/under-load"]
+    assert health["status"] == "FAIL" and engine["reason"] in health["message"], health["message"]
     met = [g for g in summary["gates"] if g["status"] == "FAIL"]
     assert len(met) > 10 and all(engine["reason"] in g["message"] for g in met), \
         [g["message"] for g in met if engine["reason"] not in g["message"]]

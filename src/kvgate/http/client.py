@@ -260,7 +260,7 @@ class KvClient:
                 if hang_up_after_headers:
                     out.elapsed_s = self.clock() - t0
                     return out
-                for data in iter_sse_data(self._lines(r, out, t0)):
+                for data in iter_sse_data(self._lines(r, out, t0, total)):
                     t = self.clock() - t0
                     out.events.append((t, data))
                     if on_event is not None and on_event(t, data):
@@ -367,10 +367,20 @@ class KvClient:
             status = -1
         return Reply(status=status, text=first, elapsed_s=self.clock() - t0)
 
-    def _lines(self, r: httpx.Response, out: StreamReply, t0: float) -> Iterator[str]:
+    def _lines(self, r: httpx.Response, out: StreamReply, t0: float, total: float | None = None) -> Iterator[str]:
+        """The body's lines. ``total``: the longest wait for an event (the first one, or the next):
+        a gateway's keep-alive comments (``: ping``) are bytes, so httpx's read timeout never fires
+        while they come, and a hung engine behind such a gateway kept the stream open for ever;
+        past ``total`` seconds without a ``data:`` event the read ends as a ``ReadTimeout``."""
+        last_data = 0.0
         for line in r.iter_lines():
+            now = self.clock() - t0
             if out.first_byte_s is None:
-                out.first_byte_s = self.clock() - t0
+                out.first_byte_s = now
+            if line.startswith("data:"):
+                last_data = now
+            elif total is not None and now - last_data >= total:
+                raise httpx.ReadTimeout(f"no event for {total:g} s (only SSE comments or blank lines)")
             yield line
 
     # ---------------------------------------------------------------- vLLM routes

@@ -288,15 +288,21 @@ class EngineWatch:
         """Send the streamed canary and stop at its first sign of progress: ``"HTTP 200, first
         token"``; ``"HTTP <status>"`` for any other answer; ``"HTTP 200, ended without a token"``
         when the server closed the stream (an answer too: a frozen engine ends nothing). Raises
-        ``httpx.HTTPError`` (the read timeout: no token within the deadline)."""
+        ``httpx.HTTPError`` (the read timeout: no token within the deadline). The deadline is a
+        total one: a gateway's keep-alive comments (``: ping`` every few seconds) reset the read
+        timeout, so without it a hung engine behind such a gateway kept the check -- and every
+        request waiting on it -- open for ever."""
         body = {"model": self.model, "prompt": CANARY_PROMPT, "max_tokens": CANARY_MAX_TOKENS, "temperature": 0,
                 "stream": True}
+        t0 = self.clock()
         with c.stream("POST", self.route_prefix.rstrip("/") + "/completions", json=body, timeout=timeout) as r:
             if r.status_code != 200:
                 return f"HTTP {r.status_code}"
             for line in r.iter_lines():
                 if line.strip() and not line.startswith(":"):  # an SSE comment is a gateway's, not a token
                     return "HTTP 200, first token"
+                if self.clock() - t0 >= self.canary_deadline_s:
+                    raise httpx.ReadTimeout(f"only SSE comments for {self.canary_deadline_s:g} s")
         return "HTTP 200, ended without a token"
 
     def _gauges(self) -> tuple[float | None, float | None]:

@@ -62,7 +62,9 @@ def probe_limit(config: pytest.Config) -> tuple[float, str]:
 @contextlib.contextmanager
 def watch(item: pytest.Item) -> Iterator[None]:
     """Sample health while ``item`` runs, when it is a load gate (:data:`LOAD_GATES`) of a kvgate
-    run with a live endpoint; samples of a gate that ended SKIP (it sent no load) are dropped."""
+    run with a live endpoint; samples of a gate that ended SKIP (it sent no load), or whose sends
+    the run's :class:`~kvgate.http.watch.EngineWatch` refused (a server that stalls streams: the
+    load gate's streamed requests were never sent, so the probes saw an idle server), are dropped."""
     run = item.config.stash.get(RUN, None)
     marker = item.get_closest_marker("gate")
     endpoint = getattr(item, "funcargs", {}).get("kvgate_endpoint")
@@ -77,7 +79,8 @@ def watch(item: pytest.Item) -> Iterator[None]:
         yield
     finally:
         samples = sampler.stop()
-        if run.verdict_status(item.nodeid) not in (None, "SKIP"):
+        refused = run.watch.refused.get(gate, 0) if run.watch is not None else 0
+        if run.verdict_status(item.nodeid) not in (None, "SKIP") and not refused:
             log.samples += samples
             log.gates.append(gate)
 
