@@ -28,7 +28,8 @@ def drained(pytestconfig, kvgate_client, kvgate_profile):
 
 
 @pytest.mark.drain
-@pytest.mark.gate("drain", cases=list(CASES))
+@pytest.mark.gate("drain", cases=list(CASES),
+                  not_applicable=lambda config, profile, case: not_asked(profile, launched_server(config) is not None, case))
 def test_sigterm_drains_in_flight_requests(case, drained, kvgate_profile, kvgate_gate):
     launched, observation = drained
     verdict = not_asked(kvgate_profile, launched, case) or drain_verdict(case, observation, kvgate_profile)

@@ -63,6 +63,11 @@ def verdict_of(case, obs, decide):
     return halted_verdict(case, obs) if isinstance(obs, Halt) else decide(obs)
 
 
+def feature_not_on(config, profile, case):
+    """The SKIP verdict of a case whose feature the engine flags do not turn on."""
+    return skip_verdict(case, profile)
+
+
 @pytest.fixture
 def feature_on(case, kvgate_profile, kvgate_gate):
     """Records the SKIP verdict (and skips the test) when the case's feature is not turned on."""
@@ -72,14 +77,14 @@ def feature_on(case, kvgate_profile, kvgate_gate):
 
 
 @pytest.mark.features
-@pytest.mark.gate("features", cases=of("tools"))
+@pytest.mark.gate("features", cases=of("tools"), not_applicable=feature_not_on)
 def test_tool_calls_parse_to_valid_arguments(case, feature_on, observed, kvgate_profile, kvgate_gate):
     verdict = verdict_of(case, observed[case], lambda pair: tools_verdict(case, kvgate_profile, *pair))
     assert kvgate_gate(verdict).passed
 
 
 @pytest.mark.features
-@pytest.mark.gate("features", cases=of("structured"))
+@pytest.mark.gate("features", cases=of("structured"), not_applicable=feature_not_on)
 def test_structured_output_ends_valid_and_engine_survives(case, feature_on, observed, kvgate_profile, kvgate_gate):
     g = grammar(case.split("/", 1)[1])
     verdict = verdict_of(case, observed[case], lambda pair: structured_verdict(g, kvgate_profile, *pair))
@@ -87,14 +92,14 @@ def test_structured_output_ends_valid_and_engine_survives(case, feature_on, obse
 
 
 @pytest.mark.features
-@pytest.mark.gate("features", cases=of("reasoning"))
+@pytest.mark.gate("features", cases=of("reasoning"), not_applicable=feature_not_on)
 def test_reasoning_parser_splits_reasoning_from_content(case, feature_on, observed, kvgate_profile, kvgate_gate):
     verdict = verdict_of(case, observed[case], lambda pair: reasoning_verdict(case, kvgate_profile, *pair))
     assert kvgate_gate(verdict).passed
 
 
 @pytest.mark.features
-@pytest.mark.gate("features", cases=of("lora"))
+@pytest.mark.gate("features", cases=of("lora"), not_applicable=feature_not_on)
 def test_lora_adapters_answer_as_themselves(case, feature_on, observed, kvgate_profile, kvgate_gate):
     name = case.split("/", 1)[1]
 
@@ -109,7 +114,7 @@ def test_lora_adapters_answer_as_themselves(case, feature_on, observed, kvgate_p
 
 
 @pytest.mark.features
-@pytest.mark.gate("features", cases=of("prefix-caching"))
+@pytest.mark.gate("features", cases=of("prefix-caching"), not_applicable=feature_not_on)
 def test_repeated_prefix_hits_the_prefix_cache(case, feature_on, observed, kvgate_profile, kvgate_gate):
     details = kvgate_profile.engine.enable_prompt_tokens_details
     verdict = verdict_of(case, observed[case], lambda ladder: prefix_verdict(kvgate_profile, ladder, details))

@@ -13,8 +13,13 @@ from kvgate.verdict import Status, Verdict
 NO_POOLS = "profile declares no pools section (short/long pools behind a router) -> SKIP"
 
 
+def no_pools(config, profile, case):
+    """The SKIP verdict when the profile declares no pools (the gate's ``not_applicable``)."""
+    return Verdict(f"pools/{case}", Status.SKIP, NO_POOLS) if profile.pools is None else None
+
+
 @pytest.mark.pools
-@pytest.mark.gate("pools", cases=["routing"])
+@pytest.mark.gate("pools", cases=["routing"], not_applicable=no_pools)
 def test_each_request_lands_on_the_pool_the_rule_names(case, kvgate_profile, kvgate_pools, kvgate_gate):
     if kvgate_pools is None:
         assert kvgate_gate(Verdict(ROUTING, Status.SKIP, NO_POOLS)).passed
@@ -26,7 +31,7 @@ def test_each_request_lands_on_the_pool_the_rule_names(case, kvgate_profile, kvg
 
 @pytest.mark.pools
 @pytest.mark.load
-@pytest.mark.gate("pools", cases=["isolation"])
+@pytest.mark.gate("pools", cases=["isolation"], not_applicable=no_pools)
 def test_short_requests_keep_their_ttft_while_the_long_pool_is_loaded(case, kvgate_profile, kvgate_pools,
                                                                        kvgate_gate):
     if kvgate_pools is None:

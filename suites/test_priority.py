@@ -11,7 +11,7 @@ from kvgate.load.scenarios import run_priority
 
 @pytest.mark.load
 @pytest.mark.priority
-@pytest.mark.gate("priority", cases=["short-over-long"])
+@pytest.mark.gate("priority", cases=["short-over-long"], not_applicable=lambda config, profile, case: not_asked(profile))
 def test_high_priority_shorts_overtake_low_priority_longs(case, kvgate_client, kvgate_endpoint, kvgate_profile,
                                                           kvgate_gate):
     skip = not_asked(kvgate_profile)

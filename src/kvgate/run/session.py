@@ -267,12 +267,22 @@ class Run:
 
     def before_gate(self, item: pytest.Item) -> None:
         """A live gate after the engine was classified hung is recorded FAIL with the one reason,
-        without sending anything (``pytest.fail`` from the recorder). FAIL, not INCOMPLETE: the
+        without sending anything (``pytest.fail`` from the recorder) -- unless the gate does not
+        apply to this run: the ``gate`` marker's ``not_applicable(config, profile, case)`` returns
+        the gate's own SKIP verdict (no pools section, no rollout, a feature not turned on), which
+        is recorded instead. FAIL, not INCOMPLETE: the
         deployment cannot serve what the gate asks (a user's request would not be answered either),
         and an INCOMPLETE would make the run read as interrupted (exit 2) instead of failed."""
         hang = self.watch.hung if self.watch is not None else None
         marker = item.get_closest_marker("gate")
         if hang is None or marker is None or "kvgate_endpoint" not in getattr(item, "fixturenames", ()):
+            return
+        not_applicable = marker.kwargs.get("not_applicable")  # the gate's own SKIP stays a SKIP, hung or not
+        callspec = getattr(item, "callspec", None)
+        skip = not_applicable(item.config, self.profile, callspec.params.get("case") if callspec else None) \
+            if not_applicable is not None else None
+        if skip is not None:
+            self.recorder(item)(skip)
             return
         self.recorder(item)(Verdict(marker.args[0], Status.FAIL, f"not sent: {hang.reason()} -> FAIL",
                                     measured="engine hung", limit="an engine that answers",
