@@ -45,6 +45,31 @@ def server(*, canary: str = "hang", health: int = 200, seen: list | None = None,
     return httpx.MockTransport(handle)
 
 
+def pinging_engine(clock: Clock, reader: str, first_token=lambda request: False):
+    """A transport handler for a frozen engine behind a gateway that sends ': ping' every second
+    (``clock`` advances 1 s per comment): /health 200, /metrics the gauges, every generation a 200
+    SSE stream of keep-alive comments (after one token when ``first_token(request)``); 1000
+    comments read means ``reader`` had no deadline (AssertionError)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS)
+        first = first_token(request)
+
+        class Pings(httpx.SyncByteStream):
+            def __iter__(self):
+                if first:
+                    yield b'data: {"choices": [{"text": " a"}]}\n\n'
+                for _ in range(1000):
+                    clock.t += 1.0
+                    yield b": ping\n\n"
+                raise AssertionError(f"{reader} read 1000 keep-alive comments: no deadline")
+        return httpx.Response(200, stream=Pings(), headers={"content-type": "text/event-stream"})
+    return handle
+
+
 def watched(transport: httpx.MockTransport, clock: Clock | None = None, **kw) -> tuple[EngineWatch, KvClient]:
     w = EngineWatch("m", canary_deadline_s=3.0, transport=transport, clock=clock or Clock(), **kw)
     ep = Endpoint("http://llm.test")
@@ -136,21 +161,7 @@ def test_canary_kept_open_by_endless_keepalive_comments_is_hung_at_its_deadline(
     """A gateway that sends ': ping' every second in front of a frozen engine resets the read
     timeout: the canary's deadline must be a total one, else the check never ends."""
     clock = Clock()
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/health":
-            return httpx.Response(200)
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=METRICS)
-
-        class Pings(httpx.SyncByteStream):
-            def __iter__(self):
-                for _ in range(1000):  # "for ever": the check must stop after ~3 of them
-                    clock.t += 1.0
-                    yield b": ping\n\n"
-                raise AssertionError("the canary read 1000 keep-alive comments: no deadline")
-        return httpx.Response(200, stream=Pings(), headers={"content-type": "text/event-stream"})
-
+    handle = pinging_engine(clock, "the canary")  # "for ever": the check must stop after ~3 comments
     w, _ = watched(httpx.MockTransport(handle), clock)
     h = w.suspect("POST /v1/completions", 10.0)
     assert h is not None and "no token within 3 s (ReadTimeout)" in h.canary, h
@@ -333,24 +344,8 @@ def test_stream_kept_open_by_keepalive_comments_ends_at_the_request_timeout_and_
     read timeout, so the stream's wait for its (first or next) event must be bounded by the request
     timeout itself -- then the watch checks the engine (here: hung, the canary too gets only pings)."""
     clock = Clock()
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/health":
-            return httpx.Response(200)
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=METRICS)
-        first = b"max_tokens\": 64" in request.content  # the probe gets one token, then only pings
-
-        class Pings(httpx.SyncByteStream):
-            def __iter__(self):
-                if first:
-                    yield b'data: {"choices": [{"text": " a"}]}\n\n'
-                for _ in range(1000):
-                    clock.t += 1.0
-                    yield b": ping\n\n"
-                raise AssertionError("the stream read 1000 keep-alive comments: no deadline")
-        return httpx.Response(200, stream=Pings(), headers={"content-type": "text/event-stream"})
-
+    # the probe with max_tokens 64 gets one token, then only pings
+    handle = pinging_engine(clock, "the stream", first_token=lambda request: b"max_tokens\": 64" in request.content)
     w, _ = watched(httpx.MockTransport(handle), clock)
     c = KvClient(Endpoint("http://llm.test", watch=w), timeout_s=10.0, transport=httpx.MockTransport(handle),
                  clock=clock)
