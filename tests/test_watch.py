@@ -71,12 +71,14 @@ def pinging_engine(clock: Clock, reader: str, first_token=lambda request: False)
 
 
 def watched(transport: httpx.MockTransport, clock: Clock | None = None, **kw) -> tuple[EngineWatch, KvClient]:
-    w = EngineWatch("m", canary_deadline_s=3.0, transport=transport, clock=clock or Clock(), **kw)
+    clock = clock or Clock()
+    w = EngineWatch("m", canary_deadline_s=3.0, transport=transport, clock=clock, **kw)
     ep = Endpoint("http://llm.test")
     w.bind(ep.base_url, ep.route_prefix, ep.headers())
     w.gate = "p/requests/x"
     ep = Endpoint("http://llm.test", watch=w)
-    return w, KvClient(ep, timeout_s=10.0, transport=transport)
+    # the client shares the injected clock: a waited_s read off the wall clock flaked (0.001 s in CI)
+    return w, KvClient(ep, timeout_s=10.0, transport=transport, clock=clock)
 
 
 def test_deadline_then_silent_canary_with_healthy_health_is_hung_once():
