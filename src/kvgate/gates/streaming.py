@@ -161,7 +161,7 @@ def sdk_verdict(api: str, sdk: Any, plain: Exchange) -> Verdict:
 #: in one TCP segment and may reach the client in one read from any server.
 BUFFER_MIN_CHUNKS = 16
 #: Content chunks per read, on average, from which a stream counts as delivered in bursts (a healthy
-#: stream arrives about one decode step per read: vLLM flushes each chunk as it is made).
+#: stream arrives about one decode step per read: vLLM writes each chunk as it is made, one per step by default).
 BUFFER_MIN_BURST = 8
 #: Seconds content must have been held back (the silence before a burst) for the stream to be judged
 #: buffered. A client starved of CPU reads a healthy stream in bunches too -- this project measured one
