@@ -1,16 +1,17 @@
 """Gate: streaming. TTFT within SLO; the longest silence below the gateway's idle timeout; exactly
 one finish chunk then [DONE]; deltas concatenate to the non-streamed text (greedy, seeded); the
-official openai SDK parses the stream."""
+official openai SDK parses the stream; the content arrives as it is generated, not in one burst
+after a proxy held it."""
 
 import pytest
 
-from kvgate.gates.streaming import (sdk_verdict, stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
-                          stream_ttft_verdict)
+from kvgate.gates.streaming import (buffering_verdict, sdk_verdict, stream_framing_verdict, stream_idle_verdict,
+                                    stream_text_verdict, stream_ttft_verdict)
 from kvgate.http.probes import send
 from kvgate.http.sdk import sdk_stream
 
 APIS = ["completions", "chat"]
-CHECKS = ["ttft", "idle-gap", "framing", "deltas", "openai-sdk"]
+CHECKS = ["ttft", "idle-gap", "framing", "deltas", "openai-sdk", "buffering"]
 PROMPT = "stream the kv cache blocks of the long sequence"
 
 
@@ -42,5 +43,6 @@ def test_stream_conforms(case, observed, kvgate_profile, kvgate_gate):
         "framing": lambda: stream_framing_verdict(streamed),
         "deltas": lambda: stream_text_verdict(streamed, plain),
         "openai-sdk": lambda: sdk_verdict(api, sdk, plain),
+        "buffering": lambda: buffering_verdict(streamed, plain),
     }[check]()
     assert kvgate_gate(verdict).passed

@@ -5,13 +5,14 @@ duration or a cause that did not happen. (FAIL/PASS against the fake: tests/test
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
 import httpx
 import pytest
 
-from kvgate.http.client import Endpoint, KvClient, Reply
+from kvgate.http.client import Endpoint, KvClient, Reply, StreamReply
 from kvgate.gates.disconnect import disconnect_verdict
 from kvgate.http.metrics import GaugePoll
 from kvgate.http.probes import DecodeRate, DisconnectObservation, Exchange, decode_rate, estimate_rate
@@ -99,3 +100,37 @@ def test_rate_not_estimable_reasons(times, fragment):
 def test_rate_from_evenly_spaced_events():
     r = estimate_rate([0.1 + 0.02 * i for i in range(11)])
     assert r.tps == pytest.approx(50.0) and r.why is None
+
+
+def buffered_probe(times: list[float]) -> DecodeRate:
+    """The decode-rate estimate of a probe stream whose token chunks arrived at ``times`` (s)."""
+    events = [(t, f'{{"choices": [{{"text": " t{i}", "index": 0}}]}}') for i, t in enumerate(times)]
+    reply = StreamReply(200, events + [(times[-1] + 1e-5, "[DONE]")], elapsed_s=times[-1] + 1e-5)
+    return dataclasses.replace(estimate_rate(times), reply=reply)
+
+
+def test_decode_rate_keeps_its_probe_stream():
+    with starved_client([0.1 + 0.02 * i for i in range(8)]) as client:
+        rate = decode_rate(client, "m")
+    assert rate.reply is not None and rate.reply.status == 200 and len(rate.reply.events) == 9
+
+
+def test_buffered_rate_probe_makes_the_disconnect_invalid_naming_the_buffering():
+    # a proxy held the 32-token probe stream until it ended (1.3 s): every chunk in one read
+    rate = buffered_probe([1.3 + i * 1e-5 for i in range(32)])
+    assert "or a proxy that buffers the stream" in rate.why
+    for case in ("mid-stream", "before-first-token", "mid-request"):
+        v = disconnect_verdict(observation(rate, None, case=case), deadline_s=2.0)
+        assert v.status is Status.INVALID
+        assert v.message.startswith("the decode-rate probe's stream was buffered: all 32 content chunks arrived "
+                                    "within 1 ms, 1.30 s after the request (a proxy in front holds the SSE bytes; "
+                                    "set proxy_buffering off / X-Accel-Buffering: no)")
+        assert f"cannot be told from the request finishing on its own ({case})" in v.message
+        assert v.evidence["decode_rate_delivery"]["bursts"] == 1
+
+
+def test_a_starved_read_shorter_than_the_hold_limit_keeps_its_own_reason():
+    # the same burst 0.8 s after the request: a starved client looks like this too, so not named buffering
+    rate = buffered_probe([0.8 + i * 1e-5 for i in range(32)])
+    v = disconnect_verdict(observation(rate, None), deadline_s=2.0)
+    assert v.status is Status.INVALID and v.message.startswith("the decode rate could not be estimated (") and "of 32 token events arrived in bursts" in v.message

@@ -1,7 +1,12 @@
-"""gates/streaming.py: the single-request TTFT uses the same first-token rule as the load client."""
+"""gates/streaming.py: the single-request TTFT uses the same first-token rule as the load client;
+a stream whose content a proxy held back arrives in bursts and is named buffered."""
 
-from kvgate.http.client import StreamReply
-from kvgate.gates.streaming import first_token_s, stream_gaps
+import pytest
+
+from kvgate.http.client import Reply, StreamReply
+from kvgate.http.probes import Exchange
+from kvgate.gates.streaming import buffering_verdict, delivery, first_token_s, stream_gaps
+from kvgate.verdict import Status
 
 ROLE = '{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}'
 TOKEN = '{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
@@ -29,3 +34,84 @@ def test_no_token_at_all_gives_none():
 
 def test_gaps_count_the_silence_before_the_first_event():
     assert stream_gaps(reply([(0.5, ROLE), (0.75, TOKEN)])) == [0.5, 0.25]
+
+
+# ---- buffering ---------------------------------------------------------------------------------------
+
+
+def timed(times, role_at=None):
+    """A chat stream whose token chunks arrive at ``times`` (s), then the finish chunk and [DONE]."""
+    events = ([(role_at, ROLE)] if role_at is not None else []) + [(t, TOKEN) for t in times]
+    end = times[-1] if times else 0.0
+    return reply(events + [(end + 1e-5, FINISH), (end + 2e-5, "[DONE]")])
+
+
+def verdict(times, plain_s=None, **kw):
+    ex = Exchange("chat", True, {"max_tokens": len(times)}, timed(times, **kw))
+    plain = Exchange("chat", False, {}, Reply(200, "{}", plain_s)) if plain_s is not None else None
+    return buffering_verdict(ex, plain)
+
+
+def burst(n, at, step=2e-5):
+    return [at + i * step for i in range(n)]
+
+
+def test_all_chunks_in_one_burst_at_the_end_fail_naming_the_buffering():
+    # 128 tokens generated over 2.4 s (~19 ms apart) but held by a proxy until the response ended
+    v = verdict(burst(128, 2.41), plain_s=2.4, role_at=2.41)
+    assert v.status is Status.FAIL
+    assert v.message == ("all 128 content chunks arrived within 3 ms, 2.41 s after the request (generation took "
+                         "2.40 s, timed non-streamed) -> FAIL (the stream is buffered: a proxy in front holds the SSE "
+                         "bytes; set proxy_buffering off / X-Accel-Buffering: no)")
+    assert v.measured == 2.41 and v.limit == 1.0 and v.unit == "s"
+    assert v.evidence["delivery"]["bursts"] == 1 and v.evidence["delivery"]["content_chunks"] == 128
+
+
+def test_a_buffer_flushed_each_time_it_fills_fails_too():
+    # a 16 KB buffer: ~70 chunks per flush, the first flush 1.4 s after the request
+    v = verdict(burst(70, 1.40) + burst(58, 2.56))
+    assert v.status is Status.FAIL
+    assert v.message.startswith("128 content chunks arrived in 2 bursts (each within 1 ms); 70 of them after 1.40 s "
+                                "of silence (the stream ended 2.56 s after the request) -> FAIL (the stream is buffered")
+
+
+def test_a_stream_spread_over_its_generation_passes():
+    v = verdict([0.05 + 0.019 * i for i in range(128)], plain_s=2.4)
+    assert v.status is Status.PASS
+    assert v.message == ("128 content chunks arrived in 128 reads over 2.41 s (first 0.05 s after the request; longest "
+                         "wait 0.05 s): streamed as generated -> PASS")
+
+
+def test_the_tiny_cpu_vllm_ms_apart_passes():
+    # short ITL, short stream: every chunk its own read
+    assert verdict([0.02 + 0.003 * i for i in range(64)]).status is Status.PASS
+
+
+def test_a_fast_server_read_in_one_go_is_not_called_buffered():
+    # the healthy fake (no delays), or a client that read a whole short stream late: held < 1 s
+    v = verdict(burst(64, 0.3))
+    assert v.status is Status.PASS
+    assert "all 64 content chunks arrived within 1 ms, 0.30 s after the request: held back less than 1 s" in v.message
+    assert "cannot be told from a client that read late" in v.message
+
+
+def test_a_starved_client_reading_in_a_few_bunches_is_not_called_buffered():
+    # a long TTFT (queued 1.5 s), then read in bunches of 4: 4 per read on average is below 8
+    times = [1.5 + 0.04 * (i // 4) + 1e-5 * (i % 4) for i in range(64)]
+    assert delivery(timed(times)).bursts == 16
+    assert verdict(times).status is Status.PASS
+
+
+@pytest.mark.parametrize("n", [0, 15])
+def test_too_few_chunks_are_not_judged(n):
+    if n == 0:
+        v = buffering_verdict(Exchange("chat", True, {}, reply([(0.1, ROLE), (0.2, FINISH), (0.3, "[DONE]")])))
+        assert v.status is Status.FAIL and "no content chunk" in v.message
+    else:
+        v = verdict(burst(n, 3.0))
+        assert v.status is Status.SKIP and "only 15 content chunks; buffering is judged from 16" in v.message
+
+
+def test_a_stream_that_did_not_answer_fails():
+    v = buffering_verdict(Exchange("chat", True, {}, StreamReply(status=502, text="<html>")))
+    assert v.status is Status.FAIL and "answered 502" in v.message

@@ -38,8 +38,8 @@ def fake():
 def test_healthy_fake_passes_every_gate(pytester, fake):
     result, summary, gates = run_suites(pytester, fake.url)
     assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
-    assert len(gates) == 25 and all(g["status"] == "PASS" for g in gates.values())
-    result.assert_outcomes(passed=25)
+    assert len(gates) == 27 and all(g["status"] == "PASS" for g in gates.values())
+    result.assert_outcomes(passed=27)
     assert summary["server_version"] == "0.32.0+fake"
 
 
@@ -136,6 +136,32 @@ def test_disconnect_that_cannot_be_told_from_completion_is_invalid(pytester, fak
     _, summary, gates = run_suites(pytester, fake.url, "-k", "mid-request", suites=["suites/test_disconnect.py"])
     g = gates["fake-vllm/disconnect/mid-request"]
     assert g["status"] == "INVALID" and summary["overall"] == "INVALID"
+
+
+def test_buffered_stream_fails_streaming_naming_the_buffering(pytester):
+    # 64 tokens 20 ms apart (1.3 s) behind a proxy with a 16 KB buffer: each ~10 KB stream arrives at its end
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.02, faults={"buffer_stream"})) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, "-k", "buffering", suites=["suites/test_streaming.py"])
+    assert summary["overall"] == "FAIL" and len(gates) == 2
+    for api in ("completions", "chat"):
+        g = gates[f"fake-vllm/streaming/buffering/{api}"]
+        assert g["status"] == "FAIL", g["message"]
+        assert re.match(r"all 64 content chunks arrived within \d+ ms, 1\.\d\d s after the request \(generation took "
+                        r"1\.\d\d s, timed non-streamed\) -> FAIL \(the stream is buffered: a proxy in front holds the "
+                        r"SSE bytes; set proxy_buffering off / X-Accel-Buffering: no\)$", g["message"]), g["message"]
+        assert g["measured"]["value"] >= 1.28 and g["limit"]["value"] == 1.0
+
+
+def test_buffered_stream_makes_disconnect_invalid_naming_the_buffering(pytester):
+    # the 32-token rate probe (40 ms apart: 1.3 s) reaches the client in one burst at its end
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.04, faults={"buffer_stream"})) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, suites=["suites/test_disconnect.py"])
+    assert summary["overall"] == "INVALID" and len(gates) == 3
+    for g in gates.values():
+        assert g["status"] == "INVALID", g["message"]
+        assert g["message"].startswith("the decode-rate probe's stream was buffered: all 32 content chunks arrived "
+                                       "within"), g["message"]
+        assert "set proxy_buffering off / X-Accel-Buffering: no" in g["message"]
 
 
 LOAD = ["suites/test_load.py"]

@@ -181,6 +181,9 @@ FAULTS: dict[str, str] = {
     # issue 21: a hung engine behind a healthy /health, a server that stalls streams
     "hang_after_generations": "after hang_after generations (default 60) every later generation is held forever "
     "(queued: num_requests_waiting counts it; until the client hangs up or the fake stops) while /health stays 200",
+    "buffer_stream": "a gateway that buffers the event stream (dstack#4269; nginx proxy_buffering): the engine "
+    "generates at its own pace, but the SSE bytes are released only in buffer_bytes pieces (default 16 KB) as they "
+    "fill, and the rest when the response ends (buffer_bytes 0: everything at the end)",
     "pause_streams": "every stream pauses pause_s seconds (default 40) after pause_after_chunks token chunks "
     "(default 4), then goes on; non-streamed requests are not delayed",
     # cheap extras
@@ -270,6 +273,7 @@ class FakeConfig:
     hang_after: int = 60  # hang_after_generations: generations served before every later one is held
     pause_s: float = 40.0  # pause_streams: seconds of silence in every stream
     pause_after_chunks: int = 4  # pause_streams: token chunks sent before the pause
+    buffer_bytes: int = 16384  # buffer_stream: bytes held before a flush (nginx proxy_buffers 8 x 4k/8k); 0: until the end
     # serve features (tools and structured outputs are always served)
     reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
     lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
@@ -825,6 +829,20 @@ async def _first(*aws: Awaitable[Any]) -> None:
 
 HTML_502 = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway"
             b"</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+
+
+async def _buffered(events: AsyncIterator[str], size: int) -> AsyncIterator[bytes]:
+    """The body as a buffering proxy passes it on: exactly ``size``-byte pieces as they fill (an
+    event may be split across two), the rest when ``events`` ends; ``size`` 0: one piece at the end."""
+    held = b""
+    async with contextlib.aclosing(events) as source:  # type: ignore[type-var]
+        async for event in source:
+            held += event.encode()
+            while size and len(held) >= size:
+                yield held[:size]
+                held = held[size:]
+    if held:
+        yield held
 
 
 def _sse(obj: Any) -> str:
@@ -1810,7 +1828,15 @@ class FakeVLLM:
             data = data.replace("\n", "\r\n")
         return data
 
-    async def _stream(self, plan: _Plan) -> AsyncIterator[str]:
+    async def _stream(self, plan: _Plan) -> AsyncIterator[str | bytes]:
+        events = self._framed(plan)
+        if "buffer_stream" in plan.faults:
+            events = _buffered(events, self.config.buffer_bytes)
+        async with contextlib.aclosing(events) as out:  # closed on disconnect too
+            async for piece in out:
+                yield piece
+
+    async def _framed(self, plan: _Plan) -> AsyncIterator[str]:
         async for data in self._stream_events(plan):
             if "route_timeout" in plan.faults and time.monotonic() - plan.record.t_received > self.config.route_timeout_s:
                 raise _CutConnection("route timeout")  # the gateway resets the stream: no [DONE]

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.gates.features import BATTERY, DEFAULT_FUNCTIONS
 
-from .fake_vllm import CONTENT_TEXT, FAULTS, REASONING_TEXT, FakeConfig, FakeVLLM, minimal_instance, running_fake
+from .fake_vllm import (CONTENT_TEXT, FAULTS, REASONING_TEXT, FakeConfig, FakeVLLM, _buffered, minimal_instance,
+                        running_fake)
 
 L = 256
 MODEL = "fake-model"
@@ -1279,3 +1280,37 @@ def test_fault_pause_streams(client, fake):
     t = time.monotonic()
     assert client.post("/v1/completions", json=cmpl(5, max_tokens=8, ignore_eos=True)).status_code == 200
     assert time.monotonic() - t < 0.2  # non-streamed: no pause
+
+
+def test_buffered_body_is_released_in_whole_pieces_and_the_rest_at_the_end():
+    async def events():
+        for i in range(5):
+            yield f"data: {i:03d}\n\n"  # 11 bytes each
+
+    async def pieces(size):
+        return [p async for p in _buffered(events(), size)]
+
+    body = b"".join(f"data: {i:03d}\n\n".encode() for i in range(5))  # 55 bytes
+    assert asyncio.run(pieces(25)) == [body[:25], body[25:50], body[50:]]  # events split where the buffer fills
+    assert asyncio.run(pieces(0)) == [body]
+
+
+@pytest.mark.parametrize("buffer_bytes", [0, 16384])
+def test_fault_buffer_stream_holds_the_events_until_the_end(client, fake, buffer_bytes):
+    # 20 tokens, 10 ms apart: the stream (~3 KB, below 16 KB) reaches the client in one burst at the end
+    fake.config.faults.add("buffer_stream")
+    fake.config.itl_s, fake.config.buffer_bytes = 0.01, buffer_bytes
+    t0 = time.monotonic()
+    chunks, done, times = stream(client, "/v1/completions", cmpl(5, max_tokens=20, ignore_eos=True))
+    assert done and len(chunks) == 20 and text_of(chunks).count(" tok") == 20
+    assert times[0] - t0 >= 0.19 and times[-1] - times[0] < 0.05
+    assert fake.state.requests[-1].t_first_token - t0 < 0.1  # the engine generated at its own pace meanwhile
+
+
+def test_fault_buffer_stream_flushes_each_full_buffer(client, fake):
+    fake.config.faults.add("buffer_stream")
+    fake.config.itl_s, fake.config.buffer_bytes = 0.01, 1024  # ~6 completions chunks per flush
+    chunks, done, times = stream(client, "/v1/completions", cmpl(5, max_tokens=20, ignore_eos=True))
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert done and len(chunks) == 20
+    assert 2 <= sum(g > 0.03 for g in gaps) <= 5  # a few long silences (one per flush), the rest bunched

@@ -11,6 +11,7 @@ from typing import Any
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.gates.health import canary_verdict
+from kvgate.gates.streaming import BUFFERING_FIX, delivery
 
 
 
@@ -23,7 +24,11 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     finishes the request must not pass, so the slot has to be freed well before the request would
     have ended on its own (``natural_s``, estimated from the measured decode rate). When the
     request was not actually cut (it finished first) the verdict is INVALID. Without ``/metrics``
-    the release is not observable: SKIP, unless the canary fails.
+    the release is not observable: SKIP, unless the canary fails. When the decode-rate probe's
+    stream was buffered (:attr:`kvgate.gates.streaming.Delivery.buffered`: a proxy in front held its
+    SSE bytes) the verdict is INVALID naming the buffering: the client's arrival times then time the
+    proxy's flushes, not the decoding, so a release cannot be told from completion -- the hang-up
+    itself was never judged, so it is not a FAIL; ``streaming/buffering`` FAILs for the proxy.
     """
     gate = f"disconnect/{obs.case}"
     can = canary_verdict(obs.canary, deadline_s, after=f"a client disconnect ({obs.case})")
@@ -36,6 +41,13 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     if can.status is FAIL:
         return Verdict(gate, FAIL, can.message, measured=can.measured, limit=can.limit, unit=can.unit,
                        limit_unit=can.limit_unit, evidence=ev)
+    probe = delivery(rate.reply) if rate is not None and rate.reply is not None else None
+    if probe is not None and probe.buffered:
+        ev["decode_rate_delivery"] = probe.evidence()
+        return Verdict(gate, Status.INVALID, f"the decode-rate probe's stream was buffered: {probe.burst()} "
+                       f"(a proxy in front holds the SSE bytes; {BUFFERING_FIX}); the client's arrival times time "
+                       f"the proxy's flushes, not the decoding, so a slot release cannot be told from the request "
+                       f"finishing on its own ({obs.case})", measured=round(probe.held_s, 4), unit="s", evidence=ev)
     if not obs.cut:
         return Verdict(gate, Status.INVALID, f"the request finished before the client hung up ({obs.case}); "
                        "nothing was disconnected, so nothing was measured", evidence=ev)

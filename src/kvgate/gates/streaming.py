@@ -1,14 +1,16 @@
 """Gate ``streaming``: TTFT within the SLO, the longest silence below the gateway idle timeout,
 exactly one finish chunk then ``[DONE]``, deltas concatenate to the non-streamed text, the official
-``openai`` SDK parses the stream. Asserted by ``suites/test_streaming.py``.
+``openai`` SDK parses the stream, and the content is not held back by a buffering proxy. Asserted by
+``suites/test_streaming.py``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kvgate.http.client import Reply, StreamReply
-from kvgate.http.probes import Exchange
+from kvgate.http.probes import BURST_GAP_S, Exchange
 from kvgate.http.sse import classify
 from kvgate.http.stream import summarize
 from kvgate.verdict import Verdict
@@ -153,3 +155,126 @@ def sdk_verdict(api: str, sdk: Any, plain: Exchange) -> Verdict:
     return Verdict(gate, PASS, f"openai SDK parsed {sdk.chunks} chunks, same text -> PASS",
                    measured=len(sdk.text), limit=len(want) if want is not None else None, unit="chars",
                    evidence=ev)
+
+
+#: A stream is judged for buffering only with at least this many content chunks: a short answer fits
+#: in one TCP segment and may reach the client in one read from any server.
+BUFFER_MIN_CHUNKS = 16
+#: Content chunks per read, on average, from which a stream counts as delivered in bursts (a healthy
+#: stream arrives about one decode step per read: vLLM writes each chunk as it is made, one per step by default).
+BUFFER_MIN_BURST = 8
+#: Seconds content must have been held back (the silence before a burst) for the stream to be judged
+#: buffered. A client starved of CPU reads a healthy stream in bunches too -- this project measured one
+#: reading 32 events at once 0.5 s after the server sent the first (tests/test_gates_disconnect.py) --
+#: so a hold is judged only from twice that; a shorter hold costs the user at most that much TTFT,
+#: which ``streaming/ttft`` judges against the SLO.
+BUFFER_MIN_HOLD_S = 1.0
+#: What a user must change when the stream is buffered (nginx / ingress-nginx; Envoy streams by default).
+BUFFERING_FIX = "set proxy_buffering off / X-Accel-Buffering: no"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a stream's content chunks reached the client, from the arrival times the client recorded
+    (:attr:`kvgate.http.client.StreamReply.events`; seconds since the request was sent).
+
+    ``chunks``: content chunks (decode steps, :func:`first_token_s`'s rule); ``bursts``: runs of them
+    less than :data:`kvgate.http.probes.BURST_GAP_S` apart (one read each); ``first_s``/``last_s``:
+    arrival of the first and last; ``widest_s``: the longest span of one burst; ``held_s``: the
+    longest silence before a burst (send -> first content chunk, or between bursts) and
+    ``held_chunks`` the size of that burst; ``e2e_s``: the whole stream."""
+
+    chunks: int
+    bursts: int
+    first_s: float | None
+    last_s: float | None
+    widest_s: float
+    held_s: float
+    held_chunks: int
+    e2e_s: float
+
+    @property
+    def bunched(self) -> bool:
+        """Enough chunks, and on average :data:`BUFFER_MIN_BURST` or more of them per read."""
+        return self.chunks >= BUFFER_MIN_CHUNKS and self.bursts * BUFFER_MIN_BURST <= self.chunks
+
+    @property
+    def buffered(self) -> bool:
+        """Delivered in bursts after a hold of :data:`BUFFER_MIN_HOLD_S` or more: a proxy in front
+        held the SSE bytes (until a buffer filled, or the response ended)."""
+        return self.bunched and self.held_s >= BUFFER_MIN_HOLD_S
+
+    def burst(self) -> str:
+        """The burst in words: ``all 128 content chunks arrived within 3 ms, 2.41 s after the
+        request`` (one burst) or ``128 content chunks arrived in 3 bursts (each within 2 ms); 70 of
+        them after 1.42 s of silence``."""
+        if self.bursts == 1:
+            return (f"all {self.chunks} content chunks arrived within {_ms(self.widest_s)}, {self.first_s:.2f} s after "
+                    "the request")
+        return (f"{self.chunks} content chunks arrived in {self.bursts} bursts (each within {_ms(self.widest_s)}); "
+                f"{self.held_chunks} of them after {self.held_s:.2f} s of silence")
+
+    def evidence(self) -> dict[str, Any]:
+        return {"content_chunks": self.chunks, "bursts": self.bursts, "first_content_s": _r(self.first_s),
+                "last_content_s": _r(self.last_s), "widest_burst_s": _r(self.widest_s), "held_s": _r(self.held_s),
+                "held_chunks": self.held_chunks, "e2e_s": _r(self.e2e_s), "burst_gap_s": BURST_GAP_S,
+                "min_chunks": BUFFER_MIN_CHUNKS, "min_per_burst": BUFFER_MIN_BURST, "min_hold_s": BUFFER_MIN_HOLD_S}
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s >= 0.001 else "1 ms"
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def delivery(reply: StreamReply) -> Delivery:
+    """Fold a stream's content-chunk arrival times into a :class:`Delivery` (pure; no I/O)."""
+    times = [t for t, data in reply.events if classify(data).is_content]
+    if not times:
+        return Delivery(0, 0, None, None, 0.0, 0.0, 0, reply.elapsed_s)
+    runs: list[list[float]] = [[times[0]]]
+    for prev, t in zip(times, times[1:]):
+        if t - prev < BURST_GAP_S:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    silences = [(runs[0][0], len(runs[0]))] + [(b[0] - a[-1], len(b)) for a, b in zip(runs, runs[1:])]
+    held_s, held_chunks = max(silences)
+    return Delivery(len(times), len(runs), times[0], times[-1], max(r[-1] - r[0] for r in runs), held_s, held_chunks,
+                    reply.elapsed_s)
+
+
+def buffering_verdict(ex: Exchange, plain: Exchange | None = None) -> Verdict:
+    """The stream's content reaches the client as it is generated, not held back by a proxy in
+    front that buffers the SSE bytes until a buffer fills or the response ends (dstack#4269).
+
+    FAIL: :data:`BUFFER_MIN_CHUNKS` or more content chunks, :data:`BUFFER_MIN_BURST` or more per
+    read on average, after a silence of :data:`BUFFER_MIN_HOLD_S` or more. A stream spread over its
+    reads PASSes; a bunched one held less than that PASSes with the reason (a client that read late
+    looks the same, and the TTFT check judges what it cost); fewer chunks SKIP. ``plain``: the same
+    request non-streamed, whose duration says how long the generation itself took."""
+    gate = f"streaming/buffering/{ex.api}"
+    r = ex.reply
+    if not isinstance(r, StreamReply) or r.status != 200:
+        return Verdict(gate, FAIL, f"stream {_answered(r)} -> FAIL", evidence=ex.evidence())
+    d = delivery(r)
+    ev = {**ex.evidence(), "delivery": d.evidence()}
+    took = (f"generation took {plain.reply.elapsed_s:.2f} s, timed non-streamed" if plain is not None
+            and plain.reply.status == 200 else f"the stream ended {d.e2e_s:.2f} s after the request")
+    if d.chunks == 0:
+        return Verdict(gate, FAIL, f"stream {_answered(r)} with no content chunk -> FAIL", evidence=ev)
+    if d.chunks < BUFFER_MIN_CHUNKS:
+        return Verdict(gate, SKIP, f"only {d.chunks} content chunks; buffering is judged from {BUFFER_MIN_CHUNKS} "
+                       "(fewer fit in one read from any server)", measured=d.chunks, unit="chunks", evidence=ev)
+    common = dict(measured=round(d.held_s, 4), limit=BUFFER_MIN_HOLD_S, unit="s", evidence=ev)
+    if d.buffered:
+        return Verdict(gate, FAIL, f"{d.burst()} ({took}) -> FAIL (the stream is buffered: a proxy in front holds "
+                       f"the SSE bytes; {BUFFERING_FIX})", **common)
+    if d.bunched:
+        return Verdict(gate, PASS, f"{d.burst()}: held back less than {BUFFER_MIN_HOLD_S:g} s, which cannot be told "
+                       "from a client that read late (streaming/ttft judges the wait) -> PASS", **common)
+    return Verdict(gate, PASS, f"{d.chunks} content chunks arrived in {d.bursts} reads over "
+                   f"{d.last_s - d.first_s:.2f} s (first {d.first_s:.2f} s after the request; longest wait "
+                   f"{d.held_s:.2f} s): streamed as generated -> PASS", **common)

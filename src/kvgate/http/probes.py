@@ -6,6 +6,7 @@ Each probe sends a bounded number of requests (no hidden retries) and returns :c
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -185,13 +186,15 @@ MIN_RATE_SPAN_S = 0.01
 class DecodeRate:
     """A decode-rate estimate: ``tps`` tokens/s after the first token, or None with ``why`` (one
     clause saying what was seen). ``events``: token events used; ``span_s``: seconds from the first
-    to the last; ``bunched``: events that arrived less than :data:`BURST_GAP_S` after the previous."""
+    to the last; ``bunched``: events that arrived less than :data:`BURST_GAP_S` after the previous;
+    ``reply``: the probe stream the estimate came from (None when estimated from times alone)."""
 
     tps: float | None
     why: str | None = None
     events: int = 0
     span_s: float = 0.0
     bunched: int = 0
+    reply: StreamReply | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def evidence(self) -> dict[str, Any]:
         return {"tps": None if self.tps is None else round(self.tps, 2), "why": self.why, "events": self.events,
@@ -213,8 +216,9 @@ def estimate_rate(times_s: list[float]) -> DecodeRate:
         return DecodeRate(None, f"all {n} token events carry the same arrival time", n, span, bunched)
     if bunched * 2 > len(gaps):
         return DecodeRate(None, f"{bunched + 1} of {n} token events arrived in bursts (less than "
-                          f"{BURST_GAP_S * 1e3:g} ms apart): the client read them in bunches, so their spacing does "
-                          "not time the server's decoding", n, span, bunched)
+                          f"{BURST_GAP_S * 1e3:g} ms apart): the client read them in bunches (a client starved of "
+                          "CPU, or a proxy that buffers the stream), so their spacing does not time the server's "
+                          "decoding", n, span, bunched)
     if span < MIN_RATE_SPAN_S:
         return DecodeRate(None, f"all {n} token events arrived within {span * 1e3:.2f} ms, too close together to time",
                           n, span, bunched)
@@ -228,8 +232,8 @@ def decode_rate(client: KvClient, model: str, tokens: int = 32) -> DecodeRate:
                                       "temperature": 0, "ignore_eos": True}, stream=True)
     r = ex.reply
     if not isinstance(r, StreamReply) or r.status != 200:
-        return DecodeRate(None, f"the rate probe stream answered {r.status}")
-    return estimate_rate([t for t, d in r.events if d.strip() != "[DONE]"])
+        return DecodeRate(None, f"the rate probe stream answered {r.status}", reply=r if isinstance(r, StreamReply) else None)
+    return dataclasses.replace(estimate_rate([t for t, d in r.events if d.strip() != "[DONE]"]), reply=r)
 
 
 @dataclass
