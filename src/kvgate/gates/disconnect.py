@@ -23,7 +23,8 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     finishes the request must not pass, so the slot has to be freed well before the request would
     have ended on its own (``natural_s``, estimated from the measured decode rate). When the
     request was not actually cut (it finished first) the verdict is INVALID. Without ``/metrics``
-    the release is not observable: SKIP, unless the canary fails.
+    the release is not observable at all: SKIP (before any INVALID: no measurement could have
+    been trusted), unless the canary fails.
     """
     gate = f"disconnect/{obs.case}"
     can = canary_verdict(obs.canary, deadline_s, after=f"a client disconnect ({obs.case})")
@@ -36,6 +37,9 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     if can.status is FAIL:
         return Verdict(gate, FAIL, can.message, measured=can.measured, limit=can.limit, unit=can.unit,
                        limit_unit=can.limit_unit, evidence=ev)
+    if obs.baseline is None or obs.poll is None:
+        return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running; slot release not observable "
+                       "(canary after disconnect succeeded)", evidence=ev)
     if not obs.cut:
         return Verdict(gate, Status.INVALID, f"the request finished before the client hung up ({obs.case}); "
                        "nothing was disconnected, so nothing was measured", evidence=ev)
@@ -51,9 +55,6 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     if obs.natural_s < 0.2:
         return Verdict(gate, Status.INVALID, f"at {tps} the request would have finished {obs.natural_s:.2f} s after the "
                        f"hang-up anyway ({obs.case}); a release cannot be told from completion", evidence=ev)
-    if obs.baseline is None or obs.poll is None:
-        return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running; slot release not observable "
-                       "(canary after disconnect succeeded)", evidence=ev)
     natural = f"; it would have run {obs.natural_s:.1f} s more" if obs.natural_s is not None else ""
     if not obs.poll.reached or obs.poll.elapsed_s > limit:
         return Verdict(gate, FAIL, f"num_requests_running still {obs.poll.last:g} {obs.poll.elapsed_s:.2f} s after the "
