@@ -221,8 +221,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         marker = pyfuncitem.get_closest_marker("gate")
         if run is None or marker is None:
             raise
-        run.record.add(pyfuncitem.nodeid, test_id(pyfuncitem), Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))
-        pytest.skip(str(exc))
+        run.recorder(pyfuncitem)(Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))  # recorded, then skipped
     except Exception as exc:  # a harness error: one redacted line, never a traceback quoting the server
         _redacted_failure(pyfuncitem, exc)
 
@@ -283,6 +282,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
                          else "skipped")
         run.record.add(item.nodeid, test_id(item),
                        Verdict(item.get_closest_marker("gate").args[0], Status.SKIP, f"{why} -> SKIP"))
+        item.user_properties.extend([("kvgate_verdict", "SKIP"), ("kvgate_message", run.redactor.text(f"{why} -> SKIP"))])
     if rep.failed and item.nodeid not in run.record.entries:
         # the harness or the server broke before a verdict: still a named result, never silent
         text = str(rep.longrepr.reprcrash.message) if hasattr(rep.longrepr, "reprcrash") and rep.longrepr.reprcrash \

@@ -38,7 +38,7 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
         return Verdict(gate, FAIL, can.message, measured=can.measured, limit=can.limit, unit=can.unit,
                        limit_unit=can.limit_unit, evidence=ev)
     if obs.baseline is None or obs.poll is None:
-        return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running; slot release not observable "
+        return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running (no /metrics, or no such series); slot release not observable "
                        "(canary after disconnect succeeded)", evidence=ev)
     if not obs.cut:
         return Verdict(gate, Status.INVALID, f"the request finished before the client hung up ({obs.case}); "
