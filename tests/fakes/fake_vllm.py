@@ -186,7 +186,8 @@ FAULTS: dict[str, str] = {
     "(default 4), then goes on; non-streamed requests are not delayed",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
-    "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
+    "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime); with server "
+    "llama-cpp-python /extras/tokenize too, with llama.cpp its /tokenize too (no tokenize endpoint at all)",
     # issue 21: health under load
     "slow_health_while_busy": "GET /health takes slow_health_s (default 3 s) while any generation is in flight "
     "(a saturated API server missing the kubelet's probe timeout); it answers at once when idle",
