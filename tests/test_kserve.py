@@ -172,7 +172,8 @@ def test_isvc_through_ingress_without_tokenize(pytester, monkeypatch, tmp_path):
     assert gates["kserve-fake/max-context/over-length/completions"]["status"] == "PASS"
     for api in ("chat", "over-length/chat", "over-length/chat-stream"):
         g = gates[f"kserve-fake/max-context/{api}"]
-        assert g["status"] == "SKIP" and "no /tokenize" in g["message"] and "model.tokenizer" in g["message"], g
+        assert g["status"] == "SKIP" and "has no tokenize endpoint (/tokenize 404, /extras/tokenize 404)" in g["message"] \
+            and "model.tokenizer" in g["message"], g
     assert result.ret == 0 and summary["outcome"] == "PASS"
 
 

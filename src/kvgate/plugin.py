@@ -221,8 +221,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         marker = pyfuncitem.get_closest_marker("gate")
         if run is None or marker is None:
             raise
-        run.record.add(pyfuncitem.nodeid, test_id(pyfuncitem), Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))
-        pytest.skip(str(exc))
+        run.recorder(pyfuncitem)(Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))  # recorded, then skipped
     except Exception as exc:  # a harness error: one redacted line, never a traceback quoting the server
         _redacted_failure(pyfuncitem, exc)
 
@@ -276,25 +275,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if rep.when == "call" or rep.skipped or rep.failed:
         run.finished.add(item.nodeid)
     reason = run.live_skip_reason
-    if rep.skipped and reason and item.nodeid not in run.record.entries:
-        # the launcher cannot run here: each live gate is a named SKIP with the one reason
+    if rep.skipped and item.nodeid not in run.record.entries:
+        # the launcher cannot run here (each live gate a named SKIP with the one reason), or a fixture
+        # skipped the gate: summary.json counts every SKIP pytest counts
+        why = reason or (str(rep.longrepr[2]).removeprefix("Skipped: ") if isinstance(rep.longrepr, tuple)
+                         else "skipped")
         run.record.add(item.nodeid, test_id(item),
-                       Verdict(item.get_closest_marker("gate").args[0], Status.SKIP, f"{reason} -> SKIP"))
+                       Verdict(item.get_closest_marker("gate").args[0], Status.SKIP, f"{why} -> SKIP"))
+        item.user_properties.extend([("kvgate_verdict", "SKIP"), ("kvgate_message", run.redactor.text(f"{why} -> SKIP"))])
     if rep.failed and item.nodeid not in run.record.entries:
         # the harness or the server broke before a verdict: still a named result, never silent
         text = str(rep.longrepr.reprcrash.message) if hasattr(rep.longrepr, "reprcrash") and rep.longrepr.reprcrash \
             else str(rep.longrepr).splitlines()[-1] if rep.longrepr else "error"
         run.record.error(item.nodeid, test_id(item), f"{rep.when}: {text}")
         allure_meta.describe_error(f"{rep.when}: {text}", run.redactor)
+        # JUnit's testcase carries the verdict like every other (written from the teardown report)
+        item.user_properties.extend([("kvgate_verdict", "ERROR"),
+                                     ("kvgate_message", run.redactor.text(f"{rep.when}: {text}"))])
     status = run.verdict_status(item.nodeid)
-    if rep.failed and status in ("INVALID", "INCOMPLETE"):
+    if rep.failed and status in ("INVALID", "INCOMPLETE", "ERROR"):
         rep.kvgate_status = status  # pytest's summary counts it as what it is, not as "failed"
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
     """An INVALID (untrusted measurement) or INCOMPLETE (cut short) gate is counted by pytest's
-    summary line under its own word (``1 invalid``), not as ``failed``: it is not a deployment defect."""
+    summary line under its own word (``1 invalid``), not as ``failed``: it is not a deployment defect.
+    A harness error in a gate's call (no verdict: summary.json's ERROR) is counted under ``errors``
+    as one in its setup is, so pytest, summary.json and JUnit (:func:`kvgate.report.outputs.stamp_junit`)
+    give the same counts."""
     status = getattr(report, "kvgate_status", None)
+    if status == "ERROR" and report.when == "call":  # a harness error in the call: "errors", as summary.json says
+        return "error", "E", "ERROR"
     if status == "INVALID":
         return "invalid", "I", "INVALID"
     if status == "INCOMPLETE":

@@ -80,6 +80,7 @@ from prometheus_client import (
     generate_latest,
 )
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -188,10 +189,40 @@ FAULTS: dict[str, str] = {
     "(default 4), then goes on; non-streamed requests are not delayed",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
-    "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime)",
+    "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime); with server "
+    "llama-cpp-python /extras/tokenize too, with llama.cpp its /tokenize too (no tokenize endpoint at all)",
     # issue 21: health under load
     "slow_health_while_busy": "GET /health takes slow_health_s (default 3 s) while any generation is in flight "
     "(a saturated API server missing the kubelet's probe timeout); it answers at once when idle",
+}
+
+
+#: Servers other than vLLM the fake can pose as (``FakeConfig.server``): the endpoint set each one
+#: has, from its own source, so kvgate's capability detection is tested against the real shapes.
+SERVERS: dict[str, str] = {
+    "vllm": "vLLM 0.32's OpenAI server (the default): /tokenize with count, /metrics, /version, /health",
+    # llama-cpp-python 0.3's llama_cpp/server/app.py (abetlen/llama-cpp-python): FastAPI under uvicorn
+    # ("Server: uvicorn"); /v1/models cards {"id", "object", "owned_by": "me", "permissions": []};
+    # POST /extras/tokenize {"input", "model"} -> {"tokens"} (Llama.tokenize(..., special=True), BOS
+    # added as create_completion adds it), /extras/tokenize/count -> {"count"}, /extras/detokenize;
+    # no /tokenize, /metrics, /version or /health. The defects the issue measured on 0.3.36 are kept:
+    # no server-side cap (the generation config cap vLLM enforces does not exist), no usage chunk
+    # with stream_options.include_usage, and a token-id prompt fails pydantic validation (prompt is
+    # str | list[str]) answered 500 by its RouteErrorHandler.
+    "llama-cpp-python": "llama-cpp-python's server: /extras/tokenize, no /tokenize, /metrics, /version or /health; "
+    "owned_by me; no server-side cap, no usage chunk, token-id prompts answered 500",
+    # llama.cpp's tools/server (ggml-org/llama.cpp tools/server/README.md): every answer carries
+    # "Server: llama.cpp"; /v1/models cards owned_by "llamacpp" with a "meta" object (n_ctx_train, no
+    # max_model_len); POST /tokenize {"content", "add_special" (default false), "parse_special"} ->
+    # {"tokens": [ids]}; POST /apply-template {"messages"} -> {"prompt": the rendered template, its BOS
+    # left to the tokenizer}; GET /health {"status": "ok"}; GET /props; /metrics only with --metrics
+    # (else 501 not_supported_error); no /version.
+    "llama.cpp": "llama.cpp's llama-server: POST /tokenize {content} -> {tokens}, /apply-template, /props, /health; "
+    "Server: llama.cpp; owned_by llamacpp; /metrics 501 (no --metrics); no server-side cap",
+    # python -m http.server over a directory holding v1/models (a file): GET of that file answers it,
+    # any other GET 404, any POST 501 "Unsupported method ('POST')", both as http.server's HTML page.
+    "static-files": "a static file server (python -m http.server) serving a v1/models file: every other GET "
+    "404, every POST (generation, /tokenize) 501, HTML bodies; Server: SimpleHTTP/0.6 Python/3.11",
 }
 
 
@@ -239,6 +270,7 @@ class FakeConfig:
     advertised_max_model_len: int | None = None  # None: same as max_model_len (2x under the fault)
     version: str = "0.32.0+fake"
     faults: set[str] = field(default_factory=FaultSet)
+    server: str = "vllm"  # which server's endpoint set the fake has (:data:`SERVERS`)
     # cache config (vllm:cache_config_info) and the simulated KV pool
     block_size: int = 16
     num_gpu_blocks: int = 64  # 1024 tokens: 4 full-length sequences at the default max_model_len
@@ -282,6 +314,8 @@ class FakeConfig:
 
     def __post_init__(self) -> None:
         self.faults = FaultSet(self.faults)
+        if self.server not in SERVERS:
+            raise ValueError(f"unknown server {self.server!r}; known: {', '.join(SERVERS)}")
         if self.dead_mode not in ("500", "hang"):
             raise ValueError(f"dead_mode must be '500' or 'hang', not {self.dead_mode!r}")
 
@@ -797,6 +831,66 @@ class _EngineError(Exception):
     """An injected engine failure during generation."""
 
 
+#: The routes each non-vLLM shape serves (the fake's own /_fake/* control routes always answer).
+_SHAPE_ROUTES: dict[str, frozenset[str]] = {
+    "llama-cpp-python": frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions", "/extras/tokenize",
+                                   "/extras/tokenize/count", "/extras/detokenize"}),
+    "llama.cpp": frozenset({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
+                            "/detokenize", "/apply-template", "/props"}),
+}
+#: Routes only the other servers have: vLLM answers them 404.
+_NOT_VLLM = frozenset({"/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/apply-template", "/props"})
+_SERVER_HEADER = {"vllm": "uvicorn", "llama-cpp-python": "uvicorn", "llama.cpp": "llama.cpp",
+                  "static-files": "SimpleHTTP/0.6 Python/3.11.9"}
+#: python -m http.server's error page (http.server.DEFAULT_ERROR_MESSAGE), code and message filled in.
+_HTTP_SERVER_ERROR = ('<!DOCTYPE HTML>\n<html lang="en">\n    <head>\n        <meta charset="utf-8">\n'
+                      '        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n'
+                      '        <p>Error code: {code}</p>\n        <p>Message: {message}.</p>\n    </body>\n</html>\n')
+
+
+class _ServerShape:
+    """ASGI middleware: the fake poses as ``FakeConfig.server`` (:data:`SERVERS`) -- only that
+    server's routes answer (the others as it answers an unknown route), with its ``Server`` header."""
+
+    def __init__(self, app: Any, fake: "FakeVLLM") -> None:
+        self.app, self.fake = app, fake
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        cfg = self.fake.config
+        shape, path = cfg.server, scope["path"]
+        server = _SERVER_HEADER[shape].encode()
+
+        async def send_shaped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"server"]
+                message = {**message, "headers": [*headers, (b"server", server)]}
+            await send(message)
+
+        if (shape == "vllm" and path not in _NOT_VLLM) or path.startswith("/_fake/") or path in _SHAPE_ROUTES.get(shape, ()):
+            return await self.app(scope, receive, send_shaped)
+        if shape == "static-files":
+            if scope["method"] == "GET" and path.rstrip("/") == "/v1/models":
+                body = json.dumps({"object": "list", "data": [{"id": cfg.served_name, "object": "model"}]})
+                resp: Response = Response(body, media_type="application/octet-stream")  # a file without extension
+            elif scope["method"] in ("GET", "HEAD"):
+                resp = Response(_HTTP_SERVER_ERROR.format(code=404, message="File not found"), 404,
+                                media_type="text/html")
+            else:
+                method = scope["method"]
+                resp = Response(_HTTP_SERVER_ERROR.format(code=501, message=f"Unsupported method ({method!r})"), 501,
+                                media_type="text/html")
+        elif shape == "llama.cpp" and path == "/metrics":
+            resp = JSONResponse({"error": {"code": 501, "message": "This server does not support metrics endpoint. "
+                                           "Start it with `--metrics`", "type": "not_supported_error"}}, 501)
+        elif shape == "llama.cpp":
+            resp = JSONResponse({"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}, 404)
+        else:  # FastAPI's answer to a route it does not have (vLLM, llama-cpp-python)
+            resp = JSONResponse({"detail": "Not Found"}, 404)
+        await resp(scope, receive, send_shaped)
+
+
 class _SSEResponse(StreamingResponse):
     """StreamingResponse that always closes its generator (so a disconnect runs its ``finally``
     promptly, whether the cancel hit an ``await`` in the generator or the transport) and then runs
@@ -917,7 +1011,8 @@ class FakeVLLM:
 
     def _uvicorn(self, host: str, log_level: str, **kw: Any) -> uvicorn.Server:
         cfg = uvicorn.Config(self.app, host=host, log_level=log_level, access_log=False, lifespan="off",
-                             ws="none", timeout_graceful_shutdown=2, timeout_keep_alive=30, **kw)
+                             ws="none", timeout_graceful_shutdown=2, timeout_keep_alive=30,
+                             server_header=False, **kw)  # the Server header is the shape's (_ServerShape)
         return uvicorn.Server(cfg)
 
     def start(self, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0, log_level: str = "warning",
@@ -1040,8 +1135,14 @@ class FakeVLLM:
             Route("/_fake/config", self._fake_config, methods=["GET", "POST"]),
             Route("/_fake/reset", self._fake_reset, methods=["POST"]),
             Route("/_fake/sigterm", self._fake_sigterm, methods=["POST"]),
+            # the other servers' routes (FakeConfig.server; _ServerShape lets through only the shape's own)
+            Route("/extras/tokenize", self._extras_tokenize, methods=["POST"]),
+            Route("/extras/tokenize/count", self._extras_tokenize, methods=["POST"]),
+            Route("/extras/detokenize", self._detokenize, methods=["POST"]),
+            Route("/apply-template", self._apply_template, methods=["POST"]),
+            Route("/props", self._props, methods=["GET"]),
         ]
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, middleware=[Middleware(_ServerShape, fake=self)])
 
     def _auth(self, request: Request) -> Response | None:
         key = self.config.api_key
@@ -1103,6 +1204,15 @@ class FakeVLLM:
                 }],
             }
 
+        if cfg.server == "llama-cpp-python":  # llama_cpp/server/app.py get_models
+            return JSONResponse({"object": "list", "data": [{"id": cfg.served_name, "object": "model", "owned_by": "me",
+                                                             "permissions": []}]})
+        if cfg.server == "llama.cpp":  # tools/server: n_ctx_train is the model's training context, not -c
+            meta = {"vocab_type": 1, "n_vocab": 32000, "n_ctx_train": 2048, "n_embd": 256, "n_params": 4_000_000,
+                    "size": 8_000_000}
+            return JSONResponse({"object": "list", "data": [{"id": cfg.served_name, "object": "model",
+                                                             "created": self.created, "owned_by": "llamacpp",
+                                                             "meta": meta}]})
         # vLLM lists each LoRA adapter after the base model, its parent, without a max_model_len
         cards = [card(cfg.served_name, cfg.model_path, None, cfg.advertised_len)]
         cards += [card(name, f"/adapters/{name}", cfg.served_name, None) for name in cfg.lora_adapters]
@@ -1111,6 +1221,8 @@ class FakeVLLM:
     async def _tokenize(self, request: Request) -> Response:
         if "no_tokenize" in self.config.faults:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
+        if self.config.server == "llama.cpp":
+            return await self._llamacpp_tokenize(request)
         try:
             body = await self._json(request)
             self._check_model(body)
@@ -1133,6 +1245,54 @@ class FakeVLLM:
             "tokens": self.tokenizer.ids(words),
             "token_strs": words if body.get("return_token_strs") else None,
         })
+
+    async def _llamacpp_tokenize(self, request: Request) -> Response:
+        """llama.cpp's ``POST /tokenize``: ``{"content", "add_special" (default false)}`` ->
+        ``{"tokens": [ids]}``; no ``content`` tokenizes nothing (``{"tokens": []}``)."""
+        try:
+            body = await self._json(request)
+        except _BadRequest as e:
+            return e.response()
+        content = body.get("content")
+        words = self.tokenizer.encode(content, add_bos=bool(body.get("add_special", False))) \
+            if isinstance(content, str) else []
+        return JSONResponse({"tokens": self.tokenizer.ids(words)})
+
+    async def _extras_tokenize(self, request: Request) -> Response:
+        """llama-cpp-python's ``POST /extras/tokenize`` ``{"input", "model"}`` -> ``{"tokens"}``
+        (BOS added, as its create_completion tokenizes a prompt); ``/extras/tokenize/count`` ->
+        ``{"count"}``. A body without ``input`` is FastAPI's 422."""
+        if "no_tokenize" in self.config.faults:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        try:
+            body = await self._json(request)
+        except _BadRequest as e:
+            return e.response()
+        if not isinstance(body.get("input"), str):
+            return JSONResponse({"detail": [{"type": "missing", "loc": ["body", "input"], "msg": "Field required"}]},
+                                status_code=422)
+        ids = self.tokenizer.ids(self.tokenizer.encode(body["input"]))
+        return JSONResponse({"count": len(ids)} if request.url.path.endswith("/count") else {"tokens": ids})
+
+    async def _apply_template(self, request: Request) -> Response:
+        """llama.cpp's ``POST /apply-template`` ``{"messages"}`` -> ``{"prompt"}``: the chat template
+        rendered as text, without the BOS (llama.cpp's tokenizer adds it: ``add_special``)."""
+        try:
+            body = await self._json(request)
+            words = self.tokenizer.render_chat(body.get("messages"), True, body.get("chat_template_kwargs"))
+        except _BadRequest as e:
+            return e.response()
+        except ValueError as e:
+            return _BadRequest(str(e)).response()
+        return JSONResponse({"prompt": " ".join(words[1:])})
+
+    async def _props(self, request: Request) -> Response:
+        """llama.cpp's ``GET /props`` (the fields kvgate might read)."""
+        cfg = self.config
+        return JSONResponse({"default_generation_settings": {"n_ctx": cfg.max_model_len, "params": {"n_predict": -1}},
+                             "total_slots": cfg.max_num_seqs, "model_path": cfg.model_path,
+                             "chat_template": "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} "
+                                              "{% endfor %}<|assistant|>", "build_info": "b0000-fake"})
 
     async def _detokenize(self, request: Request) -> Response:
         if "no_tokenize" in self.config.faults:
@@ -1354,6 +1514,10 @@ class FakeVLLM:
                     prompt_key, n_prompt = " ".join(words), len(words)
                     prompt_ids = tok.ids(words)
                 elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                    if cfg.server == "llama-cpp-python":  # prompt: str | list[str]; RouteErrorHandler -> 500
+                        raise _BadRequest(f"{2 * len(prompt) + 1} validation errors for CreateCompletionRequest "
+                                          f"prompt: Input should be a valid string", status=500,
+                                          err_type="internal_server_error")
                     prompt_key, n_prompt, text_prompt = json.dumps(prompt), len(prompt), False
                     prompt_ids = list(prompt)
                 elif prompt is None:
@@ -1397,7 +1561,7 @@ class FakeVLLM:
         fallback = requested if requested is not None else (cfg.default_max_tokens if kind == "completions" else None)
         if "ignore_max_tokens" in faults and requested is not None:
             fallback = requested + cfg.ignore_max_tokens_extra
-        cap = None if "ignore_cap" in faults else cfg.max_tokens_cap
+        cap = None if "ignore_cap" in faults or cfg.server != "vllm" else cfg.max_tokens_cap  # a vLLM setting
         limit = min(v for v in (L - n_prompt, fallback, cap) if v is not None)
         rec.max_tokens = limit
 
@@ -1429,7 +1593,7 @@ class FakeVLLM:
         st.inflight[rec.seq] = n_prompt
         return _Plan(
             record=rec, kind=kind, prompt_tokens=n_prompt, tokens=tokens, finish_reason=finish, faults=faults,
-            stream=rec.stream, include_usage=bool(stream_options.get("include_usage")),
+            stream=rec.stream, include_usage=bool(stream_options.get("include_usage")) and cfg.server != "llama-cpp-python",
             continuous_usage=bool(stream_options.get("continuous_usage_stats")), logprobs=logprobs,
             created=int(time.time()), model=model, priority=priority, prompt_ids=tuple(prompt_ids),
             cache_salt=adapter or "", details=cfg.prompt_tokens_details, special=special,

@@ -1314,3 +1314,76 @@ def test_fault_buffer_stream_flushes_each_full_buffer(client, fake):
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert done and len(chunks) == 20
     assert 2 <= sum(g > 0.03 for g in gaps) <= 5  # a few long silences (one per flush), the rest bunched
+
+
+# ---- server shapes other than vLLM (FakeConfig.server, SERVERS) ------------------------------------
+
+
+@pytest.mark.parametrize("shape,owned,header", [("vllm", "vllm", "uvicorn"), ("llama-cpp-python", "me", "uvicorn"),
+                                                ("llama.cpp", "llamacpp", "llama.cpp")])
+def test_server_shapes_models_and_server_header(shape, owned, header):
+    from .fake_vllm import SERVERS
+
+    assert shape in SERVERS
+    with FakeVLLM(FakeConfig(server=shape)) as f, new_client(f.base_url) as c:
+        r = c.get("/v1/models")
+        card = r.json()["data"][0]
+        assert r.headers["server"] == header and card["owned_by"] == owned and card["id"] == MODEL
+        assert ("max_model_len" in card) == (shape == "vllm")
+
+
+def test_llama_cpp_python_shape_endpoints_and_defects():
+    with FakeVLLM(FakeConfig(server="llama-cpp-python", max_tokens_cap=4)) as f, new_client(f.base_url) as c:
+        for path in ("/tokenize", "/detokenize"):
+            assert c.post(path, json={"model": MODEL, "prompt": "a b"}).status_code == 404
+        for path in ("/metrics", "/version", "/health"):
+            assert c.get(path).status_code == 404
+        assert c.post("/extras/tokenize", json={"input": "a b", "model": MODEL}).json()["tokens"][0] == 1  # BOS
+        assert c.post("/extras/tokenize/count", json={"input": "a b"}).json() == {"count": 3}
+        assert c.post("/extras/tokenize", json={"model": MODEL}).status_code == 422
+        # no server-side cap; no usage chunk with include_usage; token-id prompts 500
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 8, "ignore_eos": True})
+        assert r.json()["usage"]["completion_tokens"] == 8
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 3, "stream": True,
+                                            "stream_options": {"include_usage": True}})
+        assert r.status_code == 200 and '"usage"' not in r.text and r.text.rstrip().endswith("[DONE]")
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": [101, 102], "max_tokens": 1})
+        assert r.status_code == 500 and "validation errors" in r.text
+
+
+def test_llama_cpp_shape_tokenize_apply_template_props_metrics():
+    with FakeVLLM(FakeConfig(server="llama.cpp")) as f, new_client(f.base_url) as c:
+        assert c.post("/tokenize", json={"content": "a b"}).json() == c.post("/tokenize", json={"content": "a b",
+                                                                                                 "add_special": False}).json()
+        assert len(c.post("/tokenize", json={"content": "a b", "add_special": True}).json()["tokens"]) == 3
+        assert c.post("/tokenize", json={"model": MODEL, "prompt": "a b"}).json() == {"tokens": []}  # vLLM's shape
+        msgs = [{"role": "user", "content": "a b"}]
+        prompt = c.post("/apply-template", json={"messages": msgs}).json()["prompt"]
+        n = len(c.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"])
+        chat = c.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 1}).json()
+        assert chat["usage"]["prompt_tokens"] == n
+        assert c.get("/props").json()["default_generation_settings"]["n_ctx"] == L
+        m = c.get("/metrics")
+        assert m.status_code == 501 and m.json()["error"]["type"] == "not_supported_error"
+        assert c.get("/health").status_code == 200 and c.get("/version").status_code == 404
+        assert c.post("/extras/tokenize", json={"input": "a"}).status_code == 404
+
+
+def test_static_files_shape_lists_models_and_nothing_else_works():
+    with FakeVLLM(FakeConfig(server="static-files")) as f, new_client(f.base_url) as c:
+        r = c.get("/v1/models")
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL and r.headers["server"].startswith("SimpleHTTP")
+        r = c.post("/tokenize", json={"model": MODEL, "prompt": "a"})
+        assert r.status_code == 501 and "Unsupported method ('POST')" in r.text and r.headers["content-type"].startswith("text/html")
+        assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": []}).status_code == 501
+        assert c.get("/health").status_code == 404 and c.get("/metrics").status_code == 404
+
+
+def test_vllm_shape_has_no_other_servers_routes_and_no_tokenize_covers_them():
+    with FakeVLLM(FakeConfig()) as f, new_client(f.base_url) as c:
+        assert c.post("/extras/tokenize", json={"input": "a"}).status_code == 404
+        assert c.post("/apply-template", json={"messages": []}).status_code == 404
+    with FakeVLLM(FakeConfig(server="llama-cpp-python", faults={"no_tokenize"})) as f, new_client(f.base_url) as c:
+        assert c.post("/extras/tokenize", json={"input": "a"}).status_code == 404
+    with pytest.raises(ValueError, match="unknown server 'tgi'"):
+        FakeConfig(server="tgi")

@@ -24,7 +24,8 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     finishes the request must not pass, so the slot has to be freed well before the request would
     have ended on its own (``natural_s``, estimated from the measured decode rate). When the
     request was not actually cut (it finished first) the verdict is INVALID. Without ``/metrics``
-    the release is not observable: SKIP, unless the canary fails. When the decode-rate probe's
+    the release is not observable at all: SKIP (before any INVALID: no measurement could have
+    been trusted), unless the canary fails. When the decode-rate probe's
     stream was buffered (:attr:`kvgate.gates.streaming.Delivery.buffered`: a proxy in front held its
     SSE bytes) the verdict is INVALID naming the buffering: the client's arrival times then time the
     proxy's flushes, not the decoding, so a release cannot be told from completion -- the hang-up
@@ -41,6 +42,9 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     if can.status is FAIL:
         return Verdict(gate, FAIL, can.message, measured=can.measured, limit=can.limit, unit=can.unit,
                        limit_unit=can.limit_unit, evidence=ev)
+    if obs.baseline is None or obs.poll is None:
+        return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running (no /metrics, or no such series); slot release not observable "
+                       "(canary after disconnect succeeded)", evidence=ev)
     probe = delivery(rate.reply) if rate is not None and rate.reply is not None else None
     if probe is not None and probe.buffered:
         ev["decode_rate_delivery"] = probe.evidence()
@@ -63,9 +67,6 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     if obs.natural_s < 0.2:
         return Verdict(gate, Status.INVALID, f"at {tps} the request would have finished {obs.natural_s:.2f} s after the "
                        f"hang-up anyway ({obs.case}); a release cannot be told from completion", evidence=ev)
-    if obs.baseline is None or obs.poll is None:
-        return Verdict(gate, SKIP, "server exposes no vllm:num_requests_running; slot release not observable "
-                       "(canary after disconnect succeeded)", evidence=ev)
     natural = f"; it would have run {obs.natural_s:.1f} s more" if obs.natural_s is not None else ""
     if not obs.poll.reached or obs.poll.elapsed_s > limit:
         return Verdict(gate, FAIL, f"num_requests_running still {obs.poll.last:g} {obs.poll.elapsed_s:.2f} s after the "

@@ -16,6 +16,7 @@ from kvgate.http.client import EndpointUnreachable, KvClient, Reply, StreamReply
 from kvgate.http.metrics import GaugePoll, poll_gauge, scrape_value
 from kvgate.http.prompts import (Api, ExactPrompt, PromptUnavailable, exact_prompt, local_counter, server_counter,
                       token_id_prompt)
+from kvgate.http.tokenizers import detect, llamacpp_chat_counter, server_text_counter
 
 ROUTES: dict[Api, str] = {"completions": "/completions", "chat": "/chat/completions"}
 CANARY_PROMPT = "kv cache canary"
@@ -124,31 +125,34 @@ def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None =
 
 
 def build_prompt(client: KvClient, model: str, api: Api, tokens: int, prefix: str = "") -> ExactPrompt:
-    """An ``api`` prompt of exactly ``tokens`` tokens (starting with ``prefix``), verified with
-    the server's ``/tokenize``.
-
-    Without ``/tokenize`` (KServe's Hugging Face runtime answers 404): completions get a token-id
-    prompt (exact by construction, :func:`kvgate.http.prompts.token_id_prompt`); chat is counted with
-    the profile's local tokenizer (``model.tokenizer``, carried as ``Endpoint.tokenizer``), else
-    :class:`kvgate.http.prompts.PromptUnavailable` -- the gate SKIPs with that reason."""
-    if has_tokenize(client, model):
+    """An ``api`` prompt of exactly ``tokens`` tokens (starting with ``prefix``), counted by the
+    server's own tokenizer where it has an endpoint for it (:func:`kvgate.http.tokenizers.detect`:
+    vLLM's ``/tokenize``, llama.cpp's ``/tokenize`` + ``/apply-template``, llama-cpp-python's
+    ``/extras/tokenize``); else a completions prompt is a token-id prompt (exact by construction,
+    :func:`kvgate.http.prompts.token_id_prompt`) and a chat prompt is counted by the profile's
+    local tokenizer (``model.tokenizer``, carried as ``Endpoint.tokenizer``). A chat prompt nothing can count
+    raises :class:`kvgate.http.prompts.PromptUnavailable` naming the server and what it lacks --
+    the check that needs it SKIPs with that reason."""
+    found = detect(client, model)
+    if found.route == "vllm":
         return exact_prompt(server_counter(client, model, api), tokens, api, prefix=prefix)
+    if found.route is not None and api == "completions":
+        return exact_prompt(server_text_counter(client, model, found.route), tokens, api, prefix=prefix)
+    if found.route == "llama.cpp" and found.chat:
+        return exact_prompt(llamacpp_chat_counter(client), tokens, api, prefix=prefix)
     if api == "completions":
         return token_id_prompt(tokens, seed=prefix)
     path = getattr(client.endpoint, "tokenizer", None)
-    if not path:
-        raise PromptUnavailable("the server has no /tokenize (KServe's Hugging Face runtime?) and the profile sets "
-                                "no model.tokenizer: an exact-length chat prompt cannot be built")
-    return exact_prompt(local_counter(path, api), tokens, api, prefix=prefix)
+    if path:
+        return exact_prompt(local_counter(path, api), tokens, api, prefix=prefix)
+    raise PromptUnavailable(f"{found.missing(api)} and the profile sets no model.tokenizer: an exact-length "
+                            f"{api} prompt cannot be built")
 
 
 def has_tokenize(client: KvClient, model: str) -> bool:
-    """Whether the server answers ``POST /tokenize`` (asked once per client: 404/405 -> False)."""
-    known = getattr(client, "_kvgate_has_tokenize", None)
-    if known is None:
-        known = client.tokenize(model=model, prompt="x").status not in (404, 405)
-        client._kvgate_has_tokenize = known
-    return known
+    """Whether the server counts tokens at an endpoint of its own (vLLM's or llama.cpp's
+    ``/tokenize``, llama-cpp-python's ``/extras/tokenize``; asked once per client)."""
+    return detect(client, model).route is not None
 
 
 def canary(client: KvClient, model: str, deadline_s: float) -> Exchange:

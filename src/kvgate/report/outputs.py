@@ -111,6 +111,22 @@ def write_junit_problem(path: Path, run_id: str, overall: str, message: str, cas
     return path
 
 
+def _errors_as_errors(suite: ET.Element) -> None:
+    """A testcase whose ``kvgate_verdict`` is ERROR (a harness error in the gate's call, which
+    pytest's JUnit plugin writes as ``<failure>``) becomes an ``<error>``, and the testsuite's
+    ``failures`` / ``errors`` counts follow, so JUnit counts what summary.json counts."""
+    moved = 0
+    for case in suite.iter("testcase"):
+        verdicts = [p.get("value") for p in case.iter("property") if p.get("name") == "kvgate_verdict"]
+        failure = case.find("failure")
+        if verdicts[-1:] == ["ERROR"] and failure is not None:
+            failure.tag = "error"
+            moved += 1
+    if moved:
+        for key, delta in (("failures", -moved), ("errors", moved)):
+            suite.set(key, str(max(0, int(suite.get(key, "0") or 0) + delta)))
+
+
 def stamp_junit(path: Path, run_id: str, overall: str, problem: str | None = None,
                 incomplete: dict[str, str] | None = None, outcome: str | None = None) -> bool:
     """Add ``kvgate_run_id`` and ``kvgate_overall`` properties to the testsuite of the JUnit file
@@ -131,6 +147,7 @@ def stamp_junit(path: Path, run_id: str, overall: str, problem: str | None = Non
         _set_property(suite, "kvgate_outcome", outcome)
     if problem:
         _add_error_case(suite, "run", problem)
+    _errors_as_errors(suite)
     present = {c.get("name", "") for c in suite.iter("testcase")}
     for test_id, message in (incomplete or {}).items():
         if not any(test_id in name for name in present):

@@ -1,0 +1,184 @@
+"""Servers that are not vLLM (issue 22 part 4), against the fake posing as each
+(tests/fakes/fake_vllm.py SERVERS): kvgate finds the tokenize endpoint the server has
+(kvgate.http.tokenizers), a capability it lacks SKIPs exactly the checks that need it naming the
+server, the real defects FAIL, and pytest, summary.json and JUnit count the same -- a whole run
+ends with verdicts only (subprocess runs of ``pytest --profile ... --endpoint <fake>``)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.http.probes import build_prompt, send
+from kvgate.http.prompts import PromptUnavailable
+from kvgate.http.tokenizers import detect
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO
+
+PROFILE = REPO / "tests" / "data" / "fake-llamacpp.yaml"
+MODEL = "fake-model"
+pytest_plugins = ["pytester"]
+
+
+def client_for(fake: FakeVLLM) -> KvClient:
+    return KvClient(Endpoint(fake.base_url), timeout_s=5)
+
+
+@pytest.mark.parametrize("shape,route,chat", [("vllm", "vllm", True), ("llama.cpp", "llama.cpp", True),
+                                              ("llama-cpp-python", "llama-cpp-python", False),
+                                              ("static-files", None, False)])
+def test_detects_the_tokenize_endpoint_each_server_has(shape, route, chat):
+    with FakeVLLM(FakeConfig(server=shape)) as fake, client_for(fake) as c:
+        found = detect(c, MODEL)
+        assert (found.route, found.chat) == (route, chat), found
+        assert detect(c, MODEL) is found  # asked once per client
+
+
+@pytest.mark.parametrize("shape", ["llama.cpp", "llama-cpp-python"])
+def test_exact_prompts_through_the_servers_own_tokenizer(shape):
+    """The count the server's endpoint gives is the server's usage.prompt_tokens: completions on
+    both, chat on llama.cpp (/apply-template then /tokenize with add_special)."""
+    apis = ["completions", "chat"] if shape == "llama.cpp" else ["completions"]
+    with FakeVLLM(FakeConfig(server=shape)) as fake, client_for(fake) as c:
+        for api in apis:
+            p = build_prompt(c, MODEL, api, 40)
+            assert p.token_ids is None and p.tokens == 40
+            ex = send(c, api, p.body(MODEL, max_tokens=1))
+            assert ex.reply.status == 200 and ex.reply.json["usage"]["prompt_tokens"] == 40, (api, ex.reply.text)
+
+
+def test_no_tokenize_message_names_the_server_not_kserve():
+    with FakeVLLM(FakeConfig(server="llama.cpp", faults={"no_tokenize"})) as fake, client_for(fake) as c:
+        with pytest.raises(PromptUnavailable) as exc:
+            build_prompt(c, MODEL, "chat", 40)
+        assert build_prompt(c, MODEL, "completions", 40).token_ids is not None  # exact by construction
+    assert str(exc.value) == (
+        "the server (llama.cpp, Server: llama.cpp; /v1/models owned_by llamacpp) has no tokenize endpoint "
+        "(/tokenize 404, /extras/tokenize 404) and the profile sets no model.tokenizer: an exact-length chat "
+        "prompt cannot be built")
+    with FakeVLLM(FakeConfig(server="llama-cpp-python")) as fake, client_for(fake) as c:
+        with pytest.raises(PromptUnavailable, match=r"the server \(llama-cpp-python, Server: uvicorn; /v1/models "
+                           r"owned_by me\) counts text tokens at /extras/tokenize but cannot render its chat template"):
+            build_prompt(c, MODEL, "chat", 40)
+
+
+# ---- whole runs ---------------------------------------------------------------------------------
+
+def run_all(url: str, reports) -> tuple[subprocess.CompletedProcess, dict, float]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profile={PROFILE}",
+                           f"--endpoint={url}", f"--kvgate-reports={reports}", "suites", "-q", "-m", "not soak"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return proc, json.loads((reports / "summary.json").read_text()), time.monotonic() - t0
+
+
+def assert_counts_agree(proc, summary, reports) -> None:
+    """pytest's summary line, summary.json and junit.xml count the same (issue 22: "29 failed, 30
+    errors" vs FAIL 19 / ERROR 40); every JUnit testcase carries its kvgate_verdict."""
+    last = proc.stdout.strip().splitlines()[-1]
+    said = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|skipped|errors?|invalid)", last)}
+    counts = summary["counts"]
+    assert said.get("passed", 0) == counts.get("PASS", 0) and said.get("failed", 0) == counts.get("FAIL", 0), last
+    assert said.get("skipped", 0) == counts.get("SKIP", 0) and said.get("invalid", 0) == counts.get("INVALID", 0), last
+    assert said.get("errors", said.get("error", 0)) == counts.get("ERROR", 0), last
+    suite = ET.parse(reports / "junit.xml").getroot().find("testsuite")
+    verdicts = collections.Counter()
+    for case in suite.iter("testcase"):
+        v = [p.get("value") for p in case.iter("property") if p.get("name") == "kvgate_verdict"]
+        assert v, ET.tostring(case)[:300]
+        verdicts[v[-1]] += 1
+    assert dict(verdicts) == {k: n for k, n in counts.items() if n}, (verdicts, counts)
+    assert int(suite.get("errors")) == counts.get("ERROR", 0)
+
+
+def test_llama_cpp_python_run_ends_with_verdicts_only(tmp_path):
+    cfg = FakeConfig(server="llama-cpp-python", max_tokens_cap=64, itl_s=0.002)
+    with FakeVLLM(cfg) as fake:
+        proc, summary, wall = run_all(fake.url, tmp_path)
+    assert wall < 40, wall
+    gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
+    assert summary["counts"].get("ERROR", 0) == 0 and "Traceback" not in proc.stdout + proc.stderr, \
+        [g["message"] for g in gates.values() if g["status"] == "ERROR"]
+    for api in ("completions", "chat"):  # the real defects FAIL
+        over, usage = gates[f"max-tokens/over-cap/{api}"], gates[f"max-tokens/stream-usage/{api}"]
+        assert over["status"] == "FAIL" and "cap not enforced" in over["message"], over["message"]
+        assert usage["status"] == "FAIL" and "no usage chunk" in usage["message"], usage["message"]
+    # capabilities it lacks SKIP exactly what needs them, naming the capability
+    for gid in ("max-context/chat", "requests/max-tokens/null/chat"):
+        assert gates[gid]["status"] == "SKIP" and "llama-cpp-python" in gates[gid]["message"] \
+            and "/extras/tokenize" in gates[gid]["message"], gates[gid]["message"]
+    for gid in ("deployment/cache-config", "disconnect/mid-stream"):
+        assert gates[gid]["status"] == "SKIP" and "metrics" in gates[gid]["message"], gates[gid]["message"]
+    # what needs no exact-length chat prompt ran: requests cases and completions max-context PASS
+    for gid in ("requests/empty-prompt/chat", "requests/malformed/not-json", "max-context/completions",
+                "requests/max-tokens/null/completions"):
+        assert gates[gid]["status"] == "PASS", gates[gid]["message"]
+    assert_counts_agree(proc, summary, tmp_path)
+
+
+def test_static_file_server_run_is_verdicts_without_tracebacks(tmp_path):
+    """A static file server listing the model (GET v1/models) and answering every POST 501: the
+    gates that send FAIL with what came back; no ERROR, no traceback; the counts agree."""
+    with FakeVLLM(FakeConfig(server="static-files")) as fake:
+        proc, summary, wall = run_all(fake.url, tmp_path)
+    assert wall < 40, wall
+    assert summary["counts"].get("ERROR", 0) == 0 and "Traceback" not in proc.stdout + proc.stderr
+    gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
+    assert gates["max-context/completions"]["status"] == "FAIL" and "501" in gates["max-context/completions"]["message"]
+    chat = gates["max-context/chat"]
+    assert chat["status"] == "SKIP" and "static file server" in chat["message"] and "/tokenize 501" in chat["message"]
+    assert_counts_agree(proc, summary, tmp_path)
+
+
+def test_harness_error_in_a_call_is_counted_as_an_error_everywhere(pytester):
+    """A gate that raises in its call (no verdict) is pytest's ``error`` (not ``failed``),
+    summary.json's ERROR and JUnit's ``<error>`` with kvgate_verdict ERROR; a fixture's skip is
+    summary.json's SKIP -- one count everywhere."""
+    pytester.makepyfile(test_mixed="""
+        import pytest
+        from kvgate.run.session import current
+        from kvgate.verdict import Status, Verdict
+
+        @pytest.fixture
+        def skipping():
+            pytest.skip("no such capability here")
+
+        @pytest.mark.gate("latency", cases=["boom"])
+        def test_call(case):
+            raise RuntimeError("harness broke")
+
+        @pytest.mark.gate("latency", cases=["skipped"])
+        def test_skip(case, skipping):
+            pass
+
+        @pytest.mark.gate("latency", cases=["ok"])
+        def test_ok(case, request):
+            current(request.config).recorder(request.node)(Verdict("latency/ok", Status.PASS, "fine"))
+    """)
+    reports = pytester.path / "reports"
+    with FakeVLLM(FakeConfig()) as fake:
+        result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
+                                              "-p", "no:cacheprovider", f"--kvgate-reports={reports}",
+                                              f"--profile={REPO / 'tests' / 'data' / 'fake-vllm.yaml'}",
+                                              f"--endpoint={fake.url}", str(pytester.path / "test_mixed.py"))
+    last = result.stdout.lines[-1]
+    assert "1 error" in last and "failed" not in last and "1 skipped" in last and "1 passed" in last, last
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["counts"] == {"PASS": 1, "SKIP": 1, "ERROR": 1} or \
+        {k: v for k, v in summary["counts"].items() if v} == {"PASS": 1, "SKIP": 1, "ERROR": 1}, summary["counts"]
+    suite = ET.parse(reports / "junit.xml").getroot().find("testsuite")
+    assert (suite.get("errors"), suite.get("failures")) == ("1", "0")
+    boom = next(c for c in suite.iter("testcase") if "boom" in c.get("name"))
+    assert boom.find("error") is not None and boom.find("failure") is None
+    assert {p.get("name"): p.get("value") for p in boom.iter("property")}["kvgate_verdict"] == "ERROR"
