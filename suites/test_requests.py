@@ -3,17 +3,20 @@ null/absent/0/-1/huge/a string on completions and chat, malformed bodies -- get 
 outcome (a 4xx with OpenAI's error body, or a valid completion within the cap), never a 5xx, and
 the engine still generates after each (canary); min_tokens holds with a stop string; non-ASCII
 streams lose no bytes; every stream chunk validates strictly against the openai SDK's own types;
-the gateway's total route timeout outlasts the longest stream the profile allows."""
+the gateway's total route timeout outlasts the longest stream the profile allows; request bodies
+from a few KB up to a max-context request (2x, and multibyte) get a 200 or a documented 4xx, never
+a gateway's 413 or a 5xx for a body the profile allows."""
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, chunk_schema_verdict,
-                                   edge_body, edge_verdict, min_tokens_verdict, non_ascii_verdict,
-                                   route_timeout_verdict)
+from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, body_ladder,
+                                   body_size_verdict, chunk_schema_verdict, edge_body, edge_verdict, first_rung,
+                                   ladder_body, min_tokens_verdict, non_ascii_verdict, route_timeout_verdict,
+                                   tokens_per_byte)
 from kvgate.http.probes import build_prompt, canary, send, send_raw
-from kvgate.http.prompts import PromptUnavailable
+from kvgate.http.prompts import PromptError
 
 APIS = ["completions", "chat"]
 CASES = {c.name: c for c in EDGE_CASES}
@@ -32,6 +35,15 @@ def longest_max_tokens(profile):
     return profile.limits.max_tokens_cap or profile.engine.max_model_len - 64
 
 
+def prepared(observation):
+    """This case's observation; a prompt that could not be prepared for it (the endpoint refused
+    its /tokenize counts, or it has none) is raised here, in this case alone: kvgate's plugin makes
+    it the case's FAIL (PreparationRefused) or SKIP (PromptUnavailable)."""
+    if isinstance(observation, PromptError):
+        raise observation
+    return observation
+
+
 @pytest.fixture(scope="module")
 def observed(kvgate_client, kvgate_profile):
     """Every probe of this gate, six at a time (the longest stream first, so it runs alongside the
@@ -39,17 +51,16 @@ def observed(kvgate_client, kvgate_profile):
     prompt leaving CONTEXT_ROOM tokens of context), min_tokens, non-ASCII streamed and not, chunk
     streams (n=1; n=2 sampled, with usage), and the longest allowed stream."""
     client, model, limits = kvgate_client, kvgate_profile.model.served_name, kvgate_profile.limits
-    def long(api):  # only the max_tokens cases bounded by the cap need it: what cannot be built SKIPs them alone
+    long_prompt = {}
+    for api in APIS:
         try:
-            return build_prompt(client, model, api, kvgate_profile.engine.max_model_len - CONTEXT_ROOM).text
-        except PromptUnavailable as exc:
-            return exc
-
-    long_prompt = {api: long(api) for api in APIS}
+            long_prompt[api] = build_prompt(client, model, api, kvgate_profile.engine.max_model_len - CONTEXT_ROOM).text
+        except PromptError as exc:  # the cases that need it get it (prepared); the others still run
+            long_prompt[api] = exc
 
     def edge(case):
         prompt = long_prompt[case.api] if case.long_prompt else PROMPT
-        if isinstance(prompt, PromptUnavailable):
+        if isinstance(prompt, PromptError):
             return prompt
         ex = (send_raw(client, case.api, case.raw.replace("{model}", model)) if case.raw is not None
               else send(client, case.api, edge_body(case, model, prompt)))
@@ -66,7 +77,16 @@ def observed(kvgate_client, kvgate_profile):
                 send(client, api, body(api, model, n=N_CHOICES, temperature=1, seed=0,  # vLLM: n > 1 needs sampling
                                        stream_options={"include_usage": True}, **params), stream=True))
 
-    jobs = {"route-timeout": lambda: send(client, "completions", body(
+    def body_size():  # one rung at a time, smallest first; the first measures tokens per byte
+        limit = kvgate_profile.engine.max_model_len
+        first = first_rung(model, limit)
+        sent = [send_raw(client, "completions", ladder_body(model, first.body_bytes).decode())]
+        per_byte, how = tokens_per_byte(sent[0], model, first.body_bytes)
+        rungs = body_ladder(model, limit, per_byte)
+        sent += [send_raw(client, "completions", ladder_body(model, r.body_bytes, r.text).decode()) for r in rungs[1:]]
+        return rungs, sent, how
+
+    jobs = {"body-size": body_size, "route-timeout": lambda: send(client, "completions", body(
         "completions", model, max_tokens=longest_max_tokens(kvgate_profile), temperature=0, ignore_eos=True),
         stream=True)}
     for api in APIS:
@@ -83,9 +103,7 @@ def observed(kvgate_client, kvgate_profile):
 @pytest.mark.requests
 @pytest.mark.gate("requests", cases=list(CASES))
 def test_edge_request_gets_documented_outcome(case, observed, kvgate_profile, kvgate_gate):
-    if isinstance(observed[case], PromptUnavailable):
-        raise observed[case]  # its exact-length prompt cannot be built here: a SKIP with the reason
-    exchange, after = observed[case]
+    exchange, after = prepared(observed[case])
     limits = kvgate_profile.limits
     assert kvgate_gate(edge_verdict(CASES[case], exchange, after, limits.max_tokens_cap,
                                     kvgate_profile.engine.max_model_len, limits.canary_deadline_s)).passed
@@ -118,3 +136,10 @@ def test_route_timeout_outlasts_longest_stream(case, observed, kvgate_profile, k
     verdict = route_timeout_verdict(observed[case], longest_max_tokens(kvgate_profile),
                                     kvgate_profile.limits.route_timeout_s)
     assert kvgate_gate(verdict).passed
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=["body-size"])
+def test_body_sizes_up_to_max_context_get_documented_answers(case, observed, kvgate_profile, kvgate_gate):
+    rungs, exchanges, how = observed[case]
+    assert kvgate_gate(body_size_verdict(rungs, exchanges, kvgate_profile.engine.max_model_len, how)).passed

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from kvgate.http.client import Endpoint, KvClient, Reply, StreamReply
-from kvgate.gates.requests import (EDGE_CASES, REJECT, chunk_problems, edge_outcome_verdict, min_tokens_verdict,
-                                   non_ascii_verdict, openai_error_shape, route_timeout_verdict)
+from kvgate.gates.requests import (EDGE_CASES, FALLBACK_TOKENS_PER_BYTE, REJECT, body_ladder, body_size_verdict,
+                                   chunk_problems, edge_outcome_verdict, first_rung, ladder_body, min_tokens_verdict,
+                                   non_ascii_verdict, openai_error_shape, prompt_bytes, route_timeout_verdict,
+                                   tokens_per_byte)
 from kvgate.http.probes import Exchange
 from kvgate.verdict import Status
 
@@ -207,3 +210,112 @@ def test_client_sends_chat_template_kwargs_to_tokenize():
         client.tokenize(model="m", prompt="hi")
     assert seen[0]["chat_template_kwargs"] == {"enable_thinking": False}
     assert "chat_template_kwargs" not in seen[1]  # a completions prompt has no template
+
+
+# ---- the body-size ladder (requests/body-size)
+
+M = "kvgate-tiny-llama"
+HTML_413 = "<html><head><title>413 Request Entity Too Large</title></head><body>nginx</body></html>"
+TOO_LONG = {"error": {"message": "This model's maximum context length is 2048 tokens. However, your request has "
+                                 "4100 input tokens.", "type": "BadRequestError", "code": 400}}
+
+
+def ladder_completion(prompt_tokens=10):
+    return json.dumps({"id": "c", "object": "text_completion", "created": 1, "model": M,
+                       "choices": [{"index": 0, "text": " a", "logprobs": None, "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1,
+                                 "total_tokens": prompt_tokens + 1}})
+
+
+def rung_ex(status, text, ctype="application/json"):
+    return Exchange("completions", False, {"raw": "..."}, Reply(status, text, 0.01, {"content-type": ctype}))
+
+
+def ladder(answer, max_model_len=2048, per_byte=0.33):
+    """The rungs and an exchange for each from ``answer(rung)`` -> (status, text[, content-type])."""
+    rungs = body_ladder(M, max_model_len, per_byte)
+    return rungs, [rung_ex(*answer(r)) for r in rungs]
+
+
+def healthy(r):
+    return (200, ladder_completion()) if r.allowed and r.text == "ascii" else (400, json.dumps(TOO_LONG))
+
+
+def test_ladder_bodies_have_their_exact_byte_size_and_text():
+    for size, text in ((1024, "ascii"), (6180, "ascii"), (6180, "multibyte"), (120, "multibyte")):
+        body = ladder_body(M, size, text)
+        assert len(body) == size, (size, text)
+        obj = json.loads(body)
+        assert obj["max_tokens"] == 1 and obj["model"] == M and len(obj["prompt"].encode()) == prompt_bytes(M, size)
+        if text == "multibyte":
+            assert sum(len(c.encode()) > 1 for c in obj["prompt"]) > prompt_bytes(M, size) // 8
+
+
+def test_ladder_rungs_from_a_few_kb_to_max_context_2x_and_multibyte():
+    rungs = body_ladder(M, 2048, 0.33)
+    names = [r.name for r in rungs]
+    assert names == ["1,024 B", "4,096 B", "max-context", "2x max-context", "multibyte"]
+    top = rungs[2]
+    assert top.allowed and 2030 <= top.est_tokens <= 2048 - 1 - 8 and 6000 < top.body_bytes < 6300
+    assert not rungs[3].allowed and rungs[3].est_tokens > 2048 and rungs[4].body_bytes == top.body_bytes
+    assert rungs[4].est_tokens is None  # multibyte: its tokens per byte are another ratio
+    # a 128k-token context stays small: x4 steps to the max-context rung
+    assert 5 <= len(body_ladder(M, 131072, 0.25)) <= 9
+    # a context too short for a 1 KB prompt: the first rung's prompt is max_model_len // 2 bytes at most
+    small = first_rung(M, 256)
+    assert prompt_bytes(M, small.body_bytes) <= 128 and small.body_bytes < 1024
+
+
+def test_tokens_per_byte_from_the_first_rung_usage_else_the_rule_of_thumb():
+    first = first_rung(M, 2048)
+    per, how = tokens_per_byte(rung_ex(200, ladder_completion(prompt_tokens=330)), M, first.body_bytes)
+    assert per == pytest.approx(330 / prompt_bytes(M, 1024)) and "usage.prompt_tokens 330" in how
+    per, how = tokens_per_byte(rung_ex(413, HTML_413, "text/html"), M, first.body_bytes)
+    assert per == FALLBACK_TOKENS_PER_BYTE and "assumed" in how
+
+
+def test_healthy_ladder_passes_with_400_beyond_max_model_len():
+    rungs, exs = ladder(healthy)
+    v = body_size_verdict(rungs, exs, 2048, "0.330 tokens per byte")
+    assert v.status is Status.PASS, v.message
+    assert "(2x max-context) 400" in v.message and "max-context ~2,03" in v.message
+    assert [row["status"] for row in v.evidence["rungs"]] == [200, 200, 200, 400, 400]
+    # a multibyte max-context body the engine completes is fine too; an over-length one completed as well
+    assert body_size_verdict(*ladder(lambda r: (200, ladder_completion())), 2048, "").status is Status.PASS
+
+
+def test_gateway_413_below_max_context_fails_naming_the_cliff():
+    def gateway(r):
+        return (413, HTML_413, "text/html") if r.body_bytes > 4096 else healthy(r)
+
+    rungs, exs = ladder(gateway)
+    v = body_size_verdict(rungs, exs, 2048, "0.330 tokens per byte")
+    assert v.status is Status.FAIL and v.measured == rungs[2].body_bytes and v.unit == "bytes"
+    top = rungs[2]
+    assert v.message.startswith(f'bodies up to 4,096 bytes answered 200; 413 (HTML: "413 Request Entity Too Large") '
+                                f"from {top.body_bytes:,} bytes (max-context) for a body of ~{top.est_tokens:,} tokens, "
+                                "under max_model_len 2,048 -> FAIL (gateway body-size cliff between 4,096 and "
+                                f"{top.body_bytes:,} bytes; 2 of 5 rungs"), v.message
+
+
+@pytest.mark.parametrize("answer,fragment", [
+    (lambda r: (500, json.dumps({"error": {"message": "ext_proc failed", "type": "x"}})) if r.body_bytes > 2000
+     else healthy(r), '500 (JSON error: "ext_proc failed") from 4,096 bytes (4,096 B)'),
+    (lambda r: (502, "<html><h1>502 Bad Gateway</h1></html>", "text/html") if not r.allowed else healthy(r),
+     "a 5xx for an over-length body"),
+    (lambda r: (400, "Bad Request", "text/plain") if r.text == "multibyte" else healthy(r),
+     '400 (text/plain: "Bad Request") from'),
+    (lambda r: (400, json.dumps(TOO_LONG)) if r.name == "max-context" else healthy(r),
+     "400 (JSON error: \"This model's maximum context length"),
+    (lambda r: (0, "ReadTimeout: timed out") if r.body_bytes == 4096 else healthy(r), "no answer (ReadTimeout"),
+    (lambda r: (200, "<html>ok</html>", "text/html") if r.body_bytes == 1024 else healthy(r), "200 with non-JSON body"),
+])
+def test_ladder_fails_on_answers_that_are_not_documented(answer, fragment):
+    v = body_size_verdict(*ladder(answer), 2048, "0.330 tokens per byte")
+    assert v.status is Status.FAIL and fragment in v.message, v.message
+
+
+def test_413_beyond_the_profile_is_a_gateway_limit_the_ladder_accepts():
+    rungs, exs = ladder(lambda r: (413, HTML_413, "text/html") if not r.allowed else healthy(r))
+    v = body_size_verdict(rungs, exs, 2048, "")
+    assert v.status is Status.PASS and "(2x max-context) 413" in v.message

@@ -32,7 +32,7 @@ def run_all(url: str, profile, reports) -> tuple[subprocess.CompletedProcess, di
 
 def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
     limits = load_profile(str(HUNG)).limits
-    cfg = FakeConfig(max_tokens_cap=64, faults={"hang_after_generations"}, hang_after=60)
+    cfg = FakeConfig(max_tokens_cap=64, faults={"hang_after_generations"}, hang_after=65)  # 60 + body-size ladder 5: hangs after features
     with FakeVLLM(cfg) as fake:
         proc, summary, wall = run_all(fake.url, HUNG, tmp_path)
     assert wall < 2 * limits.request_timeout_s + 60, wall

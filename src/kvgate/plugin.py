@@ -211,10 +211,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     """A gate whose exact-length prompt cannot be built here (no /tokenize and no local tokenizer:
-    :class:`kvgate.http.prompts.PromptUnavailable`) is a SKIP with that reason, not a harness error."""
-    from kvgate.http.prompts import PromptUnavailable
+    :class:`kvgate.http.prompts.PromptUnavailable`) is a SKIP with that reason, not a harness error.
+    A gate whose preparation the endpoint's answer broke (:class:`kvgate.http.prompts.PreparationRefused`:
+    a gateway's 413 to a /tokenize count, a 5xx, HTML), here or in a fixture it uses
+    (:class:`_Refused`), FAILs with what came back: a verdict in the call, never a setup error."""
+    from kvgate.http.prompts import PreparationRefused, PromptUnavailable
 
     try:
+        for value in pyfuncitem.funcargs.values():  # a fixture's preparation was refused: this gate's FAIL
+            if isinstance(value, _Refused):
+                value.reraise()
         return (yield)
     except PromptUnavailable as exc:
         run = pyfuncitem.config.stash.get(RUN, None)
@@ -222,6 +228,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         if run is None or marker is None:
             raise
         run.recorder(pyfuncitem)(Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))  # recorded, then skipped
+    except PreparationRefused as exc:
+        from kvgate.gates.common import preparation_verdict
+
+        run = pyfuncitem.config.stash.get(RUN, None)
+        if run is None or pyfuncitem.get_closest_marker("gate") is None:
+            raise
+        gate = test_id(pyfuncitem).removeprefix(f"{run.profile.name}/")
+        run.recorder(pyfuncitem)(preparation_verdict(gate, exc, run.profile.engine.max_model_len))  # raises: FAIL
     except Exception as exc:  # a harness error: one redacted line, never a traceback quoting the server
         _redacted_failure(pyfuncitem, exc)
 
@@ -240,13 +254,46 @@ def pytest_fixture_setup(fixturedef: Any, request: pytest.FixtureRequest) -> Any
     """A kvgate fixture that raises while setting up a gate (the server answered something the
     harness could not use) fails that gate with one redacted line: the exception text may quote
     the server, which may echo the API key, and pytest, JUnit and Allure would write it verbatim."""
+    from kvgate.http.prompts import PreparationRefused
+
     try:
         return (yield)
     except Exception as exc:
         node = getattr(request, "_pyfuncitem", None) or getattr(request, "node", None)  # the gate that asked
         if not isinstance(node, pytest.Item) or node.get_closest_marker("gate") is None:
             raise
+        if isinstance(exc, PreparationRefused):  # each gate using the fixture FAILs with it in its call
+            refused = _Refused(exc)
+            fixturedef.cached_result = (refused, fixturedef.cache_key(request), None)
+            return refused
         _redacted_failure(node, exc)
+
+
+class _Refused:
+    """The value of a fixture whose preparation the endpoint refused
+    (:class:`kvgate.http.prompts.PreparationRefused`), cached for its scope in place of pytest's
+    setup error: each gate test given it FAILs with the refusal in its own call
+    (:func:`pytest_pyfunc_call`), and a fixture built on it raises the refusal again on first use."""
+
+    def __init__(self, exc: Exception) -> None:
+        self._exc = exc
+
+    def reraise(self) -> None:
+        raise self._exc.with_traceback(None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self.reraise()
+
+    def __getitem__(self, key: Any) -> Any:
+        self.reraise()
+
+    def __iter__(self) -> Any:
+        self.reraise()
+
+    def __repr__(self) -> str:
+        return f"<refused: {self._exc}>"
 
 
 def _redacted_failure(item: pytest.Item, exc: Exception) -> None:

@@ -154,6 +154,10 @@ FAULTS: dict[str, str] = {
     "truncated_stream": "the connection drops half way through a stream, mid chunked body (no [DONE])",
     "html_error_page": "every generation is answered 502 with an ingress's HTML error page",
     "empty_502": "every generation is answered 502 with an empty body",
+    # issue 22: a gateway's body-size limit in front of the engine (Envoy AI Gateway's 32 KB buffer,
+    # nginx's client_max_body_size)
+    "body_limit_413": "a gateway in front: every POST whose body exceeds max_body_bytes (default 4096) is "
+    "answered 413 with nginx's HTML page, on every route (/tokenize included); smaller bodies pass",
     "sse_crlf": "SSE lines end with \\r\\n (allowed by the SSE spec)",
     "sse_comments": "': ping' comment lines between events (allowed by the SSE spec)",
     "sse_event_fields": "every event carries an 'event: message' field (allowed by the SSE spec)",
@@ -306,6 +310,7 @@ class FakeConfig:
     pause_s: float = 40.0  # pause_streams: seconds of silence in every stream
     pause_after_chunks: int = 4  # pause_streams: token chunks sent before the pause
     buffer_bytes: int = 16384  # buffer_stream: bytes held before a flush (nginx proxy_buffers 8 x 4k/8k); 0: until the end
+    max_body_bytes: int = 4096  # body_limit_413: the largest POST body (bytes) the "gateway" passes
     # serve features (tools and structured outputs are always served)
     reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
     lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
@@ -921,6 +926,8 @@ async def _first(*aws: Awaitable[Any]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+HTML_413 = (b"<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n<center><h1>413 "
+            b"Request Entity Too Large</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
 HTML_502 = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway"
             b"</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
 
@@ -946,6 +953,43 @@ def _sse(obj: Any) -> str:
 # --------------------------------------------------------------------------------------------
 # The fake server
 # --------------------------------------------------------------------------------------------
+
+
+class _BodyLimit:
+    """ASGI wrapper: the ``body_limit_413`` fault. A POST body longer than ``max_body_bytes`` is
+    answered 413 with :data:`HTML_413` before any route sees it (a gateway in front of every route);
+    a smaller body is replayed to the app unchanged."""
+
+    def __init__(self, app: Any, config: Callable[[], "FakeConfig"]) -> None:
+        self.app, self.config = app, config
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        cfg = self.config()
+        if scope["type"] != "http" or scope.get("method") != "POST" or "body_limit_413" not in cfg.faults:
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                await self.app(scope, receive, send)
+                return
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        if len(body) > cfg.max_body_bytes:
+            await Response(HTML_413, status_code=413, media_type="text/html")(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 class FakeVLLM:
@@ -1114,7 +1158,7 @@ class FakeVLLM:
 
     # ---- app ---------------------------------------------------------------------------------
 
-    def _build_app(self) -> Starlette:
+    def _build_app(self) -> Any:
         routes = [
             Route("/health", self._health, methods=["GET"]),
             Route("/ping", self._ping, methods=["GET", "POST"]),
@@ -1142,7 +1186,11 @@ class FakeVLLM:
             Route("/apply-template", self._apply_template, methods=["POST"]),
             Route("/props", self._props, methods=["GET"]),
         ]
-        return Starlette(routes=routes, middleware=[Middleware(_ServerShape, fake=self)])
+        return _BodyLimit(Starlette(routes=routes, middleware=[Middleware(_ServerShape, fake=self)]), self.config_of)
+
+    def config_of(self) -> FakeConfig:
+        """The config in force now (tests replace ``self.config`` between requests)."""
+        return self.config
 
     def _auth(self, request: Request) -> Response | None:
         key = self.config.api_key

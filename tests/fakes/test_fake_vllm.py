@@ -1387,3 +1387,27 @@ def test_vllm_shape_has_no_other_servers_routes_and_no_tokenize_covers_them():
         assert c.post("/extras/tokenize", json={"input": "a"}).status_code == 404
     with pytest.raises(ValueError, match="unknown server 'tgi'"):
         FakeConfig(server="tgi")
+
+
+def test_fault_body_limit_413_on_every_post_route(client, fake):
+    fake.config.faults.add("body_limit_413")
+    fake.config.max_body_bytes = 4096
+    small = {"model": MODEL, "prompt": "the kv cache " * 10, "max_tokens": 1}
+    assert client.post("/v1/completions", json=small).status_code == 200
+    assert client.post("/tokenize", json={"model": MODEL, "prompt": "kv"}).json()["count"] == 2
+    big_prompt = "kv " * 2100  # 6,300 bytes of prompt: over the limit
+    for path, body in (("/tokenize", {"model": MODEL, "prompt": big_prompt}),
+                       ("/v1/completions", {"model": MODEL, "prompt": big_prompt, "max_tokens": 1}),
+                       ("/v1/chat/completions", {"model": MODEL, "max_tokens": 1,
+                                                 "messages": [{"role": "user", "content": big_prompt}]})):
+        r = client.post(path, json=body)
+        assert r.status_code == 413 and r.headers["content-type"].startswith("text/html"), path
+        assert "<title>413 Request Entity Too Large</title>" in r.text
+    # the limit is on bytes: exactly max_body_bytes passes, one more does not; GETs are untouched
+    pad = lambda n: b'{"model": "fake-model", "prompt": "' + b"x" * (n - 37) + b'"}'  # noqa: E731
+    assert len(pad(4096)) == 4096
+    assert client.post("/tokenize", content=pad(4096)).status_code == 200
+    assert client.post("/tokenize", content=pad(4097)).status_code == 413
+    assert client.get("/v1/models").status_code == 200
+    fake.config.faults.discard("body_limit_413")
+    assert client.post("/tokenize", json={"model": MODEL, "prompt": big_prompt}).status_code == 200

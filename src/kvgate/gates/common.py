@@ -36,6 +36,30 @@ def json_body(reply: Reply) -> dict | None:
 
 
 
+def preparation_verdict(gate: str, refused: Any, max_model_len: int) -> Verdict:
+    """FAIL: the endpoint's answer to a request kvgate sent to prepare ``gate`` (``refused``, a
+    :class:`kvgate.http.prompts.PreparationRefused`: a ``/tokenize`` count for an exact-length
+    prompt) broke that preparation -- a deployment defect a client meets too, never a harness
+    error. The clause in brackets says what it means: a 413 while building a prompt of at most
+    ``max_model_len`` tokens (the profile's ``engine.max_model_len``) refuses a body the profile
+    allows."""
+    st, target = refused.status, refused.target_tokens
+    if st == 413 and target is not None and target <= max_model_len:
+        why = f"the endpoint refuses a body the profile allows: a {num(target)}-token prompt, max_model_len {num(max_model_len)}"
+    elif st == 413:
+        why = "the endpoint refuses the body by its size before the engine can judge the prompt"
+    elif st >= 500:
+        why = "the endpoint failed a request kvgate needs to prepare this gate"
+    elif st == 0:
+        why = "the endpoint did not answer a request kvgate needs to prepare this gate"
+    else:
+        why = "the endpoint's answer cannot be used to prepare this gate"
+    return Verdict(gate, FAIL, f"{refused} -> FAIL ({why})", measured=st, limit=200, unit="HTTP status",
+                   evidence={"route": refused.route, "status": st, "body_bytes": refused.body_bytes,
+                             "answer": refused.answer, "target_tokens": target, "api": refused.api,
+                             "max_model_len": max_model_len})
+
+
 def completion_facts(ex: Exchange) -> tuple[dict | None, StreamSummary | None, str | None]:
     """``(usage, stream_summary, problem)`` of a 200 answer; ``problem`` names garbage."""
     r = ex.reply

@@ -18,6 +18,7 @@ empty bodies, cut streams, non-JSON events) is a FAIL naming what arrived, never
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from kvgate.http.client import StreamReply, clip
 from kvgate.http.probes import Exchange
+from kvgate.http.text import describe_answer
 from kvgate.http.sse import CHUNK, DONE, ERROR, classify
 from kvgate.stats import percentile
 from kvgate.http.stream import summarize
@@ -412,3 +414,174 @@ def route_timeout_verdict(ex: Exchange, max_tokens: int, route_timeout_s: float 
             parts.append(Verdict(f"{gate}/arithmetic", PASS, f"{sums} <= gateway route timeout {route_timeout_s:g} s "
                                  "-> PASS", measured=round(longest, 3), limit=route_timeout_s, unit="s", evidence=ev))
     return combine(gate, parts, headline=f"{gate}/arithmetic")
+
+
+# ---------------------------------------------------------------- the body-size ladder
+
+#: The body-size ladder (``requests/body-size``): completions bodies from a few KB up to the size
+#: of a max-context request, 2x that, and max-context bytes of multibyte text, one request each
+#: (``max_tokens`` 1). Gateways refuse or fail bodies by *bytes*, below anything the engine would
+#: reject: Envoy AI Gateway 413 at 32,769 bytes (ai-gateway#827), the Inference Extension's ext_proc
+#: 500 over ~128 KB (GAIE#854), nginx's ``client_max_body_size`` (1 MiB by default).
+#: The first rung: this many body bytes (at most ``max_model_len // 2`` bytes of prompt, which no
+#: tokenizer can make longer than ``max_model_len``: a token covers at least one byte).
+LADDER_FIRST_BYTES = 1024
+#: Each further rung is this many times the last, below the max-context rung.
+LADDER_STEP = 4
+#: Tokens kept free under ``max_model_len`` by the max-context rung (its count is estimated), besides max_tokens 1.
+LADDER_MARGIN_TOKENS = 8
+#: Tokens per byte of :data:`LADDER_FILLER` assumed when the first rung did not measure it
+#: (~4 bytes of English text per token, the common rule of thumb for BPE vocabularies).
+FALLBACK_TOKENS_PER_BYTE = 0.25
+#: ASCII filler of the ladder's prompts (no character JSON escapes: its bytes in the body are its UTF-8 bytes).
+LADDER_FILLER = "the kv cache block token pool gate load "
+#: Multibyte filler: CJK (3 bytes a character in UTF-8), Hangul, kana and emoji (4 bytes).
+MULTIBYTE_FILLER = "缓存块 キャッシュ 한국어 🙂🚀 "
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One request of the ladder: ``name`` (``1,024 B``, ``max-context``, ``2x max-context``,
+    ``multibyte``), ``body_bytes`` (the whole JSON body, bytes as sent), ``text`` (``ascii`` or
+    ``multibyte`` filler), ``allowed`` (a body of this size is within what the profile allows: a
+    prompt of at most ``max_model_len`` tokens), ``est_tokens`` (the prompt's tokens estimated at
+    the ladder's tokens per byte; None for multibyte text, whose ratio differs)."""
+
+    name: str
+    body_bytes: int
+    text: str
+    allowed: bool
+    est_tokens: int | None
+
+
+def ladder_body(model: str, body_bytes: int, text: str = "ascii") -> bytes:
+    """A completions body (``max_tokens`` 1, greedy) of exactly ``body_bytes`` bytes of UTF-8
+    JSON, its prompt ``text`` filler (``ascii``: :data:`LADDER_FILLER`; ``multibyte``:
+    :data:`MULTIBYTE_FILLER`, topped up with ASCII to the exact size)."""
+    empty = _ladder_json(model, "")
+    room = max(0, body_bytes - len(empty))
+    unit = LADDER_FILLER if text == "ascii" else MULTIBYTE_FILLER
+    prompt = (unit * (room // len(unit.encode()) + 1)).encode()[:room].decode("utf-8", "ignore")
+    prompt += "a" * (room - len(prompt.encode()))
+    return _ladder_json(model, prompt)
+
+
+def _ladder_json(model: str, prompt: str) -> bytes:
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def prompt_bytes(model: str, body_bytes: int) -> int:
+    """Bytes of prompt text in a :func:`ladder_body` of ``body_bytes`` bytes."""
+    return max(0, body_bytes - len(_ladder_json(model, "")))
+
+
+def first_rung(model: str, max_model_len: int) -> Rung:
+    """The ladder's first rung: :data:`LADDER_FIRST_BYTES` bytes, or fewer so its prompt has at
+    most ``max_model_len // 2`` bytes (then at most that many tokens, whatever the tokenizer)."""
+    size = min(LADDER_FIRST_BYTES, len(_ladder_json(model, "")) + max_model_len // 2)
+    return Rung(f"{size:,} B", size, "ascii", True, None)
+
+
+def tokens_per_byte(first: Exchange, model: str, body_bytes: int) -> tuple[float, str]:
+    """Tokens per byte of the ASCII filler on this server, from the first rung's
+    ``usage.prompt_tokens`` (BOS included: a slight overestimate, on the safe side), with how it
+    was found; :data:`FALLBACK_TOKENS_PER_BYTE` when the first rung gave no usage."""
+    usage = (json_body(first.reply) or {}).get("usage") if not isinstance(first.reply, StreamReply) else None
+    pt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    nbytes = prompt_bytes(model, body_bytes)
+    if first.reply.status == 200 and isinstance(pt, int) and pt > 0 and nbytes > 0:
+        return pt / nbytes, f"{pt / nbytes:.3f} tokens per byte, from the {body_bytes:,}-byte rung's usage.prompt_tokens {pt:,}"
+    return FALLBACK_TOKENS_PER_BYTE, (f"{FALLBACK_TOKENS_PER_BYTE} tokens per byte assumed (~4 bytes a token; the "
+                                      f"{body_bytes:,}-byte rung gave no usage)")
+
+
+def body_ladder(model: str, max_model_len: int, per_byte: float) -> list[Rung]:
+    """The rungs, smallest first: :func:`first_rung`, then x :data:`LADDER_STEP` while clearly
+    below the max-context rung; ``max-context`` (a prompt of an estimated ``max_model_len - 1 -``
+    :data:`LADDER_MARGIN_TOKENS` tokens at ``per_byte`` tokens per byte); ``2x max-context`` (twice
+    that prompt: over ``max_model_len``, not allowed); ``multibyte`` (max-context's bytes of
+    :data:`MULTIBYTE_FILLER`). 5-8 rungs for contexts of 2k-128k tokens."""
+    overhead = len(_ladder_json(model, ""))
+    first = first_rung(model, max_model_len)
+    allowed_tokens = max(1, max_model_len - 1 - LADDER_MARGIN_TOKENS)
+    max_prompt = int(allowed_tokens / per_byte)
+    top = overhead + max_prompt
+
+    def est(size: int) -> int:
+        return round(prompt_bytes(model, size) * per_byte)
+
+    rungs = [dataclasses.replace(first, est_tokens=est(first.body_bytes))]
+    size = first.body_bytes * LADDER_STEP
+    while size < 0.8 * top:
+        rungs.append(Rung(f"{size:,} B", size, "ascii", True, est(size)))
+        size *= LADDER_STEP
+    if top > first.body_bytes:
+        rungs.append(Rung("max-context", top, "ascii", True, est(top)))
+    over = overhead + 2 * max_prompt
+    rungs.append(Rung("2x max-context", over, "ascii", False, est(over)))
+    rungs.append(Rung("multibyte", max(top, first.body_bytes), "multibyte", True, None))
+    return rungs
+
+
+def _rung_problem(rung: Rung, ex: Exchange) -> str | None:
+    """None when ``rung``'s answer is documented -- a 200 completion; on the multibyte rung also a
+    4xx with OpenAI's error body (its tokens are not estimated); beyond max_model_len any 4xx -- else
+    what came back, one clause."""
+    r = ex.reply
+    if r.status == 0:
+        return f"no answer ({clip(r.text, 80)})"
+    if r.status == 200:
+        _, _, problem = completion_facts(ex)
+        return f"200 with {problem}" if problem else None
+    said = f"{r.status} ({describe_answer(r.status, r.text, getattr(r, 'headers', {}))})"
+    if r.status >= 500 or not 400 <= r.status < 500:
+        return said
+    if not rung.allowed:
+        return None  # beyond the profile: refused by the engine or a gateway's own body limit
+    if r.status == 413 or openai_error_shape(r.json):
+        return said
+    return None if rung.text == "multibyte" else said
+
+
+def body_size_verdict(rungs: list[Rung], exchanges: list[Exchange], max_model_len: int, how: str) -> Verdict:
+    """Every rung of the ladder gets a documented answer (:func:`_rung_problem`): bodies the profile
+    allows (prompts within ``max_model_len``, tokens estimated as ``how`` says) complete, bodies
+    beyond it are completed or refused 4xx -- never a 413 or a 5xx for a body the profile allows,
+    never a 5xx at all. A FAIL names the byte size where the refusals start and the largest body
+    that still answered 200 (the cliff lies between them)."""
+    gate = "requests/body-size"
+    rows, bad = [], []
+    for rung, ex in zip(rungs, exchanges):
+        problem = _rung_problem(rung, ex)
+        rows.append({"rung": rung.name, "body_bytes": rung.body_bytes, "text": rung.text, "allowed": rung.allowed,
+                     "est_tokens": rung.est_tokens, "status": ex.reply.status, "elapsed_s": round(ex.reply.elapsed_s, 4),
+                     "answer": describe_answer(ex.reply.status, ex.reply.text, getattr(ex.reply, "headers", {})),
+                     "problem": problem})
+        if problem:
+            bad.append((rung, problem))
+    ev = {"rungs": rows, "tokens_estimate": how, "max_model_len": max_model_len}
+
+    def tok(rung: Rung) -> str:
+        return f"~{rung.est_tokens:,} tokens" if rung.est_tokens is not None else "multibyte text"
+
+    ok = [(r, x) for r, x in zip(rungs, exchanges) if x.reply.status == 200 and _rung_problem(r, x) is None]
+    if bad:
+        first, problem = min(bad, key=lambda b: b[0].body_bytes)
+        below = [r for r, _ in ok if r.body_bytes < first.body_bytes]
+        upto = f"bodies up to {max(r.body_bytes for r in below):,} bytes answered 200; " if below else ""
+        kind = "5xx" if problem[:1] == "5" else problem.split(" ", 1)[0]
+        where = (f"under max_model_len {num(max_model_len)}" if first.allowed else f"over max_model_len {num(max_model_len)}")
+        between = (f"between {max(r.body_bytes for r in below):,} and {first.body_bytes:,} bytes" if below
+                   else f"at or below {first.body_bytes:,} bytes")
+        cliff = "gateway body-size cliff" if first.allowed else "a 5xx for an over-length body"
+        return Verdict(gate, FAIL, f"{upto}{problem} from {first.body_bytes:,} bytes ({first.name}) for a body of "
+                       f"{tok(first)}, {where} -> FAIL ({cliff} {between}; {len(bad)} of {len(rungs)} rungs; {how})",
+                       measured=first.body_bytes, limit=max(r.body_bytes for r in rungs if r.allowed),
+                       unit="bytes", evidence={**ev, "kind": kind})
+    parts = [f"{r.name if r.name.endswith(' B') else f'{r.body_bytes:,} B ({r.name})'} {x.reply.status}"
+             for r, x in zip(rungs, exchanges)]
+    return Verdict(gate, PASS, f"completions bodies {', '.join(parts)} -> PASS (max-context ~"
+                   f"{next((r.est_tokens for r in rungs if r.name == 'max-context'), 0):,} tokens of max_model_len "
+                   f"{num(max_model_len)}; {how})", measured=max(r.body_bytes for r in rungs), unit="bytes",
+                   limit=f"{max(r.body_bytes for r in rungs if r.allowed):,} bytes allowed", evidence=ev)

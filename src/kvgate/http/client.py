@@ -41,6 +41,14 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
+def _sent_bytes(request: httpx.Request) -> int | None:
+    """Bytes of ``request``'s body as sent (None for a streamed body httpx has not kept)."""
+    try:
+        return len(request.content)
+    except httpx.RequestNotRead:
+        return None
+
+
 class EndpointUnreachable(Exception):
     """No HTTP answer at all from the endpoint. ``str()`` is one line naming the URL and cause."""
 
@@ -88,6 +96,8 @@ class Reply:
     text: str
     elapsed_s: float
     headers: dict[str, str] = field(default_factory=dict)
+    #: The request body's size in bytes as sent (None: nothing was sent, or unknown).
+    sent_bytes: int | None = None
 
     @property
     def json(self) -> Any:
@@ -219,7 +229,7 @@ class KvClient:
                 hang = watch.suspect(f"{method} {path}", waited)
                 text += f"; {hang.reason()}" if hang else ""
             return Reply(status=0, text=text, elapsed_s=waited)
-        return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers))
+        return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers), _sent_bytes(r.request))
 
     def get(self, path: str, **kw: Any) -> Reply:
         return self.request("GET", path, **kw)

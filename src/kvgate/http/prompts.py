@@ -4,7 +4,9 @@ Token counts depend on the served tokenizer (BPE merges, BOS, chat template), so
 never guessed: :func:`exact_prompt` searches the number of filler words with a ``count`` function
 — normally :func:`server_counter`, which calls vLLM's ``POST /tokenize`` — until the count is
 exactly the target, then returns the text with its verified count. A target that cannot be hit
-(e.g. the chat template alone is longer) raises :class:`PromptError`.
+(e.g. the chat template alone is longer) raises :class:`PromptError`; an endpoint whose
+``/tokenize`` *answers* something unusable (a gateway's 413 page, a 5xx, HTML, non-JSON) raises
+:class:`PreparationRefused`, which the plugin turns into the asking gate's FAIL.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from kvgate.http.client import KvClient
+from kvgate.http.client import KvClient, Reply
+from kvgate.http.text import describe_answer
 
 Api = Literal["completions", "chat"]
 CountFn = Callable[[str], int]
@@ -30,6 +33,44 @@ class PromptError(Exception):
 class PromptUnavailable(PromptError):
     """An exact-length prompt cannot be built here at all (the server has no ``/tokenize`` and no
     local tokenizer is configured for chat): what needs it is not checked (a SKIP with this reason)."""
+
+
+class PreparationRefused(PromptError):
+    """The endpoint answered a request kvgate sent to prepare a gate (a ``/tokenize`` count, a
+    probe) with something it cannot use: a status other than 200 (a gateway's 413, a 5xx) or a 200
+    that is not the expected JSON. Not a harness error: the gate whose preparation it broke FAILs
+    with this (:func:`kvgate.gates.common.preparation_verdict`, wired in :mod:`kvgate.plugin`).
+
+    ``route``: the path asked; ``status``: its HTTP status (0: no answer); ``body_bytes``: the
+    request body's size in bytes as sent (None when unknown); ``answer``: what came back, a few
+    words (:func:`kvgate.http.text.describe_answer`); ``target_tokens`` / ``api``: the prompt being
+    built when it happened (set by :func:`exact_prompt`)."""
+
+    def __init__(self, route: str, status: int, body_bytes: int | None, answer: str, *,
+                 target_tokens: int | None = None, api: str | None = None) -> None:
+        self.route, self.status, self.body_bytes, self.answer = route, status, body_bytes, answer
+        self.target_tokens, self.api = target_tokens, api
+        super().__init__(self.describe())
+
+    @classmethod
+    def of(cls, route: str, reply: Reply) -> "PreparationRefused":
+        """The refusal ``reply`` (an answer to ``route``) is."""
+        return cls(route, reply.status, reply.sent_bytes, describe_answer(reply.status, reply.text, reply.headers))
+
+    def describe(self) -> str:
+        """``/tokenize answered 413 for a 6,144-byte body (HTML: "413 Request Entity Too Large")
+        while building the 2,032-token completions prompt``."""
+        size = f" for a {self.body_bytes:,}-byte body" if self.body_bytes is not None else ""
+        said = "gave no answer" if self.status == 0 else f"answered {self.status}"
+        what = f" while building the {self.target_tokens:,}-token {self.api} prompt" if self.target_tokens else ""
+        return f"{self.route} {said}{size} ({self.answer}){what}"
+
+    def building(self, target_tokens: int, api: str) -> "PreparationRefused":
+        """This refusal, naming the prompt being built (the first caller to know it wins)."""
+        if self.target_tokens is None:
+            self.target_tokens, self.api = target_tokens, api
+            self.args = (self.describe(),)
+        return self
 
 
 #: Token ids of token-id prompts (``/completions`` accepts ``prompt: [ids]``; vLLM adds no BOS to
@@ -96,8 +137,9 @@ def filler(n: int) -> str:
 
 def server_counter(client: KvClient, model: str, api: Api) -> CountFn:
     """A ``count(text)`` that asks ``/tokenize`` (chat: with the chat template and generation
-    prompt, as the server renders ``/v1/chat/completions``). Raises :class:`PromptError` when the
-    server has no usable ``/tokenize``."""
+    prompt, as the server renders ``/v1/chat/completions``). Raises :class:`PreparationRefused`
+    when ``/tokenize`` answers anything but a 200 with an integer ``count`` (the status, the body's
+    size in bytes and what came back, e.g. a gateway's 413 page for a long prompt)."""
 
     def count(text: str) -> int:
         if api == "chat":
@@ -106,7 +148,7 @@ def server_counter(client: KvClient, model: str, api: Api) -> CountFn:
             r = client.tokenize(model=model, prompt=text)
         body = r.json
         if r.status != 200 or not isinstance(body, dict) or not isinstance(body.get("count"), int):
-            raise PromptError(f"/tokenize answered {r.status}: {r.text[:200]!r}; cannot build exact-length prompts")
+            raise PreparationRefused.of("/tokenize", r)
         return body["count"]
 
     return count
@@ -128,7 +170,10 @@ def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_call
         calls += 1
         if calls > max_calls:
             raise PromptError(f"no {target}-token prompt found within {max_calls} /tokenize calls")
-        return count(text)
+        try:
+            return count(text)
+        except PreparationRefused as exc:
+            raise exc.building(target, api) from None
 
     def filler_p(n: int) -> str:
         return prefix + filler(n)

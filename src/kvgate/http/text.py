@@ -1,8 +1,13 @@
 """Text for one-line verdicts: :func:`clip`, the one rule for shortening a server's text (error
 messages, bodies) wherever kvgate quotes it (:mod:`kvgate.http.client`, :mod:`kvgate.http.sse`,
-the gates)."""
+the gates), and :func:`describe_answer`, what an answer was in a few words (a gateway's HTML page
+by its title)."""
 
 from __future__ import annotations
+
+import html
+import json
+import re
 
 
 def clip(text: str, limit: int | None) -> str:
@@ -21,4 +26,31 @@ def clip(text: str, limit: int | None) -> str:
     return cut.rstrip(" ,;:.") + "…"
 
 
-__all__ = ["clip"]
+def describe_answer(status: int, text: str, headers: dict[str, str] | None = None) -> str:
+    """What an answer was, in a few words, for a verdict: ``HTML: "413 Request Entity Too Large"``
+    (the page's ``<title>``, else its first ``<h1>``), ``JSON error: "..."`` (OpenAI's
+    ``error.message`` or a ``detail``), ``JSON: {...}``, ``text/plain: "..."``, ``an empty body``;
+    each quote clipped (:func:`clip`, 80 characters). Status 0 (no answer): the client's text."""
+    if status == 0:
+        return clip(text, 120)
+    ctype = ((headers or {}).get("content-type") or "").split(";")[0].strip().lower()
+    body = text.strip()
+    if not body:
+        return "an empty body"
+    if "html" in ctype or body[:1] == "<":
+        m = re.search(r"<title[^>]*>(.*?)</title>", body, re.I | re.S) or re.search(r"<h1[^>]*>(.*?)</h1>", body, re.I | re.S)
+        inner = html.unescape(re.sub(r"<[^>]+>", " ", m.group(1))) if m else body
+        return f'HTML: "{clip(inner, 80)}"'
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return f'{ctype or "non-JSON"}: "{clip(body, 80)}"'
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else obj.get("detail")
+        if isinstance(msg, str):
+            return f'JSON error: "{clip(msg, 80)}"'
+    return f"JSON: {clip(json.dumps(obj), 80)}"
+
+
+__all__ = ["clip", "describe_answer"]
