@@ -6,8 +6,6 @@ plugin with a fake CustomObjects API, so the verdict lands in summary.json."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import yaml
 
@@ -170,6 +168,13 @@ def test_gpu_requests_must_equal_limits_and_the_count(profile):
     del model(obj)["resources"]["limits"]["nvidia.com/gpu"]
     g = part(verdict(obj, profile), "gpu")
     assert g.status.value == "FAIL" and "limits 0 (unset)" in g.message
+
+
+def test_a_quantity_kubernetes_would_refuse_fails_naming_it(profile):
+    obj = load("spec-serverless.yaml")
+    model(obj)["resources"]["limits"]["memory"] = "lots"
+    m = part(verdict(obj, profile), "memory")
+    assert m.status.value == "FAIL" and "limits.memory: 'lots' is not a Kubernetes quantity" in m.message
 
 
 def test_revision_timeout_shorter_than_the_longest_stream_fails(profile):

@@ -281,7 +281,6 @@ def _args_check(s: ServingSpec, profile: Profile, args: VllmArgs) -> Verdict:
     want = profile_flags(profile, args)
     got = parse_vllm_argv(s.argv or (), args)
     have = dict(got.values)
-    where = f"{s.container}.{'command/args' if s.argv else 'args'}"
     if s.tensor is not None and "tensor_parallel_size" not in have:
         have["tensor_parallel_size"] = ("spec.parallelism.tensor", s.tensor)
     rows: list[dict[str, Any]] = []
@@ -309,6 +308,8 @@ def _args_check(s: ServingSpec, profile: Profile, args: VllmArgs) -> Verdict:
           "kserve_runtime_args": [u for u in got.unknown if u in KSERVE_RUNTIME_ARGS],
           "unknown_args": [u for u in got.unknown if u not in KSERVE_RUNTIME_ARGS],
           "not_judged": {d: _shown(v) for d, (_, v) in have.items() if d not in judged}}
+    if s.container == "spec.predictor.model":
+        ev["note"] = "the ServingRuntime's own args (not read) come before these on the command line"
     bad = [r for r in rows if not r["ok"]]
     if bad:
         words = []
@@ -332,9 +333,12 @@ def _gpu_check(s: ServingSpec, profile: Profile) -> Verdict:
     lim = (s.resources.get("limits") or {}).get("nvidia.com/gpu")
     req = (s.resources.get("requests") or {}).get("nvidia.com/gpu")
     ev = {"requests": req, "limits": lim, "hardware.count": profile.hardware.count, "hardware.gpu": profile.hardware.gpu}
-    n_lim = int(parse_quantity(lim)) if lim is not None else 0
-    n_req = int(parse_quantity(req)) if req is not None else n_lim
     path = f"{s.container}.resources"
+    try:
+        n_lim = int(parse_quantity(lim)) if lim is not None else 0
+        n_req = int(parse_quantity(req)) if req is not None else n_lim
+    except ValueError as exc:
+        return Verdict(gate, FAIL, f"{path} nvidia.com/gpu: {exc} -> FAIL", limit=want, unit="GPUs", evidence=ev)
     if n_lim != want or n_req != n_lim:
         what = [f"limits {n_lim}" + ("" if lim is not None else " (unset)"), f"requests {n_req}"
                 + ("" if req is not None else " (unset: the limit)")]
@@ -379,7 +383,11 @@ def _memory_check(s: ServingSpec, profile: Profile) -> Verdict:
         peak, words, terms = loading_peak(profile, s.tensor)
     except (KvMathError, ValueError) as exc:
         return Verdict(gate, SKIP, f"loading peak not estimated: {exc}", evidence={"resources": s.resources})
-    limit = parse_quantity(raw)
+    try:
+        limit = parse_quantity(raw)
+    except ValueError as exc:
+        return Verdict(gate, FAIL, f"{s.container}.resources.limits.memory: {exc} -> FAIL", limit=peak, unit="bytes",
+                       evidence={"limit": raw, **terms})
     ev = {"limit": raw, "limit_bytes": limit, **terms}
     if limit < peak:
         return Verdict(gate, FAIL, f"memory limit {fmt_bytes(limit)} ({raw}) < estimated loading peak "
@@ -509,7 +517,10 @@ def spec_verdict(obj: dict[str, Any] | None, profile: Profile, health: Sequence[
     from kvgate.authoring.lint import declared_version
 
     args = args or load_snapshot(declared_version(profile)[0])
-    s = serving_spec(obj)
+    try:
+        s = serving_spec(obj)
+    except ValueError as exc:  # a duration or number the API would not have accepted either
+        return Verdict(SPEC, FAIL, f"the KServe object cannot be read as a deployment: {exc} -> FAIL")
     parts = [_args_check(s, profile, args), _gpu_check(s, profile), _memory_check(s, profile),
              _probes_check(s, profile, health, health_where), _timeout_check(s, profile), _grace_check(s, profile)]
     v = combine(SPEC, parts)
