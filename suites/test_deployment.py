@@ -1,15 +1,24 @@
-"""Gate: the live deployment matches its profile (model, max_model_len, cache config, version)."""
+"""Gate: the live deployment matches its profile (model, max_model_len, cache config, version) and,
+with --isvc, so does the KServe object that runs it (container args, GPUs, memory limit, probe
+timeouts, route timeout, grace period)."""
 
 import pytest
 
-from kvgate.gates.deployment import cache_config_verdict, max_model_len_verdict, served_model_verdict
+from kvgate.gates.deployment import NO_ISVC, SPEC, cache_config_verdict, max_model_len_verdict, served_model_verdict, \
+    spec_verdict
+from kvgate.http.health_sampler import HealthSampler
 from kvgate.http.probes import observe_deployment
+from kvgate.run.health_watch import health_log, probe_limit
+from kvgate.run.session import ISVC_OBJECT
+from kvgate.verdict import Status, Verdict
 
 CHECKS = {
     "served-model": served_model_verdict,    # /v1/models lists the profile's served name
     "max-model-len": max_model_len_verdict,  # /v1/models and /tokenize advertise the profile's length
     "cache-config": cache_config_verdict,    # vllm:cache_config_info matches the stated cache settings
 }
+#: /health probes deployment/spec sends itself, one at a time (each waits at most 1.5 x the probe timeout).
+SPEC_HEALTH_PROBES = 5
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +30,22 @@ def observation(kvgate_client, kvgate_profile):
 @pytest.mark.gate("deployment", cases=list(CHECKS))
 def test_deployment_matches_profile(case, observation, kvgate_profile, kvgate_gate):
     assert kvgate_gate(CHECKS[case](observation, kvgate_profile)).passed
+
+
+def no_isvc(config, profile, case):
+    """The SKIP verdict without --isvc (the gate's ``not_applicable``)."""
+    return Verdict(SPEC, Status.SKIP, NO_ISVC) if config.stash.get(ISVC_OBJECT, None) is None else None
+
+
+@pytest.mark.deployment
+@pytest.mark.gate("deployment", cases=["spec"], not_applicable=no_isvc)
+def test_inference_service_matches_profile(case, pytestconfig, kvgate_client, kvgate_endpoint, kvgate_profile,
+                                           kvgate_gate):
+    obj = pytestconfig.stash.get(ISVC_OBJECT, None)
+    samples, where = [], "no --isvc"
+    if obj is not None:  # the /health latency the probes must outlast: under load if sampled already, and now
+        samples = [s for s in health_log(pytestconfig).samples if s.route == "/health"]
+        where = f"{len(samples)} under load and {SPEC_HEALTH_PROBES} idle in this run"
+        sampler = HealthSampler(kvgate_endpoint, probe_limit(pytestconfig)[0], SPEC, client=kvgate_client)
+        samples += [sampler.probe("/health") for _ in range(SPEC_HEALTH_PROBES)]
+    assert kvgate_gate(spec_verdict(obj, kvgate_profile, samples, where)).passed

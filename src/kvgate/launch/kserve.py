@@ -26,6 +26,7 @@ verification off). Recorded objects for each shape: ``tests/data/kserve/``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -261,3 +262,161 @@ def read(name: str, namespace: str, api: CustomObjects) -> tuple[dict[str, Any],
                 s.setdefault("kind", kind)
         return obj, siblings
     raise KServeError(f"no InferenceService or LLMInferenceService {namespace}/{name} ({'; '.join(errors)})")
+
+
+# ---------------------------------------------------------------------------- the serving spec
+#: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none (core/v1 PodSpec: "Defaults to 30 seconds").
+K8S_GRACE_S = 30.0
+#: Knative Serving's revision ``timeoutSeconds`` when ``spec.predictor.timeout`` is unset
+#: (config-defaults ``revision-timeout-seconds: 300``; KServe's ksvc_reconciler.go leaves it to Knative).
+KNATIVE_REVISION_TIMEOUT_S = 300.0
+#: KServe's HTTPRoute request timeout for a RawDeployment predictor when ``spec.predictor.timeout``
+#: is unset (pkg/controller/v1beta1/inferenceservice/reconcilers/ingress/httproute_reconciler.go:
+#: ``DefaultTimeout = toGatewayAPIDuration(60)``; none when the ingress config disables it).
+RAW_ROUTE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """What the gated KServe object runs, read field by field (:func:`serving_spec`, pure).
+
+    ``kind``/``shape`` (``serverless``, ``raw``, ``llmisvc``); ``container``: the serving
+    container's path in the object (``spec.predictor.model``); ``argv``: its ``command`` + ``args``
+    as written (None when it sets neither); ``tensor``: an LLMInferenceService's
+    ``spec.parallelism.tensor`` (rendered as ``--tensor-parallel-size``); ``resources``: the
+    container's ``resources`` (``requests``/``limits`` as Kubernetes quantities); ``probes``:
+    ``{"livenessProbe": timeoutSeconds or None (unset), ...}`` for the probes it declares;
+    ``grace_s``/``grace_where``: ``terminationGracePeriodSeconds`` (s) and where it was read or
+    which default applies; ``prestop_s``/``prestop_where``: the preStop hook's sleep (s; 0 when
+    none); ``timeout_s``/``timeout_where``: the request timeout KServe sets on the route (s;
+    None = no timeout or none readable, the words say which)."""
+
+    kind: str
+    shape: str
+    name: str
+    container: str
+    argv: tuple[str, ...] | None
+    tensor: int | None
+    resources: dict[str, Any]
+    probes: dict[str, float | None]
+    grace_s: float
+    grace_where: str
+    prestop_s: float
+    prestop_where: str
+    timeout_s: float | None
+    timeout_where: str
+
+
+def _serving_container(obj: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(path, container, pod spec)`` of the object's serving container."""
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "LLMInferenceService":
+        pod = spec.get("template") or {}
+        cs = pod.get("containers") or []
+        c = next((c for c in cs if c.get("name") == "main"), cs[0] if cs else {})
+        return f"spec.template.containers[{c.get('name', 0)}]", c, pod
+    pred = spec.get("predictor") or {}
+    if pred.get("model"):
+        return "spec.predictor.model", pred["model"], pred
+    cs = pred.get("containers") or []
+    c = next((c for c in cs if c.get("name") == "kserve-container"), cs[0] if cs else {})
+    return f"spec.predictor.containers[{c.get('name', 0)}]", c, pred
+
+
+def _prestop_sleep(container: dict[str, Any], path: str) -> tuple[float, str]:
+    """The preStop hook's sleep in seconds: ``lifecycle.preStop.sleep.seconds`` (Kubernetes 1.29+)
+    or an exec ``sleep N`` (``[/bin/sleep, "15"]``, ``[sh, -c, "sleep 15 && ..."]``); 0 without one."""
+    hook = ((container.get("lifecycle") or {}).get("preStop")) or {}
+    if not hook:
+        return 0.0, f"{path} has no preStop hook"
+    if isinstance(hook.get("sleep"), dict) and hook["sleep"].get("seconds") is not None:
+        s = float(hook["sleep"]["seconds"])
+        return s, f"{path}.lifecycle.preStop.sleep.seconds {s:g}"
+    words = " ".join(str(w) for w in ((hook.get("exec") or {}).get("command") or [])).split()
+    for i, w in enumerate(words[:-1]):
+        if w.rsplit("/", 1)[-1] == "sleep":
+            try:
+                s = float(words[i + 1].rstrip(";&"))
+            except ValueError:
+                break
+            return s, f"{path}.lifecycle.preStop.exec sleep {s:g}"
+    return 0.0, f"{path}.lifecycle.preStop is not a sleep (counted as 0 s)"
+
+
+def _route_timeout(obj: dict[str, Any], shape: str) -> tuple[float | None, str]:
+    spec = obj.get("spec") or {}
+    if shape == "llmisvc":
+        route = ((spec.get("router") or {}).get("route") or {})
+        http = route.get("http") or {}
+        rules = ((http.get("spec") or {}).get("rules")) or []
+        found = [r.get("timeouts", {}).get("request") for r in rules if (r.get("timeouts") or {}).get("request")]
+        if found:
+            secs = [parse_duration_s(t) for t in found]
+            worst = min(secs)
+            return (None if worst == 0 else worst), (f"spec.router.route.http.spec.rules[].timeouts.request "
+                                                     f"{found[secs.index(worst)]}" + (" (0s: none)" if worst == 0 else ""))
+        if http.get("refs"):
+            return None, "spec.router.route.http.refs: the HTTPRoute is the user's own (not read)"
+        return None, ("no route timeout: KServe's managed HTTPRoute sets timeouts.request 0s "
+                      "(config/llmisvcconfig/config-llm-router-route.yaml)")
+    pred = spec.get("predictor") or {}
+    if pred.get("timeout") is not None:
+        return float(pred["timeout"]), f"spec.predictor.timeout {float(pred['timeout']):g} s"
+    if shape == "raw":
+        return RAW_ROUTE_TIMEOUT_S, (f"spec.predictor.timeout unset: KServe's HTTPRoute default "
+                                     f"{RAW_ROUTE_TIMEOUT_S:g} s (RawDeployment through the Gateway API)")
+    return KNATIVE_REVISION_TIMEOUT_S, (f"spec.predictor.timeout unset: Knative's revision timeoutSeconds default "
+                                        f"{KNATIVE_REVISION_TIMEOUT_S:g} s")
+
+
+def parse_duration_s(text: str) -> float:
+    """Seconds of a Gateway API duration (``300s``, ``5m``, ``1h30m``, ``500ms``, ``0s``).
+    Raises ``ValueError`` naming the value."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", str(text))
+    if not parts or "".join(n + u for n, u in parts) != str(text).strip():
+        raise ValueError(f"{text!r} is not a duration (e.g. 300s, 5m)")
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def serving_spec(obj: dict[str, Any]) -> ServingSpec:
+    """:class:`ServingSpec` of ``obj`` (an InferenceService or LLMInferenceService as the API
+    returns it). Unset fields get the defaults Kubernetes / Knative / KServe apply, named in the
+    ``*_where`` words. Pure."""
+    kind = obj.get("kind", "InferenceService")
+    meta = obj.get("metadata") or {}
+    mode = str((meta.get("annotations") or {}).get(DEPLOYMENT_MODE, "")).lower()
+    shape = "llmisvc" if kind == "LLMInferenceService" else (
+        "raw" if mode in ("rawdeployment", "standard") else "serverless")
+    path, c, pod = _serving_container(obj)
+    argv = None
+    if c.get("command") is not None or c.get("args") is not None:
+        argv = tuple(str(a) for a in (c.get("command") or []) + (c.get("args") or []))
+    tensor = (((obj.get("spec") or {}).get("parallelism") or {}).get("tensor")) if shape == "llmisvc" else None
+    probes = {k: (None if (c.get(k) or {}).get("timeoutSeconds") is None else float(c[k]["timeoutSeconds"]))
+              for k in ("livenessProbe", "readinessProbe") if isinstance(c.get(k), dict)}
+    pod_path = "spec.template" if shape == "llmisvc" else "spec.predictor"
+    if pod.get("terminationGracePeriodSeconds") is not None:
+        grace = float(pod["terminationGracePeriodSeconds"])
+        grace_where = f"{pod_path}.terminationGracePeriodSeconds {grace:g}"
+    else:
+        grace, grace_where = K8S_GRACE_S, (f"{pod_path}.terminationGracePeriodSeconds unset: Kubernetes' default "
+                                           f"{K8S_GRACE_S:g} s")
+    prestop, prestop_where = _prestop_sleep(c, path)
+    timeout, timeout_where = _route_timeout(obj, shape)
+    return ServingSpec(kind, shape, f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}", path, argv,
+                       int(tensor) if tensor else None, dict(c.get("resources") or {}), probes, grace, grace_where,
+                       prestop, prestop_where, timeout, timeout_where)
+
+
+_QUANTITY = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50,
+             "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "m": 1e-3, "": 1}
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes resource quantity as a number (``32Gi`` -> 34359738368.0 bytes, ``500m`` ->
+    0.5, ``"1"`` -> 1.0, ``1e9``). Raises ``ValueError`` naming the value."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][-+]?\d+)?)\s*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P|m|)\s*", str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 32Gi, 500Mi, 1)")
+    return float(m.group(1)) * _QUANTITY[m.group(2)]

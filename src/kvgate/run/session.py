@@ -60,6 +60,8 @@ RUN_ERROR = pytest.StashKey[tuple[str, "Path | None"]]()
 CONFIGURED = pytest.StashKey[bool]()
 #: ``--isvc``: the probe timeout its pods' kubelet enforces (:func:`kvgate.launch.kserve.probe_timeout`), or None.
 ISVC_PROBE_TIMEOUT = pytest.StashKey[Any]()
+#: ``--isvc``: the KServe object gated (the InferenceService, or the LLMInferenceService member), for deployment/spec.
+ISVC_OBJECT = pytest.StashKey[Any]()
 
 #: Path-valued options of plugins loaded after pytest fixes its rootdir: given as ``--opt PATH``
 #: (with a space) pytest reads PATH as a test path when it picks the rootdir. ``ALWAYS_PATH``
@@ -900,6 +902,7 @@ def _kserve_endpoint(config: pytest.Config, profile: Profile, api_key_env: str |
         endpoint = dataclasses.replace(endpoint, host_header=target.host_header)
     gated = next((s for s in siblings if (s.get("metadata") or {}).get("name") == target.revision), obj)
     probe = config.stash[ISVC_PROBE_TIMEOUT] = kserve.probe_timeout(gated)  # the health/under-load gate's limit
+    config.stash[ISVC_OBJECT] = gated  # deployment/spec compares it with the profile
     notes = [f"probe timeout {probe.seconds:g} s ({probe.where})"] if probe else []
     return endpoint, [f"KServe {target.shape} {ns}/{name}: gating {target.revision}"] + target.notes + notes
 
