@@ -383,8 +383,9 @@ def under_load_verdict(step: MetricsStep) -> Verdict:
     if bad_ones:
         b = bad_ones[0]
         what = (f"answered {b.status}" if b.status not in (0, 200) else "got no answer" if b.status == 0 else
-                f"answered 200 {b.content_type or 'without a Content-Type'}" if b.families is not None or b.error is None
-                else f"answered a body that is not Prometheus text ({b.error})")
+                f"answered 200 {b.content_type or 'without a Content-Type'}"
+                if not b.content_type.startswith(CONTENT_TYPES) else
+                f"answered a body that is not Prometheus text ({b.error})")
         return Verdict(GATE, FAIL, f"GET /metrics while {_step_words(step)} ran: {len(bad_ones)} of {len(loaded)} "
                        f"scrapes failed, the first at {b.sent_s:.2f} s {what}, while inference worked ({ok_n} of "
                        f"{step.requests} streams completed 200) -> FAIL (Prometheus marks the target down: every "

@@ -363,7 +363,8 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
     context) and held open while ``/metrics`` is scraped every ``interval_s`` seconds from a thread
     with its own connection. Bounded: the run by ``deadline_s`` (each request by
     ``limits.request_timeout_s``), the scrapes by count (``deadline_s / interval_s``) and the
-    catch-up after it by ~1 s."""
+    catch-up after it by ~1 s. The stream idle timeout is not applied: streams beyond max_num_seqs
+    are meant to wait (the streaming gate judges idle gaps)."""
     import threading
     import time
 
@@ -407,8 +408,7 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
         thread.start()
         try:
             result = open_loop(endpoint, specs, offsets_s=[0.0] * n, deadline_s=deadline_s, clock=clock,
-                               request_timeout_s=profile.limits.request_timeout_s,
-                               idle_timeout_s=profile.limits.stream_idle_timeout_s)
+                               request_timeout_s=profile.limits.request_timeout_s)
         finally:
             stop.set()
             thread.join(timeout=30)
