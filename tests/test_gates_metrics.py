@@ -165,6 +165,16 @@ def test_no_scrape_in_the_window_is_invalid_and_failed_scrapes_fail():
         "500; see metrics/under-load)" in v.message
 
 
+def test_a_stream_that_failed_fails_every_check_quoting_it():
+    st = step()
+    st.result.records[1].status, st.result.records[1].error = 0, "refused: the engine stalls streams"
+    prof = load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml"))
+    for case in ("contract", "running-truth", "histograms", "under-load"):
+        v = metrics_verdict(case, st, prof)
+        assert v.status is Status.FAIL and "1 of 3 streams did not complete (refused: the engine stalls streams)" \
+            in v.message and v.measured == 2, v.message
+
+
 # ---- histograms ----------------------------------------------------------------------------------
 def test_bucket_bounds_allow_one_bucket_either_side_plus_the_client_path():
     cum = [(0.001, 0), (0.005, 0), (0.01, 0), (0.02, 0), (0.04, 2), (0.06, 3)]

@@ -24,7 +24,8 @@ Four checks (``CASES``) judge one load step (:class:`~kvgate.load.scenarios.Metr
   hold the client's own p50 and p90 (tolerance: :func:`bucket_bounds`).
 - ``under-load``: every scrape during the step answered 200 ``text/plain``.
 
-No I/O here.
+A held stream that did not complete 200 FAILs all four, quoting its failure: the step they judge
+did not happen. No ``/metrics`` at all (404) SKIPs all four. No I/O here.
 """
 
 from __future__ import annotations
@@ -87,6 +88,22 @@ def _usable(step: MetricsStep) -> Verdict | None:
     return None
 
 
+def _streams_failed(step: MetricsStep) -> Verdict | None:
+    """FAIL when a held stream did not complete 200 (or was never sent): the step the four checks
+    judge did not happen as planned; the message quotes the first failure (a refusal names why)."""
+    assert step.result is not None
+    recs, n = step.result.records, step.requests
+    failed = [r for r in recs if not r.ok]
+    if not failed and len(recs) >= n:
+        return None
+    r = failed[0] if failed else None
+    text = (r.error or r.body[:120].strip() or "empty body") if r else ""
+    why = (f"HTTP {r.status}: {text}" if r.status else text) if r else "not sent before the deadline"
+    return Verdict(GATE, FAIL, f"{_step_words(step)}: {len(failed) + n - len(recs)} of {n} streams did not "
+                   f"complete ({why}) -> FAIL (the load step the metrics are judged on did not happen)",
+                   measured=n - len(failed) - (n - len(recs)), limit=n, unit="requests")
+
+
 def _near(name: str, names: list[str]) -> str | None:
     """The present name a renamed metric most likely became: a known alias first, else the closest."""
     for group in ALIASES.values():
@@ -119,7 +136,7 @@ def contract_verdict(step: MetricsStep, wanted: list[ConsumedMetric], server_ver
     scrape before and some scrape during or after the step. A queue gauge (``waiting`` in its name)
     need not move when the step queued nothing (it must read 0: ``running-truth``; its rise is the
     autoscale-signal gate's). ``measured``: consumed series that hold, ``limit``: how many are consumed."""
-    if (bad := _usable(step)) is not None:
+    if (bad := _usable(step) or _streams_failed(step)) is not None:
         return bad
     version = f" (server {server_version})" if server_version else ""
     if not wanted:
@@ -210,24 +227,16 @@ def hold_window(step: MetricsStep) -> tuple[float, float] | None:
     return (start, end) if end > start else None
 
 
-def running_truth_verdict(step: MetricsStep, wanted: list[ConsumedMetric] = ()) -> Verdict:
+def running_truth_verdict(step: MetricsStep, wanted: tuple[ConsumedMetric, ...] | list[ConsumedMetric] = ()) -> Verdict:
     """FAIL when, in a scrape taken wholly inside :func:`hold_window`, ``vllm:num_requests_running``
     summed over its series is not the streams that run or ``vllm:num_requests_waiting`` not those
     queued (:func:`expected_load`; their sum against the streams held when max_num_seqs is not
     declared), when a held stream failed, or when the running/waiting/KV-usage gauges or a consumed
     gauge come as per-process duplicates (:func:`duplicate_series`). INVALID when no scrape fell
     inside the window (raise ``metrics.max_tokens``). ``measured``: the running sum most scrapes read."""
-    if (bad := _usable(step)) is not None:
+    if (bad := _usable(step) or _streams_failed(step)) is not None:
         return bad
-    assert step.result is not None
     recs, n = step.result.records, step.requests
-    failed = [r for r in recs if not r.ok]
-    if failed or len(recs) < n:
-        r = failed[0] if failed else None
-        why = f"{r.status} {r.error or r.body[:120]!r}" if r else "not sent before the deadline"
-        return Verdict(GATE, FAIL, f"{_step_words(step)}: {len(failed) + n - len(recs)} of {n} streams did not "
-                       f"complete ({why}) -> FAIL (nothing to hold the gauges against)", measured=n - len(failed),
-                       limit=n, unit="requests")
     running, queued = expected_load(step)
     window = hold_window(step)
     inside = [s for s in step.during if window and s.sent_s >= window[0] and s.done_s <= window[1]]
@@ -313,9 +322,8 @@ def histograms_verdict(step: MetricsStep) -> Verdict:
     its count did not rise by exactly the requests sent, or a client percentile (:data:`PERCENTILES`,
     nearest rank) lies outside :func:`bucket_bounds` of the server's bucket holding the same rank.
     ``measured``: the TTFT count increase, ``limit``: the requests sent."""
-    if (bad := _usable(step)) is not None:
+    if (bad := _usable(step) or _streams_failed(step)) is not None:
         return bad
-    assert step.result is not None
     recs = [r for r in step.result.records if r.ok and r.sent_s is not None]
     n = len(step.result.records)
     before, after = step.before.families or {}, step.after.families
@@ -366,9 +374,8 @@ def under_load_verdict(step: MetricsStep) -> Verdict:
     """FAIL when a scrape taken while the streams ran answered other than 200 with a ``text/plain``
     (or OpenMetrics) body that parses; INVALID when fewer than 2 scrapes fell in that time.
     ``measured``: scrapes that answered well, ``limit``: scrapes taken under load."""
-    if (bad := _usable(step)) is not None:
+    if (bad := _usable(step) or _streams_failed(step)) is not None:
         return bad
-    assert step.result is not None
     ends = [r.end_s for r in step.result.records if r.end_s is not None]
     last = max(ends, default=0.0)
     loaded = [s for s in step.during if s.sent_s <= last]

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
-from kvgate.http.metrics import MetricsSampler, MetricsTrace
+from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.profile.models import Profile, Workload
 
@@ -336,9 +336,9 @@ class MetricsStep:
     records share one time base: seconds since the load run's start. ``result`` is None when the
     endpoint serves no ``/metrics`` (``before.status`` 404: nothing was sent)."""
 
-    before: Any
-    during: list[Any]
-    after: Any
+    before: MetricsScrape
+    during: list[MetricsScrape]
+    after: MetricsScrape
     result: LoadResult | None
     requests: int
     max_num_seqs: int | None
@@ -368,8 +368,6 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
     import threading
     import time
 
-    from kvgate.http.metrics import histogram_buckets, take_scrape
-
     spec = profile.metrics
     pause = sleep or time.sleep
     _, wl = short_workload(profile)
@@ -394,7 +392,7 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
         if before.status == 404:
             return MetricsStep(before, [], before, None, n, profile.engine.max_num_seqs, prompt, out, interval_s)
         specs = _specs(client, endpoint, model, prompt, out, n, "metrics")
-        during: list[Any] = []
+        during: list[MetricsScrape] = []
         stop = threading.Event()
 
         def scrape_loop() -> None:
