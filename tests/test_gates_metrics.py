@@ -175,6 +175,13 @@ def test_a_stream_that_failed_fails_every_check_quoting_it():
             in v.message and v.measured == 2, v.message
 
 
+def test_a_busy_server_before_the_step_is_invalid_for_the_counts():
+    busy = step(before=scrape(0.0, expo(running=1)))
+    for verdict in (running_truth_verdict(busy), histograms_verdict(busy)):
+        assert verdict.status is Status.INVALID
+        assert "the server was not idle before the step (vllm:num_requests_running 1)" in verdict.message
+
+
 # ---- histograms ----------------------------------------------------------------------------------
 def test_bucket_bounds_allow_one_bucket_either_side_plus_the_client_path():
     cum = [(0.001, 0), (0.005, 0), (0.01, 0), (0.02, 0), (0.04, 2), (0.06, 3)]

@@ -104,6 +104,19 @@ def _streams_failed(step: MetricsStep) -> Verdict | None:
                    measured=n - len(failed) - (n - len(recs)), limit=n, unit="requests")
 
 
+def _not_idle(step: MetricsStep) -> Verdict | None:
+    """INVALID when the scrape before the step shows requests running or waiting: other traffic
+    would be counted with the held streams (in the gauges and the histograms alike)."""
+    fams = step.before.families
+    busy = {n: t for n in (RUNNING, WAITING) if (t := _total(fams, n))}
+    if not busy:
+        return None
+    words = ", ".join(f"{n} {v:g}" for n, v in busy.items())
+    return Verdict(GATE, INVALID, f"the server was not idle before the step ({words}): other traffic would be counted "
+                   f"with the {step.requests} held streams -> INVALID (gate an endpoint that takes no other traffic)",
+                   evidence={"before": busy})
+
+
 def _near(name: str, names: list[str]) -> str | None:
     """The present name a renamed metric most likely became: a known alias first, else the closest."""
     for group in ALIASES.values():
@@ -231,10 +244,10 @@ def running_truth_verdict(step: MetricsStep, wanted: tuple[ConsumedMetric, ...] 
     """FAIL when, in a scrape taken wholly inside :func:`hold_window`, ``vllm:num_requests_running``
     summed over its series is not the streams that run or ``vllm:num_requests_waiting`` not those
     queued (:func:`expected_load`; their sum against the streams held when max_num_seqs is not
-    declared), when a held stream failed, or when the running/waiting/KV-usage gauges or a consumed
+    declared; INVALID when the server was busy before the step), when a held stream failed, or when the running/waiting/KV-usage gauges or a consumed
     gauge come as per-process duplicates (:func:`duplicate_series`). INVALID when no scrape fell
     inside the window (raise ``metrics.max_tokens``). ``measured``: the running sum most scrapes read."""
-    if (bad := _usable(step) or _streams_failed(step)) is not None:
+    if (bad := _usable(step) or _streams_failed(step) or _not_idle(step)) is not None:
         return bad
     recs, n = step.result.records, step.requests
     running, queued = expected_load(step)
@@ -320,9 +333,10 @@ def histograms_verdict(step: MetricsStep) -> Verdict:
     """For ``vllm:time_to_first_token_seconds`` (client: first content token - send) and
     ``vllm:e2e_request_latency_seconds`` (client: end - send): FAIL when the histogram is absent,
     its count did not rise by exactly the requests sent, or a client percentile (:data:`PERCENTILES`,
-    nearest rank) lies outside :func:`bucket_bounds` of the server's bucket holding the same rank.
+    nearest rank) lies outside :func:`bucket_bounds` of the server's bucket holding the same rank
+    (INVALID when the server was busy before the step: other requests would be counted).
     ``measured``: the TTFT count increase, ``limit``: the requests sent."""
-    if (bad := _usable(step) or _streams_failed(step)) is not None:
+    if (bad := _usable(step) or _streams_failed(step) or _not_idle(step)) is not None:
         return bad
     recs = [r for r in step.result.records if r.ok and r.sent_s is not None]
     n = len(step.result.records)
