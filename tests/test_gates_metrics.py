@@ -247,7 +247,7 @@ metrics:
   consumed:
     - {{name: vllm:kv_cache_usage_perc, labels: [model_name]}}
   held_requests: 3
-  max_tokens: 40
+  max_tokens: 64                  # at itl 12 ms: ~0.77 s per stream, ~6 scrapes while 2 run and 1 waits
 """
 
 
@@ -265,9 +265,9 @@ def profile(tmp_path):
                                      "match present: vllm:gpu_cache_usage_perc"),
     ("ttft_histogram_lies", "histograms", "vllm:time_to_first_token_seconds puts the p50 request in (0, 0.001] s"),
     ("metrics_500_under_load", "under-load", "scrapes failed, the first at"),
-])
+], ids=["healthy", "duplicate_pid_series", "renamed_kv_usage", "ttft_histogram_lies", "metrics_500_under_load"])
 def test_suite_against_the_fake(pytester, profile, fault, failing, fragment):
-    cfg = FakeConfig(max_tokens_cap=64, itl_s=0.01, ttft_s=0.03, max_num_seqs=2, faults={fault} if fault else set())
+    cfg = FakeConfig(max_tokens_cap=64, itl_s=0.012, ttft_s=0.03, max_num_seqs=2, faults={fault} if fault else set())
     with FakeVLLM(cfg) as fake:
         _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=profile)
     ids = [f"fake-metrics/metrics/{c}" for c in ("contract", "running-truth", "histograms", "under-load")]
