@@ -184,7 +184,7 @@ def contract_verdict(step: MetricsStep, wanted: list[ConsumedMetric], server_ver
             deprecated.append(c.name)
             notes.append(f"note: {c.name}'s HELP says deprecated ({fam.help.strip()[:100]!r}) -- move its consumer")
         if not moved:
-            if "waiting" in c.name and queued == 0:
+            if "waiting" in c.name and not queued:  # 0, or unknown (max_num_seqs not declared)
                 notes.append(f"{c.name} stayed {v0:g}: the step queued nothing")
                 continue
             problems.append(f"{c.name} did not move under the load step: {v0:g} in all {len(seen) + 1} scrapes")
