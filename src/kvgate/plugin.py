@@ -41,6 +41,7 @@ MARKERS = (
     "load: gates that put the server under concurrent load",
     "priority: the priority gate (high-priority short requests overtake low-priority long ones)",
     "autoscale_signal: the autoscale-signal gate (the queue metric an autoscaler reads, under a burst)",
+    "metrics: the metrics gate (consumed series present and moving, running/waiting and TTFT/e2e histograms true, /metrics under load)",
     "health: the health-under-load gate (/health and /v1/models latency under load vs the probe timeout)",
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
@@ -190,7 +191,7 @@ def _pools_only(run: Run, items: list[pytest.Item]) -> None:
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "disconnect", "concurrency",
-              "latency", "priority", "autoscale-signal", "health", "pools", "soak", "drain")
+              "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "soak", "drain")
 
 
 def _gate_rank(item: pytest.Item) -> int:

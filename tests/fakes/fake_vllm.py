@@ -191,6 +191,15 @@ FAULTS: dict[str, str] = {
     "fill, and the rest when the response ends (buffer_bytes 0: everything at the end)",
     "pause_streams": "every stream pauses pause_s seconds (default 40) after pause_after_chunks token chunks "
     "(default 4), then goes on; non-streamed requests are not delayed",
+    # issue 22: metrics consumers read (the metrics gate)
+    "duplicate_pid_series": "vllm:num_requests_running, vllm:num_requests_waiting and vllm:kv_cache_usage_perc come "
+    "as 8 series each, differing only by a pid label: 7 read 0.0, one the real value (several API-server "
+    "processes exporting a registry each, vllm PR#28792)",
+    "renamed_kv_usage": "KV usage is exposed under the pre-0.20 name vllm:gpu_cache_usage_perc, not "
+    "vllm:kv_cache_usage_perc",
+    "ttft_histogram_lies": "every vllm:time_to_first_token_seconds observation is 0.0005 s (the lowest bucket), "
+    "whatever the request took (vllm#6337)",
+    "metrics_500_under_load": "GET /metrics answers 500 while any generation is in flight (vllm#49983); idle, 200",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime); with server "
@@ -749,6 +758,20 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def _per_pid(text: str, prefixes: tuple[str, ...], processes: int = 8) -> str:
+    """Each sample line starting with one of ``prefixes`` becomes ``processes`` lines with a
+    ``pid`` label added; the first keeps the value, the others read 0.0 (duplicate_pid_series)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(prefixes):
+            head, value = line.rsplit(" ", 1)
+            name, rest = head.split("{", 1)
+            out += [f'{name}{{pid="{1000 + i}",{rest} {value if i == 0 else "0.0"}' for i in range(processes)]
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
 class _Metrics:
@@ -1359,6 +1382,8 @@ class FakeVLLM:
         if "no_metrics" in self.config.faults:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
         cfg, st, m = self.config, self.state, self.metrics
+        if "metrics_500_under_load" in cfg.faults and st.running + st.waiting > 0:
+            return Response(b"Internal Server Error", status_code=500, media_type="text/plain")
         model = cfg.served_name
         m.touch(model)
         m.running.labels(model, "0").set(st.running)
@@ -1379,7 +1404,13 @@ class FakeVLLM:
         m.cache_info.clear()
         m.cache_info.labels(**info).set(1)
         m.rss.set(cfg.base_rss_bytes + st.leaked_bytes)
-        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(m.registry).decode()
+        if "duplicate_pid_series" in cfg.faults:
+            text = _per_pid(text, ("vllm:num_requests_running{", "vllm:num_requests_waiting{",
+                                   "vllm:kv_cache_usage_perc{"))
+        if "renamed_kv_usage" in cfg.faults:
+            text = text.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        return Response(text.encode(), media_type=CONTENT_TYPE_LATEST)
 
     # control endpoints (for a fake in another process)
 
@@ -1806,7 +1837,8 @@ class FakeVLLM:
                 now = time.monotonic()
                 if tok.index == 0:
                     rec.t_first_token = now
-                    m.ttft.labels(model, "0").observe(now - rec.t_received)
+                    m.ttft.labels(model, "0").observe(
+                        0.0005 if "ttft_histogram_lies" in plan.faults else now - rec.t_received)
                 elif t_last is not None:
                     m.itl.labels(model, "0").observe(now - t_last)
                 t_last = now

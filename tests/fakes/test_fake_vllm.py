@@ -765,6 +765,39 @@ def test_fault_no_metrics_no_tokenize(client, fake):
     assert client.post("/v1/completions", json=cmpl(5, max_tokens=1)).status_code == 200
 
 
+def test_fault_metrics_consumers_read(client, fake):
+    """duplicate_pid_series: 8 pid series, one real; renamed_kv_usage: the old name only;
+    ttft_histogram_lies: every TTFT in the lowest bucket; metrics_500_under_load: 500 only while busy."""
+    fake.config.itl_s = 0.02
+    fake.config.faults |= {"duplicate_pid_series", "renamed_kv_usage", "ttft_histogram_lies", "metrics_500_under_load"}
+    fake.config.ttft_s = 0.03
+    assert client.get("/metrics").status_code == 200  # idle
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=100, ignore_eos=True, stream=True)) as r:
+        lines = r.iter_lines()  # held: a dropped generator closes the stream
+        next(lines)
+        busy = client.get("/metrics")
+        assert busy.status_code == 500 and busy.text == "Internal Server Error"
+        fake.config.faults.discard("metrics_500_under_load")
+        m = metrics(client)
+    running = m["vllm:num_requests_running"]
+    assert len(running) == 8 and {s.labels["pid"] for s in running} == {str(1000 + i) for i in range(8)}
+    assert sorted(s.value for s in running) == [0.0] * 7 + [1.0]
+    assert len(m["vllm:num_requests_waiting"]) == 8 and len(m["vllm:gpu_cache_usage_perc"]) == 8
+    assert "vllm:kv_cache_usage_perc" not in m
+    assert wait_for(lambda: metrics(client)["vllm:time_to_first_token_seconds_count"][0].value == 1)
+    buckets = {s.labels["le"]: s.value for s in metrics(client)["vllm:time_to_first_token_seconds_bucket"]}
+    assert buckets["0.001"] == 1  # the request took >= 30 ms
+
+
+def test_healthy_ttft_histogram_counts_what_the_request_took(client, fake):
+    fake.config.ttft_s = 0.03
+    assert client.post("/v1/completions", json=cmpl(5, max_tokens=2)).status_code == 200
+    m = metrics(client)
+    buckets = {s.labels["le"]: s.value for s in m["vllm:time_to_first_token_seconds_bucket"]}
+    assert buckets["0.02"] == 0 and buckets["0.1"] == 1 and m["vllm:e2e_request_latency_seconds_count"][0].value == 1
+    assert len(m["vllm:num_requests_running"]) == 1 and "vllm:kv_cache_usage_perc" in m
+
+
 def test_every_fault_has_a_test():
     src = Path(__file__).read_text()
     missing = [f for f in FAULTS if f'"{f}"' not in src]

@@ -217,3 +217,112 @@ class MetricsSampler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# ------------------------------------------------------------------ the metrics gate's scrapes
+@dataclass
+class Family:
+    """One metric family of a scrape (``prometheus_client``'s parser): ``name`` is the family name
+    (a counter's without ``_total``, a histogram's without ``_bucket``/``_count``/``_sum``),
+    ``type`` (gauge, counter, histogram, summary, untyped, ...), ``help`` its HELP text, ``samples``
+    ``(sample name, labels, value)``."""
+
+    name: str
+    type: str
+    help: str
+    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+
+def parse_families(text: str) -> dict[str, Family]:
+    """Family name -> :class:`Family`. Raises :class:`MetricsError` on malformed input."""
+    out: dict[str, Family] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            f = out.setdefault(fam.name, Family(fam.name, fam.type, fam.documentation or ""))
+            f.samples += [(s.name, dict(s.labels), float(s.value)) for s in fam.samples]
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsError(f"/metrics is not Prometheus text format: {exc}") from None
+    return out
+
+
+def series_of(families: dict[str, Family], name: str) -> tuple[Family | None, list[tuple[dict[str, str], float]]]:
+    """The family a consumer's ``name`` points at and the samples it reads: a sample name
+    (``vllm:num_preemptions_total``, ``vllm:e2e_request_latency_seconds_count``) gives those samples; a
+    family name gives its own-named samples, a histogram's (or a counter's) its ``_count``
+    (``_total``) samples. ``(None, [])`` when nothing has that name."""
+    fam = families.get(name)
+    if fam is not None:
+        own = [(lb, v) for n, lb, v in fam.samples if n == name]
+        for suffix in ("_count", "_total"):
+            own = own or [(lb, v) for n, lb, v in fam.samples if n == name + suffix]
+        return fam, own
+    for fam in families.values():
+        hit = [(lb, v) for n, lb, v in fam.samples if n == name]
+        if hit:
+            return fam, hit
+    return None, []
+
+
+def all_names(families: dict[str, Family]) -> list[str]:
+    """Every family and sample name of a scrape (for 'did you mean')."""
+    names = set(families)
+    for fam in families.values():
+        names.update(n for n, _, _ in fam.samples)
+    return sorted(names)
+
+
+def histogram_buckets(families: dict[str, Family], name: str) -> tuple[list[tuple[float, float]], float]:
+    """A histogram's cumulative buckets summed over its series: ``([(le, count), ...] by le, total
+    count)``; ``([], 0.0)`` when absent. ``le`` in the histogram's unit (seconds for vLLM's)."""
+    fam = families.get(name)
+    if fam is None:
+        return [], 0.0
+    by_le: dict[float, float] = {}
+    count = 0.0
+    for n, lb, v in fam.samples:
+        if n == name + "_bucket" and "le" in lb:
+            le = float(lb["le"])
+            by_le[le] = by_le.get(le, 0.0) + v
+        elif n == name + "_count":
+            count += v
+    return sorted(by_le.items()), count
+
+
+@dataclass
+class MetricsScrape:
+    """One ``GET /metrics``: ``sent_s``/``done_s`` seconds on the load step's time base (the load
+    run's start), ``status`` (0: no answer), ``content_type``, ``text`` (the body; None unless 200),
+    ``error`` (no answer, or the body did not parse)."""
+
+    sent_s: float
+    done_s: float
+    status: int
+    content_type: str = ""
+    text: str | None = None
+    error: str | None = None
+    _families: dict[str, Family] | None = field(default=None, repr=False)
+
+    @property
+    def families(self) -> dict[str, Family] | None:
+        """The parsed body (None when not 200 or not Prometheus text); parsed once."""
+        if self._families is None and self.text is not None and self.error is None:
+            try:
+                self._families = parse_families(self.text)
+            except MetricsError as exc:
+                self.error = str(exc)
+        return self._families
+
+    def to_dict(self) -> dict:
+        return {"sent_s": round(self.sent_s, 3), "done_s": round(self.done_s, 3), "status": self.status,
+                "content_type": self.content_type, "error": self.error}
+
+
+def take_scrape(get: Callable[[], tuple[int, str, str]], now: Callable[[], float]) -> MetricsScrape:
+    """One scrape with ``get() -> (status, content_type, body)`` (raising when no answer comes),
+    timed with ``now()`` (seconds on the step's time base)."""
+    t0 = now()
+    try:
+        status, ctype, text = get()
+    except Exception as exc:  # no answer is evidence, not a crash
+        return MetricsScrape(t0, now(), 0, error=f"{type(exc).__name__}: {exc}"[:200])
+    return MetricsScrape(t0, now(), status, ctype, text if status == 200 else None)

