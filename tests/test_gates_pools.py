@@ -273,7 +273,7 @@ def test_pools_suite_through_a_healthy_router_passes_and_runs_only_the_pools_gat
     assert sorted(gates) == ["fake-pools/pools/isolation", "fake-pools/pools/routing"], gates
     assert summary["overall"] == "PASS", [g["message"] for g in gates.values()]
     assert "pools profile: the pools gates only" in result.stdout.str()
-    result.assert_outcomes(passed=2, deselected=3)
+    result.assert_outcomes(passed=2, deselected=4)
 
 
 def test_pools_suite_through_an_inverted_router_fails_routing(pytester, pools):
