@@ -3,7 +3,7 @@ at the profile's concurrency; short requests keep their TTFT while long prefills
 
 import pytest
 
-from kvgate.gates.load import concurrent_long_verdict, interference_verdict, latency_verdict
+from kvgate.gates.load import concurrent_long_verdict, interference_verdict, latency_verdict, workloads_missing
 from kvgate.report.plots import interference_png
 from kvgate.report.record import latency_png, records_csv
 from kvgate.load.scenarios import run_concurrent_long, run_interference, run_latency
@@ -14,23 +14,38 @@ def evidence(obs):
             f"{obs.name} latency.png": latency_png(obs.result.records, obs.name)}
 
 
+def no_workload(config, profile, case):
+    """The SKIP verdict when the profile declares no workload of the kind the gate loads with (the
+    gate's ``not_applicable``)."""
+    return workloads_missing(profile, case)
+
+
 @pytest.mark.load
-@pytest.mark.gate("concurrency", cases=["long-sequences"])
+@pytest.mark.gate("concurrency", cases=["long-sequences"], not_applicable=no_workload)
 def test_concurrent_long_sequences(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+    if (missing := no_workload(None, kvgate_profile, case)) is not None:  # nothing to load it with
+        assert kvgate_gate(missing).passed
+        return
     obs = run_concurrent_long(kvgate_client, kvgate_endpoint, kvgate_profile)
     assert kvgate_gate(concurrent_long_verdict(obs, kvgate_profile), attachments=evidence(obs)).passed
 
 
 @pytest.mark.load
-@pytest.mark.gate("latency", cases=["slo"])
+@pytest.mark.gate("latency", cases=["slo"], not_applicable=no_workload)
 def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+    if (missing := no_workload(None, kvgate_profile, case)) is not None:  # nothing to load it with
+        assert kvgate_gate(missing).passed
+        return
     obs = run_latency(kvgate_client, kvgate_endpoint, kvgate_profile)
     assert kvgate_gate(latency_verdict(obs, kvgate_profile), attachments=evidence(obs)).passed
 
 
 @pytest.mark.load
-@pytest.mark.gate("latency", cases=["interference"])
+@pytest.mark.gate("latency", cases=["interference"], not_applicable=no_workload)
 def test_short_requests_under_long_prefills(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+    if (missing := no_workload(None, kvgate_profile, case)) is not None:  # nothing to load it with
+        assert kvgate_gate(missing).passed
+        return
     alone, mixed = run_interference(kvgate_client, kvgate_endpoint, kvgate_profile)
     verdict = interference_verdict(alone, mixed, kvgate_profile)
     picture = interference_png(alone.result.records, mixed.result.records, kvgate_profile.slo.short_ttft_p95_ms,

@@ -4,7 +4,7 @@ judged against the allowance, missing /metrics noted rather than crashing."""
 from __future__ import annotations
 
 from kvgate.load import LoadResult, RequestRecord
-from kvgate.gates.load import concurrent_long_verdict, latency_verdict
+from kvgate.gates.load import concurrent_long_verdict, latency_verdict, workloads_missing
 from kvgate.http.metrics import MetricsTrace
 from kvgate.profile.models import load_profile
 from kvgate.load.scenarios import LoadObservation
@@ -107,3 +107,19 @@ def test_interference_fails_head_of_line_blocking_even_within_the_slo():
     good = interference_verdict(alone, mixed(lambda t: t + 0.5), loose)
     assert good.status is Status.PASS, good.message
     assert "no head-of-line blocking (0 of 8 short requests" in good.message
+
+
+def test_a_profile_without_a_long_or_short_workload_skips_the_gates_that_load_with_it():
+    """A profile that declares only short workloads: the long-sequence and interference gates SKIP
+    naming what is missing (they used to end in a harness ERROR, ScenarioError); the SLO gate runs."""
+    shorts = {n: w for n, w in PROFILE.workloads.items() if not w.long}
+    only_short = PROFILE.model_copy(update={"workloads": shorts})
+    assert workloads_missing(PROFILE, "long-sequences") is None and workloads_missing(only_short, "slo") is None
+    for case, gate in (("long-sequences", "concurrency/long-sequences"), ("interference", "latency/interference")):
+        v = workloads_missing(only_short, case)
+        assert v is not None and v.gate == gate and v.status is Status.SKIP
+        assert "declares no long workload (workloads.*.long: true)" in v.message and v.message.endswith("-> SKIP")
+    only_long = PROFILE.model_copy(update={"workloads": {n: w for n, w in PROFILE.workloads.items() if w.long},
+                                           "slo": PROFILE.slo.model_copy(update={"workload": None})})
+    v = workloads_missing(only_long, "slo")
+    assert v is not None and "declares no short workload" in v.message

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvgate.profile.models import Profile
-from kvgate.load.scenarios import LoadObservation
+from kvgate.load.scenarios import LoadObservation, ScenarioError, long_workload, short_workload
 from kvgate.stats import summarize
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
@@ -238,3 +238,26 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
     return Verdict(gate, PASS, f"{what}; short-request SLO {limit:,.0f} ms{hol_s} -> PASS", measured=measured, limit=limit,
                    unit="ms",
                    evidence=ev)
+
+
+#: load gate case -> (its gate id, the workloads it loads the server with: ``kvgate.load.scenarios``)
+NEEDS = {"long-sequences": ("concurrency/long-sequences", ("long",)), "slo": ("latency/slo", ("short",)),
+         "interference": ("latency/interference", ("long", "short"))}
+
+
+def workloads_missing(profile: Profile, case: str) -> Verdict | None:
+    """The SKIP verdict for load gate case ``case`` (``interference``) when the profile lacks a
+    workload it needs -- a long one (``workloads.*.long: true``) or a short one (``slo.workload``,
+    else the first without ``long``) -- else None. A profile that declares only one kind gates what
+    it declares; the other gates say what they would need instead of a harness error."""
+    gate, kinds = NEEDS[case]
+    missing = []
+    for kind in kinds:
+        try:
+            (long_workload if kind == "long" else short_workload)(profile)
+        except ScenarioError as exc:
+            missing.append(str(exc))
+    if not missing:
+        return None
+    return Verdict(gate, Status.SKIP, f"{'; '.join(missing)}: nothing to load the server with -> SKIP")
+
