@@ -235,6 +235,12 @@ def test_no_metrics_skips_every_check_and_a_500_before_fails_them():
         v = metrics_verdict(case, none, prof)
         assert v.status is Status.SKIP and v.gate == f"metrics/{case}"
         assert "the endpoint serves no /metrics (GET /metrics answered 404)" in v.message
+    # llama.cpp's llama-server without --metrics answers 501 not_supported_error: no /metrics, as a 404
+    for absent in (405, 501):
+        gone = MetricsStep(scrape(0.0, None, status=absent), [], scrape(0.0, None, status=absent), None, 3, 8, 16, 64,
+                           0.1)
+        v = metrics_verdict("contract", gone, prof)
+        assert v.status is Status.SKIP and f"(GET /metrics answered {absent})" in v.message, v.message
     broken = step(before=scrape(0.0, None, status=500))
     assert "GET /metrics answered 500 before any load -> FAIL" in metrics_verdict("contract", broken, prof).message
 
@@ -287,3 +293,13 @@ def test_suite_skips_without_metrics(pytester, profile):
     with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={"no_metrics"})) as fake:
         _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=profile)
     assert [g["status"] for g in gates.values()] == ["SKIP"] * 4
+
+
+def test_suite_skips_on_llama_cpp_without_metrics_flag(pytester, profile):
+    # llama.cpp's llama-server without --metrics answers GET /metrics 501 not_supported_error: no
+    # /metrics, as the deployment and disconnect gates already read it -- SKIP, not "FAIL (every
+    # consumer of it reads nothing)"
+    with FakeVLLM(FakeConfig(server="llama.cpp", max_tokens_cap=64)) as fake:
+        _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=profile)
+    assert [g["status"] for g in gates.values()] == ["SKIP"] * 4, [g["message"] for g in gates.values()]
+    assert all("(GET /metrics answered 501)" in g["message"] for g in gates.values())

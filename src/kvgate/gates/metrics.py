@@ -25,7 +25,8 @@ Four checks (``CASES``) judge one load step (:class:`~kvgate.load.scenarios.Metr
 - ``under-load``: every scrape during the step answered 200 ``text/plain``.
 
 A held stream that did not complete 200 FAILs all four, quoting its failure: the step they judge
-did not happen. No ``/metrics`` at all (404) SKIPs all four. No I/O here.
+did not happen. No ``/metrics`` at all (404, 405 or 501: llama.cpp's llama-server without
+``--metrics`` answers 501 ``not_supported_error``) SKIPs all four. No I/O here.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.metrics import ALIASES, Family, MetricsScrape, all_names, histogram_buckets, series_of
+from kvgate.http.tokenizers import ABSENT
 from kvgate.load.scenarios import E2E_HISTOGRAM, TTFT_HISTOGRAM, MetricsStep
 from kvgate.profile.models import ConsumedMetric, Profile
 from kvgate.verdict import Status, Verdict
@@ -74,12 +76,13 @@ def _total(fams: dict[str, Family] | None, name: str) -> float | None:
 
 
 def _usable(step: MetricsStep) -> Verdict | None:
-    """SKIP for an endpoint without /metrics (404: nothing was sent); FAIL when the scrape before
-    the step did not answer Prometheus text; None when the step can be judged."""
+    """SKIP for an endpoint without /metrics (404, 405 or 501, as :data:`kvgate.http.tokenizers.ABSENT`:
+    nothing was sent); FAIL when the scrape before the step did not answer Prometheus text; None when
+    the step can be judged."""
     b = step.before
-    if b.status == 404:
-        return Verdict(GATE, SKIP, "the endpoint serves no /metrics (GET /metrics answered 404): nothing a consumer "
-                       "could read -> SKIP")
+    if b.status in ABSENT:
+        return Verdict(GATE, SKIP, f"the endpoint serves no /metrics (GET /metrics answered {b.status}): nothing a "
+                       "consumer could read -> SKIP")
     if b.status != 200 or b.families is None:
         what = f"answered {b.status}" if b.status else "got no answer"
         why = f" ({b.error})" if b.error else ""
