@@ -42,10 +42,15 @@ def test_queue_that_rises_and_drains_passes_with_its_timing():
 def test_frozen_gauge_fails_and_says_the_autoscaler_never_sees_the_burst():
     v = autoscale_verdict(burst([0] * 10), SPEC)
     assert v.status is Status.FAIL
-    assert "vllm:num_requests_waiting peaked at 0, never above the threshold 4; requests waited" in v.message
+    assert "vllm:num_requests_waiting peaked at 0, never above the threshold 4; requests waited (the burst of 24 " \
+        "exceeds max_num_seqs 8)" in v.message
     assert "the autoscaler never sees the burst -> FAIL" in v.message
     small = autoscale_verdict(burst([0] * 10, n=8), SPEC)
     assert "the burst (8) is not above max_num_seqs (8): nothing had to wait" in small.message
+    # max_num_seqs not declared: nothing is known to have waited -- the message must not say requests did
+    unknown = autoscale_verdict(burst([0] * 10, seqs=None), SPEC)
+    assert "requests waited" not in unknown.message and "max_num_seqs is not declared, so whether any of the 24 " \
+        "had to wait is not known" in unknown.message, unknown.message
 
 
 def test_late_rise_and_stuck_gauge_fail_with_the_numbers():

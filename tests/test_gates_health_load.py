@@ -154,3 +154,25 @@ def test_slow_health_while_busy_fails(pytester, suites, during):
     assert worst and int(worst.group(1).replace(",", "")) >= 1500 and f"during {during})" in g["message"], g["message"]
     if len(suites) == 2:
         assert gates["fake-vllm/priority/short-over-long"]["status"] == "PASS"  # only the health gate sees it
+
+
+def test_a_route_the_server_does_not_have_is_named_not_judged():
+    # llama-cpp-python serves no /health: every probe 404, idle or not -- nothing about the kubelet's
+    # probes (which use a route the server has) can be read from it; /v1/models is still judged
+    xs = [s if s.route != "/health" else ProbeSample(s.route, s.t_s, s.latency_s, 404, s.during)
+          for s in samples([2.0] * 20)]
+    v = under_load_verdict(xs, 1.0, "src", "x")
+    assert v.status is Status.PASS, v.message
+    assert v.message.startswith("/v1/models p50 2.0 ms") and "/health not judged: all 20 probes answered 404 " \
+        "(the server has no such route)" in v.message and "worst /v1/models 2.0 ms" in v.message
+    assert v.evidence["absent_routes"] == ["/health"] and "/health" not in v.evidence["routes"]
+    # too few /v1/models samples: more load is needed (the 404s are not a failure already measured)
+    assert needs_more(xs[:6], 1.0)
+    slow = [s if s.route != "/v1/models" else ProbeSample(s.route, s.t_s, 1.5, 200, s.during) for s in xs]
+    assert under_load_verdict(slow, 1.0, "src", "x").status is Status.FAIL
+    # a /health that answers 200 idle and 404 under load is no absent route: it FAILs
+    mixed = samples([2.0] * 20, status=404)
+    assert under_load_verdict(mixed, 1.0, "src", "x").status is Status.FAIL
+    gone = [ProbeSample(s.route, s.t_s, s.latency_s, 501, s.during) for s in xs]
+    v = under_load_verdict(gone, 1.0, "src", "x")
+    assert v.status is Status.SKIP and v.message.endswith("(the server has no such route) -> SKIP"), v.message

@@ -49,8 +49,8 @@ def expo(running=0.0, waiting=0.0, kv=0.0, ttft=(), e2e=(), kv_name="vllm:kv_cac
     return generate_latest(r).decode()
 
 
-def scrape(t, text, status=200, ctype=CT):
-    return MetricsScrape(t, t + 0.02, status, ctype, text if status == 200 else None)
+def scrape(t, text, status=200, ctype=CT, took=0.02):
+    return MetricsScrape(t, t + took, status, ctype, text if status == 200 else None)
 
 
 def step(during=None, after=None, before=None, n=3, seqs=8, ttfts=TTFTS, e2es=E2ES, statuses=None):
@@ -200,11 +200,32 @@ def test_histograms_pass_when_the_client_lands_in_the_servers_buckets():
 
 
 def test_a_ttft_histogram_in_its_lowest_bucket_fails_against_the_clients_20_to_100_ms():
-    lies = step(ttfts=[0.02, 0.05, 0.1], after=scrape(1.3, expo(ttft=[0.0005] * 3, e2e=E2ES)))
+    fast = dict(before=scrape(0.0, expo(), took=0.002),
+                during=[scrape(0.1 * k, expo(running=3, kv=0.05), took=0.002) for k in range(1, 8)])
+    lies = step(ttfts=[0.02, 0.05, 0.1], after=scrape(1.3, expo(ttft=[0.0005] * 3, e2e=E2ES), took=0.002), **fast)
     v = histograms_verdict(lies)
     assert v.status is Status.FAIL
     assert ("vllm:time_to_first_token_seconds puts the p50 request in (0, 0.001] s, but the client measured TTFT p50 "
-            "50 ms (allowed 0 ms to 15 ms: one bucket either side, + 10 ms client path)") in v.message
+            "50 ms (allowed 0 ms to 19 ms: one bucket either side, + 10 ms client path + 2 x 2 ms round trip (the "
+            "fastest /metrics scrape))") in v.message
+
+
+def test_the_network_round_trip_is_allowed_above_the_servers_buckets():
+    # a healthy server behind a gateway / WAN with a 40 ms round trip: the client's TTFT carries a
+    # connect and a request round trip the server's histogram does not (measured on the fake behind
+    # a 40 ms proxy: client p50 100 ms for a server bucket (0.04, 0.06] s) -- not a lying histogram
+    slow = dict(before=scrape(0.0, expo(), took=0.0),  # the scrape before the step is not timed
+                during=[scrape(0.1 * k, expo(running=3, kv=0.05), took=0.045 + 0.01 * k) for k in range(1, 8)])
+    ttfts = [t + 0.045 for t in TTFTS]
+    v = histograms_verdict(step(ttfts=ttfts, after=scrape(1.3, expo(ttft=TTFTS, e2e=E2ES), took=0.041), **slow))
+    assert v.status is Status.PASS, v.message
+    assert v.evidence["path_allowance_s"] == {"client_path_s": CLIENT_PATH_S, "round_trip_s": 0.041,
+                                              "round_trips": 2, "total_s": 0.092}
+    # the same client times against a loopback path (2 ms scrapes) are outside the buckets
+    fast = dict(before=scrape(0.0, expo(), took=0.002),
+                during=[scrape(0.1 * k, expo(running=3, kv=0.05), took=0.002) for k in range(1, 8)])
+    v = histograms_verdict(step(ttfts=ttfts, after=scrape(1.3, expo(ttft=TTFTS, e2e=E2ES), took=0.002), **fast))
+    assert v.status is Status.FAIL and "+ 2 x 2 ms round trip" in v.message, v.message
 
 
 def test_a_count_that_is_not_the_requests_sent_fails():
@@ -212,7 +233,7 @@ def test_a_count_that_is_not_the_requests_sent_fails():
     assert v.status is Status.FAIL and "vllm:time_to_first_token_seconds's count rose by 2 for the 3 requests sent" \
         in v.message and v.measured == 2
     fast = histograms_verdict(step(e2es=[5.0, 6.0, 7.0], after=scrape(8, expo(ttft=TTFTS, e2e=E2ES))))
-    assert fast.status is Status.FAIL and "e2e latency p50 6,000 ms (allowed 800 ms to 2,010 ms" in fast.message  # client slower than the buckets
+    assert fast.status is Status.FAIL and "e2e latency p50 6,000 ms (allowed 800 ms to 2,050 ms" in fast.message  # client slower than the buckets
 
 
 # ---- under load ----------------------------------------------------------------------------------
@@ -235,6 +256,12 @@ def test_no_metrics_skips_every_check_and_a_500_before_fails_them():
         v = metrics_verdict(case, none, prof)
         assert v.status is Status.SKIP and v.gate == f"metrics/{case}"
         assert "the endpoint serves no /metrics (GET /metrics answered 404)" in v.message
+    # llama.cpp's llama-server without --metrics answers 501 not_supported_error: no /metrics, as a 404
+    for absent in (405, 501):
+        gone = MetricsStep(scrape(0.0, None, status=absent), [], scrape(0.0, None, status=absent), None, 3, 8, 16, 64,
+                           0.1)
+        v = metrics_verdict("contract", gone, prof)
+        assert v.status is Status.SKIP and f"(GET /metrics answered {absent})" in v.message, v.message
     broken = step(before=scrape(0.0, None, status=500))
     assert "GET /metrics answered 500 before any load -> FAIL" in metrics_verdict("contract", broken, prof).message
 
@@ -287,3 +314,13 @@ def test_suite_skips_without_metrics(pytester, profile):
     with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={"no_metrics"})) as fake:
         _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=profile)
     assert [g["status"] for g in gates.values()] == ["SKIP"] * 4
+
+
+def test_suite_skips_on_llama_cpp_without_metrics_flag(pytester, profile):
+    # llama.cpp's llama-server without --metrics answers GET /metrics 501 not_supported_error: no
+    # /metrics, as the deployment and disconnect gates already read it -- SKIP, not "FAIL (every
+    # consumer of it reads nothing)"
+    with FakeVLLM(FakeConfig(server="llama.cpp", max_tokens_cap=64)) as fake:
+        _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=profile)
+    assert [g["status"] for g in gates.values()] == ["SKIP"] * 4, [g["message"] for g in gates.values()]
+    assert all("(GET /metrics answered 501)" in g["message"] for g in gates.values())

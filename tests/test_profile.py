@@ -118,6 +118,20 @@ def test_misspelt_key_gets_did_you_mean(write_profile):
     assert "field 'limts': Extra inputs are not permitted" in msg and "did you mean 'limits'?" in msg
 
 
+def test_misspelt_key_in_a_list_item_gets_did_you_mean_and_a_string_for_a_list_says_list(write_profile):
+    # metrics.consumed is a tuple of items: the suggestion reaches inside it; YAML has lists, not tuples
+    p = write_profile("items", MINIMAL + "metrics:\n  consumed:\n    - {name: 'vllm:x', labelz: [a]}\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(p))
+    assert "field 'metrics.consumed.0.labelz': Extra inputs are not permitted; got ['a']; did you mean 'labels'?" \
+        in str(e.value), str(e.value)
+    p = write_profile("scalar", MINIMAL + "metrics:\n  consumed: 'vllm:num_requests_waiting'\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(p))
+    assert "field 'metrics.consumed': Input should be a list; got 'vllm:num_requests_waiting'" in str(e.value), \
+        str(e.value)
+
+
 def test_far_off_key_lists_the_known_ones(write_profile):
     p = write_profile("far", MINIMAL + "workloads:\n  chat: {prompt_tokens: 8, output_tokens: 8, zzz: 1}\n")
     with pytest.raises(ProfileError) as e:

@@ -62,9 +62,15 @@ def autoscale_verdict(obs: BurstObservation, spec: AutoscaleSpec) -> Verdict:
     ev.update(peak=peak, rise_s=rise_s, drain_s=drain_s)
     problems = []
     if rise_s is None:
-        hint = (f"; the burst ({n}) is not above max_num_seqs ({obs.max_num_seqs}): nothing had to wait -- raise "
-                "autoscale.burst_requests" if obs.max_num_seqs and n <= obs.max_num_seqs else
-                "; requests waited (the burst exceeds what runs at once) but the metric did not show it")
+        if not obs.max_num_seqs:  # how many run at once is not known: nothing is known to have waited
+            hint = (f"; max_num_seqs is not declared, so whether any of the {n} had to wait is not known (declare "
+                    "engine.max_num_seqs, or raise autoscale.burst_requests above the server's)")
+        elif n <= obs.max_num_seqs:
+            hint = (f"; the burst ({n}) is not above max_num_seqs ({obs.max_num_seqs}): nothing had to wait -- raise "
+                    "autoscale.burst_requests")
+        else:
+            hint = (f"; requests waited (the burst of {n} exceeds max_num_seqs {obs.max_num_seqs}) but the metric did "
+                    "not show it")
         problems.append(f"{metric} peaked at {peak:g}, never above the threshold {thr:g}{hint} -- the autoscaler "
                         "never sees the burst")
     elif rise_s > spec.rise_within_s:

@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kvgate.http.health_sampler import ROUTES, ProbeSample
+from kvgate.http.tokenizers import ABSENT
 from kvgate.profile.models import Profile
 from kvgate.stats import percentile
 from kvgate.verdict import Status, Verdict
-from kvgate.gates.common import FAIL, PASS
+from kvgate.gates.common import FAIL, PASS, SKIP
 
 GATE = "health/under-load"
 #: Fewest samples per route for a verdict other than INVALID: 10 rounds (~2.5 s of load at one
@@ -50,11 +51,27 @@ def probe_limit(profile: Profile, isvc: Any = None) -> tuple[float, str]:
     return lim.probe_timeout_s, "limits.probe_timeout_s default: Kubernetes' timeoutSeconds default"
 
 
+def absent_routes(samples: Sequence[ProbeSample]) -> list[str]:
+    """The routes the server does not have: every probe of them answered 404, 405 or 501
+    (:data:`kvgate.http.tokenizers.ABSENT`; llama-cpp-python serves no ``/health``). Nothing about
+    a deployment's probes can be read from them (the kubelet's probes use a route the server has),
+    so they are named in the verdict and not judged."""
+    out = []
+    for r in ROUTES:
+        xs = [s for s in samples if s.route == r]
+        if xs and all(s.status in ABSENT for s in xs):
+            out.append(r)
+    return out
+
+
 def needs_more(samples: Sequence[ProbeSample], limit_s: float) -> bool:
-    """Whether ``samples`` cannot decide yet: a route has fewer than :data:`MIN_SAMPLES` and none
-    already failed (non-200, or at/over ``limit_s`` seconds) -- then the gate adds its own load."""
+    """Whether ``samples`` cannot decide yet: a route the server has (:func:`absent_routes`) has
+    fewer than :data:`MIN_SAMPLES` and none already failed (non-200, or at/over ``limit_s``
+    seconds) -- then the gate adds its own load."""
+    gone = absent_routes(samples)
+    samples = [s for s in samples if s.route not in gone]
     failed = any(s.status != 200 or s.latency_s >= limit_s for s in samples)
-    return not failed and any(sum(s.route == r for s in samples) < MIN_SAMPLES for r in ROUTES)
+    return not failed and any(sum(s.route == r for s in samples) < MIN_SAMPLES for r in ROUTES if r not in gone)
 
 
 def _ms(s: float) -> str:
@@ -86,14 +103,24 @@ def under_load_verdict(samples: Sequence[ProbeSample], limit_s: float, source: s
     seconds; ``source`` says where it came from). INVALID when no FAIL was seen but a route has
     fewer than :data:`MIN_SAMPLES` samples (no p99 to speak of; a run that sampled nothing never
     reads PASS). ``load``: what load ran (the gates' names, or the gate's own load), for the
-    message. ``measured``: the ``/health`` p99 (ms); ``limit``: the probe timeout (ms)."""
-    stats = {route: route_stats(samples, route) for route in ROUTES}
-    h = stats["/health"]
+    message. ``measured``: the ``/health`` p99 (ms; ``/v1/models``' where the server has no
+    ``/health``); ``limit``: the probe timeout (ms). A route the server does not have
+    (:func:`absent_routes`) is named and not judged; with none left the gate SKIPs."""
+    gone = absent_routes(samples)
+    absent_note = "".join(f"; {r} not judged: all {sum(s.route == r for s in samples)} probes answered "
+                          f"{'/'.join(sorted({str(s.status) for s in samples if s.route == r}))} (the server has no such route)"
+                          for r in gone)
+    if len(gone) == len(ROUTES):
+        return Verdict(GATE, SKIP, absent_note.removeprefix("; ") + " -> SKIP", evidence={"absent_routes": gone})
+    samples = [s for s in samples if s.route not in gone]
+    stats = {route: route_stats(samples, route) for route in ROUTES if route not in gone}
+    first_route = next(iter(stats))
+    h = stats[first_route]
     ev: dict[str, Any] = {"limit_s": limit_s, "limit_source": source, "load": load,
                           "routes": {r: {k: v for k, v in st.items() if k not in ("worst", "bad")}
                                      | {"non_200": len(st["bad"]),
                                         "worst_during": st["worst"].during if st["worst"] else None}
-                                     for r, st in stats.items()}}
+                                     for r, st in stats.items()}, "absent_routes": gone}
     parts = []
     for route, st in stats.items():
         if st["n"]:
@@ -101,7 +128,7 @@ def under_load_verdict(samples: Sequence[ProbeSample], limit_s: float, source: s
                          f"({st['n']} samples)")
         else:
             parts.append(f"{route}: no samples")
-    what = "; ".join(parts) + f" under {load}"
+    what = "; ".join(parts) + f" under {load}" + absent_note
     limit = f"probe timeout {limit_s:g} s ({source})"
     measured = round(h["p99_s"] * 1000, 3) if h["n"] else None
     seen = {"measured": measured, "limit": limit_s * 1000, "unit": "ms", "evidence": ev}
@@ -125,8 +152,8 @@ def under_load_verdict(samples: Sequence[ProbeSample], limit_s: float, source: s
         return Verdict(GATE, Status.INVALID, f"{what}; too few samples under load ({', '.join(thin)}; need >= "
                        f"{MIN_SAMPLES} per route for a p99): nothing judged; {limit} -> INVALID", **seen)
     worst = h["worst"]
-    return Verdict(GATE, PASS, f"{what}; all 200; worst /health {_ms(worst.latency_s)} during {worst.during}; "
+    return Verdict(GATE, PASS, f"{what}; all 200; worst {first_route} {_ms(worst.latency_s)} during {worst.during}; "
                    f"p99 and max below the {limit} -> PASS", **seen)
 
 
-__all__ = ["GATE", "MIN_SAMPLES", "needs_more", "probe_limit", "route_stats", "under_load_verdict"]
+__all__ = ["GATE", "MIN_SAMPLES", "absent_routes", "needs_more", "probe_limit", "route_stats", "under_load_verdict"]

@@ -16,6 +16,7 @@ from kvgate.http.client import Endpoint, KvClient
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
+from kvgate.http.tokenizers import ABSENT
 from kvgate.profile.models import Profile, Workload
 
 
@@ -334,7 +335,7 @@ class MetricsStep:
     taken while the streams ran (every ``interval_s``); ``after``: the last scrape once they ended
     (repeated up to ~1 s until both histograms' counts caught up). Scrape times and ``result``'s
     records share one time base: seconds since the load run's start. ``result`` is None when the
-    endpoint serves no ``/metrics`` (``before.status`` 404: nothing was sent)."""
+    endpoint serves no ``/metrics`` (``before.status`` 404, 405 or 501: nothing was sent)."""
 
     before: MetricsScrape
     during: list[MetricsScrape]
@@ -389,7 +390,7 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
 
     try:
         before = take_scrape(get, lambda: 0.0)
-        if before.status == 404:
+        if before.status in ABSENT:  # no /metrics route (llama.cpp without --metrics: 501): nothing to judge
             return MetricsStep(before, [], before, None, n, profile.engine.max_num_seqs, prompt, out, interval_s)
         specs = _specs(client, endpoint, model, prompt, out, n, "metrics")
         during: list[MetricsScrape] = []

@@ -798,11 +798,11 @@ def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()
 
 
 def _model_of(annotation: Any) -> Any:
-    """The pydantic model, dict or list type inside ``annotation`` (``X | None`` unwrapped)."""
+    """The pydantic model, dict, list or tuple type inside ``annotation`` (``X | None`` unwrapped)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     origin = typing.get_origin(annotation)
-    if origin in (dict, list):
+    if origin in (dict, list, tuple):
         return annotation
     for arg in typing.get_args(annotation):
         found = _model_of(arg)
@@ -819,8 +819,8 @@ def allowed_keys(loc: tuple[Any, ...], root: type[BaseModel] | None = None) -> l
         if isinstance(cur, type) and issubclass(cur, BaseModel):
             field = cur.model_fields.get(str(part))
             cur = _model_of(field.annotation) if field is not None else None
-        elif typing.get_origin(cur) in (dict, list):
-            cur = _model_of(typing.get_args(cur)[-1])
+        elif typing.get_origin(cur) in (dict, list, tuple):  # a key or an index: the item type
+            cur = _model_of([a for a in typing.get_args(cur) if a is not Ellipsis][-1])
         else:
             return []
     return list(cur.model_fields) if isinstance(cur, type) and issubclass(cur, BaseModel) else []
@@ -841,7 +841,8 @@ def _format_validation(path: Path, exc: ValidationError) -> str:
                 hint = f"; did you mean '{close[0]}'?"
             elif known:
                 hint = f"; known keys in {section}: {', '.join(known)}"
-        lines.append(f"  field '{field}': {err['msg']}{got_s}{hint}")
+        msg = err["msg"].replace("a valid tuple", "a list")  # YAML has lists; tuple is the model's word
+        lines.append(f"  field '{field}': {msg}{got_s}{hint}")
     return "\n".join(lines)
 
 
