@@ -300,7 +300,7 @@ def test_gateway_413_below_max_context_fails_naming_the_cliff():
 
 @pytest.mark.parametrize("answer,fragment", [
     (lambda r: (500, json.dumps({"error": {"message": "ext_proc failed", "type": "x"}})) if r.body_bytes > 2000
-     else healthy(r), '500 (JSON error: "ext_proc failed") from 4,096 bytes (4,096 B)'),
+     else healthy(r), '500 (JSON error: "ext_proc failed") from 4,096 bytes for a body'),
     (lambda r: (502, "<html><h1>502 Bad Gateway</h1></html>", "text/html") if not r.allowed else healthy(r),
      "a 5xx for an over-length body"),
     (lambda r: (400, "Bad Request", "text/plain") if r.text == "multibyte" else healthy(r),
@@ -319,3 +319,12 @@ def test_413_beyond_the_profile_is_a_gateway_limit_the_ladder_accepts():
     rungs, exs = ladder(lambda r: (413, HTML_413, "text/html") if not r.allowed else healthy(r))
     v = body_size_verdict(rungs, exs, 2048, "")
     assert v.status is Status.PASS and "(2x max-context) 413" in v.message
+
+
+def test_a_route_that_refuses_every_body_is_not_called_a_size_cliff():
+    """A static server answering 501 to every POST: the smallest rung fails too -- no size limit."""
+    v = body_size_verdict(*ladder(lambda r: (501, "<html><title>Unsupported method</title></html>", "text/html")),
+                          2048, "assumed")
+    assert v.status is Status.FAIL and "from 1,024 bytes for a body" in v.message, v.message
+    assert "no body answered, the smallest included: the route refuses completions of any size" in v.message
+    assert "cliff" not in v.message

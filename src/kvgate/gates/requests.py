@@ -575,8 +575,12 @@ def body_size_verdict(rungs: list[Rung], exchanges: list[Exchange], max_model_le
         between = (f"between {max(r.body_bytes for r in below):,} and {first.body_bytes:,} bytes" if below
                    else f"at or below {first.body_bytes:,} bytes")
         cliff = "gateway body-size cliff" if first.allowed else "a 5xx for an over-length body"
-        return Verdict(gate, FAIL, f"{upto}{problem} from {first.body_bytes:,} bytes ({first.name}) for a body of "
-                       f"{tok(first)}, {where} -> FAIL ({cliff} {between}; {len(bad)} of {len(rungs)} rungs; {how})",
+        if not ok and first.body_bytes == min(r.body_bytes for r in rungs):  # nothing answered: not a size limit
+            cliff, between = "no body answered, the smallest included: the route refuses completions of any size", ""
+        label = "" if first.name.endswith(" B") else f" ({first.name})"
+        return Verdict(gate, FAIL, f"{upto}{problem} from {first.body_bytes:,} bytes{label} for a body of "
+                       f"{tok(first)}, {where} -> FAIL ({cliff}{' ' if between else ''}{between}; {len(bad)} of "
+                       f"{len(rungs)} rungs; {how})",
                        measured=first.body_bytes, limit=max(r.body_bytes for r in rungs if r.allowed),
                        unit="bytes", evidence={**ev, "kind": kind})
     parts = [f"{r.name if r.name.endswith(' B') else f'{r.body_bytes:,} B ({r.name})'} {x.reply.status}"
