@@ -293,3 +293,13 @@ def test_isvc_spec_verdict_in_summary_json(pytester, monkeypatch):
 
         result, gate = run_spec(pytester, monkeypatch, fake, None)  # --endpoint: no --isvc
         assert gate["status"] == "SKIP" and gate["message"] == NO_ISVC and result.ret == 0
+
+
+@pytest.mark.parametrize("field,value", [("args", "--max-num-seqs 8"), ("resources", "big"),
+                                         ("livenessProbe", {"timeoutSeconds": "abc"})])
+def test_a_malformed_object_is_a_fail_naming_the_error_not_a_traceback(profile, field, value):
+    """Shapes the API server's schema would refuse (found by a newcomer): one FAIL line, no exception."""
+    obj = load("spec-serverless.yaml")
+    model(obj)[field] = value
+    v = verdict(obj, profile)
+    assert v.status.value == "FAIL" and "cannot be read as a deployment" in v.message, v.message

@@ -73,7 +73,8 @@ def test_contract_passes_names_the_series_and_notes_an_unqueued_waiting_gauge():
     v = contract_verdict(step(), [KV, WAIT], "0.32.0")
     assert v.status is Status.PASS, v.message
     assert v.message.startswith("all 2 consumed series (vllm:kv_cache_usage_perc{model_name}, "
-                                "vllm:num_requests_waiting) present (server 0.32.0), numeric, labelled and moving")
+                                "vllm:num_requests_waiting) present (server 0.32.0), numeric, labelled and, but for "
+                                "1 queue gauge(s) with nothing queued, moving")
     assert "vllm:num_requests_waiting stayed 0: the step queued nothing" in v.message
     assert v.measured == 2 and v.limit == 2 and v.unit == "series"
 

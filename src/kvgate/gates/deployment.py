@@ -519,10 +519,12 @@ def spec_verdict(obj: dict[str, Any] | None, profile: Profile, health: Sequence[
     args = args or load_snapshot(declared_version(profile)[0])
     try:
         s = serving_spec(obj)
-    except ValueError as exc:  # a duration or number the API would not have accepted either
-        return Verdict(SPEC, FAIL, f"the KServe object cannot be read as a deployment: {exc} -> FAIL")
-    parts = [_args_check(s, profile, args), _gpu_check(s, profile), _memory_check(s, profile),
-             _probes_check(s, profile, health, health_where), _timeout_check(s, profile), _grace_check(s, profile)]
+        parts = [_args_check(s, profile, args), _gpu_check(s, profile), _memory_check(s, profile),
+                 _probes_check(s, profile, health, health_where), _timeout_check(s, profile), _grace_check(s, profile)]
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # a shape the API would not have accepted either
+        return Verdict(SPEC, FAIL, f"the KServe object cannot be read as a deployment ({type(exc).__name__}: {exc}; "
+                       "containers must be a list of objects, resources/probes objects, args a list of strings, "
+                       "timeouts numbers) -> FAIL", evidence={"error": f"{type(exc).__name__}: {exc}"})
     v = combine(SPEC, parts)
     who = f"{s.kind} {s.name} ({s.shape}, {s.container})"
     ev = {**v.evidence, "object": s.name, "shape": s.shape, "container": s.container}

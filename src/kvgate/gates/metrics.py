@@ -206,8 +206,10 @@ def contract_verdict(step: MetricsStep, wanted: list[ConsumedMetric], server_ver
     if problems:
         return Verdict(GATE, FAIL, f"consumed series ({listed}) under {_step_words(step)}: " + "; ".join(problems) +
                        f"{tail} -> FAIL", measured=ok, limit=len(wanted), unit="series", evidence=ev)
+    still = sum(1 for n in notes if " stayed " in n)
+    moving = "and moving" if not still else f"and, but for {still} queue gauge(s) with nothing queued, moving"
     return Verdict(GATE, PASS, f"all {len(wanted)} consumed series ({listed}) present{version}, numeric, labelled "
-                   f"and moving under {_step_words(step)}{tail} -> PASS", measured=ok, limit=len(wanted), unit="series",
+                   f"{moving} under {_step_words(step)}{tail} -> PASS", measured=ok, limit=len(wanted), unit="series",
                    evidence=ev)
 
 
