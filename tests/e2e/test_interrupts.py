@@ -27,7 +27,8 @@ TRACEBACK = "Traceback (most recent call last)"
 
 
 class Run:
-    """``pytest --profile tiny-cpu -m deployment -v`` in a subprocess, output to a file; remembers
+    """``pytest --profile tiny-cpu -m deployment -k "not inference_service" -v`` (the live deployment
+    gates; ``deployment/spec`` is a SKIP without ``--isvc``) in a subprocess, output to a file; remembers
     the embedded vLLM's process group and every process in it while the run goes on."""
 
     def __init__(self, tmp: Path) -> None:
@@ -36,7 +37,7 @@ class Run:
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--kvgate-reports={self.reports}",
-                 "--profile", "tiny-cpu", "-m", "deployment", "-v"],
+                 "--profile", "tiny-cpu", "-m", "deployment", "-k", "not inference_service", "-v"],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.t0 = time.monotonic()
         self.pgid: int | None = None
