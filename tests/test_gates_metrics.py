@@ -211,6 +211,24 @@ def test_a_ttft_histogram_in_its_lowest_bucket_fails_against_the_clients_20_to_1
             "fastest /metrics scrape))") in v.message
 
 
+def test_misplaced_percentiles_of_streams_that_arrived_bunched_are_invalid_naming_the_buffering():
+    """Behind a buffering proxy the client's TTFT is the proxy's flush (a newcomer measured a FAIL
+    blaming the histogram): 32 chunks per stream in 2 reads -> INVALID naming it; the counts are still judged."""
+    fast = dict(before=scrape(0.0, expo(), took=0.002),
+                during=[scrape(0.1 * k, expo(running=3, kv=0.05), took=0.002) for k in range(1, 8)])
+    held = step(ttfts=[0.6, 0.6, 0.6], after=scrape(1.3, expo(ttft=[0.05] * 3, e2e=E2ES), took=0.002), **fast)
+    for r in held.result.records:  # two flushes of 16 chunks, each chunk 0.1 ms apart
+        r.content_s = [0.6 + i * 0.0001 for i in range(16)] + [1.0 + i * 0.0001 for i in range(16)]
+    v = histograms_verdict(held)
+    assert v.status is Status.INVALID, v.message
+    assert "the streams' 96 content chunks arrived in 6 reads (16 per read): a proxy that buffers the stream" in v.message
+    assert v.message.endswith("-> INVALID") and v.evidence["bunched"] == {"chunks": 96, "reads": 6}
+    spread = step(ttfts=[0.6, 0.6, 0.6], after=scrape(1.3, expo(ttft=[0.05] * 3, e2e=E2ES), took=0.002), **fast)
+    for r in spread.result.records:  # one chunk per read: the client's times are the engine's
+        r.content_s = [0.6 + i * 0.01 for i in range(32)]
+    assert histograms_verdict(spread).status is Status.FAIL
+
+
 def test_the_network_round_trip_is_allowed_above_the_servers_buckets():
     # a healthy server behind a gateway / WAN with a 40 ms round trip: the client's TTFT carries a
     # connect and a request round trip the server's histogram does not (measured on the fake behind
@@ -325,3 +343,15 @@ def test_suite_skips_on_llama_cpp_without_metrics_flag(pytester, profile):
         _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=profile)
     assert [g["status"] for g in gates.values()] == ["SKIP"] * 4, [g["message"] for g in gates.values()]
     assert all("(GET /metrics answered 501)" in g["message"] for g in gates.values())
+
+
+def test_suite_behind_a_buffering_proxy_says_so_instead_of_blaming_the_histograms(pytester, profile):
+    # the fake holds every stream's bytes until the response ends: the client's TTFT is the whole
+    # generation, the server's histogram the real ~30 ms -- INVALID naming the buffering, not a FAIL
+    cfg = FakeConfig(max_tokens_cap=64, itl_s=0.012, ttft_s=0.03, max_num_seqs=2, faults={"buffer_stream"},
+                     buffer_bytes=0)
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=profile)
+    g = gates["fake-metrics/metrics/histograms"]
+    assert g["status"] == "INVALID" and "a proxy that buffers the stream" in g["message"], g["message"]
+    assert gates["fake-metrics/metrics/under-load"]["status"] == "PASS"

@@ -36,6 +36,8 @@ import math
 from typing import Any
 
 from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.gates.streaming import BUFFER_MIN_BURST, BUFFER_MIN_CHUNKS, BUFFERING_FIX
+from kvgate.http.probes import BURST_GAP_S
 from kvgate.http.metrics import ALIASES, Family, MetricsScrape, all_names, histogram_buckets, series_of
 from kvgate.http.tokenizers import ABSENT
 from kvgate.load.scenarios import E2E_HISTOGRAM, TTFT_HISTOGRAM, MetricsStep
@@ -345,6 +347,21 @@ def _ms(x: float) -> str:
     return "+Inf" if math.isinf(x) else f"{x * 1000:,.0f} ms" if x < 10 else f"{x:,.1f} s"
 
 
+def bunched_reads(records: list[Any]) -> tuple[int, int] | None:
+    """``(content chunks, reads)`` over the held streams with :data:`BUFFER_MIN_CHUNKS` or more
+    chunks when they arrived :data:`BUFFER_MIN_BURST` or more per read on average (chunks less than
+    ``BURST_GAP_S`` apart are one read): the client's clock then times a proxy's flushes (or its
+    own late reads), not the engine -- :func:`kvgate.gates.streaming.delivery`'s rule. Else None."""
+    chunks = reads = 0
+    for r in records:
+        times = list(getattr(r, "content_s", None) or [])
+        if len(times) < BUFFER_MIN_CHUNKS:
+            continue
+        chunks += len(times)
+        reads += 1 + sum(1 for a, b in zip(times, times[1:]) if b - a >= BURST_GAP_S)
+    return (chunks, reads) if reads and reads * BUFFER_MIN_BURST <= chunks else None
+
+
 def histograms_verdict(step: MetricsStep) -> Verdict:
     """For ``vllm:time_to_first_token_seconds`` (client: first content token - send) and
     ``vllm:e2e_request_latency_seconds`` (client: end - send): FAIL when the histogram is absent,
@@ -401,6 +418,15 @@ def histograms_verdict(step: MetricsStep) -> Verdict:
         parts.append(f"{what}: count +{grew:g}, client {', '.join(said)}")
     measured = counts.get(TTFT_HISTOGRAM)
     head = _step_words(step)
+    placed_only = problems and all(" but the client measured " in p for p in problems)
+    if placed_only and (bunched := bunched_reads(step.result.records)) is not None:
+        # the counts agree; the percentiles differ because the client's times are a proxy's flushes
+        ev["bunched"] = {"chunks": bunched[0], "reads": bunched[1]}
+        return Verdict(GATE, INVALID, f"{head}: " + "; ".join(problems) + f"; but the streams' {bunched[0]} content "
+                       f"chunks arrived in {bunched[1]} reads ({bunched[0] / bunched[1]:.0f} per read): a proxy that "
+                       f"buffers the stream ({BUFFERING_FIX}) or a client that read late, so the client's times are "
+                       "not the engine's and the histograms were not judged against them -> INVALID", measured=measured,
+                       limit=n, unit="requests", evidence=ev)
     if problems:
         return Verdict(GATE, FAIL, f"{head}: " + "; ".join(problems) + " -> FAIL (dashboards and SLO alerts on it are "
                        "wrong)", measured=measured, limit=n, unit="requests", evidence=ev)
