@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 
 from kvgate.profile.models import load_profile
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
@@ -53,6 +54,13 @@ def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ENGINE HUNG: ")]
     assert lines == [f"ENGINE HUNG: {engine['reason']}"] and where in lines[0]
     assert "OVERALL: FAIL" in proc.stdout
+    # pytest counts the later gates' setup-phase FAILs as "failed", as summary.json does: no "errors"
+    last = proc.stdout.strip().splitlines()[-1]
+    fails = sum(1 for g in summary["gates"] if g["status"] == "FAIL")
+    assert f"{fails} failed" in last and "error" not in last, last
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    invalid = sum(1 for g in summary["gates"] if g["status"] == "INVALID")  # JUnit has no word for it: a failure
+    assert (suite.get("failures"), suite.get("errors")) == (str(fails + invalid), "0")  # JUnit alike
     # the fit arithmetic (no server) still ran
     assert all(g["status"] != "FAIL" for g in summary["gates"] if g["id"].split("/")[1] == "fit")
 

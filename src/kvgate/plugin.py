@@ -341,19 +341,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         item.user_properties.extend([("kvgate_verdict", "ERROR"),
                                      ("kvgate_message", run.redactor.text(f"{rep.when}: {text}"))])
     status = run.verdict_status(item.nodeid)
-    if rep.failed and status in ("INVALID", "INCOMPLETE", "ERROR"):
-        rep.kvgate_status = status  # pytest's summary counts it as what it is, not as "failed"
+    if rep.failed and (status in ("INVALID", "INCOMPLETE", "ERROR") or (status == "FAIL" and rep.when == "setup")):
+        rep.kvgate_status = status  # pytest's summary counts it as what it is (a setup FAIL: "failed", not "errors")
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
     """An INVALID (untrusted measurement) or INCOMPLETE (cut short) gate is counted by pytest's
     summary line under its own word (``1 invalid``), not as ``failed``: it is not a deployment defect.
     A harness error in a gate's call (no verdict: summary.json's ERROR) is counted under ``errors``
-    as one in its setup is, so pytest, summary.json and JUnit (:func:`kvgate.report.outputs.stamp_junit`)
-    give the same counts."""
+    as one in its setup is, and a FAIL verdict given in the setup (a live gate after the engine hung,
+    :meth:`kvgate.run.session.Run.before_gate`) under ``failed``, so pytest, summary.json and JUnit
+    (:func:`kvgate.report.outputs.stamp_junit`) give the same counts."""
     status = getattr(report, "kvgate_status", None)
     if status == "ERROR" and report.when == "call":  # a harness error in the call: "errors", as summary.json says
         return "error", "E", "ERROR"
+    if status == "FAIL" and report.when == "setup":  # a verdict given before the call (a gate after a hang): "failed"
+        return "failed", "F", "FAILED"
     if status == "INVALID":
         return "invalid", "I", "INVALID"
     if status == "INCOMPLETE":

@@ -113,15 +113,19 @@ def write_junit_problem(path: Path, run_id: str, overall: str, message: str, cas
 
 def _errors_as_errors(suite: ET.Element) -> None:
     """A testcase whose ``kvgate_verdict`` is ERROR (a harness error in the gate's call, which
-    pytest's JUnit plugin writes as ``<failure>``) becomes an ``<error>``, and the testsuite's
-    ``failures`` / ``errors`` counts follow, so JUnit counts what summary.json counts."""
-    moved = 0
+    pytest's JUnit plugin writes as ``<failure>``) becomes an ``<error>``, one whose verdict is FAIL
+    given in the setup (a gate after a hang, written as ``<error>``) a ``<failure>``, and the
+    testsuite's ``failures`` / ``errors`` counts follow, so JUnit counts what summary.json counts."""
+    moved = 0  # failures turned errors, minus errors turned failures
     for case in suite.iter("testcase"):
         verdicts = [p.get("value") for p in case.iter("property") if p.get("name") == "kvgate_verdict"]
-        failure = case.find("failure")
+        failure, error = case.find("failure"), case.find("error")
         if verdicts[-1:] == ["ERROR"] and failure is not None:
             failure.tag = "error"
             moved += 1
+        elif verdicts[-1:] == ["FAIL"] and error is not None and failure is None:
+            error.tag = "failure"
+            moved -= 1
     if moved:
         for key, delta in (("failures", -moved), ("errors", moved)):
             suite.set(key, str(max(0, int(suite.get(key, "0") or 0) + delta)))
