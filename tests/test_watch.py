@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvgate.http.client import Endpoint, KvClient
+from kvgate.http.client import Endpoint, EndpointUnreachable, KvClient
 from kvgate.http.watch import EngineWatch
 
 METRICS = "vllm:num_requests_running{model_name=\"m\"} 2.0\nvllm:num_requests_waiting{model_name=\"m\"} 5.0\n"
@@ -358,3 +358,58 @@ def test_stream_kept_open_by_keepalive_comments_ends_at_the_request_timeout_and_
         assert r.status == 200 and "ReadTimeout: no event for 10 s" in r.transport_error, r.transport_error
         assert 10 <= clock.t - t0 <= 10 + 3 + 2, clock.t - t0  # the request timeout, then one 3 s canary check
         assert w.hung is not None and "engine hung since p/requests/x" in r.transport_error
+
+
+def refusing(seen: list[str] | None = None, health_answers: bool = False):
+    """A transport for a server whose process died: every connection refused (``/health`` too,
+    unless ``health_answers``: then only the generation routes refuse)."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(request.url.path)
+        if request.url.path == "/health" and health_answers:
+            return httpx.Response(200)
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    return httpx.MockTransport(handle)
+
+
+def test_server_gone_mid_run_is_classified_once_and_later_sends_are_not_sent():
+    """A connection refused mid-run, and /health refused too: GONE, once -- one reason, not one
+    harness error per gate; nothing more is sent, streamed or not."""
+    seen: list[str] = []
+    w, c = watched(refusing(seen))
+    r = c.post("/v1/completions", {"model": "m", "max_tokens": 8})
+    assert r.status == 0 and "ConnectError: [Errno 111] Connection refused" in r.text
+    gone = w.hung
+    assert gone is not None and gone.condition == "gone" and gone.gate == "p/requests/x"
+    assert gone.reason() == ("server gone since p/requests/x (POST /v1/completions: ConnectError: [Errno 111] "
+                             "Connection refused; GET /health then got no answer (ConnectError): the server process "
+                             "died or the endpoint went away)")
+    assert seen == ["/v1/completions", "/health"]
+    w.gate = "p/latency/slo"
+    for reply in (c.post("/v1/completions", {"model": "m"}), c.get("/health")):
+        assert reply.status == 0 and reply.text == f"not sent: {gone.reason()}"
+    assert c.stream("/v1/completions", {"model": "m"}).text == f"not sent: {gone.reason()}"
+    assert len(seen) == 2 and w.summary()["condition"] == "gone"
+
+
+def test_a_refused_request_while_health_answers_is_its_own_error_not_gone():
+    w, c = watched(refusing(health_answers=True))
+    with pytest.raises(EndpointUnreachable, match="is unreachable"):
+        c.post("/v1/completions", {"model": "m"})
+    assert w.hung is None and w.summary() is None
+
+
+def test_a_stream_refused_mid_run_carries_the_gone_reason():
+    w, c = watched(refusing())
+    s = c.stream("/v1/completions", {"model": "m", "max_tokens": 8})
+    assert s.status == 0 and s.transport_error.startswith("ConnectError: [Errno 111] Connection refused; server gone since")
+    assert w.hung is not None and w.hung.request == "POST /v1/completions (stream)"
+
+
+def test_refusals_after_the_run_stopped_the_server_itself_are_not_gone():
+    """The drain gate SIGTERMs the server: its refused connections are the measurement."""
+    w, c = watched(refusing())
+    w.exit_expected = True
+    with pytest.raises(EndpointUnreachable):
+        c.post("/v1/completions", {"model": "m"})
+    assert w.hung is None

@@ -89,3 +89,20 @@ def test_server_that_stalls_streams_costs_one_idle_timeout(tmp_path):
         [g["message"] for g in met if engine["reason"] not in g["message"]]
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("STREAMS STALLED: ")] == \
         [f"STREAMS STALLED: {engine['reason']}"]
+
+
+def test_server_gone_mid_run_is_one_reason_not_an_error_per_gate(tmp_path):
+    """The server process dies mid-run (fault exit_after_generations: every later connection refused):
+    the run classifies it GONE once, later live gates FAIL with that one reason, no harness ERROR."""
+    cfg = FakeConfig(max_tokens_cap=64, faults={"exit_after_generations"}, exit_after=65)
+    with FakeVLLM(cfg) as fake:
+        proc, summary, wall = run_all(fake.url, HUNG, tmp_path)
+    assert summary["overall"] == "FAIL" and proc.returncode == 1, proc.stdout[-3000:]
+    engine = summary["engine"]
+    assert engine["condition"] == "gone" and "server gone since" in engine["reason"], engine
+    statuses = [g["status"] for g in summary["gates"]]
+    assert "ERROR" not in statuses, [g["message"] for g in summary["gates"] if g["status"] == "ERROR"]
+    later = [g for g in summary["gates"] if g["message"] == f"not sent: {engine['reason']} -> FAIL"]
+    assert len(later) >= 5, [g["message"][:120] for g in summary["gates"]]
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("SERVER GONE: ")] == [f"SERVER GONE: {engine['reason']}"]
+    assert "Traceback" not in proc.stdout and wall < 120, wall

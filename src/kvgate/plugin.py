@@ -215,7 +215,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     :class:`kvgate.http.prompts.PromptUnavailable`) is a SKIP with that reason, not a harness error.
     A gate whose preparation the endpoint's answer broke (:class:`kvgate.http.prompts.PreparationRefused`:
     a gateway's 413 to a /tokenize count, a 5xx, HTML), here or in a fixture it uses
-    (:class:`_Refused`), FAILs with what came back: a verdict in the call, never a setup error."""
+    (:class:`_Refused`), FAILs with what came back: a verdict in the call, never a setup error.
+    An endpoint that stops taking connections mid-run (:class:`kvgate.http.client.EndpointUnreachable`
+    while ``/health`` gets none either: the server is gone, :meth:`kvgate.http.watch.EngineWatch.unreachable`)
+    FAILs the gate naming it; later live gates FAIL with the one reason without running."""
+    from kvgate.http.client import EndpointUnreachable
     from kvgate.http.prompts import PreparationRefused, PromptUnavailable
 
     try:
@@ -237,6 +241,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
             raise
         gate = test_id(pyfuncitem).removeprefix(f"{run.profile.name}/")
         run.recorder(pyfuncitem)(preparation_verdict(gate, exc, run.profile.engine.max_model_len))  # raises: FAIL
+    except EndpointUnreachable as exc:  # mid-run: the server may be gone -- then this gate's FAIL, the one reason
+        run = pyfuncitem.config.stash.get(RUN, None)
+        marker = pyfuncitem.get_closest_marker("gate")
+        down = run.watch.unreachable("a request", str(exc)) if run is not None and run.watch is not None \
+            and marker is not None else None
+        if down is None:
+            _redacted_failure(pyfuncitem, exc)
+        run.recorder(pyfuncitem)(Verdict(marker.args[0], Status.FAIL, f"{exc} -> FAIL", measured="no connection",
+                                         limit="an answer"))  # raises: FAIL (the run names the one reason first)
     except Exception as exc:  # a harness error: one redacted line, never a traceback quoting the server
         _redacted_failure(pyfuncitem, exc)
 

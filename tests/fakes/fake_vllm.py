@@ -186,6 +186,8 @@ FAULTS: dict[str, str] = {
     # issue 21: a hung engine behind a healthy /health, a server that stalls streams
     "hang_after_generations": "after hang_after generations (default 60) every later generation is held forever "
     "(queued: num_requests_waiting counts it; until the client hangs up or the fake stops) while /health stays 200",
+    "exit_after_generations": "after exit_after generations (default 60) the server process is gone: it stops "
+    "listening (every later connection refused, /health too) -- a vLLM that died mid-run (OOM-killed, crashed)",
     "buffer_stream": "a gateway that buffers the event stream (dstack#4269; nginx proxy_buffering): the engine "
     "generates at its own pace, but the SSE bytes are released only in buffer_bytes pieces (default 16 KB) as they "
     "fill, and the rest when the response ends (buffer_bytes 0: everything at the end)",
@@ -316,6 +318,7 @@ class FakeConfig:
     schedulable_tokens: int | None = None  # never_schedule: None -> max_model_len - block_size
     slow_health_s: float = 3.0  # slow_health_while_busy: /health's delay while a generation is in flight
     hang_after: int = 60  # hang_after_generations: generations served before every later one is held
+    exit_after: int = 60  # exit_after_generations: generations served before the server is gone
     pause_s: float = 40.0  # pause_streams: seconds of silence in every stream
     pause_after_chunks: int = 4  # pause_streams: token chunks sent before the pause
     buffer_bytes: int = 16384  # buffer_stream: bytes held before a flush (nginx proxy_buffers 8 x 4k/8k); 0: until the end
@@ -1791,6 +1794,10 @@ class FakeVLLM:
             if "never_schedule" in plan.faults and plan.prompt_tokens + len(plan.tokens) > schedulable:
                 await closing.wait()  # waits until the client hangs up (cancelled) or the fake stops
                 raise _EngineError("server shutting down")
+            if "exit_after_generations" in plan.faults and st.generations_started > cfg.exit_after:
+                if self._server is not None:
+                    self._server.should_exit = True  # stops listening: later connections are refused
+                raise _EngineError("server process gone")
             if "hang_after_generations" in plan.faults and st.generations_started > cfg.hang_after:
                 await closing.wait()  # held like a frozen EngineCore: until the client hangs up or the fake stops
                 raise _EngineError("server shutting down")

@@ -1302,6 +1302,16 @@ def test_fault_hang_after_generations(client, fake):
     assert wait_for(lambda: fake.state.waiting == 0)  # the hang-ups released them
 
 
+def test_fault_exit_after_generations():
+    with FakeVLLM(FakeConfig(faults={"exit_after_generations"}, exit_after=1)) as f, new_client(f.base_url) as c:
+        assert c.post("/v1/completions", json=cmpl(5, max_tokens=2)).status_code == 200
+        r = c.post("/v1/completions", json=cmpl(5, max_tokens=2))  # the generation that finds the process gone
+        assert r.status_code >= 500
+        assert wait_for(lambda: f._thread is None or not f._thread.is_alive())
+        with pytest.raises(httpx.ConnectError):  # nothing listens any more, /health included
+            httpx.get(f.base_url + "/health", timeout=2)
+
+
 def test_fault_pause_streams(client, fake):
     fake.config.faults.add("pause_streams")
     fake.config.pause_s, fake.config.pause_after_chunks = 0.3, 4

@@ -200,6 +200,17 @@ class KvClient:
             f"endpoint {redact_url(self.endpoint.base_url)} is unreachable ({cause}: {detail}) on {path}"
         )
 
+    @staticmethod
+    def _gone(watch: Any, request: str, exc: Exception) -> str | None:
+        """With the run's watch: a connection refused mid-run is asked once whether the server is
+        gone (:meth:`kvgate.http.watch.EngineWatch.unreachable`); the reply's text when it is (or was
+        already hung or gone), else None -- the caller raises :class:`EndpointUnreachable` as before."""
+        if watch is None or isinstance(exc, httpx.UnsupportedProtocol):
+            return None
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        down = watch.unreachable(request, detail)
+        return f"{detail}; {down.reason()}" if down is not None else None
+
     def api(self, path: str) -> str:
         """Full path for an OpenAI route: ``api('/models')`` -> ``/v1/models``."""
         return self.endpoint.route_prefix.rstrip("/") + path
@@ -221,6 +232,8 @@ class KvClient:
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
             )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+            if (gone := self._gone(watch, f"{method} {path}", exc)) is not None:
+                return Reply(status=0, text=gone, elapsed_s=self.clock() - t0)
             raise self._unreachable(exc, path) from None
         except httpx.HTTPError as exc:  # read timeout, protocol error: an answer that never finished
             waited = self.clock() - t0
@@ -276,7 +289,9 @@ class KvClient:
                     if on_event is not None and on_event(t, data):
                         break
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
-            raise self._unreachable(exc, path) from None
+            if (gone := self._gone(watch, f"POST {path} (stream)", exc)) is None:
+                raise self._unreachable(exc, path) from None
+            out.transport_error = gone
         except httpx.HTTPError as exc:
             out.transport_error = f"{type(exc).__name__}: {exc}"
             if watch is not None and (out.idle_cut_s is not None or isinstance(exc, httpx.TimeoutException)):

@@ -132,6 +132,8 @@ def drain(client: KvClient, profile: Profile, terminate: Callable[[], str], wait
     once the server exited; ``kill()`` removes what is left. The profile must have ``rollout:``."""
     spec = profile.rollout
     assert spec is not None, "drain() needs the profile's rollout: section"
+    if (watch := getattr(client.endpoint, "watch", None)) is not None:
+        watch.exit_expected = True  # refused connections from here on are the drain's measurement, not "gone"
     model = profile.model.served_name
     max_tokens = spec.max_tokens or min(256, profile.engine.max_model_len // 2)
     grace = spec.grace_s

@@ -36,6 +36,12 @@ request timeout). The rule, with its numbers (profile ``limits``):
   records every later live gate as FAIL with that one reason without running it. A ``/health``
   that does not answer 200 is a dead server, not a hidden hang: not classified here (the gates'
   own verdicts name it).
+- **Gone.** A request that gets no connection at all (connection refused or reset before an
+  answer) while the run is under way -> ``GET /health`` once: when that gets no connection either,
+  the server is classified GONE **once** (:class:`Gone`: the process died or the endpoint went
+  away), and everything the hang rule does follows (nothing more sent, in-flight load cut, later
+  live gates FAIL with the one reason) -- one reason instead of one harness error per gate. A
+  ``/health`` that answers means the refusal was the request's own: nothing is classified.
 - **Bound.** A hung engine costs the run the first request's timeout plus one check:
   ``request_timeout_s + HEALTH_TIMEOUT_S + canary_deadline_s`` (under ``2 x request_timeout_s``
   when ``canary_deadline_s <= request_timeout_s - 2``), not one timeout per gate.
@@ -93,6 +99,7 @@ class Hang:
     running: float | None
     waiting: float | None
     at_s: float
+    condition = "hung"
 
     def reason(self) -> str:
         """The one reason every later refusal and gate names."""
@@ -109,6 +116,28 @@ class Hang:
 
 
 @dataclass(frozen=True)
+class Gone:
+    """The server was classified gone: ``gate`` (test id) where, ``request`` that got no
+    connection, ``detail`` what the connection got (``ConnectError: [Errno 111] Connection
+    refused``), ``health`` what ``GET /health`` got then, ``at_s`` when (watch clock)."""
+
+    gate: str
+    request: str
+    detail: str
+    health: str
+    at_s: float
+    condition = "gone"
+
+    def reason(self) -> str:
+        """The one reason every later refusal and gate names."""
+        return (f"server gone since {self.gate} ({self.request}: {self.detail}; GET /health then got {self.health}: "
+                "the server process died or the endpoint went away)")
+
+    def evidence(self) -> dict[str, Any]:
+        return {"gate": self.gate, "request": self.request, "connection": self.detail, "health": self.health}
+
+
+@dataclass(frozen=True)
 class Stall:
     """The server was classified as stalling streams: ``gate`` where, ``request``, ``events``
     received before the pause, ``silence_s`` seconds of silence when it was cut, ``idle_timeout_s``."""
@@ -118,6 +147,7 @@ class Stall:
     events: int
     silence_s: float
     idle_timeout_s: float
+    condition = "stalling-streams"
 
     def reason(self) -> str:
         return (f"the server stalls streams since {self.gate} ({self.request}: silent for {self.silence_s:.3g} s "
@@ -151,10 +181,13 @@ class EngineWatch:
     base_url: str | None = None
     route_prefix: str = "/v1"
     headers: dict[str, str] = field(default_factory=dict, repr=False)
-    hung: Hang | None = None
+    #: The engine hung (:class:`Hang`) or the server gone (:class:`Gone`): either ends the run's sending.
+    hung: Hang | Gone | None = None
     stalling: Stall | None = None
     #: Checks made that found the engine answering: ``{"gate", "request", "waited_s", "canary_s"}``.
     checks: list[dict[str, Any]] = field(default_factory=list)
+    #: The run is stopping the server itself (the drain gate's SIGTERM): refused connections are expected, not "gone".
+    exit_expected: bool = False
     #: Sends refused, per gate: ``{gate: count}``.
     refused: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -178,7 +211,7 @@ class EngineWatch:
             self.refused[self.gate] = self.refused.get(self.gate, 0) + 1
         return f"not sent: {cause.reason()}"
 
-    def cause(self) -> Hang | Stall | None:
+    def cause(self) -> Hang | Gone | Stall | None:
         """What was classified: the hang, else the stall, else None."""
         return self.hung or self.stalling
 
@@ -245,6 +278,37 @@ class EngineWatch:
             except Exception:  # a hook of a finished run: nothing left to cut
                 pass
         return hang
+
+    def unreachable(self, request: str, detail: str) -> Gone | None:
+        """``request`` got no connection (``detail``: what it got): ask ``GET /health`` once; no
+        connection there either classifies the server :class:`Gone` (once; the hang hooks run).
+        Returns the classification (hung or gone), or None when ``/health`` answered (the refusal
+        was the request's own) or the watch is not bound. Never raises."""
+        if self.hung is not None or self.base_url is None:
+            return self.hung
+        if self.exit_expected:
+            return None  # the run stopped the server itself (the drain gate): a refusal is what it measures
+        gate = self.gate
+        with self._checking:
+            if self.hung is not None:
+                return self.hung
+            try:
+                with self._client() as c:
+                    health = f"HTTP {c.get('/health', timeout=self.health_timeout_s).status_code}"
+            except httpx.HTTPError as exc:
+                health = f"no answer ({type(exc).__name__})"
+            if health.startswith("HTTP "):
+                return None
+            gone = Gone(gate, request, detail, health, self.clock())
+            with self._lock:
+                self.hung = gone
+                hooks, self._hooks = self._hooks, []
+        for fn in hooks:
+            try:
+                fn(gone.reason())
+            except Exception:  # a hook of a finished run: nothing left to cut
+                pass
+        return gone
 
     def _client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url or "", headers=self.headers, transport=self.transport)
@@ -316,11 +380,11 @@ class EngineWatch:
 
     # ------------------------------------------------------------------ reports
     def summary(self) -> dict[str, Any] | None:
-        """summary.json's ``engine`` entry: ``{"condition": "hung"|"stalling-streams", "reason",
+        """summary.json's ``engine`` entry: ``{"condition": "hung"|"gone"|"stalling-streams", "reason",
         "gate", "evidence", "refused"}``, or None when nothing was classified."""
         cause = self.cause()
         if cause is None:
             return None
-        return {"condition": "hung" if isinstance(cause, Hang) else "stalling-streams", "reason": cause.reason(),
+        return {"condition": cause.condition, "reason": cause.reason(),
                 "gate": cause.gate, "evidence": cause.evidence(), "refused": dict(self.refused),
                 "checks_answered": list(self.checks)}

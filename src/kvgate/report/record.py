@@ -272,7 +272,7 @@ class RunRecord:
         if self.run_error:
             lines.append(f"ERROR: {self.redactor.text(self.run_error)}")
         if self.engine:
-            word = "ENGINE HUNG" if self.engine["condition"] == "hung" else "STREAMS STALLED"
+            word = {"hung": "ENGINE HUNG", "gone": "SERVER GONE"}.get(self.engine["condition"], "STREAMS STALLED")
             lines.append(f"{word}: {self.redactor.text(self.engine['reason'])}")
         out = self.outcome()
         if out.outcome != self.final_status() and out.exit_code != 0:  # certify: PASS verdicts, not certified

@@ -269,7 +269,7 @@ class Run:
         return dataclasses.replace(endpoint, watch=self.watch)
 
     def before_gate(self, item: pytest.Item) -> None:
-        """A live gate after the engine was classified hung is recorded FAIL with the one reason,
+        """A live gate after the engine was classified hung (or the server gone) is recorded FAIL with the one reason,
         without sending anything (``pytest.fail`` from the recorder) -- unless the gate does not
         apply to this run: the ``gate`` marker's ``not_applicable(config, profile, case)`` returns
         the gate's own SKIP verdict (no pools section, no rollout, a feature not turned on), which
@@ -288,7 +288,8 @@ class Run:
             self.recorder(item)(skip)
             return
         self.recorder(item)(Verdict(marker.args[0], Status.FAIL, f"not sent: {hang.reason()} -> FAIL",
-                                    measured="engine hung", limit="an engine that answers",
+                                    measured="server gone" if hang.condition == "gone" else "engine hung",
+                                    limit="an engine that answers",
                                     evidence={"engine": hang.evidence()}))
 
     def _engine_verdict(self, item: pytest.Item, verdict: Verdict) -> Verdict:
