@@ -21,11 +21,12 @@ from ..conftest import REPO, validate_summary
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def main_job(tmp, *args):
-    """Run `pytest --profile ...` as a user would, in a subprocess; return (proc, summary)."""
+def main_job(tmp, *args, prefix=()):
+    """Run `pytest --profile ...` as a user would, in a subprocess; return (proc, summary).
+    ``prefix``: a command to run it under (``("taskset", "-c", "1")``)."""
     reports = tmp / "reports"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--kvgate-reports={reports}", *args],
+        [*prefix, sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--kvgate-reports={reports}", *args],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     summary_path = reports / "summary.json"

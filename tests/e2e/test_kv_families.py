@@ -28,6 +28,7 @@ from kvgate.launch.tinymodel import TinySpec
 from kvgate.profile.models import load_profile
 
 import os
+import shutil
 
 from ..conftest import REPO
 from .conftest import EMBEDDED_RUN
@@ -70,8 +71,41 @@ def same_server_as_tiny_cpu(profile) -> bool:
             and render_command(profile, "/model", 1) == render_command(tiny, "/model", 1))
 
 
+@pytest.fixture(scope="module")
+def live_runs(tmp_path_factory, request):
+    """The fit-only live runs of the selected families that start their own vLLM, two at a time,
+    each pinned to a CPU of its own (``taskset``; with one allowed CPU the launcher reserves none
+    for the client, kvgate.launch.local.server_cpus): fit/live-pool compares token counts, not
+    timings, so sharing the machine costs nothing but wall time (CI's 30-minute budget: ~80 s of
+    the ~160 s these starts take one by one). One at a time, unpinned, where there are not two CPUs
+    or no taskset. ``{family: (proc, summary)}``."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    selected = {item.callspec.params["family"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_live_pool_equals_vllm" and hasattr(item, "callspec")}
+    families = [f for f in sorted(selected) if f != "llama" and (ALL_FAMILIES or f not in SAME_AS_LLAMA)]
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    pin = len(cpus) == 2 and shutil.which("taskset") is not None
+    free: queue.Queue = queue.Queue()
+    for cpu in cpus if pin else [None]:
+        free.put(cpu)
+
+    def run(family):
+        cpu = free.get()  # a CPU no other family run holds
+        try:
+            prefix = ("taskset", "-c", str(cpu)) if cpu is not None else ()
+            return family, main_job(tmp_path_factory.mktemp(f"family-{family}"), "--profile",
+                                    str(FAMILIES / f"{family}.yaml"), "-k", "fit", prefix=prefix)
+        finally:
+            free.put(cpu)
+
+    with ThreadPoolExecutor(free.qsize()) as pool:
+        return dict(pool.map(run, families))
+
+
 @pytest.mark.parametrize("family", sorted(EXPECTED))
-def test_live_pool_equals_vllm(family, tmp_path, request):
+def test_live_pool_equals_vllm(family, tmp_path, request, live_runs):
     """Prediction == vLLM's own kv_cache_size_tokens (and blocks, block size) for each family."""
     tokens, blocks, block = EXPECTED[family]
     profile = load_profile(str(FAMILIES / f"{family}.yaml"))
@@ -88,6 +122,8 @@ def test_live_pool_equals_vllm(family, tmp_path, request):
         # the main job (tests/e2e/conftest.py embedded_run) already started this very server and
         # ran fit/kv-pool and fit/live-pool on it: read its verdicts instead of a second start
         proc, summary = request.session.stash[EMBEDDED_RUN]
+    elif family in live_runs:
+        proc, summary = live_runs[family]  # started two at a time (live_runs)
     else:
         proc, summary = main_job(tmp_path, "--profile", str(FAMILIES / f"{family}.yaml"), "-k", "fit")
     gates = statuses(summary)
