@@ -268,16 +268,8 @@ class EngineWatch:
                 return None
             if health != "200":
                 return None  # a dead or failing server: the gates' verdicts say so; not a hidden hang
-            hang = Hang(gate, request, waited_s, health, canary, running, waiting, self.clock())
-            with self._lock:
-                self.hung = hang
-                hooks, self._hooks = self._hooks, []
-        for fn in hooks:
-            try:
-                fn(hang.reason())
-            except Exception:  # a hook of a finished run: nothing left to cut
-                pass
-        return hang
+            hooks = self._classify(Hang(gate, request, waited_s, health, canary, running, waiting, self.clock()))
+        return self._notify(hooks)
 
     def unreachable(self, request: str, detail: str) -> Gone | None:
         """``request`` got no connection (``detail``: what it got): ask ``GET /health`` once; no
@@ -299,16 +291,27 @@ class EngineWatch:
                 health = f"no answer ({type(exc).__name__})"
             if health.startswith("HTTP "):
                 return None
-            gone = Gone(gate, request, detail, health, self.clock())
-            with self._lock:
-                self.hung = gone
-                hooks, self._hooks = self._hooks, []
+            hooks = self._classify(Gone(gate, request, detail, health, self.clock()))
+        return self._notify(hooks)
+
+    def _classify(self, down: Hang | Gone) -> list[Callable[[str], None]]:
+        """Record ``down`` as the run's one classification; hand back the hooks to call (outside
+        the check's lock: :meth:`_notify`)."""
+        with self._lock:
+            self.hung = down
+            hooks, self._hooks = self._hooks, []
+        return hooks
+
+    def _notify(self, hooks: list[Callable[[str], None]]) -> Hang | Gone:
+        """Call each :meth:`on_hang` hook with the classification's reason; return it."""
+        down = self.hung
+        assert down is not None
         for fn in hooks:
             try:
-                fn(gone.reason())
+                fn(down.reason())
             except Exception:  # a hook of a finished run: nothing left to cut
                 pass
-        return gone
+        return down
 
     def _client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url or "", headers=self.headers, transport=self.transport)
