@@ -36,8 +36,7 @@ import math
 from typing import Any
 
 from kvgate.gates.common import FAIL, PASS, SKIP
-from kvgate.gates.streaming import BUFFER_MIN_BURST, BUFFER_MIN_CHUNKS, BUFFERING_FIX
-from kvgate.http.probes import BURST_GAP_S
+from kvgate.gates.streaming import BUFFER_MIN_BURST, BUFFER_MIN_CHUNKS, BUFFERING_FIX, reads
 from kvgate.http.metrics import ALIASES, Family, MetricsScrape, all_names, histogram_buckets, series_of
 from kvgate.http.tokenizers import ABSENT
 from kvgate.load.scenarios import E2E_HISTOGRAM, TTFT_HISTOGRAM, MetricsStep
@@ -350,16 +349,16 @@ def _ms(x: float) -> str:
 def bunched_reads(records: list[Any]) -> tuple[int, int] | None:
     """``(content chunks, reads)`` over the held streams with :data:`BUFFER_MIN_CHUNKS` or more
     chunks when they arrived :data:`BUFFER_MIN_BURST` or more per read on average (chunks less than
-    ``BURST_GAP_S`` apart are one read): the client's clock then times a proxy's flushes (or its
-    own late reads), not the engine -- :func:`kvgate.gates.streaming.delivery`'s rule. Else None."""
-    chunks = reads = 0
+    ``BURST_GAP_S`` apart are one read: :func:`kvgate.gates.streaming.reads`): the client's clock
+    then times a proxy's flushes (or its own late reads), not the engine. Else None."""
+    chunks = n_reads = 0
     for r in records:
         times = list(getattr(r, "content_s", None) or [])
         if len(times) < BUFFER_MIN_CHUNKS:
             continue
         chunks += len(times)
-        reads += 1 + sum(1 for a, b in zip(times, times[1:]) if b - a >= BURST_GAP_S)
-    return (chunks, reads) if reads and reads * BUFFER_MIN_BURST <= chunks else None
+        n_reads += len(reads(times))
+    return (chunks, n_reads) if n_reads and n_reads * BUFFER_MIN_BURST <= chunks else None
 
 
 def histograms_verdict(step: MetricsStep) -> Verdict:

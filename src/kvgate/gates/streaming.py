@@ -229,17 +229,24 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+def reads(times: list[float]) -> list[list[float]]:
+    """Arrival times (seconds, ascending) grouped into the reads they came in: runs of chunks less
+    than :data:`kvgate.http.probes.BURST_GAP_S` apart."""
+    runs: list[list[float]] = []
+    for i, t in enumerate(times):
+        if runs and t - times[i - 1] < BURST_GAP_S:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
 def delivery(reply: StreamReply) -> Delivery:
     """Fold a stream's content-chunk arrival times into a :class:`Delivery` (pure; no I/O)."""
     times = [t for t, data in reply.events if classify(data).is_content]
     if not times:
         return Delivery(0, 0, None, None, 0.0, 0.0, 0, reply.elapsed_s)
-    runs: list[list[float]] = [[times[0]]]
-    for prev, t in zip(times, times[1:]):
-        if t - prev < BURST_GAP_S:
-            runs[-1].append(t)
-        else:
-            runs.append([t])
+    runs = reads(times)
     silences = [(runs[0][0], len(runs[0]))] + [(b[0] - a[-1], len(b)) for a, b in zip(runs, runs[1:])]
     held_s, held_chunks = max(silences)
     return Delivery(len(times), len(runs), times[0], times[-1], max(r[-1] - r[0] for r in runs), held_s, held_chunks,
