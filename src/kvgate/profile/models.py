@@ -192,14 +192,52 @@ class SLOSpec(_Strict):
         default=None, gt=0, description="[ms] short requests' TTFT p95 while long prefills run (interference gate)")
 
 
+class TrafficSpec(_Strict):
+    """A workload's traffic sample, replayed instead of fixed lengths (:mod:`kvgate.traffic`).
+
+    ``path``: the sample, relative to the profile's file (or absolute). ``format``: ``auto`` tells
+    from the content: a JSONL sample (per request ``prompt_tokens``, ``output_tokens``, optional
+    ``arrival_s``, ``session``, ``turn``, ``prefix_id``/``prefix_tokens``), an OpenAI-format request
+    log (``messages``/``prompt`` and ``max_tokens`` as sent), a ShareGPT-style conversation file, or
+    a vLLM ``/metrics`` text (its length histograms; no arrival times). ``replay``: ``open`` sends
+    on the recorded arrival times (divided by ``speedup``; a sample without them is an error),
+    ``closed`` keeps the workload's ``concurrency`` in flight drawing from the sample (seeded).
+    ``max_requests`` / ``max_duration_s`` cap what one gate replays (the first requests, or the
+    first seconds of the sped-up schedule)."""
+
+    path: str = Field(description="[file] the traffic sample, relative to the profile's file")
+    format: Literal["auto", "jsonl", "openai-log", "sharegpt", "metrics"] = Field(
+        default="auto", description="the sample's format; auto tells from the content")
+    replay: Literal["open", "closed"] = Field(
+        default="open", description="open: the recorded arrival times (sped up); closed: the workload's concurrency "
+                                    "in flight, drawing from the sample")
+    speedup: float = Field(default=1.0, gt=0, description="[x] open loop: recorded inter-arrival times divided by this")
+    max_requests: int | None = Field(default=None, gt=0, description="[requests] at most this many replayed per gate "
+                                                                     "(whole sessions; default the whole sample)")
+    max_duration_s: float | None = Field(default=None, gt=0, description="[s] open loop: only arrivals this early in "
+                                                                         "the sped-up schedule")
+    seed: int = Field(default=0, description="[seed] of the closed-loop draws and of the synthetic content")
+
+
 class Workload(_Strict):
-    """One traffic shape: prompt/output token lengths and concurrency."""
+    """One traffic shape: prompt/output token lengths and concurrency; ``traffic`` replays a
+    sample instead (the declared lengths stay what the fit gate sizes with, and the replaying
+    gates show the sample's percentiles beside them)."""
 
     prompt_tokens: int = Field(gt=0, description="[tokens] typical prompt length")
     prompt_tokens_p99: int | None = Field(default=None, gt=0, description="[tokens] prompt length p99; the fit gate sizes max_num_seqs with it")
     output_tokens: int = Field(gt=0, description="[tokens] output length (max_tokens the clients send)")
     concurrency: int = Field(default=1, gt=0, description="[requests] requests of this shape in flight at once")
     long: bool = Field(default=False, description="counts against the KV pool at full max_model_len (fit.long, the concurrent-long gate)")
+    traffic: TrafficSpec | None = Field(default=None, description="a traffic sample the load and soak gates replay "
+                                                                  "for this workload (a path, or the mapping)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _traffic_path(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("traffic"), str):
+            return {**data, "traffic": {"path": data["traffic"]}}
+        return data
 
 
 class EndpointSpec(_Strict):

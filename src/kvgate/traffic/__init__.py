@@ -1,0 +1,8 @@
+"""Traffic like production: samples of a deployment's own requests, replayed by the load and soak gates.
+
+- :mod:`~kvgate.traffic.sample`: :class:`TrafficSample` / :class:`TraceRequest`, the loaders
+  (:func:`load_sample`, :func:`sample_for` for a profile workload's ``traffic:``), length
+  percentiles and provenance (file, SHA-256), :func:`overlong` (requests the deployment cannot serve).
+- :mod:`~kvgate.traffic.replay`: :func:`plan_replay` (open loop on recorded arrivals, or closed loop
+  drawing from the sample) and :func:`run_replay` (exact-length prompts, sent with :mod:`kvgate.load`).
+"""
