@@ -197,7 +197,7 @@ def test_latency_fail_names_the_burst_the_over_slo_requests_arrived_in(tmp_path)
     assert "open loop at 1x): prompt p50/p99 30/39 tokens (declared 16/40), output p50/p99 8/8 tokens (declared 8)" \
         in v.message
     assert "TTFT p95 1,397 ms" in v.message and "> SLO 500 ms; 32 of the 32 over-SLO requests arrived in the burst at " \
-        "2.0-2.3 s (32 requests in 0.3 s, 110 req/s vs 13.2 req/s mean) -> FAIL" in v.message, v.message
+        "2.0-2.3 s (32 requests in 0.29 s, 110 req/s vs 13.2 req/s mean) -> FAIL" in v.message, v.message
     ev = v.evidence["traffic"]
     assert ev["plan"]["drawn"] == 50 and ev["plan"]["sha256"] == obs.traffic.sample.sha256
     assert ev["busiest_window"]["burst"] and ev["burst_share"]["TTFT"]["over_in"] == 32

@@ -210,7 +210,9 @@ def burst_share(records: Sequence[Any], window: dict[str, Any], over: Sequence[A
 
 def _burst_text(window: dict[str, Any], share: dict[str, Any]) -> str:
     w = window
-    rate = "at once" if w["rate_rps"] is None else f"in {w['end_s'] - w['start_s']:.1f} s, {w['rate_rps']:.0f} req/s"
+    d = w["end_s"] - w["start_s"]
+    rate = "at once" if w["rate_rps"] is None else f"in {d:.1f} s" if d >= 1 else f"in {d:.2f} s"
+    rate += "" if w["rate_rps"] is None else f", {w['rate_rps']:.0f} req/s"
     return (f"{share['over_in']} of the {share['over']} over-SLO requests arrived in the burst at "
             f"{w['start_s']:.1f}-{w['end_s']:.1f} s ({w['requests']} requests {rate} vs {w['mean_rps']:.1f} req/s mean)")
 
