@@ -123,3 +123,165 @@ def test_a_profile_without_a_long_or_short_workload_skips_the_gates_that_load_wi
                                            "slo": PROFILE.slo.model_copy(update={"workload": None})})
     v = workloads_missing(only_long, "slo")
     assert v is not None and "declares no short workload" in v.message
+
+
+# ------------------------------------------------------------------ traffic replays
+def sample_file(tmp_path, rows, name="trace.jsonl"):
+    import json
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def replay_profile(tmp_path, rows, **traffic):
+    """fake-vllm's profile with its chat workload replaying ``rows`` (a JSONL sample in tmp_path)."""
+    import yaml
+    path = sample_file(tmp_path, rows)
+    data = {"extends": str(PROFILE.source), "slo": {"requests": 64},
+            "workloads": {"chat": {"prompt_tokens": 16, "prompt_tokens_p99": 40, "output_tokens": 8, "concurrency": 2,
+                                   "traffic": {"path": path.name, **traffic}}}}
+    prof = tmp_path / "replay.yaml"
+    prof.write_text(yaml.safe_dump(data))
+    return load_profile(str(prof))
+
+
+def burst_rows(burst=True):
+    """20 requests at 5 req/s over 3.8 s, plus (``burst``) 30 more at 2.0-2.29 s (two of the 20 are
+    due in it too)."""
+    rows = [{"prompt_tokens": 20 + i, "output_tokens": 8, "arrival_s": 100 + i * 0.2} for i in range(20)]
+    if burst:
+        rows += [{"prompt_tokens": 30, "output_tokens": 8, "arrival_s": 102.0 + j * 0.01} for j in range(30)]
+    return rows
+
+
+def replayed_obs(profile, ttft_of=lambda off: 0.05, turns=None):
+    """A latency observation of ``profile``'s chat replay: each planned request sent on time,
+    first token ``ttft_of(offset)`` s later."""
+    from kvgate.load.scenarios import Traffic
+    from kvgate.traffic.replay import ReplayResult, plan_replay
+    from kvgate.traffic.sample import sample_for
+    sample = sample_for(profile, "chat")
+    plan = plan_replay(sample, profile.workloads["chat"].traffic, profile.slo.concurrency, profile.slo.requests)
+    recs = []
+    for i, it in enumerate(plan.items):
+        r = tagged(i, "slo", it.offset_s, it.offset_s + ttft_of(it.offset_s), it.offset_s + ttft_of(it.offset_s) + 0.1)
+        recs.append(r)
+    result = LoadResult("open", recs, len(recs), max(r.end_s for r in recs), 60.0)
+    t = Traffic("chat", sample, plan, profile.engine.max_model_len, profile.limits.max_tokens_cap)
+    t.replay = ReplayResult(plan, result, turns or [])
+    return LoadObservation("latency (chat, replayed)", result, MetricsTrace(samples=[]), 20, 8, 2, traffic=t)
+
+
+def test_busiest_window_finds_the_burst_and_not_a_steady_schedule():
+    from kvgate.gates.load import busiest_window
+    steady = busiest_window([i * 0.5 for i in range(60)])
+    assert steady is not None and not steady["burst"] and steady["window_s"] == 5.0
+    ts = [i * 0.5 for i in range(60)] + [12.0 + j * 0.028 for j in range(40)]  # 40 requests in 1.1 s at 12 s
+    w = busiest_window(ts)
+    assert w["burst"] and w["mean_rps"] == len(ts) / 29.5 and w["outside_rps"] < 2.1
+    # trimmed to the bunch: the steady arrivals 0.5 s apart around it are left out, those within it stay
+    assert (w["start_s"], round(w["end_s"], 3), w["requests"]) == (12.0, 13.092, 43)
+    assert busiest_window([1.0]) is None and busiest_window([2.0, 2.0]) is None
+    at_once = busiest_window([0.0] * 10 + [20.0])
+    assert at_once["requests"] == 10 and at_once["rate_rps"] is None and at_once["burst"]
+
+
+def test_latency_fail_names_the_burst_the_over_slo_requests_arrived_in(tmp_path):
+    from kvgate.gates.load import latency_verdict
+    prof = replay_profile(tmp_path, burst_rows())
+    # the requests due in the burst (2.0-2.29 s) wait in a queue: first token 0.6-1.5 s late
+    obs = replayed_obs(prof, ttft_of=lambda off: 0.6 + (off - 2.0) * 3 if 2.0 <= off < 2.3 else 0.05)
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.FAIL, v.message
+    assert v.message.startswith("50 requests replayed 50 of 50 requests of trace.jsonl (sha256 ")
+    assert "open loop at 1x): prompt p50/p99 30/39 tokens (declared 16/40), output p50/p99 8/8 tokens (declared 8)" \
+        in v.message
+    assert "TTFT p95 1,397 ms" in v.message and "> SLO 500 ms; 32 of the 32 over-SLO requests arrived in the burst at " \
+        "2.0-2.3 s (32 requests in 0.29 s, 110 req/s vs 13.2 req/s mean) -> FAIL" in v.message, v.message
+    ev = v.evidence["traffic"]
+    assert ev["plan"]["drawn"] == 50 and ev["plan"]["sha256"] == obs.traffic.sample.sha256
+    assert ev["busiest_window"]["burst"] and ev["burst_share"]["TTFT"]["over_in"] == 32
+
+
+def test_latency_fail_outside_the_burst_does_not_blame_it(tmp_path):
+    from kvgate.gates.load import latency_verdict
+    prof = replay_profile(tmp_path, burst_rows())
+    v = latency_verdict(replayed_obs(prof, ttft_of=lambda off: 0.9), prof)  # slow everywhere
+    assert v.status is Status.FAIL and "TTFT p95 900 ms > SLO 500 ms" in v.message
+    assert "burst" not in v.message, v.message
+
+
+def test_latency_pass_on_the_replay_without_the_burst_names_the_sample(tmp_path):
+    from kvgate.gates.load import latency_verdict
+    prof = replay_profile(tmp_path, burst_rows(burst=False))
+    v = latency_verdict(replayed_obs(prof), prof)
+    assert v.status is Status.PASS, v.message
+    assert "20 requests replayed 20 of 20 requests of trace.jsonl" in v.message and "burst" not in v.message
+    assert v.evidence["traffic"]["busiest_window"]["burst"] is False
+
+
+def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
+    from kvgate.gates.load import later_turns, latency_verdict
+    prof = replay_profile(tmp_path, burst_rows(burst=False))
+    turns = [{"turn": 0, "requests": 8, "cached_tokens_mean": 0.0, "ttft_p50_ms": 48.0},
+             {"turn": 1, "requests": 8, "cached_tokens_mean": 272.0, "ttft_p50_ms": 30.0},
+             {"turn": 2, "requests": 4, "cached_tokens_mean": 410.0, "ttft_p50_ms": 32.0}]
+    v = latency_verdict(replayed_obs(prof, turns=turns), prof)
+    assert v.status is Status.PASS
+    assert "; later turns (12 requests): cached_tokens mean 318, TTFT p50 30 ms (first turns: cached_tokens mean 0, " \
+        "TTFT p50 48 ms) -> PASS" in v.message, v.message
+    assert v.evidence["traffic"]["turns"] == turns and v.evidence["traffic"]["later_turns"]["later"]["requests"] == 12
+    assert later_turns([{"turn": 0, "requests": 3}]) is None and later_turns([]) is None
+    assert later_turns([{"turn": 1, "requests": 2, "cached_tokens_mean": None}])["later"]["cached_tokens_mean"] is None
+
+
+def test_a_sample_that_does_not_fit_fails_before_anything_is_sent(tmp_path):
+    """A sample with requests over max_model_len (256 on the fake's profile): every load gate FAILs
+    naming the p99, the limit and the file, and the scenario sends nothing -- no /tokenize, no
+    completion, no /metrics scrape (the client and the endpoint refuse any use)."""
+    from kvgate.gates.load import concurrent_long_verdict, interference_verdict, latency_verdict
+    from kvgate.load.scenarios import run_interference, run_latency
+
+    rows = [{"prompt_tokens": 100, "output_tokens": 8}] * 90 + [{"prompt_tokens": 300, "output_tokens": 8}] * 10
+    prof = replay_profile(tmp_path, rows, replay="closed")
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"sent something: {name}")
+
+    obs = run_latency(Untouchable(), Untouchable(), prof)
+    assert obs.result.records == [] and obs.traffic.replay is None
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.FAIL and v.measured == 300 and v.limit == 248, v.message
+    assert v.message.startswith("traffic sample trace.jsonl (sha256 ") and "workloads.chat.traffic): prompt p99 300 " \
+        "tokens > 248 (max_model_len 256 - 8 p99 output tokens); 10 of 100 requests (10%) do not fit as recorded " \
+        "(prompt + output over max_model_len 256 or output over the max_tokens cap 64), the first on line 91 -> FAIL; " \
+        "nothing was sent" in v.message, v.message
+    alone, mixed = run_interference(Untouchable(), Untouchable(), prof)
+    assert interference_verdict(alone, mixed, prof).status is Status.FAIL
+    assert concurrent_long_verdict(obs, prof).message == v.message.replace("latency/slo", "concurrency/long-sequences")
+
+
+def test_concurrent_long_replay_compares_each_request_with_its_recorded_output(tmp_path):
+    from kvgate.load.scenarios import Traffic
+    from kvgate.traffic.replay import ReplayResult, plan_replay
+    from kvgate.traffic.sample import sample_for
+    prof = replay_profile(tmp_path, [{"prompt_tokens": 200, "output_tokens": 8}, {"prompt_tokens": 180,
+                                                                                  "output_tokens": 5}], replay="closed")
+    sample = sample_for(prof, "chat")
+    plan = plan_replay(sample, prof.workloads["chat"].traffic, 2, 4)
+
+    def run(tokens):
+        result = LoadResult("closed", [rec(i, tokens=k) for i, k in enumerate(tokens)], len(tokens), 0.2, 60.0)
+        t = Traffic("chat", sample, plan, 256, 64, replay=ReplayResult(plan, result))
+        return concurrent_long_verdict(LoadObservation("concurrent-long (chat, replayed)", result, obs([]).trace,
+                                                       190, 8, 2, traffic=t), prof)
+
+    want = sorted(max(1, it.trace.output_tokens) for it in plan.items)
+    good = run(want[::-1])
+    assert good.status is Status.PASS, good.message
+    assert good.message.startswith("2 long sequences at concurrency 2, replayed 2 of 2 requests of trace.jsonl")
+    assert "2/2 completed 200 with their recorded output tokens" in good.message
+    assert good.evidence["traffic"]["plan"]["mode"] == "closed"
+    bad = run([*want[:-1], 7])
+    assert bad.status is Status.FAIL and "1 completed with [7] tokens instead of their recorded output" in bad.message

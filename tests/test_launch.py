@@ -163,8 +163,9 @@ def test_render_command_renders_every_serve_feature_flag_of_the_features_profile
     ({"enable_prompt_tokens_details": True}, ["--enable-prompt-tokens-details"]),
 ])
 def test_render_command_renders_each_serve_feature_only_when_set(engine, want):
-    base = render_command(load_profile("tiny-cpu"), "/m", 1234, python="py")
-    cmd = render_command(_with_engine("tiny-cpu", **engine), "/m", 1234, python="py")
+    plain = {"enable_prompt_tokens_details": False}  # tiny-cpu sets it: the base renders none of them
+    base = render_command(_with_engine("tiny-cpu", **plain), "/m", 1234, python="py")
+    cmd = render_command(_with_engine("tiny-cpu", **{**plain, **engine}), "/m", 1234, python="py")
     assert cmd == base + want  # after the other engine flags; extra_args (none here) would follow
 
 
@@ -200,10 +201,11 @@ TINY_CPU_COMMAND = [
     "--host", "127.0.0.1", "--port", "1234", "--max-model-len", "2048", "--max-num-seqs", "8",
     "--max-num-batched-tokens", "4096", "--dtype", "float32", "--kv-cache-memory-bytes", "67108864",
     "--enforce-eager", "--override-generation-config", '{"max_new_tokens": 512}', "--shutdown-timeout", "10",  # rollout.drain_timeout_s
+    "--enable-prompt-tokens-details",  # cached_tokens reported: tiny-cpu-replay's per-turn cache effect
 ]
+# --enable-prompt-tokens-details is tiny-cpu's own (and so every profile extending it): reporting only
 FEATURE_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "--tool-strict-level", "--reasoning-parser",
-                 "--structured-outputs-config", "--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules",
-                 "--enable-prompt-tokens-details")
+                 "--structured-outputs-config", "--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules")
 
 
 def test_existing_profiles_render_unchanged():

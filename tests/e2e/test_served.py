@@ -5,7 +5,10 @@ turn by everything that needs only a healthy tiny-cpu server -- one vLLM start i
    profile that passes the fit gate (first: the histograms hold exactly this test's 16 requests);
 2. the ``--endpoint`` command ``kvgate serve`` printed, run: the same verdicts as the main job's
    own launch (``embedded_run``, tests/e2e/conftest.py; every gate but the soak);
-3. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
+3. ``--profile tiny-cpu-replay -m load`` against it: the load gates replay the shipped traffic
+   sample (multi-turn sessions) and PASS, later turns' cached_tokens > 0 (skipped while
+   profiles/traffic/tiny-chat.jsonl is not in the tree);
+4. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
    server).
 
 The tests run in this order (pytest keeps a module's order); run alone, each still works (the
@@ -14,6 +17,7 @@ server starts for the first of them that runs). Marked e2e.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal
 import subprocess
@@ -132,7 +136,35 @@ def test_endpoint_mode_gives_same_verdicts(embedded_run, running_server, tmp_pat
     assert target["launch"] == {}  # nothing launched: the existing server was gated
 
 
-# ------------------------------------------------------------------ 3. Ctrl-C (last: ends the server)
+# ------------------------------------------------------------------ 3. the replay profile's load gates
+SAMPLE = REPO / "profiles" / "traffic" / "tiny-chat.jsonl"
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason="profiles/traffic/tiny-chat.jsonl, the shipped traffic sample "
+                                                 "tiny-cpu-replay replays, is not in this tree")
+def test_replay_profile_load_gates_replay_the_sample_and_pass(running_server, tmp_path):
+    """``pytest --profile tiny-cpu-replay --endpoint URL -m load`` on the tiny-cpu server (tiny-cpu
+    reports cached_tokens too): the three load gates PASS, the latency gate replayed the shipped
+    sample (its SHA-256 in the evidence, multi-turn sessions included) and the later turns found
+    their history and system prompt in the prefix cache (cached_tokens > 0)."""
+    proc, target = main_job(tmp_path, "--profile", "tiny-cpu-replay", f"--endpoint={running_server.url}", "-m", "load")
+    gates = {g["id"]: g for g in target["gates"]}
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert {i: g["status"] for i, g in gates.items()} == {
+        "tiny-cpu-replay/concurrency/long-sequences": "PASS", "tiny-cpu-replay/latency/slo": "PASS",
+        "tiny-cpu-replay/latency/interference": "PASS"}, [g["message"] for g in gates.values()]
+    slo = gates["tiny-cpu-replay/latency/slo"]
+    assert "of traffic/tiny-chat.jsonl (sha256 " in slo["message"] and "(declared 600/1,400)" in slo["message"]
+    ev = slo["evidence"]["traffic"]
+    assert ev["plan"]["sha256"] == hashlib.sha256(SAMPLE.read_bytes()).hexdigest() and ev["plan"]["mode"] == "open"
+    assert ev["plan"]["sessions"] > 0 and any((t.get("turn") or 0) > 0 for t in ev["turns"]), ev["turns"]
+    later = ev["later_turns"]["later"]
+    assert later["requests"] > 0 and later["cached_tokens_mean"] and later["cached_tokens_mean"] > 0, ev["later_turns"]
+    assert "later turns (" in slo["message"]
+    assert "of traffic/tiny-chat.jsonl" in gates["tiny-cpu-replay/latency/interference"]["message"]
+
+
+# ------------------------------------------------------------------ 4. Ctrl-C (last: ends the server)
 def test_kvgate_serve_stops_on_ctrl_c_without_traceback(running_server):
     served = running_server
     pids = [c.pid for c in psutil.Process(served.proc.pid).children(recursive=True)]

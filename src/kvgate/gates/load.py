@@ -4,16 +4,24 @@ interference. Inputs are :class:`~kvgate.load.scenarios.LoadObservation`; no I/O
 Every verdict first asks whether the client kept up (:meth:`kvgate.load.LoadResult.invalid_verdict`
 with the profile's ``limits.schedule_lag_max_s``): a run whose client fell behind is INVALID, not
 PASS or FAIL.
+
+A run that replayed a traffic sample (``obs.traffic``, :class:`~kvgate.load.scenarios.Traffic`)
+says which (file, SHA-256 prefix, requests drawn, open/closed loop, speed-up) and its length
+percentiles beside the profile's declared ones; its evidence carries the plan's provenance and the
+per-turn cache effect (:func:`later_turns`). A sample that does not fit the deployment FAILs
+before anything is sent (:func:`overlong_verdict`). An open-loop replay whose SLO breaks where its
+arrivals bunch names the burst (:func:`busiest_window`, :func:`burst_share`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from kvgate.profile.models import Profile
-from kvgate.load.scenarios import LoadObservation, ScenarioError, long_workload, short_workload
-from kvgate.stats import summarize
+from kvgate.load.scenarios import LoadObservation, ScenarioError, Traffic, long_workload, short_workload
+from kvgate.stats import request_metrics, summarize
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.gates.health import canary_verdict
@@ -28,6 +36,202 @@ def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:
                    measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit, evidence=v.evidence)
 
 
+# ------------------------------------------------------------------------------------------------
+# traffic replays
+
+
+def _num(x: int | float) -> str:
+    return f"{x:,.0f}"
+
+
+def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
+    """What was replayed, for a verdict's message: ``replayed 32 of 300 requests of
+    traffic/tiny-chat.jsonl (sha256 3f2a..., open loop at 1x): prompt p50/p99 412/1,530 tokens
+    (declared 400/1,500), output p50/p99 30/120 tokens (declared 32)``. Percentiles (tokens) are
+    the whole sample's (nearest rank); declared: the workload's ``prompt_tokens`` /
+    ``prompt_tokens_p99`` and ``output_tokens``. ``how``: instead of the plan's loop (a gate that
+    sends the drawn lengths on a schedule of its own)."""
+    plan, sample = t.plan, t.sample
+    wl = profile.workloads[t.workload]
+    how = how or (f"open loop at {plan.speedup:g}x" if plan.mode == "open" else f"closed loop at concurrency {plan.concurrency}")
+    p, o = sample.percentiles("prompt_tokens", (50, 99)), sample.percentiles("output_tokens", (50, 99))
+    d99 = _num(wl.prompt_tokens_p99) if wl.prompt_tokens_p99 else "-"
+    capped = f"; sent with at most {t.outputs_capped_at} output tokens" if t.outputs_capped_at else ""
+    return (f"replayed {len(plan.items):,} of {len(sample.requests):,} requests of {sample.path} (sha256 "
+            f"{sample.sha256[:12]}, {how}{capped}): prompt p50/p99 {_num(p['p50'])}/{_num(p['p99'])} tokens "
+            f"(declared {_num(wl.prompt_tokens)}/{d99}), output p50/p99 {_num(o['p50'])}/{_num(o['p99'])} tokens "
+            f"(declared {_num(wl.output_tokens)})")
+
+
+def later_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cache effect of a multi-turn replay from its per-turn rows (``turn`` 0-based,
+    ``requests``, ``cached_tokens_mean`` (tokens, None where the server reports none),
+    ``ttft_p50_ms``): ``{"first": {...}, "later": {...}}`` with each group's requests,
+    request-weighted mean cached tokens and TTFT p50 (the median of the rows' p50s, ms); None
+    without a later turn. vLLM reports ``cached_tokens`` only with
+    ``--enable-prompt-tokens-details`` (``engine.enable_prompt_tokens_details``)."""
+    def group(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        n = sum(int(r.get("requests") or 0) for r in rows)
+        cached = [(r.get("cached_tokens_mean", r.get("cached_tokens")), int(r.get("requests") or 0)) for r in rows]
+        known = [(c, k) for c, k in cached if c is not None]
+        ttfts = sorted(r["ttft_p50_ms"] for r in rows if r.get("ttft_p50_ms") is not None)
+        return {"requests": n,
+                "cached_tokens_mean": (sum(c * k for c, k in known) / max(1, sum(k for _, k in known))) if known else None,
+                "ttft_p50_ms": ttfts[(len(ttfts) - 1) // 2] if ttfts else None}
+
+    rows = [dict(r) for r in turns or () if isinstance(r, dict)]
+    later = [r for r in rows if (r.get("turn") or 0) > 0]
+    if not later:
+        return None
+    return {"first": group([r for r in rows if (r.get("turn") or 0) == 0]), "later": group(later)}
+
+
+def _cache_text(effect: dict[str, Any] | None) -> str:
+    if not effect:
+        return ""
+    f, lt = effect["first"], effect["later"]
+
+    def one(g: dict[str, Any]) -> str:
+        c = "cached_tokens n/a" if g["cached_tokens_mean"] is None else f"cached_tokens mean {_num(g['cached_tokens_mean'])}"
+        t = "" if g["ttft_p50_ms"] is None else f", TTFT p50 {_num(g['ttft_p50_ms'])} ms"
+        return f"{c}{t}"
+
+    return f"; later turns ({lt['requests']} requests): {one(lt)} (first turns: {one(f)})"
+
+
+def traffic_evidence(obs: LoadObservation) -> dict[str, Any] | None:
+    """The replay part of a verdict's evidence: ``plan`` (:meth:`ReplayPlan.provenance`), the
+    drawn requests' length percentiles, ``turns`` (per-turn rows of the replay), ``cache`` (the
+    replay's cache summary, if it has one) and ``later_turns`` (:func:`later_turns`); None
+    without a replay."""
+    t = obs.traffic
+    if t is None:
+        return None
+    from kvgate.traffic.sample import TrafficSample
+
+    drawn = TrafficSample(tuple(it.trace for it in t.plan.items), t.sample.path, t.sample.sha256, t.sample.format)
+    rr = t.replay
+    turns = list(getattr(rr, "turns", None) or [])
+    return {"workload": t.workload, "plan": t.plan.provenance(),
+            "drawn": {"prompt_tokens": drawn.percentiles("prompt_tokens"),
+                      "output_tokens": drawn.percentiles("output_tokens")} if drawn.requests else None,
+            "outputs_capped_at": t.outputs_capped_at, "overlong": t.overlong, "sent": rr is not None,
+            "turns": turns, "cache": getattr(rr, "cache", None), "later_turns": later_turns(turns)}
+
+
+def overlong_verdict(gate: str, obs: LoadObservation) -> Verdict | None:
+    """FAIL, before any request is sent, when the replayed sample has requests the deployment
+    cannot serve as recorded (``obs.traffic.overlong``): its prompt p99 over ``max_model_len``
+    minus the p99 output (capped at ``limits.max_tokens_cap``), or any request's prompt + output
+    over ``max_model_len`` or output over the cap. Names the p99, the limit and the file."""
+    t = obs.traffic
+    if t is None or not t.overlong:
+        return None
+    o, s = t.overlong, t.sample
+    out = t.max_model_len - o["limit"]
+    where = f"traffic sample {s.path} (sha256 {s.sha256[:12]}, workloads.{t.workload}.traffic)"
+    p99 = (f"prompt p99 {_num(o['prompt_p99'])} tokens > {_num(o['limit'])} (max_model_len "
+           f"{_num(t.max_model_len)} - {_num(out)} p99 output tokens)" if o["prompt_p99"] > o["limit"] else
+           f"prompt p99 {_num(o['prompt_p99'])} tokens within {_num(o['limit'])} (max_model_len "
+           f"{_num(t.max_model_len)} - {_num(out)} p99 output tokens)")
+    cap = f" or output over the max_tokens cap {_num(t.max_tokens_cap)}" if t.max_tokens_cap else ""
+    bad = (f"; {o['requests']:,} of {len(s.requests):,} requests ({o['share']:.0%}) do not fit as recorded "
+           f"(prompt + output over max_model_len {_num(t.max_model_len)}{cap}), the first on line {o['first_line']}"
+           if o["requests"] else "")
+    return Verdict(gate, FAIL, f"{where}: {p99}{bad} -> FAIL; nothing was sent (the deployment cannot serve this "
+                   "traffic: raise max_model_len or cut the sample)", measured=o["prompt_p99"], limit=o["limit"],
+                   unit="tokens", evidence={"scenario": obs.name, "traffic": traffic_evidence(obs)})
+
+
+#: A burst: the busiest arrival window of an open-loop replay holding at least BURST_MIN_REQUESTS
+#: requests at BURST_FACTOR times the arrival rate outside it or more. The window is
+#: BURST_WINDOW_GAPS mean inter-arrival gaps wide, at most a quarter of the schedule's span (so
+#: there is an outside to compare with), at least BURST_MIN_WINDOW_S. Measured on seeded steady
+#: Poisson schedules (1,000 each): at factor 4 none of 30, 100, 300 or 1,000 requests is called a
+#: burst, 18 of 1,000 16-request ones are (at factor 3: 28 of 1,000 30-request ones).
+BURST_MIN_REQUESTS = 8
+BURST_FACTOR = 4.0
+BURST_WINDOW_GAPS = 10
+BURST_MIN_WINDOW_S = 0.1
+#: The over-SLO requests concentrate in the burst when at least this share of them arrived in it
+#: (and a larger share than the burst's share of all requests).
+BURST_SHARE = 0.5
+
+
+def busiest_window(times_s: Sequence[float], window_s: float | None = None) -> dict[str, Any] | None:
+    """The busiest arrival window of a schedule (``times_s``: arrival offsets, seconds, any order).
+
+    Slides a window of ``window_s`` seconds (default: :data:`BURST_WINDOW_GAPS` mean gaps, at most a
+    quarter of the span, at least :data:`BURST_MIN_WINDOW_S`) over the arrivals and keeps the one holding the most (the earliest
+    of equals); it is a ``burst`` when it holds at least :data:`BURST_MIN_REQUESTS` at
+    :data:`BURST_FACTOR` x the rate outside it. Its edges are then trimmed to the bunch: an edge
+    arrival is dropped while its gap to the next one inside exceeds the schedule's mean gap.
+    Returns ``{"start_s", "end_s", "requests"`` (the trimmed bunch), ``"rate_rps"`` (requests /
+    (end - start); None when they arrived at once), ``"mean_rps"`` (all requests / the schedule's
+    span), ``"outside_rps"``, ``"window_s"``, ``"burst"}``; None for fewer than two arrivals or a
+    zero span. Pure: the latency gate reads it from the replayed records' ``scheduled_s``."""
+    ts = sorted(float(t) for t in times_s)
+    if len(ts) < 2 or ts[-1] <= ts[0]:
+        return None
+    span = ts[-1] - ts[0]
+    gap = span / (len(ts) - 1)
+    w = window_s if window_s is not None else max(BURST_MIN_WINDOW_S, min(BURST_WINDOW_GAPS * gap, span / 4))
+    best_i, best_j, j = 0, 0, 0
+    for i, t in enumerate(ts):
+        j = max(j, i)
+        while j + 1 < len(ts) and ts[j + 1] <= t + w:
+            j += 1
+        if j - i > best_j - best_i:
+            best_i, best_j = i, j
+    count = best_j - best_i + 1
+    outside = (len(ts) - count) / max(span - min(w, span), w)
+    burst = count >= BURST_MIN_REQUESTS and count / min(w, span) >= BURST_FACTOR * outside
+    i, j = best_i, best_j
+    while j - i >= BURST_MIN_REQUESTS and ts[i + 1] - ts[i] > gap:
+        i += 1
+    while j - i >= BURST_MIN_REQUESTS and ts[j] - ts[j - 1] > gap:
+        j -= 1
+    n, start, end = j - i + 1, ts[i], ts[j]
+    return {"start_s": start, "end_s": end, "requests": n, "rate_rps": n / (end - start) if end > start else None,
+            "mean_rps": len(ts) / span, "outside_rps": outside, "window_s": w, "burst": burst}
+
+
+def burst_share(records: Sequence[Any], window: dict[str, Any], over: Sequence[Any]) -> dict[str, Any]:
+    """How many of the ``over`` (over-SLO) records arrived (``scheduled_s``, seconds) in
+    ``window`` (:func:`busiest_window`) among all ``records``: ``{"over", "over_in", "all",
+    "all_in", "concentrated"}`` -- concentrated when at least :data:`BURST_SHARE` of the over-SLO
+    requests, and a larger share than of all requests, arrived in it."""
+    def inside(r: Any) -> bool:
+        return window["start_s"] <= r.scheduled_s <= window["end_s"]
+
+    over_in, all_in = sum(1 for r in over if inside(r)), sum(1 for r in records if inside(r))
+    conc = bool(over) and over_in / len(over) >= BURST_SHARE and over_in / len(over) > all_in / max(1, len(records))
+    return {"over": len(over), "over_in": over_in, "all": len(records), "all_in": all_in, "concentrated": conc}
+
+
+def _burst_text(window: dict[str, Any], share: dict[str, Any]) -> str:
+    w = window
+    d = w["end_s"] - w["start_s"]
+    rate = "at once" if w["rate_rps"] is None else f"in {d:.1f} s" if d >= 1 else f"in {d:.2f} s"
+    rate += "" if w["rate_rps"] is None else f", {w['rate_rps']:.0f} req/s"
+    return (f"{share['over_in']} of the {share['over']} over-SLO requests arrived in the burst at "
+            f"{w['start_s']:.1f}-{w['end_s']:.1f} s ({w['requests']} requests {rate} vs {w['mean_rps']:.1f} req/s mean)")
+
+
+def _over_slo(records: Sequence[Any], key: str, limit_ms: float) -> list[Any]:
+    """Successful records over ``limit_ms`` in ``key`` (``ttft_ms``: TTFT; ``e2e_ms``: e2e;
+    ``itl_ms``: the request's longest inter-token gap)."""
+    out = []
+    for r in records:
+        if not r.ok:
+            continue
+        m = request_metrics(r)
+        v = m.ttft_s if key == "ttft_ms" else m.e2e_s if key == "e2e_ms" else max(m.itl_s, default=None)
+        if v is not None and v * 1e3 > limit_ms:
+            out.append(r)
+    return out
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.0f}%"
 
@@ -38,6 +242,8 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     Peak KV usage and running/waiting recorded. Without ``/metrics`` preemptions are not
     observable: noted in the message, judged on client-side evidence only."""
     gate = "concurrency/long-sequences"
+    if (refused := overlong_verdict(gate, obs)) is not None:
+        return refused
     inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
     if inv:
         return inv
@@ -45,7 +251,13 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     n = obs.concurrency
     ok = [r for r in recs if r.ok]
     five = [r for r in recs if r.status >= 500]
-    bad_tokens = [r.tokens for r in ok if r.tokens != obs.output_tokens]
+    t = obs.traffic
+    if t is None:
+        bad_tokens = [r.tokens for r in ok if r.tokens != obs.output_tokens]
+    else:  # each replayed request generates its recorded output (ignore_eos): compare the multisets
+        n = len(t.plan.items)
+        want = Counter(max(1, it.trace.output_tokens) for it in t.plan.items)
+        bad_tokens = list((Counter(r.tokens for r in ok) - want).elements())
     trace = obs.trace
     pre = trace.delta("preemptions")
     kv = trace.peak("kv_usage")
@@ -59,22 +271,29 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
         errs = sorted({(r.status, (r.error or "")[:80]) for r in recs if not r.ok})
         problems.append(f"{len(recs) - len(ok)} of {len(recs)} failed ({len(five)} 5xx): {errs[:3]}")
     if bad_tokens:
-        problems.append(f"{len(bad_tokens)} completed with {sorted(set(bad_tokens))} tokens instead of {obs.output_tokens}")
+        problems.append(f"{len(bad_tokens)} completed with {sorted(set(bad_tokens))} tokens instead of "
+                        f"{'their recorded output' if t is not None else obs.output_tokens}")
     if pre is not None and pre > allowed:
         problems.append(f"{pre:g} preemptions (allowed {allowed}): the KV pool could not hold {n} sequences")
     if can is not None and can.status is FAIL:
         problems.append(can.message.removesuffix(" -> FAIL"))
     what = f"{n} concurrent {obs.prompt_tokens:,}+{obs.output_tokens}-token sequences"
+    if t is not None:
+        what = f"{n} long sequences at concurrency {obs.concurrency}, {replay_text(t, profile)}"
     seen = (f"preemptions {'n/a (no /metrics)' if pre is None else f'{pre:g}'} (allowed {allowed}), "
             f"peak KV usage {_pct(kv)}, peak running {running if running is None else f'{running:g}'}, "
             f"peak waiting {waiting if waiting is None else f'{waiting:g}'}")
     ev = {"scenario": obs.name, "trace": trace.to_dict(), "records": obs.result.rows(),
           "canary": can.to_dict() if can else None, "wall_s": obs.result.wall_s, "transport": obs.result.transport}
     ev["peaks"] = {"kv_usage_ratio": kv, "running": running, "waiting": waiting}
+    if t is not None:
+        ev["traffic"] = traffic_evidence(obs)
     done_ok = len(ok) == n and not bad_tokens
+    outs = "their recorded output tokens" if t is not None else f"{obs.output_tokens} tokens"
     parts = [Verdict(f"{gate}.completed", PASS if done_ok else FAIL,
-                     f"{len(ok)}/{n} completed 200 with {obs.output_tokens} tokens -> {'PASS' if done_ok else 'FAIL'}",
-                     measured=len([r for r in ok if r.tokens == obs.output_tokens]), limit=n, unit="requests")]
+                     f"{len(ok)}/{n} completed 200 with {outs} -> {'PASS' if done_ok else 'FAIL'}",
+                     measured=len(ok) - len(bad_tokens) if t is not None else
+                     len([r for r in ok if r.tokens == obs.output_tokens]), limit=n, unit="requests")]
     if pre is None:
         parts.append(Verdict(f"{gate}.preemptions", SKIP, "no /metrics; preemptions not observable",
                              limit=allowed, unit="preemptions"))
@@ -87,7 +306,7 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     if problems:
         return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + f"; {seen} -> FAIL", measured=parts[0].measured,
                        limit=n, unit="requests", evidence=ev, parts=tuple(parts))
-    return Verdict(gate, PASS, f"{what}: {len(ok)}/{n} completed 200 with {obs.output_tokens} tokens in "
+    return Verdict(gate, PASS, f"{what}: {len(ok)}/{n} completed 200 with {outs} in "
                    f"{obs.result.wall_s:.2f} s; {seen} -> PASS", measured=parts[0].measured, limit=n, unit="requests",
                    evidence=ev, parts=tuple(parts))
 
@@ -97,13 +316,24 @@ SLO_FIELDS = (("ttft_ms", "ttft_p95_ms", "TTFT"), ("itl_ms", "itl_p95_ms", "ITL"
 
 def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     """TTFT, ITL and e2e p95 (ms) at ``slo.concurrency`` within the profile's ``slo``; error rate
-    within ``slo.error_rate_max``. p50/p95/p99 all recorded."""
+    within ``slo.error_rate_max``. p50/p95/p99 all recorded.
+
+    A replayed traffic sample (``obs.traffic``): FAIL before anything was sent when it does not fit
+    (:func:`overlong_verdict`); the message says what was replayed (:func:`replay_text`) and the
+    later turns' cache effect; an open-loop replay whose over-SLO requests concentrate in its
+    busiest arrival window (:func:`busiest_window`, :func:`burst_share`) names that burst."""
     gate = "latency/slo"
+    if (refused := overlong_verdict(gate, obs)) is not None:
+        return refused
     inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
     if inv:
         return inv
     s = summarize(obs.result.records)
     slo = profile.slo
+    t = obs.traffic
+    recs = obs.result.records
+    window = busiest_window([r.scheduled_s for r in recs]) if t is not None and t.plan.mode == "open" else None
+    bursts: dict[str, Any] = {}
     parts, problems = [], []
     for key, field_name, label in SLO_FIELDS:
         p95 = s[key]["p95"]
@@ -114,13 +344,27 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
             continue
         parts.append(f"{label} p95 {shown} (SLO {limit:,.0f})")
         if p95 is None or p95 > limit:
-            problems.append(f"{label} p95 {shown} > SLO {limit:,.0f} ms")
+            problem = f"{label} p95 {shown} > SLO {limit:,.0f} ms"
+            if window is not None and window["burst"]:
+                share = bursts[label] = burst_share(recs, window, _over_slo(recs, key, limit))
+                if share["concentrated"]:
+                    problem += f"; {_burst_text(window, share)}"
+            problems.append(problem)
     rate = s["error_rate"]
     parts.append(f"errors {s['errors']}/{s['requests']} (max rate {slo.error_rate_max:g})")
     if rate > slo.error_rate_max:
         problems.append(f"error rate {rate:.1%} > {slo.error_rate_max:.1%} ({s['error_samples'][:2]})")
     what = f"{s['requests']} requests ({obs.prompt_tokens:,}+{obs.output_tokens} tokens) at concurrency {obs.concurrency}"
     ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport}
+    tail = ""
+    if t is not None:
+        what = f"{s['requests']} requests {replay_text(t, profile)}"
+        ev["traffic"] = traffic_evidence(obs)
+        ev["traffic"]["busiest_window"], ev["traffic"]["burst_share"] = window, bursts
+        tail = _cache_text(ev["traffic"]["later_turns"])
+        if window is not None and window["burst"] and not problems:
+            tail += (f"; the burst at {window['start_s']:.1f}-{window['end_s']:.1f} s ({window['requests']} requests, "
+                     f"{window['mean_rps']:.1f} req/s mean) held the SLO")
     checks = []
     for key, field_name, label in SLO_FIELDS:
         p95, lim = s[key]["p95"], getattr(slo, field_name)
@@ -139,11 +383,11 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     lead = next((c for c in checks if c.status is FAIL), None) or next((c for c in checks if c.status is PASS))
     shown = {"measured": lead.measured, "limit": lead.limit, "unit": lead.unit, "parts": tuple(checks)}
     if problems:
-        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + " -> FAIL", evidence=ev, **shown)
+        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + f"{tail} -> FAIL", evidence=ev, **shown)
     if all(getattr(slo, f) is None for _, f, _ in SLO_FIELDS):
-        return Verdict(gate, SKIP, f"{what}: " + ", ".join(parts) + "; profile sets no latency SLO", evidence=ev,
+        return Verdict(gate, SKIP, f"{what}: " + ", ".join(parts) + f"{tail}; profile sets no latency SLO", evidence=ev,
                        **shown)
-    return Verdict(gate, PASS, f"{what}: " + ", ".join(parts) + " -> PASS", evidence=ev, **shown)
+    return Verdict(gate, PASS, f"{what}: " + ", ".join(parts) + f"{tail} -> PASS", evidence=ev, **shown)
 
 
 #: Share of judged short requests that must be head-of-line blocked for the gate to call it a
@@ -191,6 +435,8 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
     shorts). The message says which workload suffers and by how much — the measurement behind
     splitting short and long pools."""
     gate = "latency/interference"
+    if (refused := overlong_verdict(gate, mixed)) is not None:
+        return refused
     for obs in (alone, mixed):
         inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
         if inv:
@@ -208,6 +454,9 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
     ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
                           "trace_mixed": mixed.trace.to_dict(),
                           "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio}}
+    if mixed.traffic is not None:
+        what = f"{what}; {replay_text(mixed.traffic, profile, how='prompt lengths sent in the waves')}"
+        ev["traffic"] = traffic_evidence(mixed)
     measured = pm
     problems = []
     if m["errors"] or a["errors"]:

@@ -5,6 +5,13 @@ Each scenario builds exact-length prompts (verified with ``/tokenize``; a distin
 request so prefix caching cannot share KV blocks between them), runs :mod:`kvgate.load` while a
 :class:`~kvgate.http.metrics.MetricsSampler` scrapes ``/metrics``, and returns raw observations. Every
 run is bounded in requests and in time (``deadline_s``).
+
+A workload with ``traffic:`` (:class:`~kvgate.profile.models.TrafficSpec`) is replayed instead of
+its fixed lengths (:mod:`kvgate.traffic`): the scenario reads the sample, plans the replay with the
+gate's own cap (see :data:`LONG_REPLAY_ROUNDS`), and -- before anything is sent -- checks
+that every recorded request fits the deployment (:func:`~kvgate.traffic.sample.overlong`); a sample
+that does not is returned unsent, for the verdict to FAIL. The observation carries a
+:class:`Traffic` (sample, plan, replay result) so the verdict can say what was replayed.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, his
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.http.tokenizers import ABSENT
 from kvgate.profile.models import Profile, Workload
+from kvgate.traffic.replay import ReplayPlan, ReplayResult, plan_replay, run_replay
+from kvgate.traffic.sample import TrafficSample, overlong, sample_for
 
 
 class ScenarioError(Exception):
@@ -25,9 +34,37 @@ class ScenarioError(Exception):
 
 
 @dataclass
+class Traffic:
+    """What a scenario replayed for ``workload`` (its ``traffic:``): the ``sample``, the ``plan``
+    (which requests, when), the ``replay`` once sent (None: nothing was sent), and ``overlong``
+    (:func:`~kvgate.traffic.sample.overlong` against ``max_model_len`` and ``max_tokens_cap``,
+    tokens): when set, the scenario sent nothing. ``outputs_capped_at``: the scenario sent at most
+    this many output tokens per request (interference: TTFT is judged), None when as recorded."""
+
+    workload: str
+    sample: TrafficSample
+    plan: ReplayPlan
+    max_model_len: int
+    max_tokens_cap: int | None
+    overlong: dict[str, Any] | None = None
+    replay: ReplayResult | None = None
+    outputs_capped_at: int | None = None
+
+
+#: The most requests each gate replays from a traffic sample (the smaller of it and the sample's
+#: ``traffic.max_requests`` applies): latency replays ``slo.requests`` (the SLO's own sample
+#: size); interference draws ``waves x shorts_per_wave`` short requests (16) and sends them with 8
+#: output tokens, alone and among long prefills, as without traffic; the long-sequence gate
+#: replays two rounds of the long workload's concurrency (LONG_REPLAY_ROUNDS). Open-loop replays
+#: are further cut by ``traffic.max_duration_s`` (seconds of the sped-up schedule).
+LONG_REPLAY_ROUNDS = 2
+
+
+@dataclass
 class LoadObservation:
     """A load run with the server's gauges around it. ``prompt_tokens``/``output_tokens`` per
-    request (tokens); ``canary``: health-truth generation after the run (None if not taken)."""
+    request (tokens; a replay: the replayed requests' p50); ``canary``: health-truth generation
+    after the run (None if not taken); ``traffic``: what was replayed (None: fixed lengths)."""
 
     name: str
     result: LoadResult
@@ -37,6 +74,7 @@ class LoadObservation:
     concurrency: int
     canary: Exchange | None = None
     extra: dict[str, Any] | None = None
+    traffic: Traffic | None = None
 
 
 def long_workload(profile: Profile) -> tuple[str, Workload]:
@@ -74,6 +112,59 @@ def _specs(client: KvClient, endpoint: Endpoint, model: str, prompt_tokens: int,
     return specs
 
 
+def _specs_of(client: KvClient, endpoint: Endpoint, model: str, lengths: list[tuple[int, int]], tag: str,
+              salt: str = "") -> list[RequestSpec]:
+    """Like :func:`_specs`, one request per ``(prompt_tokens, output_tokens)`` of ``lengths``
+    (a traffic sample's recorded lengths, tokens)."""
+    specs = []
+    for i, (prompt_tokens, output_tokens) in enumerate(lengths):
+        p = build_prompt(client, model, "completions", prompt_tokens, prefix=f"{tag} request {i}{salt}: ")
+        specs.append(completion_request(endpoint, model=model, prompt=p.text, max_tokens=output_tokens, tag=tag,
+                                        temperature=0, ignore_eos=True))
+    return specs
+
+
+def _traffic(profile: Profile, name: str, wl: Workload, concurrency: int, cap: int | None) -> Traffic | None:
+    """The replay of workload ``name``'s ``traffic:`` (None without one): the sample read, the
+    plan cut at ``cap`` requests, and whether the sample fits ``engine.max_model_len`` and
+    ``limits.max_tokens_cap`` -- checked before anything is sent. Raises
+    :class:`~kvgate.traffic.sample.TrafficError` naming the profile field and file."""
+    sample = sample_for(profile, name)
+    if sample is None or wl.traffic is None:
+        return None
+    limit, cap_tokens = profile.engine.max_model_len, profile.limits.max_tokens_cap
+    return Traffic(name, sample, plan_replay(sample, wl.traffic, concurrency, cap), limit, cap_tokens,
+                   overlong=overlong(sample, limit, cap_tokens))
+
+
+def _p50(xs: list[int]) -> int:
+    return sorted(xs)[(len(xs) - 1) // 2] if xs else 0
+
+
+def _unsent(name: str, t: Traffic, concurrency: int, deadline_s: float) -> LoadObservation:
+    """The observation of a replay refused before sending (``t.overlong``): no records."""
+    rows = [it.trace for it in t.plan.items]
+    return LoadObservation(name, LoadResult("open" if t.plan.mode == "open" else "closed", [], 0, 0.0, deadline_s),
+                           MetricsTrace(samples=[]), _p50([r.prompt_tokens for r in rows]),
+                           _p50([r.output_tokens for r in rows]), concurrency, traffic=t)
+
+
+def _replayed(client: KvClient, endpoint: Endpoint, profile: Profile, name: str, t: Traffic, tag: str,
+              deadline_s: float, after: bool = False) -> LoadObservation:
+    """Send ``t.plan`` (:func:`~kvgate.traffic.replay.run_replay`) while ``/metrics`` is sampled;
+    ``after``: a canary follows. ``t.replay`` is set."""
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            t.replay = run_replay(client, endpoint, profile, t.plan, tag=tag, deadline_s=deadline_s)
+    finally:
+        own.close()
+    can = canary(client, profile.model.served_name, profile.limits.canary_deadline_s) if after else None
+    rows = [it.trace for it in t.plan.items]
+    return LoadObservation(name, t.replay.result, sampler.trace, _p50([r.prompt_tokens for r in rows]),
+                           _p50([r.output_tokens for r in rows]), t.plan.concurrency, can, traffic=t)
+
+
 def _sampler(endpoint: Endpoint) -> tuple[MetricsSampler, KvClient]:
     own = KvClient(endpoint, timeout_s=10.0)  # the sampler's thread gets its own connection pool
     return MetricsSampler(own.metrics_text, interval_s=0.1), own
@@ -85,8 +176,18 @@ def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, 
     Prompt = ``min(workload.prompt_tokens, max_model_len - output_tokens)`` tokens, so each
     sequence reaches close to ``max_model_len``; ``ignore_eos`` so each generates exactly
     ``output_tokens``.
+
+    With ``traffic:`` on the long workload: its sample replayed instead (at most
+    ``LONG_REPLAY_ROUNDS`` x the workload's concurrency requests, each of its recorded lengths),
+    a canary after; a sample that does not fit is not sent (the observation's ``traffic.overlong``).
     """
     name, wl = long_workload(profile)
+    t = _traffic(profile, name, wl, wl.concurrency, wl.concurrency * LONG_REPLAY_ROUNDS)
+    if t is not None:
+        label = f"concurrent-long ({name}, replayed)"
+        if t.overlong:
+            return _unsent(label, t, wl.concurrency, deadline_s)
+        return _replayed(client, endpoint, profile, label, t, "long", deadline_s, after=True)
     model, limit = profile.model.served_name, profile.engine.max_model_len
     out = min(wl.output_tokens, limit - 1)
     prompt = min(wl.prompt_tokens, limit - out)
@@ -104,10 +205,19 @@ def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, 
 
 
 def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0) -> LoadObservation:
-    """``slo.requests`` requests of the SLO workload at ``slo.concurrency`` (closed loop)."""
+    """``slo.requests`` requests of the SLO workload at ``slo.concurrency`` (closed loop).
+
+    With ``traffic:`` on that workload: at most ``slo.requests`` of its sample replayed as its
+    ``traffic.replay`` says (open loop on the recorded arrivals, or closed at ``slo.concurrency``);
+    a sample that does not fit is not sent (the observation's ``traffic.overlong``)."""
     name, wl = short_workload(profile)
     model = profile.model.served_name
     n, c = profile.slo.requests, profile.slo.concurrency
+    t = _traffic(profile, name, wl, c, n)
+    if t is not None:
+        label = f"latency ({name}, replayed)"
+        return _unsent(label, t, c, deadline_s) if t.overlong else \
+            _replayed(client, endpoint, profile, label, t, "slo", deadline_s)
     specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, 16), "slo")
     sampler, own = _sampler(endpoint)
     try:
@@ -168,6 +278,12 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     waited for whole long generations -- a load the profile never declared). The waves' records
     share one time base (seconds since the first wave's start). Returns ``(alone, mixed)``; short
     requests carry tag ``short``, long ones ``long``.
+
+    With ``traffic:`` on the short (or long) workload, its requests' prompt lengths come from the
+    sample (the first ``waves x shorts_per_wave`` of its replay plan, cycled if the sample is
+    smaller; sessions sent as single requests with prompts of their own) in the same waves: the
+    gate judges TTFT, so outputs stay capped and arrival times are the waves'. A sample that does
+    not fit is not sent: both observations come back empty with ``traffic.overlong`` set.
     """
     sname, short = short_workload(profile)
     lname, long = long_workload(profile)
@@ -176,10 +292,27 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     # the gate judges short-request TTFT only: a few output tokens suffice, and the "alone" run
     # (sequential) then takes ~2 s instead of ~10 s on the embedded server
     sout = min(short.output_tokens, SHORT_OUTPUT_TOKENS)
-    shorts = _specs(client, endpoint, model, short.prompt_tokens, sout, n_short, "short")
     lout = min(long.output_tokens, 16)
-    longs = _specs(client, endpoint, model, min(long.prompt_tokens, limit - lout), lout,
-                   waves * long.concurrency, "long")
+    st = _traffic(profile, sname, short, 1, n_short)
+    lt = _traffic(profile, lname, long, long.concurrency, waves * long.concurrency)
+    for t in (st, lt):
+        if t is not None and t.overlong:
+            return (_unsent(f"short alone ({sname}, replayed)", t, 1, deadline_s),
+                    _unsent(f"short with long prefills ({sname} + {lname}, replayed)", t, 1, deadline_s))
+
+    def drawn(t: Traffic, n: int, out: int) -> list[tuple[int, int]]:
+        t.outputs_capped_at = out
+        rows = [it.trace for it in t.plan.items]
+        return [(max(1, min(rows[i % len(rows)].prompt_tokens, limit - out)), out) for i in range(n)]
+
+    short_lengths = drawn(st, n_short, sout) if st else [(short.prompt_tokens, sout)] * n_short
+    long_lengths = (drawn(lt, waves * long.concurrency, lout) if lt else
+                    [(min(long.prompt_tokens, limit - lout), lout)] * (waves * long.concurrency))
+    shorts = (_specs_of(client, endpoint, model, short_lengths, "short") if st else
+              _specs(client, endpoint, model, short.prompt_tokens, sout, n_short, "short"))
+    longs = (_specs_of(client, endpoint, model, long_lengths, "long") if lt else
+             _specs(client, endpoint, model, min(long.prompt_tokens, limit - lout), lout, waves * long.concurrency,
+                    "long"))
     sampler, own = _sampler(endpoint)
     try:
         with sampler:
@@ -199,11 +332,14 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
             own2.close()
     finally:
         own.close()
-    return (LoadObservation(f"short alone ({sname})", alone, trace_alone, short.prompt_tokens, sout, 1),
-            LoadObservation(f"short with long prefills ({sname} + {lname})", mixed, sampler2.trace, short.prompt_tokens,
+    sprompt = _p50([p for p, _ in short_lengths]) if st else short.prompt_tokens
+    rep = ", replayed" if st or lt else ""
+    return (LoadObservation(f"short alone ({sname}{rep})", alone, trace_alone, sprompt, sout, 1, traffic=st or lt),
+            LoadObservation(f"short with long prefills ({sname} + {lname}{rep})", mixed, sampler2.trace, sprompt,
                             sout, long.concurrency + shorts_per_wave,
-                            extra={"long_prompt_tokens": min(long.prompt_tokens, limit - lout),
-                                   "long_per_wave": long.concurrency, "waves": waves}))
+                            extra={"long_prompt_tokens": _p50([p for p, _ in long_lengths]),
+                                   "long_per_wave": long.concurrency, "waves": waves,
+                                   "long_traffic": lt.plan.provenance() if lt else None}, traffic=st or lt))
 
 
 @dataclass

@@ -1,0 +1,105 @@
+"""The load gates replaying a traffic sample against the fake vLLM (tests/fakes/fake_vllm.py),
+through the real suite (pytester, ``--endpoint``; verdicts read back from reports/summary.json):
+a trace with a burst the server cannot absorb FAILs latency/slo naming the burst, the same trace
+without it PASSes, and all three load gates replay a sample (sessions and both workloads) on a
+healthy fake."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO, read_summary
+
+pytest_plugins = ["pytester"]
+BASE = REPO / "tests" / "data" / "fake-vllm.yaml"
+LOAD = str(REPO / "suites" / "test_load.py")
+
+
+def write_profile(path, chat_rows, batch_rows=None, **chat_traffic):
+    """A profile over fake-vllm.yaml whose chat workload (and, with ``batch_rows``, the long batch
+    one) replays the rows given (JSONL samples next to it). The stream idle timeout is 5 s: requests
+    queued by a burst wait for their first token (the streaming gate judges idle gaps)."""
+    (path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat_rows))
+    workloads = {"chat": {"prompt_tokens": 24, "prompt_tokens_p99": 40, "output_tokens": 8, "concurrency": 2,
+                          "traffic": {"path": "chat.jsonl", **chat_traffic}}}
+    if batch_rows:
+        (path / "batch.jsonl").write_text("".join(json.dumps(r) + "\n" for r in batch_rows))
+        workloads["batch"] = {"prompt_tokens": 200, "output_tokens": 8, "concurrency": 2, "long": True,
+                              "traffic": {"path": "batch.jsonl", "replay": "closed"}}
+    prof = path / "fake-vllm-replay.yaml"
+    prof.write_text(yaml.safe_dump({"extends": str(BASE), "slo": {"requests": 64}, "limits": {"stream_idle_timeout_s": 5},
+                                    "workloads": workloads}))
+    return prof
+
+
+def run_load(pytester, url, profile, *extra):
+    reports = pytester.path / "reports"
+    pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+                                 f"--profile={profile}", "--endpoint", url, f"--kvgate-reports={reports}", LOAD, *extra)
+    return {g["id"]: g for g in read_summary(reports)["gates"]}
+
+
+def trace(burst: bool) -> list[dict]:
+    """20 chat requests at 10 req/s over 1.9 s; ``burst``: 30 more at 1.0-1.15 s (200 req/s)."""
+    rows = [{"prompt_tokens": 16 + i, "output_tokens": 8, "arrival_s": 50 + i * 0.1} for i in range(20)]
+    if burst:
+        rows += [{"prompt_tokens": 24, "output_tokens": 8, "arrival_s": 51.0 + j * 0.005} for j in range(30)]
+    return rows
+
+
+@pytest.mark.parametrize("burst", [True, False], ids=["burst", "steady"])
+def test_a_burst_the_server_cannot_absorb_fails_latency_naming_it(pytester, tmp_path, burst):
+    # 2 at once, 8 tokens 10 ms apart: ~28 req/s served; 30 requests in 0.15 s queue for up to ~1 s
+    # (TTFT SLO 500 ms), the steady 10 req/s waits at most one generation (~70 ms)
+    cfg = FakeConfig(max_tokens_cap=64, itl_s=0.01, max_num_seqs=2)
+    with FakeVLLM(cfg) as fake:
+        gates = run_load(pytester, fake.url, write_profile(tmp_path, trace(burst)), "-k", "latency_slo")
+    g = gates["fake-vllm-replay/latency/slo"]
+    ev = g["evidence"]["traffic"]
+    assert ev["plan"]["path"] == "chat.jsonl" and ev["plan"]["mode"] == "open" and ev["plan"]["drawn"] == len(trace(burst))
+    if not burst:
+        assert g["status"] == "PASS", g["message"]
+        assert g["message"].startswith("20 requests replayed 20 of 20 requests of chat.jsonl (sha256 ")
+        assert "burst" not in g["message"] and not ev["busiest_window"]["burst"]
+        return
+    assert g["status"] == "FAIL", g["message"]
+    assert "TTFT p95" in g["message"] and "> SLO 500 ms; " in g["message"], g["message"]
+    share = ev["burst_share"]["TTFT"]
+    assert share["concentrated"] and share["over_in"] >= 0.5 * share["over"] > 0, share
+    assert f"{share['over_in']} of the {share['over']} over-SLO requests arrived in the burst at 1.0-1.1 s (" \
+        in g["message"], g["message"]
+    assert "req/s vs 26.3 req/s mean)" in g["message"], g["message"]  # 50 requests over 1.9 s
+
+
+def test_every_load_gate_replays_a_sample_on_a_healthy_fake(pytester, tmp_path):
+    # 8 two-turn sessions sharing a 32-token system prompt (the second turn's prompt holds the
+    # first turn and its reply), closed loop; the long workload replays 3 recorded lengths
+    chat = []
+    for s in range(8):
+        chat += [{"session": f"s{s}", "turn": 0, "prompt_tokens": 40, "output_tokens": 8, "prefix_id": "sys",
+                  "prefix_tokens": 32, "arrival_s": s * 0.1},
+                 {"session": f"s{s}", "turn": 1, "prompt_tokens": 60, "output_tokens": 8, "prefix_id": "sys",
+                  "prefix_tokens": 32, "arrival_s": s * 0.1 + 0.5}]
+    batch = [{"prompt_tokens": p, "output_tokens": 8} for p in (180, 200, 220)]
+    profile = write_profile(tmp_path, chat, batch, replay="closed")
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0005, itl_s=0.002,
+                             prompt_tokens_details=True)) as fake:
+        gates = run_load(pytester, fake.url, profile)
+    assert {i: g["status"] for i, g in gates.items()} == {
+        "fake-vllm-replay/concurrency/long-sequences": "PASS", "fake-vllm-replay/latency/slo": "PASS",
+        "fake-vllm-replay/latency/interference": "PASS"}, [g["message"] for g in gates.values()]
+    slo, long_, inter = (gates[f"fake-vllm-replay/{k}"] for k in ("latency/slo", "concurrency/long-sequences",
+                                                            "latency/interference"))
+    assert "16 requests replayed 16 of 16 requests of chat.jsonl" in slo["message"]
+    assert "closed loop at concurrency 2): prompt p50/p99 40/60 tokens (declared 24/40)" in slo["message"]
+    assert long_["message"].startswith("3 long sequences at concurrency 2, replayed 3 of 3 requests of batch.jsonl")
+    assert "3/3 completed 200 with their recorded output tokens" in long_["message"]
+    assert "replayed 16 of 16 requests of chat.jsonl" in inter["message"]
+    assert "prompt lengths sent in the waves; sent with at most 8 output tokens" in inter["message"]
+    assert inter["evidence"]["mixed_plan"]["long_traffic"]["path"] == "batch.jsonl"
+    assert slo["evidence"]["traffic"]["plan"]["sessions"] == 8
