@@ -206,7 +206,7 @@ def mix_evidence(r: SoakResult) -> dict[str, Any]:
     for m in r.plan.mix:
         out[m.name] = {"weight": m.weight, "prompt_tokens": m.prompt_tokens, "output_tokens": m.output_tokens,
                        "long": m.long, **(sent.get(m.name) or {}), **({"sample": m.sample} if m.sample else {})}
-    return {"source": r.plan.mix_source, "workloads": out}
+    return {"source": r.plan.mix_source, "warmup_burst_requests": r.plan.burst_requests, "workloads": out}
 
 
 def _mix(a: SoakAnalysis) -> str:
@@ -220,8 +220,11 @@ def _mix(a: SoakAnalysis) -> str:
 
 def _what(a: SoakAnalysis) -> str:
     p = a.result.plan
+    n = p.burst_requests
+    burst = f", the first opening with a burst of {n} requests at the declared concurrencies" if n else ""
     return (f"{a.n_measured} measured rounds of {p.round_s:g} s at {p.rate_rps:g} req/s "
-            f"({a.n_measured * p.round_s / 3600:.2f} h; {p.warmup_rounds} warm-up round(s) not fitted; {_mix(a)})")
+            f"({a.n_measured * p.round_s / 3600:.2f} h; {p.warmup_rounds} warm-up round(s) not fitted{burst}; "
+            f"{_mix(a)})")
 
 
 def _evidence(a: SoakAnalysis) -> dict[str, Any]:
