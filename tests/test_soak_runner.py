@@ -388,3 +388,24 @@ def test_the_runner_tallies_what_each_workload_sent(tmp_path):
     assert w["chat"]["share"] == 0.75 and w["chat"]["prompt_min"] == w["chat"]["prompt_max"] == 16
     assert w["trace"]["prompt_min"] == 20 and w["trace"]["prompt_max"] == 90
     assert w["chat"]["errors"] + w["trace"]["errors"] == sum(r["errors"] for r in result.rows) > 0
+
+
+def test_the_first_warmup_round_opens_with_a_burst_at_the_declared_concurrencies(write_profile, tmp_path):
+    prof = mixed_profile(write_profile, tmp_path, ", warmup: 10s, mix: {trace: 1, chat: 1}",
+                         rows=[(10, 5), (1200, 40), (300, 20)])
+    p = plan_for(prof, prof.soak)
+    assert p.burst and p.burst_requests == 2 + 3  # trace concurrency 2, chat 3
+    ep = Endpoint("http://127.0.0.1:1")
+    offsets, specs = p.requests(0, ep, "m")
+    head = [(s.tag, len(s.body["prompt"]) if s.tag == "trace" else s.body["max_tokens"]) for s in specs[:5]]
+    assert offsets[:5] == [0.0] * 5 and head == [("trace", 1200), ("trace", 1200), ("chat", 20), ("chat", 20),
+                                                 ("chat", 20)]  # the longest row of the sample
+    assert specs[2].body["prompt"].startswith("soak 000-000000-90002: ")
+    assert offsets == sorted(offsets) and len({str(s.body["prompt"]) for s in specs}) == len(specs)
+    import dataclasses
+
+    plain = dataclasses.replace(p, burst=False)
+    assert [x.body for x in plain.requests(0, ep, "m")[1]] == [x.body for x in specs[5:]]  # the round itself unchanged
+    assert [x.body for x in plain.requests(1, ep, "m")[1]] == [x.body for x in p.requests(1, ep, "m")[1]]  # round 0 only
+    nowarm = mixed_profile(write_profile, tmp_path, ", mix: {chat: 1}")
+    assert plan_for(nowarm, nowarm.soak).burst_requests == 0  # no warm-up rounds: nothing unmeasured to burst in
