@@ -266,7 +266,9 @@ def mix_of(profile: Profile, spec: SoakSpec) -> tuple[MixItem, ...]:
 
     Prompts are clamped to ``max_model_len - output - 8`` tokens. A ``traffic:`` workload carries
     its sample's rows (:attr:`MixItem.draws`), each clamped the same way and its output to
-    ``limits.max_tokens_cap``. Fixed prompt text is filled in by :func:`with_prompts`.
+    ``limits.max_tokens_cap``; requests draw from all of them, with replacement (single-turn: the
+    sample's arrival times, sessions and ``traffic.max_requests`` are the replaying gates', the
+    soak keeps its own arrivals). Fixed prompt text is filled in by :func:`with_prompts`.
     Raises :class:`SoakError` when there is nothing to send or a sample cannot be read."""
     from kvgate.traffic.sample import TrafficError, sample_for
 
