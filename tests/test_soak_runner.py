@@ -16,7 +16,8 @@ from kvgate.http.client import Endpoint
 from kvgate.gates.soak import analyze, latency_verdict, memory_verdict
 from kvgate.load import LoadResult, RequestRecord
 from kvgate.profile.models import SoakSpec, load_profile
-from kvgate.soak.runner import MixItem, Samplers, SoakPlan, SoakRunner, StopOnSignals, plan_for, soak_spec
+from kvgate.soak.runner import (MixItem, Samplers, SoakError, SoakPlan, SoakRunner, StopOnSignals, mix_of, plan_for,
+                                soak_spec, token_prompt, with_prompts)
 from kvgate.verdict import Status
 from tests.fakes.soak_fakes import run_virtual
 
@@ -247,7 +248,10 @@ def test_plan_from_profile_and_duration_override():
     s = soak_spec(prof)
     p = plan_for(prof, s)
     assert p.rounds == s.rounds and p.round_s == s.round_s and 60 <= p.duration_s <= 90
-    assert p.mix[0].name == "chat-short"
+    # the default mix: both shapes, weighted by their declared concurrency (4 : 4), the long one clamped
+    assert [(m.name, m.weight, m.prompt_tokens, m.output_tokens, m.long) for m in p.mix] == [
+        ("chat-short", 4.0, 128, 32, False), ("batch-long", 4.0, 1900, 64, True)]
+    assert p.mix_source.startswith("default") and p.shares() == {"chat-short": 0.5, "batch-long": 0.5}
     longer = soak_spec(prof, "10m")
     assert longer.duration_s == 600 and longer.round_s == s.round_s
     from kvgate.soak.runner import SoakError
@@ -281,3 +285,127 @@ def test_kvgate_keeps_a_small_fixed_amount_per_round(tmp_path):
     assert len(big.rows) == 550
     per_round = grown / 500
     assert per_round < 4000, f"{per_round:.0f} bytes kept per round"  # ~35 MB for a day of 10 s rounds at most
+
+
+# ----------------------------------------------------------------------------- the mix
+
+
+def mixed_profile(write_profile, tmp_path, soak_mix="", rows=None, **trace):
+    """A profile with a chat (concurrency 3), a long batch (1) and, with ``rows``, a traffic workload (2)."""
+    wl = ("  chat: {prompt_tokens: 100, output_tokens: 20, concurrency: 3}\n"
+          "  batch: {prompt_tokens: 4000, output_tokens: 48, concurrency: 1, long: true}\n")
+    if rows is not None:
+        (tmp_path / "s.jsonl").write_text("".join(f'{{"prompt_tokens": {p}, "output_tokens": {o}}}\n' for p, o in rows))
+        wl += "  trace: {prompt_tokens: 100, output_tokens: 20, concurrency: 2, traffic: s.jsonl}\n"
+    return load_profile(write_profile(
+        "mixed", "model:\n  served_name: m\n  architecture: {layers: 2, attention_heads: 4, kv_heads: 2, head_dim: 64}\n"
+                 "engine: {max_model_len: 2048}\nlimits: {max_tokens_cap: 64}\nslo: {workload: chat}\n"
+                 f"workloads:\n{wl}soak: {{duration: 60s, round: 10s, rate_rps: 5, memory_slope_max_mb_per_h: 20, "
+                 f"ttft_p95_slope_max_ms_per_h: 300{soak_mix}}}\n"))
+
+
+def test_default_mix_is_every_workload_by_declared_concurrency_and_an_explicit_mix_wins(write_profile, tmp_path):
+    prof = mixed_profile(write_profile, tmp_path)
+    mix = mix_of(prof, prof.soak)
+    assert [(m.name, m.weight, m.prompt_tokens, m.long) for m in mix] == [
+        ("chat", 3.0, 100, False), ("batch", 1.0, 2048 - 48 - 8, True)]   # the long prompt clamped to fit
+    p = plan_for(prof, prof.soak)
+    assert p.describe_mix() == "chat 75% (100+20 tokens) + batch 25% (1,992+48 tokens, long)"
+    explicit = mixed_profile(write_profile, tmp_path, ", mix: {chat: 1}")
+    assert [m.name for m in mix_of(explicit, explicit.soak)] == ["chat"]
+    assert plan_for(explicit, explicit.soak).mix_source == "soak.mix"
+
+
+def test_a_traffic_workload_draws_its_samples_rows_reproducibly_as_exact_token_id_prompts(write_profile, tmp_path,
+                                                                                        monkeypatch):
+    rows = [(10, 5), (300, 20), (1200, 40), (2500, 30), (50, 900)]  # 2500: too long; output 900: over the cap
+    prof = mixed_profile(write_profile, tmp_path, ", mix: {trace: 1, chat: 1}", rows=rows)
+    mix = mix_of(prof, prof.soak)
+    trace = mix[0]
+    assert trace.draws == ((10, 5), (300, 20), (1200, 40), (2048 - 30 - 8, 30), (50, 64))
+    assert trace.sample["path"] == "s.jsonl" and trace.sample["clamped"] == 2 and len(trace.sample["sha256"]) == 64
+    assert trace.prompt_tokens == 300  # the p50, for display
+    # with_prompts sizes the fixed workload only: the traffic one needs no /tokenize
+    import kvgate.http.probes as probes
+    from kvgate.http.prompts import ExactPrompt
+
+    asked = []
+
+    def build(client, model, api, tokens, prefix=""):
+        asked.append(tokens)
+        return ExactPrompt(prefix + "hello " * 3, tokens, api)
+
+    monkeypatch.setattr(probes, "build_prompt", build)
+    sized = with_prompts(object(), "m", mix)
+    assert sized[0] is trace and sized[1].text == "hello " * 3 and asked == [100]
+    p = plan_for(prof, prof.soak, sized)
+    ep = Endpoint("http://127.0.0.1:1")
+    offsets, specs = p.requests(2, ep, "m")
+    drawn = [(len(s.body["prompt"]), s.body["max_tokens"]) for s in specs if s.tag == "trace"]
+    assert drawn and set(drawn) <= set(trace.draws) and len(set(drawn)) >= 3  # varied, each a sample row
+    assert [s.body for s in p.requests(2, ep, "m")[1]] == [s.body for s in specs]  # seeded: the same again
+    assert [s.body for s in p.requests(3, ep, "m")[1]] != [s.body for s in specs]
+    heads = [tuple(s.body["prompt"][:8]) for s in specs if s.tag == "trace" and len(s.body["prompt"]) >= 8]
+    assert len(set(heads)) == len(heads)  # no two requests share a first KV block
+    # the chat requests drew the same arrivals and picks as a mix without the sample would (own rng stream)
+    assert all(isinstance(s.body["prompt"], str) for s in specs if s.tag == "chat")
+
+
+def test_token_prompt_is_exact_and_unique_per_request():
+    assert [len(token_prompt(0, 5, 7, n)) for n in (1, 3, 8, 9, 2040)] == [1, 3, 8, 9, 2040]
+    seen = {tuple(token_prompt(s, k, i, 16)) for s in (0, 1) for k in (0, 1, 4095) for i in (0, 1, 63, 64, 9999)}
+    assert len(seen) == 2 * 3 * 5
+    assert all(100 <= t < 164 for t in token_prompt(3, 2, 1, 300))
+
+
+def test_an_unreadable_sample_is_a_soak_error_naming_the_field(write_profile, tmp_path):
+    prof = mixed_profile(write_profile, tmp_path, rows=[(10, 5)])
+    (tmp_path / "s.jsonl").write_text('{"prompt_tokens": -1, "output_tokens": 5}\n')
+    with pytest.raises(SoakError, match=r"field 'workloads.trace.traffic'.*s.jsonl:1.*'prompt_tokens'"):
+        mix_of(prof, prof.soak)
+
+
+def test_the_runner_tallies_what_each_workload_sent(tmp_path):
+    async def go(clock):
+        mix = (MixItem("chat", 3.0, 16, 8, "hi"), MixItem("trace", 1.0, 50, 8, draws=((20, 4), (90, 8))))
+        p = SoakPlan(rounds=6, round_s=10, warmup_rounds=1, rate_rps=4, mix=mix, sample_period_s=5,
+                     request_timeout_s=30, lag_bound_s=0.05)
+        ep = Endpoint("http://127.0.0.1:1")
+
+        async def send(k, offsets, specs, deadline_s):
+            recs = [RequestRecord(index=i, scheduled_s=0.0, sent_s=0.0, status=200 if i % 7 else 500,
+                                  tag=s.tag, finalized=True) for i, s in enumerate(specs)]
+            return LoadResult("open", recs, len(recs), 1.0, deadline_s)
+
+        s = Samplers(Mem(clock, lambda t: 5e8), None, None, None)
+        runner = SoakRunner(p, send, s, requests=lambda k: p.requests(k, ep, "m"), clock=clock)
+        return await runner.run(), [p.requests(k, ep, "m")[1] for k in range(6)]
+
+    result, sent = run_virtual(go)
+    w = result.workloads
+    allspecs = [s for specs in sent for s in specs]
+    assert w["chat"]["requests"] + w["trace"]["requests"] == len(allspecs) == sum(r["requests"] for r in result.rows)
+    assert w["chat"]["share"] == 0.75 and w["chat"]["prompt_min"] == w["chat"]["prompt_max"] == 16
+    assert w["trace"]["prompt_min"] == 20 and w["trace"]["prompt_max"] == 90
+    assert w["chat"]["errors"] + w["trace"]["errors"] == sum(r["errors"] for r in result.rows) > 0
+
+
+def test_the_first_warmup_round_opens_with_a_burst_at_the_declared_concurrencies(write_profile, tmp_path):
+    prof = mixed_profile(write_profile, tmp_path, ", warmup: 10s, mix: {trace: 1, chat: 1}",
+                         rows=[(10, 5), (1200, 40), (300, 20)])
+    p = plan_for(prof, prof.soak)
+    assert p.burst and p.burst_requests == 2 + 3  # trace concurrency 2, chat 3
+    ep = Endpoint("http://127.0.0.1:1")
+    offsets, specs = p.requests(0, ep, "m")
+    head = [(s.tag, len(s.body["prompt"]) if s.tag == "trace" else s.body["max_tokens"]) for s in specs[:5]]
+    assert offsets[:5] == [0.0] * 5 and head == [("trace", 1200), ("trace", 1200), ("chat", 20), ("chat", 20),
+                                                 ("chat", 20)]  # the longest row of the sample
+    assert specs[2].body["prompt"].startswith("soak 000-000000-90002: ")
+    assert offsets == sorted(offsets) and len({str(s.body["prompt"]) for s in specs}) == len(specs)
+    import dataclasses
+
+    plain = dataclasses.replace(p, burst=False)
+    assert [x.body for x in plain.requests(0, ep, "m")[1]] == [x.body for x in specs[5:]]  # the round itself unchanged
+    assert [x.body for x in plain.requests(1, ep, "m")[1]] == [x.body for x in p.requests(1, ep, "m")[1]]  # round 0 only
+    nowarm = mixed_profile(write_profile, tmp_path, ", mix: {chat: 1}")
+    assert plan_for(nowarm, nowarm.soak).burst_requests == 0  # no warm-up rounds: nothing unmeasured to burst in

@@ -24,11 +24,11 @@ PROFILE = REPO / "tests" / "data" / "fake-soak.yaml"
 SUITE = str(REPO / "suites" / "test_soak.py")
 
 
-def run_soak(pytester, url, *extra):
+def run_soak(pytester, url, *extra, profile=PROFILE):
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess(
         "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
-        "--profile", str(PROFILE), "--endpoint", url, "--kvgate-reports", str(reports), SUITE, *extra)
+        "--profile", str(profile), "--endpoint", url, "--kvgate-reports", str(reports), SUITE, *extra)
     summary = json.loads((reports / "summary.json").read_text())
     gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
     return result, summary, gates, reports
@@ -42,8 +42,8 @@ def analysis(gate):
 def fake_with(request):
     fakes = []
 
-    def start(**shape):
-        f = SoakFakeVLLM(FakeConfig(max_tokens_cap=64), **shape)
+    def start(config=None, **shape):
+        f = SoakFakeVLLM(config or FakeConfig(max_tokens_cap=64), **shape)
         f.start()
         fakes.append(f)
         return f
@@ -164,3 +164,71 @@ def test_sigterm_mid_soak_writes_completed_rounds_and_marks_incomplete(tmp_path,
     assert 3 <= done < 24 and len(written) == done
     assert "soak round 3/24" in text  # the live progress line reached the terminal
     assert proc.returncode == pytest.ExitCode.INTERRUPTED
+
+
+# ----------------------------------------------------------------------------- the mix carries the traffic
+
+MIXED = REPO / "tests" / "data" / "fake-soak-mix.yaml"  # fake-soak.yaml's soak with the default mix
+
+
+def leaky_long(**kw):
+    """A fake whose memory grows only with prompts over 128 tokens (leaky_rss_long): 512 KiB each."""
+    cfg = FakeConfig(max_tokens_cap=64, leak_bytes_per_request=1 << 19, leak_min_prompt_tokens=128, **kw)
+    cfg.faults.add("leaky_rss_long")
+    return cfg
+
+
+def test_default_mix_catches_a_leak_of_long_requests_that_a_short_only_soak_misses(pytester, fake_with):
+    fake = fake_with(config=leaky_long())
+    _, summary, gates, _ = run_soak(pytester, fake.url, profile=MIXED)
+    mem = gates["soak/memory"]
+    assert mem["status"] == "FAIL", mem["message"]
+    assert "-> FAIL (memory growth: retained memory rising" in mem["message"]
+    assert "mix (default: every workload weighted by its declared concurrency): chat 50% (16+8 tokens)" in mem["message"]
+    assert "batch 50% (200+8 tokens, long)" in mem["message"]
+    mix = analysis(mem)["mix"]
+    assert mix["source"].startswith("default") and set(mix["workloads"]) == {"chat", "batch"}
+    batch = mix["workloads"]["batch"]
+    assert batch["long"] and batch["requests"] > 20 and batch["prompt_min"] == batch["prompt_max"] == 200
+    assert analysis(mem)["memory_mb_per_h"]["ci_low"] > 3600
+    assert fake.state.leaked_bytes == (1 << 19) * sum(1 for r in fake.state.requests if r.prompt_tokens > 128) > 0
+
+    short = fake_with(config=leaky_long())  # the same fault, fake-soak.yaml's short-only mix {chat: 1}
+    _, summary, gates, _ = run_soak(pytester, short.url)
+    mem = gates["soak/memory"]
+    assert mem["status"] == "PASS" and "(healthy)" in mem["message"], mem["message"]
+    assert "mix (soak.mix): chat 100% (16+8 tokens)" in mem["message"]
+    assert short.state.leaked_bytes == 0 and summary["overall"] == "PASS"
+
+
+def write_traffic_profile(tmp, rows, mix="{trace: 1}"):
+    """A profile over fake-soak-mix.yaml with a ``trace`` workload replaying ``rows`` (prompt, output)."""
+    (tmp / "sample.jsonl").write_text("".join(json.dumps({"prompt_tokens": p, "output_tokens": o}) + "\n"
+                                              for p, o in rows))
+    prof = tmp / "fake-soak-trace.yaml"
+    prof.write_text(f"extends: {MIXED}\nworkloads:\n  trace: {{prompt_tokens: 64, output_tokens: 8, concurrency: 2, "
+                    f"traffic: sample.jsonl}}\nsoak:\n  mix: {mix}\n")
+    return prof
+
+
+def test_a_traffic_workload_sends_the_samples_lengths_exactly_and_its_leak_is_caught(pytester, fake_with, tmp_path):
+    rows = [(12, 4), (40, 8), (90, 2), (150, 8), (230, 6), (300, 8)]  # 300 + 8 > 256: clamped to 240
+    prof = write_traffic_profile(tmp_path, rows)
+    fake = fake_with(config=leaky_long())
+    _, _, gates, _ = run_soak(pytester, fake.url, profile=prof)
+    sent = [(r.prompt_tokens, r.max_tokens) for r in fake.state.requests if r.endpoint == "completions"]
+    lengths = {p for p, _ in sent}
+    assert lengths <= {12, 40, 90, 150, 230, 240} and len(lengths) >= 5, lengths  # exact: token-id prompts
+    assert set(sent) <= {(12, 4), (40, 8), (90, 2), (150, 8), (230, 6), (240, 8)}
+    assert all(r.cached_tokens == 0 for r in fake.state.requests if r.endpoint == "completions")  # unique prefixes
+    mem = gates["soak/memory"]
+    assert mem["status"] == "FAIL" and "memory growth" in mem["message"], mem["message"]
+    assert "trace 100% (prompts 12..240 tokens (p50 90) drawn from sample.jsonl, sha256 " in mem["message"]
+    w = analysis(mem)["mix"]["workloads"]["trace"]
+    assert w["sample"]["requests"] == 6 and w["sample"]["clamped"] == 1
+    assert w["prompt_min"] == 12 and w["prompt_max"] == 240
+
+    short = write_traffic_profile(tmp_path, [(p, o) for p, o in rows if p <= 128])  # the short rows only
+    fake2 = fake_with(config=leaky_long())
+    _, _, gates, _ = run_soak(pytester, fake2.url, profile=short)
+    assert gates["soak/memory"]["status"] == "PASS", gates["soak/memory"]["message"]

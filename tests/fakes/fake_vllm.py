@@ -137,6 +137,8 @@ FAULTS: dict[str, str] = {
     "answered 500 when more than max_concurrent_long long prompts would be in flight",
     "leaky_rss": "each generation request leaks leak_bytes_per_request bytes of real, resident memory; "
     "process_resident_memory_bytes in /metrics grows with it",
+    "leaky_rss_long": "like leaky_rss, but only a request whose prompt is longer than leak_min_prompt_tokens "
+    "(None: max_model_len // 2) leaks: a short-only load never sees the growth",
     "drifting_ttft": "TTFT grows by drift_s_per_request for every generation request seen before",
     "frozen_queue_gauge": "vllm:num_requests_waiting always reads 0 in /metrics, however many requests wait",
     "stuck_queue_gauge": "vllm:num_requests_waiting never falls: it reads the highest queue depth seen so far",
@@ -312,6 +314,7 @@ class FakeConfig:
     long_prompt_tokens: int | None = None  # None: max_model_len // 2
     max_concurrent_long: int = 1
     leak_bytes_per_request: int = 1 << 20
+    leak_min_prompt_tokens: int | None = None  # leaky_rss_long: longer prompts leak; None -> max_model_len // 2
     base_rss_bytes: int = 512 << 20  # process_resident_memory_bytes without leaks
     drift_s_per_request: float = 0.002
     route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
@@ -1787,6 +1790,9 @@ class FakeVLLM:
         st.generations_started += 1
         drift = cfg.drift_s_per_request * (st.generations_started - 1) if "drifting_ttft" in plan.faults else 0.0
         if "leaky_rss" in plan.faults and cfg.leak_bytes_per_request > 0:
+            st.leaked.append(b"\x01" * cfg.leak_bytes_per_request)
+        long_min = cfg.leak_min_prompt_tokens if cfg.leak_min_prompt_tokens is not None else cfg.max_model_len // 2
+        if "leaky_rss_long" in plan.faults and cfg.leak_bytes_per_request > 0 and plan.prompt_tokens > long_min:
             st.leaked.append(b"\x01" * cfg.leak_bytes_per_request)
         t_last = None
         try:

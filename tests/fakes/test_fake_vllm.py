@@ -748,6 +748,22 @@ def test_fault_leaky_rss(client, fake):
     assert fake.state.leaked_bytes == 3 << 16
 
 
+def test_fault_leaky_rss_long(client, fake):
+    fake.config.faults.add("leaky_rss_long")
+    fake.config.leak_bytes_per_request = 1 << 16
+    base = gauge(client, "process_resident_memory_bytes")
+    for n in (5, 128, 20):  # max_model_len 256: only prompts over 128 tokens leak
+        client.post("/v1/completions", json=cmpl(n, max_tokens=1))
+    assert fake.state.leaked_bytes == 0 and gauge(client, "process_resident_memory_bytes") == base
+    for n in (129, 200):
+        client.post("/v1/completions", json=cmpl(n, max_tokens=1))
+    assert fake.state.leaked_bytes == 2 << 16
+    assert gauge(client, "process_resident_memory_bytes") - base == 2 << 16
+    fake.config.leak_min_prompt_tokens = 8  # the threshold is the config's
+    client.post("/v1/completions", json={"model": MODEL, "prompt": list(range(100, 109)), "max_tokens": 1})
+    assert fake.state.leaked_bytes == 3 << 16
+
+
 def test_fault_drifting_ttft(client, fake):
     fake.config.faults.add("drifting_ttft")
     fake.config.drift_s_per_request = 0.025

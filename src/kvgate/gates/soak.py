@@ -79,6 +79,7 @@ class SoakAnalysis:
             "rounds": {"planned": r.plan.rounds, "completed": len(r.rows), "warmup": r.plan.warmup_rounds,
                        "measured": self.n_measured, "round_s": r.plan.round_s, "lagged": self.lagged},
             "offered_rps": r.plan.rate_rps,
+            "mix": mix_evidence(r),
             "memory_mb_per_h": _growth_dict(self.memory),
             "memory_level_mb": self.memory_level_mb,
             "memory_why_not": self.memory_why,
@@ -196,10 +197,34 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
 # ----------------------------------------------------------------------------- verdicts
 
 
+def mix_evidence(r: SoakResult) -> dict[str, Any]:
+    """Which mix ran: its source (``soak.mix`` or the default) and per workload the planned share
+    and lengths, what was sent (requests, ok, prompt tokens min/mean/max) and, for a ``traffic:``
+    workload, the sample's provenance (path, sha256, percentiles, rows clamped)."""
+    sent = r.workloads
+    out = {}
+    for m in r.plan.mix:
+        out[m.name] = {"weight": m.weight, "prompt_tokens": m.prompt_tokens, "output_tokens": m.output_tokens,
+                       "long": m.long, **(sent.get(m.name) or {}), **({"sample": m.sample} if m.sample else {})}
+    return {"source": r.plan.mix_source, "warmup_burst_requests": r.plan.burst_requests, "workloads": out}
+
+
+def _mix(a: SoakAnalysis) -> str:
+    """``mix (source): chat 50% (16+8 tokens) 90 requests + batch 50% (...) 88 requests``."""
+    r = a.result
+    sh = r.plan.shares()
+    parts = [f"{m.describe(sh[m.name])} {(r.workloads.get(m.name) or {}).get('requests', 0):,} requests"
+             for m in r.plan.mix]
+    return f"mix ({r.plan.mix_source}): {' + '.join(parts)}"
+
+
 def _what(a: SoakAnalysis) -> str:
     p = a.result.plan
+    n = p.burst_requests
+    burst = f", the first opening with a burst of {n} requests at the declared concurrencies" if n else ""
     return (f"{a.n_measured} measured rounds of {p.round_s:g} s at {p.rate_rps:g} req/s "
-            f"({a.n_measured * p.round_s / 3600:.2f} h; {p.warmup_rounds} warm-up round(s) not fitted)")
+            f"({a.n_measured * p.round_s / 3600:.2f} h; {p.warmup_rounds} warm-up round(s) not fitted{burst}; "
+            f"{_mix(a)})")
 
 
 def _evidence(a: SoakAnalysis) -> dict[str, Any]:

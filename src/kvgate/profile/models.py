@@ -497,7 +497,9 @@ class SoakSpec(_Strict):
 
     ``duration`` / ``round`` / ``warmup``: seconds or ``90s``/``10m``/``6h`` (``--soak-duration``
     overrides ``duration``); warm-up rounds run but are not fitted. ``rate_rps``: offered requests
-    per second. ``mix``: workload name -> weight (default: the SLO's workload). Ceilings:
+    per second. ``mix``: workload name -> weight (default: every workload, long ones included,
+    weighted by its ``concurrency``; a ``traffic:`` workload's requests take their lengths from
+    rows drawn from its sample). Ceilings:
     ``memory_slope_max_mb_per_h`` (MB = 10**6 bytes, of *retained* memory: each round's low
     envelope), ``ttft_p95_slope_max_ms_per_h``. A slope counts only when its ``confidence`` lower
     bound is above the ceiling. ``memory_source``: ``auto`` = ``memory_query`` if given, else the
@@ -509,7 +511,8 @@ class SoakSpec(_Strict):
     round: str | float = Field(default="60s", description="length of one round")
     warmup: str | float = Field(default="0s", description="rounds in this leading time are not fitted")
     rate_rps: float = Field(gt=0, description="[requests/s] offered load (open loop)")
-    mix: dict[str, float] = Field(default_factory=dict, description="workload name -> weight")
+    mix: dict[str, float] = Field(default_factory=dict, description="workload name -> weight (share of the "
+                                  "soak's arrivals); default: every workload weighted by its concurrency")
     seed: int = Field(default=0, description="seed of the Poisson arrivals and the mix draws")
     sample_period_s: float = Field(default=1.0, gt=0, description="[s] memory and /metrics sampling period")
     memory_slope_max_mb_per_h: float = Field(ge=0, description="[MB/h] ceiling on retained server memory growth (MB = 10**6 bytes)")

