@@ -17,7 +17,7 @@ import pytest
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.load import RequestRecord, RequestSpec, SessionPlan, run_sessions
 from kvgate.profile.models import TrafficSpec
-from kvgate.traffic.replay import ReplayPlan, plan_replay, run_replay
+from kvgate.traffic.replay import MIN_USER_WORDS, ReplayPlan, fit_text, plan_replay, run_replay
 from kvgate.traffic.sample import TraceRequest, TrafficError, TrafficSample
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
@@ -99,6 +99,18 @@ def test_closed_plan_is_seeded_and_draws_sessions_as_units():
 def test_open_replay_of_a_sample_without_arrivals_is_a_clear_error():
     with pytest.raises(TrafficError, match="replay open needs arrival_s"):
         plan_replay(sample_of([TraceRequest(10, 2)]), spec(replay="open"), 1)
+
+
+# ----------------------------------------------------------------------------- content
+
+
+@pytest.mark.parametrize("count", [lambda t: len(t.split()) + 1, lambda t: len(t) // 3],
+                         ids=["word-per-token", "three-chars-per-token"])
+def test_fit_text_hits_the_target_exactly_or_returns_the_minimum(count):
+    text, n = fit_text(count, "System[x]: ", 57, "\nAssistant:")
+    assert n == count(text) == 57 and text.startswith("System[x]: ") and text.endswith("\nAssistant:")
+    text, n = fit_text(count, "a long history " * 20, 10, "\nAssistant:")  # the history alone is longer
+    assert n == count(text) > 10 and len(text.split("\nAssistant:")[0].split()) == 60 + MIN_USER_WORDS
 
 
 # ----------------------------------------------------------------------------- the runner, virtual clock
