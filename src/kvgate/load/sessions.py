@@ -3,14 +3,14 @@
 A :class:`SessionPlan` is one conversation: its first request (built and serialised before the
 clock starts, like every request of :mod:`kvgate.load.schedule`), how many turns it has, and a
 ``follow(turn, earlier_records)`` callable that builds turn ``n``'s request from the records of
-turns ``0..n-1`` (the replies' text is in ``record.text``). :func:`run_sessions` sends them with
+turns ``0..n-1`` (decoded: the replies' text is in ``record.text``). :func:`run_sessions` sends them with
 the same transports, records and :class:`~kvgate.load.schedule.LoadResult` as the closed and
 open loops, bounded in count (the plan) and time (``deadline_s``).
 
 **How dependent turns are scheduled.** Turn ``n + 1`` of a session is sent only after turn ``n``'s
 reply arrived (its ``end_s``) and its prompt was built from it (``follow`` runs in a worker thread,
-:func:`asyncio.to_thread`, because it may call ``/tokenize``: the event loop keeps serving the
-other sessions meanwhile). In the open loop it is also not sent before its own planned offset
+:func:`asyncio.to_thread`, because it may call ``/tokenize``, and the previous reply is decoded
+there too: the event loop keeps serving -- and timestamping -- the other sessions meanwhile). In the open loop it is also not sent before its own planned offset
 (``offsets_s[n]``); if the reply came later than that, it goes as soon as its prompt is ready.
 In the closed loop it goes as soon as its prompt is ready, on the same worker (a worker runs a
 whole session, turn after turn, then takes the next session).
@@ -50,6 +50,14 @@ from kvgate.load.transport import Clock, LoadTransport
 Follow = Callable[[int, list[RequestRecord]], RequestSpec]
 #: How ``follow`` is run: ``await build(follow, turn, earlier)`` (default :func:`asyncio.to_thread`).
 Build = Callable[..., Awaitable[RequestSpec]]
+
+
+def _next_turn(follow: Follow, turn: int, earlier: list[RequestRecord]) -> RequestSpec | None:
+    """Turn ``turn``'s request, or None when the turn before it failed. Runs where ``build`` runs
+    (a worker thread): decoding the previous reply (:meth:`RequestRecord.finalize`, its text for
+    the new prompt) stays off the event loop, which the other sessions' timestamps need."""
+    prev = earlier[-1].finalize()
+    return follow(turn, earlier) if prev.ok else None
 
 
 @dataclass(frozen=True)
@@ -178,12 +186,13 @@ async def run_sessions(endpoint: Endpoint | None, sessions: Sequence[SessionPlan
                 scheduled = due if due is not None else clock() - t0
             else:
                 prev = earlier[-1]
-                if not prev.ok:
-                    give_up(s, n, f"not sent: turn {n - 1} failed ({prev.error or 'hung up'}), no reply to continue")
-                    return
                 ready = prev.end_s
                 assert s.follow is not None
-                spec = idled(await build(s.follow, n, list(earlier)))
+                nxt = await build(_next_turn, s.follow, n, list(earlier))
+                if nxt is None:
+                    give_up(s, n, f"not sent: turn {n - 1} failed ({prev.error or 'hung up'}), no reply to continue")
+                    return
+                spec = idled(nxt)
                 prepared, tag = tr.prepare(spec), spec.tag
                 built = clock() - t0
                 scheduled = built if due is None else max(due, built)
@@ -211,8 +220,6 @@ async def run_sessions(endpoint: Endpoint | None, sessions: Sequence[SessionPlan
             finally:
                 if sem is not None:
                     sem.release()
-            if n + 1 < s.turns:
-                rec.finalize()  # the reply's text, for the next turn's prompt (one record, decoded now)
             earlier.append(rec)
 
     async def open_dispatcher() -> None:
