@@ -365,3 +365,25 @@ def test_single_turn_samples_have_no_turn_table():
     assert isinstance(plan, ReplayPlan) and res.turns == [] and len(res.result.records) == 5
     assert all(r.ok for r in res.result.records)
     assert [r["prompt_tokens_actual"] for r in res.rows()] == [30, 31, 32, 33, 34]
+
+
+def test_a_sample_that_carries_text_sends_its_own_words_padded_to_the_recorded_length(fake):
+    rows = [
+        TraceRequest(30, 4, messages=({"role": "system", "content": "You are terse."},
+                                      {"role": "user", "content": "hello there friend"})),
+        TraceRequest(20, 6, session="t", turn=0, messages=({"role": "user", "content": "what is a kv block"},)),
+        TraceRequest(60, 6, session="t", turn=1, messages=(
+            {"role": "user", "content": "what is a kv block"}, {"role": "assistant", "content": "recorded words"},
+            {"role": "user", "content": [{"type": "text", "text": "and prefix caching?"}]})),
+    ]
+    plan, res = replay(fake, sample_of(rows), spec(replay="closed"), concurrency=1, deadline_s=20.0)
+    prompts = prompts_of(fake)
+    single = next(p for p in prompts if "hello there friend" in p)
+    assert single.startswith("System: You are terse.\nUser[replay r0]: hello there friend ")
+    later = next(p for p in prompts if "and prefix caching?" in p)
+    first = next(p for p in prompts if p != later and "what is a kv block" in p)
+    assert first.startswith("User[replay t/0]: what is a kv block ")
+    reply = next(r.text for r in res.result.records if plan.items[r.index].key == "t/0")
+    assert later.startswith(first + reply + "\nUser: and prefix caching? ")
+    assert "recorded words" not in later  # the history holds the server's own reply
+    assert [r["prompt_tokens_actual"] for r in res.rows()] == [r["prompt_tokens_planned"] for r in res.rows()]

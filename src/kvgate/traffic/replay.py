@@ -30,7 +30,14 @@ transcript::
     Assistant:                                   new user message sized to the recorded prompt_tokens
 
 The ``System`` block (and its newline) is there only for requests with a ``prefix_id`` and
-``prefix_tokens > 0``: it is all that requests of different sessions share. Turn ``n + 1``'s
+``prefix_tokens > 0``: it is all that requests of different sessions share. **A sample that
+carries text** (``TraceRequest.messages``: an OpenAI request log, a ShareGPT conversation) has
+its own words sent instead of filler: turn 0 (or a single request) renders its messages in the same
+layout (its own system message as ``System<salt>: ...`` when no ``prefix_id`` stands in for it;
+the first user message keeps the ``User[<tag> <key><salt>]:`` label), a later turn adds what its
+user said after the last assistant message; filler then pads the prompt to the recorded length
+(the text is counted by this server's tokenizer, which need not be the one that recorded it: a
+longer text is sent whole and the row records the deviation). Turn ``n + 1``'s
 prompt begins with turn ``n``'s prompt and reply text verbatim, so prefix caching can hit them.
 What the cache can hit: whole KV blocks only (``block_size`` tokens; vLLM on CPU uses 128), so
 a system prompt shorter than a block is never a hit, and turn ``n + 1`` hits turn ``n``'s *prompt*
@@ -271,7 +278,16 @@ class _Content:
             base = list(sys_.prompt) if sys_ is not None else []  # type: ignore[arg-type]
             own = token_id_prompt(max(1, target - len(base)), seed=seed).token_ids or ()
             return _Built(base + list(own), len(base) + len(own))
-        head = (f"{sys_.prompt}\n" if sys_ is not None else "") + f"User[{seed}]: "
+        msgs = list(it.trace.messages or ())
+        own_system = next((_text(m) for m in msgs if m.get("role") == "system"), None)
+        if sys_ is not None:
+            head = f"{sys_.prompt}\n"
+        elif own_system is not None:  # the sample's own system text (shared where the sample shares it)
+            head = f"System{self.salt}: {own_system}\n"
+        else:
+            head = ""
+        said = _said([m for m in msgs if m.get("role") != "system"], f"User[{seed}]: ")
+        head += said if said else f"User[{seed}]: "
         return _Built(*fit_text(self.count, head, target, ASSISTANT))
 
     def follow(self, it: PlannedRequest, prev: _Built, reply: RequestRecord) -> _Built:
@@ -281,8 +297,36 @@ class _Content:
             base = list(prev.prompt) + list(stand_in)  # type: ignore[arg-type]
             own = token_id_prompt(max(MIN_USER_WORDS, target - len(base)), seed=f"{it.key}{self.salt}").token_ids or ()
             return _Built(base + list(own), len(base) + len(own))
-        head = f"{prev.prompt}{reply.text}{NEXT_USER}"
+        msgs = list(it.trace.messages or ())
+        last_reply = max((k for k, m in enumerate(msgs) if m.get("role") == "assistant"), default=-1)
+        said = _said(msgs[last_reply + 1:], NEXT_USER)  # what the sample's user said this turn
+        head = f"{prev.prompt}{reply.text}" + (said if said else NEXT_USER)
         return _Built(*fit_text(self.count, head, target, ASSISTANT))
+
+
+def _text(message: dict[str, Any]) -> str:
+    """A message's text: a string content, or its text parts joined."""
+    c = message.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return " ".join(p["text"] for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _said(messages: list[dict[str, Any]], first_user: str) -> str:
+    """The sample's own messages as transcript lines (the first user message labelled
+    ``first_user``, later ones ``User:``, replies ``Assistant:``), ending with a space for the
+    filler that sizes it; empty when there are none."""
+    out, user = [], first_user
+    for m in messages:
+        role = m.get("role")
+        if role == "user":
+            out.append(f"{user}{_text(m)}")
+            user = NEXT_USER
+        else:
+            out.append(f"\n{str(role).capitalize()}: {_text(m)}" if out else f"{user}\n{str(role).capitalize()}: {_text(m)}")
+    return "".join(out) + " " if out else ""
 
 
 # ----------------------------------------------------------------------------- results
