@@ -299,6 +299,8 @@ def test_sessions_replay_with_growing_history_and_a_shared_system_prompt(fake):
         assert rec.sent_s >= it.offset_s - 1e-6, f"{it.key} sent at {rec.sent_s:.4f} s, due {it.offset_s:.4f} s"
         if it.turn:
             assert res.rows()[rec.index]["wait_ms"] is not None
+            prev = next(r for r in res.result.records if plan.items[r.index].key == f"{it.session}/{it.turn - 1}")
+            assert rec.sent_s >= prev.end_s, f"{it.key} sent before turn {it.turn - 1}'s reply was complete"
 
 
 def test_later_turns_hit_the_prefix_cache_and_the_result_says_so(fake):
