@@ -389,3 +389,13 @@ def test_a_sample_that_carries_text_sends_its_own_words_padded_to_the_recorded_l
     assert later.startswith(first + reply + "\nUser: and prefix caching? ")
     assert "recorded words" not in later  # the history holds the server's own reply
     assert [r["prompt_tokens_actual"] for r in res.rows()] == [r["prompt_tokens_planned"] for r in res.rows()]
+
+
+def test_a_tokenize_refusal_names_the_prompt_being_built():
+    from kvgate.http.prompts import PreparationRefused
+
+    def refuse(text: str) -> int:
+        raise PreparationRefused("/tokenize", 413, 6144, "HTML: 413 Request Entity Too Large")
+
+    with pytest.raises(PreparationRefused, match="while building the 300-token completions prompt"):
+        fit_text(refuse, "User: ", 300)

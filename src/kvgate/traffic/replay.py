@@ -68,7 +68,7 @@ import numpy as np
 
 from kvgate.http.client import Endpoint, EndpointUnreachable, KvClient
 from kvgate.http.metrics import scrape_value
-from kvgate.http.prompts import CountFn, exact_prompt, filler, local_counter, server_counter, token_id_prompt
+from kvgate.http.prompts import CountFn, PreparationRefused, exact_prompt, filler, local_counter, server_counter, token_id_prompt
 from kvgate.load import LoadResult, RequestRecord, completion_request
 from kvgate.load.sessions import SessionPlan, SessionRun, sessions_loop
 from kvgate.traffic.sample import TraceRequest, TrafficError, TrafficSample
@@ -226,6 +226,13 @@ def fit_text(count: CountFn, head: str, target: int, suffix: str = "") -> tuple[
     :func:`kvgate.http.prompts.exact_prompt`'s search). When even ``MIN_USER_WORDS`` filler words
     reach ``target``, returns that minimum and its count (> ``target``: the caller records the
     deviation)."""
+    try:
+        return _fit(count, head, target, suffix)
+    except PreparationRefused as exc:  # name the prompt being built, as exact_prompt does
+        raise exc.building(target, "completions") from None
+
+
+def _fit(count: CountFn, head: str, target: int, suffix: str) -> tuple[str, int]:
     least = head + filler(MIN_USER_WORDS) + suffix
     n_least = count(least)
     if n_least >= target:
