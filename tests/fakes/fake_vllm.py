@@ -383,6 +383,7 @@ class RequestRecord:
     t_done: float | None = None
     disconnected: bool = False  # aborted before the engine finished (client went away)
     cached_tokens: int = 0  # prompt tokens found in the prefix cache (whole blocks)
+    prompt: str | None = None  # a completions text prompt as received (what a replay sent)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -1595,6 +1596,7 @@ class FakeVLLM:
                 if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                     prompt = prompt[0]
                 if isinstance(prompt, str):
+                    rec.prompt = prompt
                     words = tok.encode(prompt, add_bos=bool(body.get("add_special_tokens", True)))
                     prompt_key, n_prompt = " ".join(words), len(words)
                     prompt_ids = tok.ids(words)

@@ -1152,6 +1152,12 @@ def test_prefix_cache_hits_whole_blocks_and_prefills_the_rest(client, fake):
         fake.sleep = real
 
 
+def test_the_fake_keeps_a_completions_text_prompt_as_received(client, fake):
+    client.post("/v1/completions", json={"model": MODEL, "prompt": "System: a\nUser: b", "max_tokens": 1})
+    client.post("/v1/completions", json={"model": MODEL, "prompt": [101, 102], "max_tokens": 1})
+    assert [r.prompt for r in fake.state.requests] == ["System: a\nUser: b", None]
+
+
 @pytest.mark.parametrize("fault, cached, hits", [("prefix_cache_never_hits", 0, 0), ("prefix_counter_frozen", 32, 0)])
 def test_fault_prefix_cache(client, fake, fault, cached, hits):
     real = fake.sleep

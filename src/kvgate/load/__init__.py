@@ -12,6 +12,8 @@ Modules (each docstring holds the details):
   :class:`RequestRecord` (what happened, decoded by :mod:`kvgate.http.sse`), :func:`split_sse`.
 - :mod:`~kvgate.load.schedule`: :func:`run_closed_loop` / :func:`run_open_loop` and their sync
   forms, :func:`poisson_offsets`, schedule lag, :class:`LoadResult`, :func:`make_transport`.
+- :mod:`~kvgate.load.sessions`: :func:`run_sessions` / :func:`sessions_loop`, conversations whose
+  later turns wait for the earlier replies (:class:`SessionPlan`), and what lag means for them.
 - :mod:`~kvgate.load.transport`: the :class:`LoadTransport` interface.
 - :mod:`~kvgate.load.raw_http`: :class:`RawHttpTransport`, the hand-written HTTP/1.1 client for
   ``http://``, and :func:`new_event_loop` (timestamps taken when the poll returns).
@@ -34,11 +36,12 @@ from kvgate.load.schedule import (
     run_closed_loop,
     run_open_loop,
 )
+from kvgate.load.sessions import SessionPlan, SessionRun, TurnTiming, run_sessions, sessions_loop
 from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock, LoadTransport
 
 __all__ = [
     "DEFAULT_LAG_BOUND_S", "DEFAULT_MAX_RESPONSE_BYTES", "Clock", "HttpxTransport", "LoadResult", "LoadTransport",
     "RawHttpTransport", "RequestRecord", "RequestSpec", "Sleep", "chat_request", "closed_loop", "completion_request",
     "make_transport", "new_event_loop", "open_loop", "poisson_offsets", "run_closed_loop", "run_open_loop",
-    "split_sse",
+    "split_sse", "SessionPlan", "SessionRun", "TurnTiming", "run_sessions", "sessions_loop",
 ]

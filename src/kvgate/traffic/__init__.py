@@ -4,5 +4,7 @@
   (:func:`load_sample`, :func:`sample_for` for a profile workload's ``traffic:``), length
   percentiles and provenance (file, SHA-256), :func:`overlong` (requests the deployment cannot serve).
 - :mod:`~kvgate.traffic.replay`: :func:`plan_replay` (open loop on recorded arrivals, or closed loop
-  drawing from the sample) and :func:`run_replay` (exact-length prompts, sent with :mod:`kvgate.load`).
+  drawing from the sample; sessions kept whole) and :func:`run_replay` (exact-length prompts, a
+  shared system prompt per prefix id, conversations whose history grows with the server's replies,
+  sent with :mod:`kvgate.load.sessions`; the per-turn cache effect in :class:`ReplayResult`).
 """
