@@ -176,7 +176,7 @@ class TrafficSample:
             s = t[i] - t[0]
             if any(s < c.end_s and c.start_s < s + window_s for c in chosen):
                 continue
-            chosen.append(RateWindow(float(s), float(s + window_s), int(counts[i]), float(mean)))
+            chosen.append(RateWindow(round(float(s), 6), round(float(s + window_s), 6), int(counts[i]), float(mean)))
             if len(chosen) >= top:
                 break
         return chosen
@@ -683,10 +683,11 @@ def overlong_message(found: dict[str, Any] | None, sample: TrafficSample, max_mo
     ``traffic sample t.jsonl: 3 requests (1.0%) do not fit the profile: prompt + output over
     engine.max_model_len 2,048 or output over limits.max_tokens_cap 512 (first at line 17); prompt
     p99 1,990 tokens > 1,952 (max_model_len - p99 output)``."""
-    cap = f" or output over limits.max_tokens_cap {max_tokens_cap:,}" if max_tokens_cap else ""
     if found is None:
+        cap_ok = f" and output <= limits.max_tokens_cap {max_tokens_cap:,}" if max_tokens_cap else ""
         return (f"traffic sample {sample.path}: every request fits {where} (prompt + output <= engine.max_model_len "
-                f"{max_model_len:,}{cap.replace(' over ', ' <= ').replace('or output', 'and output')})")
+                f"{max_model_len:,}{cap_ok})")
+    cap = f" or output over limits.max_tokens_cap {max_tokens_cap:,}" if max_tokens_cap else ""
     first = f" (first at line {found['first_line']})" if found["first_line"] else ""
     p99 = (f"; prompt p99 {found['prompt_p99']:,} tokens > {found['limit']:,} (max_model_len - p99 output)"
            if found["prompt_p99"] > found["limit"] else "")
