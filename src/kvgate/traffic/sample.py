@@ -201,7 +201,8 @@ class TrafficSample:
         if ses:
             turns = [len(v) for v in ses.values()]
             single = sum(1 for r in self.requests if r.session is None)
-            reqs += (f" ({len(ses):,} sessions of {min(turns)}-{max(turns)} turns, {sum(turns):,} requests; "
+            span = f"{min(turns)}" if min(turns) == max(turns) else f"{min(turns)}-{max(turns)}"
+            reqs += (f" ({_n(len(ses), 'session')} of {span} turns, {_n(sum(turns), 'request')}; "
                      f"{single:,} without a session)")
         lines.append(reqs)
         for what, label in (("prompt_tokens", "prompt"), ("output_tokens", "output"), ("total", "total")):
@@ -226,6 +227,11 @@ class TrafficSample:
         return {"path": self.path, "sha256": self.sha256, "format": self.format, "requests": len(self.requests),
                 "sessions": len(self.sessions()), "prompt_tokens": self.percentiles("prompt_tokens"),
                 "output_tokens": self.percentiles("output_tokens"), "notes": list(self.notes)}
+
+
+def _n(count: int, word: str) -> str:
+    """``1 session``, ``3 sessions``."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,9 +362,9 @@ class _Tokens:
         if not self.counted:
             return []
         if self.count:
-            return [f"{what} of {self.counted:,} requests counted from the message text with the given tokenizer "
+            return [f"{what} of {_n(self.counted, 'request')} counted from the message text with the given tokenizer "
                     "(chat-template tokens not included)"]
-        return [f"{what} of {self.counted:,} requests estimated as UTF-8 bytes / {BYTES_PER_TOKEN} (no token counts in "
+        return [f"{what} of {_n(self.counted, 'request')} estimated as UTF-8 bytes / {BYTES_PER_TOKEN} (no token counts in "
                 "the file and no tokenizer given; the replaying gate counts with the server's /tokenize)"]
 
 
@@ -447,7 +453,7 @@ def _openai_log(label: str, text: str, count: Callable[[str], int] | None) -> tu
                                 messages=None if msgs is None else tuple(msgs), line=n))
     notes = tokens.note("prompt tokens")
     if capped:
-        notes.append(f"output tokens of {capped:,} requests are max_tokens as sent (no response usage): an upper bound")
+        notes.append(f"output tokens of {_n(capped, 'request')} are max_tokens as sent (no response usage): an upper bound")
     return _shared_system_prefix(out, tokens), notes
 
 
@@ -485,7 +491,7 @@ def _sharegpt(label: str, text: str, count: Callable[[str], int] | None) -> tupl
             asked += 1
     notes = tokens.note("prompt and output tokens")
     if unanswered:
-        notes.append(f"{unanswered:,} human turns without a following gpt reply left out (no output length)")
+        notes.append(f"{_n(unanswered, 'human turn')} without a following gpt reply left out (no output length)")
     return _shared_system_prefix(out, tokens), notes
 
 
