@@ -182,7 +182,11 @@ GOOD = '{"prompt_tokens": 10, "output_tokens": 5}\n'
     ("metrics", "# HELP something\nsomething 1\n", "t.jsonl: no vllm:request_prompt_tokens or "
      "vllm:request_generation_tokens histogram (is it vLLM's /metrics?"),
     ("metrics", "vllm:request_prompt_tokens_bucket{le=oops} 1\n", "t.jsonl: not Prometheus text"),
-], ids=lambda v: v if v in ts.FORMATS else None)
+], ids=["jsonl/prompt_tokens", "jsonl/output_tokens", "jsonl/arrival_s", "jsonl/prefix_tokens", "jsonl/not-json",
+        "openai-log/max_tokens", "openai-log/request.max_tokens", "openai-log/messages", "openai-log/role",
+        "openai-log/content", "openai-log/prompt", "openai-log/timestamp", "openai-log/usage",
+        "sharegpt/conversations", "sharegpt/from", "sharegpt/value", "sharegpt/comma", "sharegpt/unclosed",
+        "metrics/histogram", "metrics/not-prometheus"])
 def test_a_bad_record_is_one_error_naming_file_line_and_field(tmp_path, fmt, text, message):
     path = write(tmp_path, text)
     with pytest.raises(ts.TrafficError) as exc:

@@ -697,5 +697,6 @@ def overlong_message(found: dict[str, Any] | None, sample: TrafficSample, max_mo
     first = f" (first at line {found['first_line']})" if found["first_line"] else ""
     p99 = (f"; prompt p99 {found['prompt_p99']:,} tokens > {found['limit']:,} (max_model_len - p99 output)"
            if found["prompt_p99"] > found["limit"] else "")
-    return (f"traffic sample {sample.path}: {found['requests']:,} requests ({found['share']:.1%}) do not fit {where}: "
+    return (f"traffic sample {sample.path}: {_n(found['requests'], 'request')} ({found['share']:.1%}) "
+            f"{'does' if found['requests'] == 1 else 'do'} not fit {where}: "
             f"prompt + output over engine.max_model_len {max_model_len:,}{cap}{first}{p99}")
