@@ -296,3 +296,22 @@ def test_shipped_sample_sessions_grow_by_what_was_said_and_share_one_system_prom
     singles = [r for r in shipped.requests if r.session is None]
     assert {r.prefix_id for r in singles} == {"sys-support", None}  # single-turn requests with and without it
     assert all(r.prefix_tokens == 256 for r in singles if r.prefix_id)
+
+
+def test_sample_for_resolves_the_path_beside_the_profile_and_names_the_field(tmp_path):
+    from types import SimpleNamespace
+
+    (tmp_path / "traffic").mkdir()
+    shutil.copy(DATA / "openai-log.jsonl", tmp_path / "traffic" / "log.jsonl")
+
+    def profile(path):
+        spec = SimpleNamespace(path=path, format="auto")
+        return SimpleNamespace(source=str(tmp_path / "p.yaml"), name="p",
+                               workloads={"chat": SimpleNamespace(traffic=spec), "plain": SimpleNamespace(traffic=None)})
+
+    s = ts.sample_for(profile("traffic/log.jsonl"), "chat", count=words)
+    assert s.path == "traffic/log.jsonl" and s.requests[1].prompt_tokens == 17  # counted with the given counter
+    assert ts.sample_for(profile("traffic/log.jsonl"), "plain") is None
+    with pytest.raises(ts.TrafficError, match=r"p.yaml: field 'workloads.chat.traffic': traffic sample "
+                                              r"traffic/gone.jsonl: cannot read it"):
+        ts.sample_for(profile("traffic/gone.jsonl"), "chat")

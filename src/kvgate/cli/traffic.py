@@ -84,11 +84,9 @@ def run_synth(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
         spec = SynthSpec(seed=args.seed, sessions=args.sessions, singles=args.singles, long_singles=args.long_singles,
                          duration_s=args.duration, max_total=args.max_total)
         path = write(spec, args.out)
-    except ValueError as exc:
-        print(f"kvgate traffic synth: {exc}", file=err)
-        return USAGE
-    except OSError as exc:
-        print(f"kvgate traffic synth: cannot write {args.out}: {exc.strerror or exc}", file=err)
+    except (ValueError, OSError) as exc:  # SynthSpec's contradictions; the path
+        why = f"cannot write {args.out}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+        print(f"kvgate traffic synth: {why}", file=err)
         return USAGE
     sample = load_sample(path)
     print(f"kvgate traffic synth: wrote {sample.describe()}", file=out)

@@ -654,15 +654,16 @@ def sample_path(profile: Any, traffic: Any) -> Path:
     return Path(profile.source).parent / p
 
 
-def sample_for(profile: Any, workload: str) -> TrafficSample | None:
-    """The traffic sample of ``profile.workloads[workload]`` (None when it has no ``traffic:``).
+def sample_for(profile: Any, workload: str, count: Callable[[str], int] | None = None) -> TrafficSample | None:
+    """The traffic sample of ``profile.workloads[workload]`` (None when it has no ``traffic:``);
+    ``count``: as :func:`load_sample` (the server's ``/tokenize`` counter, for text-only sources).
     Raises :class:`TrafficError` naming the profile field and the file."""
     wl = profile.workloads[workload]
     if wl.traffic is None:
         return None
     path = sample_path(profile, wl.traffic)
     try:
-        return load_sample(path, wl.traffic.format, shown=wl.traffic.path)
+        return load_sample(path, wl.traffic.format, shown=wl.traffic.path, count=count)
     except TrafficError as exc:
         raise TrafficError(f"{profile.source or profile.name}: field 'workloads.{workload}.traffic': {exc}") from None
 
