@@ -26,7 +26,8 @@ Formats (``TrafficSpec.format``; ``auto`` tells from the content, :func:`detect_
   prompt paired with output level by level (:func:`histogram_quantiles`). No arrival times.
 
 Counting: where a source carries text but no token counts, ``count`` (text -> tokens) counts each
-message's content; the replaying gate passes the server's ``/tokenize`` counter. Without one the
+message's content; the replaying gate passes the server's ``/tokenize`` counter
+(:func:`kvgate.http.prompts.server_counter`). Without one the
 prompt is estimated as UTF-8 bytes / :data:`BYTES_PER_TOKEN` and a note says so
 (:attr:`TrafficSample.notes`). A system prompt shared by several requests becomes their
 ``prefix_id`` (``sys-`` and 8 hex digits of its SHA-256) with its counted tokens.
@@ -349,9 +350,12 @@ class _Tokens:
 
     def __init__(self, count: Callable[[str], int] | None):
         self.count, self.counted = count, 0
+        self.seen: dict[str, int] = {}  # a system prompt or a turn repeats: one /tokenize call each text
 
     def __call__(self, text: str) -> int:
-        return int(self.count(text)) if self.count else estimate_tokens(text)
+        if text not in self.seen:
+            self.seen[text] = int(self.count(text)) if self.count else estimate_tokens(text)
+        return self.seen[text]
 
     def messages(self, msgs: Sequence[dict[str, Any]]) -> int:
         """Tokens of a request's messages: the sum over their contents (chat-template tokens not included)."""
