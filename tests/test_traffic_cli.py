@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvgate.authoring import advise as adv
 from kvgate.cli.main import main
 from kvgate.traffic.sample import load_sample
@@ -78,3 +80,11 @@ def test_advise_reads_sharegpt_openai_log_and_saved_metrics_through_the_loader()
         assert t.joint == (fmt != "metrics")
     assert adv.traffic_from_file(DATA / "metrics.txt").requests == 100  # rows weighted by the histograms' count
     assert "estimated as UTF-8 bytes / 4" in adv.traffic_from_file(DATA / "sharegpt.json").source
+
+
+def test_synth_out_of_range_numbers_are_usage_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--duration", "0"])
+    assert exc.value.code == 2 and "'0' is not a duration" in capsys.readouterr().err
+    assert main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--long-singles", "-1"]) == 2
+    assert "long_singles -1 from 0 to singles 125" in capsys.readouterr().err

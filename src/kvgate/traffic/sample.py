@@ -634,7 +634,7 @@ def load_sample(path: str | Path, format: str = "auto", shown: str | None = None
         format, why = detect_format(text)
         if format is None:
             raise TrafficError(f"traffic sample {label}: cannot tell its format (tried {', '.join(FORMATS)}): {why}; "
-                               "name it with format:")
+                               "name it (traffic.format in a profile, --format on the command line)")
     represents = None
     if format == "jsonl":
         requests, notes = _jsonl(label, text)

@@ -63,9 +63,11 @@ class SynthSpec:
                              f"leave room for output {self.output[1]} within max_total {self.max_total}")
         if self.long_prompt[1] + self.output[1] > self.max_total:
             raise ValueError(f"long_prompt {self.long_prompt} + output {self.output[1]} exceeds max_total {self.max_total}")
-        if self.turns[0] < 1 or self.turns[0] > self.turns[1] or self.long_singles > self.singles:
+        if self.turns[0] < 1 or self.turns[0] > self.turns[1] or not 0 <= self.long_singles <= self.singles:
             raise ValueError(f"turns {self.turns} must be 1 <= low <= high; long_singles {self.long_singles} "
-                             f"at most singles {self.singles}")
+                             f"from 0 to singles {self.singles}")
+        if not self.duration_s > 0:
+            raise ValueError(f"duration_s {self.duration_s} must be > 0 seconds")
 
 
 def _uniform(rng: np.random.Generator, pair: tuple[int, int]) -> int:
