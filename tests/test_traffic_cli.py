@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from kvgate.authoring import advise as adv
 from kvgate.cli.main import main
 from kvgate.traffic.sample import load_sample
@@ -83,8 +81,8 @@ def test_advise_reads_sharegpt_openai_log_and_saved_metrics_through_the_loader()
 
 
 def test_synth_out_of_range_numbers_are_usage_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--duration", "0"])
-    assert exc.value.code == 2 and "'0' is not a duration" in capsys.readouterr().err
+    for bad in ("0", "inf", "nan"):
+        assert main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--duration", bad]) == 2
+        assert "must be a finite number of seconds > 0" in capsys.readouterr().err
     assert main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--long-singles", "-1"]) == 2
     assert "long_singles -1 from 0 to singles 125" in capsys.readouterr().err

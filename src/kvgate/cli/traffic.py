@@ -27,7 +27,6 @@ OK, FINDINGS, USAGE = 0, 1, 2
 def add_command(sub: argparse._SubParsersAction) -> None:
     """Add ``traffic show`` and ``traffic synth`` to the ``kvgate`` sub-parsers ``sub``."""
     from kvgate.authoring.advise import positive_int
-    from kvgate.cli.main import positive_seconds
 
     tr = sub.add_parser("traffic", help="show a traffic sample's lengths and arrivals, or write a synthetic one",
                         description="Traffic samples the load and soak gates replay (workloads.*.traffic).")
@@ -52,7 +51,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     syn.add_argument("--long-singles", type=int, default=d.long_singles, metavar="N",
                      help=f"of them long documents, {d.long_prompt[0]:,}-{d.long_prompt[1]:,} prompt tokens "
                           f"(default {d.long_singles})")
-    syn.add_argument("--duration", type=positive_seconds, default=d.duration_s, metavar="S",
+    syn.add_argument("--duration", type=float, default=d.duration_s, metavar="S",
                      help=f"seconds of recorded arrivals (default {d.duration_s:g})")
     syn.add_argument("--max-total", type=positive_int, default=d.max_total, metavar="TOKENS",
                      help=f"prompt + output of any request at most (default {d.max_total:,})")

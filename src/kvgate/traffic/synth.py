@@ -24,6 +24,7 @@ prefill ~0.3-0.5 s: measured on the embedded vLLM of ``profiles/tiny-cpu.yaml``)
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,8 @@ class SynthSpec:
         if self.turns[0] < 1 or self.turns[0] > self.turns[1] or not 0 <= self.long_singles <= self.singles:
             raise ValueError(f"turns {self.turns} must be 1 <= low <= high; long_singles {self.long_singles} "
                              f"from 0 to singles {self.singles}")
-        if not self.duration_s > 0:
-            raise ValueError(f"duration_s {self.duration_s} must be > 0 seconds")
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"duration {self.duration_s} must be a finite number of seconds > 0")
 
 
 def _uniform(rng: np.random.Generator, pair: tuple[int, int]) -> int:
