@@ -214,7 +214,7 @@ def _args(argv):
 def test_bad_jsonl_names_file_and_line(tmp_path, capsys):
     bad = tmp_path / "t.jsonl"
     bad.write_text('{"prompt_tokens": 10, "output_tokens": 5}\n{"prompt_tokens": "ten"}\n')
-    with pytest.raises(adv.AdviseError, match=r"t.jsonl:2: expected non-negative integers"):
+    with pytest.raises(adv.AdviseError, match=r"t.jsonl:2: field 'prompt_tokens' must be a non-negative integer"):
         adv.traffic_from_jsonl(bad)
     assert main(["advise", "--traffic", str(bad), *LLAMA70B, "--concurrency", "4", "-o", str(tmp_path / "o.yaml")]) == 2
     assert "t.jsonl:2" in capsys.readouterr().err

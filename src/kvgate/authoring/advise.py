@@ -3,9 +3,10 @@ and the SLO -- the arithmetic of the fit gate run backwards.
 
 Inputs: the model (a Hugging Face ``config.json`` read by :func:`kvgate.profile.hfconfig.model_from_hf_config`,
 architecture numbers, or another profile's model section), the hardware (GPU model, count,
-memory per GPU; on the CPU an explicit KV pool), a traffic sample (:func:`traffic_from_jsonl`:
-prompt/output token counts per request; or :func:`traffic_from_metrics`: a running vLLM's
-``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` histograms), and the SLO (the
+memory per GPU; on the CPU an explicit KV pool), a traffic sample (:func:`traffic_from_file`:
+any format :func:`kvgate.traffic.sample.load_sample` reads -- JSONL token counts, an OpenAI
+request log, ShareGPT conversations, a saved ``/metrics`` text; or :func:`traffic_from_metrics`: a
+running vLLM's ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` histograms), and the SLO (the
 concurrency to hold, latency targets copied into the profile).
 
 What it decides, per pool (:func:`advise_pool`), each number with its reason and the share of
@@ -52,7 +53,6 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -64,6 +64,7 @@ import yaml
 
 from kvgate.kv import arithmetic as km
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, load_profile
+from kvgate.traffic.sample import FORMATS, TrafficError, TrafficSample, load_sample, metrics_lengths
 
 #: What the advisor uses unless told otherwise (see the module docstring for each reason).
 DEFAULT_PERCENTILE = 99.0
@@ -75,8 +76,6 @@ CPU_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS_CAP = 1024
 LONG_FRACTION = 0.25
 LONG_OVER_MEDIAN = 4
-METRIC_PROMPT = "vllm:request_prompt_tokens"
-METRIC_OUTPUT = "vllm:request_generation_tokens"
 
 
 class AdviseError(ValueError):
@@ -131,103 +130,44 @@ def share_above(values: np.ndarray, weight: np.ndarray, limit: float) -> float:
     return float(weight[values > limit].sum() / total) if total else 0.0
 
 
-def _count(obj: dict[str, Any], *names: str) -> Any:
-    for name in names:
-        cur: Any = obj
-        for part in name.split("."):
-            cur = cur.get(part) if isinstance(cur, dict) else None
-        if cur is not None:
-            return cur
-    return None
+def traffic_from_sample(sample: TrafficSample) -> Traffic:
+    """The advisor's rows of a :class:`~kvgate.traffic.sample.TrafficSample`: one row a request, or
+    (``metrics``) quantile levels weighted by the requests they stand for, ``joint=False``."""
+    n = len(sample.requests)
+    prompt = np.array([r.prompt_tokens for r in sample.requests], float)
+    output = np.array([r.output_tokens for r in sample.requests], float)
+    count = sample.represents if sample.represents is not None else n
+    source = f"{sample.path} ({count:,.0f} requests" + (f"; {'; '.join(sample.notes)})" if sample.notes else ")")
+    return Traffic(prompt, output, np.full(n, count / n), source, joint=sample.format != "metrics")
+
+
+def traffic_from_file(path: str | Path, format: str = "auto") -> Traffic:
+    """A traffic sample file in any format :func:`kvgate.traffic.sample.load_sample` reads
+    (JSONL, OpenAI request log, ShareGPT, ``/metrics`` text). Raises :class:`AdviseError` naming
+    the file, line and field of a bad record."""
+    try:
+        return traffic_from_sample(load_sample(path, format))
+    except TrafficError as exc:
+        raise AdviseError(str(exc)) from None
 
 
 def traffic_from_jsonl(path: str | Path) -> Traffic:
-    """One request per line: ``{"prompt_tokens": N, "output_tokens": M}`` (also
-    ``completion_tokens``, ``input_tokens``, or an OpenAI ``usage`` object). Raises
-    :class:`AdviseError` naming the file and line of a bad record."""
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise AdviseError(f"traffic sample {path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise AdviseError(f"traffic sample {path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected JSON "
-                          "lines") from None
-    prompt, output = [], []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise AdviseError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        p = _count(obj, "prompt_tokens", "input_tokens", "usage.prompt_tokens") if isinstance(obj, dict) else None
-        o = _count(obj, "output_tokens", "completion_tokens", "usage.completion_tokens") if isinstance(obj, dict) else None
-        if not isinstance(p, int) or not isinstance(o, int) or p < 0 or o < 0 or isinstance(p, bool):
-            raise AdviseError(f"{path}:{n}: expected non-negative integers prompt_tokens and output_tokens "
-                              f"(or usage.prompt_tokens/completion_tokens), got {line.strip()[:120]}")
-        prompt.append(p)
-        output.append(o)
-    if not prompt:
-        raise AdviseError(f"traffic sample {path}: no requests in it")
-    n = len(prompt)
-    return Traffic(np.array(prompt, float), np.array(output, float), np.ones(n), f"{path} ({n:,} requests)")
-
-
-def _histogram(text: str, name: str) -> list[tuple[float, float]]:
-    """``[(le, cumulative count)]`` of the histogram ``name`` in Prometheus text, summed over
-    label sets (engines, models), ``+Inf`` last."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    buckets: dict[float, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name != name:
-            continue
-        for s in fam.samples:
-            if s.name == f"{name}_bucket":
-                le = float(s.labels["le"])
-                buckets[le] = buckets.get(le, 0.0) + s.value
-    return sorted(buckets.items())
-
-
-def _hist_quantiles(buckets: list[tuple[float, float]], levels: np.ndarray) -> np.ndarray:
-    """Prometheus ``histogram_quantile``: linear within a bucket, the largest finite bound in ``+Inf``."""
-    total = buckets[-1][1]
-    out = []
-    for q in levels:
-        rank = q * total
-        lo_b, lo_c = 0.0, 0.0
-        value = None
-        for le, c in buckets:
-            if c >= rank and c > lo_c:
-                if math.isinf(le):
-                    value = lo_b
-                else:
-                    value = lo_b + (le - lo_b) * (rank - lo_c) / (c - lo_c)
-                break
-            lo_b, lo_c = (le if not math.isinf(le) else lo_b), c
-        out.append(lo_b if value is None else value)
-    return np.ceil(np.array(out))
+    """:func:`traffic_from_file` of a JSONL sample (``{"prompt_tokens": N, "output_tokens": M}`` per line)."""
+    return traffic_from_file(path, "jsonl")
 
 
 def traffic_from_metrics(text: str, source: str, rows: int = 1000) -> Traffic:
     """Traffic from vLLM's ``/metrics`` text: the ``vllm:request_prompt_tokens`` and
     ``vllm:request_generation_tokens`` histograms, as ``rows`` quantile levels paired prompt with
-    output (:class:`Traffic` ``joint=False``). Raises :class:`AdviseError` when they are missing
-    or empty."""
-    p, o = _histogram(text, METRIC_PROMPT), _histogram(text, METRIC_OUTPUT)
-    if not p or not o:
-        missing = [n for n, h in ((METRIC_PROMPT, p), (METRIC_OUTPUT, o)) if not h]
-        raise AdviseError(f"{source}: no {' or '.join(missing)} histogram (is it vLLM's /metrics? "
-                          "--disable-log-stats removes them)")
-    count = p[-1][1]
-    if count <= 0:
-        raise AdviseError(f"{source}: the histograms count no finished request yet; send traffic first")
-    levels = (np.arange(rows) + 0.5) / rows
-    prompt, output = _hist_quantiles(p, levels), _hist_quantiles(o, levels)
-    bounds = ", ".join(f"{le:g}" for le, _ in p if not math.isinf(le))
-    return Traffic(prompt, output, np.full(rows, count / rows),
-                   f"{source} ({count:,.0f} requests; histogram buckets {bounds})", joint=False)
+    output (:func:`kvgate.traffic.sample.metrics_lengths`; :class:`Traffic` ``joint=False``).
+    Raises :class:`AdviseError` when they are missing or empty."""
+    try:
+        m = metrics_lengths(text, source, rows)
+    except TrafficError as exc:
+        raise AdviseError(str(exc)) from None
+    bounds = ", ".join(f"{le:g}" for le in m.bounds)
+    return Traffic(m.prompt, m.output, np.full(rows, m.requests / rows),
+                   f"{source} ({m.requests:,.0f} requests; histogram buckets {bounds})", joint=False)
 
 
 def fetch_metrics(url: str, get: Callable[[str], str] | None = None) -> tuple[str, str]:
@@ -834,8 +774,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "traffic; every number explained, the share of requests it rejects stated. The "
                                    "written profile passes the fit gate.")
     t = p.add_mutually_exclusive_group(required=True)
-    t.add_argument("--traffic", metavar="JSONL", help="one request per line: {prompt_tokens, output_tokens}")
+    t.add_argument("--traffic", metavar="FILE", help="a traffic sample: JSONL {prompt_tokens, output_tokens} per line, "
+                   "an OpenAI request log, ShareGPT conversations or a saved /metrics text (see --traffic-format)")
     t.add_argument("--metrics", metavar="URL", help="a running vLLM (base, /v1 or /metrics URL): its token histograms")
+    p.add_argument("--traffic-format", choices=["auto", *FORMATS], default="auto",
+                   help="the --traffic file's format (default: told from the content)")
     m = p.add_argument_group("model")
     m.add_argument("--hf-config", metavar="PATH", help="a local Hugging Face config.json")
     m.add_argument("--arch", metavar="K=V,...", help="architecture numbers, e.g. layers=80,attention_heads=64,...")
@@ -885,7 +828,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, get: Callable[[str]
     try:
         target = target_from_args(args)
         if args.traffic:
-            traffic = traffic_from_jsonl(args.traffic)
+            traffic = traffic_from_file(args.traffic, args.traffic_format)
         else:
             text, murl = fetch_metrics(args.metrics, get)
             traffic = traffic_from_metrics(text, murl)

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvgate.cli.report import add_command  # report (signoff.md and the HTML report)
 
     add_command(sub)
+    from kvgate.cli.traffic import add_command as add_traffic  # traffic show / synth
+
+    add_traffic(sub)
     return parser
 
 
