@@ -193,7 +193,7 @@ def test_latency_fail_names_the_burst_the_over_slo_requests_arrived_in(tmp_path)
     obs = replayed_obs(prof, ttft_of=lambda off: 0.6 + (off - 2.0) * 3 if 2.0 <= off < 2.3 else 0.05)
     v = latency_verdict(obs, prof)
     assert v.status is Status.FAIL, v.message
-    assert v.message.startswith("50 requests replayed 50 of 50 requests of trace.jsonl (sha256 ")
+    assert v.message.startswith("replayed 50 of 50 requests of trace.jsonl (sha256 ")
     assert "open loop at 1x): prompt p50/p99 30/39 tokens (declared 16/40), output p50/p99 8/8 tokens (declared 8)" \
         in v.message
     assert "TTFT p95 1,397 ms" in v.message and "> SLO 500 ms; 32 of the 32 over-SLO requests arrived in the burst at " \
@@ -216,7 +216,7 @@ def test_latency_pass_on_the_replay_without_the_burst_names_the_sample(tmp_path)
     prof = replay_profile(tmp_path, burst_rows(burst=False))
     v = latency_verdict(replayed_obs(prof), prof)
     assert v.status is Status.PASS, v.message
-    assert "20 requests replayed 20 of 20 requests of trace.jsonl" in v.message and "burst" not in v.message
+    assert "replayed 20 of 20 requests of trace.jsonl" in v.message and "burst" not in v.message
     assert v.evidence["traffic"]["busiest_window"]["burst"] is False
 
 

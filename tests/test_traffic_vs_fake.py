@@ -64,7 +64,7 @@ def test_a_burst_the_server_cannot_absorb_fails_latency_naming_it(pytester, tmp_
     assert ev["plan"]["path"] == "chat.jsonl" and ev["plan"]["mode"] == "open" and ev["plan"]["drawn"] == len(trace(burst))
     if not burst:
         assert g["status"] == "PASS", g["message"]
-        assert g["message"].startswith("20 requests replayed 20 of 20 requests of chat.jsonl (sha256 ")
+        assert g["message"].startswith("replayed 20 of 20 requests of chat.jsonl (sha256 ")
         assert "burst" not in g["message"] and not ev["busiest_window"]["burst"]
         return
     assert g["status"] == "FAIL", g["message"]
@@ -95,7 +95,7 @@ def test_every_load_gate_replays_a_sample_on_a_healthy_fake(pytester, tmp_path):
         "fake-vllm-replay/latency/interference": "PASS"}, [g["message"] for g in gates.values()]
     slo, long_, inter = (gates[f"fake-vllm-replay/{k}"] for k in ("latency/slo", "concurrency/long-sequences",
                                                             "latency/interference"))
-    assert "16 requests replayed 16 of 16 requests of chat.jsonl" in slo["message"]
+    assert "replayed 16 of 16 requests of chat.jsonl" in slo["message"]
     assert "closed loop at concurrency 2): prompt p50/p99 40/60 tokens (declared 24/40)" in slo["message"]
     assert long_["message"].startswith("3 long sequences at concurrency 2, replayed 3 of 3 requests of batch.jsonl")
     assert "3/3 completed 200 with their recorded output tokens" in long_["message"]

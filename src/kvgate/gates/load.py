@@ -358,7 +358,7 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport}
     tail = ""
     if t is not None:
-        what = f"{s['requests']} requests {replay_text(t, profile)}"
+        what = replay_text(t, profile) + (f" ({s['requests']:,} sent)" if s["requests"] != len(t.plan.items) else "")
         ev["traffic"] = traffic_evidence(obs)
         ev["traffic"]["busiest_window"], ev["traffic"]["burst_share"] = window, bursts
         tail = _cache_text(ev["traffic"]["later_turns"])
