@@ -160,3 +160,21 @@ def test_auto_expect_must_be_an_offered_function(write_profile):
     path = write_profile("tools", MINIMAL + "features:\n  tools:\n    auto_expect: nope\n")
     with pytest.raises(ProfileError, match=r"auto_expect 'nope' is not among the functions offered \(get_weather, get_time\)"):
         load_profile(str(path))
+
+
+@pytest.mark.parametrize("sample, expected", [
+    (None, "field 'workloads.w.traffic': traffic sample t.jsonl: cannot read it (No such file or directory)"),
+    ('{"prompt_tokens": 10, "output_tokens": 5}\n{"prompt_tokens": "x"}\n',
+     "field 'workloads.w.traffic': t.jsonl:2: field 'prompt_tokens' must be a non-negative integer, got 'x'"),
+    ('{"prompt_tokens": 10, "output_tokens": 5}\n',
+     "field 'workloads.w.traffic.replay': open replays the recorded arrival times, but 1 of 1 requests of t.jsonl"),
+], ids=["missing", "malformed-line", "open-without-arrivals"])
+def test_a_traffic_sample_that_cannot_be_replayed_is_the_profiles_error(write_profile, sample, expected):
+    """The sample is read when the profile loads: its error names the profile file, the field and
+    the sample's line -- before any gate runs (not a harness error in the first gate replaying it)."""
+    path = write_profile("replay", MINIMAL + "workloads:\n  w: {prompt_tokens: 10, output_tokens: 5, traffic: t.jsonl}\n")
+    if sample is not None:
+        (path.parent / "t.jsonl").write_text(sample)
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(path))
+    assert str(exc.value).startswith(f"{path}: ") and expected in str(exc.value)

@@ -931,6 +931,7 @@ def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> 
         profile = Profile.model_validate(raw)
     except ValidationError as exc:
         raise ProfileError(_format_validation(path, exc)) from None
+    _check_traffic(profile)
     if profile.pools is not None:  # a pool's profile that does not load is this file's error
         if str(path) in _POOLS_LOADING:
             raise ProfileError(f"{path}: field 'pools': a pool's profile leads back to this pools profile")
@@ -943,6 +944,29 @@ def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> 
 
 
 _POOLS_LOADING: set[str] = set()
+
+
+def _check_traffic(profile: Profile) -> None:
+    """Read every workload's ``traffic:`` sample once at load time, so a missing, empty or malformed
+    file, or an open-loop replay of a sample without arrival times, is this profile's error (one
+    line naming the file, the field and the line) before any gate runs -- not a harness error in
+    the first gate that replays it. Text-only sources are parsed with the bytes/4 estimate here;
+    the gates count them again with the server's tokenizer."""
+    from kvgate.traffic.sample import TrafficError, sample_for
+
+    for name, wl in profile.workloads.items():
+        if wl.traffic is None:
+            continue
+        try:
+            sample = sample_for(profile, name)
+        except TrafficError as exc:
+            raise ProfileError(str(exc)) from None
+        if wl.traffic.replay == "open" and sample is not None and not sample.has_arrivals:
+            missing = sum(1 for r in sample.requests if r.arrival_s is None)
+            raise ProfileError(f"{profile.source or profile.name}: field 'workloads.{name}.traffic.replay': open "
+                               f"replays the recorded arrival times, but {missing:,} of {len(sample.requests):,} "
+                               f"requests of {wl.traffic.path} ({sample.format}) have none; set replay: closed "
+                               f"(the workload's concurrency {wl.concurrency} in flight, drawing from the sample)")
 
 
 def pool_profiles(profile: Profile, profile_dir: Path = DEFAULT_PROFILE_DIR) -> dict[str, Profile]:
