@@ -13,8 +13,14 @@ from kvgate.load.scenarios import run_concurrent_long, run_interference, run_lat
 def evidence(obs):
     if not obs.result.records:  # a traffic sample that does not fit: nothing was sent
         return {}
-    return {f"{obs.name} requests.csv": records_csv(obs.result.rows()),
-            f"{obs.name} latency.png": latency_png(obs.result.records, obs.name)}
+    out = {f"{obs.name} requests.csv": records_csv(obs.result.rows()),
+           f"{obs.name} latency.png": latency_png(obs.result.records, obs.name)}
+    replay = obs.traffic.replay if obs.traffic is not None else None
+    if replay is not None:  # the replayed sample: planned vs sent per request, the cache effect per turn
+        out[f"{obs.name} replay.csv"] = replay.rows_csv()
+        if replay.turns:
+            out[f"{obs.name} turns.csv"] = replay.turns_csv()
+    return out
 
 
 def no_workload(config, profile, case):

@@ -103,3 +103,11 @@ def test_every_load_gate_replays_a_sample_on_a_healthy_fake(pytester, tmp_path):
     assert "prompt lengths sent in the waves; sent with at most 8 output tokens" in inter["message"]
     assert inter["evidence"]["mixed_plan"]["long_traffic"]["path"] == "batch.jsonl"
     assert slo["evidence"]["traffic"]["plan"]["sessions"] == 8
+    # the report carries the replay: planned vs sent per request, and the cache effect per turn
+    allure = pytester.path / "reports" / "allure-results"
+    attached = {a["name"]: allure / a["source"] for f in allure.glob("*-result.json")
+                for a in json.loads(f.read_text()).get("attachments", [])}
+    turns = next(p for n, p in attached.items() if n.endswith("turns.csv") and n.startswith("latency"))
+    assert turns.read_text().splitlines()[0].startswith("turn,requests,sent,ok,cached_tokens_mean")
+    assert len(turns.read_text().splitlines()) == 3  # header, turn 0, turn 1
+    assert any(n.endswith("replay.csv") for n in attached)
