@@ -8,7 +8,9 @@ each request a workload of the mix (:func:`mix_of`: ``soak.mix``, by default eve
 profile weighted by its declared ``concurrency``, long ones included) with a unique prefix so
 prefix caching cannot share blocks between requests. A workload with ``traffic:`` sends each
 request with the (prompt, output) lengths of a row drawn from its sample (seeded per round), as a
-token-id prompt of exactly that length: varied-length traffic, not one fixed shape. The first
+token-id prompt of exactly that length: varied-length traffic, not one fixed shape; a sample
+with sessions is drawn by unit (a whole session, turns after the replies at their recorded gaps,
+history growing, or a single request; :class:`SessionTurn`, :func:`open_loop_sender`). The first
 warm-up round opens with a burst of every workload at its declared concurrency, at its longest
 length (:attr:`SoakPlan.burst`), so the server has grown to its largest declared batches before
 anything is measured. Meanwhile a :class:`~kvgate.soak.sampling.SamplingLoop` samples the
@@ -301,9 +303,11 @@ def mix_of(profile: Profile, spec: SoakSpec) -> tuple[MixItem, ...]:
 
     Prompts are clamped to ``max_model_len - output - 8`` tokens. A ``traffic:`` workload carries
     its sample's rows (:attr:`MixItem.draws`), each clamped the same way and its output to
-    ``limits.max_tokens_cap``; requests draw from all of them, with replacement (single-turn: the
-    sample's arrival times, sessions and ``traffic.max_requests`` are the replaying gates', the
-    soak keeps its own arrivals). Fixed prompt text is filled in by :func:`with_prompts`.
+    ``limits.max_tokens_cap``; requests draw from all of them, with replacement (the soak keeps its
+    own arrivals; ``traffic.max_requests`` is the replaying gates'). A sample with sessions also
+    carries its units (:attr:`MixItem.units`: whole sessions with their recorded turn gaps, and
+    single requests), which its requests then draw instead. Fixed prompt text is filled in by
+    :func:`with_prompts`.
     Raises :class:`SoakError` when there is nothing to send or a sample cannot be read."""
     from kvgate.traffic.sample import TrafficError, sample_for
 
