@@ -16,7 +16,7 @@ from kvgate.http.client import Endpoint
 from kvgate.gates.soak import analyze, latency_verdict, memory_verdict
 from kvgate.load import LoadResult, RequestRecord
 from kvgate.profile.models import SoakSpec, load_profile
-from kvgate.soak.runner import (MixItem, Samplers, SoakError, SoakPlan, SoakRunner, StopOnSignals, mix_of, plan_for,
+from kvgate.soak.runner import (MixItem, Samplers, SessionTurn, SoakError, SoakPlan, SoakRunner, StopOnSignals, mix_of, plan_for,
                                 soak_spec, token_prompt, with_prompts)
 from kvgate.verdict import Status
 from tests.fakes.soak_fakes import run_virtual
@@ -296,7 +296,7 @@ def mixed_profile(write_profile, tmp_path, soak_mix="", rows=None, **trace):
           "  batch: {prompt_tokens: 4000, output_tokens: 48, concurrency: 1, long: true}\n")
     if rows is not None:
         (tmp_path / "s.jsonl").write_text("".join(f'{{"prompt_tokens": {p}, "output_tokens": {o}}}\n' for p, o in rows))
-        wl += "  trace: {prompt_tokens: 100, output_tokens: 20, concurrency: 2, traffic: s.jsonl}\n"
+        wl += "  trace: {prompt_tokens: 100, output_tokens: 20, concurrency: 2, traffic: {path: s.jsonl, replay: closed}}\n"
     return load_profile(write_profile(
         "mixed", "model:\n  served_name: m\n  architecture: {layers: 2, attention_heads: 4, kv_heads: 2, head_dim: 64}\n"
                  "engine: {max_model_len: 2048}\nlimits: {max_tokens_cap: 64}\nslo: {workload: chat}\n"
@@ -409,3 +409,25 @@ def test_the_first_warmup_round_opens_with_a_burst_at_the_declared_concurrencies
     assert [x.body for x in plain.requests(1, ep, "m")[1]] == [x.body for x in p.requests(1, ep, "m")[1]]  # round 0 only
     nowarm = mixed_profile(write_profile, tmp_path, ", mix: {chat: 1}")
     assert plan_for(nowarm, nowarm.soak).burst_requests == 0  # no warm-up rounds: nothing unmeasured to burst in
+
+
+def test_a_sample_with_sessions_draws_whole_units_at_their_recorded_gaps(write_profile, tmp_path):
+    prof = mixed_profile(write_profile, tmp_path, ", mix: {trace: 1}", rows=[(10, 5)])
+    (tmp_path / "s.jsonl").write_text(
+        '{"prompt_tokens": 40, "output_tokens": 5, "arrival_s": 1.0, "session": "a", "turn": 0, "prefix_id": "p", "prefix_tokens": 16}\n'
+        '{"prompt_tokens": 30, "output_tokens": 900, "arrival_s": 1.5}\n'
+        '{"prompt_tokens": 2500, "output_tokens": 5, "arrival_s": 3.0, "session": "a", "turn": 1, "prefix_id": "p", "prefix_tokens": 16}\n')
+    trace = mix_of(prof, prof.soak)[0]
+    (t0, g0), (t1, g1) = trace.units[0]
+    assert (g0, g1) == (0.0, 2.0) and (t0.prompt_tokens, t1.prompt_tokens) == (40, 2048 - 5 - 8)  # clamped as draws
+    assert trace.units[1][0][0].output_tokens == 64 and len(trace.units) == 2
+    p = plan_for(prof, prof.soak)
+    offsets, specs = p.requests(3, Endpoint("http://127.0.0.1:1"), "m")
+    assert all(isinstance(s, SessionTurn) for s in specs) and offsets
+    for s, o in zip(specs, offsets):
+        if s.turns == 2 and s.turn == 1:  # the later turn at its session's arrival + the recorded gap
+            first = next(i for i, x in enumerate(specs) if x.session == s.session and x.turn == 0)
+            assert o == pytest.approx(offsets[first] + 2.0)
+    assert len({s.session for s in specs}) == sum(1 for s in specs if s.turn == 0)  # one key per drawn unit
+    again = p.requests(3, Endpoint("http://127.0.0.1:1"), "m")
+    assert again[0] == offsets and again[1] == specs  # seeded per round

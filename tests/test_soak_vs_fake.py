@@ -207,7 +207,7 @@ def write_traffic_profile(tmp, rows, mix="{trace: 1}"):
                                               for p, o in rows))
     prof = tmp / "fake-soak-trace.yaml"
     prof.write_text(f"extends: {MIXED}\nworkloads:\n  trace: {{prompt_tokens: 64, output_tokens: 8, concurrency: 2, "
-                    f"traffic: sample.jsonl}}\nsoak:\n  mix: {mix}\n")
+                    f"traffic: {{path: sample.jsonl, replay: closed}}}}\nsoak:\n  mix: {mix}\n")
     return prof
 
 
@@ -232,3 +232,46 @@ def test_a_traffic_workload_sends_the_samples_lengths_exactly_and_its_leak_is_ca
     fake2 = fake_with(config=leaky_long())
     _, _, gates, _ = run_soak(pytester, fake2.url, profile=short)
     assert gates["soak/memory"]["status"] == "PASS", gates["soak/memory"]["message"]
+
+
+def test_a_traffic_workload_with_sessions_soaks_whole_sessions_with_growing_history(pytester, fake_with, tmp_path):
+    # 3-turn sessions sharing a 32-token system prompt (two blocks of the fake's 16), recorded
+    # 0.05 s apart, and single requests between them; the soak draws whole units of the sample
+    rows = []
+    for s in range(4):
+        t = s * 0.5
+        rows += [{"session": f"s{s}", "turn": n, "prompt_tokens": 50 + 40 * n, "output_tokens": 6,
+                  "arrival_s": t + 0.05 * n, "prefix_id": "sys", "prefix_tokens": 32} for n in range(3)]
+        rows.append({"prompt_tokens": 30, "output_tokens": 4, "arrival_s": t + 0.25})
+    (tmp_path / "sample.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prof = tmp_path / "fake-soak-sessions.yaml"
+    prof.write_text(f"extends: {MIXED}\nengine: {{enable_prompt_tokens_details: true}}\nworkloads:\n"
+                    "  trace: {prompt_tokens: 64, output_tokens: 8, concurrency: 2, traffic: sample.jsonl}\n"
+                    "soak:\n  mix: {trace: 1}\n  rate_rps: 12\n")
+    fake = fake_with(config=FakeConfig(max_tokens_cap=64, prompt_tokens_details=True))
+    _, summary, gates, reports = run_soak(pytester, fake.url, profile=prof)
+    mem, lat = gates["soak/memory"], gates["soak/latency"]
+    assert mem["status"] == "PASS" and lat["status"] == "PASS", (mem["message"], lat["message"])
+    reqs = [r for r in fake.state.requests if r.endpoint == "completions" and r.prompt is not None]
+    by_session: dict[str, list] = {}
+    for r in reqs:  # the unique session key sits in turn 0's user label and so in every later prompt
+        key = r.prompt.split("User[trace ", 1)[1].split("/", 1)[0]
+        by_session.setdefault(key, []).append(r)
+    multi = [rs for rs in by_session.values() if len(rs) > 1]
+    assert len(multi) >= 5, len(by_session)
+    for rs in multi:  # in arrival order: each prompt the previous prompt + its reply + a new user message
+        rs.sort(key=lambda r: r.seq)
+        assert all(r.prompt.startswith("System[sys 000]: ") for r in rs)
+        for prev, nxt in zip(rs, rs[1:]):
+            assert nxt.t_received >= prev.t_done  # a later turn waits for the reply before it
+            assert nxt.prompt.startswith(prev.prompt), (prev.prompt, nxt.prompt)
+            reply = nxt.prompt[len(prev.prompt):].split("\nUser: ", 1)[0]
+            assert len(reply.split()) == prev.completion_tokens > 0, reply  # the reply's words, verbatim
+            assert nxt.prompt_tokens > prev.prompt_tokens and nxt.cached_tokens > 0
+    w = analysis(mem)["mix"]["workloads"]["trace"]
+    assert w["sessions"] >= len(multi) and w["turns"] >= 2 * len(multi) and w["later_turns"] > 0
+    assert w["cached_tokens_reported"] and w["later_turns_cached_mean"] > 0 and w["later_turns_cached_share"] > 0.5
+    turn1 = next(t for t in w["per_turn"] if t["turn"] == 1)
+    assert turn1["sent"] > 0 and turn1["cached_tokens_mean"] > 0
+    assert f"{w['sessions']:,} sessions ({w['turns']:,} turns)" in mem["message"]
+    assert "later turns cached" in mem["message"] and "multi-turn sessions among" in mem["message"]

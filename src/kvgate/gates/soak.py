@@ -213,9 +213,24 @@ def _mix(a: SoakAnalysis) -> str:
     """``mix (source): chat 50% (16+8 tokens) 90 requests + batch 50% (...) 88 requests``."""
     r = a.result
     sh = r.plan.shares()
-    parts = [f"{m.describe(sh[m.name])} {(r.workloads.get(m.name) or {}).get('requests', 0):,} requests"
-             for m in r.plan.mix]
+    parts = [f"{m.describe(sh[m.name])} {_sent(r.workloads.get(m.name) or {})}" for m in r.plan.mix]
     return f"mix ({r.plan.mix_source}): {' + '.join(parts)}"
+
+
+def _sent(w: dict[str, Any]) -> str:
+    """``90 requests``, or for a workload that drew sessions ``12 sessions (41 turns) + 9 single
+    requests; later turns cached 180 tokens mean (95% with cached tokens > 0)``."""
+    if "sessions" not in w:
+        return f"{w.get('requests', 0):,} requests"
+    out = f"{w['sessions']:,} sessions ({w['turns']:,} turns)"
+    if w.get("single_requests"):
+        out += f" + {w['single_requests']:,} single requests"
+    if w.get("later_turns_cached_mean") is not None:
+        out += (f"; later turns cached {w['later_turns_cached_mean']:,.0f} tokens mean "
+                f"({w['later_turns_cached_share']:.0%} with cached tokens > 0)")
+    elif w.get("later_turns"):
+        out += "; later turns' cached tokens not reported by the server (vLLM: --enable-prompt-tokens-details)"
+    return out
 
 
 def _what(a: SoakAnalysis) -> str:

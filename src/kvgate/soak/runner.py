@@ -8,7 +8,9 @@ each request a workload of the mix (:func:`mix_of`: ``soak.mix``, by default eve
 profile weighted by its declared ``concurrency``, long ones included) with a unique prefix so
 prefix caching cannot share blocks between requests. A workload with ``traffic:`` sends each
 request with the (prompt, output) lengths of a row drawn from its sample (seeded per round), as a
-token-id prompt of exactly that length: varied-length traffic, not one fixed shape. The first
+token-id prompt of exactly that length: varied-length traffic, not one fixed shape; a sample
+with sessions is drawn by unit (a whole session, turns after the replies at their recorded gaps,
+history growing, or a single request; :class:`SessionTurn`, :func:`open_loop_sender`). The first
 warm-up round opens with a burst of every workload at its declared concurrency, at its longest
 length (:attr:`SoakPlan.burst`), so the server has grown to its largest declared batches before
 anything is measured. Meanwhile a :class:`~kvgate.soak.sampling.SamplingLoop` samples the
@@ -88,7 +90,11 @@ class MixItem:
     flight at once; the warm-up burst sends that many, see :class:`SoakPlan`). ``draws``: for a ``traffic:`` workload, the sample's
     (prompt, output) rows in tokens, clamped to fit ``max_model_len`` (and ``limits.max_tokens_cap``);
     each request then takes one row (``prompt_tokens``/``output_tokens`` are the sample's p50 for
-    display). ``sample``: the sample's provenance (path, sha256, percentiles, rows clamped)."""
+    display). ``sample``: the sample's provenance (path, sha256, percentiles, rows clamped).
+    ``units``: for a sample with sessions, its units (a whole session, turns in order, or a single
+    request), each turn a ``(TraceRequest, gap_s)`` -- the row clamped as ``draws`` are and its
+    recorded arrival minus the unit's first (seconds; 0 without arrival times); each request of
+    the soak then draws a unit (:class:`SessionTurn`)."""
 
     name: str
     weight: float
@@ -99,6 +105,7 @@ class MixItem:
     concurrency: int = 1
     draws: tuple[tuple[int, int], ...] = ()
     sample: dict[str, Any] | None = field(default=None, compare=False)
+    units: tuple[tuple[tuple[Any, float], ...], ...] = field(default=(), compare=False)
 
     def describe(self, share: float) -> str:
         """``name 50% (1,900+64 tokens, long)`` or, for a sample, ``name 50% (prompts 12..1,900 tokens
@@ -108,9 +115,27 @@ class MixItem:
             src = self.sample or {}
             what = (f"prompts {min(ps):,}..{max(ps):,} tokens (p50 {self.prompt_tokens:,}) drawn from "
                     f"{src.get('path', 'its sample')}, sha256 {str(src.get('sha256', ''))[:12]}")
+            if self.units:
+                what += f", {sum(len(u) > 1 for u in self.units):,} multi-turn sessions among {len(self.units):,} units"
         else:
             what = f"{self.prompt_tokens:,}+{self.output_tokens:,} tokens"
         return f"{self.name} {share:.0%} ({what}{', long' if self.long else ''})"
+
+
+@dataclass(frozen=True)
+class SessionTurn:
+    """Turn ``turn`` (0-based) of ``turns`` of a sample unit drawn by a soak round for workload
+    ``tag``: ``session`` (the draw's unique key, ``soak <seed>-<round>-<i>``) and ``trace`` (the
+    recorded row, clamped). Its prompt is built by the sender (:func:`open_loop_sender`) with the
+    replay's content (:mod:`kvgate.traffic.replay`): the shared system prompt of its
+    ``prefix_id``, then turn 0's own user message; turn ``n + 1`` is turn ``n``'s prompt, its reply
+    and a new user message, at ``trace.prompt_tokens`` tokens."""
+
+    tag: str
+    session: str
+    turn: int
+    turns: int
+    trace: Any
 
 
 @dataclass(frozen=True)
@@ -154,19 +179,31 @@ class SoakPlan:
         """Seconds after which the soak is cut short (INCOMPLETE): duration + one request timeout + 30 s."""
         return self.duration_s + self.request_timeout_s + 30.0
 
-    def requests(self, k: int, endpoint: Endpoint, model: str) -> tuple[list[float], list[RequestSpec]]:
+    def requests(self, k: int, endpoint: Endpoint, model: str) -> tuple[list[float], list[RequestSpec | SessionTurn]]:
         """Round ``k``'s arrival offsets (seconds from the round's start, all < ``round_s``) and
         requests: Poisson at ``rate_rps`` seeded by ``(seed, k)``, workloads drawn by weight, each
-        prompt starting with a unique ``soak <seed>-<round>-<i>:`` prefix."""
+        prompt starting with a unique ``soak <seed>-<round>-<i>:`` prefix. A workload with
+        :attr:`MixItem.units` draws a unit of its sample instead: one :class:`SessionTurn` per turn,
+        turn 0 at the arrival, turn ``n`` at the arrival plus its recorded gap (it may fall past
+        ``round_s``: the session belongs to the round it started in); the sender builds them."""
         rng = np.random.default_rng([self.seed, k])
         cap = int(self.rate_rps * self.round_s * 3 + 20)  # far above the expected count; bounded
         offsets = [o for o in poisson_offsets(cap, self.rate_rps, rng) if o < self.round_s]
         weights = np.asarray([m.weight for m in self.mix], dtype=float)
         picks = rng.choice(len(self.mix), size=len(offsets), p=weights / weights.sum()) if offsets else []
         rows = np.random.default_rng([self.seed, k, 1])  # its own stream: fixed mixes draw as before
-        specs = []
-        for i, j in enumerate(picks):
+        specs: list[RequestSpec | SessionTurn] = []
+        arrivals, offsets = offsets, []
+        for i, (j, at) in enumerate(zip(picks, arrivals)):
             m = self.mix[int(j)]
+            if m.units:  # a whole session (or a single request) of the sample, turns at their gaps
+                unit = m.units[int(rows.integers(len(m.units)))]
+                key = f"{prefix(self.seed, k, i).rstrip(': ')}"
+                for n, (tr, gap) in enumerate(unit):
+                    offsets.append(at + gap)
+                    specs.append(SessionTurn(m.name, key, n, len(unit), tr))
+                continue
+            offsets.append(at)
             if m.draws:
                 p, o = m.draws[int(rows.integers(len(m.draws)))]
                 specs.append(self._request(endpoint, model, m, k, i, p, o))
@@ -266,9 +303,11 @@ def mix_of(profile: Profile, spec: SoakSpec) -> tuple[MixItem, ...]:
 
     Prompts are clamped to ``max_model_len - output - 8`` tokens. A ``traffic:`` workload carries
     its sample's rows (:attr:`MixItem.draws`), each clamped the same way and its output to
-    ``limits.max_tokens_cap``; requests draw from all of them, with replacement (single-turn: the
-    sample's arrival times, sessions and ``traffic.max_requests`` are the replaying gates', the
-    soak keeps its own arrivals). Fixed prompt text is filled in by :func:`with_prompts`.
+    ``limits.max_tokens_cap``; requests draw from all of them, with replacement (the soak keeps its
+    own arrivals; ``traffic.max_requests`` is the replaying gates'). A sample with sessions also
+    carries its units (:attr:`MixItem.units`: whole sessions with their recorded turn gaps, and
+    single requests), which its requests then draw instead. Fixed prompt text is filled in by
+    :func:`with_prompts`.
     Raises :class:`SoakError` when there is nothing to send or a sample cannot be read."""
     from kvgate.traffic.sample import TrafficError, sample_for
 
@@ -299,8 +338,32 @@ def mix_of(profile: Profile, spec: SoakSpec) -> tuple[MixItem, ...]:
             p50 = int(np.percentile([p for p, _ in rows], 50, method="inverted_cdf"))
             o50 = int(np.percentile([o for _, o in rows], 50, method="inverted_cdf"))
             item = MixItem(name, float(weight), p50, o50, long=w.long, concurrency=w.concurrency, draws=tuple(rows),
-                           sample={**sample.provenance(), "clamped": clamped})
+                           sample={**sample.provenance(), "clamped": clamped},
+                           units=_session_units(sample, dict(zip(map(id, sample.requests), rows))))
         out.append(item)
+    return tuple(out)
+
+
+def _session_units(sample: Any, clamped: dict[int, tuple[int, int]]) -> tuple[tuple[tuple[Any, float], ...], ...]:
+    """The sample's units (:func:`kvgate.traffic.replay.sample_units`' grouping: a session's turns in
+    order, a single request alone) as :attr:`MixItem.units`, each row clamped to ``clamped[id(row)]``
+    (prompt, output tokens; the shared prefix no longer than the prompt); () when the sample has no
+    sessions (its requests then draw single rows, as before)."""
+    import dataclasses
+
+    from kvgate.traffic.replay import sample_units
+
+    if not sample.sessions():
+        return ()
+    out = []
+    for _, _, rows in sample_units(sample):
+        t0 = rows[0].arrival_s or 0.0
+        unit = []
+        for r in rows:
+            p, o = clamped[id(r)]
+            tr = dataclasses.replace(r, prompt_tokens=p, output_tokens=o, prefix_tokens=min(r.prefix_tokens, p))
+            unit.append((tr, max(0.0, (r.arrival_s or 0.0) - t0) if r.arrival_s is not None else 0.0))
+        out.append(tuple(unit))
     return tuple(out)
 
 
@@ -333,19 +396,77 @@ def with_prompts(client: KvClient, model: str, mix: Sequence[MixItem], seed: int
     return tuple(out)
 
 
-def open_loop_sender(endpoint: Endpoint, request_timeout_s: float, idle_timeout_s: float | None = None) -> SendRound:
+def open_loop_sender(endpoint: Endpoint, request_timeout_s: float, idle_timeout_s: float | None = None, *,
+                     client: KvClient | None = None, model: str = "", seed: int = 0) -> SendRound:
     """The real sender: one :func:`~kvgate.load.run_open_loop` per round (its own connection
     pool; gc not frozen, since rounds overlap). ``idle_timeout_s``: the gateway's stream idle
-    timeout; a request silent that long is cut and counted failed."""
+    timeout; a request silent that long is cut and counted failed.
 
-    async def send(k: int, offsets: list[float], specs: list[RequestSpec], deadline_s: float) -> LoadResult:
+    A round with :class:`SessionTurn` entries (a traffic workload whose sample has sessions) is
+    sent with :func:`kvgate.load.sessions.run_sessions` instead (open loop, the same deadline and
+    timeouts): each drawn unit's turn 0 at its arrival, turn ``n + 1`` once turn ``n``'s reply is
+    in and its prompt built from it, not before its recorded gap; the round's single requests
+    as one-turn sessions at their offsets. Prompts are the replay's
+    (:func:`kvgate.traffic.replay.session_plans`): counted by the server's tokenizer through
+    ``client`` (``/tokenize``; turn 0 of the round built in a worker thread before the round's
+    clock starts, later turns during it), token ids when ``client`` is None or nothing can count.
+    ``model``: the served name; ``seed``: the soak's (salts the system prompts)."""
+    built: dict[str, Any] = {}
+
+    def contents(tag: str) -> Any:
+        from kvgate.traffic.replay import ReplayContent, text_counter
+
+        if "count" not in built:
+            built["count"] = text_counter(client, model) if client is not None else None
+        if tag not in built:
+            built[tag] = ReplayContent(built["count"], tag, f" {seed % 1000:03d}")
+        return built[tag]
+
+    async def send(k: int, offsets: list[float], specs: list[Any], deadline_s: float) -> LoadResult:
         if not specs:
             return LoadResult("open", [], 0, 0.0, deadline_s)
-        return await run_open_loop(endpoint, specs, offsets_s=offsets, deadline_s=deadline_s,
-                                   request_timeout_s=min(request_timeout_s, deadline_s), freeze_gc=False,
-                                   idle_timeout_s=idle_timeout_s)
+        if not any(isinstance(s, SessionTurn) for s in specs):
+            return await run_open_loop(endpoint, specs, offsets_s=offsets, deadline_s=deadline_s,
+                                       request_timeout_s=min(request_timeout_s, deadline_s), freeze_gc=False,
+                                       idle_timeout_s=idle_timeout_s)
+        from kvgate.load.sessions import run_sessions
+
+        plans = await asyncio.to_thread(_round_sessions, endpoint, model, contents, offsets, specs)
+        run = await run_sessions(endpoint, plans, mode="open", deadline_s=deadline_s,
+                                 request_timeout_s=min(request_timeout_s, deadline_s), idle_timeout_s=idle_timeout_s,
+                                 freeze_gc=False)
+        return run.result
 
     return send
+
+
+def _round_sessions(endpoint: Endpoint, model: str, contents: Callable[[str], Any], offsets: list[float],
+                    specs: list[Any]) -> list[Any]:
+    """One round's :class:`~kvgate.load.sessions.SessionPlan` list: each drawn unit's turns (record
+    index = position in ``specs``) by :func:`kvgate.traffic.replay.session_plans`, each plain
+    request a one-turn session at its offset."""
+    from kvgate.load.sessions import SessionPlan
+    from kvgate.traffic.replay import PlannedRequest, session_plans
+
+    items: list[Any] = [None] * len(specs)
+    units: dict[str, list[int]] = {}
+    plans = []
+    for i, sp in enumerate(specs):
+        if isinstance(sp, SessionTurn):
+            items[i] = PlannedRequest(sp.trace, offsets[i], f"{sp.session}/{sp.turn}", sp.session, sp.turn)
+            units.setdefault(sp.session, []).append(i)
+        else:
+            plans.append(SessionPlan(sp, 1, (offsets[i],), indices=(i,)))
+    by_tag: dict[str, list[list[int]]] = {}
+    for unit in units.values():
+        by_tag.setdefault(specs[unit[0]].tag, []).append(unit)
+    for tag, tag_units in by_tag.items():
+        def spec(prompt: str | list[int], it: Any, tag: str = tag) -> RequestSpec:
+            return completion_request(endpoint, model=model, prompt=prompt, max_tokens=max(1, it.trace.output_tokens),
+                                      tag=tag, temperature=0, ignore_eos=True)
+
+        plans += session_plans(items, tag_units, contents(tag), spec, offsets)
+    return plans
 
 
 # ----------------------------------------------------------------------------- samplers
@@ -507,6 +628,19 @@ class SoakResult:
         w.writerows(self.rows)
         return buf.getvalue()
 
+    def turns_csv(self) -> str | None:
+        """The per-turn cache effect of the workloads that drew sessions (``workload, turn, sent,
+        ok, cached_tokens_mean, cached_share``, see :meth:`SoakRunner.turns`) as CSV text; None
+        when no workload drew sessions."""
+        rows = [t for w in self.workloads.values() for t in w.get("per_turn", ())]
+        if not rows:
+            return None
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        return buf.getvalue()
+
 
 class _CsvSink:
     """Appends rows to a CSV file, header first, flushed per round (None path: nothing written)."""
@@ -565,6 +699,8 @@ class SoakRunner:
         self._pre_prev: float | None = None
         self._t0 = 0.0
         self._sent: dict[str, list[float]] = {}  # tag -> [requests, ok, prompt min, prompt sum, prompt max, output sum]
+        self._sessions: dict[str, dict[int, list[int]]] = {}  # tag -> turn -> [sent, ok, cached n, sum, > 0]
+        self._units: dict[str, list[int]] = {}  # tag -> [sessions started, their turns sent, single requests]
 
     # -- control
 
@@ -646,26 +782,72 @@ class SoakRunner:
             "kvgate_rss_mb": _mb(a.own_min), "samples": a.ticks, "sample_errors": a.errors,
         }
 
-    def _count(self, specs: Sequence[RequestSpec], result: LoadResult) -> None:
-        """Add one round's requests to the per-workload tally (bounded: six numbers per workload)."""
+    def _count(self, specs: Sequence[Any], result: LoadResult) -> None:
+        """Add one round's requests to the per-workload tally (bounded: six numbers per workload,
+        and for a workload drawing sessions five per turn position: see :meth:`workloads`). A
+        drawn session's turns count as its requests when sent (a turn the deadline or a failed
+        turn before it kept back is not a request)."""
+        from kvgate.traffic.replay import cached_tokens
+
         fixed = {m.name: m.prompt_tokens for m in self.plan.mix}
         ok = {}
+        sent = set()
         for r in result.records:
             ok[r.tag] = ok.get(r.tag, 0) + int(r.ok)
-        for sp in specs:
-            prompt = sp.body.get("prompt")
-            n = len(prompt) if isinstance(prompt, list) else fixed.get(sp.tag, 0)
+            sp = specs[r.index] if 0 <= r.index < len(specs) else None
+            if isinstance(sp, SessionTurn):
+                sent.add(r.index)
+                ses = self._sessions.setdefault(sp.tag, {})
+                t = ses.setdefault(sp.turn, [0, 0, 0, 0, 0])  # sent, ok, cached reported, cached sum, cached > 0
+                c = cached_tokens(r) if r.ok else None
+                u = self._units.setdefault(sp.tag, [0, 0, 0])  # sessions started, their turns sent, singles
+                if sp.turns > 1:
+                    u[0] += sp.turn == 0
+                    u[1] += 1
+                else:
+                    u[2] += 1
+                t[0] += 1
+                t[1] += int(r.ok)
+                if c is not None:
+                    t[2], t[3], t[4] = t[2] + 1, t[3] + c, t[4] + int(c > 0)
+        for i, sp in enumerate(specs):
+            if isinstance(sp, SessionTurn):
+                if i not in sent:
+                    continue
+                n, o = sp.trace.prompt_tokens, sp.trace.output_tokens
+            else:
+                prompt = sp.body.get("prompt")
+                n = len(prompt) if isinstance(prompt, list) else fixed.get(sp.tag, 0)
+                o = int(sp.body.get("max_tokens") or 0)
             t = self._sent.setdefault(sp.tag, [0, 0, math.inf, 0, 0, 0])
             t[0] += 1
             t[2], t[3], t[4] = min(t[2], n), t[3] + n, max(t[4], n)
-            t[5] += int(sp.body.get("max_tokens") or 0)
+            t[5] += o
         for tag, n_ok in ok.items():
             self._sent.setdefault(tag, [0, 0, math.inf, 0, 0, 0])[1] += n_ok
+
+    def turns(self) -> list[dict[str, Any]]:
+        """Per workload drawing sessions and per turn position (0-based), what the completed rounds
+        sent: ``sent``, ``ok``, ``cached_tokens_mean`` (tokens, over the ok turns the server reported
+        ``usage.prompt_tokens_details.cached_tokens`` for; None when it reported none) and
+        ``cached_share`` (share of those with cached tokens > 0) -- the per-turn cache effect."""
+        out = []
+        for tag, ses in self._sessions.items():
+            for n in sorted(ses):
+                sent, ok, rep, total, pos = ses[n]
+                out.append({"workload": tag, "turn": n, "sent": sent, "ok": ok,
+                            "cached_tokens_mean": round(total / rep, 1) if rep else None,
+                            "cached_share": round(pos / rep, 4) if rep else None})
+        return out
 
     def workloads(self) -> dict[str, dict[str, Any]]:
         """Per workload of the mix (in mix order), what the completed rounds sent: ``share``
         (planned share of arrivals), ``requests``, ``ok``, ``errors``, prompt tokens ``prompt_min``
-        / ``prompt_mean`` / ``prompt_max`` and ``output_mean`` (tokens, as sent)."""
+        / ``prompt_mean`` / ``prompt_max`` and ``output_mean`` (tokens, as sent). A workload drawing
+        sessions (:attr:`MixItem.units`) adds ``sessions`` (multi-turn sessions started),
+        ``turns`` (their turns sent), ``single_requests``, ``later_turns`` (turns >= 1 sent),
+        ``cached_tokens_reported``, ``later_turns_cached_mean`` (tokens) / ``later_turns_cached_share``
+        and ``per_turn`` (:meth:`turns`)."""
         out = {}
         for name, share in self.plan.shares().items():
             n, ok, lo, total, hi, o = self._sent.get(name, [0, 0, math.inf, 0, 0, 0])
@@ -673,6 +855,18 @@ class SoakRunner:
             out[name] = {"share": round(share, 4), "requests": n, "ok": int(ok), "errors": n - int(ok),
                          "prompt_min": int(lo) if n else None, "prompt_mean": round(total / n, 1) if n else None,
                          "prompt_max": int(hi) if n else None, "output_mean": round(o / n, 1) if n else None}
+        for m in self.plan.mix:
+            if not m.units:
+                continue
+            ses = self._sessions.get(m.name, {})
+            later = [ses[n] for n in ses if n > 0]
+            rep, total, pos = (sum(t[i] for t in later) for i in (2, 3, 4))
+            out[m.name].update({
+                **dict(zip(("sessions", "turns", "single_requests"), self._units.get(m.name, [0, 0, 0]))),
+                "later_turns": sum(t[0] for t in later), "cached_tokens_reported": any(t[2] for t in ses.values()),
+                "later_turns_cached_mean": round(total / rep, 1) if rep else None,
+                "later_turns_cached_share": round(pos / rep, 4) if rep else None,
+                "per_turn": [t for t in self.turns() if t["workload"] == m.name]})
         return out
 
     def _progress(self, row: dict[str, Any]) -> None:
@@ -846,6 +1040,6 @@ class StopOnSignals:
 
 __all__ = [
     "BURST_MAX", "DEFAULT_MIX", "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
-    "SoakRunner", "StopOnSignals", "build_samplers", "mix_of", "open_loop_sender", "plan_for", "prefix", "soak_spec",
+    "SessionTurn", "SoakRunner", "StopOnSignals", "build_samplers", "mix_of", "open_loop_sender", "plan_for", "prefix", "soak_spec",
     "token_prompt", "with_prompts",
 ]

@@ -62,14 +62,14 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from kvgate.http.client import Endpoint, EndpointUnreachable, KvClient
 from kvgate.http.metrics import scrape_value
 from kvgate.http.prompts import CountFn, PreparationRefused, exact_prompt, filler, local_counter, server_counter, token_id_prompt
-from kvgate.load import LoadResult, RequestRecord, completion_request
+from kvgate.load import LoadResult, RequestRecord, RequestSpec, completion_request
 from kvgate.load.sessions import SessionPlan, SessionRun, sessions_loop
 from kvgate.traffic.sample import TraceRequest, TrafficError, TrafficSample
 
@@ -140,9 +140,9 @@ class ReplayPlan:
                 "sessions_drawn": self.sessions, "left_out": dict(self.left_out)}
 
 
-def _units(sample: TrafficSample) -> list[tuple[str | None, int, list[TraceRequest]]]:
+def sample_units(sample: TrafficSample) -> list[tuple[str | None, int, list[TraceRequest]]]:
     """``(session id or None, file index of its first row, rows in turn order)`` per unit, in
-    file order of each unit's first row."""
+    file order of each unit's first row (the soak draws from these too)."""
     by_session = sample.sessions()
     seen: set[str] = set()
     out: list[tuple[str | None, int, list[TraceRequest]]] = []
@@ -167,7 +167,7 @@ def plan_replay(sample: TrafficSample, spec: Any, concurrency: int, max_requests
     smaller of it and ``spec.max_requests`` applies). Raises :class:`TrafficError` for an
     open-loop replay of a sample without arrival times."""
     cap = min(x for x in (max_requests, spec.max_requests, len(sample.requests)) if x is not None)
-    units = _units(sample)
+    units = sample_units(sample)
     left = {"requests": 0, "sessions_over_duration": 0, "sessions_over_cap": 0}
     kept: list[PlannedRequest] = []
     seed = int(getattr(spec, "seed", 0) or 0)
@@ -309,6 +309,37 @@ class _Content:
         said = _said(msgs[last_reply + 1:], NEXT_USER)  # what the sample's user said this turn
         head = f"{prev.prompt}{reply.text}" + (said if said else NEXT_USER)
         return _Built(*fit_text(self.count, head, target, ASSISTANT))
+
+
+ReplayContent = _Content  #: the public name of the prompt builder (module docstring's "Content")
+
+
+def session_plans(items: Sequence[PlannedRequest], units: Sequence[Sequence[int]], content: _Content,
+                  spec: Callable[[str | list[int], PlannedRequest], RequestSpec],
+                  offsets_s: Sequence[float] | None = None, built: dict[int, _Built] | None = None
+                  ) -> list[SessionPlan]:
+    """One :class:`~kvgate.load.sessions.SessionPlan` per unit (``units``: indices into ``items``,
+    a session's turns in order): turn 0's prompt built now (``content.first``: ``/tokenize`` calls,
+    so off the event loop), each later turn's by its ``follow`` at run time from the previous
+    prompt and the reply (``content.follow``: the history grows). ``spec(prompt, item)`` makes the
+    request; ``offsets_s`` (open loop): each item's planned send time, seconds; record indices are
+    the item indices; ``built`` collects each item's :class:`_Built` (prompt and its token count).
+    Shared by :func:`run_replay` and the soak (:mod:`kvgate.soak.runner`)."""
+    built = {} if built is None else built
+    out: list[SessionPlan] = []
+    for unit in units:
+        first = unit[0]
+        built[first] = content.first(items[first])
+
+        def follow(n: int, earlier: list[RequestRecord], unit: Sequence[int] = unit) -> Any:
+            i, prev = unit[n], built[unit[n - 1]]
+            b = built[i] = content.follow(items[i], prev, earlier[-1])
+            return spec(b.prompt, items[i])
+
+        offs = tuple(offsets_s[i] for i in unit) if offsets_s is not None else None
+        out.append(SessionPlan(spec(built[first].prompt, items[first]), len(unit), offs,
+                               follow if len(unit) > 1 else None, indices=tuple(unit)))
+    return out
 
 
 def _text(message: dict[str, Any]) -> str:
@@ -531,19 +562,8 @@ def run_replay(client: KvClient, endpoint: Endpoint, profile: Any, plan: ReplayP
         return completion_request(endpoint, model=model, prompt=prompt, max_tokens=max(1, it.trace.output_tokens),
                                   tag=tag, temperature=0, ignore_eos=True)
 
-    sessions: list[SessionPlan] = []
-    for unit in plan.units():
-        first = unit[0]
-        built[first] = content.first(plan.items[first])
-
-        def follow(n: int, earlier: list[RequestRecord], unit: list[int] = unit) -> Any:
-            i, prev = unit[n], built[unit[n - 1]]
-            b = built[i] = content.follow(plan.items[i], prev, earlier[-1])
-            return spec(b.prompt, plan.items[i])
-
-        offs = tuple(plan.items[i].offset_s or 0.0 for i in unit) if plan.mode == "open" else None
-        sessions.append(SessionPlan(spec(built[first].prompt, plan.items[first]), len(unit), offs,
-                                    follow if len(unit) > 1 else None, indices=tuple(unit)))
+    offsets = [it.offset_s or 0.0 for it in plan.items] if plan.mode == "open" else None
+    sessions = session_plans(plan.items, plan.units(), content, spec, offsets, built)
     hits0, queries0 = _scrape(client)
     done = run(endpoint, sessions, mode=plan.mode, concurrency=max(1, plan.concurrency), max_in_flight=max_in_flight,
                deadline_s=deadline_s, request_timeout_s=profile.limits.request_timeout_s,
