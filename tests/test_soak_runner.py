@@ -296,7 +296,7 @@ def mixed_profile(write_profile, tmp_path, soak_mix="", rows=None, **trace):
           "  batch: {prompt_tokens: 4000, output_tokens: 48, concurrency: 1, long: true}\n")
     if rows is not None:
         (tmp_path / "s.jsonl").write_text("".join(f'{{"prompt_tokens": {p}, "output_tokens": {o}}}\n' for p, o in rows))
-        wl += "  trace: {prompt_tokens: 100, output_tokens: 20, concurrency: 2, traffic: s.jsonl}\n"
+        wl += "  trace: {prompt_tokens: 100, output_tokens: 20, concurrency: 2, traffic: {path: s.jsonl, replay: closed}}\n"
     return load_profile(write_profile(
         "mixed", "model:\n  served_name: m\n  architecture: {layers: 2, attention_heads: 4, kv_heads: 2, head_dim: 64}\n"
                  "engine: {max_model_len: 2048}\nlimits: {max_tokens_cap: 64}\nslo: {workload: chat}\n"
@@ -325,6 +325,9 @@ def test_a_traffic_workload_draws_its_samples_rows_reproducibly_as_exact_token_i
     assert trace.draws == ((10, 5), (300, 20), (1200, 40), (2048 - 30 - 8, 30), (50, 64))
     assert trace.sample["path"] == "s.jsonl" and trace.sample["clamped"] == 2 and len(trace.sample["sha256"]) == 64
     assert trace.prompt_tokens == 300  # the p50, for display
+    # the verdict's mix says the sample was cut to fit, not just the range sent
+    assert trace.describe(0.5).endswith("; 2 of 5 rows do not fit as recorded, sent cut to prompt + output <= "
+                                        "max_model_len 2,048 and output <= max_tokens_cap 64)")
     # with_prompts sizes the fixed workload only: the traffic one needs no /tokenize
     import kvgate.http.probes as probes
     from kvgate.http.prompts import ExactPrompt
