@@ -207,7 +207,7 @@ def write_traffic_profile(tmp, rows, mix="{trace: 1}"):
                                               for p, o in rows))
     prof = tmp / "fake-soak-trace.yaml"
     prof.write_text(f"extends: {MIXED}\nworkloads:\n  trace: {{prompt_tokens: 64, output_tokens: 8, concurrency: 2, "
-                    f"traffic: sample.jsonl}}\nsoak:\n  mix: {mix}\n")
+                    f"traffic: {{path: sample.jsonl, replay: closed}}}}\nsoak:\n  mix: {mix}\n")
     return prof
 
 
