@@ -235,6 +235,23 @@ def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
     assert later_turns([{"turn": 1, "requests": 2, "cached_tokens_mean": None}])["later"]["cached_tokens_mean"] is None
 
 
+def test_later_turns_ttft_p50_is_over_the_requests_when_the_replay_measured_it():
+    """Turn 1 of six requests at ~64 ms and turns 2-4 of one or two each: the median of the turns'
+    p50s (63.8, the lower median of 53.2/63.8/71.6/72.6) is not the p50 of the ten later requests
+    (62.6); the replay's cache summary has that one."""
+    from kvgate.gates.load import later_turns
+    turns = [{"turn": 0, "requests": 22, "cached_tokens_mean": 116.4, "ttft_p50_ms": 51.4},
+             {"turn": 1, "requests": 6, "cached_tokens_mean": 490.7, "ttft_p50_ms": 63.8},
+             {"turn": 2, "requests": 2, "cached_tokens_mean": 640.0, "ttft_p50_ms": 72.6},
+             {"turn": 3, "requests": 1, "cached_tokens_mean": 768.0, "ttft_p50_ms": 53.2},
+             {"turn": 4, "requests": 1, "cached_tokens_mean": 896.0, "ttft_p50_ms": 71.6}]
+    est = later_turns(turns)
+    assert est["later"]["ttft_p50_ms"] == 63.8 and est["later"]["cached_tokens_mean"] == 588.8
+    got = later_turns(turns, {"ttft_p50_ms_first": 51.4, "ttft_p50_ms_later": 62.6})
+    assert got["later"] == {"requests": 10, "cached_tokens_mean": 588.8, "ttft_p50_ms": 62.6}
+    assert got["first"]["ttft_p50_ms"] == 51.4
+
+
 def test_a_sample_that_does_not_fit_fails_before_anything_is_sent(tmp_path):
     """A sample with requests over max_model_len (256 on the fake's profile): every load gate FAILs
     naming the p99, the limit and the file, and the scenario sends nothing -- no /tokenize, no

@@ -63,27 +63,35 @@ def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
             f"(declared {_num(wl.output_tokens)})")
 
 
-def later_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def later_turns(turns: Sequence[dict[str, Any]], cache: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The cache effect of a multi-turn replay from its per-turn rows (``turn`` 0-based,
     ``requests``, ``cached_tokens_mean`` (tokens, None where the server reports none),
     ``ttft_p50_ms``): ``{"first": {...}, "later": {...}}`` with each group's requests,
-    request-weighted mean cached tokens and TTFT p50 (the median of the rows' p50s, ms); None
-    without a later turn. vLLM reports ``cached_tokens`` only with
-    ``--enable-prompt-tokens-details`` (``engine.enable_prompt_tokens_details``)."""
+    request-weighted mean cached tokens (rounded to 0.1) and TTFT p50 (ms): the p50 over the
+    group's requests, ``cache["ttft_p50_ms_first"]`` / ``["ttft_p50_ms_later"]`` of the replay's
+    cache summary when given; without it, the median of the rows' p50s (an estimate: a turn of one
+    request weighs as much as one of twenty). None without a later turn. vLLM reports
+    ``cached_tokens`` only with ``--enable-prompt-tokens-details``
+    (``engine.enable_prompt_tokens_details``)."""
     def group(rows: list[dict[str, Any]]) -> dict[str, Any]:
         n = sum(int(r.get("requests") or 0) for r in rows)
         cached = [(r.get("cached_tokens_mean", r.get("cached_tokens")), int(r.get("requests") or 0)) for r in rows]
         known = [(c, k) for c, k in cached if c is not None]
         ttfts = sorted(r["ttft_p50_ms"] for r in rows if r.get("ttft_p50_ms") is not None)
-        return {"requests": n,
-                "cached_tokens_mean": (sum(c * k for c, k in known) / max(1, sum(k for _, k in known))) if known else None,
+        mean = sum(c * k for c, k in known) / max(1, sum(k for _, k in known)) if known else None
+        return {"requests": n, "cached_tokens_mean": None if mean is None else round(mean, 1),
                 "ttft_p50_ms": ttfts[(len(ttfts) - 1) // 2] if ttfts else None}
 
     rows = [dict(r) for r in turns or () if isinstance(r, dict)]
     later = [r for r in rows if (r.get("turn") or 0) > 0]
     if not later:
         return None
-    return {"first": group([r for r in rows if (r.get("turn") or 0) == 0]), "later": group(later)}
+    out = {"first": group([r for r in rows if (r.get("turn") or 0) == 0]), "later": group(later)}
+    for key in ("first", "later"):
+        pooled = (cache or {}).get(f"ttft_p50_ms_{key}")
+        if pooled is not None:
+            out[key]["ttft_p50_ms"] = pooled
+    return out
 
 
 def _cache_text(effect: dict[str, Any] | None) -> str:
@@ -116,7 +124,8 @@ def traffic_evidence(obs: LoadObservation) -> dict[str, Any] | None:
             "drawn": {"prompt_tokens": drawn.percentiles("prompt_tokens"),
                       "output_tokens": drawn.percentiles("output_tokens")} if drawn.requests else None,
             "outputs_capped_at": t.outputs_capped_at, "overlong": t.overlong, "sent": rr is not None,
-            "turns": turns, "cache": getattr(rr, "cache", None), "later_turns": later_turns(turns)}
+            "turns": turns, "cache": getattr(rr, "cache", None),
+            "later_turns": later_turns(turns, getattr(rr, "cache", None))}
 
 
 def overlong_verdict(gate: str, obs: LoadObservation) -> Verdict | None:
