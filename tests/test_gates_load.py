@@ -220,6 +220,19 @@ def test_latency_pass_on_the_replay_without_the_burst_names_the_sample(tmp_path)
     assert v.evidence["traffic"]["busiest_window"]["burst"] is False
 
 
+def test_a_replay_of_part_of_the_sample_names_the_replayed_requests_percentiles_too(tmp_path):
+    """max_requests 10 of 20: the message gives the sample's percentiles, then the ten replayed
+    (prompts 20..29), which are what the SLO was judged on."""
+    from kvgate.gates.load import latency_verdict
+    prof = replay_profile(tmp_path, burst_rows(burst=False), max_requests=10)
+    v = latency_verdict(replayed_obs(prof), prof)
+    assert v.message.startswith("replayed 10 of 20 requests of trace.jsonl (sha256 "), v.message
+    assert ("prompt p50/p99 29/39 tokens (declared 16/40), output p50/p99 8/8 tokens (declared 8); the 10 replayed: "
+            "prompt p50/p99 24/29, output p50/p99 8/8 tokens: TTFT p95") in v.message, v.message
+    whole = latency_verdict(replayed_obs(replay_profile(tmp_path, burst_rows(burst=False))), prof)
+    assert "replayed:" not in whole.message
+
+
 def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
     from kvgate.gates.load import later_turns, latency_verdict
     prof = replay_profile(tmp_path, burst_rows(burst=False))

@@ -47,8 +47,9 @@ def _num(x: int | float) -> str:
 def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
     """What was replayed, for a verdict's message: ``replayed 32 of 300 requests of
     traffic/tiny-chat.jsonl (sha256 3f2a..., open loop at 1x): prompt p50/p99 412/1,530 tokens
-    (declared 400/1,500), output p50/p99 30/120 tokens (declared 32)``. Percentiles (tokens) are
-    the whole sample's (nearest rank); declared: the workload's ``prompt_tokens`` /
+    (declared 400/1,500), output p50/p99 30/120 tokens (declared 32); the 32 replayed: prompt
+    p50/p99 380/1,210, output p50/p99 28/96 tokens``. Percentiles (tokens, nearest rank) are the
+    whole sample's, then the replayed requests' when they are fewer; declared: the workload's ``prompt_tokens`` /
     ``prompt_tokens_p99`` and ``output_tokens``. ``how``: instead of the plan's loop (a gate that
     sends the drawn lengths on a schedule of its own)."""
     plan, sample = t.plan, t.sample
@@ -57,10 +58,23 @@ def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
     p, o = sample.percentiles("prompt_tokens", (50, 99)), sample.percentiles("output_tokens", (50, 99))
     d99 = _num(wl.prompt_tokens_p99) if wl.prompt_tokens_p99 else "-"
     capped = f"; sent with at most {t.outputs_capped_at} output tokens" if t.outputs_capped_at else ""
+    drawn = ""
+    if plan.items and len(plan.items) < len(sample.requests):
+        dp = _percentiles([it.trace.prompt_tokens for it in plan.items])
+        do = _percentiles([it.trace.output_tokens for it in plan.items])
+        drawn = (f"; the {len(plan.items):,} replayed: prompt p50/p99 {_num(dp[0])}/{_num(dp[1])}, output p50/p99 "
+                 f"{_num(do[0])}/{_num(do[1])} tokens")
     return (f"replayed {len(plan.items):,} of {len(sample.requests):,} requests of {sample.path} (sha256 "
             f"{sample.sha256[:12]}, {how}{capped}): prompt p50/p99 {_num(p['p50'])}/{_num(p['p99'])} tokens "
             f"(declared {_num(wl.prompt_tokens)}/{d99}), output p50/p99 {_num(o['p50'])}/{_num(o['p99'])} tokens "
-            f"(declared {_num(wl.output_tokens)})")
+            f"(declared {_num(wl.output_tokens)}){drawn}")
+
+
+def _percentiles(xs: Sequence[int]) -> tuple[int, int]:
+    """p50 and p99 (nearest rank, as :meth:`TrafficSample.percentiles`) of token counts ``xs``."""
+    import numpy as np
+
+    return tuple(int(np.percentile(np.asarray(xs, dtype=float), q, method="inverted_cdf")) for q in (50, 99))
 
 
 def later_turns(turns: Sequence[dict[str, Any]], cache: dict[str, Any] | None = None) -> dict[str, Any] | None:
