@@ -164,7 +164,8 @@ def replayed_obs(profile, ttft_of=lambda off: 0.05, turns=None):
     plan = plan_replay(sample, profile.workloads["chat"].traffic, profile.slo.concurrency, profile.slo.requests)
     recs = []
     for i, it in enumerate(plan.items):
-        r = tagged(i, "slo", it.offset_s, it.offset_s + ttft_of(it.offset_s), it.offset_s + ttft_of(it.offset_s) + 0.1)
+        off = it.offset_s or 0.0  # closed loop: no schedule
+        r = tagged(i, "slo", off, off + ttft_of(off), off + ttft_of(off) + 0.1)
         recs.append(r)
     result = LoadResult("open", recs, len(recs), max(r.end_s for r in recs), 60.0)
     t = Traffic("chat", sample, plan, profile.engine.max_model_len, profile.limits.max_tokens_cap)
@@ -231,6 +232,23 @@ def test_a_replay_of_part_of_the_sample_names_the_replayed_requests_percentiles_
             "prompt p50/p99 24/29, output p50/p99 8/8 tokens: TTFT p95") in v.message, v.message
     whole = latency_verdict(replayed_obs(replay_profile(tmp_path, burst_rows(burst=False))), prof)
     assert "replayed:" not in whole.message
+
+
+def test_a_sample_without_token_counts_says_its_lengths_are_estimated(tmp_path):
+    import json
+    import yaml
+    from kvgate.gates.load import latency_verdict
+    convs = [{"id": f"c{i}", "conversations": [{"from": "human", "value": "word " * (4 + i)},
+                                                {"from": "gpt", "value": "ok " * 3}]} for i in range(4)]
+    (tmp_path / "sg.json").write_text(json.dumps(convs))
+    data = {"extends": str(PROFILE.source), "workloads": {"chat": {
+        "prompt_tokens": 16, "output_tokens": 8, "concurrency": 2, "traffic": {"path": "sg.json", "replay": "closed"}}}}
+    (tmp_path / "sg.yaml").write_text(yaml.safe_dump(data))
+    prof = load_profile(str(tmp_path / "sg.yaml"))
+    v = latency_verdict(replayed_obs(prof), prof)
+    assert ("(sha256 " in v.message and "closed loop at concurrency 2; lengths estimated at UTF-8 bytes / 4, the file "
+            "has no token counts): prompt p50/p99") in v.message, v.message
+    assert "estimated" not in latency_verdict(replayed_obs(replay_profile(tmp_path, burst_rows(False))), prof).message
 
 
 def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):

@@ -22,6 +22,7 @@ from typing import Any
 from kvgate.profile.models import Profile
 from kvgate.load.scenarios import LoadObservation, ScenarioError, Traffic, long_workload, short_workload
 from kvgate.stats import request_metrics, summarize
+from kvgate.traffic.sample import BYTES_PER_TOKEN
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.gates.health import canary_verdict
@@ -64,6 +65,8 @@ def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
         do = _percentiles([it.trace.output_tokens for it in plan.items])
         drawn = (f"; the {len(plan.items):,} replayed: prompt p50/p99 {_num(dp[0])}/{_num(dp[1])}, output p50/p99 "
                  f"{_num(do[0])}/{_num(do[1])} tokens")
+    if any("estimated as UTF-8 bytes" in n for n in sample.notes):
+        capped += f"; lengths estimated at UTF-8 bytes / {BYTES_PER_TOKEN}, the file has no token counts"
     return (f"replayed {len(plan.items):,} of {len(sample.requests):,} requests of {sample.path} (sha256 "
             f"{sample.sha256[:12]}, {how}{capped}): prompt p50/p99 {_num(p['p50'])}/{_num(p['p99'])} tokens "
             f"(declared {_num(wl.prompt_tokens)}/{d99}), output p50/p99 {_num(o['p50'])}/{_num(o['p99'])} tokens "

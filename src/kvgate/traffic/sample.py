@@ -369,7 +369,8 @@ class _Tokens:
             return [f"{what} of {_n(self.counted, 'request')} counted from the message text with the given tokenizer "
                     "(chat-template tokens not included)"]
         return [f"{what} of {_n(self.counted, 'request')} estimated as UTF-8 bytes / {BYTES_PER_TOKEN} (no token counts in "
-                "the file and no tokenizer given; the replaying gate counts with the server's /tokenize)"]
+                "the file and no tokenizer given; the replaying gates plan and check max_model_len with these "
+                "estimates, and count the prompts they build with the server's /tokenize)"]
 
 
 def _shared_system_prefix(rows: list[TraceRequest], tokens: _Tokens) -> list[TraceRequest]:
