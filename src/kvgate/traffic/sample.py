@@ -112,7 +112,7 @@ class RateWindow:
 
     def describe(self) -> str:
         """``7 requests in 73.2-74.2 s (7.0/s, 3.5x the mean 2.00/s)``."""
-        return (f"{self.requests:,} requests in {self.start_s:.1f}-{self.end_s:.1f} s ({self.rate_per_s:.1f}/s, "
+        return (f"{_n(self.requests, 'request')} in {self.start_s:.1f}-{self.end_s:.1f} s ({self.rate_per_s:.1f}/s, "
                 f"{self.ratio:.1f}x the mean {self.mean_rate_per_s:.2f}/s)")
 
 
@@ -203,7 +203,7 @@ class TrafficSample:
             turns = [len(v) for v in ses.values()]
             single = sum(1 for r in self.requests if r.session is None)
             span = f"{min(turns)}" if min(turns) == max(turns) else f"{min(turns)}-{max(turns)}"
-            reqs += (f" ({_n(len(ses), 'session')} of {span} turns, {_n(sum(turns), 'request')}; "
+            reqs += (f" ({_n(len(ses), 'session')} of {span} turn{'' if span == '1' else 's'}, {_n(sum(turns), 'request')}; "
                      f"{single:,} without a session)")
         lines.append(reqs)
         for what, label in (("prompt_tokens", "prompt"), ("output_tokens", "output"), ("total", "total")):
