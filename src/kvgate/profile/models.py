@@ -206,7 +206,7 @@ class TrafficSpec(_Strict):
     ``max_requests`` / ``max_duration_s`` cap what one gate replays (the first requests, or the
     first seconds of the sped-up schedule)."""
 
-    path: str = Field(description="[file] the traffic sample, relative to the profile's file")
+    path: str = Field(description="[file] the traffic sample, relative to the profile file that declares it")
     format: Literal["auto", "jsonl", "openai-log", "sharegpt", "metrics"] = Field(
         default="auto", description="the sample's format; auto tells from the content")
     replay: Literal["open", "closed"] = Field(
