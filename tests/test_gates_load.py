@@ -251,6 +251,19 @@ def test_a_sample_without_token_counts_says_its_lengths_are_estimated(tmp_path):
     assert "estimated" not in latency_verdict(replayed_obs(replay_profile(tmp_path, burst_rows(False))), prof).message
 
 
+def test_a_metrics_sample_is_replayed_as_quantile_rows_not_requests(tmp_path):
+    import yaml
+    from kvgate.gates.load import latency_verdict
+    from .conftest import REPO
+    (tmp_path / "m.txt").write_text((REPO / "tests" / "data" / "traffic" / "metrics.txt").read_text())
+    data = {"extends": str(PROFILE.source), "workloads": {"chat": {
+        "prompt_tokens": 16, "output_tokens": 8, "concurrency": 2, "traffic": {"path": "m.txt", "replay": "closed"}}}}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    prof = load_profile(str(tmp_path / "m.yaml"))
+    v = latency_verdict(replayed_obs(prof), prof)
+    assert v.message.startswith("replayed 8 of 200 quantile rows (standing for 100 requests) of m.txt"), v.message
+
+
 def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
     from kvgate.gates.load import later_turns, latency_verdict
     prof = replay_profile(tmp_path, burst_rows(burst=False))

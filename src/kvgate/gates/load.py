@@ -67,7 +67,9 @@ def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
                  f"{_num(do[0])}/{_num(do[1])} tokens")
     if any("estimated as UTF-8 bytes" in n for n in sample.notes):
         capped += f"; lengths estimated at UTF-8 bytes / {BYTES_PER_TOKEN}, the file has no token counts"
-    return (f"replayed {len(plan.items):,} of {len(sample.requests):,} requests of {sample.path} (sha256 "
+    of = (f"{len(sample.requests):,} requests" if sample.represents is None else
+          f"{len(sample.requests):,} quantile rows (standing for {sample.represents:,.0f} requests)")
+    return (f"replayed {len(plan.items):,} of {of} of {sample.path} (sha256 "
             f"{sample.sha256[:12]}, {how}{capped}): prompt p50/p99 {_num(p['p50'])}/{_num(p['p99'])} tokens "
             f"(declared {_num(wl.prompt_tokens)}/{d99}), output p50/p99 {_num(o['p50'])}/{_num(o['p99'])} tokens "
             f"(declared {_num(wl.output_tokens)}){drawn}")
