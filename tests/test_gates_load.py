@@ -275,6 +275,8 @@ def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
     assert "; later turns (12 requests): cached_tokens mean 318, TTFT p50 30 ms (first turns: cached_tokens mean 0, " \
         "TTFT p50 48 ms) -> PASS" in v.message, v.message
     assert v.evidence["traffic"]["turns"] == turns and v.evidence["traffic"]["later_turns"]["later"]["requests"] == 12
+    one = [{"turn": 0, "requests": 2, "ttft_p50_ms": 4.0}, {"turn": 1, "requests": 1, "ttft_p50_ms": 3.0}]
+    assert "; later turns (1 request): " in latency_verdict(replayed_obs(prof, turns=one), prof).message
     assert later_turns([{"turn": 0, "requests": 3}]) is None and later_turns([]) is None
     assert later_turns([{"turn": 1, "requests": 2, "cached_tokens_mean": None}])["later"]["cached_tokens_mean"] is None
 

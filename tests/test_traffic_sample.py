@@ -326,3 +326,5 @@ def test_summary_counts_one_of_a_kind_in_the_singular(tmp_path):
     text = load_sample(f).summary()
     assert "(1 session of 1 turn, 1 request; 1 without a session)" in text, text
     assert "busiest 1-s window: 1 request in 0.0-1.0 s" in text, text
+    f.write_text('{"prompt_tokens": 10, "output_tokens": 5, "prefix_id": "p", "prefix_tokens": 4}\n')
+    assert "prefix    p: 4 tokens, shared by 1 request\n" in load_sample(f).summary() + "\n"

@@ -123,7 +123,8 @@ def _cache_text(effect: dict[str, Any] | None) -> str:
         t = "" if g["ttft_p50_ms"] is None else f", TTFT p50 {_num(g['ttft_p50_ms'])} ms"
         return f"{c}{t}"
 
-    return f"; later turns ({lt['requests']} requests): {one(lt)} (first turns: {one(f)})"
+    n = lt["requests"]
+    return f"; later turns ({n:,} request{'' if n == 1 else 's'}): {one(lt)} (first turns: {one(f)})"
 
 
 def traffic_evidence(obs: LoadObservation) -> dict[str, Any] | None:

@@ -219,7 +219,7 @@ class TrafficSample:
                          + (f"; busiest 1-s window: {busiest[0].describe()}" if busiest else ""))
         prefixes = Counter((r.prefix_id, r.prefix_tokens) for r in self.requests if r.prefix_id)
         for (pid, tokens), n in sorted(prefixes.items(), key=lambda kv: (-kv[1], str(kv[0][0]))):
-            lines.append(f"  prefix    {pid}: {tokens:,} tokens, shared by {n:,} requests")
+            lines.append(f"  prefix    {pid}: {tokens:,} tokens, shared by {_n(n, 'request')}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
