@@ -264,6 +264,21 @@ def test_a_metrics_sample_is_replayed_as_quantile_rows_not_requests(tmp_path):
     assert v.message.startswith("replayed 8 of 200 quantile rows (standing for 100 requests) of m.txt"), v.message
 
 
+def test_a_replay_the_client_could_not_keep_up_with_is_invalid_naming_the_sample_and_the_speedup(tmp_path):
+    """An open loop sped up 1000x: every request sent 0.2 s late -> INVALID, naming what was
+    replayed and the speed-up to lower (not only 'run kvgate on other CPUs')."""
+    from kvgate.gates.load import latency_verdict
+    prof = replay_profile(tmp_path, burst_rows(burst=False), speedup=1000)
+    obs = replayed_obs(prof)
+    for r in obs.result.records:
+        r.sent_s = r.scheduled_s + 0.2
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.INVALID, v.message
+    assert "; replayed 20 of 20 requests of trace.jsonl (sha256 " in v.message and "open loop at 1000x" in v.message
+    assert "lower workloads.chat.traffic.speedup (1000x) or run kvgate on CPUs" in v.message, v.message
+    assert v.evidence["traffic"]["plan"]["speedup"] == 1000
+
+
 def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
     from kvgate.gates.load import later_turns, latency_verdict
     prof = replay_profile(tmp_path, burst_rows(burst=False))

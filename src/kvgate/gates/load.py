@@ -28,13 +28,22 @@ from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.gates.health import canary_verdict
 
 
-def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:
+def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile | None = None) -> Verdict | None:
+    """INVALID when the client fell behind its schedule; with a traffic replay (and ``profile``)
+    the message names what was replayed, and for an open loop sped up past 1x suggests a lower
+    ``traffic.speedup`` (a schedule no client can keep) beside running kvgate on other CPUs."""
     v = obs.result.invalid_verdict(gate, bound_s)
     if v is None:
         return None
-    return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}; the server was not judged: run kvgate on CPUs "
-                   "the server does not use, e.g. taskset the server off one core)",
-                   measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit, evidence=v.evidence)
+    t = obs.traffic
+    what, cure = "", "run kvgate on CPUs the server does not use, e.g. taskset the server off one core"
+    if t is not None and profile is not None:
+        what = f"; {replay_text(t, profile)}"
+        if t.plan.mode == "open" and t.plan.speedup > 1:
+            cure = (f"lower workloads.{t.workload}.traffic.speedup ({t.plan.speedup:g}x) or " + cure)
+    return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}{what}; the server was not judged: {cure})",
+                   measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit,
+                   evidence={**(v.evidence or {}), **({"traffic": traffic_evidence(obs)} if t is not None else {})})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,7 +282,7 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     gate = "concurrency/long-sequences"
     if (refused := overlong_verdict(gate, obs)) is not None:
         return refused
-    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s, profile)
     if inv:
         return inv
     recs = obs.result.records
@@ -354,7 +363,7 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     gate = "latency/slo"
     if (refused := overlong_verdict(gate, obs)) is not None:
         return refused
-    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s, profile)
     if inv:
         return inv
     s = summarize(obs.result.records)
@@ -467,7 +476,7 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
     if (refused := overlong_verdict(gate, mixed)) is not None:
         return refused
     for obs in (alone, mixed):
-        inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+        inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s, profile)
         if inv:
             return inv
     a = summarize([r for r in alone.result.records if r.tag == "short"])
