@@ -164,7 +164,8 @@ def replayed_obs(profile, ttft_of=lambda off: 0.05, turns=None):
     plan = plan_replay(sample, profile.workloads["chat"].traffic, profile.slo.concurrency, profile.slo.requests)
     recs = []
     for i, it in enumerate(plan.items):
-        r = tagged(i, "slo", it.offset_s, it.offset_s + ttft_of(it.offset_s), it.offset_s + ttft_of(it.offset_s) + 0.1)
+        off = it.offset_s or 0.0  # closed loop: no schedule
+        r = tagged(i, "slo", off, off + ttft_of(off), off + ttft_of(off) + 0.1)
         recs.append(r)
     result = LoadResult("open", recs, len(recs), max(r.end_s for r in recs), 60.0)
     t = Traffic("chat", sample, plan, profile.engine.max_model_len, profile.limits.max_tokens_cap)
@@ -220,6 +221,64 @@ def test_latency_pass_on_the_replay_without_the_burst_names_the_sample(tmp_path)
     assert v.evidence["traffic"]["busiest_window"]["burst"] is False
 
 
+def test_a_replay_of_part_of_the_sample_names_the_replayed_requests_percentiles_too(tmp_path):
+    """max_requests 10 of 20: the message gives the sample's percentiles, then the ten replayed
+    (prompts 20..29), which are what the SLO was judged on."""
+    from kvgate.gates.load import latency_verdict
+    prof = replay_profile(tmp_path, burst_rows(burst=False), max_requests=10)
+    v = latency_verdict(replayed_obs(prof), prof)
+    assert v.message.startswith("replayed 10 of 20 requests of trace.jsonl (sha256 "), v.message
+    assert ("prompt p50/p99 29/39 tokens (declared 16/40), output p50/p99 8/8 tokens (declared 8); the 10 replayed: "
+            "prompt p50/p99 24/29, output p50/p99 8/8 tokens: TTFT p95") in v.message, v.message
+    whole = latency_verdict(replayed_obs(replay_profile(tmp_path, burst_rows(burst=False))), prof)
+    assert "replayed:" not in whole.message
+
+
+def test_a_sample_without_token_counts_says_its_lengths_are_estimated(tmp_path):
+    import json
+    import yaml
+    from kvgate.gates.load import latency_verdict
+    convs = [{"id": f"c{i}", "conversations": [{"from": "human", "value": "word " * (4 + i)},
+                                                {"from": "gpt", "value": "ok " * 3}]} for i in range(4)]
+    (tmp_path / "sg.json").write_text(json.dumps(convs))
+    data = {"extends": str(PROFILE.source), "workloads": {"chat": {
+        "prompt_tokens": 16, "output_tokens": 8, "concurrency": 2, "traffic": {"path": "sg.json", "replay": "closed"}}}}
+    (tmp_path / "sg.yaml").write_text(yaml.safe_dump(data))
+    prof = load_profile(str(tmp_path / "sg.yaml"))
+    v = latency_verdict(replayed_obs(prof), prof)
+    assert ("(sha256 " in v.message and "closed loop at concurrency 2; lengths estimated at UTF-8 bytes / 4, the file "
+            "has no token counts): prompt p50/p99") in v.message, v.message
+    assert "estimated" not in latency_verdict(replayed_obs(replay_profile(tmp_path, burst_rows(False))), prof).message
+
+
+def test_a_metrics_sample_is_replayed_as_quantile_rows_not_requests(tmp_path):
+    import yaml
+    from kvgate.gates.load import latency_verdict
+    from .conftest import REPO
+    (tmp_path / "m.txt").write_text((REPO / "tests" / "data" / "traffic" / "metrics.txt").read_text())
+    data = {"extends": str(PROFILE.source), "workloads": {"chat": {
+        "prompt_tokens": 16, "output_tokens": 8, "concurrency": 2, "traffic": {"path": "m.txt", "replay": "closed"}}}}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    prof = load_profile(str(tmp_path / "m.yaml"))
+    v = latency_verdict(replayed_obs(prof), prof)
+    assert v.message.startswith("replayed 8 of 200 quantile rows (standing for 100 requests) of m.txt"), v.message
+
+
+def test_a_replay_the_client_could_not_keep_up_with_is_invalid_naming_the_sample_and_the_speedup(tmp_path):
+    """An open loop sped up 1000x: every request sent 0.2 s late -> INVALID, naming what was
+    replayed and the speed-up to lower (not only 'run kvgate on other CPUs')."""
+    from kvgate.gates.load import latency_verdict
+    prof = replay_profile(tmp_path, burst_rows(burst=False), speedup=1000)
+    obs = replayed_obs(prof)
+    for r in obs.result.records:
+        r.sent_s = r.scheduled_s + 0.2
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.INVALID, v.message
+    assert "; replayed 20 of 20 requests of trace.jsonl (sha256 " in v.message and "open loop at 1000x" in v.message
+    assert "lower workloads.chat.traffic.speedup (1000x) or run kvgate on CPUs" in v.message, v.message
+    assert v.evidence["traffic"]["plan"]["speedup"] == 1000
+
+
 def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
     from kvgate.gates.load import later_turns, latency_verdict
     prof = replay_profile(tmp_path, burst_rows(burst=False))
@@ -231,8 +290,27 @@ def test_later_turns_cache_effect_in_message_and_evidence(tmp_path):
     assert "; later turns (12 requests): cached_tokens mean 318, TTFT p50 30 ms (first turns: cached_tokens mean 0, " \
         "TTFT p50 48 ms) -> PASS" in v.message, v.message
     assert v.evidence["traffic"]["turns"] == turns and v.evidence["traffic"]["later_turns"]["later"]["requests"] == 12
+    one = [{"turn": 0, "requests": 2, "ttft_p50_ms": 4.0}, {"turn": 1, "requests": 1, "ttft_p50_ms": 3.0}]
+    assert "; later turns (1 request): " in latency_verdict(replayed_obs(prof, turns=one), prof).message
     assert later_turns([{"turn": 0, "requests": 3}]) is None and later_turns([]) is None
     assert later_turns([{"turn": 1, "requests": 2, "cached_tokens_mean": None}])["later"]["cached_tokens_mean"] is None
+
+
+def test_later_turns_ttft_p50_is_over_the_requests_when_the_replay_measured_it():
+    """Turn 1 of six requests at ~64 ms and turns 2-4 of one or two each: the median of the turns'
+    p50s (63.8, the lower median of 53.2/63.8/71.6/72.6) is not the p50 of the ten later requests
+    (62.6); the replay's cache summary has that one."""
+    from kvgate.gates.load import later_turns
+    turns = [{"turn": 0, "requests": 22, "cached_tokens_mean": 116.4, "ttft_p50_ms": 51.4},
+             {"turn": 1, "requests": 6, "cached_tokens_mean": 490.7, "ttft_p50_ms": 63.8},
+             {"turn": 2, "requests": 2, "cached_tokens_mean": 640.0, "ttft_p50_ms": 72.6},
+             {"turn": 3, "requests": 1, "cached_tokens_mean": 768.0, "ttft_p50_ms": 53.2},
+             {"turn": 4, "requests": 1, "cached_tokens_mean": 896.0, "ttft_p50_ms": 71.6}]
+    est = later_turns(turns)
+    assert est["later"]["ttft_p50_ms"] == 63.8 and est["later"]["cached_tokens_mean"] == 588.8
+    got = later_turns(turns, {"ttft_p50_ms_first": 51.4, "ttft_p50_ms_later": 62.6})
+    assert got["later"] == {"requests": 10, "cached_tokens_mean": 588.8, "ttft_p50_ms": 62.6}
+    assert got["first"]["ttft_p50_ms"] == 51.4
 
 
 def test_a_sample_that_does_not_fit_fails_before_anything_is_sent(tmp_path):

@@ -178,3 +178,32 @@ def test_a_traffic_sample_that_cannot_be_replayed_is_the_profiles_error(write_pr
     with pytest.raises(ProfileError) as exc:
         load_profile(str(path))
     assert str(exc.value).startswith(f"{path}: ") and expected in str(exc.value)
+
+
+def test_a_base_profiles_traffic_path_is_relative_to_the_base_file_not_the_child(tmp_path):
+    """``traffic: t.jsonl`` is relative to the file that declares it: a profile in another
+    directory that extends it (e.g. ``extends: tiny-cpu-replay`` from /tmp) still finds the
+    sample, and a child's ``traffic: {replay: closed}`` merges into a base's plain-string path."""
+    base_dir, child_dir = tmp_path / "base", tmp_path / "elsewhere"
+    base_dir.mkdir()
+    child_dir.mkdir()
+    (base_dir / "t.jsonl").write_text('{"prompt_tokens": 10, "output_tokens": 5}\n')
+    (base_dir / "base.yaml").write_text(
+        MINIMAL + "workloads:\n  w: {prompt_tokens: 10, output_tokens: 5, traffic: t.jsonl}\n")
+    child = child_dir / "child.yaml"
+    child.write_text(f"extends: {base_dir / 'base.yaml'}\nworkloads:\n  w:\n    traffic: {{replay: closed}}\n")
+    p = load_profile(str(child))
+    assert p.workloads["w"].traffic.path == str((base_dir / "t.jsonl").resolve())
+    assert p.workloads["w"].traffic.replay == "closed"
+    # the shipped replay profile, extended from outside profiles/
+    (child_dir / "ext.yaml").write_text("extends: tiny-cpu-replay\nslo:\n  requests: 16\n")
+    ext = load_profile(str(child_dir / "ext.yaml"))
+    assert ext.workloads["chat-replay"].traffic.path.endswith("profiles/traffic/tiny-chat.jsonl")
+
+
+def test_a_traffic_path_in_the_same_directory_is_kept_as_written(write_profile):
+    """Within one directory (profiles/) nothing is rebased: verdicts keep naming ``traffic/x.jsonl``."""
+    write_profile("base", MINIMAL + "workloads:\n  w: {prompt_tokens: 10, output_tokens: 5, traffic: t.jsonl}\n")
+    child = write_profile("child", "extends: base\n")
+    (child.parent / "t.jsonl").write_text('{"prompt_tokens": 10, "output_tokens": 5, "arrival_s": 0}\n')
+    assert load_profile(str(child)).workloads["w"].traffic.path == "t.jsonl"

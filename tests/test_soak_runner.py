@@ -325,6 +325,9 @@ def test_a_traffic_workload_draws_its_samples_rows_reproducibly_as_exact_token_i
     assert trace.draws == ((10, 5), (300, 20), (1200, 40), (2048 - 30 - 8, 30), (50, 64))
     assert trace.sample["path"] == "s.jsonl" and trace.sample["clamped"] == 2 and len(trace.sample["sha256"]) == 64
     assert trace.prompt_tokens == 300  # the p50, for display
+    # the verdict's mix says the sample was cut to fit, not just the range sent
+    assert trace.describe(0.5).endswith("; 2 of 5 rows do not fit as recorded, sent cut to prompt + output <= "
+                                        "max_model_len 2,048 and output <= max_tokens_cap 64)")
     # with_prompts sizes the fixed workload only: the traffic one needs no /tokenize
     import kvgate.http.probes as probes
     from kvgate.http.prompts import ExactPrompt

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvgate.authoring import advise as adv
 from kvgate.cli.main import main
 from kvgate.traffic.sample import load_sample
@@ -84,5 +86,12 @@ def test_synth_out_of_range_numbers_are_usage_errors(tmp_path, capsys):
     for bad in ("0", "inf", "nan"):
         assert main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--duration", bad]) == 2
         assert "must be a finite number of seconds > 0" in capsys.readouterr().err
-    assert main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--long-singles", "-1"]) == 2
-    assert "long_singles -1 from 0 to singles 125" in capsys.readouterr().err
+    for opt in ("--long-singles", "--seed"):
+        with pytest.raises(SystemExit) as exc:
+            main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), opt, "-1"])
+        assert exc.value.code == 2
+        assert f"argument {opt}: '-1' is not allowed; expected an integer >= 0" in capsys.readouterr().err
+    # more long documents than single-turn requests: the message names that check only
+    assert main(["traffic", "synth", "--out", str(tmp_path / "t.jsonl"), "--long-singles", "500"]) == 2
+    err = capsys.readouterr().err
+    assert "long_singles 500 must be from 0 to singles 125" in err and "turns" not in err

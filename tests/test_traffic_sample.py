@@ -315,3 +315,16 @@ def test_sample_for_resolves_the_path_beside_the_profile_and_names_the_field(tmp
     with pytest.raises(ts.TrafficError, match=r"p.yaml: field 'workloads.chat.traffic': traffic sample "
                                               r"traffic/gone.jsonl: cannot read it"):
         ts.sample_for(profile("traffic/gone.jsonl"), "chat")
+
+
+def test_summary_counts_one_of_a_kind_in_the_singular(tmp_path):
+    """One session of one turn and one single request a second later: no "1 requests", "1 turns"."""
+    from kvgate.traffic.sample import load_sample
+    f = tmp_path / "one.jsonl"
+    f.write_text('{"prompt_tokens": 10, "output_tokens": 5, "arrival_s": 0, "session": "a", "turn": 0}\n'
+                 '{"prompt_tokens": 10, "output_tokens": 5, "arrival_s": 1}\n')
+    text = load_sample(f).summary()
+    assert "(1 session of 1 turn, 1 request; 1 without a session)" in text, text
+    assert "busiest 1-s window: 1 request in 0.0-1.0 s" in text, text
+    f.write_text('{"prompt_tokens": 10, "output_tokens": 5, "prefix_id": "p", "prefix_tokens": 4}\n')
+    assert "prefix    p: 4 tokens, shared by 1 request\n" in load_sample(f).summary() + "\n"

@@ -756,6 +756,11 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v > 0, "an integer > 0 (e.g. 4)")
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type of a seed or a count that may be 0: an integer >= 0."""
+    return _number(text, int, lambda v: v >= 0, "an integer >= 0 (e.g. 0)")
+
+
 def percentile_arg(text: str) -> float:
     """argparse type of ``--percentile``: 0 < P <= 100."""
     return _number(text, float, lambda v: 0 < v <= 100, "a percentile 0 < P <= 100 (e.g. 99)")

@@ -26,7 +26,7 @@ OK, FINDINGS, USAGE = 0, 1, 2
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     """Add ``traffic show`` and ``traffic synth`` to the ``kvgate`` sub-parsers ``sub``."""
-    from kvgate.authoring.advise import positive_int
+    from kvgate.authoring.advise import non_negative_int, positive_int
 
     tr = sub.add_parser("traffic", help="show a traffic sample's lengths and arrivals, or write a synthetic one",
                         description="Traffic samples the load and soak gates replay (workloads.*.traffic).")
@@ -44,11 +44,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                           description="Write a synthetic JSONL sample: multi-turn sessions sharing one system prompt "
                                       "plus single-turn requests, Poisson arrivals (see kvgate.traffic.synth).")
     syn.add_argument("--out", "-o", required=True, metavar="FILE", help="the JSONL file to write")
-    syn.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")
+    syn.add_argument("--seed", type=non_negative_int, default=d.seed, help=f"default {d.seed}")
     syn.add_argument("--sessions", type=positive_int, default=d.sessions, metavar="N", help=f"default {d.sessions}")
     syn.add_argument("--singles", type=positive_int, default=d.singles, metavar="N",
                      help=f"single-turn requests (default {d.singles})")
-    syn.add_argument("--long-singles", type=int, default=d.long_singles, metavar="N",
+    syn.add_argument("--long-singles", type=non_negative_int, default=d.long_singles, metavar="N",
                      help=f"of them long documents, {d.long_prompt[0]:,}-{d.long_prompt[1]:,} prompt tokens "
                           f"(default {d.long_singles})")
     syn.add_argument("--duration", type=float, default=d.duration_s, metavar="S",

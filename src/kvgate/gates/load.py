@@ -22,18 +22,28 @@ from typing import Any
 from kvgate.profile.models import Profile
 from kvgate.load.scenarios import LoadObservation, ScenarioError, Traffic, long_workload, short_workload
 from kvgate.stats import request_metrics, summarize
+from kvgate.traffic.sample import BYTES_PER_TOKEN
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.gates.health import canary_verdict
 
 
-def _invalid(obs: LoadObservation, gate: str, bound_s: float) -> Verdict | None:
+def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile | None = None) -> Verdict | None:
+    """INVALID when the client fell behind its schedule; with a traffic replay (and ``profile``)
+    the message names what was replayed, and for an open loop sped up past 1x suggests a lower
+    ``traffic.speedup`` (a schedule no client can keep) beside running kvgate on other CPUs."""
     v = obs.result.invalid_verdict(gate, bound_s)
     if v is None:
         return None
-    return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}; the server was not judged: run kvgate on CPUs "
-                   "the server does not use, e.g. taskset the server off one core)",
-                   measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit, evidence=v.evidence)
+    t = obs.traffic
+    what, cure = "", "run kvgate on CPUs the server does not use, e.g. taskset the server off one core"
+    if t is not None and profile is not None:
+        what = f"; {replay_text(t, profile)}"
+        if t.plan.mode == "open" and t.plan.speedup > 1:
+            cure = (f"lower workloads.{t.workload}.traffic.speedup ({t.plan.speedup:g}x) or " + cure)
+    return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}{what}; the server was not judged: {cure})",
+                   measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit,
+                   evidence={**(v.evidence or {}), **({"traffic": traffic_evidence(obs)} if t is not None else {})})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -47,8 +57,9 @@ def _num(x: int | float) -> str:
 def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
     """What was replayed, for a verdict's message: ``replayed 32 of 300 requests of
     traffic/tiny-chat.jsonl (sha256 3f2a..., open loop at 1x): prompt p50/p99 412/1,530 tokens
-    (declared 400/1,500), output p50/p99 30/120 tokens (declared 32)``. Percentiles (tokens) are
-    the whole sample's (nearest rank); declared: the workload's ``prompt_tokens`` /
+    (declared 400/1,500), output p50/p99 30/120 tokens (declared 32); the 32 replayed: prompt
+    p50/p99 380/1,210, output p50/p99 28/96 tokens``. Percentiles (tokens, nearest rank) are the
+    whole sample's, then the replayed requests' when they are fewer; declared: the workload's ``prompt_tokens`` /
     ``prompt_tokens_p99`` and ``output_tokens``. ``how``: instead of the plan's loop (a gate that
     sends the drawn lengths on a schedule of its own)."""
     plan, sample = t.plan, t.sample
@@ -57,33 +68,58 @@ def replay_text(t: Traffic, profile: Profile, how: str | None = None) -> str:
     p, o = sample.percentiles("prompt_tokens", (50, 99)), sample.percentiles("output_tokens", (50, 99))
     d99 = _num(wl.prompt_tokens_p99) if wl.prompt_tokens_p99 else "-"
     capped = f"; sent with at most {t.outputs_capped_at} output tokens" if t.outputs_capped_at else ""
-    return (f"replayed {len(plan.items):,} of {len(sample.requests):,} requests of {sample.path} (sha256 "
+    drawn = ""
+    if plan.items and len(plan.items) < len(sample.requests):
+        dp = _percentiles([it.trace.prompt_tokens for it in plan.items])
+        do = _percentiles([it.trace.output_tokens for it in plan.items])
+        drawn = (f"; the {len(plan.items):,} replayed: prompt p50/p99 {_num(dp[0])}/{_num(dp[1])}, output p50/p99 "
+                 f"{_num(do[0])}/{_num(do[1])} tokens")
+    if any("estimated as UTF-8 bytes" in n for n in sample.notes):
+        capped += f"; lengths estimated at UTF-8 bytes / {BYTES_PER_TOKEN}, the file has no token counts"
+    of = (f"{len(sample.requests):,} requests" if sample.represents is None else
+          f"{len(sample.requests):,} quantile rows (standing for {sample.represents:,.0f} requests)")
+    return (f"replayed {len(plan.items):,} of {of} of {sample.path} (sha256 "
             f"{sample.sha256[:12]}, {how}{capped}): prompt p50/p99 {_num(p['p50'])}/{_num(p['p99'])} tokens "
             f"(declared {_num(wl.prompt_tokens)}/{d99}), output p50/p99 {_num(o['p50'])}/{_num(o['p99'])} tokens "
-            f"(declared {_num(wl.output_tokens)})")
+            f"(declared {_num(wl.output_tokens)}){drawn}")
 
 
-def later_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def _percentiles(xs: Sequence[int]) -> tuple[int, int]:
+    """p50 and p99 (nearest rank, as :meth:`TrafficSample.percentiles`) of token counts ``xs``."""
+    import numpy as np
+
+    return tuple(int(np.percentile(np.asarray(xs, dtype=float), q, method="inverted_cdf")) for q in (50, 99))
+
+
+def later_turns(turns: Sequence[dict[str, Any]], cache: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The cache effect of a multi-turn replay from its per-turn rows (``turn`` 0-based,
     ``requests``, ``cached_tokens_mean`` (tokens, None where the server reports none),
     ``ttft_p50_ms``): ``{"first": {...}, "later": {...}}`` with each group's requests,
-    request-weighted mean cached tokens and TTFT p50 (the median of the rows' p50s, ms); None
-    without a later turn. vLLM reports ``cached_tokens`` only with
-    ``--enable-prompt-tokens-details`` (``engine.enable_prompt_tokens_details``)."""
+    request-weighted mean cached tokens (rounded to 0.1) and TTFT p50 (ms): the p50 over the
+    group's requests, ``cache["ttft_p50_ms_first"]`` / ``["ttft_p50_ms_later"]`` of the replay's
+    cache summary when given; without it, the median of the rows' p50s (an estimate: a turn of one
+    request weighs as much as one of twenty). None without a later turn. vLLM reports
+    ``cached_tokens`` only with ``--enable-prompt-tokens-details``
+    (``engine.enable_prompt_tokens_details``)."""
     def group(rows: list[dict[str, Any]]) -> dict[str, Any]:
         n = sum(int(r.get("requests") or 0) for r in rows)
         cached = [(r.get("cached_tokens_mean", r.get("cached_tokens")), int(r.get("requests") or 0)) for r in rows]
         known = [(c, k) for c, k in cached if c is not None]
         ttfts = sorted(r["ttft_p50_ms"] for r in rows if r.get("ttft_p50_ms") is not None)
-        return {"requests": n,
-                "cached_tokens_mean": (sum(c * k for c, k in known) / max(1, sum(k for _, k in known))) if known else None,
+        mean = sum(c * k for c, k in known) / max(1, sum(k for _, k in known)) if known else None
+        return {"requests": n, "cached_tokens_mean": None if mean is None else round(mean, 1),
                 "ttft_p50_ms": ttfts[(len(ttfts) - 1) // 2] if ttfts else None}
 
     rows = [dict(r) for r in turns or () if isinstance(r, dict)]
     later = [r for r in rows if (r.get("turn") or 0) > 0]
     if not later:
         return None
-    return {"first": group([r for r in rows if (r.get("turn") or 0) == 0]), "later": group(later)}
+    out = {"first": group([r for r in rows if (r.get("turn") or 0) == 0]), "later": group(later)}
+    for key in ("first", "later"):
+        pooled = (cache or {}).get(f"ttft_p50_ms_{key}")
+        if pooled is not None:
+            out[key]["ttft_p50_ms"] = pooled
+    return out
 
 
 def _cache_text(effect: dict[str, Any] | None) -> str:
@@ -96,7 +132,8 @@ def _cache_text(effect: dict[str, Any] | None) -> str:
         t = "" if g["ttft_p50_ms"] is None else f", TTFT p50 {_num(g['ttft_p50_ms'])} ms"
         return f"{c}{t}"
 
-    return f"; later turns ({lt['requests']} requests): {one(lt)} (first turns: {one(f)})"
+    n = lt["requests"]
+    return f"; later turns ({n:,} request{'' if n == 1 else 's'}): {one(lt)} (first turns: {one(f)})"
 
 
 def traffic_evidence(obs: LoadObservation) -> dict[str, Any] | None:
@@ -116,7 +153,8 @@ def traffic_evidence(obs: LoadObservation) -> dict[str, Any] | None:
             "drawn": {"prompt_tokens": drawn.percentiles("prompt_tokens"),
                       "output_tokens": drawn.percentiles("output_tokens")} if drawn.requests else None,
             "outputs_capped_at": t.outputs_capped_at, "overlong": t.overlong, "sent": rr is not None,
-            "turns": turns, "cache": getattr(rr, "cache", None), "later_turns": later_turns(turns)}
+            "turns": turns, "cache": getattr(rr, "cache", None),
+            "later_turns": later_turns(turns, getattr(rr, "cache", None))}
 
 
 def overlong_verdict(gate: str, obs: LoadObservation) -> Verdict | None:
@@ -244,7 +282,7 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     gate = "concurrency/long-sequences"
     if (refused := overlong_verdict(gate, obs)) is not None:
         return refused
-    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s, profile)
     if inv:
         return inv
     recs = obs.result.records
@@ -325,7 +363,7 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     gate = "latency/slo"
     if (refused := overlong_verdict(gate, obs)) is not None:
         return refused
-    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+    inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s, profile)
     if inv:
         return inv
     s = summarize(obs.result.records)
@@ -438,7 +476,7 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
     if (refused := overlong_verdict(gate, mixed)) is not None:
         return refused
     for obs in (alone, mixed):
-        inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s)
+        inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s, profile)
         if inv:
             return inv
     a = summarize([r for r in alone.result.records if r.tag == "short"])

@@ -341,7 +341,8 @@ def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
     head = (f"TTFT p95 {ys[0]:,.0f} -> {ys[-1]:,.0f} ms, slope {_ci(g.full, 'ms/h')}{last} over {_what(a)}; "
             f"ceiling {ceiling:g} ms/h")
     pre_s = "n/a (no /metrics)" if a.preemptions is None else f"{a.preemptions:,.0f}"
-    seen = f"; errors {a.errors}/{a.requests}; preemptions {pre_s}"
+    seen = (f"; errors {a.errors}/{a.requests} in the measured rounds (the mix's counts include the warm-up); "
+            f"preemptions {pre_s}")
     if a.ttft_shown:
         problems.insert(0, f"{a.classification}: {a.explanation}")
     slope = round(g.full.slope, 3)

@@ -195,7 +195,8 @@ class SLOSpec(_Strict):
 class TrafficSpec(_Strict):
     """A workload's traffic sample, replayed instead of fixed lengths (:mod:`kvgate.traffic`).
 
-    ``path``: the sample, relative to the profile's file (or absolute). ``format``: ``auto`` tells
+    ``path``: the sample, relative to the profile file that declares it (or absolute; a base
+    profile's path is rebased for a child in another directory). ``format``: ``auto`` tells
     from the content: a JSONL sample (per request ``prompt_tokens``, ``output_tokens``, optional
     ``arrival_s``, ``session``, ``turn``, ``prefix_id``/``prefix_tokens``), an OpenAI-format request
     log (``messages``/``prompt`` and ``max_tokens`` as sent), a ShareGPT-style conversation file, or
@@ -205,7 +206,7 @@ class TrafficSpec(_Strict):
     ``max_requests`` / ``max_duration_s`` cap what one gate replays (the first requests, or the
     first seconds of the sped-up schedule)."""
 
-    path: str = Field(description="[file] the traffic sample, relative to the profile's file")
+    path: str = Field(description="[file] the traffic sample, relative to the profile file that declares it")
     format: Literal["auto", "jsonl", "openai-log", "sharegpt", "metrics"] = Field(
         default="auto", description="the sample's format; auto tells from the content")
     replay: Literal["open", "closed"] = Field(
@@ -833,9 +834,42 @@ def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()
     except ProfileError as exc:
         raise ProfileError(f"{path}: field 'extends': {exc}") from None
     base = _raw_with_extends(parent_path, profile_dir, (*seen, path))
+    base = _rebase_paths(base, None if parent_path.parent.resolve() == path.parent.resolve() else parent_path.parent)
     base.pop("name", None)
     base.pop("expect_fit", None)
     return _deep_merge(base, data)
+
+
+def _rebase_paths(raw: dict, base_dir: Path | None) -> dict:
+    """``raw`` (a base profile read from ``base_dir``) with its file-relative paths --
+    ``workloads.*.traffic`` and ``model.hf_config`` -- made absolute against ``base_dir``: they are
+    relative to the file that declares them, so a profile in another directory that ``extends:``
+    it still finds them (an absolute or ``~`` path is left as written; ``base_dir`` None: the same
+    directory, nothing to rebase). A ``traffic:`` string becomes ``{path: ...}``, so a child's
+    ``traffic: {replay: closed}`` deep-merges into it instead of dropping the path."""
+
+    def rebased(p: Any) -> Any:
+        if base_dir is None or not isinstance(p, str) or not p or p.startswith("~") or Path(p).is_absolute():
+            return p
+        return str((base_dir / p).resolve())
+
+    out = dict(raw)
+    workloads = out.get("workloads")
+    if isinstance(workloads, dict):
+        out["workloads"] = dict(workloads)
+        for name, wl in workloads.items():
+            if not isinstance(wl, dict) or wl.get("traffic") is None:
+                continue
+            tr = wl["traffic"]
+            if isinstance(tr, str):
+                tr = {"path": tr}
+            if isinstance(tr, dict) and "path" in tr:
+                tr = {**tr, "path": rebased(tr["path"])}
+            out["workloads"][name] = {**wl, "traffic": tr}
+    model = out.get("model")
+    if isinstance(model, dict) and model.get("hf_config"):
+        out["model"] = {**model, "hf_config": rebased(model["hf_config"])}
+    return out
 
 
 def _model_of(annotation: Any) -> Any:

@@ -90,7 +90,8 @@ class MixItem:
     flight at once; the warm-up burst sends that many, see :class:`SoakPlan`). ``draws``: for a ``traffic:`` workload, the sample's
     (prompt, output) rows in tokens, clamped to fit ``max_model_len`` (and ``limits.max_tokens_cap``);
     each request then takes one row (``prompt_tokens``/``output_tokens`` are the sample's p50 for
-    display). ``sample``: the sample's provenance (path, sha256, percentiles, rows clamped).
+    display). ``sample``: the sample's provenance (path, sha256, percentiles, ``clamped`` rows and the
+    ``max_model_len`` / ``max_tokens_cap`` they were cut to, tokens).
     ``units``: for a sample with sessions, its units (a whole session, turns in order, or a single
     request), each turn a ``(TraceRequest, gap_s)`` -- the row clamped as ``draws`` are and its
     recorded arrival minus the unit's first (seconds; 0 without arrival times); each request of
@@ -109,7 +110,9 @@ class MixItem:
 
     def describe(self, share: float) -> str:
         """``name 50% (1,900+64 tokens, long)`` or, for a sample, ``name 50% (prompts 12..1,900 tokens
-        drawn from PATH, sha256 abc...)``."""
+        drawn from PATH, sha256 abc...)``, plus how many of its rows were cut to fit when some were
+        (``; 2 of 5 rows do not fit as recorded, sent cut to prompt + output <= max_model_len 2,048
+        and output <= max_tokens_cap 64``): the soak sends them cut, the replaying gates FAIL them."""
         if self.draws:
             ps = [p for p, _ in self.draws]
             src = self.sample or {}
@@ -117,6 +120,11 @@ class MixItem:
                     f"{src.get('path', 'its sample')}, sha256 {str(src.get('sha256', ''))[:12]}")
             if self.units:
                 what += f", {sum(len(u) > 1 for u in self.units):,} multi-turn sessions among {len(self.units):,} units"
+            if src.get("clamped"):
+                cap = src.get("max_tokens_cap")
+                what += (f"; {src['clamped']:,} of {len(self.draws):,} rows do not fit as recorded, sent cut to "
+                         f"prompt + output <= max_model_len {src.get('max_model_len', 0):,}"
+                         + (f" and output <= max_tokens_cap {cap:,}" if cap else ""))
         else:
             what = f"{self.prompt_tokens:,}+{self.output_tokens:,} tokens"
         return f"{self.name} {share:.0%} ({what}{', long' if self.long else ''})"
@@ -338,7 +346,8 @@ def mix_of(profile: Profile, spec: SoakSpec) -> tuple[MixItem, ...]:
             p50 = int(np.percentile([p for p, _ in rows], 50, method="inverted_cdf"))
             o50 = int(np.percentile([o for _, o in rows], 50, method="inverted_cdf"))
             item = MixItem(name, float(weight), p50, o50, long=w.long, concurrency=w.concurrency, draws=tuple(rows),
-                           sample={**sample.provenance(), "clamped": clamped},
+                           sample={**sample.provenance(), "clamped": clamped, "max_model_len": length,
+                                   "max_tokens_cap": cap},
                            units=_session_units(sample, dict(zip(map(id, sample.requests), rows))))
         out.append(item)
     return tuple(out)

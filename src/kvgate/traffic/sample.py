@@ -112,7 +112,7 @@ class RateWindow:
 
     def describe(self) -> str:
         """``7 requests in 73.2-74.2 s (7.0/s, 3.5x the mean 2.00/s)``."""
-        return (f"{self.requests:,} requests in {self.start_s:.1f}-{self.end_s:.1f} s ({self.rate_per_s:.1f}/s, "
+        return (f"{_n(self.requests, 'request')} in {self.start_s:.1f}-{self.end_s:.1f} s ({self.rate_per_s:.1f}/s, "
                 f"{self.ratio:.1f}x the mean {self.mean_rate_per_s:.2f}/s)")
 
 
@@ -203,7 +203,7 @@ class TrafficSample:
             turns = [len(v) for v in ses.values()]
             single = sum(1 for r in self.requests if r.session is None)
             span = f"{min(turns)}" if min(turns) == max(turns) else f"{min(turns)}-{max(turns)}"
-            reqs += (f" ({_n(len(ses), 'session')} of {span} turns, {_n(sum(turns), 'request')}; "
+            reqs += (f" ({_n(len(ses), 'session')} of {span} turn{'' if span == '1' else 's'}, {_n(sum(turns), 'request')}; "
                      f"{single:,} without a session)")
         lines.append(reqs)
         for what, label in (("prompt_tokens", "prompt"), ("output_tokens", "output"), ("total", "total")):
@@ -219,7 +219,7 @@ class TrafficSample:
                          + (f"; busiest 1-s window: {busiest[0].describe()}" if busiest else ""))
         prefixes = Counter((r.prefix_id, r.prefix_tokens) for r in self.requests if r.prefix_id)
         for (pid, tokens), n in sorted(prefixes.items(), key=lambda kv: (-kv[1], str(kv[0][0]))):
-            lines.append(f"  prefix    {pid}: {tokens:,} tokens, shared by {n:,} requests")
+            lines.append(f"  prefix    {pid}: {tokens:,} tokens, shared by {_n(n, 'request')}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -369,7 +369,8 @@ class _Tokens:
             return [f"{what} of {_n(self.counted, 'request')} counted from the message text with the given tokenizer "
                     "(chat-template tokens not included)"]
         return [f"{what} of {_n(self.counted, 'request')} estimated as UTF-8 bytes / {BYTES_PER_TOKEN} (no token counts in "
-                "the file and no tokenizer given; the replaying gate counts with the server's /tokenize)"]
+                "the file and no tokenizer given; the replaying gates plan and check max_model_len with these "
+                "estimates, and count the prompts they build with the server's /tokenize)"]
 
 
 def _shared_system_prefix(rows: list[TraceRequest], tokens: _Tokens) -> list[TraceRequest]:

@@ -64,9 +64,13 @@ class SynthSpec:
                              f"leave room for output {self.output[1]} within max_total {self.max_total}")
         if self.long_prompt[1] + self.output[1] > self.max_total:
             raise ValueError(f"long_prompt {self.long_prompt} + output {self.output[1]} exceeds max_total {self.max_total}")
-        if self.turns[0] < 1 or self.turns[0] > self.turns[1] or not 0 <= self.long_singles <= self.singles:
-            raise ValueError(f"turns {self.turns} must be 1 <= low <= high; long_singles {self.long_singles} "
-                             f"from 0 to singles {self.singles}")
+        if self.turns[0] < 1 or self.turns[0] > self.turns[1]:
+            raise ValueError(f"turns {self.turns} must be 1 <= low <= high")
+        if not 0 <= self.long_singles <= self.singles:
+            raise ValueError(f"long_singles {self.long_singles} must be from 0 to singles {self.singles} (the long "
+                             "documents are some of the single-turn requests)")
+        if self.seed < 0:
+            raise ValueError(f"seed {self.seed} must be a non-negative integer")
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ValueError(f"duration {self.duration_s} must be a finite number of seconds > 0")
 
