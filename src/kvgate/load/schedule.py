@@ -185,6 +185,66 @@ async def _monitor(interval_s: float, out: list[float]) -> None:
         out.append(max(0.0, loop.time() - t - interval_s))
 
 
+async def _spawn(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> None:
+    """Start ``coro`` as a task kept in ``tasks`` until it ends, then yield once so it writes its
+    request before the dispatcher computes its next wait (open-loop dispatchers)."""
+    task = asyncio.ensure_future(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    await asyncio.sleep(0)
+
+
+async def _cancel(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel what is left of ``tasks`` and wait for it (a dispatcher's ``finally``)."""
+    for task in list(tasks):
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _drive(jobs: list[asyncio.Future[Any]], deadline_s: float, state: dict[str, bool],
+                 monitor: asyncio.Future[Any] | None, clock: Clock, transport: LoadTransport, freeze_gc: bool,
+                 cpu0: float) -> tuple[float, float]:
+    """Await a run's ``jobs`` with a real-time safety net of ``deadline_s`` + 5 s (what is still
+    pending then is cancelled and ``state["deadline_hit"]`` set; every request already carries a
+    timeout within the deadline), re-raise a job's exception; then stop the loop-lag ``monitor``,
+    close the transport and unfreeze the collector. Returns ``(t_end, cpu_s)``: the run clock at
+    the end (seconds) and this process's CPU seconds since ``cpu0``. Shared by the closed/open
+    loops and :func:`kvgate.load.sessions.run_sessions`."""
+    t_end = cpu_s = 0.0
+    try:
+        _, pending = await asyncio.wait(jobs, timeout=deadline_s + 5.0)
+        if pending:
+            state["deadline_hit"] = True
+            for j in pending:
+                j.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for j in jobs:
+            if not j.cancelled() and j.exception() is not None:
+                raise j.exception()  # type: ignore[misc]
+    finally:
+        if monitor is not None:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+        t_end = clock()
+        cpu_s = time.process_time() - cpu0
+        await transport.aclose()
+        if freeze_gc:
+            gc.unfreeze()
+    return t_end, cpu_s
+
+
+def _decode(records: Sequence[RequestRecord], end_s: float) -> None:
+    """Off the hot path, once the run's clock stopped: a record still open ends at ``end_s``
+    (seconds since the run start) with "not finished when the run ended"; every record's SSE and
+    JSON are decoded (:meth:`RequestRecord.finalize`)."""
+    for r in records:
+        if r.end_s is None:
+            r.end_s = end_s
+            r.error = r.error or "not finished when the run ended"
+        r.finalize()
+
+
 async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Sequence[RequestSpec],
                n: int | None, *, concurrency: int | None, offsets: list[float] | None, rate_rps: float | None,
                max_in_flight: int, deadline_s: float, request_timeout_s: float | None, clock: Clock,
@@ -264,48 +324,19 @@ async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Seq
                     break
                 rec = RequestRecord(index=i, scheduled_s=offsets[i], tag=specs[i].tag)
                 records.append(rec)
-                task = asyncio.ensure_future(run_one(i, rec))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                await asyncio.sleep(0)  # let it write its request before the next wait is computed
+                await _spawn(tasks, run_one(i, rec))
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel(tasks)
 
     if mode == "closed":
         it = iter(range(len(specs)))
         jobs = [asyncio.ensure_future(closed_worker(it)) for _ in range(max(1, int(concurrency or 1)))]
     else:
         jobs = [asyncio.ensure_future(open_dispatcher())]
-    try:
-        # Safety net in real time: every request already carries a timeout within the deadline.
-        _, pending = await asyncio.wait(jobs, timeout=deadline_s + 5.0)
-        if pending:
-            state["deadline_hit"] = True
-            for j in pending:
-                j.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        for j in jobs:
-            if not j.cancelled() and j.exception() is not None:
-                raise j.exception()  # type: ignore[misc]
-    finally:
-        if monitor is not None:
-            monitor.cancel()
-            await asyncio.gather(monitor, return_exceptions=True)
-        t_end = clock()
-        cpu_s = time.process_time() - cpu0
-        await transport.aclose()
-        if freeze_gc:
-            gc.unfreeze()
-    for r in records:  # off the hot path: decode SSE and JSON now
-        if r.end_s is None:
-            r.end_s = t_end - t0
-            r.error = r.error or "not finished when the run ended"
-        r.finalize()
+    t_end, cpu_s = await _drive(jobs, deadline_s, state, monitor, clock, transport, freeze_gc, cpu0)
+    _decode(records, t_end - t0)
     ends = [r.end_s for r in records if r.end_s is not None]
     return LoadResult(
         mode=mode, records=records, n_requested=len(specs), wall_s=max(ends, default=t_end - t0),

@@ -43,7 +43,8 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from kvgate.http.client import Endpoint
 from kvgate.load.record import RequestRecord, RequestSpec
-from kvgate.load.schedule import LoadResult, Sleep, _monitor, _run_sync, make_transport
+from kvgate.load.schedule import (LoadResult, Sleep, _cancel, _decode, _drive, _monitor, _run_sync, _spawn,
+                                  make_transport)
 from kvgate.load.transport import Clock, LoadTransport
 
 #: ``follow(turn, earlier)``: the request of ``turn`` (>= 1) from the records of the turns before it.
@@ -237,17 +238,11 @@ async def run_sessions(endpoint: Endpoint | None, sessions: Sequence[SessionPlan
                 delay = due - clock()
                 if delay > 0:
                     await sleep(delay)
-                task = asyncio.ensure_future(session(si, s))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                await asyncio.sleep(0)  # let it write its request before the next wait is computed
+                await _spawn(tasks, session(si, s))
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel(tasks)
 
     queue = iter(range(len(sessions)))
 
@@ -265,31 +260,8 @@ async def run_sessions(endpoint: Endpoint | None, sessions: Sequence[SessionPlan
         jobs = [asyncio.ensure_future(closed_worker()) for _ in range(concurrency)]
     else:
         jobs = [asyncio.ensure_future(open_dispatcher())]
-    try:
-        # Safety net in real time: every request already carries a timeout within the deadline.
-        _, pending = await asyncio.wait(jobs, timeout=deadline_s + 5.0)
-        if pending:
-            state["deadline_hit"] = True
-            for j in pending:
-                j.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        for j in jobs:
-            if not j.cancelled() and j.exception() is not None:
-                raise j.exception()  # type: ignore[misc]
-    finally:
-        if monitor is not None:
-            monitor.cancel()
-            await asyncio.gather(monitor, return_exceptions=True)
-        t_end = clock()
-        cpu_s = time.process_time() - cpu0
-        await tr.aclose()
-        if freeze_gc:
-            gc.unfreeze()
-    for r in records:  # off the hot path: decode SSE and JSON now
-        if r.end_s is None:
-            r.end_s = t_end - t0
-            r.error = r.error or "not finished when the run ended"
-        r.finalize()
+    t_end, cpu_s = await _drive(jobs, deadline_s, state, monitor, clock, tr, freeze_gc, cpu0)
+    _decode(records, t_end - t0)
     for s in sessions:  # turns of sessions cut by the real-time safety net
         for n in range(s.turns):
             if s.index(n) not in timing:
