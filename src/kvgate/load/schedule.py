@@ -185,6 +185,23 @@ async def _monitor(interval_s: float, out: list[float]) -> None:
         out.append(max(0.0, loop.time() - t - interval_s))
 
 
+def _start(clock: Clock, transport: LoadTransport, width: int | None, freeze_gc: bool, loop_monitor_s: float | None,
+           lag_samples: list[float]) -> tuple[float, float, asyncio.Future[Any] | None]:
+    """Start a run's clock (the twin of :func:`_drive`'s end): collect and :func:`gc.freeze` the
+    heap when ``freeze_gc`` (older objects out of the collector's way: no long gen-2 pauses
+    mid-run), bind ``transport`` to the clock with ``width`` connections, start the loop-lag
+    ticker (every ``loop_monitor_s`` seconds into ``lag_samples``; None: off). Returns ``(cpu0,
+    t0, monitor)``: process CPU seconds and the run clock at the start (seconds), the ticker task."""
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+    cpu0 = time.process_time()
+    t0 = clock()
+    transport.bind(clock, t0, max(1, int(width or 1)))
+    monitor = asyncio.ensure_future(_monitor(loop_monitor_s, lag_samples)) if loop_monitor_s else None
+    return cpu0, t0, monitor
+
+
 async def _spawn(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> None:
     """Start ``coro`` as a task kept in ``tasks`` until it ends, then yield once so it writes its
     request before the dispatcher computes its next wait (open-loop dispatchers)."""
@@ -272,14 +289,8 @@ async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Seq
     records: list[RequestRecord] = []
     lag_samples: list[float] = []
     state = {"deadline_hit": False}
-    if freeze_gc:  # older objects out of the collector's way: no long gen-2 pauses mid-run
-        gc.collect()
-        gc.freeze()
-    cpu0 = time.process_time()
-    t0 = clock()
+    cpu0, t0, monitor = _start(clock, transport, width, freeze_gc, loop_monitor_s, lag_samples)
     deadline = t0 + deadline_s
-    transport.bind(clock, t0, max(1, int(width or 1)))
-    monitor = asyncio.ensure_future(_monitor(loop_monitor_s, lag_samples)) if loop_monitor_s else None
 
     async def one(i: int, rec: RequestRecord) -> None:
         left = deadline - clock()

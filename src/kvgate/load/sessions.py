@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from kvgate.http.client import Endpoint
 from kvgate.load.record import RequestRecord, RequestSpec
-from kvgate.load.schedule import (LoadResult, Sleep, _cancel, _decode, _drive, _monitor, _run_sync, _spawn,
+from kvgate.load.schedule import (LoadResult, Sleep, _cancel, _decode, _drive, _run_sync, _spawn, _start,
                                   make_transport)
 from kvgate.load.transport import Clock, LoadTransport
 
@@ -163,14 +162,8 @@ async def run_sessions(endpoint: Endpoint | None, sessions: Sequence[SessionPlan
     not_sent: dict[int, str] = {}
     lag_samples: list[float] = []
     state = {"deadline_hit": False}
-    if freeze_gc:
-        gc.collect()
-        gc.freeze()
-    cpu0 = time.process_time()
-    t0 = clock()
+    cpu0, t0, monitor = _start(clock, tr, width, freeze_gc, loop_monitor_s, lag_samples)
     deadline = t0 + deadline_s
-    tr.bind(clock, t0, max(1, int(width or 1)))
-    monitor = asyncio.ensure_future(_monitor(loop_monitor_s, lag_samples)) if loop_monitor_s else None
     sem = asyncio.Semaphore(max_in_flight) if mode == "open" else None
 
     def give_up(s: SessionPlan, n: int, why: str) -> None:

@@ -984,8 +984,8 @@ def _check_traffic(profile: Profile) -> None:
     """Read every workload's ``traffic:`` sample once at load time, so a missing, empty or malformed
     file, or an open-loop replay of a sample without arrival times, is this profile's error (one
     line naming the file, the field and the line) before any gate runs -- not a harness error in
-    the first gate that replays it. Text-only sources are parsed with the bytes/4 estimate here;
-    the gates count them again with the server's tokenizer."""
+    the first gate that replays it. Text-only sources are parsed with the bytes/4 estimate, as the
+    gates plan them (each gate reads the sample again: a few hundred lines)."""
     from kvgate.traffic.sample import TrafficError, sample_for
 
     for name, wl in profile.workloads.items():

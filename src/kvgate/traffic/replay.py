@@ -256,7 +256,7 @@ class _Built:
     tokens: int
 
 
-class _Content:
+class ReplayContent:
     """Builds the replay's prompts (module docstring). Thread-safe enough for its use: the
     system prompts are built before the run; each session's turns are built one at a time."""
 
@@ -311,10 +311,9 @@ class _Content:
         return _Built(*fit_text(self.count, head, target, ASSISTANT))
 
 
-ReplayContent = _Content  #: the public name of the prompt builder (module docstring's "Content")
 
 
-def session_plans(items: Sequence[PlannedRequest], units: Sequence[Sequence[int]], content: _Content,
+def session_plans(items: Sequence[PlannedRequest], units: Sequence[Sequence[int]], content: ReplayContent,
                   spec: Callable[[str | list[int], PlannedRequest], RequestSpec],
                   offsets_s: Sequence[float] | None = None, built: dict[int, _Built] | None = None
                   ) -> list[SessionPlan]:
@@ -555,7 +554,7 @@ def run_replay(client: KvClient, endpoint: Endpoint, profile: Any, plan: ReplayP
     after the run for the ``vllm:prefix_cache_hits`` delta."""
     model = profile.model.served_name
     count = text_counter(client, model)
-    content = _Content(count, tag, salt)
+    content = ReplayContent(count, tag, salt)
     built: dict[int, _Built] = {}
 
     def spec(prompt: str | list[int], it: PlannedRequest) -> Any:
