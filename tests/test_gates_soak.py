@@ -71,6 +71,20 @@ def test_bounded_cache_passes_and_says_why():
     assert "then plateaued (last part +0.0 MB/h" in v.message
 
 
+def test_a_rise_within_the_floor_passes_as_a_step_and_one_above_it_fails_both_ways():
+    # the CI run of 2026-12-01: +10 MB over the last rounds of an 80 s soak read as +1,340 MB/h
+    late = lambda k: 500.0 + (0.0 if k < 7 else 4.0 * (k - 6))  # noqa: E731 -- rises 4 MB a round from round 7
+    floored = SPEC.model_copy(update={"memory_floor_mb": 64})
+    v = memory_verdict(analyze(result(rows(mem=late)), floored))
+    assert v.status is Status.PASS and "floor 64 MB (fitted rise +" in v.message
+    assert "-> PASS (growth within the floor: retained memory rose +" in v.message
+    assert "within soak.memory_floor_mb 64 MB" in v.message and "a longer soak decides" in v.message
+    assert v.evidence["analysis"]["memory_mb_per_h"]["kind"] == "small"
+    assert memory_verdict(analyze(result(rows(mem=late)), SPEC)).status is Status.FAIL  # no floor: as before
+    steep = memory_verdict(analyze(result(rows(mem=lambda k: 500 + k * 10.0)), floored))  # +90 MB > 64 MB
+    assert steep.status is Status.FAIL and "floor 64 MB (fitted rise +90.0 MB)" in steep.message
+
+
 def test_estimate_above_the_ceiling_but_not_shown_passes_as_inconclusive_not_healthy():
     noise = [0, 9, -7, 12, -10, 8, -9, 11, -6, 10, -8, 9]  # MB around a 2 MB/round (24 MB/h) rise
     a = analyze(result(rows(mem=lambda k: 500 + 2.0 * k + noise[k], ttft=lambda k: 40 + (9 if k % 2 else -9) + 9 * k)),

@@ -368,8 +368,14 @@ class Growth:
     its Theil-Sen slope is within the ceiling (a bounded cache that filled); ``exceeds``: the
     growth is shown and sustained (:meth:`Trend.sustained`) over the whole run and not a
     plateau, or over the last part alone (growth that started late). ``kind``: ``"growth"``,
-    ``"bounded"`` (rose significantly, but plateaued or rose in a step that did not go on) or
-    ``"flat"``.
+    ``"bounded"`` (rose significantly, but plateaued or rose in a step that did not go on),
+    ``"small"`` (growth shown, but the fitted rise is within ``floor``) or ``"flat"``.
+
+    ``floor`` (y-units; 0 = none): the least rise a growth must add over the points it was shown on
+    (slope x their x-span) before it counts. A short soak fits a slope to a rise of a few MB; an
+    allocator's one-time step is as big, so below the floor the data cannot tell a leak from a
+    step. ``rise``: the fitted rise of the part that showed the growth (the whole run, or the last
+    part when only it did), else of the whole run.
     """
 
     full: Trend
@@ -378,16 +384,20 @@ class Growth:
     plateau: bool
     exceeds: bool
     kind: str
+    floor: float = 0.0
+    rise: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"full": self.full.to_dict(), "last": self.last.to_dict() if self.last else None,
-                "ceiling": self.ceiling, "plateau": self.plateau, "exceeds": self.exceeds, "kind": self.kind}
+                "ceiling": self.ceiling, "plateau": self.plateau, "exceeds": self.exceeds, "kind": self.kind,
+                "floor": self.floor, "rise": self.rise}
 
 
 def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float = 0.95,
-           last_frac: float = 1 / 3, min_last: int = 4) -> Growth:
-    """Judge the trend of ``y`` on ``x`` against ``ceiling`` (see :class:`Growth`). Needs 3
-    points; the last part is fitted only when it has ``min_last`` points and fewer than all."""
+           last_frac: float = 1 / 3, min_last: int = 4, floor: float = 0.0) -> Growth:
+    """Judge the trend of ``y`` on ``x`` against ``ceiling`` (see :class:`Growth`; ``floor`` in
+    y-units). Needs 3 points; the last part is fitted only when it has ``min_last`` points and
+    fewer than all."""
     full = trend(x, y, confidence)
     n = len(x)
     k = max(min_last, int(math.ceil(n * last_frac)))
@@ -395,10 +405,15 @@ def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
     rose = full.above(ceiling)
     plateau = bool(rose and last is not None and not math.isnan(last.ci_high)
                    and last.ci_high < full.slope and last.theil_sen <= ceiling)
+    rise_full = full.slope * (x[-1] - x[0])
+    rise_last = last.slope * (x[-1] - x[n - k]) if last is not None else 0.0
+    shown_full = full.sustained(ceiling) and not plateau
     late = bool(last is not None and last.sustained(ceiling))
-    exceeds = (full.sustained(ceiling) and not plateau) or late
-    kind = "growth" if exceeds else ("bounded" if rose else "flat")
-    return Growth(full, last, ceiling, plateau, exceeds, kind)
+    rise = rise_full if shown_full or not late else rise_last
+    shown = shown_full or late
+    exceeds = shown and rise > floor
+    kind = "growth" if exceeds else ("small" if shown else ("bounded" if rose else "flat"))
+    return Growth(full, last, ceiling, plateau, exceeds, kind, floor, rise)
 
 
 __all__ = [

@@ -18,6 +18,9 @@ a positive point estimate inside the noise is not a leak. Classification:
 - ``preemption/placement``: TTFT p95 rising above its ceiling while memory is flat; preemptions
   climbing (or, without them, requests queueing) say which;
 - ``bounded cache``: memory rose significantly, then plateaued (the last part is flat): PASS;
+- ``growth within the floor``: a slope shown above the ceiling, but its fitted rise is within
+  ``soak.memory_floor_mb`` (an allocator step at this soak's length): PASS, saying a longer soak
+  decides;
 - ``healthy``.
 
 A cut-short soak (signal, deadline) is INCOMPLETE, never PASS; a soak whose client fell behind in
@@ -118,10 +121,10 @@ def _series(rows: list[dict[str, Any]], key: str, round_s: float,
     return xs, ys
 
 
-def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Growth | None:
+def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec, floor: float = 0.0) -> Growth | None:
     if len(xs) < 4 or len(set(xs)) < 2:
         return None
-    return growth(xs, ys, ceiling, spec.confidence, spec.last_part)
+    return growth(xs, ys, ceiling, spec.confidence, spec.last_part, floor=floor)
 
 
 def _ci(t: Trend, unit: str) -> str:
@@ -135,7 +138,7 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
     rs = result.plan.round_s
     rows = result.measured
     mx, my = _series(rows, "mem_min_mb", rs)
-    memory = _fit(mx, my, spec.memory_slope_max_mb_per_h, spec)
+    memory = _fit(mx, my, spec.memory_slope_max_mb_per_h, spec, spec.memory_floor_mb)
     memory_why = None
     if memory is None:
         mem = result.samplers.get("server-memory") or {}
@@ -182,6 +185,11 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
             w = f", waiting queue {waiting.slope:+,.1f}/h" if waiting is not None else ""
             why = f"no preemptions: scheduling/placement or contention outside the KV pool{w}"
         expl = f"TTFT p95 rising while {mem_s}; {why}"
+    elif memory is not None and memory.kind == "small":
+        cls = "growth within the floor"
+        expl = (f"retained memory rose {memory.rise:+,.1f} MB over the rounds that showed a slope above the "
+                f"ceiling, within soak.memory_floor_mb {memory.floor:g} MB (one allocator step can be this big): "
+                "not judged a leak at this length; a longer soak decides")
     elif memory is not None and memory.kind == "bounded":
         cls = "bounded cache"
         last = memory.last
@@ -282,8 +290,9 @@ def _undecided(t: Trend, ceiling: float, unit: str, what: str) -> str | None:
 
 def memory_verdict(a: SoakAnalysis) -> Verdict:
     """Retained server memory slope (MB/h) vs ``soak.memory_slope_max_mb_per_h``: FAIL only when
-    the growth is shown (lower confidence bound above the ceiling, Theil-Sen agreeing) and is not a
-    plateau; SKIP with the reason when memory could not be measured."""
+    the growth is shown (lower confidence bound above the ceiling, Theil-Sen agreeing), is not a
+    plateau and its fitted rise exceeds ``soak.memory_floor_mb``; SKIP with the reason when memory
+    could not be measured."""
     gate = "soak/memory"
     pre = _precheck(gate, a)
     if pre:
@@ -301,15 +310,17 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
     g = a.memory
     last = f"; last part {_ci(g.last, 'MB/h')}" if g.last else ""
     head = (f"retained server memory {a.memory_level_mb:,.1f} MB, slope {_ci(g.full, 'MB/h')}{last} over "
-            f"{_what(a)}; ceiling {ceiling:g} MB/h")
+            f"{_what(a)}; ceiling {ceiling:g} MB/h"
+            + (f", floor {g.floor:g} MB (fitted rise {g.rise:+,.1f} MB)" if g.floor else ""))
     tail = f"; {src}{scrapes}{own}"
     slope = round(g.full.slope, 3)
     if g.exceeds:
         return Verdict(gate, FAIL, f"{head} -> FAIL ({a.classification}: {a.explanation}){tail}",
                        measured=slope, limit=ceiling, unit="MB/h", evidence=_evidence(a))
-    label = "bounded cache" if g.kind == "bounded" else (_undecided(g.full, ceiling, "MB/h", "growth") or (
-        "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}"))
-    extra = f": {a.explanation}" if g.kind == "bounded" else ""
+    label = {"bounded": "bounded cache", "small": "growth within the floor"}.get(g.kind) or (
+        _undecided(g.full, ceiling, "MB/h", "growth") or (
+            "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}"))
+    extra = f": {a.explanation}" if g.kind in ("bounded", "small") else ""
     return Verdict(gate, PASS, f"{head} -> PASS ({label}{extra}){tail}", measured=slope, limit=ceiling,
                    unit="MB/h", evidence=_evidence(a))
 
