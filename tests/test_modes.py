@@ -66,6 +66,9 @@ def test_parse_mode_lists_valid_values():
     ("certify", "FAIL", ["FAIL", "SKIP"], ("FAIL", 1)),
     ("record", "INCOMPLETE", ["PASS"], ("INCOMPLETE", 2)),
     ("certify", "ERROR", [], ("ERROR", 4)),
+    ("enforce", "INCONCLUSIVE", ["PASS", "INCONCLUSIVE"], ("INCONCLUSIVE", 9)),
+    ("certify", "INCONCLUSIVE", ["PASS", "INCONCLUSIVE"], ("NOT-CERTIFIED", 7)),  # listed as INVALID
+    ("record", "INCONCLUSIVE", ["INCONCLUSIVE"], ("RECORDED", 0)),
 ])
 def test_decide(mode, final, statuses, want):
     gates = [{"id": f"p/g{i}", "status": s, "message": f"g{i} -> {s}", "skipped_checks": []}
@@ -74,7 +77,8 @@ def test_decide(mode, final, statuses, want):
     assert (out.outcome, out.exit_code) == want
     assert EXIT_CODES[out.outcome] == out.exit_code
     if want[0] == "NOT-CERTIFIED":
-        assert [m["status"] for m in out.not_certified] == [s for s in statuses if s != "PASS"]
+        assert [m["status"] for m in out.not_certified] == [{"INCONCLUSIVE": "INVALID"}.get(s, s) for s in statuses
+                                                            if s != "PASS"]
 
 
 def test_certify_counts_a_skipped_sub_check():

@@ -354,12 +354,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         item.user_properties.extend([("kvgate_verdict", "ERROR"),
                                      ("kvgate_message", run.redactor.text(f"{rep.when}: {text}"))])
     status = run.verdict_status(item.nodeid)
-    if rep.failed and (status in ("INVALID", "INCOMPLETE", "ERROR") or (status == "FAIL" and rep.when == "setup")):
+    if rep.failed and (status in ("INVALID", "INCOMPLETE", "INCONCLUSIVE", "ERROR") or (status == "FAIL" and rep.when == "setup")):
         rep.kvgate_status = status  # pytest's summary counts it as what it is (a setup FAIL: "failed", not "errors")
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
-    """An INVALID (untrusted measurement) or INCOMPLETE (cut short) gate is counted by pytest's
+    """An INVALID (untrusted measurement), INCOMPLETE (cut short) or INCONCLUSIVE (a percentile
+    undecided at its cap) gate is counted by pytest's
     summary line under its own word (``1 invalid``), not as ``failed``: it is not a deployment defect.
     A harness error in a gate's call (no verdict: summary.json's ERROR) is counted under ``errors``
     as one in its setup is, and a FAIL verdict given in the setup (a live gate after the engine hung,
@@ -374,6 +375,8 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
         return "invalid", "I", "INVALID"
     if status == "INCOMPLETE":
         return "incomplete", "C", "INCOMPLETE"
+    if status == "INCONCLUSIVE":
+        return "inconclusive", "U", "INCONCLUSIVE"
     return None
 
 

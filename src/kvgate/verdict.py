@@ -24,13 +24,16 @@ class Status(str, enum.Enum):
     """PASS and FAIL are verdicts on the server; INVALID means the measurement itself cannot be
     trusted (e.g. the client fell behind its schedule); SKIP means the profile does not ask;
     INCOMPLETE means the measurement was cut short (a soak stopped by a signal or its deadline)
-    and is never a PASS."""
+    and is never a PASS; INCONCLUSIVE means a percentile verdict stayed undecided at its sampling
+    cap -- its confidence interval straddles the limit (:mod:`kvgate.confidence`) -- never a PASS,
+    and INVALID in certify mode."""
 
     PASS = "PASS"
     FAIL = "FAIL"
     INVALID = "INVALID"
     SKIP = "SKIP"
     INCOMPLETE = "INCOMPLETE"
+    INCONCLUSIVE = "INCONCLUSIVE"
 
 
 #: Units gates use (free text is allowed; these keep reports consistent).

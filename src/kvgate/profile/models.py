@@ -179,17 +179,35 @@ class LimitsSpec(_Strict):
 
 
 class SLOSpec(_Strict):
-    """Latency targets, milliseconds, at ``concurrency`` concurrent requests."""
+    """Latency targets, milliseconds, at ``concurrency`` concurrent requests.
+
+    Percentile verdicts carry confidence (:mod:`kvgate.confidence`): the first look judges
+    ``requests`` samples; undecided, the gate samples more in planned looks up to ``max_requests``
+    (default 8 x ``requests``) within ``max_duration_s``, each look at ``confidence`` corrected for
+    the number of looks; still undecided is INCONCLUSIVE."""
 
     concurrency: int = Field(default=1, gt=0, description="[requests] concurrent requests the latency targets hold at")
     ttft_p95_ms: float | None = Field(default=None, gt=0, description="[ms] time to first token, p95")
     itl_p95_ms: float | None = Field(default=None, gt=0, description="[ms] inter-token latency, p95")
     e2e_p95_ms: float | None = Field(default=None, gt=0, description="[ms] end-to-end request latency, p95")
     error_rate_max: float = Field(default=0.0, ge=0, le=1, description="[fraction] failed requests allowed")
-    requests: int = Field(default=32, gt=0, description="[requests] measured by the latency-SLO gate")
+    requests: int = Field(default=32, gt=0, description="[requests] measured by the latency-SLO gate (its first look)")
+    confidence: float = Field(
+        default=0.95, gt=0.5, lt=1, description="[fraction] confidence of percentile verdicts: PASS needs the "
+        "one-sided upper order-statistic bound within the limit, FAIL the lower bound above it")
+    max_requests: int | None = Field(
+        default=None, gt=0, description="[requests] sampling cap of an undecided percentile verdict (default 8 x "
+        "requests); still undecided there -> INCONCLUSIVE")
+    max_duration_s: float = Field(
+        default=120.0, gt=0, description="[s] wall-time bound of the extra sampling of one percentile gate")
     workload: str | None = Field(default=None, description="workload whose lengths the latency-SLO gate uses")
     short_ttft_p95_ms: float | None = Field(
         default=None, gt=0, description="[ms] short requests' TTFT p95 while long prefills run (interference gate)")
+
+    @property
+    def request_cap(self) -> int:
+        """``max_requests``, default 8 x ``requests`` (never below ``requests``)."""
+        return max(self.requests, self.max_requests or 8 * self.requests)
 
 
 class TrafficSpec(_Strict):

@@ -47,13 +47,15 @@ SEVERITY = {
 }
 
 #: Allure categories (``categories.json``; Allure 2 format, which Allure 3 reads too). A FAIL's
-#: message is the verdict; kvgate prefixes an INVALID's with ``INVALID: `` and an INCOMPLETE's
-#: with ``INCOMPLETE: `` (see :func:`kvgate.plugin.make_recorder`); harness errors are *broken*.
+#: message is the verdict; kvgate prefixes an INVALID's with ``INVALID: `` an INCOMPLETE's
+#: with ``INCOMPLETE: `` and an INCONCLUSIVE's with ``INCONCLUSIVE: `` (see :func:`kvgate.plugin.make_recorder`); harness errors are *broken*.
 CATEGORIES = [
     {"name": "Deployment defects (FAIL)", "matchedStatuses": ["failed"],
-     "messageRegex": r"^(?!(Failed: )?(INVALID|INCOMPLETE): )[\s\S]*"},
+     "messageRegex": r"^(?!(Failed: )?(INVALID|INCOMPLETE|INCONCLUSIVE): )[\s\S]*"},
     {"name": "Untrusted measurements (INVALID)", "matchedStatuses": ["failed"],
      "messageRegex": r"^(Failed: )?INVALID: [\s\S]*"},
+    {"name": "Undecided percentiles (INCONCLUSIVE)", "matchedStatuses": ["failed"],
+     "messageRegex": r"^(Failed: )?INCONCLUSIVE: [\s\S]*"},
     {"name": "Cut short (INCOMPLETE)", "matchedStatuses": ["failed"],
      "messageRegex": r"^(Failed: )?INCOMPLETE: [\s\S]*"},
     {"name": "Recorded, not enforced (--gate-mode record)", "matchedStatuses": ["skipped"],
@@ -71,6 +73,8 @@ MEANING = {
                "on the deployment; rerun it (see the evidence for why)",
     "SKIP": "not checked",
     "INCOMPLETE": "cut short before it could decide; never a pass",
+    "INCONCLUSIVE": "the percentile's confidence interval still straddles the limit at the sampling cap: neither a "
+                    "pass nor a defect; measure more (slo.max_requests, slo.max_duration_s) or on a quieter host",
 }
 
 #: What to change when a gate FAILs (the description's last line); the message carries the numbers.

@@ -13,7 +13,7 @@ from kvgate.verdict import Status, Verdict
 
 #: Bar colour per status.
 COLOURS = {Status.PASS: "#3b8f5a", Status.FAIL: "#c0392b", Status.INVALID: "#b9770e", Status.SKIP: "#95a5a6",
-           Status.INCOMPLETE: "#7f8c8d"}
+           Status.INCOMPLETE: "#7f8c8d", Status.INCONCLUSIVE: "#8e44ad"}
 
 
 def _pyplot() -> Any:

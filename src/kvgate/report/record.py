@@ -143,7 +143,7 @@ class RunRecord:
 
     def overall(self) -> str:
         """ERROR if the run could not start (:attr:`run_error`); FAIL if any FAIL or ERROR; else
-        INVALID if any INVALID; else NO-SERVER when the live gates it selected had no server
+        INVALID if any INVALID; else INCONCLUSIVE if any INCONCLUSIVE; else NO-SERVER when the live gates it selected had no server
         (:attr:`no_server`); else PASS (SKIPs allowed); NO-GATES when nothing ran."""
         if self.run_error:
             return "ERROR"
@@ -156,6 +156,8 @@ class RunRecord:
             return "FAIL"
         if "INVALID" in statuses:
             return "INVALID"
+        if "INCONCLUSIVE" in statuses:  # a percentile left undecided at its cap: never a PASS
+            return "INCONCLUSIVE"
         if self.no_server:  # only the arithmetic ran: never a PASS
             return "NO-SERVER"
         if statuses <= {"SKIP"}:
@@ -216,7 +218,7 @@ class RunRecord:
             "engine": self.engine,
             **self._mode_fields(gates, running),
             "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
-                       for s in ("PASS", "FAIL", "INVALID", "SKIP", "ERROR")},
+                       for s in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")},
             "gates": gates,
             "skipped_checks": skipped,
         }
@@ -279,7 +281,7 @@ class RunRecord:
             lines.append(f"OVERALL: {self.final_status()} -- outcome {out.outcome} (exit {out.exit_code})")
         else:
             lines.append(f"OVERALL: {self.final_status()}")
-        if self.gate_mode != "enforce" or self.final_status() == "INVALID":
+        if self.gate_mode != "enforce" or self.final_status() in ("INVALID", "INCONCLUSIVE"):
             out = self.outcome()
             lines.append(f"{self.gate_mode} mode: {out.outcome} (exit {out.exit_code}: {out.meaning})")
             lines += [f"  not certified: {m['id']}: {m['check']} {m['status']} ({m['reason']})"

@@ -17,7 +17,7 @@ MASK = "***"
 #: never where it is one of kvgate's own words (:data:`OWN_WORDS`): masking ``PASS`` inside
 #: ``-> PASS`` or ``tiny`` inside ``tiny-cpu`` would corrupt the verdict without hiding anything.
 WHOLE_TOKEN_BELOW = 8
-OWN_WORDS = frozenset({"PASS", "FAIL", "SKIP", "INVALID", "INCOMPLETE", "ERROR", "RUNNING", "RECORDED", "CERTIFIED",
+OWN_WORDS = frozenset({"PASS", "FAIL", "SKIP", "INVALID", "INCOMPLETE", "INCONCLUSIVE", "ERROR", "RUNNING", "RECORDED", "CERTIFIED",
                        "NOT-CERTIFIED", "NO-GATES", "NO-SERVER", "NO-VERDICT", "enforce", "record", "certify"})
 _SECRET_KEYS = re.compile(r"(key|token|secret|password|auth|signature)", re.I)
 _HEADER_RE = re.compile(r"(?i)(authorization|x-api-key|api-key)(\"?\s*[:=]\s*\"?)(bearer\s+)?[^\s\",}']+")

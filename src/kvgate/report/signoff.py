@@ -26,6 +26,8 @@ OVERALL_MEANING = {
     "PASS": "every gate passed (SKIPs listed below were not checked)",
     "FAIL": "at least one gate found a defect in the deployment (or kvgate could not run it): do not roll out",
     "INVALID": "no FAIL, but at least one measurement could not be trusted: rerun before signing",
+    "INCONCLUSIVE": "no FAIL, but at least one percentile could not be decided within its sampling cap (its "
+                    "confidence interval straddles the limit): measure longer or on a quieter host before signing",
     "SKIP": "nothing was checked",
     "INCOMPLETE": "the run was cut short: not every gate ran, so this is no sign-off",
     "ERROR": "the run could not start: nothing was gated",
@@ -56,7 +58,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     profile = summary.get("profile") or "(no profile)"
     endpoint = summary.get("endpoint") or "-"
     counts = summary.get("counts") or {}
-    count_text = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "INVALID", "SKIP", "ERROR"))
+    count_text = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR"))
     launch = summary.get("launch") or {}
     if launch.get("mode") == "embedded":
         where = "embedded vLLM, started by kvgate"

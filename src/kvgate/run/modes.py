@@ -6,13 +6,15 @@
   written as a *profile overlay* (``profile-overlay.yaml`` in the reports dir, ``extends:`` the
   run's profile) that a person reviews and commits (:func:`overlay`).
 - ``certify`` (sign-off): only a run in which every selected gate and every sub-check was made
-  and passed is ``CERTIFIED``; any SKIP, skipped sub-check or INVALID makes it ``NOT-CERTIFIED``
+  and passed is ``CERTIFIED``; any SKIP, skipped sub-check, INVALID or INCONCLUSIVE (counted as
+  INVALID: an undecided percentile certifies nothing) makes it ``NOT-CERTIFIED``
   and :func:`decide` lists which (``summary.json`` ``not_certified``).
 
 Exit codes (:data:`EXIT_CODES`; README "Exit codes"; ``summary.json`` ``exit_code``): 0 pass,
 1 a gate failed, 2 interrupted / incomplete, 4 usage error (bad option, profile, unreachable
 endpoint), 5 no gate selected, 6 INVALID only (no gate failed, a measurement cannot be trusted),
-7 not certified (certify mode: something was skipped), 8 no server (the live gates selected could
+7 not certified (certify mode: something was skipped), 9 INCONCLUSIVE only (no gate failed or
+was INVALID; a percentile verdict stayed undecided at its sampling cap), 8 no server (the live gates selected could
 not run here: the launcher is unavailable; only the arithmetic was gated). 2, 4 and 5 are
 pytest's own codes.
 """
@@ -40,6 +42,7 @@ EXIT_CODES = {
     "NO-GATES": 5,
     "INVALID": 6,
     "NOT-CERTIFIED": 7,
+    "INCONCLUSIVE": 9,
     "NO-SERVER": 8,
 }
 #: outcome -> what it means, in summary.json ``exit_meaning`` (by outcome, not by exit code: a
@@ -50,6 +53,7 @@ OUTCOME_MEANING = {
     "CERTIFIED": "certified: every selected gate and check was made and passed",
     "FAIL": "a gate failed", "INCOMPLETE": "interrupted or incomplete", "ERROR": "usage error (nothing was gated)",
     "NO-GATES": "no gate selected", "INVALID": "INVALID only: no gate failed, a measurement cannot be trusted",
+    "INCONCLUSIVE": "INCONCLUSIVE only: no gate failed or was INVALID; a percentile stayed undecided at its sampling cap",
     "NOT-CERTIFIED": "not certified: a gate or check was skipped or INVALID (certify mode)",
     "NO-SERVER": "no server: the live gates could not run here (the launcher is unavailable); only the "
                  "arithmetic was gated",
@@ -62,6 +66,7 @@ EXIT_MEANING = {
     6: "INVALID only: no gate failed, a measurement cannot be trusted",
     7: "not certified: a gate or check was skipped or INVALID (certify mode)",
     8: "no server: the live gates could not run (launcher unavailable here)",
+    9: "INCONCLUSIVE only: no gate failed or was INVALID; a percentile stayed undecided at its sampling cap",
 }
 
 
@@ -116,8 +121,8 @@ def decide(mode: str, final_status: str, gates: Iterable[dict[str, Any]]) -> Out
     if mode == "certify":
         missing: list[dict[str, Any]] = []
         for g in gates:
-            if g["status"] in ("SKIP", "INVALID"):
-                missing.append({"id": g["id"], "check": g["id"], "status": g["status"],
+            if g["status"] in ("SKIP", "INVALID", "INCONCLUSIVE"):
+                missing.append({"id": g["id"], "check": g["id"], "status": "SKIP" if g["status"] == "SKIP" else "INVALID",
                                 "reason": g.get("message", "")})
             for s in g.get("skipped_checks", ()):
                 missing.append({"id": g["id"], "check": s["check"], "status": "SKIP", "reason": s["reason"]})

@@ -346,7 +346,8 @@ class Run:
                     attach_png(name, body)
                 else:
                     attach_text(name, body, red, "csv" if name.endswith(".csv") else "text")
-            if self.record.gate_mode == "record" and verdict.status in (Status.FAIL, Status.INVALID):
+            if self.record.gate_mode == "record" and verdict.status in (Status.FAIL, Status.INVALID,
+                                                                       Status.INCONCLUSIVE):
                 # calibration: the value is recorded (summary, overlay), the run is not failed by it
                 pytest.xfail(f"record mode, not enforced: {verdict.status.value}: " + red.text(verdict.message))
             if verdict.status is Status.FAIL:
@@ -355,6 +356,8 @@ class Run:
                 pytest.fail("INVALID: " + red.text(verdict.message), pytrace=False)
             if verdict.status is Status.INCOMPLETE:
                 pytest.fail("INCOMPLETE: " + red.text(verdict.message), pytrace=False)
+            if verdict.status is Status.INCONCLUSIVE:
+                pytest.fail("INCONCLUSIVE: " + red.text(verdict.message), pytrace=False)
             if verdict.status is Status.SKIP:
                 pytest.skip(red.text(verdict.message))
             return verdict
@@ -392,7 +395,7 @@ class Run:
         except OSError:
             pass
         if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-            # the gate mode decides: 6 INVALID only, 7 not certified, 8 no server, 0 recorded (kvgate.run.modes)
+            # the gate mode decides: 6 INVALID only, 9 INCONCLUSIVE only, 7 not certified, 8 no server, 0 recorded (kvgate.run.modes)
             session.exitstatus = self.record.outcome().exit_code
 
     def _write_overlay(self) -> Path:

@@ -1,0 +1,294 @@
+"""Percentile verdicts with statistical confidence: distribution-free order-statistic bounds and a
+bounded sequential sampling rule.
+
+**The bound.** Of ``n`` independent samples, the number at or below the true ``q``-quantile
+``x_q`` is Binomial(n, q) whatever the distribution. So the ``k``-th smallest sample ``X(k)`` is
+at or above ``x_q`` with probability ``P(Bin(n, q) <= k - 1)``; the *upper* bound at level
+``c`` is ``X(k)`` for the smallest ``k`` with ``P(Bin(n, q) <= k - 1) >= c`` (none when even
+``k = n`` is not enough). Likewise the *lower* bound is ``X(j)`` for the largest ``j`` with
+``P(Bin(n, q) >= j) >= c``. Both are one-sided at level ``c`` (each side errs with probability at
+most ``1 - c``; together a ``2c - 1`` two-sided interval), as MLPerf Inference's early-stopping
+criterion uses the one-sided binomial bound for its server scenario's latency percentile.
+Numbers (``q`` = 0.95, ``c`` = 0.95): with 32 samples no upper bound exists (PASS is
+impossible); 59 samples with no exceedance PASS (``0.95**59 = 0.048``); 100 allow one
+exceedance, 300 allow eight (:func:`min_samples_to_pass`, tests/test_confidence.py).
+
+**The verdict** (:func:`judge`): PASS when the upper bound is within the limit, FAIL when the
+lower bound is above it, otherwise UNDECIDED -- the gate samples more, and a gate still undecided
+at its cap says INCONCLUSIVE (:attr:`kvgate.verdict.Status.INCONCLUSIVE`) with the numbers.
+
+**Sequential looks** (:func:`plan_looks`, :func:`sample_until_decided`): judging after every
+batch and stopping at the first decision would err more often than ``1 - c`` (optional
+stopping). The looks are planned up front (sample sizes ``n_1 < n_2 < ... <= cap``) and each is
+judged at ``1 - (1 - c) / K`` for ``K`` looks (Bonferroni: the overall error of a wrong PASS, or of
+a wrong FAIL, stays within ``1 - c``). The point estimate is numpy's linear-interpolated
+percentile (:func:`kvgate.stats.percentile`).
+
+Samples must be roughly independent: TTFT and e2e per request are; pooled inter-token gaps are
+correlated within a request, so an ITL bound from them is optimistic (gates that judge ITL say so).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from scipy import stats as _st
+
+from kvgate.stats import percentile
+
+PASS, FAIL, UNDECIDED = "PASS", "FAIL", "UNDECIDED"
+
+#: Default confidence level of percentile verdicts (profile ``slo.confidence``).
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _check(n: int, q: float, confidence: float) -> None:
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not 0 < q < 1:
+        raise ValueError(f"q must be a fraction in (0, 1), got {q!r} (p95 is q=0.95)")
+    if not 0.5 < confidence < 1:
+        raise ValueError(f"confidence must be in (0.5, 1), got {confidence!r}")
+
+
+def upper_rank(n: int, q: float, confidence: float = DEFAULT_CONFIDENCE) -> int | None:
+    """1-based rank ``k`` of the order statistic that bounds the ``q``-quantile from above at
+    ``confidence`` among ``n`` samples (smallest ``k`` with ``P(Bin(n, q) <= k - 1) >= confidence``),
+    or None when no sample rank is high enough (too few samples: PASS impossible). Raises
+    ValueError on ``n < 0`` or ``q``/``confidence`` out of range."""
+    _check(n, q, confidence)
+    if n == 0:
+        return None
+    k = int(_st.binom.ppf(confidence, n, q)) + 1  # smallest m with cdf(m) >= c, as a rank m + 1
+    while k > 1 and _st.binom.cdf(k - 2, n, q) >= confidence:  # guard ppf's float edge
+        k -= 1
+    while k <= n and _st.binom.cdf(k - 1, n, q) < confidence:
+        k += 1
+    return k if k <= n else None
+
+
+def lower_rank(n: int, q: float, confidence: float = DEFAULT_CONFIDENCE) -> int | None:
+    """1-based rank ``j`` of the order statistic that bounds the ``q``-quantile from below at
+    ``confidence`` (largest ``j`` with ``P(Bin(n, q) >= j) >= confidence``), or None when even the
+    smallest sample is not a bound. Raises ValueError like :func:`upper_rank`."""
+    _check(n, q, confidence)
+    if n == 0:
+        return None
+    j = n
+    while j >= 1 and _st.binom.sf(j - 1, n, q) < confidence:  # sf(j - 1) = P(Bin >= j)
+        j -= 1
+    return j if j >= 1 else None
+
+
+def max_exceedances(n: int, q: float, confidence: float = DEFAULT_CONFIDENCE) -> int | None:
+    """How many of ``n`` samples may lie above the limit while the upper bound still holds it
+    (``n - upper_rank``); None when no PASS is possible at ``n``."""
+    k = upper_rank(n, q, confidence)
+    return None if k is None else n - k
+
+
+def min_samples_to_pass(q: float, confidence: float = DEFAULT_CONFIDENCE, exceedances: int = 0) -> int:
+    """The fewest samples with which a PASS is possible with ``exceedances`` samples over the
+    limit (0: ``ceil(log(1 - c) / log(q))``, 59 at p95/95%). Raises ValueError like :func:`upper_rank`."""
+    _check(1, q, confidence)
+    n = max(1, exceedances + 1)
+    if exceedances == 0:
+        n = max(1, math.ceil(math.log(1 - confidence) / math.log(q) - 1e-12))
+    while (m := max_exceedances(n, q, confidence)) is None or m < exceedances:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class PercentileBound:
+    """The ``q``-quantile (fraction: 0.95 = p95) of ``n`` samples: ``point`` (interpolated
+    percentile), ``lower``/``upper`` one-sided bounds at ``confidence`` (None: no order statistic
+    is a bound at this ``n``), their 1-based ranks, and ``exceed`` = samples above ``limit``
+    (when judged). Values are in the caller's unit (ms throughout kvgate)."""
+
+    q: float
+    n: int
+    point: float | None
+    lower: float | None
+    upper: float | None
+    confidence: float
+    lower_rank: int | None
+    upper_rank: int | None
+
+    @property
+    def label(self) -> str:
+        """``p95`` (``p99.9`` for fractional percentiles)."""
+        return f"p{self.q * 100:g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"q": self.q, "n": self.n, "point": self.point, "lower": self.lower, "upper": self.upper,
+                "confidence": self.confidence, "lower_rank": self.lower_rank, "upper_rank": self.upper_rank,
+                "method": "order statistics, exact binomial, one-sided"}
+
+
+def bound(values: Sequence[float], q: float, confidence: float = DEFAULT_CONFIDENCE) -> PercentileBound:
+    """:class:`PercentileBound` of ``values`` (any unit). Raises ValueError like :func:`upper_rank`."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    _check(n, q, confidence)
+    k, j = upper_rank(n, q, confidence), lower_rank(n, q, confidence)
+    return PercentileBound(q, n, percentile(xs, q * 100) if n else None, xs[j - 1] if j else None,
+                           xs[k - 1] if k else None, confidence, j, k)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A percentile against its limit: ``decision`` PASS (upper bound <= limit), FAIL (lower bound
+    > limit) or UNDECIDED; ``exceed``: samples above the limit."""
+
+    bound: PercentileBound
+    limit: float
+    decision: str
+    exceed: int
+
+    def text(self, what: str, unit: str = "ms", final: bool = True) -> str:
+        """The verdict clause, e.g. ``TTFT p95 412 ms, 95% upper bound 468 ms (n=120) <= 500 ms -> PASS``;
+        FAIL cites the lower bound; UNDECIDED both (``-> INCONCLUSIVE`` when ``final``, else ``-> undecided``)."""
+        b = self.bound
+        c = f"{b.confidence * 100:.4g}%"
+        pt = "n/a" if b.point is None else f"{b.point:,.0f} {unit}"
+        head = f"{what} {b.label} {pt}"
+        if self.decision == PASS:
+            return f"{head}, {c} upper bound {b.upper:,.0f} {unit} (n={b.n}) <= {self.limit:,.0f} {unit} -> PASS"
+        if self.decision == FAIL:
+            return (f"{head}, {c} lower bound {b.lower:,.0f} {unit} (n={b.n}; {self.exceed} over) > "
+                    f"{self.limit:,.0f} {unit} -> FAIL")
+        lo = "none" if b.lower is None else f"{b.lower:,.0f} {unit}"
+        hi = (f"none (fewer than {min_samples_to_pass(b.q, b.confidence)} samples: no PASS possible)"
+              if b.upper is None else f"{b.upper:,.0f} {unit}")
+        return (f"{head}, {c} bounds {lo}..{hi} (n={b.n}; {self.exceed} over) straddle {self.limit:,.0f} {unit} -> "
+                f"{'INCONCLUSIVE' if final else 'undecided'}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.bound.to_dict(), "limit": self.limit, "decision": self.decision, "exceed": self.exceed}
+
+
+def judge(values: Sequence[float], q: float, limit: float, confidence: float = DEFAULT_CONFIDENCE) -> Judgement:
+    """Judge the ``q``-quantile of ``values`` against ``limit`` (same unit) at ``confidence``."""
+    b = bound(values, q, confidence)
+    exceed = sum(1 for v in values if v > limit)
+    if b.upper is not None and b.upper <= limit:
+        d = PASS
+    elif b.lower is not None and b.lower > limit:
+        d = FAIL
+    else:
+        d = UNDECIDED
+    return Judgement(b, limit, d, exceed)
+
+
+@dataclass(frozen=True)
+class LookPlan:
+    """Planned looks: cumulative sample sizes ``looks`` (ascending, the last = the cap), each
+    judged at ``per_look`` = ``1 - (1 - confidence) / len(looks)``; ``max_s``: wall-time bound of the
+    whole sampling (seconds; None = unbounded, for synthetic tests)."""
+
+    looks: tuple[int, ...]
+    confidence: float
+    per_look: float
+    max_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"looks": list(self.looks), "confidence": self.confidence, "per_look_confidence": self.per_look,
+                "max_s": self.max_s, "correction": "Bonferroni over the planned looks"}
+
+
+def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFIDENCE, max_looks: int = 4,
+               max_s: float | None = None) -> LookPlan:
+    """Looks from ``first`` samples up to ``cap``: the first at ``first``; then the smallest size at
+    which a PASS with no exceedance is possible at the per-look level (when above ``first``);
+    then doubling; always ending at ``cap``; at most ``max_looks``. ``first >= cap`` gives one
+    look at ``first``. Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
+    if first < 1 or max_looks < 1:
+        raise ValueError(f"first and max_looks must be >= 1, got {first}, {max_looks}")
+    cap = max(cap, first)
+    k, best = 1, None
+    for _ in range(2 * max_looks + 2):
+        per = 1 - (1 - confidence) / k
+        looks = [first]
+        need = min_samples_to_pass(q, per)
+        if need > looks[-1]:
+            looks.append(min(need, cap))
+        while looks[-1] < cap and len(looks) < max_looks:
+            looks.append(min(cap, 2 * looks[-1]))
+        if looks[-1] < cap:
+            looks[-1] = cap
+        looks = sorted(set(looks))
+        if len(looks) <= k:  # judged at least as strictly as its number of looks needs
+            best = LookPlan(tuple(looks), confidence, per, max_s)
+            if len(looks) == k:
+                return best
+        k = len(looks) if best is None else k - 1
+        if best is not None and k < len(best.looks):
+            return best
+    assert best is not None
+    return best
+
+
+@dataclass
+class Sampling:
+    """What :func:`sample_until_decided` did: the ``plan``, per look ``{"n", "decisions", "t_s"}``,
+    the final ``decisions`` (metric -> PASS/FAIL/UNDECIDED), ``n`` samples taken, ``why_stopped``
+    (``decided``, ``cap``, ``time`` -- the plan's ``max_s`` ran out -- or ``source`` -- ``take`` had
+    no more), ``wall_s``."""
+
+    plan: LookPlan
+    history: list[dict[str, Any]] = field(default_factory=list)
+    decisions: dict[str, str] = field(default_factory=dict)
+    n: int = 0
+    why_stopped: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def final(self) -> bool:
+        """True when stopping left something undecided at the cap or the time bound: INCONCLUSIVE."""
+        return any(d == UNDECIDED for d in self.decisions.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "history": self.history, "decisions": self.decisions, "n": self.n,
+                "why_stopped": self.why_stopped, "wall_s": self.wall_s}
+
+
+def sample_until_decided(plan: LookPlan, take: Callable[[int, float | None], int],
+                         decide: Callable[[float], dict[str, str]],
+                         clock: Callable[[], float] = time.monotonic) -> Sampling:
+    """Drive the looks: ``take(k, seconds_left)`` adds ``k`` more samples (returns how many it
+    added; fewer = it ran out of time or source), then ``decide(per_look_confidence)`` judges all
+    samples so far, returning metric -> PASS/FAIL/UNDECIDED. Stops at the first look where nothing
+    is UNDECIDED, or when the cap, the time bound or the source is reached. Time and sampling are
+    injected (no sleeping here)."""
+    s = Sampling(plan)
+    t0 = clock()
+    for target in plan.looks:
+        left = None if plan.max_s is None else plan.max_s - (clock() - t0)
+        if left is not None and left <= 0:
+            s.why_stopped = "time"
+            break
+        want = target - s.n
+        got = take(want, left) if want > 0 else 0
+        s.n += got
+        s.decisions = decide(plan.per_look)
+        s.history.append({"n": s.n, "decisions": dict(s.decisions), "t_s": round(clock() - t0, 3)})
+        if not any(d == UNDECIDED for d in s.decisions.values()):
+            s.why_stopped = "decided"
+            break
+        if got < want:
+            s.why_stopped = "time" if plan.max_s is not None and clock() - t0 >= plan.max_s else "source"
+            break
+    else:
+        s.why_stopped = "cap"
+    s.wall_s = round(clock() - t0, 3)
+    return s
+
+
+__all__ = [
+    "DEFAULT_CONFIDENCE", "FAIL", "Judgement", "LookPlan", "PASS", "PercentileBound", "Sampling", "UNDECIDED", "bound",
+    "judge", "lower_rank", "max_exceedances", "min_samples_to_pass", "plan_looks", "sample_until_decided", "upper_rank",
+]

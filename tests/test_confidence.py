@@ -1,0 +1,65 @@
+"""Order-statistic bounds of a percentile (exact binomial) and the planned looks: the numbers the
+gates' confidence rests on, checked against hand-computed binomial tails."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvgate.confidence import (FAIL, PASS, UNDECIDED, judge, lower_rank, max_exceedances, min_samples_to_pass,
+                               plan_looks, sample_until_decided, upper_rank)
+
+
+def test_with_32_samples_no_p95_pass_is_possible_and_59_without_exceedance_pass():
+    assert upper_rank(32, 0.95) is None  # 1 - 0.95**32 = 0.81 < 0.95: even the largest is no bound
+    assert min_samples_to_pass(0.95) == 59  # 0.95**59 = 0.0485 <= 0.05 < 0.95**58 = 0.0510
+    assert upper_rank(59, 0.95) == 59 and upper_rank(58, 0.95) is None
+    assert judge([100.0] * 59, 0.95, 100.0).decision == PASS
+    assert judge([100.0] * 32, 0.95, 1e9).decision == UNDECIDED  # however fast: the data cannot say
+    assert "no PASS possible" in judge([100.0] * 32, 0.95, 1e9).text("TTFT")
+
+
+def test_exceedances_allowed_grow_with_n_as_the_binomial_says():
+    assert [max_exceedances(n, 0.95) for n in (59, 100, 300)] == [0, 1, 8]
+    # 100 samples: P(Bin(100, .95) <= 98) = 1 - .95**100 - 100 * .05 * .95**99 = 0.963 >= 0.95
+    assert upper_rank(100, 0.95) == 99
+    assert lower_rank(32, 0.95) == 28  # P(Bin(32, .95) >= 28) = 0.96; >= 29: 0.92
+
+
+def test_the_verdict_text_names_n_the_point_the_bound_and_the_limit():
+    rng = np.random.default_rng(0)
+    v = list(rng.lognormal(6.0, 0.3, 120))
+    ok = judge(v, 0.95, 800.0)
+    assert ok.decision == PASS and ok.text("TTFT").startswith("TTFT p95 650 ms, 95% upper bound 726 ms (n=120) <= 800 ms")
+    bad = judge(v, 0.95, 500.0)
+    assert bad.decision == FAIL and "95% lower bound 625 ms (n=120; 31 over) > 500 ms -> FAIL" in bad.text("TTFT")
+
+
+def test_looks_are_planned_up_front_and_judged_at_a_corrected_level():
+    p = plan_looks(32, 256, 0.95)
+    assert p.looks == (32, 86, 172, 256) and p.per_look == pytest.approx(1 - 0.05 / 4)
+    assert min_samples_to_pass(0.95, p.per_look) == 86  # the second look is the first that can PASS
+    assert plan_looks(100, 100, 0.95).looks == (100,) and plan_looks(100, 100, 0.95).per_look == 0.95
+    with pytest.raises(ValueError):
+        plan_looks(0, 10, 0.95)
+
+
+def test_sampling_stops_at_the_first_decided_look_and_at_the_time_bound():
+    t = [0.0]
+    clock = lambda: t[0]  # noqa: E731 -- injected clock, advanced by the take callback
+    values: list[float] = []
+
+    def take(k, left):  # 0.1 s per sample; stops when the time left runs out, as a load runner does
+        k = k if left is None else min(k, int(left / 0.1 + 1e-9))
+        values.extend([10.0] * k)
+        t[0] += k * 0.1
+        return k
+
+    s = sample_until_decided(plan_looks(32, 256, 0.95), take, lambda c: {"x": judge(values, 0.95, 20.0, c).decision},
+                             clock)
+    assert (s.n, s.why_stopped, s.decisions) == (86, "decided", {"x": PASS}) and len(s.history) == 2
+    values.clear()
+    t[0] = 0.0
+    timed = plan_looks(32, 256, 0.95, max_s=5.0)
+    s = sample_until_decided(timed, take, lambda c: {"x": judge(values, 0.95, 20.0, c).decision}, clock)
+    assert s.why_stopped == "time" and s.final and s.n == 50  # 32 x 0.1 s, then 18 more in the 1.8 s left
