@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvgate.confidence import (FAIL, PASS, UNDECIDED, judge, lower_rank, max_exceedances, min_samples_to_pass,
+from kvgate.stats.confidence import (FAIL, PASS, UNDECIDED, judge, lower_rank, max_exceedances, min_samples_to_pass,
                                plan_looks, sample_until_decided, upper_rank)
 
 

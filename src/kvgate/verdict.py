@@ -25,7 +25,7 @@ class Status(str, enum.Enum):
     trusted (e.g. the client fell behind its schedule); SKIP means the profile does not ask;
     INCOMPLETE means the measurement was cut short (a soak stopped by a signal or its deadline)
     and is never a PASS; INCONCLUSIVE means a percentile verdict stayed undecided at its sampling
-    cap -- its confidence interval straddles the limit (:mod:`kvgate.confidence`) -- never a PASS,
+    cap -- its confidence interval straddles the limit (:mod:`kvgate.stats.confidence`) -- never a PASS,
     and INVALID in certify mode."""
 
     PASS = "PASS"

@@ -181,7 +181,7 @@ class LimitsSpec(_Strict):
 class SLOSpec(_Strict):
     """Latency targets, milliseconds, at ``concurrency`` concurrent requests.
 
-    Percentile verdicts carry confidence (:mod:`kvgate.confidence`): the first look judges
+    Percentile verdicts carry confidence (:mod:`kvgate.stats.confidence`): the first look judges
     ``requests`` samples; undecided, the gate samples more in planned looks up to ``max_requests``
     (default 8 x ``requests``) within ``max_duration_s``, each look at ``confidence`` corrected for
     the number of looks; still undecided is INCONCLUSIVE."""

@@ -58,7 +58,8 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     profile = summary.get("profile") or "(no profile)"
     endpoint = summary.get("endpoint") or "-"
     counts = summary.get("counts") or {}
-    count_text = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR"))
+    count_text = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")
+                           if k != "INCONCLUSIVE" or counts.get(k))
     launch = summary.get("launch") or {}
     if launch.get("mode") == "embedded":
         where = "embedded vLLM, started by kvgate"

@@ -9,6 +9,8 @@ Per request (from a :class:`kvgate.load.RequestRecord`, all in seconds):
 - **e2e** = ``end_s - sent_s`` (response complete).
 
 :func:`summarize` pools them over requests into p50/p95/p99/mean/max **in milliseconds**.
+:mod:`kvgate.stats.confidence` bounds a percentile from order statistics (exact binomial) and
+plans the sequential looks of the percentile gates.
 :func:`linear_fit` gives a least-squares slope with a two-sided confidence interval (scipy's t
 quantile when scipy is installed, else a built-in t table for 90/95/99 %), for soak rounds.
 
