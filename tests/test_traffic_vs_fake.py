@@ -133,4 +133,5 @@ def test_an_undecided_latency_slo_makes_the_run_inconclusive_and_certify_not_cer
         cert, csum, _ = run_load(pytester, fake.url, profile, "-k", "latency_slo", "--gate-mode", "certify", full=True)
     assert cert.ret == 7, cert.stdout.str()[-2000:]
     assert csum["outcome"] == "NOT-CERTIFIED"
-    assert "fake-vllm-replay/latency/slo fake-vllm-replay/latency/slo INVALID" in cert.stdout.str(), cert.stdout.str()[-2000:]
+    assert "not certified: fake-vllm-replay/latency/slo: fake-vllm-replay/latency/slo INVALID (replayed 20 of 20" \
+        in cert.stdout.str(), cert.stdout.str()[-2000:]

@@ -433,7 +433,8 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
             share = bursts[label] = burst_share(recs, window, _over_slo(recs, key, j.limit))
             if share["concentrated"]:
                 text += f"; {_burst_text(window, share)}"
-        (problems if j.decision == C_FAIL else undecided if j.decision == UNDECIDED else parts).append(text)
+        (problems if j.decision == C_FAIL else undecided if j.decision == UNDECIDED else parts).append(
+            j.text(_WHAT[label], final=False) if j.decision == UNDECIDED else text)
         checks.append(Verdict(f"{gate}.{label} p95", _STATUS[j.decision], j.text(_WHAT[label]), measured=j.bound.point,
                               limit=j.limit, unit="ms", evidence=j.to_dict()))
     rate = s["error_rate"]
@@ -477,6 +478,7 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
         short = ("; the traffic sample ran out before the percentiles were decided (replay more requests: "
                  "a larger sample or traffic.max_requests)" if sampling is not None and sampling.why_stopped == "source"
                  else "")
+        undecided = [u.replace("-> undecided", "-> INCONCLUSIVE") for u in undecided]
         return Verdict(gate, Status.INCONCLUSIVE, f"{what}: " + "; ".join(undecided + parts) +
                        f"{tail}{looks}{short} -> INCONCLUSIVE", evidence=ev, **shown)
     return Verdict(gate, PASS, f"{what}: " + "; ".join(parts) + f"{tail}{looks} -> PASS", evidence=ev, **shown)
