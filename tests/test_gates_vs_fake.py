@@ -213,7 +213,9 @@ def test_slow_server_fails_latency_slo(pytester):
     with FakeVLLM(FakeConfig(max_tokens_cap=64, ttft_s=0.6)) as fake:
         _, _, gates = run_suites(pytester, fake.url, "-k", "latency_slo", suites=LOAD)
     g = gates["fake-vllm/latency/slo"]
-    assert g["status"] == "FAIL" and "TTFT p95" in g["message"] and "> SLO 500 ms" in g["message"]
+    # every stream silent past the 0.2 s idle timeout: the error rate FAILs at the first look (no more sampling)
+    assert g["status"] == "FAIL" and "error rate 100.0% > 0.0%" in g["message"], g["message"]
+    assert "TTFT p95 n/a" in g["message"] and "-> undecided" in g["message"] and "stopped: decided" in g["message"]
 
 
 def test_server_without_metrics_degrades_to_client_evidence(pytester):

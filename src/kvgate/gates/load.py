@@ -19,9 +19,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from kvgate.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge
 from kvgate.profile.models import Profile
+from kvgate.load.sampling import SLO_METRICS, judge_slo, slo_samples
 from kvgate.load.scenarios import LoadObservation, ScenarioError, Traffic, long_workload, short_workload
-from kvgate.stats import request_metrics, summarize
+from kvgate.stats import percentile, request_metrics, summarize
 from kvgate.traffic.sample import BYTES_PER_TOKEN
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
@@ -349,12 +351,51 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
                    evidence=ev, parts=tuple(parts))
 
 
-SLO_FIELDS = (("ttft_ms", "ttft_p95_ms", "TTFT"), ("itl_ms", "itl_p95_ms", "ITL"), ("e2e_ms", "e2e_p95_ms", "e2e"))
+SLO_FIELDS = SLO_METRICS
+#: The wording of each judged metric in a verdict (ITL is judged per request: see latency_verdict).
+_WHAT = {"TTFT": "TTFT", "ITL": "per-request ITL", "e2e": "e2e"}
+_STATUS = {C_PASS: PASS, C_FAIL: FAIL, UNDECIDED: Status.INCONCLUSIVE}
+
+
+def _one_look(n: int, confidence: float) -> LookPlan:
+    return LookPlan((max(1, n),), confidence, confidence)
+
+
+def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: int | None = None) -> str:
+    """How the percentile was sampled, for a verdict: ``looks planned at 32/86/172/256 requests
+    (each at 98.75%: 95% over 4 looks); took 2 (n=86); stopped: decided``. ``why_stopped``: decided,
+    the cap, the time bound (``slo.max_duration_s``) or the source (a traffic sample with only
+    ``source_n`` requests). Empty without ``sampling`` (a single fixed-size run)."""
+    if sampling is None:
+        return ""
+    p = sampling.plan
+    why = {"decided": "decided", "cap": f"the cap ({p.looks[-1]:,} {unit}) reached",
+           "time": f"the time bound ({p.max_s:g} s, slo.max_duration_s) reached",
+           "source": (f"the traffic sample had only {source_n:,} requests" if source_n is not None
+                      else "a batch ran into its deadline")}.get(sampling.why_stopped, sampling.why_stopped or "?")
+    return (f"looks planned at {'/'.join(f'{n:,}' for n in p.looks)} {unit} (each at {p.per_look * 100:.4g}%: "
+            f"{p.confidence * 100:.4g}% over {len(p.looks)} look{'s' if len(p.looks) != 1 else ''}); took "
+            f"{len(sampling.history)} (n={sampling.n:,}); stopped: {why}")
 
 
 def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
-    """TTFT, ITL and e2e p95 (ms) at ``slo.concurrency`` within the profile's ``slo``; error rate
-    within ``slo.error_rate_max``. p50/p95/p99 all recorded.
+    """TTFT, ITL and e2e p95 (ms) at ``slo.concurrency`` judged with confidence
+    (:func:`kvgate.confidence.judge`) against ``slo.*_p95_ms``; error rate within ``slo.error_rate_max``.
+
+    Each metric's p95 PASSes when its upper order-statistic bound (one-sided, exact binomial) is
+    within the limit, FAILs when its lower bound is above it, else is undecided -- at the
+    per-look level of the looks the scenario took (``obs.sampling``,
+    :func:`kvgate.load.scenarios.run_latency`; without it, one look at ``slo.confidence``). The
+    gate PASSes when every SLO'd metric PASSes and the error rate holds, FAILs when any FAILs or
+    errors exceed, and is INCONCLUSIVE otherwise (sampling reached its cap, time bound or the end
+    of a traffic sample undecided). The message gives per metric the sample size, the p95, the
+    bound used and the limit, then the looks and why sampling stopped.
+
+    ITL is judged per request (one sample per request: its own p95 inter-token gap,
+    :func:`kvgate.load.sampling.slo_samples`), not on pooled gaps: a request's gaps are correlated
+    (a prefill stalls every running stream at once), so a bound over pooled gaps would count
+    gaps as independent samples and be optimistic; per request, ``n`` is honest. The pooled gap
+    percentiles stay in the evidence (``summary.itl_ms``). TTFT and e2e are per request anyway.
 
     A replayed traffic sample (``obs.traffic``): FAIL before anything was sent when it does not fit
     (:func:`overlong_verdict`); the message says what was replayed (:func:`replay_text`) and the
@@ -370,62 +411,77 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     slo = profile.slo
     t = obs.traffic
     recs = obs.result.records
+    sampling = obs.sampling
+    level = sampling.plan.per_look if sampling is not None else slo.confidence
+    judged = judge_slo(recs, slo, level)
+    xs = slo_samples(recs)
     window = busiest_window([r.scheduled_s for r in recs]) if t is not None and t.plan.mode == "open" else None
     bursts: dict[str, Any] = {}
-    parts, problems = [], []
+    parts, problems, undecided = [], [], []
+    checks = []
     for key, field_name, label in SLO_FIELDS:
-        p95 = s[key]["p95"]
-        limit = getattr(slo, field_name)
-        shown = "n/a" if p95 is None else f"{p95:,.0f} ms"
-        if limit is None:
-            parts.append(f"{label} p95 {shown} (no SLO)")
+        j = judged.get(label)
+        if j is None:
+            p95 = s[key]["p95"] if key != "itl_ms" else (percentile(xs[key], 95) if xs[key] else None)
+            shown = "n/a" if p95 is None else f"{p95:,.0f} ms"
+            parts.append(f"{_WHAT[label]} p95 {shown} (no SLO)")
+            checks.append(Verdict(f"{gate}.{label} p95", SKIP, f"no SLO for {label} p95 (slo.{field_name})",
+                                  measured=p95, unit="ms"))
             continue
-        parts.append(f"{label} p95 {shown} (SLO {limit:,.0f})")
-        if p95 is None or p95 > limit:
-            problem = f"{label} p95 {shown} > SLO {limit:,.0f} ms"
-            if window is not None and window["burst"]:
-                share = bursts[label] = burst_share(recs, window, _over_slo(recs, key, limit))
-                if share["concentrated"]:
-                    problem += f"; {_burst_text(window, share)}"
-            problems.append(problem)
+        text = j.text(_WHAT[label])
+        if j.decision == C_FAIL and window is not None and window["burst"]:
+            share = bursts[label] = burst_share(recs, window, _over_slo(recs, key, j.limit))
+            if share["concentrated"]:
+                text += f"; {_burst_text(window, share)}"
+        (problems if j.decision == C_FAIL else undecided if j.decision == UNDECIDED else parts).append(
+            j.text(_WHAT[label], final=False) if j.decision == UNDECIDED else text)
+        checks.append(Verdict(f"{gate}.{label} p95", _STATUS[j.decision], j.text(_WHAT[label]), measured=j.bound.point,
+                              limit=j.limit, unit="ms", evidence=j.to_dict()))
     rate = s["error_rate"]
-    parts.append(f"errors {s['errors']}/{s['requests']} (max rate {slo.error_rate_max:g})")
+    errs = f"errors {s['errors']}/{s['requests']} (max rate {slo.error_rate_max:g})"
     if rate > slo.error_rate_max:
         problems.append(f"error rate {rate:.1%} > {slo.error_rate_max:.1%} ({s['error_samples'][:2]})")
+    else:
+        parts.append(errs)
+    good = rate <= slo.error_rate_max
+    checks.append(Verdict(f"{gate}.error rate", PASS if good else FAIL, f"error rate {rate:.1%}; max "
+                          f"{slo.error_rate_max:.1%} -> {'PASS' if good else 'FAIL'}", measured=rate,
+                          limit=slo.error_rate_max, unit="ratio"))
     what = f"{s['requests']} requests ({obs.prompt_tokens:,}+{obs.output_tokens} tokens) at concurrency {obs.concurrency}"
-    ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport}
+    ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport,
+          "confidence": {label: j.to_dict() for label, j in judged.items()},
+          "sampling": sampling.to_dict() if sampling is not None else _one_look(len(recs), level).to_dict(),
+          "itl_basis": "per request: each request's p95 inter-token gap (pooled gaps in summary.itl_ms)"}
     tail = ""
+    source_n = None
     if t is not None:
         what = replay_text(t, profile) + (f" ({s['requests']:,} sent)" if s["requests"] != len(t.plan.items) else "")
         ev["traffic"] = traffic_evidence(obs)
         ev["traffic"]["busiest_window"], ev["traffic"]["burst_share"] = window, bursts
         tail = _cache_text(ev["traffic"]["later_turns"])
+        source_n = len(t.plan.items)
         if window is not None and window["burst"] and not problems:
             tail += (f"; the burst at {window['start_s']:.1f}-{window['end_s']:.1f} s ({window['requests']} requests, "
                      f"{window['mean_rps']:.1f} req/s mean) held the SLO")
-    checks = []
-    for key, field_name, label in SLO_FIELDS:
-        p95, lim = s[key]["p95"], getattr(slo, field_name)
-        if lim is None:
-            checks.append(Verdict(f"{gate}.{label} p95", SKIP, f"no SLO for {label} p95 (slo.{field_name})",
-                                  measured=p95, unit="ms"))
-        else:
-            good = p95 is not None and p95 <= lim
-            checks.append(Verdict(f"{gate}.{label} p95", PASS if good else FAIL,
-                                  f"{label} p95 {'n/a' if p95 is None else f'{p95:,.0f} ms'}; SLO {lim:,.0f} ms -> "
-                                  f"{'PASS' if good else 'FAIL'}", measured=p95, limit=lim, unit="ms"))
-    good = rate <= slo.error_rate_max
-    checks.append(Verdict(f"{gate}.error rate", PASS if good else FAIL, f"error rate {rate:.1%}; max "
-                          f"{slo.error_rate_max:.1%} -> {'PASS' if good else 'FAIL'}", measured=rate,
-                          limit=slo.error_rate_max, unit="ratio"))
-    lead = next((c for c in checks if c.status is FAIL), None) or next((c for c in checks if c.status is PASS))
+    looks = sampling_text(sampling, source_n=source_n)
+    looks = f"; {looks}" if looks else ""
+    order = (FAIL, Status.INCONCLUSIVE, PASS)
+    lead = next((c for st in order for c in checks if c.status is st), checks[-1])
     shown = {"measured": lead.measured, "limit": lead.limit, "unit": lead.unit, "parts": tuple(checks)}
     if problems:
-        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems) + f"{tail} -> FAIL", evidence=ev, **shown)
-    if all(getattr(slo, f) is None for _, f, _ in SLO_FIELDS):
+        return Verdict(gate, FAIL, f"{what}: " + "; ".join(problems + undecided + parts) + f"{tail}{looks} -> FAIL",
+                       evidence=ev, **shown)
+    if not judged:
         return Verdict(gate, SKIP, f"{what}: " + ", ".join(parts) + f"{tail}; profile sets no latency SLO", evidence=ev,
                        **shown)
-    return Verdict(gate, PASS, f"{what}: " + ", ".join(parts) + f"{tail} -> PASS", evidence=ev, **shown)
+    if undecided:
+        short = ("; the traffic sample ran out before the percentiles were decided (replay more requests: "
+                 "a larger sample or traffic.max_requests)" if sampling is not None and sampling.why_stopped == "source"
+                 else "")
+        undecided = [u.replace("-> undecided", "-> INCONCLUSIVE") for u in undecided]
+        return Verdict(gate, Status.INCONCLUSIVE, f"{what}: " + "; ".join(undecided + parts) +
+                       f"{tail}{looks}{short} -> INCONCLUSIVE", evidence=ev, **shown)
+    return Verdict(gate, PASS, f"{what}: " + "; ".join(parts) + f"{tail}{looks} -> PASS", evidence=ev, **shown)
 
 
 #: Share of judged short requests that must be head-of-line blocked for the gate to call it a
@@ -467,11 +523,19 @@ def head_of_line(records: Sequence[Any]) -> dict[str, Any]:
 
 def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile: Profile) -> Verdict:
     """Short requests' TTFT p95 alone vs. while long prefills run; FAIL when the mixed p95 breaks
-    ``slo.short_ttft_p95_ms`` (or short requests fail), and -- whatever the SLO -- when short
-    requests consistently get their first token only after the long requests they queued behind
-    completed (:func:`head_of_line`: at least ``HOL_SHARE`` of at least ``HOL_MIN_JUDGED`` judged
-    shorts). The message says which workload suffers and by how much — the measurement behind
-    splitting short and long pools."""
+    ``slo.short_ttft_p95_ms`` with confidence (its lower order-statistic bound above the limit,
+    :func:`kvgate.confidence.judge` at the per-look level of ``mixed.sampling``; PASS needs the
+    upper bound within it; undecided at the sampling cap -> INCONCLUSIVE), or short requests
+    fail, and -- whatever the SLO -- when short requests consistently get their first token only
+    after the long requests they queued behind completed (:func:`head_of_line`: at least
+    ``HOL_SHARE`` of at least ``HOL_MIN_JUDGED`` judged shorts). The alone p95 is context (not
+    judged). The message says which workload suffers and by how much -- the measurement behind
+    splitting short and long pools.
+
+    The samples are short requests, sent in waves of ``shorts_per_wave``
+    (:func:`kvgate.load.scenarios.run_interference`); the shorts of one wave queue behind the same
+    long prefills, so they are not fully independent and the bound is somewhat optimistic (the
+    wave, not the request, is the independent unit)."""
     gate = "latency/interference"
     if (refused := overlong_verdict(gate, mixed)) is not None:
         return refused
@@ -479,8 +543,9 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
         inv = _invalid(obs, gate, profile.limits.schedule_lag_max_s, profile)
         if inv:
             return inv
+    shorts = [r for r in mixed.result.records if r.tag == "short"]
     a = summarize([r for r in alone.result.records if r.tag == "short"])
-    m = summarize([r for r in mixed.result.records if r.tag == "short"])
+    m = summarize(shorts)
     lm = summarize([r for r in mixed.result.records if r.tag == "long"])
     pa, pm = a["ttft_ms"]["p95"], m["ttft_ms"]["p95"]
     limit = profile.slo.short_ttft_p95_ms
@@ -489,12 +554,22 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
     what = (f"short-request TTFT p95 {pa:,.0f} ms alone, {pm:,.0f} ms while {ex.get('long_per_wave')} long "
             f"{ex.get('long_prompt_tokens', 0):,}-token prefills run ({ratio:.1f}x)") if pa and pm else \
         f"short-request TTFT p95 alone {pa}, mixed {pm}"
+    sampling = mixed.sampling
+    level = sampling.plan.per_look if sampling is not None else profile.slo.confidence
+    j = judge(slo_samples(shorts)["ttft_ms"], 0.95, limit, level) if limit is not None else None
     ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
                           "trace_mixed": mixed.trace.to_dict(),
-                          "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio}}
+                          "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio},
+                          "confidence": j.to_dict() if j is not None else None,
+                          "sampling": (sampling.to_dict() if sampling is not None else
+                                       _one_look(len(shorts), level).to_dict())}
     if mixed.traffic is not None:
         what = f"{what}; {replay_text(mixed.traffic, profile, how='prompt lengths sent in the waves')}"
         ev["traffic"] = traffic_evidence(mixed)
+    waves = ex.get("waves")
+    looks = sampling_text(sampling, unit="short requests")
+    looks = (f"; {waves} waves of {ex.get('shorts_per_wave', '?')} short requests, {looks}" if looks and waves
+             else f"; {looks}" if looks else "")
     measured = pm
     problems = []
     if m["errors"] or a["errors"]:
@@ -510,20 +585,23 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
                         f"{late[len(late) // 2]:,.0f} ms after it; allowed: under {HOL_SHARE:.0%}) -- the server or "
                         "gateway queues short requests behind whole long generations (max_num_seqs full of long "
                         "sequences, one request per connection/slot); continuous batching would start them at once")
-    if limit is not None and (pm is None or pm > limit):
-        problems.append(f"short-request SLO {limit:,.0f} ms broken: the short workload suffers, "
+    ttft = j.text("short-request TTFT while long prefills run", final=not problems) if j is not None else ""
+    if j is not None and (j.decision == C_FAIL or pm is None or (problems and pm > limit)):
+        problems.append(f"{ttft}: short-request SLO {limit:,.0f} ms broken, the short workload suffers, "
                         f"{(pm or 0) - (pa or 0):,.0f} ms added by long prefills (split short/long pools or "
                         "limit max_num_batched_tokens)")
     if problems:
-        return Verdict(gate, FAIL, f"{what}; " + "; ".join(problems) + " -> FAIL", measured=measured, limit=limit,
-                       unit="ms", evidence=ev)
+        return Verdict(gate, FAIL, f"{what}; " + "; ".join(problems) + f"{looks} -> FAIL", measured=measured,
+                       limit=limit, unit="ms", evidence=ev)
     hol_s = (f"; no head-of-line blocking ({hol['blocked']} of {hol['judged']} short requests got their first token "
              "only after a long request queued ahead of them completed)" if hol["judged"] else "")
-    if limit is None:
+    if j is None:
         return Verdict(gate, SKIP, f"{what}{hol_s}; profile sets no slo.short_ttft_p95_ms", measured=measured,
                        unit="ms", evidence=ev)
-    return Verdict(gate, PASS, f"{what}; short-request SLO {limit:,.0f} ms{hol_s} -> PASS", measured=measured, limit=limit,
-                   unit="ms",
+    if j.decision == UNDECIDED:
+        return Verdict(gate, Status.INCONCLUSIVE, f"{what}; {ttft}{hol_s}{looks} -> INCONCLUSIVE", measured=measured,
+                       limit=limit, unit="ms", evidence=ev)
+    return Verdict(gate, PASS, f"{what}; {ttft}{hol_s}{looks} -> PASS", measured=measured, limit=limit, unit="ms",
                    evidence=ev)
 
 

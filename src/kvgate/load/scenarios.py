@@ -16,15 +16,20 @@ that does not is returned unsent, for the verdict to FAIL. The observation carri
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+from kvgate.confidence import LookPlan, Sampling, plan_looks
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.http.tokenizers import ABSENT
 from kvgate.profile.models import Profile, Workload
+from kvgate.confidence import FAIL, PASS, judge
+from kvgate.load.sampling import ERRORS, Q, sample_batches, sample_latency, slo_decisions, slo_samples
 from kvgate.traffic.replay import ReplayPlan, ReplayResult, plan_replay, run_replay
 from kvgate.traffic.sample import TrafficSample, overlong, sample_for
 
@@ -64,7 +69,9 @@ LONG_REPLAY_ROUNDS = 2
 class LoadObservation:
     """A load run with the server's gauges around it. ``prompt_tokens``/``output_tokens`` per
     request (tokens; a replay: the replayed requests' p50); ``canary``: health-truth generation
-    after the run (None if not taken); ``traffic``: what was replayed (None: fixed lengths)."""
+    after the run (None if not taken); ``traffic``: what was replayed (None: fixed lengths);
+    ``sampling``: the looks a percentile gate took (:class:`~kvgate.confidence.Sampling`; None: one
+    fixed-size run)."""
 
     name: str
     result: LoadResult
@@ -75,6 +82,7 @@ class LoadObservation:
     canary: Exchange | None = None
     extra: dict[str, Any] | None = None
     traffic: Traffic | None = None
+    sampling: Sampling | None = None
 
 
 def long_workload(profile: Profile) -> tuple[str, Workload]:
@@ -113,11 +121,11 @@ def _specs(client: KvClient, endpoint: Endpoint, model: str, prompt_tokens: int,
 
 
 def _specs_of(client: KvClient, endpoint: Endpoint, model: str, lengths: list[tuple[int, int]], tag: str,
-              salt: str = "") -> list[RequestSpec]:
+              salt: str = "", start: int = 0) -> list[RequestSpec]:
     """Like :func:`_specs`, one request per ``(prompt_tokens, output_tokens)`` of ``lengths``
-    (a traffic sample's recorded lengths, tokens)."""
+    (a traffic sample's recorded lengths, tokens), numbered from ``start``."""
     specs = []
-    for i, (prompt_tokens, output_tokens) in enumerate(lengths):
+    for i, (prompt_tokens, output_tokens) in enumerate(lengths, start):
         p = build_prompt(client, model, "completions", prompt_tokens, prefix=f"{tag} request {i}{salt}: ")
         specs.append(completion_request(endpoint, model=model, prompt=p.text, max_tokens=output_tokens, tag=tag,
                                         temperature=0, ignore_eos=True))
@@ -204,30 +212,109 @@ def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, 
     return LoadObservation(f"concurrent-long ({name})", result, sampler.trace, prompt, out, wl.concurrency, after)
 
 
-def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0) -> LoadObservation:
-    """``slo.requests`` requests of the SLO workload at ``slo.concurrency`` (closed loop).
+def latency_plan(profile: Profile) -> LookPlan:
+    """The latency-SLO gate's looks: the first at ``slo.requests`` requests, then up to
+    ``slo.request_cap`` (:func:`~kvgate.confidence.plan_looks` at p95 and ``slo.confidence``,
+    bounded by ``slo.max_duration_s``)."""
+    slo = profile.slo
+    return plan_looks(slo.requests, slo.request_cap, Q, slo.confidence, max_s=slo.max_duration_s)
 
-    With ``traffic:`` on that workload: at most ``slo.requests`` of its sample replayed as its
-    ``traffic.replay`` says (open loop on the recorded arrivals, or closed at ``slo.concurrency``);
-    a sample that does not fit is not sent (the observation's ``traffic.overlong``)."""
+
+def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
+                clock: Callable[[], float] = time.monotonic) -> LoadObservation:
+    """The SLO workload at ``slo.concurrency`` (closed loop), sampled until every SLO'd p95 is
+    decided (:func:`~kvgate.load.sampling.sample_latency`, :func:`latency_plan`): the first look
+    sends ``slo.requests`` requests (bounded by ``deadline_s``); while a metric is undecided, more
+    closed-loop batches of the same prompts at the same concurrency, up to ``slo.request_cap``
+    requests and ``slo.max_duration_s`` seconds. The observation's ``sampling`` says what was
+    done; its records are every batch's, on one time base.
+
+    With ``traffic:`` on that workload: its sample replayed as its ``traffic.replay`` says (open
+    loop on the recorded arrivals, or closed at ``slo.concurrency``), the first ``slo.requests``
+    of the plan (planned up to ``slo.request_cap``) first, each later look the plan's next
+    requests (whole sessions; an open-loop slice starts at once, its arrivals kept relative to its
+    first); when the sample runs out the sampling stops (``why_stopped`` ``source``). A sample
+    that does not fit is not sent (the observation's ``traffic.overlong``)."""
     name, wl = short_workload(profile)
     model = profile.model.served_name
     n, c = profile.slo.requests, profile.slo.concurrency
-    t = _traffic(profile, name, wl, c, n)
+    plan = latency_plan(profile)
+
+    def decide(records: list[Any], level: float) -> dict[str, str]:
+        return slo_decisions(records, profile.slo, level)
+
+    t = _traffic(profile, name, wl, c, profile.slo.request_cap)
     if t is not None:
         label = f"latency ({name}, replayed)"
         return _unsent(label, t, c, deadline_s) if t.overlong else \
-            _replayed(client, endpoint, profile, label, t, "slo", deadline_s)
+            _replayed_looks(client, endpoint, profile, label, t, plan, decide, deadline_s, clock)
     specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, 16), "slo")
     sampler, own = _sampler(endpoint)
     try:
         with sampler:
-            result = closed_loop(endpoint, specs, n=n, concurrency=c, deadline_s=deadline_s,
+            got = sample_latency(endpoint, specs, c, plan, decide, deadline_s=deadline_s,
                                  request_timeout_s=profile.limits.request_timeout_s,
-                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
+                                 idle_timeout_s=profile.limits.stream_idle_timeout_s, clock=clock)
     finally:
         own.close()
-    return LoadObservation(f"latency ({name})", result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c)
+    return LoadObservation(f"latency ({name})", got.result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c,
+                           sampling=got.sampling)
+
+
+def _slices(plan: ReplayPlan, done: set[int], k: int) -> ReplayPlan:
+    """The next at least ``k`` requests of ``plan`` not in ``done`` (item indices, updated), whole
+    units (a session is never cut), in the plan's unit order, as a plan of their own (open loop:
+    offsets relative to the slice's first)."""
+    taken: list[int] = []
+    for u in plan.units():
+        if len(taken) >= k:
+            break
+        if u[0] not in done:
+            taken += u
+    done.update(taken)
+    items = [plan.items[i] for i in sorted(taken)]
+    if plan.mode == "open" and items:
+        base = min(it.offset_s or 0.0 for it in items)
+        items = [dataclasses.replace(it, offset_s=(it.offset_s or 0.0) - base) for it in items]
+    return dataclasses.replace(plan, items=tuple(items))
+
+
+def _replayed_looks(client: KvClient, endpoint: Endpoint, profile: Profile, name: str, t: Traffic, plan: LookPlan,
+                    decide: Callable[[list[Any], float], dict[str, str]], deadline_s: float,
+                    clock: Callable[[], float]) -> LoadObservation:
+    """The replay sent in looks (:func:`run_latency`): each look the plan's next requests via
+    :func:`~kvgate.traffic.replay.run_replay`. ``t.plan`` becomes the requests sent, ``t.replay``
+    one :class:`~kvgate.traffic.replay.ReplayResult` of them all (records merged; per-request rows
+    joined; the per-turn rows and cache summary are the first look's)."""
+    full = t.plan
+    done: set[int] = set()
+    replays: list[ReplayResult] = []
+
+    def send(k: int, left: float | None) -> tuple[LoadResult, int]:
+        part = _slices(full, done, k)
+        if not part.items:
+            return LoadResult(full.mode, [], 0, 0.0, 0.0), 0
+        budget = deadline_s if left is None else max(0.001, min(left, deadline_s))
+        rr = run_replay(client, endpoint, profile, part, tag="slo", deadline_s=budget, salt=f" look {len(replays)}")
+        replays.append(rr)
+        return rr.result, len(rr.result.records)
+
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            got = sample_batches(plan, send, decide, first_deadline_s=deadline_s, clock=clock)
+    finally:
+        own.close()
+    sent = [full.items[i] for i in sorted(done)]
+    t.plan = dataclasses.replace(full, items=tuple(sent),
+                                 left_out={**full.left_out, "requests": full.left_out.get("requests", 0)
+                                           + len(full.items) - len(sent)})
+    first = replays[0] if replays else ReplayResult(t.plan, got.result)
+    t.replay = ReplayResult(t.plan, got.result, first.turns, first.cache,
+                            [row for rr in replays for row in rr.requests])
+    rows = [it.trace for it in t.plan.items]
+    return LoadObservation(name, got.result, sampler.trace, _p50([r.prompt_tokens for r in rows]),
+                           _p50([r.output_tokens for r in rows]), full.concurrency, traffic=t, sampling=got.sampling)
 
 
 def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[RequestSpec]]], deadline_s: float,
@@ -262,12 +349,31 @@ def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[Request
                       loop_lag_s=lags, cpu_s=cpu, transport=last.transport if last else "")
 
 
+#: The most waves the interference gate sends while its short-request TTFT p95 is undecided (4
+#: short requests each: 72 shorts, the fewest with which its two planned looks -- 16, 72 at
+#: 97.5% each -- can PASS; ~1 s a wave on the embedded tiny-cpu server). A deployment near its
+#: limit stays INCONCLUSIVE here rather than sampling for minutes; ``run_interference(max_waves=)``.
+INTERFERENCE_MAX_WAVES = 18
+
 #: Output tokens of the interference scenario's short requests (TTFT is what is judged).
 SHORT_OUTPUT_TOKENS = 8
 
 
+def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4,
+                      max_waves: int | None = None) -> LookPlan:
+    """The interference gate's looks, in short requests: the first at ``waves x shorts_per_wave``
+    (today's 16), then up to ``max_waves`` (default :data:`INTERFERENCE_MAX_WAVES`) waves
+    (:func:`~kvgate.confidence.plan_looks` at p95 and ``slo.confidence``, bounded by
+    ``slo.max_duration_s``). One look when the profile sets no ``slo.short_ttft_p95_ms``."""
+    first = waves * shorts_per_wave
+    cap = first if profile.slo.short_ttft_p95_ms is None else \
+        max(first, (max_waves or INTERFERENCE_MAX_WAVES) * shorts_per_wave)
+    return plan_looks(first, cap, Q, profile.slo.confidence, max_s=profile.slo.max_duration_s)
+
+
 def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,
-                     shorts_per_wave: int = 4, deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+                     shorts_per_wave: int = 4, deadline_s: float = 300.0, max_waves: int | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> tuple[LoadObservation, LoadObservation]:
     """Short requests alone, then the same short requests while long prefills run.
 
     Mixed run: ``waves`` waves; each sends the long workload's concurrency of long requests at
@@ -278,6 +384,14 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     waited for whole long generations -- a load the profile never declared). The waves' records
     share one time base (seconds since the first wave's start). Returns ``(alone, mixed)``; short
     requests carry tag ``short``, long ones ``long``.
+
+    Sampling (:func:`interference_plan`, :func:`~kvgate.load.sampling.sample_batches`): waves are
+    the unit; the first look is ``waves`` waves; while the short requests' TTFT p95 against
+    ``slo.short_ttft_p95_ms`` is undecided, more waves follow in the planned looks (up to
+    ``max_waves``, within ``slo.max_duration_s``), each with fresh long prompts (a re-sent long
+    prompt would come from the prefix cache, no prefill) and the first look's short prompts
+    again, as the first look's shorts re-send the alone run's. The mixed observation's
+    ``sampling`` says what was done.
 
     With ``traffic:`` on the short (or long) workload, its requests' prompt lengths come from the
     sample (the first ``waves x shorts_per_wave`` of its replay plan, cycled if the sample is
@@ -308,11 +422,43 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     short_lengths = drawn(st, n_short, sout) if st else [(short.prompt_tokens, sout)] * n_short
     long_lengths = (drawn(lt, waves * long.concurrency, lout) if lt else
                     [(min(long.prompt_tokens, limit - lout), lout)] * (waves * long.concurrency))
+    lprompt = min(long.prompt_tokens, limit - lout)
+    conc = long.concurrency
     shorts = (_specs_of(client, endpoint, model, short_lengths, "short") if st else
               _specs(client, endpoint, model, short.prompt_tokens, sout, n_short, "short"))
-    longs = (_specs_of(client, endpoint, model, long_lengths, "long") if lt else
-             _specs(client, endpoint, model, min(long.prompt_tokens, limit - lout), lout, waves * long.concurrency,
-                    "long"))
+    longs: list[RequestSpec] = []
+
+    def longs_for(w: int) -> list[RequestSpec]:  # wave w's long requests, built when first needed
+        while len(longs) < (w + 1) * conc:
+            i = len(longs)
+            lens = drawn(lt, i + conc, lout)[i:] if lt else [(lprompt, lout)] * conc
+            longs.extend(_specs_of(client, endpoint, model, lens, "long", start=i))
+        return longs[w * conc:(w + 1) * conc]
+
+    longs_for(waves - 1)  # the first look's prompts are built before anything is timed, as the shorts'
+    plan = interference_plan(profile, waves, shorts_per_wave, max_waves)
+    slo_limit = profile.slo.short_ttft_p95_ms
+    sent = {"waves": 0}
+
+    def send(k: int, left: float | None) -> tuple[LoadResult, int]:
+        n_w = max(1, -(-k // shorts_per_wave))
+        w0 = sent["waves"]
+        batch = [(longs_for(w), [shorts[(w * shorts_per_wave + j) % len(shorts)] for j in range(shorts_per_wave)])
+                 for w in range(w0, w0 + n_w)]
+        budget = deadline_s if left is None else max(0.001, min(left, deadline_s))
+        res = _waves(endpoint, batch, budget, request_timeout_s=profile.limits.request_timeout_s,
+                     idle_timeout_s=profile.limits.stream_idle_timeout_s)
+        sent["waves"] += len(batch)
+        return res, sum(1 for r in res.records if r.tag == "short")
+
+    def decide(records: list[Any], level: float) -> dict[str, str]:
+        sh = [r for r in records if r.tag == "short"]
+        bad = any(not r.ok for r in records)
+        out = {ERRORS: FAIL if bad else PASS}
+        if slo_limit is not None:
+            out["short TTFT"] = judge(slo_samples(sh)["ttft_ms"], Q, slo_limit, level).decision
+        return out
+
     sampler, own = _sampler(endpoint)
     try:
         with sampler:
@@ -323,23 +469,22 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
         sampler2, own2 = _sampler(endpoint)
         try:
             with sampler2:
-                mixed = _waves(endpoint, [(longs[w * long.concurrency:(w + 1) * long.concurrency],
-                                           shorts[w * shorts_per_wave:(w + 1) * shorts_per_wave])
-                                          for w in range(waves)],
-                               deadline_s, request_timeout_s=profile.limits.request_timeout_s,
-                               idle_timeout_s=profile.limits.stream_idle_timeout_s)
+                got = sample_batches(plan, send, decide, first_deadline_s=deadline_s, clock=clock)
         finally:
             own2.close()
     finally:
         own.close()
+    mixed = got.result
     sprompt = _p50([p for p, _ in short_lengths]) if st else short.prompt_tokens
     rep = ", replayed" if st or lt else ""
     return (LoadObservation(f"short alone ({sname}{rep})", alone, trace_alone, sprompt, sout, 1, traffic=st or lt),
             LoadObservation(f"short with long prefills ({sname} + {lname}{rep})", mixed, sampler2.trace, sprompt,
                             sout, long.concurrency + shorts_per_wave,
                             extra={"long_prompt_tokens": _p50([p for p, _ in long_lengths]),
-                                   "long_per_wave": long.concurrency, "waves": waves,
-                                   "long_traffic": lt.plan.provenance() if lt else None}, traffic=st or lt))
+                                   "long_per_wave": long.concurrency, "waves": sent["waves"],
+                                   "shorts_per_wave": shorts_per_wave,
+                                   "long_traffic": lt.plan.provenance() if lt else None}, traffic=st or lt,
+                            sampling=got.sampling))
 
 
 @dataclass

@@ -1,0 +1,183 @@
+"""The sampling rule of the latency gates on seeded synthetic latencies (no server, no sleeping:
+the closed loop and the clock are injected): a true p95 5% under the limit PASSes, 5% over
+FAILs, at the limit stays INCONCLUSIVE within the cap; and the verdict texts of each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvgate.confidence import plan_looks
+from kvgate.gates.load import interference_verdict, latency_verdict
+from kvgate.http.metrics import MetricsTrace
+from kvgate.load import LoadResult, RequestRecord
+from kvgate.load.sampling import merge_results, sample_batches, sample_latency, slo_decisions, slo_samples
+from kvgate.load.scenarios import LoadObservation, interference_plan, latency_plan
+from kvgate.profile.models import load_profile
+from kvgate.verdict import Status
+
+PROFILE = load_profile("tests/data/fake-vllm.yaml")
+#: TTFT ~ Normal(100 ms, 10 ms): true p95 116.4 ms
+MEAN_MS, SD_MS = 100.0, 10.0
+P95_MS = MEAN_MS + 1.6448536 * SD_MS
+
+
+def rec(i, ttft_ms, gaps_ms=(10.0,) * 7, ok=True):
+    r = RequestRecord(index=i, scheduled_s=0.0, sent_s=0.0, first_byte_s=ttft_ms / 2e3, end_s=0.0,
+                      status=200 if ok else 500, content_type="text/event-stream")
+    r.finalized = True
+    t = [ttft_ms / 1e3]
+    for g in gaps_ms:
+        t.append(t[-1] + g / 1e3)
+    r.first_token_s, r.content_s, r.chunk_s, r.tokens = t[0], t, [], len(t)
+    r.end_s = t[-1] + 0.001
+    if not ok:
+        r.error = "HTTP 500"
+    return r
+
+
+class Synthetic:
+    """A closed loop that 'sends' ``n`` requests with seeded Normal TTFTs; every batch advances the
+    injected clock by 1 s per request (so the time bound can be exercised)."""
+
+    def __init__(self, seed, per_request_s=0.0):
+        self.rng = np.random.default_rng(seed)
+        self.now, self.per, self.calls = 0.0, per_request_s, []
+
+    def clock(self):
+        return self.now
+
+    def loop(self, endpoint, specs, *, n, concurrency, deadline_s, **kw):
+        self.calls.append((n, deadline_s))
+        k = n if not self.per else min(n, max(0, int(deadline_s / self.per)))
+        self.now += k * self.per
+        recs = [rec(i, float(x)) for i, x in enumerate(self.rng.normal(MEAN_MS, SD_MS, k))]
+        return LoadResult("closed", recs, n, 0.1, deadline_s, concurrency=concurrency)
+
+
+def slo_profile(limit_ms, requests=32, cap=1024, max_s=120.0):
+    slo = PROFILE.slo.model_copy(update={"ttft_p95_ms": limit_ms, "requests": requests, "max_requests": cap,
+                                         "max_duration_s": max_s, "concurrency": 4})
+    return PROFILE.model_copy(update={"slo": slo})
+
+
+def sampled(limit_ms, seed, **kw):
+    prof = slo_profile(limit_ms, **kw)
+    syn = Synthetic(seed)
+    got = sample_latency(None, ["spec"], 4, latency_plan(prof), lambda recs, c: slo_decisions(recs, prof.slo, c),
+                         clock=syn.clock, loop=syn.loop)
+    obs = LoadObservation("latency (chat)", got.result, MetricsTrace(samples=[]), 16, 8, 4, sampling=got.sampling)
+    return prof, got, obs, syn
+
+
+SEEDS = range(5)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_true_p95_5_percent_under_the_limit_passes(seed):
+    prof, got, obs, _ = sampled(P95_MS / 0.95, seed)
+    assert got.sampling.decisions["TTFT"] == "PASS" and got.sampling.why_stopped == "decided", got.sampling.history
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.PASS, v.message
+    n = got.sampling.n
+    assert f"TTFT p95 " in v.message and f"% upper bound " in v.message and f"(n={n}) <= 123 ms -> PASS" in v.message
+    assert f"looks planned at 32/86/172/1,024 requests (each at 98.75%: 95% over 4 looks); took " in v.message
+    assert v.message.endswith("stopped: decided -> PASS"), v.message
+    assert v.evidence["confidence"]["TTFT"]["decision"] == "PASS" and v.evidence["sampling"]["n"] == n
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_true_p95_5_percent_over_the_limit_fails_naming_the_lower_bound(seed):
+    prof, got, obs, _ = sampled(P95_MS / 1.05, seed)
+    assert got.sampling.decisions["TTFT"] == "FAIL", got.sampling.history
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.FAIL and "% lower bound " in v.message and "> 111 ms -> FAIL" in v.message, v.message
+    assert v.parts[0].gate == "latency/slo.TTFT p95" and v.parts[0].status is Status.FAIL
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_true_p95_at_the_limit_is_inconclusive_within_the_cap(seed):
+    prof, got, obs, syn = sampled(P95_MS, seed)
+    assert got.sampling.why_stopped == "cap" and got.sampling.n == 1024, got.sampling.history
+    assert [n for n, _ in syn.calls] == [32, 54, 86, 852]  # each look's batch, bounded in count
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "TTFT p95 " in v.message and "% bounds " in v.message and "(n=1024; " in v.message
+    assert "straddle 116 ms -> INCONCLUSIVE" in v.message and "stopped: the cap (1,024 requests) reached" in v.message
+    assert v.parts[0].status is Status.INCONCLUSIVE and v.parts[0].measured == pytest.approx(P95_MS, rel=0.03)
+
+
+def test_the_time_bound_stops_sampling_and_is_named():
+    prof = slo_profile(P95_MS, max_s=100.0)
+    syn = Synthetic(0, per_request_s=1.0)  # 1 s a request: the first look (32 s) leaves 68 s
+    got = sample_latency(None, ["spec"], 4, latency_plan(prof), lambda recs, c: slo_decisions(recs, prof.slo, c),
+                         clock=syn.clock, loop=syn.loop, deadline_s=300.0)
+    assert got.sampling.why_stopped == "time" and syn.calls[0] == (32, 300.0) and syn.calls[1] == (54, 68.0)
+    obs = LoadObservation("latency (chat)", got.result, MetricsTrace(samples=[]), 16, 8, 4, sampling=got.sampling)
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.INCONCLUSIVE and "stopped: the time bound (100 s, slo.max_duration_s) reached" in v.message
+
+
+def test_errors_fail_at_the_first_look_without_more_sampling():
+    prof = slo_profile(P95_MS / 0.95)
+
+    def loop(endpoint, specs, *, n, concurrency, deadline_s, **kw):
+        return LoadResult("closed", [rec(i, 50.0, ok=i != 3) for i in range(n)], n, 0.1, deadline_s)
+
+    got = sample_latency(None, ["spec"], 4, latency_plan(prof), lambda recs, c: slo_decisions(recs, prof.slo, c),
+                         loop=loop)
+    assert got.sampling.n == 32 and got.sampling.why_stopped == "decided"
+    assert got.sampling.decisions == {"TTFT": "UNDECIDED", "errors": "FAIL"}
+    v = latency_verdict(LoadObservation("latency", got.result, MetricsTrace(samples=[]), 16, 8, 4,
+                                        sampling=got.sampling), prof)
+    assert v.status is Status.FAIL and "error rate 3.1% > 0.0%" in v.message
+    assert "-> undecided" in v.message and "-> INCONCLUSIVE" not in v.message  # an open metric in a FAIL
+
+
+def test_itl_is_one_sample_per_request_its_own_p95_gap():
+    recs = [rec(0, 50.0, gaps_ms=(10,) * 19 + (200,)), rec(1, 60.0, gaps_ms=(10,) * 20), rec(2, 70.0, ok=False)]
+    xs = slo_samples(recs)
+    assert len(xs["itl_ms"]) == 2 and xs["itl_ms"][0] == pytest.approx(19.5) and xs["itl_ms"][1] == pytest.approx(10)
+    assert xs["ttft_ms"] == [50.0, 60.0]
+
+
+def test_merged_batches_share_one_time_base():
+    a = LoadResult("closed", [rec(0, 50.0)], 1, 0.1, 10.0, loop_lag_s=[0.001])
+    b = LoadResult("closed", [rec(0, 60.0)], 1, 0.1, 10.0, loop_lag_s=[0.002])
+    m = merge_results([(0.0, a), (5.0, b)])
+    assert [r.index for r in m.records] == [0, 1] and m.records[1].sent_s == 5.0 and m.loop_lag_s == [0.001, 0.002]
+    assert m.n_requested == 2 and m.records[1].first_token_s == pytest.approx(5.06)
+
+
+def test_hand_built_records_without_sampling_are_judged_in_one_look():
+    prof = slo_profile(200.0)
+    obs = LoadObservation("latency", LoadResult("closed", [rec(i, 50.0) for i in range(8)], 8, 0.1, 10.0),
+                          MetricsTrace(samples=[]), 16, 8, 4)
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "TTFT p95 50 ms, 95% bounds 50 ms..none (fewer than 59 samples: no PASS possible) (n=8; 0 over) " \
+        "straddle 200 ms -> INCONCLUSIVE" in v.message
+    many = LoadObservation("latency", LoadResult("closed", [rec(i, 50.0) for i in range(60)], 60, 0.1, 10.0),
+                           MetricsTrace(samples=[]), 16, 8, 4)
+    v = latency_verdict(many, prof)
+    assert v.status is Status.PASS and "TTFT p95 50 ms, 95% upper bound 50 ms (n=60) <= 200 ms -> PASS" in v.message
+
+
+def test_interference_looks_count_waves_of_shorts():
+    plan = interference_plan(PROFILE)
+    assert plan.looks == (16, 72) and plan.per_look == pytest.approx(0.975)
+    none = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"short_ttft_p95_ms": None})})
+    assert interference_plan(none).looks == (16,)
+    sent = []
+
+    def send(k, left):  # one wave per 4 shorts asked for, rounded up
+        waves = -(-k // 4)
+        sent.append(waves)
+        return LoadResult("open", [rec(i, 30.0) for i in range(4 * waves)], 4 * waves, 0.1, 10.0), 4 * waves
+
+    def decide(recs, level):
+        from kvgate.confidence import judge
+        return {"short TTFT": judge(slo_samples(recs)["ttft_ms"], 0.95, 100.0, level).decision}
+
+    got = sample_batches(plan, send, decide)
+    assert sent == [4, 14] and got.sampling.n == 72 and got.sampling.decisions == {"short TTFT": "PASS"}
