@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvgate.confidence import plan_looks
+from kvgate.stats.confidence import plan_looks
 from kvgate.gates.load import interference_verdict, latency_verdict
 from kvgate.http.metrics import MetricsTrace
 from kvgate.load import LoadResult, RequestRecord
@@ -176,7 +176,7 @@ def test_interference_looks_count_waves_of_shorts():
         return LoadResult("open", [rec(i, 30.0) for i in range(4 * waves)], 4 * waves, 0.1, 10.0), 4 * waves
 
     def decide(recs, level):
-        from kvgate.confidence import judge
+        from kvgate.stats.confidence import judge
         return {"short TTFT": judge(slo_samples(recs)["ttft_ms"], 0.95, 100.0, level).decision}
 
     got = sample_batches(plan, send, decide)

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvgate.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge
+from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge
 from kvgate.profile.models import Profile
 from kvgate.load.sampling import SLO_METRICS, judge_slo, slo_samples
 from kvgate.load.scenarios import LoadObservation, ScenarioError, Traffic, long_workload, short_workload
@@ -380,7 +380,7 @@ def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: i
 
 def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     """TTFT, ITL and e2e p95 (ms) at ``slo.concurrency`` judged with confidence
-    (:func:`kvgate.confidence.judge`) against ``slo.*_p95_ms``; error rate within ``slo.error_rate_max``.
+    (:func:`kvgate.stats.confidence.judge`) against ``slo.*_p95_ms``; error rate within ``slo.error_rate_max``.
 
     Each metric's p95 PASSes when its upper order-statistic bound (one-sided, exact binomial) is
     within the limit, FAILs when its lower bound is above it, else is undecided -- at the
@@ -524,7 +524,7 @@ def head_of_line(records: Sequence[Any]) -> dict[str, Any]:
 def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile: Profile) -> Verdict:
     """Short requests' TTFT p95 alone vs. while long prefills run; FAIL when the mixed p95 breaks
     ``slo.short_ttft_p95_ms`` with confidence (its lower order-statistic bound above the limit,
-    :func:`kvgate.confidence.judge` at the per-look level of ``mixed.sampling``; PASS needs the
+    :func:`kvgate.stats.confidence.judge` at the per-look level of ``mixed.sampling``; PASS needs the
     upper bound within it; undecided at the sampling cap -> INCONCLUSIVE), or short requests
     fail, and -- whatever the SLO -- when short requests consistently get their first token only
     after the long requests they queued behind completed (:func:`head_of_line`: at least

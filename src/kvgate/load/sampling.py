@@ -1,5 +1,5 @@
 """Sampling a latency percentile until it is decided: batches of requests sent in the planned
-looks of :func:`kvgate.confidence.plan_looks`, judged after each (:func:`kvgate.confidence.sample_until_decided`).
+looks of :func:`kvgate.stats.confidence.plan_looks`, judged after each (:func:`kvgate.stats.confidence.sample_until_decided`).
 
 - :func:`sample_batches` is the driver: ``send(k, seconds_left)`` sends one batch for ``k`` more
   samples (a closed-loop run, a few interference waves, a slice of a replay plan) and returns its
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvgate.confidence import FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, judge, sample_until_decided
+from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, judge, sample_until_decided
 from kvgate.load.record import RequestRecord, RequestSpec
 from kvgate.load.schedule import LoadResult, closed_loop
 from kvgate.stats import percentile, request_metrics
@@ -62,7 +62,7 @@ def slo_samples(records: Sequence[Any]) -> dict[str, list[float]]:
 
 
 def judge_slo(records: Sequence[Any], slo: Any, confidence: float) -> dict[str, Judgement]:
-    """label (``TTFT``/``ITL``/``e2e``) -> :class:`~kvgate.confidence.Judgement` of its p95 against
+    """label (``TTFT``/``ITL``/``e2e``) -> :class:`~kvgate.stats.confidence.Judgement` of its p95 against
     ``slo.<field>`` at ``confidence``, for every metric the ``slo`` (a
     :class:`~kvgate.profile.models.SLOSpec`) sets a limit on."""
     xs = slo_samples(records)

@@ -21,14 +21,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvgate.confidence import LookPlan, Sampling, plan_looks
+from kvgate.stats.confidence import LookPlan, Sampling, plan_looks
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.http.tokenizers import ABSENT
 from kvgate.profile.models import Profile, Workload
-from kvgate.confidence import FAIL, PASS, judge
+from kvgate.stats.confidence import FAIL, PASS, judge
 from kvgate.load.sampling import ERRORS, Q, sample_batches, sample_latency, slo_decisions, slo_samples
 from kvgate.traffic.replay import ReplayPlan, ReplayResult, plan_replay, run_replay
 from kvgate.traffic.sample import TrafficSample, overlong, sample_for
@@ -70,7 +70,7 @@ class LoadObservation:
     """A load run with the server's gauges around it. ``prompt_tokens``/``output_tokens`` per
     request (tokens; a replay: the replayed requests' p50); ``canary``: health-truth generation
     after the run (None if not taken); ``traffic``: what was replayed (None: fixed lengths);
-    ``sampling``: the looks a percentile gate took (:class:`~kvgate.confidence.Sampling`; None: one
+    ``sampling``: the looks a percentile gate took (:class:`~kvgate.stats.confidence.Sampling`; None: one
     fixed-size run)."""
 
     name: str
@@ -214,7 +214,7 @@ def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, 
 
 def latency_plan(profile: Profile) -> LookPlan:
     """The latency-SLO gate's looks: the first at ``slo.requests`` requests, then up to
-    ``slo.request_cap`` (:func:`~kvgate.confidence.plan_looks` at p95 and ``slo.confidence``,
+    ``slo.request_cap`` (:func:`~kvgate.stats.confidence.plan_looks` at p95 and ``slo.confidence``,
     bounded by ``slo.max_duration_s``)."""
     slo = profile.slo
     return plan_looks(slo.requests, slo.request_cap, Q, slo.confidence, max_s=slo.max_duration_s)
@@ -363,7 +363,7 @@ def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4
                       max_waves: int | None = None) -> LookPlan:
     """The interference gate's looks, in short requests: the first at ``waves x shorts_per_wave``
     (today's 16), then up to ``max_waves`` (default :data:`INTERFERENCE_MAX_WAVES`) waves
-    (:func:`~kvgate.confidence.plan_looks` at p95 and ``slo.confidence``, bounded by
+    (:func:`~kvgate.stats.confidence.plan_looks` at p95 and ``slo.confidence``, bounded by
     ``slo.max_duration_s``). One look when the profile sets no ``slo.short_ttft_p95_ms``."""
     first = waves * shorts_per_wave
     cap = first if profile.slo.short_ttft_p95_ms is None else \
