@@ -31,7 +31,10 @@ from kvgate.gates.health import canary_verdict
 def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile | None = None) -> Verdict | None:
     """INVALID when the client fell behind its schedule; with a traffic replay (and ``profile``)
     the message names what was replayed, and for an open loop sped up past 1x suggests a lower
-    ``traffic.speedup`` (a schedule no client can keep) beside running kvgate on other CPUs."""
+    ``traffic.speedup`` (a schedule no client can keep) beside running kvgate on other CPUs.
+    A latency gate's window on a contended host (:func:`contended`) is INVALID first."""
+    if (busy := contended(obs, gate, profile)) is not None:
+        return busy
     v = obs.result.invalid_verdict(gate, bound_s)
     if v is None:
         return None
@@ -44,6 +47,35 @@ def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile |
     return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}{what}; the server was not judged: {cure})",
                    measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit,
                    evidence={**(v.evidence or {}), **({"traffic": traffic_evidence(obs)} if t is not None else {})})
+
+
+def contended(obs: LoadObservation, gate: str, profile: Profile | None) -> Verdict | None:
+    """INVALID for a latency gate (``latency/...``) whose window ran on a contended host: more than
+    ``limits.host_contention_max`` of the launched server's CPUs went to other processes
+    (:meth:`kvgate.host.contention.HostContention.invalid_verdict`, naming the share and the
+    CPUs); the scenario and what the client saw are added. None otherwise -- also when contention
+    was not measured (``--endpoint``): that is evidence (:func:`host_evidence`), never INVALID."""
+    host = obs.trace.host
+    if host is None or profile is None or not gate.startswith("latency/"):
+        return None
+    v = host.invalid_verdict(gate, profile.limits.host_contention_max)
+    if v is None:
+        return None
+    lag = obs.result.invalid_verdict(gate, profile.limits.schedule_lag_max_s)
+    also = f"; the client also fell behind: {lag.message}" if lag is not None else ""
+    return Verdict(gate, Status.INVALID, f"{v.message} ({obs.name}{also})", measured=v.measured, limit=v.limit,
+                   unit=v.unit, evidence={**(v.evidence or {}), "scenario": obs.name})
+
+
+def host_evidence(*observations: LoadObservation) -> dict[str, Any]:
+    """Each observation's host contention for a latency verdict's evidence: ``{scenario name:
+    HostContention.to_dict()}`` -- the share and per-CPU shares, or ``host contention not measured:
+    <why>`` (``--endpoint``, no psutil access) -- so every latency verdict carries it, under the
+    threshold too."""
+    from kvgate.host.contention import unmeasured
+
+    return {o.name: (o.trace.host or unmeasured("no contention sampler ran with this measurement")).to_dict()
+            for o in observations}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,7 +425,8 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     if rate > slo.error_rate_max:
         problems.append(f"error rate {rate:.1%} > {slo.error_rate_max:.1%} ({s['error_samples'][:2]})")
     what = f"{s['requests']} requests ({obs.prompt_tokens:,}+{obs.output_tokens} tokens) at concurrency {obs.concurrency}"
-    ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport}
+    ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport,
+          "host_contention": host_evidence(obs)}
     tail = ""
     if t is not None:
         what = replay_text(t, profile) + (f" ({s['requests']:,} sent)" if s["requests"] != len(t.plan.items) else "")
@@ -491,7 +524,8 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
         f"short-request TTFT p95 alone {pa}, mixed {pm}"
     ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
                           "trace_mixed": mixed.trace.to_dict(),
-                          "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio}}
+                          "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio},
+                          "host_contention": host_evidence(alone, mixed)}
     if mixed.traffic is not None:
         what = f"{what}; {replay_text(mixed.traffic, profile, how='prompt lengths sent in the waves')}"
         ev["traffic"] = traffic_evidence(mixed)
