@@ -195,7 +195,7 @@ def test_a_contended_window_is_invalid_naming_the_share_and_cpu_never_fail():
     assert v.message.startswith("contended host: 70% of the server's CPUs went to other processes (CPU 0: 70%) "
                                 "during the measurement over 2.0 s (limit 25%, limits.host_contention_max) -> INVALID")
     assert "(latency (chat))" in v.message and v.measured == pytest.approx(0.7) and v.limit == 0.25
-    assert v.evidence["host_contention"]["share"] == pytest.approx(0.7)
+    assert v.evidence["host_contention"]["latency (chat)"]["share"] == pytest.approx(0.7)
 
 
 def test_a_raised_limit_lets_the_slo_decide_and_the_share_is_in_the_evidence():

@@ -64,7 +64,7 @@ def contended(obs: LoadObservation, gate: str, profile: Profile | None) -> Verdi
     lag = obs.result.invalid_verdict(gate, profile.limits.schedule_lag_max_s)
     also = f"; the client also fell behind: {lag.message}" if lag is not None else ""
     return Verdict(gate, Status.INVALID, f"{v.message} ({obs.name}{also})", measured=v.measured, limit=v.limit,
-                   unit=v.unit, evidence={**(v.evidence or {}), "scenario": obs.name})
+                   unit=v.unit, evidence={"host_contention": host_evidence(obs), "scenario": obs.name})
 
 
 def host_evidence(*observations: LoadObservation) -> dict[str, Any]:
