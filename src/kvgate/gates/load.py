@@ -63,8 +63,11 @@ def contended(obs: LoadObservation, gate: str, profile: Profile | None) -> Verdi
         return None
     lag = obs.result.invalid_verdict(gate, profile.limits.schedule_lag_max_s)
     also = f"; the client also fell behind: {lag.message}" if lag is not None else ""
-    return Verdict(gate, Status.INVALID, f"{v.message} ({obs.name}{also})", measured=v.measured, limit=v.limit,
-                   unit=v.unit, evidence={"host_contention": host_evidence(obs), "scenario": obs.name})
+    s = summarize(obs.result.records)
+    p95 = s["ttft_ms"]["p95"]
+    seen = "" if p95 is None else f": TTFT p95 {p95:,.0f} ms over {s['requests']} requests measured, not judged"
+    return Verdict(gate, Status.INVALID, f"{v.message} ({obs.name}{seen}{also})", measured=v.measured, limit=v.limit,
+                   unit=v.unit, evidence={"host_contention": host_evidence(obs), "scenario": obs.name, "summary": s})
 
 
 def host_evidence(*observations: LoadObservation) -> dict[str, Any]:

@@ -49,11 +49,14 @@ from typing import Any, Callable, Sequence
 from kvgate.verdict import Status, Verdict
 
 #: The contention share above which a latency window is INVALID (``limits.host_contention_max``'s
-#: default). Measured on the 2-core CI-sized machine, embedded tiny-cpu vLLM pinned to CPU 0, the
-#: load gates' windows: quiet (only the other helpers' unit tests on the host) 0-9% of CPU 0 went
-#: to other processes; with two busy loops pinned to CPU 0, 55-66% (the server then gets a third
-#: of its CPU). A quarter sits above the quiet runs' noise and below what any pinned competitor
-#: takes (one busy loop at equal priority takes about half a CPU).
+#: default): the server lost a quarter of its CPUs' time, so its CPU-bound phases ran at least
+#: 1.33x slower than the host could run them. Half-way between a quiet host (the server tree's and
+#: kvgate's own time are subtracted; what is left is daemons and kernel threads) and one competing
+#: CPU-bound process at equal nice, which CFS gives half the CPU. Measured with this sampler on the
+#: shared 2-core machine (load average 9-13 from other test runs; no quiet window was to be had):
+#: a spinning stand-in server pinned to CPU 0 saw 50% others (the background), 78% with one more
+#: busy loop pinned there, 87% with two; the embedded tiny-cpu vLLM's latency windows 60-62%
+#: (background only), 64-72% with two busy loops -- the server tree got 29-32% of CPU 0.
 DEFAULT_MAX_SHARE = 0.25
 
 #: Seconds between kvgate's thread samples (:class:`ContentionSampler`).
