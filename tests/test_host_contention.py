@@ -277,3 +277,18 @@ def test_the_real_sampler_sees_a_busy_loop_pinned_to_the_servers_cpu_and_not_the
     assert h.server_total_s > 0.05, h.text()  # the server's own spinning is not "other processes"
     assert h.busy_s[cpu] == pytest.approx(h.server_s[cpu] + h.kvgate_s[cpu] + h.other_s[cpu], abs=0.05)
     assert h.invalid_verdict("latency/slo", 0.25) is not None
+
+
+def test_pools_isolation_is_invalid_on_a_contended_window_and_carries_the_share():
+    from kvgate.gates.pools import isolation_verdict
+    spec = NS(isolation=NS(ttft_ratio_max=3.0))  # what the verdict reads of pools:
+    alone = LoadObservation("short alone", LoadResult("closed", [tagged(i, "short", 0.0, 0.05, 0.1) for i in range(4)],
+                                                      4, 0.4, 60.0), MetricsTrace(samples=[], host=contended_window()),
+                            16, 8, 1)
+    mixed = LoadObservation("mixed", alone.result, MetricsTrace(samples=[]), 16, 8, 5, extra={"long_per_wave": 1})
+    v = isolation_verdict(alone, mixed, spec, PROFILE, 0.05)
+    assert v.status is Status.INVALID and v.message.startswith("contended host: 70%"), v.message
+    quiet = LoadObservation("short alone", alone.result, MetricsTrace(samples=[]), 16, 8, 1)
+    ok = isolation_verdict(quiet, mixed, spec, PROFILE, 0.05)
+    assert ok.status is not Status.INVALID
+    assert ok.evidence["host_contention"]["mixed"]["text"].startswith("host contention not measured")

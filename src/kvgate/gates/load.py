@@ -33,7 +33,7 @@ def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile |
     the message names what was replayed, and for an open loop sped up past 1x suggests a lower
     ``traffic.speedup`` (a schedule no client can keep) beside running kvgate on other CPUs.
     A latency gate's window on a contended host (:func:`contended`) is INVALID first."""
-    if (busy := contended(obs, gate, profile)) is not None:
+    if gate.startswith("latency/") and (busy := contended(obs, gate, profile)) is not None:
         return busy
     v = obs.result.invalid_verdict(gate, bound_s)
     if v is None:
@@ -50,13 +50,13 @@ def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile |
 
 
 def contended(obs: LoadObservation, gate: str, profile: Profile | None) -> Verdict | None:
-    """INVALID for a latency gate (``latency/...``) whose window ran on a contended host: more than
+    """INVALID for a latency verdict whose window ran on a contended host: more than
     ``limits.host_contention_max`` of the launched server's CPUs went to other processes
     (:meth:`kvgate.host.contention.HostContention.invalid_verdict`, naming the share and the
     CPUs); the scenario and what the client saw are added. None otherwise -- also when contention
     was not measured (``--endpoint``): that is evidence (:func:`host_evidence`), never INVALID."""
     host = obs.trace.host
-    if host is None or profile is None or not gate.startswith("latency/"):
+    if host is None or profile is None:
         return None
     v = host.invalid_verdict(gate, profile.limits.host_contention_max)
     if v is None:
