@@ -16,6 +16,7 @@ arrivals bunch names the burst (:func:`busiest_window`, :func:`burst_share`).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,8 @@ from kvgate.gates.health import canary_verdict
 def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile | None = None) -> Verdict | None:
     """INVALID when the client fell behind its schedule; with a traffic replay (and ``profile``)
     the message names what was replayed, and for an open loop sped up past 1x suggests a lower
-    ``traffic.speedup`` (a schedule no client can keep) beside running kvgate on other CPUs."""
+    ``traffic.speedup`` (a schedule no client can keep) beside running kvgate on other CPUs.
+    (A contended host is judged after the verdict: :func:`_on_contended_host`.)"""
     v = obs.result.invalid_verdict(gate, bound_s)
     if v is None:
         return None
@@ -46,6 +48,59 @@ def _invalid(obs: LoadObservation, gate: str, bound_s: float, profile: Profile |
     return Verdict(gate, Status.INVALID, v.message + f" ({obs.name}{what}; the server was not judged: {cure})",
                    measured=v.measured, limit=v.limit, unit=v.unit, limit_unit=v.limit_unit,
                    evidence={**(v.evidence or {}), **({"traffic": traffic_evidence(obs)} if t is not None else {})})
+
+
+def contended(obs: LoadObservation, gate: str, profile: Profile | None) -> Verdict | None:
+    """INVALID for a latency verdict whose window ran on a contended host: more than
+    ``limits.host_contention_max`` of the launched server's CPUs went to other processes
+    (:meth:`kvgate.host.contention.HostContention.invalid_verdict`, naming the share and the
+    CPUs); the scenario and what the client saw are added. None otherwise -- also when contention
+    was not measured (``--endpoint``): that is evidence (:func:`host_evidence`), never INVALID."""
+    host = obs.trace.host
+    if host is None or profile is None:
+        return None
+    v = host.invalid_verdict(gate, profile.limits.host_contention_max)
+    if v is None:
+        return None
+    lag = obs.result.invalid_verdict(gate, profile.limits.schedule_lag_max_s)
+    also = f"; the client also fell behind: {lag.message}" if lag is not None else ""
+    s = summarize(obs.result.records)
+    p95 = s["ttft_ms"]["p95"]
+    seen = "" if p95 is None else f": TTFT p95 {p95:,.0f} ms over {s['requests']} requests measured, not judged"
+    return Verdict(gate, Status.INVALID, f"{v.message} ({obs.name}{seen}{also})", measured=v.measured, limit=v.limit,
+                   unit=v.unit, evidence={"host_contention": host_evidence(obs), "scenario": obs.name, "summary": s})
+
+
+def _on_contended_host(v: Verdict, observations: Sequence[LoadObservation], profile: Profile) -> Verdict:
+    """A latency verdict ``v`` whose window ran on a contended host (:func:`contended`): a PASS
+    stands -- other processes can only have made the server slower, and the bound held anyway
+    (said in the message) -- anything else (FAIL, INCONCLUSIVE) becomes the INVALID naming the
+    share, with the verdict it would have been in its message and evidence. Not contended (or
+    not measured): ``v`` unchanged."""
+    for obs in observations:
+        busy = contended(obs, v.gate, profile)
+        if busy is None:
+            continue
+        host = obs.trace.host
+        if v.status is PASS:
+            note = (f"; measured on a contended host ({host.share:.0%} of the server's CPUs went to other processes, "
+                    f"limit {profile.limits.host_contention_max:.0%}): the bound held anyway")
+            msg = v.message[:-len(" -> PASS")] + note + " -> PASS" if v.message.endswith(" -> PASS") else v.message + note
+            return replace(v, message=msg)
+        return replace(busy, message=f"{busy.message}; would have been {v.status.value}: {v.message}",
+                       evidence={**(busy.evidence or {}), "verdict_if_judged": v.to_dict()})
+    return v
+
+
+def host_evidence(*observations: LoadObservation) -> dict[str, Any]:
+    """Each observation's host contention for a latency verdict's evidence: ``{scenario name:
+    HostContention.to_dict()}`` -- the share and per-CPU shares, or ``host contention not measured:
+    <why>`` (``--endpoint``, no psutil access) -- so every latency verdict carries it, under the
+    threshold too."""
+    from kvgate.host.contention import unmeasured
+
+    return {o.name: (o.trace.host or unmeasured("no contention sampler ran with this measurement")).to_dict()
+            for o in observations}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,6 +434,12 @@ def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: i
 
 
 def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
+    """:func:`_latency_verdict`, then :func:`_on_contended_host` (a contended host's FAIL or
+    INCONCLUSIVE is INVALID; its PASS stands)."""
+    return _on_contended_host(_latency_verdict(obs, profile), [obs], profile)
+
+
+def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     """TTFT, ITL and e2e p95 (ms) at ``slo.concurrency`` judged with confidence
     (:func:`kvgate.stats.confidence.judge`) against ``slo.*_p95_ms``; error rate within ``slo.error_rate_max``.
 
@@ -451,7 +512,8 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport,
           "confidence": {label: j.to_dict() for label, j in judged.items()},
           "sampling": sampling.to_dict() if sampling is not None else _one_look(len(recs), level).to_dict(),
-          "itl_basis": "per request: each request's p95 inter-token gap (pooled gaps in summary.itl_ms)"}
+          "itl_basis": "per request: each request's p95 inter-token gap (pooled gaps in summary.itl_ms)",
+          "host_contention": host_evidence(obs)}
     tail = ""
     source_n = None
     if t is not None:
@@ -522,6 +584,11 @@ def head_of_line(records: Sequence[Any]) -> dict[str, Any]:
 
 
 def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile: Profile) -> Verdict:
+    """:func:`_interference_verdict`, then :func:`_on_contended_host` over both windows."""
+    return _on_contended_host(_interference_verdict(alone, mixed, profile), [alone, mixed], profile)
+
+
+def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile: Profile) -> Verdict:
     """Short requests' TTFT p95 alone vs. while long prefills run; FAIL when the mixed p95 breaks
     ``slo.short_ttft_p95_ms`` with confidence (its lower order-statistic bound above the limit,
     :func:`kvgate.stats.confidence.judge` at the per-look level of ``mixed.sampling``; PASS needs the
@@ -562,7 +629,8 @@ def interference_verdict(alone: LoadObservation, mixed: LoadObservation, profile
                           "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio},
                           "confidence": j.to_dict() if j is not None else None,
                           "sampling": (sampling.to_dict() if sampling is not None else
-                                       _one_look(len(shorts), level).to_dict())}
+                                       _one_look(len(shorts), level).to_dict()),
+                          "host_contention": host_evidence(alone, mixed)}
     if mixed.traffic is not None:
         what = f"{what}; {replay_text(mixed.traffic, profile, how='prompt lengths sent in the waves')}"
         ev["traffic"] = traffic_evidence(mixed)

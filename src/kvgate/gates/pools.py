@@ -19,7 +19,7 @@ from kvgate.load.scenarios import LoadObservation
 from kvgate.stats import summarize
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS
-from kvgate.gates.load import HOL_MIN_JUDGED, HOL_SHARE, head_of_line
+from kvgate.gates.load import HOL_MIN_JUDGED, HOL_SHARE, contended, head_of_line, host_evidence
 
 ROUTING = "pools/routing"
 ISOLATION = "pools/isolation"
@@ -115,9 +115,13 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
     ``pools.isolation.ttft_ratio_max`` x the short-alone p95, when short or long requests failed,
     or when short requests consistently got their first token only after a long request queued
     ahead of them completed (:func:`kvgate.gates.load.head_of_line`: the router or a shared pool
-    serialises them). INVALID when the client fell behind its schedule. ``measured``: the mixed
+    serialises them). INVALID when the client fell behind its schedule, or when either window ran on a
+    contended host (:func:`kvgate.gates.load.contended`; the pools behind the router are not a
+    process tree kvgate watches yet, so their evidence says "not measured"). ``measured``: the mixed
     p95 (ms); the ratio is in the message and the evidence."""
     for obs in (alone, mixed):
+        if (busy := contended(obs, ISOLATION, short)) is not None:  # a contended host: not judged
+            return busy
         v = obs.result.invalid_verdict(ISOLATION, schedule_lag_max_s)
         if v is not None:
             return Verdict(ISOLATION, Status.INVALID, v.message + f" ({obs.name})", measured=v.measured,
@@ -132,7 +136,8 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
     hol = head_of_line(mixed.result.records)
     ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
                           "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio}, "head_of_line": hol,
-                          "ttft_ratio_max": ratio_max, "short_slo_ms": slo}
+                          "ttft_ratio_max": ratio_max, "short_slo_ms": slo,
+                          "host_contention": host_evidence(alone, mixed)}
     load = (f"{ex.get('long_per_wave')} long {ex.get('long_prompt_tokens', 0):,}-token requests at a time "
             f"({ex.get('waves')} waves)")
     if pa and pm:

@@ -73,6 +73,10 @@ class Endpoint:
     #: The run's record of the engine's condition (:class:`kvgate.http.watch.EngineWatch`), shared by
     #: every client of this endpoint; None outside a run (no watch, no refusals).
     watch: "EngineWatch | None" = field(default=None, repr=False, compare=False)
+    #: Pids of the local process tree(s) serving this endpoint (the embedded vLLM kvgate launched,
+    #: :mod:`kvgate.run.lifecycle`); empty for ``--endpoint``. The load gates measure host
+    #: contention on their CPUs (:mod:`kvgate.host.contention`).
+    server_pids: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def display(self) -> str:

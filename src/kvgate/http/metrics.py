@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -123,12 +123,15 @@ class MetricsTrace:
     logical names from :data:`ALIASES` (``running``, ``waiting``, ``kv_usage`` as a 0-1 fraction,
     ``preemptions`` as the cumulative counter). ``before``/``after``: the first/last scrape.
     ``available``: False when the server has no ``/metrics`` (then every value is None and the
-    gates fall back to client-side evidence, saying so).
+    gates fall back to client-side evidence, saying so). ``host``: what a sampler run
+    ``alongside`` measured over the same window (the host contention of a launched server's
+    CPUs, :class:`kvgate.host.contention.HostContention`); None when none ran.
     """
 
     samples: list[tuple[float, dict[str, float | None]]] = field(default_factory=list)
     available: bool = True
     errors: int = 0
+    host: Any = None
 
     def values(self, logical: str) -> list[float]:
         return [v[logical] for _, v in self.samples if v.get(logical) is not None]
@@ -157,11 +160,14 @@ class MetricsSampler:
     ``fetch``: returns the ``/metrics`` body or None (e.g. ``KvClient.metrics_text`` of a client
     used only by this sampler). One scrape is taken on start and one on stop, so counters have a
     before and an after even for short scenarios. ``extra``: metric names (or logical names) to
-    track beside :data:`TRACKED`, each summed over its label sets.
+    track beside :data:`TRACKED`, each summed over its label sets. ``alongside``: an object with
+    ``start()`` and ``stop() -> result`` (e.g. :class:`kvgate.host.contention.ContentionSampler`)
+    started and stopped with this sampler; its result lands in ``trace.host``.
     """
 
     def __init__(self, fetch: Callable[[], str | None], interval_s: float = 0.2, max_samples: int = 3000,
-                 clock: Callable[[], float] | None = None, extra: tuple[str, ...] = ()) -> None:
+                 clock: Callable[[], float] | None = None, extra: tuple[str, ...] = (), alongside: Any = None) -> None:
+        self.alongside = alongside
         self.fetch = fetch
         self.tracked = TRACKED + tuple(m for m in extra if m not in TRACKED)
         self.interval_s = interval_s
@@ -199,6 +205,8 @@ class MetricsSampler:
         return self.clock() - self._t0
 
     def start(self) -> "MetricsSampler":
+        if self.alongside is not None:
+            self.alongside.start()
         self._t0 = self.clock()
         self._scrape()
         self._thread.start()
@@ -208,6 +216,8 @@ class MetricsSampler:
         self._stop.set()
         self._thread.join(timeout=30)
         self._scrape()
+        if self.alongside is not None:
+            self.trace.host = self.alongside.stop()
         if all(v.get("running") is None for _, v in self.trace.samples):
             self.trace.available = False
         return self.trace

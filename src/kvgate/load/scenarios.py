@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from kvgate.stats.confidence import LookPlan, Sampling, plan_looks
 from kvgate.http.client import Endpoint, KvClient
+from kvgate.host.contention import for_endpoint as contention_for
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
@@ -174,8 +175,10 @@ def _replayed(client: KvClient, endpoint: Endpoint, profile: Profile, name: str,
 
 
 def _sampler(endpoint: Endpoint) -> tuple[MetricsSampler, KvClient]:
+    """A ``/metrics`` sampler with its own client, measuring the host contention of a launched
+    server's CPUs over the same window (``trace.host``, :func:`kvgate.host.contention.for_endpoint`)."""
     own = KvClient(endpoint, timeout_s=10.0)  # the sampler's thread gets its own connection pool
-    return MetricsSampler(own.metrics_text, interval_s=0.1), own
+    return MetricsSampler(own.metrics_text, interval_s=0.1, alongside=contention_for(endpoint)), own
 
 
 def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0) -> LoadObservation:

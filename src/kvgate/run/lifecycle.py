@@ -212,7 +212,9 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
     if LAUNCH_ERROR_KEY in st.extra:  # failed outside the except: one line, no chained exception
         pytest.fail(st.extra[LAUNCH_ERROR_KEY], pytrace=False)
     st.extra[OWNED_KEY] = True
-    st.endpoint = Endpoint(base_url=url, managed=True)
+    # a local process tree (the embedded vLLM) is watched for host contention; a router's pid is not the server's
+    pids = (server.pid,) if server.pid is not None and st.launch_mode == "embedded" else ()
+    st.endpoint = Endpoint(base_url=url, managed=True, server_pids=pids)
     st.record.endpoint = st.endpoint.display
     st.record.launch = server.describe()
     if server.pid is not None:
