@@ -85,10 +85,22 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"health"}),  # health/under-load
     frozenset({"pools"}), frozenset({"pools", "load"}),
     frozenset({"soak"}),
+    frozenset({"capacity"}),  # capacity/knee: only with -m capacity (OPT_IN)
     frozenset({"drain"}),  # drain/* (the server is gone after it: last)
 )
 #: Every gate marker ``-m`` may name.
 GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
+#: Gate markers whose gates run only when the ``-m`` expression names them (a search that costs
+#: minutes: the capacity gate); the default run deselects them (:func:`kvgate.plugin._opt_in`).
+OPT_IN = ("capacity",)
+
+
+def names_marker(expr: str, marker: str) -> bool:
+    """Whether the ``-m`` expression ``expr`` names ``marker`` as an identifier (``-m capacity``,
+    ``-m "load or capacity"``; ``-m "not capacity"`` names it too and pytest deselects it)."""
+    import re
+
+    return re.search(rf"(?<![\w]){re.escape(marker)}(?![\w])", expr) is not None
 
 
 def usage(msg: str) -> pytest.UsageError:
