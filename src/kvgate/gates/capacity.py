@@ -51,8 +51,6 @@ Q = 0.95
 METRICS = (("TTFT", "ttft_p95_ms"), ("ITL", "itl_p95_ms"), ("e2e", "e2e_p95_ms"))
 #: KV usage (fraction) from which the pool counts as full.
 KV_FULL = 0.95
-#: TTFT p95 growth (x, first failing step over the first step) that counts as rising TTFT.
-TTFT_RISE = 2.0
 #: A knee below this share of the full-length sequences the KV pool holds is "far below" it.
 FAR_BELOW = 0.5
 INVALID = "INVALID"
@@ -167,7 +165,7 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
             metrics[label] = {"point": percentile(xs, Q * 100) if xs else None, "n": len(xs), "limit": None}
             continue
         j = judge(xs, Q, limit, conf)
-        metrics[label] = {**j.to_dict(), "text": j.text(label)}
+        metrics[label] = {**j.to_dict(), "text": j.text(label, final=False)}
         decisions.append(j.decision)
     n = len(recs)
     errors = n - len(good_recs)
@@ -222,8 +220,8 @@ def fit_capacity(profile: Profile) -> tuple[int | None, int | None, int | None, 
 
     try:
         p = plan(profile)
-    except Exception as exc:  # a profile the arithmetic cannot size: the knee stands alone
-        return profile.engine.max_num_seqs, None, None, f"the fit arithmetic cannot size this profile ({exc})"
+    except Exception:  # a profile the arithmetic cannot size (fit/kv-pool says why): the knee stands alone
+        return profile.engine.max_num_seqs, None, None, "the fit arithmetic cannot size the KV pool (see fit/kv-pool)"
     if p.pool is None:
         return p.max_num_seqs, None, None, "no vLLM KV pool (llama.cpp)"
     try:
@@ -234,38 +232,45 @@ def fit_capacity(profile: Profile) -> tuple[int | None, int | None, int | None, 
     return p.max_num_seqs, p.pool.sequences_at_once, per_wl, ""
 
 
-def limiting_causes(step: StepResult, first: StepResult | None, max_num_seqs: int | None) -> list[str]:
+def limiting_causes(step: StepResult, ref: StepResult | None, max_num_seqs: int | None) -> list[str]:
     """What the gauges say limits ``step`` (the first step not meeting the SLO), most specific
-    first: queueing (requests waiting while running is at ``max_num_seqs``), preemptions, a full
-    KV pool (usage >= :data:`KV_FULL`), prefill interference (TTFT p95 :data:`TTFT_RISE` x the
-    ``first`` step's while running stays below ``max_num_seqs``), errors. Never empty."""
+    first: queueing (requests waiting, running at ``max_num_seqs``), preemptions, a full KV pool
+    (usage >= :data:`KV_FULL`), prefill interference (TTFT over its limit while no request waited:
+    new prefills share the engine's steps with the running decodes), decode slowdown (ITL or e2e
+    over with TTFT within and nothing waiting), errors. ``ref``: the step at the knee (the last
+    that met the SLO), whose TTFT p95 the message compares with. Never empty."""
     causes = []
     run, wait = step.peak_running, step.peak_waiting
     if wait and wait > 0 and run is not None and max_num_seqs and run >= max_num_seqs:
         causes.append(f"queueing: up to {wait:.0f} requests waiting with running at max_num_seqs {max_num_seqs}")
     elif wait and wait > 0:
         causes.append(f"queueing: up to {wait:.0f} requests waiting (running peaked at "
-                      f"{'n/a' if run is None else f'{run:.0f}'}, max_num_seqs {max_num_seqs or 'unknown'})")
+                      f"{'n/a' if run is None else f'{run:.0f}'}, max_num_seqs {max_num_seqs or 'not known'})")
     if step.preemptions:
         causes.append(f"preemptions: {step.preemptions:.0f} (the KV pool ran out and running requests were evicted)")
     if step.peak_kv_usage is not None and step.peak_kv_usage >= KV_FULL:
         causes.append(f"KV cache usage peaked at {step.peak_kv_usage:.0%}")
-    t0, t1 = (first.p95("TTFT") if first else None), step.p95("TTFT")
-    if (t0 and t1 and t1 >= TTFT_RISE * t0 and run is not None and max_num_seqs and run < max_num_seqs
-            and not wait):
-        causes.append(f"prefill interference: TTFT p95 {t0:,.0f} ms at concurrency {first.concurrency} -> "
-                      f"{t1:,.0f} ms at {step.concurrency} while running stayed below max_num_seqs {max_num_seqs} "
-                      f"(peak {run:.0f})")
+    failed = {label for label, m in step.metrics.items() if m.get("limit") is not None and m.get("decision") != C_PASS}
+    nothing_waits = run is not None and not wait and (not max_num_seqs or run < max_num_seqs)
+    if nothing_waits and not causes and failed:
+        below = (f"running peaked at {run:.0f}, below max_num_seqs {max_num_seqs}" if max_num_seqs else
+                 f"running peaked at {run:.0f}; max_num_seqs not known")
+        t0, t1 = (ref.p95("TTFT") if ref else None), step.p95("TTFT")
+        rise = f"TTFT p95 {t0:,.0f} ms at concurrency {ref.concurrency} -> {t1:,.0f} ms at {step.concurrency}" \
+            if t0 is not None and t1 is not None and ref is not None else f"TTFT p95 over its limit at {step.concurrency}"
+        if "TTFT" in failed:
+            causes.append(f"prefill interference: {rise} with no request waiting ({below})")
+        else:
+            which = "/".join(sorted(failed))
+            causes.append(f"decode slowdown: {which} p95 over the SLO with TTFT within it and no request waiting "
+                          f"({below}): each engine step of the larger batch takes longer")
     if step.errors:
         causes.append(f"errors: {step.errors}/{step.requests} requests failed ({'; '.join(step.error_samples[:2])})")
     if step.invalid:
         causes.append(f"measurement INVALID: {step.invalid}")
     if not causes:
-        if run is None and wait is None:
-            causes.append("/metrics gave no scheduler gauges: the cause is not known")
-        else:
-            causes.append("no queueing, preemption or KV pressure: each step of the larger batch is slower "
-                          "(decode time grows with the batch)")
+        causes.append("/metrics gave no scheduler gauges: the cause is not known" if run is None and wait is None
+                      else "no queueing, preemption or KV pressure in the gauges")
     return causes
 
 
@@ -301,7 +306,6 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
     knee, bad = knee_of(steps)
     ordered = sorted(steps, key=lambda s: s.concurrency)
     at_knee = next((s for s in ordered if s.concurrency == knee), None)
-    first = ordered[0] if ordered else None
     mns, full_seqs, wl_seqs, why_no_fit = fit_capacity(profile)
     try:
         wname, wl = short_workload(profile)
@@ -321,7 +325,7 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
     if at_knee is not None:
         head += (f"; at the knee goodput {at_knee.goodput_rps:.2f} req/s, throughput {at_knee.throughput_rps:.2f} req/s "
                  f"({at_knee.output_tokens_per_s:,.0f} output tokens/s)")
-    causes = limiting_causes(bad, first, mns) if bad is not None else []
+    causes = limiting_causes(bad, at_knee, mns) if bad is not None else []
     compare = []
     if mns:
         compare.append(f"max_num_seqs {mns}" + (" (the knee is past it: requests beyond it wait, and the SLO still "

@@ -634,7 +634,7 @@ def _compile(expr: str) -> Any:
 def markexpr_selects_live(expr: str) -> bool:
     """Whether the ``-m`` expression ``expr`` selects any gate that needs a server (every gate but
     the fit arithmetic), judged on each gate item's markers (:data:`GATE_MARKER_SETS`). An empty
-    expression selects all of them. A live item also carries the ``gate`` marker."""
+    expression selects all of them but the opt-in ones (:data:`OPT_IN`), which count only when named. A live item also carries the ``gate`` marker."""
     if not expr.strip():
         return True
     try:
@@ -642,8 +642,8 @@ def markexpr_selects_live(expr: str) -> bool:
     except pytest.UsageError:
         return True  # refused by check_markexpr; never decide "no server" on a broken expression
     for markers in GATE_MARKER_SETS:
-        if markers == SERVERLESS:
-            continue
+        if markers == SERVERLESS or any(m in markers and not names_marker(expr, m) for m in OPT_IN):
+            continue  # the fit arithmetic; an opt-in gate the expression does not name (deselected)
         names = markers | {"gate"}
         if compiled.evaluate(lambda name, **kw: name in names):
             return True
