@@ -145,6 +145,8 @@ def test_no_declared_peak_skips_with_the_knee_and_time_out_is_inconclusive():
     assert "profile declares no slo.peak_concurrency: nothing gated (a peak up to 1 would pass at margin 1.25)" in v.message
     v = capacity_verdict([step(1), step(2)], profile(peak=8), {"why_stopped": "time"})
     assert v.status is Status.INCONCLUSIVE and "ran out of time (capacity.max_duration_s 300 s)" in v.message
+    v = capacity_verdict([step(1), step(2), step(8, "FAIL")], profile(peak=4), {"why_stopped": "not met"})
+    assert v.status is Status.INCONCLUSIVE and "= 5 lies between the knee 2 and the first step not meeting" in v.message
 
 
 def test_an_untrusted_step_below_the_need_is_invalid_and_no_slo_skips():

@@ -25,7 +25,8 @@ that is not a PASS, :func:`kvgate.load.capacity.search`).
 (always a step of the search); PASS when the knee >= need, FAIL otherwise -- naming the knee, the
 first failing step and its limiting cause from the gauges (:func:`limiting_causes`). INVALID when
 the step that decided it was INVALID, INCONCLUSIVE when the search ran out of time before reaching
-need. No declared peak: SKIP (nothing was gated), the knee in the message. Both compare the knee
+need or need lies between the knee and the first step not met without being measured (steps judged
+again for another peak: the search itself always measures need when it is >= the first step). No declared peak: SKIP (nothing was gated), the knee in the message. Both compare the knee
 with ``max_num_seqs`` and with the full-length sequences the fit arithmetic says the KV pool holds
 (:func:`kvgate.gates.fit.plan`, ``pool.sequences_at_once``).
 """
@@ -362,6 +363,10 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
         status, tail = Status.INCONCLUSIVE, (
             f"the search ran out of time (capacity.max_duration_s {profile.capacity.max_duration_s:g} s) before "
             f"reaching the declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} -> INCONCLUSIVE")
+    elif decided is None and bad is not None:  # need lies between the knee and the first step not met
+        status, tail = Status.INCONCLUSIVE, (
+            f"the declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} lies between the knee "
+            f"{knee} and the first step not meeting the SLO ({bad.concurrency}) and was not measured -> INCONCLUSIVE")
     elif decided is not None and decided.decision == INVALID:
         status, tail = Status.INVALID, (f"step {decided.concurrency} cannot be trusted ({decided.invalid}); the "
                                         f"declared peak x margin = {need} was not judged -> INVALID")

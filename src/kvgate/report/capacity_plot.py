@@ -46,6 +46,10 @@ def capacity_png(steps: Sequence[Any], knee: int, need: int | None, title: str) 
     for ax in (ax1, ax2):
         if xs:
             ax.set_xscale("log", base=2)
+            ticks = sorted(set(xs) | ({need} if need else set()))
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(t) for t in ticks])
+            ax.set_xlim(min(ticks) / 1.3, max(ticks) * 1.3)
         if knee:
             ax.axvline(knee, color="#3b8f5a", linestyle=":", label=f"knee {knee}")
         if need:
