@@ -181,7 +181,8 @@ def test_record_mode_writes_the_peak_the_knee_carries_and_signoff_links_the_plot
 #: overhead only lowers it). Confidence 0.8 (32 samples can PASS a p95) keeps the steps short.
 K, LIMIT_MS, CONFIDENCE = 0.02, 500.0, 0.8
 KNOWN_KNEE = 1 + int(LIMIT_MS // (K * 1000))
-FAULTY = FakeConfig(max_tokens_cap=64, faults={"ttft_rises_with_load"}, load_ttft_s_per_request=K)
+#: A KV pool of 1,024 blocks: 32 requests of 2 blocks each use 6% of it (the default 64 blocks would be full).
+FAULTY = FakeConfig(max_tokens_cap=64, faults={"ttft_rises_with_load"}, load_ttft_s_per_request=K, num_gpu_blocks=1024)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +193,8 @@ def fake_search():
     from kvgate.load.capacity import requests_for, run_step
 
     p = profile(ttft=LIMIT_MS, start_concurrency=8, max_concurrency=32, bisect_steps=0)
-    p = p.model_copy(update={"limits": p.limits.model_copy(update={"stream_idle_timeout_s": 5.0}),
+    p = p.model_copy(update={"limits": p.limits.model_copy(update={"stream_idle_timeout_s": 5.0,
+                                                                   "schedule_lag_max_s": 1.0}),  # the fake: same process
                              "slo": p.slo.model_copy(update={"confidence": CONFIDENCE})})
     with FakeVLLM(FAULTY) as fake:
         ep = Endpoint(fake.base_url)
@@ -206,38 +208,42 @@ def fake_search():
 def test_knee_found_within_one_search_step_of_the_known_value(fake_search):
     judged, found, _ = fake_search
     knee, bad = knee_of(judged)
-    assert knee == 16 and bad.concurrency == 32, [(s.concurrency, s.decision, s.p95("TTFT")) for s in judged]
+    trail = [(s.concurrency, s.decision, s.p95("TTFT")) for s in judged]
+    # 16 x 0.02 s = 300 ms plus the client's overhead: 16 on a quiet host, 8 when a loaded one adds > 200 ms
+    assert knee in (8, 16) and bad.concurrency == 2 * knee, trail
     assert knee <= KNOWN_KNEE < bad.concurrency  # the known knee lies within the one step the search ended on
-    assert judged[0].requests == 32 and judged[-1].requests == 64  # min samples at 80%, then 2 x concurrency
-    assert judged[0].p95("TTFT") < judged[1].p95("TTFT") < judged[2].p95("TTFT")
-    assert all(s.goodput_rps > 0 and s.peak_running for s in judged[:2]) and found.why_stopped == "not met"
+    assert judged[0].requests == 32 and judged[-1].requests == 2 * bad.concurrency  # 32 can PASS at 80%; 2 x c
+    assert judged[0].p95("TTFT") < judged[1].p95("TTFT"), trail
+    assert all(s.goodput_rps > 0 and s.peak_running for s in judged if s.decision == "PASS")
+    assert found.why_stopped == "not met"
 
 
 def test_fake_peak_below_the_knee_passes_above_it_fails_naming_knee_and_cause(fake_search):
     judged, found, p = fake_search
-    ok = capacity_verdict(judged, p.model_copy(update={"slo": p.slo.model_copy(update={"peak_concurrency": 12})}),
+    knee, first_bad = knee_of(judged)[0], knee_of(judged)[1].concurrency
+    ok = capacity_verdict(judged, p.model_copy(update={"slo": p.slo.model_copy(update={"peak_concurrency": 6})}),
                           found.to_dict())
-    assert ok.status is Status.PASS and ok.message.endswith("declared peak 12 x margin 1.25 = 15 <= knee 16 -> PASS")
-    bad = capacity_verdict(judged, p.model_copy(update={"slo": p.slo.model_copy(update={"peak_concurrency": 24})}),
+    assert ok.status is Status.PASS and ok.message.endswith(f"declared peak 6 x margin 1.25 = 8 <= knee {knee} -> PASS")
+    bad = capacity_verdict(judged, p.model_copy(update={"slo": p.slo.model_copy(update={"peak_concurrency": 32})}),
                            found.to_dict())
-    assert bad.status is Status.FAIL and bad.message.startswith("knee 16 concurrent requests"), bad.message
-    assert "first step not meeting the SLO: concurrency 32 (FAIL: TTFT p95 " in bad.message
+    assert bad.status is Status.FAIL and bad.message.startswith(f"knee {knee} concurrent requests"), bad.message
+    assert f"first step not meeting the SLO: concurrency {first_bad} (FAIL: TTFT p95 " in bad.message
     # the fake's TTFT rises with the requests running, none wait (max_num_seqs 256): prefill interference
     assert "limiting cause: prefill interference: TTFT p95 " in bad.message, bad.message
-    assert bad.message.endswith("declared peak 24 x margin 1.25 = 30 > knee 16 -> FAIL")
+    assert bad.message.endswith(f"declared peak 32 x margin 1.25 = 40 > knee {knee} -> FAIL")
 
 
 CAPACITY_PROFILE = """\
 extends: {base}
-limits: {{stream_idle_timeout_s: 5}}
+limits: {{stream_idle_timeout_s: 5, schedule_lag_max_s: 1.0}}  # the fake shares the client's process (GIL)
 slo: {{ttft_p95_ms: {limit}, peak_concurrency: {peak}, confidence: {confidence}}}
-capacity: {{start_concurrency: 16, max_concurrency: 16, bisect_steps: 0}}
+capacity: {{start_concurrency: 8, max_concurrency: 8, bisect_steps: 0}}
 """
 
 
 @pytest.mark.parametrize("peak, status, fragment", [
-    (8, "PASS", "knee 16 concurrent requests (chat 16+8 tokens; steps 16 in "),  # one step: 16 >= 8 x 1.25
-    (24, "FAIL", "first step not meeting the SLO: concurrency 30 (FAIL: TTFT p95 "),  # steps 16, 30
+    (4, "PASS", "knee 8 concurrent requests (chat 16+8 tokens; steps 8 in "),  # one step: 8 >= 4 x 1.25
+    (24, "FAIL", "declared peak 24 x margin 1.25 = 30 > knee "),  # steps 8 (~150 ms), 16 (~300), 30 (~600 ms)
 ])
 def test_suite_against_the_fake(pytester, write_profile, peak, status, fragment):
     path = write_profile("fake-capacity", CAPACITY_PROFILE.format(base=FAKE, limit=LIMIT_MS, peak=peak,
@@ -248,7 +254,8 @@ def test_suite_against_the_fake(pytester, write_profile, peak, status, fragment)
     g = gates["fake-capacity/capacity/knee"]
     assert g["status"] == status and fragment in g["message"], g["message"]
     if status == "FAIL":
-        assert "limiting cause: prefill interference" in g["message"] and "> knee 16 -> FAIL" in g["message"]
+        assert "first step not meeting the SLO: concurrency " in g["message"], g["message"]
+        assert "limiting cause: prefill interference: TTFT p95 " in g["message"], g["message"]
     reports = pytester.path / "reports"
     assert (reports / "capacity.png").read_bytes()[:4] == b"\x89PNG"
     assert (reports / "capacity-steps.csv").read_text().startswith("concurrency,")

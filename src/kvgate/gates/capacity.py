@@ -363,6 +363,9 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
         status, tail = Status.INCONCLUSIVE, (
             f"the search ran out of time (capacity.max_duration_s {profile.capacity.max_duration_s:g} s) before "
             f"reaching the declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} -> INCONCLUSIVE")
+    elif decided is None and bad is not None and bad.decision == INVALID:
+        status, tail = Status.INVALID, (f"step {bad.concurrency} cannot be trusted ({bad.invalid}); the declared "
+                                        f"peak x margin = {need} was not judged -> INVALID")
     elif decided is None and bad is not None:  # need lies between the knee and the first step not met
         status, tail = Status.INCONCLUSIVE, (
             f"the declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} lies between the knee "
