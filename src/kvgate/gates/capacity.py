@@ -26,7 +26,8 @@ that is not a PASS, :func:`kvgate.load.capacity.search`).
 first failing step and its limiting cause from the gauges (:func:`limiting_causes`). INVALID when
 the step that decided it was INVALID, INCONCLUSIVE when the search ran out of time before reaching
 need or need lies between the knee and the first step not met without being measured (steps judged
-again for another peak: the search itself always measures need when it is >= the first step). No declared peak: SKIP (nothing was gated), the knee in the message. Both compare the knee
+again for another peak: the search itself always measures need when it is >= the first step). No
+declared peak: SKIP (nothing was gated), the knee in the message. Both compare the knee
 with ``max_num_seqs`` and with the full-length sequences the fit arithmetic says the KV pool holds
 (:func:`kvgate.gates.fit.plan`, ``pool.sequences_at_once``).
 """

@@ -516,9 +516,10 @@ class CapacitySpec(_Strict):
     """The capacity gate (``-m capacity``): a bounded search of closed-loop concurrency for the
     knee -- the most concurrent requests (of the SLO workload) that still meet the TTFT/ITL/e2e p95
     SLO with confidence (:mod:`kvgate.confidence`). Steps double from ``start_concurrency`` to
-    ``max_concurrency`` (``ceil(slo.peak_concurrency x margin)`` is a step too when >= start_concurrency, the cap raised to
-    it); after the first step that does not meet the SLO, ``bisect_steps`` steps bisect between it
-    and the last that did. The whole search stops after ``max_duration_s``."""
+    ``max_concurrency`` (``ceil(slo.peak_concurrency x margin)`` is a step too when it is at least
+    ``start_concurrency``, the cap raised to it); after the first step that does not meet the SLO,
+    ``bisect_steps`` steps bisect between it and the last that did. The whole search stops after
+    ``max_duration_s``."""
 
     start_concurrency: int = Field(default=1, gt=0, description="[requests] the first step's concurrency")
     max_concurrency: int = Field(default=64, gt=0, description="[requests] the search's cap (raised to the "

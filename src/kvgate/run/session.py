@@ -634,7 +634,8 @@ def _compile(expr: str) -> Any:
 def markexpr_selects_live(expr: str) -> bool:
     """Whether the ``-m`` expression ``expr`` selects any gate that needs a server (every gate but
     the fit arithmetic), judged on each gate item's markers (:data:`GATE_MARKER_SETS`). An empty
-    expression selects all of them but the opt-in ones (:data:`OPT_IN`), which count only when named. A live item also carries the ``gate`` marker."""
+    expression selects all of them but the opt-in ones (:data:`OPT_IN`), which count only when named.
+    A live item also carries the ``gate`` marker."""
     if not expr.strip():
         return True
     try:
