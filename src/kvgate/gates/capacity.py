@@ -22,7 +22,7 @@ PASSing too. A wrong knee needs the first step past the true knee to PASS wrongl
 that is not a PASS, :func:`kvgate.load.capacity.search`).
 
 **The verdict** (:func:`capacity_verdict`): ``need = ceil(slo.peak_concurrency x capacity.margin)``
-(always a step of the search); PASS when the knee >= need, FAIL otherwise -- naming the knee, the
+(a step of the search when at least its first); PASS when the knee >= need, FAIL otherwise -- naming the knee, the
 first failing step and its limiting cause from the gauges (:func:`limiting_causes`). INVALID when
 the step that decided it was INVALID, INCONCLUSIVE when the search ran out of time before reaching
 need or need lies between the knee and the first step not met without being measured (steps judged
