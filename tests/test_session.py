@@ -186,6 +186,7 @@ def test_no_gate_selected_leaves_no_empty_server_log(pytester):
 @pytest.mark.parametrize("expr, live", [
     ("", True), ("fit", False), ("fit and not deployment", False), ("not fit", True), ("deployment", True),
     ("fit or soak", True), ("pools and not load", True), ("health", True), ("drain", True),
+    ("capacity", True), ("fit or capacity", True), ("not capacity and fit", False),
     ("not (fit or deployment or max_context or max_tokens or streaming or requests or features or disconnect or load or "
      "health or pools or soak or drain or metrics)", False),
 ])
@@ -203,6 +204,7 @@ def test_gate_marker_sets_are_the_suites(pytester):
     seen = set()
 
     class Spy:
+        @pytest.hookimpl(tryfirst=True)  # before kvgate deselects the opt-in gates (capacity)
         def pytest_collection_modifyitems(self, items):
             for it in items:
                 names = {m.name for m in it.iter_markers()} - {"gate", "parametrize", "asyncio", "usefixtures"}

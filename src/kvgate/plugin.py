@@ -20,8 +20,8 @@ from kvgate.profile.models import DEFAULT_PROFILE_DIR
 from kvgate.report import allure_meta, outputs
 from kvgate.run import lifecycle
 from kvgate.run.modes import DEFAULT_MODE
-from kvgate.run.session import (CONFIGURED, RUN, RUN_ERROR, RUN_ID, Run, check_markexpr, current,
-                                parse_gate_mode, refusal_words, refused_before_configure, test_id, usage,
+from kvgate.run.session import (CONFIGURED, OPT_IN, RUN, RUN_ERROR, RUN_ID, Run, check_markexpr, current,
+                                names_marker, parse_gate_mode, refusal_words, refused_before_configure, test_id, usage,
                                 write_error_reports)
 from kvgate.verdict import Status, Verdict
 
@@ -44,6 +44,7 @@ MARKERS = (
     "metrics: the metrics gate (consumed series present and moving, running/waiting and TTFT/e2e histograms true, /metrics under load)",
     "health: the health-under-load gate (/health and /v1/models latency under load vs the probe timeout)",
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
+    "capacity: the capacity gate (a concurrency search for the knee where the SLO stops holding vs the declared peak; only with -m capacity)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
     "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
@@ -176,6 +177,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     # the fit gate needs no server and runs first; gates that load the server run last
     items.sort(key=_gate_rank)
     _pools_only(run, items)
+    _opt_in(config, items)
 
 
 def _pools_only(run: Run, items: list[pytest.Item]) -> None:
@@ -190,8 +192,19 @@ def _pools_only(run: Run, items: list[pytest.Item]) -> None:
         run.config.hook.pytest_deselected(items=other)
 
 
+def _opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Gates that run only when asked (:data:`kvgate.run.session.OPT_IN`: the capacity search) are
+    deselected unless the ``-m`` expression names their marker (``-m capacity``)."""
+    expr = config.getoption("markexpr") or ""
+    unasked = [it for it in items if any(it.get_closest_marker(m) is not None and not names_marker(expr, m)
+                                         for m in OPT_IN)]
+    if unasked:
+        items[:] = [it for it in items if it not in unasked]
+        config.hook.pytest_deselected(items=unasked)
+
+
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "disconnect", "concurrency",
-              "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "soak", "drain")
+              "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "capacity", "soak", "drain")
 
 
 def _gate_rank(item: pytest.Item) -> int:

@@ -7,6 +7,8 @@ turn by everything that needs only a healthy tiny-cpu server -- one vLLM start i
    own launch (``embedded_run``, tests/e2e/conftest.py; every gate but the soak);
 3. ``--profile tiny-cpu-replay -m "load or soak"`` against it: the load gates and a 48 s soak
    replay the shipped traffic sample (multi-turn sessions) and PASS, later turns' cached_tokens > 0;
+   3b. ``--profile tiny-cpu -m capacity`` against it: the capacity search finds the knee and PASSes
+   tiny-cpu's declared peak; a peak above the knee FAILs naming it and the limiting cause;
 4. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
    server).
 
@@ -169,6 +171,35 @@ def test_replay_profile_load_gates_and_soak_replay_the_sample_and_pass(running_s
     assert later["requests"] > 0 and later["cached_tokens_mean"] and later["cached_tokens_mean"] > 0, ev["later_turns"]
     assert "later turns (" in slo["message"]
     assert "of traffic/tiny-chat.jsonl" in gates["tiny-cpu-replay/latency/interference"]["message"]
+
+
+# ------------------------------------------------------------------ 3b. the capacity search
+def test_capacity_search_finds_the_knee_passes_the_declared_peak_and_fails_one_above(running_server, tmp_path):
+    """``pytest --profile tiny-cpu -m capacity --endpoint URL``: the search (steps 16, 32, 64, 128, stopping
+    at the first not met; ~30-40 s) finds a knee, writes capacity.png and capacity-steps.csv and PASSes
+    tiny-cpu's declared peak 12 (x 1.25 = 15); the same measured steps judged for a profile declaring
+    the first failing step as its peak FAIL, naming the knee and the limiting cause (queueing at
+    max_num_seqs 8: the knee lies past it, where only the queue raises TTFT)."""
+    from kvgate.gates.capacity import StepResult, capacity_verdict
+
+    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", f"--endpoint={running_server.url}", "-m", "capacity")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    [g] = [g for g in target["gates"] if g["id"] == "tiny-cpu/capacity/knee"]
+    assert g["status"] == "PASS" and "declared peak 12 x margin 1.25 = 15 <= knee " in g["message"], g["message"]
+    ev = g["evidence"]
+    knee, first_bad = ev["knee"], ev["first_not_met"]
+    assert knee >= 16 and first_bad == 2 * knee and ev["search"]["wall_s"] < 90, ev["search"]
+    assert "limiting cause: queueing: up to " in g["message"] and "with running at max_num_seqs 8" in g["message"]
+    reports = tmp_path / "reports"
+    assert (reports / "capacity.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((reports / "capacity-steps.csv").read_text().splitlines()) == len(ev["steps"]) + 1
+    over = load_profile("tiny-cpu")
+    over = over.model_copy(update={"slo": over.slo.model_copy(update={"peak_concurrency": first_bad})})
+    v = capacity_verdict([StepResult.from_dict(s) for s in ev["steps"]], over, ev["search"])
+    assert v.status.value == "FAIL" and v.message.startswith(f"knee {knee} concurrent requests"), v.message
+    assert f"first step not meeting the SLO: concurrency {first_bad} (" in v.message
+    assert "limiting cause: queueing: up to " in v.message
+    assert v.message.endswith(f"declared peak {first_bad} x margin 1.25 = {int(first_bad * 1.25)} > knee {knee} -> FAIL")
 
 
 # ------------------------------------------------------------------ 4. Ctrl-C (last: ends the server)

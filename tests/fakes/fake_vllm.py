@@ -140,6 +140,8 @@ FAULTS: dict[str, str] = {
     "leaky_rss_long": "like leaky_rss, but only a request whose prompt is longer than leak_min_prompt_tokens "
     "(None: max_model_len // 2) leaks: a short-only load never sees the growth",
     "drifting_ttft": "TTFT grows by drift_s_per_request for every generation request seen before",
+    "ttft_rises_with_load": "TTFT grows with load: load_ttft_s_per_request for every other request running when "
+    "this one is admitted (a closed loop at concurrency c: TTFT = ttft_s + k x (c - 1); the capacity gate's knee)",
     "frozen_queue_gauge": "vllm:num_requests_waiting always reads 0 in /metrics, however many requests wait",
     "stuck_queue_gauge": "vllm:num_requests_waiting never falls: it reads the highest queue depth seen so far",
     # issue 12: edge requests, chunk schema, route timeout, garbage framing
@@ -317,6 +319,7 @@ class FakeConfig:
     leak_min_prompt_tokens: int | None = None  # leaky_rss_long: longer prompts leak; None -> max_model_len // 2
     base_rss_bytes: int = 512 << 20  # process_resident_memory_bytes without leaks
     drift_s_per_request: float = 0.002
+    load_ttft_s_per_request: float = 0.01  # ttft_rises_with_load: seconds of TTFT per other running request
     route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
     schedulable_tokens: int | None = None  # never_schedule: None -> max_model_len - block_size
     slow_health_s: float = 3.0  # slow_health_while_busy: /health's delay while a generation is in flight
@@ -1832,6 +1835,8 @@ class FakeVLLM:
             self._prefix_store(plan)
             st.prompt_tokens_total += plan.prompt_tokens
             m.prompt_tokens.labels(model, "0").inc(plan.prompt_tokens)
+            if "ttft_rises_with_load" in plan.faults:  # the others admitted and not finished
+                drift += cfg.load_ttft_s_per_request * max(0, st.running - 1)
             if cfg.ttft_s + drift > 0:
                 await self.sleep(cfg.ttft_s + drift)
 

@@ -774,6 +774,22 @@ def test_fault_drifting_ttft(client, fake):
     assert all(b > a for a, b in zip(ttfts, ttfts[1:]))
 
 
+def test_fault_ttft_rises_with_load(client, fake):
+    """ttft_rises_with_load: a request admitted while another runs waits load_ttft_s_per_request
+    more for its first token; alone it does not."""
+    fake.config.faults.add("ttft_rises_with_load")
+    fake.config.load_ttft_s_per_request = 0.06
+    fake.config.itl_s = 0.03
+    with client.stream("POST", "/v1/completions", json=cmpl(5, max_tokens=12, ignore_eos=True, stream=True)) as r:
+        lines = r.iter_lines()  # held open: this request keeps running while the next one is admitted
+        next(lines)
+        assert client.post("/v1/completions", json=cmpl(5, max_tokens=1)).status_code == 200
+        for _ in lines:
+            pass
+    alone, loaded = [r.t_first_token - r.t_received for r in fake.state.requests]
+    assert alone < 0.03 and loaded >= 0.055, (alone, loaded)  # 1 other running x 0.06 s; timers may wake ~1 ms early
+
+
 def test_fault_no_metrics_no_tokenize(client, fake):
     fake.config.faults |= {"no_metrics", "no_tokenize"}
     assert client.get("/metrics").status_code == 404

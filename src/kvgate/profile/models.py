@@ -204,6 +204,9 @@ class SLOSpec(_Strict):
     workload: str | None = Field(default=None, description="workload whose lengths the latency-SLO gate uses")
     short_ttft_p95_ms: float | None = Field(
         default=None, gt=0, description="[ms] short requests' TTFT p95 while long prefills run (interference gate)")
+    peak_concurrency: int | None = Field(
+        default=None, gt=0, description="[requests] the most concurrent requests the deployment must carry at its "
+        "peak: the capacity gate needs its knee (the most load still meeting the SLO) >= this x capacity.margin")
 
     @property
     def request_cap(self) -> int:
@@ -510,6 +513,27 @@ class PoolsSpec(_Strict):
     isolation: PoolIsolationSpec = Field(default_factory=PoolIsolationSpec, description="the pools/isolation gate")
 
 
+class CapacitySpec(_Strict):
+    """The capacity gate (``-m capacity``): a bounded search of closed-loop concurrency for the
+    knee -- the most concurrent requests (of the SLO workload) that still meet the TTFT/ITL/e2e p95
+    SLO with confidence (:mod:`kvgate.confidence`). Steps double from ``start_concurrency`` to
+    ``max_concurrency`` (``ceil(slo.peak_concurrency x margin)`` is a step too when it is at least
+    ``start_concurrency``, the cap raised to it); after the first step that does not meet the SLO,
+    ``bisect_steps`` steps bisect between it and the last that did. The whole search stops after
+    ``max_duration_s``."""
+
+    start_concurrency: int = Field(default=1, gt=0, description="[requests] the first step's concurrency")
+    max_concurrency: int = Field(default=64, gt=0, description="[requests] the search's cap (raised to the "
+                                 "declared peak x margin when that is higher)")
+    requests_per_step: int | None = Field(
+        default=None, gt=0, description="[requests] per step (default: the most of the fewest samples that can PASS "
+        "a p95 at slo.confidence, 59 at 95%, and 2 x the step's concurrency)")
+    max_duration_s: float = Field(default=300.0, gt=0, description="[s] wall-time bound of the whole search")
+    margin: float = Field(default=1.25, ge=1, description="[x] headroom: the knee must reach slo.peak_concurrency x this")
+    bisect_steps: int = Field(default=1, ge=0, description="[steps] extra steps bisecting between the last step that "
+                              "met the SLO and the first that did not")
+
+
 class SoakSpec(_Strict):
     """The soak: rounds of fixed *offered* load (open loop, seeded Poisson arrivals) for
     ``duration``; per round the server's memory and the TTFT p95; slopes with confidence intervals
@@ -732,6 +756,8 @@ class Profile(_Strict):
         default=None, description="documentation: whether this profile is meant to pass the fit gate"
     )
     soak: SoakSpec | None = Field(default=None, description="the soak gate: duration, load, slope ceilings")
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="the capacity gate (-m capacity): the "
+                                   "concurrency search for the knee (steps, cap, time bound, margin)")
     priority: PrioritySpec | None = Field(default=None, description="the priority gate: how the run fills the server and the gain priority must show (defaults when engine.scheduling_policy is priority)")
     autoscale: AutoscaleSpec | None = Field(default=None, description="the autoscale-signal gate: queue metric, threshold, rise/drain times")
     launch: LaunchSpec | None = Field(default=None, description="how kvgate starts the server when no --endpoint is "

@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover
 SEVERITY = {
     "fit": "critical", "deployment": "blocker", "max-context": "critical", "max-tokens": "normal",
     "streaming": "normal", "disconnect": "critical", "concurrency": "critical", "latency": "normal",
-    "soak": "critical",
+    "soak": "critical", "capacity": "critical",
 }
 
 #: Allure categories (``categories.json``; Allure 2 format, which Allure 3 reads too). A FAIL's
@@ -95,6 +95,9 @@ ADVICE = {
                "and long requests into separate pools",
     "soak": "read the classification in the message (memory growth, preemption/placement, bounded cache) and the "
             "soak plot",
+    "capacity": "the limiting cause says what to change: queueing -> more replicas or max_num_seqs (if the KV pool "
+                "holds more); preemptions or a full KV pool -> more KV (see the fit gate); prefill interference -> "
+                "limit max_num_batched_tokens or split short and long requests; or declare a lower slo.peak_concurrency",
 }
 
 #: Labels allure-pytest adds that say nothing about the deployment.

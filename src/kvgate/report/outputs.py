@@ -32,6 +32,9 @@ SERVER_LOG = "vllm-server.log"
 #: Everything kvgate writes into the reports directory (a run replaces all of it).
 #: The soak's own outputs (written by :class:`kvgate.soak.runner.SoakRunner` and the soak fixture).
 SOAK_FILES = ("soak-rounds.csv", "soak-requests.csv", "soak.png")
+#: The capacity gate's outputs (suites/test_capacity.py): the search steps and the throughput-latency plot.
+CAPACITY_CSV, CAPACITY_PNG = "capacity-steps.csv", "capacity.png"
+CAPACITY_FILES = (CAPACITY_CSV, CAPACITY_PNG)
 #: record mode's profile overlay (kvgate.run.modes.OVERLAY_FILE).
 OVERLAY = "profile-overlay.yaml"
 #: ``kvgate report``'s sign-off summary (kvgate.report.signoff.SIGNOFF); the HTML report dir
@@ -39,7 +42,7 @@ OVERLAY = "profile-overlay.yaml"
 SIGNOFF = "signoff.md"
 #: launch mode pools (kvgate.launch.pools.POOLS_DIR): each pool's vLLM log, nginx's config and logs.
 POOLS_DIR = "pools"
-OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES, POOLS_DIR)
+OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES, *CAPACITY_FILES, POOLS_DIR)
 #: JUnit testsuite property / Allure label and environment key that carry the run id.
 RUN_ID_KEY = "kvgate_run_id"
 

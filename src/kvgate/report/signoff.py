@@ -39,16 +39,27 @@ OVERALL_MEANING = {
 }
 
 
+#: Files a run may leave in the reports dir that signoff.md links (name -> what it shows).
+LINKED = {
+    "capacity.png": "the capacity search: latency p95 with bounds, throughput and goodput per concurrency step",
+    "capacity-steps.csv": "the capacity search's steps (p95s with bounds, goodput, throughput, scheduler gauges)",
+    "soak.png": "the soak: memory and TTFT p95 per round",
+    "soak-rounds.csv": "the soak's rounds",
+}
+
+
 def _cell(text: Any, limit: int = MESSAGE_CHARS) -> str:
     s = " ".join(str(text).split()).replace("|", "\\|")
     return s if len(s) <= limit else s[: limit - 1].rsplit(" ", 1)[0] + " …"
 
 
 def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
-                     redactor: Redactor | None = None, report_hint: str | None = None) -> str:
+                     redactor: Redactor | None = None, report_hint: str | None = None,
+                     files: tuple[str, ...] = ()) -> str:
     """The sign-off Markdown for one run's ``summary`` (a parsed summary.json). ``fit_table``: the
     fit gate's table text (None: the section says it is not in this run). ``report_hint``: where
-    the HTML report is, one line. Redacted with ``redactor`` (a fresh one when None)."""
+    the HTML report is, one line. ``files``: plots and tables of this run in the reports dir
+    (:data:`LINKED`), linked relative to signoff.md. Redacted with ``redactor`` (a fresh one when None)."""
     redactor = redactor or Redactor()
     overall = summary.get("overall") or "?"
     outcome = summary.get("outcome")
@@ -117,6 +128,9 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
         lines.append("Everything selected was checked.")
     lines += [f"- `{s.get('id')}`: {s.get('check')} — {_cell(s.get('reason', ''), 300)}" for s in skipped]
     lines += [f"- `{g}`: not run (the run ended before it)" for g in not_run]
+    if files:
+        lines += ["", "### Plots and tables", ""]
+        lines += [f"- [{name}]({name}): {LINKED.get(name, name)}" for name in files]
     if report_hint:
         lines += ["", report_hint]
     return redactor.text("\n".join(lines) + "\n")
@@ -155,5 +169,6 @@ def write_signoff(reports: Path, results: Path | None = None, redactor: Redactor
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     fit = fit_table_from_results(results if results is not None else reports / "allure-results")
     path = reports / SIGNOFF
-    path.write_text(signoff_markdown(summary, fit, redactor, report_hint), encoding="utf-8")
+    files = tuple(name for name in LINKED if (reports / name).is_file())
+    path.write_text(signoff_markdown(summary, fit, redactor, report_hint, files), encoding="utf-8")
     return path

@@ -151,10 +151,13 @@ RECORDABLE: tuple[tuple[str, str, str], ...] = (
     ("concurrency/long-sequences.preemptions", "limits.preemptions_allowed", "preemptions"),
     ("soak/memory", "soak.memory_slope_max_mb_per_h", "MB/h"),
     ("soak/latency", "soak.ttft_p95_slope_max_ms_per_h", "ms/h"),
+    # the largest peak the measured knee carries at capacity.margin (floor(knee / margin)), so the
+    # overlay passes on the server it was recorded on; the knee itself is in the comment's source
+    ("capacity/knee.supported peak", "slo.peak_concurrency", "requests"),
 )
 #: Fields that must be >= 0 (a negative slope is written as 0, said in a comment).
 _NON_NEGATIVE = ("soak.", "limits.preemptions_allowed", "slo.error_rate_max")
-_INTEGER = ("limits.preemptions_allowed",)
+_INTEGER = ("limits.preemptions_allowed", "slo.peak_concurrency")
 
 
 def _field_for(check: str) -> tuple[str, str] | None:

@@ -85,10 +85,22 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"health"}),  # health/under-load
     frozenset({"pools"}), frozenset({"pools", "load"}),
     frozenset({"soak"}),
+    frozenset({"capacity"}),  # capacity/knee: only with -m capacity (OPT_IN)
     frozenset({"drain"}),  # drain/* (the server is gone after it: last)
 )
 #: Every gate marker ``-m`` may name.
 GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
+#: Gate markers whose gates run only when the ``-m`` expression names them (a search that costs
+#: minutes: the capacity gate); the default run deselects them (:func:`kvgate.plugin._opt_in`).
+OPT_IN = ("capacity",)
+
+
+def names_marker(expr: str, marker: str) -> bool:
+    """Whether the ``-m`` expression ``expr`` names ``marker`` as an identifier (``-m capacity``,
+    ``-m "load or capacity"``; ``-m "not capacity"`` names it too and pytest deselects it)."""
+    import re
+
+    return re.search(rf"(?<![\w]){re.escape(marker)}(?![\w])", expr) is not None
 
 
 def usage(msg: str) -> pytest.UsageError:
@@ -622,7 +634,8 @@ def _compile(expr: str) -> Any:
 def markexpr_selects_live(expr: str) -> bool:
     """Whether the ``-m`` expression ``expr`` selects any gate that needs a server (every gate but
     the fit arithmetic), judged on each gate item's markers (:data:`GATE_MARKER_SETS`). An empty
-    expression selects all of them. A live item also carries the ``gate`` marker."""
+    expression selects all of them but the opt-in ones (:data:`OPT_IN`), which count only when named.
+    A live item also carries the ``gate`` marker."""
     if not expr.strip():
         return True
     try:
@@ -630,8 +643,8 @@ def markexpr_selects_live(expr: str) -> bool:
     except pytest.UsageError:
         return True  # refused by check_markexpr; never decide "no server" on a broken expression
     for markers in GATE_MARKER_SETS:
-        if markers == SERVERLESS:
-            continue
+        if markers == SERVERLESS or any(m in markers and not names_marker(expr, m) for m in OPT_IN):
+            continue  # the fit arithmetic; an opt-in gate the expression does not name (deselected)
         names = markers | {"gate"}
         if compiled.evaluate(lambda name, **kw: name in names):
             return True

@@ -1,0 +1,166 @@
+"""The capacity gate's measurement: closed-loop steps of rising concurrency, and the bounded
+search over them for the knee (the most load that still meets the SLO).
+
+:func:`run_step` sends one step -- ``n`` requests of the SLO workload (``slo.workload``, exact
+prompt lengths, ``ignore_eos``) at ``concurrency`` in flight, closed loop (:func:`kvgate.load.closed_loop`)
+-- while a :class:`~kvgate.http.metrics.MetricsSampler` scrapes ``/metrics`` (running, waiting,
+KV usage, preemptions), and returns a :class:`~kvgate.load.scenarios.LoadObservation`. Each
+step's prompts carry a salt of their own, so no step finds the previous one's prompts in vLLM's
+prefix cache.
+
+:func:`search` drives the steps: the ladder in order (:func:`ladder`: doubling from a start to a
+cap, the concurrency the verdict needs inserted), stopping at the first step that is not a PASS;
+then ``bisect_steps`` steps between the last PASS and that step. Measuring and deciding are
+injected (``measure(concurrency, seconds_left)``, ``decide(observation)`` -> PASS/FAIL/UNDECIDED/
+INVALID), so the search is tested without a server; the wall clock is injectable too. Bounded:
+at most ``len(ladder) + bisect_steps`` steps, each given only the seconds the search has left.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, TypeVar
+
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.load import closed_loop
+from kvgate.load.scenarios import LoadObservation, _sampler, _specs, short_workload
+from kvgate.profile.models import Profile
+
+T = TypeVar("T")
+
+PASS = "PASS"
+
+#: Distinct prompts per step (cycled over its requests, as the latency gate does): enough that no
+#: two requests in flight together share a prompt at the concurrencies a CPU search reaches.
+PROMPTS_PER_STEP = 16
+
+
+def ladder(start: int, cap: int, need: int | None = None) -> list[int]:
+    """Step concurrencies: ``start``, doubling, up to ``cap`` (the cap itself the last step); with
+    ``need`` (the concurrency a verdict needs), that is a step too and the cap is raised to it.
+    Raises ValueError on ``start < 1`` or ``cap < start``."""
+    if start < 1 or cap < start:
+        raise ValueError(f"need 1 <= start <= cap, got start {start}, cap {cap}")
+    cap = max(cap, need or 0)
+    steps, c = [], start
+    while c < cap:
+        steps.append(c)
+        c *= 2
+    steps.append(cap)
+    if need is not None and need >= start:
+        steps.append(need)
+    return sorted(set(steps))
+
+
+@dataclass
+class SearchStep(Generic[T]):
+    """One measured step: its ``concurrency``, the ``observation`` ``measure`` returned, the
+    ``decision`` (PASS/FAIL/UNDECIDED/INVALID), ``phase`` (``ladder`` or ``bisect``), ``t_s``
+    (seconds since the search started, when the step ended)."""
+
+    concurrency: int
+    observation: T
+    decision: str
+    phase: str
+    t_s: float
+
+
+@dataclass
+class Search(Generic[T]):
+    """What :func:`search` did: ``steps`` in the order measured, ``why_stopped`` (``not met``: a
+    step did not PASS; ``cap``: every ladder step PASSed; ``time``: ``max_duration_s`` ran out
+    before the ladder ended), ``ladder``, ``max_duration_s`` and ``wall_s``."""
+
+    ladder: list[int]
+    max_duration_s: float
+    steps: list[SearchStep[T]] = field(default_factory=list)
+    why_stopped: str = ""
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ladder": self.ladder, "max_duration_s": self.max_duration_s, "why_stopped": self.why_stopped,
+                "wall_s": self.wall_s, "steps": [{"concurrency": s.concurrency, "decision": s.decision,
+                                                  "phase": s.phase, "t_s": s.t_s} for s in self.steps]}
+
+
+def search(measure: Callable[[int, float], T], decide: Callable[[T], str], steps: list[int], *,
+           bisect_steps: int = 0, max_duration_s: float = 300.0,
+           clock: Callable[[], float] = time.monotonic) -> Search[T]:
+    """Measure the ``steps`` (ascending concurrencies) in order until one does not PASS, then bisect
+    ``bisect_steps`` times between the last PASS (0 when none) and it. ``measure(c, seconds_left)``
+    runs a step; ``decide(obs)`` judges it. A step is started only while time is left."""
+    s: Search[T] = Search(list(steps), max_duration_s)
+    t0 = clock()
+
+    def left() -> float:
+        return max_duration_s - (clock() - t0)
+
+    def step(c: int, phase: str) -> str | None:
+        if left() <= 0:
+            return None
+        obs = measure(c, left())
+        d = decide(obs)
+        s.steps.append(SearchStep(c, obs, d, phase, round(clock() - t0, 3)))
+        return d
+
+    lo, hi = 0, None
+    for c in steps:
+        d = step(c, "ladder")
+        if d is None:
+            s.why_stopped = "time"
+            break
+        if d != PASS:
+            hi = c
+            s.why_stopped = "not met"
+            break
+        lo = c
+    else:
+        s.why_stopped = "cap"
+    if hi is not None:
+        for _ in range(bisect_steps):
+            mid = (lo + hi) // 2
+            if mid <= lo or mid < (steps[0] if steps else 1):
+                break
+            d = step(mid, "bisect")
+            if d is None:
+                break
+            if d == PASS:
+                lo = mid
+            else:
+                hi = mid
+    s.wall_s = round(clock() - t0, 3)
+    return s
+
+
+def requests_for(profile: Profile, concurrency: int, min_samples: int) -> int:
+    """Requests one step sends: ``capacity.requests_per_step``, else the larger of ``min_samples``
+    (the fewest with which a p95 PASS is possible at ``slo.confidence``) and two rounds of the
+    step's concurrency (so the step is not one burst of simultaneous prefills)."""
+    given = profile.capacity.requests_per_step
+    return given if given is not None else max(min_samples, 2 * concurrency)
+
+
+def run_step(client: KvClient, endpoint: Endpoint, profile: Profile, concurrency: int, n: int,
+             deadline_s: float, salt: str = "") -> LoadObservation:
+    """``n`` requests of the SLO workload at ``concurrency`` in flight (closed loop) while
+    ``/metrics`` is sampled; bounded by ``deadline_s`` seconds. ``salt`` keeps this step's prompts
+    out of the prefix cache of earlier steps. A traffic sample on the workload is not replayed
+    here: the capacity search uses the declared lengths (prompt_tokens + output_tokens)."""
+    name, wl = short_workload(profile)
+    model = profile.model.served_name
+    specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, PROMPTS_PER_STEP), "capacity",
+                   salt=salt)
+    sampler, own = _sampler(endpoint)
+    try:
+        with sampler:
+            result = closed_loop(endpoint, specs, n=n, concurrency=concurrency, deadline_s=deadline_s,
+                                 request_timeout_s=profile.limits.request_timeout_s,
+                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
+    finally:
+        own.close()
+    return LoadObservation(f"capacity c={concurrency} ({name})", result, sampler.trace, wl.prompt_tokens,
+                           wl.output_tokens, concurrency)
+
+
+__all__ = ["PROMPTS_PER_STEP", "Search", "SearchStep", "ladder", "requests_for", "run_step", "search"]

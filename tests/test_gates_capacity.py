@@ -1,0 +1,269 @@
+"""The capacity gate: the ladder and the bounded search (injected measure and clock), the pure
+verdict on hand-built steps (PASS below the knee, FAIL above it naming the knee and the limiting
+cause, SKIP without a declared peak, INCONCLUSIVE when time ran out, INVALID), record mode's
+overlay, signoff's links; then against the fake whose TTFT rises with load at a known rate: the
+knee within one search step of the known value, and the suite (``-m capacity``) PASS / FAIL."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.gates.capacity import StepResult, capacity_verdict, knee_of, limiting_causes, need_of, steps_csv
+from kvgate.load.capacity import ladder, search
+from kvgate.profile.models import load_profile
+from kvgate.report.signoff import signoff_markdown
+from kvgate.run.modes import overlay
+from kvgate.verdict import Status
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+from .conftest import REPO
+from .test_gates_vs_fake import run_suites
+
+pytest_plugins = ["pytester"]
+FAKE = REPO / "tests" / "data" / "fake-vllm.yaml"
+BASE = load_profile(str(FAKE))
+
+
+def profile(peak=None, ttft=500.0, max_num_seqs=None, margin=1.25, **capacity):
+    p = BASE.model_copy(update={"slo": BASE.slo.model_copy(update={"ttft_p95_ms": ttft, "peak_concurrency": peak}),
+                                "capacity": BASE.capacity.model_copy(update={"margin": margin, **capacity})})
+    if max_num_seqs is not None:
+        p = p.model_copy(update={"engine": p.engine.model_copy(update={"max_num_seqs": max_num_seqs})})
+    return p
+
+
+def step(c, decision="PASS", ttft=100.0, running=None, waiting=None, preemptions=None, kv=None, errors=0,
+         invalid=None):
+    over = decision == "FAIL"
+    m = {"TTFT": {"point": ttft, "lower": ttft * 0.9, "upper": None if decision == "UNDECIDED" else ttft * 1.1,
+                  "limit": 500.0, "decision": decision if decision != "INVALID" else "PASS", "n": 59,
+                  "text": f"TTFT p95 {ttft:,.0f} ms, 95% {'lower' if over else 'upper'} bound (n=59) -> {decision}"}}
+    return StepResult(concurrency=c, requests=59, ok=59 - errors, errors=errors, wall_s=2.0, decision=decision,
+                      metrics=m, throughput_rps=29.5, output_tokens_per_s=236.0, goodput_rps=29.5 if not over else 10.0,
+                      good=59, peak_running=running, peak_waiting=waiting, preemptions=preemptions, peak_kv_usage=kv,
+                      invalid=invalid)
+
+
+# ----------------------------------------------------------------------------- ladder and search
+def test_ladder_doubles_to_the_cap_and_always_steps_at_the_need():
+    assert ladder(1, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert ladder(4, 48) == [4, 8, 16, 32, 48]
+    assert ladder(1, 8, need=20) == [1, 2, 4, 8, 16, 20]  # the cap raised to the need
+    assert ladder(1, 16, need=10) == [1, 2, 4, 8, 10, 16]
+    with pytest.raises(ValueError, match="start"):
+        ladder(0, 4)
+
+
+def fake_clock(step_s):
+    t = [0.0]
+
+    def measure(c, left):
+        t[0] += step_s
+        return c
+
+    return (lambda: t[0]), measure
+
+
+def test_search_stops_at_the_first_step_not_met_and_bisects_to_the_knee():
+    clock, measure = fake_clock(1.0)
+    s = search(measure, lambda c: "PASS" if c <= 11 else "FAIL", ladder(1, 64), bisect_steps=3, max_duration_s=100,
+               clock=clock)
+    assert [x.concurrency for x in s.steps] == [1, 2, 4, 8, 16, 12, 10, 11]
+    assert s.why_stopped == "not met" and [x.phase for x in s.steps][-3:] == ["bisect"] * 3
+    clock, measure = fake_clock(1.0)
+    s = search(measure, lambda c: "PASS" if c <= 11 else "UNDECIDED", ladder(1, 64), bisect_steps=0,
+               max_duration_s=100, clock=clock)
+    assert [x.concurrency for x in s.steps] == [1, 2, 4, 8, 16]  # undecided counts as not met: the search stops
+
+
+def test_search_is_bounded_by_the_cap_and_by_time():
+    clock, measure = fake_clock(1.0)
+    s = search(measure, lambda c: "PASS", ladder(1, 8), bisect_steps=2, max_duration_s=100, clock=clock)
+    assert [x.concurrency for x in s.steps] == [1, 2, 4, 8] and s.why_stopped == "cap"
+    clock, measure = fake_clock(10.0)
+    s = search(measure, lambda c: "PASS", ladder(1, 64), max_duration_s=25, clock=clock)
+    assert [x.concurrency for x in s.steps] == [1, 2, 4] and s.why_stopped == "time" and s.wall_s == 30.0
+
+
+# ----------------------------------------------------------------------------- the verdict (pure)
+def test_knee_is_the_last_pass_below_every_step_not_met():
+    steps = [step(1), step(2), step(4), step(8, "FAIL"), step(6), step(7, "UNDECIDED")]
+    knee, bad = knee_of(steps)
+    assert knee == 6 and bad.concurrency == 7
+    assert knee_of([step(1, "FAIL")])[0] == 0 and knee_of([step(1), step(2)]) == (2, None)
+
+
+def test_peak_below_the_knee_passes():
+    steps = [step(1), step(2), step(4), step(8), step(16, "FAIL", ttft=900, running=8, waiting=8)]
+    v = capacity_verdict(steps, profile(peak=6, max_num_seqs=8), {"why_stopped": "not met", "wall_s": 12.0})
+    assert v.status is Status.PASS, v.message
+    assert v.message.startswith("knee 8 concurrent requests (chat 16+8 tokens; steps 1, 2, 4, 8, 16 in 12 s)")
+    assert v.message.endswith("declared peak 6 x margin 1.25 = 8 <= knee 8 -> PASS")
+    assert "at the knee goodput 29.50 req/s, throughput 29.50 req/s (236 output tokens/s)" in v.message
+    assert v.measured == 8 and v.limit == 8 and v.unit == "requests"
+    assert v.parts[0].gate == "capacity/knee.supported peak" and v.parts[0].measured == 6  # floor(8 / 1.25)
+
+
+def test_peak_above_the_knee_fails_naming_knee_first_failing_step_and_queueing():
+    steps = [step(4), step(8), step(16, "FAIL", ttft=900, running=8, waiting=8)]
+    v = capacity_verdict(steps, profile(peak=16, max_num_seqs=8), {"why_stopped": "not met"})
+    assert v.status is Status.FAIL, v.message
+    assert v.message.startswith("knee 8 concurrent requests")
+    assert "first step not meeting the SLO: concurrency 16 (FAIL: TTFT p95 900 ms" in v.message
+    assert "limiting cause: queueing: up to 8 requests waiting with running at max_num_seqs 8" in v.message
+    assert "max_num_seqs 8" in v.message and v.message.endswith("declared peak 16 x margin 1.25 = 20 > knee 8 -> FAIL")
+    assert v.evidence["first_not_met"] == 16 and v.evidence["causes"][0].startswith("queueing")
+
+
+def test_causes_preemptions_kv_full_prefill_interference_decode_and_unknown():
+    knee = step(4, ttft=50)
+    assert limiting_causes(step(8, "FAIL", ttft=600, running=8, waiting=0, preemptions=3, kv=0.99), knee, 8) == [
+        "preemptions: 3 (the KV pool ran out and running requests were evicted)", "KV cache usage peaked at 99%"]
+    [c] = limiting_causes(step(8, "FAIL", ttft=600, running=8, waiting=0), knee, 16)
+    assert c == ("prefill interference: TTFT p95 50 ms at concurrency 4 -> 600 ms at 8 with no request waiting "
+                 "(running peaked at 8, below max_num_seqs 16)")
+    slow = step(8, "FAIL", ttft=60, running=8, waiting=0)
+    slow.metrics = {"TTFT": {**slow.metrics["TTFT"], "decision": "PASS"},
+                    "ITL": {"point": 90.0, "limit": 50.0, "decision": "FAIL", "text": "ITL p95 90 ms -> FAIL"}}
+    [c] = limiting_causes(slow, knee, 16)
+    assert c.startswith("decode slowdown: ITL p95 over the SLO with TTFT within it and no request waiting")
+    assert limiting_causes(step(8, "FAIL", ttft=600), knee, 16) == [
+        "/metrics gave no scheduler gauges: the cause is not known"]
+
+
+def test_undecided_step_counts_as_not_meeting_the_slo():
+    steps = [step(1), step(2), step(4, "UNDECIDED", ttft=480, running=4, waiting=0)]
+    v = capacity_verdict(steps, profile(peak=3, max_num_seqs=8), {"why_stopped": "not met"})
+    assert v.status is Status.FAIL and "knee 2 " in v.message
+    assert "undecided at the step's sample size: counted as not meeting the SLO" in v.message
+
+
+def test_no_declared_peak_skips_with_the_knee_and_time_out_is_inconclusive():
+    steps = [step(1), step(2), step(4, "FAIL", ttft=900)]
+    v = capacity_verdict(steps, profile(peak=None), {"why_stopped": "not met"})
+    assert v.status is Status.SKIP and v.measured == 2
+    assert "profile declares no slo.peak_concurrency: nothing gated (a peak up to 1 would pass at margin 1.25)" in v.message
+    v = capacity_verdict([step(1), step(2)], profile(peak=8), {"why_stopped": "time"})
+    assert v.status is Status.INCONCLUSIVE and "ran out of time (capacity.max_duration_s 300 s)" in v.message
+    v = capacity_verdict([step(1), step(2), step(8, "FAIL")], profile(peak=4), {"why_stopped": "not met"})
+    assert v.status is Status.INCONCLUSIVE and "= 5 lies between the knee 2 and the first step not meeting" in v.message
+
+
+def test_an_untrusted_step_below_the_need_is_invalid_and_no_slo_skips():
+    steps = [step(1), step(2, "INVALID", invalid="client fell behind its schedule")]
+    v = capacity_verdict(steps, profile(peak=4), {"why_stopped": "not met"})
+    assert v.status is Status.INVALID and "step 2 cannot be trusted (client fell behind" in v.message
+    none = BASE.model_copy(update={"slo": BASE.slo.model_copy(update={"ttft_p95_ms": None})})
+    assert capacity_verdict([], none).status is Status.SKIP
+
+
+def test_steps_round_trip_csv_and_need():
+    s = step(4, running=4, waiting=0)
+    assert StepResult.from_dict(s.to_dict()) == s
+    text = steps_csv([step(1), s])
+    assert text.splitlines()[0].startswith("concurrency,phase,decision,requests") and len(text.splitlines()) == 3
+    assert "ttft_p95_upper_ms" in text.splitlines()[0]
+    assert need_of(profile(peak=8)) == 10 and need_of(profile(peak=8, margin=1.0)) == 8 and need_of(profile()) is None
+
+
+def test_record_mode_writes_the_peak_the_knee_carries_and_signoff_links_the_plot():
+    v = capacity_verdict([step(1), step(2), step(4), step(8), step(16, "FAIL")], profile(peak=4),
+                         {"why_stopped": "not met"})
+    text = overlay("fake-vllm", [("fake-vllm/capacity/knee", v)], run_id="r", endpoint=None, server_version=None)
+    assert "  peak_concurrency: 6  # from fake-vllm/capacity/knee: capacity/knee.supported peak" in text
+    md = signoff_markdown({"overall": "PASS", "gates": []}, files=("capacity.png", "capacity-steps.csv"))
+    assert "- [capacity.png](capacity.png): the capacity search" in md and "[capacity-steps.csv](capacity-steps.csv)" in md
+
+
+# ----------------------------------------------------------------------------- against the fake
+#: The fake's TTFT rises by K s per other running request; the SLO is TTFT p95 <= LIMIT_MS, so the
+#: known knee is 1 + floor(LIMIT_MS / (K x 1000)) = 26 concurrent requests (the client's own
+#: overhead only lowers it). Confidence 0.8 (32 samples can PASS a p95) keeps the steps short.
+K, LIMIT_MS, CONFIDENCE = 0.02, 500.0, 0.8
+KNOWN_KNEE = 1 + int(LIMIT_MS // (K * 1000))
+#: A KV pool of 1,024 blocks: 32 requests of 2 blocks each use 6% of it (the default 64 blocks would be full).
+FAULTY = FakeConfig(max_tokens_cap=64, faults={"ttft_rises_with_load"}, load_ttft_s_per_request=K, num_gpu_blocks=1024)
+
+
+@pytest.fixture(scope="module")
+def fake_search():
+    """One search against the fake (steps 8, 16, 32): ``(judged steps, search)``."""
+    from kvgate.gates.capacity import judge_step, min_samples
+    from kvgate.http.client import Endpoint, KvClient
+    from kvgate.load.capacity import requests_for, run_step
+
+    p = profile(ttft=LIMIT_MS, start_concurrency=8, max_concurrency=32, bisect_steps=0)
+    p = p.model_copy(update={"limits": p.limits.model_copy(update={"stream_idle_timeout_s": 5.0,
+                                                                   "schedule_lag_max_s": 1.0}),  # the fake: same process
+                             "slo": p.slo.model_copy(update={"confidence": CONFIDENCE})})
+    with FakeVLLM(FAULTY) as fake:
+        ep = Endpoint(fake.base_url)
+        with KvClient(ep, timeout_s=10.0) as client:
+            found = search(lambda c, left: run_step(client, ep, p, c, requests_for(p, c, min_samples(p)), left,
+                                                    salt=f"c{c}"),
+                           lambda obs: judge_step(obs, p).decision, ladder(8, 32), max_duration_s=60)
+    return [judge_step(s.observation, p) for s in found.steps], found, p
+
+
+def test_knee_found_within_one_search_step_of_the_known_value(fake_search):
+    judged, found, _ = fake_search
+    knee, bad = knee_of(judged)
+    trail = [(s.concurrency, s.decision, s.p95("TTFT")) for s in judged]
+    # 16 x 0.02 s = 300 ms plus the client's overhead: 16 on a quiet host, 8 when a loaded one adds > 200 ms
+    assert knee in (8, 16) and bad.concurrency == 2 * knee, trail
+    assert knee <= KNOWN_KNEE < bad.concurrency  # the known knee lies within the one step the search ended on
+    assert judged[0].requests == 32 and judged[-1].requests == 2 * bad.concurrency  # 32 can PASS at 80%; 2 x c
+    assert judged[0].p95("TTFT") < judged[1].p95("TTFT"), trail
+    assert all(s.goodput_rps > 0 and s.peak_running for s in judged if s.decision == "PASS")
+    assert found.why_stopped == "not met"
+
+
+def test_fake_peak_below_the_knee_passes_above_it_fails_naming_knee_and_cause(fake_search):
+    judged, found, p = fake_search
+    knee, first_bad = knee_of(judged)[0], knee_of(judged)[1].concurrency
+    ok = capacity_verdict(judged, p.model_copy(update={"slo": p.slo.model_copy(update={"peak_concurrency": 6})}),
+                          found.to_dict())
+    assert ok.status is Status.PASS and ok.message.endswith(f"declared peak 6 x margin 1.25 = 8 <= knee {knee} -> PASS")
+    bad = capacity_verdict(judged, p.model_copy(update={"slo": p.slo.model_copy(update={"peak_concurrency": 32})}),
+                           found.to_dict())
+    assert bad.status is Status.FAIL and bad.message.startswith(f"knee {knee} concurrent requests"), bad.message
+    assert f"first step not meeting the SLO: concurrency {first_bad} (FAIL: TTFT p95 " in bad.message
+    # the fake's TTFT rises with the requests running, none wait (max_num_seqs 256): prefill interference
+    assert "limiting cause: prefill interference: TTFT p95 " in bad.message, bad.message
+    assert bad.message.endswith(f"declared peak 32 x margin 1.25 = 40 > knee {knee} -> FAIL")
+
+
+CAPACITY_PROFILE = """\
+extends: {base}
+limits: {{stream_idle_timeout_s: 5, schedule_lag_max_s: 1.0}}  # the fake shares the client's process (GIL)
+slo: {{ttft_p95_ms: {limit}, peak_concurrency: {peak}, confidence: {confidence}}}
+capacity: {{start_concurrency: 8, max_concurrency: 8, bisect_steps: 0}}
+"""
+
+
+@pytest.mark.parametrize("peak, status, fragment", [
+    (4, "PASS", "knee 8 concurrent requests (chat 16+8 tokens; steps 8 in "),  # one step: 8 >= 4 x 1.25
+    (24, "FAIL", "declared peak 24 x margin 1.25 = 30 > knee "),  # steps 8 (~150 ms), 16 (~300), 30 (~600 ms)
+])
+def test_suite_against_the_fake(pytester, write_profile, peak, status, fragment):
+    path = write_profile("fake-capacity", CAPACITY_PROFILE.format(base=FAKE, limit=LIMIT_MS, peak=peak,
+                                                                  confidence=CONFIDENCE))
+    with FakeVLLM(FAULTY) as fake:
+        result, summary, gates = run_suites(pytester, fake.url, "-m", "capacity", suites=["suites/test_capacity.py"],
+                                            profile=path)
+    g = gates["fake-capacity/capacity/knee"]
+    assert g["status"] == status and fragment in g["message"], g["message"]
+    if status == "FAIL":
+        assert "first step not meeting the SLO: concurrency " in g["message"], g["message"]
+        assert "limiting cause: prefill interference: TTFT p95 " in g["message"], g["message"]
+    reports = pytester.path / "reports"
+    assert (reports / "capacity.png").read_bytes()[:4] == b"\x89PNG"
+    assert (reports / "capacity-steps.csv").read_text().startswith("concurrency,")
+
+
+def test_default_run_deselects_the_capacity_gate(pytester, write_profile):
+    path = write_profile("fake-capacity", CAPACITY_PROFILE.format(base=FAKE, limit=LIMIT_MS, peak=8,
+                                                                  confidence=CONFIDENCE))
+    with FakeVLLM(FAULTY) as fake:
+        result, summary, gates = run_suites(pytester, fake.url, suites=["suites/test_capacity.py"], profile=path)
+    assert gates == {} and "1 deselected" in result.stdout.str()
