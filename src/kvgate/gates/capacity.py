@@ -4,7 +4,7 @@ against the peak it must carry (``slo.peak_concurrency``) times ``capacity.margi
 
 **Each step** (:func:`judge_step`, from a :class:`~kvgate.load.scenarios.LoadObservation` of
 :func:`kvgate.load.capacity.run_step`): TTFT, ITL and e2e p95 are judged with confidence
-(:func:`kvgate.confidence.judge` at ``slo.confidence``; one look per step): the step meets the SLO
+(:func:`kvgate.stats.confidence.judge` at ``slo.confidence``; one look per step): the step meets the SLO
 (PASS) only when every limited percentile's upper bound is within its limit and the error rate
 within ``slo.error_rate_max``; FAIL when a lower bound is above its limit or the error rate is
 over; otherwise UNDECIDED -- **an undecided step counts as not meeting the SLO** (the knee is the
@@ -40,11 +40,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from kvgate.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, judge, min_samples_to_pass
+from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, judge, min_samples_to_pass
+from kvgate.load.sampling import slo_samples
 from kvgate.load.scenarios import LoadObservation, ScenarioError, short_workload
 from kvgate.profile.models import Profile
 from kvgate.stats import percentile, request_metrics
 from kvgate.verdict import Status, Verdict
+from kvgate.gates.load import contended
 
 GATE = "capacity/knee"
 #: The percentile the SLO limits are (``slo.*_p95_ms``).
@@ -62,7 +64,7 @@ INVALID = "INVALID"
 class StepResult:
     """One search step, judged (plain data: survives summary.json and comes back with
     :meth:`from_dict`). Times in ms, rates per second; ``metrics``: label -> the
-    :meth:`kvgate.confidence.Judgement.to_dict` plus ``text`` (limited) or ``{"point", "n"}``
+    :meth:`kvgate.stats.confidence.Judgement.to_dict` plus ``text`` (limited) or ``{"point", "n"}``
     (no limit); ``decision``: PASS / FAIL / UNDECIDED / INVALID; gauges None without /metrics."""
 
     concurrency: int
@@ -143,7 +145,8 @@ def min_samples(profile: Profile) -> int:
 def step_invalid(obs: LoadObservation, profile: Profile) -> str | None:
     """Why a step's measurement cannot be trusted, or None: the client fell behind its schedule
     (:meth:`kvgate.load.LoadResult.invalid_verdict`, ``limits.schedule_lag_max_s``). Further
-    rules (a host contended by other processes) belong here."""
+    rules: a step on a contended host that did not PASS is INVALID (:func:`judge_step`,
+    :func:`kvgate.gates.load.contended`)."""
     v = obs.result.invalid_verdict(GATE, profile.limits.schedule_lag_max_s)
     return None if v is None else v.message.removesuffix(" -> INVALID")
 
@@ -155,9 +158,8 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     recs = obs.result.records
     ms = [(r, request_metrics(r)) for r in recs]
     good_recs = [(r, m) for r, m in ms if r.ok]
-    values = {"TTFT": [m.ttft_s * 1e3 for _, m in good_recs if m.ttft_s is not None],
-              "ITL": [g * 1e3 for _, m in good_recs for g in m.itl_s],
-              "e2e": [m.e2e_s * 1e3 for _, m in good_recs if m.e2e_s is not None]}
+    per = slo_samples(recs)  # ITL per request (each request's own p95 gap), as latency/slo judges it
+    values = {"TTFT": per["ttft_ms"], "ITL": per["itl_ms"], "e2e": per["e2e_ms"]}
     metrics: dict[str, dict[str, Any]] = {}
     decisions = []
     for label, fname in METRICS:
@@ -194,6 +196,9 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
         decision = C_PASS
     else:
         decision = UNDECIDED
+    if decision in (C_FAIL, UNDECIDED) and (busy := contended(obs, GATE, profile)) is not None:
+        # a contended host can only have slowed the server: its PASS stands, its FAIL is no measurement
+        invalid, decision = busy.message.split(" -> INVALID")[0], INVALID
     tr = obs.trace
     return StepResult(
         concurrency=obs.concurrency, requests=n, ok=len(good_recs), errors=errors, wall_s=wall, decision=decision,

@@ -516,7 +516,7 @@ class PoolsSpec(_Strict):
 class CapacitySpec(_Strict):
     """The capacity gate (``-m capacity``): a bounded search of closed-loop concurrency for the
     knee -- the most concurrent requests (of the SLO workload) that still meet the TTFT/ITL/e2e p95
-    SLO with confidence (:mod:`kvgate.confidence`). Steps double from ``start_concurrency`` to
+    SLO with confidence (:mod:`kvgate.stats.confidence`). Steps double from ``start_concurrency`` to
     ``max_concurrency`` (``ceil(slo.peak_concurrency x margin)`` is a step too when it is at least
     ``start_concurrency``, the cap raised to it); after the first step that does not meet the SLO,
     ``bisect_steps`` steps bisect between it and the last that did. The whole search stops after
