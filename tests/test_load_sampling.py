@@ -164,7 +164,9 @@ def test_hand_built_records_without_sampling_are_judged_in_one_look():
 
 
 def test_interference_looks_count_waves_of_shorts():
-    plan = interference_plan(PROFILE)
+    assert interference_plan(PROFILE).looks == (60,)  # one look: the fewest whole waves that can PASS (59)
+    assert interference_plan(PROFILE).per_look == pytest.approx(0.95)
+    plan = interference_plan(PROFILE, max_waves=18)  # looks beyond the first: 16, then 72 at 97.5% each
     assert plan.looks == (16, 72) and plan.per_look == pytest.approx(0.975)
     none = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"short_ttft_p95_ms": None})})
     assert interference_plan(none).looks == (16,)

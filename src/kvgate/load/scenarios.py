@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvgate.stats.confidence import LookPlan, Sampling, plan_looks
+from kvgate.stats.confidence import LookPlan, Sampling, min_samples_to_pass, plan_looks
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.host.contention import for_endpoint as contention_for
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
@@ -352,11 +352,13 @@ def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[Request
                       loop_lag_s=lags, cpu_s=cpu, transport=last.transport if last else "")
 
 
-#: The most waves the interference gate sends while its short-request TTFT p95 is undecided (4
-#: short requests each: 72 shorts, the fewest with which its two planned looks -- 16, 72 at
-#: 97.5% each -- can PASS; ~1 s a wave on the embedded tiny-cpu server). A deployment near its
-#: limit stays INCONCLUSIVE here rather than sampling for minutes; ``run_interference(max_waves=)``.
-INTERFERENCE_MAX_WAVES = 18
+#: Waves beyond which ``run_interference(max_waves=)`` plans a second look (None: one look).
+#: By default the gate judges ONE look of the fewest whole waves whose short requests can PASS a
+#: p95 bound at ``slo.confidence`` (59 at 95% -> 15 waves of 4 = 60 shorts): a wave costs ~1.7 s on
+#: the embedded tiny-cpu server (4 fresh 1,900-token prefills), and two looks (16, then 72 at 97.5%
+#: each) took 18 waves, 35.8 s in the main job, where one look of 15 takes ~26 s. The early FAIL
+#: look at 16 is what one look gives up: a failing deployment costs 15 waves, not 4.
+INTERFERENCE_MAX_WAVES: int | None = None
 
 #: Output tokens of the interference scenario's short requests (TTFT is what is judged).
 SHORT_OUTPUT_TOKENS = 8
@@ -364,14 +366,21 @@ SHORT_OUTPUT_TOKENS = 8
 
 def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4,
                       max_waves: int | None = None) -> LookPlan:
-    """The interference gate's looks, in short requests: the first at ``waves x shorts_per_wave``
-    (today's 16), then up to ``max_waves`` (default :data:`INTERFERENCE_MAX_WAVES`) waves
-    (:func:`~kvgate.stats.confidence.plan_looks` at p95 and ``slo.confidence``, bounded by
-    ``slo.max_duration_s``). One look when the profile sets no ``slo.short_ttft_p95_ms``."""
+    """The interference gate's looks, in short requests. With ``slo.short_ttft_p95_ms``: one look
+    at the fewest whole waves that can PASS a p95 bound at ``slo.confidence``
+    (:func:`~kvgate.stats.confidence.min_samples_to_pass`; 60 shorts at 95%), at least ``waves``; with
+    ``max_waves`` (default :data:`INTERFERENCE_MAX_WAVES`: None) a first look at ``waves x
+    shorts_per_wave`` and more up to ``max_waves`` waves (:func:`~kvgate.stats.confidence.plan_looks`).
+    Bounded by ``slo.max_duration_s``. Without the SLO: one look of ``waves``."""
     first = waves * shorts_per_wave
-    cap = first if profile.slo.short_ttft_p95_ms is None else \
-        max(first, (max_waves or INTERFERENCE_MAX_WAVES) * shorts_per_wave)
-    return plan_looks(first, cap, Q, profile.slo.confidence, max_s=profile.slo.max_duration_s)
+    conf = profile.slo.confidence
+    if profile.slo.short_ttft_p95_ms is None:
+        return plan_looks(first, first, Q, conf, max_s=profile.slo.max_duration_s)
+    limit_waves = max_waves if max_waves is not None else INTERFERENCE_MAX_WAVES
+    if limit_waves is None:
+        one = max(first, -(-min_samples_to_pass(Q, conf) // shorts_per_wave) * shorts_per_wave)
+        return plan_looks(one, one, Q, conf, max_s=profile.slo.max_duration_s)
+    return plan_looks(first, max(first, limit_waves * shorts_per_wave), Q, conf, max_s=profile.slo.max_duration_s)
 
 
 def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,
@@ -389,9 +398,10 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     requests carry tag ``short``, long ones ``long``.
 
     Sampling (:func:`interference_plan`, :func:`~kvgate.load.sampling.sample_batches`): waves are
-    the unit; the first look is ``waves`` waves; while the short requests' TTFT p95 against
-    ``slo.short_ttft_p95_ms`` is undecided, more waves follow in the planned looks (up to
-    ``max_waves``, within ``slo.max_duration_s``), each with fresh long prompts (a re-sent long
+    the unit; by default one look of the fewest waves that can PASS (15 at 95%); with
+    ``max_waves``, a first look of ``waves`` waves and, while the short requests' TTFT p95 against
+    ``slo.short_ttft_p95_ms`` is undecided, more waves in the planned looks (up to ``max_waves``);
+    within ``slo.max_duration_s``. Every wave after the first ``waves`` has fresh long prompts (a re-sent long
     prompt would come from the prefix cache, no prefill) and the first look's short prompts
     again, as the first look's shorts re-send the alone run's. The mixed observation's
     ``sampling`` says what was done.
