@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from kvgate.http.client import Endpoint
-from kvgate.gates.pools import isolation_verdict, routing_verdict
+from kvgate.gates.pools import isolation_decide, isolation_plan, isolation_verdict, routing_verdict
+from kvgate.http.metrics import MetricsTrace
+from kvgate.load import LoadResult
+from kvgate.load.scenarios import LoadObservation
 from kvgate.launch.pools import NginxRouter, PoolsLauncher, above_regex, pool_cpus, render_nginx
 from kvgate.pools.routing import (PoolsError, PoolTargets, Routed, RoutingObservation, completion_body, isolation_view,
                           landing_counts, pool_endpoints, run_isolation, run_routing)
@@ -26,6 +29,7 @@ from tests.fakes.fake_router import FakeRouter
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO, read_summary
+from .test_gates_load import tagged
 
 pytest_plugins = ["pytester"]
 DATA = REPO / "tests" / "data" / "pools"
@@ -115,6 +119,70 @@ def test_isolation_view_puts_the_short_pools_workload_beside_the_long_load():
     view = isolation_view(POOLS["short"], POOLS["long"])
     assert view.engine.max_model_len == 2048 and view.slo.workload == "chat"
     assert view.workloads["batch"].prompt_tokens == 1000 and view.slo.short_ttft_p95_ms == 300
+
+
+# ------------------------------------------------------------------------------ isolation, pure
+def runs(alone_ms, mixed_ms, spw=4):
+    """Hand-built (alone, mixed) observations from short TTFTs (ms): alone sequential; mixed in waves
+    of 2 longs (first token at 0.9 s, ending 1 s after the wave) with ``spw`` shorts just after, so
+    no short is head-of-line blocked."""
+    a = [tagged(i, "short", i * 1.0, i * 1.0 + t / 1e3, i * 1.0 + 0.5) for i, t in enumerate(alone_ms)]
+    m = []
+    for w in range(-(-len(mixed_ms) // spw)):
+        t0 = w * 2.0
+        m += [tagged(len(m), "long", t0, t0 + 0.9, t0 + 1.0) for _ in range(2)]
+        m += [tagged(len(m), "short", t0 + 0.01, t0 + 0.01 + t / 1e3, t0 + 0.5) for t in mixed_ms[w * spw:(w + 1) * spw]]
+    trace = MetricsTrace(samples=[])
+    extra = {"long_per_wave": 2, "long_prompt_tokens": 1000, "waves": -(-len(mixed_ms) // spw)}
+    return (LoadObservation("alone", LoadResult("closed", a, len(a), 10.0, 60.0), trace, 16, 8, 1),
+            LoadObservation("mixed", LoadResult("open", m, len(m), 10.0, 60.0), trace, 16, 8, 6, extra=extra))
+
+
+def spread(n, lo, hi):
+    return [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+
+
+def test_isolation_passes_only_when_both_upper_bounds_are_within():
+    alone, mixed = runs(spread(100, 20, 40), spread(100, 40, 90))  # SLO 300 ms, ratio <= 3x
+    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    assert v.status is Status.PASS, v.message
+    assert "short SLO: short TTFT p95 88 ms, 95% upper bound 89 ms (n=100) <= 300 ms -> PASS" in v.message
+    assert ("TTFT p95 ratio 2.2x (allowed 3x); 97.5% bounds of each run: with the long load upper 90 ms (n=100) "
+            "<= 3x alone lower 38 ms (n=100) = 114 ms -> PASS") in v.message
+    ev = v.evidence["confidence"]
+    assert ev["slo"]["decision"] == "PASS" and ev["ratio"]["alone"]["n"] == 100
+
+
+def test_isolation_with_too_few_samples_is_inconclusive_with_both_bounds():
+    alone, mixed = runs(spread(16, 20, 40), spread(16, 40, 90))  # 16 samples: no p95 upper bound exists
+    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "short SLO: short TTFT p95 88 ms, 95% bounds 83 ms..none (fewer than 59 samples: no PASS possible) " \
+           "(n=16; 0 over) straddle 300 ms -> undecided" in v.message
+    assert "with the long load 80 ms..none (n=16), 3x alone 108 ms..none (n=16) overlap -> undecided" in v.message
+    assert v.message.endswith("undecided after 16 short requests (sampling bounded by the short pool's "
+                              "slo.max_requests and slo.max_duration_s) -> INCONCLUSIVE")
+
+
+def test_isolation_fails_on_the_slo_lower_bound_and_on_the_ratio_bounds():
+    alone, mixed = runs(spread(16, 20, 30), spread(16, 320, 400))
+    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    assert v.status is Status.FAIL, v.message
+    assert re.search(r"short TTFT p95 39\d ms, 95% lower bound 3\d\d ms \(n=16; 16 over\) > 300 ms -> FAIL", v.message)
+    assert "short SLO 300 ms broken" in v.message
+    # 16 alone samples have no p95 upper bound: the ratio cannot FAIL yet, though 13x; the SLO decides
+    assert "TTFT p95 ratio 13.4x" in v.message and "3x alone 84 ms..none (n=16) overlap -> undecided" in v.message
+    assert "the split does not isolate" not in v.message
+    alone, mixed = runs(spread(100, 20, 30), spread(100, 150, 200))  # under the SLO, 6.7x the alone p95
+    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    assert v.status is Status.FAIL, v.message
+    assert "with the long load lower 195 ms (n=100) > 3x alone upper 30 ms (n=100) = 90 ms -> FAIL" in v.message
+    assert "the split does not isolate: short requests 6.7x slower" in v.message
+
+
+def test_the_isolation_plan_is_spaced_for_the_ratio_and_judged_at_the_slo_level():
+    p = isolation_plan(16, load_profile("tiny-cpu-pool-short"))
+    assert p.looks == (16, 99, 198, 256) and p.per_look == pytest.approx(1 - 0.05 / 4) and p.max_s == 120.0
 
 
 # ------------------------------------------------------------------------------ against fakes
