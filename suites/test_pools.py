@@ -5,7 +5,8 @@ bounds decide, up to the short pool's slo.max_requests / slo.max_duration_s)."""
 
 import pytest
 
-from kvgate.gates.pools import ISOLATION, ROUTING, isolation_decide, isolation_plan, isolation_verdict, routing_verdict
+from kvgate.gates.pools import (ISOLATION, ROUTING, isolation_decide, isolation_plan, isolation_verdict, routing_verdict,
+                                short_slo_ms)
 from kvgate.report.plots import interference_png
 from kvgate.pools.routing import run_isolation, run_routing
 from kvgate.report.record import records_csv
@@ -44,7 +45,8 @@ def test_short_requests_keep_their_ttft_while_the_long_pool_is_loaded(case, kvga
                                  plan=isolation_plan(iso.waves * iso.shorts_per_wave, short),
                                  decide=lambda a, m, c: isolation_decide(a, m, spec, short, lag, c))
     verdict = isolation_verdict(alone, mixed, spec, short, lag)
-    picture = interference_png(alone.result.records, mixed.result.records, verdict.limit,
+    # the short SLO, not verdict.limit: an INVALID verdict's limit is text
+    picture = interference_png(alone.result.records, mixed.result.records, short_slo_ms(short),
                                f"{kvgate_profile.name}: short-request TTFT through the router, alone vs long pool busy")
     assert kvgate_gate(verdict, attachments={"isolation.png": picture,
                                              "short alone.csv": records_csv(alone.result.rows()),

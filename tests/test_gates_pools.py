@@ -265,29 +265,61 @@ def test_a_rule_that_sends_a_pools_own_workload_elsewhere_fails(pools):
     assert "1 request(s) reached the right pool but were answered [400] (long workload (batch) x1)" in v.message
 
 
-def isolation(short: FakeVLLM, long: FakeVLLM, fault: str | None):
+#: The short pool's profile for the sampled runs against the fakes: 80% confidence and a cap of 64
+#: short requests keep them short (2 looks, each at 90%: 16 and 64; the ratio's per-run bounds, at
+#: 95%, need 59).
+FAST_SHORT = POOLS["short"].model_copy(update={"slo": POOLS["short"].slo.model_copy(
+    update={"confidence": 0.8, "max_requests": 64})})
+
+
+def isolation(short: FakeVLLM, long: FakeVLLM, fault: str | None, profile=FAST_SHORT, spw: int = 8):
+    pools = {**POOLS, "short": profile}
+    lag = profile.limits.schedule_lag_max_s
     with FakeRouter(short.base_url, long.base_url, THRESHOLD, fault) as router:
-        alone, mixed = run_isolation(targets(router.url, short, long), 2, 4)
-    return isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+        t = PoolTargets(Endpoint(router.url.removesuffix("/v1")),
+                        pool_endpoints(PROFILE, pools, [f"short={short.url}", f"long={long.url}"]), pools)
+        alone, mixed = run_isolation(t, 2, spw, plan=isolation_plan(2 * spw, profile),
+                                     decide=lambda a, m, c: isolation_decide(a, m, PROFILE.pools, profile, lag, c))
+    return isolation_verdict(alone, mixed, PROFILE.pools, profile, lag), alone, mixed
 
 
-def test_isolation_passes_when_the_split_keeps_short_requests_off_the_long_load():
-    # TTFT >= 50 ms on both pools, so the in-process fakes' scheduling noise cannot move the ratio
-    cfg = dict(max_model_len=2048, prefill_s_per_token=0.0004, ttft_s=0.05, itl_s=0.005)
-    with FakeVLLM(FakeConfig(**cfg)) as short, FakeVLLM(FakeConfig(**cfg, faults={"hol_blocking"})) as long:
-        v = isolation(short, long, None)
+#: Short pool: TTFT 40 ms (well above the in-process fakes' scheduling noise, which would move the
+#: ratio); long pool: a 1,000-token prefill takes 0.1 s and 8 tokens 160 ms more, so the shorts'
+#: first tokens come long before any long completes (no head-of-line coincidence); a wave ~0.3 s.
+SHORT_POOL = dict(max_model_len=2048, prefill_s_per_token=0.0001, ttft_s=0.04, itl_s=0.001)
+LONG_POOL = dict(SHORT_POOL, itl_s=0.02)
+
+
+def test_isolation_samples_more_waves_until_the_bounds_pass():
+    with FakeVLLM(FakeConfig(**SHORT_POOL)) as short, FakeVLLM(FakeConfig(**LONG_POOL, faults={"hol_blocking"})) as long:
+        v, alone, mixed = isolation(short, long, None)
     assert v.status is Status.PASS, v.message
     assert re.match(r"short-request TTFT p95 through the router \d+ ms alone, \d+ ms while the long pool serves 2 "
-                    r"long 1,000-token requests at a time \(2 waves\) \(\d\.\dx; allowed 3x\); short SLO 300 ms", v.message)
+                    r"long 1,000-token requests at a time \(8 waves\); short SLO: short TTFT p95 \d+ ms, 90% upper "
+                    r"bound \d+ ms \(n=64\) <= 300 ms -> PASS", v.message)
+    assert "TTFT p95 ratio" in v.message and "95% bounds of each run: with the long load upper" in v.message
+    assert "[2 of 2 planned looks, each at 90%, stopped: decided]" in v.message
+    s = v.evidence["confidence"]["sampling"]
+    assert [h["n"] for h in s["history"]] == [16, 64] and s["history"][0]["decisions"] == {"isolation": "UNDECIDED"}
+    shorts = [r for r in alone.result.records if r.tag == "short"]
+    assert len(shorts) == 64 and len([r for r in mixed.result.records if r.tag == "long"]) == 16
+    # the extra looks' waves follow the first look's on one time base, in send order
+    sent = [r.sent_s for r in mixed.result.records]
+    assert sent == sorted(sent) and [r.index for r in mixed.result.records] == list(range(len(sent)))
+    # fresh prompts per look: each look's alone run is the first sight of its prompts (the waves
+    # re-send them, as run_interference does), so none of the 64 alone requests hit the prefix cache
+    assert sum(1 for r in short.state.requests if r.cached_tokens == 0) == 64
 
 
 def test_isolation_fails_when_long_requests_share_the_short_pool():
-    cfg = dict(max_model_len=2048, prefill_s_per_token=0.0004, ttft_s=0.05, itl_s=0.005, faults={"hol_blocking"})
+    cfg = dict(LONG_POOL, prefill_s_per_token=0.0004, faults={"hol_blocking"})
     with FakeVLLM(FakeConfig(**cfg)) as short, FakeVLLM(FakeConfig(**cfg)) as long:
-        v = isolation(short, long, "all_short")
-    assert v.status is Status.FAIL
-    assert "short SLO 300 ms broken" in v.message and "the split does not isolate: short requests" in v.message
+        v, _, mixed = isolation(short, long, "all_short")
+    assert v.status is Status.FAIL, v.message
+    assert "short SLO 300 ms broken" in v.message and re.search(r"90% lower bound [\d,]+ ms \(n=16; 16 over\) > 300 ms "
+                                                                r"-> FAIL", v.message)
     assert re.search(r"head-of-line blocking: \d+ of \d+ short requests got their first token only after", v.message)
+    assert len(mixed.extra["sampling"]["history"]) == 1  # decided at the first look: nothing more sent
 
 
 # ------------------------------------------------------------------------------ nginx, for real

@@ -17,7 +17,6 @@ Every loop is bounded in requests and in time.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,8 +31,8 @@ from kvgate.confidence import LookPlan, sample_until_decided
 from kvgate.load import LoadResult, closed_loop
 # the interference scenario's own request builder and wave runner: an extra look sends what its
 # first look sent, with fresh prompts
-from kvgate.load.scenarios import (SHORT_OUTPUT_TOKENS, LoadObservation, _specs, _waves, long_workload, run_interference,
-                                   short_workload)
+from kvgate.load.scenarios import (SHORT_OUTPUT_TOKENS, LoadObservation, _specs, _waves, long_workload, merged_results,
+                                   run_interference, short_workload)
 
 POOLS = ("short", "long")
 #: Routes whose answers count as "this pool answered a generation request" in http_requests_total.
@@ -283,19 +282,6 @@ def isolation_view(short: Profile, long: Profile) -> Profile:
                                    "slo": short.slo.model_copy(update={"workload": sname})})
 
 
-def _merged(first: LoadResult, more: LoadResult) -> LoadResult:
-    """``more``'s records after ``first``'s on one time base (shifted to start at ``first``'s
-    last end), re-indexed; counts, lags and CPU added up."""
-    at = max((r.end_s for r in first.records if r.end_s is not None), default=0.0)
-    records = [*first.records, *(r.shift(at) for r in more.records)]
-    for i, r in enumerate(records):
-        r.index = i
-    return dataclasses.replace(first, records=records, n_requested=first.n_requested + more.n_requested,
-                               wall_s=max((r.end_s for r in records if r.end_s is not None), default=0.0),
-                               deadline_hit=first.deadline_hit or more.deadline_hit,
-                               loop_lag_s=[*first.loop_lag_s, *more.loop_lag_s], cpu_s=first.cpu_s + more.cpu_s)
-
-
 def _more_waves(tokenizer: KvClient, router: Endpoint, view: Profile, waves: int, shorts_per_wave: int, salt: str,
                 deadline_s: float) -> tuple[LoadResult, LoadResult]:
     """One more look's worth of the interference scenario through the router: ``waves`` x
@@ -362,7 +348,7 @@ def run_isolation(targets: PoolTargets, waves: int, shorts_per_wave: int, deadli
             w = -(-k // shorts_per_wave)
             a, m = _more_waves(tokenizer, targets.router, view, w, shorts_per_wave, f" (look {looks['n']})",
                                deadline_s if left is None else min(deadline_s, left))
-            alone.result, mixed.result = _merged(alone.result, a), _merged(mixed.result, m)
+            alone.result, mixed.result = merged_results(alone.result, a), merged_results(mixed.result, m)
             extra["waves"] = extra.get("waves", waves) + w
             return min(k, shorts_sent() - before)
 
