@@ -122,6 +122,11 @@ def test_isolation_view_puts_the_short_pools_workload_beside_the_long_load():
 
 
 # ------------------------------------------------------------------------------ isolation, pure
+#: The pure verdicts at the defaults: 95% confidence, ratio at most 3x, short SLO 300 ms.
+SPEC = PROFILE.pools.model_copy(update={"isolation": PROFILE.pools.isolation.model_copy(update={"ttft_ratio_max": 3})})
+SHORT = POOLS["short"].model_copy(update={"slo": POOLS["short"].slo.model_copy(update={"confidence": 0.95})})
+
+
 def runs(alone_ms, mixed_ms, spw=4):
     """Hand-built (alone, mixed) observations from short TTFTs (ms): alone sequential; mixed in waves
     of 2 longs (first token at 0.9 s, ending 1 s after the wave) with ``spw`` shorts just after, so
@@ -144,7 +149,7 @@ def spread(n, lo, hi):
 
 def test_isolation_passes_only_when_both_upper_bounds_are_within():
     alone, mixed = runs(spread(100, 20, 40), spread(100, 40, 90))  # SLO 300 ms, ratio <= 3x
-    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
     assert v.status is Status.PASS, v.message
     assert "short SLO: short TTFT p95 88 ms, 95% upper bound 89 ms (n=100) <= 300 ms -> PASS" in v.message
     assert ("TTFT p95 ratio 2.2x (allowed 3x); 97.5% bounds of each run: with the long load upper 90 ms (n=100) "
@@ -155,7 +160,7 @@ def test_isolation_passes_only_when_both_upper_bounds_are_within():
 
 def test_isolation_with_too_few_samples_is_inconclusive_with_both_bounds():
     alone, mixed = runs(spread(16, 20, 40), spread(16, 40, 90))  # 16 samples: no p95 upper bound exists
-    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
     assert v.status is Status.INCONCLUSIVE, v.message
     assert "short SLO: short TTFT p95 88 ms, 95% bounds 83 ms..none (fewer than 59 samples: no PASS possible) " \
            "(n=16; 0 over) straddle 300 ms -> undecided" in v.message
@@ -166,7 +171,7 @@ def test_isolation_with_too_few_samples_is_inconclusive_with_both_bounds():
 
 def test_isolation_fails_on_the_slo_lower_bound_and_on_the_ratio_bounds():
     alone, mixed = runs(spread(16, 20, 30), spread(16, 320, 400))
-    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
     assert v.status is Status.FAIL, v.message
     assert re.search(r"short TTFT p95 39\d ms, 95% lower bound 3\d\d ms \(n=16; 16 over\) > 300 ms -> FAIL", v.message)
     assert "short SLO 300 ms broken" in v.message
@@ -174,7 +179,7 @@ def test_isolation_fails_on_the_slo_lower_bound_and_on_the_ratio_bounds():
     assert "TTFT p95 ratio 13.4x" in v.message and "3x alone 84 ms..none (n=16) overlap -> undecided" in v.message
     assert "the split does not isolate" not in v.message
     alone, mixed = runs(spread(100, 20, 30), spread(100, 150, 200))  # under the SLO, 6.7x the alone p95
-    v = isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
     assert v.status is Status.FAIL, v.message
     assert "with the long load lower 195 ms (n=100) > 3x alone upper 30 ms (n=100) = 90 ms -> FAIL" in v.message
     assert "the split does not isolate: short requests 6.7x slower" in v.message
@@ -265,14 +270,7 @@ def test_a_rule_that_sends_a_pools_own_workload_elsewhere_fails(pools):
     assert "1 request(s) reached the right pool but were answered [400] (long workload (batch) x1)" in v.message
 
 
-#: The short pool's profile for the sampled runs against the fakes: 80% confidence and a cap of 64
-#: short requests keep them short (2 looks, each at 90%: 16 and 64; the ratio's per-run bounds, at
-#: 95%, need 59).
-FAST_SHORT = POOLS["short"].model_copy(update={"slo": POOLS["short"].slo.model_copy(
-    update={"confidence": 0.8, "max_requests": 64})})
-
-
-def isolation(short: FakeVLLM, long: FakeVLLM, fault: str | None, profile=FAST_SHORT, spw: int = 8):
+def isolation(short: FakeVLLM, long: FakeVLLM, fault: str | None, profile=POOLS["short"], spw: int = 8):
     pools = {**POOLS, "short": profile}
     lag = profile.limits.schedule_lag_max_s
     with FakeRouter(short.base_url, long.base_url, THRESHOLD, fault) as router:
@@ -306,9 +304,10 @@ def test_isolation_samples_more_waves_until_the_bounds_pass():
     # the extra looks' waves follow the first look's on one time base, in send order
     sent = [r.sent_s for r in mixed.result.records]
     assert sent == sorted(sent) and [r.index for r in mixed.result.records] == list(range(len(sent)))
-    # fresh prompts per look: each look's alone run is the first sight of its prompts (the waves
-    # re-send them, as run_interference does), so none of the 64 alone requests hit the prefix cache
-    assert sum(1 for r in short.state.requests if r.cached_tokens == 0) == 64
+    # fresh prompts per look: no long request of a later look found an earlier look's prompt in the
+    # long pool's prefix cache (1,000 tokens: 62 whole blocks it would serve)
+    longs = [r for r in long.state.requests if r.endpoint == "completions"]
+    assert len(longs) == 16 and [r.cached_tokens for r in longs] == [0] * 16
 
 
 def test_isolation_fails_when_long_requests_share_the_short_pool():
