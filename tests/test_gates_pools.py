@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.http.client import Endpoint
-from kvgate.gates.pools import isolation_decide, isolation_plan, isolation_verdict, routing_verdict
+from kvgate.gates.pools import isolation_decide, isolation_plan, isolation_verdict, judge_ratio, routing_verdict
 from kvgate.http.metrics import MetricsTrace
 from kvgate.load import LoadResult
 from kvgate.load.scenarios import LoadObservation
@@ -186,8 +186,11 @@ def test_isolation_fails_on_the_slo_lower_bound_and_on_the_ratio_bounds():
 
 
 def test_the_isolation_plan_is_spaced_for_the_ratio_and_judged_at_the_slo_level():
-    p = isolation_plan(16, load_profile("tiny-cpu-pool-short"))
+    p = isolation_plan(16, load_profile("tiny-cpu"))  # 95%, cap 256: the ratio's per-run bounds at 99.375%
     assert p.looks == (16, 99, 198, 256) and p.per_look == pytest.approx(1 - 0.05 / 4) and p.max_s == 120.0
+    p = isolation_plan(16, load_profile("tiny-cpu-pool-short"))  # its cap of 86: two looks
+    assert p.looks == (16, 86) and p.per_look == pytest.approx(0.975)
+    assert judge_ratio([10.0] * 86, [20.0] * 86, 3, p.per_look).decision == "PASS"  # 86 can PASS
 
 
 # ------------------------------------------------------------------------------ against fakes
