@@ -291,7 +291,20 @@ SHORT_POOL = dict(max_model_len=2048, prefill_s_per_token=0.0001, ttft_s=0.04, i
 LONG_POOL = dict(SHORT_POOL, itl_s=0.02)
 
 
-def test_isolation_samples_more_waves_until_the_bounds_pass():
+def test_isolation_samples_more_waves_until_the_bounds_pass(monkeypatch):
+    import kvgate.load.scenarios as scenarios
+    import kvgate.pools.routing as routing
+
+    built: list[list[str]] = []  # the prompts of every batch of requests built, first look and later
+
+    def spy(real):
+        def specs(*a, **kw):
+            out = real(*a, **kw)
+            built.append([s.body["prompt"] for s in out])
+            return out
+        return specs
+    monkeypatch.setattr(scenarios, "_specs", spy(scenarios._specs))
+    monkeypatch.setattr(routing, "_specs", spy(routing._specs))
     with FakeVLLM(FakeConfig(**SHORT_POOL)) as short, FakeVLLM(FakeConfig(**LONG_POOL, faults={"hol_blocking"})) as long:
         v, alone, mixed = isolation(short, long, None)
     assert v.status is Status.PASS, v.message
@@ -307,10 +320,10 @@ def test_isolation_samples_more_waves_until_the_bounds_pass():
     # the extra looks' waves follow the first look's on one time base, in send order
     sent = [r.sent_s for r in mixed.result.records]
     assert sent == sorted(sent) and [r.index for r in mixed.result.records] == list(range(len(sent)))
-    # fresh prompts per look: no long request of a later look found an earlier look's prompt in the
-    # long pool's prefix cache (1,000 tokens: 62 whole blocks it would serve)
-    longs = [r for r in long.state.requests if r.endpoint == "completions"]
-    assert len(longs) == 16 and [r.cached_tokens for r in longs] == [0] * 16
+    # fresh prompts per look: no prompt of a later look repeats one of an earlier look (the prefix
+    # cache would serve it), and within a look each request has its own
+    prompts = [p for batch in built for p in batch]
+    assert len(built) == 4 and len(prompts) == 16 + 4 + 48 + 12 and len(set(prompts)) == len(prompts)
 
 
 def test_isolation_fails_when_long_requests_share_the_short_pool():
