@@ -1,10 +1,12 @@
 """Gates: pools. Short and long requests sent through the router land on the pool the routing rule
 names (read from each pool's own /metrics); short requests keep their TTFT through the router while
-the long pool serves its declared long load."""
+the long pool serves its declared long load (the p95 judged with confidence: more waves until its
+bounds decide, up to the short pool's slo.max_requests / slo.max_duration_s)."""
 
 import pytest
 
-from kvgate.gates.pools import ISOLATION, ROUTING, isolation_verdict, routing_verdict
+from kvgate.gates.pools import (ISOLATION, ROUTING, isolation_decide, isolation_plan, isolation_verdict, routing_verdict,
+                                short_slo_ms)
 from kvgate.report.plots import interference_png
 from kvgate.pools.routing import run_isolation, run_routing
 from kvgate.report.record import records_csv
@@ -38,9 +40,13 @@ def test_short_requests_keep_their_ttft_while_the_long_pool_is_loaded(case, kvga
         assert kvgate_gate(Verdict(ISOLATION, Status.SKIP, NO_POOLS)).passed
         return
     spec, short = kvgate_profile.pools, kvgate_pools.profiles["short"]
-    alone, mixed = run_isolation(kvgate_pools, spec.isolation.waves, spec.isolation.shorts_per_wave)
-    verdict = isolation_verdict(alone, mixed, spec, short, short.limits.schedule_lag_max_s)
-    picture = interference_png(alone.result.records, mixed.result.records, verdict.limit,
+    iso, lag = spec.isolation, short.limits.schedule_lag_max_s
+    alone, mixed = run_isolation(kvgate_pools, iso.waves, iso.shorts_per_wave,
+                                 plan=isolation_plan(iso.waves * iso.shorts_per_wave, short),
+                                 decide=lambda a, m, c: isolation_decide(a, m, spec, short, lag, c))
+    verdict = isolation_verdict(alone, mixed, spec, short, lag)
+    # the short SLO, not verdict.limit: an INVALID verdict's limit is text
+    picture = interference_png(alone.result.records, mixed.result.records, short_slo_ms(short),
                                f"{kvgate_profile.name}: short-request TTFT through the router, alone vs long pool busy")
     assert kvgate_gate(verdict, attachments={"isolation.png": picture,
                                              "short alone.csv": records_csv(alone.result.rows()),

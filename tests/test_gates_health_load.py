@@ -19,6 +19,7 @@ from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO, read_summary
+from .test_gates_priority import fast_slo_profile
 from .test_gates_vs_fake import run_suites
 from .test_kserve import FakeApi, kserve_profile, load
 
@@ -144,8 +145,8 @@ def test_healthy_fake_passes_on_its_own_load_with_the_isvcs_probe_timeout(pytest
 def test_slow_health_while_busy_fails(pytester, suites, during):
     cfg = FakeConfig(max_tokens_cap=64, prefill_s_per_token=0.0001, itl_s=0.005, max_num_seqs=2,
                      scheduling_policy="priority", faults={"slow_health_while_busy"})
-    with FakeVLLM(cfg) as fake:
-        _, _, gates = run_suites(pytester, fake.url, suites=suites)
+    with FakeVLLM(cfg) as fake:  # the priority gate's SLO decidable in a few rounds (its confidence)
+        _, _, gates = run_suites(pytester, fake.url, suites=suites, profile=fast_slo_profile(pytester.path))
     g = gates[GID]
     assert g["status"] == "FAIL", g["message"]
     assert "/health failed" in g["message"] and "no answer within 1.5 s" in g["message"], g["message"]

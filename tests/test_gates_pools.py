@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from kvgate.http.client import Endpoint
-from kvgate.gates.pools import isolation_verdict, routing_verdict
+from kvgate.gates.pools import isolation_decide, isolation_plan, isolation_verdict, judge_ratio, routing_verdict
+from kvgate.http.metrics import MetricsTrace
+from kvgate.load import LoadResult
+from kvgate.load.scenarios import LoadObservation
 from kvgate.launch.pools import NginxRouter, PoolsLauncher, above_regex, pool_cpus, render_nginx
 from kvgate.pools.routing import (PoolsError, PoolTargets, Routed, RoutingObservation, completion_body, isolation_view,
                           landing_counts, pool_endpoints, run_isolation, run_routing)
@@ -26,6 +29,7 @@ from tests.fakes.fake_router import FakeRouter
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO, read_summary
+from .test_gates_load import tagged
 
 pytest_plugins = ["pytester"]
 DATA = REPO / "tests" / "data" / "pools"
@@ -117,6 +121,78 @@ def test_isolation_view_puts_the_short_pools_workload_beside_the_long_load():
     assert view.workloads["batch"].prompt_tokens == 1000 and view.slo.short_ttft_p95_ms == 300
 
 
+# ------------------------------------------------------------------------------ isolation, pure
+#: The pure verdicts at the defaults: 95% confidence, ratio at most 3x, short SLO 300 ms.
+SPEC = PROFILE.pools.model_copy(update={"isolation": PROFILE.pools.isolation.model_copy(update={"ttft_ratio_max": 3})})
+SHORT = POOLS["short"].model_copy(update={"slo": POOLS["short"].slo.model_copy(update={"confidence": 0.95})})
+
+
+def runs(alone_ms, mixed_ms, spw=4):
+    """Hand-built (alone, mixed) observations from short TTFTs (ms): alone sequential; mixed in waves
+    of 2 longs (first token at 0.9 s, ending 1 s after the wave) with ``spw`` shorts just after, so
+    no short is head-of-line blocked."""
+    a = [tagged(i, "short", i * 1.0, i * 1.0 + t / 1e3, i * 1.0 + 0.5) for i, t in enumerate(alone_ms)]
+    m = []
+    for w in range(-(-len(mixed_ms) // spw)):
+        t0 = w * 2.0
+        m += [tagged(len(m), "long", t0, t0 + 0.9, t0 + 1.0) for _ in range(2)]
+        m += [tagged(len(m), "short", t0 + 0.01, t0 + 0.01 + t / 1e3, t0 + 0.5) for t in mixed_ms[w * spw:(w + 1) * spw]]
+    trace = MetricsTrace(samples=[])
+    extra = {"long_per_wave": 2, "long_prompt_tokens": 1000, "waves": -(-len(mixed_ms) // spw)}
+    return (LoadObservation("alone", LoadResult("closed", a, len(a), 10.0, 60.0), trace, 16, 8, 1),
+            LoadObservation("mixed", LoadResult("open", m, len(m), 10.0, 60.0), trace, 16, 8, 6, extra=extra))
+
+
+def spread(n, lo, hi):
+    return [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+
+
+def test_isolation_passes_only_when_both_upper_bounds_are_within():
+    alone, mixed = runs(spread(100, 20, 40), spread(100, 40, 90))  # SLO 300 ms, ratio <= 3x
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
+    assert v.status is Status.PASS, v.message
+    assert "short SLO: short TTFT p95 88 ms, 95% upper bound 89 ms (n=100) <= 300 ms -> PASS" in v.message
+    assert ("TTFT p95 ratio 2.2x (allowed 3x); 97.5% bounds of each run: with the long load upper 90 ms (n=100) "
+            "<= 3x alone lower 38 ms (n=100) = 114 ms -> PASS") in v.message
+    ev = v.evidence["confidence"]
+    assert ev["slo"]["decision"] == "PASS" and ev["ratio"]["alone"]["n"] == 100
+
+
+def test_isolation_with_too_few_samples_is_inconclusive_with_both_bounds():
+    alone, mixed = runs(spread(16, 20, 40), spread(16, 40, 90))  # 16 samples: no p95 upper bound exists
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "short SLO: short TTFT p95 88 ms, 95% bounds 83 ms..none (fewer than 59 samples: no PASS possible) " \
+           "(n=16; 0 over) straddle 300 ms -> undecided" in v.message
+    assert "with the long load 80 ms..none (n=16), 3x alone 108 ms..none (n=16) overlap -> undecided" in v.message
+    assert v.message.endswith("undecided after 16 short requests (sampling bounded by the short pool's "
+                              "slo.max_requests and slo.max_duration_s) -> INCONCLUSIVE")
+
+
+def test_isolation_fails_on_the_slo_lower_bound_and_on_the_ratio_bounds():
+    alone, mixed = runs(spread(16, 20, 30), spread(16, 320, 400))
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
+    assert v.status is Status.FAIL, v.message
+    assert re.search(r"short TTFT p95 39\d ms, 95% lower bound 3\d\d ms \(n=16; 16 over\) > 300 ms -> FAIL", v.message)
+    assert "short SLO 300 ms broken" in v.message
+    # 16 alone samples have no p95 upper bound: the ratio cannot FAIL yet, though 13x; the SLO decides
+    assert "TTFT p95 ratio 13.4x" in v.message and "3x alone 84 ms..none (n=16) overlap -> undecided" in v.message
+    assert "the split does not isolate" not in v.message
+    alone, mixed = runs(spread(100, 20, 30), spread(100, 150, 200))  # under the SLO, 6.7x the alone p95
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
+    assert v.status is Status.FAIL, v.message
+    assert "with the long load lower 195 ms (n=100) > 3x alone upper 30 ms (n=100) = 90 ms -> FAIL" in v.message
+    assert "the split does not isolate: short requests 6.7x slower" in v.message
+
+
+def test_the_isolation_plan_is_spaced_for_the_ratio_and_judged_at_the_slo_level():
+    p = isolation_plan(16, load_profile("tiny-cpu"))  # 95%, cap 256: the ratio's per-run bounds at 99.375%
+    assert p.looks == (16, 99, 198, 256) and p.per_look == pytest.approx(1 - 0.05 / 4) and p.max_s == 120.0
+    p = isolation_plan(16, load_profile("tiny-cpu-pool-short"))  # its cap of 86: two looks
+    assert p.looks == (16, 86) and p.per_look == pytest.approx(0.975)
+    assert judge_ratio([10.0] * 86, [20.0] * 86, 3, p.per_look).decision == "PASS"  # 86 can PASS
+
+
 # ------------------------------------------------------------------------------ against fakes
 @pytest.fixture
 def pools():
@@ -197,29 +273,69 @@ def test_a_rule_that_sends_a_pools_own_workload_elsewhere_fails(pools):
     assert "1 request(s) reached the right pool but were answered [400] (long workload (batch) x1)" in v.message
 
 
-def isolation(short: FakeVLLM, long: FakeVLLM, fault: str | None):
+def isolation(short: FakeVLLM, long: FakeVLLM, fault: str | None, profile=POOLS["short"], spw: int = 8):
+    pools = {**POOLS, "short": profile}
+    lag = profile.limits.schedule_lag_max_s
     with FakeRouter(short.base_url, long.base_url, THRESHOLD, fault) as router:
-        alone, mixed = run_isolation(targets(router.url, short, long), 2, 4)
-    return isolation_verdict(alone, mixed, PROFILE.pools, POOLS["short"], 0.25)
+        t = PoolTargets(Endpoint(router.url.removesuffix("/v1")),
+                        pool_endpoints(PROFILE, pools, [f"short={short.url}", f"long={long.url}"]), pools)
+        alone, mixed = run_isolation(t, 2, spw, plan=isolation_plan(2 * spw, profile),
+                                     decide=lambda a, m, c: isolation_decide(a, m, PROFILE.pools, profile, lag, c))
+    return isolation_verdict(alone, mixed, PROFILE.pools, profile, lag), alone, mixed
 
 
-def test_isolation_passes_when_the_split_keeps_short_requests_off_the_long_load():
-    # TTFT >= 50 ms on both pools, so the in-process fakes' scheduling noise cannot move the ratio
-    cfg = dict(max_model_len=2048, prefill_s_per_token=0.0004, ttft_s=0.05, itl_s=0.005)
-    with FakeVLLM(FakeConfig(**cfg)) as short, FakeVLLM(FakeConfig(**cfg, faults={"hol_blocking"})) as long:
-        v = isolation(short, long, None)
+#: Short pool: TTFT 40 ms (well above the in-process fakes' scheduling noise, which would move the
+#: ratio); long pool: a 1,000-token prefill takes 0.1 s and 8 tokens 160 ms more, so the shorts'
+#: first tokens come long before any long completes (no head-of-line coincidence); a wave ~0.3 s.
+SHORT_POOL = dict(max_model_len=2048, prefill_s_per_token=0.0001, ttft_s=0.04, itl_s=0.001)
+LONG_POOL = dict(SHORT_POOL, itl_s=0.02)
+
+
+def test_isolation_samples_more_waves_until_the_bounds_pass(monkeypatch):
+    import kvgate.load.scenarios as scenarios
+    import kvgate.pools.routing as routing
+
+    built: list[list[str]] = []  # the prompts of every batch of requests built, first look and later
+
+    def spy(real):
+        def specs(*a, **kw):
+            out = real(*a, **kw)
+            built.append([s.body["prompt"] for s in out])
+            return out
+        return specs
+    monkeypatch.setattr(scenarios, "_specs", spy(scenarios._specs))
+    monkeypatch.setattr(scenarios, "_specs_of", spy(scenarios._specs_of))  # the interference run's long prompts
+    monkeypatch.setattr(routing, "_specs", spy(routing._specs))
+    with FakeVLLM(FakeConfig(**SHORT_POOL)) as short, FakeVLLM(FakeConfig(**LONG_POOL, faults={"hol_blocking"})) as long:
+        v, alone, mixed = isolation(short, long, None)
     assert v.status is Status.PASS, v.message
     assert re.match(r"short-request TTFT p95 through the router \d+ ms alone, \d+ ms while the long pool serves 2 "
-                    r"long 1,000-token requests at a time \(2 waves\) \(\d\.\dx; allowed 3x\); short SLO 300 ms", v.message)
+                    r"long 1,000-token requests at a time \(8 waves\); short SLO: short TTFT p95 \d+ ms, 90% upper "
+                    r"bound \d+ ms \(n=64\) <= 300 ms -> PASS", v.message)
+    assert "TTFT p95 ratio" in v.message and "95% bounds of each run: with the long load upper" in v.message
+    assert "[2 of 2 planned looks, each at 90%, stopped: decided]" in v.message
+    s = v.evidence["confidence"]["sampling"]
+    assert [h["n"] for h in s["history"]] == [16, 64] and s["history"][0]["decisions"] == {"isolation": "UNDECIDED"}
+    shorts = [r for r in alone.result.records if r.tag == "short"]
+    assert len(shorts) == 64 and len([r for r in mixed.result.records if r.tag == "long"]) == 16
+    # the extra looks' waves follow the first look's on one time base, in send order
+    sent = [r.sent_s for r in mixed.result.records]
+    assert sent == sorted(sent) and [r.index for r in mixed.result.records] == list(range(len(sent)))
+    # fresh prompts per look: no prompt of a later look repeats one of an earlier look (the prefix
+    # cache would serve it), and within a look each request has its own
+    prompts = [p for batch in built for p in batch]
+    assert len(built) == 5 and len(prompts) == 16 + 4 + 48 + 12 and len(set(prompts)) == len(prompts)  # longs: a batch a wave
 
 
 def test_isolation_fails_when_long_requests_share_the_short_pool():
-    cfg = dict(max_model_len=2048, prefill_s_per_token=0.0004, ttft_s=0.05, itl_s=0.005, faults={"hol_blocking"})
+    cfg = dict(LONG_POOL, prefill_s_per_token=0.0004, faults={"hol_blocking"})
     with FakeVLLM(FakeConfig(**cfg)) as short, FakeVLLM(FakeConfig(**cfg)) as long:
-        v = isolation(short, long, "all_short")
-    assert v.status is Status.FAIL
-    assert "short SLO 300 ms broken" in v.message and "the split does not isolate: short requests" in v.message
+        v, _, mixed = isolation(short, long, "all_short")
+    assert v.status is Status.FAIL, v.message
+    assert "short SLO 300 ms broken" in v.message and re.search(r"90% lower bound [\d,]+ ms \(n=16; 16 over\) > 300 ms "
+                                                                r"-> FAIL", v.message)
     assert re.search(r"head-of-line blocking: \d+ of \d+ short requests got their first token only after", v.message)
+    assert len(mixed.extra["sampling"]["history"]) == 1  # decided at the first look: nothing more sent
 
 
 # ------------------------------------------------------------------------------ nginx, for real

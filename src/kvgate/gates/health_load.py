@@ -11,6 +11,16 @@ from :class:`kvgate.http.health_sampler.HealthSampler`, taken while the load gat
 
 The opposite lie -- ``/health`` 200 while generations make no progress -- is judged by the canary
 (:mod:`kvgate.gates.health`), not here.
+
+**No percentile confidence here (issue 24, decided).** The verdict is not a percentile against a
+limit: it FAILs on any probe at or over the timeout (the route's max), which is the kubelet's own
+rule -- each probe that misses ``timeoutSeconds`` counts, whatever the others did -- and a measured
+miss needs no statistics. Its PASS ("no probe of n missed") is stricter than any p99 bound could
+be, and an order-statistic bound would not add to it: with fewer than 299 probes no p99 upper bound
+exists at 95% (:func:`kvgate.stats.confidence.min_samples_to_pass` ``(0.99)``), so the rule would turn
+every short run INCONCLUSIVE while answering a question the kubelet does not ask. What n probes
+without a miss do say: the per-probe miss probability is below ``1 - 0.05 ** (1 / n)`` (~3/n) at
+95%, so ``n`` is in the message and :data:`MIN_SAMPLES` keeps it from being a handful.
 """
 
 from __future__ import annotations

@@ -11,12 +11,17 @@ be 200. Where a request landed is therefore read from each pool's own counters, 
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from dataclasses import dataclass
 from typing import Any
 
+from kvgate.stats.confidence import PASS as PASS_, FAIL as FAIL_, UNDECIDED, Judgement, LookPlan, PercentileBound, bound, \
+    judge, plan_looks
 from kvgate.pools.routing import RoutingObservation
 from kvgate.profile.models import PoolsSpec, Profile
 from kvgate.load.scenarios import LoadObservation
-from kvgate.stats import summarize
+from kvgate.stats import request_metrics, summarize
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS
 from kvgate.gates.load import HOL_MIN_JUDGED, HOL_SHARE, contended, head_of_line, host_evidence
@@ -108,43 +113,109 @@ def short_slo_ms(short: Profile) -> float | None:
     return short.slo.short_ttft_p95_ms or short.slo.ttft_p95_ms
 
 
-def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
-                      schedule_lag_max_s: float) -> Verdict:
-    """Short requests' TTFT p95 through the router while the long pool serves its declared long
-    load: FAIL when it breaks the short pool's SLO (:func:`short_slo_ms`), when it exceeds
-    ``pools.isolation.ttft_ratio_max`` x the short-alone p95, when short or long requests failed,
-    or when short requests consistently got their first token only after a long request queued
-    ahead of them completed (:func:`kvgate.gates.load.head_of_line`: the router or a shared pool
-    serialises them). INVALID when the client fell behind its schedule, or when either window ran on a
-    contended host (:func:`kvgate.gates.load.contended`; the pools behind the router are not a
-    process tree kvgate watches yet, so their evidence says "not measured"). ``measured``: the mixed
-    p95 (ms); the ratio is in the message and the evidence."""
-    for obs in (alone, mixed):
-        if (busy := contended(obs, ISOLATION, short)) is not None:  # a contended host: not judged
-            return busy
-        v = obs.result.invalid_verdict(ISOLATION, schedule_lag_max_s)
-        if v is not None:
-            return Verdict(ISOLATION, Status.INVALID, v.message + f" ({obs.name})", measured=v.measured,
-                           limit=v.limit, unit=v.unit, evidence=v.evidence)
+#: The percentile both isolation checks judge (TTFT p95).
+Q = 0.95
+
+
+def _ttfts(obs: LoadObservation) -> list[float]:
+    """Short requests' TTFT (ms) of ``obs``: the successful ones, as :func:`kvgate.stats.summarize` counts them."""
+    ms = (request_metrics(r).ttft_s for r in obs.result.records if r.tag == "short" and not r.hung_up and r.ok)
+    return [t * 1e3 for t in ms if t is not None]
+
+
+@dataclass(frozen=True)
+class RatioJudgement:
+    """``mixed p95 / alone p95 <= ratio_max`` judged on both runs' order-statistic bounds, each at
+    ``side`` confidence (``1 - (1 - c) / 2``: Bonferroni over the two samples, so the ratio's bound
+    holds at ``c``): PASS when mixed's upper bound <= ``ratio_max`` x alone's *lower* bound (the
+    ratio's upper bound is within), FAIL when mixed's lower bound > ``ratio_max`` x alone's *upper*
+    bound (its lower bound is above), else UNDECIDED. ``point``: the ratio of the point estimates."""
+
+    mixed: PercentileBound
+    alone: PercentileBound
+    ratio_max: float
+    decision: str
+
+    @property
+    def point(self) -> float | None:
+        m, a = self.mixed.point, self.alone.point
+        return m / a if m and a and not math.isnan(m) and not math.isnan(a) else None
+
+    def text(self, final: bool = True) -> str:
+        """E.g. ``TTFT p95 ratio 2.1x; 97.5% bounds: with the long load upper 75 ms (n=100) <= 4x alone lower
+        25 ms (n=100) = 100 ms -> PASS``."""
+        m, a, r = self.mixed, self.alone, self.ratio_max
+        c = f"{m.confidence * 100:.4g}%"
+        pt = "n/a" if self.point is None else f"{self.point:.1f}x"
+        head = f"TTFT p95 ratio {pt} (allowed {r:g}x); {c} bounds of each run"
+
+        def ms(x: float | None) -> str:
+            return "none" if x is None else f"{x:,.0f} ms"
+        if self.decision == PASS_:
+            return (f"{head}: with the long load upper {ms(m.upper)} (n={m.n}) <= {r:g}x alone lower {ms(a.lower)} "
+                    f"(n={a.n}) = {ms(r * a.lower)} -> PASS")
+        if self.decision == FAIL_:
+            return (f"{head}: with the long load lower {ms(m.lower)} (n={m.n}) > {r:g}x alone upper {ms(a.upper)} "
+                    f"(n={a.n}) = {ms(r * a.upper)} -> FAIL")
+        return (f"{head}: with the long load {ms(m.lower)}..{ms(m.upper)} (n={m.n}), {r:g}x alone "
+                f"{ms(None if a.lower is None else r * a.lower)}..{ms(None if a.upper is None else r * a.upper)} "
+                f"(n={a.n}) overlap -> {'INCONCLUSIVE' if final else 'undecided'}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mixed": self.mixed.to_dict(), "alone": self.alone.to_dict(), "ratio_max": self.ratio_max,
+                "point": self.point, "decision": self.decision,
+                "rule": "PASS: mixed upper <= ratio_max x alone lower; FAIL: mixed lower > ratio_max x alone upper; "
+                        "each bound one-sided at 1 - (1 - confidence) / 2"}
+
+
+def judge_ratio(alone_ms: list[float], mixed_ms: list[float], ratio_max: float, confidence: float) -> RatioJudgement:
+    """:class:`RatioJudgement` of the two runs' TTFT samples (ms) at ``confidence`` for the ratio
+    (each run's bound at ``1 - (1 - confidence) / 2``)."""
+    side = 1 - (1 - confidence) / 2
+    m, a = bound(mixed_ms, Q, side), bound(alone_ms, Q, side)
+    if m.upper is not None and a.lower is not None and m.upper <= ratio_max * a.lower:
+        d = PASS_
+    elif m.lower is not None and a.upper is not None and m.lower > ratio_max * a.upper:
+        d = FAIL_
+    else:
+        d = UNDECIDED
+    return RatioJudgement(m, a, ratio_max, d)
+
+
+def isolation_plan(first: int, short: Profile) -> LookPlan:
+    """The looks of the isolation run: from ``first`` short requests (``waves`` x ``shorts_per_wave``)
+    up to the short pool's ``slo.request_cap``, within its ``slo.max_duration_s``, at most 4 looks.
+    Spaced for the stricter of the two checks (the ratio's per-run bounds at ``1 - (1 - c) / (2K)``:
+    its first possible PASS is 99 requests at 95%, 4 looks, where the SLO alone needs 86), and
+    ``per_look`` = ``1 - (1 - c) / K``, the SLO check's level (the ratio's per-run level follows
+    from it, :func:`judge_ratio`)."""
+    slo = short.slo
+    c = slo.confidence
+    plan = plan_looks(first, slo.request_cap, Q, 1 - (1 - c) / 2, max_s=slo.max_duration_s)
+    return dataclasses.replace(plan, confidence=c, per_look=1 - (1 - c) / len(plan.looks))
+
+
+@dataclass(frozen=True)
+class IsolationChecks:
+    """What the isolation verdict decides from: the SLO :class:`~kvgate.stats.confidence.Judgement`
+    (None without a short SLO), the :class:`RatioJudgement`, the other problems (failed requests,
+    head-of-line blocking: decided FAILs), and the overall ``decision`` (FAIL if anything FAILs,
+    PASS if everything PASSes, else UNDECIDED)."""
+
+    slo: Judgement | None
+    ratio: RatioJudgement
+    problems: list[str]
+    hol: dict[str, Any]
+    decision: str
+
+
+def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
+                     confidence: float) -> IsolationChecks:
+    """Judge the runs so far at ``confidence`` (a look's level): the sampler's ``decide`` and the
+    verdict use the same checks."""
     a = summarize([r for r in alone.result.records if r.tag == "short"])
     m = summarize([r for r in mixed.result.records if r.tag == "short"])
     lm = summarize([r for r in mixed.result.records if r.tag == "long"])
-    pa, pm = a["ttft_ms"]["p95"], m["ttft_ms"]["p95"]
-    ratio = pm / pa if pa and pm else None
-    slo, ratio_max = short_slo_ms(short), spec.isolation.ttft_ratio_max
-    ex = mixed.extra or {}
-    hol = head_of_line(mixed.result.records)
-    ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
-                          "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio}, "head_of_line": hol,
-                          "ttft_ratio_max": ratio_max, "short_slo_ms": slo,
-                          "host_contention": host_evidence(alone, mixed)}
-    load = (f"{ex.get('long_per_wave')} long {ex.get('long_prompt_tokens', 0):,}-token requests at a time "
-            f"({ex.get('waves')} waves)")
-    if pa and pm:
-        what = (f"short-request TTFT p95 through the router {pa:,.0f} ms alone, {pm:,.0f} ms while the long pool "
-                f"serves {load} ({ratio:.1f}x; allowed {ratio_max:g}x)")
-    else:
-        what = f"short-request TTFT p95 through the router alone {pa}, with the long load {pm}"
     problems = []
     if a["errors"] or m["errors"]:
         problems.append(f"short requests failed: {a['errors']} alone, {m['errors']} with the long load "
@@ -152,21 +223,112 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
     if lm["errors"]:
         problems.append(f"{lm['errors']} of {lm['requests']} long requests failed, so the long load did not run "
                         f"({lm['error_samples'][:2]})")
-    if slo is not None and (pm is None or pm > slo):
-        problems.append(f"short SLO {slo:,.0f} ms broken")
-    if ratio is not None and ratio > ratio_max:
-        problems.append(f"the split does not isolate: short requests {ratio:.1f}x slower with the long pool busy "
-                        f"(allowed {ratio_max:g}x) -- the pools share compute, or the router sends long requests "
-                        "to the short pool")
+    hol = head_of_line(mixed.result.records)
     if hol["judged"] >= HOL_MIN_JUDGED and hol["share"] >= HOL_SHARE:
         problems.append(f"head-of-line blocking: {hol['blocked']} of {hol['judged']} short requests got their first "
                         "token only after a long request sent ahead of them completed")
-    slo_s = f"short SLO {slo:,.0f} ms" if slo is not None else "no short SLO declared"
-    if problems:
-        return Verdict(ISOLATION, FAIL, f"{what}; {slo_s}; " + "; ".join(problems) + " -> FAIL", measured=pm,
-                       limit=slo, unit="ms", evidence=ev)
-    return Verdict(ISOLATION, PASS, f"{what}; {slo_s}; {hol['blocked']} of {hol['judged']} short requests "
+    slo = short_slo_ms(short)
+    mixed_ms = _ttfts(mixed)
+    sj = judge(mixed_ms, Q, slo, confidence) if slo is not None else None
+    rj = judge_ratio(_ttfts(alone), mixed_ms, spec.isolation.ttft_ratio_max, confidence)
+    decisions = [d for d in (sj.decision if sj else None, rj.decision) if d]
+    if problems or FAIL_ in decisions:
+        d = FAIL_
+    elif all(x == PASS_ for x in decisions):
+        d = PASS_
+    else:
+        d = UNDECIDED
+    return IsolationChecks(sj, rj, problems, hol, d)
+
+
+def isolation_decide(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
+                     schedule_lag_max_s: float, confidence: float) -> str:
+    """The sampler's ``decide`` (:func:`kvgate.pools.routing.run_isolation`): the
+    :attr:`IsolationChecks.decision` at a look's ``confidence``; a run the client fell behind in is
+    decided (INVALID: more samples cannot mend it), so its sampling stops."""
+    if any(o.result.invalid_verdict(ISOLATION, schedule_lag_max_s) for o in (alone, mixed)):
+        return FAIL_
+    return isolation_checks(alone, mixed, spec, short, confidence).decision
+
+
+def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
+                      schedule_lag_max_s: float) -> Verdict:
+    """Short requests' TTFT p95 through the router while the long pool serves its declared long
+    load, with confidence (:mod:`kvgate.stats.confidence`: distribution-free order-statistic bounds):
+
+    - **SLO**: PASS needs the p95's upper bound within the short pool's SLO (:func:`short_slo_ms`),
+      FAIL its lower bound above it;
+    - **ratio** to the short-alone p95 (``pools.isolation.ttft_ratio_max``): two estimates compared,
+      so both runs' bounds count (:class:`RatioJudgement`): PASS when even mixed's upper bound is
+      within ``ratio_max`` x alone's lower bound, FAIL when mixed's lower bound is above
+      ``ratio_max`` x alone's upper bound -- the point-estimate ratio is in the message, not judged;
+    - FAIL also when short or long requests failed, or when short requests consistently got their
+      first token only after a long request queued ahead of them completed
+      (:func:`kvgate.gates.load.head_of_line`: the router or a shared pool serialises them).
+
+    Judged at the per-look level of the sampling in ``mixed.extra["sampling"]``
+    (:func:`kvgate.pools.routing.run_isolation` with :func:`isolation_plan`; without it, one look at
+    ``slo.confidence``). Undecided at the last look: INCONCLUSIVE with both bounds. INVALID when the
+    client fell behind its schedule, or when either window ran on a contended host
+    (:func:`kvgate.gates.load.contended`; before judging: a contended alone run would shrink the ratio,
+    so here not even a PASS stands; the pools behind the router are not a process tree kvgate
+    watches yet, so their evidence says "not measured"). ``measured``: the mixed p95 point (ms)."""
+    for obs in (alone, mixed):
+        if (busy := contended(obs, ISOLATION, short)) is not None:  # a contended host: not judged
+            return busy
+        v = obs.result.invalid_verdict(ISOLATION, schedule_lag_max_s)
+        if v is not None:
+            return Verdict(ISOLATION, Status.INVALID, v.message + f" ({obs.name})", measured=v.measured,
+                           limit=v.limit, unit=v.unit, evidence=v.evidence)
+    ex = mixed.extra or {}
+    sampling = ex.get("sampling")
+    level = sampling["per_look_confidence"] if sampling else short.slo.confidence
+    chk = isolation_checks(alone, mixed, spec, short, level)
+    a = summarize([r for r in alone.result.records if r.tag == "short"])
+    m = summarize([r for r in mixed.result.records if r.tag == "short"])
+    pa, pm = a["ttft_ms"]["p95"], m["ttft_ms"]["p95"]
+    slo, ratio_max = short_slo_ms(short), spec.isolation.ttft_ratio_max
+    ev: dict[str, Any] = {"short_alone": a, "short_mixed": m,
+                          "long_mixed": summarize([r for r in mixed.result.records if r.tag == "long"]),
+                          "mixed_plan": {k: v for k, v in ex.items() if k != "sampling"},
+                          "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": chk.ratio.point},
+                          "head_of_line": chk.hol, "ttft_ratio_max": ratio_max, "short_slo_ms": slo,
+                          "host_contention": host_evidence(alone, mixed),
+                          "confidence": {"slo": chk.slo.to_dict() if chk.slo else None, "ratio": chk.ratio.to_dict(),
+                                         "sampling": sampling, "level": short.slo.confidence, "per_look": level}}
+    load = (f"{ex.get('long_per_wave')} long {ex.get('long_prompt_tokens', 0):,}-token requests at a time "
+            f"({ex.get('waves')} waves)")
+    if pa and pm:
+        what = (f"short-request TTFT p95 through the router {pa:,.0f} ms alone, {pm:,.0f} ms while the long pool "
+                f"serves {load}")
+    else:
+        what = f"short-request TTFT p95 through the router alone {pa}, with the long load {pm}"
+    looks = ""
+    if sampling:
+        looks = (f" [{len(sampling['history'])} of {len(sampling['looks'])} planned looks, each at "
+                 f"{level * 100:.4g}%, stopped: {sampling['why_stopped']}]")
+    clauses = ["short SLO: " + chk.slo.text("short TTFT", final=False) if chk.slo else "no short SLO declared",
+               chk.ratio.text(final=False)]
+    body = f"{what}; " + "; ".join(clauses) + looks
+    if chk.decision == FAIL_:
+        problems = list(chk.problems)
+        if chk.slo is not None and chk.slo.decision == FAIL_:
+            problems.insert(0, f"short SLO {slo:,.0f} ms broken")
+        if chk.ratio.decision == FAIL_:
+            problems.insert(1 if problems and problems[0].startswith("short SLO") else 0,
+                            f"the split does not isolate: short requests {chk.ratio.point or 0:.1f}x slower with the "
+                            f"long pool busy (allowed {ratio_max:g}x) -- the pools share compute, or the router sends "
+                            "long requests to the short pool")
+        return Verdict(ISOLATION, FAIL, f"{body}; " + "; ".join(problems) + " -> FAIL", measured=pm, limit=slo,
+                       unit="ms", evidence=ev)
+    if chk.decision == UNDECIDED:
+        return Verdict(ISOLATION, Status.INCONCLUSIVE, f"{body}; undecided after {m['requests']} short requests "
+                       "(sampling bounded by the short pool's slo.max_requests and slo.max_duration_s) -> INCONCLUSIVE",
+                       measured=pm, limit=slo, unit="ms", evidence=ev)
+    return Verdict(ISOLATION, PASS, f"{body}; {chk.hol['blocked']} of {chk.hol['judged']} short requests "
                    "head-of-line blocked -> PASS", measured=pm, limit=slo, unit="ms", evidence=ev)
 
 
-__all__ = ["ISOLATION", "ROUTING", "isolation_verdict", "routing_verdict", "short_slo_ms"]
+__all__ = ["ISOLATION", "IsolationChecks", "ROUTING", "RatioJudgement", "isolation_checks", "isolation_decide",
+           "isolation_plan",
+           "isolation_verdict", "judge_ratio", "routing_verdict", "short_slo_ms"]

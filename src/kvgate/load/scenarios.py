@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from kvgate.stats.confidence import LookPlan, Sampling, min_samples_to_pass, plan_looks
 from kvgate.http.client import Endpoint, KvClient
@@ -33,6 +33,10 @@ from kvgate.stats.confidence import FAIL, PASS, judge
 from kvgate.load.sampling import ERRORS, Q, sample_batches, sample_latency, slo_decisions, slo_samples
 from kvgate.traffic.replay import ReplayPlan, ReplayResult, plan_replay, run_replay
 from kvgate.traffic.sample import TrafficSample, overlong, sample_for
+
+
+if TYPE_CHECKING:
+    from kvgate.stats.confidence import LookPlan
 
 
 class ScenarioError(Exception):
@@ -559,8 +563,26 @@ def run_autoscale_burst(client: KvClient, endpoint: Endpoint, profile: Profile, 
     return BurstObservation(name, n, result, sampler.trace, spec.metric, start, end, profile.engine.max_num_seqs)
 
 
-def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
-                 deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+def merged_results(first: LoadResult, more: LoadResult) -> LoadResult:
+    """``more``'s records after ``first``'s on one time base (shifted to start at ``first``'s last
+    end: runs sent one after the other), re-indexed in send order; counts, lags and CPU added up.
+    For a percentile gate that samples more in looks (:mod:`kvgate.stats.confidence`)."""
+    import dataclasses
+
+    at = max((r.end_s for r in first.records if r.end_s is not None), default=0.0)
+    records = [*first.records, *(r.shift(at) for r in more.records)]
+    for i, r in enumerate(records):
+        r.index = i
+    return dataclasses.replace(first, records=records, n_requested=first.n_requested + more.n_requested,
+                               wall_s=max((r.end_s for r in records if r.end_s is not None), default=0.0),
+                               deadline_hit=first.deadline_hit or more.deadline_hit,
+                               loop_lag_s=[*first.loop_lag_s, *more.loop_lag_s], cpu_s=first.cpu_s + more.cpu_s)
+
+
+def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
+                 plan: LookPlan | None = None,
+                 decide: Callable[[LoadObservation, LoadObservation, float], str] | None = None,
+                 clock: Callable[[], float] | None = None) -> tuple[LoadObservation, LoadObservation]:
     """Low-priority long requests fill the server, high-priority short ones arrive while they run;
     the same pattern twice, each run with prompts of its own (so the prefix cache favours neither):
     with the ``priority`` field (longs ``priority.low``, shorts ``priority.high``), then without it
@@ -568,11 +590,20 @@ def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
     requests of the long workload (prompt so that prompt + output <= max_model_len, at most 64
     output tokens) at 0 s; shorts: ``priority.shorts`` requests of the short workload (8 output
     tokens: TTFT is judged) from ``priority.shorts_after_s``, every ``priority.shorts_every_s``. A
-    canary follows both runs (priority preemption under KV pressure must not take the engine down;
+    canary follows all runs (priority preemption under KV pressure must not take the engine down;
     it is reported on the "with" observation). Returns ``(without, with)``; records tagged
-    ``short``/``long``; bounded by ``deadline_s`` each."""
-    import dataclasses
+    ``short``/``long``; bounded by ``deadline_s`` each.
 
+    With ``plan`` (a :class:`~kvgate.stats.confidence.LookPlan` in short requests, the first look =
+    ``priority.shorts``) and ``decide`` (``(without, with, per-look confidence) -> PASS/FAIL/UNDECIDED``),
+    undecided looks repeat the *with priority* run (fresh prompts each round) until decided, at the
+    plan's cap or its ``max_s`` (:func:`kvgate.stats.confidence.sample_until_decided`): the short SLO is
+    judged on every with-priority short request; the gain compares the first round of each (same
+    size, back to back). ``with.extra``: ``rounds``, ``first_round_records`` and ``sampling``."""
+    import dataclasses
+    import time
+
+    from kvgate.stats.confidence import sample_until_decided
     from kvgate.profile.models import PrioritySpec
 
     spec = profile.priority or PrioritySpec()
@@ -594,26 +625,56 @@ def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile,
         return [*(dataclasses.replace(s, body={**s.body, "priority": low}) for s in longs),
                 *(dataclasses.replace(s, body={**s.body, "priority": high}) for s in shorts)]
 
+    def send(specs: list[RequestSpec], within_s: float) -> tuple[LoadResult, MetricsTrace]:
+        sampler, own = _sampler(endpoint)
+        try:
+            with sampler:
+                result = open_loop(endpoint, specs, offsets_s=offsets, deadline_s=within_s,
+                                   request_timeout_s=profile.limits.request_timeout_s)
+        finally:
+            own.close()
+        return result, sampler.trace
+
     # "with" goes first: a server's first heavy run is the slower one (a cold tiny-cpu server: 1.28x
     # slower short TTFT p95, measured), so any order bias shrinks the measured gain -- it can make
     # a priority server look worse, never an FCFS one look better
     runs = []
     for label, specs in (("with priority", pattern("with", spec.low, spec.high)),
                          ("without priority", pattern("without", None, None))):
-        sampler, own = _sampler(endpoint)
-        try:
-            with sampler:
-                result = open_loop(endpoint, specs, offsets_s=offsets, deadline_s=deadline_s,
-                                   request_timeout_s=profile.limits.request_timeout_s)
-        finally:
-            own.close()
-        runs.append(LoadObservation(f"{sname} among {lname}, {label}", result, sampler.trace, short.prompt_tokens,
+        result, trace = send(specs, deadline_s)
+        runs.append(LoadObservation(f"{sname} among {lname}, {label}", result, trace, short.prompt_tokens,
                                     sout, len(specs),
                                     extra={"longs": spec.longs, "long_prompt_tokens": lprompt, "long_output_tokens": lout,
                                            "shorts": spec.shorts, "max_num_seqs": profile.engine.max_num_seqs,
                                            "policy": profile.engine.scheduling_policy, "high": spec.high,
-                                           "low": spec.low}))
+                                           "low": spec.low, "rounds": 1, "first_round_records": len(result.records)}))
     with_, without = runs
+    if plan is not None and decide is not None:
+        rounds = {"n": 0}
+
+        def shorts_sent() -> int:
+            return sum(1 for r in with_.result.records if r.tag == "short")
+
+        def take(k: int, left: float | None) -> int:
+            if rounds["n"] == 0:  # the first look is the run above
+                rounds["n"] = 1
+                return shorts_sent()
+            before, t0 = shorts_sent(), time.monotonic()
+            for _ in range(-(-k // spec.shorts)):
+                within = deadline_s if left is None else min(deadline_s, left - (time.monotonic() - t0))
+                if within <= 0:
+                    break
+                rounds["n"] += 1
+                more, _ = send(pattern(f"with, round {rounds['n']}", spec.low, spec.high), within)
+                with_.result = merged_results(with_.result, more)
+            assert with_.extra is not None
+            with_.extra["rounds"] = rounds["n"]
+            return min(k, shorts_sent() - before)
+
+        sampling = sample_until_decided(plan, take, lambda c: {"priority": decide(without, with_, c)},
+                                        clock or time.monotonic)
+        assert with_.extra is not None
+        with_.extra["sampling"] = sampling.to_dict()
     with_.canary = canary(client, model, profile.limits.canary_deadline_s)
     return without, with_
 

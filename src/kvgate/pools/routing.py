@@ -27,7 +27,12 @@ from kvgate.launch.target import TargetError, endpoint_from_url
 from kvgate.http.metrics import MetricsError, parse
 from kvgate.http.probes import build_prompt
 from kvgate.profile.models import Profile, RoutingRule
-from kvgate.load.scenarios import LoadObservation, long_workload, run_interference, short_workload
+from kvgate.stats.confidence import LookPlan, sample_until_decided
+from kvgate.load import LoadResult, closed_loop
+# the interference scenario's own request builder and wave runner: an extra look sends what its
+# first look sent, with fresh prompts
+from kvgate.load.scenarios import (SHORT_OUTPUT_TOKENS, LoadObservation, _specs, _waves, long_workload, merged_results,
+                                   run_interference, short_workload)
 
 POOLS = ("short", "long")
 #: Routes whose answers count as "this pool answered a generation request" in http_requests_total.
@@ -277,15 +282,80 @@ def isolation_view(short: Profile, long: Profile) -> Profile:
                                    "slo": short.slo.model_copy(update={"workload": sname})})
 
 
-def run_isolation(targets: PoolTargets, waves: int, shorts_per_wave: int,
-                  deadline_s: float = 300.0) -> tuple[LoadObservation, LoadObservation]:
+def _more_waves(tokenizer: KvClient, router: Endpoint, view: Profile, waves: int, shorts_per_wave: int, salt: str,
+                deadline_s: float) -> tuple[LoadResult, LoadResult]:
+    """One more look's worth of the interference scenario through the router: ``waves`` x
+    ``shorts_per_wave`` short requests alone (sequential), then ``waves`` waves of the long pool's
+    long concurrency with those shorts behind them -- as :func:`run_interference` sends them (same
+    lengths, offsets and output caps), with prompts salted by ``salt`` so the prefix cache serves
+    none of them from an earlier look. Fixed lengths only (a ``traffic:`` workload is not
+    extended). Bounded by ``deadline_s`` (both runs together)."""
+    t0 = time.monotonic()
+    sname, short = short_workload(view)
+    lname, long = long_workload(view)
+    model, limit = view.model.served_name, view.engine.max_model_len
+    sout, lout = min(short.output_tokens, SHORT_OUTPUT_TOKENS), min(long.output_tokens, 16)
+    n = waves * shorts_per_wave
+    shorts = _specs(tokenizer, router, model, short.prompt_tokens, sout, n, "short", salt=salt)
+    longs = _specs(tokenizer, router, model, min(long.prompt_tokens, limit - lout), lout, waves * long.concurrency,
+                   "long", salt=salt)
+    kw = dict(request_timeout_s=view.limits.request_timeout_s, idle_timeout_s=view.limits.stream_idle_timeout_s)
+    alone = closed_loop(router, shorts, concurrency=1, deadline_s=deadline_s, **kw)
+    left = max(0.0, deadline_s - (time.monotonic() - t0))
+    mixed = _waves(router, [(longs[w * long.concurrency:(w + 1) * long.concurrency],
+                             shorts[w * shorts_per_wave:(w + 1) * shorts_per_wave]) for w in range(waves)], left, **kw)
+    return alone, mixed
+
+
+def run_isolation(targets: PoolTargets, waves: int, shorts_per_wave: int, deadline_s: float = 300.0,
+                  plan: LookPlan | None = None, decide: Callable[[LoadObservation, LoadObservation, float], str] | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> tuple[LoadObservation, LoadObservation]:
     """Short requests through the router alone, then while each wave sends the long pool's
     declared long concurrency of long requests through the router (:func:`run_interference`).
-    Prompts are counted on the long pool's own ``/tokenize``. Returns ``(alone, mixed)``."""
+    Prompts are counted on the long pool's own ``/tokenize``. Returns ``(alone, mixed)``.
+
+    With ``plan`` (looks in short requests, the first = ``waves x shorts_per_wave``; see
+    :func:`kvgate.gates.pools.isolation_plan`) and ``decide`` (``(alone, mixed, per-look
+    confidence) -> PASS/FAIL/UNDECIDED``), undecided looks add waves
+    (:func:`kvgate.stats.confidence.sample_until_decided`): each look adds as many short requests alone as
+    with the long load, so both runs' bounds tighten (the ratio check needs both), in whole waves,
+    with fresh prompts. Bounded by the plan's cap and ``max_s`` (the extra looks; the first look
+    is bounded by ``deadline_s``). What it did is in ``mixed.extra["sampling"]``
+    (:meth:`~kvgate.stats.confidence.Sampling.to_dict`); ``mixed.extra["waves"]`` counts all waves. A
+    ``traffic:``-replayed workload gets its first look only."""
     view = isolation_view(targets.profiles["short"], targets.profiles["long"])
     with KvClient(targets.endpoints["long"], timeout_s=30.0) as tokenizer:
-        return run_interference(tokenizer, targets.router, view, waves=waves, shorts_per_wave=shorts_per_wave,
-                                deadline_s=deadline_s)
+        # exactly `waves` waves (max_waves=waves: run_interference's own looks off); this gate's looks follow
+        alone, mixed = run_interference(tokenizer, targets.router, view, waves=waves, shorts_per_wave=shorts_per_wave,
+                                        deadline_s=deadline_s, max_waves=waves)
+        if plan is None or decide is None:
+            return alone, mixed
+        extra = mixed.extra if mixed.extra is not None else {}
+        mixed.extra = extra
+        replayed = alone.traffic is not None
+        looks = {"n": 0}
+
+        def shorts_sent() -> int:
+            return sum(1 for r in mixed.result.records if r.tag == "short")
+
+        def take(k: int, left: float | None) -> int:
+            if looks["n"] == 0:  # the first look is the run above
+                looks["n"] = 1
+                return shorts_sent()
+            if replayed:
+                return 0
+            looks["n"] += 1
+            before = shorts_sent()
+            w = -(-k // shorts_per_wave)
+            a, m = _more_waves(tokenizer, targets.router, view, w, shorts_per_wave, f" (look {looks['n']})",
+                               deadline_s if left is None else min(deadline_s, left))
+            alone.result, mixed.result = merged_results(alone.result, a), merged_results(mixed.result, m)
+            extra["waves"] = extra.get("waves", waves) + w
+            return min(k, shorts_sent() - before)
+
+        sampling = sample_until_decided(plan, take, lambda c: {"isolation": decide(alone, mixed, c)}, clock)
+        extra["sampling"] = sampling.to_dict()
+    return alone, mixed
 
 
 __all__ = ["GENERATION_ROUTES", "POOLS", "PoolTargets", "PoolsError", "Routed", "RoutingCase", "RoutingObservation",
