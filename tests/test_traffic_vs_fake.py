@@ -7,6 +7,7 @@ healthy fake."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -100,7 +101,10 @@ def test_every_load_gate_replays_a_sample_on_a_healthy_fake(pytester, tmp_path):
         "fake-vllm-replay/latency/interference": "PASS"}, [g["message"] for g in gates.values()]
     slo, long_, inter = (gates[f"fake-vllm-replay/{k}"] for k in ("latency/slo", "concurrency/long-sequences",
                                                             "latency/interference"))
-    assert "replayed 88 of 88 requests of chat.jsonl" in slo["message"], slo["message"]
+    # looks at 64/80/96 (98.33% each): 80 is the first that can PASS; sessions are sent whole, so
+    # the look that decides holds 80 or more of the 88
+    sent = int(re.search(r"replayed (\d+) of 88 requests of chat\.jsonl", slo["message"]).group(1))
+    assert 80 <= sent <= 88, slo["message"]
     assert "upper bound" in slo["message"] and slo["evidence"]["sampling"]["history"][0]["n"] == 64
     assert "closed loop at concurrency 2): prompt p50/p99 40/60 tokens (declared 24/40)" in slo["message"]
     assert long_["message"].startswith("3 long sequences at concurrency 2, replayed 3 of 3 requests of batch.jsonl")
