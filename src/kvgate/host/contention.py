@@ -200,6 +200,28 @@ def unmeasured(reason: str) -> HostContention:
     return HostContention(False, reason)
 
 
+
+def process_tree(ps: Any, roots: Sequence[int], cache: dict[int, Any] | None = None) -> list[Any]:
+    """The live processes of the trees rooted at ``roots`` (pids): each root that is running and
+    all its descendants, each once (psutil ``Process`` objects of ``ps``, the psutil module or a
+    fake). ``cache``: pid -> Process kept between calls, so a root's ``cpu_times``/``memory`` deltas
+    come from one object. Roots that are gone (NoSuchProcess, ZombieProcess) are left out."""
+    seen: dict[int, Any] = {}
+    for pid in roots:
+        try:
+            root = cache.get(pid) if cache is not None else None
+            root = root or ps.Process(pid)
+            if cache is not None:
+                cache[pid] = root
+            if not root.is_running():
+                continue
+            seen[pid] = root
+            for child in root.children(recursive=True):
+                seen.setdefault(child.pid, child)
+        except (ps.NoSuchProcess, ps.ZombieProcess):
+            continue
+    return list(seen.values())
+
 class ContentionSampler:
     """Measure host contention on the CPUs of the process trees rooted at ``roots`` between
     :meth:`start` and :meth:`stop` (see the module docstring for the arithmetic).
@@ -235,18 +257,7 @@ class ContentionSampler:
 
     # -------------------------------------------------------------- reads
     def _tree(self) -> list[Any]:
-        ps, seen = self.ps, {}
-        for pid in self.roots:
-            try:
-                root = ps.Process(pid)
-                if not root.is_running():
-                    continue
-                seen[pid] = root
-                for child in root.children(recursive=True):
-                    seen.setdefault(child.pid, child)
-            except (ps.NoSuchProcess, ps.ZombieProcess):
-                continue
-        return list(seen.values())
+        return process_tree(self.ps, self.roots)
 
     def _proc_time(self, p: Any) -> float:
         t = p.cpu_times()

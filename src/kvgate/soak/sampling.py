@@ -117,20 +117,9 @@ class ProcessTreeSampler(_Counts):
         self._procs: dict[int, Any] = {}
 
     def _tree(self) -> list[Any]:
-        ps = self.psutil
-        seen: dict[int, Any] = {}
-        for pid in self.roots:
-            try:
-                root = self._procs.get(pid) or ps.Process(pid)
-                self._procs[pid] = root
-                if not root.is_running():
-                    continue
-                seen[pid] = root
-                for child in root.children(recursive=True):
-                    seen.setdefault(child.pid, child)
-            except (ps.NoSuchProcess, ps.ZombieProcess):
-                continue
-        return list(seen.values())
+        from kvgate.host.contention import process_tree
+
+        return process_tree(self.psutil, self.roots, self._procs)
 
     def read(self) -> Reading:
         """One synchronous sample (psutil reads ``/proc``); :meth:`sample` runs it in a thread."""
