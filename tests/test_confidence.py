@@ -44,6 +44,15 @@ def test_looks_are_planned_up_front_and_judged_at_a_corrected_level():
         plan_looks(0, 10, 0.95)
 
 
+def test_plan_looks_never_plans_more_looks_than_max_looks():
+    # the smallest passing size (59) is inserted after the first look: with max_looks 1 that made two
+    assert plan_looks(32, 256, 0.95, max_looks=1).looks == (256,)
+    assert plan_looks(32, 256, 0.95, max_looks=1).per_look == 0.95
+    for m in range(1, 7):
+        p = plan_looks(32, 256, 0.95, max_looks=m)
+        assert len(p.looks) <= m and p.looks[-1] == 256 and p.per_look == pytest.approx(1 - 0.05 / len(p.looks))
+
+
 def test_sampling_stops_at_the_first_decided_look_and_at_the_time_bound():
     t = [0.0]
     clock = lambda: t[0]  # noqa: E731 -- injected clock, advanced by the take callback

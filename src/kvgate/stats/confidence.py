@@ -204,8 +204,8 @@ def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFI
                max_s: float | None = None) -> LookPlan:
     """Looks from ``first`` samples up to ``cap``: the first at ``first``; then the smallest size at
     which a PASS with no exceedance is possible at the per-look level (when above ``first``);
-    then doubling; always ending at ``cap``; at most ``max_looks``. ``first >= cap`` gives one
-    look at ``first``. Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
+    then doubling; always ending at ``cap``; at most ``max_looks`` (``max_looks`` 1: one look, at
+    ``cap``). ``first >= cap`` gives one look at ``first``. Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
     if first < 1 or max_looks < 1:
         raise ValueError(f"first and max_looks must be >= 1, got {first}, {max_looks}")
     cap = max(cap, first)
@@ -220,6 +220,8 @@ def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFI
             looks.append(min(cap, 2 * looks[-1]))
         if looks[-1] < cap:
             looks[-1] = cap
+        if len(looks) > max_looks:  # the smallest passing size pushed it over: keep the first looks and the cap
+            looks = looks[:max_looks - 1] + [cap]
         looks = sorted(set(looks))
         if len(looks) <= k:  # judged at least as strictly as its number of looks needs
             best = LookPlan(tuple(looks), confidence, per, max_s)
