@@ -107,6 +107,19 @@ def test_a_true_p95_at_the_limit_is_inconclusive_within_the_cap(seed):
     assert v.parts[0].status is Status.INCONCLUSIVE and v.parts[0].measured == pytest.approx(P95_MS, rel=0.03)
 
 
+def test_a_cap_too_small_for_any_pass_says_so_and_names_the_field():
+    """slo.requests 20, slo.max_requests 40: looks 20/40 at 97.5%, where a p95 PASS needs 72 samples:
+    even a fast server is INCONCLUSIVE at the cap, and the verdict says the cap is why."""
+    prof, got, obs, _ = sampled(P95_MS * 10, 0, requests=20, cap=40)
+    assert got.sampling.why_stopped == "cap" and got.sampling.plan.looks == (20, 40)
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert ("stopped: the cap (40 requests) reached; no PASS was possible: a p95 PASS at 97.5% needs at least 72 "
+            "requests, more than the cap (raise slo.max_requests)") in v.message, v.message
+    prof, got, obs, _ = sampled(P95_MS, 0)  # a cap that can PASS says nothing of the kind
+    assert "no PASS was possible" not in latency_verdict(obs, prof).message
+
+
 def test_the_time_bound_stops_sampling_and_is_named():
     prof = slo_profile(P95_MS, max_s=100.0)
     syn = Synthetic(0, per_request_s=1.0)  # 1 s a request: the first look (32 s) leaves 68 s
