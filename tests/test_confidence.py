@@ -44,6 +44,15 @@ def test_looks_are_planned_up_front_and_judged_at_a_corrected_level():
         plan_looks(0, 10, 0.95)
 
 
+def test_plan_looks_never_plans_more_looks_than_max_looks():
+    # the smallest passing size (59) is inserted after the first look: with max_looks 1 that made two
+    assert plan_looks(32, 256, 0.95, max_looks=1).looks == (256,)
+    assert plan_looks(32, 256, 0.95, max_looks=1).per_look == 0.95
+    for m in range(1, 7):
+        p = plan_looks(32, 256, 0.95, max_looks=m)
+        assert len(p.looks) <= m and p.looks[-1] == 256 and p.per_look == pytest.approx(1 - 0.05 / len(p.looks))
+
+
 def test_sampling_stops_at_the_first_decided_look_and_at_the_time_bound():
     t = [0.0]
     clock = lambda: t[0]  # noqa: E731 -- injected clock, advanced by the take callback
@@ -63,3 +72,11 @@ def test_sampling_stops_at_the_first_decided_look_and_at_the_time_bound():
     timed = plan_looks(32, 256, 0.95, max_s=5.0)
     s = sample_until_decided(timed, take, lambda c: {"x": judge(values, 0.95, 20.0, c).decision}, clock)
     assert s.why_stopped == "time" and s.final and s.n == 50  # 32 x 0.1 s, then 18 more in the 1.8 s left
+
+
+def test_a_fail_just_over_the_limit_does_not_read_as_equal_to_it():
+    # every sample 0.4 ms over a 100 ms limit: FAIL, and the text must not say "100 ms > 100 ms"
+    assert judge([100.4] * 100, 0.95, 100).text("TTFT").endswith("lower bound 100.4 ms (n=100; 100 over) > 100.0 ms -> FAIL")
+    assert "lower bound 5,000.2 ms (n=100; 100 over) > 5,000.0 ms" in judge([5000.2] * 100, 0.95, 5000).text("TTFT")
+    assert "lower bound 6,189 ms (n=100; 100 over) > 5,000 ms" in judge([6189.0] * 100, 0.95, 5000).text("TTFT")
+    assert "lower bound 100.0001 ms" in judge([100.0001] * 100, 0.95, 100).text("TTFT")

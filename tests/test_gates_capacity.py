@@ -157,6 +157,20 @@ def test_an_untrusted_step_below_the_need_is_invalid_and_no_slo_skips():
     assert capacity_verdict([], none).status is Status.SKIP
 
 
+def test_a_contended_step_above_the_need_reads_invalid_not_fail_and_the_fit_gap_is_named():
+    """The real run (tiny-cpu, a shared 2-core host): step 64 FAILed its TTFT bound on a contended host,
+    so INVALID; the knee 32 still carries the peak. The message must not read '(INVALID: ... -> FAIL)'."""
+    bad = step(16, "FAIL", ttft=900, running=8, waiting=8)
+    bad.decision, bad.invalid = "INVALID", "contended host: 50% of the server's CPUs went to other processes"
+    v = capacity_verdict([step(4), step(8), bad], profile(peak=4, max_num_seqs=8), {"why_stopped": "not met"})
+    assert v.status is Status.PASS, v.message
+    assert ("first step not shown to meet the SLO: concurrency 16 (INVALID, its measurement not trusted: see the "
+            "cause below; as measured: TTFT p95 900 ms, 95% lower bound (n=59): would have been FAIL)") in v.message
+    assert "-> FAIL)" not in v.message and "measurement INVALID: contended host: 50%" in v.message
+    # fake-vllm.yaml declares no weights: the arithmetic's own reason, not a pointer to a gate that may not run
+    assert "the fit arithmetic cannot size the KV pool (weights unknown: give model.weights_gib" in v.message
+
+
 def test_steps_round_trip_csv_and_need():
     s = step(4, running=4, waiting=0)
     assert StepResult.from_dict(s.to_dict()) == s

@@ -40,3 +40,12 @@ def test_checks_plot_has_one_row_per_numeric_check():
     assert two[1] > one[1]  # taller with more rows
     wide = Verdict("fit.budget", Status.PASS, "ok", 6_933_953_045, 1_000, unit="bytes")
     assert size(plots.checks_png(wide, "log axis")) == one
+
+
+def test_capacity_ticks_leave_out_a_need_that_would_overlap_a_step():
+    from kvgate.report.capacity_plot import x_ticks
+
+    # tiny-cpu: need 12 x 1.25 = 15 beside the first step 16 printed as "1516" under the axis
+    assert x_ticks([16, 32, 64], 15) == [16, 32, 64]
+    assert x_ticks([16, 32, 64], 24) == [16, 24, 32, 64] and x_ticks([1, 2, 4], None) == [1, 2, 4]
+    assert x_ticks([4, 8], 20) == [4, 8, 20] and x_ticks([4, 8], 8) == [4, 8]

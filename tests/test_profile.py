@@ -60,6 +60,15 @@ def test_unknown_key_is_an_error_not_ignored(write_profile):
         load_profile(str(path))
 
 
+def test_capacity_start_above_the_cap_is_an_error_naming_both(write_profile):
+    # was accepted silently: the suite then measured one step at start_concurrency and nothing else
+    path = write_profile("capinv", MINIMAL + "capacity:\n  start_concurrency: 64\n  max_concurrency: 8\n")
+    with pytest.raises(ProfileError, match=r"field 'capacity': .*start_concurrency 64 > max_concurrency 8") as exc:
+        load_profile(str(path))
+    assert str(path) in str(exc.value)
+    load_profile(str(write_profile("capok", MINIMAL + "capacity:\n  start_concurrency: 8\n  max_concurrency: 8\n")))
+
+
 def test_missing_required_section(write_profile):
     path = write_profile("nomodel", "engine:\n  max_model_len: 5\n")
     with pytest.raises(ProfileError, match="field 'model': Field required"):

@@ -227,8 +227,9 @@ def fit_capacity(profile: Profile) -> tuple[int | None, int | None, int | None, 
 
     try:
         p = plan(profile)
-    except Exception:  # a profile the arithmetic cannot size (fit/kv-pool says why): the knee stands alone
-        return profile.engine.max_num_seqs, None, None, "the fit arithmetic cannot size the KV pool (see fit/kv-pool)"
+    except Exception as exc:  # a profile the arithmetic cannot size: the knee stands alone (fit/kv-pool may not run)
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return profile.engine.max_num_seqs, None, None, f"the fit arithmetic cannot size the KV pool ({why})"
     if p.pool is None:
         return p.max_num_seqs, None, None, "no vLLM KV pool (llama.cpp)"
     try:
@@ -326,6 +327,11 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
             + (f" in {wall:.0f} s" if isinstance(wall, (int, float)) else "") + ")")
     if bad is None:
         head += f"; every step met the SLO up to the search cap {knee}: the knee is at least that"
+    elif bad.decision == INVALID:  # not shown to miss the SLO either: what it measured is no verdict
+        measured = _failing_text(bad).replace(" -> FAIL", ": would have been FAIL").replace(
+            " -> undecided", ": would have been undecided")
+        head += (f"; first step not shown to meet the SLO: concurrency {bad.concurrency} (INVALID, its measurement "
+                 f"not trusted: see the cause below; as measured: {measured})")
     else:
         head += (f"; first step not meeting the SLO: concurrency {bad.concurrency} ({bad.decision}: "
                  f"{_failing_text(bad)})")

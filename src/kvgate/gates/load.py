@@ -20,9 +20,10 @@ from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any
 
-from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge
+from kvgate.stats.confidence import (FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge,
+                                     min_samples_to_pass)
 from kvgate.profile.models import Profile
-from kvgate.load.sampling import SLO_METRICS, judge_slo, slo_samples
+from kvgate.load.sampling import Q, SLO_METRICS, judge_slo, slo_samples
 from kvgate.load.scenarios import LoadObservation, ScenarioError, Traffic, long_workload, short_workload
 from kvgate.stats import percentile, request_metrics, summarize
 from kvgate.traffic.sample import BYTES_PER_TOKEN
@@ -416,15 +417,22 @@ def _one_look(n: int, confidence: float) -> LookPlan:
     return LookPlan((max(1, n),), confidence, confidence)
 
 
-def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: int | None = None) -> str:
+def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: int | None = None,
+                  cap_field: str | None = "slo.max_requests") -> str:
     """How the percentile was sampled, for a verdict: ``looks planned at 32/86/172/256 requests
     (each at 98.75%: 95% over 4 looks); took 2 (n=86); stopped: decided``. ``why_stopped``: decided,
     the cap, the time bound (``slo.max_duration_s``) or the source (a traffic sample with only
-    ``source_n`` requests). Empty without ``sampling`` (a single fixed-size run)."""
+    ``source_n`` requests). A cap below the fewest samples a p95 PASS needs at the per-look level
+    says so (no PASS was ever possible; raise ``cap_field``). Empty without ``sampling`` (a single
+    fixed-size run)."""
     if sampling is None:
         return ""
     p = sampling.plan
-    why = {"decided": "decided", "cap": f"the cap ({p.looks[-1]:,} {unit}) reached",
+    cap = f"the cap ({p.looks[-1]:,} {unit}) reached"
+    if (need := min_samples_to_pass(Q, p.per_look)) > p.looks[-1]:
+        cap += (f"; no PASS was possible: a p95 PASS at {p.per_look * 100:.4g}% needs at least {need:,} {unit}, "
+                f"more than the cap" + (f" (raise {cap_field})" if cap_field else ""))
+    why = {"decided": "decided", "cap": cap,
            "time": f"the time bound ({p.max_s:g} s, slo.max_duration_s) reached",
            "source": (f"the traffic sample had only {source_n:,} requests" if source_n is not None
                       else "a batch ran into its deadline")}.get(sampling.why_stopped, sampling.why_stopped or "?")
@@ -635,7 +643,7 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
         what = f"{what}; {replay_text(mixed.traffic, profile, how='prompt lengths sent in the waves')}"
         ev["traffic"] = traffic_evidence(mixed)
     waves = ex.get("waves")
-    looks = sampling_text(sampling, unit="short requests")
+    looks = sampling_text(sampling, unit="short requests", cap_field=None)
     looks = (f"; {waves} waves of {ex.get('shorts_per_wave', '?')} short requests, {looks}" if looks and waves
              else f"; {looks}" if looks else "")
     measured = pm

@@ -533,6 +533,14 @@ class CapacitySpec(_Strict):
     bisect_steps: int = Field(default=1, ge=0, description="[steps] extra steps bisecting between the last step that "
                               "met the SLO and the first that did not")
 
+    @model_validator(mode="after")
+    def _shape(self) -> "CapacitySpec":
+        if self.start_concurrency > self.max_concurrency:
+            raise ValueError(f"start_concurrency {self.start_concurrency} > max_concurrency {self.max_concurrency}: "
+                             "the search would measure only its first step; lower start_concurrency or raise "
+                             "max_concurrency")
+        return self
+
 
 class SoakSpec(_Strict):
     """The soak: rounds of fixed *offered* load (open loop, seeded Poisson arrivals) for

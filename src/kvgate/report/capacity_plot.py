@@ -5,12 +5,27 @@ marked. PNG bytes via matplotlib's Agg backend (:mod:`kvgate.report.plots`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from kvgate.report.plots import _png, _pyplot
 
 #: Line colour per judged percentile.
 COLOURS = {"TTFT": "#1f77b4", "ITL": "#2ca02c", "e2e": "#d62728"}
+
+
+#: A tick closer than this (log2 units: 2**0.2 = 1.15x) to another one is left out: the labels overlap.
+TICK_GAP_LOG2 = 0.2
+
+
+def x_ticks(xs: Sequence[int], need: int | None) -> list[int]:
+    """The x ticks: every step's concurrency, and ``need`` unless it sits within
+    :data:`TICK_GAP_LOG2` of a step (15 beside 16 printed as ``1516``; its line stays, labelled in
+    the legend)."""
+    ticks = sorted(set(xs))
+    if need and need not in ticks and all(abs(math.log2(need) - math.log2(t)) >= TICK_GAP_LOG2 for t in ticks):
+        ticks = sorted([*ticks, need])
+    return ticks
 
 
 def capacity_png(steps: Sequence[Any], knee: int, need: int | None, title: str) -> bytes:
@@ -46,10 +61,10 @@ def capacity_png(steps: Sequence[Any], knee: int, need: int | None, title: str) 
     for ax in (ax1, ax2):
         if xs:
             ax.set_xscale("log", base=2)
-            ticks = sorted(set(xs) | ({need} if need else set()))
+            ticks = x_ticks(xs, need)
             ax.set_xticks(ticks)
             ax.set_xticklabels([str(t) for t in ticks])
-            ax.set_xlim(min(ticks) / 1.3, max(ticks) * 1.3)
+            ax.set_xlim(min([*ticks, need or ticks[0]]) / 1.3, max([*ticks, need or ticks[0]]) * 1.3)
         if knee:
             ax.axvline(knee, color="#3b8f5a", linestyle=":", label=f"knee {knee}")
         if need:

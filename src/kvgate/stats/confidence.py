@@ -139,6 +139,16 @@ def bound(values: Sequence[float], q: float, confidence: float = DEFAULT_CONFIDE
                            xs[k - 1] if k else None, confidence, j, k)
 
 
+def _distinct(value: float, limit: float) -> tuple[str, str]:
+    """``value`` and ``limit`` as whole numbers, with as many decimals (up to 3) as it takes for a
+    value above the limit not to read as equal to it (``100.0001 > 100`` is not ``100 > 100``)."""
+    for d in range(4):
+        a, b = f"{value:,.{d}f}", f"{limit:,.{d}f}"
+        if a != b:
+            return a, b
+    return f"{value}", f"{limit:,.3f}"
+
+
 @dataclass(frozen=True)
 class Judgement:
     """A percentile against its limit: ``decision`` PASS (upper bound <= limit), FAIL (lower bound
@@ -159,8 +169,8 @@ class Judgement:
         if self.decision == PASS:
             return f"{head}, {c} upper bound {b.upper:,.0f} {unit} (n={b.n}) <= {self.limit:,.0f} {unit} -> PASS"
         if self.decision == FAIL:
-            return (f"{head}, {c} lower bound {b.lower:,.0f} {unit} (n={b.n}; {self.exceed} over) > "
-                    f"{self.limit:,.0f} {unit} -> FAIL")
+            lo, lim = _distinct(b.lower, self.limit)
+            return f"{head}, {c} lower bound {lo} {unit} (n={b.n}; {self.exceed} over) > {lim} {unit} -> FAIL"
         lo = "none" if b.lower is None else f"{b.lower:,.0f} {unit}"
         hi = (f"none (fewer than {min_samples_to_pass(b.q, b.confidence)} samples: no PASS possible)"
               if b.upper is None else f"{b.upper:,.0f} {unit}")
@@ -204,8 +214,8 @@ def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFI
                max_s: float | None = None) -> LookPlan:
     """Looks from ``first`` samples up to ``cap``: the first at ``first``; then the smallest size at
     which a PASS with no exceedance is possible at the per-look level (when above ``first``);
-    then doubling; always ending at ``cap``; at most ``max_looks``. ``first >= cap`` gives one
-    look at ``first``. Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
+    then doubling; always ending at ``cap``; at most ``max_looks`` (``max_looks`` 1: one look, at
+    ``cap``). ``first >= cap`` gives one look at ``first``. Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
     if first < 1 or max_looks < 1:
         raise ValueError(f"first and max_looks must be >= 1, got {first}, {max_looks}")
     cap = max(cap, first)
@@ -220,6 +230,8 @@ def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFI
             looks.append(min(cap, 2 * looks[-1]))
         if looks[-1] < cap:
             looks[-1] = cap
+        if len(looks) > max_looks:  # the smallest passing size pushed it over: keep the first looks and the cap
+            looks = looks[:max_looks - 1] + [cap]
         looks = sorted(set(looks))
         if len(looks) <= k:  # judged at least as strictly as its number of looks needs
             best = LookPlan(tuple(looks), confidence, per, max_s)
