@@ -125,6 +125,23 @@ def test_overlay_maps_measured_values_to_profile_fields(tmp_path):
     assert prof.model.served_name == "fake-model"
 
 
+def test_a_percentile_judged_with_confidence_records_its_upper_bound():
+    # a limit at the point estimate would leave the same server INCONCLUSIVE on the next run
+    from kvgate.stats.confidence import judge
+
+    j = judge([float(x) for x in range(1, 101)], 0.95, 1000.0)  # p95 95.05, upper bound X(99) = 99
+    few = judge([10.0] * 20, 0.95, 1000.0)  # 20 samples: no upper bound
+    lat = Verdict("latency/slo", Status.PASS, "x", parts=(
+        Verdict("latency/slo.TTFT p95", Status.PASS, "t", measured=j.bound.point, limit=1000, unit="ms",
+                evidence=j.to_dict()),
+        Verdict("latency/slo.e2e p95", Status.INCONCLUSIVE, "e", measured=few.bound.point, limit=1000, unit="ms",
+                evidence=few.to_dict())))
+    fields, _ = recorded_values([("p/latency/slo", lat)])
+    assert fields["slo.ttft_p95_ms"][0] == 99.0 and "(95% upper bound, n=100)" in fields["slo.ttft_p95_ms"][1][0]
+    assert fields["slo.e2e_p95_ms"][0] == 10.0 and "point estimate: n=20 has no upper bound" in fields[
+        "slo.e2e_p95_ms"][1][0]
+
+
 # ---------------------------------------------------------------------------- through pytest
 def test_bad_gate_mode_is_a_usage_error_listing_values(pytester):
     result, summary = run_synthetic(pytester, {"a": ("PASS", [])}, "--gate-mode", "strict")

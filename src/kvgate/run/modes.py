@@ -176,13 +176,23 @@ def _walk(v: Any) -> Iterable[Any]:
 def recorded_values(verdicts: Iterable[tuple[str, Any]]) -> tuple[dict[str, tuple[float, list[str]]], list[str]]:
     """From ``(test_id, Verdict)`` pairs: ``({field: (value, [checks it came from])}, [unmapped
     lines])``. A field judged by several checks gets the largest measured value (the limit every
-    one of them would have passed). Values with the wrong unit or none are not mapped; numeric
+    one of them would have passed). A percentile judged with confidence (:mod:`kvgate.stats.confidence`:
+    its evidence carries the bound) records its upper bound -- a limit at the point estimate would
+    leave the same server INCONCLUSIVE -- or, without one (too few samples), the point, saying so. Values with the wrong unit or none are not mapped; numeric
     measurements with no profile field are listed as ``"test_id: check = value unit"``."""
     fields: dict[str, tuple[float, list[str]]] = {}
     unmapped: list[str] = []
     for test_id, verdict in verdicts:
         for v in _walk(verdict):
-            value = v.measured
+            value, how = v.measured, ""
+            ev = v.evidence if isinstance(v.evidence, dict) else {}
+            if isinstance(ev.get("confidence"), dict) and "method" in ev["confidence"]:
+                ev = ev["confidence"]  # latency/interference: the bound of the one percentile it judges
+            if str(ev.get("method", "")).startswith("order statistics"):  # a percentile judged with confidence
+                if ev.get("upper") is not None:  # the limit this server meets with confidence at this n
+                    value, how = ev["upper"], f" ({ev['confidence'] * 100:.4g}% upper bound, n={ev['n']})"
+                else:
+                    how = f" (point estimate: n={ev['n']} has no upper bound; a limit this tight stays INCONCLUSIVE)"
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
                 continue
             target = _field_for(v.gate)
@@ -193,9 +203,9 @@ def recorded_values(verdicts: Iterable[tuple[str, Any]]) -> tuple[dict[str, tupl
             path, _ = target
             old = fields.get(path)
             if old is None or value > old[0]:
-                fields[path] = (float(value), (old[1] if old else []) + [f"{test_id}: {v.gate}"])
+                fields[path] = (float(value), (old[1] if old else []) + [f"{test_id}: {v.gate}{how}"])
             else:
-                old[1].append(f"{test_id}: {v.gate}")
+                old[1].append(f"{test_id}: {v.gate}{how}")
     return fields, unmapped
 
 
