@@ -65,7 +65,7 @@ def main() -> int:
     loops: list[subprocess.Popen] = []
     t0 = time.monotonic()
     try:
-        cmd = [sys.executable, "-m", "pytest", "--profile", args.profile, "-m", args.marker, "-k", args.keyword,
+        cmd = [sys.executable, "-m", "pytest", f"--profile={args.profile}", "-m", args.marker, "-k", args.keyword,
                "-p", "no:cacheprovider", f"--kvgate-reports={reports}", "-q"]
         run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
