@@ -356,14 +356,6 @@ def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[Request
                       loop_lag_s=lags, cpu_s=cpu, transport=last.transport if last else "")
 
 
-#: Waves beyond which ``run_interference(max_waves=)`` plans a second look (None: one look).
-#: By default the gate judges ONE look of the fewest whole waves whose short requests can PASS a
-#: p95 bound at ``slo.confidence`` (59 at 95% -> 15 waves of 4 = 60 shorts): a wave costs ~1.7 s on
-#: the embedded tiny-cpu server (4 fresh 1,900-token prefills), and two looks (16, then 72 at 97.5%
-#: each) took 18 waves, 35.8 s in the main job, where one look of 15 takes ~26 s. The early FAIL
-#: look at 16 is what one look gives up: a failing deployment costs 15 waves, not 4.
-INTERFERENCE_MAX_WAVES: int | None = None
-
 #: Output tokens of the interference scenario's short requests (TTFT is what is judged).
 SHORT_OUTPUT_TOKENS = 8
 
@@ -373,18 +365,22 @@ def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4
     """The interference gate's looks, in short requests. With ``slo.short_ttft_p95_ms``: one look
     at the fewest whole waves that can PASS a p95 bound at ``slo.confidence``
     (:func:`~kvgate.stats.confidence.min_samples_to_pass`; 60 shorts at 95%), at least ``waves``; with
-    ``max_waves`` (default :data:`INTERFERENCE_MAX_WAVES`: None) a first look at ``waves x
-    shorts_per_wave`` and more up to ``max_waves`` waves (:func:`~kvgate.stats.confidence.plan_looks`).
-    Bounded by ``slo.max_duration_s``. Without the SLO: one look of ``waves``."""
+    ``max_waves`` a first look at ``waves x shorts_per_wave`` and more up to ``max_waves`` waves
+    (:func:`~kvgate.stats.confidence.plan_looks`). Bounded by ``slo.max_duration_s``. Without the
+    SLO: one look of ``waves``.
+
+    Why one look by default: a wave costs ~1.7 s on the embedded tiny-cpu server (4 fresh
+    1,900-token prefills); two looks (16, then 72 at 97.5% each) took 18 waves, 35.8 s of the main
+    job, one look of 15 takes ~23-26 s. What one look gives up is the early FAIL at 16: a failing
+    deployment costs 15 waves, not 4."""
     first = waves * shorts_per_wave
     conf = profile.slo.confidence
     if profile.slo.short_ttft_p95_ms is None:
         return plan_looks(first, first, Q, conf, max_s=profile.slo.max_duration_s)
-    limit_waves = max_waves if max_waves is not None else INTERFERENCE_MAX_WAVES
-    if limit_waves is None:
+    if max_waves is None:
         one = max(first, -(-min_samples_to_pass(Q, conf) // shorts_per_wave) * shorts_per_wave)
         return plan_looks(one, one, Q, conf, max_s=profile.slo.max_duration_s)
-    return plan_looks(first, max(first, limit_waves * shorts_per_wave), Q, conf, max_s=profile.slo.max_duration_s)
+    return plan_looks(first, max(first, max_waves * shorts_per_wave), Q, conf, max_s=profile.slo.max_duration_s)
 
 
 def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,
