@@ -114,6 +114,33 @@ def test_hang_up_request_closes_before_answer_and_reports_early_answer():
         assert quick.status == 200
 
 
+def test_hang_up_request_to_a_server_that_resets_is_unreachable_not_a_traceback():
+    # seen once in tests/test_watch_vs_fake.py's server-gone run: ConnectionResetError from recv()
+    import socket
+    import struct
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def reset_on_accept():
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close -> RST
+        conn.close()
+
+    t = threading.Thread(target=reset_on_accept, daemon=True)
+    t.start()
+    try:
+        c = KvClient(Endpoint(f"http://127.0.0.1:{srv.getsockname()[1]}"), timeout_s=2)
+        with pytest.raises(EndpointUnreachable, match=r"unreachable \((ConnectionResetError|BrokenPipeError)"):
+            c.hang_up_request("/v1/completions", {"prompt": "a"}, after_s=2)
+    finally:
+        t.join(timeout=5)
+        srv.close()
+
+
 def test_clip_never_cuts_mid_word():
     from kvgate.http.client import clip
 

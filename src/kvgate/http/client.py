@@ -385,11 +385,14 @@ class KvClient:
         except OSError as exc:
             raise self._unreachable(exc, path) from None
         with sock:
-            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
-            readable, _, _ = select.select([sock], [], [], after_s)
-            if not readable:
-                return Reply(status=0, text="hung up", elapsed_s=self.clock() - t0)
-            first = sock.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+            try:  # a server that dies mid-request resets the connection: unreachable, as a refused connect is
+                sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+                readable, _, _ = select.select([sock], [], [], after_s)
+                if not readable:
+                    return Reply(status=0, text="hung up", elapsed_s=self.clock() - t0)
+                first = sock.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+            except OSError as exc:
+                raise self._unreachable(exc, path) from None
         try:
             status = int(first.split()[1])
         except (IndexError, ValueError):
