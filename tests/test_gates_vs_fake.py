@@ -140,8 +140,11 @@ def test_disconnect_that_cannot_be_told_from_completion_is_invalid(pytester, fak
 
 
 def test_buffered_stream_fails_streaming_naming_the_buffering(pytester):
-    # 64 tokens 20 ms apart (1.3 s) behind a proxy with a 16 KB buffer: each ~10 KB stream arrives at its end
-    with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.02, faults={"buffer_stream"})) as fake:
+    # 64 tokens 20 ms apart (1.3 s) behind a proxy that holds the whole response (buffer_bytes 0): each
+    # stream arrives at its end, in one burst. Not the default 16 KB buffer: a 64-chunk completions stream
+    # is ~16 KB itself (~250 bytes a chunk), so whether a full buffer is flushed 2 chunks before the end
+    # (2 bursts, as CI once saw) depended on the bytes of the ids and token texts
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.02, faults={"buffer_stream"}, buffer_bytes=0)) as fake:
         _, summary, gates = run_suites(pytester, fake.url, "-k", "buffering", suites=["suites/test_streaming.py"])
     assert summary["overall"] == "FAIL" and len(gates) == 2
     for api in ("completions", "chat"):

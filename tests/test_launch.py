@@ -268,3 +268,18 @@ def test_ensure_adapters_builds_only_the_embedded_ones_at_the_profiles_rank(tmp_
     ensure_adapters(engine, tmp_path / "model", build=build)
     assert calls == [(tmp_path / "model", "a", 8)]  # no max_lora_rank: rank 8
     assert ensure_adapters(load_profile("tiny-cpu").engine, tmp_path, build=lambda *a, **k: pytest.fail("built")) == {}
+
+
+def test_embedded_environment_runs_the_worker_in_engine_core_at_tp1_unless_told_otherwise(tmp_path, monkeypatch):
+    """TP=1: VLLM_ENABLE_V1_MULTIPROCESSING=0 (the CPU worker inside EngineCore, ~10 s less start-up);
+    the profile's engine.env and the caller's environment win; TP>1 keeps vLLM's multiprocess executor."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    tiny = load_profile("tiny-cpu")
+    assert EmbeddedServer(tiny, tmp_path, tmp_path / "log").environment()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    eng = tiny.engine.model_copy(update={"env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}})
+    told = tiny.model_copy(update={"engine": eng})
+    assert EmbeddedServer(told, tmp_path, tmp_path / "log").environment()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    tp2 = tiny.model_copy(update={"engine": tiny.engine.model_copy(update={"tensor_parallel_size": 2})})
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in EmbeddedServer(tp2, tmp_path, tmp_path / "log").environment()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert EmbeddedServer(tiny, tmp_path, tmp_path / "log").environment()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
