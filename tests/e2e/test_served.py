@@ -9,8 +9,9 @@ turn by everything that needs only a healthy tiny-cpu server -- one vLLM start i
    the shipped traffic sample (multi-turn sessions) and PASS, later turns' cached_tokens > 0 (the
    soak and the interference waves replaying it are proven against the fake vLLM --
    tests/test_soak_vs_fake.py, tests/test_traffic_vs_fake.py -- CI time: ~80 s);
-   3b. ``--profile tiny-cpu -m capacity`` against it: the capacity search finds the knee and PASSes
-   tiny-cpu's declared peak; a peak above the knee FAILs naming it and the limiting cause;
+   3b. ``--profile tiny-cpu -m capacity`` (its TTFT limit tightened) against it: the capacity search
+   finds the knee and PASSes tiny-cpu's declared peak; a peak above the knee FAILs naming it and the
+   limiting cause;
 4. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
    server).
 
@@ -173,25 +174,31 @@ def test_replay_profile_load_gates_replay_the_sample_and_pass(running_server, tm
 
 # ------------------------------------------------------------------ 3b. the capacity search
 def test_capacity_search_finds_the_knee_passes_the_declared_peak_and_fails_one_above(running_server, tmp_path):
-    """``pytest --profile tiny-cpu -m capacity --endpoint URL``: the search (steps 16, 32, 64, 128, stopping
-    at the first not met; ~30-40 s) finds a knee, writes capacity.png and capacity-steps.csv and PASSes
-    tiny-cpu's declared peak 12 (x 1.25 = 15); the same measured steps judged for a profile declaring
-    the first failing step as its peak FAIL, naming the knee and the limiting cause (queueing at
-    max_num_seqs 8: the knee lies past it, where only the queue raises TTFT)."""
+    """``pytest --profile tiny-cpu -m capacity --endpoint URL`` with tiny-cpu's TTFT p95 limit tightened to
+    1,500 ms (an overlay): the search (steps 16, 32, 64, 128, stopping at the first not met) finds a knee,
+    writes capacity.png and capacity-steps.csv and PASSes tiny-cpu's declared peak 12 (x 1.25 = 15); the
+    same measured steps judged for a profile declaring the first failing step as its peak FAIL, naming
+    the knee and the limiting cause (queueing at max_num_seqs 8: the knee lies past it, where only the
+    queue raises TTFT). Why the overlay: at tiny-cpu's own 5,000 ms every step up to the cap met the SLO
+    (TTFT p95 359 / 955 / 1,083 / 2,547 ms at 16 / 32 / 64 / 128, 13 s in all, on 2 cores), so no step
+    would fail; at 1,500 ms step 16 passes by 4x and step 128 fails by 1.7x, and any knee between them
+    proves the same."""
     from kvgate.gates.capacity import StepResult, capacity_verdict
 
-    proc, target = main_job(tmp_path, "--profile", "tiny-cpu", f"--endpoint={running_server.url}", "-m", "capacity")
+    tight = tmp_path / "tiny-cpu-tight-ttft.yaml"
+    tight.write_text(f"name: tiny-cpu\nextends: {REPO / 'profiles' / 'tiny-cpu.yaml'}\nslo:\n  ttft_p95_ms: 1500\n")
+    proc, target = main_job(tmp_path, f"--profile={tight}", f"--endpoint={running_server.url}", "-m", "capacity")
     assert proc.returncode == 0, proc.stdout[-4000:]
     [g] = [g for g in target["gates"] if g["id"] == "tiny-cpu/capacity/knee"]
     assert g["status"] == "PASS" and "declared peak 12 x margin 1.25 = 15 <= knee " in g["message"], g["message"]
     ev = g["evidence"]
     knee, first_bad = ev["knee"], ev["first_not_met"]
-    assert knee >= 16 and first_bad == 2 * knee and ev["search"]["wall_s"] < 90, ev["search"]
+    assert knee >= 16 and first_bad == 2 * knee and ev["search"]["wall_s"] < 90, (ev["search"], g["message"])
     assert "limiting cause: queueing: up to " in g["message"] and "with running at max_num_seqs 8" in g["message"]
     reports = tmp_path / "reports"
     assert (reports / "capacity.png").read_bytes()[:4] == b"\x89PNG"
     assert len((reports / "capacity-steps.csv").read_text().splitlines()) == len(ev["steps"]) + 1
-    over = load_profile("tiny-cpu")
+    over = load_profile(str(tight))
     over = over.model_copy(update={"slo": over.slo.model_copy(update={"peak_concurrency": first_bad})})
     v = capacity_verdict([StepResult.from_dict(s) for s in ev["steps"]], over, ev["search"])
     assert v.status.value == "FAIL" and v.message.startswith(f"knee {knee} concurrent requests"), v.message
