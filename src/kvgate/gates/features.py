@@ -737,8 +737,8 @@ def lora_verdict(name: str, profile: Profile, listed: dict[str, str | None], bas
         problem = f"answered as model {echoed!r}, not {name!r}"
     if problem is None and golden is not None and text != golden:
         problem = f"temperature-0 text {clip(repr(text), 80)} is not the golden {clip(repr(golden), 80)}"
-    key = output_key(adapter)
-    if problem is None and golden is None and key == output_key(base):
+    key, base_key = output_key(adapter), output_key(base)
+    if problem is None and golden is None and key == base_key:
         problem = (f"temperature-0 output ({key[0]}; text {clip(repr(text), 80)}) is byte-identical to the base "
                    "model's: the adapter changes nothing (target modules that do not match?)")
     twin = next((o for o, ex in (others or {}).items() if o != name and output_key(ex) == key), None)
@@ -747,7 +747,6 @@ def lora_verdict(name: str, profile: Profile, listed: dict[str, str | None], bas
                    "requests reach the wrong adapter, or the adapters are the same")
     if problem:
         return Verdict(gate, FAIL, f"LoRA {name}: {problem} -> FAIL", measured=problem, limit=limit, evidence=ev)
-    base_key = output_key(base)
     base_shown = (f"{len(base_key[1])} token ids, text {clip(repr(base_text), 40)}"  # ids may decode to ''
                   if base_key and base_key[0] == "token ids" else clip(repr(base_text), 40))
     how = ("equals the golden text" if golden is not None else

@@ -21,8 +21,8 @@ sets it), so the CPU worker runs inside the EngineCore process (UniProcExecutor)
 gives a TP=1 GPU deployment -- instead of a third process the CPU platform forces otherwise
 (vllm/platforms/cpu.py turns ``uni`` into ``mp`` while that variable is 1). The API server and the
 EngineCore stay separate processes (AsyncLLM always runs its engine in a process of its own). Measured
-on 2 cores, tiny-cpu pinned to one CPU: /health 200 after ~22 s instead of ~32 s (three starts each),
-about ten seconds off every embedded start.
+on 2 cores, tiny-cpu pinned to one CPU (2026-12-02, two starts each, the first of all cold): /health 200
+after 22-25 s instead of 32-42 s, about ten seconds off every embedded start.
 """
 
 from __future__ import annotations
