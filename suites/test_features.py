@@ -8,11 +8,10 @@ profile does not turn on is one SKIP saying which flag is unset."""
 
 import pytest
 
-from kvgate.gates.features import (cases, grammar, halted_verdict, lora_listed_verdict, lora_verdict, listed_adapters,
-                                   over_max_loras_verdict, prefix_verdict, reasoning_body, reasoning_verdict,
-                                   skip_verdict, structured_body, structured_verdict, tool_body, tools_verdict)
-from kvgate.http.client import EndpointUnreachable
-from kvgate.http.features import Halt, both_ways, observe_lora, observe_prefix, stalled, with_canary
+from kvgate.gates.features import (cases, grammar, halted_verdict, lora_listed_verdict, lora_verdict, observe,
+                                   over_max_loras_verdict, prefix_verdict, reasoning_verdict, skip_verdict,
+                                   structured_verdict, tools_verdict)
+from kvgate.http.features import Halt
 
 
 def of(feature):
@@ -22,40 +21,9 @@ def of(feature):
 
 @pytest.fixture(scope="module")
 def observed(kvgate_client, kvgate_profile):
-    """Every request of the cases that run, one at a time (a temperature-0 answer is compared
-    streamed and not, and batch composition changes a near-tie argmax: measured on the tiny model,
-    concurrent pairs differed), tools and reasoning both ways, each grammar with a canary after
-    it, the LoRA adapters (their burst is concurrent by design), then the prefix ladder (it
-    compares TTFT). Once a request (a canary included) goes unanswered within its deadline, or the
-    endpoint goes away, the rest are not sent: their cases FAIL naming where the engine stopped."""
-    client, profile = kvgate_client, kvgate_profile
-    run = [c for c in cases(profile) if skip_verdict(c, profile) is None]
-    t = profile.features.deadline_s
-    jobs = {}
-    for c in run:
-        if c.startswith("tools/"):
-            jobs[c] = lambda c=c: both_ways(client, tool_body(profile, c), t)
-        elif c.startswith("structured/"):
-            jobs[c] = lambda c=c: with_canary(client, structured_body(profile, grammar(c.split("/", 1)[1])), profile)
-        elif c.startswith("reasoning/"):
-            jobs[c] = lambda c=c: both_ways(client, reasoning_body(profile, c), t)
-    if any(c.startswith("lora/") for c in run):
-        jobs["lora"] = lambda: observe_lora(client, profile, listed_adapters(client.models().json))
-    if "prefix-caching" in run:
-        jobs["prefix-caching"] = lambda: observe_prefix(client, profile)
-    out, halt = {}, None
-    for name, job in jobs.items():
-        if halt is None:
-            try:
-                out[name] = job()
-            except EndpointUnreachable as exc:  # the server went away mid-gate: a verdict, not a traceback
-                out[name] = halt = Halt(name, f"the endpoint went away: {exc}")
-                continue
-            why = stalled(out[name])
-            halt = Halt(name, why) if why else None
-        else:
-            out[name] = halt
-    return out
+    """Every request of the cases that run, one at a time, each grammar with a canary after it;
+    once the engine stops answering the rest are not sent (:func:`kvgate.gates.features.observe`)."""
+    return observe(kvgate_client, kvgate_profile)
 
 
 def verdict_of(case, obs, decide):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kvgate.launch import kserve
-from kvgate.launch.kserve import KServeError, discover
+from kvgate.launch.kserve import KServeError, discover, discover_baseline
 from kvgate.http.prompts import PromptUnavailable, local_counter, token_id_prompt
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
@@ -87,6 +87,70 @@ def test_llmisvc_group_member_at_weight_zero():
     crowded[-1]["spec"]["router"]["route"]["weight"] = 0
     with pytest.raises(KServeError, match="group 'llama' has 2 members at weight 0"):
         discover(crowded[1], siblings=crowded)
+
+
+# ---------------------------------------------------------------------------- the baseline per shape
+def test_baseline_serverless_tagged_is_the_prev_revision():
+    t = discover_baseline(load("serverless-tagged.yaml"))
+    assert (t.shape, t.revision, t.percent) == ("serverless-prev", "llama-predictor-00001", 100.0)
+    assert t.url == "https://prev-llama-predictor.models.example.com" and t.host_header is None
+    assert t.endpoint_url == "https://prev-llama-predictor.models.example.com/openai/v1"
+    assert any("previous revision llama-predictor-00001" in n for n in t.notes)
+    via = discover_baseline(load("serverless-tagged.yaml"), ingress="http://127.0.0.1:8080")
+    assert via.url == "http://127.0.0.1:8080" and via.host_header == "prev-llama-predictor.models.example.com"
+    assert via.host_header != discover(load("serverless-tagged.yaml"), ingress="http://127.0.0.1:8080").host_header
+
+
+def test_baseline_serverless_untagged_uses_the_revision_service():
+    t = discover_baseline(load("serverless-untagged.yaml"), ingress="http://127.0.0.1:8080")
+    assert (t.shape, t.revision, t.percent) == ("serverless-prev", "llama-predictor-00002", 90.0)
+    assert t.url == "http://llama-predictor-00002.models.svc.cluster.local" and t.host_header is None
+    assert t.route_prefix == "/openai/v1"
+
+
+def test_baseline_serverless_fully_rolled_out_has_none():
+    obj = load("serverless-untagged.yaml")
+    obj["status"]["components"]["predictor"]["traffic"] = [
+        {"revisionName": "llama-predictor-00003", "percent": 100, "latestRevision": True}]
+    with pytest.raises(KServeError, match="no previous revision serving traffic .*pass --baseline URL"):
+        discover_baseline(obj)
+    drained = load("serverless-tagged.yaml")  # previous revision still listed, but at 0%
+    drained["status"]["components"]["predictor"]["traffic"][0]["percent"] = 0
+    with pytest.raises(KServeError, match="no previous revision serving traffic"):
+        discover_baseline(drained)
+
+
+def test_baseline_raw_deployment_is_the_main_predictor():
+    t = discover_baseline(load("raw-canaries.yaml"))
+    assert (t.shape, t.revision, t.percent) == ("raw-main", "llama-predictor", 80.0)  # 100 - v2's 20 - v3's 0
+    assert t.url == "http://llama-predictor.models.svc.cluster.local" and t.route_prefix == "/v1"
+    assert t.url != discover(load("raw-canaries.yaml")).url
+
+
+def test_baseline_llmisvc_group_is_the_serving_member():
+    items = load("llmisvc-group.yaml")["items"]
+    for named in items[:2]:  # from either member of the group
+        t = discover_baseline(named, siblings=items)
+        assert (t.shape, t.revision, t.percent, t.route_prefix) == ("llmisvc-serving", "llama-v1", 100.0, "/v1")
+        assert t.url == "http://llama-v1-kserve-workload-svc.models.svc.cluster.local:8000"
+    split = copy.deepcopy(items)
+    split[0]["spec"]["router"]["route"]["weight"] = 25
+    split.append({**copy.deepcopy(items[0]), "metadata": {"name": "llama-v0", "namespace": "models"},
+                  "status": {"url": "https://llama-v0.models.example.com"}})
+    split[-1]["spec"]["router"]["route"]["weight"] = 75
+    t = discover_baseline(split[1], siblings=split)
+    assert (t.revision, t.percent, t.url) == ("llama-v0", 75.0, "https://llama-v0.models.example.com")
+    assert any("llama-v1 25" in n for n in t.notes)
+
+
+def test_baseline_llmisvc_group_with_no_serving_member():
+    items = load("llmisvc-group.yaml")["items"]
+    idle = copy.deepcopy(items)
+    idle[0]["spec"]["router"]["route"]["weight"] = 0
+    with pytest.raises(KServeError, match="no member of group 'llama' serves traffic .*pass --baseline URL"):
+        discover_baseline(idle[1], siblings=idle)
+    with pytest.raises(KServeError, match="group 'other'"):
+        discover_baseline(items[2], siblings=items)
 
 
 class FakeApi:

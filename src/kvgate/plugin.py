@@ -46,6 +46,7 @@ MARKERS = (
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "capacity: the capacity gate (a concurrency search for the knee where the SLO stops holding vs the declared peak; only with -m capacity)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
+    "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost; runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
     "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
 
@@ -96,6 +97,12 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="where --profile NAME is looked up (give it with '=': --profile-dir=DIR)")
     group.addoption("--soak-duration", dest="kvgate_soak_duration", default=None, metavar="DURATION",
                     help="override the profile's soak.duration, e.g. 10m, 6h, 90s (warm-up included)")
+    group.addoption("--baseline", dest="kvgate_baseline", default=None, metavar="URL",
+                    help="the compare gate's baseline: the revision serving today (same --api-key-env); "
+                         "runs the compare gate (see README 'Comparing with a baseline')")
+    group.addoption("--baseline-reports", dest="kvgate_baseline_reports", default=None, metavar="DIR",
+                    help="the compare gate's baseline: the reports directory of an earlier run recorded with "
+                         "--gate-mode record (its golden.json); give it with '=': --baseline-reports=DIR")
     group.addoption("--gate-mode", dest="kvgate_gate_mode", default=DEFAULT_MODE, metavar="MODE",
                     help="enforce (default: a FAIL fails the run), record (calibration: every gate runs, none "
                          "fails; measured values written as a profile overlay in the reports dir) or certify "
@@ -193,17 +200,17 @@ def _pools_only(run: Run, items: list[pytest.Item]) -> None:
 
 
 def _opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Gates that run only when asked (:data:`kvgate.run.session.OPT_IN`: the capacity search) are
-    deselected unless the ``-m`` expression names their marker (``-m capacity``)."""
-    expr = config.getoption("markexpr") or ""
-    unasked = [it for it in items if any(it.get_closest_marker(m) is not None and not names_marker(expr, m)
-                                         for m in OPT_IN)]
+    """Gates that run only when asked (:data:`kvgate.run.session.OPT_IN`: the capacity search, the
+    compare gate) are deselected unless the ``-m`` expression names their marker (``-m capacity``)
+    or, for the compare gate, a baseline is given or the run records (:meth:`kvgate.run.session.Run.asked`)."""
+    run = config.stash[RUN]
+    unasked = [it for it in items if any(it.get_closest_marker(m) is not None and not run.asked(m) for m in OPT_IN)]
     if unasked:
         items[:] = [it for it in items if it not in unasked]
         config.hook.pytest_deselected(items=unasked)
 
 
-GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "disconnect", "concurrency",
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "compare", "disconnect", "concurrency",
               "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "capacity", "soak", "drain")
 
 

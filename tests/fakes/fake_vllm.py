@@ -206,6 +206,11 @@ FAULTS: dict[str, str] = {
     "ttft_histogram_lies": "every vllm:time_to_first_token_seconds observation is 0.0005 s (the lowest bucket), "
     "whatever the request took (vllm#6337)",
     "metrics_500_under_load": "GET /metrics answers 500 while any generation is in flight (vllm#49983); idle, 200",
+    # issue 25: a new revision against the one serving (the compare gate)
+    "flip_near_ties": "temperature-0 answers take the runner-up at the near tie (token near_tie_at, 0.01 nats below "
+    "the healthy fake's choice) and go on differently from there: the text differs, within any logprob tolerance",
+    "changed_model": "temperature-0 answers are other tokens from the first on, none of them among the healthy "
+    "fake's top alternatives (a changed model, or an adapter serving in its place)",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime); with server "
@@ -333,6 +338,7 @@ class FakeConfig:
     reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
     lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
     prompt_tokens_details: bool = False  # like --enable-prompt-tokens-details (vLLM's default: off)
+    near_tie_at: int | None = 2  # temperature 0: this token's runner-up is 0.01 nats below it (flip_near_ties takes it)
     shutdown_timeout_s: float = 30.0  # like --shutdown-timeout: after sigterm(), in-flight work left then is aborted
 
     def __post_init__(self) -> None:
@@ -580,9 +586,16 @@ def _plan_tokens(
     seed: int | None,
     top: int,
     nonascii: bool = False,
+    tie_at: int | None = None,
+    variant: str | None = None,
 ) -> tuple[list[_Token], str]:
     """Deterministic output tokens and the natural finish reason. ``nonascii`` (the prompt has
-    non-ASCII text): the words end in Korean, CJK or emoji (``" 12토큰"``), several UTF-8 bytes each."""
+    non-ASCII text): the words end in Korean, CJK or emoji (``" 12토큰"``), several UTF-8 bytes each.
+    At temperature 0, token ``tie_at`` is a near tie: its runner-up (the first alternative) is
+    0.01 nats below it. ``variant`` (temperature 0): ``"flip"`` takes that runner-up instead and
+    goes on differently from there (a revision that parts at a near tie); ``"changed"`` answers
+    other tokens from the first on, none of them among the healthy answer's alternatives (a
+    changed model)."""
     natural = None if eos_after is None else max(eos_after, min_tokens)
     if ignore_eos or natural is None or natural >= limit:
         n_content, eos, finish = limit, False, "length"
@@ -591,9 +604,14 @@ def _plan_tokens(
     greedy = temperature == 0
     rng = random.Random(seed) if seed is not None else random.Random(os.urandom(8))
     h = zlib.crc32(prompt_key.encode())
+    if greedy and variant == "changed":
+        h = zlib.crc32(f"changed:{prompt_key}".encode())
     toks: list[_Token] = []
     total = n_content + (1 if eos else 0)
     for i in range(total):
+        if greedy and variant == "flip" and tie_at is not None and i == tie_at + 1:
+            h = zlib.crc32(f"flip:{prompt_key}".encode())  # the context changed: so does what follows
+        flipped = greedy and variant == "flip" and i == tie_at
         if eos and i == n_content:
             tid, tstr, text = _SPECIAL_IDS[EOS], EOS, ""
             k = -1
@@ -603,6 +621,15 @@ def _plan_tokens(
             text = " " + tstr
         lp = -(0.05 + (tid % 7) * 0.01) if greedy else -(0.3 + rng.random())
         alts = [(f"tok{(max(k, 0) + j * 101) % GEN_VOCAB}", lp - j) for j in range(1, max(top, 1))]
+        if greedy and variant == "changed" and k >= 0:  # words tok500.. tok999: never a healthy answer or alternative
+            tid, tstr, text = 1000 + GEN_VOCAB + k, f"tok{GEN_VOCAB + k}", f" tok{GEN_VOCAB + k}"
+            alts = [(f"tok{GEN_VOCAB + int(w[3:])}", v) for w, v in alts]
+        if greedy and i == tie_at and k >= 0 and alts:
+            alts[0] = (alts[0][0], lp - 0.01)  # a near tie
+        if flipped and k >= 0:
+            runner = (k + 101) % GEN_VOCAB
+            tid, tstr, text = 1000 + runner, f"tok{runner}", f" tok{runner}"
+            alts = [(f"tok{k}", lp - 0.01)] + alts[1:]
         toks.append(_Token(i, tid, tstr, text, round(lp, 4), alts, i == total - 1, None))
     if toks:
         toks[-1].finish_reason = finish
@@ -1675,8 +1702,10 @@ class FakeVLLM:
             tokens, finish = _delta_tokens(deltas, finish, limit, eos=finish != "length")
         else:
             special = None
+            variant = "flip" if "flip_near_ties" in faults else "changed" if "changed_model" in faults else None
             tokens, finish = _plan_tokens(prompt_key, limit, ignore_eos, min_tokens, eos_after,
-                                          float(temperature), seed, logprobs or 0, not prompt_key.isascii())
+                                          float(temperature), seed, logprobs or 0, not prompt_key.isascii(),
+                                          tie_at=cfg.near_tie_at, variant=variant)
         if "finish_stop_at_cap" in faults and finish == "length":
             finish = "stop"
             tokens[-1].finish_reason = "stop"

@@ -899,3 +899,75 @@ def halted_verdict(case: str, halt: Halt) -> Verdict:
     return Verdict(f"{GATE}/{case}", FAIL, f"not sent: the engine stopped answering after features/{halt.after} "
                    f"({halt.why}); every later request would wait the same deadline -> FAIL", measured="not sent",
                    limit="an answer within features.deadline_s", evidence={"after": halt.after, "why": halt.why})
+
+
+# ------------------------------------------------------------------------------------------------
+# every case at once: what the features suite and the compare gate (features lost) both run
+
+
+def observe(client: Any, profile: Profile) -> dict[str, Any]:
+    """Send the requests of every case that runs (:func:`cases` less :func:`skip_verdict`), one at a
+    time -- a temperature-0 answer is compared streamed and not, and batch composition changes a
+    near-tie argmax (measured on the tiny model: concurrent pairs differed) -- tools and reasoning
+    both ways, each grammar with a canary after it, the LoRA adapters (their burst is concurrent by
+    design), then the prefix ladder (it compares TTFT). Returns case (``"lora"`` for all LoRA
+    cases) -> observation. Once a request (a canary included) goes unanswered within its deadline,
+    or the endpoint goes away, the rest are not sent: their observation is the
+    :class:`~kvgate.http.features.Halt` naming where the engine stopped. ``client``: a
+    :class:`~kvgate.http.client.KvClient`. The only function of this module that sends requests."""
+    from kvgate.http.client import EndpointUnreachable
+    from kvgate.http.features import both_ways, observe_lora, observe_prefix, stalled, with_canary
+
+    run = [c for c in cases(profile) if skip_verdict(c, profile) is None]
+    t = profile.features.deadline_s
+    jobs: dict[str, Any] = {}
+    for c in run:
+        if c.startswith("tools/"):
+            jobs[c] = lambda c=c: both_ways(client, tool_body(profile, c), t)
+        elif c.startswith("structured/"):
+            jobs[c] = lambda c=c: with_canary(client, structured_body(profile, grammar(c.split("/", 1)[1])), profile)
+        elif c.startswith("reasoning/"):
+            jobs[c] = lambda c=c: both_ways(client, reasoning_body(profile, c), t)
+    if any(c.startswith("lora/") for c in run):
+        jobs["lora"] = lambda: observe_lora(client, profile, listed_adapters(client.models().json))
+    if "prefix-caching" in run:
+        jobs["prefix-caching"] = lambda: observe_prefix(client, profile)
+    out: dict[str, Any] = {}
+    halt = None
+    for name, job in jobs.items():
+        if halt is None:
+            try:
+                out[name] = job()
+            except EndpointUnreachable as exc:  # the server went away mid-gate: a verdict, not a traceback
+                out[name] = halt = Halt(name, f"the endpoint went away: {exc}")
+                continue
+            why = stalled(out[name])
+            halt = Halt(name, why) if why else None
+        else:
+            out[name] = halt
+    return out
+
+
+def decide(case: str, profile: Profile, observed: dict[str, Any]) -> Verdict:
+    """The verdict of ``case`` (a name of :func:`cases`) from :func:`observe`'s result: its SKIP
+    when its feature is off, the FAIL of a case left unsent (:func:`halted_verdict`), else the
+    case's own verdict."""
+    if (skip := skip_verdict(case, profile)) is not None:
+        return skip
+    obs = observed["lora" if case.startswith("lora/") else case]
+    if isinstance(obs, Halt):
+        return halted_verdict(case, obs)
+    feat, _, name = case.partition("/")
+    if feat == "tools":
+        return tools_verdict(case, profile, *obs)
+    if feat == "structured":
+        return structured_verdict(grammar(name), profile, *obs)
+    if feat == "reasoning":
+        return reasoning_verdict(case, profile, *obs)
+    if feat == "lora":
+        if name == "over-max-loras":
+            return over_max_loras_verdict(profile, obs.burst)
+        if name == "listed":
+            return lora_listed_verdict(profile, obs.listed, obs.base, obs.adapters)
+        return lora_verdict(name, profile, obs.listed, obs.base, obs.adapters[name], obs.adapters)
+    return prefix_verdict(profile, obs, profile.engine.enable_prompt_tokens_details)

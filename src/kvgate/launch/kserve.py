@@ -18,6 +18,14 @@ Three shapes (:func:`discover`, pure: Kubernetes objects in, :class:`KServeTarge
   (``status.addresses[0].url``, else ``status.url``). ``ci/`` patches its weight only after
   kvgate passed.
 
+The **baseline** (:func:`discover_baseline`, pure) is the version serving today, which a compare
+gate sends the same requests to: for a serverless InferenceService the traffic entry that is not
+``latestRevision`` and takes traffic (the previous revision; tagged ``prev`` with a ``prev-`` URL
+under tag routing, reached like the ``latest-`` one, else its own revision Service); for a
+RawDeployment the main predictor (``{isvc}-predictor``, at 100% less the canaries' share); for an
+LLMInferenceService group the member at weight > 0 (the largest when several). When none serves,
+:class:`KServeError` asks for ``--baseline URL``.
+
 Route prefix: ``/openai/v1`` for KServe's Hugging Face runtime (``modelFormat.name:
 huggingface``), ``/v1`` for an LLMInferenceService (vLLM's own routes), else the profile's
 ``endpoint.route_prefix``. TLS is verified (``--ca-bundle`` adds a CA; there is no switch to turn
@@ -45,9 +53,10 @@ class KServeError(Exception):
 
 @dataclass(frozen=True)
 class KServeTarget:
-    """Where the new version answers: ``url`` (server root, no route prefix), the ``route_prefix``,
-    the ``host_header`` to send (ingress + tag URL) or None, the ``shape`` (serverless,
-    raw-canary, llmisvc-group), what is gated (``revision``: a revision, canary or member name),
+    """Where the new version (or, from :func:`discover_baseline`, the baseline) answers: ``url``
+    (server root, no route prefix), the ``route_prefix``, the ``host_header`` to send (ingress +
+    tag URL) or None, the ``shape`` (serverless, raw-canary, llmisvc-group; baselines:
+    serverless-prev, raw-main, llmisvc-serving), what is gated (``revision``: a revision, canary or member name),
     its current traffic share (``percent``, 0-100) and ``notes`` for the report."""
 
     url: str
@@ -174,15 +183,117 @@ def _llmisvc(obj: dict[str, Any], siblings: list[dict[str, Any]], ns: str, prefi
         chosen = idle[0]
     else:
         chosen = obj
-    status = chosen.get("status") or {}
-    addresses = [a.get("url") for a in status.get("addresses") or [] if a.get("url")]
-    url = addresses[0] if addresses else status.get("url")
+    url = _llm_url(chosen, ns)
     cname = chosen["metadata"]["name"]
-    if not url:
-        raise KServeError(f"LLMInferenceService {ns}/{cname}: no status.addresses[].url or status.url (is it Ready?)")
     notes = [f"LLMInferenceService group {group!r}: member {cname} at weight 0 of "
              f"{len(members)} member(s), through its own endpoint {url}"]
     return KServeTarget(_root(url), prefix, None, "llmisvc-group", cname, 0.0, notes)
+
+
+def _llm_url(member: dict[str, Any], ns: str) -> str:
+    """An LLMInferenceService's own endpoint: ``status.addresses[0].url``, else ``status.url``."""
+    status = member.get("status") or {}
+    addresses = [a.get("url") for a in status.get("addresses") or [] if a.get("url")]
+    url = addresses[0] if addresses else status.get("url")
+    if not url:
+        raise KServeError(f"LLMInferenceService {ns}/{member['metadata']['name']}: no status.addresses[].url or "
+                          "status.url (is it Ready?)")
+    return url
+
+
+# ---------------------------------------------------------------------------- the baseline
+def discover_baseline(obj: dict[str, Any], *, ingress: str | None = None,
+                      siblings: list[dict[str, Any]] | None = None, default_prefix: str = "/v1") -> KServeTarget:
+    """The baseline of ``obj``: the version serving today, which a compare gate sends the same
+    requests to (the counterpart of :func:`discover`, which finds the new one). Per shape:
+
+    - serverless InferenceService: the ``status.components.predictor.traffic[]`` entry that is not
+      ``latestRevision`` and takes traffic (the largest such), through its tag (``prev-``) URL --
+      via ``ingress`` with that URL's host as ``host_header`` when given -- else its revision
+      Service ``http://REVISION.NS.svc.cluster.local`` (shape ``serverless-prev``);
+    - RawDeployment InferenceService: the main predictor ``http://{isvc}-predictor.NS.svc.cluster.local``
+      at 100% less the canaries' ``trafficPercent`` (shape ``raw-main``);
+    - LLMInferenceService routing group (``siblings``: the namespace's LLMInferenceServices): the
+      member at weight > 0, the heaviest when several, at its share of the group's weight, through
+      its own endpoint (shape ``llmisvc-serving``).
+
+    Route prefix as in :func:`discover`. Raises :class:`KServeError` (one line) when no previous
+    version serves traffic: then pass ``--baseline URL``."""
+    kind = obj.get("kind", "InferenceService")
+    meta = obj.get("metadata") or {}
+    name, ns = meta.get("name", "?"), meta.get("namespace", "default")
+    prefix = _prefix(obj, default_prefix)
+    if kind == "LLMInferenceService":
+        return _llmisvc_baseline(obj, siblings or [obj], ns, prefix)
+    annotations = meta.get("annotations") or {}
+    if annotations.get(DEPLOYMENT_MODE, "").lower() in ("rawdeployment", "standard"):
+        return _raw_baseline(obj, name, ns, prefix)
+    return _serverless_baseline(obj, name, ns, prefix, ingress)
+
+
+def _serverless_baseline(obj: dict[str, Any], name: str, ns: str, prefix: str, ingress: str | None) -> KServeTarget:
+    pred = ((obj.get("status") or {}).get("components") or {}).get("predictor") or {}
+    traffic = pred.get("traffic") or []
+    latest = next((t for t in traffic if t.get("latestRevision")), None)
+    latest_rev = (latest or {}).get("revisionName") or pred.get("latestCreatedRevision")
+    serving = [t for t in traffic if not t.get("latestRevision") and float(t.get("percent") or 0) > 0
+               and t.get("revisionName") and t.get("revisionName") != latest_rev]
+    if not serving:
+        held = f" (revision {latest_rev} takes {float((latest or {}).get('percent') or 0):g}%)" if latest_rev else ""
+        raise KServeError(f"InferenceService {ns}/{name}: no previous revision serving traffic{held}; "
+                          "pass --baseline URL")
+    prev = max(serving, key=lambda t: float(t.get("percent") or 0))
+    revision, percent = prev["revisionName"], float(prev.get("percent") or 0)
+    notes = [f"serverless baseline: previous revision {revision} at {percent:g}% (not latestRevision; "
+             f"new revision {latest_rev or '?'})"]
+    if len(serving) > 1:
+        notes.append("also serving: " + ", ".join(f"{t['revisionName']} {float(t.get('percent') or 0):g}%"
+                                                  for t in serving if t is not prev))
+    tag_url = prev.get("url")
+    if tag_url:
+        host = urlsplit(tag_url).netloc
+        if ingress:
+            notes.append(f"through the ingress {ingress} with Host {host}")
+            return KServeTarget(_root(ingress), prefix, host, "serverless-prev", revision, percent, notes)
+        notes.append(f"tag URL {tag_url}")
+        return KServeTarget(_root(tag_url), prefix, None, "serverless-prev", revision, percent, notes)
+    url = f"http://{revision}.{ns}.svc.cluster.local"
+    notes.append(f"no tag URL in the traffic entry: the revision's own Service {url} (in-cluster)")
+    return KServeTarget(url, prefix, None, "serverless-prev", revision, percent, notes)
+
+
+def _raw_baseline(obj: dict[str, Any], name: str, ns: str, prefix: str) -> KServeTarget:
+    canaries = (obj.get("spec") or {}).get("canary") or []
+    share = sum(float(c.get("trafficPercent") or 0) for c in canaries)
+    percent = max(0.0, 100.0 - share)
+    revision = f"{name}-predictor"
+    url = f"http://{revision}.{ns}.svc.cluster.local"
+    notes = [f"RawDeployment baseline: the main predictor {revision} at {percent:g}% (100 less the "
+             f"{len(canaries)} canaries' {share:g}%): its own Service {url}"]
+    if percent <= 0:
+        notes.append(f"the main predictor takes no traffic (the canaries take {share:g}%)")
+    return KServeTarget(url, prefix, None, "raw-main", revision, percent, notes)
+
+
+def _llmisvc_baseline(obj: dict[str, Any], siblings: list[dict[str, Any]], ns: str, prefix: str) -> KServeTarget:
+    name = obj["metadata"]["name"]
+    group = _route(obj).get("group")
+    members = [s for s in siblings if _route(s).get("group") == group] if group else [obj]
+    serving = [m for m in members if float(_route(m).get("weight") or 0) > 0]
+    if not serving:
+        raise KServeError(f"LLMInferenceService {ns}/{name}: no member of group {group!r} serves traffic "
+                          "(all at weight 0); pass --baseline URL")
+    chosen = max(serving, key=lambda m: float(_route(m)["weight"]))
+    cname, weight = chosen["metadata"]["name"], float(_route(chosen)["weight"])
+    total = sum(float(_route(m)["weight"]) for m in serving)
+    percent = 100.0 * weight / total
+    url = _llm_url(chosen, ns)
+    notes = [f"LLMInferenceService group {group!r} baseline: member {cname} at weight {weight:g} "
+             f"({percent:g}% of the group), through its own endpoint {url}"]
+    if len(serving) > 1:
+        notes.append("the largest weight of " + ", ".join(
+            f"{m['metadata']['name']} {float(_route(m)['weight']):g}" for m in serving))
+    return KServeTarget(_root(url), prefix, None, "llmisvc-serving", cname, percent, notes)
 
 
 #: Kubernetes' ``timeoutSeconds`` when a probe sets none (core/v1 Probe: "Defaults to 1 second").

@@ -42,7 +42,11 @@ OVERLAY = "profile-overlay.yaml"
 SIGNOFF = "signoff.md"
 #: launch mode pools (kvgate.launch.pools.POOLS_DIR): each pool's vLLM log, nginx's config and logs.
 POOLS_DIR = "pools"
-OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES, *CAPACITY_FILES, POOLS_DIR)
+#: the compare gate's golden answers (kvgate.compare.golden.GOLDEN_FILE): what a later run's
+#: ``--baseline-reports`` compares with.
+GOLDEN = "golden.json"
+OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES, *CAPACITY_FILES, POOLS_DIR,
+         GOLDEN)
 #: JUnit testsuite property / Allure label and environment key that carry the run id.
 RUN_ID_KEY = "kvgate_run_id"
 

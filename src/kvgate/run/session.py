@@ -67,8 +67,8 @@ ISVC_OBJECT = pytest.StashKey[Any]()
 #: (with a space) pytest reads PATH as a test path when it picks the rootdir. ``ALWAYS_PATH``
 #: take nothing but a path, so the space form is refused whether or not the path exists yet
 #: (it would work today and be refused once the folder exists).
-PATH_OPTIONS = ("--profile", "--deploy-profile", "--kvgate-reports", "--profile-dir", "--alluredir")
-ALWAYS_PATH = ("--kvgate-reports", "--profile-dir", "--alluredir")
+PATH_OPTIONS = ("--profile", "--deploy-profile", "--kvgate-reports", "--profile-dir", "--alluredir", "--baseline-reports")
+ALWAYS_PATH = ("--kvgate-reports", "--profile-dir", "--alluredir", "--baseline-reports")
 
 #: The marker sets the suites' gate items carry (besides ``gate``), one per kind of item: the fit
 #: arithmetic needs no server (:data:`SERVERLESS`), every other set does. Kept equal to the
@@ -86,13 +86,18 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"pools"}), frozenset({"pools", "load"}),
     frozenset({"soak"}),
     frozenset({"capacity"}),  # capacity/knee: only with -m capacity (OPT_IN)
+    frozenset({"compare"}),  # compare/*: only with -m compare, a baseline or record mode (OPT_IN)
     frozenset({"drain"}),  # drain/* (the server is gone after it: last)
 )
 #: Every gate marker ``-m`` may name.
 GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
 #: Gate markers whose gates run only when the ``-m`` expression names them (a search that costs
-#: minutes: the capacity gate); the default run deselects them (:func:`kvgate.plugin._opt_in`).
-OPT_IN = ("capacity",)
+#: minutes: the capacity gate; the compare gate, which needs a baseline) -- or, for the compare
+#: gate, when a baseline is given or the run records (:meth:`Run.asked`); the default run
+#: deselects them (:func:`kvgate.plugin._opt_in`).
+OPT_IN = ("capacity", "compare")
+#: ``--isvc``: the KServe object's serving version for the compare gate: ``(Endpoint, how)`` or ``(None, why not)``.
+ISVC_BASELINE = pytest.StashKey[tuple]()
 
 
 def names_marker(expr: str, marker: str) -> bool:
@@ -138,6 +143,10 @@ class Run:
     #: The run's record of the engine's condition (:mod:`kvgate.http.watch`), carried by the
     #: endpoint every gate gets (:meth:`watched`).
     watch: EngineWatch | None = None
+    #: The compare gate's baseline (:class:`kvgate.compare.baseline.LiveBaseline` or
+    #: :class:`~kvgate.compare.baseline.RecordedBaseline`), or None with ``baseline_why`` saying why.
+    baseline: Any = None
+    baseline_why: str = ""
 
     # ------------------------------------------------------------------ configure
     @classmethod
@@ -180,6 +189,7 @@ class Run:
                                     stream_idle_timeout_s=_probe_idle_cut_s(profile, config.option.kvgate_gate_mode)))
         if wants and run.choice.unavailable:
             run.record.no_server = run.choice.unavailable
+        run.baseline, run.baseline_why = _baseline(config, profile, redactor, api_key_env)
         config.stash[RUN] = run
         if config.option.collectonly:
             return run  # not a run: no reports are touched, no endpoint contacted
@@ -187,6 +197,8 @@ class Run:
         _install_sigterm(config)
         if run.endpoint is not None and wants:
             run._preflight(api_key_env)
+        if wants and run.asked("compare"):
+            run._preflight_baseline(api_key_env)
         return run
 
     def _replace_reports(self) -> None:
@@ -215,6 +227,30 @@ class Run:
             write_error_reports(self.config, "interrupted during the preflight (Ctrl-C or SIGTERM); nothing was gated")
             raise
         self.record.endpoint_contacted = True
+
+    def _preflight_baseline(self, api_key_env: str | None) -> None:
+        """A live baseline answers the same preflight as the endpoint (one request, 10 s), so an
+        unreachable or wrong ``--baseline`` is one line and exit 4, not an ERROR per compare case."""
+        from kvgate.compare.baseline import LiveBaseline
+
+        if not isinstance(self.baseline, LiveBaseline):
+            return
+        try:
+            preflight(self.baseline.endpoint, self.profile, api_key_env)
+        except PreflightError as exc:
+            raise usage(self.redactor.text(f"baseline ({self.baseline.how}): {exc}")) from None
+
+    def asked(self, marker: str) -> bool:
+        """Whether an opt-in gate (:data:`OPT_IN`) runs: its marker is named in ``-m``, or -- the
+        compare gate -- a baseline was given (``--baseline``, ``--baseline-reports``) or the run
+        records (``--gate-mode record`` writes the golden answers a later run compares with)."""
+        expr = self.config.getoption("markexpr") or ""
+        if names_marker(expr, marker):
+            return True
+        if marker != "compare":
+            return False
+        given = self.config.getoption("kvgate_baseline") or self.config.getoption("kvgate_baseline_reports")
+        return bool(given) or self.config.option.kvgate_gate_mode == "record"
 
     # ------------------------------------------------------------------ the one server decision
     def needs_server(self, items: list[pytest.Item] | None = None) -> bool:
@@ -562,6 +598,41 @@ def _endpoint_and_launcher(config: pytest.Config, profile: Profile, redactor: Re
         raise usage(f"profile {profile.name!r} launches nothing (launch: none); give --endpoint URL (or "
                     f"{ENDPOINT_ENV}), or --launch docker, or run only the fit gate: -m fit")
     return endpoint, choice, notes
+
+
+def _baseline(config: pytest.Config, profile: Profile, redactor: Redactor, api_key_env: str | None
+              ) -> tuple[Any, str]:
+    """The compare gate's baseline and, without one, why: ``--baseline URL`` (a live endpoint,
+    its key from the same ``--api-key-env``), ``--baseline-reports DIR`` (an earlier run's golden
+    file), else with ``--isvc`` the serving version the KServe object names. Raises
+    ``pytest.UsageError`` (one line) for both options at once, a bad URL, an unreadable recording."""
+    from kvgate.compare.baseline import LiveBaseline, recorded
+    from kvgate.compare.golden import GoldenError
+
+    url, reports = config.getoption("kvgate_baseline"), config.getoption("kvgate_baseline_reports")
+    if url and reports:
+        raise usage("--baseline URL and --baseline-reports DIR: give one baseline, not both")
+    if reports:
+        try:
+            return recorded(reports), ""
+        except GoldenError as exc:
+            raise usage(f"--baseline-reports: {exc}") from None
+    if url:
+        try:
+            endpoint = endpoint_from_url(url, profile, api_key_env)
+        except TargetError as exc:
+            raise usage(redactor.text(f"--baseline: {exc}")) from None
+        redactor.add(endpoint.api_key)
+        return LiveBaseline(endpoint, "--baseline"), ""
+    found = config.stash.get(ISVC_BASELINE, None)
+    if found is not None:
+        endpoint, how = found
+        if endpoint is not None:
+            redactor.add(endpoint.api_key)
+            return LiveBaseline(endpoint, how), ""
+        return None, how
+    return None, ("no baseline: give --baseline URL (the revision serving today) or --baseline-reports DIR (the "
+                  "reports of an earlier run recorded with --gate-mode record)")
 
 
 # ----------------------------------------------------------------------------------- options
@@ -922,6 +993,16 @@ def _kserve_endpoint(config: pytest.Config, profile: Profile, api_key_env: str |
     probe = config.stash[ISVC_PROBE_TIMEOUT] = kserve.probe_timeout(gated)  # the health/under-load gate's limit
     config.stash[ISVC_OBJECT] = gated  # deployment/spec compares it with the profile
     notes = [f"probe timeout {probe.seconds:g} s ({probe.where})"] if probe else []
+    try:  # the version serving today: the compare gate's baseline (a SKIP saying why when there is none)
+        base = kserve.discover_baseline(obj, ingress=config.getoption("kvgate_ingress"), siblings=siblings,
+                                        default_prefix=profile.endpoint.route_prefix)
+        base_ep = endpoint_from_url(base.endpoint_url, profile, api_key_env)
+        if base.host_header:
+            base_ep = dataclasses.replace(base_ep, host_header=base.host_header)
+        config.stash[ISVC_BASELINE] = (base_ep, f"--isvc {ns}/{name}: KServe {base.shape} {base.revision} at "
+                                                f"{base.percent:g}%")
+    except (kserve.KServeError, TargetError) as exc:
+        config.stash[ISVC_BASELINE] = (None, f"no baseline: --isvc {ns}/{name}: {exc}")
     return endpoint, [f"KServe {target.shape} {ns}/{name}: gating {target.revision}"] + target.notes + notes
 
 

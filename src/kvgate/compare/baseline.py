@@ -1,0 +1,119 @@
+"""The baseline the new revision is compared with, and the requests both get.
+
+A baseline is either live (:class:`LiveBaseline`: ``--baseline URL``, or with ``--isvc`` the
+revision serving today, :func:`kvgate.launch.kserve.discover_baseline`) or recorded
+(:class:`RecordedBaseline`: ``--baseline-reports DIR``, an earlier run's golden file). The golden
+prompts go to a live baseline and the new endpoint interleaved, one request at a time, alternating
+which goes first (:func:`answer_both`); against a recorded baseline only the new endpoint is asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgate.compare.golden import (GOLDEN_FILE, Answer, Golden, GoldenError, GoldenPrompt, answer_of, read_golden,
+                                   request_body)
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.http.prompts import PromptError, exact_prompt, filler, server_counter
+from kvgate.profile.models import Profile
+
+
+@dataclass(frozen=True)
+class LiveBaseline:
+    """A running endpoint serving the baseline; ``how`` says where it came from (``--baseline``,
+    the KServe object's serving revision)."""
+
+    endpoint: Endpoint
+    how: str
+
+    @property
+    def label(self) -> str:
+        return f"baseline {self.endpoint.display} ({self.how})"
+
+
+@dataclass(frozen=True)
+class RecordedBaseline:
+    """An earlier run's golden file (``--baseline-reports DIR``)."""
+
+    golden: Golden
+    directory: Path
+
+    @property
+    def label(self) -> str:
+        g = self.golden
+        return (f"recorded baseline {self.directory} (run {g.run_id}, profile {g.profile}, "
+                f"{g.endpoint or 'endpoint unknown'}, server {g.server_version or 'version unknown'})")
+
+
+def recorded(directory: str | Path) -> RecordedBaseline:
+    """The recorded baseline in ``directory`` (its :data:`~kvgate.compare.golden.GOLDEN_FILE`).
+    Raises :class:`~kvgate.compare.golden.GoldenError` (one line) when it is not there or unreadable."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise GoldenError(f"{d}: no such directory (give the reports directory of a run recorded with "
+                          "--gate-mode record -m compare)")
+    return RecordedBaseline(read_golden(d / GOLDEN_FILE), d)
+
+
+def sized_text(client: KvClient, model: str, tokens: int) -> str:
+    """A completions prompt of ``tokens`` tokens by the server's ``/tokenize`` (exact), else, without
+    it, ``tokens // 2`` filler words (no tokenizer packs fewer than ~1 token a word, so it fits)."""
+    try:
+        return exact_prompt(server_counter(client, model, "completions"), tokens).text
+    except PromptError:
+        return filler(max(1, tokens // 2))
+
+
+def _ask(client: KvClient, prompt: GoldenPrompt, model: str, profile: Profile, logprobs: bool,
+         timeout_s: float) -> Answer:
+    path = client.api("/chat/completions" if prompt.route == "chat" else "/completions")
+    body = request_body(prompt, model, profile, logprobs)
+    if prompt.route == "chat" and client.chat_template_kwargs and "chat_template_kwargs" not in body:
+        body["chat_template_kwargs"] = client.chat_template_kwargs
+    r = client.post(path, body, timeout_s=timeout_s)
+    return answer_of(prompt.route, r.status, r.json, r.error_message if r.status != 200 else "")
+
+
+def refuses_logprobs(a: Answer) -> bool:
+    """Whether an answer is the server refusing logprobs (vLLM's 400 for ``--max-logprobs`` below
+    what was asked: "Requested sample logprobs of 5, which is greater than max allowed: 0")."""
+    return a.status == 400 and "logprob" in (a.error or "").lower()
+
+
+def answer_both(new: KvClient, base: KvClient | None, prompts: list[GoldenPrompt], model: str, profile: Profile,
+                timeout_s: float) -> tuple[dict[str, Answer], dict[str, Answer], bool]:
+    """Each golden prompt to ``new`` and (when live) ``base``, one request at a time, alternating
+    which goes first. Returns ``(new answers, base answers, logprobs)``; ``logprobs`` False when
+    an endpoint refused them (every request is then sent again without: answers compared as text)."""
+    for logprobs in (True, False):
+        got_new: dict[str, Answer] = {}
+        got_base: dict[str, Answer] = {}
+        refused = False
+        for i, p in enumerate(prompts):
+            order = [("new", new), ("base", base)] if i % 2 == 0 else [("base", base), ("new", new)]
+            for side, client in order:
+                if client is None:
+                    continue
+                a = _ask(client, p, model, profile, logprobs, timeout_s)
+                (got_new if side == "new" else got_base)[p.name] = a
+                refused = refused or (logprobs and refuses_logprobs(a))
+            if refused:
+                break
+        if not refused:
+            return got_new, got_base, logprobs
+    return got_new, got_base, False
+
+
+def features_statuses(client: KvClient, profile: Profile) -> dict[str, str]:
+    """Case -> status (PASS, FAIL, SKIP, ...) of every features case against ``client``'s endpoint
+    (:func:`kvgate.gates.features.observe` then :func:`~kvgate.gates.features.decide`)."""
+    from kvgate.gates.features import cases, decide, observe
+
+    observed = observe(client, profile)
+    return {c: decide(c, profile, observed).status.value for c in cases(profile)}
+
+
+__all__ = ["LiveBaseline", "RecordedBaseline", "answer_both", "features_statuses", "recorded", "refuses_logprobs",
+           "sized_text"]

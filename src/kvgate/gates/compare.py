@@ -1,0 +1,207 @@
+"""Pure verdicts of the compare gate: the new revision against the one it replaces -- the same
+requests to both -- must not drift in its temperature-0 outputs beyond near ties, must not be
+slower beyond the profile's allowance, and must not lose a serve feature the baseline had.
+
+The failures only a comparison sees are silent 200s (public reports): fp8 KV cache coherent on
+one turn and garbage on multi-turn prompts (vllm#38652; ``fp8_e5m2``, #41343); ``'!!!!'`` after
+sleep/wake (vllm#29341) or fp8 scales reset on wake (PR#45617); KV offload answering other tokens
+on a warm-cache hit at temperature 0 (LMCache#2206); an adapter serving base-model output
+(vllm#55193); a chat template or tokenizer changed with the image. Near ties are not drift: a
+cold vs warm prefix cache flips them (vllm#40896), so outputs are compared by logprobs
+(:func:`kvgate.compare.golden.compare_answers`). Inputs are observations; no I/O here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvgate.compare.golden import Answer, Difference, GoldenPrompt, compare_answers
+from kvgate.compare.latency import METRICS, Pairs, summary
+from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.profile.models import Profile
+from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, Judgement, judge
+from kvgate.verdict import Status, Verdict
+
+GATE = "compare"
+CASES = ("outputs", "latency", "features")
+CLIP = 80
+
+
+def no_baseline_verdict(case: str, why: str) -> Verdict:
+    """The SKIP of a compare case with nothing to compare against (``why``)."""
+    return Verdict(f"{GATE}/{case}", SKIP, f"{why} -> SKIP")
+
+
+def _clip(text: str) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= CLIP else text[:CLIP - 3] + "..."
+
+
+def _where(name: str, d: Difference, base: Answer, new: Answer) -> str:
+    if d.how == "text":
+        return (f"{name} parts at character {d.position} (no logprobs: compared as text): baseline "
+                f"{_clip(base.text)!r} vs new {_clip(new.text)!r}")
+    gap = "neither side ranks the other's token in its top logprobs" if d.gap is None else \
+        f"{d.gap:.2f} nats apart by the {d.by}'s logprobs"
+    return (f"{name} parts at token {d.position}: baseline {d.base_token!r} vs new {d.new_token!r} ({gap}); "
+            f"baseline {_clip(base.text)!r} vs new {_clip(new.text)!r}")
+
+
+def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[str, Answer], new: dict[str, Answer],
+                    label: str, logprobs: bool = True) -> Verdict:
+    """The outputs case: each golden prompt's new answer against the baseline's
+    (:func:`~kvgate.compare.golden.compare_answers` at ``compare.near_tie_logprob``). A prompt the
+    baseline did not answer is left out (noted); one the new revision did not answer counts as
+    drift. FAIL when drifted prompts / compared prompts > ``compare.max_drift_fraction``; INVALID
+    when no prompt could be compared. ``label``: what the baseline is (for the message)."""
+    c = profile.compare
+    gate = f"{GATE}/outputs"
+    diffs: dict[str, Difference] = {}
+    left_out: list[str] = []
+    for p in prompts:
+        b, n = base.get(p.name), new.get(p.name)
+        if b is None or not b.ok:
+            left_out.append(f"{p.name} ({'not recorded' if b is None else b.error})")
+            continue
+        if n is None or not n.ok:
+            diffs[p.name] = Difference("drift", None, None, None, None, None, "none")
+            continue
+        diffs[p.name] = compare_answers(b, n, c.near_tie_logprob)
+    ev: dict[str, Any] = {
+        "baseline": label, "near_tie_logprob": c.near_tie_logprob, "logprobs": logprobs, "left_out": left_out,
+        "prompts": {name: {**d.to_dict(), "baseline_text": base[name].text[:400],
+                           "new_text": (new[name].text if name in new else "")[:400],
+                           "new_error": new[name].error if name in new else "not sent"} for name, d in diffs.items()}}
+    m = len(diffs)
+    if m == 0:
+        return Verdict(gate, Status.INVALID, f"no golden prompt could be compared: the {label} answered none of "
+                       f"{len(prompts)} ({'; '.join(left_out[:3])}) -> INVALID", measured=0, limit=len(prompts),
+                       unit="prompts", evidence=ev)
+    kinds = {k: [n for n, d in diffs.items() if d.kind == k] for k in ("identical", "near-tie", "drift")}
+    drift = kinds["drift"]
+    allowed = math.floor(c.max_drift_fraction * m + 1e-9)
+    head = (f"{m} golden prompts vs the {label}: {len(kinds['identical'])} identical, {len(kinds['near-tie'])} "
+            f"parted at a near tie (<= {c.near_tie_logprob:g} nats), {len(drift)} drifted")
+    if not logprobs:
+        head += " (an endpoint refused logprobs: compared as text, every difference counted as drift)"
+    if left_out:
+        head += f"; {len(left_out)} left out, the baseline had no answer: {', '.join(left_out[:3])}"
+    if drift:
+        first = drift[0]
+        d = diffs[first]
+        if d.how == "none":
+            where = f"{first}: the new revision did not answer ({new[first].error if first in new else 'not sent'})"
+        else:
+            where = _where(first, d, base[first], new[first])
+        status = FAIL if len(drift) > allowed else PASS
+        allow = f"{c.max_drift_fraction:.0%} of {m} = {allowed} allowed (compare.max_drift_fraction)"
+        msg = (f"{head} ({', '.join(drift[:6])}{', ...' if len(drift) > 6 else ''}) -> {status.value} "
+               f"({len(drift)} drifted, {allow}); first: {where}")
+        return Verdict(gate, Status(status), msg, measured=len(drift), limit=allowed, unit="prompts", evidence=ev)
+    ties = kinds["near-tie"]
+    if ties:
+        d = diffs[ties[0]]
+        head += f"; e.g. {ties[0]} at token {d.position}, {d.gap:.3f} nats apart"
+    return Verdict(gate, Status.PASS, f"{head} -> PASS", measured=0, limit=allowed, unit="prompts", evidence=ev)
+
+
+def latency_judgements(profile: Profile, pairs: Pairs, confidence: float) -> dict[str, tuple[Judgement, float] | None]:
+    """Per metric: the new revision's ``compare.quantile`` judged (:func:`kvgate.stats.confidence.judge`
+    at ``confidence``) against ``(1 + compare.max_regression)`` x the baseline's point estimate
+    (ms), with that baseline value; None when either side has no sample."""
+    c = profile.compare
+    out: dict[str, tuple[Judgement, float] | None] = {}
+    for m in METRICS:
+        new, base = pairs.values("new", m), pairs.values("base", m)
+        if not new or not base:
+            out[m] = None
+            continue
+        from kvgate.stats import percentile
+
+        ref = percentile(base, c.quantile * 100)
+        out[m] = (judge(new, c.quantile, (1 + c.max_regression) * ref, confidence), ref)
+    return out
+
+
+def latency_decisions(profile: Profile, pairs: Pairs, confidence: float) -> dict[str, str]:
+    """metric -> PASS/FAIL/UNDECIDED, for :func:`kvgate.stats.confidence.sample_until_decided`."""
+    return {m: (j[0].decision if j else J_FAIL) for m, j in latency_judgements(profile, pairs, confidence).items()}
+
+
+def _latency_clause(what: str, j: Judgement, ref: float, allowance: float, word: str) -> str:
+    """``TTFT p95 21.3 ms vs baseline 19.3 ms (+10.4%), 98.33% upper bound 21.0 ms (n=160) <= 21.2 ms
+    (baseline + 10%) -> PASS``: FAIL cites the lower bound, INCONCLUSIVE both."""
+    b = j.bound
+    rel = f"{(b.point / ref - 1) * 100:+.1f}%" if ref > 0 and b.point is not None else "n/a"
+    head = f"{what} {b.label} {b.point:,.1f} ms vs baseline {ref:,.1f} ms ({rel})"
+    lim = f"{j.limit:,.1f} ms (baseline + {allowance:.0%})"
+    c = f"{b.confidence * 100:.4g}%"
+    if word == "PASS":
+        return f"{head}, {c} upper bound {b.upper:,.1f} ms (n={b.n}) <= {lim} -> PASS"
+    if word == "FAIL":
+        return f"{head}, {c} lower bound {b.lower:,.1f} ms (n={b.n}) > {lim} -> FAIL"
+    lo = "none" if b.lower is None else f"{b.lower:,.1f}"
+    hi = "none" if b.upper is None else f"{b.upper:,.1f}"
+    return f"{head}, {c} bounds {lo}..{hi} ms (n={b.n}) straddle {lim} -> INCONCLUSIVE"
+
+
+def latency_verdict(profile: Profile, pairs: Pairs, sampling: dict[str, Any], label: str) -> Verdict:
+    """The latency case: FAIL when any metric's new percentile is above ``(1 + max_regression)`` x the
+    baseline's with confidence (its lower bound), or the new revision failed requests the baseline
+    answered; PASS when every upper bound is within; else INCONCLUSIVE (the sampling cap or time
+    bound reached undecided). ``sampling``: :meth:`kvgate.stats.confidence.Sampling.to_dict`."""
+    c = profile.compare
+    gate = f"{GATE}/latency"
+    conf = sampling.get("per_look_confidence") or profile.slo.confidence
+    ev = {"baseline": label, "pairs": len(pairs.order), "summary": summary(pairs), "sampling": sampling,
+          "max_regression": c.max_regression, "quantile": c.quantile,
+          "rule": "the new revision's percentile judged like an SLO (order-statistic bounds, planned looks) against "
+                  "(1 + max_regression) x the baseline's point estimate from the same interleaved pairs"}
+    new_err, base_err = pairs.errors("new"), pairs.errors("base")
+    n = len(pairs.order)
+    if new_err and len(new_err) > len(base_err):
+        return Verdict(gate, Status.FAIL, f"the new revision failed {len(new_err)} of {n} latency requests, the "
+                       f"{label} {len(base_err)} (first: {new_err[0][:120]}) -> FAIL", measured=len(new_err),
+                       limit=len(base_err), unit="requests", evidence=ev)
+    js = latency_judgements(profile, pairs, conf)
+    parts, worst = [], PASS
+    for m, j in js.items():
+        if j is None:
+            return Verdict(gate, Status.INVALID, f"no {METRICS[m]} sample from {'the new revision' if not pairs.values('new', m) else 'the ' + label} "
+                           f"({n} pairs) -> INVALID", evidence=ev)
+        jm, ref = j
+        word = {J_PASS: "PASS", J_FAIL: "FAIL"}.get(jm.decision, "INCONCLUSIVE")
+        parts.append(_latency_clause(METRICS[m].split(" (")[0], jm, ref, c.max_regression, word))
+        if word == "FAIL":
+            worst = FAIL
+        elif word == "INCONCLUSIVE" and worst == PASS:
+            worst = "INCONCLUSIVE"
+    status = Status(worst)
+    stop = sampling.get("why_stopped")
+    msg = f"{n} interleaved pairs vs the {label}: " + "; ".join(parts) + (f" (stopped: {stop})" if stop else "")
+    ttft = js["ttft"]
+    return Verdict(gate, status, msg, measured=round(ttft[0].bound.point, 1) if ttft and ttft[0].bound.point else None,
+                   limit=round(ttft[0].limit, 1) if ttft else None, unit="ms", evidence=ev)
+
+
+def features_verdict(base: dict[str, str], new: dict[str, str], label: str) -> Verdict:
+    """The features case: every features case that PASSed on the baseline must PASS on the new
+    revision (case -> status of :func:`kvgate.compare.baseline.features_statuses`). SKIP when the
+    baseline passed none (the profile turns on no serve feature, or the recording holds none)."""
+    gate = f"{GATE}/features"
+    had = sorted(c for c, s in base.items() if s == "PASS")
+    ev = {"baseline": label, "baseline_statuses": base, "new_statuses": new}
+    if not had:
+        why = "the profile turns on no serve feature" if base and all(s == "SKIP" for s in base.values()) else \
+            "the baseline passed no features case" if base else "the baseline recorded no features cases"
+        return Verdict(gate, SKIP, f"nothing to lose: {why} ({label}) -> SKIP", evidence=ev)
+    lost = [c for c in had if new.get(c) != "PASS"]
+    gained = sorted(c for c, s in new.items() if s == "PASS" and base.get(c) != "PASS")
+    tail = f"; gained {', '.join(gained)}" if gained else ""
+    if lost:
+        shown = ", ".join(f"{c} ({new.get(c, 'not run')})" for c in lost[:6])
+        return Verdict(gate, FAIL, f"{len(lost)} of {len(had)} features cases that PASSed on the {label} do not on "
+                       f"the new revision: {shown}{tail} -> FAIL", measured=len(lost), limit=0, unit="cases", evidence=ev)
+    return Verdict(gate, PASS, f"all {len(had)} features cases that PASSed on the {label} PASS on the new revision"
+                   f"{tail} -> PASS", measured=0, limit=0, unit="cases", evidence=ev)

@@ -1,0 +1,116 @@
+"""Gate: compare (``-m compare``; runs by itself when a baseline is given or the run records). The
+new revision against the one it replaces, the same requests to both: its temperature-0 answers
+to the golden set part from the baseline's only at near ties; its TTFT / ITL / e2e percentiles are
+not slower beyond ``compare.max_regression`` (interleaved pairs, a live baseline only); every
+features case that passed on the baseline passes on it. Every run of this gate writes its own
+golden answers to golden.json, so its reports can be a later run's baseline."""
+
+import pytest
+
+from kvgate.compare.baseline import LiveBaseline, RecordedBaseline, answer_both, features_statuses, sized_text
+from kvgate.compare.golden import GOLDEN_FILE, golden_set, long_prompt_tokens, write_golden
+from kvgate.compare.latency import Pairs, take_pairs, timed
+from kvgate.gates.compare import (features_verdict, latency_decisions, latency_verdict, no_baseline_verdict,
+                                  outputs_verdict)
+from kvgate.gates.features import cases as feature_cases
+from kvgate.run.session import current
+from kvgate.stats.confidence import plan_looks, sample_until_decided
+
+
+class Golden:
+    """This run's golden prompts, the new endpoint's answers and the baseline's (none when recording
+    without one), saved to golden.json (features statuses added when that case has run)."""
+
+    def __init__(self, run, prompts, new, base, logprobs):
+        self.run, self.prompts, self.new, self.base, self.logprobs = run, prompts, new, base, logprobs
+        self.features = {}
+
+    def save(self):
+        rec = self.run.record
+        return write_golden(self.run.reports_dir / GOLDEN_FILE, run_id=rec.run_id, profile=self.run.profile.name,
+                            endpoint=rec.endpoint, server_version=rec.server_version,
+                            model=self.run.profile.model.served_name, prompts=self.prompts, answers=self.new,
+                            features=self.features, logprobs=self.logprobs)
+
+
+@pytest.fixture(scope="module")
+def golden(pytestconfig, kvgate_client, kvgate_profile, kvgate_baseline):
+    """The golden prompts (a recorded baseline's own, else built for this profile, the long one
+    against the server's tokenizer) answered by the new endpoint and a live baseline, one request
+    at a time, alternating; None when there is no baseline and the run does not record."""
+    base, base_client, _ = kvgate_baseline
+    st, profile = current(pytestconfig), kvgate_profile
+    if base is None and st.record.gate_mode != "record":
+        return None  # nothing to compare with: nothing is sent
+    model, t = profile.model.served_name, profile.limits.canary_deadline_s
+    if isinstance(base, RecordedBaseline):
+        prompts, base_answers = base.golden.prompts, base.golden.answers
+        new, _, logprobs = answer_both(kvgate_client, None, prompts, model, profile, t)
+    else:
+        prompts = golden_set(profile, sized_text(kvgate_client, model, long_prompt_tokens(profile)))
+        new, base_answers, logprobs = answer_both(kvgate_client, base_client, prompts, model, profile, t)
+    g = Golden(st, prompts, new, base_answers, logprobs)
+    g.save()
+    return g
+
+
+@pytest.mark.compare
+@pytest.mark.gate("compare", cases=["outputs"])
+def test_outputs_part_from_the_baseline_only_at_near_ties(case, golden, kvgate_baseline, kvgate_profile, kvgate_gate):
+    base, _, why = kvgate_baseline
+    if base is None:
+        recorded = f"; this run's {len(golden.new)} golden answers are in {GOLDEN_FILE}" if golden else ""
+        assert kvgate_gate(no_baseline_verdict(case, why + recorded)).passed
+        return
+    logprobs = golden.logprobs and (not isinstance(base, RecordedBaseline) or bool(base.golden.answers) and
+                                    any(a.tokens for a in base.golden.answers.values()))
+    verdict = outputs_verdict(kvgate_profile, golden.prompts, golden.base, golden.new, base.label, logprobs)
+    assert kvgate_gate(verdict).passed
+
+
+@pytest.mark.compare
+@pytest.mark.gate("compare", cases=["latency"])
+def test_latency_not_slower_than_the_baseline(case, kvgate_client, kvgate_baseline, kvgate_profile, kvgate_gate):
+    base, base_client, why = kvgate_baseline
+    if not isinstance(base, LiveBaseline):
+        why = why if base is None else (f"the {base.label} holds no latency measured beside this run's: latency is "
+                                        "compared with a live baseline only (--baseline URL), in interleaved pairs")
+        assert kvgate_gate(no_baseline_verdict(case, why)).passed
+        return
+    profile, c = kvgate_profile, kvgate_profile.compare
+    body = {"model": profile.model.served_name, "temperature": 0, "ignore_eos": True, "max_tokens": c.latency_output_tokens,
+            "prompt": sized_text(kvgate_client, profile.model.served_name, c.latency_prompt_tokens)}
+    t = profile.limits.canary_deadline_s
+    pairs = Pairs()
+    plan = plan_looks(c.latency_requests, c.latency_requests_max, c.quantile, profile.slo.confidence,
+                      max_s=c.latency_max_s)
+    sampling = sample_until_decided(
+        plan, lambda k, left: take_pairs(pairs, lambda: timed(kvgate_client, body, t), lambda: timed(base_client, body, t),
+                                         k, left),
+        lambda conf: latency_decisions(profile, pairs, conf))
+    verdict = latency_verdict(profile, pairs, sampling.to_dict(), base.label)
+    assert kvgate_gate(verdict, attachments={"compare-latency.csv": pairs.rows_csv()}).passed
+
+
+@pytest.mark.compare
+@pytest.mark.gate("compare", cases=["features"])
+def test_no_feature_lost(case, pytestconfig, golden, kvgate_client, kvgate_baseline, kvgate_profile, kvgate_gate):
+    base, base_client, why = kvgate_baseline
+    profile = kvgate_profile
+    if golden is None:
+        assert kvgate_gate(no_baseline_verdict(case, why)).passed
+        return
+    st = current(pytestconfig)
+    ran = {e.test_id.removeprefix(f"{profile.name}/features/"): e.status for e in st.record.entries.values()
+           if e.test_id.startswith(f"{profile.name}/features/")}
+    names = feature_cases(profile)
+    new = ran if set(names) <= set(ran) else features_statuses(kvgate_client, profile)  # the features gate's own, if it ran
+    golden.features = new
+    golden.save()
+    if base is None:
+        done = sum(1 for s in new.values() if s != "SKIP")
+        assert kvgate_gate(no_baseline_verdict(case, f"{why}; this run's {done} features verdicts are in "
+                                               f"{GOLDEN_FILE}")).passed
+        return
+    base_statuses = base.golden.features if isinstance(base, RecordedBaseline) else features_statuses(base_client, profile)
+    assert kvgate_gate(features_verdict(base_statuses, new, base.label)).passed

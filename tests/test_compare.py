@@ -1,0 +1,285 @@
+"""The compare gate (suites/test_compare.py): the golden answers' classification (identical, near
+tie, drift), the latency rule, features lost, the golden file -- on exact numbers -- and the gate
+against two fault-injecting fakes through pytester: the same fake on both sides PASSes; a fake
+that parts only at near ties PASSes; a changed model FAILs naming the drifted prompts and the first
+differing token; a fake 30% slower FAILs the latency case; a recording then a compare against it
+PASSes, and FAILs after the model changed; bad baselines are one-line usage errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvgate.compare.golden import (Answer, GoldenError, GoldenPrompt, answer_of, compare_answers, read_golden,
+                                   write_golden)
+from kvgate.compare.latency import Pairs, Timing, take_pairs
+from kvgate.gates.compare import features_verdict, latency_verdict, outputs_verdict
+from kvgate.profile.models import load_profile
+from kvgate.verdict import Status
+
+from .conftest import REPO, read_summary
+from .fakes.fake_vllm import FakeConfig, FakeVLLM
+
+pytest_plugins = ["pytester"]
+PROFILE = REPO / "tests" / "data" / "fake-compare.yaml"
+SUITE = REPO / "suites" / "test_compare.py"
+
+
+# ------------------------------------------------------------------ classification, exact numbers
+def ans(tokens, tops=None, text=None):
+    tops = tops or [{t: -0.1} for t in tokens]
+    return Answer(list(tokens), tops, text if text is not None else "".join(tokens), "length")
+
+
+def test_identical_answers_are_identical():
+    assert compare_answers(ans("abc"), ans("abc"), 0.1).kind == "identical"
+
+
+def test_a_parting_within_the_tolerance_by_either_side_is_a_near_tie():
+    base = ans("abc", [{"a": -.1}, {"b": -.50, "x": -.55}, {"c": -.1}])
+    new = ans("axz", [{"a": -.1}, {"x": -.40}, {"z": -.1}])
+    d = compare_answers(base, new, 0.1)
+    assert (d.kind, d.position, d.base_token, d.new_token, d.gap, d.by) == ("near-tie", 1, "b", "x", 0.05, "baseline")
+    # only the new side ranks the baseline's token
+    d = compare_answers(ans("ab", [{"a": -.1}, {"b": -.3}]), ans("ax", [{"a": -.1}, {"x": -.3, "b": -.32}]), 0.1)
+    assert (d.kind, d.by) == ("near-tie", "new")
+
+
+def test_a_parting_beyond_the_tolerance_or_unranked_is_drift():
+    base = ans("abc", [{"a": -.1}, {"b": -.1, "x": -2.1}, {"c": -.1}])
+    d = compare_answers(base, ans("axc"), 0.1)
+    assert (d.kind, d.position, d.gap) == ("drift", 1, 2.0)
+    d = compare_answers(ans("abc"), ans("qrs"), 0.1)
+    assert (d.kind, d.position, d.gap, d.by) == ("drift", 0, None, None)
+
+
+def test_without_logprobs_texts_are_compared_and_any_difference_is_drift():
+    same = compare_answers(Answer(text="hello"), Answer(text="hello"), 0.1)
+    other = compare_answers(Answer(text="hello"), Answer(text="help!"), 0.1)
+    assert (same.kind, same.how) == ("identical", "text")
+    assert (other.kind, other.how, other.position) == ("drift", "text", 3)
+
+
+def test_answer_of_reads_chat_and_completions_logprobs():
+    chat = {"choices": [{"message": {"content": "hi", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+                         "finish_reason": "stop", "logprobs": {"content": [
+                             {"token": "token_id:7", "logprob": -0.2, "top_logprobs": [
+                                 {"token": "token_id:7", "logprob": -0.2}, {"token": "token_id:9", "logprob": -0.3}]}]}}]}
+    a = answer_of("chat", 200, chat)
+    assert a.tokens == ["token_id:7"] and a.top == [{"token_id:7": -0.2, "token_id:9": -0.3}]
+    assert a.text == "hi<call f>{}" and a.ok
+    cmpl = {"choices": [{"text": " x", "finish_reason": "length", "logprobs": {
+        "tokens": ["token_id:3"], "token_logprobs": [-0.5], "top_logprobs": [{"token_id:4": -0.6}]}}]}
+    b = answer_of("completions", 200, cmpl)
+    assert b.tokens == ["token_id:3"] and b.top == [{"token_id:4": -0.6, "token_id:3": -0.5}]
+    bad = answer_of("chat", 400, {"error": {}}, "max allowed: 0")
+    assert not bad.ok and bad.error == "HTTP 400: max allowed: 0"
+
+
+def prompts(n):
+    return [GoldenPrompt(f"p{i}", "chat", {"messages": []}) for i in range(n)]
+
+
+def test_outputs_verdict_fails_above_the_drift_share_naming_the_first_differing_token():
+    prof = load_profile(str(PROFILE))
+    ps = prompts(4)
+    base = {p.name: ans("abcd") for p in ps}
+    new = {**base, "p2": ans("abzz", text="abzz")}
+    v = outputs_verdict(prof, ps, base, new, "baseline X")
+    assert v.status is Status.FAIL and v.measured == 1 and v.limit == 0
+    assert v.message.startswith("4 golden prompts vs the baseline X: 3 identical, 0 parted at a near tie "
+                                "(<= 0.1 nats), 1 drifted (p2) -> FAIL (1 drifted, 0% of 4 = 0 allowed")
+    assert "first: p2 parts at token 2: baseline 'c' vs new 'z' (neither side ranks" in v.message
+    assert "baseline 'abcd' vs new 'abzz'" in v.message
+    lenient = prof.model_copy(update={"compare": prof.compare.model_copy(update={"max_drift_fraction": 0.25})})
+    assert outputs_verdict(lenient, ps, base, new, "baseline X").status is Status.PASS
+
+
+def test_outputs_verdict_new_revision_unanswered_is_drift_baseline_unanswered_left_out():
+    prof = load_profile(str(PROFILE))
+    ps = prompts(2)
+    base = {"p0": ans("ab"), "p1": Answer(status=0, error="no answer")}
+    v = outputs_verdict(prof, ps, base, {"p0": Answer(status=500, error="HTTP 500: boom")}, "b")
+    assert v.status is Status.FAIL and "p0: the new revision did not answer (HTTP 500: boom)" in v.message
+    assert "1 left out, the baseline had no answer: p1 (no answer)" in v.message
+    none = outputs_verdict(prof, ps, {}, {}, "b")
+    assert none.status is Status.INVALID and "answered none of 2" in none.message
+
+
+def timings(ttft, n, itl=2.0, tokens=8):
+    return [Timing(ttft, itl, ttft + itl * (tokens - 1), tokens) for _ in range(n)]
+
+
+def pairs_of(new_ttft, base_ttft, n=100, spread=0.0):
+    p = Pairs()
+    for i in range(n):
+        d = spread * ((i % 100) - 49.5) / 49.5  # n values spread evenly over +-spread
+        p.new.append(timings(new_ttft + d, 1)[0])
+        p.base.append(timings(base_ttft + d, 1)[0])
+        p.order.append("new" if i % 2 == 0 else "base")
+    return p
+
+
+def test_latency_verdict_p95_pass_fail_inconclusive_on_exact_numbers():
+    prof = load_profile(str(PROFILE))
+    prof = prof.model_copy(update={"compare": prof.compare.model_copy(update={"quantile": 0.95})})
+    samp = {"per_look_confidence": 0.95, "why_stopped": "decided"}
+    same = latency_verdict(prof, pairs_of(50, 50, 100, spread=2), samp, "baseline B")
+    assert same.status is Status.PASS, same.message
+    assert "TTFT p95 51.8 ms vs baseline 51.8 ms (+0.0%), 95% upper bound 52.0 ms (n=100) <= 57.0 ms (baseline + 10%) " \
+           "-> PASS" in same.message
+    slow = latency_verdict(prof, pairs_of(65, 50, 100, spread=2), samp, "baseline B")
+    assert slow.status is Status.FAIL and "TTFT p95 66.8 ms vs baseline 51.8 ms (+29.0%), 95% lower bound 66.6 ms " \
+        "(n=100) > 57.0 ms (baseline + 10%) -> FAIL" in slow.message
+    assert "ITL p95 2.0 ms vs baseline 2.0 ms (+0.0%)" in slow.message and (slow.measured, slow.limit) == (66.8, 57.0)
+    # 56 +- 6 against 50 +- 6: p95 bounds 60.91..61.88 ms straddle 1.1 x 55.4 = 60.94 ms
+    edge = latency_verdict(prof, pairs_of(56, 50, 100, spread=6), samp, "baseline B")
+    assert edge.status is Status.INCONCLUSIVE, edge.message
+    assert "95% bounds 60.9..61.9 ms (n=100) straddle 60.9 ms (baseline + 10%) -> INCONCLUSIVE" in edge.message
+
+
+def test_latency_verdict_new_revision_failing_requests_fails():
+    prof = load_profile(str(PROFILE))
+    p = pairs_of(50, 50, 10)
+    p.new[3] = Timing(None, None, None, 0, "HTTP 500: engine dead")
+    v = latency_verdict(prof, p, {}, "baseline B")
+    assert v.status is Status.FAIL and "failed 1 of 10 latency requests, the baseline B 0 (first: HTTP 500" in v.message
+
+
+def test_take_pairs_alternates_and_stops_at_its_time_bound():
+    p, clock = Pairs(), iter(range(100))
+    seen = []
+    n = take_pairs(p, lambda: seen.append("n") or Timing(1, 1, 1, 2), lambda: seen.append("b") or Timing(1, 1, 1, 2),
+                   3, None)
+    assert n == 3 and seen == ["n", "b", "b", "n", "n", "b"] and p.order == ["new", "base", "new"]
+    assert take_pairs(p, lambda: Timing(1, 1, 1, 2), lambda: Timing(1, 1, 1, 2), 10, 2.0,
+                      clock=lambda: float(next(clock))) == 1  # started at 0; 1 s in: one more; 2 s: the bound
+
+
+def test_features_verdict_names_what_was_lost():
+    base = {"tools/auto": "PASS", "structured/regex": "PASS", "lora/a1": "SKIP"}
+    lost = features_verdict(base, {"tools/auto": "FAIL", "structured/regex": "PASS"}, "baseline B")
+    assert lost.status is Status.FAIL
+    assert lost.message == ("1 of 2 features cases that PASSed on the baseline B do not on the new revision: "
+                            "tools/auto (FAIL) -> FAIL")
+    assert features_verdict(base, {"tools/auto": "PASS", "structured/regex": "PASS"}, "b").status is Status.PASS
+    assert features_verdict({"tools": "SKIP"}, {"tools": "SKIP"}, "b").status is Status.SKIP
+
+
+def test_golden_file_round_trip_and_clear_errors(tmp_path):
+    ps = prompts(2)
+    path = write_golden(tmp_path / "golden.json", run_id="r1", profile="p", endpoint="http://x/v1",
+                        server_version="0.32.0", model="m", prompts=ps, answers={"p0": ans("ab")},
+                        features={"tools/auto": "PASS"})
+    g = read_golden(path)
+    assert [p.name for p in g.prompts] == ["p0", "p1"] and g.answers["p0"].tokens == ["a", "b"] and "p1" not in g.answers
+    assert g.features == {"tools/auto": "PASS"} and g.run_id == "r1"
+    with pytest.raises(GoldenError, match=r"no golden file \(record one: pytest --profile NAME --gate-mode record"):
+        read_golden(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"kvgate_golden": 99}))
+    with pytest.raises(GoldenError, match="not a kvgate golden file of version 1"):
+        read_golden(tmp_path / "bad.json")
+
+
+# ------------------------------------------------------------------ the gate against two fakes
+@pytest.fixture
+def fakes():
+    """``(new, base)``: two healthy fakes, 30 ms TTFT and 3 ms between tokens each (fixed sleeps,
+    so a 30% slower one is 30% slower on any machine; the HTTP round trip adds ~2 ms)."""
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, ttft_s=0.03, itl_s=0.003)) as new, \
+            FakeVLLM(FakeConfig(max_tokens_cap=64, ttft_s=0.03, itl_s=0.003)) as base:
+        yield new, base
+
+
+def run_compare(pytester, url, *extra, profile=PROFILE, reports="reports"):
+    out = pytester.path / reports
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--profile={profile}",
+        f"--endpoint={url}", f"--kvgate-reports={out}", str(SUITE), *extra)
+    summary = read_summary(out)
+    return result, summary, {g["id"].removeprefix("fake-compare/compare/"): g for g in summary["gates"]}
+
+
+def test_same_fake_on_both_sides_passes_and_writes_its_golden_answers(pytester, fakes):
+    new, base = fakes
+    result, summary, gates = run_compare(pytester, new.url, f"--baseline={base.url}")
+    assert {k: g["status"] for k, g in gates.items()} == {"outputs": "PASS", "latency": "PASS", "features": "SKIP"}, \
+        [g["message"] for g in gates.values()]
+    assert gates["outputs"]["message"].startswith(f"6 golden prompts vs the baseline {base.url} (--baseline): "
+                                                  "6 identical, 0 parted at a near tie")
+    assert "TTFT p50 " in gates["latency"]["message"] and "(baseline + 10%) -> PASS" in gates["latency"]["message"]
+    assert result.ret == 0 and summary["outcome"] == "PASS"
+    golden = json.loads((pytester.path / "reports" / "golden.json").read_text())
+    assert [p["name"] for p in golden["prompts"]] == ["single-turn/1", "single-turn/2", "single-turn/3",
+                                                      "multi-turn/system", "multi-turn/plain", "long-context"]
+    assert golden["prompts"][5]["answer"]["tokens"][:1] and golden["run_id"] == summary["run_id"]
+    # every generation went to both sides: 6 golden prompts and 20 latency pairs each
+    assert len(new.state.requests) == len(base.state.requests) == 6 + 20
+    assert [r.prompt for r in new.state.requests] == [r.prompt for r in base.state.requests]
+
+
+def test_near_ties_pass_a_changed_model_fails_naming_drift(pytester, fakes):
+    new, base = fakes
+    new.config.faults.add("flip_near_ties")
+    _, _, gates = run_compare(pytester, new.url, f"--baseline={base.url}", "-k", "outputs")
+    out = gates["outputs"]
+    assert out["status"] == "PASS" and "0 identical, 6 parted at a near tie (<= 0.1 nats), 0 drifted" in out["message"]
+    assert "e.g. single-turn/1 at token 2, 0.010 nats apart" in out["message"]
+    new.config.faults.clear()
+    new.config.faults.add("changed_model")
+    result, summary, gates = run_compare(pytester, new.url, f"--baseline={base.url}", "-k", "outputs",
+                                         reports="r2")
+    out = gates["outputs"]
+    assert out["status"] == "FAIL" and result.ret == 1, out["message"]
+    assert "0 identical, 0 parted at a near tie (<= 0.1 nats), 6 drifted (single-turn/1, single-turn/2" in out["message"]
+    assert "first: single-turn/1 parts at token 0: baseline 'tok" in out["message"]
+    assert "neither side ranks the other's token in its top logprobs" in out["message"]
+
+
+def test_a_fake_30_percent_slower_fails_the_latency_case(pytester, fakes):
+    new, base = fakes
+    new.config.ttft_s, new.config.itl_s = 0.039, 0.0039
+    result, _, gates = run_compare(pytester, new.url, f"--baseline={base.url}", "-k", "latency")
+    lat = gates["latency"]
+    assert lat["status"] == "FAIL" and result.ret == 1, lat["message"]
+    assert "TTFT p50 " in lat["message"] and "(baseline + 10%) -> FAIL" in lat["message"]
+    assert lat["evidence"]["pairs"] == 20  # decided at the first look
+
+
+def test_record_then_compare_against_the_recording_without_a_second_server(pytester, fakes):
+    new, _ = fakes
+    result, summary, gates = run_compare(pytester, new.url, "--gate-mode=record", "-m", "compare", reports="rec")
+    assert result.ret == 0 and summary["outcome"] == "RECORDED"
+    assert gates["outputs"]["status"] == "SKIP" and "6 golden answers are in golden.json" in gates["outputs"]["message"]
+    rec = pytester.path / "rec"
+    assert (rec / "golden.json").is_file()
+    result, summary, gates = run_compare(pytester, new.url, f"--baseline-reports={rec}", reports="same")
+    assert gates["outputs"]["status"] == "PASS" and "6 identical" in gates["outputs"]["message"]
+    assert gates["latency"]["status"] == "SKIP" and "compared with a live baseline only" in gates["latency"]["message"]
+    assert result.ret == 0
+    new.config.faults.add("changed_model")
+    result, summary, gates = run_compare(pytester, new.url, f"--baseline-reports={rec}", reports="changed")
+    assert gates["outputs"]["status"] == "FAIL" and "6 drifted" in gates["outputs"]["message"]
+    assert f"recorded baseline {rec} (run " in gates["outputs"]["message"] and result.ret == 1
+
+
+def test_without_a_baseline_compare_skips_and_sends_nothing(pytester, fakes):
+    new, _ = fakes
+    result, summary, gates = run_compare(pytester, new.url, "-m", "compare")
+    assert {k: g["status"] for k, g in gates.items()} == dict.fromkeys(["outputs", "latency", "features"], "SKIP")
+    assert "no baseline: give --baseline URL" in gates["outputs"]["message"]
+    assert not [r for r in new.state.requests if r.kind in ("completions", "chat")]
+    assert not (pytester.path / "reports" / "golden.json").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--baseline=http://127.0.0.1:9/v1"], "baseline (--baseline): "),
+    (["--baseline-reports=/nonexistent/kvgate"], "--baseline-reports: /nonexistent/kvgate: no such directory"),
+    (["--baseline=http://127.0.0.1:9/v1", "--baseline-reports=/tmp"], "give one baseline, not both"),
+])
+def test_bad_baselines_are_one_line_usage_errors(pytester, fakes, args, words):
+    new, _ = fakes
+    result, summary, _ = run_compare(pytester, new.url, *args)
+    assert result.ret == 4 and summary["overall"] == "ERROR"
+    assert words in summary["error"], summary["error"]
