@@ -283,3 +283,34 @@ def test_bad_baselines_are_one_line_usage_errors(pytester, fakes, args, words):
     result, summary, _ = run_compare(pytester, new.url, *args)
     assert result.ret == 4 and summary["overall"] == "ERROR"
     assert words in summary["error"], summary["error"]
+
+
+FEATURES_PROFILE = REPO / "tests" / "data" / "fake-features.yaml"
+
+
+def features_config(**kw):
+    """A fake serving every feature as tests/data/fake-features.yaml declares it (see
+    tests/test_features_vs_fake.py)."""
+    return FakeConfig(max_tokens_cap=64, max_model_len=2048, num_gpu_blocks=512, reasoning_parser="qwen3",
+                      lora_adapters=("a1", "a2"), prompt_tokens_details=True, prefill_s_per_token=0.060 / 1024, **kw)
+
+
+def test_a_feature_lost_on_the_new_revision_fails_naming_it(pytester):
+    """Both fakes serve every feature; the new one streams tool calls as raw text (its parser no
+    longer runs on streams): compare/features FAILs naming the tools cases, the rest still PASS on
+    both. The golden set carries the features' requests too (tools, structured, reasoning)."""
+    with FakeVLLM(features_config(faults={"tools_stream_as_text"})) as new, FakeVLLM(features_config()) as base:
+        out = pytester.path / "reports"
+        pytester.runpytest_inprocess(
+            "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+            f"--profile={FEATURES_PROFILE}", f"--endpoint={new.url}", f"--kvgate-reports={out}", str(SUITE),
+            f"--baseline={base.url}", "-k", "not latency")
+        gates = {g["id"].removeprefix("fake-features/compare/"): g for g in read_summary(out)["gates"]}
+    feat = gates["features"]
+    assert feat["status"] == "FAIL", feat["message"]
+    assert feat["message"].startswith("4 of 17 features cases that PASSed on the baseline ") and \
+        "do not on the new revision: tools/auto (FAIL), tools/named/get_time (FAIL), tools/named/get_weather (FAIL), " \
+        "tools/required (FAIL) -> FAIL" in feat["message"]
+    outputs = gates["outputs"]
+    assert outputs["status"] == "PASS" and "tools/auto" in outputs["evidence"]["prompts"], outputs["message"]
+    assert "structured/regex" in outputs["evidence"]["prompts"] and "reasoning/thinking-on" in outputs["evidence"]["prompts"]

@@ -12,6 +12,8 @@ turn by everything that needs only a healthy tiny-cpu server -- one vLLM start i
    3b. ``--profile tiny-cpu -m capacity`` (its TTFT limit tightened) against it: the capacity search
    finds the knee and PASSes tiny-cpu's declared peak; a peak above the knee FAILs naming it and the
    limiting cause;
+   3c. the compare gate with it as the baseline: an embedded vLLM of the same model PASSes; a
+   second ``kvgate serve`` of a changed model FAILs against it and against its recording;
 4. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
    server).
 
@@ -205,6 +207,92 @@ def test_capacity_search_finds_the_knee_passes_the_declared_peak_and_fails_one_a
     assert f"first step not meeting the SLO: concurrency {first_bad} (" in v.message
     assert "limiting cause: queueing: up to " in v.message
     assert v.message.endswith(f"declared peak {first_bad} x margin 1.25 = {int(first_bad * 1.25)} > knee {knee} -> FAIL")
+
+
+# ------------------------------------------------------------------ 3c. the compare gate
+CHANGED = REPO / "tests" / "data" / "tiny-cpu-changed.yaml"
+
+
+def serve(profile: str, log, timeout_s: float = 300) -> Served:
+    """``kvgate serve --profile=PROFILE`` in a subprocess, waited for until it prints its URL
+    (bounded: ``timeout_s``, or the process ending)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "serve", f"--profile={profile}", f"--log={log}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, url, deadline = [], None, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if m := re.search(r" at (http://127\.0\.0\.1:\d+/v1) ", line):
+            url = m.group(1)
+        if line.startswith("Ctrl-C"):
+            break
+    assert url, "".join(lines) + (proc.stderr.read() if proc.poll() is not None else "")
+    return Served(proc, url, "", lines)
+
+
+def stop(served: Served) -> None:
+    if served.proc.poll() is None:
+        served.proc.send_signal(signal.SIGINT)
+        try:
+            served.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            served.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def recorded_baseline(running_server, tmp_path_factory):
+    """``pytest --profile tiny-cpu -m compare --gate-mode record --endpoint URL`` on the served
+    tiny-cpu: the reports directory holding its golden.json (no second server)."""
+    tmp = tmp_path_factory.mktemp("recorded")
+    proc, summary = main_job(tmp, "--profile", "tiny-cpu", f"--endpoint={running_server.url}", "-m", "compare",
+                             "--gate-mode=record")
+    assert proc.returncode == 0 and summary["outcome"] == "RECORDED", proc.stdout[-3000:]
+    assert (tmp / "reports" / "golden.json").is_file()
+    return tmp / "reports"
+
+
+def compare_gates(summary: dict) -> dict:
+    return {g["id"].split("/compare/")[1]: g for g in summary["gates"] if "/compare/" in g["id"]}
+
+
+def test_compare_two_embedded_vllms_of_the_same_model_pass(running_server, recorded_baseline, tmp_path):
+    """``pytest --profile tiny-cpu -m compare --baseline=URL``: kvgate launches its own embedded vLLM
+    (the new revision) and compares it with the served one (the same tiny model): every golden
+    answer identical or parted at a near tie, latency within tiny-cpu's allowance, PASS. Then the
+    recorded path, no second server: the served vLLM against its own recording, PASS."""
+    proc, summary = main_job(tmp_path, "--profile", "tiny-cpu", "-m", "compare", f"--baseline={running_server.url}")
+    gates = compare_gates(summary)
+    assert proc.returncode == 0, [g["message"] for g in gates.values()] + [proc.stdout[-2000:]]
+    assert summary["launch"]["mode"] == "embedded"
+    assert {k: g["status"] for k, g in gates.items()} == {"outputs": "PASS", "latency": "PASS", "features": "SKIP"}
+    assert re.search(r"^6 golden prompts vs the baseline http://127\.0\.0\.1:\d+/v1 \(--baseline\): \d identical",
+                     gates["outputs"]["message"]) and " 0 drifted -> PASS" in gates["outputs"]["message"]
+    assert "(baseline + 50%) -> PASS" in gates["latency"]["message"]
+    again, rec = main_job(tmp_path / "again", "--profile", "tiny-cpu", f"--endpoint={running_server.url}", "-m",
+                          "compare", f"--baseline-reports={recorded_baseline}", "-k", "outputs")
+    out = compare_gates(rec)["outputs"]
+    assert again.returncode == 0 and out["status"] == "PASS" and "0 drifted" in out["message"], out["message"]
+
+
+def test_compare_a_changed_model_fails_against_a_live_and_a_recorded_baseline(running_server, recorded_baseline,
+                                                                            tmp_path):
+    """The same served name over another model (tests/data/tiny-cpu-changed.yaml: a 768-wide MLP),
+    served by ``kvgate serve``: against the served tiny-cpu (``--baseline``) and against its
+    recording (``--baseline-reports``), the outputs case FAILs naming how many golden prompts
+    drifted and where the first parted."""
+    changed = serve(str(CHANGED), tmp_path / "changed.log")
+    try:
+        for base in (f"--baseline={running_server.url}", f"--baseline-reports={recorded_baseline}"):
+            proc, summary = main_job(tmp_path / base[2:12], "--profile", "tiny-cpu", f"--endpoint={changed.url}",
+                                     "-m", "compare", "-k", "outputs", base)
+            out = compare_gates(summary)["outputs"]
+            assert proc.returncode == 1 and out["status"] == "FAIL", out["message"]
+            m = re.search(r"(\d) drifted \(", out["message"])
+            assert m and int(m.group(1)) >= 3, out["message"]  # a random model of its own: most prompts part
+            assert re.search(r"first: \S+ parts at token \d+: baseline 'token_id:\d+' vs new 'token_id:\d+'",
+                             out["message"]), out["message"]
+    finally:
+        stop(changed)
 
 
 # ------------------------------------------------------------------ 4. Ctrl-C (last: ends the server)

@@ -273,6 +273,29 @@ def test_stream_with_eos_counts_eos_token(client):
     assert token_chunks[-1]["choices"][0]["text"] == ""
 
 
+def test_near_tie_flip_and_changed_model(client, fake):
+    """Temperature 0: token near_tie_at (2) is a near tie (its runner-up 0.01 nats below);
+    "flip_near_ties" takes the runner-up there and goes on otherwise; "changed_model" answers other
+    tokens from the first, none of them among the healthy answer's alternatives."""
+    body = cmpl(5, max_tokens=6, logprobs=5, ignore_eos=True, temperature=0)
+
+    def ask():
+        lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+        return lp["tokens"], lp["top_logprobs"]
+
+    healthy, top = ask()
+    runner = [t for t in top[2] if t != healthy[2]]
+    gaps = sorted(top[2][healthy[2]] - top[2][t] for t in runner)
+    assert round(gaps[0], 4) == 0.01 and gaps[1] >= 1  # one near tie, the rest a nat or more below
+    fake.config.faults.add("flip_near_ties")
+    flipped, ftop = ask()
+    assert flipped[:2] == healthy[:2] and flipped[2] in top[2] and flipped[2] != healthy[2]
+    assert flipped[3:] != healthy[3:] and round(ftop[2][flipped[2]] - ftop[2][healthy[2]], 4) == 0.01
+    fake.config.faults = {"changed_model"}
+    changed, ctop = ask()
+    assert all(t not in alts for t, alts in zip(changed, top)) and all(h not in alts for h, alts in zip(healthy, ctop))
+
+
 def test_logprobs(client):
     r = client.post("/v1/completions", json=cmpl(5, max_tokens=6, logprobs=2, ignore_eos=True)).json()
     lp = r["choices"][0]["logprobs"]

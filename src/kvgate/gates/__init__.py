@@ -16,8 +16,10 @@ deployment     suites/test_deployment.py   gates/deployment.py   http/probes.obs
 max-context    suites/test_max_context.py  gates/max_context.py  http/probes.build_prompt/send_watched  tests/test_gates_vs_fake.py
 max-tokens     suites/test_max_tokens.py   gates/max_tokens.py   http/probes.send                       tests/test_gates_vs_fake.py
 streaming      suites/test_streaming.py    gates/streaming.py    http/probes.send, http/sdk.sdk_stream  tests/test_gates_streaming.py, …vs_fake
-features       suites/test_features.py     gates/features.py     http/features.py                       tests/test_gates_features.py,
-                                                                                                        test_features_vs_fake.py, e2e/test_features.py
+features       suites/test_features.py     gates/features.py     gates/features.observe over            tests/test_gates_features.py,
+                                                                 http/features.py                       test_features_vs_fake.py, e2e/test_features.py
+compare        suites/test_compare.py      gates/compare.py      compare/baseline.answer_both,          tests/test_compare.py, test_kserve.py,
+                                                                 compare/latency.take_pairs             e2e/test_served.py
 disconnect     suites/test_disconnect.py   gates/disconnect.py   http/probes.disconnect                 tests/test_gates_disconnect.py, …vs_fake
 requests       suites/test_requests.py     gates/requests.py     http/probes.send / send_raw, canary    tests/test_gates_requests.py,
                                                                                                         test_requests_vs_fake.py
