@@ -30,7 +30,7 @@ class Golden:
         return write_golden(self.run.reports_dir / GOLDEN_FILE, run_id=rec.run_id, profile=self.run.profile.name,
                             endpoint=rec.endpoint, server_version=rec.server_version,
                             model=self.run.profile.model.served_name, prompts=self.prompts, answers=self.new,
-                            features=self.features, logprobs=self.logprobs)
+                            features=self.features, logprobs=self.logprobs, redact=self.run.redactor.text)
 
 
 @pytest.fixture(scope="module")

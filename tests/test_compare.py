@@ -277,9 +277,12 @@ def test_without_a_baseline_compare_skips_and_sends_nothing(pytester, fakes):
     (["--baseline=http://127.0.0.1:9/v1"], "baseline (--baseline): "),
     (["--baseline-reports=/nonexistent/kvgate"], "--baseline-reports: /nonexistent/kvgate: no such directory"),
     (["--baseline=http://127.0.0.1:9/v1", "--baseline-reports=/tmp"], "give one baseline, not both"),
+    (["--baseline-reports={reports}"], "is this run's reports directory (--kvgate-reports): the run would replace"),
 ])
 def test_bad_baselines_are_one_line_usage_errors(pytester, fakes, args, words):
     new, _ = fakes
+    args = [a.format(reports=pytester.path / "reports") for a in args]
+    (pytester.path / "reports").mkdir()
     result, summary, _ = run_compare(pytester, new.url, *args)
     assert result.ret == 4 and summary["overall"] == "ERROR"
     assert words in summary["error"], summary["error"]
@@ -314,3 +317,23 @@ def test_a_feature_lost_on_the_new_revision_fails_naming_it(pytester):
     outputs = gates["outputs"]
     assert outputs["status"] == "PASS" and "tools/auto" in outputs["evidence"]["prompts"], outputs["message"]
     assert "structured/regex" in outputs["evidence"]["prompts"] and "reasoning/thinking-on" in outputs["evidence"]["prompts"]
+
+
+def test_a_hung_baseline_costs_one_timeout_per_case_and_reads_invalid(pytester, fakes):
+    """The baseline holds every generation after its second (hang_after_generations) while /health
+    stays 200: the outputs case stops sending to it at the first unanswered prompt (canary_deadline_s,
+    3 s) and reads INVALID naming where; the latency case stops at its first unanswered pair. Bound:
+    two timeouts and the requests before them (the measured run: ~8 s; asserted under 40 s)."""
+    import time
+
+    new, base = fakes
+    base.config.faults.add("hang_after_generations")
+    base.config.hang_after = 2
+    t0 = time.monotonic()
+    result, _, gates = run_compare(pytester, new.url, f"--baseline={base.url}")
+    took = time.monotonic() - t0
+    out, lat = gates["outputs"], gates["latency"]
+    assert out["status"] == "INVALID" and "the baseline stopped answering at single-turn/3" in out["message"], out
+    assert "only 2 of 6 golden prompts compared -> INVALID" in out["message"]
+    assert lat["status"] == "INVALID" and lat["evidence"]["pairs"] == 1, lat["message"]
+    assert result.ret == 6 and took < 40, took

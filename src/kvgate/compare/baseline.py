@@ -85,25 +85,34 @@ def refuses_logprobs(a: Answer) -> bool:
 def answer_both(new: KvClient, base: KvClient | None, prompts: list[GoldenPrompt], model: str, profile: Profile,
                 timeout_s: float) -> tuple[dict[str, Answer], dict[str, Answer], bool]:
     """Each golden prompt to ``new`` and (when live) ``base``, one request at a time, alternating
-    which goes first. Returns ``(new answers, base answers, logprobs)``; ``logprobs`` False when
-    an endpoint refused them (every request is then sent again without: answers compared as text)."""
+    which goes first, each within ``timeout_s`` seconds. Returns ``(new answers, base answers,
+    logprobs)``; ``logprobs`` False when an endpoint refused them (every request is then sent again
+    without: answers compared as text). Bounded: once a side gives no answer at all (status 0: a
+    timeout, a dropped connection), nothing more is sent to it -- its later prompts are answers
+    with ``error`` ``not sent: ...`` -- so a hung endpoint costs one timeout, not one per prompt."""
     for logprobs in (True, False):
-        got_new: dict[str, Answer] = {}
-        got_base: dict[str, Answer] = {}
+        got: dict[str, dict[str, Answer]] = {"new": {}, "base": {}}
+        dead: dict[str, str] = {}
         refused = False
         for i, p in enumerate(prompts):
             order = [("new", new), ("base", base)] if i % 2 == 0 else [("base", base), ("new", new)]
             for side, client in order:
                 if client is None:
                     continue
+                if side in dead:
+                    got[side][p.name] = Answer(status=0, error=f"not sent: {dead[side]}")
+                    continue
                 a = _ask(client, p, model, profile, logprobs, timeout_s)
-                (got_new if side == "new" else got_base)[p.name] = a
+                got[side][p.name] = a
+                if a.status == 0:
+                    dead[side] = f"the {'baseline' if side == 'base' else 'new endpoint'} stopped answering at " \
+                                 f"{p.name} ({(a.error or '')[:120]})"
                 refused = refused or (logprobs and refuses_logprobs(a))
             if refused:
                 break
         if not refused:
-            return got_new, got_base, logprobs
-    return got_new, got_base, False
+            return got["new"], got["base"], logprobs
+    return got["new"], got["base"], False
 
 
 def features_statuses(client: KvClient, profile: Profile) -> dict[str, str]:

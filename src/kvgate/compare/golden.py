@@ -249,15 +249,18 @@ class GoldenError(Exception):
 
 def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None, server_version: str | None,
                  model: str, prompts: list[GoldenPrompt], answers: dict[str, Answer],
-                 features: dict[str, str] | None = None, logprobs: bool = True) -> Path:
+                 features: dict[str, str] | None = None, logprobs: bool = True,
+                 redact: Any = None) -> Path:
     """Write the golden file: the run it comes from, each prompt (route, body) with its answer, and
-    the features cases' statuses (case -> PASS/FAIL/..., for "features lost"). Returns ``path``."""
+    the features cases' statuses (case -> PASS/FAIL/..., for "features lost"). ``redact``: a
+    ``str -> str`` applied to the whole text (the run's redactor: no key in a report). Returns ``path``."""
     doc = {"kvgate_golden": GOLDEN_VERSION, "run_id": run_id, "profile": profile, "endpoint": endpoint,
            "server_version": server_version, "model": model, "logprobs": logprobs,
            "prompts": [{"name": p.name, "route": p.route, "body": p.body,
                         "answer": answers[p.name].to_dict() if p.name in answers else None} for p in prompts],
            "features": features or {}}
-    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False), encoding="utf-8")
+    text = json.dumps(doc, indent=1, ensure_ascii=False)
+    path.write_text(redact(text) if redact is not None else text, encoding="utf-8")
     return path
 
 

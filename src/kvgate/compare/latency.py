@@ -33,6 +33,8 @@ class Timing:
     e2e_ms: float | None
     chunks: int
     error: str | None = None
+    #: No answer, or a stream that broke or timed out (a hung or gone endpoint): the sampling stops.
+    unanswered: bool = False
 
     def value(self, metric: str) -> float | None:
         return {"ttft": self.ttft_ms, "itl": self.itl_ms, "e2e": self.e2e_ms}[metric]
@@ -43,7 +45,8 @@ def timed(client: KvClient, body: dict[str, Any], timeout_s: float) -> Timing:
     r = client.stream(client.api("/completions"), {**body, "stream": True}, timeout_s=timeout_s)
     if r.status != 200 or r.transport_error or not r.done:
         why = r.transport_error or (f"HTTP {r.status}: {r.error_message}" if r.status != 200 else "no [DONE]")
-        return Timing(None, None, None, 0, why[:200])
+        # no answer, or a stream that broke or timed out: a hung or gone endpoint -- stop sampling
+        return Timing(None, None, None, 0, why[:200], unanswered=r.status == 0 or r.transport_error is not None)
     times = []
     for t, data in r.events:
         ev = classify(data)
@@ -89,8 +92,9 @@ class Pairs:
 
 def take_pairs(pairs: Pairs, new: Callable[[], Timing], base: Callable[[], Timing], k: int,
                seconds_left: float | None, clock: Callable[[], float] = time.monotonic) -> int:
-    """Add ``k`` pairs (fewer when ``seconds_left`` runs out), alternating which endpoint goes
-    first; returns how many were added. ``new``/``base`` send one request each (injected)."""
+    """Add ``k`` pairs (fewer when ``seconds_left`` runs out, or once either side leaves a request
+    unanswered -- a hung endpoint costs one timeout), alternating which endpoint goes first;
+    returns how many were added. ``new``/``base`` send one request each (injected)."""
     t0 = clock()
     added = 0
     for _ in range(k):
@@ -107,6 +111,8 @@ def take_pairs(pairs: Pairs, new: Callable[[], Timing], base: Callable[[], Timin
         pairs.base.append(b)
         pairs.order.append(first)
         added += 1
+        if a.unanswered or b.unanswered:
+            break
     return added
 
 

@@ -74,6 +74,7 @@ def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[st
                            "new_text": (new[name].text if name in new else "")[:400],
                            "new_error": new[name].error if name in new else "not sent"} for name, d in diffs.items()}}
     m = len(diffs)
+    stopped = next((b.error for b in base.values() if b.error and b.error.startswith("not sent: ")), None)
     if m == 0:
         return Verdict(gate, Status.INVALID, f"no golden prompt could be compared: the {label} answered none of "
                        f"{len(prompts)} ({'; '.join(left_out[:3])}) -> INVALID", measured=0, limit=len(prompts),
@@ -99,6 +100,10 @@ def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[st
         msg = (f"{head} ({', '.join(drift[:6])}{', ...' if len(drift) > 6 else ''}) -> {status.value} "
                f"({len(drift)} drifted, {allow}); first: {where}")
         return Verdict(gate, Status(status), msg, measured=len(drift), limit=allowed, unit="prompts", evidence=ev)
+    if stopped:  # the baseline hung part way: what was compared agrees, the rest is unknown
+        return Verdict(gate, Status.INVALID, f"{head}; {stopped.removeprefix('not sent: ')}: only {m} of "
+                       f"{len(prompts)} golden prompts compared -> INVALID", measured=0, limit=allowed,
+                       unit="prompts", evidence=ev)
     ties = kinds["near-tie"]
     if ties:
         d = diffs[ties[0]]

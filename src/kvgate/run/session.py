@@ -613,6 +613,9 @@ def _baseline(config: pytest.Config, profile: Profile, redactor: Redactor, api_k
     if url and reports:
         raise usage("--baseline URL and --baseline-reports DIR: give one baseline, not both")
     if reports:
+        if Path(reports).resolve() == reports_dir(config).resolve():
+            raise usage(f"--baseline-reports {reports} is this run's reports directory (--kvgate-reports): the run "
+                        "would replace the recording it compares with; copy the recorded reports elsewhere first")
         try:
             return recorded(reports), ""
         except GoldenError as exc:
