@@ -337,3 +337,42 @@ def test_a_hung_baseline_costs_one_timeout_per_case_and_reads_invalid(pytester, 
     assert "only 2 of 6 golden prompts compared -> INVALID" in out["message"]
     assert lat["status"] == "INVALID" and lat["evidence"]["pairs"] == 1, lat["message"]
     assert result.ret == 6 and took < 40, took
+
+
+@pytest.mark.parametrize("args, selected", [
+    ([], False),                                           # the default run: opt-in, like -m capacity
+    (["-m", "compare"], True),
+    (["--baseline=http://127.0.0.1:9/v1"], True),          # a baseline given asks for it
+    (["--gate-mode=record"], True),                        # a recording writes the golden answers
+    (["-m", "not compare", "--gate-mode=record"], False),
+])
+def test_the_compare_gate_runs_when_asked(pytester, args, selected):
+    out = pytester.path / "r"
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--kvgate-reports={out}",
+        f"--profile={PROFILE}", "--endpoint=http://127.0.0.1:9/v1", "--collect-only", "-q", str(SUITE), *args)
+    text = result.stdout.str()
+    assert ("3 tests collected" in text or "3/3 tests collected" in text) is selected, text[-600:]
+
+
+def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypatch, fakes):
+    """``--isvc`` on a serverless InferenceService with tag routing, through an ingress: the new
+    revision is the ``latest-`` URL's host, the baseline the ``prev-`` one's
+    (:func:`kvgate.launch.kserve.discover_baseline`); the ingress here is one fake, so the
+    answers are identical and the outputs case PASSes naming the revision it compared with."""
+    from kvgate.launch import kserve
+
+    from .test_kserve import FakeApi, kserve_profile, load
+
+    new, _ = fakes
+    api = FakeApi([load("serverless-tagged.yaml")])
+    monkeypatch.setattr(kserve, "custom_objects_api", lambda: api)
+    out = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--kvgate-reports={out}",
+        f"--profile={kserve_profile(pytester.path, None)}", "--isvc", "llama", "--namespace", "models",
+        "--ingress", new.base_url, "-m", "compare", "-k", "outputs", str(SUITE))
+    gates = {g["id"]: g for g in read_summary(out)["gates"]}
+    o = gates["kserve-fake/compare/outputs"]
+    assert o["status"] == "PASS" and result.ret == 0, o["message"]
+    assert f"vs the baseline {new.base_url}/openai/v1 (--isvc models/llama: KServe serverless-prev " in o["message"]
