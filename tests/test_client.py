@@ -158,3 +158,13 @@ def test_non_json_error_body_is_cut_at_a_word():
     long_html = "<html>" + " word" * 100 + "</html>"
     r = Reply(502, long_html, 0.1)
     assert r.error_message.endswith("…") and r.error_message[:-1].endswith("word") and len(r.error_message) <= 200
+
+
+def test_pooled_connections_expire_before_vllms_keep_alive_closes_them():
+    """An idle pooled connection is dropped after 2 s, before vLLM's uvicorn closes it (5 s): with
+    httpx's default (also 5 s) a request ~5 s after the last one could meet a connection being
+    closed (``Connection reset by peer``)."""
+    from kvgate.http.client import KEEPALIVE_EXPIRY_S
+
+    with KvClient(Endpoint("http://127.0.0.1:9")) as c:
+        assert c._http._transport._pool._keepalive_expiry == KEEPALIVE_EXPIRY_S < 5

@@ -158,6 +158,15 @@ class StreamReply:
         return Reply(self.status, self.text, self.elapsed_s).error_message
 
 
+#: Seconds an idle pooled connection is reused. Below the server's own keep-alive timeout: vLLM's
+#: uvicorn closes an idle connection after 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, vllm/envs.py), and
+#: httpx's default expiry is also 5 s, so a request sent ~5 s after the last one could go out on a
+#: connection the server was closing: ``ReadError: Connection reset by peer`` (seen once in kvgate's
+#: e2e, a canary right after the priority gate's run). 2 s leaves the race to servers that close
+#: idle connections sooner than that.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 class KvClient:
     """Synchronous client for one endpoint (one connection pool for its lifetime).
 
@@ -185,6 +194,7 @@ class KvClient:
             headers=endpoint.headers(),
             timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
             transport=transport,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
 
     def __enter__(self) -> "KvClient":
