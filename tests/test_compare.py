@@ -277,15 +277,46 @@ def test_without_a_baseline_compare_skips_and_sends_nothing(pytester, fakes):
     (["--baseline=http://127.0.0.1:9/v1"], "baseline (--baseline): "),
     (["--baseline-reports=/nonexistent/kvgate"], "--baseline-reports: /nonexistent/kvgate: no such directory"),
     (["--baseline=http://127.0.0.1:9/v1", "--baseline-reports=/tmp"], "give one baseline, not both"),
-    (["--baseline-reports={reports}"], "is this run's reports directory (--kvgate-reports): the run would replace"),
+    (["--baseline="], "--baseline is empty (an unset variable?)"),
+    (["--baseline-reports="], "--baseline-reports is empty (an unset variable?)"),
+    (["--baseline=notaurl"], "--baseline: 'notaurl' is not an http(s) URL"),
+    (["--baseline={endpoint}"], "is the --endpoint itself: the new revision would be compared with itself"),
 ])
 def test_bad_baselines_are_one_line_usage_errors(pytester, fakes, args, words):
     new, _ = fakes
-    args = [a.format(reports=pytester.path / "reports") for a in args]
-    (pytester.path / "reports").mkdir()
+    args = [a.format(endpoint=new.url) for a in args]
     result, summary, _ = run_compare(pytester, new.url, *args)
     assert result.ret == 4 and summary["overall"] == "ERROR"
     assert words in summary["error"], summary["error"]
+
+
+def test_a_recording_is_never_lost_or_misread(pytester, fakes):
+    """A recording given as this run's own reports dir is refused and left untouched (golden.json,
+    the recorded summary); one recorded for another model, or holding no prompts, is refused naming why."""
+    new, _ = fakes
+    result, summary, _ = run_compare(pytester, new.url, "--gate-mode=record", "-m", "compare", reports="rec")
+    rec = pytester.path / "rec"
+    before = {p.name: p.read_bytes() for p in rec.iterdir() if p.is_file()}
+    assert "golden.json" in before and result.ret == 0
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--profile={PROFILE}",
+        f"--endpoint={new.url}", f"--kvgate-reports={rec}", f"--baseline-reports={rec}", str(SUITE))
+    assert result.ret == 4 and "is this run's reports directory (--kvgate-reports)" in result.stderr.str()
+    assert {p.name: p.read_bytes() for p in rec.iterdir() if p.is_file()} == before  # nothing replaced
+    golden = json.loads((rec / "golden.json").read_text())
+    other = pytester.path / "other"
+    other.mkdir()
+    (other / "golden.json").write_text(json.dumps({**golden, "model": "another-model", "profile": "p2"}))
+    result, summary, _ = run_compare(pytester, new.url, f"--baseline-reports={other}", reports="o")
+    assert result.ret == 4 and "recorded for model 'another-model' (profile p2); this run's profile serves " \
+        "'fake-model'" in summary["error"]
+    (other / "golden.json").write_text(json.dumps({**golden, "prompts": []}))
+    result, summary, _ = run_compare(pytester, new.url, f"--baseline-reports={other}", reports="e")
+    assert result.ret == 4 and "holds no golden prompts ('prompts' is empty)" in summary["error"]
+    (other / "golden.json").write_text(json.dumps({**golden, "prompts": [{"name": "x", "route": "chat", "body": {},
+                                                                          "answer": {"top": [["bad"]]}}]}))
+    result, summary, _ = run_compare(pytester, new.url, f"--baseline-reports={other}", reports="m")
+    assert result.ret == 4 and "prompt 1 (x) is malformed" in summary["error"]
 
 
 FEATURES_PROFILE = REPO / "tests" / "data" / "fake-features.yaml"
@@ -342,7 +373,7 @@ def test_a_hung_baseline_costs_one_timeout_per_case_and_reads_invalid(pytester, 
 @pytest.mark.parametrize("args, selected", [
     ([], False),                                           # the default run: opt-in, like -m capacity
     (["-m", "compare"], True),
-    (["--baseline=http://127.0.0.1:9/v1"], True),          # a baseline given asks for it
+    (["--baseline=http://127.0.0.1:8/v1"], True),          # a baseline given asks for it
     (["--gate-mode=record"], True),                        # a recording writes the golden answers
     (["-m", "not compare", "--gate-mode=record"], False),
 ])

@@ -267,7 +267,7 @@ def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None,
 @dataclass
 class Golden:
     """A golden file read back: where it came from (``run_id``, ``profile``, ``endpoint``,
-    ``server_version``), its ``prompts`` and their ``answers``, and the ``features`` statuses."""
+    ``server_version``, ``model``), its ``prompts`` and their ``answers``, and the ``features`` statuses."""
 
     run_id: str | None
     profile: str | None
@@ -277,6 +277,8 @@ class Golden:
     answers: dict[str, Answer]
     features: dict[str, str]
     source: str
+    #: The served model name the answers came from (None in a file that does not say).
+    model: str | None = None
 
 
 def read_golden(path: Path) -> Golden:
@@ -292,14 +294,21 @@ def read_golden(path: Path) -> Golden:
     if not isinstance(doc, dict) or doc.get("kvgate_golden") != GOLDEN_VERSION:
         raise GoldenError(f"{path}: not a kvgate golden file of version {GOLDEN_VERSION} "
                           f"(kvgate_golden: {doc.get('kvgate_golden') if isinstance(doc, dict) else None!r})")
+    items = doc.get("prompts")
+    if not isinstance(items, list) or not items:
+        raise GoldenError(f"{path}: holds no golden prompts ('prompts' is {'empty' if items == [] else 'missing'}"
+                          f"{'' if items is None or items == [] else ' or not a list'}); record it again")
     prompts, answers = [], {}
-    try:
-        for p in doc["prompts"]:
+    for i, p in enumerate(items):
+        try:
             gp = GoldenPrompt(str(p["name"]), str(p["route"]), dict(p["body"]))
-            prompts.append(gp)
             if p.get("answer") is not None:
                 answers[gp.name] = Answer.from_dict(p["answer"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise GoldenError(f"{path}: a prompt entry is malformed ({type(exc).__name__}: {exc})") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            name = p.get("name") if isinstance(p, dict) else None
+            raise GoldenError(f"{path}: prompt {i + 1} ({name or 'unnamed'}) is malformed "
+                              f"({type(exc).__name__}: {exc})") from None
+        prompts.append(gp)
     return Golden(doc.get("run_id"), doc.get("profile"), doc.get("endpoint"), doc.get("server_version"), prompts,
-                  answers, {str(k): str(v) for k, v in (doc.get("features") or {}).items()}, str(path))
+                  answers, {str(k): str(v) for k, v in (doc.get("features") or {}).items()}, str(path),
+                  doc.get("model"))

@@ -610,6 +610,10 @@ def _baseline(config: pytest.Config, profile: Profile, redactor: Redactor, api_k
     from kvgate.compare.golden import GoldenError
 
     url, reports = config.getoption("kvgate_baseline"), config.getoption("kvgate_baseline_reports")
+    for opt, value in (("--baseline", url), ("--baseline-reports", reports)):
+        if value is not None and not value.strip():
+            raise usage(f"{opt} is empty (an unset variable?): give a {'URL' if opt == '--baseline' else 'directory'}, "
+                        "or leave the option out")
     if url and reports:
         raise usage("--baseline URL and --baseline-reports DIR: give one baseline, not both")
     if reports:
@@ -617,15 +621,24 @@ def _baseline(config: pytest.Config, profile: Profile, redactor: Redactor, api_k
             raise usage(f"--baseline-reports {reports} is this run's reports directory (--kvgate-reports): the run "
                         "would replace the recording it compares with; copy the recorded reports elsewhere first")
         try:
-            return recorded(reports), ""
+            rec = recorded(reports)
         except GoldenError as exc:
             raise usage(f"--baseline-reports: {exc}") from None
+        if rec.golden.model and rec.golden.model != profile.model.served_name:
+            raise usage(f"--baseline-reports {reports}: recorded for model {rec.golden.model!r} (profile "
+                        f"{rec.golden.profile}); this run's profile serves {profile.model.served_name!r}: its golden "
+                        "prompts would compare two deployments of different models")
+        return rec, ""
     if url:
         try:
             endpoint = endpoint_from_url(url, profile, api_key_env)
         except TargetError as exc:
-            raise usage(redactor.text(f"--baseline: {exc}")) from None
+            raise usage(redactor.text("--baseline: " + str(exc).replace("--endpoint ", ""))) from None
         redactor.add(endpoint.api_key)
+        given = config.getoption("kvgate_endpoint")
+        if given and given.rstrip("/") == url.rstrip("/"):
+            raise usage(f"--baseline {endpoint.display} is the --endpoint itself: the new revision would be compared "
+                        "with itself; give the URL of the revision serving today")
         return LiveBaseline(endpoint, "--baseline"), ""
     found = config.stash.get(ISVC_BASELINE, None)
     if found is not None:
@@ -792,6 +805,9 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
     if getattr(config.option, "collectonly", False):
         return
     reports = reports_dir(config)
+    recording = getattr(config.option, "kvgate_baseline_reports", None)
+    if recording and Path(recording).resolve() == reports.resolve():
+        return  # the reports dir holds the recording this run was to compare with: it is left as it is
     run_id = config.stash.get(RUN_ID, None) or outputs.new_run_id()
     config.stash[RUN_ID] = run_id
     run = config.stash.get(RUN, None)
