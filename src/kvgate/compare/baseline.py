@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
 from kvgate.compare.golden import (GOLDEN_FILE, Answer, Golden, GoldenError, GoldenPrompt, answer_of, read_golden,
                                    request_body)
 from kvgate.http.client import Endpoint, KvClient

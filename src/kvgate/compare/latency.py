@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from kvgate.http.client import KvClient
 from kvgate.http.sse import DONE, classify
+from kvgate.stats import percentile
 
 #: The metrics compared, in order: name -> what a reader calls it.
 METRICS = {"ttft": "TTFT", "itl": "ITL (per-request mean, TPOT)", "e2e": "e2e latency"}
@@ -118,8 +119,6 @@ def take_pairs(pairs: Pairs, new: Callable[[], Timing], base: Callable[[], Timin
 
 def summary(pairs: Pairs) -> dict[str, Any]:
     """Per side and metric: n, p50, p95 (ms) -- the evidence beside the verdict."""
-    from kvgate.stats import percentile
-
     out: dict[str, Any] = {}
     for side in ("new", "base"):
         out[side] = {}

@@ -20,6 +20,7 @@ from kvgate.compare.golden import Answer, Difference, GoldenPrompt, compare_answ
 from kvgate.compare.latency import METRICS, Pairs, summary
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.profile.models import Profile
+from kvgate.stats import percentile
 from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, Judgement, judge
 from kvgate.verdict import Status, Verdict
 
@@ -122,8 +123,6 @@ def latency_judgements(profile: Profile, pairs: Pairs, confidence: float) -> dic
         if not new or not base:
             out[m] = None
             continue
-        from kvgate.stats import percentile
-
         ref = percentile(base, c.quantile * 100)
         out[m] = (judge(new, c.quantile, (1 + c.max_regression) * ref, confidence), ref)
     return out

@@ -102,16 +102,42 @@ def discover(obj: dict[str, Any], *, canary: str | None = None, ingress: str | N
     it) to gate. ``canary``: a named RawDeployment canary; ``ingress``: connect here and send the
     tag URL's host; ``siblings``: the LLMInferenceServices of the namespace (for routing groups).
     Raises :class:`KServeError`."""
-    kind = obj.get("kind", "InferenceService")
+    shape, name, ns, prefix = _shape(obj, default_prefix)
+    if shape == "llmisvc":
+        return _llmisvc(obj, siblings or [obj], ns, prefix)
+    if shape == "raw":
+        return _raw(obj, name, ns, prefix, canary)
+    tagged = ((obj.get("metadata") or {}).get("annotations") or {}).get(TAG_ROUTING, "").lower() == "true"
+    return _serverless(obj, name, ns, prefix, ingress, tagged)
+
+
+def _shape(obj: dict[str, Any], default_prefix: str) -> tuple[str, str, str, str]:
+    """``(shape, name, namespace, route prefix)`` of a KServe object: shape ``llmisvc`` (an
+    LLMInferenceService), ``raw`` (a RawDeployment/Standard InferenceService) or ``serverless``."""
     meta = obj.get("metadata") or {}
     name, ns = meta.get("name", "?"), meta.get("namespace", "default")
     prefix = _prefix(obj, default_prefix)
-    if kind == "LLMInferenceService":
-        return _llmisvc(obj, siblings or [obj], ns, prefix)
-    annotations = meta.get("annotations") or {}
-    if annotations.get(DEPLOYMENT_MODE, "").lower() in ("rawdeployment", "standard"):
-        return _raw(obj, name, ns, prefix, canary)
-    return _serverless(obj, name, ns, prefix, ingress, annotations.get(TAG_ROUTING, "").lower() == "true")
+    if obj.get("kind", "InferenceService") == "LLMInferenceService":
+        return "llmisvc", name, ns, prefix
+    raw = (meta.get("annotations") or {}).get(DEPLOYMENT_MODE, "").lower() in ("rawdeployment", "standard")
+    return ("raw" if raw else "serverless"), name, ns, prefix
+
+
+def _revision_target(entry: dict[str, Any], revision: str, ns: str, prefix: str, ingress: str | None, shape: str,
+                     percent: float, notes: list[str], untagged_why: str) -> KServeTarget:
+    """A serverless revision's target from its traffic ``entry``: through ``ingress`` with the tag
+    URL's host, else the tag URL itself, else (``untagged_why``) the revision's own in-cluster Service."""
+    tag_url = entry.get("url")
+    if tag_url:
+        host = urlsplit(tag_url).netloc
+        if ingress:
+            notes.append(f"through the ingress {ingress} with Host {host}")
+            return KServeTarget(_root(ingress), prefix, host, shape, revision, percent, notes)
+        notes.append(f"tag URL {tag_url}")
+        return KServeTarget(_root(tag_url), prefix, None, shape, revision, percent, notes)
+    url = f"http://{revision}.{ns}.svc.cluster.local"
+    notes.append(f"{untagged_why}: the revision's own Service {url} (in-cluster)")
+    return KServeTarget(url, prefix, None, shape, revision, percent, notes)
 
 
 def _serverless(obj: dict[str, Any], name: str, ns: str, prefix: str, ingress: str | None,
@@ -129,17 +155,8 @@ def _serverless(obj: dict[str, Any], name: str, ns: str, prefix: str, ingress: s
                           "nothing to gate before rollout (set spec.predictor.canaryTrafficPercent)")
     notes = [f"serverless: revision {revision} at {percent:g}% (canaryTrafficPercent "
              f"{((obj.get('spec') or {}).get('predictor') or {}).get('canaryTrafficPercent', 'unset')})"]
-    tag_url = latest.get("url")
-    if tag_url:
-        if ingress:
-            notes.append(f"through the ingress {ingress} with Host {urlsplit(tag_url).netloc}")
-            return KServeTarget(_root(ingress), prefix, urlsplit(tag_url).netloc, "serverless", revision, percent, notes)
-        notes.append(f"tag URL {tag_url}")
-        return KServeTarget(_root(tag_url), prefix, None, "serverless", revision, percent, notes)
     why = "tag routing off" if not tagged else "no tag URL in the traffic entry"
-    url = f"http://{revision}.{ns}.svc.cluster.local"
-    notes.append(f"{why}: the revision's own Service {url} (in-cluster)")
-    return KServeTarget(url, prefix, None, "serverless", revision, percent, notes)
+    return _revision_target(latest, revision, ns, prefix, ingress, "serverless", percent, notes, why)
 
 
 def _raw(obj: dict[str, Any], name: str, ns: str, prefix: str, canary: str | None) -> KServeTarget:
@@ -219,14 +236,10 @@ def discover_baseline(obj: dict[str, Any], *, ingress: str | None = None,
 
     Route prefix as in :func:`discover`. Raises :class:`KServeError` (one line) when no previous
     version serves traffic: then pass ``--baseline URL``."""
-    kind = obj.get("kind", "InferenceService")
-    meta = obj.get("metadata") or {}
-    name, ns = meta.get("name", "?"), meta.get("namespace", "default")
-    prefix = _prefix(obj, default_prefix)
-    if kind == "LLMInferenceService":
+    shape, name, ns, prefix = _shape(obj, default_prefix)
+    if shape == "llmisvc":
         return _llmisvc_baseline(obj, siblings or [obj], ns, prefix)
-    annotations = meta.get("annotations") or {}
-    if annotations.get(DEPLOYMENT_MODE, "").lower() in ("rawdeployment", "standard"):
+    if shape == "raw":
         return _raw_baseline(obj, name, ns, prefix)
     return _serverless_baseline(obj, name, ns, prefix, ingress)
 
@@ -249,17 +262,8 @@ def _serverless_baseline(obj: dict[str, Any], name: str, ns: str, prefix: str, i
     if len(serving) > 1:
         notes.append("also serving: " + ", ".join(f"{t['revisionName']} {float(t.get('percent') or 0):g}%"
                                                   for t in serving if t is not prev))
-    tag_url = prev.get("url")
-    if tag_url:
-        host = urlsplit(tag_url).netloc
-        if ingress:
-            notes.append(f"through the ingress {ingress} with Host {host}")
-            return KServeTarget(_root(ingress), prefix, host, "serverless-prev", revision, percent, notes)
-        notes.append(f"tag URL {tag_url}")
-        return KServeTarget(_root(tag_url), prefix, None, "serverless-prev", revision, percent, notes)
-    url = f"http://{revision}.{ns}.svc.cluster.local"
-    notes.append(f"no tag URL in the traffic entry: the revision's own Service {url} (in-cluster)")
-    return KServeTarget(url, prefix, None, "serverless-prev", revision, percent, notes)
+    return _revision_target(prev, revision, ns, prefix, ingress, "serverless-prev", percent, notes,
+                            "no tag URL in the traffic entry")
 
 
 def _raw_baseline(obj: dict[str, Any], name: str, ns: str, prefix: str) -> KServeTarget:

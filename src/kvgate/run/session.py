@@ -600,6 +600,12 @@ def _endpoint_and_launcher(config: pytest.Config, profile: Profile, redactor: Re
     return endpoint, choice, notes
 
 
+def _recording_is_reports(config: pytest.Config) -> bool:
+    """Whether ``--baseline-reports`` names this run's own reports directory (``--kvgate-reports``)."""
+    recording = getattr(config.option, "kvgate_baseline_reports", None)
+    return bool(recording) and Path(recording).resolve() == reports_dir(config).resolve()
+
+
 def _baseline(config: pytest.Config, profile: Profile, redactor: Redactor, api_key_env: str | None
               ) -> tuple[Any, str]:
     """The compare gate's baseline and, without one, why: ``--baseline URL`` (a live endpoint,
@@ -617,7 +623,7 @@ def _baseline(config: pytest.Config, profile: Profile, redactor: Redactor, api_k
     if url and reports:
         raise usage("--baseline URL and --baseline-reports DIR: give one baseline, not both")
     if reports:
-        if Path(reports).resolve() == reports_dir(config).resolve():
+        if _recording_is_reports(config):
             raise usage(f"--baseline-reports {reports} is this run's reports directory (--kvgate-reports): the run "
                         "would replace the recording it compares with; copy the recorded reports elsewhere first")
         try:
@@ -805,8 +811,7 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
     if getattr(config.option, "collectonly", False):
         return
     reports = reports_dir(config)
-    recording = getattr(config.option, "kvgate_baseline_reports", None)
-    if recording and Path(recording).resolve() == reports.resolve():
+    if _recording_is_reports(config):
         return  # the reports dir holds the recording this run was to compare with: it is left as it is
     run_id = config.stash.get(RUN_ID, None) or outputs.new_run_id()
     config.stash[RUN_ID] = run_id
