@@ -46,6 +46,7 @@ MARKERS = (
     "pools: the pools gates (short/long pools behind a router: routing by length, isolation of short requests)",
     "capacity: the capacity gate (a concurrency search for the knee where the SLO stops holding vs the declared peak; only with -m capacity)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
+    "answers: the answers gate (golden answers, accuracy with a binomial interval, degeneration, multibyte integrity, input paths, multi-turn memory, determinism under concurrency)",
     "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost; runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
     "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
@@ -210,7 +211,7 @@ def _opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
         config.hook.pytest_deselected(items=unasked)
 
 
-GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "compare", "disconnect", "concurrency",
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "answers", "compare", "disconnect", "concurrency",
               "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "capacity", "soak", "drain")
 
 

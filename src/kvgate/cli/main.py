@@ -20,6 +20,7 @@ from typing import Any, Callable, TextIO
 from kvgate.http.client import Endpoint
 from kvgate.launch.local import EmbeddedServer, LaunchError
 from kvgate.launch.lora import ensure_adapters
+from kvgate.launch.realmodel import ensure_real_model, model_dir_for
 from kvgate.launch.tinymodel import TinyModelError, TinySpec, cache_root, ensure_model
 from kvgate.http.preflight import PreflightError, preflight
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, load_profile
@@ -79,6 +80,7 @@ def _endpoint_command(profile_arg: str, profile: Profile, url: str) -> str:
 def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
           server_factory: Callable[..., Any] = EmbeddedServer,
           build_model: Callable[[TinySpec], Path] = ensure_model,
+          build_real: Callable[[], Path] = ensure_real_model,
           build_adapter: Callable[..., Path] | None = None,
           check: Callable[[Endpoint, Profile], None] = lambda e, p: preflight(e, p),
           stop: threading.Event | None = None, serving: threading.Event | None = None, poll_s: float = 0.5) -> int:
@@ -89,7 +91,8 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
 
     ``stop`` (set by SIGINT/SIGTERM in :func:`main`) ends the serving loop, which checks the
     process every ``poll_s`` seconds; ``serving`` is set when the loop begins (before it, a
-    signal interrupts the start-up instead). The tiny model is built with the markers of the
+    signal interrupts the start-up instead). The real model (``model.embedded_model``,
+    ``build_real``) is fetched and converted once; the tiny model is built with the markers of the
     engine's parsers (:meth:`kvgate.launch.tinymodel.TinySpec.for_profile`), then each ``engine.lora_modules``
     adapter whose value is ``embedded`` (:func:`kvgate.launch.lora.ensure_adapters`); a failed
     build of either is one ``cannot build the tiny model`` message (:data:`FAILED`).
@@ -108,10 +111,11 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
               "kvgate serve starts only the embedded vLLM (e.g. --profile tiny-cpu)", file=err)
         return USAGE
     try:
-        model_dir = build_model(TinySpec.for_profile(profile))
+        model_dir = model_dir_for(profile, build_tiny=build_model, build_real=build_real)
         lora_dirs = ensure_adapters(profile.engine, model_dir, build=build_adapter)
     except TinyModelError as exc:
-        print(f"kvgate serve: cannot build the tiny model: {exc}", file=err)
+        what = "the real model" if profile.model.embedded_model != "tiny" else "the tiny model"
+        print(f"kvgate serve: cannot build {what}: {exc}", file=err)
         return FAILED
     log = Path(args.log) if args.log else cache_root() / f"vllm-serve-{profile.name}.log"
     server = server_factory(profile, model_dir, log, startup_budget_s=args.startup_budget, lora_dirs=lora_dirs)

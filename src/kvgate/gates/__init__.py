@@ -18,6 +18,8 @@ max-tokens     suites/test_max_tokens.py   gates/max_tokens.py   http/probes.sen
 streaming      suites/test_streaming.py    gates/streaming.py    http/probes.send, http/sdk.sdk_stream  tests/test_gates_streaming.py, …vs_fake
 features       suites/test_features.py     gates/features.py     gates/features.observe over            tests/test_gates_features.py,
                                                                  http/features.py                       test_features_vs_fake.py, e2e/test_features.py
+answers        suites/test_answers.py      gates/answers.py      answers/observe.ask over http/client,  tests/test_gates_answers.py,
+                                                                 answers/task (accuracy)                test_answers_vs_fake.py, e2e/test_real_model.py
 compare        suites/test_compare.py      gates/compare.py      compare/baseline.answer_both,          tests/test_compare.py, test_kserve.py,
                                                                  compare/latency.take_pairs             e2e/test_served.py
 disconnect     suites/test_disconnect.py   gates/disconnect.py   http/probes.disconnect                 tests/test_gates_disconnect.py, …vs_fake

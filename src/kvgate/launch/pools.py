@@ -229,7 +229,7 @@ class PoolsLauncher:
         if self.pools:
             return
         from kvgate.launch.lora import ensure_adapters
-        from kvgate.launch.tinymodel import TinySpec, ensure_model
+        from kvgate.launch.realmodel import model_dir_for
 
         why = self.unavailable(self.profile)
         if why:
@@ -238,7 +238,7 @@ class PoolsLauncher:
         self._t0 = time.monotonic()
         short_cpus, long_cpus = pool_cpus(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
         for name, p in pool_profiles(self.profile).items():
-            model_dir = ensure_model(TinySpec.for_profile(p))
+            model_dir = model_dir_for(p)
             server = EmbeddedServer(p, model_dir, self.dir / f"vllm-{name}.log", startup_budget_s=self.startup_budget_s,
                                     lora_dirs=ensure_adapters(p.engine, model_dir))
             server.server_cpus = short_cpus if name == "short" else long_cpus

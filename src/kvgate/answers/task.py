@@ -1,0 +1,111 @@
+"""The accuracy task: a local JSONL file of short-answer items, scored per item, and the binomial
+intervals a verdict needs.
+
+One item a line: ``{"id": "capital-france", "question": "What is the capital of France?",
+"answer": "\\\\bParis\\\\b"}`` -- ``question`` (one user turn), or ``messages`` (a conversation), or
+``prompt`` (a completion); ``answer`` a regex a right reply matches (case-insensitive, searched).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+
+class TaskError(Exception):
+    """The task file cannot be used (missing, a line not JSON, an item without a prompt or answer).
+    One line naming the file and the line."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One task item: ``route`` chat or completions, ``messages`` or ``prompt``, ``answer`` regex."""
+
+    id: str
+    route: str
+    messages: list[dict[str, str]] | None
+    prompt: str | None
+    answer: str
+
+
+def load_task(path: Path) -> list[Item]:
+    """The items of a JSONL task file, in order. Raises :class:`TaskError`."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise TaskError(f"accuracy task {path}: cannot read it ({exc.strerror or exc})") from None
+    items: list[Item] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except ValueError as exc:
+            raise TaskError(f"accuracy task {path}:{n}: not JSON ({exc})") from None
+        if not isinstance(d, dict) or not isinstance(d.get("answer"), str):
+            raise TaskError(f"accuracy task {path}:{n}: an item needs an 'answer' regex")
+        try:
+            re.compile(d["answer"])
+        except re.error as exc:
+            raise TaskError(f"accuracy task {path}:{n}: answer {d['answer']!r} is not a regex ({exc})") from None
+        iid = str(d.get("id") or f"item-{n}")
+        if isinstance(d.get("question"), str):
+            items.append(Item(iid, "chat", [{"role": "user", "content": d["question"]}], None, d["answer"]))
+        elif isinstance(d.get("messages"), list):
+            items.append(Item(iid, "chat", d["messages"], None, d["answer"]))
+        elif isinstance(d.get("prompt"), str):
+            items.append(Item(iid, "completions", None, d["prompt"], d["answer"]))
+        else:
+            raise TaskError(f"accuracy task {path}:{n}: an item needs 'question', 'messages' or 'prompt'")
+    if not items:
+        raise TaskError(f"accuracy task {path}: holds no items")
+    return items
+
+
+def correct(item: Item, text: str) -> bool:
+    """Whether ``text`` answers ``item`` right (its regex found, case-insensitive)."""
+    return re.search(item.answer, text, re.IGNORECASE) is not None
+
+
+def interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) two-sided interval of a proportion ``k``/``n`` at ``confidence``."""
+    if n <= 0:
+        return (0.0, 1.0)
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return (float(ci.low), float(ci.high))
+
+
+def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (c - h, c + h)
+
+
+def difference_interval(k1: int, n1: int, k0: int, n0: int, confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(d, low, high)``: the difference ``k1/n1 - k0/n0`` with Newcombe's hybrid score interval
+    (method 10 of Newcombe 1998, Wilson intervals combined) at ``confidence``."""
+    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
+    p1, p0 = k1 / n1, k0 / n0
+    l1, u1 = _wilson(k1, n1, z)
+    l0, u0 = _wilson(k0, n0, z)
+    d = p1 - p0
+    low = d - math.sqrt((p1 - l1) ** 2 + (u0 - p0) ** 2)
+    high = d + math.sqrt((u1 - p1) ** 2 + (p0 - l0) ** 2)
+    return (d, low, high)
+
+
+def scored(items: list[Item], texts: list[str | None]) -> list[dict[str, Any]]:
+    """Per item: ``{"id", "correct", "answer" (clipped), "expected"}``; ``None`` text = no answer."""
+    out = []
+    for it, t in zip(items, texts):
+        out.append({"id": it.id, "correct": t is not None and correct(it, t), "answer": (t or "")[:160],
+                    "expected": it.answer, "answered": t is not None})
+    return out
