@@ -24,19 +24,20 @@ answers_gate = pytest.mark.gate("answers", cases=list(CASES), not_applicable=_no
 
 
 class Collected:
-    """Every answer the gate's cases saw, for the degeneration case: ``(source, text, finish_reason)``."""
+    """The gate's own answers into the run's :class:`~kvgate.answers.seen.Seen` (scanned strictly:
+    they end on their own), which the degeneration case judges with the load gates' and the soak's."""
 
-    def __init__(self):
-        self.items = []
+    def __init__(self, seen):
+        self.seen = seen
 
     def add(self, source, asked):
         if asked.ok:
-            self.items.append((source, asked.text, asked.finish_reason))
+            self.seen.add(source, asked.text, asked.finish_reason)
 
 
 @pytest.fixture(scope="module")
-def collected():
-    return Collected()
+def collected(kvgate_seen):
+    return Collected(kvgate_seen)
 
 
 def _golden_body(g, model, stream_logprobs=5):
@@ -46,10 +47,10 @@ def _golden_body(g, model, stream_logprobs=5):
 
 @pytest.fixture(scope="module")
 def golden_obs(kvgate_client, kvgate_profile, collected):
-    """Each golden asked alone (non-streamed, one at a time: the determinism case's reference),
-    then streamed (4 at once)."""
+    """Each golden asked non-streamed, then streamed (4 in flight at once each time)."""
     a, model, t = kvgate_profile.answers, kvgate_profile.model.served_name, kvgate_profile.limits.request_timeout_s
-    plain = [ask(kvgate_client, g.route, _golden_body(g, model), timeout_s=t) for g in a.goldens]
+    plain = ask_many([lambda g=g: ask(kvgate_client, g.route, _golden_body(g, model), timeout_s=t)
+                      for g in a.goldens], 4)
     streamed = ask_many([lambda g=g: ask(kvgate_client, g.route, _golden_body(g, model), stream=True, timeout_s=t)
                          for g in a.goldens], 4)
     for g, p, s in zip(a.goldens, plain, streamed):
@@ -115,7 +116,7 @@ def check_multibyte(request, client, profile, collected) -> Verdict:
 def check_input_paths(request, client, profile, collected) -> Verdict:
     model, t = profile.model.served_name, profile.limits.request_timeout_s
     chats = [g for g in profile.answers.goldens if g.messages is not None]
-    picks = [chats[0]] + [g for g in chats if g.messages[0].get("role") == "system"][:1] if chats else []
+    picks = ([chats[0]] + [g for g in chats[1:] if g.messages[0].get("role") == "system"][:1]) if chats else []
     obs = []
     for g in picks:
         ids, text, err = render(client, model, g.messages)
@@ -126,8 +127,10 @@ def check_input_paths(request, client, profile, collected) -> Verdict:
             sfx = "/stream" if stream else ""
             answers["chat" + sfx] = ask(client, "chat", body_for("chat", model, messages=g.messages, max_tokens=g.max_tokens,
                                                                  logprobs=None), stream=stream, timeout_s=t)
+            # the rendered text carries the template's special tokens (its BOS): none added again
             answers["text" + sfx] = ask(client, "completions", body_for("completions", model, prompt=text,
-                                                                        max_tokens=g.max_tokens, logprobs=None),
+                                                                        max_tokens=g.max_tokens, logprobs=None,
+                                                                        extra={"add_special_tokens": False}),
                                         stream=stream, timeout_s=t)
             answers["ids" + sfx] = ask(client, "completions", body_for("completions", model, prompt=ids,
                                                                        max_tokens=g.max_tokens, logprobs=None),
@@ -153,7 +156,8 @@ def check_determinism(request, client, profile, collected) -> Verdict:
     golden = request.getfixturevalue("golden_obs")
     d = spec.determinism
     tracked = golden[:d.prompts]
-    runs = {o.spec.name: [o.plain] for o in tracked}
+    runs = {o.spec.name: [ask(client, o.spec.route, _golden_body(o.spec, model), timeout_s=t)]  # alone
+            for o in tracked}
     fillers = [o.spec for o in golden]
     for r in range(d.repeats):
         batch = [o.spec for o in tracked]
@@ -169,6 +173,6 @@ def check_determinism(request, client, profile, collected) -> Verdict:
 
 
 def check_degeneration(request, client, profile, collected) -> Verdict:
-    if not collected.items:  # run alone (-k degeneration): the goldens give it answers to check
+    if not collected.seen.strict:  # run alone (-k degeneration): the goldens give it answers to check
         request.getfixturevalue("golden_obs")
-    return degeneration_verdict(profile.answers, collected.items)
+    return degeneration_verdict(profile.answers, collected.seen)

@@ -31,31 +31,35 @@ def no_workload(config, profile, case):
 
 @pytest.mark.load
 @pytest.mark.gate("concurrency", cases=["long-sequences"], not_applicable=no_workload)
-def test_concurrent_long_sequences(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+def test_concurrent_long_sequences(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate, kvgate_seen):
     if (missing := no_workload(None, kvgate_profile, case)) is not None:  # nothing to load it with
         assert kvgate_gate(missing).passed
         return
     obs = run_concurrent_long(kvgate_client, kvgate_endpoint, kvgate_profile)
+    kvgate_seen.add_records("concurrency", obs.result.records)
     assert kvgate_gate(concurrent_long_verdict(obs, kvgate_profile), attachments=evidence(obs)).passed
 
 
 @pytest.mark.load
 @pytest.mark.gate("latency", cases=["slo"], not_applicable=no_workload)
-def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate, kvgate_seen):
     if (missing := no_workload(None, kvgate_profile, case)) is not None:  # nothing to load it with
         assert kvgate_gate(missing).passed
         return
     obs = run_latency(kvgate_client, kvgate_endpoint, kvgate_profile)
+    kvgate_seen.add_records("latency", obs.result.records)
     assert kvgate_gate(latency_verdict(obs, kvgate_profile), attachments=evidence(obs)).passed
 
 
 @pytest.mark.load
 @pytest.mark.gate("latency", cases=["interference"], not_applicable=no_workload)
-def test_short_requests_under_long_prefills(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+def test_short_requests_under_long_prefills(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate,
+                                           kvgate_seen):
     if (missing := no_workload(None, kvgate_profile, case)) is not None:  # nothing to load it with
         assert kvgate_gate(missing).passed
         return
     alone, mixed = run_interference(kvgate_client, kvgate_endpoint, kvgate_profile)
+    kvgate_seen.add_records("interference", [*alone.result.records, *mixed.result.records])
     verdict = interference_verdict(alone, mixed, kvgate_profile)
     if not mixed.result.records:  # a traffic sample that does not fit: nothing was sent
         assert kvgate_gate(verdict).passed

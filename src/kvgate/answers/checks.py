@@ -73,10 +73,8 @@ def repetition(text: str, min_n: int = 2, max_n: int = 8) -> tuple[float, str]:
     of one n-gram (n in ``min_n..max_n`` words; a single word repeated counts with n=1 at 4 or
     more in a row), and that n-gram. ``"a b a b a b"`` -> (1.0, "a b")."""
     words = text.split()
-    if len(words) < 4:
-        return (0.0, "")
     best, gram = 0.0, ""
-    for n in range(1, max_n + 1):
+    for n in range(1, max_n + 1 if len(words) >= 4 else 1):
         i = 0
         while i + 2 * n <= len(words):
             k = 1
@@ -89,11 +87,16 @@ def repetition(text: str, min_n: int = 2, max_n: int = 8) -> tuple[float, str]:
                 i += k * n
             else:
                 i += 1
-    # character-level loops with no spaces ("!!!!!!!!", "ababab"): a run of one short unit
-    m = re.search(r"(.{1,4}?)\1{7,}", text)
-    if m and len(m.group(0)) / max(1, len(text)) > best:
-        best, gram = len(m.group(0)) / max(1, len(text)), m.group(1)
+    # character-level loops, spaces or none ("!!!!!!!!", "ababab", a CJK sentence over and over): a
+    # unit of 1-4 characters 8 or more times in a row, or of 5-40 characters 4 or more times
+    for pattern in _CHAR_LOOPS:
+        for m in pattern.finditer(text):
+            if len(m.group(0)) / len(text) > best:
+                best, gram = len(m.group(0)) / len(text), m.group(1)
     return (round(best, 3), gram)
+
+
+_CHAR_LOOPS = (re.compile(r"(.{1,4}?)\1{7,}", re.DOTALL), re.compile(r"(.{5,40}?)\1{3,}", re.DOTALL))
 
 
 def soup(text: str) -> str | None:
@@ -113,12 +116,19 @@ def soup(text: str) -> str | None:
     return None
 
 
+#: Scripts written together within one word, one family (not soup): Japanese mixes kanji, hiragana,
+#: katakana and fullwidth forms in a word; Korean may mix Hangul and hanja.
+_CJK_FAMILY = frozenset({"CJK", "HIRAGANA", "KATAKANA", "KATAKANA-HIRAGANA", "HANGUL", "FULLWIDTH", "HALFWIDTH",
+                         "IDEOGRAPHIC", "BOPOMOFO"})
+
+
 def _script(c: str) -> str | None:
     try:
         name = unicodedata.name(c)
     except ValueError:
         return None
-    return name.split(" ")[0]
+    script = name.split(" ")[0]
+    return "CJK" if script in _CJK_FAMILY else script
 
 
 def degeneration(text: str, finish_reason: str | None, *, max_repeat_fraction: float = 0.5,
@@ -134,12 +144,28 @@ def degeneration(text: str, finish_reason: str | None, *, max_repeat_fraction: f
                    f"{clip(text[max(0, i - 20):i + 20], 60)!r})")
     frac, gram = repetition(text)
     if frac > max_repeat_fraction:
-        out.append(f"a repetition loop: {gram!r} repeated over {frac:.0%} of the answer")
+        out.append(f"a repetition loop: {gram!r} repeated over {frac:.0%} of the answer (answers.max_repeat_fraction "
+                   f"{max_repeat_fraction:.0%})")
     if text_due and not text.strip():
         out.append(f"empty content (finish_reason {finish_reason!r}) where text is due")
     why = soup(text)
     if why:
         out.append(f"token soup: {why}")
+    return out
+
+
+def wire_findings(text: str) -> list[str]:
+    """What no model emits on a healthy path, whatever it was asked: U+FFFD (bytes lost between
+    tokens or in a frontend) and control, surrogate, private-use or unassigned characters."""
+    out: list[str] = []
+    if REPLACEMENT in text:
+        i = text.index(REPLACEMENT)
+        out.append(f"{text.count(REPLACEMENT)} U+FFFD replacement characters (first at char {i}: "
+                   f"{clip(text[max(0, i - 20):i + 20], 60)!r})")
+    odd = [c for c in text if unicodedata.category(c) in ("Cc", "Cs", "Co", "Cn") and c not in "\n\t\r"]
+    if odd:
+        out.append(f"token soup: {len(odd)} control, surrogate, private-use or unassigned characters "
+                   f"(first U+{ord(odd[0]):04X})")
     return out
 
 

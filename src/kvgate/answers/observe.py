@@ -85,7 +85,12 @@ def _path(route: str) -> str:
 
 def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = False,
         timeout_s: float | None = None) -> Asked:
-    """Send ``body`` to the chat or completions route, streamed or not, and fold the answer."""
+    """Send ``body`` to the chat or completions route, streamed or not, and fold the answer. A chat
+    body carries the client's ``chat_template_kwargs`` (the profile's) unless it names its own, as
+    :meth:`~kvgate.http.client.KvClient.tokenize` does: the prompt answered is the prompt rendered."""
+    kwargs = getattr(client, "chat_template_kwargs", None)
+    if route == "chat" and kwargs and "chat_template_kwargs" not in body:
+        body = {**body, "chat_template_kwargs": kwargs}
     if not stream:
         r = client.post(client.api(_path(route)), {**body, "stream": False}, timeout_s=timeout_s)
         a: Answer = answer_of(route, r.status, r.json, r.text if r.status != 200 else "")

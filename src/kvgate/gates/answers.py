@@ -22,15 +22,18 @@ margins and FAIL only beyond ``answers.max_fragile_flips``. The accuracy case ju
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvgate.answers.checks import char_diff, clip, degeneration, expectation_match, margin, multibyte_findings
+from kvgate.answers.checks import char_diff, clip, expectation_match, margin, multibyte_findings
 from kvgate.answers.observe import Asked
 from kvgate.answers.task import difference_interval, interval
 from kvgate.compare.golden import compare_answers
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.profile.models import AnswersSpec, GoldenSpec, Profile
 from kvgate.verdict import Status, Verdict
+
+if TYPE_CHECKING:
+    from kvgate.answers.seen import Seen
 
 GATE = "answers"
 #: In run order: degeneration last, over every answer the others collected.
@@ -54,8 +57,9 @@ def not_declared(case: str, profile: Profile) -> Verdict | None:
 
 
 def _prompt_of(g: GoldenSpec) -> str:
-    if g.messages is not None:
-        return clip(g.messages[-1].get("content", ""), 60) + (f" (turn {len(g.messages)})" if len(g.messages) > 1 else "")
+    if g.messages is not None:  # a system message is no turn
+        turns = sum(1 for m in g.messages if m.get("role") != "system")
+        return clip(g.messages[-1].get("content", ""), 60) + (f" (turn {turns})" if turns > 1 else "")
     return clip(g.prompt or "", 60)
 
 
@@ -112,7 +116,7 @@ def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie:
         head += (f"; {len(confident_flips)} confident flip{'s' if len(confident_flips) != 1 else ''}, "
                  f"{len(fragile_flips)} fragile (reference margin < {answers.confident_margin:g} nats)")
     if errors:
-        return Verdict(gate, Status.FAIL, f"{head}; {len(errors)} not answered: {'; '.join(errors[:3])} -> FAIL",
+        return Verdict(gate, Status.FAIL, f"{head}; {len(errors)} not answered (limit 0): {'; '.join(errors[:3])} -> FAIL",
                        measured=len(errors), limit=0, unit="goldens", evidence=ev)
     if parted:
         return Verdict(gate, Status.FAIL, f"{head}; {len(parted)} streamed answers part from the non-streamed ones "
@@ -183,27 +187,35 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
                    unit="fraction", evidence=ev)
 
 
-def degeneration_verdict(answers: AnswersSpec, collected: list[tuple[str, str, str | None]]) -> Verdict:
-    """The degeneration case over every answer the run collected (``(source, text, finish_reason)``):
-    U+FFFD, repetition loops, empty content where text is due, token soup
-    (:func:`kvgate.answers.checks.degeneration`). FAIL naming the first few, quoted."""
+def degeneration_verdict(answers: AnswersSpec, seen: "Seen | list[tuple[str, str, str | None]]") -> Verdict:
+    """The degeneration case over every answer the run saw (:class:`kvgate.answers.seen.Seen`; a
+    list of ``(source, text, finish_reason)`` is scanned strictly): U+FFFD, repetition loops, empty
+    content where text is due, token soup (:func:`kvgate.answers.checks.degeneration`) in answers
+    that ended on their own; U+FFFD and control characters only in the load gates' and the soak's
+    ``ignore_eos`` outputs. FAIL naming the first few, quoted."""
+    from kvgate.answers.seen import Seen
+
+    if not isinstance(seen, Seen):
+        items = seen
+        seen = Seen(max_repeat_fraction=answers.max_repeat_fraction)
+        for source, text, finish in items:
+            seen.add(source, text, finish)
     gate = f"{GATE}/degeneration"
-    bad: list[str] = []
-    details: dict[str, list[str]] = {}
-    for source, text, finish in collected:
-        found = degeneration(text, finish, max_repeat_fraction=answers.max_repeat_fraction)
-        if found:
-            details[source] = found + [clip(text, 200)]
-            bad.append(f"{source}: {found[0]} in {clip(text, 60)!r}")
-    ev = {"answers_checked": len(collected), "degenerate": details, "max_repeat_fraction": answers.max_repeat_fraction}
-    if not collected:
-        return Verdict(gate, Status.INVALID, "no answer was collected to check -> INVALID", evidence=ev)
-    if bad:
-        return Verdict(gate, Status.FAIL, f"{len(bad)} of {len(collected)} answers degenerate: {'; '.join(bad[:3])} -> FAIL",
-                       measured=len(bad), limit=0, unit="answers", evidence=ev)
-    return Verdict(gate, Status.PASS, f"{len(collected)} answers checked: no U+FFFD, no repetition loop over "
-                   f"{answers.max_repeat_fraction:.0%}, none empty, no token soup -> PASS", measured=0, limit=0,
-                   unit="answers", evidence=ev)
+    ev = {"answers_checked": seen.checked, "strict": seen.strict, "lenient": seen.lenient, "by_source": seen.by_source,
+          "degenerate": seen.findings, "degenerate_total": seen.found, "max_repeat_fraction": seen.max_repeat_fraction}
+    where = ", ".join(f"{k} {n}" for k, n in seen.by_source.items())
+    if seen.strict == 0:
+        return Verdict(gate, Status.INVALID, f"no answer that ended on its own was collected to check ({where or 'none'}) "
+                       "-> INVALID", evidence=ev)
+    if seen.found:
+        bad = [f"{f['source']}: {f['findings'][0]} in {clip(f['text'], 60)!r}" for f in seen.findings[:3]]
+        return Verdict(gate, Status.FAIL, f"{seen.found} of {seen.checked} answers degenerate: {'; '.join(bad)} -> FAIL",
+                       measured=seen.found, limit=0, unit="answers", evidence=ev)
+    lenient = (f"; {seen.lenient} load and soak outputs (ignore_eos) for U+FFFD and control characters"
+               if seen.lenient else "")
+    return Verdict(gate, Status.PASS, f"{seen.checked} answers checked ({where}): {seen.strict} answers: no U+FFFD, no "
+                   f"repetition loop over {seen.max_repeat_fraction:.0%}, none empty, no token soup{lenient} -> PASS",
+                   measured=0, limit=0, unit="answers", evidence=ev)
 
 
 @dataclass
@@ -242,7 +254,7 @@ def multibyte_verdict(obs: list[MultibyteObservation]) -> Verdict:
     if not obs:
         return Verdict(gate, Status.INVALID, "no multibyte prompt was asked -> INVALID", evidence=ev)
     if bad:
-        return Verdict(gate, Status.FAIL, f"{len(bad)} multibyte findings in {len(obs)} prompt pairs: "
+        return Verdict(gate, Status.FAIL, f"{len(bad)} multibyte findings (limit 0) in {len(obs)} prompt pairs: "
                        f"{'; '.join(bad[:3])} -> FAIL", measured=len(bad), limit=0, unit="findings", evidence=ev)
     names = sorted({o.name for o in obs})
     temps = sorted({o.temperature for o in obs})
@@ -293,7 +305,7 @@ def input_paths_verdict(obs: list[PathsObservation]) -> Verdict:
     if not obs:
         return Verdict(gate, Status.INVALID, "no conversation was asked -> INVALID", evidence=ev)
     if bad:
-        return Verdict(gate, Status.FAIL, f"{len(bad)} disagreements between input paths: {'; '.join(bad[:3])} -> FAIL",
+        return Verdict(gate, Status.FAIL, f"{len(bad)} disagreements between input paths (limit 0): {'; '.join(bad[:3])} -> FAIL",
                        measured=len(bad), limit=0, unit="findings", evidence=ev)
     paths = sorted({k for o in obs for k in o.answers})
     return Verdict(gate, Status.PASS, f"{len(obs)} conversations, {len(paths)} paths each ({', '.join(paths)}): "
@@ -328,7 +340,7 @@ def memory_verdict(obs: list[MemoryObservation]) -> Verdict:
     if not obs:
         return Verdict(gate, Status.INVALID, "no multi-turn conversation was asked -> INVALID", evidence=ev)
     if bad:
-        return Verdict(gate, Status.FAIL, f"{len(bad)} of {len(obs)} answers forget an earlier turn: {'; '.join(bad[:2])} "
+        return Verdict(gate, Status.FAIL, f"{len(bad)} of {len(obs)} answers forget an earlier turn (limit 0): {'; '.join(bad[:2])} "
                        "-> FAIL", measured=len(bad), limit=0, unit="conversations", evidence=ev)
     eg = "; ".join(f"{n}: {clip(r['answer'], 40)!r}" for n, r in list(rows.items())[:2])
     return Verdict(gate, Status.PASS, f"{len(obs)} conversations answered from an earlier turn ({eg}) -> PASS",
@@ -368,7 +380,7 @@ def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]]) -> Verd
                         f"{clip(distinct[1].text, 40)!r} in a batch of {d.batch})")
     ev = {"prompts": rows, "repeats": d.repeats, "batch": d.batch, "max_distinct": d.max_distinct}
     if errors:
-        return Verdict(gate, Status.FAIL, f"{len(errors)} answers missing: {'; '.join(errors[:2])} -> FAIL",
+        return Verdict(gate, Status.FAIL, f"{len(errors)} answers missing (limit 0): {'; '.join(errors[:2])} -> FAIL",
                        measured=len(errors), limit=0, unit="answers", evidence=ev)
     if not rows:
         return Verdict(gate, Status.INVALID, "no answer to compare -> INVALID", evidence=ev)

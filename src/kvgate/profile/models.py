@@ -867,7 +867,7 @@ class AnswersSpec(_Strict):
     accuracy: AccuracySpec | None = None
     determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
     max_repeat_fraction: float = Field(default=0.5, gt=0, le=1, description="[fraction] of an answer's words a repeated n-gram loop may cover before it counts as degenerate")
-    multibyte_max_tokens: int = Field(default=20, gt=0, description="[tokens] generated per multibyte prompt")
+    multibyte_max_tokens: int = Field(default=16, gt=0, description="[tokens] generated per multibyte prompt")
 
 
 class Profile(_Strict):

@@ -687,13 +687,17 @@ class SoakRunner:
     ``(offsets, specs)`` of round ``k`` (default :meth:`SoakPlan.requests` with ``endpoint`` and
     ``model``). ``samplers``: a :class:`Samplers`. ``out_dir``: where ``soak-rounds.csv`` and
     ``soak-requests.csv`` go (None: nowhere). ``progress(line)``: one line per round.
+    ``on_records(round, records)``: sees each round's request records before they are dropped
+    (the answers gate's degeneration scan, :class:`kvgate.answers.seen.Seen`).
     """
 
     def __init__(self, plan: SoakPlan, send_round: SendRound, samplers: Samplers, *,
                  requests: Callable[[int], tuple[list[float], list[RequestSpec]]],
                  out_dir: Path | None = None, progress: Callable[[str], None] | None = None,
-                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
+                 on_records: Callable[[int, list[Any]], None] | None = None) -> None:
         self.plan = plan
+        self.on_records = on_records
         self.send_round = send_round
         self.samplers = samplers
         self.requests = requests
@@ -902,6 +906,8 @@ class SoakRunner:
         deadline_s = self.plan.round_s + self.plan.request_timeout_s
         result = await self.send_round(k, offsets, specs, deadline_s)
         req_sink.write([{"round": k, **r.row()} for r in result.records])
+        if self.on_records is not None:
+            self.on_records(k, result.records)
         await closed.wait()
         if prev_done is not None:
             await prev_done.wait()
