@@ -32,6 +32,20 @@ the "model" emits an EOS after ``max(eos_after, min_tokens)`` content tokens: th
 ``finish_reason`` is ``"stop"`` — exactly like vLLM. With ``ignore_eos`` (or when the limit comes
 first) the finish reason is ``"length"`` and every generated token is a word of text.
 
+Answering mode (the answers gate): ``FakeConfig.answers`` maps a prompt key to an answer text. A
+prompt in the chat template's shape -- a chat request, or its rendered text or token ids sent to
+completions -- is looked up by its whole conversation (:func:`answer_key`: the non-system turns'
+contents, one a line), then by its last user turn's content; any other completions prompt by its
+text (token ids detokenized), without the BOS. A match is answered, at any temperature, with the
+answer's words (:func:`_pieces`: words with their leading whitespace, or 4-character pieces of text
+without spaces) as tokens, then EOS (finish ``stop``; ``length`` when ``max_tokens`` comes first),
+streamed or not, with logprobs when asked (each chosen at 0.0, alternatives ``<alt1>`` at -3.0,
+``<alt2>`` at -4.0, ...: a margin of 3 nats); ``usage.prompt_tokens`` is the prompt's count on every
+path (a rendered text sent with ``add_special_tokens: false``). Unmatched prompts, adapters, feature
+requests and ``ignore_eos``/``min_tokens`` requests are answered with ``tok{k}`` words as above. Of
+the answers faults, ``double_bos_ids`` and ``echo_prompt_first_delta`` bend every token-id prompt,
+the others only answering mode.
+
 Serve features (the features gate), healthy by default, each with faults: a chat request with
 ``tools`` answers one call (named -> that function, required -> the first, auto -> the first with
 parameters) whose arguments are a minimal valid instance of the function's schema, streamed as
@@ -94,6 +108,7 @@ __all__ = [
     "FakeVLLM",
     "REASONING_TEXT",
     "RequestRecord",
+    "answer_key",
     "battery_example",
     "minimal_instance",
     "running_fake",
@@ -211,6 +226,24 @@ FAULTS: dict[str, str] = {
     "the healthy fake's choice) and go on differently from there: the text differs, within any logprob tolerance",
     "changed_model": "temperature-0 answers are other tokens from the first on, none of them among the healthy "
     "fake's top alternatives (a changed model, or an adapter serving in its place)",
+    # the answers gate: answers that are wrong with perfect framing (answering mode, FakeConfig.answers)
+    "garbage_answers": "answers (FakeConfig.answers) are replaced by fluent-looking wrong words of the same "
+    "length, framed perfectly (finish stop, right usage, streamed == non-streamed)",
+    "inject_fffd": "a U+FFFD replacement character is inserted into every answer, as a token after its first "
+    "(a multibyte character mangled by the frontend, dynamo#12630)",
+    "repetition_loop": "answers become a loop of their first phrase (three tokens) until max_tokens, finish length "
+    "(the '!!!!!!!!' of vllm#29341, a collapsed speculative decoder)",
+    "shift_one_token": "every answer is off by one token: it starts at its second token (the first is lost), "
+    "ending where it would have (one token shorter)",
+    "double_bos_ids": "a completions prompt of token ids gets a second BOS in front: its usage.prompt_tokens is one "
+    "higher and the model answers the prompt it saw (not the conversation's answer); text prompts are right",
+    "echo_prompt_first_delta": "a streamed completion of a token-id prompt carries the prompt's text (as "
+    "/detokenize renders it) in its first delta, before the answer (vllm#48853)",
+    "nondeterministic_concurrency": "at temperature 0 an answer changes (' indeed' after its first word) when more "
+    "than batch_invariant_max requests (default 4) run at once: each answered request waits for its batch to form "
+    "(until it is that large, or batch_window_s pass with no request admitted) (vllm#51187's batch variance)",
+    "forget_first_turn": "a chat with earlier turns is answered as if only its last user turn (and the system turns) "
+    "existed; usage still counts the whole conversation (coherent on one turn, lost from the second, vllm#38652)",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime); with server "
@@ -340,6 +373,10 @@ class FakeConfig:
     prompt_tokens_details: bool = False  # like --enable-prompt-tokens-details (vLLM's default: off)
     near_tie_at: int | None = 2  # temperature 0: this token's runner-up is 0.01 nats below it (flip_near_ties takes it)
     shutdown_timeout_s: float = 30.0  # like --shutdown-timeout: after sigterm(), in-flight work left then is aborted
+    # answering mode (the answers gate): prompt key -> the answer text the "model" gives (see the module docstring)
+    answers: dict[str, str] = field(default_factory=dict)
+    batch_window_s: float = 0.1  # nondeterministic_concurrency: a batch forms until this long passes with no admission
+    batch_invariant_max: int = 4  # nondeterministic_concurrency: answers change with more requests running than this
 
     def __post_init__(self) -> None:
         self.faults = FaultSet(self.faults)
@@ -404,6 +441,7 @@ class _Active:
     generated: int = 0
     preempted: bool = False
     stuck: bool = False
+    large_batch: bool = False  # ran beside more than batch_invariant_max requests (nondeterministic_concurrency)
 
     @property
     def tokens(self) -> int:
@@ -430,6 +468,7 @@ class FakeState:
     t_sigterm: float | None = None  # monotonic time of sigterm(): draining from then on
     aborting: bool = False  # in-flight generations are being aborted (abort_on_sigterm, shutdown_timeout_s)
     t_exit: float | None = None  # monotonic time the server began to exit after the drain
+    last_admitted: float = 0.0  # monotonic time the last generation was admitted (nondeterministic_concurrency)
 
     @property
     def running(self) -> int:
@@ -574,6 +613,8 @@ class _Plan:
     cached_tokens: int = 0
     details: bool = False  # usage.prompt_tokens_details reported
     special: str | None = None  # "tools" | "structured" | "reasoning": the answer is the tokens' deltas
+    batch_tokens: list[_Token] | None = None  # nondeterministic_concurrency: the answer in a large batch
+    echo: str | None = None  # echo_prompt_first_delta: text put before the first streamed delta
 
 
 def _plan_tokens(
@@ -637,6 +678,108 @@ def _plan_tokens(
 
 
 NONASCII_WORDS = ("토큰", "缓存", "🙂", "キャッシュ", "é")
+
+
+# --------------------------------------------------------------------------------------------
+# Answering mode (the answers gate): FakeConfig.answers maps a prompt to the answer the "model" gives
+# --------------------------------------------------------------------------------------------
+
+_ROLE_MARK = re.compile(r"<\|(\w+)\|>")
+REPLACEMENT = "\ufffd"
+#: garbage_answers: fluent words no expectation in kvgate's tests asks for. 13 of them (a prime): a
+#: walk by a step of 5 repeats no word within 13 words, so a garbage answer is no repetition loop.
+GARBAGE_WORDS = ("the", "quiet", "lantern", "drifts", "over", "copper", "meadows", "while", "velvet", "orchards",
+                 "hum", "beneath", "marble")
+
+
+def answer_key(messages: list[dict[str, Any]]) -> str:
+    """The answering-mode key of a whole chat conversation: the contents of its turns other than the
+    system's, each on one line with single spaces, joined by newlines. A single user turn's key is
+    its content (what :attr:`FakeConfig.answers` keys by)."""
+    return "\n".join(" ".join(FakeTokenizer.content_text(m.get("content")).split()) for m in messages
+                     if m.get("role") != "system")
+
+
+def _norm_key(key: str) -> str:
+    """A key as looked up: each line's words joined by one space (whitespace-insensitive)."""
+    return "\n".join(" ".join(line.split()) for line in key.split("\n") if line.split())
+
+
+def _answer_keys(words: list[str]) -> list[str]:
+    """The keys a prompt's tokens are looked up under, in order: a prompt in the chat template's shape
+    (``<s> <|role|> ...``, whichever route brought it: chat, its rendered text or its token ids on
+    completions) by its whole conversation (:func:`answer_key`), then by its last user turn; any
+    other prompt by its text (without the BOS). So the "model" answers the tokens it sees: one
+    conversation answers alike on every input path, and a prompt that is not the rendered
+    conversation (a second BOS in front) is not answered as it."""
+    if len(words) >= 2 and words[0] == BOS and _ROLE_MARK.fullmatch(words[1]):
+        turns: list[tuple[str, list[str]]] = []
+        for w in words[1:]:
+            m = _ROLE_MARK.fullmatch(w)
+            if m:
+                turns.append((m.group(1), []))
+            else:
+                turns[-1][1].append(w)
+        if turns and turns[-1][0] == "assistant":
+            turns.pop()  # the generation prompt (with an empty think block, if any)
+        said = [" ".join(ws) for role, ws in turns if role != "system"]
+        users = [" ".join(ws) for role, ws in turns if role == "user"]
+        return ["\n".join(said)] + users[-1:]
+    return [" ".join(words[1:] if words and words[0] == BOS else words)]
+
+
+def _garbage(text: str, key: str) -> str:
+    """garbage_answers: fluent-looking wrong words in place of ``text``'s (as many, at least four),
+    the first capitalised, a final ``.``/``!``/``?`` kept (else ``.``), the leading whitespace kept."""
+    n = max(4, len(text.split()))
+    h = zlib.crc32(key.encode())
+    words = [GARBAGE_WORDS[(h + 5 * i) % len(GARBAGE_WORDS)] for i in range(n)]
+    words[0] = words[0].capitalize()
+    end = text.rstrip()[-1:]
+    lead = text[: len(text) - len(text.lstrip())]
+    return lead + " ".join(words) + (end if end and end in ".!?" else ".")
+
+
+def _answer_pieces(text: str, key: str, faults: frozenset[str], limit: int, batch: bool = False
+                   ) -> tuple[list[str], bool]:
+    """The tokens' texts of the answer ``text`` (:func:`_pieces`) as the answer faults bend it, cut to
+    ``limit``, and whether an EOS follows them (False: the limit came first, or a loop).
+    ``batch``: the answer as nondeterministic_concurrency gives it in a large batch."""
+    if "garbage_answers" in faults:
+        text = _garbage(text, key)
+    spaced = bool(re.search(r"\s", text.strip()))
+    pieces = _pieces(text)
+    if "shift_one_token" in faults and len(pieces) > 1:
+        pieces = pieces[1:]
+    if batch and pieces:
+        pieces = pieces[:1] + [" indeed" if spaced else "!"] + pieces[1:]
+    if "inject_fffd" in faults and pieces:
+        pieces.insert(1, REPLACEMENT)
+    if "repetition_loop" in faults and pieces:
+        phrase = pieces[:3]
+        again = [" " + phrase[0].lstrip() if spaced else phrase[0]] + phrase[1:]
+        pieces = phrase + [again[i % len(again)] for i in range(max(0, limit - len(phrase)))]
+        return pieces[:limit], False
+    if len(pieces) + 1 > limit:
+        return pieces[:limit], False
+    return pieces, True
+
+
+def _answer_tokens(pieces: list[str], eos: bool, top: int) -> tuple[list[_Token], str]:
+    """One token per piece, each chosen at logprob 0.0 with alternatives ``<alt1>`` at -3.0,
+    ``<alt2>`` at -4.0, ... (``top`` in all: a margin of 3 nats), then the EOS when ``eos``
+    (finish ``stop``, else ``length``)."""
+    def alts() -> list[tuple[str, float]]:
+        return [(f"<alt{j}>", -2.0 - j) for j in range(1, max(top, 1))]
+
+    toks = [_Token(i, 10_000 + zlib.crc32(p.encode()) % 1_000_000, p, p, 0.0, alts(), False, None)
+            for i, p in enumerate(pieces)]
+    if eos:
+        toks.append(_Token(len(toks), _SPECIAL_IDS[EOS], EOS, "", 0.0, alts(), False, None))
+    finish = "stop" if eos else "length"
+    if toks:
+        toks[-1].is_last, toks[-1].finish_reason = True, finish
+    return toks, finish
 
 
 # --------------------------------------------------------------------------------------------
@@ -1610,6 +1753,7 @@ class FakeVLLM:
 
         # the prompt
         text_prompt = True
+        echo = None
         try:
             if kind == "chat":
                 words = tok.render_chat(body.get("messages"), bool(body.get("add_generation_prompt", True)),
@@ -1617,6 +1761,14 @@ class FakeVLLM:
                 prompt_key = " ".join(words)
                 n_prompt = len(words)
                 prompt_ids: list[Any] = tok.ids(words)
+                key_words = words  # what answering mode answers (forget_first_turn: the last user turn alone)
+                msgs = body.get("messages")
+                users = [m for m in msgs if m.get("role") == "user"]
+                if "forget_first_turn" in faults and users and \
+                        len([m for m in msgs if m.get("role") != "system"]) > 1:
+                    key_words = tok.render_chat([m for m in msgs if m.get("role") == "system"] + users[-1:],
+                                                bool(body.get("add_generation_prompt", True)),
+                                                body.get("chat_template_kwargs"))
             else:
                 prompt = body.get("prompt")
                 if "empty_prompt_kills" in faults and prompt in ("", [], [""]):
@@ -1630,13 +1782,19 @@ class FakeVLLM:
                     words = tok.encode(prompt, add_bos=bool(body.get("add_special_tokens", True)))
                     prompt_key, n_prompt = " ".join(words), len(words)
                     prompt_ids = tok.ids(words)
+                    key_words = words
                 elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
                     if cfg.server == "llama-cpp-python":  # prompt: str | list[str]; RouteErrorHandler -> 500
                         raise _BadRequest(f"{2 * len(prompt) + 1} validation errors for CreateCompletionRequest "
                                           f"prompt: Input should be a valid string", status=500,
                                           err_type="internal_server_error")
-                    prompt_key, n_prompt, text_prompt = json.dumps(prompt), len(prompt), False
                     prompt_ids = list(prompt)
+                    if "double_bos_ids" in faults:
+                        prompt_ids = [_SPECIAL_IDS[BOS]] + prompt_ids
+                    prompt_key, n_prompt, text_prompt = json.dumps(prompt_ids), len(prompt_ids), False
+                    key_words = [tok.word(t) for t in prompt_ids]
+                    if "echo_prompt_first_delta" in faults and stream:
+                        echo = tok.decode(list(prompt))
                 elif prompt is None:
                     raise ValueError("'prompt' is required")
                 else:
@@ -1706,6 +1864,14 @@ class FakeVLLM:
             tokens, finish = _plan_tokens(prompt_key, limit, ignore_eos, min_tokens, eos_after,
                                           float(temperature), seed, logprobs or 0, not prompt_key.isascii(),
                                           tie_at=cfg.near_tie_at, variant=variant)
+        batch_tokens = None
+        answer = self._answer_of(key_words) if feature is None and adapter is None and not ignore_eos \
+            and not min_tokens else None
+        if answer is not None:  # answering mode: the answer's tokens, then EOS (whatever the temperature)
+            key, text = answer
+            tokens, finish = _answer_tokens(*_answer_pieces(text, key, faults, limit), logprobs or 0)
+            if "nondeterministic_concurrency" in faults and float(temperature) == 0:
+                batch_tokens, _ = _answer_tokens(*_answer_pieces(text, key, faults, limit, batch=True), logprobs or 0)
         if "finish_stop_at_cap" in faults and finish == "length":
             finish = "stop"
             tokens[-1].finish_reason = "stop"
@@ -1716,7 +1882,19 @@ class FakeVLLM:
             continuous_usage=bool(stream_options.get("continuous_usage_stats")), logprobs=logprobs,
             created=int(time.time()), model=model, priority=priority, prompt_ids=tuple(prompt_ids),
             cache_salt=adapter or "", details=cfg.prompt_tokens_details, special=special,
+            batch_tokens=batch_tokens, echo=echo,
         )
+
+    def _answer_of(self, words: list[str]) -> tuple[str, str] | None:
+        """``(key, answer)`` of answering mode for a prompt's tokens (:func:`_answer_keys`), or None
+        when :attr:`FakeConfig.answers` has none of its keys."""
+        if not self.config.answers:
+            return None
+        table = {_norm_key(k): v for k, v in self.config.answers.items()}
+        for key in _answer_keys(words):
+            if _norm_key(key) in table:
+                return key, table[_norm_key(key)]
+        return None
 
     # ---- serve features ------------------------------------------------------------------------
 
@@ -1864,6 +2042,13 @@ class FakeVLLM:
             self._prefix_store(plan)
             st.prompt_tokens_total += plan.prompt_tokens
             m.prompt_tokens.labels(model, "0").inc(plan.prompt_tokens)
+            if plan.batch_tokens is not None:  # nondeterministic_concurrency: the batch forms, then decides
+                # it forms until it is large, or until batch_window_s pass with no request admitted
+                while not entry.large_batch and \
+                        time.monotonic() - max(st.last_admitted, rec.t_admitted or 0.0) < cfg.batch_window_s:
+                    await asyncio.sleep(0.005)  # real time: the batch is formed by real concurrent requests
+                if entry.large_batch:
+                    plan.tokens, plan.finish_reason = plan.batch_tokens, plan.batch_tokens[-1].finish_reason or "stop"
             if "ttft_rises_with_load" in plan.faults:  # the others admitted and not finished
                 drift += cfg.load_ttft_s_per_request * max(0, st.running - 1)
             if cfg.ttft_s + drift > 0:
@@ -1976,6 +2161,11 @@ class FakeVLLM:
         rec.t_admitted = time.monotonic()
         self.metrics.queue.labels(model, "0").observe(rec.t_admitted - rec.t_received)
         self.state.active[rec.seq] = entry
+        self.state.last_admitted = rec.t_admitted
+        if "nondeterministic_concurrency" in self.config.faults and \
+                len(self.state.active) > self.config.batch_invariant_max:
+            for other in self.state.active.values():  # the batch each of them runs in is large now
+                other.large_batch = True
         return True
 
     # ---- non-streaming -------------------------------------------------------------------------
@@ -2081,6 +2271,8 @@ class FakeVLLM:
                role: bool = False, sent: int = 0) -> dict[str, Any]:
         rec = plan.record
         text = tok.text if tok else ""
+        if plan.echo is not None and tok is not None and tok.index == 0:
+            text = plan.echo + text  # echo_prompt_first_delta
         if "split_utf8" in plan.faults and not text.isascii():
             raw = text.encode()
             text = raw[:-1].decode("utf-8", "replace")

@@ -105,7 +105,7 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
                 msg = ((body_json.get("choices") or [{}])[0] or {}).get("message") or {}
                 out.text = str(msg.get("content") or "")
         return out
-    sent = {**body, "stream": True}
+    sent = {"stream_options": {"include_usage": True}, **body, "stream": True}  # usage: prompt_tokens per path
     reply = client.stream(client.api(_path(route)), sent, timeout_s=timeout_s)
     out = Asked(route, True, status=reply.status)
     if reply.status != 200:

@@ -209,7 +209,8 @@ def degeneration_verdict(answers: AnswersSpec, seen: "Seen | list[tuple[str, str
                        "-> INVALID", evidence=ev)
     if seen.found:
         bad = [f"{f['source']}: {f['findings'][0]} in {clip(f['text'], 60)!r}" for f in seen.findings[:3]]
-        return Verdict(gate, Status.FAIL, f"{seen.found} of {seen.checked} answers degenerate: {'; '.join(bad)} -> FAIL",
+        return Verdict(gate, Status.FAIL, f"{seen.found} of {seen.checked} answers degenerate: {'; '.join(bad)} -> FAIL "
+                       "(limit 0)",
                        measured=seen.found, limit=0, unit="answers", evidence=ev)
     lenient = (f"; {seen.lenient} load and soak outputs (ignore_eos) for U+FFFD and control characters"
                if seen.lenient else "")

@@ -1,0 +1,229 @@
+"""The answers gate (suites/test_answers.py) against the fault-injecting fake vLLM in answering mode
+(``FakeConfig.answers``: every prompt of tests/data/fake-answers.yaml, its accuracy task and the
+multibyte prompts mapped to an answer): every case PASSES on the healthy fake; each answers fault
+FAILS exactly its cases, the message quoting the offending answer, and leaves every other case PASS.
+Suites run through pytester with ``--endpoint``; verdicts are read back from summary.json. One
+suite run per test (a second of fake traffic each; nondeterministic_concurrency a few)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from kvgate.answers.observe import MULTIBYTE_PROMPTS
+from kvgate.profile.models import load_profile
+
+from .conftest import REPO
+from .fakes.fake_vllm import FakeConfig, FakeVLLM, _garbage, answer_key
+from .test_gates_vs_fake import run_suites
+
+pytest_plugins = ["pytester"]
+PROFILE = REPO / "tests" / "data" / "fake-answers.yaml"
+SUITE = ["suites/test_answers.py"]
+CASES = ["golden", "accuracy", "multibyte", "input-paths", "multi-turn", "determinism", "degeneration"]
+SPEC = load_profile(str(PROFILE)).answers
+MEMORY = {g.name: g.messages for g in SPEC.memory}
+
+#: prompt key -> answer. A golden's expected word comes first, an accuracy or memory answer's second
+#: or third (see the profile's header): so shift_one_token flips the goldens only, and
+#: repetition_loop (the first three tokens over and over) keeps every expectation met.
+ANSWERS = {
+    # goldens
+    "What is the capital of France?": "Paris is the capital of France.",
+    "What is the capital of Japan?": "Tokyo is the capital of Japan.",
+    "What is the opposite of up?": "Down is the opposite of up.",
+    "What is the plural of mouse?": "Mice is the plural of mouse.",
+    "And what is the capital of Germany?": "Berlin is the capital of Germany.",
+    "The capital of France is": " Paris, a city on the Seine.",
+    # memory: the whole conversation remembers the fact; its last turn alone does not know it
+    answer_key(MEMORY["name-alice"]): "It is Alice, as you told me.",
+    "What is my name?": "I do not know your name yet.",
+    answer_key(MEMORY["dog-max"]): "It is Max, your dog.",
+    "What is my dog's name?": "You have not told me about a dog.",
+    # the accuracy task (tests/data/answers/fake-short-answers.jsonl)
+    "What is the capital of Italy?": "It is Rome, in Italy.",
+    "What is the capital of Spain?": "It is Madrid, in Spain.",
+    "What is the capital of Egypt?": "It is Cairo, on the Nile.",
+    "What is the opposite of hot?": "It is cold, the opposite of hot.",
+    "How many days are in a week?": "It has seven days.",
+    "Which planet is known as the Red Planet?": "It is Mars, the fourth planet.",
+    "What is the chemical symbol for water?": "It is H2O, water.",
+    "What is the largest ocean on Earth?": "The Pacific Ocean is the largest.",
+    "One, two, three, four,": " then five, six.",
+    "What is the capital of Peru?": "It is Lima, in Peru.",
+    # the multibyte prompts (kvgate.answers.observe.MULTIBYTE_PROMPTS)
+    MULTIBYTE_PROMPTS["cjk"]: "一年有十二个月。",
+    MULTIBYTE_PROMPTS["hangul"]: "하늘은 파란색입니다.",
+    MULTIBYTE_PROMPTS["thai"]: "หนึ่งสัปดาห์มีเจ็ดวัน",
+    MULTIBYTE_PROMPTS["emoji"]: "🌊 🐟 ⛵ because the sea is full of life.",
+}
+
+
+@pytest.fixture
+def answering_fake():
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS))) as f:
+        yield f
+
+
+def run(pytester, url, *extra, profile=PROFILE):
+    """The answers suite once; gates keyed by case (``golden``), without ``PROFILE/answers/``."""
+    result, summary, gates = run_suites(pytester, url, *extra, suites=SUITE, profile=profile)
+    prefix = f"{profile.stem}/answers/"
+    assert all(k.startswith(prefix) for k in gates), list(gates)
+    return result, summary, {k.removeprefix(prefix): g for k, g in gates.items()}
+
+
+# ---------------------------------------------------------------------------- the fake itself
+
+def test_answering_fake_answers_alike_on_every_input_path(answering_fake):
+    """What the input-paths case relies on: /tokenize (messages) and /detokenize agree with the chat
+    route's rendering; the chat, rendered-text and token-id paths give the same answer with
+    usage.prompt_tokens equal to the rendered count; logprobs carry a 3-nat margin; an unmatched
+    prompt keeps the tok{k} words."""
+    url, model = answering_fake.base_url, "fake-model"
+    msgs = [{"role": "system", "content": "You are a concise assistant."},
+            {"role": "user", "content": "What is the capital of Japan?"}]
+    with httpx.Client(base_url=url, timeout=10) as c:
+        ids = c.post("/tokenize", json={"model": model, "messages": msgs, "add_generation_prompt": True}).json()["tokens"]
+        text = c.post("/detokenize", json={"model": model, "tokens": ids}).json()["prompt"]
+        assert text == "<s> <|system|> You are a concise assistant. <|user|> What is the capital of Japan? <|assistant|>"
+        chat = c.post("/v1/chat/completions", json={"model": model, "messages": msgs, "temperature": 0, "max_tokens": 24,
+                                                    "logprobs": True, "top_logprobs": 2}).json()
+        by_text = c.post("/v1/completions", json={"model": model, "prompt": text, "temperature": 0, "max_tokens": 24,
+                                                  "add_special_tokens": False}).json()
+        by_ids = c.post("/v1/completions", json={"model": model, "prompt": ids, "temperature": 0, "max_tokens": 24,
+                                                 "logprobs": 2}).json()
+        other = c.post("/v1/completions", json={"model": model, "prompt": "Nobody asked this", "max_tokens": 3}).json()
+    answer = "Tokyo is the capital of Japan."
+    assert chat["choices"][0]["message"]["content"] == answer and chat["choices"][0]["finish_reason"] == "stop"
+    assert by_text["choices"][0]["text"] == answer == by_ids["choices"][0]["text"]
+    assert {r["usage"]["prompt_tokens"] for r in (chat, by_text, by_ids)} == {len(ids)} == {15}
+    assert chat["usage"]["completion_tokens"] == 7  # 6 words, then the EOS
+    first = chat["choices"][0]["logprobs"]["content"][0]
+    assert first["token"] == "Tokyo" and [a["logprob"] for a in first["top_logprobs"]] == [0.0, -3.0]
+    assert by_ids["choices"][0]["logprobs"]["top_logprobs"][1] == {" is": 0.0, "<alt1>": -3.0}
+    assert other["choices"][0]["text"].startswith(" tok") and other["choices"][0]["finish_reason"] == "length"
+
+
+def test_answering_fake_streams_the_answer_it_answers(answering_fake):
+    with httpx.Client(base_url=answering_fake.base_url, timeout=10) as c:
+        with c.stream("POST", "/v1/chat/completions", json={
+                "model": "fake-model", "messages": [{"role": "user", "content": MULTIBYTE_PROMPTS["cjk"]}],
+                "temperature": 0.8, "seed": 1, "stream": True}) as r:
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: {")]
+    chunks = [json.loads(ln[6:])["choices"][0] for ln in lines]
+    assert "".join(ch["delta"].get("content") or "" for ch in chunks) == "一年有十二个月。"
+    assert [ch["delta"].get("content") for ch in chunks] == ["", "一年有十", "二个月。", ""]
+    assert chunks[-1]["finish_reason"] == "stop"
+
+
+# ---------------------------------------------------------------------------- the gate
+
+def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fake):
+    result, summary, gates = run(pytester, answering_fake.url)
+    assert list(gates) == CASES
+    assert {c: g["status"] for c, g in gates.items()} == dict.fromkeys(CASES, "PASS"), \
+        {c: g["message"] for c, g in gates.items() if g["status"] != "PASS"}
+    assert summary["overall"] == "PASS" and result.ret == pytest.ExitCode.OK
+    result.assert_outcomes(passed=7)
+    msg = {c: g["message"] for c, g in gates.items()}
+    assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. capital-france: "
+                                    "'Paris is the capital of France.'")
+    assert msg["accuracy"].startswith("10 of 10 items right on fake-short-answers.jsonl: accuracy 100.0%")
+    assert ">= 92.0% (recorded x (1 - 0.08)) -> PASS" in msg["accuracy"]
+    assert msg["multibyte"].startswith("6 prompt pairs (cjk, emoji, hangul, thai; temperature 0, 0.8)")
+    # capital-france renders to 9 tokens, system/capital-japan to 15: on chat, rendered text and ids alike
+    assert msg["input-paths"].startswith("2 conversations, 6 paths each (chat, chat/stream, ids, ids/stream, text, "
+                                         "text/stream): the same prompt_tokens as rendered (9, 15)")
+    assert "name-alice: 'It is Alice, as you told me.'" in msg["multi-turn"]
+    assert msg["determinism"].startswith("2 prompts x 3 answers (alone, then in 2 concurrent batches of 8): at most 1 "
+                                         "distinct output per prompt")
+    # 12 golden, 10 task, 6 multibyte, 12 input-path and 2 memory answers, 4 in a determinism batch
+    assert msg["degeneration"].startswith("46 answers checked") and "no U+FFFD" in msg["degeneration"]
+    golden = gates["golden"]["evidence"]["goldens"]
+    assert golden["capital-france"]["margin"] == 3.0  # the fake's alternatives sit 3 nats below
+    assert gates["accuracy"]["measured"] == {"value": 1.0, "unit": "fraction"}
+
+
+# fault -> {case that must FAIL: fragments its message must hold (the offending answer quoted)}
+FAULT_CASES = {
+    "garbage_answers": {
+        "golden": ["confident flip", repr(_garbage("Paris is the capital of France.", "What is the capital of France?"))],
+        "accuracy": ["upper bound 30.8% < 92.0%", "0 of 10 items right",
+                     repr(_garbage("It is Rome, in Italy.", "What is the capital of Italy?"))],
+        "multi-turn": ["2 of 2 answers forget an earlier turn",
+                       repr(_garbage("It is Alice, as you told me.", answer_key(MEMORY["name-alice"])))],
+    },
+    "inject_fffd": {
+        "multibyte": ["cjk@t=0 non-streamed: 1 U+FFFD in '一年有十\ufffd二个月。'"],
+        "degeneration": ["46 of 46 answers degenerate", "golden/capital-france: 1 U+FFFD replacement "
+                         "characters (first at char 5: 'Paris\ufffd is the capital of ') in "
+                         "'Paris\ufffd is the capital of France.'"],
+    },
+    "repetition_loop": {
+        "degeneration": ["golden/capital-france: a repetition loop: 'Paris is the' repeated over 100% of the answer "
+                         "(answers.max_repeat_fraction 50%) in 'Paris is the Paris is the"],
+    },
+    "shift_one_token": {
+        "golden": ["0 of 6 goldens right; 5 confident flips, 1 fragile",
+                   "capital-france ('What is the capital of France?' -> ' is the capital of France.', "
+                   "expected /\\bParis\\b/i; reference margin 2.50 nats)",
+                   # a system message is no turn; the multi-turn golden's last question is its turn 3
+                   "system/capital-japan ('What is the capital of Japan?' -> ' is the capital of Japan.'",
+                   "multi-turn/capital-germany ('And what is the capital of Germany? (turn 3)' -> "],
+    },
+    "double_bos_ids": {
+        "input-paths": ["capital-france ids: prompt_tokens 10 vs 9 rendered (+1: a second BOS or the template "
+                        "applied twice)", "capital-france ids answers otherwise than chat at char 0: 'Paris is the capital' vs ' tok"],
+    },
+    "echo_prompt_first_delta": {
+        "input-paths": ["capital-france ids/stream: the first streamed delta carries the prompt's text "
+                        "('<s> <|user|> What is the capital of France? <|assistant|>...')",
+                        "capital-france ids/stream answers otherwise than chat at char 0: 'Paris is the capital' vs "
+                        "'<s> <|user|> What is'"],
+    },
+    "nondeterministic_concurrency": {
+        "determinism": ["temperature-0 outputs change under concurrency: capital-france: 2 distinct outputs in 3 "
+                        "('Paris is the capital of France.' alone vs 'Paris indeed is the capital of France.' in "
+                        "a batch of 8)", "answers.determinism.max_distinct 1 -> FAIL"],
+    },
+    "forget_first_turn": {
+        "multi-turn": ["name-alice: turn 1 said 'My name is Alice. Please remember it.'; asked 'What is my name? "
+                       "(turn 3)' -> 'I do not know your name yet.', expected /\\bAlice\\b/i"],
+    },
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULT_CASES))
+def test_answers_fault_fails_exactly_its_cases(pytester, answering_fake, fault):
+    answering_fake.config.faults.add(fault)
+    result, summary, gates = run(pytester, answering_fake.url)
+    must_fail = FAULT_CASES[fault]
+    assert list(gates) == CASES
+    assert {c for c, g in gates.items() if g["status"] == "FAIL"} == set(must_fail), \
+        {c: g["message"] for c, g in gates.items() if g["status"] != "PASS"}
+    assert all(g["status"] == "PASS" for c, g in gates.items() if c not in must_fail)
+    for case, fragments in must_fail.items():
+        msg = gates[case]["message"]
+        assert msg.endswith("-> FAIL") or "-> FAIL" in msg, msg
+        for f in fragments:
+            assert f in msg, (f, msg)
+    assert summary["overall"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_input_paths_render_with_the_profiles_chat_template_kwargs(pytester, answering_fake, tmp_path):
+    """A profile whose clients send chat_template_kwargs (enable_thinking false: the fake's template
+    then ends in an empty think block, two tokens): the gate's chat requests carry them as its
+    /tokenize does, so every path counts the same prompt."""
+    text = PROFILE.read_text().replace("  request_timeout_s: 10\n", "  request_timeout_s: 10\n  chat_template_kwargs: "
+                                       "{enable_thinking: false}\n")
+    text = text.replace("file: answers/", f"file: {PROFILE.parent}/answers/")
+    profile = tmp_path / "fake-answers-kwargs.yaml"
+    profile.write_text(text)
+    result, summary, gates = run(pytester, answering_fake.url, "-k", "input-paths", profile=profile)
+    assert list(gates) == ["input-paths"]
+    g = gates["input-paths"]
+    assert g["status"] == "PASS", g["message"]
+    assert "the same prompt_tokens as rendered (11, 17)" in g["message"]  # 9 and 15, each with <think> </think>

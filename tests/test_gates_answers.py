@@ -1,0 +1,531 @@
+"""The answers gate's pure parts (kvgate.answers.checks, .task, .observe's folding, and the verdicts
+of kvgate.gates.answers): expectations, margins, repetition and token soup, the golden rule
+(confident flips, fragile flips), accuracy with its interval, determinism's near ties. No I/O, no
+sleeping; the whole file runs in well under a second."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from kvgate.answers.checks import (char_diff, clip, degeneration, expectation_match, margin, multibyte_findings,
+                                   repetition, soup)
+from kvgate.answers.observe import Asked, ask, body_for
+from kvgate.answers.task import TaskError, difference_interval, interval, load_task, scored
+from kvgate.gates.answers import (GoldenObservation, MemoryObservation, MultibyteObservation, PathsObservation,
+                                  accuracy_verdict, degeneration_verdict, determinism_verdict, golden_verdict,
+                                  input_paths_verdict, memory_verdict, multibyte_verdict, not_declared)
+from kvgate.profile.models import AccuracySpec, AnswersSpec, DeterminismSpec, GoldenExpect, GoldenSpec, Profile
+from kvgate.verdict import Status
+
+from .conftest import MINIMAL
+
+
+def golden(name="capital-france", regex=r"\bParis\b", margin=2.0, content="What is the capital of France?"):
+    return GoldenSpec(name=name, messages=[{"role": "user", "content": content}], expect=GoldenExpect(regex=regex),
+                      margin=margin)
+
+
+def asked(text, tokens=None, top=None, route="chat", stream=False, **kw):
+    """An answer; ``tokens`` default to the words of ``text`` (each with its leading space), each
+    chosen at 0.0 with one alternative at -3.0 (a 3-nat margin) unless ``top`` says otherwise."""
+    if tokens is None:
+        words = text.split(" ")
+        tokens = [words[0]] + [" " + w for w in words[1:]]
+    if top is None:
+        top = [{t: 0.0, "<alt>": -3.0} for t in tokens]
+    return Asked(route, stream, text=text, tokens=tokens, top=top, finish_reason="stop", status=200, done=stream, **kw)
+
+
+def failed(status=502, route="chat", stream=False):
+    return Asked(route, stream, status=status, error=f"HTTP {status}: Bad Gateway")
+
+
+# ---------------------------------------------------------------------------- expectations
+
+
+def test_expectation_regex_is_searched_case_insensitive_and_ends_where_it_matched():
+    assert expectation_match(GoldenExpect(regex=r"\bparis\b"), "It is Paris.") == (True, 11, r"/\bparis\b/i")
+    assert expectation_match(GoldenExpect(regex=r"\bParis\b"), "Parisian food")[:2] == (False, None)
+
+
+def test_expectation_choices_are_whole_words_and_the_earliest_decides():
+    e = GoldenExpect(choices=["mice", "mouses"])
+    assert expectation_match(e, "Mice, or mouses.") == (True, 4, "one of 'mice', 'mouses'")
+    assert expectation_match(e, "The micely plural")[0] is False  # not a whole word
+    assert expectation_match(e, "mouses then mice")[1] == 6
+
+
+def test_expectation_exact_is_the_stripped_answer():
+    e = GoldenExpect(exact="42")
+    assert expectation_match(e, "  42\n")[:2] == (True, 5)
+    assert expectation_match(e, "42.") == (False, None, "exactly '42'")
+
+
+def test_expectation_json_schema_needs_json_valid_against_it():
+    e = GoldenExpect(json_schema={"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}})
+    assert expectation_match(e, '{"city": "Oslo"}')[:2] == (True, 16)
+    assert expectation_match(e, '{"town": "Oslo"}')[0] is False  # valid JSON, against the schema not
+    assert expectation_match(e, '{"city": "Oslo"')[0] is False  # not JSON
+    assert expectation_match(e, "{}")[2] == "JSON valid against the golden's schema"
+
+
+def test_expectation_takes_exactly_one_kind():
+    with pytest.raises(ValueError, match="exactly one of"):
+        GoldenExpect(regex="a", exact="a")
+    with pytest.raises(ValueError, match="not a regular expression"):
+        GoldenExpect(regex="(")
+
+
+# ---------------------------------------------------------------------------- margin
+
+
+def test_margin_is_the_smallest_top1_top2_gap_up_to_where_the_answer_was_decided():
+    toks = ["Paris", " is", " big"]
+    top = [{"Paris": 0.0, "Lyon": -2.0}, {" is": -0.1, " was": -0.4}, {" big": -0.2, " small": -0.3}]
+    assert margin(toks, top, 5) == 2.0  # "Paris" decided it: only its position counts
+    assert margin(toks, top, 8) == 0.3  # up to " is"
+    assert margin(toks, top, None) == 0.1  # the whole answer
+    assert margin(toks, top, 0) == 2.0  # at least the first position
+    assert margin(toks, [{"Paris": 0.0}, {}, {" big": 0.0}], None) is None  # never two alternatives
+
+
+# ---------------------------------------------------------------------------- degeneration
+
+
+def test_repetition_of_an_ngram_and_of_characters():
+    assert repetition("a b a b a b") == (1.0, "a b")
+    assert repetition("!!!!!!!!") == (1.0, "!")  # vllm#29341: one "word", a loop of one character
+    assert repetition("一年有十二个月。" * 4) == (1.0, "一年有十二个月。")  # a CJK sentence over and over
+    assert repetition("The capital of France is Paris, a city on the Seine.") == (0.0, "")
+    frac, gram = repetition("Paris is big. Paris is big. Paris is big. And then it ends here with other words")
+    assert gram == "Paris is big." and 0.4 < frac < 0.6
+
+
+def test_degeneration_findings_quote_the_piece_and_name_the_limit():
+    assert degeneration("Paris is the capital of France.", "stop") == []
+    loop = degeneration("!!!!!!!!", "length")
+    assert loop == ["a repetition loop: '!' repeated over 100% of the answer (answers.max_repeat_fraction 50%)"]
+    assert degeneration("ab ab ab ab ab ab", "length", max_repeat_fraction=1.0) == []  # at most the limit passes
+    fffd = degeneration("Seoul is \ufffd\ufffd the capital", "stop")
+    assert fffd == ["2 U+FFFD replacement characters (first at char 9: 'Seoul is \ufffd\ufffd the capital')"]
+    assert degeneration("", "length") == ["empty content (finish_reason 'length') where text is due"]
+    assert degeneration("", "stop", text_due=False) == []
+
+
+def test_soup_on_mixed_scripts_and_control_characters():
+    assert soup("Paрis is thе capitаl оf Frаnce tоday") == "6 of 7 words mix scripts (e.g. 'Paрis')"
+    assert soup("Paris\x07 is the capital").startswith("1 control, surrogate, private-use or unassigned characters "
+                                                      "(first U+0007)")
+    assert soup("Paris\ue000").startswith("1 control")  # private use
+
+
+@pytest.mark.parametrize("text", [
+    "สวัสดี ครับ วันนี้ อากาศ ดี มาก หนึ่งสัปดาห์มีเจ็ดวัน",  # Thai: vowel marks are marks, not soup
+    "🌊 🐟 ⛵ because the sea is full of life and joy 🙂",  # emoji are symbols
+    "中文 回答 一年 有 十二 个 月",  # CJK
+    "東京は大きい、京都は古い、大阪はにぎやか、奈良は静か、札幌は寒い、那覇は暖かい。",  # kanji with kana in every word
+    "カタカナ テスト ひらがな 漢字 混合 日本語です ＡＢＣのテスト",  # katakana, fullwidth Latin beside kana
+    "하늘은 파란색 입니다 오늘 날씨 좋아요 韓國語 한자",  # Hangul (and hanja)
+    "Das Café in Zürich öffnet um 8 Uhr, naïve façade",  # Latin with diacritics
+    "line one\nline two\ttabbed and more words here",  # newlines and tabs are text
+])
+def test_soup_not_on_text_of_any_script(text):
+    assert soup(text) is None
+    assert degeneration(text, "stop") == []
+
+
+def test_multibyte_findings_and_char_diff_quote_the_place():
+    assert multibyte_findings("하늘은 파란색") == []
+    assert multibyte_findings("하늘\ufffd") == ["1 U+FFFD in '하늘\ufffd'"]
+    assert multibyte_findings("a\ud800b") == ["lone surrogates in the text"]
+    assert char_diff("abc", "abc") is None
+    assert char_diff("Paris is big", "Paris is large") == "at char 9: 'Paris is big' vs 'Paris is large'"
+    assert char_diff("x" * 30 + "abc", "x" * 30 + "abd") == "at char 32: 'xxxxxxxxabc' vs 'xxxxxxxxabd'"  # 10 before
+    assert clip("a\nb" * 50, 10) == "a\\nba\\n..."
+
+
+# ---------------------------------------------------------------------------- the golden rule
+
+
+def gobs(spec, text, streamed=None):
+    plain = asked(text)
+    return GoldenObservation(spec, plain, asked(streamed if streamed is not None else text, stream=True))
+
+
+def test_golden_all_right_passes_and_measures_the_margin():
+    spec = AnswersSpec(goldens=[golden()])
+    v = golden_verdict(spec, [gobs(golden(), "Paris is the capital of France.")])
+    assert v.status is Status.PASS
+    assert v.message == ("1 of 1 goldens right, streamed == non-streamed (e.g. capital-france: "
+                         "'Paris is the capital of France.') -> PASS")
+    assert v.evidence["goldens"]["capital-france"]["margin"] == 3.0
+    assert (v.measured, v.limit) == (1, 1)
+
+
+def test_golden_confident_flip_fails_naming_the_answer_and_the_reference_margin():
+    g = golden(margin=2.5)
+    v = golden_verdict(AnswersSpec(goldens=[g]), [gobs(g, "Lyon is the capital of France.")])
+    assert v.status is Status.FAIL
+    assert v.message == ("0 of 1 goldens right; 1 confident flip, 0 fragile (reference margin < 0.5 nats): "
+                         "capital-france ('What is the capital of France?' -> 'Lyon is the capital of France.', "
+                         "expected /\\bParis\\b/i; reference margin 2.50 nats) -> FAIL (a confident golden must not flip)")
+    assert (v.measured, v.limit) == (1, 0)
+
+
+def test_golden_names_the_turn_a_conversation_asks_in_not_counting_a_system_message():
+    sys_g = GoldenSpec(name="s", messages=[{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "Capital of France?"}],
+                       expect=GoldenExpect(regex="Paris"))
+    turn_g = GoldenSpec(name="t", messages=[{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+                                            {"role": "user", "content": "Capital of France?"}],
+                        expect=GoldenExpect(regex="Paris"))
+    v = golden_verdict(AnswersSpec(goldens=[sys_g, turn_g]), [gobs(sys_g, "Lyon."), gobs(turn_g, "Lyon.")])
+    assert "s ('Capital of France?' -> 'Lyon.'" in v.message and "t ('Capital of France? (turn 3)' -> 'Lyon.'" in v.message
+
+
+def test_golden_without_reference_margin_counts_as_confident():
+    g = golden(margin=None)
+    v = golden_verdict(AnswersSpec(goldens=[g]), [gobs(g, "Lyon.")])
+    assert v.status is Status.FAIL and "reference margin unknown" in v.message and "1 confident flip" in v.message
+
+
+def test_golden_fragile_flips_within_the_allowance_pass_and_are_named():
+    gs = [golden("a", margin=0.2), golden("b", margin=0.1), golden("c", margin=3.0)]
+    spec = AnswersSpec(goldens=gs, max_fragile_flips=2)
+    v = golden_verdict(spec, [gobs(gs[0], "Lyon."), gobs(gs[1], "Nice."), gobs(gs[2], "Paris.")])
+    assert v.status is Status.PASS
+    assert v.message.startswith("1 of 3 goldens right; 0 confident flips, 2 fragile (reference margin < 0.5 nats), "
+                                "streamed == non-streamed (e.g. c: 'Paris.'); fragile flips within 2: a (")
+    assert "reference margin 0.20 nats" in v.message and "reference margin 0.10 nats" in v.message
+
+
+def test_golden_fragile_flips_beyond_the_allowance_fail():
+    gs = [golden(n, margin=0.2) for n in "abc"]
+    v = golden_verdict(AnswersSpec(goldens=gs, max_fragile_flips=2), [gobs(g, "Lyon.") for g in gs])
+    assert v.status is Status.FAIL
+    assert v.message.endswith("-> FAIL (3 fragile flips, answers.max_fragile_flips 2)")
+    assert "a ('What is the capital of France?' -> 'Lyon.'" in v.message
+    assert (v.measured, v.limit) == (3, 2)
+
+
+def test_golden_confident_margin_is_the_profiles():
+    g = golden(margin=0.7)
+    spec = AnswersSpec(goldens=[g], confident_margin=1.0, max_fragile_flips=0)
+    v = golden_verdict(spec, [gobs(g, "Lyon.")])
+    assert v.status is Status.FAIL and "0 confident flips, 1 fragile (reference margin < 1 nats)" in v.message
+    assert v.message.endswith("(1 fragile flips, answers.max_fragile_flips 0)")
+
+
+def test_golden_stream_parting_at_a_near_tie_passes_beyond_fails():
+    g = golden()
+    spec = AnswersSpec(goldens=[g])
+    toks = ["Paris", " is", " big"]
+    plain = asked("Paris is big", toks, [{"Paris": 0.0}, {" is": 0.0}, {" big": -0.5, " large": -0.55}])
+    tie = asked("Paris is large", ["Paris", " is", " large"], [{"Paris": 0.0}, {" is": 0.0}, {" large": -0.5, " big": -0.55}],
+                stream=True)
+    v = golden_verdict(spec, [GoldenObservation(g, plain, tie)])
+    assert v.status is Status.PASS, v.message
+    assert v.evidence["goldens"]["capital-france"]["stream_vs_plain"]["kind"] == "near-tie"
+    far = asked("Paris is large", ["Paris", " is", " large"], [{"Paris": 0.0}, {" is": 0.0}, {" large": -0.1, " big": -2.0}],
+                stream=True)
+    plain_far = asked("Paris is big", toks, [{"Paris": 0.0}, {" is": 0.0}, {" big": -0.1, "x": -3.0}])
+    v = golden_verdict(spec, [GoldenObservation(g, plain_far, far)])
+    assert v.status is Status.FAIL
+    assert v.message == ("1 of 1 goldens right; 1 streamed answers part from the non-streamed ones beyond a near tie "
+                         "(0.1 nats): capital-france: streamed at char 9: 'Paris is big' vs 'Paris is large' -> FAIL")
+
+
+def test_golden_not_answered_fails():
+    g = golden()
+    v = golden_verdict(AnswersSpec(goldens=[g]), [GoldenObservation(g, failed(), asked("Paris.", stream=True))])
+    assert v.status is Status.FAIL
+    assert v.message == "0 of 1 goldens right; 1 not answered (limit 0): capital-france: HTTP 502: Bad Gateway -> FAIL"
+    broken = Asked("chat", True, text="Par", error="the stream ended without [DONE] after 1 content chunks")
+    v = golden_verdict(AnswersSpec(goldens=[g]), [GoldenObservation(g, asked("Paris."), broken)])
+    assert v.status is Status.FAIL and "capital-france (streamed): the stream ended without [DONE]" in v.message
+
+
+def test_golden_with_nothing_asked_is_invalid():
+    assert golden_verdict(AnswersSpec(), []).status is Status.INVALID
+
+
+# ---------------------------------------------------------------------------- accuracy
+
+
+def rows(k, n, text_right="Paris", text_wrong="Lyon"):
+    return [{"id": f"item-{i}", "correct": i < k, "answer": text_right if i < k else text_wrong,
+             "expected": r"\bParis\b", "answered": True} for i in range(n)]
+
+
+def acc_spec(**kw):
+    return AnswersSpec(accuracy=AccuracySpec(file="task.jsonl", **kw))
+
+
+def test_accuracy_at_or_above_the_recorded_limit_passes():
+    v = accuracy_verdict(acc_spec(recorded_correct=47, recorded_items=65), rows(50, 65), "task.jsonl")
+    assert v.status is Status.PASS
+    assert v.message.startswith("50 of 65 items right on task.jsonl: accuracy 76.9% (95% CI ")
+    assert v.message.endswith(">= 66.5% (recorded x (1 - 0.08)) -> PASS")
+    assert (v.measured, v.limit) == (round(50 / 65, 4), round(47 / 65 * 0.92, 4))
+
+
+def test_accuracy_fails_only_when_the_upper_bound_is_below_the_limit():
+    v = accuracy_verdict(acc_spec(recorded_correct=10, recorded_items=10), rows(0, 10), "task.jsonl")
+    assert v.status is Status.FAIL
+    assert "accuracy 0.0% (95% CI 0.0%..30.8%)" in v.message
+    assert "; upper bound 30.8% < 92.0% (recorded x (1 - 0.08)) -> FAIL; e.g. item-0: 'Lyon'; item-1: 'Lyon'" in v.message
+    assert (v.measured, v.limit) == (0.0, 0.92)
+
+
+def test_accuracy_below_the_limit_with_an_upper_bound_above_is_inconclusive():
+    v = accuracy_verdict(acc_spec(recorded_correct=10, recorded_items=10), rows(8, 10), "task.jsonl")
+    assert v.status is Status.INCONCLUSIVE
+    assert "below 92.0% (recorded x (1 - 0.08)) but its upper bound 97.5% is not: 10 items cannot tell" in v.message
+
+
+def test_accuracy_min_accuracy_wins_over_the_recorded_run():
+    v = accuracy_verdict(acc_spec(min_accuracy=0.5, recorded_correct=10, recorded_items=10), rows(6, 10), "t")
+    assert v.status is Status.PASS and ">= 50.0% (answers.accuracy.min_accuracy) -> PASS" in v.message
+
+
+def test_accuracy_without_a_limit_skips_and_mostly_unanswered_is_invalid():
+    assert accuracy_verdict(acc_spec(), rows(5, 10), "t").status is Status.SKIP
+    half = [{**r, "answered": i > 5, "correct": False} for i, r in enumerate(rows(0, 10))]
+    v = accuracy_verdict(acc_spec(min_accuracy=0.5), half, "t")
+    assert v.status is Status.INVALID and "6 not answered -> INVALID" in v.message
+
+
+def test_interval_is_clopper_pearson():
+    lo, hi = interval(0, 10)
+    assert lo == 0.0 and math.isclose(hi, 1 - 0.025 ** (1 / 10))
+    lo, hi = interval(10, 10)
+    assert math.isclose(lo, 0.025 ** (1 / 10)) and hi == 1.0
+    assert interval(0, 0) == (0.0, 1.0)
+    lo, hi = interval(50, 100, 0.99)
+    assert lo < 0.5 < hi and interval(50, 100)[0] > lo  # wider at 99%
+
+
+def test_difference_interval_matches_newcombe_and_is_sane():
+    d, lo, hi = difference_interval(56, 70, 48, 80)  # Newcombe (1998) method 10's worked example
+    assert math.isclose(d, 0.2) and round(lo, 4) == 0.0524 and round(hi, 4) == 0.3339
+    d, lo, hi = difference_interval(40, 50, 40, 50)
+    assert d == 0 and lo < 0 < hi and math.isclose(-lo, hi)
+    d2, lo2, hi2 = difference_interval(48, 80, 56, 70)  # swapped: mirrored
+    assert math.isclose(d2, -0.2) and math.isclose(lo2, -0.3339, abs_tol=1e-4) and math.isclose(hi2, -0.0524, abs_tol=1e-4)
+    _, lo, hi = difference_interval(10, 10, 0, 10)  # at the edges: finite, inside [-1, 1]
+    assert -1 <= lo <= hi <= 1 and hi == pytest.approx(1.0)
+    _, lo_n, hi_n = difference_interval(400, 500, 400, 500)
+    assert hi_n - lo_n < (hi - lo) and hi_n - lo_n < 0.11  # more items, narrower
+
+
+def test_load_task_and_scored(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"id": "a", "question": "Capital of France?", "answer": "\\\\bParis\\\\b"}\n\n'
+                 '{"prompt": "One, two,", "answer": "three"}\n'
+                 '{"id": "m", "messages": [{"role": "user", "content": "Hi"}], "answer": "hello"}\n')
+    items = load_task(p)
+    assert [(i.id, i.route) for i in items] == [("a", "chat"), ("item-3", "completions"), ("m", "chat")]
+    s = scored(items, ["It is PARIS.", None, "Hello!"])
+    assert [r["correct"] for r in s] == [True, False, True] and s[1]["answered"] is False
+    p.write_text('{"question": "q", "answer": "("}\n')
+    with pytest.raises(TaskError, match=r"t.jsonl:1: answer '\(' is not a regex"):
+        load_task(p)
+    with pytest.raises(TaskError, match="cannot read it"):
+        load_task(tmp_path / "missing.jsonl")
+
+
+# ---------------------------------------------------------------------------- determinism
+
+
+def det_spec(**kw):
+    return AnswersSpec(determinism=DeterminismSpec(**kw))
+
+
+def test_determinism_identical_answers_pass():
+    a = asked("Paris is big")
+    v = determinism_verdict(det_spec(), {"g": [a, asked("Paris is big"), asked("Paris is big")]})
+    assert v.status is Status.PASS
+    assert v.message == ("1 prompts x 3 answers (alone, then in 2 concurrent batches of 8): at most 1 distinct output "
+                         "per prompt -> PASS")
+
+
+def test_determinism_near_tie_parting_is_named_not_failed():
+    alone = asked("Paris is big", ["Paris", " is", " big"], [{"Paris": 0.0}, {" is": 0.0}, {" big": -0.5, " large": -0.55}])
+    batch = asked("Paris is large", ["Paris", " is", " large"], [{"Paris": 0.0}, {" is": 0.0}, {" large": -0.5, " big": -0.55}])
+    v = determinism_verdict(det_spec(), {"g": [alone, batch, alone]})
+    assert v.status is Status.PASS
+    assert v.message.endswith("at most 1 distinct output per prompt; near ties (<= 0.1 nats) parted g (1) -> PASS")
+    assert v.evidence["prompts"]["g"]["near_ties"] == 1
+
+
+def test_determinism_distinct_outputs_fail_naming_both_and_the_limit():
+    alone = asked("Paris is the capital of France.")
+    batch = asked("Paris indeed is the capital of France.")
+    v = determinism_verdict(det_spec(), {"g": [alone, batch, alone]})
+    assert v.status is Status.FAIL
+    assert v.message == ("temperature-0 outputs change under concurrency: g: 2 distinct outputs in 3 ('Paris is the "
+                         "capital of France.' alone vs 'Paris indeed is the capital of France.' in a batch of 8); "
+                         "answers.determinism.max_distinct 1 -> FAIL")
+    assert (v.measured, v.limit) == (2, 1)
+    assert determinism_verdict(det_spec(max_distinct=2), {"g": [alone, batch, alone]}).status is Status.PASS
+
+
+def test_determinism_without_logprobs_any_difference_is_distinct_and_missing_answers_fail():
+    v = determinism_verdict(det_spec(), {"g": [asked("a", [], []), asked("b", [], [])]})
+    assert v.status is Status.FAIL
+    v = determinism_verdict(det_spec(), {"g": [asked("a"), failed()]})
+    assert v.status is Status.FAIL and v.message == "1 answers missing (limit 0): g: HTTP 502: Bad Gateway -> FAIL"
+
+
+# ---------------------------------------------------------------------------- the other cases
+
+
+def test_degeneration_verdict():
+    spec = AnswersSpec()
+    v = degeneration_verdict(spec, [("golden/a", "Paris is big.", "stop"), ("golden/b", "!!!!!!!!", "length")])
+    assert v.status is Status.FAIL and (v.measured, v.limit) == (1, 0)
+    assert v.message.startswith("1 of 2 answers degenerate")
+    assert v.message.endswith(": golden/b: a repetition loop: '!' repeated over 100% of the answer "
+                              "(answers.max_repeat_fraction 50%) in '!!!!!!!!' -> FAIL (limit 0)")
+    assert degeneration_verdict(spec, [("golden/a", "Paris is big.", "stop")]).status is Status.PASS
+    assert degeneration_verdict(spec, []).status is Status.INVALID
+
+
+def mb(name, plain, streamed, temperature=0.0):
+    return MultibyteObservation(name, "prompt", temperature, asked(plain), asked(streamed, stream=True))
+
+
+def test_multibyte_verdict():
+    assert multibyte_verdict([mb("cjk", "十二个月", "十二个月")]).status is Status.PASS
+    v = multibyte_verdict([mb("hangul", "하늘\ufffd", "하늘\ufffd")])
+    assert v.status is Status.FAIL
+    assert v.message.startswith("2 multibyte findings (limit 0) in 1 prompt pairs: hangul@t=0 non-streamed: 1 U+FFFD "
+                                "in '하늘\ufffd'")
+    v = multibyte_verdict([mb("cjk", "十二个月", "十二月", 0.8)])
+    assert v.status is Status.FAIL
+    assert "cjk@t=0.8: streamed differs from non-streamed at char 2: '十二个月' vs '十二月'" in v.message
+    assert multibyte_verdict([]).status is Status.INVALID
+
+
+def paths(prompt_tokens=None, first_delta=None, ids_text="Paris."):
+    text = "<s> <|user|> What is the capital of France? <|assistant|>"
+    answers = {"chat": asked("Paris.", prompt_tokens=9), "text": asked("Paris.", route="completions", prompt_tokens=9),
+               "ids": asked(ids_text, route="completions", prompt_tokens=prompt_tokens or 9),
+               "ids/stream": asked(ids_text, route="completions", stream=True, first_delta=first_delta or "Paris.")}
+    return PathsObservation("capital-france", list(range(9)), text, answers)
+
+
+def test_input_paths_verdict():
+    v = input_paths_verdict([paths()])
+    assert v.status is Status.PASS
+    assert v.message == ("1 conversations, 4 paths each (chat, ids, ids/stream, text): the same prompt_tokens as rendered "
+                         "(9), the same temperature-0 answer, no prompt text in a first delta -> PASS")
+    v = input_paths_verdict([paths(prompt_tokens=10, ids_text="Lyon.")])
+    assert v.status is Status.FAIL
+    assert v.message.startswith("3 disagreements between input paths (limit 0): capital-france ids: prompt_tokens 10 vs "
+                                "9 rendered (+1: a second BOS or the template applied twice); capital-france ids "
+                                "answers otherwise than chat at char 0: 'Paris.' vs 'Lyon.'")
+    echo = "<s> <|user|> What is the capital of France? <|assistant|>Paris."
+    v = input_paths_verdict([paths(first_delta=echo)])
+    assert v.status is Status.FAIL
+    assert "capital-france ids/stream: the first streamed delta carries the prompt's text ('<s> <|user|>" in v.message
+
+
+def test_memory_verdict():
+    g = GoldenSpec(name="name-alice", messages=[{"role": "user", "content": "My name is Alice."},
+                                                {"role": "assistant", "content": "Hello Alice."},
+                                                {"role": "user", "content": "What is my name?"}],
+                   expect=GoldenExpect(regex=r"\bAlice\b"))
+    assert memory_verdict([MemoryObservation(g, asked("It is Alice."))]).status is Status.PASS
+    v = memory_verdict([MemoryObservation(g, asked("I do not know."))])
+    assert v.status is Status.FAIL
+    assert v.message == ("1 of 1 answers forget an earlier turn (limit 0): name-alice: turn 1 said 'My name is Alice.'; "
+                         "asked 'What is my name? (turn 3)' -> 'I do not know.', expected /\\bAlice\\b/i -> FAIL")
+
+
+def fail_verdicts():
+    """One FAIL of every kind the gate gives, with the fragments naming its measured value and its limit."""
+    g = golden(margin=2.5)
+    fr = [golden(n, margin=0.2) for n in "abc"]
+    alone, batch = asked("Paris."), asked("Paris indeed.")
+    return [
+        (golden_verdict(AnswersSpec(goldens=[g]), [gobs(g, "Lyon.")]), ["1 confident flip", "-> 'Lyon.'",
+                                                                        "reference margin < 0.5 nats"]),
+        (golden_verdict(AnswersSpec(goldens=fr), [gobs(x, "Lyon.") for x in fr]),
+         ["3 fragile flips", "answers.max_fragile_flips 2"]),
+        (golden_verdict(AnswersSpec(goldens=[g]), [GoldenObservation(g, failed(), asked("P", stream=True))]),
+         ["1 not answered (limit 0)"]),
+        (accuracy_verdict(acc_spec(min_accuracy=0.9), rows(0, 20), "t"), ["accuracy 0.0%", "upper bound 16.8% < 90.0%"]),
+        (degeneration_verdict(AnswersSpec(), [("s", "!!!!!!!!", "length")]),
+         ["1 of 1 answers degenerate", "over 100%", "answers.max_repeat_fraction 50%"]),
+        (multibyte_verdict([mb("cjk", "a\ufffd", "a\ufffd")]), ["2 multibyte findings (limit 0)"]),
+        (input_paths_verdict([paths(prompt_tokens=10)]), ["1 disagreements between input paths (limit 0)",
+                                                          "prompt_tokens 10 vs 9 rendered"]),
+        (memory_verdict([MemoryObservation(golden(), asked("Lyon."))]), ["1 of 1 answers forget an earlier turn (limit 0)",
+                                                                          "'Lyon.', expected /\\bParis\\b/i"]),
+        (determinism_verdict(det_spec(), {"g": [alone, batch]}), ["2 distinct outputs in 2",
+                                                                  "answers.determinism.max_distinct 1"]),
+    ]
+
+
+@pytest.mark.parametrize("i", range(9))
+def test_every_fail_names_its_measured_value_and_limit(i):
+    v, fragments = fail_verdicts()[i]
+    assert v.status is Status.FAIL and "-> FAIL" in v.message, v.message
+    assert v.measured is not None and v.limit is not None, v
+    for f in fragments:
+        assert f in v.message, (f, v.message)
+    assert v.to_summary()["limit"]["value"] is not None
+
+
+def test_cases_the_profile_does_not_declare_skip(write_profile):
+    bare = Profile.model_validate({"name": "p", **__import__("yaml").safe_load(MINIMAL)})
+    assert not_declared("golden", bare).status is Status.SKIP
+    assert "no answers section" in not_declared("multibyte", bare).message
+    with_goldens = bare.model_copy(update={"answers": AnswersSpec(goldens=[golden()])})
+    assert not_declared("golden", with_goldens) is None and not_declared("multibyte", with_goldens) is None
+    assert "answers.memory" in not_declared("multi-turn", with_goldens).message
+    assert "answers.accuracy" in not_declared("accuracy", with_goldens).message
+    assert "answers.goldens" in not_declared("determinism", bare.model_copy(update={"answers": AnswersSpec()})).message
+
+
+# ---------------------------------------------------------------------------- asking
+
+
+class StubClient:
+    """Records the bodies :func:`ask` posts; answers one chat completion."""
+
+    def __init__(self, chat_template_kwargs=None):
+        self.chat_template_kwargs = chat_template_kwargs
+        self.bodies = []
+
+    def api(self, path):
+        return "/v1" + path
+
+    def post(self, path, body, timeout_s=None):
+        self.bodies.append(body)
+        doc = {"choices": [{"message": {"content": "Paris."}, "finish_reason": "stop",
+                            "logprobs": {"content": [{"token": "Paris.", "logprob": 0.0,
+                                                      "top_logprobs": [{"token": "Paris.", "logprob": 0.0},
+                                                                       {"token": "Lyon.", "logprob": -3.0}]}]}}],
+               "usage": {"prompt_tokens": 9}}
+        return SimpleNamespace(status=200, json=doc, text="", error_message="")
+
+
+def test_ask_folds_the_answer_and_sends_the_profiles_chat_template_kwargs():
+    client = StubClient({"enable_thinking": False})
+    body = body_for("chat", "m", messages=[{"role": "user", "content": "q"}], max_tokens=8)
+    a = ask(client, "chat", body)
+    assert (a.ok, a.text, a.tokens, a.top, a.prompt_tokens) == (True, "Paris.", ["Paris."],
+                                                                [{"Paris.": 0.0, "Lyon.": -3.0}], 9)
+    assert client.bodies[-1]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert client.bodies[-1]["logprobs"] is True and client.bodies[-1]["top_logprobs"] == 5
+    ask(client, "chat", {**body, "chat_template_kwargs": {"x": 1}})  # a body's own win
+    assert client.bodies[-1]["chat_template_kwargs"] == {"x": 1}
+    ask(client, "completions", body_for("completions", "m", prompt=[1, 2], logprobs=None))
+    assert "chat_template_kwargs" not in client.bodies[-1] and "logprobs" not in client.bodies[-1]
+    ask(StubClient(), "chat", body)
+    assert body.get("chat_template_kwargs") is None  # the caller's body is not changed
