@@ -1515,3 +1515,15 @@ def test_fault_body_limit_413_on_every_post_route(client, fake):
     assert client.get("/v1/models").status_code == 200
     fake.config.faults.discard("body_limit_413")
     assert client.post("/tokenize", json={"model": MODEL, "prompt": big_prompt}).status_code == 200
+
+
+#: The answering faults (FakeConfig.answers): each is proven against the answers gate, case by case, in
+#: tests/test_answers_vs_fake.py (it fails exactly its case there; the healthy answering fake passes all).
+ANSWER_FAULTS = ("garbage_answers", "inject_fffd", "repetition_loop", "shift_one_token", "double_bos_ids",
+                 "echo_prompt_first_delta", "nondeterministic_concurrency", "forget_first_turn")
+
+
+def test_answer_faults_are_proven_against_the_answers_gate():
+    src = (Path(__file__).resolve().parents[1] / "test_answers_vs_fake.py").read_text()
+    assert set(ANSWER_FAULTS) <= set(FAULTS)
+    assert [f for f in ANSWER_FAULTS if f'"{f}"' not in src] == []
