@@ -129,8 +129,8 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert summary["overall"] == "PASS" and result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=7)
     msg = {c: g["message"] for c, g in gates.items()}
-    assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. capital-france: "
-                                    "'Paris is the capital of France.'")
+    assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. 'What is the capital of "
+                                    "France?' -> 'Paris is the capital of France.'")
     assert msg["accuracy"].startswith("10 of 10 items right on fake-short-answers.jsonl: accuracy 100.0%")
     assert ">= 92.0% (recorded x (1 - 0.08)) -> PASS" in msg["accuracy"]
     assert msg["multibyte"].startswith("6 prompt pairs (cjk, emoji, hangul, thai; temperature 0, 0.8)")

@@ -144,7 +144,7 @@ def test_multibyte_findings_and_char_diff_quote_the_place():
     assert char_diff("abc", "abc") is None
     assert char_diff("Paris is big", "Paris is large") == "at char 9: 'Paris is big' vs 'Paris is large'"
     assert char_diff("x" * 30 + "abc", "x" * 30 + "abd") == "at char 32: 'xxxxxxxxabc' vs 'xxxxxxxxabd'"  # 10 before
-    assert clip("a\nb" * 50, 10) == "a\\nba\\n..."
+    assert clip("a\nb" * 50, 10) == "a\nba\nba..." and repr(clip("a\nb", 10)) == "'a\\nb'"  # !r keeps it one line
 
 
 # ---------------------------------------------------------------------------- the golden rule
@@ -159,7 +159,7 @@ def test_golden_all_right_passes_and_measures_the_margin():
     spec = AnswersSpec(goldens=[golden()])
     v = golden_verdict(spec, [gobs(golden(), "Paris is the capital of France.")])
     assert v.status is Status.PASS
-    assert v.message == ("1 of 1 goldens right, streamed == non-streamed (e.g. capital-france: "
+    assert v.message == ("1 of 1 goldens right, streamed == non-streamed (e.g. 'What is the capital of France?' -> "
                          "'Paris is the capital of France.') -> PASS")
     assert v.evidence["goldens"]["capital-france"]["margin"] == 3.0
     assert (v.measured, v.limit) == (1, 1)
@@ -198,7 +198,7 @@ def test_golden_fragile_flips_within_the_allowance_pass_and_are_named():
     v = golden_verdict(spec, [gobs(gs[0], "Lyon."), gobs(gs[1], "Nice."), gobs(gs[2], "Paris.")])
     assert v.status is Status.PASS
     assert v.message.startswith("1 of 3 goldens right; 0 confident flips, 2 fragile (reference margin < 0.5 nats), "
-                                "streamed == non-streamed (e.g. c: 'Paris.'); fragile flips within 2: a (")
+                                "streamed == non-streamed (e.g. 'What is the capital of France?' -> 'Paris.'); fragile flips within 2: a (")
     assert "reference margin 0.20 nats" in v.message and "reference margin 0.10 nats" in v.message
 
 

@@ -16,8 +16,8 @@ REPLACEMENT = "\ufffd"
 
 
 def clip(text: str, n: int = CLIP) -> str:
-    """``text`` on one line (newlines as ``\\n``), cut to ``n`` characters with ``...``."""
-    text = text.replace("\n", "\\n")
+    """``text`` cut to ``n`` characters with ``...`` (callers quote it with ``!r``, which shows a
+    newline as ``\\n``: the verdict stays one line)."""
     return text if len(text) <= n else text[:n - 3] + "..."
 
 

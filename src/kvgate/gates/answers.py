@@ -49,6 +49,9 @@ def not_declared(case: str, profile: Profile) -> Verdict | None:
                        "answers.accuracy) -> SKIP")
     if case in ("golden", "determinism") and not a.goldens:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no golden prompts (answers.goldens) -> SKIP")
+    if case == "input-paths" and not any(g.messages is not None for g in a.goldens):
+        return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no chat golden to ask three ways (answers.goldens "
+                       "with messages) -> SKIP")
     if case == "multi-turn" and not a.memory:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no multi-turn conversations (answers.memory) -> SKIP")
     if case == "accuracy" and a.accuracy is None:
@@ -133,7 +136,7 @@ def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie:
     if n == 0:
         return Verdict(gate, Status.INVALID, "no golden was asked -> INVALID", evidence=ev)
     tail = f"; fragile flips within {answers.max_fragile_flips}: {'; '.join(fragile_flips)}" if fragile_flips else ""
-    shown = "; ".join(f"{name}: {clip(rows[name]['answer'], 50)!r}" for name in right[:3])
+    shown = "; ".join(f"{rows[name]['prompt']!r} -> {clip(rows[name]['answer'], 50)!r}" for name in right[:3])
     return Verdict(gate, Status.PASS, f"{head}, streamed == non-streamed (e.g. {shown}){tail} -> PASS",
                    measured=len(right), limit=n, unit="goldens", evidence=ev)
 
@@ -177,7 +180,7 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
     wrong = [r for r in rows if not r["correct"]][:2]
     eg = "; e.g. " + "; ".join(f"{r['id']}: {clip(r['answer'], 50)!r}" for r in wrong) if wrong else ""
     if acc >= limit:
-        return Verdict(gate, Status.PASS, f"{head} >= {limit:.1%} ({why}) -> PASS", measured=round(acc, 4),
+        return Verdict(gate, Status.PASS, f"{head}; accuracy {acc:.1%} >= {limit:.1%} ({why}) -> PASS", measured=round(acc, 4),
                        limit=round(limit, 4), unit="fraction", evidence=ev)
     if hi < limit:
         return Verdict(gate, Status.FAIL, f"{head}; upper bound {hi:.1%} < {limit:.1%} ({why}) -> FAIL{eg}",
@@ -344,7 +347,8 @@ def memory_verdict(obs: list[MemoryObservation]) -> Verdict:
         return Verdict(gate, Status.FAIL, f"{len(bad)} of {len(obs)} answers forget an earlier turn (limit 0): {'; '.join(bad[:2])} "
                        "-> FAIL", measured=len(bad), limit=0, unit="conversations", evidence=ev)
     eg = "; ".join(f"{n}: {clip(r['answer'], 40)!r}" for n, r in list(rows.items())[:2])
-    return Verdict(gate, Status.PASS, f"{len(obs)} conversations answered from an earlier turn ({eg}) -> PASS",
+    return Verdict(gate, Status.PASS, f"{len(obs)} conversation{'s' if len(obs) != 1 else ''} answered from an "
+                   f"earlier turn ({eg}) -> PASS",
                    measured=0, limit=0, unit="conversations", evidence=ev)
 
 
@@ -393,5 +397,5 @@ def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]]) -> Verd
     tail = f"; near ties (<= {d.near_tie_logprob:g} nats) parted {', '.join(ties)}" if ties else ""
     n = sum(r["answers"] for r in rows.values())
     return Verdict(gate, Status.PASS, f"{len(rows)} prompts x {n // max(1, len(rows))} answers (alone, then in "
-                   f"{d.repeats} concurrent batches of {d.batch}): at most {worst} distinct output per prompt{tail} "
+                   f"{d.repeats} concurrent batch{'es' if d.repeats != 1 else ''} of {d.batch}): at most {worst} distinct output per prompt{tail} "
                    f"-> PASS", measured=worst, limit=d.max_distinct, unit="outputs", evidence=ev)

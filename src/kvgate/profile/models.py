@@ -798,6 +798,13 @@ class GoldenExpect(_Strict):
                 re.compile(self.regex)
             except re.error as exc:
                 raise ValueError(f"regex {self.regex!r} is not a regular expression ({exc})") from None
+        if self.json_schema is not None:
+            import jsonschema
+
+            try:
+                jsonschema.Draft202012Validator.check_schema(self.json_schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"json_schema is not a JSON Schema ({exc.message})") from None
         return self
 
 
@@ -820,6 +827,12 @@ class GoldenSpec(_Strict):
     def _route(self) -> "GoldenSpec":
         if (self.messages is None) == (self.prompt is None):
             raise ValueError(f"golden {self.name!r}: give messages (chat) or prompt (completions), not both or neither")
+        for i, m in enumerate(self.messages or []):
+            if set(m) != {"role", "content"} or m["role"] not in ("system", "user", "assistant"):
+                raise ValueError(f"golden {self.name!r}: message {i + 1} must be {{role: system|user|assistant, "
+                                 f"content: TEXT}}, got {dict(m)!r}")
+        if self.messages is not None and not any(m["role"] == "user" for m in self.messages):
+            raise ValueError(f"golden {self.name!r}: the conversation has no user turn")
         return self
 
     @property
@@ -842,6 +855,15 @@ class AccuracySpec(_Strict):
     recorded_items: int | None = Field(default=None, gt=0, description="[items] scored on the reference deployment")
     tolerance: float = Field(default=0.08, ge=0, lt=1, description="[fraction] relative: limit = recorded accuracy x (1 - tolerance)")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="[fraction] of the accuracy's two-sided interval")
+
+    @model_validator(mode="after")
+    def _recorded(self) -> "AccuracySpec":
+        k, n = self.recorded_correct, self.recorded_items
+        if (k is None) != (n is None):
+            raise ValueError("give recorded_correct and recorded_items together (a recorded run's right items of its items)")
+        if k is not None and n is not None and k > n:
+            raise ValueError(f"recorded_correct {k} is more than recorded_items {n}")
+        return self
 
 
 class DeterminismSpec(_Strict):
@@ -868,6 +890,14 @@ class AnswersSpec(_Strict):
     determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
     max_repeat_fraction: float = Field(default=0.5, gt=0, le=1, description="[fraction] of an answer's words a repeated n-gram loop may cover before it counts as degenerate")
     multibyte_max_tokens: int = Field(default=16, gt=0, description="[tokens] generated per multibyte prompt")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "AnswersSpec":
+        names = [g.name for g in self.goldens] + [g.name for g in self.memory]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"golden names must be unique (goldens and memory): {', '.join(dup)} repeated")
+        return self
 
 
 class Profile(_Strict):
@@ -1159,6 +1189,7 @@ def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> 
     except ValidationError as exc:
         raise ProfileError(_format_validation(path, exc)) from None
     _check_traffic(profile)
+    profile = _check_accuracy_task(profile, path)
     if profile.pools is not None:  # a pool's profile that does not load is this file's error
         if str(path) in _POOLS_LOADING:
             raise ProfileError(f"{path}: field 'pools': a pool's profile leads back to this pools profile")
@@ -1171,6 +1202,26 @@ def load_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) -> 
 
 
 _POOLS_LOADING: set[str] = set()
+
+
+def _check_accuracy_task(profile: Profile, path: Path) -> Profile:
+    """``answers.accuracy.file`` made absolute (relative to the profile file) and read: a task that
+    cannot be used (missing, a line not JSON, an item without a prompt or answer) is this profile's
+    error, one line, before anything runs (:func:`kvgate.answers.task.load_task`)."""
+    acc = profile.answers.accuracy if profile.answers is not None else None
+    if acc is None:
+        return profile
+    from kvgate.answers.task import TaskError, load_task
+
+    file = Path(acc.file).expanduser()
+    if not file.is_absolute():
+        file = path.parent / file
+    try:
+        load_task(file)
+    except TaskError as exc:
+        raise ProfileError(f"{path}: field 'answers.accuracy.file': {exc}") from None
+    answers = profile.answers.model_copy(update={"accuracy": acc.model_copy(update={"file": str(file)})})
+    return profile.model_copy(update={"answers": answers})
 
 
 def _check_traffic(profile: Profile) -> None:

@@ -41,7 +41,7 @@ from kvgate.http.client import Endpoint
 from kvgate.launch.base import LAUNCHERS, Launcher, launcher_class
 from kvgate.launch.local import EmbeddedServer, LaunchError
 from kvgate.launch.lora import ensure_adapters
-from kvgate.launch.realmodel import model_dir_for
+from kvgate.launch.realmodel import RealModelError, is_built, model_dir_for
 from kvgate.launch.tinymodel import TinyModelError, ensure_model
 from kvgate.run.session import RUN, Run, current, test_id, write_error_reports
 
@@ -93,12 +93,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not _wants_server(session.config, st):
         return
     server: Launcher | None = None
+    if st.launch_mode == "embedded" and st.profile.model.embedded_model != "tiny" and not is_built():
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"kvgate: fetching and converting the real model {st.profile.model.embedded_model} "
+                                "once (~40 s; cached in the kvgate cache)")
     try:
         with st.record.phase("prepare model"):
             server = _build(st)
             st.extra[SERVER_KEY] = server
             session.config.add_cleanup(server.stop)  # last resort; see pytest_sessionfinish
             server.launch()
+    except RealModelError as exc:  # nothing can be gated here: a usage error, one line, no gate runs
+        msg = f"the real model cannot be had: {exc}"
+        write_error_reports(session.config, msg)
+        raise pytest.UsageError(msg) from None
     except (TinyModelError, LaunchError) as exc:
         _launch_failed(st, server, str(exc))  # every live gate reports it (see embedded_endpoint)
     except KeyboardInterrupt as exc:
