@@ -105,9 +105,9 @@ def soup(text: str) -> str | None:
     vowels), digits, punctuation, symbols (emoji) and spaces of any script are text."""
     if not text.strip():
         return None
-    odd = [c for c in text if unicodedata.category(c) in ("Cc", "Cs", "Co", "Cn") and c not in "\n\t\r"]
+    odd = _odd_characters(text)
     if odd:
-        return f"{len(odd)} control, surrogate, private-use or unassigned characters (first U+{ord(odd[0]):04X})"
+        return odd
     words = re.findall(r"\w+", text)
     if len(words) >= 6:
         mixed = [w for w in words if len({_script(c) for c in w if c.isalpha()} - {None}) > 1]
@@ -137,11 +137,7 @@ def degeneration(text: str, finish_reason: str | None, *, max_repeat_fraction: f
     covering more than ``max_repeat_fraction`` of its words, empty content where text is due
     (``text_due`` and finish_reason ``length`` or ``stop`` with nothing), token soup. Each finding
     quotes the piece."""
-    out: list[str] = []
-    if REPLACEMENT in text:
-        i = text.index(REPLACEMENT)
-        out.append(f"{text.count(REPLACEMENT)} U+FFFD replacement characters (first at char {i}: "
-                   f"{clip(text[max(0, i - 20):i + 20], 60)!r})")
+    out = _replacement(text)
     frac, gram = repetition(text)
     if frac > max_repeat_fraction:
         out.append(f"a repetition loop: {gram!r} repeated over {frac:.0%} of the answer (answers.max_repeat_fraction "
@@ -157,16 +153,25 @@ def degeneration(text: str, finish_reason: str | None, *, max_repeat_fraction: f
 def wire_findings(text: str) -> list[str]:
     """What no model emits on a healthy path, whatever it was asked: U+FFFD (bytes lost between
     tokens or in a frontend) and control, surrogate, private-use or unassigned characters."""
-    out: list[str] = []
-    if REPLACEMENT in text:
-        i = text.index(REPLACEMENT)
-        out.append(f"{text.count(REPLACEMENT)} U+FFFD replacement characters (first at char {i}: "
-                   f"{clip(text[max(0, i - 20):i + 20], 60)!r})")
+    odd = _odd_characters(text)
+    return _replacement(text) + ([f"token soup: {odd}"] if odd else [])
+
+
+def _replacement(text: str) -> list[str]:
+    """The U+FFFD finding of ``text`` (quoting where the first one is), or none."""
+    if REPLACEMENT not in text:
+        return []
+    i = text.index(REPLACEMENT)
+    return [f"{text.count(REPLACEMENT)} U+FFFD replacement characters (first at char {i}: "
+            f"{clip(text[max(0, i - 20):i + 20], 60)!r})"]
+
+
+def _odd_characters(text: str) -> str | None:
+    """``"N control, surrogate, private-use or unassigned characters (first U+XXXX)"``, or None."""
     odd = [c for c in text if unicodedata.category(c) in ("Cc", "Cs", "Co", "Cn") and c not in "\n\t\r"]
-    if odd:
-        out.append(f"token soup: {len(odd)} control, surrogate, private-use or unassigned characters "
-                   f"(first U+{ord(odd[0]):04X})")
-    return out
+    if not odd:
+        return None
+    return f"{len(odd)} control, surrogate, private-use or unassigned characters (first U+{ord(odd[0]):04X})"
 
 
 def char_diff(a: str, b: str) -> str | None:

@@ -14,7 +14,7 @@ import concurrent.futures as cf
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvgate.compare.golden import Answer, answer_of
+from kvgate.compare.golden import Answer, answer_of, logprobs_of
 from kvgate.http.client import KvClient
 from kvgate.http.sse import classify, DONE
 
@@ -95,15 +95,13 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
         r = client.post(client.api(_path(route)), {**body, "stream": False}, timeout_s=timeout_s)
         a: Answer = answer_of(route, r.status, r.json, r.text if r.status != 200 else "")
         out = Asked(route, False, status=r.status, error=a.error, text=a.text, finish_reason=a.finish_reason,
-                    top=a.top)
+                    tokens=a.tokens, top=a.top)
         body_json = r.json if isinstance(r.json, dict) else {}
         usage = body_json.get("usage") if isinstance(body_json.get("usage"), dict) else {}
         out.prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
-        if a.ok and r.status == 200 and a.error is None:
-            out.tokens = _token_texts(route, body_json)
-            if route == "chat":  # the content only: reasoning and tool calls are not the answer here
-                msg = ((body_json.get("choices") or [{}])[0] or {}).get("message") or {}
-                out.text = str(msg.get("content") or "")
+        if a.ok and route == "chat":  # the content only: reasoning and tool calls are not the answer here
+            msg = ((body_json.get("choices") or [{}])[0] or {}).get("message") or {}
+            out.text = str(msg.get("content") or "")
         return out
     sent = {"stream_options": {"include_usage": True}, **body, "stream": True}  # usage: prompt_tokens per path
     reply = client.stream(client.api(_path(route)), sent, timeout_s=timeout_s)
@@ -135,7 +133,9 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
         for choice in (ev.obj or {}).get("choices") or []:
             lp = (choice or {}).get("logprobs") if isinstance(choice, dict) else None
             if isinstance(lp, dict):
-                _fold_logprobs(route, lp, out)
+                tokens, top = logprobs_of(route, lp)
+                out.tokens += tokens
+                out.top += top
     out.text = "".join(parts)
     if reply.transport_error and not out.done:
         out.error = f"the stream broke: {reply.transport_error[:160]}"
@@ -144,26 +144,6 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
     elif out.chunks == 0 and out.error is None:
         out.error = "the stream carried no content chunk"
     return out
-
-
-def _fold_logprobs(route: str, lp: dict[str, Any], out: Asked) -> None:
-    if route == "chat":
-        for pos in lp.get("content") or []:
-            out.tokens.append(str(pos.get("token")))
-            out.top.append({str(a.get("token")): float(a.get("logprob")) for a in pos.get("top_logprobs") or []
-                            if a.get("logprob") is not None})
-    else:
-        out.tokens.extend(str(t) for t in lp.get("tokens") or [])
-        for alts in lp.get("top_logprobs") or []:
-            out.top.append({str(k): float(v) for k, v in (alts or {}).items() if v is not None})
-
-
-def _token_texts(route: str, body: dict[str, Any]) -> list[str]:
-    choice = ((body.get("choices") or [{}])[0]) or {}
-    lp = choice.get("logprobs") or {}
-    if route == "chat":
-        return [str(p.get("token")) for p in lp.get("content") or []]
-    return [str(t) for t in lp.get("tokens") or []]
 
 
 def ask_many(jobs: Sequence[Callable[[], Asked]], concurrency: int) -> list[Asked]:

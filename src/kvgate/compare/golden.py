@@ -148,8 +148,6 @@ def answer_of(route: str, status: int, body: Any, error_text: str = "") -> Answe
         what = f"HTTP {status}" if status else "no answer"
         return Answer(status=status, error=f"{what}: {error_text[:200]}" if error_text else what)
     choice = body["choices"][0] or {}
-    tokens: list[str] = []
-    top: list[dict[str, float]] = []
     lp = choice.get("logprobs") or {}
     if route == "chat":
         msg = choice.get("message") or {}
@@ -158,6 +156,20 @@ def answer_of(route: str, status: int, body: Any, error_text: str = "") -> Answe
             fn = call.get("function") or {}
             parts.append(f"<call {fn.get('name')}>{fn.get('arguments')}")
         text = "".join(p for p in parts if p)
+    else:
+        text = str(choice.get("text") or "")
+    tokens, top = logprobs_of(route, lp)
+    return Answer(tokens, top, text, choice.get("finish_reason"), status)
+
+
+def logprobs_of(route: str, lp: dict[str, Any]) -> tuple[list[str], list[dict[str, float]]]:
+    """``(tokens, top)`` of one choice's ``logprobs`` object (a whole answer's, or one stream chunk's):
+    each position's token and its alternatives (token -> logprob, nats, the chosen one included).
+    Chat's shape (``content: [{token, logprob, top_logprobs: [{token, logprob}]}]``) or completions'
+    (``tokens``, ``token_logprobs``, ``top_logprobs: [{token: logprob}]``)."""
+    tokens: list[str] = []
+    top: list[dict[str, float]] = []
+    if route == "chat":
         for pos in lp.get("content") or []:
             tokens.append(str(pos.get("token")))
             alts = {str(a.get("token")): float(a.get("logprob")) for a in pos.get("top_logprobs") or []
@@ -165,16 +177,15 @@ def answer_of(route: str, status: int, body: Any, error_text: str = "") -> Answe
             if pos.get("logprob") is not None:
                 alts.setdefault(str(pos.get("token")), float(pos["logprob"]))
             top.append(alts)
-    else:
-        text = str(choice.get("text") or "")
-        tokens = [str(t) for t in lp.get("tokens") or []]
-        chosen = lp.get("token_logprobs") or []
-        for i, alts in enumerate(lp.get("top_logprobs") or []):
-            d = {str(k): float(v) for k, v in (alts or {}).items() if v is not None}
-            if i < len(tokens) and i < len(chosen) and chosen[i] is not None:
-                d.setdefault(tokens[i], float(chosen[i]))
-            top.append(d)
-    return Answer(tokens, top, text, choice.get("finish_reason"), status)
+        return tokens, top
+    tokens = [str(t) for t in lp.get("tokens") or []]
+    chosen = lp.get("token_logprobs") or []
+    for i, alts in enumerate(lp.get("top_logprobs") or []):
+        d = {str(k): float(v) for k, v in (alts or {}).items() if v is not None}
+        if i < len(tokens) and i < len(chosen) and chosen[i] is not None:
+            d.setdefault(tokens[i], float(chosen[i]))
+        top.append(d)
+    return tokens, top
 
 
 @dataclass(frozen=True)
