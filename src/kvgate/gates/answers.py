@@ -12,7 +12,7 @@ Cases (ids ``PROFILE/answers/CASE``): ``golden``, ``accuracy``, ``degeneration``
 ``input-paths``, ``multi-turn``, ``determinism``. Observations in (:mod:`kvgate.answers`), a
 :class:`~kvgate.verdict.Verdict` out; no I/O. Each FAIL quotes the prompt and what came back.
 
-The golden rule (README "The answers gate"): a golden whose expectation is missed has *flipped*; a
+The golden rule (docs/answers.md): a golden whose expectation is missed has *flipped*; a
 flip FAILs when the golden's reference margin (by how much the right answer won on the reference
 deployment, nats) is at least ``answers.confident_margin`` or unknown; flips of *fragile* goldens
 (margin below it: a kernel, dtype or batch change may flip them honestly) are named with their
