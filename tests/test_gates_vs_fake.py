@@ -150,9 +150,13 @@ def test_buffered_stream_fails_streaming_naming_the_buffering(pytester):
     for api in ("completions", "chat"):
         g = gates[f"fake-vllm/streaming/buffering/{api}"]
         assert g["status"] == "FAIL", g["message"]
-        assert re.match(r"all 64 content chunks arrived within \d+ ms, 1\.\d\d s after the request \(generation took "
-                        r"1\.\d\d s, timed non-streamed\) -> FAIL \(the stream is buffered: a proxy in front holds the "
-                        r"SSE bytes; set proxy_buffering off / X-Accel-Buffering: no\)$", g["message"]), g["message"]
+        # one burst as a rule; a client starved of CPU between two reads of the one body sees two (a CI run read
+        # 33 + 31 chunks): the verdict and the cure are the same either way
+        assert re.match(r"(all 64 content chunks arrived within \d+ ms, 1\.\d\d s after the request|64 content chunks "
+                        r"arrived in [23] bursts \(each within \d+ ms\); \d+ of them after 1\.\d\d s of silence) "
+                        r"\(generation took 1\.\d\d s, timed non-streamed\) -> FAIL \(the stream is buffered: a proxy in "
+                        r"front holds the SSE bytes; set proxy_buffering off / X-Accel-Buffering: no\)$",
+                        g["message"]), g["message"]
         # at least the 63 gaps of 20 ms between 64 tokens (1.26 s): the burst cannot come sooner. (>= 1.28 read
         # 1.2797 s twice on a quiet 2-core machine: the first token comes without a gap before it)
         assert g["measured"]["value"] >= 1.26 and g["limit"]["value"] == 1.0
