@@ -231,8 +231,10 @@ def test_launch_error_is_one_line_per_live_gate(run_embedded, where):
 def _build_run(tmp_path, name):
     from types import SimpleNamespace
 
+    from kvgate.report.redact import Redactor
+
     return SimpleNamespace(profile=load_profile(name), reports_dir=tmp_path, launch_mode="embedded",
-                           startup_budget_s=None)
+                           startup_budget_s=None, config=SimpleNamespace(getoption=lambda name: None), redactor=Redactor())
 
 
 def test_build_makes_the_features_model_with_markers_and_its_adapters(tmp_path, monkeypatch):

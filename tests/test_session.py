@@ -188,7 +188,7 @@ def test_no_gate_selected_leaves_no_empty_server_log(pytester):
     ("fit or soak", True), ("pools and not load", True), ("health", True), ("drain", True),
     ("capacity", True), ("fit or capacity", True), ("not capacity and fit", False),
     ("not (fit or deployment or max_context or max_tokens or streaming or requests or features or answers or disconnect or load or "
-     "health or pools or soak or drain or metrics)", False),
+     "health or pools or soak or drain or metrics or security)", False),
 ])
 def test_marker_expression_decides_whether_a_server_is_needed(expr, live):
     assert markexpr_selects_live(expr) is live

@@ -48,6 +48,7 @@ MARKERS = (
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
     "answers: the answers gate (golden answers, accuracy with a binomial interval, degeneration, multibyte integrity, input paths, multi-turn memory, determinism under concurrency)",
     "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost; runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
+    "security: the security gate (auth surface without a key or with a wrong one, secrets in answers, media URLs, hostile parameters, a flood at the door)",
     "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
 
@@ -212,7 +213,7 @@ def _opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "answers", "compare", "disconnect", "concurrency",
-              "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "capacity", "soak", "drain")
+              "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "capacity", "soak", "security", "drain")
 
 
 def _gate_rank(item: pytest.Item) -> float:

@@ -43,6 +43,42 @@ UNITS = ("tokens", "ms", "s", "bytes", "sequences", "requests", "HTTP status", "
 _NUMBER_UNIT = re.compile(r"^\s*([-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?)\s+([A-Za-z%/][\w%/ .-]*?)\s*$")
 
 
+#: Characters that must not reach a console, log or report raw from an endpoint's answer: C0 and C1
+#: controls and DEL (an ESC sequence can rewrite a CI log line: ``\x1b[2K\rOVERALL: PASS``), lone
+#: surrogates (unencodable), bidi overrides and isolates (text that reads other than it is), and the
+#: Unicode line and paragraph separators.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+_UNSAFE_KEEP_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group(0))
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` with every character of :data:`_UNSAFE` written as a visible escape (``\x1b``,
+    ``\u202e``); ``lines``: newlines and tabs kept (a multi-line body in evidence). The one escape of
+    bytes that came from an endpoint: every :class:`Verdict` passes its message, values and evidence
+    through it, so the console, JUnit, Allure, signoff.md and summary.json all get the same text.
+    Idempotent (a backslash is left as it is)."""
+    return (_UNSAFE_KEEP_LINES if lines else _UNSAFE).sub(_escape, text)
+
+
+def printable_data(obj: Any) -> Any:
+    """``obj`` (nested dicts, lists, tuples, strings) with every string -- keys too -- passed through
+    :func:`printable` (newlines kept); other values as they are."""
+    if isinstance(obj, str):
+        return printable(obj, lines=True)
+    if isinstance(obj, dict):
+        return {printable_data(k) if isinstance(k, str) else k: printable_data(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [printable_data(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(printable_data(v) for v in obj)
+    return obj
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One gate's outcome.
@@ -63,6 +99,16 @@ class Verdict:
     unit: str | None = None
     limit_unit: str | None = None
     parts: tuple["Verdict", ...] = ()
+
+    def __post_init__(self) -> None:
+        # what came from an endpoint is escaped here, once, for every writer (printable)
+        object.__setattr__(self, "message", printable(self.message))
+        for name in ("measured", "limit"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, printable(value))
+        if self.evidence:
+            object.__setattr__(self, "evidence", printable_data(self.evidence))
 
     @property
     def passed(self) -> bool:

@@ -58,6 +58,9 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
     # the metrics gate: one step of 3 held streams; what consumers read is there and true
     for case in ("contract", "running-truth", "histograms", "under-load"):
         assert statuses[f"tiny-cpu/metrics/{case}"] == "PASS", (case, statuses)
+    # the security gate: tiny-cpu requires no key (auth-surface SKIPs saying so); hostile requests and secrets
+    for case, status in (("auth-surface", "SKIP"), ("secrets", "PASS"), ("hostile-parameters", "PASS")):
+        assert statuses[f"tiny-cpu/security/{case}"] == status, (case, statuses)
     # health under load: judged on the samples taken while the load gates ran (no load of its own)
     health = {x["id"]: x for x in summary["gates"]}["tiny-cpu/health/under-load"]
     assert health["status"] == "PASS" and "/health p50 " in health["message"] and ", p99 " in health["message"], health

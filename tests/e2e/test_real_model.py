@@ -35,8 +35,8 @@ def real_runs(tmp_path_factory):
     ensure_real_model()
     cpus = sorted(os.sched_getaffinity(0))[:2]
     pin = len(cpus) == 2 and shutil.which("taskset") is not None
-    jobs = {"healthy": ("--profile", "smollm2-cpu", "-m", "answers or deployment"),
-            "wrong": (f"--profile={WRONG}", "-m", "answers", "-k", "golden or accuracy")}
+    jobs = {"healthy": ("--profile", "smollm2-cpu", "-m", "answers or deployment or security"),
+            "wrong": (f"--profile={WRONG}", "-m", "answers or security", "-k", "golden or accuracy or auth-surface")}
 
     def run(item):
         (name, args), cpu = item
@@ -64,6 +64,13 @@ def test_real_model_answers_right_on_the_embedded_default(real_runs):
     acc = gates["smollm2-cpu/answers/accuracy"]
     assert acc["measured"]["unit"] == "fraction" and acc["evidence"]["items"] == 65, acc
     assert gates["smollm2-cpu/deployment/served-model"]["status"] == "PASS"
+    # the embedded default's door: a key generated for the run on every route but the four declared open,
+    # and the PASS names the cure it rests on
+    auth = gates["smollm2-cpu/security/auth-surface"]
+    assert auth["status"] == "PASS" and "(closed by: kvgate.security.middleware.RequireKey" in auth["message"], auth
+    for case in ("secrets", "hostile-parameters"):
+        assert gates[f"smollm2-cpu/security/{case}"]["status"] == "PASS", gates[f"smollm2-cpu/security/{case}"]["message"]
+    assert auth["evidence"]["counts"]["reached"] == 0 and auth["evidence"]["counts"]["refused"] > 100, auth["evidence"]["counts"]
 
 
 def test_a_real_server_that_answers_wrong_fails_the_answers_gate(real_runs):
@@ -76,3 +83,14 @@ def test_a_real_server_that_answers_wrong_fails_the_answers_gate(real_runs):
     acc = gates["smollm2-cpu-repetition-penalty/answers/accuracy"]
     assert acc["status"] in ("FAIL", "INCONCLUSIVE"), acc["message"]
     assert "vs recorded 47/65" in acc["message"], acc["message"]
+
+
+def test_vllms_bare_api_key_fails_the_auth_surface_naming_invocations(real_runs):
+    # vLLM 0.32 with its own key only (VLLM_API_KEY): a prefix guard on /v1, /v2, /inference, /cohere
+    proc, summary = real_runs["wrong"]
+    auth = _by_id(summary)["smollm2-cpu-repetition-penalty/security/auth-surface"]
+    assert auth["status"] == "FAIL", auth["message"]
+    assert "POST /invocations (no key: 200 (" in auth["message"] and "chat.completion" in auth["message"], auth["message"]
+    reached = {k["route"] for k in auth["evidence"]["knocks"] if k["class"] == "reached"}
+    assert {"POST /invocations", "POST /tokenize", "POST /detokenize", "GET /metrics", "GET /openapi.json"} <= reached, reached
+    assert "the profile says it is closed by: nothing but vLLM's own --api-key" in auth["message"]

@@ -101,6 +101,7 @@ from starlette.routing import Route
 
 __all__ = [
     "CONTENT_TEXT",
+    "CONTROL_TEXT",
     "FAULTS",
     "FakeConfig",
     "FakeState",
@@ -251,7 +252,26 @@ FAULTS: dict[str, str] = {
     # issue 21: health under load
     "slow_health_while_busy": "GET /health takes slow_health_s (default 3 s) while any generation is in flight "
     "(a saturated API server missing the kubelet's probe timeout); it answers at once when idle",
+    # issue 32: the security gate
+    "open_inference_route": "POST /v1/completions answers without the key (an inference route left open; the others "
+    "keep auth_guard's rule)",
+    "open_admin_route": "POST /reset_prefix_cache answers 200 without the key (an admin route left open)",
+    "hostile_seed_kills": "a seed above 2^63-1 kills the engine: that request and every later generation fail as "
+    "dead_mode says ('500', or 'hang': never answered) while /health stays 200 (vllm-omni PR#6598)",
+    "fetch_media_urls": "chat content parts image_url / audio_url / video_url are fetched (redirects followed) before "
+    "the answer (vllm#57157, CVE-2025-6242); healthy, such a URL is refused 400 without a fetch",
+    "echo_key": "error answers (401 included) repeat the request's Authorization header in their message",
+    "slow_refusal": "requests past admission_limit are refused only after slow_refusal_s (default 3 s) of "
+    "'preprocessing' (vllm#58192)",
+    "refuse_500": "requests past admission_limit are answered 500 InternalServerError, not admission_status",
+    "control_chars": "/version and every 4xx error message carry CONTROL_TEXT: each C0 control, DEL, the C1 "
+    "controls, bidi overrides and isolates, U+2028/2029 and an ESC sequence that rewrites a log line to "
+    "'OVERALL: PASS' (what a hostile endpoint writes into kvgate's outputs)",
 }
+
+#: The ``control_chars`` fault's text: every character kvgate must escape (kvgate.verdict.printable).
+CONTROL_TEXT = ("".join(chr(c) for c in [*range(0x20), 0x7f, *range(0x80, 0xa0)]) + "\u200e\u200f\u202a\u202b\u202c\u202d"
+                "\u202e\u2066\u2067\u2068\u2069\u2028\u2029" + "\x1b[2K\rOVERALL: PASS\x07")
 
 
 #: Servers other than vLLM the fake can pose as (``FakeConfig.server``): the endpoint set each one
@@ -342,6 +362,13 @@ class FakeConfig:
     eos_after: int | None = 48  # natural EOS after this many content tokens (None: never)
     max_logprobs: int = 20
     api_key: str | None = None  # like --api-key: /v1/* then need "Authorization: Bearer <key>"
+    # which routes api_key guards: "prefix" (vLLM 0.32's rule: /v1, /v2, /inference, /cohere; /openai/v1 too) or
+    # "all" (every route but open_routes: kvgate.security.middleware.RequireKey, or a gateway in front)
+    auth_guard: str = "prefix"
+    open_routes: tuple[str, ...] = ("/health", "/ping", "/version")
+    admission_limit: int | None = None  # requests in flight at once; more are refused admission_status at once
+    admission_status: int = 429
+    slow_refusal_s: float = 3.0
     # timing (seconds; all default 0)
     ttft_s: float = 0.0  # extra delay before the first token
     itl_s: float = 0.0  # delay between tokens
@@ -808,12 +835,21 @@ def _pieces(text: str) -> list[str]:
     return parts
 
 
-def minimal_instance(schema: Any, root: Any = None) -> Any:
+#: vLLM 0.32's structured-output limit: "The JSON schema is nested too deeply: objects and arrays may nest
+#: at most 64 levels" (400).
+MAX_SCHEMA_DEPTH = 64
+
+
+def minimal_instance(schema: Any, root: Any = None, depth: int = 0) -> Any:
     """A small value valid against JSON ``schema`` (the subset tool parameters and kvgate's battery
     use): ``$ref`` into ``$defs``, the first ``enum`` value, ``const``, an object's required
     properties, ``minimum`` (else 0) for a number, ``minItems`` items for an array, a short word
-    matching a simple ``pattern`` for a string, the first ``anyOf``/``oneOf`` branch."""
+    matching a simple ``pattern`` for a string, the first ``anyOf``/``oneOf`` branch. A schema nested
+    (or recursing through ``$ref``) deeper than :data:`MAX_SCHEMA_DEPTH` is refused 400 as vLLM does."""
     root = schema if root is None else root
+    if depth > MAX_SCHEMA_DEPTH:
+        raise _BadRequest("The JSON schema is nested too deeply: objects and arrays may nest at most "
+                          f"{MAX_SCHEMA_DEPTH} levels", suffix=False)
     if not isinstance(schema, dict):
         return {}
     ref = schema.get("$ref")
@@ -821,20 +857,20 @@ def minimal_instance(schema: Any, root: Any = None) -> Any:
         node: Any = root
         for part in ref[2:].split("/"):
             node = node.get(part, {}) if isinstance(node, dict) else {}
-        return minimal_instance(node, root)
+        return minimal_instance(node, root, depth + 1)
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
         return schema["enum"][0]
     for key in ("anyOf", "oneOf"):
         if schema.get(key):
-            return minimal_instance(schema[key][0], root)
+            return minimal_instance(schema[key][0], root, depth + 1)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
     if kind == "object" or (kind is None and "properties" in schema):
         props = schema.get("properties") or {}
-        return {k: minimal_instance(props.get(k, {}), root) for k in schema.get("required") or []}
+        return {k: minimal_instance(props.get(k, {}), root, depth + 1) for k in schema.get("required") or []}
     if kind in ("integer", "number"):
         if "minimum" in schema:
             return schema["minimum"]
@@ -846,7 +882,7 @@ def minimal_instance(schema: Any, root: Any = None) -> Any:
     if kind == "null":
         return None
     if kind == "array":
-        return [minimal_instance(schema.get("items") or {}, root) for _ in range(schema.get("minItems") or 0)]
+        return [minimal_instance(schema.get("items") or {}, root, depth + 1) for _ in range(schema.get("minItems") or 0)]
     if kind == "string":
         pattern, low = schema.get("pattern"), schema.get("minLength") or 0
         for cand in _STRING_CANDIDATES:
@@ -1099,6 +1135,67 @@ class _ServerShape:
         await resp(scope, receive, send_shaped)
 
 
+#: vLLM 0.32's AuthenticationMiddleware guards these prefixes only (the fake adds KServe's /openai/v1).
+_GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere", "/openai/v1")
+
+
+class _Guard:
+    """ASGI middleware: ``FakeConfig.api_key`` on the routes ``auth_guard`` covers ("prefix": vLLM 0.32's
+    rule, so /invocations, /tokenize, /metrics answer without a key; "all": every route but
+    ``open_routes``), bent by the ``open_inference_route``, ``open_admin_route`` and ``echo_key`` faults.
+    The fake's own /_fake/* control routes always answer."""
+
+    def __init__(self, app: Any, config: Callable[[], "FakeConfig"]) -> None:
+        self.app, self.config = app, config
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        cfg = self.config()
+        if scope["type"] != "http" or not cfg.api_key or scope["path"].startswith("/_fake/"):
+            return await self.app(scope, receive, send)
+        path, faults = scope["path"], cfg.faults
+        guarded = path.startswith(_GUARDED_PREFIX) if cfg.auth_guard == "prefix" else path not in cfg.open_routes
+        if ("open_inference_route" in faults and path == "/v1/completions") or \
+                ("open_admin_route" in faults and path == "/reset_prefix_cache"):
+            guarded = False
+        auth = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"authorization"), "")
+        if not guarded or auth == f"Bearer {cfg.api_key}" or scope.get("method") == "OPTIONS":
+            return await self.app(scope, receive, send)
+        text = f"Unauthorized: {auth}" if "echo_key" in faults and auth else "Unauthorized"
+        await JSONResponse({"error": text}, status_code=401)(scope, receive, send)
+
+
+def _media_urls(body: dict[str, Any]) -> list[str]:
+    """The URLs of a chat body's image_url / audio_url / video_url content parts."""
+    urls = []
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") in ("image_url", "audio_url", "video_url"):
+                ref = part.get(part["type"])
+                url = ref.get("url") if isinstance(ref, dict) else ref
+                if isinstance(url, str):
+                    urls.append(url)
+    return urls
+
+
+async def _fetch_all(urls: list[str]) -> None:
+    """The ``fetch_media_urls`` fault: GET each http(s) URL (redirects followed), read each file:// path."""
+    import httpx
+
+    async with httpx.AsyncClient(follow_redirects=True, timeout=2.0) as client:
+        for url in urls:
+            if url.startswith("file://"):
+                try:
+                    open(url[len("file://"):], "rb").close()
+                except OSError:
+                    pass
+                continue
+            try:
+                await client.get(url)
+            except (httpx.HTTPError, ValueError):
+                pass
+
+
 class _SSEResponse(StreamingResponse):
     """StreamingResponse that always closes its generator (so a disconnect runs its ``finally``
     promptly, whether the cancel hit an ``await`` in the generator or the transport) and then runs
@@ -1215,6 +1312,7 @@ class FakeVLLM:
         self.state = FakeState()
         self.metrics = _Metrics()
         self.created = int(time.time())
+        self._authorization = ""
         self.app = self._build_app()
         self.base_url: str | None = None
         self._server: uvicorn.Server | None = None
@@ -1388,18 +1486,41 @@ class FakeVLLM:
             Route("/extras/detokenize", self._detokenize, methods=["POST"]),
             Route("/apply-template", self._apply_template, methods=["POST"]),
             Route("/props", self._props, methods=["GET"]),
+            # vLLM 0.32's other routes (the security gate knocks on them): /invocations is chat
+            Route("/invocations", self._chat, methods=["POST"]),
+            Route("/reset_prefix_cache", self._reset_prefix_cache, methods=["POST"]),
+            Route("/scale_elastic_ep", self._scale_elastic_ep, methods=["POST"]),
+            Route("/is_scaling_elastic_ep", self._is_scaling, methods=["POST"]),
+            Route("/openapi.json", self._openapi, methods=["GET"]),
+            Route("/docs", self._docs, methods=["GET"]),
         ]
-        return _BodyLimit(Starlette(routes=routes, middleware=[Middleware(_ServerShape, fake=self)]), self.config_of)
+        return _Guard(_BodyLimit(Starlette(routes=routes, middleware=[Middleware(_ServerShape, fake=self)]),
+                                 self.config_of), self.config_of)
 
     def config_of(self) -> FakeConfig:
         """The config in force now (tests replace ``self.config`` between requests)."""
         return self.config
 
-    def _auth(self, request: Request) -> Response | None:
-        key = self.config.api_key
-        if key and request.headers.get("authorization") != f"Bearer {key}":
-            return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        return None
+    async def _reset_prefix_cache(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _scale_elastic_ep(self, request: Request) -> Response:
+        return _error("new_data_parallel_size is required", 400, "Bad Request")
+
+    async def _is_scaling(self, request: Request) -> Response:
+        return JSONResponse({"is_scaling_elastic_ep": False})
+
+    async def _openapi(self, request: Request) -> Response:
+        paths = {"/health": ["get"], "/ping": ["get", "post"], "/version": ["get"], "/load": ["get"],
+                 "/metrics": ["get"], "/tokenize": ["post"], "/detokenize": ["post"], "/v1/models": ["get"],
+                 "/v1/completions": ["post"], "/v1/chat/completions": ["post"], "/invocations": ["post"],
+                 "/reset_prefix_cache": ["post"], "/scale_elastic_ep": ["post"], "/is_scaling_elastic_ep": ["post"]}
+        return JSONResponse({"openapi": "3.1.0", "info": {"title": "FastAPI", "version": "0.1.0"},
+                             "paths": {p: {m: {"summary": p} for m in ms} for p, ms in paths.items()}})
+
+    async def _docs(self, request: Request) -> Response:
+        return Response("<!DOCTYPE html><html><head><title>FastAPI - Swagger UI</title></head></html>",
+                        media_type="text/html")
 
     async def _json(self, request: Request) -> dict[str, Any]:
         try:
@@ -1427,14 +1548,13 @@ class FakeVLLM:
         return Response(status_code=200)
 
     async def _version(self, request: Request) -> Response:
-        return JSONResponse({"version": self.config.version})
+        control = CONTROL_TEXT if "control_chars" in self.config.faults else ""
+        return JSONResponse({"version": self.config.version + control})
 
     async def _load(self, request: Request) -> Response:
         return JSONResponse({"server_load": len(self.state.inflight)})
 
     async def _models(self, request: Request) -> Response:
-        if (denied := self._auth(request)) is not None:
-            return denied
         cfg = self.config
 
         def card(name: str, root: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
@@ -1626,8 +1746,7 @@ class FakeVLLM:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: Request, kind: str) -> Response:
-        if (denied := self._auth(request)) is not None:
-            return denied
+        self._authorization = request.headers.get("authorization", "")  # the echo_key fault repeats it
         if self.state.t_sigterm is not None:  # draining: no new work (vLLM 0.32 answers 500 here)
             if "drain_500" in self.config.faults:
                 return _error("EngineCore is shutting down", 500, "InternalServerError")
@@ -1640,6 +1759,13 @@ class FakeVLLM:
             body = await self._json(request)
         except _BadRequest as e:
             return self._reject(e)
+        if kind == "chat" and (urls := _media_urls(body)):
+            if "fetch_media_urls" in self.config.faults:
+                await _fetch_all(urls)
+            else:
+                return self._reject(_BadRequest("media URLs are not fetched by this deployment"))
+        if (refused := await self._refuse_flood()) is not None:
+            return refused
         t_received = time.monotonic()
         cfg, st = self.config, self.state
         faults = frozenset(cfg.faults)
@@ -1674,6 +1800,22 @@ class FakeVLLM:
         finally:
             self._release(plan)
 
+    async def _refuse_flood(self) -> Response | None:
+        """Past ``admission_limit`` requests in flight: refused ``admission_status`` at once with
+        Retry-After (``slow_refusal``: after ``slow_refusal_s``; ``refuse_500``: 500). Checked with no
+        await before the admission that follows, so the count is exact."""
+        cfg = self.config
+        if cfg.admission_limit is None or len(self.state.inflight) < cfg.admission_limit:
+            return None
+        if "slow_refusal" in cfg.faults:
+            await asyncio.sleep(cfg.slow_refusal_s)
+        if "refuse_500" in cfg.faults:
+            return _error("EngineCore encountered an issue", 500, "InternalServerError")
+        resp = _error("too many requests in flight; retry later", cfg.admission_status,
+                      "RateLimitError" if cfg.admission_status == 429 else "ServiceUnavailableError")
+        resp.headers["Retry-After"] = "1"
+        return resp
+
     def _reject(self, e: _BadRequest) -> Response:
         """vLLM's error answer, as the error faults bend it (500 for a 400, a plain-text body)."""
         faults = self.config.faults
@@ -1681,6 +1823,10 @@ class FakeVLLM:
             return _error(f"Internal Server Error: {e}", 500, "InternalServerError")
         if "plain_error_body" in faults and 400 <= e.status < 500:
             return Response("Bad Request", status_code=e.status, media_type="text/plain")
+        if "control_chars" in faults:
+            return _error(f"{e} {CONTROL_TEXT}", e.status)
+        if "echo_key" in faults and self._authorization:
+            return _error(f"{e} (request authorization: {self._authorization})", e.status)
         return e.response()
 
     def _admit(self, body: dict[str, Any], kind: str, rec: RequestRecord, faults: frozenset[str]) -> _Plan | None:
@@ -1829,7 +1975,10 @@ class FakeVLLM:
                                   f"requested output tokens).")
         rec.prompt_tokens = n_prompt
 
-        if st.dead and ("dead_after_over_length" in faults or "empty_prompt_kills" in faults):
+        if "hostile_seed_kills" in faults and isinstance(seed, int) and seed > 2**63 - 1:
+            st.dead = True
+        if st.dead and ("dead_after_over_length" in faults or "empty_prompt_kills" in faults
+                        or "hostile_seed_kills" in faults):
             return None
 
         # effective output limit, like vllm.entrypoints...get_max_tokens

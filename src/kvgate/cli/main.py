@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 import signal
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from kvgate.http.client import Endpoint
-from kvgate.launch.local import EmbeddedServer, LaunchError
+from kvgate.launch.local import EmbeddedServer, LaunchError, embedded_key
 from kvgate.launch.lora import ensure_adapters
 from kvgate.launch.realmodel import ensure_real_model, model_dir_for
 from kvgate.launch.tinymodel import TinyModelError, TinySpec, cache_root, ensure_model
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where --profile NAME is looked up")
     serve.add_argument("--log", default=None, metavar="PATH",
                        help="vLLM's log file (default: vllm-serve-PROFILE.log in the kvgate cache dir)")
+    serve.add_argument("--api-key-env", default=None, metavar="VAR",
+                       help="serve with the key in this environment variable (default: a profile that requires "
+                            "a key, security.auth: required, gets one generated and written to a 0600 file)")
     serve.add_argument("--startup-budget", type=positive_seconds, default=240.0, metavar="S",
                        help="seconds vLLM may take to become healthy (default 240)")
     from kvgate.cli.authoring import add_commands  # schema, lint, advise (profile authoring)
@@ -69,12 +73,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _endpoint_command(profile_arg: str, profile: Profile, url: str) -> str:
+def _endpoint_command(profile_arg: str, profile: Profile, url: str, key_env: str | None = None) -> str:
     """The pytest command that gates this server: ``--profile NAME`` for a shipped profile,
-    ``--profile=PATH`` (with '=') for a file."""
+    ``--profile=PATH`` (with '=') for a file; ``--api-key-env=VAR`` when it requires a key."""
     named = profile_arg == profile.name and not profile_arg.endswith((".yaml", ".yml"))
     prof = f"--profile {profile.name}" if named else f"--profile={shlex.quote(profile_arg)}"
-    return f".venv/bin/pytest {prof} --endpoint={url}"
+    return f".venv/bin/pytest {prof} --endpoint={url}" + (f" --api-key-env={key_env}" if key_env else "")
+
+
+#: The variable ``kvgate serve``'s printed commands read a generated key from.
+SERVE_KEY_ENV = "KVGATE_SERVE_KEY"
+
+
+def _serve_key(args: argparse.Namespace, profile: Profile) -> tuple[str | None, str | None, str | None]:
+    """``(key, env var the gating command names, a line telling where the key is)``. The user's
+    ``--api-key-env``; else a key generated for a profile that requires one, written to a file only
+    its owner reads (``~/.cache/kvgate/serve-PROFILE.key``, mode 0600) -- never printed. Raises
+    :class:`LaunchError` for an unset ``--api-key-env``."""
+    key = embedded_key(profile, args.api_key_env)
+    if key is None or args.api_key_env:
+        return key, args.api_key_env, None
+    path = cache_root() / f"serve-{profile.name}.key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    os.chmod(path, 0o600)
+    return key, SERVE_KEY_ENV, (f"it requires an API key (security.auth: required), generated for this server and "
+                                f"written to {path} (mode 0600); first: export {SERVE_KEY_ENV}=$(cat {shlex.quote(str(path))})")
 
 
 def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
@@ -117,8 +143,14 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         what = "the real model" if profile.model.embedded_model != "tiny" else "the tiny model"
         print(f"kvgate serve: cannot build {what}: {exc}", file=err)
         return FAILED
+    try:
+        key, key_env, key_line = _serve_key(args, profile)
+    except (LaunchError, OSError) as exc:
+        print(f"kvgate serve: {exc}", file=err)
+        return USAGE
     log = Path(args.log) if args.log else cache_root() / f"vllm-serve-{profile.name}.log"
-    server = server_factory(profile, model_dir, log, startup_budget_s=args.startup_budget, lora_dirs=lora_dirs)
+    server = server_factory(profile, model_dir, log, startup_budget_s=args.startup_budget, lora_dirs=lora_dirs,
+                            **({"api_key": key} if key else {}))
     print(f"kvgate serve: starting the embedded vLLM for profile {profile.name} (log {log}) ...", file=out, flush=True)
     try:
         try:
@@ -129,7 +161,7 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         except LaunchError as exc:
             print(f"kvgate serve: {exc}", file=err)
             return FAILED
-        endpoint = Endpoint(base_url=url, managed=True)
+        endpoint = Endpoint(base_url=url, managed=True, api_key=key)
         try:
             check(endpoint, profile)
         except PreflightError as exc:
@@ -138,7 +170,9 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         cpus = sorted(server.server_cpus) if getattr(server, "server_cpus", None) else "all"
         print(f"kvgate serve: {profile.name} serving {profile.model.served_name!r} at {endpoint.display} "
               f"(pid {server.pid}, CPUs {cpus}, started in {server.startup_s or 0:.1f} s)", file=out)
-        print(f"gate it from the kvgate checkout:\n  {_endpoint_command(args.profile, profile, endpoint.display)}",
+        if key_line:
+            print(key_line, file=out)
+        print(f"gate it from the kvgate checkout:\n  {_endpoint_command(args.profile, profile, endpoint.display, key_env)}",
               file=out)
         if serving is not None:  # before the line that invites a Ctrl-C: one sent on reading it is a normal stop
             serving.set()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -43,6 +44,7 @@ import httpx
 from kvgate.profile.models import EngineSpec, Profile
 from kvgate.launch.base import LaunchError, Launcher  # one error type for every launcher
 from kvgate.launch.lora import EMBEDDED as EMBEDDED_ADAPTER
+from kvgate.security.middleware import KEY_ENV, OPEN_ENV
 
 LOOPBACK = "127.0.0.1"
 
@@ -194,6 +196,23 @@ def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callab
             sleep(poll_s)
 
 
+
+def embedded_key(profile: Profile, api_key_env: str | None = None, environ: Mapping[str, str] | None = None,
+                 token: Callable[[], str] = lambda: "kvgate-" + secrets.token_urlsafe(32)) -> str | None:
+    """The API key the embedded server of this run requires: the value of ``api_key_env`` when the
+    user names one (``--api-key-env VAR``: their key, on both sides), else a key generated for this
+    run when the profile requires one (``security.auth: required``), else None. Never printed or
+    written: the caller registers it with the run's redactor. Raises :class:`LaunchError` when
+    ``api_key_env`` names an unset or empty variable."""
+    environ = os.environ if environ is None else environ
+    if api_key_env:
+        value = environ.get(api_key_env)
+        if not value:
+            raise LaunchError(f"--api-key-env {api_key_env}: the variable is unset or empty")
+        return value
+    return token() if profile.security.auth == "required" else None
+
+
 class EmbeddedServer(Launcher):
     """One vLLM subprocess. Use as a context manager, or ``start()`` / ``stop()``.
 
@@ -225,8 +244,11 @@ class EmbeddedServer(Launcher):
     def __init__(self, profile: Profile, model_dir: Path, log_path: Path, *, startup_budget_s: float = 240.0,
                  python: str = sys.executable, sleep: Callable[[float], None] = time.sleep,
                  reserve_client_cpu: bool = True, clock: Callable[[], float] = time.monotonic,
-                 lora_dirs: Mapping[str, Path] | None = None) -> None:
+                 lora_dirs: Mapping[str, Path] | None = None, api_key: str | None = None) -> None:
         self.profile = profile
+        #: The key the server requires (``VLLM_API_KEY`` in its environment, never on its command line,
+        #: which vLLM logs); None: no key. See :func:`embedded_key`.
+        self.api_key = api_key
         self.model_dir = model_dir
         self.lora_dirs = dict(lora_dirs or {})
         self.log_path = log_path
@@ -259,6 +281,13 @@ class EmbeddedServer(Launcher):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; see module docstring
         if self.profile.engine.tensor_parallel_size == 1:
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the CPU worker in EngineCore: module docstring
+        # a key exported for other vLLMs (operators often export VLLM_API_KEY) must not lock kvgate's own
+        # server: the server's key is the run's (embedded_key), or none
+        env.pop(KEY_ENV, None)
+        if self.api_key:
+            env[KEY_ENV] = self.api_key
+        if self.profile.security.open_routes:  # kvgate.security.middleware.RequireKey's open routes
+            env[OPEN_ENV] = ",".join(self.profile.security.open_routes)
         env.update(self.profile.engine.env)
         return env
 

@@ -900,6 +900,45 @@ class AnswersSpec(_Strict):
         return self
 
 
+class AdmissionSpec(_Strict):
+    """A flood at the door: the admission limit the deployment declares (vLLM ``--max-num-queued-reqs``,
+    a gateway's rate or connection limit). Requests past it must be refused fast with the declared
+    status and an OpenAI error body, while the admitted ones complete."""
+
+    max_in_flight: int = Field(gt=0, description="[requests] requests the deployment admits at once (running + queued); more are refused")
+    status: Literal[429, 503] = Field(default=429, description="[HTTP status] what a refused request gets")
+    refuse_within_ms: float = Field(default=500.0, gt=0, description="[ms] a refusal must arrive within this of the request (not after preprocessing: vllm#58192)")
+    retry_after: bool = Field(default=False, description="the refusal carries a Retry-After header")
+    extra: int = Field(default=4, gt=0, description="[requests] sent beyond max_in_flight, all at once")
+
+
+class SecuritySpec(_Strict):
+    """The security gate (``-m security``): who may call what, hostile requests, media URLs, secrets
+    in answers, a flood at the door."""
+
+    auth: Literal["required", "none"] = Field(default="none", description="required: every route but open_routes must refuse a caller without the key (the auth-surface case); the embedded launcher then runs the server with a key generated per run")
+    open_routes: dict[str, str] = Field(default_factory=dict, description="[path -> reason] routes a caller without the key may reach (health, ping, version, metrics), each with why")
+    closed_by: str | None = Field(default=None, description="what closes the routes vLLM's own --api-key leaves open (/invocations, /tokenize, /metrics, ...): a gateway, a middleware; the verdict names it")
+    deadline_s: float = Field(default=10.0, gt=0, description="[s] a hostile request (and each no-key probe) must be answered within this")
+    memory_jump_mb: float = Field(default=256.0, gt=0, description="[MB] the server's resident memory (/metrics process_resident_memory_bytes) may rise at most this over the hostile requests")
+    hostile_allow: dict[str, str] = Field(default_factory=dict, description="[probe -> reason] hostile requests the deployment accepts by design: any answer in time passes, the canary still judges")
+    media_inputs: list[Literal["image", "audio", "video"]] = Field(default_factory=list, description="media the model takes by URL; empty: a text-only model (the media-urls case SKIPs)")
+    admission: AdmissionSpec | None = Field(default=None, description="the admission limit a flood must meet (the flood case); null: none declared (SKIP)")
+    surface_budget_s: float = Field(default=60.0, gt=0, description="[s] the whole auth-surface probe (routes x no key / wrong key) ends within this; routes left unprobed make it INVALID")
+
+    @model_validator(mode="after")
+    def _known(self) -> "SecuritySpec":
+        from kvgate.security.hostile import NAMES
+
+        unknown = [n for n in self.hostile_allow if n not in NAMES]
+        if unknown:
+            raise ValueError(f"hostile_allow names {', '.join(unknown)}; the hostile requests are {', '.join(NAMES)}")
+        bad = [p for p in self.open_routes if not p.startswith("/")]
+        if bad:
+            raise ValueError(f"open_routes must be paths starting with '/': {', '.join(bad)}")
+        return self
+
+
 class Profile(_Strict):
     """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
 
@@ -940,6 +979,8 @@ class Profile(_Strict):
                                         "an accuracy task, degeneration, multibyte, input paths, memory, determinism")
     compare: CompareSpec = Field(default_factory=CompareSpec, description="the compare gate (-m compare, --baseline URL, "
                                  "--baseline-reports DIR): output drift beyond near ties, latency regression, features lost")
+    security: SecuritySpec = Field(default_factory=SecuritySpec, description="the security gate: auth surface, hostile "
+                                   "parameters, media URLs, secrets in answers, a flood at the door")
 
     @model_validator(mode="after")
     def _features(self) -> "Profile":

@@ -39,7 +39,7 @@ import pytest
 
 from kvgate.http.client import Endpoint
 from kvgate.launch.base import LAUNCHERS, Launcher, launcher_class
-from kvgate.launch.local import EmbeddedServer, LaunchError
+from kvgate.launch.local import EmbeddedServer, LaunchError, embedded_key
 from kvgate.launch.lora import ensure_adapters
 from kvgate.launch.realmodel import RealModelError, is_built, model_dir_for
 from kvgate.launch.tinymodel import TinyModelError, ensure_model
@@ -82,9 +82,11 @@ def _build(st: Run) -> Launcher:
         for secret in getattr(launcher, "secrets", ()):
             st.redactor.add(secret)
         return launcher
+    key = embedded_key(st.profile, st.config.getoption("kvgate_api_key_env"))
+    st.redactor.add(key)
     model_dir = model_dir_for(st.profile, build_tiny=ensure_model)
     return EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0,
-                          lora_dirs=ensure_adapters(st.profile.engine, model_dir))
+                          lora_dirs=ensure_adapters(st.profile.engine, model_dir), api_key=key)
 
 
 @pytest.hookimpl(trylast=True)
@@ -225,7 +227,7 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
     st.extra[OWNED_KEY] = True
     # a local process tree (the embedded vLLM) is watched for host contention; a router's pid is not the server's
     pids = (server.pid,) if server.pid is not None and st.launch_mode == "embedded" else ()
-    st.endpoint = Endpoint(base_url=url, managed=True, server_pids=pids)
+    st.endpoint = Endpoint(base_url=url, managed=True, server_pids=pids, api_key=getattr(server, "api_key", None))
     st.record.endpoint = st.endpoint.display
     st.record.launch = server.describe()
     if server.pid is not None:

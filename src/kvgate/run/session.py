@@ -87,6 +87,7 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     frozenset({"soak"}),
     frozenset({"capacity"}),  # capacity/knee: only with -m capacity (OPT_IN)
     frozenset({"compare"}),  # compare/*: only with -m compare, a baseline or record mode (OPT_IN)
+    frozenset({"security"}),  # security/*: after the soak, before the drain
     frozenset({"drain"}),  # drain/* (the server is gone after it: last)
 )
 #: Every gate marker ``-m`` may name.

