@@ -30,7 +30,8 @@ class FakeServer:
     instances: list["FakeServer"] = []
 
     def __init__(self, profile, model_dir, log_path, *, startup_budget_s, lora_dirs=None, raise_on_start=None,
-                 exit_code=None):
+                 exit_code=None, api_key=None):
+        self.api_key = api_key
         self.profile, self.model_dir, self.log_path, self.startup_budget_s = profile, model_dir, log_path, startup_budget_s
         self.lora_dirs = lora_dirs
         self.raise_on_start = raise_on_start
@@ -68,6 +69,26 @@ def test_serve_prints_url_and_endpoint_command_then_stops_on_request(tmp_path):
     assert ".venv/bin/pytest --profile tiny-cpu --endpoint=http://127.0.0.1:5555/v1" in out
     (server,) = FakeServer.instances
     assert server.stopped == 1 and server.log_path == tmp_path / "v.log"
+
+
+def test_a_profile_that_requires_a_key_gets_one_in_a_private_file_never_printed(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path / "cache"))
+    prof = tmp_path / "locked.yaml"
+    prof.write_text(f"extends: {REPO / 'profiles' / 'tiny-cpu.yaml'}\nsecurity: {{auth: required}}\n")
+    stop = threading.Event()
+    stop.set()
+    code, out, err = serve(["--profile", str(prof)], stop=stop)
+    (server,) = FakeServer.instances
+    keyfile = tmp_path / "cache" / "serve-locked.key"
+    assert code == cli.OK, err
+    assert server.api_key and keyfile.read_text().strip() == server.api_key and server.api_key not in out + err
+    assert keyfile.stat().st_mode & 0o777 == 0o600
+    assert f"export KVGATE_SERVE_KEY=$(cat {keyfile})" in out and "--api-key-env=KVGATE_SERVE_KEY" in out
+    monkeypatch.setenv("MINE", "sk-mine-1234")
+    code, out, _ = serve(["--profile", str(prof), "--api-key-env", "MINE"], stop=stop)
+    assert code == cli.OK and FakeServer.instances[0].api_key == "sk-mine-1234" and "--api-key-env=MINE" in out
+    code, _, err = serve(["--profile", str(prof), "--api-key-env", "UNSET_VAR_X"], stop=stop)
+    assert code == cli.USAGE and "--api-key-env UNSET_VAR_X: the variable is unset or empty" in err
 
 
 def test_profile_path_is_shown_with_equals(tmp_path):
