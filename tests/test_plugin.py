@@ -40,6 +40,14 @@ def test_malformed_profile_names_file_field_and_type(pytester):
     assert str(bad) in err and "engine.max_model_len" in err and "valid integer" in err
 
 
+def test_an_unset_api_key_env_for_the_embedded_server_is_one_usage_error(pytester, monkeypatch):
+    monkeypatch.delenv("KVGATE_NO_SUCH_KEY", raising=False)
+    result = run(pytester, "--profile", "tiny-cpu", "--api-key-env", "KVGATE_NO_SUCH_KEY", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = [ln for ln in result.stderr.str().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "API key variable KVGATE_NO_SUCH_KEY is not set (named by --api-key-env" in lines[0], lines
+
+
 def test_unreachable_endpoint_says_so_in_one_line(pytester):
     result = run(pytester, "--profile", "tiny-cpu", "--endpoint", "http://127.0.0.1:9", str(REPO / "suites"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -1527,3 +1527,82 @@ def test_answer_faults_are_proven_against_the_answers_gate():
     src = (Path(__file__).resolve().parents[1] / "test_answers_vs_fake.py").read_text()
     assert set(ANSWER_FAULTS) <= set(FAULTS)
     assert [f for f in ANSWER_FAULTS if f'"{f}"' not in src] == []
+
+
+# ---- issue 32: the door ----------------------------------------------------------------------------
+
+
+def test_api_key_guards_vllms_prefixes_only_or_every_route(client, fake):
+    fake.config.api_key = "k-1"
+    assert client.get("/v1/models").status_code == 401 and client.post("/invocations", json=chat(3)).status_code == 200
+    assert client.post("/tokenize", json={"model": MODEL, "prompt": "a"}).status_code == 200
+    assert client.post("/scale_elastic_ep", json={}).status_code == 400  # its handler reached
+    fake.config.auth_guard = "all"
+    assert client.post("/invocations", json=chat(3)).status_code == 401 and client.get("/health").status_code == 200
+    assert client.post("/invocations", json=chat(3), headers={"Authorization": "Bearer k-1"}).status_code == 200
+    assert "/invocations" in client.get("/openapi.json", headers={"Authorization": "Bearer k-1"}).json()["paths"]
+
+
+@pytest.mark.parametrize("fault, route", [("open_inference_route", "/v1/completions"),
+                                          ("open_admin_route", "/reset_prefix_cache")])
+def test_faults_open_one_route_without_the_key(client, fake, fault, route):
+    fake.config.api_key, fake.config.auth_guard = "k-1", "all"
+    assert client.post(route, json=cmpl(3, max_tokens=1)).status_code == 401
+    fake.config.faults.add(fault)
+    assert client.post(route, json=cmpl(3, max_tokens=1)).status_code == 200
+
+
+def test_fault_echo_key_repeats_the_authorization_header(client, fake):
+    fake.config.faults.add("echo_key")
+    r = client.post("/v1/completions", json={"model": "nope", "prompt": "a"}, headers={"Authorization": "Bearer k-9"})
+    assert r.status_code == 404 and "Bearer k-9" in r.text
+    fake.config.api_key, fake.config.auth_guard = "k-1", "all"
+    assert "Bearer wrong" in client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).text
+
+
+def test_fault_hostile_seed_kills_the_engine(client, fake):
+    fake.config.faults.add("hostile_seed_kills")
+    assert client.post("/v1/completions", json=cmpl(3, max_tokens=1, seed=2**63 - 1)).status_code == 200
+    assert client.post("/v1/completions", json=cmpl(3, max_tokens=1, seed=2**64)).status_code == 500
+    assert client.post("/v1/completions", json=cmpl(3, max_tokens=1)).status_code == 500  # dead from then on
+    assert client.get("/health").status_code == 200
+
+
+def test_media_urls_are_refused_unless_the_fault_fetches_them(client, fake):
+    hits = []
+    from kvgate.security.probe import MediaTrap
+
+    with MediaTrap() as trap:
+        body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": trap.urls()["redirect"]}}]}]}
+        assert client.post("/v1/chat/completions", json=body).status_code == 400
+        fake.config.faults.add("fetch_media_urls")
+        client.post("/v1/chat/completions", json=body)
+        hits = list(trap.hits)
+    assert hits == ["/redirect", "/target.png"]  # the redirect followed
+
+
+@pytest.mark.parametrize("fault, status, slow", [(None, 429, False), ("slow_refusal", 429, True), ("refuse_500", 500, False)])
+def test_admission_limit_refuses_past_it(fake, fault, status, slow):
+    fake.config.admission_limit, fake.config.itl_s, fake.config.slow_refusal_s = 1, 0.05, 0.5
+    if fault:
+        fake.config.faults.add(fault)
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        held = pool.submit(post, fake.base_url + "/v1/completions", json=cmpl(3, max_tokens=20, ignore_eos=True))
+        while not fake.state.inflight:
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        r = post(fake.base_url + "/v1/completions", json=cmpl(3, max_tokens=1))
+        waited = time.monotonic() - t0
+        assert held.result().status_code == 200
+    assert r.status_code == status and (waited >= 0.5) is slow
+    if status == 429:
+        assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == 429
+
+
+def test_fault_control_chars_in_version_and_errors(client, fake):
+    fake.config.faults.add("control_chars")
+    assert "\x1b[2K\rOVERALL: PASS" in client.get("/version").json()["version"]
+    assert "\x00" in client.post("/v1/completions", json={"model": "nope", "prompt": "a"}).json()["error"]["message"]

@@ -173,6 +173,9 @@ class Run:
         redactor = Redactor()
         wants = markexpr_selects_live(config.getoption("markexpr") or "")  # = Run.needs_server() before collection
         endpoint, choice, kserve_notes = _endpoint_and_launcher(config, profile, redactor, launch, api_key_env, wants)
+        if endpoint is None and api_key_env and not os.environ.get(api_key_env):  # the embedded server's key
+            raise usage(f"API key variable {api_key_env} is not set (named by --api-key-env; the embedded server "
+                        "would serve with it)")
         _check_pool_endpoints(config, profile, through_router=endpoint is not None and wants)
         _refuse_unstartable(profile, lint_findings, choice.mode if wants and endpoint is None else None)
         if config.getoption("kvgate_soak_duration"):
