@@ -37,6 +37,7 @@ MARKERS = (
     "streaming: the streaming gate",
     "disconnect: the disconnect-frees-the-slot gate",
     "requests: the edge-requests gate (edge values, malformed bodies, chunk schema, non-ASCII, route timeout)",
+    "api: the api gate (Responses and Messages APIs, logprobs matrix, n > 1, stop strings across tokens, max_completion_tokens, continuous usage)",
     "features: the serve-features gate (tool calling, structured output, reasoning, LoRA adapters, prefix caching)",
     "load: gates that put the server under concurrent load",
     "priority: the priority gate (high-priority short requests overtake low-priority long ones)",
@@ -211,7 +212,7 @@ def _opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
         config.hook.pytest_deselected(items=unasked)
 
 
-GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "answers", "compare", "disconnect", "concurrency",
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "api", "features", "answers", "compare", "disconnect", "concurrency",
               "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "capacity", "soak", "drain")
 
 
