@@ -81,8 +81,7 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         for label, fields, _ in LOGPROBS_MATRIX[api]:
             out[label] = send(client, api, body(api, model, max_tokens=TOKENS, **greedy, **fields))
         label, fields, _ = LOGPROBS_MATRIX[api][-1]
-        out[f"{label}/stream"] = send(client, api, body(api, model, max_tokens=TOKENS, **greedy, **fields,
-                                                       stream_options={"include_usage": True}), stream=True)
+        out[f"{label}/stream"] = send(client, api, body(api, model, max_tokens=TOKENS, **greedy, **fields), stream=True)
         return out
 
     def stop(api):

@@ -495,7 +495,9 @@ def logprobs_verdict(api: str, exchanges: dict[str, Exchange]) -> Verdict:
                                      measured=r.status, limit=200, unit="HTTP status", evidence=ev))
                 continue
             if isinstance(r, StreamReply):
-                problems, tokens = _streamed_logprob_problems(api, r, top)
+                plain = json_body(exchanges[label].reply) if label in exchanges else None
+                problems, tokens = _streamed_logprob_problems(api, r, top, ((plain or {}).get("usage") or {}).get(
+                    "completion_tokens"))
             else:
                 body = json_body(r)
                 tokens = ((body or {}).get("usage") or {}).get("completion_tokens")
@@ -510,9 +512,10 @@ def logprobs_verdict(api: str, exchanges: dict[str, Exchange]) -> Verdict:
     return combine(gate, parts)
 
 
-def _streamed_logprob_problems(api: str, reply: StreamReply, top: int) -> tuple[list[str], int | None]:
-    """Problems of a stream's per-chunk logprobs (one entry per token in the chunks that carry
-    content) and the tokens counted (``usage.completion_tokens`` when asked, else entries)."""
+def _streamed_logprob_problems(api: str, reply: StreamReply, top: int, tokens: Any) -> tuple[list[str], int]:
+    """Problems of a stream's per-chunk logprobs (each chunk that carries a token: its entries in
+    the spec's shape) and the entries counted, which must be ``tokens`` (the completion tokens of
+    the same greedy request non-streamed; not compared when that is not an int)."""
     problems: list[str] = []
     entries = 0
     for _, data in reply.events:
@@ -520,13 +523,13 @@ def _streamed_logprob_problems(api: str, reply: StreamReply, top: int) -> tuple[
         if not isinstance(ev.obj, dict):
             continue
         ch = _choice0(ev.obj)
-        if not ch or ch.get("finish_reason") is not None and not (ch.get("text") or (ch.get("delta") or {}).get("content")):
-            continue
+        delta = ch.get("delta") or {}
+        piece = ch.get("text") if api == "completions" else delta.get("content")
+        if not ch or (not piece and (ch.get("finish_reason") is not None or delta.get("role"))):
+            continue  # the role chunk, a finish chunk without a token
         lp = ch.get("logprobs")
         if api == "chat":
             content = (lp or {}).get("content") if isinstance(lp, dict) else lp
-            if (ch.get("delta") or {}).get("role") and not (ch.get("delta") or {}).get("content"):
-                continue  # the role chunk
             problems += chat_logprob_problems(content, top, None)
             entries += len(content) if isinstance(content, list) else 0
         else:
@@ -534,11 +537,9 @@ def _streamed_logprob_problems(api: str, reply: StreamReply, top: int) -> tuple[
             entries += len((lp or {}).get("tokens") or []) if isinstance(lp, dict) else 0
         if problems:
             break
-    usage = summarize(reply).usage
-    tokens = (usage or {}).get("completion_tokens")
     if isinstance(tokens, int) and entries != tokens and not problems:
-        problems.append(f"{entries} streamed logprobs entries for {tokens} completion tokens")
-    return problems, tokens if isinstance(tokens, int) else entries
+        problems.append(f"{entries} streamed logprobs entries; the same request non-streamed generated {tokens} tokens")
+    return problems, entries
 
 
 def n_choices_verdict(api: str, ex: Exchange, n: int, max_tokens: int) -> Verdict:
@@ -590,26 +591,25 @@ def choice_text(api: str, body: Any) -> str | None:
 
 
 def spanning_stop(texts: list[str], text: str) -> str | None:
-    """A stop string that spans a token boundary of an answer whose tokens are ``texts`` (their
-    concatenation is ``text`` as far as they rebuild it: a token of part of a multi-byte character
-    reads ``""`` while the text has U+FFFD, and boundaries after it are not used): the last 2
-    characters of a token and the first 2 of the next (else 1 and 1), printable, no U+FFFD, first
-    seen in ``text`` right there -- boundaries from the middle out. None when no boundary qualifies."""
-    offsets, pos, aligned = [], 0, []
+    """A stop string that spans a token boundary of ``text``, an answer whose tokens' logprobs
+    texts are ``texts``: the 2 characters of ``text`` before a boundary and the 2 after it (else 1
+    and 1), printable, no U+FFFD, first seen in ``text`` right there -- boundaries from the middle
+    out. Tokens are found in ``text`` in order, each where the last ended or one character later (a
+    logprobs token may lack its leading space); from the first that is not (a token of part of a
+    multi-byte character reads ``""`` while the text has U+FFFD) no boundary is used. None when no
+    boundary qualifies."""
+    ends, pos = [], 0
     for t in texts:
-        if not t or not text.startswith(t, pos):
+        at = text.find(t, pos) if t else -1
+        if at < 0 or at - pos > 1:
             break
-        pos += len(t)
-        offsets.append(pos)
-        aligned.append(t)
-    texts = aligned
-    mid = len(texts) // 2
-    for i in sorted(range(len(texts) - 1), key=lambda k: abs(k - mid)):
-        a, b = texts[i], texts[i + 1]
+        pos = at + len(t)
+        ends.append(pos)
+    mid = len(ends) // 2
+    for i in sorted(range(len(ends) - 1), key=lambda k: abs(k - mid)):
         for k in (2, 1):
-            s = a[-k:] + b[:k]
-            if len(a) >= k and len(b) >= k and s.isprintable() and "\ufffd" not in s and s.strip() \
-                    and text.find(s) == offsets[i] - k:
+            s = text[ends[i] - k:ends[i] + k]
+            if len(s) == 2 * k and s.isprintable() and "\ufffd" not in s and s.strip() and text.find(s) == ends[i] - k:
                 return s
     return None
 

@@ -104,19 +104,25 @@ def _failed(exc: Exception) -> SdkFinal:
 
 
 def sdk_responses_stream(endpoint: Endpoint, body: dict[str, Any], timeout_s: float = 60.0) -> SdkFinal:
-    """Stream a Responses ``body`` through ``client.responses.stream`` and read
-    ``get_final_response()`` (its ``output_text`` and ``status``); non-SDK fields go through
-    ``extra_body``."""
+    """Stream a Responses ``body`` through ``client.responses.stream`` (its accumulator checks the
+    events' identities) and read the response of the terminal event (``response.completed`` /
+    ``incomplete`` / ``failed``: its ``output_text`` and ``status``); non-SDK fields go through
+    ``extra_body``. Not ``get_final_response()``: openai 3.57 raises there unless the stream ended
+    with ``response.completed``, although the spec ends an incomplete response with
+    ``response.incomplete`` (lib/streaming/responses/_responses.py)."""
     if (refused := _refused(endpoint)) is not None:
         return SdkFinal("", None, refused)
     std = {"model", "input", "instructions", "max_output_tokens", "temperature"}
     client = openai_client(endpoint, timeout_s)
+    final = None
     try:
         with client.responses.stream(extra_body={k: v for k, v in body.items() if k not in std and k != "stream"},
                                      **{k: v for k, v in body.items() if k in std}) as stream:
-            for _ in stream:
-                pass
-            final = stream.get_final_response()
+            for event in stream:
+                if event.type in ("response.completed", "response.incomplete", "response.failed"):
+                    final = event.response
+        if final is None:
+            return SdkFinal("", None, "the SDK's stream ended without a terminal response event")
         return SdkFinal(final.output_text, final.status, None)
     except Exception as exc:  # the SDK's failure is the finding, whatever its type
         return _failed(exc)
