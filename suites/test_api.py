@@ -59,12 +59,13 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
     """Every probe of this gate, four jobs at a time; the requests of one case in order (a stop
     case sends its greedy answer first and chooses the stop string from it)."""
     client, model = kvgate_client, kvgate_profile.model.served_name
+    timeout_s = kvgate_profile.limits.request_timeout_s  # the SDKs' own calls are bounded like kvgate's
     greedy = {"temperature": 0, "ignore_eos": True}
 
     def responses():
         req = {"model": model, "input": PROMPT, "max_output_tokens": TOKENS, **greedy}
         return (post(client, "/responses", "responses", req), post(client, "/responses", "responses", req, True),
-                sdk_responses_stream(kvgate_endpoint, req))
+                sdk_responses_stream(kvgate_endpoint, req, timeout_s))
 
     def messages():
         req = {"model": model, "max_tokens": TOKENS, "messages": [{"role": "user", "content": PROMPT}], **greedy}
@@ -74,7 +75,7 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         stop = post(client, "/messages", "messages", {**req, "stop_sequences": [piece]}) if piece else None
         count = post(client, "/messages/count_tokens", "messages", {"model": model, "messages": req["messages"]})
         return (plain, stop, piece, post(client, "/messages", "messages", req, True),
-                sdk_messages_stream(kvgate_endpoint, req), count)
+                sdk_messages_stream(kvgate_endpoint, req, timeout_s), count)
 
     def logprobs(api):
         out = {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvgate.gates.api import (messages_grammar, responses_grammar, responses_stream_verdict, spanning_stop,
                               with_gaps)
 from kvgate.http.client import StreamReply
@@ -53,28 +55,31 @@ def test_sdk_failure_and_text_mismatch_fail_the_sdk_check():
     assert v.status is Status.FAIL and "the openai SDK's responses.stream raised RuntimeError: boom" in v.message
 
 
-def test_responses_grammar_names_each_break():
-    evs = [{"type": "response.in_progress", "sequence_number": 0},
-           {"type": "response.output_item.added", "output_index": 0, "sequence_number": 2},
-           {"type": "response.completed", "sequence_number": 3}, {"type": "response.completed", "sequence_number": 4}]
-    problems = responses_grammar(evs)
-    assert "first event 'response.in_progress', want 'response.created'" in problems
-    assert "sequence_number jumps 0 -> 2 at event 1" in problems
-    assert "output items [0] added and never done" in problems
-    assert "2 terminal events, want one" in problems
+GRAMMAR_BREAKS = {
+    "responses": (responses_grammar, [
+        {"type": "response.in_progress", "sequence_number": 0},
+        {"type": "response.output_item.added", "output_index": 0, "sequence_number": 2},
+        {"type": "response.completed", "sequence_number": 3}, {"type": "response.completed", "sequence_number": 4}],
+        ["first event 'response.in_progress', want 'response.created'", "sequence_number jumps 0 -> 2 at event 1",
+         "output items [0] added and never done", "2 terminal events, want one"]),
+    "messages": (messages_grammar, [{"type": "content_block_delta", "index": 1}, {"type": "message_delta", "delta": {}}],
+                 ["first event 'content_block_delta', want 'message_start'",
+                  "no message_stop; the stream ended with 'message_delta'", "a content_block_delta for block 1, not open",
+                  "1 message_delta events; want one carrying the stop_reason"]),
+}
 
 
-def test_messages_grammar_names_each_break():
+@pytest.mark.parametrize("api", list(GRAMMAR_BREAKS))
+def test_grammar_names_each_break(api):
+    grammar, events, problems = GRAMMAR_BREAKS[api]
+    assert grammar(events) == problems
+
+
+def test_messages_grammar_allows_pings():
     ok = [{"type": "message_start"}, {"type": "content_block_start", "index": 0}, {"type": "ping"},
           {"type": "content_block_delta", "index": 0}, {"type": "content_block_stop", "index": 0},
           {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}}, {"type": "message_stop"}]
     assert messages_grammar(ok) == []
-    bad = [{"type": "content_block_delta", "index": 1}, {"type": "message_delta", "delta": {}}]
-    problems = messages_grammar(bad)
-    assert "first event 'content_block_delta', want 'message_start'" in problems
-    assert "no message_stop; the stream ended with 'message_delta'" in problems
-    assert "a content_block_delta for block 1, not open" in problems
-    assert "1 message_delta events; want one carrying the stop_reason" in problems
 
 
 def test_spanning_stop_spans_a_boundary_first_seen_there():

@@ -114,6 +114,34 @@ def _check(gate: str, problems: list[str], ok: str, what: str, ev: dict[str, Any
     return Verdict(gate, PASS, f"{ok} -> PASS", measured=0, limit=0, unit="problems", evidence=ev)
 
 
+def _streamed(gate: str, what: str, ex: Exchange, route: str) -> Verdict | tuple[list[dict[str, Any]], list[str],
+                                                                                dict[str, Any]]:
+    """``(events, framing problems, evidence)`` of a 200 stream (:func:`sse_events`), else the
+    SKIP or FAIL of :func:`_answered`."""
+    reply, bad = _answered(gate, what, ex, route)
+    if bad is not None:
+        return bad
+    return (*sse_events(reply), ex.evidence())
+
+
+def _parsed(gate: str, what: str, ex: Exchange, route: str, model: type[pydantic.BaseModel]
+            ) -> Verdict | tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """``(body, problems, evidence)`` of a 200 JSON answer, ``problems`` naming where it fails the
+    SDK's ``model`` (or empty), else the SKIP or FAIL of :func:`_answered`."""
+    body, bad = _answered(gate, what, ex, route)
+    if bad is not None:
+        return bad
+    return body, [p for p in [_validation_problem(model.model_validate, body, model.__name__)] if p], ex.evidence()
+
+
+def _sdk_check(name: str, sdk: SdkFinal, how: str, finish: str, text: str, what: str, ev: dict[str, Any]) -> Verdict:
+    """The SDK (``how``) parsed the stream without raising and ended with ``text``, the raw deltas'."""
+    bad = [f"{how} raised {clip(sdk.error, 160)}"] if sdk.error else (
+        [] if sdk.text == text else [f"{how} ended with {clip(repr(sdk.text), 40)}, the raw deltas "
+                                     f"{clip(repr(text), 40)}"])
+    return _check(name, bad, f"{how} parsed it ({finish} {sdk.finish!r}, the same text)", what, ev)
+
+
 # ---------------------------------------------------------------- Responses API
 
 
@@ -134,11 +162,10 @@ def responses_reply_verdict(ex: Exchange, max_output_tokens: int, gaps: dict[str
     ``incomplete`` with reason ``max_output_tokens`` at exactly that many ``usage.output_tokens``."""
     gate = "api/responses/reply"
     what = f"POST /v1/responses (max_output_tokens {max_output_tokens}, ignore_eos)"
-    body, bad = _answered(gate, what, ex, "/v1/responses")
-    if bad is not None:
-        return bad
-    ev = ex.evidence()
-    problems = [p for p in [_validation_problem(Response.model_validate, body, "Response")] if p]
+    read = _parsed(gate, what, ex, "/v1/responses", Response)
+    if isinstance(read, Verdict):
+        return read
+    body, problems, ev = read
     text = response_text(body)
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     out_tokens, status = usage.get("output_tokens"), body.get("status")
@@ -157,8 +184,8 @@ def responses_reply_verdict(ex: Exchange, max_output_tokens: int, gaps: dict[str
                                    "SDK's Response", what, ev)], gaps)
 
 
-def responses_events(reply: StreamReply) -> tuple[list[dict[str, Any]], list[str]]:
-    """The JSON events of a Responses stream and what is not one (one clause each)."""
+def sse_events(reply: StreamReply) -> tuple[list[dict[str, Any]], list[str]]:
+    """The typed JSON events of a Responses or Messages stream and what is not one (one clause each)."""
     events, problems = [], []
     for i, (_, data) in enumerate(reply.events):
         ev = classify(data)
@@ -212,11 +239,10 @@ def responses_stream_verdict(ex: Exchange, sdk: SdkFinal | None, gaps: dict[str,
     ``responses.stream`` ends with that text."""
     gate = "api/responses/stream"
     what = "streamed POST /v1/responses"
-    reply, bad = _answered(gate, what, ex, "/v1/responses")
-    if bad is not None:
-        return bad
-    ev = ex.evidence()
-    events, framing = responses_events(reply)
+    read = _streamed(gate, what, ex, "/v1/responses")
+    if isinstance(read, Verdict):
+        return read
+    events, framing, ev = read
     deltas = "".join(e.get("delta") or "" for e in events if e.get("type") == "response.output_text.delta"
                      and isinstance(e.get("delta"), str))
     terminal = next((e for e in reversed(events) if e.get("type") in TERMINAL), None)
@@ -246,11 +272,7 @@ def responses_stream_verdict(ex: Exchange, sdk: SdkFinal | None, gaps: dict[str,
         parts.append(_check(f"{gate}/output", mismatch, f"the terminal output holds the {len(deltas)} characters the "
                             "deltas carried", what, ev))
     if sdk is not None:
-        sdk_bad = [f"the openai SDK's responses.stream raised {clip(sdk.error, 160)}"] if sdk.error else (
-            [] if sdk.text == deltas else [f"the SDK's final response holds {clip(repr(sdk.text), 40)}, the raw deltas "
-                                           f"{clip(repr(deltas), 40)}"])
-        parts.append(_check(f"{gate}/sdk", sdk_bad, f"the openai SDK's responses.stream parsed it (status "
-                            f"{sdk.finish!r}, the same text)", what, ev))
+        parts.append(_sdk_check(f"{gate}/sdk", sdk, "the openai SDK's responses.stream", "status", deltas, what, ev))
     return with_gaps(gate, parts, gaps, headline=f"{gate}/grammar")
 
 
@@ -272,12 +294,11 @@ def messages_reply_verdict(ex: Exchange, stop: Exchange | None, stop_sequence: s
     ``stop`` None: no piece of the reply could serve (that part SKIPs)."""
     gate = "api/messages/reply"
     what = f"POST /v1/messages (max_tokens {max_tokens}, ignore_eos)"
-    body, bad = _answered(gate, what, ex, "/v1/messages")
-    if bad is not None:
-        return bad
-    ev = ex.evidence()
+    read = _parsed(gate, what, ex, "/v1/messages", Message)
+    if isinstance(read, Verdict):
+        return read
+    body, problems, ev = read
     text, usage = message_text(body), body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    problems = [p for p in [_validation_problem(Message.model_validate, body, "Message")] if p]
     if body.get("stop_reason") != "max_tokens":
         problems.append(f"stop_reason {body.get('stop_reason')!r} where max_tokens cut the reply (want 'max_tokens')")
     if usage.get("output_tokens") != max_tokens:
@@ -350,11 +371,10 @@ def messages_stream_verdict(ex: Exchange, plain: Exchange, sdk: SdkFinal | None,
     those of the non-streamed reply; the SDK's ``messages.stream`` ends with that text."""
     gate = "api/messages/stream"
     what = "streamed POST /v1/messages"
-    reply, bad = _answered(gate, what, ex, "/v1/messages")
-    if bad is not None:
-        return bad
-    ev = ex.evidence()
-    events, framing = responses_events(reply)
+    read = _streamed(gate, what, ex, "/v1/messages")
+    if isinstance(read, Verdict):
+        return read
+    events, framing, ev = read
     text = "".join((e.get("delta") or {}).get("text") or "" for e in events if e.get("type") == "content_block_delta")
     parts = [_check(f"{gate}/grammar", framing + messages_grammar(events), f"{len(events)} events: message_start "
                     "first, every content block stopped, one message_delta, message_stop last", what, ev)]
@@ -373,11 +393,8 @@ def messages_stream_verdict(ex: Exchange, plain: Exchange, sdk: SdkFinal | None,
         parts.append(_check(f"{gate}/agrees", diff, f"streamed text ({len(text)} characters), stop_reason {got[1]!r} "
                             f"and {got[2]} output tokens equal the non-streamed reply's", what, ev))
     if sdk is not None:
-        sdk_bad = [f"the anthropic SDK's messages.stream raised {clip(sdk.error, 160)}"] if sdk.error else (
-            [] if sdk.text == text else [f"the SDK's final message holds {clip(repr(sdk.text), 40)}, the raw deltas "
-                                         f"{clip(repr(text), 40)}"])
-        parts.append(_check(f"{gate}/sdk", sdk_bad, f"the anthropic SDK's messages.stream parsed it (stop_reason "
-                            f"{sdk.finish!r}, the same text)", what, ev))
+        parts.append(_sdk_check(f"{gate}/sdk", sdk, "the anthropic SDK's messages.stream", "stop_reason", text, what,
+                                ev))
     return with_gaps(gate, parts, gaps, headline=f"{gate}/grammar")
 
 
