@@ -6,6 +6,8 @@ are read back from summary.json."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -115,3 +117,29 @@ def test_server_without_the_routes_skips_them_naming_the_answer(pytester):
         assert gates[case]["status"] == "SKIP", (case, gates[case])
         assert "not served here (404: File Not Found)" in gates[case]["message"], gates[case]["message"]
     assert gates["max-completion-tokens/chat"]["status"] == "PASS"
+
+
+def test_contract_diffed_against_the_recorded_serving_revision(pytester, fake):
+    """The serving revision recorded (--gate-mode record: the api verdicts land in golden.json);
+    the same server against its recording PASSes compare/contract; a new revision that answers n=2
+    with one choice FAILs it naming both n cases as regressions."""
+    only = ["-k", "api or contract"]
+    suites = ["suites/test_api.py", "suites/test_compare.py"]
+    rec = pytester.path / "reports"
+    result, summary, _ = run_suites(pytester, fake.url, "--gate-mode=record", *only, suites=suites, profile=PROFILE)
+    assert summary["outcome"] == "RECORDED", summary["outcome"]
+    golden = json.loads((rec / "golden.json").read_text())
+    assert golden["contract"] == {f"api/{c}": "PASS" for c in CASES}
+    recording = pytester.path / "serving"
+    rec.rename(recording)
+    _, _, gates = run_suites(pytester, fake.url, f"--baseline-reports={recording}", *only, suites=suites, profile=PROFILE)
+    g = gates["fake-vllm/compare/contract"]
+    assert g["status"] == "PASS" and g["message"].startswith("all 14 request and api cases that PASSed on the recorded "
+                                                             f"baseline {recording}"), g["message"]
+    fake.config.faults.add("n_one_choice")
+    result, _, gates = run_suites(pytester, fake.url, f"--baseline-reports={recording}", *only, suites=suites,
+                                  profile=PROFILE)
+    g = gates["fake-vllm/compare/contract"]
+    assert g["status"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED, g["message"]
+    assert "2 of 14 request and api cases that PASSed on the recorded baseline" in g["message"]
+    assert "do not on the new revision: api/n/chat (FAIL), api/n/completions (FAIL) -> FAIL" in g["message"]
