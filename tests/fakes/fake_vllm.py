@@ -2507,12 +2507,16 @@ class FakeVLLM:
         part = {"type": "output_text", "text": "", "annotations": []}
         yield ev("response.content_part.added", output_index=0, content_index=0, item_id=item_id, part=part)
         tokens: list[_Token] = []
-        async with contextlib.aclosing(self._engine(plan)) as gen:
-            async for tok in gen:
-                tokens.append(tok)
-                if tok.text:
-                    yield ev("response.output_text.delta", output_index=0, content_index=0, item_id=item_id,
-                             delta=tok.text, logprobs=[])
+        try:
+            async with contextlib.aclosing(self._engine(plan)) as gen:
+                async for tok in gen:
+                    tokens.append(tok)
+                    if tok.text:
+                        yield ev("response.output_text.delta", output_index=0, content_index=0, item_id=item_id,
+                                 delta=tok.text, logprobs=[])
+        except _EngineError as e:  # like vLLM: an error event ends the stream
+            yield ev("error", code="InternalServerError", message=str(e), param=None)
+            return
         final = self._response_obj(plan, tokens, output="responses_empty_output" not in faults)
         text = "".join(t.text for t in tokens)
         yield ev("response.output_text.done", output_index=0, content_index=0, item_id=item_id, text=text, logprobs=[])
@@ -2567,11 +2571,16 @@ class FakeVLLM:
         yield ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
         yield ev({"type": "ping"})
         n = 0
-        async with contextlib.aclosing(self._engine(plan)) as gen:
-            async for tok in gen:
-                n += 1
-                if tok.text:
-                    yield ev({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": tok.text}})
+        try:
+            async with contextlib.aclosing(self._engine(plan)) as gen:
+                async for tok in gen:
+                    n += 1
+                    if tok.text:
+                        yield ev({"type": "content_block_delta", "index": 0,
+                                  "delta": {"type": "text_delta", "text": tok.text}})
+        except _EngineError as e:  # Anthropic's error event ends the stream
+            yield ev({"type": "error", "error": {"type": "api_error", "message": str(e)}})
+            return
         yield ev({"type": "content_block_stop", "index": 0})
         reason, seq = self._stop_reason(plan)
         yield ev({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
