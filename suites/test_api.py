@@ -1,6 +1,7 @@
 """Gate: the API surface clients use. The Responses API (/v1/responses) answers a
 max_output_tokens request incomplete with its reason, streams a well-formed event grammar whose
-terminal output holds what the deltas carried, and the openai SDK parses it; the Messages API
+terminal output holds what the deltas carried, and the openai SDK parses it; a stored response is
+retrieved and continued with previous_response_id (where the server stores them); the Messages API
 (/v1/messages) maps max_tokens and stop sequences to stop_reason truthfully, streams
 message_start ... message_stop agreeing with the non-streamed reply, the anthropic SDK parses it,
 and count_tokens counts what the reply reports; the logprobs matrix has the shapes the spec gives;
@@ -16,7 +17,8 @@ import pytest
 from kvgate.gates.api import (LOGPROBS_MATRIX, choice_text, continuous_usage_verdict, count_tokens_verdict,
                               logprobs_verdict, max_completion_tokens_verdict, message_text, messages_reply_verdict,
                               messages_stream_verdict, n_choices_verdict, responses_reply_verdict,
-                              responses_stream_verdict, spanning_stop, stop_verdict, token_texts)
+                              responses_store_verdict, responses_stream_verdict, spanning_stop, stop_verdict,
+                              token_texts)
 from kvgate.gates.common import json_body
 from kvgate.http.probes import Exchange, send
 from kvgate.http.sdk import sdk_messages_stream, sdk_responses_stream
@@ -67,6 +69,17 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         return (post(client, "/responses", "responses", req), post(client, "/responses", "responses", req, True),
                 sdk_responses_stream(kvgate_endpoint, req, timeout_s))
 
+    def responses_store():
+        req = {"model": model, "input": PROMPT, "max_output_tokens": TOKENS, "store": True, **greedy}
+        first = post(client, "/responses", "responses", req)
+        rid = (json_body(first.reply) or {}).get("id") if first.reply.status == 200 else None
+        if not isinstance(rid, str) or not rid.isprintable() or "/" in rid:
+            return first, None, None
+        got = Exchange("responses", False, {"id": rid}, client.get(client.api(f"/responses/{rid}")))
+        follow = post(client, "/responses", "responses", {**req, "input": "go on", "previous_response_id": rid,
+                                                          "store": False})
+        return first, got, follow
+
     def messages():
         req = {"model": model, "max_tokens": TOKENS, "messages": [{"role": "user", "content": PROMPT}], **greedy}
         plain = post(client, "/messages", "messages", req)
@@ -96,7 +109,7 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         req = body(api, model, max_tokens=2 * TOKENS, stop=[s], **greedy)
         return base, s, send(client, api, req), send(client, api, req, stream=True)
 
-    jobs = {"responses": responses, "messages": messages,
+    jobs = {"responses": responses, "responses/store": responses_store, "messages": messages,
             "max-completion-tokens/chat": lambda: send(client, "chat", {
                 "model": model, "messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": TOKENS,
                 **greedy})}
@@ -124,6 +137,12 @@ def test_responses_api(case, observed, kvgate_profile, kvgate_gate):
     verdict = (responses_reply_verdict(plain, TOKENS, gaps(kvgate_profile)) if case == "responses/reply"
                else responses_stream_verdict(streamed, sdk, gaps(kvgate_profile)))
     assert kvgate_gate(verdict).passed
+
+
+@pytest.mark.api
+@pytest.mark.gate("api", cases=["responses/store"])
+def test_responses_store_and_previous_response_id(case, observed, kvgate_gate):
+    assert kvgate_gate(responses_store_verdict(*observed[case])).passed
 
 
 @pytest.mark.api

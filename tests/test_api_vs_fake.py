@@ -21,7 +21,7 @@ import kvgate.gates.api  # noqa: E402,F401
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
-CASES = ["responses/reply", "responses/stream", "messages/reply", "messages/stream", "messages/count-tokens",
+CASES = ["responses/reply", "responses/stream", "responses/store", "messages/reply", "messages/stream", "messages/count-tokens",
          "logprobs/chat", "logprobs/completions", "n/chat", "n/completions", "stop/chat", "stop/completions",
          "max-completion-tokens/chat", "continuous-usage/chat", "continuous-usage/completions"]
 
@@ -38,6 +38,8 @@ def test_healthy_fake_passes_every_api_case(pytester, fake):
     assert all(g["status"] == "PASS" and not g["skipped_checks"] for g in gates.values())
     assert "terminal 'response.incomplete' carries status 'incomplete'" in gates["responses/stream"]["message"]
     assert "the openai SDK's responses.stream parsed it" in gates["responses/stream"]["message"]
+    assert "the follow-up with previous_response_id counts 21 input tokens (>= the stored turn's 17)" in \
+        gates["responses/store"]["message"]
     assert "stop_reason 'stop_sequence' naming it" in gates["messages/reply"]["message"]
     assert "the anthropic SDK's messages.stream parsed it" in gates["messages/stream"]["message"]
     assert "counted 9 input tokens, the reply's usage says 9" in gates["messages/count-tokens"]["message"]
@@ -56,6 +58,8 @@ FAULT_CASES = {
     "stop_fragment_leak": ("stop/chat", "of the stop string past where the answer ends"),
     "n_one_choice": ("n/completions", "1 choices indexed [0], want [0, 1]"),
     "ignore_max_completion_tokens": ("max-completion-tokens/chat", "64 completion tokens, finish 'length'; want 8"),
+    "forget_previous_response": ("responses/store", "the follow-up with previous_response_id counts 5 input tokens, "
+                                 "fewer than the stored turn's 17 (input + output)"),
     "stream_usage_mismatch": ("continuous-usage/completions", "the final usage chunk counts 9 completion tokens, 8 "
                               "were generated"),
 }
@@ -66,7 +70,8 @@ ALSO = {"stop_fragment_leak": {"stop/completions"}, "n_one_choice": {"n/chat"},
 #: is failed by its own fault), so the proof costs two runs of the suite, not nine.
 GROUPS = {"responses-messages-logprobs-n": ["responses_no_terminal", "messages_no_stop", "top_logprobs_null",
                                             "n_one_choice", "ignore_max_completion_tokens"],
-          "responses-stop-usage": ["responses_empty_output", "stop_fragment_leak", "stream_usage_mismatch"]}
+          "responses-stop-usage": ["responses_empty_output", "stop_fragment_leak", "stream_usage_mismatch",
+                                   "forget_previous_response"]}
 
 
 @pytest.mark.parametrize("group", list(GROUPS))
@@ -96,6 +101,7 @@ def test_accepted_gap_reports_the_finding_without_failing(pytester, fake, tmp_pa
     """vLLM 0.32's response.completed for an incomplete response (the fault imitates it): FAIL,
     and with the profile accepting the gap the case PASSes, the check a SKIP part saying why."""
     fake.config.faults.add("responses_completed_when_incomplete")
+    fake.config.responses_store = False  # like vLLM without VLLM_ENABLE_RESPONSES_API_STORE=1
     data = yaml.safe_load(PROFILE.read_text())
     data["api"] = {"accepted_gaps": {"responses/stream/terminal-event": "vLLM 0.32 (responses/serving.py)"}}
     profile = tmp_path / "fake-vllm.yaml"
@@ -106,6 +112,9 @@ def test_accepted_gap_reports_the_finding_without_failing(pytester, fake, tmp_pa
     assert [c["check"] for c in g["skipped_checks"]] == ["api/responses/stream/terminal-event"], g
     assert g["skipped_checks"][0]["reason"].startswith("accepted gap (profile api.accepted_gaps: vLLM 0.32")
     assert "terminal event 'response.completed' carries status 'incomplete'" in g["skipped_checks"][0]["reason"]
+    store = gates["responses/store"]
+    assert store["status"] == "SKIP" and "answered 404" in store["message"], store
+    assert "VLLM_ENABLE_RESPONSES_API_STORE=1" in store["message"]
 
 
 def test_server_without_the_routes_skips_them_naming_the_answer(pytester):
@@ -113,7 +122,8 @@ def test_server_without_the_routes_skips_them_naming_the_answer(pytester):
     the rest are judged."""
     with FakeVLLM(FakeConfig(max_tokens_cap=64, server="llama.cpp")) as f:
         _, _, gates = run(pytester, f.url)
-    for case in ("responses/reply", "responses/stream", "messages/reply", "messages/stream", "messages/count-tokens"):
+    for case in ("responses/reply", "responses/stream", "responses/store", "messages/reply", "messages/stream",
+                 "messages/count-tokens"):
         assert gates[case]["status"] == "SKIP", (case, gates[case])
         assert "not served here (404: File Not Found)" in gates[case]["message"], gates[case]["message"]
     assert gates["max-completion-tokens/chat"]["status"] == "PASS"
@@ -134,12 +144,12 @@ def test_contract_diffed_against_the_recorded_serving_revision(pytester, fake):
     rec.rename(recording)
     _, _, gates = run_suites(pytester, fake.url, f"--baseline-reports={recording}", *only, suites=suites, profile=PROFILE)
     g = gates["fake-vllm/compare/contract"]
-    assert g["status"] == "PASS" and g["message"].startswith("all 14 request and api cases that PASSed on the recorded "
+    assert g["status"] == "PASS" and g["message"].startswith("all 15 request and api cases that PASSed on the recorded "
                                                              f"baseline {recording}"), g["message"]
     fake.config.faults.add("n_one_choice")
     result, _, gates = run_suites(pytester, fake.url, f"--baseline-reports={recording}", *only, suites=suites,
                                   profile=PROFILE)
     g = gates["fake-vllm/compare/contract"]
     assert g["status"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED, g["message"]
-    assert "2 of 14 request and api cases that PASSed on the recorded baseline" in g["message"]
+    assert "2 of 15 request and api cases that PASSed on the recorded baseline" in g["message"]
     assert "do not on the new revision: api/n/chat (FAIL), api/n/completions (FAIL) -> FAIL" in g["message"]

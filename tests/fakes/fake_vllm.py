@@ -264,6 +264,8 @@ FAULTS: dict[str, str] = {
     "the token where it began (the holdback cut mid-token: '<thin' of '</think>', vllm PR#45636)",
     "n_one_choice": "a non-streamed request with n > 1 is answered with one choice (index 0), usage of that one",
     "ignore_max_completion_tokens": "chat ignores max_completion_tokens (only max_tokens bounds the reply)",
+    "forget_previous_response": "a /v1/responses request's previous_response_id is accepted and ignored: the stored "
+    "turn is not in its context",
 }
 
 
@@ -390,6 +392,7 @@ class FakeConfig:
     answers: dict[str, str] = field(default_factory=dict)
     batch_window_s: float = 0.1  # nondeterministic_concurrency: a batch forms until this long passes with no admission
     batch_invariant_max: int = 4  # nondeterministic_concurrency: answers change with more requests running than this
+    responses_store: bool = True  # /v1/responses keeps store: true responses (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
 
     def __post_init__(self) -> None:
         self.faults = FaultSet(self.faults)
@@ -1394,6 +1397,7 @@ class FakeVLLM:
             Route("/metrics", self._metrics_endpoint, methods=["GET"]),
             # the Responses and Messages APIs (vLLM 0.32 serves both; the api gate)
             Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self._retrieve_response, methods=["GET"]),
             Route("/v1/messages", self._messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
             Route("/_fake/state", self._fake_state, methods=["GET"]),
@@ -2467,9 +2471,39 @@ class FakeVLLM:
         messages = [{"role": "user", "content": inp}] if isinstance(inp, str) else inp
         if body.get("instructions"):
             messages = [{"role": "system", "content": body["instructions"]}, *(messages or [])]
+        prev = body.get("previous_response_id")
+        if prev is not None:
+            if prev not in self._stored():
+                return _error(f"Response with id '{prev}' not found.", 404, "NotFoundError")
+            if "forget_previous_response" not in self.config.faults:
+                messages = [*self._stored()[prev][0], *(messages or [])]
         chat = {k: body[k] for k in ("model", "temperature", "seed", "ignore_eos") if k in body}
         chat.update(messages=messages, max_tokens=body.get("max_output_tokens"))
-        return await self._translated(request, body, chat, self._response_obj, self._response_events)
+        store = bool(body.get("store", True)) and self.config.responses_store and not body.get("stream")
+
+        def shape(plan: _Plan, tokens: list[_Token]) -> dict[str, Any]:
+            obj = self._response_obj(plan, tokens)
+            if store:  # the conversation so far, for a later previous_response_id, and the object for GET
+                turn = [*messages, {"role": "assistant", "content": "".join(t.text for t in tokens)}]
+                self._stored()[obj["id"]] = (turn, obj)
+            return obj
+
+        return await self._translated(request, body, chat, shape, self._response_events)
+
+    def _stored(self) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]]]:
+        """Stored responses: id -> (the conversation including the answer, the Response object)."""
+        if not hasattr(self, "_responses_store"):
+            self._responses_store: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
+        return self._responses_store
+
+    async def _retrieve_response(self, request: Request) -> Response:
+        """``GET /v1/responses/{id}``: the stored Response, else vLLM's 404."""
+        if (denied := self._auth(request)) is not None:
+            return denied
+        rid = request.path_params["response_id"]
+        if rid not in self._stored():
+            return _error(f"Response with id '{rid}' not found.", 404, "NotFoundError")
+        return JSONResponse(self._stored()[rid][1])
 
     def _response_obj(self, plan: _Plan, tokens: list[_Token], output: bool = True) -> dict[str, Any]:
         text = "".join(t.text for t in tokens)

@@ -276,6 +276,54 @@ def responses_stream_verdict(ex: Exchange, sdk: SdkFinal | None, gaps: dict[str,
     return with_gaps(gate, parts, gaps, headline=f"{gate}/grammar")
 
 
+def responses_store_verdict(first: Exchange, got: Exchange | None, follow: Exchange | None) -> Verdict:
+    """A stored response (``store: true``): ``GET /v1/responses/{id}`` answers it (same id, status
+    and text), and a request with ``previous_response_id`` carries the stored turn in its context
+    (its ``usage.input_tokens`` at least the stored turn's input + output tokens). SKIP when the
+    server keeps no responses (GET 404: vLLM stores them only with ``VLLM_ENABLE_RESPONSES_API_STORE=1``,
+    vllm/entrypoints/openai/responses/serving.py; otherwise it turns ``store`` off)."""
+    gate = "api/responses/store"
+    what = "POST /v1/responses with store true"
+    read = _parsed(gate, what, first, "/v1/responses", Response)
+    if isinstance(read, Verdict):
+        return read
+    body, _, ev = read
+    rid = body.get("id")
+    if got is None or follow is None:
+        return Verdict(gate, FAIL, f"{what} answered no response id ({rid!r}) -> FAIL", measured=rid, limit="an id",
+                       evidence=ev)
+    ev = {"stored": ev, "retrieved": got.evidence(), "follow_up": follow.evidence()}
+    g = got.reply
+    if g.status == 404:
+        return Verdict(gate, SKIP, f"stored responses are off here: GET /v1/responses/{rid} answered 404 "
+                       f"({server_error(g, 80)}); vLLM keeps them only with VLLM_ENABLE_RESPONSES_API_STORE=1",
+                       measured=404, unit="HTTP status", evidence=ev)
+    gbody = json_body(g) if g.status == 200 else None
+    problems = []
+    if gbody is None:
+        problems.append(f"GET /v1/responses/{rid} answered {g.status} ({server_error(g, 80)})")
+    elif (gbody.get("id"), gbody.get("status"), response_text(gbody)) != (rid, body.get("status"), response_text(body)):
+        problems.append(f"GET /v1/responses/{rid} answered id {gbody.get('id')!r}, status {gbody.get('status')!r}, "
+                        f"text {clip(repr(response_text(gbody)), 40)}; stored: {rid!r}, {body.get('status')!r}, "
+                        f"{clip(repr(response_text(body)), 40)}")
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    turn = sum(usage.get(k) for k in ("input_tokens", "output_tokens") if isinstance(usage.get(k), int))
+    fbody = json_body(follow.reply) if follow.reply.status == 200 else None
+    seen = ((fbody or {}).get("usage") or {}).get("input_tokens") if fbody else None
+    if fbody is None:
+        problems.append(f"the follow-up with previous_response_id answered {follow.reply.status} "
+                        f"({server_error(follow.reply, 80)})")
+    elif not isinstance(seen, int) or seen < turn:
+        problems.append(f"the follow-up with previous_response_id counts {seen!r} input tokens, fewer than the stored "
+                        f"turn's {turn} (input + output): the earlier turn is not in its context")
+    if problems:
+        return Verdict(gate, FAIL, f"{what}: {'; '.join(problems)} -> FAIL", measured=seen, limit=turn, unit="tokens",
+                       evidence=ev)
+    return Verdict(gate, PASS, f"{what}: GET /v1/responses/{rid} answers it (status {body.get('status')!r}, the same "
+                   f"text); the follow-up with previous_response_id counts {seen} input tokens (>= the stored turn's "
+                   f"{turn}) -> PASS", measured=seen, limit=turn, unit="tokens", evidence=ev)
+
+
 # ---------------------------------------------------------------- Messages API
 
 
