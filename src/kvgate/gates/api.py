@@ -16,7 +16,9 @@ reached) -- the OpenAI spec's terminal event for that status is ``response.incom
 check FAILs on vLLM 0.32 unless the profile accepts the gap (``api.accepted_gaps``);
 ``/v1/messages`` maps finish ``length`` to ``stop_reason`` ``max_tokens`` and a matched stop string
 to ``stop_sequence`` (vllm/entrypoints/anthropic/serving.py ``_to_anthropic_stop_reason``), and
-``/v1/messages/count_tokens`` counts what the reply's ``usage.input_tokens`` counts (15 and 15).
+``/v1/messages/count_tokens`` counts what the reply's ``usage.input_tokens`` counts (16 and 16 for
+the gate's prompt); stored responses (``GET /v1/responses/{id}``) only with
+``VLLM_ENABLE_RESPONSES_API_STORE=1``, else 404.
 
 Pure: observations in, :class:`~kvgate.verdict.Verdict` out. A route the server does not serve
 (404/405/501) is a SKIP naming the answer; garbage is a FAIL naming what arrived, never an exception.
