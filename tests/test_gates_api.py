@@ -96,3 +96,28 @@ def test_spanning_stop_spans_a_boundary_first_seen_there():
 def test_with_gaps_leaves_unlisted_failures_alone():
     parts = [Verdict("api/x/y/a", Status.FAIL, "a broke -> FAIL"), Verdict("api/x/y/b", Status.PASS, "b -> PASS")]
     assert with_gaps("api/x/y", parts, GAP).status is Status.FAIL
+
+
+def test_a_reply_that_ended_on_its_own_skips_the_limit_check_truthfully():
+    """A server that does not honour ignore_eos: a reply ending after 3 of 8 tokens and saying so
+    (completed / end_turn) SKIPs the limit's outcome; one saying incomplete at 3 tokens FAILs."""
+    from kvgate.gates.api import messages_reply_verdict, responses_reply_verdict
+    from kvgate.http.client import Reply
+
+    def ex(body):
+        return Exchange("x", False, {}, Reply(200, json.dumps(body), 0.01))
+
+    usage = {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8, "input_tokens_details": {
+        "cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    done = {**response("completed", " a b"), "usage": usage}
+    v = responses_reply_verdict(ex(done), 8, {})
+    assert v.status is Status.SKIP and "ended on its own after 3 tokens" in v.message
+    lying = {**done, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    v = responses_reply_verdict(ex(lying), 8, {})
+    assert v.status is Status.FAIL and "usage.output_tokens 3, want 8" in v.message
+    msg = {"id": "m", "type": "message", "role": "assistant", "model": "m", "content": [{"type": "text", "text": "a"}],
+           "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 3}}
+    v = messages_reply_verdict(ex(msg), None, None, 8, {})
+    assert v.status is Status.SKIP and "stop_reason 'end_turn'" in v.message
+    v = messages_reply_verdict(ex({**msg, "stop_reason": "max_tokens"}), None, None, 8, {})
+    assert v.status is Status.FAIL and "usage.output_tokens 3, want 8 (max_tokens reached)" in v.message

@@ -144,6 +144,14 @@ def _sdk_check(name: str, sdk: SdkFinal, how: str, finish: str, text: str, what:
     return _check(name, bad, f"{how} parsed it ({finish} {sdk.finish!r}, the same text)", what, ev)
 
 
+def ended_on_its_own(tokens: Any, limit: int, says_so: bool) -> bool:
+    """Whether a reply asked for ``limit`` tokens with ``ignore_eos`` ended sooner and says it ended
+    naturally (``says_so``: Responses status ``completed``, Messages ``end_turn``): a server that
+    does not honour ``ignore_eos`` (a vLLM extension), truthful about it -- the limit's own outcome
+    is then not exercised (a SKIP), not broken."""
+    return isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens < limit and says_so
+
+
 # ---------------------------------------------------------------- Responses API
 
 
@@ -175,12 +183,16 @@ def responses_reply_verdict(ex: Exchange, max_output_tokens: int, gaps: dict[str
         else None
     if not text:
         problems.append(f"output carries no text (output {clip(repr(body.get('output')), 80)})")
+    ev.update(output_tokens=out_tokens, status=status, text=text[:200])
+    if ended_on_its_own(out_tokens, max_output_tokens, (status, reason) == ("completed", None)) and not problems:
+        return Verdict(gate, SKIP, f"{what}: the reply ended on its own after {out_tokens} tokens, status 'completed' "
+                       "(ignore_eos not honoured here): max_output_tokens -> incomplete not exercised",
+                       measured=out_tokens, limit=max_output_tokens, unit="tokens", evidence=ev)
     if out_tokens != max_output_tokens:
-        problems.append(f"usage.output_tokens {out_tokens!r}, the limit {max_output_tokens} reached")
+        problems.append(f"usage.output_tokens {out_tokens!r}, want {max_output_tokens} (the limit, ignore_eos)")
     if (status, reason) != ("incomplete", "max_output_tokens"):
         problems.append(f"status {status!r} (incomplete_details.reason {reason!r}) where max_output_tokens cut the "
                         "reply: want 'incomplete' with reason 'max_output_tokens'")
-    ev.update(output_tokens=out_tokens, status=status, text=text[:200])
     return with_gaps(gate, [_check(f"{gate}/shape", problems, f"{what}: status incomplete (max_output_tokens), "
                                    f"{out_tokens} output tokens, {len(text)} characters of text, valid as the openai "
                                    "SDK's Response", what, ev)], gaps)
@@ -349,14 +361,20 @@ def messages_reply_verdict(ex: Exchange, stop: Exchange | None, stop_sequence: s
         return read
     body, problems, ev = read
     text, usage = message_text(body), body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    if body.get("stop_reason") != "max_tokens":
-        problems.append(f"stop_reason {body.get('stop_reason')!r} where max_tokens cut the reply (want 'max_tokens')")
-    if usage.get("output_tokens") != max_tokens:
-        problems.append(f"usage.output_tokens {usage.get('output_tokens')!r}, want {max_tokens} (max_tokens reached)")
     if not text:
         problems.append("no text block")
-    parts = [_check(f"{gate}/max-tokens", problems, f"{what}: stop_reason 'max_tokens', {usage.get('output_tokens')} "
-                    "output tokens, valid as the anthropic SDK's Message", what, ev)]
+    out_tokens = usage.get("output_tokens")
+    if ended_on_its_own(out_tokens, max_tokens, body.get("stop_reason") == "end_turn") and not problems:
+        parts = [Verdict(f"{gate}/max-tokens", SKIP, f"{what}: the reply ended on its own after {out_tokens} tokens, "
+                         "stop_reason 'end_turn' (ignore_eos not honoured here): max_tokens -> stop_reason "
+                         "'max_tokens' not exercised", measured=out_tokens, limit=max_tokens, unit="tokens", evidence=ev)]
+    else:
+        if body.get("stop_reason") != "max_tokens":
+            problems.append(f"stop_reason {body.get('stop_reason')!r} where max_tokens cut the reply (want 'max_tokens')")
+        if out_tokens != max_tokens:
+            problems.append(f"usage.output_tokens {out_tokens!r}, want {max_tokens} (max_tokens reached)")
+        parts = [_check(f"{gate}/max-tokens", problems, f"{what}: stop_reason 'max_tokens', {out_tokens} output tokens, "
+                        "valid as the anthropic SDK's Message", what, ev)]
     if stop is None or stop_sequence is None:
         parts.append(Verdict(f"{gate}/stop-sequence", SKIP, f"no piece of the reply {clip(repr(text), 40)} serves as a "
                              "stop sequence (printable, first seen past its start)", evidence=ev))
