@@ -10,8 +10,8 @@ import pytest
 from kvgate.compare.baseline import LiveBaseline, RecordedBaseline, answer_both, features_statuses, sized_text
 from kvgate.compare.golden import GOLDEN_FILE, golden_set, long_prompt_tokens, write_golden
 from kvgate.compare.latency import Pairs, take_pairs, timed
-from kvgate.gates.compare import (features_verdict, latency_decisions, latency_verdict, no_baseline_verdict,
-                                  outputs_verdict)
+from kvgate.gates.compare import (contract_verdict, features_verdict, latency_decisions, latency_verdict,
+                                  no_baseline_verdict, outputs_verdict)
 from kvgate.gates.features import cases as feature_cases
 from kvgate.run.session import current
 from kvgate.stats.confidence import plan_looks, sample_until_decided
@@ -23,14 +23,15 @@ class Golden:
 
     def __init__(self, run, prompts, new, base, logprobs):
         self.run, self.prompts, self.new, self.base, self.logprobs = run, prompts, new, base, logprobs
-        self.features = {}
+        self.features, self.contract = {}, {}
 
     def save(self):
         rec = self.run.record
         return write_golden(self.run.reports_dir / GOLDEN_FILE, run_id=rec.run_id, profile=self.run.profile.name,
                             endpoint=rec.endpoint, server_version=rec.server_version,
                             model=self.run.profile.model.served_name, prompts=self.prompts, answers=self.new,
-                            features=self.features, logprobs=self.logprobs, redact=self.run.redactor.text)
+                            features=self.features, logprobs=self.logprobs, redact=self.run.redactor.text,
+                            contract=self.contract)
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +115,31 @@ def test_no_feature_lost(case, pytestconfig, golden, kvgate_client, kvgate_basel
         return
     base_statuses = base.golden.features if isinstance(base, RecordedBaseline) else features_statuses(base_client, profile)
     assert kvgate_gate(features_verdict(base_statuses, new, base.label)).passed
+
+
+#: The gates whose verdicts are the API contract a client relies on (gates that ran before compare).
+CONTRACT_GATES = ("requests", "api")
+
+
+@pytest.mark.compare
+@pytest.mark.gate("compare", cases=["contract"])
+def test_no_contract_regression(case, pytestconfig, golden, kvgate_baseline, kvgate_profile, kvgate_gate):
+    base, _, why = kvgate_baseline
+    if golden is None:
+        assert kvgate_gate(no_baseline_verdict(case, why)).passed
+        return
+    prefixes = tuple(f"{kvgate_profile.name}/{g}/" for g in CONTRACT_GATES)
+    golden.contract = {e.test_id.removeprefix(f"{kvgate_profile.name}/"): e.status
+                       for e in current(pytestconfig).record.entries.values() if e.test_id.startswith(prefixes)}
+    golden.save()
+    if base is None:
+        assert kvgate_gate(no_baseline_verdict(case, f"{why}; this run's {len(golden.contract)} request and api "
+                                               f"verdicts are in {GOLDEN_FILE}")).passed
+        return
+    if not isinstance(base, RecordedBaseline):
+        assert kvgate_gate(no_baseline_verdict(case, f"the contract is diffed against a recording of the serving "
+                                               f"revision (--baseline-reports DIR of a run with --gate-mode record): "
+                                               f"the request and api cases are not re-run against the {base.label}")
+                           ).passed
+        return
+    assert kvgate_gate(contract_verdict(base.golden.contract, golden.contract, base.label)).passed

@@ -14,7 +14,7 @@ import pytest
 from kvgate.compare.golden import (Answer, GoldenError, GoldenPrompt, answer_of, compare_answers, read_golden,
                                    write_golden)
 from kvgate.compare.latency import Pairs, Timing, take_pairs
-from kvgate.gates.compare import features_verdict, latency_verdict, outputs_verdict
+from kvgate.gates.compare import contract_verdict, features_verdict, latency_verdict, outputs_verdict
 from kvgate.profile.models import load_profile
 from kvgate.verdict import Status
 
@@ -167,6 +167,19 @@ def test_features_verdict_names_what_was_lost():
     assert features_verdict({"tools": "SKIP"}, {"tools": "SKIP"}, "b").status is Status.SKIP
 
 
+def test_contract_verdict_names_each_regression_and_leaves_unrun_cases_out():
+    base = {"api/n/chat": "PASS", "api/responses/stream": "PASS", "requests/body-size": "PASS", "api/stop/chat": "SKIP"}
+    v = contract_verdict(base, {"api/n/chat": "FAIL", "api/responses/stream": "SKIP", "api/stop/chat": "PASS"}, "rec R")
+    assert v.status is Status.FAIL
+    assert v.message == ("2 of 2 request and api cases that PASSed on the rec R do not on the new revision: "
+                         "api/n/chat (FAIL), api/responses/stream (SKIP); 1 recorded PASS not run here; gained "
+                         "api/stop/chat -> FAIL")
+    assert v.evidence["not_run_here"] == ["requests/body-size"]
+    assert contract_verdict(base, {"api/n/chat": "PASS"}, "r").status is Status.PASS
+    assert contract_verdict({}, {"api/n/chat": "PASS"}, "r").status is Status.SKIP
+    assert "this run ran no request or api case" in contract_verdict(base, {}, "r").message
+
+
 def test_golden_file_round_trip_and_clear_errors(tmp_path):
     ps = prompts(2)
     path = write_golden(tmp_path / "golden.json", run_id="r1", profile="p", endpoint="http://x/v1",
@@ -204,8 +217,9 @@ def run_compare(pytester, url, *extra, profile=PROFILE, reports="reports"):
 def test_same_fake_on_both_sides_passes_and_writes_its_golden_answers(pytester, fakes):
     new, base = fakes
     result, summary, gates = run_compare(pytester, new.url, f"--baseline={base.url}")
-    assert {k: g["status"] for k, g in gates.items()} == {"outputs": "PASS", "latency": "PASS", "features": "SKIP"}, \
-        [g["message"] for g in gates.values()]
+    assert {k: g["status"] for k, g in gates.items()} == {"outputs": "PASS", "latency": "PASS", "features": "SKIP",
+                                                          "contract": "SKIP"}, [g["message"] for g in gates.values()]
+    assert "not re-run against the baseline" in gates["contract"]["message"]
     assert gates["outputs"]["message"].startswith(f"6 golden prompts vs the baseline {base.url} (--baseline): "
                                                   "6 identical, 0 parted at a near tie")
     assert "TTFT p50 " in gates["latency"]["message"] and "(baseline + 10%) -> PASS" in gates["latency"]["message"]
@@ -267,7 +281,8 @@ def test_record_then_compare_against_the_recording_without_a_second_server(pytes
 def test_without_a_baseline_compare_skips_and_sends_nothing(pytester, fakes):
     new, _ = fakes
     result, summary, gates = run_compare(pytester, new.url, "-m", "compare")
-    assert {k: g["status"] for k, g in gates.items()} == dict.fromkeys(["outputs", "latency", "features"], "SKIP")
+    assert {k: g["status"] for k, g in gates.items()} == dict.fromkeys(["outputs", "latency", "features", "contract"],
+                                                                      "SKIP")
     assert "no baseline: give --baseline URL" in gates["outputs"]["message"]
     assert not [r for r in new.state.requests if r.kind in ("completions", "chat")]
     assert not (pytester.path / "reports" / "golden.json").exists()
@@ -383,7 +398,7 @@ def test_the_compare_gate_runs_when_asked(pytester, args, selected):
         "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--kvgate-reports={out}",
         f"--profile={PROFILE}", "--endpoint=http://127.0.0.1:9/v1", "--collect-only", "-q", str(SUITE), *args)
     text = result.stdout.str()
-    assert ("3 tests collected" in text or "3/3 tests collected" in text) is selected, text[-600:]
+    assert ("4 tests collected" in text or "4/4 tests collected" in text) is selected, text[-600:]
 
 
 def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypatch, fakes):

@@ -187,7 +187,7 @@ def test_no_gate_selected_leaves_no_empty_server_log(pytester):
     ("", True), ("fit", False), ("fit and not deployment", False), ("not fit", True), ("deployment", True),
     ("fit or soak", True), ("pools and not load", True), ("health", True), ("drain", True),
     ("capacity", True), ("fit or capacity", True), ("not capacity and fit", False),
-    ("not (fit or deployment or max_context or max_tokens or streaming or requests or features or answers or disconnect or load or "
+    ("not (fit or deployment or max_context or max_tokens or streaming or requests or api or features or answers or disconnect or load or "
      "health or pools or soak or drain or metrics or security)", False),
 ])
 def test_marker_expression_decides_whether_a_server_is_needed(expr, live):

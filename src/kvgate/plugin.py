@@ -37,6 +37,7 @@ MARKERS = (
     "streaming: the streaming gate",
     "disconnect: the disconnect-frees-the-slot gate",
     "requests: the edge-requests gate (edge values, malformed bodies, chunk schema, non-ASCII, route timeout)",
+    "api: the api gate (Responses and Messages APIs, logprobs matrix, n > 1, stop strings across tokens, max_completion_tokens, continuous usage)",
     "features: the serve-features gate (tool calling, structured output, reasoning, LoRA adapters, prefix caching)",
     "load: gates that put the server under concurrent load",
     "priority: the priority gate (high-priority short requests overtake low-priority long ones)",
@@ -47,7 +48,7 @@ MARKERS = (
     "capacity: the capacity gate (a concurrency search for the knee where the SLO stops holding vs the declared peak; only with -m capacity)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
     "answers: the answers gate (golden answers, accuracy with a binomial interval, degeneration, multibyte integrity, input paths, multi-turn memory, determinism under concurrency)",
-    "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost; runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
+    "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost, request/api contract regressions; runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
     "security: the security gate (auth surface without a key or with a wrong one, secrets in answers, media URLs, hostile parameters, a flood at the door)",
     "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
@@ -212,7 +213,7 @@ def _opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
         config.hook.pytest_deselected(items=unasked)
 
 
-GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "features", "answers", "compare", "disconnect", "concurrency",
+GATE_ORDER = ("fit", "deployment", "max-context", "max-tokens", "streaming", "requests", "api", "features", "answers", "compare", "disconnect", "concurrency",
               "latency", "priority", "autoscale-signal", "metrics", "health", "pools", "capacity", "soak", "security", "drain")
 
 

@@ -267,6 +267,21 @@ FAULTS: dict[str, str] = {
     "control_chars": "/version and every 4xx error message carry CONTROL_TEXT: each C0 control, DEL, the C1 "
     "controls, bidi overrides and isolates, U+2028/2029 and an ESC sequence that rewrites a log line to "
     "'OVERALL: PASS' (what a hostile endpoint writes into kvgate's outputs)",
+    # issue 34: the API surface clients use (the api gate; /v1/responses, /v1/messages, SDK-validated shapes)
+    "responses_no_terminal": "a /v1/responses stream ends after its last output event with no terminal "
+    "response.completed / incomplete / failed (vllm#55284)",
+    "responses_empty_output": "a /v1/responses stream's terminal event carries output [] although the deltas carried "
+    "text (vllm#46940)",
+    "responses_completed_when_incomplete": "a /v1/responses stream cut by max_output_tokens ends with "
+    "response.completed (status incomplete) instead of response.incomplete, as vLLM 0.32 does",
+    "messages_no_stop": "a /v1/messages stream ends after message_delta with no message_stop",
+    "top_logprobs_null": "chat logprobs entries carry top_logprobs null where the spec gives an array (litellm#21932)",
+    "stop_fragment_leak": "a streamed answer cut by a stop string that spans tokens carries the stop string's part in "
+    "the token where it began (the holdback cut mid-token: '<thin' of '</think>', vllm PR#45636)",
+    "n_one_choice": "a non-streamed request with n > 1 is answered with one choice (index 0), usage of that one",
+    "ignore_max_completion_tokens": "chat ignores max_completion_tokens (only max_tokens bounds the reply)",
+    "forget_previous_response": "a /v1/responses request's previous_response_id is accepted and ignored: the stored "
+    "turn is not in its context",
 }
 
 #: The ``control_chars`` fault's text: every character kvgate must escape (kvgate.verdict.printable).
@@ -404,6 +419,7 @@ class FakeConfig:
     answers: dict[str, str] = field(default_factory=dict)
     batch_window_s: float = 0.1  # nondeterministic_concurrency: a batch forms until this long passes with no admission
     batch_invariant_max: int = 4  # nondeterministic_concurrency: answers change with more requests running than this
+    responses_store: bool = True  # /v1/responses keeps store: true responses (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
 
     def __post_init__(self) -> None:
         self.faults = FaultSet(self.faults)
@@ -642,6 +658,7 @@ class _Plan:
     special: str | None = None  # "tools" | "structured" | "reasoning": the answer is the tokens' deltas
     batch_tokens: list[_Token] | None = None  # nondeterministic_concurrency: the answer in a large batch
     echo: str | None = None  # echo_prompt_first_delta: text put before the first streamed delta
+    stop_hit: str | None = None  # the stop string that ended the answer (vLLM's stop_reason)
 
 
 def _plan_tokens(
@@ -835,6 +852,8 @@ def _pieces(text: str) -> list[str]:
     return parts
 
 
+#: vLLM 0.32's limit on n (VLLM_MAX_N_SEQUENCES' default; measured: n 1,000,000 -> 400).
+MAX_N = 16384
 #: vLLM 0.32's structured-output limit: "The JSON schema is nested too deeply: objects and arrays may nest
 #: at most 64 levels" (400).
 MAX_SCHEMA_DEPTH = 64
@@ -1476,6 +1495,11 @@ class FakeVLLM:
             Route("/openai/v1/completions", self._completions, methods=["POST"]),
             Route("/openai/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/metrics", self._metrics_endpoint, methods=["GET"]),
+            # the Responses and Messages APIs (vLLM 0.32 serves both; the api gate)
+            Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self._retrieve_response, methods=["GET"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
             Route("/_fake/state", self._fake_state, methods=["GET"]),
             Route("/_fake/config", self._fake_config, methods=["GET", "POST"]),
             Route("/_fake/reset", self._fake_reset, methods=["POST"]),
@@ -1766,6 +1790,8 @@ class FakeVLLM:
                 return self._reject(_BadRequest("media URLs are not fetched by this deployment"))
         if (refused := await self._refuse_flood()) is not None:
             return refused
+        if isinstance(body.get("n"), int) and body["n"] > 1 and not body.get("stream"):
+            return await self._generate_n(request, body, kind)
         t_received = time.monotonic()
         cfg, st = self.config, self.state
         faults = frozenset(cfg.faults)
@@ -1864,7 +1890,8 @@ class FakeVLLM:
         # max_tokens (chat: max_completion_tokens wins)
         param = "max_tokens"
         requested = body.get("max_tokens")
-        if kind == "chat" and body.get("max_completion_tokens") is not None:
+        if kind == "chat" and body.get("max_completion_tokens") is not None and \
+                "ignore_max_completion_tokens" not in faults:
             param, requested = "max_completion_tokens", body["max_completion_tokens"]
         if requested is not None:
             if not isinstance(requested, int) or isinstance(requested, bool):
@@ -2021,6 +2048,7 @@ class FakeVLLM:
             tokens, finish = _answer_tokens(*_answer_pieces(text, key, faults, limit), logprobs or 0)
             if "nondeterministic_concurrency" in faults and float(temperature) == 0:
                 batch_tokens, _ = _answer_tokens(*_answer_pieces(text, key, faults, limit, batch=True), logprobs or 0)
+        tokens, finish, stop_hit = _apply_stop(tokens, finish, body.get("stop"), "stop_fragment_leak" in faults and stream)
         if "finish_stop_at_cap" in faults and finish == "length":
             finish = "stop"
             tokens[-1].finish_reason = "stop"
@@ -2031,7 +2059,7 @@ class FakeVLLM:
             continuous_usage=bool(stream_options.get("continuous_usage_stats")), logprobs=logprobs,
             created=int(time.time()), model=model, priority=priority, prompt_ids=tuple(prompt_ids),
             cache_salt=adapter or "", details=cfg.prompt_tokens_details, special=special,
-            batch_tokens=batch_tokens, echo=echo,
+            batch_tokens=batch_tokens, echo=echo, stop_hit=stop_hit,
         )
 
     def _answer_of(self, words: list[str]) -> tuple[str, str] | None:
@@ -2398,7 +2426,8 @@ class FakeVLLM:
     def _chat_lp(t: _Token, plan: _Plan) -> dict[str, Any]:
         top = [{"token": t.token_str, "logprob": t.logprob, "bytes": list(t.token_str.encode())}] if plan.logprobs else []
         top += [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.alternatives][: max(0, (plan.logprobs or 0) - 1)]
-        return {"token": t.token_str, "logprob": t.logprob, "bytes": list(t.token_str.encode()), "top_logprobs": top}
+        return {"token": t.token_str, "logprob": t.logprob, "bytes": list(t.token_str.encode()),
+                "top_logprobs": None if "top_logprobs_null" in plan.faults else top}
 
     @staticmethod
     def _cmpl_lp(tokens: list[_Token], plan: _Plan, offset: int) -> dict[str, Any]:
@@ -2519,6 +2548,272 @@ class FakeVLLM:
                 offset += len(tok.text)
                 if tok.is_last and "two_finish_chunks" in faults:
                     yield _sse(self._chunk(plan, None, tok.finish_reason, offset, sent=rec.tokens_sent))
+
+
+    # ---- issue 34: n > 1 (non-streamed), the Responses and Messages APIs -------------------------
+
+    async def _generate_n(self, request: Request, body: dict[str, Any], kind: str) -> Response:
+        """A non-streamed request with ``n`` > 1: ``n`` generations (seeds ``seed``, ``seed + 1``, ...),
+        one choice each (index 0..n-1), usage summed like vLLM; ``n_one_choice``: the first alone."""
+        if body["n"] > MAX_N:  # vLLM 0.32: "n must be at most 16384, got 1000000. To increase this limit, set the
+            return self._reject(_BadRequest(f"n must be at most {MAX_N}, got {body['n']}.", suffix=False))  # VLLM_MAX_N_SEQUENCES ..."
+        if body.get("temperature", 1.0) == 0:  # vLLM 0.32 refuses n > 1 with greedy sampling (measured: 400)
+            return self._reject(_BadRequest("n must be 1 when using greedy sampling", param="n", value=body["n"]))
+        n = 1 if "n_one_choice" in self.config.faults else body["n"]
+        seed = body.get("seed") if isinstance(body.get("seed"), int) else 0
+        choices, usage = [], None
+        for i in range(n):
+            rec = RequestRecord(id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", endpoint=kind,
+                                stream=False, t_received=time.monotonic(), seq=len(self.state.requests))
+            self.state.requests.append(rec)
+            try:
+                plan = self._admit({**body, "n": 1, "seed": seed + i}, kind, rec, frozenset(self.config.faults))
+            except _BadRequest as e:
+                rec.status = e.status
+                return self._reject(e)
+            if plan is None:
+                return _error("EngineCore encountered an issue.", 500, "InternalServerError")
+            resp = await self._complete_nonstream(request, plan)
+            self._release(plan)
+            one = json.loads(bytes(resp.body))
+            if resp.status_code != 200:
+                return resp
+            choices.append({**one["choices"][0], "index": i})
+            u = one["usage"]
+            usage = u if usage is None else {**usage, "completion_tokens": usage["completion_tokens"] + u["completion_tokens"],
+                                             "total_tokens": usage["total_tokens"] + u["completion_tokens"]}
+            head = one
+        return JSONResponse({**head, "choices": choices, "usage": usage})
+
+    async def _translated(self, request: Request, body: dict[str, Any], chat: dict[str, Any],
+                          shape: Callable[[_Plan, list[_Token]], dict[str, Any]],
+                          events: Callable[[_Plan], AsyncIterator[str]]) -> Response:
+        """Serve a Responses / Messages request as the chat request ``chat`` it amounts to: admitted
+        like one, then answered in the API's own shape (``shape``) or stream (``events``)."""
+        stream = bool(body.get("stream"))
+        rec = RequestRecord(id=f"chatcmpl-{uuid.uuid4().hex}", endpoint="chat", stream=stream,
+                            t_received=time.monotonic(), seq=len(self.state.requests))
+        self.state.requests.append(rec)
+        try:
+            plan = self._admit(chat, "chat", rec, frozenset(self.config.faults))
+        except _BadRequest as e:
+            rec.status = e.status
+            return self._reject(e)
+        if plan is None:
+            return _error("EngineCore encountered an issue.", 500, "InternalServerError")
+        if stream:
+            return _SSEResponse(events(plan), on_close=lambda: self._release(plan))
+        try:
+            tokens = await self._collect(plan)
+        except _EngineError as e:
+            return _error(str(e), 500, "InternalServerError")
+        finally:
+            self._release(plan)
+        return JSONResponse(shape(plan, tokens))
+
+    async def _responses(self, request: Request) -> Response:
+        """``POST /v1/responses``: ``input`` (a string or messages), ``instructions``,
+        ``max_output_tokens`` answered as a chat request; the Response object vLLM 0.32 answers
+        (status ``incomplete`` with reason ``max_output_tokens`` when the limit cut it), or its event
+        stream (:meth:`_response_events`)."""
+        try:
+            body = await self._json(request)
+        except _BadRequest as e:
+            return self._reject(e)
+        inp = body.get("input")
+        messages = [{"role": "user", "content": inp}] if isinstance(inp, str) else inp
+        if body.get("instructions"):
+            messages = [{"role": "system", "content": body["instructions"]}, *(messages or [])]
+        prev = body.get("previous_response_id")
+        if prev is not None:
+            if prev not in self._stored():
+                return _error(f"Response with id '{prev}' not found.", 404, "NotFoundError")
+            if "forget_previous_response" not in self.config.faults:
+                messages = [*self._stored()[prev][0], *(messages or [])]
+        chat = {k: body[k] for k in ("model", "temperature", "seed", "ignore_eos") if k in body}
+        chat.update(messages=messages, max_tokens=body.get("max_output_tokens"))
+        store = bool(body.get("store", True)) and self.config.responses_store and not body.get("stream")
+
+        def shape(plan: _Plan, tokens: list[_Token]) -> dict[str, Any]:
+            obj = self._response_obj(plan, tokens)
+            if store:  # the conversation so far, for a later previous_response_id, and the object for GET
+                turn = [*messages, {"role": "assistant", "content": "".join(t.text for t in tokens)}]
+                self._stored()[obj["id"]] = (turn, obj)
+            return obj
+
+        return await self._translated(request, body, chat, shape, self._response_events)
+
+    def _stored(self) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]]]:
+        """Stored responses: id -> (the conversation including the answer, the Response object)."""
+        if not hasattr(self, "_responses_store"):
+            self._responses_store: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
+        return self._responses_store
+
+    async def _retrieve_response(self, request: Request) -> Response:
+        """``GET /v1/responses/{id}``: the stored Response, else vLLM's 404."""
+        rid = request.path_params["response_id"]
+        if rid not in self._stored():
+            return _error(f"Response with id '{rid}' not found.", 404, "NotFoundError")
+        return JSONResponse(self._stored()[rid][1])
+
+    def _response_obj(self, plan: _Plan, tokens: list[_Token], output: bool = True) -> dict[str, Any]:
+        text = "".join(t.text for t in tokens)
+        incomplete = plan.finish_reason == "length"
+        item = {"id": f"msg_{plan.record.id[-16:]}", "type": "message", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]}
+        return {"id": f"resp_{plan.record.id[-16:]}", "object": "response", "created_at": plan.created,
+                "model": plan.model, "status": "incomplete" if incomplete else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "instructions": None, "metadata": None, "output": [item] if output else [],
+                "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "none", "tools": [], "top_p": 1.0,
+                "usage": {"input_tokens": plan.prompt_tokens, "output_tokens": len(tokens),
+                          "total_tokens": plan.prompt_tokens + len(tokens),
+                          "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                          "output_tokens_details": {"reasoning_tokens": 0}}}
+
+    async def _response_events(self, plan: _Plan) -> AsyncIterator[str]:
+        """The Responses event stream: response.created, in_progress, output_item.added,
+        content_part.added, one output_text.delta per token with text, the .done events, then the
+        terminal event of the response's status (the faults bend the end)."""
+        faults, seq = plan.faults, 0
+
+        def ev(type_: str, **fields: Any) -> str:
+            nonlocal seq
+            seq += 1
+            return f"event: {type_}\n" + _sse({"type": type_, "sequence_number": seq - 1, **fields})
+
+        start = {**self._response_obj(plan, [], output=False), "status": "in_progress", "incomplete_details": None}
+        item_id = f"msg_{plan.record.id[-16:]}"
+        yield ev("response.created", response=start)
+        yield ev("response.in_progress", response=start)
+        yield ev("response.output_item.added", output_index=0, item={"id": item_id, "type": "message",
+                                                                    "role": "assistant", "status": "in_progress",
+                                                                    "content": []})
+        part = {"type": "output_text", "text": "", "annotations": []}
+        yield ev("response.content_part.added", output_index=0, content_index=0, item_id=item_id, part=part)
+        tokens: list[_Token] = []
+        try:
+            async with contextlib.aclosing(self._engine(plan)) as gen:
+                async for tok in gen:
+                    tokens.append(tok)
+                    if tok.text:
+                        yield ev("response.output_text.delta", output_index=0, content_index=0, item_id=item_id,
+                                 delta=tok.text, logprobs=[])
+        except _EngineError as e:  # like vLLM: an error event ends the stream
+            yield ev("error", code="InternalServerError", message=str(e), param=None)
+            return
+        final = self._response_obj(plan, tokens, output="responses_empty_output" not in faults)
+        text = "".join(t.text for t in tokens)
+        yield ev("response.output_text.done", output_index=0, content_index=0, item_id=item_id, text=text, logprobs=[])
+        yield ev("response.content_part.done", output_index=0, content_index=0, item_id=item_id,
+                 part={**part, "text": text})
+        yield ev("response.output_item.done", output_index=0, item=self._response_obj(plan, tokens)["output"][0])
+        if "responses_no_terminal" in faults:
+            return
+        terminal = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        if "responses_completed_when_incomplete" in faults:
+            terminal = "response.completed"
+        yield ev(terminal, response=final)
+
+    @staticmethod
+    def _messages_chat(body: dict[str, Any]) -> dict[str, Any]:
+        """The chat request a Messages body amounts to (``system`` first; ``stop_sequences`` as ``stop``)."""
+        messages = list(body.get("messages") or [])
+        if isinstance(body.get("system"), str):
+            messages = [{"role": "system", "content": body["system"]}, *messages]
+        chat = {k: body[k] for k in ("model", "temperature", "seed", "ignore_eos") if k in body}
+        chat.update(messages=messages, max_tokens=body.get("max_tokens"), stop=body.get("stop_sequences"))
+        return chat
+
+    async def _messages(self, request: Request) -> Response:
+        """``POST /v1/messages``: answered as a chat request; ``stop_reason`` mapped like vLLM's
+        ``_to_anthropic_stop_reason`` (length -> max_tokens, a matched stop string -> stop_sequence
+        naming it, else end_turn); streamed as message_start ... message_stop."""
+        try:
+            body = await self._json(request)
+        except _BadRequest as e:
+            return self._reject(e)
+        return await self._translated(request, body, self._messages_chat(body), self._message_obj, self._message_events)
+
+    @staticmethod
+    def _stop_reason(plan: _Plan) -> tuple[str, str | None]:
+        if plan.finish_reason == "length":
+            return "max_tokens", None
+        return ("stop_sequence", plan.stop_hit) if plan.stop_hit is not None else ("end_turn", None)
+
+    def _message_obj(self, plan: _Plan, tokens: list[_Token]) -> dict[str, Any]:
+        reason, seq = self._stop_reason(plan)
+        return {"id": f"msg_{plan.record.id[-16:]}", "type": "message", "role": "assistant", "model": plan.model,
+                "content": [{"type": "text", "text": "".join(t.text for t in tokens)}], "stop_reason": reason,
+                "stop_sequence": seq, "usage": {"input_tokens": plan.prompt_tokens, "output_tokens": len(tokens)}}
+
+    async def _message_events(self, plan: _Plan) -> AsyncIterator[str]:
+        def ev(obj: dict[str, Any]) -> str:
+            return f"event: {obj['type']}\n" + _sse(obj)
+
+        start = {**self._message_obj(plan, []), "content": [], "stop_reason": None, "stop_sequence": None}
+        yield ev({"type": "message_start", "message": start})
+        yield ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+        yield ev({"type": "ping"})
+        n = 0
+        try:
+            async with contextlib.aclosing(self._engine(plan)) as gen:
+                async for tok in gen:
+                    n += 1
+                    if tok.text:
+                        yield ev({"type": "content_block_delta", "index": 0,
+                                  "delta": {"type": "text_delta", "text": tok.text}})
+        except _EngineError as e:  # Anthropic's error event ends the stream
+            yield ev({"type": "error", "error": {"type": "api_error", "message": str(e)}})
+            return
+        yield ev({"type": "content_block_stop", "index": 0})
+        reason, seq = self._stop_reason(plan)
+        yield ev({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
+                  "usage": {"input_tokens": plan.prompt_tokens, "output_tokens": n}})
+        if "messages_no_stop" not in plan.faults:
+            yield ev({"type": "message_stop"})
+
+    async def _count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: the chat template's count of the conversation."""
+        try:
+            body = await self._json(request)
+            self._check_model(body)
+            words = self.tokenizer.render_chat(self._messages_chat(body)["messages"])
+        except _BadRequest as e:
+            return self._reject(e)
+        except ValueError as e:
+            return self._reject(_BadRequest(str(e)))
+        return JSONResponse({"input_tokens": len(words)})
+
+
+def _apply_stop(tokens: list[_Token], finish: str, stop: Any, leak: bool) -> tuple[list[_Token], str, str | None]:
+    """End the answer at the first stop string of ``stop`` (a string or a list) it contains, like
+    vLLM: the tokens up to the one where the match ends are generated (and counted), the text ends
+    right before the match, finish ``stop``; returns the matched string too (None: no match).
+    ``leak`` (stop_fragment_leak, streamed): the text keeps the match's part inside the token where
+    it began (a holdback cut mid-token)."""
+    stops = [stop] if isinstance(stop, str) else [x for x in stop if isinstance(x, str) and x] \
+        if isinstance(stop, list) else []
+    text = "".join(t.text for t in tokens)
+    hits = [(text.find(x), x) for x in stops if x in text]
+    if not hits:
+        return tokens, finish, None
+    at, hit = min(hits)
+    ends, pos = [], 0
+    for t in tokens:
+        pos += len(t.text)
+        ends.append(pos)
+    last = next(i for i, e in enumerate(ends) if e >= at + len(hit))
+    cut = at
+    if leak:
+        cut = next(e for e in ends if e > at)  # the end of the token where the match began
+    out, pos = [], 0
+    for t in tokens[:last + 1]:
+        keep = t.text[:max(0, cut - pos)]
+        pos += len(t.text)
+        out.append(dataclasses.replace(t, text=keep, is_last=False, finish_reason=None))
+    out[-1].is_last, out[-1].finish_reason = True, "stop"
+    return out, "stop", hit
 
 
 # --------------------------------------------------------------------------------------------

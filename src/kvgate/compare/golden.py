@@ -261,15 +261,16 @@ class GoldenError(Exception):
 def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None, server_version: str | None,
                  model: str, prompts: list[GoldenPrompt], answers: dict[str, Answer],
                  features: dict[str, str] | None = None, logprobs: bool = True,
-                 redact: Any = None) -> Path:
+                 redact: Any = None, contract: dict[str, str] | None = None) -> Path:
     """Write the golden file: the run it comes from, each prompt (route, body) with its answer, and
-    the features cases' statuses (case -> PASS/FAIL/..., for "features lost"). ``redact``: a
+    the features cases' statuses (case -> PASS/FAIL/..., for "features lost"), the request and api
+    cases' statuses (``contract``: gate/case -> status, for the contract diff). ``redact``: a
     ``str -> str`` applied to the whole text (the run's redactor: no key in a report). Returns ``path``."""
     doc = {"kvgate_golden": GOLDEN_VERSION, "run_id": run_id, "profile": profile, "endpoint": endpoint,
            "server_version": server_version, "model": model, "logprobs": logprobs,
            "prompts": [{"name": p.name, "route": p.route, "body": p.body,
                         "answer": answers[p.name].to_dict() if p.name in answers else None} for p in prompts],
-           "features": features or {}}
+           "features": features or {}, "contract": contract or {}}
     text = json.dumps(doc, indent=1, ensure_ascii=False)
     path.write_text(redact(text) if redact is not None else text, encoding="utf-8")
     return path
@@ -290,6 +291,9 @@ class Golden:
     source: str
     #: The served model name the answers came from (None in a file that does not say).
     model: str | None = None
+    #: The request and api cases' statuses (``requests/...``, ``api/...`` -> PASS/FAIL/...; empty in a
+    #: file recorded before kvgate recorded them, or by a run that did not run those gates).
+    contract: dict[str, str] = field(default_factory=dict)
 
 
 def read_golden(path: Path) -> Golden:
@@ -322,4 +326,4 @@ def read_golden(path: Path) -> Golden:
         prompts.append(gp)
     return Golden(doc.get("run_id"), doc.get("profile"), doc.get("endpoint"), doc.get("server_version"), prompts,
                   answers, {str(k): str(v) for k, v in (doc.get("features") or {}).items()}, str(path),
-                  doc.get("model"))
+                  doc.get("model"), {str(k): str(v) for k, v in (doc.get("contract") or {}).items()})

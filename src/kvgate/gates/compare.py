@@ -200,12 +200,42 @@ def features_verdict(base: dict[str, str], new: dict[str, str], label: str) -> V
         why = "the profile turns on no serve feature" if base and all(s == "SKIP" for s in base.values()) else \
             "the baseline passed no features case" if base else "the baseline recorded no features cases"
         return Verdict(gate, SKIP, f"nothing to lose: {why} ({label}) -> SKIP", evidence=ev)
+    return _kept(gate, "features cases", had, new, label, ev)
+
+
+def _kept(gate: str, kind: str, had: list[str], new: dict[str, str], label: str, ev: dict[str, Any],
+          tail: str = "") -> Verdict:
+    """FAIL naming each of ``had`` (cases that PASSed on the baseline) that does not PASS in ``new``
+    (its status there, or ``not run``), else PASS; what the new revision gained is named too."""
     lost = [c for c in had if new.get(c) != "PASS"]
-    gained = sorted(c for c, s in new.items() if s == "PASS" and base.get(c) != "PASS")
-    tail = f"; gained {', '.join(gained)}" if gained else ""
+    gained = sorted(c for c, s in new.items() if s == "PASS" and ev["baseline_statuses"].get(c) != "PASS")
+    tail += f"; gained {', '.join(gained[:6])}" if gained else ""
     if lost:
         shown = ", ".join(f"{c} ({new.get(c, 'not run')})" for c in lost[:6])
-        return Verdict(gate, FAIL, f"{len(lost)} of {len(had)} features cases that PASSed on the {label} do not on "
+        return Verdict(gate, FAIL, f"{len(lost)} of {len(had)} {kind} that PASSed on the {label} do not on "
                        f"the new revision: {shown}{tail} -> FAIL", measured=len(lost), limit=0, unit="cases", evidence=ev)
-    return Verdict(gate, PASS, f"all {len(had)} features cases that PASSed on the {label} PASS on the new revision"
+    return Verdict(gate, PASS, f"all {len(had)} {kind} that PASSed on the {label} PASS on the new revision"
                    f"{tail} -> PASS", measured=0, limit=0, unit="cases", evidence=ev)
+
+
+def contract_verdict(base: dict[str, str], new: dict[str, str], label: str) -> Verdict:
+    """The contract case: every request and api case (``requests/...``, ``api/...``) that PASSed on
+    the recorded serving revision and ran in this run must PASS here -- a parameter now refused, a
+    route gone (its case SKIPs), an event missing (it FAILs) is a regression, named. Cases the
+    recording holds that this run did not run (``-m``/``-k`` left them out) are listed, not judged.
+    SKIP when the recording holds none, or this run ran none of them."""
+    gate = f"{GATE}/contract"
+    ev = {"baseline": label, "baseline_statuses": base, "new_statuses": new}
+    if not base:
+        return Verdict(gate, SKIP, f"the {label} recorded no request or api cases (record the serving revision with "
+                       "--gate-mode record and those gates selected) -> SKIP", evidence=ev)
+    if not new:
+        return Verdict(gate, SKIP, f"this run ran no request or api case (-m leaves the requests and api gates out): "
+                       f"nothing to diff against the {len(base)} recorded -> SKIP", evidence=ev)
+    had = sorted(c for c, s in base.items() if s == "PASS" and c in new)
+    unrun = sorted(c for c, s in base.items() if s == "PASS" and c not in new)
+    ev["not_run_here"] = unrun
+    tail = f"; {len(unrun)} recorded PASS not run here" if unrun else ""
+    if not had:
+        return Verdict(gate, SKIP, f"no case that PASSed on the {label} ran here{tail} -> SKIP", evidence=ev)
+    return _kept(gate, "request and api cases", had, new, label, ev, tail)

@@ -1,8 +1,10 @@
-"""Conformance with the official ``openai`` Python SDK: can it parse what the server streams?
+"""Conformance with the official ``openai`` and ``anthropic`` Python SDKs: can they parse what
+the server streams?
 
-Clients in the wild use the SDK, so a stream that kvgate's tolerant parser accepts but the SDK
-chokes on is still a failure. :func:`sdk_stream` never raises: it returns what the SDK produced
-and the exception it raised, if any.
+Clients in the wild use the SDKs, so a stream that kvgate's tolerant parser accepts but an SDK
+chokes on is still a failure. :func:`sdk_stream`, :func:`sdk_responses_stream` and
+:func:`sdk_messages_stream` never raise: they return what the SDK produced and the exception it
+raised, if any.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic
 import openai
 
 from kvgate.http.client import Endpoint
@@ -30,16 +33,12 @@ def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: fl
     """Stream ``body`` through ``openai.OpenAI`` (completions or chat); vLLM-only fields such as
     ``ignore_eos`` go through ``extra_body``. Refused at once (``error`` ``not sent: ...``) when the
     run's :class:`~kvgate.http.watch.EngineWatch` found the engine hung or the server stalling streams."""
-    refused = endpoint.watch.refusal(stream=True) if endpoint.watch is not None else None
-    if refused:
+    if (refused := _refused(endpoint)) is not None:
         return SdkStream("", 0, [], refused)
     std = {"model", "prompt", "messages", "max_tokens", "temperature", "seed", "stream_options", "logprobs", "n"}
     kwargs = {k: v for k, v in body.items() if k in std}
     extra = {k: v for k, v in body.items() if k not in std and k != "stream"}
-    headers = {"Host": endpoint.host_header} if endpoint.host_header else None
-    client = openai.OpenAI(base_url=endpoint.base_url.rstrip("/") + endpoint.route_prefix,
-                           api_key=endpoint.api_key or "EMPTY", timeout=timeout_s, max_retries=0,
-                           default_headers=headers)
+    client = openai_client(endpoint, timeout_s)
     text, chunks, reasons = "", 0, []
     try:
         if api == "chat":
@@ -63,3 +62,89 @@ def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: fl
     finally:
         client.close()
     return SdkStream(text, chunks, reasons, None)
+
+
+def _refused(endpoint: Endpoint) -> str | None:
+    """Why nothing may be sent now (the run's :class:`~kvgate.http.watch.EngineWatch` found the
+    engine hung or the server stalling streams), else None."""
+    return endpoint.watch.refusal(stream=True) if endpoint.watch is not None else None
+
+
+def openai_client(endpoint: Endpoint, timeout_s: float) -> openai.OpenAI:
+    """``openai.OpenAI`` for ``endpoint`` (its route prefix, key, Host header; no retries)."""
+    headers = {"Host": endpoint.host_header} if endpoint.host_header else None
+    return openai.OpenAI(base_url=endpoint.base_url.rstrip("/") + endpoint.route_prefix,
+                         api_key=endpoint.api_key or "EMPTY", timeout=timeout_s, max_retries=0,
+                         default_headers=headers)
+
+
+def anthropic_client(endpoint: Endpoint, timeout_s: float) -> anthropic.Anthropic:
+    """``anthropic.Anthropic`` for ``endpoint``: the SDK appends ``/v1/messages`` to its base URL,
+    so the base is the route prefix without its ``/v1``; the key goes as ``Authorization: Bearer``
+    (what vLLM's ``--api-key`` checks on every route)."""
+    headers = {"Host": endpoint.host_header} if endpoint.host_header else None
+    prefix = endpoint.route_prefix.rstrip("/").removesuffix("/v1")
+    return anthropic.Anthropic(base_url=endpoint.base_url.rstrip("/") + prefix, api_key=None,
+                               auth_token=endpoint.api_key or "EMPTY", timeout=timeout_s, max_retries=0,
+                               default_headers=headers)
+
+
+@dataclass
+class SdkFinal:
+    """What an SDK's stream helper ended with: ``text`` (its final object's text), ``finish``
+    (Responses ``status`` / Messages ``stop_reason``), ``error`` (``"Type: message"`` if it raised)."""
+
+    text: str
+    finish: str | None
+    error: str | None
+
+
+def _failed(exc: Exception) -> SdkFinal:
+    return SdkFinal("", None, f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def sdk_responses_stream(endpoint: Endpoint, body: dict[str, Any], timeout_s: float = 60.0) -> SdkFinal:
+    """Stream a Responses ``body`` through ``client.responses.stream`` (its accumulator checks the
+    events' identities) and read the response of the terminal event (``response.completed`` /
+    ``incomplete`` / ``failed``: its ``output_text`` and ``status``); non-SDK fields go through
+    ``extra_body``. Not ``get_final_response()``: openai 3.57 raises there unless the stream ended
+    with ``response.completed``, although the spec ends an incomplete response with
+    ``response.incomplete`` (lib/streaming/responses/_responses.py)."""
+    if (refused := _refused(endpoint)) is not None:
+        return SdkFinal("", None, refused)
+    std = {"model", "input", "instructions", "max_output_tokens", "temperature"}
+    client = openai_client(endpoint, timeout_s)
+    final = None
+    try:
+        with client.responses.stream(extra_body={k: v for k, v in body.items() if k not in std and k != "stream"},
+                                     **{k: v for k, v in body.items() if k in std}) as stream:
+            for event in stream:
+                if event.type in ("response.completed", "response.incomplete", "response.failed"):
+                    final = event.response
+        if final is None:
+            return SdkFinal("", None, "the SDK's stream ended without a terminal response event")
+        return SdkFinal(final.output_text, final.status, None)
+    except Exception as exc:  # the SDK's failure is the finding, whatever its type
+        return _failed(exc)
+    finally:
+        client.close()
+
+
+def sdk_messages_stream(endpoint: Endpoint, body: dict[str, Any], timeout_s: float = 60.0) -> SdkFinal:
+    """Stream a Messages ``body`` through ``client.messages.stream`` and read
+    ``get_final_message()`` (its text blocks and ``stop_reason``); non-SDK fields (``temperature``
+    included: anthropic 2.x dropped it from the signature) go through ``extra_body``."""
+    if (refused := _refused(endpoint)) is not None:
+        return SdkFinal("", None, refused)
+    std = {"model", "messages", "max_tokens", "system", "stop_sequences"}
+    client = anthropic_client(endpoint, timeout_s)
+    try:
+        with client.messages.stream(extra_body={k: v for k, v in body.items() if k not in std and k != "stream"},
+                                    **{k: v for k, v in body.items() if k in std}) as stream:
+            final = stream.get_final_message()
+        text = "".join(getattr(b, "text", "") for b in final.content if getattr(b, "type", None) == "text")
+        return SdkFinal(text, final.stop_reason, None)
+    except Exception as exc:  # the SDK's failure is the finding, whatever its type
+        return _failed(exc)
+    finally:
+        client.close()

@@ -778,6 +778,31 @@ class FeaturesSpec(_Strict):
         return self
 
 
+class ApiSpec(_Strict):
+    """The api gate (``-m api``): the Responses and Messages APIs and the request shapes the SDKs
+    validate. ``accepted_gaps`` names checks the serving engine is known to break, each with why the
+    deployment accepts it (a reference): such a check reports its finding as an accepted gap (a
+    SKIP part) instead of failing the case; a listed check that passes says the entry can go."""
+
+    accepted_gaps: dict[str, str] = Field(default_factory=dict, description="check name (e.g. responses/stream/terminal-event) -> why this deployment accepts the engine breaking it (cite the report)")
+
+    #: The api gate's case families a check name starts with.
+    FAMILIES: ClassVar[tuple[str, ...]] = ("responses/", "messages/", "logprobs/", "n/", "stop/",
+                                           "max-completion-tokens/", "continuous-usage/")
+
+    @model_validator(mode="after")
+    def _gaps(self) -> "ApiSpec":
+        unknown = [k for k in self.accepted_gaps if not k.startswith(self.FAMILIES) or k.count("/") < 2]
+        if unknown:
+            raise ValueError(f"api.accepted_gaps names {', '.join(unknown)}: a check is FAMILY/CASE/CHECK with a "
+                             f"family of {', '.join(f.rstrip('/') for f in self.FAMILIES)} "
+                             "(e.g. responses/stream/terminal-event)")
+        empty = [k for k, v in self.accepted_gaps.items() if not v.strip()]
+        if empty:
+            raise ValueError(f"api.accepted_gaps {', '.join(empty)}: say why the gap is accepted (cite the report)")
+        return self
+
+
 class GoldenExpect(_Strict):
     """What a golden answer must be; exactly one of: ``regex`` (searched, case-insensitive),
     ``choices`` (the answer contains one of these words, case-insensitive, as whole words),
@@ -981,6 +1006,8 @@ class Profile(_Strict):
                                  "--baseline-reports DIR): output drift beyond near ties, latency regression, features lost")
     security: SecuritySpec = Field(default_factory=SecuritySpec, description="the security gate: auth surface, hostile "
                                    "parameters, media URLs, secrets in answers, a flood at the door")
+    api: ApiSpec = Field(default_factory=ApiSpec, description="the api gate: checks of the Responses/Messages APIs "
+                         "and SDK-validated shapes the engine is known to break, accepted with a reason")
 
     @model_validator(mode="after")
     def _features(self) -> "Profile":

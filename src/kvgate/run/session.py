@@ -78,7 +78,7 @@ GATE_MARKER_SETS: tuple[frozenset[str], ...] = (
     SERVERLESS,
     frozenset({"deployment"}),  # deployment/*, fit/live-pool
     frozenset({"max_context"}), frozenset({"max_tokens"}), frozenset({"streaming"}),
-    frozenset({"requests"}), frozenset({"disconnect"}), frozenset({"features"}), frozenset({"answers"}),
+    frozenset({"requests"}), frozenset({"api"}), frozenset({"disconnect"}), frozenset({"features"}), frozenset({"answers"}),
     frozenset({"load"}),  # concurrency/long-sequences, latency/*
     frozenset({"load", "priority"}), frozenset({"load", "autoscale_signal"}),
     frozenset({"metrics"}),  # metrics/*
