@@ -115,3 +115,31 @@ def test_too_few_chunks_are_not_judged(n):
 def test_a_stream_that_did_not_answer_fails():
     v = buffering_verdict(Exchange("chat", True, {}, StreamReply(status=502, text="<html>")))
     assert v.status is Status.FAIL and "answered 502" in v.message
+
+
+# ---- the openai SDK's parse: never a PASS on nothing -----------------------------------------------
+
+
+def _plain(text):
+    return Exchange("completions", False, {}, Reply(200, '{"choices":[{"text":%s}]}' % __import__("json").dumps(text),
+                                                    0.1))
+
+
+def test_sdk_verdict_needs_chunks_a_finish_reason_and_the_same_text():
+    from kvgate.gates.streaming import sdk_verdict
+    from kvgate.http.sdk import SdkStream
+
+    ok = sdk_verdict("completions", SdkStream("hi there", 3, ["length"], None, 200, "text/event-stream", "data: {"),
+                     _plain("hi there"))
+    assert ok.status is Status.PASS and ok.message == ("openai SDK parsed 3 chunks, finish_reason 'length', the "
+                                                        "non-streamed text (8 chars) -> PASS")
+    page = "<html><head><title>Sign in \x1b[31m</title></head><body>" + "x" * 900 + "</body></html>"
+    none = sdk_verdict("completions", SdkStream("", 0, [], None, 200, "text/html", page[:512]), _plain(""))
+    assert none.status is Status.FAIL and none.measured == 0
+    assert none.message == ('openai SDK parsed no chunk from the stream: it answered 200 text/html, HTML: "Sign in '
+                            '\\x1b[31m" -> FAIL (a client sees an empty answer and no error)')  # escaped
+    assert len(none.evidence["body_head"]) <= 300
+    cut = sdk_verdict("completions", SdkStream("hi", 2, [], None, 200, "text/event-stream", "data:"), _plain("hi"))
+    assert cut.status is Status.FAIL and "parsed 2 chunks but no finish_reason" in cut.message
+    gone = sdk_verdict("chat", SdkStream("", 0, [], "not sent: the engine is hung"), _plain("hi"))
+    assert gone.status is Status.INVALID and "got no answer (not sent: the engine is hung) -> INVALID" in gone.message

@@ -162,6 +162,20 @@ def test_buffered_stream_fails_streaming_naming_the_buffering(pytester):
         assert g["measured"]["value"] >= 1.26 and g["limit"]["value"] == 1.0
 
 
+def test_html_answered_200_fails_the_openai_sdk_check_naming_the_page(pytester):
+    # the SDK finds no event in an HTML page and raises nothing: 0 chunks and an empty text are not "the same"
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={"html_200"})) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, "-k", "openai-sdk", suites=["suites/test_streaming.py"])
+    assert summary["overall"] == "FAIL" and len(gates) == 2
+    for api in ("completions", "chat"):
+        g = gates[f"fake-vllm/streaming/openai-sdk/{api}"]
+        assert g["status"] == "FAIL", g["message"]
+        assert g["message"] == ('openai SDK parsed no chunk from the stream: it answered 200 text/html; charset=utf-8, '
+                                'HTML: "<html><body>oops</body></html>" -> FAIL (a client sees an empty answer and no '
+                                'error)'), g["message"]
+        assert g["evidence"]["sdk_chunks"] == 0 and g["evidence"]["body_head"] == "<html><body>oops</body></html>"
+
+
 def test_buffered_stream_makes_disconnect_invalid_naming_the_buffering(pytester):
     # the 32-token rate probe (40 ms apart: 1.3 s) reaches the client in one burst at its end
     with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.04, faults={"buffer_stream"})) as fake:

@@ -13,9 +13,11 @@ from kvgate.http.client import Reply, StreamReply
 from kvgate.http.probes import BURST_GAP_S, Exchange
 from kvgate.http.sse import classify
 from kvgate.http.stream import summarize
-from kvgate.verdict import Verdict
+from kvgate.http.text import clip, describe_answer
+from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body
 
+INVALID = Status.INVALID
 
 
 
@@ -141,20 +143,46 @@ def stream_text_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
                    limit=len(want), unit="chars", evidence=ev)
 
 
+def _printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped as Python writes it (``\\x1b``):
+    a server's bytes never reach a terminal or a report raw."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def sdk_verdict(api: str, sdk: Any, plain: Exchange) -> Verdict:
-    """The official openai SDK parses the stream without error and gets the same text."""
+    """The official openai SDK parses the stream without error and gets the same text. Never a
+    PASS on nothing: a stream the SDK parsed no chunk (or no finish_reason) from FAILs naming what
+    came back (status, content-type, the body described and clipped: an HTML page answered 200
+    parses as zero events, no exception, an empty text); no answer at all is INVALID. The
+    non-streamed text must exist to compare with."""
     gate = f"streaming/openai-sdk/{api}"
     want = _plain_text(plain)
-    ev = {"sdk_chunks": sdk.chunks, "sdk_error": sdk.error, "sdk_finish_reasons": sdk.finish_reasons}
+    got = _printable(describe_answer(sdk.status or 0, sdk.head or sdk.error or "", {"content-type": sdk.content_type}))
+    ev = {"sdk_chunks": sdk.chunks, "sdk_error": sdk.error, "sdk_finish_reasons": sdk.finish_reasons,
+          "status": sdk.status, "content_type": _printable(clip(sdk.content_type, 80)),
+          "body_head": _printable(clip(sdk.head, 300))}
+    if sdk.error and sdk.status is None:
+        return Verdict(gate, INVALID, f"the openai SDK's stream got no answer ({clip(sdk.error, 200)}) -> INVALID "
+                       "(nothing was parsed to judge)", measured=None, limit="parses", evidence=ev)
     if sdk.error:
         return Verdict(gate, FAIL, f"openai SDK failed on the stream after {sdk.chunks} chunks: {sdk.error} -> FAIL",
                        measured=sdk.error, limit="parses", evidence=ev)
-    if want is not None and sdk.text != want:
+    if sdk.chunks == 0 or not sdk.finish_reasons:
+        what = "no chunk" if sdk.chunks == 0 else f"{sdk.chunks} chunks but no finish_reason"
+        return Verdict(gate, FAIL, f"openai SDK parsed {what} from the stream: it answered {sdk.status} "
+                       f"{_printable(clip(sdk.content_type, 60)) or 'with no content-type'}, {got} -> FAIL (a client sees an empty "
+                       "answer and no error)", measured=sdk.chunks, limit="chunks and a finish_reason", unit="chunks",
+                       evidence=ev)
+    if want is None:
+        return Verdict(gate, FAIL, f"openai SDK parsed {sdk.chunks} chunks ({len(sdk.text)} chars), but the "
+                       f"non-streamed request answered {plain.reply.status} without text to compare with -> FAIL",
+                       measured=len(sdk.text), unit="chars", evidence=ev)
+    if sdk.text != want:
         return Verdict(gate, FAIL, f"openai SDK text ({len(sdk.text)} chars) differs from the non-streamed text "
                        f"({len(want)} chars) -> FAIL", measured=len(sdk.text), limit=len(want), unit="chars", evidence=ev)
-    return Verdict(gate, PASS, f"openai SDK parsed {sdk.chunks} chunks, same text -> PASS",
-                   measured=len(sdk.text), limit=len(want) if want is not None else None, unit="chars",
-                   evidence=ev)
+    return Verdict(gate, PASS, f"openai SDK parsed {sdk.chunks} chunks, finish_reason {sdk.finish_reasons[-1]!r}, "
+                   f"the non-streamed text ({len(want)} chars) -> PASS", measured=len(sdk.text), limit=len(want),
+                   unit="chars", evidence=ev)
 
 
 #: A stream is judged for buffering only with at least this many content chunks: a short answer fits
