@@ -1,6 +1,8 @@
 """gates/streaming.py: the single-request TTFT uses the same first-token rule as the load client;
 a stream whose content a proxy held back arrives in bursts and is named buffered."""
 
+import re
+
 import pytest
 
 from kvgate.http.client import Reply, StreamReply
@@ -143,3 +145,69 @@ def test_sdk_verdict_needs_chunks_a_finish_reason_and_the_same_text():
     assert cut.status is Status.FAIL and "parsed 2 chunks but no finish_reason" in cut.message
     gone = sdk_verdict("chat", SdkStream("", 0, [], "not sent: the engine is hung"), _plain("hi"))
     assert gone.status is Status.INVALID and "got no answer (not sent: the engine is hung) -> INVALID" in gone.message
+
+
+# ---- a buffer in front of a fast server: flushes less than a second apart, one size each --------------
+
+
+def through_buffer(n, itl_s, size, text="x" * 200):
+    """A completions stream of ``n`` tokens made ``itl_s`` apart, as a proxy holding ``size``-byte
+    pieces delivers it: each event arrives with the flush that completes it (2e-5 s apart in a read)."""
+    datas = ['{"choices":[{"index":0,"text":"%s","finish_reason":null}]}' % text] * n
+    datas += ['{"choices":[{"index":0,"text":"","finish_reason":"length"}]}', "[DONE]"]
+    made = [0.05 + itl_s * i for i in range(len(datas))]
+    events, sent, flush_at, k = [], 0, 0.0, 0
+    ends = []
+    for t, d in zip(made, datas):
+        sent += len(d) + 8
+        ends.append((sent, t))
+    total = sent
+    for i, (end, t) in enumerate(ends):
+        piece = -(-end // size)  # the flush that completes this event
+        done = min(piece * size, total)
+        flush_at = next(tt for e, tt in ends if e >= done) if done < total else made[-1]
+        k = k + 1 if events and abs(events[-1][0] - flush_at) < 1e-3 else 0
+        events.append((flush_at + 2e-5 * k, datas[i]))
+    return StreamReply(status=200, events=events, elapsed_s=events[-1][0])
+
+
+def test_a_16_kb_buffer_in_front_of_a_fast_server_fails_naming_its_pieces():
+    # 240 tokens 5 ms apart (1.2 s) of ~250 bytes each through 16 KB: ~64 events a flush, 0.33 s apart
+    r = through_buffer(240, 0.005, 16384)
+    d = delivery(r)
+    assert d.held_s < 1.0 and d.bunched and d.fixed_pieces and len(d.pieces) == 3
+    v = buffering_verdict(Exchange("completions", True, {"max_tokens": 240}, r))
+    assert v.status is Status.FAIL, v.message
+    assert re.match(r"24[01] content chunks arrived in 4 bursts \(each within \d+ ms\), the 3 before the last "
+                    r"16\.\d-16\.\d KB each \(a buffer of ~16 KB flushed each time it filled\), 0\.\d\d s apart at most "
+                    r"\(the stream ended 1\.2\d s after the request\) -> FAIL \(the stream is buffered", v.message), v.message
+    # the same stream read as generated passes; 64 tokens fit one buffer whole and cannot show it
+    healthy = StreamReply(status=200, events=[(0.05 + 0.005 * i, d_) for i, (_, d_) in enumerate(r.events)],
+                          elapsed_s=1.3)
+    assert buffering_verdict(Exchange("completions", True, {}, healthy)).status is Status.PASS
+    one = buffering_verdict(Exchange("completions", True, {}, through_buffer(64, 0.005, 16384)))
+    assert one.status is Status.PASS and "held back less than 1 s" in one.message
+
+
+def test_reads_of_random_sizes_are_not_a_buffer():
+    # a client starved now and then: bunches of 9, 14, 11, 20 ... events; never one size
+    sizes = [9, 14, 11, 20, 16, 10, 25, 12]
+    times, t = [], 0.1
+    for s_ in sizes:
+        times += [t + 1e-5 * j for j in range(s_)]
+        t += 0.3
+    d = delivery(timed(times))
+    assert d.bunched and not d.fixed_pieces and verdict(times).status is Status.PASS
+
+
+def test_the_probe_is_sized_from_the_measured_rate():
+    from kvgate.gates.streaming import buffer_probe_tokens
+
+    def plain(s, status=200):
+        return Exchange("chat", False, {}, Reply(status, "{}", s))
+
+    assert buffer_probe_tokens(64, plain(0.4), 512) == 240     # 160 tokens/s x 1.5 s
+    assert buffer_probe_tokens(64, plain(0.1), 512) == 512     # capped by the server's cap
+    assert buffer_probe_tokens(64, plain(2.0), 512) is None    # slow: the 64-token stream is the probe
+    assert buffer_probe_tokens(64, plain(0.4, 502), 512) is None
+    assert buffer_probe_tokens(64, plain(0.4), 64) is None     # no room to ask for more

@@ -176,6 +176,27 @@ def test_html_answered_200_fails_the_openai_sdk_check_naming_the_page(pytester):
         assert g["evidence"]["sdk_chunks"] == 0 and g["evidence"]["body_head"] == "<html><body>oops</body></html>"
 
 
+def test_a_16_kb_buffer_in_front_of_a_fast_server_fails_buffering_on_the_sized_probe(pytester, tmp_path):
+    # 3 ms a token: the 64-token answer (~14 KB) takes 0.2 s and fits one buffer; the probe asks for what
+    # 1.5 s make at that rate and 64 KB of events at least, capped at 320: 4 flushes of 16 KB, 0.2 s apart
+    prof = tmp_path / "fake-vllm-cap.yaml"
+    prof.write_text(f"extends: {PROFILE}\nengine:\n  max_model_len: 1024\nlimits:\n  max_tokens_cap: 320\n"
+                    "  stream_idle_timeout_s: 5\n")
+    with FakeVLLM(FakeConfig(max_tokens_cap=320, max_model_len=1024, itl_s=0.003, faults={"buffer_stream"})) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "-k", "buffering", suites=["suites/test_streaming.py"],
+                                 profile=prof)
+        sent = sorted({r.max_tokens for r in fake.state.requests})
+    assert sent == [64, 320], sent
+    for api in ("completions", "chat"):
+        g = gates[f"fake-vllm-cap/streaming/buffering/{api}"]
+        assert g["status"] == "FAIL", g["message"]
+        assert re.search(r"content chunks arrived in \d+ bursts \(each within \d+ ms\), the \d+ before the last "
+                         r"1[56]\.\d-16\.\d KB each \(a buffer of ~16 KB flushed each time it filled\), 0\.\d\d s apart at "
+                         r"most", g["message"]), g["message"]
+        assert g["measured"]["value"] < 1.0  # held less than a second: the old rule called this a late reader
+    # the same probe read as generated PASSes: tests/test_gates_streaming.py (a healthy stream reads one event a time)
+
+
 def test_buffered_stream_makes_disconnect_invalid_naming_the_buffering(pytester):
     # the 32-token rate probe (40 ms apart: 1.3 s) reaches the client in one burst at its end
     with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.04, faults={"buffer_stream"})) as fake:

@@ -6,6 +6,7 @@ exactly one finish chunk then ``[DONE]``, deltas concatenate to the non-streamed
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +198,20 @@ BUFFER_MIN_BURST = 8
 #: so a hold is judged only from twice that; a shorter hold costs the user at most that much TTFT,
 #: which ``streaming/ttft`` judges against the SLO.
 BUFFER_MIN_HOLD_S = 1.0
+#: Bytes a read must carry to count as a buffer's flush (nginx's proxy buffers are 4 or 8 KB pages;
+#: a healthy stream reads one event, ~250 bytes for vLLM, at a time).
+BUFFER_MIN_PIECE_BYTES = 2048
+#: Flushes (reads before the last) of one size a stream must show for a fixed-size buffer to be named.
+BUFFER_MIN_PIECES = 3
+#: Framing bytes an SSE event carries besides its data (``data: `` and the blank line).
+SSE_FRAMING_BYTES = 8
+#: [s] Generation the buffering probe asks for, at the server's measured decode rate: long enough that
+#: a 16 KB buffer fills and flushes several times (a 64-token answer, ~16 KB, fits one buffer whole, and
+#: a fast server makes it in 0.4 s: one burst held less than :data:`BUFFER_MIN_HOLD_S`).
+BUFFER_PROBE_S = 1.5
+#: Bytes of events the buffering probe asks for at least: four 16 KB buffers (the issue-33 gateway's),
+#: so such a buffer flushes :data:`BUFFER_MIN_PIECES` times before the rest comes at the end.
+BUFFER_PROBE_BYTES = 4 * 16384
 #: What a user must change when the stream is buffered (nginx / ingress-nginx; Envoy streams by default).
 BUFFERING_FIX = "set proxy_buffering off / X-Accel-Buffering: no"
 
@@ -210,7 +225,9 @@ class Delivery:
     less than :data:`kvgate.http.probes.BURST_GAP_S` apart (one read each); ``first_s``/``last_s``:
     arrival of the first and last; ``widest_s``: the longest span of one burst; ``held_s``: the
     longest silence before a burst (send -> first content chunk, or between bursts) and
-    ``held_chunks`` the size of that burst; ``e2e_s``: the whole stream."""
+    ``held_chunks`` the size of that burst; ``e2e_s``: the whole stream; ``pieces``: bytes of the
+    events of each read (every event, framing counted, :data:`SSE_FRAMING_BYTES`), the last read
+    left out (it holds the rest when the response ended); ``event_max``: the largest event's bytes."""
 
     chunks: int
     bursts: int
@@ -220,6 +237,19 @@ class Delivery:
     held_s: float
     held_chunks: int
     e2e_s: float
+    pieces: tuple[int, ...] = ()
+    event_max: int = 0
+
+    @property
+    def fixed_pieces(self) -> bool:
+        """The reads before the last carry one size: :data:`BUFFER_MIN_PIECES` or more of them, each
+        :data:`BUFFER_MIN_PIECE_BYTES` or more, differing by at most one event (a flush may split an
+        event, whose rest comes with the next). A proxy's buffer flushed each time it filled -- a client
+        that reads late reads whatever arrived, in sizes that follow its stalls. In front of a fast
+        server the flushes come less than :data:`BUFFER_MIN_HOLD_S` apart: this names them anyway."""
+        p = self.pieces
+        return (len(p) >= BUFFER_MIN_PIECES and min(p) >= BUFFER_MIN_PIECE_BYTES
+                and max(p) - min(p) <= 1.5 * self.event_max)
 
     @property
     def bunched(self) -> bool:
@@ -228,9 +258,10 @@ class Delivery:
 
     @property
     def buffered(self) -> bool:
-        """Delivered in bursts after a hold of :data:`BUFFER_MIN_HOLD_S` or more: a proxy in front
-        held the SSE bytes (until a buffer filled, or the response ended)."""
-        return self.bunched and self.held_s >= BUFFER_MIN_HOLD_S
+        """Delivered in bursts after a hold of :data:`BUFFER_MIN_HOLD_S` or more, or in pieces of one
+        size (:attr:`fixed_pieces`): a proxy in front held the SSE bytes (until a buffer filled, or the
+        response ended)."""
+        return self.bunched and (self.held_s >= BUFFER_MIN_HOLD_S or self.fixed_pieces)
 
     def burst(self) -> str:
         """The burst in words: ``all 128 content chunks arrived within 3 ms, 2.41 s after the
@@ -239,6 +270,11 @@ class Delivery:
         if self.bursts == 1:
             return (f"all {self.chunks} content chunks arrived within {_ms(self.widest_s)}, {self.first_s:.2f} s after "
                     "the request")
+        if self.fixed_pieces and self.held_s < BUFFER_MIN_HOLD_S:
+            lo, hi = min(self.pieces) / 1024, max(self.pieces) / 1024
+            return (f"{self.chunks} content chunks arrived in {self.bursts} bursts (each within {_ms(self.widest_s)}), "
+                    f"the {len(self.pieces)} before the last {lo:.1f}-{hi:.1f} KB each (a buffer of ~{hi:.0f} KB "
+                    f"flushed each time it filled), {self.held_s:.2f} s apart at most")
         return (f"{self.chunks} content chunks arrived in {self.bursts} bursts (each within {_ms(self.widest_s)}); "
                 f"{self.held_chunks} of them after {self.held_s:.2f} s of silence")
 
@@ -246,7 +282,9 @@ class Delivery:
         return {"content_chunks": self.chunks, "bursts": self.bursts, "first_content_s": _r(self.first_s),
                 "last_content_s": _r(self.last_s), "widest_burst_s": _r(self.widest_s), "held_s": _r(self.held_s),
                 "held_chunks": self.held_chunks, "e2e_s": _r(self.e2e_s), "burst_gap_s": BURST_GAP_S,
-                "min_chunks": BUFFER_MIN_CHUNKS, "min_per_burst": BUFFER_MIN_BURST, "min_hold_s": BUFFER_MIN_HOLD_S}
+                "min_chunks": BUFFER_MIN_CHUNKS, "min_per_burst": BUFFER_MIN_BURST, "min_hold_s": BUFFER_MIN_HOLD_S,
+                "piece_bytes": list(self.pieces), "event_max_bytes": self.event_max,
+                "fixed_pieces": self.fixed_pieces}
 
 
 def _ms(s: float) -> str:
@@ -277,8 +315,34 @@ def delivery(reply: StreamReply) -> Delivery:
     runs = reads(times)
     silences = [(runs[0][0], len(runs[0]))] + [(b[0] - a[-1], len(b)) for a, b in zip(runs, runs[1:])]
     held_s, held_chunks = max(silences)
+    sizes = [len(data.encode()) + SSE_FRAMING_BYTES for _, data in reply.events]
+    pieces, at = [], 0
+    for run in reads([t for t, _ in reply.events]):
+        pieces.append(sum(sizes[at:at + len(run)]))
+        at += len(run)
     return Delivery(len(times), len(runs), times[0], times[-1], max(r[-1] - r[0] for r in runs), held_s, held_chunks,
-                    reply.elapsed_s)
+                    reply.elapsed_s, tuple(pieces[:-1]), max(sizes))
+
+
+def buffer_probe_tokens(tokens: int, plain: Exchange, most: int, event_bytes: float = 0.0) -> int | None:
+    """Tokens the buffering probe asks for so that it generates for :data:`BUFFER_PROBE_S` or more
+    at the decode rate a non-streamed request of ``tokens`` tokens measured (``plain``; its
+    duration includes the TTFT, so the rate is a lower bound and the length errs long) and makes
+    :data:`BUFFER_PROBE_BYTES` of events at ``event_bytes`` a token (measured on the stream of the
+    same request), at most ``most`` (the server's cap, the context). None when ``plain`` already
+    took that long (its stream is the probe) or did not answer 200 (nothing measured: the stream
+    itself is judged), or when ``most`` leaves no room for more."""
+    took = plain.reply.elapsed_s
+    if plain.reply.status != 200 or took >= BUFFER_PROBE_S or took <= 0:
+        return None
+    want = max(math.ceil(tokens * BUFFER_PROBE_S / took), math.ceil(BUFFER_PROBE_BYTES / event_bytes) if event_bytes else 0)
+    return min(want, most) if min(want, most) > tokens else None
+
+
+def event_bytes(reply: Any) -> float:
+    """Mean bytes of a stream's content events on the wire (data and framing), 0.0 without any."""
+    sizes = [len(d.encode()) + SSE_FRAMING_BYTES for _, d in getattr(reply, "events", []) if classify(d).is_content]
+    return sum(sizes) / len(sizes) if sizes else 0.0
 
 
 def buffering_verdict(ex: Exchange, plain: Exchange | None = None) -> Verdict:
