@@ -34,7 +34,8 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         streamed = send(kvgate_client, api, {**body, "stream_options": {"include_usage": True}}, stream=True)
         plain = send(kvgate_client, api, body)
         most = min(kvgate_profile.limits.max_tokens_cap or 4096, kvgate_profile.engine.max_model_len - 64)
-        longer = buffer_probe_tokens(n, plain, most, event_bytes(streamed.reply))
+        took = plain.reply.elapsed_s if plain.reply.status == 200 else None
+        longer = buffer_probe_tokens(n, took, most, event_bytes(streamed.reply))
         probe = (send(kvgate_client, api, {**body, "max_tokens": longer, "stream_options": {"include_usage": True}},
                       stream=True), None) if longer else (streamed, plain)
         out[api] = (streamed, plain, sdk_stream(kvgate_endpoint, api, body), probe)

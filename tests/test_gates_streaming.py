@@ -203,11 +203,9 @@ def test_reads_of_random_sizes_are_not_a_buffer():
 def test_the_probe_is_sized_from_the_measured_rate():
     from kvgate.gates.streaming import buffer_probe_tokens
 
-    def plain(s, status=200):
-        return Exchange("chat", False, {}, Reply(status, "{}", s))
-
-    assert buffer_probe_tokens(64, plain(0.4), 512) == 240     # 160 tokens/s x 1.5 s
-    assert buffer_probe_tokens(64, plain(0.1), 512) == 512     # capped by the server's cap
-    assert buffer_probe_tokens(64, plain(2.0), 512) is None    # slow: the 64-token stream is the probe
-    assert buffer_probe_tokens(64, plain(0.4, 502), 512) is None
-    assert buffer_probe_tokens(64, plain(0.4), 64) is None     # no room to ask for more
+    assert buffer_probe_tokens(64, 0.4, 512) == 240      # 160 tokens/s x 1.5 s
+    assert buffer_probe_tokens(64, 0.4, 512, 250.0) == 263  # 64 KB of 250-byte events
+    assert buffer_probe_tokens(64, 0.1, 512) == 512      # capped by the server's cap
+    assert buffer_probe_tokens(64, 2.0, 512) is None     # slow: the 64-token stream is the probe
+    assert buffer_probe_tokens(64, None, 512) is None    # the request failed: nothing timed
+    assert buffer_probe_tokens(64, 0.4, 64) is None      # no room to ask for more

@@ -209,6 +209,23 @@ def test_buffered_stream_makes_disconnect_invalid_naming_the_buffering(pytester)
         assert "set proxy_buffering off / X-Accel-Buffering: no" in g["message"]
 
 
+def test_a_16_kb_buffer_in_front_of_a_fast_server_makes_disconnect_invalid_naming_the_buffer(pytester, tmp_path):
+    # 3 ms a token: the 32-token rate probe (~7 KB) fits one 16 KB buffer and arrives in one burst 0.1 s
+    # after the request -- bunched, but not held a second; the second probe (64 KB of events) shows the flushes
+    prof = tmp_path / "fake-vllm-cap.yaml"
+    prof.write_text(f"extends: {PROFILE}\nengine:\n  max_model_len: 1024\nlimits:\n  max_tokens_cap: 320\n"
+                    "  stream_idle_timeout_s: 5\n")
+    with FakeVLLM(FakeConfig(max_tokens_cap=320, max_model_len=1024, itl_s=0.003, faults={"buffer_stream"})) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, suites=["suites/test_disconnect.py"], profile=prof)
+    assert summary["overall"] == "INVALID" and len(gates) == 3
+    for g in gates.values():
+        assert g["status"] == "INVALID", g["message"]
+        assert re.match(r"the decode-rate probe's stream was buffered: \d+ content chunks arrived in \d+ bursts \(each "
+                        r"within \d+ ms\), the \d+ before the last 1[56]\.\d-16\.\d KB each \(a buffer of ~16 KB flushed "
+                        r"each time it filled\)", g["message"]), g["message"]
+        assert "set proxy_buffering off / X-Accel-Buffering: no" in g["message"]
+
+
 LOAD = ["suites/test_load.py"]
 
 

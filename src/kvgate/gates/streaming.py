@@ -201,7 +201,12 @@ BUFFER_MIN_HOLD_S = 1.0
 #: Bytes a read must carry to count as a buffer's flush (nginx's proxy buffers are 4 or 8 KB pages;
 #: a healthy stream reads one event, ~250 bytes for vLLM, at a time).
 BUFFER_MIN_PIECE_BYTES = 2048
-#: Flushes (reads before the last) of one size a stream must show for a fixed-size buffer to be named.
+#: [s] Silence that separates two of a proxy's flushes when the pieces are sized: wider than
+#: :data:`kvgate.http.probes.BURST_GAP_S` (one read), because a client on a loaded host parses the events of
+#: one 16 KB read over a millisecond or more; a 16 KB buffer in front of a server at 1 ms a token
+#: flushes ~60 ms apart.
+PIECE_GAP_S = 0.005
+#: Flushes (pieces before the last) of one size a stream must show for a fixed-size buffer to be named.
 BUFFER_MIN_PIECES = 3
 #: Framing bytes an SSE event carries besides its data (``data: `` and the blank line).
 SSE_FRAMING_BYTES = 8
@@ -226,8 +231,9 @@ class Delivery:
     arrival of the first and last; ``widest_s``: the longest span of one burst; ``held_s``: the
     longest silence before a burst (send -> first content chunk, or between bursts) and
     ``held_chunks`` the size of that burst; ``e2e_s``: the whole stream; ``pieces``: bytes of the
-    events of each read (every event, framing counted, :data:`SSE_FRAMING_BYTES`), the last read
-    left out (it holds the rest when the response ended); ``event_max``: the largest event's bytes."""
+    events of each piece -- events less than :data:`PIECE_GAP_S` apart -- (every event, framing
+    counted, :data:`SSE_FRAMING_BYTES`), the last piece left out (it holds the rest when the
+    response ended); ``event_max``: the largest event's bytes."""
 
     chunks: int
     bursts: int
@@ -295,12 +301,12 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def reads(times: list[float]) -> list[list[float]]:
+def reads(times: list[float], gap_s: float = BURST_GAP_S) -> list[list[float]]:
     """Arrival times (seconds, ascending) grouped into the reads they came in: runs of chunks less
-    than :data:`kvgate.http.probes.BURST_GAP_S` apart."""
+    than ``gap_s`` (:data:`kvgate.http.probes.BURST_GAP_S`) apart."""
     runs: list[list[float]] = []
     for i, t in enumerate(times):
-        if runs and t - times[i - 1] < BURST_GAP_S:
+        if runs and t - times[i - 1] < gap_s:
             runs[-1].append(t)
         else:
             runs.append([t])
@@ -317,23 +323,23 @@ def delivery(reply: StreamReply) -> Delivery:
     held_s, held_chunks = max(silences)
     sizes = [len(data.encode()) + SSE_FRAMING_BYTES for _, data in reply.events]
     pieces, at = [], 0
-    for run in reads([t for t, _ in reply.events]):
+    for run in reads([t for t, _ in reply.events], PIECE_GAP_S):
         pieces.append(sum(sizes[at:at + len(run)]))
         at += len(run)
     return Delivery(len(times), len(runs), times[0], times[-1], max(r[-1] - r[0] for r in runs), held_s, held_chunks,
                     reply.elapsed_s, tuple(pieces[:-1]), max(sizes))
 
 
-def buffer_probe_tokens(tokens: int, plain: Exchange, most: int, event_bytes: float = 0.0) -> int | None:
+def buffer_probe_tokens(tokens: int, took_s: float | None, most: int, event_bytes: float = 0.0) -> int | None:
     """Tokens the buffering probe asks for so that it generates for :data:`BUFFER_PROBE_S` or more
-    at the decode rate a non-streamed request of ``tokens`` tokens measured (``plain``; its
+    at the decode rate a request of ``tokens`` tokens that took ``took_s`` seconds measured (its
     duration includes the TTFT, so the rate is a lower bound and the length errs long) and makes
-    :data:`BUFFER_PROBE_BYTES` of events at ``event_bytes`` a token (measured on the stream of the
-    same request), at most ``most`` (the server's cap, the context). None when ``plain`` already
-    took that long (its stream is the probe) or did not answer 200 (nothing measured: the stream
-    itself is judged), or when ``most`` leaves no room for more."""
-    took = plain.reply.elapsed_s
-    if plain.reply.status != 200 or took >= BUFFER_PROBE_S or took <= 0:
+    :data:`BUFFER_PROBE_BYTES` of events at ``event_bytes`` a token (measured on a stream of it),
+    at most ``most`` (the server's cap, the context). None when the request already took that
+    long (its stream is the probe) or was not timed (``took_s`` None: it failed; the stream itself
+    is judged), or when ``most`` leaves no room for more."""
+    took = took_s
+    if took is None or took >= BUFFER_PROBE_S or took <= 0:
         return None
     want = max(math.ceil(tokens * BUFFER_PROBE_S / took), math.ceil(BUFFER_PROBE_BYTES / event_bytes) if event_bytes else 0)
     return min(want, most) if min(want, most) > tokens else None
