@@ -186,7 +186,9 @@ def test_a_16_kb_buffer_in_front_of_a_fast_server_fails_buffering_on_the_sized_p
         _, _, gates = run_suites(pytester, fake.url, "-k", "buffering", suites=["suites/test_streaming.py"],
                                  profile=prof)
         sent = sorted({r.max_tokens for r in fake.state.requests})
-    assert sent == [64, 320], sent
+    # 1.5 s at the rate the 64-token request measured (capped at 320), or 64 KB of events (~290 tokens) on a slow
+    # (loaded) host: one probe per API
+    assert sent[0] == 64 and len(sent) in (2, 3) and all(280 <= t <= 320 for t in sent[1:]), sent
     for api in ("completions", "chat"):
         g = gates[f"fake-vllm-cap/streaming/buffering/{api}"]
         assert g["status"] == "FAIL", g["message"]

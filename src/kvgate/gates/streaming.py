@@ -201,10 +201,11 @@ BUFFER_MIN_HOLD_S = 1.0
 #: Bytes a read must carry to count as a buffer's flush (nginx's proxy buffers are 4 or 8 KB pages;
 #: a healthy stream reads one event, ~250 bytes for vLLM, at a time).
 BUFFER_MIN_PIECE_BYTES = 2048
-#: [s] Silence that separates two of a proxy's flushes when the pieces are sized: wider than
+#: [s] Least silence that separates two of a proxy's flushes when the pieces are sized: wider than
 #: :data:`kvgate.http.probes.BURST_GAP_S` (one read), because a client on a loaded host parses the events of
-#: one 16 KB read over a millisecond or more; a 16 KB buffer in front of a server at 1 ms a token
-#: flushes ~60 ms apart.
+#: one 16 KB read over milliseconds (6.6 ms measured with two CPU hogs on a 2-core host); a 16 KB
+#: buffer in front of a server at 1 ms a token flushes ~60 ms apart. The pieces are split at silences
+#: of a quarter of the :data:`BUFFER_MIN_PIECES`-th longest or more (:func:`delivery`), this at least.
 PIECE_GAP_S = 0.005
 #: Flushes (pieces before the last) of one size a stream must show for a fixed-size buffer to be named.
 BUFFER_MIN_PIECES = 3
@@ -231,7 +232,8 @@ class Delivery:
     arrival of the first and last; ``widest_s``: the longest span of one burst; ``held_s``: the
     longest silence before a burst (send -> first content chunk, or between bursts) and
     ``held_chunks`` the size of that burst; ``e2e_s``: the whole stream; ``pieces``: bytes of the
-    events of each piece -- events less than :data:`PIECE_GAP_S` apart -- (every event, framing
+    events of each piece -- split at silences of :data:`PIECE_GAP_S`, or of a quarter of the
+    :data:`BUFFER_MIN_PIECES`-th longest silence, whichever is longer -- (every event, framing
     counted, :data:`SSE_FRAMING_BYTES`), the last piece left out (it holds the rest when the
     response ended); ``event_max``: the largest event's bytes."""
 
@@ -323,7 +325,10 @@ def delivery(reply: StreamReply) -> Delivery:
     held_s, held_chunks = max(silences)
     sizes = [len(data.encode()) + SSE_FRAMING_BYTES for _, data in reply.events]
     pieces, at = [], 0
-    for run in reads([t for t, _ in reply.events], PIECE_GAP_S):
+    stamps = [t for t, _ in reply.events]
+    quiet = sorted((b - a for a, b in zip(stamps, stamps[1:])), reverse=True)
+    gap = max(PIECE_GAP_S, quiet[BUFFER_MIN_PIECES - 1] / 4 if len(quiet) >= BUFFER_MIN_PIECES else 0.0)
+    for run in reads(stamps, gap):
         pieces.append(sum(sizes[at:at + len(run)]))
         at += len(run)
     return Delivery(len(times), len(runs), times[0], times[-1], max(r[-1] - r[0] for r in runs), held_s, held_chunks,
