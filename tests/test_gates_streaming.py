@@ -209,3 +209,15 @@ def test_the_probe_is_sized_from_the_measured_rate():
     assert buffer_probe_tokens(64, 2.0, 512) is None     # slow: the 64-token stream is the probe
     assert buffer_probe_tokens(64, None, 512) is None    # the request failed: nothing timed
     assert buffer_probe_tokens(64, 0.4, 64) is None      # no room to ask for more
+
+
+def test_two_empty_texts_are_not_the_same_text():
+    from kvgate.gates.streaming import sdk_verdict, stream_text_verdict
+    from kvgate.http.sdk import SdkStream
+
+    finish_only = reply([(0.01, FINISH), (0.02, "[DONE]")])
+    v = stream_text_verdict(Exchange("chat", True, {}, finish_only),
+                            Exchange("chat", False, {}, Reply(200, '{"choices":[{"message":{"content":""}}]}', 0.1)))
+    assert v.status is Status.FAIL and "both empty (2 events): nothing was generated to compare -> FAIL" in v.message
+    sdk = sdk_verdict("completions", SdkStream("", 1, ["length"], None, 200, "text/event-stream", "data:"), _plain(""))
+    assert sdk.status is Status.FAIL and "nothing was generated to compare -> FAIL" in sdk.message

@@ -125,7 +125,9 @@ def stream_framing_verdict(ex: Exchange) -> Verdict:
 
 
 def stream_text_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
-    """At temperature 0 with a seed, the concatenated deltas equal the non-streamed text."""
+    """At temperature 0 with a seed, the concatenated deltas equal the non-streamed text. Two empty
+    texts are not equal evidence: both empty (a generation asked for ``max_tokens`` with
+    ``ignore_eos``) FAILs."""
     gate = f"streaming/deltas/{streamed.api}"
     ev = {"streamed": streamed.evidence(), "non_streamed": plain.evidence()}
     want = _plain_text(plain)
@@ -140,6 +142,10 @@ def stream_text_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
         return Verdict(gate, FAIL, f"streamed deltas ({len(got)} chars) differ from the non-streamed text ({len(want)} chars) "
                        f"at char {i}: {got[max(0, i - 10):i + 20]!r} vs {want[max(0, i - 10):i + 20]!r} -> FAIL",
                        measured=len(got), limit=len(want), unit="chars", evidence=ev)
+    if not got:
+        return Verdict(gate, FAIL, f"streamed deltas and the non-streamed text are both empty ({len(streamed.reply.events)} "
+                       "events): nothing was generated to compare -> FAIL", measured=0, limit=">0", unit="chars",
+                       evidence=ev)
     return Verdict(gate, PASS, f"streamed deltas == non-streamed text ({len(got)} chars) -> PASS", measured=len(got),
                    limit=len(want), unit="chars", evidence=ev)
 
@@ -178,6 +184,10 @@ def sdk_verdict(api: str, sdk: Any, plain: Exchange) -> Verdict:
         return Verdict(gate, FAIL, f"openai SDK parsed {sdk.chunks} chunks ({len(sdk.text)} chars), but the "
                        f"non-streamed request answered {plain.reply.status} without text to compare with -> FAIL",
                        measured=len(sdk.text), unit="chars", evidence=ev)
+    if not sdk.text and not want:
+        return Verdict(gate, FAIL, f"openai SDK parsed {sdk.chunks} chunks with no text, and the non-streamed text is "
+                       "empty too: nothing was generated to compare -> FAIL", measured=0, limit=">0", unit="chars",
+                       evidence=ev)
     if sdk.text != want:
         return Verdict(gate, FAIL, f"openai SDK text ({len(sdk.text)} chars) differs from the non-streamed text "
                        f"({len(want)} chars) -> FAIL", measured=len(sdk.text), limit=len(want), unit="chars", evidence=ev)
