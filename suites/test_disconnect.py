@@ -5,7 +5,7 @@ before the request would have finished on its own, and a canary generation still
 import pytest
 
 from kvgate.gates.disconnect import disconnect_verdict
-from kvgate.gates.streaming import buffer_probe_tokens, delivery, event_bytes
+from kvgate.gates.streaming import buffer_probe_tokens, event_bytes, undecided
 from kvgate.http.probes import DISCONNECT_CASES, decode_rate, disconnect
 
 PROBE_TOKENS = 32
@@ -20,7 +20,7 @@ def rate(kvgate_client, kvgate_profile):
     model = kvgate_profile.model.served_name
     first = decode_rate(kvgate_client, model, PROBE_TOKENS)
     r = first.reply
-    if first.tps is not None or r is None or r.status != 200 or not first.bunched or delivery(r).buffered:
+    if first.tps is not None or r is None or not first.bunched or not undecided(r):
         return first
     most = min(kvgate_profile.engine.max_model_len - 64, kvgate_profile.limits.max_tokens_cap or 10**9)
     longer = buffer_probe_tokens(PROBE_TOKENS, r.elapsed_s, most, event_bytes(r))

@@ -7,7 +7,7 @@ import pytest
 
 from kvgate.gates.streaming import (buffer_probe_tokens, buffering_verdict, event_bytes, sdk_verdict,
                                     stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
-                                    stream_ttft_verdict)
+                                    stream_ttft_verdict, undecided)
 from kvgate.http.probes import send
 from kvgate.http.sdk import sdk_stream
 
@@ -19,10 +19,11 @@ PROMPT = "stream the kv cache blocks of the long sequence"
 @pytest.fixture(scope="module")
 def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
     """Per API: one streamed request, the same request non-streamed, the SDK's parse of it, and the
-    buffering probe: the stream itself, or -- when the non-streamed request took less than
-    BUFFER_PROBE_S -- one more stream asking for as many tokens as that rate makes in BUFFER_PROBE_S,
-    and at least BUFFER_PROBE_BYTES of events (a fast server's 64-token answer fits one 16 KB proxy
-    buffer in 0.4 s; the probe's fills four)."""
+    buffering probe: the stream itself, or -- when it came bunched but not judged buffered
+    (``undecided``) and the non-streamed request took less than BUFFER_PROBE_S -- one more stream
+    asking for as many tokens as that rate makes in BUFFER_PROBE_S, and at least BUFFER_PROBE_BYTES
+    of events (a fast server's 64-token answer fits one 16 KB proxy buffer in 0.4 s; the probe's
+    fills four). A stream read as generated needs no probe: it rules a buffer out."""
     model = kvgate_profile.model.served_name
     n = min(64, kvgate_profile.limits.max_tokens_cap or 64)
     out = {}
@@ -35,7 +36,7 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         plain = send(kvgate_client, api, body)
         most = min(kvgate_profile.limits.max_tokens_cap or 4096, kvgate_profile.engine.max_model_len - 64)
         took = plain.reply.elapsed_s if plain.reply.status == 200 else None
-        longer = buffer_probe_tokens(n, took, most, event_bytes(streamed.reply))
+        longer = buffer_probe_tokens(n, took, most, event_bytes(streamed.reply)) if undecided(streamed.reply) else None
         probe = (send(kvgate_client, api, {**body, "max_tokens": longer, "stream_options": {"include_usage": True}},
                       stream=True), None) if longer else (streamed, plain)
         out[api] = (streamed, plain, sdk_stream(kvgate_endpoint, api, body), probe)

@@ -360,6 +360,16 @@ def buffer_probe_tokens(tokens: int, took_s: float | None, most: int, event_byte
     return min(want, most) if min(want, most) > tokens else None
 
 
+def undecided(reply: Any) -> bool:
+    """Whether a stream's delivery leaves buffering undecided: its content came bunched (as from a
+    buffer, or to a client that read late) but was not judged buffered. A stream read as it was
+    generated, one event a read, rules a buffer out: no longer probe is needed."""
+    if not isinstance(reply, StreamReply) or reply.status != 200:
+        return False
+    d = delivery(reply)
+    return d.bunched and not d.buffered
+
+
 def event_bytes(reply: Any) -> float:
     """Mean bytes of a stream's content events on the wire (data and framing), 0.0 without any."""
     sizes = [len(d.encode()) + SSE_FRAMING_BYTES for _, d in getattr(reply, "events", []) if classify(d).is_content]

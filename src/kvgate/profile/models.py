@@ -419,7 +419,7 @@ class MetricsSpec(_Strict):
 
     consumed: tuple[ConsumedMetric, ...] = Field(default=(), description="series consumers read (endpoint pickers, KEDA/HPA queries, dashboards): a name or {name, labels}")
     held_requests: int = Field(default=3, gt=0, description="[requests] streams sent at once and held open by the load step; up to max_num_seqs run, the rest wait")
-    max_tokens: int = Field(default=64, gt=0, description="[tokens] each held stream's output (ignore_eos), at least: kvgate asks for more when a probe stream's decode rate says the streams would end within 1 s (8 scrapes)")
+    max_tokens: int = Field(default=64, gt=0, description="[tokens] each held stream's output (ignore_eos), at least: kvgate asks for more when a probe stream's decode rate says the streams would end within 0.8 s (8 scrapes)")
 
 
 #: [s] ``rollout.grace_period_s`` when unset: drain_timeout_s plus this, for vLLM's engine teardown
