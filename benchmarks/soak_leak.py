@@ -233,6 +233,68 @@ def evaluate(path: Path, settle_s: float, ceiling: float | None) -> dict:
     return out
 
 
+#: Patterns injected on the recorded healthy series by :func:`injected` (MB added at each round's
+#: midpoint, t in seconds since the window's first measured round; ``longs``: long requests per round).
+LEAKS_MB_PER_MIN = (0.5, 1.0, 2.0, 8.0)
+LONG_LEAK_MB = 2.0     # issue 33's proxy: 2 MB retained per long request
+LONGS_PER_ROUND = 8.0  # tiny-cpu's default mix: half of 2 req/s x 8 s rounds are 1,900-token prompts
+STEP_MB = 60.0         # the embedded server's one-off step (+40..+68 MB)
+
+
+def injected(path: Path, settle_s: float, seed: int = 0) -> dict:
+    """Detection and false alarms of the tiny-cpu memory rule on the recorded *healthy* series with
+    known patterns added, every back-to-back and sliding window of the profile's soak length (80 s):
+    linear leaks of :data:`LEAKS_MB_PER_MIN`; a leak of :data:`LONG_LEAK_MB` per long request
+    (Poisson :data:`LONGS_PER_ROUND` a round, seeded); a one-off +:data:`STEP_MB` MB step in a random
+    measured round with at least 2 rounds after it (must PASS); and the healthy series as it is."""
+    import numpy as np
+
+    data = json.loads(path.read_text())
+    spec = soak_spec(load_profile("tiny-cpu"))
+    round_s = data["settings"]["plan"]["round_s"]
+    rows = data["rows"]
+    healthy = _envelope(rows, data["raw"]["healthy"])
+    first = next(i for i, r in enumerate(rows) if r["t_start_s"] >= settle_s)
+    n, warm = spec.rounds, spec.warmup_rounds
+    rng = np.random.default_rng(seed)
+    starts = list(range(first, len(rows) - n + 1))
+
+    def judged(extra) -> list[dict]:
+        out = []
+        for s0 in starts:
+            add = extra(s0)
+            mem = [None if healthy[i] is None else healthy[i] + add[i - s0] for i in range(len(healthy)) if s0 <= i < s0 + n]
+            padded = [None] * s0 + mem + [None] * (len(rows) - s0 - n)
+            out.append(_judge(rows, padded, s0, n, warm, round_s, spec))
+        return out
+
+    def share(res: list[dict], key: str = "memory_fail") -> dict:
+        k = sum(bool(x[key]) for x in res)
+        return {"windows": len(res), "fail": k, "share": round(k / len(res), 3)}
+
+    out: dict = {"file": str(path), "soak_s": n * round_s, "measured_rounds": n - warm, "windows": len(starts),
+                 "ceiling_mb_per_h": spec.memory_slope_max_mb_per_h, "healthy": share(judged(lambda s0: [0.0] * n))}
+    for rate in LEAKS_MB_PER_MIN:
+        out[f"leak_{rate:g}_mb_per_min"] = share(judged(lambda s0, r=rate: [r * k * round_s / 60 for k in range(n)]))
+
+    def long_leak(s0: int) -> list[float]:
+        per = rng.poisson(LONGS_PER_ROUND, n) * LONG_LEAK_MB
+        return np.cumsum(per).tolist()
+
+    out[f"leak_{LONG_LEAK_MB:g}_mb_per_long_request"] = share(judged(long_leak))
+    steps = []
+
+    def step(s0: int) -> list[float]:
+        at = int(rng.integers(warm + 1, n - 2))  # a measured round, 2 or more rounds after it
+        steps.append(at)
+        return [STEP_MB if k >= at else 0.0 for k in range(n)]
+
+    res = judged(step)
+    out[f"step_{STEP_MB:g}_mb"] = {**share(res), "kinds": {k: sum(1 for x in res if x["memory_kind"] == k)
+                                                            for k in sorted({x["memory_kind"] for x in res})}}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=14.0, help="length of the whole run (default 14)")
@@ -240,7 +302,14 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=64.0, help="seconds at the start not used (server warm-up)")
     ap.add_argument("--ceiling", type=float, default=None, help="MB/h for the detection windows (default: profile's)")
     ap.add_argument("--analyze", type=Path, default=None, help="only analyse an earlier results file")
+    ap.add_argument("--inject", action="store_true", help="with --analyze: detection of known leaks and of a "
+                    "one-off step injected on the recorded healthy series (issue 33)")
     args = ap.parse_args()
+    if args.inject and args.analyze:
+        res = injected(args.analyze, args.settle)
+        print(json.dumps(res, indent=2))
+        args.analyze.with_name(args.analyze.stem + "-injected.json").write_text(json.dumps(res, indent=2))
+        return 0
     path = args.analyze or run(args)
     res = evaluate(path, args.settle, args.ceiling)
     print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "healthy"} if isinstance(v, dict) else v)

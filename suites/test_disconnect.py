@@ -5,13 +5,26 @@ before the request would have finished on its own, and a canary generation still
 import pytest
 
 from kvgate.gates.disconnect import disconnect_verdict
+from kvgate.gates.streaming import buffer_probe_tokens, event_bytes, undecided
 from kvgate.http.probes import DISCONNECT_CASES, decode_rate, disconnect
+
+PROBE_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
 def rate(kvgate_client, kvgate_profile):
-    """The decode rate (or why it cannot be estimated) that tells a release from completion."""
-    return decode_rate(kvgate_client, kvgate_profile.model.served_name)
+    """The decode rate (or why it cannot be estimated) that tells a release from completion. When
+    the 32-token probe's events came bunched -- a client starved of CPU, or a proxy that buffers the
+    stream; in front of a fast server a 16 KB buffer holds the whole probe -- a second probe sized
+    like the streaming gate's buffering probe tells which: its buffer flushes name the proxy."""
+    model = kvgate_profile.model.served_name
+    first = decode_rate(kvgate_client, model, PROBE_TOKENS)
+    r = first.reply
+    if first.tps is not None or r is None or not first.bunched or not undecided(r):
+        return first
+    most = min(kvgate_profile.engine.max_model_len - 64, kvgate_profile.limits.max_tokens_cap or 10**9)
+    longer = buffer_probe_tokens(PROBE_TOKENS, r.elapsed_s, most, event_bytes(r))
+    return decode_rate(kvgate_client, model, longer) if longer else first
 
 
 @pytest.mark.disconnect

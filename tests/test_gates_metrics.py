@@ -355,3 +355,34 @@ def test_suite_behind_a_buffering_proxy_says_so_instead_of_blaming_the_histogram
     g = gates["fake-metrics/metrics/histograms"]
     assert g["status"] == "INVALID" and "a proxy that buffers the stream" in g["message"], g["message"]
     assert gates["fake-metrics/metrics/under-load"]["status"] == "PASS"
+
+
+def test_held_streams_are_sized_from_the_measured_decode_rate():
+    from kvgate.load.scenarios import held_tokens
+
+    assert held_tokens(64, 512, 277.0, 0.1) == 222     # the embedded server's 277 tokens/s: 0.8 s (8 scrapes)
+    assert held_tokens(64, 512, 2000.0, 0.1) == 512    # a GPU's 2,000/s: capped
+    assert held_tokens(64, 512, 40.0, 0.1) == 64       # slow: metrics.max_tokens stands
+    assert held_tokens(64, 512, 160.0, 0.25) == 320    # 8 scrapes of 0.25 s need 2 s
+    assert held_tokens(64, 512, 160.0, 0.05) == 80     # 0.5 s at least
+    assert held_tokens(64, 512, None, 0.1) == 64 and held_tokens(64, 48, None, 0.1) == 48
+
+
+def test_running_truth_passes_on_a_fast_healthy_server(pytester, tmp_path):
+    # 1.5 ms a token: 64 tokens end in ~0.1 s, the window the issue-33 run read INVALID on a healthy server
+    # (no scrape in 0.10 s); the streams are now sized from the probe's rate to decode for 0.8 s (8 scrapes)
+    prof = tmp_path / "fake-metrics.yaml"
+    prof.write_text(PROFILE_YAML.format(base=REPO / "tests" / "data" / "fake-vllm.yaml").replace(
+        "engine: {max_num_seqs: 2}", "engine: {max_num_seqs: 2, max_model_len: 2048}") +
+        "limits: {max_tokens_cap: 1024}\n")
+    cfg = FakeConfig(max_tokens_cap=1024, max_model_len=2048, itl_s=0.0015, ttft_s=0.005, max_num_seqs=2)
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "-k", "running", suites=SUITE, profile=prof)
+        held = sorted({r.max_tokens for r in fake.state.requests if r.max_tokens != 32})
+    g = gates["fake-metrics/metrics/running-truth"]
+    assert g["status"] == "PASS", g["message"]
+    assert "vllm:num_requests_running summed to 2 and vllm:num_requests_waiting to 1 in all" in g["message"]
+    assert len(held) == 1 and 200 <= held[0] <= 600, held  # ~0.8 s at the measured rate (client-timed, loaded host)
+    ev = g["evidence"]
+    assert ev["held_tokens"] == held[0] and ev["decode_tps"] > 300 and len(ev["scrapes"]) >= 3
+    assert ev["sized"].startswith("sized for 0.8 s at the ")

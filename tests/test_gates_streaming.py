@@ -1,6 +1,8 @@
 """gates/streaming.py: the single-request TTFT uses the same first-token rule as the load client;
 a stream whose content a proxy held back arrives in bursts and is named buffered."""
 
+import re
+
 import pytest
 
 from kvgate.http.client import Reply, StreamReply
@@ -115,3 +117,107 @@ def test_too_few_chunks_are_not_judged(n):
 def test_a_stream_that_did_not_answer_fails():
     v = buffering_verdict(Exchange("chat", True, {}, StreamReply(status=502, text="<html>")))
     assert v.status is Status.FAIL and "answered 502" in v.message
+
+
+# ---- the openai SDK's parse: never a PASS on nothing -----------------------------------------------
+
+
+def _plain(text):
+    return Exchange("completions", False, {}, Reply(200, '{"choices":[{"text":%s}]}' % __import__("json").dumps(text),
+                                                    0.1))
+
+
+def test_sdk_verdict_needs_chunks_a_finish_reason_and_the_same_text():
+    from kvgate.gates.streaming import sdk_verdict
+    from kvgate.http.sdk import SdkStream
+
+    ok = sdk_verdict("completions", SdkStream("hi there", 3, ["length"], None, 200, "text/event-stream", "data: {"),
+                     _plain("hi there"))
+    assert ok.status is Status.PASS and ok.message == ("openai SDK parsed 3 chunks, finish_reason 'length', the "
+                                                        "non-streamed text (8 chars) -> PASS")
+    page = "<html><head><title>Sign in \x1b[31m</title></head><body>" + "x" * 900 + "</body></html>"
+    none = sdk_verdict("completions", SdkStream("", 0, [], None, 200, "text/html", page[:512]), _plain(""))
+    assert none.status is Status.FAIL and none.measured == 0
+    assert none.message == ('openai SDK parsed no chunk from the stream: it answered 200 text/html, HTML: "Sign in '
+                            '\\x1b[31m" -> FAIL (a client sees an empty answer and no error)')  # escaped
+    assert len(none.evidence["body_head"]) <= 300
+    cut = sdk_verdict("completions", SdkStream("hi", 2, [], None, 200, "text/event-stream", "data:"), _plain("hi"))
+    assert cut.status is Status.FAIL and "parsed 2 chunks but no finish_reason" in cut.message
+    gone = sdk_verdict("chat", SdkStream("", 0, [], "not sent: the engine is hung"), _plain("hi"))
+    assert gone.status is Status.INVALID and "got no answer (not sent: the engine is hung) -> INVALID" in gone.message
+
+
+# ---- a buffer in front of a fast server: flushes less than a second apart, one size each --------------
+
+
+def through_buffer(n, itl_s, size, text="x" * 200):
+    """A completions stream of ``n`` tokens made ``itl_s`` apart, as a proxy holding ``size``-byte
+    pieces delivers it: each event arrives with the flush that completes it (2e-5 s apart in a read)."""
+    datas = ['{"choices":[{"index":0,"text":"%s","finish_reason":null}]}' % text] * n
+    datas += ['{"choices":[{"index":0,"text":"","finish_reason":"length"}]}', "[DONE]"]
+    made = [0.05 + itl_s * i for i in range(len(datas))]
+    events, sent, flush_at, k = [], 0, 0.0, 0
+    ends = []
+    for t, d in zip(made, datas):
+        sent += len(d) + 8
+        ends.append((sent, t))
+    total = sent
+    for i, (end, t) in enumerate(ends):
+        piece = -(-end // size)  # the flush that completes this event
+        done = min(piece * size, total)
+        flush_at = next(tt for e, tt in ends if e >= done) if done < total else made[-1]
+        k = k + 1 if events and abs(events[-1][0] - flush_at) < 1e-3 else 0
+        events.append((flush_at + 2e-5 * k, datas[i]))
+    return StreamReply(status=200, events=events, elapsed_s=events[-1][0])
+
+
+def test_a_16_kb_buffer_in_front_of_a_fast_server_fails_naming_its_pieces():
+    # 240 tokens 5 ms apart (1.2 s) of ~250 bytes each through 16 KB: ~64 events a flush, 0.33 s apart
+    r = through_buffer(240, 0.005, 16384)
+    d = delivery(r)
+    assert d.held_s < 1.0 and d.bunched and d.fixed_pieces and len(d.pieces) == 3
+    v = buffering_verdict(Exchange("completions", True, {"max_tokens": 240}, r))
+    assert v.status is Status.FAIL, v.message
+    assert re.match(r"24[01] content chunks arrived in 4 bursts \(each within \d+ ms\), the 3 before the last "
+                    r"16\.\d-16\.\d KB each \(a buffer of ~16 KB flushed each time it filled\), 0\.\d\d s apart at most "
+                    r"\(the stream ended 1\.2\d s after the request\) -> FAIL \(the stream is buffered", v.message), v.message
+    # the same stream read as generated passes; 64 tokens fit one buffer whole and cannot show it
+    healthy = StreamReply(status=200, events=[(0.05 + 0.005 * i, d_) for i, (_, d_) in enumerate(r.events)],
+                          elapsed_s=1.3)
+    assert buffering_verdict(Exchange("completions", True, {}, healthy)).status is Status.PASS
+    one = buffering_verdict(Exchange("completions", True, {}, through_buffer(64, 0.005, 16384)))
+    assert one.status is Status.PASS and "held back less than 1 s" in one.message
+
+
+def test_reads_of_random_sizes_are_not_a_buffer():
+    # a client starved now and then: bunches of 9, 14, 11, 20 ... events; never one size
+    sizes = [9, 14, 11, 20, 16, 10, 25, 12]
+    times, t = [], 0.1
+    for s_ in sizes:
+        times += [t + 1e-5 * j for j in range(s_)]
+        t += 0.3
+    d = delivery(timed(times))
+    assert d.bunched and not d.fixed_pieces and verdict(times).status is Status.PASS
+
+
+def test_the_probe_is_sized_from_the_measured_rate():
+    from kvgate.gates.streaming import buffer_probe_tokens
+
+    assert buffer_probe_tokens(64, 0.4, 512) == 240      # 160 tokens/s x 1.5 s
+    assert buffer_probe_tokens(64, 0.4, 512, 250.0) == 263  # 64 KB of 250-byte events
+    assert buffer_probe_tokens(64, 0.1, 512) == 512      # capped by the server's cap
+    assert buffer_probe_tokens(64, 2.0, 512) is None     # slow: the 64-token stream is the probe
+    assert buffer_probe_tokens(64, None, 512) is None    # the request failed: nothing timed
+    assert buffer_probe_tokens(64, 0.4, 64) is None      # no room to ask for more
+
+
+def test_two_empty_texts_are_not_the_same_text():
+    from kvgate.gates.streaming import sdk_verdict, stream_text_verdict
+    from kvgate.http.sdk import SdkStream
+
+    finish_only = reply([(0.01, FINISH), (0.02, "[DONE]")])
+    v = stream_text_verdict(Exchange("chat", True, {}, finish_only),
+                            Exchange("chat", False, {}, Reply(200, '{"choices":[{"message":{"content":""}}]}', 0.1)))
+    assert v.status is Status.FAIL and "both empty (2 events): nothing was generated to compare -> FAIL" in v.message
+    sdk = sdk_verdict("completions", SdkStream("", 1, ["length"], None, 200, "text/event-stream", "data:"), _plain(""))
+    assert sdk.status is Status.FAIL and "nothing was generated to compare -> FAIL" in sdk.message

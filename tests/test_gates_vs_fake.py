@@ -162,6 +162,43 @@ def test_buffered_stream_fails_streaming_naming_the_buffering(pytester):
         assert g["measured"]["value"] >= 1.26 and g["limit"]["value"] == 1.0
 
 
+def test_html_answered_200_fails_the_openai_sdk_check_naming_the_page(pytester):
+    # the SDK finds no event in an HTML page and raises nothing: 0 chunks and an empty text are not "the same"
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={"html_200"})) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, "-k", "openai-sdk", suites=["suites/test_streaming.py"])
+    assert summary["overall"] == "FAIL" and len(gates) == 2
+    for api in ("completions", "chat"):
+        g = gates[f"fake-vllm/streaming/openai-sdk/{api}"]
+        assert g["status"] == "FAIL", g["message"]
+        assert g["message"] == ('openai SDK parsed no chunk from the stream: it answered 200 text/html; charset=utf-8, '
+                                'HTML: "<html><body>oops</body></html>" -> FAIL (a client sees an empty answer and no '
+                                'error)'), g["message"]
+        assert g["evidence"]["sdk_chunks"] == 0 and g["evidence"]["body_head"] == "<html><body>oops</body></html>"
+
+
+def test_a_16_kb_buffer_in_front_of_a_fast_server_fails_buffering_on_the_sized_probe(pytester, tmp_path):
+    # 3 ms a token: the 64-token answer (~14 KB) takes 0.2 s and fits one buffer; the probe asks for what
+    # 1.5 s make at that rate and 64 KB of events at least, capped at 320: 4 flushes of 16 KB, 0.2 s apart
+    prof = tmp_path / "fake-vllm-cap.yaml"
+    prof.write_text(f"extends: {PROFILE}\nengine:\n  max_model_len: 1024\nlimits:\n  max_tokens_cap: 320\n"
+                    "  stream_idle_timeout_s: 5\n")
+    with FakeVLLM(FakeConfig(max_tokens_cap=320, max_model_len=1024, itl_s=0.003, faults={"buffer_stream"})) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "-k", "buffering", suites=["suites/test_streaming.py"],
+                                 profile=prof)
+        sent = sorted({r.max_tokens for r in fake.state.requests})
+    # 1.5 s at the rate the 64-token request measured (capped at 320), or 64 KB of events (~290 tokens) on a slow
+    # (loaded) host: one probe per API
+    assert sent[0] == 64 and len(sent) in (2, 3) and all(280 <= t <= 320 for t in sent[1:]), sent
+    for api in ("completions", "chat"):
+        g = gates[f"fake-vllm-cap/streaming/buffering/{api}"]
+        assert g["status"] == "FAIL", g["message"]
+        assert re.search(r"content chunks arrived in \d+ bursts \(each within \d+ ms\), the \d+ before the last "
+                         r"1[56]\.\d-16\.\d KB each \(a buffer of ~16 KB flushed each time it filled\), 0\.\d\d s apart at "
+                         r"most", g["message"]), g["message"]
+        assert g["measured"]["value"] < 1.0  # held less than a second: the old rule called this a late reader
+    # the same probe read as generated PASSes: tests/test_gates_streaming.py (a healthy stream reads one event a time)
+
+
 def test_buffered_stream_makes_disconnect_invalid_naming_the_buffering(pytester):
     # the 32-token rate probe (40 ms apart: 1.3 s) reaches the client in one burst at its end
     with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.04, faults={"buffer_stream"})) as fake:
@@ -171,6 +208,23 @@ def test_buffered_stream_makes_disconnect_invalid_naming_the_buffering(pytester)
         assert g["status"] == "INVALID", g["message"]
         assert g["message"].startswith("the decode-rate probe's stream was buffered: all 32 content chunks arrived "
                                        "within"), g["message"]
+        assert "set proxy_buffering off / X-Accel-Buffering: no" in g["message"]
+
+
+def test_a_16_kb_buffer_in_front_of_a_fast_server_makes_disconnect_invalid_naming_the_buffer(pytester, tmp_path):
+    # 3 ms a token: the 32-token rate probe (~7 KB) fits one 16 KB buffer and arrives in one burst 0.1 s
+    # after the request -- bunched, but not held a second; the second probe (64 KB of events) shows the flushes
+    prof = tmp_path / "fake-vllm-cap.yaml"
+    prof.write_text(f"extends: {PROFILE}\nengine:\n  max_model_len: 1024\nlimits:\n  max_tokens_cap: 320\n"
+                    "  stream_idle_timeout_s: 5\n")
+    with FakeVLLM(FakeConfig(max_tokens_cap=320, max_model_len=1024, itl_s=0.003, faults={"buffer_stream"})) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, suites=["suites/test_disconnect.py"], profile=prof)
+    assert summary["overall"] == "INVALID" and len(gates) == 3
+    for g in gates.values():
+        assert g["status"] == "INVALID", g["message"]
+        assert re.match(r"the decode-rate probe's stream was buffered: \d+ content chunks arrived in \d+ bursts \(each "
+                        r"within \d+ ms\), the \d+ before the last 1[56]\.\d-16\.\d KB each \(a buffer of ~16 KB flushed "
+                        r"each time it filled\)", g["message"]), g["message"]
         assert "set proxy_buffering off / X-Accel-Buffering: no" in g["message"]
 
 

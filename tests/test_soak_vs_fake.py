@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.fakes.fake_vllm import FakeConfig
-from tests.fakes.soak_fakes import SoakFakeVLLM, fill_then_plateau, flat, linear_leak, sawtooth
+from tests.fakes.soak_fakes import SoakFakeVLLM, fill_then_plateau, flat, linear_leak, one_step, sawtooth
 
 from .conftest import REPO
 
@@ -91,6 +91,17 @@ def test_growth_then_plateau_passes_as_a_bounded_cache(pytester, fake_with):
     a = analysis(mem)
     assert a["classification"] == "bounded cache" and a["memory_mb_per_h"]["plateau"]
     assert a["memory_mb_per_h"]["ci_low"] > 3600  # it did rise significantly: the plateau is what passes it
+
+
+def test_a_one_off_step_passes_naming_the_step(pytester, fake_with):
+    fake = fake_with(memory=one_step(22, 60.0))  # +60 MB at ~1.1 s (round 4 or 5 of 10), flat before and after
+    _, _, gates, _ = run_soak(pytester, fake.url)
+    mem = gates["soak/memory"]
+    assert mem["status"] == "PASS", mem["message"]
+    assert "-> PASS (one-off step: retained memory stepped +60.0 MB in round " in mem["message"]
+    a = analysis(mem)
+    assert a["classification"] == "one-off step" and a["memory_mb_per_h"]["ci_low"] > 3600  # a slope was shown
+    assert a["memory_mb_per_h"]["step"]["rises"] == [60.0]
 
 
 def test_ttft_drift_with_flat_memory_and_climbing_preemptions_fails_as_preemption_placement(pytester, fake_with):

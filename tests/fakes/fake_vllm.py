@@ -282,6 +282,9 @@ FAULTS: dict[str, str] = {
     "ignore_max_completion_tokens": "chat ignores max_completion_tokens (only max_tokens bounds the reply)",
     "forget_previous_response": "a /v1/responses request's previous_response_id is accepted and ignored: the stored "
     "turn is not in its context",
+    # issue 33: a verdict must rest on something observed
+    "html_200": "every generation is answered 200 text/html '<html><body>oops</body></html>' (a gateway's "
+    "catch-all page served with success): an SSE parser finds no event in it, and raises nothing",
 }
 
 #: The ``control_chars`` fault's text: every character kvgate must escape (kvgate.verdict.printable).
@@ -1245,6 +1248,13 @@ async def _first(*aws: Awaitable[Any]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _html_200(faults: set[str] | frozenset[str]) -> Response | None:
+    """The html_200 fault's answer to a generation (a 200 HTML page), or None without the fault."""
+    if "html_200" not in faults:
+        return None
+    return Response(b"<html><body>oops</body></html>", status_code=200, media_type="text/html")
+
+
 HTML_413 = (b"<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n<center><h1>413 "
             b"Request Entity Too Large</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
 HTML_502 = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway"
@@ -1777,6 +1787,8 @@ class FakeVLLM:
             return _error("The server is shutting down", 503, "ServiceUnavailableError")
         if "html_error_page" in self.config.faults:
             return Response(HTML_502, status_code=502, media_type="text/html")
+        if (page := _html_200(self.config.faults)) is not None:
+            return page
         if "empty_502" in self.config.faults:
             return Response(b"", status_code=502)
         try:

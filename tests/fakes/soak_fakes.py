@@ -88,6 +88,11 @@ def fill_then_plateau(mb_per_scrape: float, until_scrape: int, base_mb: float = 
     return lambda n: (base_mb + mb_per_scrape * min(n, until_scrape)) * MB
 
 
+def one_step(at_scrape: int, step_mb: float, base_mb: float = 500.0) -> Callable[[int], float]:
+    """Flat, one step of ``step_mb`` at scrape ``at_scrape``, flat after (an allocator sizing itself once)."""
+    return lambda n: (base_mb + (step_mb if n >= at_scrape else 0.0)) * MB
+
+
 def flat(base_mb: float = 500.0) -> Callable[[int], float]:
     return lambda n: base_mb * MB
 

@@ -260,7 +260,9 @@ def running_truth_verdict(step: MetricsStep, wanted: tuple[ConsumedMetric, ...] 
     queued (:func:`expected_load`; their sum against the streams held when max_num_seqs is not
     declared; INVALID when the server was busy before the step), when a held stream failed, or when the running/waiting/KV-usage gauges or a consumed
     gauge come as per-process duplicates (:func:`duplicate_series`). INVALID when no scrape fell
-    inside the window (raise ``metrics.max_tokens``). ``measured``: the running sum most scrapes read."""
+    inside the window (the streams' length is sized from the measured decode rate,
+    :func:`kvgate.load.scenarios.held_tokens`; a cap can still cut it short). ``measured``: the
+    running sum most scrapes read."""
     if (bad := _usable(step) or _streams_failed(step) or _not_idle(step)) is not None:
         return bad
     recs, n = step.result.records, step.requests
@@ -269,7 +271,8 @@ def running_truth_verdict(step: MetricsStep, wanted: tuple[ConsumedMetric, ...] 
     inside = [s for s in step.during if window and s.sent_s >= window[0] and s.done_s <= window[1]]
     readable = [s for s in inside if s.families is not None]
     ev: dict[str, Any] = {"window_s": [round(w, 3) for w in window] if window else None,
-                          "expected": {"running": running, "waiting": queued}, "scrapes": []}
+                          "expected": {"running": running, "waiting": queued}, "scrapes": [],
+                          "decode_tps": step.decode_tps, "held_tokens": step.max_tokens, "sized": step.sized}
     problems = []
     scrapes = [step.before, *step.during, step.after]
     for name in dict.fromkeys([RUNNING, WAITING, ALIASES["kv_usage"][0], *[c.name for c in wanted]]):
@@ -287,8 +290,10 @@ def running_truth_verdict(step: MetricsStep, wanted: tuple[ConsumedMetric, ...] 
                             f"scrapes answered {', '.join(map(str, st))}; see metrics/under-load)")
         elif not problems:
             span = f"{window[1] - window[0]:.2f} s" if window else "no span"
+            how = f"; {step.max_tokens} tokens {step.sized}" if step.sized else ""
             return Verdict(GATE, INVALID, f"{_step_words(step)}: no scrape fell in the time all of them ran ({span}; "
-                           f"a scrape every {step.interval_s:g} s) -> INVALID (raise metrics.max_tokens)", evidence=ev)
+                           f"a scrape every {step.interval_s:g} s{how}) -> INVALID (nothing was judged; raise "
+                           "metrics.max_tokens or limits.max_tokens_cap)", evidence=ev)
     wrong = []
     for s in readable:
         run_sum, wait_sum = _total(s.families, RUNNING), _total(s.families, WAITING)

@@ -18,9 +18,11 @@ a positive point estimate inside the noise is not a leak. Classification:
 - ``preemption/placement``: TTFT p95 rising above its ceiling while memory is flat; preemptions
   climbing (or, without them, requests queueing) say which;
 - ``bounded cache``: memory rose significantly, then plateaued (the last part is flat): PASS;
-- ``growth within the floor``: a slope shown above the ceiling, but its fitted rise is within
-  ``soak.memory_floor_mb`` (an allocator step at this soak's length): PASS, saying a longer soak
-  decides;
+- ``one-off step``: a slope shown above the ceiling, but all of its rise sits in one or two rounds
+  with flat rounds before and after (:func:`kvgate.stats.find_step`: with those rounds' rises taken
+  out, no growth is shown): PASS naming the step's rounds and size. A leak grows round after round
+  and is still growing in the last part -- no two rounds explain it -- and FAILs whatever its total
+  (issue 33: a floor on the total rise, 128 MB, let an 80 s soak pass leaks up to ~7 GB/h);
 - ``healthy``.
 
 A cut-short soak (signal, deadline) is INCOMPLETE, never PASS; a soak whose client fell behind in
@@ -49,7 +51,7 @@ from typing import Any
 
 from kvgate.profile.models import Profile, SoakSpec
 from kvgate.soak.runner import SoakResult
-from kvgate.stats import Growth, Trend, growth, trend
+from kvgate.stats import Growth, Step, Trend, growth, trend
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 
@@ -115,7 +117,7 @@ def _growth_dict(g: Growth | None) -> dict[str, Any] | None:
     if g is None:
         return None
     return {**g.full.to_dict(), "last_part": g.last.to_dict() if g.last else None, "plateau": g.plateau,
-            "kind": g.kind, "ceiling": g.ceiling, "exceeds": g.exceeds}
+            "kind": g.kind, "ceiling": g.ceiling, "exceeds": g.exceeds, "step": g.step.to_dict() if g.step else None}
 
 
 def _x_h(row: dict[str, Any], round_s: float) -> float:
@@ -134,10 +136,10 @@ def _series(rows: list[dict[str, Any]], key: str, round_s: float,
     return xs, ys
 
 
-def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec, floor: float = 0.0) -> Growth | None:
+def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Growth | None:
     if len(xs) < 4 or len(set(xs)) < 2:
         return None
-    return growth(xs, ys, ceiling, spec.confidence, spec.last_part, floor=floor)
+    return growth(xs, ys, ceiling, spec.confidence, spec.last_part)
 
 
 def _ci(t: Trend, unit: str) -> str:
@@ -146,12 +148,27 @@ def _ci(t: Trend, unit: str) -> str:
             f"{t.theil_sen:+,.1f})")
 
 
+def _step_words(step: Step, rounds: list[int]) -> str:
+    """``retained memory stepped +60.0 MB in round 5 (93% of the +64.5 MB rise), flat before and
+    after: without it +1.2 MB/h (95% CI ...), last part ... (3 rounds after it)``."""
+    where = " and ".join(f"{r:+,.1f} MB in round {rounds[p]}" for p, r in zip(step.points, step.rises))
+    share = f"{step.rise / step.total:.0%} of the {step.total:+,.1f} MB rise" if step.total > 0 else \
+        f"the whole run {step.total:+,.1f} MB"
+    rest = step.rest
+    last = f", last part {_ci(rest.last, 'MB/h')}" if rest.last else ""
+    return (f"retained memory stepped {where} ({share}), flat before and after: without the step "
+            f"{_ci(rest.full, 'MB/h')}{last}; {step.after} flat round(s) after it -- an allocator or cache "
+            "sizing itself once, not a leak (a leak rises round after round)")
+
+
 def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
     """Fit the measured rounds of ``result`` against ``spec``'s ceilings and classify."""
     rs = result.plan.round_s
     rows = result.measured
     mx, my = _series(rows, "mem_min_mb", rs)
-    memory = _fit(mx, my, spec.memory_slope_max_mb_per_h, spec, spec.memory_floor_mb)
+    memory = _fit(mx, my, spec.memory_slope_max_mb_per_h, spec)
+    mem_rounds = [r["round"] for r in rows if r.get("mem_min_mb") is not None and not (
+        isinstance(r["mem_min_mb"], float) and math.isnan(r["mem_min_mb"]))]
     memory_why = None
     if memory is None:
         mem = result.samplers.get("server-memory") or {}
@@ -198,11 +215,9 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
             w = f", waiting queue {waiting.slope:+,.1f}/h" if waiting is not None else ""
             why = f"no preemptions: scheduling/placement or contention outside the KV pool{w}"
         expl = f"TTFT p95 rising while {mem_s}; {why}"
-    elif memory is not None and memory.kind == "small":
-        cls = "growth within the floor"
-        expl = (f"retained memory rose {memory.rise:+,.1f} MB over the rounds that showed a slope above the "
-                f"ceiling, within soak.memory_floor_mb {memory.floor:g} MB (one allocator step can be this big): "
-                "not judged a leak at this length; a longer soak decides")
+    elif memory is not None and memory.kind == "step" and memory.step is not None:
+        cls = "one-off step"
+        expl = _step_words(memory.step, mem_rounds)
     elif memory is not None and memory.kind == "bounded":
         cls = "bounded cache"
         last = memory.last
@@ -304,8 +319,8 @@ def _undecided(t: Trend, ceiling: float, unit: str, what: str) -> str | None:
 def memory_verdict(a: SoakAnalysis) -> Verdict:
     """Retained server memory slope (MB/h) vs ``soak.memory_slope_max_mb_per_h``: FAIL only when
     the growth is shown (lower confidence bound above the ceiling, Theil-Sen agreeing), is not a
-    plateau and its fitted rise exceeds ``soak.memory_floor_mb``; SKIP with the reason when memory
-    could not be measured."""
+    plateau and no one-off step of one or two rounds explains it (a ramp: rising round after round,
+    still rising in the last part); SKIP with the reason when memory could not be measured."""
     gate = "soak/memory"
     pre = _precheck(gate, a)
     if pre:
@@ -323,19 +338,32 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
     g = a.memory
     last = f"; last part {_ci(g.last, 'MB/h')}" if g.last else ""
     head = (f"retained server memory {a.memory_level_mb:,.1f} MB, slope {_ci(g.full, 'MB/h')}{last} over "
-            f"{_what(a)}; ceiling {ceiling:g} MB/h"
-            + (f", floor {g.floor:g} MB (fitted rise {g.rise:+,.1f} MB)" if g.floor else ""))
+            f"{_what(a)}; ceiling {ceiling:g} MB/h")
     tail = f"; {src}{scrapes}{own}"
     slope = round(g.full.slope, 3)
     if g.exceeds:
-        return Verdict(gate, FAIL, f"{head} -> FAIL ({a.classification}: {a.explanation}){tail}",
+        return Verdict(gate, FAIL, f"{head}; {_ramp_words(g, a.result.measured)} -> FAIL ({a.classification}: "
+                       f"{a.explanation}){tail}",
                        measured=slope, limit=ceiling, unit="MB/h", evidence=_evidence(a))
-    label = {"bounded": "bounded cache", "small": "growth within the floor"}.get(g.kind) or (
+    label = {"bounded": "bounded cache", "step": "one-off step"}.get(g.kind) or (
         _undecided(g.full, ceiling, "MB/h", "growth") or (
             "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}"))
-    extra = f": {a.explanation}" if g.kind in ("bounded", "small") else ""
+    extra = f": {a.explanation}" if g.kind in ("bounded", "step") else ""
     return Verdict(gate, PASS, f"{head} -> PASS ({label}{extra}){tail}", measured=slope, limit=ceiling,
                    unit="MB/h", evidence=_evidence(a))
+
+
+def _ramp_words(g: Growth, rows: list[dict[str, Any]]) -> str:
+    """Why no step explains the growth, from the per-round rises of the low envelope: ``rose in 6 of
+    7 round-to-round steps (largest two +3.1, +2.9 MB of +18.4 MB), still rising in the last part``."""
+    ys = [r["mem_min_mb"] for r in rows if r.get("mem_min_mb") is not None]
+    rises = [b - a for a, b in zip(ys, ys[1:])]
+    up = sorted((r for r in rises if r > 0), reverse=True)
+    total = ys[-1] - ys[0] if ys else 0.0
+    top = ", ".join(f"{r:+,.1f}" for r in up[:2]) or "none"
+    late = ", still rising in the last part" if g.last is not None and g.last.sustained(g.ceiling) else ""
+    return (f"a ramp: rose in {len(up)} of {len(rises)} round-to-round steps (largest two {top} MB of "
+            f"{total:+,.1f} MB; no one or two rounds explain it){late}")
 
 
 def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:

@@ -6,6 +6,7 @@ exactly one finish chunk then ``[DONE]``, deltas concatenate to the non-streamed
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +14,11 @@ from kvgate.http.client import Reply, StreamReply
 from kvgate.http.probes import BURST_GAP_S, Exchange
 from kvgate.http.sse import classify
 from kvgate.http.stream import summarize
-from kvgate.verdict import Verdict
+from kvgate.http.text import clip, describe_answer
+from kvgate.verdict import Status, Verdict, printable
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body
 
+INVALID = Status.INVALID
 
 
 
@@ -122,7 +125,9 @@ def stream_framing_verdict(ex: Exchange) -> Verdict:
 
 
 def stream_text_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
-    """At temperature 0 with a seed, the concatenated deltas equal the non-streamed text."""
+    """At temperature 0 with a seed, the concatenated deltas equal the non-streamed text. Two empty
+    texts are not equal evidence: both empty (a generation asked for ``max_tokens`` with
+    ``ignore_eos``) FAILs."""
     gate = f"streaming/deltas/{streamed.api}"
     ev = {"streamed": streamed.evidence(), "non_streamed": plain.evidence()}
     want = _plain_text(plain)
@@ -137,24 +142,52 @@ def stream_text_verdict(streamed: Exchange, plain: Exchange) -> Verdict:
         return Verdict(gate, FAIL, f"streamed deltas ({len(got)} chars) differ from the non-streamed text ({len(want)} chars) "
                        f"at char {i}: {got[max(0, i - 10):i + 20]!r} vs {want[max(0, i - 10):i + 20]!r} -> FAIL",
                        measured=len(got), limit=len(want), unit="chars", evidence=ev)
+    if not got:
+        return Verdict(gate, FAIL, f"streamed deltas and the non-streamed text are both empty ({len(streamed.reply.events)} "
+                       "events): nothing was generated to compare -> FAIL", measured=0, limit=">0", unit="chars",
+                       evidence=ev)
     return Verdict(gate, PASS, f"streamed deltas == non-streamed text ({len(got)} chars) -> PASS", measured=len(got),
                    limit=len(want), unit="chars", evidence=ev)
 
 
 def sdk_verdict(api: str, sdk: Any, plain: Exchange) -> Verdict:
-    """The official openai SDK parses the stream without error and gets the same text."""
+    """The official openai SDK parses the stream without error and gets the same text. Never a
+    PASS on nothing: a stream the SDK parsed no chunk (or no finish_reason) from FAILs naming what
+    came back (status, content-type, the body described and clipped: an HTML page answered 200
+    parses as zero events, no exception, an empty text); no answer at all is INVALID. The
+    non-streamed text must exist to compare with."""
     gate = f"streaming/openai-sdk/{api}"
     want = _plain_text(plain)
-    ev = {"sdk_chunks": sdk.chunks, "sdk_error": sdk.error, "sdk_finish_reasons": sdk.finish_reasons}
+    got = printable(describe_answer(sdk.status or 0, sdk.head or sdk.error or "", {"content-type": sdk.content_type}))
+    ev = {"sdk_chunks": sdk.chunks, "sdk_error": sdk.error, "sdk_finish_reasons": sdk.finish_reasons,
+          "status": sdk.status, "content_type": printable(clip(sdk.content_type, 80)),
+          "body_head": printable(clip(sdk.head, 300))}
+    if sdk.error and sdk.status is None:
+        return Verdict(gate, INVALID, f"the openai SDK's stream got no answer ({clip(sdk.error, 200)}) -> INVALID "
+                       "(nothing was parsed to judge)", measured=None, limit="parses", evidence=ev)
     if sdk.error:
         return Verdict(gate, FAIL, f"openai SDK failed on the stream after {sdk.chunks} chunks: {sdk.error} -> FAIL",
                        measured=sdk.error, limit="parses", evidence=ev)
-    if want is not None and sdk.text != want:
+    if sdk.chunks == 0 or not sdk.finish_reasons:
+        what = "no chunk" if sdk.chunks == 0 else f"{sdk.chunks} chunks but no finish_reason"
+        return Verdict(gate, FAIL, f"openai SDK parsed {what} from the stream: it answered {sdk.status} "
+                       f"{printable(clip(sdk.content_type, 60)) or 'with no content-type'}, {got} -> FAIL (a client sees an empty "
+                       "answer and no error)", measured=sdk.chunks, limit="chunks and a finish_reason", unit="chunks",
+                       evidence=ev)
+    if want is None:
+        return Verdict(gate, FAIL, f"openai SDK parsed {sdk.chunks} chunks ({len(sdk.text)} chars), but the "
+                       f"non-streamed request answered {plain.reply.status} without text to compare with -> FAIL",
+                       measured=len(sdk.text), unit="chars", evidence=ev)
+    if not sdk.text and not want:
+        return Verdict(gate, FAIL, f"openai SDK parsed {sdk.chunks} chunks with no text, and the non-streamed text is "
+                       "empty too: nothing was generated to compare -> FAIL", measured=0, limit=">0", unit="chars",
+                       evidence=ev)
+    if sdk.text != want:
         return Verdict(gate, FAIL, f"openai SDK text ({len(sdk.text)} chars) differs from the non-streamed text "
                        f"({len(want)} chars) -> FAIL", measured=len(sdk.text), limit=len(want), unit="chars", evidence=ev)
-    return Verdict(gate, PASS, f"openai SDK parsed {sdk.chunks} chunks, same text -> PASS",
-                   measured=len(sdk.text), limit=len(want) if want is not None else None, unit="chars",
-                   evidence=ev)
+    return Verdict(gate, PASS, f"openai SDK parsed {sdk.chunks} chunks, finish_reason {sdk.finish_reasons[-1]!r}, "
+                   f"the non-streamed text ({len(want)} chars) -> PASS", measured=len(sdk.text), limit=len(want),
+                   unit="chars", evidence=ev)
 
 
 #: A stream is judged for buffering only with at least this many content chunks: a short answer fits
@@ -169,6 +202,26 @@ BUFFER_MIN_BURST = 8
 #: so a hold is judged only from twice that; a shorter hold costs the user at most that much TTFT,
 #: which ``streaming/ttft`` judges against the SLO.
 BUFFER_MIN_HOLD_S = 1.0
+#: Bytes a read must carry to count as a buffer's flush (nginx's proxy buffers are 4 or 8 KB pages;
+#: a healthy stream reads one event, ~250 bytes for vLLM, at a time).
+BUFFER_MIN_PIECE_BYTES = 2048
+#: [s] Least silence that separates two of a proxy's flushes when the pieces are sized: wider than
+#: :data:`kvgate.http.probes.BURST_GAP_S` (one read), because a client on a loaded host parses the events of
+#: one 16 KB read over milliseconds (6.6 ms measured with two CPU hogs on a 2-core host); a 16 KB
+#: buffer in front of a server at 1 ms a token flushes ~60 ms apart. The pieces are split at silences
+#: of a quarter of the :data:`BUFFER_MIN_PIECES`-th longest or more (:func:`delivery`), this at least.
+PIECE_GAP_S = 0.005
+#: Flushes (pieces before the last) of one size a stream must show for a fixed-size buffer to be named.
+BUFFER_MIN_PIECES = 3
+#: Framing bytes an SSE event carries besides its data (``data: `` and the blank line).
+SSE_FRAMING_BYTES = 8
+#: [s] Generation the buffering probe asks for, at the server's measured decode rate: long enough that
+#: a 16 KB buffer fills and flushes several times (a 64-token answer, ~16 KB, fits one buffer whole, and
+#: a fast server makes it in 0.4 s: one burst held less than :data:`BUFFER_MIN_HOLD_S`).
+BUFFER_PROBE_S = 1.5
+#: Bytes of events the buffering probe asks for at least: four 16 KB buffers (the issue-33 gateway's),
+#: so such a buffer flushes :data:`BUFFER_MIN_PIECES` times before the rest comes at the end.
+BUFFER_PROBE_BYTES = 4 * 16384
 #: What a user must change when the stream is buffered (nginx / ingress-nginx; Envoy streams by default).
 BUFFERING_FIX = "set proxy_buffering off / X-Accel-Buffering: no"
 
@@ -182,7 +235,11 @@ class Delivery:
     less than :data:`kvgate.http.probes.BURST_GAP_S` apart (one read each); ``first_s``/``last_s``:
     arrival of the first and last; ``widest_s``: the longest span of one burst; ``held_s``: the
     longest silence before a burst (send -> first content chunk, or between bursts) and
-    ``held_chunks`` the size of that burst; ``e2e_s``: the whole stream."""
+    ``held_chunks`` the size of that burst; ``e2e_s``: the whole stream; ``pieces``: bytes of the
+    events of each piece -- split at silences of :data:`PIECE_GAP_S`, or of a quarter of the
+    :data:`BUFFER_MIN_PIECES`-th longest silence, whichever is longer -- (every event, framing
+    counted, :data:`SSE_FRAMING_BYTES`), the last piece left out (it holds the rest when the
+    response ended); ``event_max``: the largest event's bytes."""
 
     chunks: int
     bursts: int
@@ -192,6 +249,19 @@ class Delivery:
     held_s: float
     held_chunks: int
     e2e_s: float
+    pieces: tuple[int, ...] = ()
+    event_max: int = 0
+
+    @property
+    def fixed_pieces(self) -> bool:
+        """The reads before the last carry one size: :data:`BUFFER_MIN_PIECES` or more of them, each
+        :data:`BUFFER_MIN_PIECE_BYTES` or more, differing by at most one event (a flush may split an
+        event, whose rest comes with the next). A proxy's buffer flushed each time it filled -- a client
+        that reads late reads whatever arrived, in sizes that follow its stalls. In front of a fast
+        server the flushes come less than :data:`BUFFER_MIN_HOLD_S` apart: this names them anyway."""
+        p = self.pieces
+        return (len(p) >= BUFFER_MIN_PIECES and min(p) >= BUFFER_MIN_PIECE_BYTES
+                and max(p) - min(p) <= 1.5 * self.event_max)
 
     @property
     def bunched(self) -> bool:
@@ -200,9 +270,10 @@ class Delivery:
 
     @property
     def buffered(self) -> bool:
-        """Delivered in bursts after a hold of :data:`BUFFER_MIN_HOLD_S` or more: a proxy in front
-        held the SSE bytes (until a buffer filled, or the response ended)."""
-        return self.bunched and self.held_s >= BUFFER_MIN_HOLD_S
+        """Delivered in bursts after a hold of :data:`BUFFER_MIN_HOLD_S` or more, or in pieces of one
+        size (:attr:`fixed_pieces`): a proxy in front held the SSE bytes (until a buffer filled, or the
+        response ended)."""
+        return self.bunched and (self.held_s >= BUFFER_MIN_HOLD_S or self.fixed_pieces)
 
     def burst(self) -> str:
         """The burst in words: ``all 128 content chunks arrived within 3 ms, 2.41 s after the
@@ -211,6 +282,11 @@ class Delivery:
         if self.bursts == 1:
             return (f"all {self.chunks} content chunks arrived within {_ms(self.widest_s)}, {self.first_s:.2f} s after "
                     "the request")
+        if self.fixed_pieces and self.held_s < BUFFER_MIN_HOLD_S:
+            lo, hi = min(self.pieces) / 1024, max(self.pieces) / 1024
+            return (f"{self.chunks} content chunks arrived in {self.bursts} bursts (each within {_ms(self.widest_s)}), "
+                    f"the {len(self.pieces)} before the last {lo:.1f}-{hi:.1f} KB each (a buffer of ~{hi:.0f} KB "
+                    f"flushed each time it filled), {self.held_s:.2f} s apart at most")
         return (f"{self.chunks} content chunks arrived in {self.bursts} bursts (each within {_ms(self.widest_s)}); "
                 f"{self.held_chunks} of them after {self.held_s:.2f} s of silence")
 
@@ -218,7 +294,9 @@ class Delivery:
         return {"content_chunks": self.chunks, "bursts": self.bursts, "first_content_s": _r(self.first_s),
                 "last_content_s": _r(self.last_s), "widest_burst_s": _r(self.widest_s), "held_s": _r(self.held_s),
                 "held_chunks": self.held_chunks, "e2e_s": _r(self.e2e_s), "burst_gap_s": BURST_GAP_S,
-                "min_chunks": BUFFER_MIN_CHUNKS, "min_per_burst": BUFFER_MIN_BURST, "min_hold_s": BUFFER_MIN_HOLD_S}
+                "min_chunks": BUFFER_MIN_CHUNKS, "min_per_burst": BUFFER_MIN_BURST, "min_hold_s": BUFFER_MIN_HOLD_S,
+                "piece_bytes": list(self.pieces), "event_max_bytes": self.event_max,
+                "fixed_pieces": self.fixed_pieces}
 
 
 def _ms(s: float) -> str:
@@ -229,12 +307,12 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def reads(times: list[float]) -> list[list[float]]:
+def reads(times: list[float], gap_s: float = BURST_GAP_S) -> list[list[float]]:
     """Arrival times (seconds, ascending) grouped into the reads they came in: runs of chunks less
-    than :data:`kvgate.http.probes.BURST_GAP_S` apart."""
+    than ``gap_s`` (:data:`kvgate.http.probes.BURST_GAP_S`) apart."""
     runs: list[list[float]] = []
     for i, t in enumerate(times):
-        if runs and t - times[i - 1] < BURST_GAP_S:
+        if runs and t - times[i - 1] < gap_s:
             runs[-1].append(t)
         else:
             runs.append([t])
@@ -249,8 +327,47 @@ def delivery(reply: StreamReply) -> Delivery:
     runs = reads(times)
     silences = [(runs[0][0], len(runs[0]))] + [(b[0] - a[-1], len(b)) for a, b in zip(runs, runs[1:])]
     held_s, held_chunks = max(silences)
+    sizes = [len(data.encode()) + SSE_FRAMING_BYTES for _, data in reply.events]
+    pieces, at = [], 0
+    stamps = [t for t, _ in reply.events]
+    quiet = sorted((b - a for a, b in zip(stamps, stamps[1:])), reverse=True)
+    gap = max(PIECE_GAP_S, quiet[BUFFER_MIN_PIECES - 1] / 4 if len(quiet) >= BUFFER_MIN_PIECES else 0.0)
+    for run in reads(stamps, gap):
+        pieces.append(sum(sizes[at:at + len(run)]))
+        at += len(run)
     return Delivery(len(times), len(runs), times[0], times[-1], max(r[-1] - r[0] for r in runs), held_s, held_chunks,
-                    reply.elapsed_s)
+                    reply.elapsed_s, tuple(pieces[:-1]), max(sizes))
+
+
+def buffer_probe_tokens(tokens: int, took_s: float | None, most: int, event_bytes: float = 0.0) -> int | None:
+    """Tokens the buffering probe asks for so that it generates for :data:`BUFFER_PROBE_S` or more
+    at the decode rate a request of ``tokens`` tokens that took ``took_s`` seconds measured (its
+    duration includes the TTFT, so the rate is a lower bound and the length errs long) and makes
+    :data:`BUFFER_PROBE_BYTES` of events at ``event_bytes`` a token (measured on a stream of it),
+    at most ``most`` (the server's cap, the context). None when the request already took that
+    long (its stream is the probe) or was not timed (``took_s`` None: it failed; the stream itself
+    is judged), or when ``most`` leaves no room for more."""
+    took = took_s
+    if took is None or took >= BUFFER_PROBE_S or took <= 0:
+        return None
+    want = max(math.ceil(tokens * BUFFER_PROBE_S / took), math.ceil(BUFFER_PROBE_BYTES / event_bytes) if event_bytes else 0)
+    return min(want, most) if min(want, most) > tokens else None
+
+
+def undecided(reply: Any) -> bool:
+    """Whether a stream's delivery leaves buffering undecided: its content came bunched (as from a
+    buffer, or to a client that read late) but was not judged buffered. A stream read as it was
+    generated, one event a read, rules a buffer out: no longer probe is needed."""
+    if not isinstance(reply, StreamReply) or reply.status != 200:
+        return False
+    d = delivery(reply)
+    return d.bunched and not d.buffered
+
+
+def event_bytes(reply: Any) -> float:
+    """Mean bytes of a stream's content events on the wire (data and framing), 0.0 without any."""
+    sizes = [len(d.encode()) + SSE_FRAMING_BYTES for _, d in getattr(reply, "events", []) if classify(d).is_content]
+    return sum(sizes) / len(sizes) if sizes else 0.0
 
 
 def buffering_verdict(ex: Exchange, plain: Exchange | None = None) -> Verdict:

@@ -4,15 +4,17 @@ the server streams?
 Clients in the wild use the SDKs, so a stream that kvgate's tolerant parser accepts but an SDK
 chokes on is still a failure. :func:`sdk_stream`, :func:`sdk_responses_stream` and
 :func:`sdk_messages_stream` never raise: they return what the SDK produced and the exception it
-raised, if any.
+raised, if any; :func:`sdk_stream` also what came back on the wire (status, content-type, the
+body's first bytes): an SDK that parsed nothing from an HTML page raises nothing either.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import anthropic
+import httpx
 import openai
 
 from kvgate.http.client import Endpoint
@@ -27,6 +29,44 @@ class SdkStream:
     chunks: int
     finish_reasons: list[str]
     error: str | None
+    #: What came back on the wire, whatever the SDK made of it: the HTTP status (None: no answer),
+    #: the content-type and the body's first :data:`HEAD_BYTES` bytes (decoded, replacement chars).
+    status: int | None = None
+    content_type: str = ""
+    head: str = ""
+
+
+#: Bytes of the answer's body kept for the verdict (an HTML page's title sits in its first few hundred).
+HEAD_BYTES = 512
+
+
+class _Tee(httpx.HTTPTransport):
+    """httpx's transport, keeping the status, content-type and first :data:`HEAD_BYTES` body bytes
+    of the last response as the SDK reads it (the SDK parses the bytes; this only looks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status: int | None = None
+        self.content_type = ""
+        self.head = b""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resp = super().handle_request(request)
+        self.status, self.content_type, self.head = resp.status_code, resp.headers.get("content-type", ""), b""
+        inner = resp.stream
+
+        class _Stream(httpx.SyncByteStream):
+            def __iter__(s) -> Iterator[bytes]:  # noqa: N805 -- the tee's own self is the outer one
+                for chunk in inner:  # type: ignore[union-attr]
+                    if len(self.head) < HEAD_BYTES:
+                        self.head += chunk[:HEAD_BYTES - len(self.head)]
+                    yield chunk
+
+            def close(s) -> None:  # noqa: N805
+                inner.close()  # type: ignore[union-attr]
+
+        resp.stream = _Stream()
+        return resp
 
 
 def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: float = 60.0) -> SdkStream:
@@ -38,8 +78,14 @@ def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: fl
     std = {"model", "prompt", "messages", "max_tokens", "temperature", "seed", "stream_options", "logprobs", "n"}
     kwargs = {k: v for k, v in body.items() if k in std}
     extra = {k: v for k, v in body.items() if k not in std and k != "stream"}
-    client = openai_client(endpoint, timeout_s)
+    tee = _Tee()
+    client = openai_client(endpoint, timeout_s, http_client=httpx.Client(transport=tee, timeout=timeout_s))
     text, chunks, reasons = "", 0, []
+
+    def seen(error: str | None) -> SdkStream:
+        return SdkStream(text, chunks, reasons, error, tee.status, tee.content_type,
+                         tee.head.decode("utf-8", errors="replace"))
+
     try:
         if api == "chat":
             stream = client.chat.completions.create(stream=True, extra_body=extra, **kwargs)
@@ -58,10 +104,10 @@ def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: fl
                     if ch.finish_reason:
                         reasons.append(ch.finish_reason)
     except Exception as exc:  # the SDK's failure is the finding, whatever its type
-        return SdkStream(text, chunks, reasons, f"{type(exc).__name__}: {str(exc)[:300]}")
+        return seen(f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
         client.close()
-    return SdkStream(text, chunks, reasons, None)
+    return seen(None)
 
 
 def _refused(endpoint: Endpoint) -> str | None:
@@ -70,12 +116,13 @@ def _refused(endpoint: Endpoint) -> str | None:
     return endpoint.watch.refusal(stream=True) if endpoint.watch is not None else None
 
 
-def openai_client(endpoint: Endpoint, timeout_s: float) -> openai.OpenAI:
-    """``openai.OpenAI`` for ``endpoint`` (its route prefix, key, Host header; no retries)."""
+def openai_client(endpoint: Endpoint, timeout_s: float, http_client: httpx.Client | None = None) -> openai.OpenAI:
+    """``openai.OpenAI`` for ``endpoint`` (its route prefix, key, Host header; no retries);
+    ``http_client``: the transport to read through (sdk_stream's tee of the wire)."""
     headers = {"Host": endpoint.host_header} if endpoint.host_header else None
     return openai.OpenAI(base_url=endpoint.base_url.rstrip("/") + endpoint.route_prefix,
                          api_key=endpoint.api_key or "EMPTY", timeout=timeout_s, max_retries=0,
-                         default_headers=headers)
+                         default_headers=headers, http_client=http_client)
 
 
 def anthropic_client(endpoint: Endpoint, timeout_s: float) -> anthropic.Anthropic:

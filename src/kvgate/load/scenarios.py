@@ -17,6 +17,7 @@ that does not is returned unsent, for the verdict to FAIL. The observation carri
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -697,6 +698,46 @@ class MetricsStep:
     prompt_tokens: int
     max_tokens: int
     interval_s: float
+    #: [tokens/s] the decode rate the held streams' length was sized from (None: not measured, the
+    #: profile's metrics.max_tokens used as it is) and the sizing in words, for the verdicts.
+    decode_tps: float | None = None
+    sized: str = ""
+
+
+#: [s] How long each held stream must decode at the single-stream rate measured before the step, at
+#: least: the window in which all of them run then covers several scrapes on a server of any speed
+#: (with all of them running each decodes slower still). Issue 33: 64 tokens on the faster embedded
+#: server left a 0.10 s window, no scrape in it -> INVALID on a healthy server. Measured on tiny-cpu
+#: (2-core host, 8 of 10 streams running): 1 s at the probe's 277 tokens/s (278 tokens) held all 8
+#: for 2.6 s, 21 scrapes -- 2.7x the single-stream time, and 5.7 s more for the step than 64 tokens.
+HOLD_S = 0.5
+#: Scrape intervals the hold must cover at least (with a slower scrape interval, a longer hold).
+HOLD_SCRAPES = 8
+#: Tokens of the rate probe sent before the step.
+RATE_PROBE_TOKENS = 32
+
+
+def held_tokens(least: int, most: int, tps: float | None, interval_s: float) -> int:
+    """Output tokens of each held stream: enough to decode for ``max(HOLD_S, HOLD_SCRAPES x
+    interval_s)`` at ``tps`` (tokens/s, one stream), at least ``least`` (``metrics.max_tokens``),
+    at most ``most`` (the server's cap, the context); ``least`` when no rate was measured."""
+    if not tps or tps <= 0:
+        return min(least, most)
+    return max(1, min(most, max(least, math.ceil(tps * max(HOLD_S, HOLD_SCRAPES * interval_s)))))
+
+
+def probe_rate(client: KvClient, model: str) -> float | None:
+    """Tokens/s of one greedy stream of :data:`RATE_PROBE_TOKENS` tokens
+    (:func:`kvgate.http.probes.decode_rate`); when its token events cannot time it (too close
+    together, bunched by a proxy) the tokens over the stream's whole duration, a lower bound;
+    None when it failed."""
+    from kvgate.http.probes import decode_rate
+
+    rate = decode_rate(client, model, RATE_PROBE_TOKENS)
+    if rate.tps:
+        return rate.tps
+    r = rate.reply
+    return RATE_PROBE_TOKENS / r.elapsed_s if r is not None and r.status == 200 and r.elapsed_s > 0 else None
 
 
 def _metrics_get(client: KvClient):
@@ -710,8 +751,9 @@ def _metrics_get(client: KvClient):
 
 def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, interval_s: float = 0.1,
                      deadline_s: float = 120.0, sleep: Any = None) -> MetricsStep:
-    """``metrics.held_requests`` streamed completions sent at once (short workload prompt,
-    ``metrics.max_tokens`` output with ``ignore_eos``, capped by ``limits.max_tokens_cap`` and the
+    """``metrics.held_requests`` streamed completions sent at once (short workload prompt, output
+    with ``ignore_eos`` sized by :func:`held_tokens` from the decode rate of a probe stream sent first
+    (:func:`probe_rate`; ``metrics.max_tokens`` at least; capped by ``limits.max_tokens_cap`` and the
     context) and held open while ``/metrics`` is scraped every ``interval_s`` seconds from a thread
     with its own connection. Bounded: the run by ``deadline_s`` (each request by
     ``limits.request_timeout_s``), the scrapes by count (``deadline_s / interval_s``) and the
@@ -724,8 +766,8 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
     pause = sleep or time.sleep
     _, wl = short_workload(profile)
     model, limit = profile.model.served_name, profile.engine.max_model_len
+    most = min(profile.limits.max_tokens_cap or limit, limit - 1 - min(wl.prompt_tokens, limit // 2))
     out = min(spec.max_tokens, profile.limits.max_tokens_cap or spec.max_tokens, limit - 1)
-    prompt = max(1, min(wl.prompt_tokens, limit - out))
     n = spec.held_requests
     own = KvClient(endpoint, timeout_s=10.0)  # the scraper's own connection pool
     get = _metrics_get(own)
@@ -741,8 +783,19 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
 
     try:
         before = take_scrape(get, lambda: 0.0)
+        prompt = max(1, min(wl.prompt_tokens, limit - out))
         if before.status in ABSENT:  # no /metrics route (llama.cpp without --metrics: 501): nothing to judge
             return MetricsStep(before, [], before, None, n, profile.engine.max_num_seqs, prompt, out, interval_s)
+        tps = probe_rate(client, model)
+        out = held_tokens(out, most, tps, interval_s)
+        prompt = max(1, min(wl.prompt_tokens, limit - out))
+        hold = max(HOLD_S, HOLD_SCRAPES * interval_s)
+        sized = (f"sized for {hold:g} s at the {tps:,.0f} tokens/s a {RATE_PROBE_TOKENS}-token probe stream measured"
+                 + (f", capped at {most}" if out == most and tps * hold > most else "") if tps else
+                 f"the probe stream measured no decode rate: metrics.max_tokens {out}")
+        # the probe's own request must be in the histograms' counts before the step: wait for it
+        want = {h: histogram_buckets(before.families or {}, h)[1] + 1 for h in (TTFT_HISTOGRAM, E2E_HISTOGRAM)}
+        before = _caught_up(get, lambda: 0.0, want, pause)
         specs = _specs(client, endpoint, model, prompt, out, n, "metrics")
         during: list[MetricsScrape] = []
         stop = threading.Event()
@@ -763,13 +816,21 @@ def run_metrics_step(client: KvClient, endpoint: Endpoint, profile: Profile, int
             stop.set()
             thread.join(timeout=30)
         want = {h: histogram_buckets(before.families or {}, h)[1] + n for h in (TTFT_HISTOGRAM, E2E_HISTOGRAM)}
-        after = take_scrape(get, now)
-        for _ in range(10):  # the engine records a request's histograms as it finishes: let them land
-            fams = after.families
-            if fams is not None and all(histogram_buckets(fams, h)[1] >= c for h, c in want.items()):
-                break
-            pause(0.1)
-            after = take_scrape(get, now)
+        after = _caught_up(get, now, want, pause)
     finally:
         own.close()
-    return MetricsStep(before, during, after, result, n, profile.engine.max_num_seqs, prompt, out, interval_s)
+    return MetricsStep(before, during, after, result, n, profile.engine.max_num_seqs, prompt, out, interval_s, tps,
+                       sized)
+
+
+def _caught_up(get: Any, now: Callable[[], float], want: dict[str, float], pause: Callable[[float], Any]) -> MetricsScrape:
+    """A scrape whose histograms count ``want`` (name -> count) or more, retried 10 times 0.1 s apart
+    (the engine records a request's histograms as it finishes: let them land); the last one taken."""
+    scrape = take_scrape(get, now)
+    for _ in range(10):
+        fams = scrape.families
+        if fams is not None and all(histogram_buckets(fams, h)[1] >= c for h, c in want.items()):
+            break
+        pause(0.1)
+        scrape = take_scrape(get, now)
+    return scrape

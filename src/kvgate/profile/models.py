@@ -419,7 +419,7 @@ class MetricsSpec(_Strict):
 
     consumed: tuple[ConsumedMetric, ...] = Field(default=(), description="series consumers read (endpoint pickers, KEDA/HPA queries, dashboards): a name or {name, labels}")
     held_requests: int = Field(default=3, gt=0, description="[requests] streams sent at once and held open by the load step; up to max_num_seqs run, the rest wait")
-    max_tokens: int = Field(default=64, gt=0, description="[tokens] each held stream's output (ignore_eos): long enough to scrape while all run (64: ~1-2 s on tiny-cpu, 3 streams)")
+    max_tokens: int = Field(default=64, gt=0, description="[tokens] each held stream's output (ignore_eos), at least: kvgate asks for more when a probe stream's decode rate says the streams would end within 0.8 s (8 scrapes)")
 
 
 #: [s] ``rollout.grace_period_s`` when unset: drain_timeout_s plus this, for vLLM's engine teardown
@@ -589,9 +589,9 @@ class SoakSpec(_Strict):
     rows drawn from its sample). Ceilings:
     ``memory_slope_max_mb_per_h`` (MB = 10**6 bytes, of *retained* memory: each round's low
     envelope), ``ttft_p95_slope_max_ms_per_h``. A slope counts only when its ``confidence`` lower
-    bound is above the ceiling, and (memory) only when the fitted rise over the rounds that showed it
-    exceeds ``memory_floor_mb`` (default 0): a short soak's slope rests on a rise of a few MB, the
-    size of one allocator step, which no slope can tell from a leak. ``memory_source``: ``auto`` = ``memory_query`` if given, else the
+    bound is above the ceiling, and (memory) only when no one-off step explains it: growth in one or
+    two rounds with flat rounds before and after is an allocator step, not a leak
+    (:func:`kvgate.stats.find_step`). ``memory_source``: ``auto`` = ``memory_query`` if given, else the
     launched server's process tree (psutil), else ``process_resident_memory_bytes`` from
     ``/metrics`` (the API-server process only).
     """
@@ -605,9 +605,6 @@ class SoakSpec(_Strict):
     seed: int = Field(default=0, description="seed of the Poisson arrivals and the mix draws")
     sample_period_s: float = Field(default=1.0, gt=0, description="[s] memory and /metrics sampling period")
     memory_slope_max_mb_per_h: float = Field(ge=0, description="[MB/h] ceiling on retained server memory growth (MB = 10**6 bytes)")
-    memory_floor_mb: float = Field(
-        default=0.0, ge=0, description="[MB] least fitted rise over the measured rounds before a memory slope counts "
-        "(allocator steps; 0 = none)")
     ttft_p95_slope_max_ms_per_h: float = Field(ge=0, description="[ms/h] ceiling on TTFT p95 drift")
     memory_source: Literal["auto", "process_tree", "metrics", "prometheus"] = Field(
         default="auto", description="where server memory is read: memory_query, the process tree, or /metrics")

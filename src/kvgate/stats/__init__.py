@@ -17,7 +17,8 @@ quantile when scipy is installed, else a built-in t table for 90/95/99 %), for s
 Soak trends: :func:`trend` puts a robust Theil-Sen slope (scipy) beside the least-squares one,
 :func:`low_envelope` reduces memory samples to the floor of each round (what is *retained*), and
 :func:`growth` decides whether a series grows faster than a ceiling, fitting the last part of the
-run separately and testing for a plateau (a bounded cache that fills and stops).
+run separately, testing for a plateau (a bounded cache that fills and stops) and for a one-off step
+(:func:`find_step`: growth in one or two rounds, flat after).
 """
 
 from __future__ import annotations
@@ -360,6 +361,38 @@ def low_envelope(times: Sequence[float], values: Sequence[float | None], edges: 
     return out
 
 
+#: Rounds a one-off step of a soak series may span: growth concentrated in this many rounds, flat
+#: before and after, is a step (an allocator arena, a cache sized once), not a leak. Measured on the
+#: embedded tiny-cpu server with its long requests: retained memory steps +40..+68 MB once per soak,
+#: within one or two 8 s rounds (profiles/tiny-cpu.yaml).
+STEP_ROUNDS_MAX = 2
+#: The least share of a series' rises (the sum of its positive point-to-point rises) a step must
+#: carry: the rest of the growth, spread over the other rounds, is noise and creep, not a fill.
+STEP_SHARE = 0.75
+#: Points after a step's last rise that must be flat for it to count as a step: growth that is still
+#: rising in the last rounds cannot be told from the start of a leak.
+STEP_FLAT_AFTER = 2
+
+
+@dataclass(frozen=True)
+class Step:
+    """A one-off step explaining a series' growth: removing the rises at ``points`` (indices into
+    the series; point ``i`` rose by ``rises[i]`` y-units from point ``i - 1``) leaves a series
+    with no growth shown (``rest``, :func:`growth` without step detection). ``rise``: their sum;
+    ``total``: the whole series' rise (last - first); ``after``: points after the last step."""
+
+    points: tuple[int, ...]
+    rises: tuple[float, ...]
+    rise: float
+    total: float
+    after: int
+    rest: "Growth"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"points": list(self.points), "rises": [round(r, 3) for r in self.rises], "rise": self.rise,
+                "total": self.total, "after": self.after, "rest": self.rest.to_dict()}
+
+
 @dataclass(frozen=True)
 class Growth:
     """Is a soak series growing faster than ``ceiling`` (y-units per x-unit)?
@@ -369,15 +402,16 @@ class Growth:
     series rose but stopped: the last part's upper bound lies below the whole run's slope and
     its Theil-Sen slope is within the ceiling (a bounded cache that filled); ``exceeds``: the
     growth is shown and sustained (:meth:`Trend.sustained`) over the whole run and not a
-    plateau, or over the last part alone (growth that started late). ``kind``: ``"growth"``,
-    ``"bounded"`` (rose significantly, but plateaued or rose in a step that did not go on),
-    ``"small"`` (growth shown, but the fitted rise is within ``floor``) or ``"flat"``.
+    plateau, or over the last part alone (growth that started late), and no :class:`Step`
+    explains it. ``kind``: ``"growth"`` (a ramp: rising round after round), ``"step"`` (growth
+    shown, but concentrated in at most :data:`STEP_ROUNDS_MAX` rounds with at least
+    :data:`STEP_FLAT_AFTER` flat rounds after: ``step`` says where and how much), ``"bounded"``
+    (rose significantly, but plateaued, not in one or two rounds: a cache filling) or ``"flat"``.
 
-    ``floor`` (y-units; 0 = none): the least rise a growth must add over the points it was shown on
-    (slope x their x-span) before it counts. A short soak fits a slope to a rise of a few MB; an
-    allocator's one-time step is as big, so below the floor the data cannot tell a leak from a
-    step. ``rise``: the fitted rise of the part that showed the growth (the whole run, or the last
-    part when only it did), else of the whole run.
+    Why rounds, not a floor on the total rise: at 80 s a leak of 2 MB/min and a one-off +60 MB step
+    both fit a slope far above the ceiling with a tight interval; only their shape differs -- the
+    step's rise sits in one or two rounds and the rest is flat, a leak's is spread over the rounds
+    and goes on to the end.
     """
 
     full: Trend
@@ -386,20 +420,17 @@ class Growth:
     plateau: bool
     exceeds: bool
     kind: str
-    floor: float = 0.0
-    rise: float = 0.0
+    step: Step | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"full": self.full.to_dict(), "last": self.last.to_dict() if self.last else None,
                 "ceiling": self.ceiling, "plateau": self.plateau, "exceeds": self.exceeds, "kind": self.kind,
-                "floor": self.floor, "rise": self.rise}
+                "step": self.step.to_dict() if self.step else None}
 
 
-def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float = 0.95,
-           last_frac: float = 1 / 3, min_last: int = 4, floor: float = 0.0) -> Growth:
-    """Judge the trend of ``y`` on ``x`` against ``ceiling`` (see :class:`Growth`; ``floor`` in
-    y-units). Needs 3 points; the last part is fitted only when it has ``min_last`` points and
-    fewer than all."""
+def _shape(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float, last_frac: float,
+           min_last: int) -> Growth:
+    """The slopes' judgement alone (no step detection); see :class:`Growth`."""
     full = trend(x, y, confidence)
     n = len(x)
     k = max(min_last, int(math.ceil(n * last_frac)))
@@ -407,18 +438,52 @@ def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
     rose = full.above(ceiling)
     plateau = bool(rose and last is not None and not math.isnan(last.ci_high)
                    and last.ci_high < full.slope and last.theil_sen <= ceiling)
-    rise_full = full.slope * (x[-1] - x[0])
-    rise_last = last.slope * (x[-1] - x[n - k]) if last is not None else 0.0
-    shown_full = full.sustained(ceiling) and not plateau
-    late = bool(last is not None and last.sustained(ceiling))
-    rise = rise_full if shown_full or not late else rise_last
-    shown = shown_full or late
-    exceeds = shown and rise > floor
-    kind = "growth" if exceeds else ("small" if shown else ("bounded" if rose else "flat"))
-    return Growth(full, last, ceiling, plateau, exceeds, kind, floor, rise)
+    shown = (full.sustained(ceiling) and not plateau) or bool(last is not None and last.sustained(ceiling))
+    kind = "growth" if shown else ("bounded" if rose else "flat")
+    return Growth(full, last, ceiling, plateau, shown, kind)
+
+
+def find_step(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float = 0.95,
+              last_frac: float = 1 / 3, min_last: int = 4, max_points: int = STEP_ROUNDS_MAX,
+              flat_after: int = STEP_FLAT_AFTER) -> Step | None:
+    """The fewest (up to ``max_points``) largest rises between consecutive points whose removal
+    leaves a flat series (no rise above ``ceiling`` shown, not even one that plateaued) and carry
+    :data:`STEP_SHARE` of its rises, with ``flat_after`` points or more after the last of
+    them; None when no such step explains the series (it ramps, or is still rising at the end)."""
+    ya = np.asarray(y, dtype=float)
+    rises = np.diff(ya)
+    order = [int(i) + 1 for i in np.argsort(-rises, kind="stable") if rises[i] > 0]
+    for m in range(1, max_points + 1):
+        points = tuple(sorted(order[:m]))
+        if len(points) < m or len(ya) - 1 - points[-1] < flat_after:
+            continue
+        removed = np.zeros_like(ya)
+        for p in points:
+            removed[p:] += rises[p - 1]
+        rest = _shape(x, (ya - removed).tolist(), ceiling, confidence, last_frac, min_last)
+        if rest.kind == "flat" and rises[[p - 1 for p in points]].sum() >= STEP_SHARE * rises[rises > 0].sum():
+            up = tuple(float(rises[p - 1]) for p in points)
+            return Step(points, up, float(sum(up)), float(ya[-1] - ya[0]), len(ya) - 1 - points[-1], rest)
+    return None
+
+
+def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float = 0.95,
+           last_frac: float = 1 / 3, min_last: int = 4, steps: bool = True) -> Growth:
+    """Judge the trend of ``y`` on ``x`` against ``ceiling`` (see :class:`Growth`). Needs 3
+    points; the last part is fitted only when it has ``min_last`` points and fewer than all.
+    ``steps``: a rise (shown growth, or one that plateaued) that :func:`find_step` explains is a
+    ``"step"``, never ``exceeds``."""
+    g = _shape(x, y, ceiling, confidence, last_frac, min_last)
+    if not (steps and (g.exceeds or g.kind == "bounded")):
+        return g
+    step = find_step(x, y, ceiling, confidence, last_frac, min_last)
+    if step is None:
+        return g
+    return Growth(g.full, g.last, ceiling, g.plateau, False, "step", step)
 
 
 __all__ = [
-    "Growth", "RequestMetrics", "Slope", "Trend", "distribution", "growth", "linear_fit", "low_envelope",
-    "max_gap_s", "percentile", "request_metrics", "summarize", "t_quantile", "theil_sen", "trend",
+    "STEP_FLAT_AFTER", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
+    "find_step", "growth", "linear_fit", "low_envelope", "max_gap_s", "percentile", "request_metrics", "summarize",
+    "t_quantile", "theil_sen", "trend",
 ]
