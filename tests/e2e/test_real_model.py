@@ -92,5 +92,5 @@ def test_vllms_bare_api_key_fails_the_auth_surface_naming_invocations(real_runs)
     assert auth["status"] == "FAIL", auth["message"]
     assert "POST /invocations (no key: 200 (" in auth["message"] and "chat.completion" in auth["message"], auth["message"]
     reached = {k["route"] for k in auth["evidence"]["knocks"] if k["class"] == "reached"}
-    assert {"POST /invocations", "POST /tokenize", "POST /detokenize", "GET /metrics", "GET /openapi.json"} <= reached, reached
+    assert {"POST /invocations", "POST /tokenize", "POST /detokenize", "GET /docs", "GET /openapi.json"} <= reached, reached
     assert "the profile says it is closed by: nothing but vLLM's own --api-key" in auth["message"]
