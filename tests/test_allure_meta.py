@@ -84,6 +84,26 @@ def test_tidy_drops_host_thread_and_finalizer_noise_but_keeps_failing_teardowns(
     assert allure_meta.tidy_results(tmp_path) == 0  # idempotent
 
 
+def test_tidy_keeps_the_history_id_of_an_async_gate_across_runs(tmp_path):
+    # pytest-asyncio 1.x parametrizes each async test with _asyncio_loop_factory, a function repr whose
+    # address changes every run: allure-pytest hashed it into historyId, so soak/memory was NEW each run
+    def result(run: int, address: str) -> str:
+        d = tmp_path / f"run{run}"
+        d.mkdir()
+        (d / "a-result.json").write_text(json.dumps({
+            "name": "x", "fullName": "suites.test_soak#test_memory", "historyId": f"allure-{address}",
+            "parameters": [{"name": "_asyncio_loop_factory", "value": f"<function new_event_loop at {address}>"},
+                           {"name": "profile", "value": "'tiny-cpu'"},
+                           {"name": "measured", "value": "12 MB", "excluded": True}]}))
+        allure_meta.tidy_results(d)
+        return json.loads((d / "a-result.json").read_text())
+
+    first, second = result(1, "0x7f06d6a1"), result(2, "0x7f3300b2")
+    assert first["historyId"] == second["historyId"]
+    assert [p["name"] for p in first["parameters"]] == ["profile", "measured"]
+    assert first["historyId"] != allure_meta.history_id("suites.test_soak#test_other", first["parameters"])
+
+
 def test_executor_from_ci_environment_variables():
     gh = allure_meta.executor_info({"GITHUB_ACTIONS": "true", "GITHUB_SERVER_URL": "https://github.com",
                                     "GITHUB_REPOSITORY": "acme/llm", "GITHUB_RUN_ID": "42", "GITHUB_WORKFLOW": "kvgate",
