@@ -23,11 +23,13 @@ executor, environment). Everything written here passes through a :class:`~kvgate
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -340,6 +342,22 @@ def kvgate_version() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=1)
+def kvgate_commit() -> str | None:
+    """The git commit of the checkout kvgate runs from (``git describe --always --dirty
+    --abbrev=12``: ``"80b9269c3a1f"``, ``"...-dirty"`` with uncommitted changes), or None when
+    kvgate is not run from a git checkout (an installed wheel) or git cannot say within 5 s."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
+                             capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def environment_props(summary: Mapping[str, Any], gate_mode: str | None = None,
                       gpu: str | None = None, machine: str | None = None) -> dict[str, Any]:
     """``environment.properties`` (Allure's Environment block) from a run's summary: run id,
@@ -362,6 +380,7 @@ def environment_props(summary: Mapping[str, Any], gate_mode: str | None = None,
         "gpu": gpu if gpu is not None else gpu_description(),
         "cpu": machine if machine is not None else machine_description(),
         "kvgate_version": kvgate_version(),
+        "kvgate_commit": kvgate_commit(),
         "gate_mode": gate_mode,
     }
 

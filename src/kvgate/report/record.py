@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from kvgate.report.allure_meta import kvgate_commit, kvgate_version
 from kvgate.report.redact import Redactor
 from kvgate.verdict import Status, Verdict, skip_reason
 
@@ -216,6 +217,7 @@ class RunRecord:
             "overall": self.final_status(running),
             "error": self.run_error,
             "engine": self.engine,
+            "kvgate": {"version": kvgate_version(), "commit": kvgate_commit()},
             **self._mode_fields(gates, running),
             "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
                        for s in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")},
