@@ -6,6 +6,7 @@ plus the plugin's small promises: path options, markers registered once, the REA
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -317,3 +318,26 @@ def test_refused_bare_profile_path_writes_the_error_into_the_projects_reports(py
     assert not (elsewhere / "reports").exists()
     assert read_summary(pytester.path / "reports")["overall"] == "ERROR"
     assert "old green run" not in (pytester.path / "reports" / "junit.xml").read_text()
+
+
+def test_a_second_run_into_a_reports_dir_another_run_is_writing_is_refused_in_one_line(pytester, tmp_path):
+    # two runs into one dir mixed silently: both exit 0, allure-results held two run ids, the second
+    # left no summary of its own (CI runners sharing a workspace)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "summary.json").write_text('{"overall": "RUNNING"}')
+    other = outputs.hold(reports, "20261203T041000Z-aaaaaa")  # the first run, still writing
+    try:
+        result = run(pytester, reports, "--profile", "llama70b-tp4", "-m", "fit", str(REPO / "suites"))
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        err = [ln for ln in result.stderr.lines if "another kvgate run" in ln]
+        assert len(err) == 1 and "run 20261203T041000Z-aaaaaa" in err[0] and "--kvgate-reports=DIR" in err[0]
+        assert sorted(p.name for p in reports.iterdir()) == [outputs.LOCK, "summary.json"]
+        assert (reports / "summary.json").read_text() == '{"overall": "RUNNING"}'  # the first run's, untouched
+    finally:
+        os.close(other)
+    result = run(pytester, reports, "--profile", "llama70b-tp4", "-m", "fit", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.OK  # the first run ended: its lock went with it
+    assert read_summary(reports)["overall"] == "PASS"
+    again = outputs.hold(reports, "x")  # and this run released it when it ended
+    os.close(again)

@@ -98,6 +98,10 @@ GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
 OPT_IN = ("capacity", "compare")
 #: ``--isvc``: the KServe object's serving version for the compare gate: ``(Endpoint, how)`` or ``(None, why not)``.
 ISVC_BASELINE = pytest.StashKey[tuple]()
+#: The reports dir's run lock descriptor this run holds (kvgate.report.outputs.hold).
+REPORTS_LOCK = pytest.StashKey[int]()
+#: Set when another run held the reports dir: no ERROR reports are written over its.
+REPORTS_BUSY = pytest.StashKey[bool]()
 
 
 def names_marker(expr: str, marker: str) -> bool:
@@ -167,6 +171,8 @@ class Run:
             reports.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise usage(f"--kvgate-reports {reports}: cannot create it ({exc.strerror})") from None
+        if not config.option.collectonly:
+            _hold_reports(config, reports)
         api_key_env = config.getoption("kvgate_api_key_env")
         _ca_bundle(config)
         redactor = Redactor()
@@ -802,6 +808,24 @@ def allure_path(config: pytest.Config, reports: Path) -> tuple[Path | None, bool
     return reports / outputs.ALLURE, True
 
 
+def _hold_reports(config: pytest.Config, reports: Path) -> None:
+    """Hold ``reports``'s run lock for this run (:func:`kvgate.report.outputs.hold`; released when
+    pytest unconfigures). Raises the one-line usage error (and marks the run :data:`REPORTS_BUSY`,
+    so no ERROR reports are written over the other run's) when another run holds it; an
+    unopenable lock file (a read-only dir) is left to the writes that follow, which say so."""
+    if config.stash.get(REPORTS_LOCK, None) is not None:
+        return
+    try:
+        fd = outputs.hold(reports, config.stash.get(RUN_ID, None) or "-")
+    except outputs.ReportsBusy as exc:
+        config.stash[REPORTS_BUSY] = True
+        raise usage(str(exc)) from None
+    except OSError:
+        return
+    config.stash[REPORTS_LOCK] = fd
+    config.add_cleanup(lambda: os.close(config.stash[REPORTS_LOCK]))
+
+
 def write_error_reports(config: pytest.Config, message: str) -> None:
     """A run that cannot start (usage error, preflight refusal) still replaces the reports as a
     set: the previous run's outputs are removed, then an ``ERROR`` summary.json, a junit.xml with
@@ -813,6 +837,13 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
     reports = reports_dir(config)
     if _recording_is_reports(config):
         return  # the reports dir holds the recording this run was to compare with: it is left as it is
+    if config.stash.get(REPORTS_BUSY, False):
+        return  # another run is writing there: its reports are not this run's to replace
+    if reports.is_dir():
+        try:
+            _hold_reports(config, reports)
+        except pytest.UsageError:
+            return
     run_id = config.stash.get(RUN_ID, None) or outputs.new_run_id()
     config.stash[RUN_ID] = run_id
     run = config.stash.get(RUN, None)
