@@ -193,6 +193,21 @@ def test_report_without_allure_cli_writes_signoff_and_says_how_to_get_it(tmp_pat
                                  find=lambda: None) == cli_report.OK
 
 
+def test_html_hint_names_the_installed_allure_quoted_not_npx(tmp_path):
+    # `npx allure open reports/allure-report` ignored the Allure ./bootstrap installed: npx tries to
+    # download it, which fails offline (a GPU runner); the printed path was unquoted
+    reports = write_run(tmp_path / "my reports", ("tiny/fit/kv-pool", kv_pass()))
+    allure = str(tmp_path / "v env" / "allure" / "node_modules" / ".bin" / "allure")
+    out = io.StringIO()
+    cli_report.run_report(args(reports), out=out, err=io.StringIO(), find=lambda: [allure],
+                          render_fn=lambda *a, **k: None)
+    want = f"'{allure}' open '{reports / 'allure-report'}'"
+    assert f"serve it over HTTP: {want}" in out.getvalue() and "npx" not in out.getvalue()
+    assert f"(serve it over HTTP: `{want}`)" in (reports / "signoff.md").read_text()
+    served = subprocess.run(["bash", "-c", f"printf '%s\\n' {want}"], capture_output=True, text=True).stdout
+    assert served.splitlines() == [allure, "open", str(reports / "allure-report")]  # the shell reads it as written
+
+
 class FakeAllure:
     """Stands in for ``allure generate``: records the config it was given, writes index.html and
     appends one history line (as Allure does to its historyPath)."""
