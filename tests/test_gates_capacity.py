@@ -200,7 +200,7 @@ def test_record_mode_writes_the_peak_the_knee_carries_and_signoff_links_the_plot
     v = capacity_verdict([step(1), step(2), step(4), step(8), step(16, "FAIL")], profile(peak=4),
                          {"why_stopped": "not met"})
     text = overlay("fake-vllm", [("fake-vllm/capacity/knee", v)], run_id="r", endpoint=None, server_version=None)
-    assert "  peak_concurrency: 6  # from fake-vllm/capacity/knee: capacity/knee.supported peak" in text
+    assert "  peak_concurrency: 6  # measured 6; from fake-vllm/capacity/knee: capacity/knee.supported peak" in text
     md = signoff_markdown({"overall": "PASS", "gates": []}, files=("capacity.png", "capacity-steps.csv"))
     assert "- [capacity.png](capacity.png): the capacity search" in md and "[capacity-steps.csv](capacity-steps.csv)" in md
 
