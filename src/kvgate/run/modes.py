@@ -10,7 +10,7 @@
   INVALID: an undecided percentile certifies nothing) makes it ``NOT-CERTIFIED``
   and :func:`decide` lists which (``summary.json`` ``not_certified``).
 
-Exit codes (:data:`EXIT_CODES`; README "Exit codes"; ``summary.json`` ``exit_code``): 0 pass,
+Exit codes (:data:`EXIT_CODES`; README "Verdicts and exit codes"; ``summary.json`` ``exit_code``): 0 pass,
 1 a gate failed, 2 interrupted / incomplete, 4 usage error (bad option, profile, unreachable
 endpoint), 5 no gate selected, 6 INVALID only (no gate failed, a measurement cannot be trusted),
 7 not certified (certify mode: something was skipped), 9 INCONCLUSIVE only (no gate failed or
@@ -59,7 +59,7 @@ OUTCOME_MEANING = {
                  "arithmetic was gated",
     "RUNNING": "running",
 }
-#: exit code -> its meaning (README "Exit codes").
+#: exit code -> its meaning (README "Verdicts and exit codes").
 EXIT_MEANING = {
     0: "pass, certified or recorded", 1: "a gate failed", 2: "interrupted or incomplete",
     4: "usage error (nothing was gated)", 5: "no gate selected",
