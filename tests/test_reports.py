@@ -341,3 +341,18 @@ def test_a_second_run_into_a_reports_dir_another_run_is_writing_is_refused_in_on
     assert read_summary(reports)["overall"] == "PASS"
     again = outputs.hold(reports, "x")  # and this run released it when it ended
     os.close(again)
+
+
+def test_the_phases_table_folds_the_gates_that_took_no_time():
+    # the main job's phases table was 90 lines, 57 of them 0.00
+    rec = RunRecord("tiny", None, Redactor())
+    rec.phases = [{"name": "collect", "seconds": 0.01, "status": "done"},
+                  {"name": "launch", "seconds": 21.5, "status": "done"},
+                  *({"name": f"gate tiny/x/{i}", "seconds": 0.001, "status": "done"} for i in range(57)),
+                  {"name": "gate tiny/soak/memory", "seconds": 80.2, "status": "done"},
+                  {"name": "gate tiny/drain/in-flight", "seconds": 0.0, "status": "interrupted"}]
+    lines = rec.phase_lines()
+    assert len(lines) == 6, lines
+    assert lines[1].split() == ["collect", "0.01"] and lines[3].split() == ["gate", "tiny/soak/memory", "80.20"]
+    assert "(interrupted)" in lines[4]
+    assert lines[5] == "  (57 more, each under 0.05 s: 0.06 s together; all in summary.json phases)"
