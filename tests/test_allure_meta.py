@@ -183,3 +183,35 @@ def test_fake_run_results_read_as_verdicts(pytester):
     env = dict(ln.split("=", 1) for ln in (results / "environment.properties").read_text().splitlines())
     assert env["profile"] == "fake-vllm" and env["server_version"] == "0.32.0+fake" and env["overall"] == "FAIL"
     assert env["endpoint"] == url and env["gate_mode"] == "enforce" and "cpu" in env and "gpu" in env
+
+
+def test_an_async_test_keeps_its_history_id_across_two_real_runs(pytester):
+    # what pytest-asyncio and allure-pytest really write for an async test (the soak gates are async)
+    # once a plugin names the event loop factories (pytest-asyncio 1.x's pytest_asyncio_loop_factories
+    # hook): every async test is parametrized with _asyncio_loop_factory, a function's repr whose
+    # address changes between processes -- so the two runs are two processes
+    pytester.makeconftest("""
+        import asyncio
+
+        def pytest_asyncio_loop_factories(config, item):
+            return {"asyncio": asyncio.new_event_loop}
+    """)
+    pytester.makepyfile(test_soaklike="""
+        import pytest
+
+        @pytest.mark.asyncio
+        @pytest.mark.parametrize("case", ["memory"])
+        async def test_memory(case):
+            pass
+    """)
+    pytester.makeini("[pytest]\nasyncio_mode = strict\n")
+    ids, params = [], []
+    for run in ("a", "b"):
+        out = pytester.path / run
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:kvgate", f"--alluredir={out}")
+        assert result.ret == 0, result.stdout.str()[-1500:]
+        allure_meta.tidy_results(out)
+        (data,) = [json.loads(p.read_text()) for p in out.glob("*-result.json")]
+        ids.append(data["historyId"])
+        params.append([p["name"] for p in data.get("parameters") or []])
+    assert ids[0] == ids[1] and params[0] == ["case"], (ids, params)
