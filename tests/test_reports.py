@@ -356,3 +356,17 @@ def test_the_phases_table_folds_the_gates_that_took_no_time():
     assert lines[1].split() == ["collect", "0.01"] and lines[3].split() == ["gate", "tiny/soak/memory", "80.20"]
     assert "(interrupted)" in lines[4]
     assert lines[5] == "  (57 more, each under 0.05 s: 0.06 s together; all in summary.json phases)"
+
+
+def test_long_pass_lines_lose_their_middle_fail_lines_stay_whole():
+    # the main job printed 48 verdict lines over 200 characters, up to 773
+    rec = RunRecord("tiny", None, Redactor())
+    words = " ".join(f"w{i}" for i in range(150))
+    rec.add("a", "tiny/requests/body-size", Verdict("requests/body-size", Status.PASS, f"bodies {words} -> PASS (ok)"))
+    rec.add("b", "tiny/streaming/ttft/chat", Verdict("streaming/ttft", Status.FAIL, f"TTFT {words} -> FAIL"))
+    lines = rec.table()
+    passed = next(ln for ln in lines if ln.startswith("PASS"))
+    failed = next(ln for ln in lines if ln.startswith("FAIL"))
+    assert len(passed) <= 200 and passed.endswith(" -> PASS (ok)") and " … " in passed and "bodies w0 w1" in passed
+    assert failed.endswith(f"TTFT {words} -> FAIL")
+    assert "(1 PASS/SKIP line shortened to 200 characters; every message whole in summary.json" in "\n".join(lines)

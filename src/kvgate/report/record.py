@@ -48,6 +48,24 @@ class Entry:
         return "ERROR" if self.error else "NO-VERDICT"
 
 
+#: A PASS/SKIP console line is shortened to this many characters (the main job had 48 verdict lines
+#: over 200, up to 773); the whole message is in summary.json, signoff.md and Allure.
+LINE_CHARS = 200
+
+
+def _elide(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: its start and its end (the verdict's ``-> PASS (...)``),
+    cut at spaces, joined by `` … ``."""
+    if len(text) <= width:
+        return text
+    tail_len = min(len(text) // 2, max(20, width * 2 // 5))
+    tail = text[-tail_len:]
+    tail = tail[tail.find(" ") + 1:] if " " in tail[:-1] else tail
+    head = text[:max(0, width - len(tail) - 3)]
+    head = head.rsplit(" ", 1)[0] if " " in head else head
+    return f"{head} … {tail}"
+
+
 #: Phases done faster than this (seconds) are folded into one console line (:meth:`RunRecord.phase_lines`).
 PHASE_BRIEF_S = 0.05
 
@@ -277,15 +295,24 @@ class RunRecord:
         return f"kvgate {name}: no server started (no selected gate needs one)"
 
     def table(self) -> list[str]:
-        """The console verdict table: one line per gate, ``STATUS  id  message`` (not truncated);
-        a gate that passed with parts not checked says so: ``... -> PASS (1 part not checked: ...)``."""
+        """The console verdict table: one line per gate, ``STATUS  id  message``; a gate that passed
+        with parts not checked says so: ``... -> PASS (1 part not checked: ...)``. A PASS or SKIP
+        line longer than :data:`LINE_CHARS` loses the middle of its message (``head … -> PASS
+        (...)``, said once under the table); every other line is whole: it is what to act on."""
         lines = [self.headline()]
+        shortened = 0
         for e in self.entries.values():
             msg = e.verdict.message if e.verdict else (e.error or "")
             msg = msg.splitlines()[0] if msg else ""
             note = e.verdict.not_checked_note() if e.verdict else ""
             msg = self.redactor.text(f"{msg} ({note})" if note else msg)
-            lines.append(f"{e.status:<8} {e.test_id:<44} {msg}")
+            head = f"{e.status:<8} {e.test_id:<44} "
+            if e.status in ("PASS", "SKIP") and len(head) + len(msg) > LINE_CHARS:
+                msg, shortened = _elide(msg, LINE_CHARS - len(head)), shortened + 1
+            lines.append(head + msg)
+        if shortened:
+            lines.append(f"({shortened} PASS/SKIP line{'s' if shortened > 1 else ''} shortened to {LINE_CHARS} characters; "
+                         "every message whole in summary.json, signoff.md and the Allure report)")
         if self.run_error:
             lines.append(f"ERROR: {self.redactor.text(self.run_error)}")
         if self.engine:
