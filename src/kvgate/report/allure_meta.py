@@ -205,7 +205,8 @@ def tidy_results(directory: Path) -> int:
     """Rewrite ``directory``'s results: drop :data:`NOISE_LABELS` from every ``*-result.json`` and
     unquote its parameter values (allure-pytest writes ``'tiny-cpu'`` with Python's quotes); from
     every ``*-container.json`` drop the fixture rows that have no status, or passed with no steps
-    and no attachments -- allure-pytest's ``fixture::<lambda>`` teardown noise -- and the container
+    and no attachments in under :data:`SLOW_FIXTURE_MS` -- allure-pytest's ``fixture::<lambda>``
+    teardown noise; a slow one is where a gate's time went, kept -- and the container
     itself once it holds none. A failing fixture is kept. A result's pytest-private parameters
     (names starting with ``_``: pytest-asyncio 1.x parametrizes every async test with
     ``_asyncio_loop_factory``, whose value is a function's repr with its address) are dropped and
@@ -258,10 +259,16 @@ def history_id(full_name: str, parameters: list[Mapping[str, Any]]) -> str:
     return md5(full_name, *(str(p.get("value")) for p in kept))
 
 
+#: A passed fixture row that took this long (ms) is kept: it is where the gate's time went (the
+#: soak's rounds run in its module fixture, so soak/memory's own call reads "4ms" in Allure).
+SLOW_FIXTURE_MS = 1000
+
+
 def _noise(fixture: Mapping[str, Any]) -> bool:
     status = fixture.get("status")
     empty = not fixture.get("steps") and not fixture.get("attachments")
-    return status is None or (status == "passed" and empty)
+    took = (fixture.get("stop") or 0) - (fixture.get("start") or 0)
+    return status is None or (status == "passed" and empty and took < SLOW_FIXTURE_MS)
 
 
 def executor_info(env: Mapping[str, str]) -> dict[str, Any] | None:
