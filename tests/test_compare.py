@@ -403,10 +403,14 @@ def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypat
     revision is the ``latest-`` URL's host, the baseline the ``prev-`` one's
     (:func:`kvgate.launch.kserve.discover_baseline`); the ingress here is one fake, so the
     answers are identical and the outputs case PASSes naming the revision it compared with."""
-    from kvgate.launch import kserve
+    import importlib
 
     from .test_kserve import FakeApi, kserve_profile, load
 
+    # the module the run will import (sys.modules), not the kvgate.launch package's attribute: an
+    # earlier in-process run (test_ci_templates' --isvc commands) leaves that one stale when pytester
+    # restores sys.modules, and a patch on it would not reach the run
+    kserve = importlib.import_module("kvgate.launch.kserve")
     new, _ = fakes
     api = FakeApi([load("serverless-tagged.yaml")])
     monkeypatch.setattr(kserve, "custom_objects_api", lambda: api)
