@@ -32,11 +32,17 @@ def test_declared_peak_is_below_the_knee(case, pytestconfig, kvgate_client, kvga
     found = search(measure, lambda obs: judge_step(obs, profile).decision, steps, bisect_steps=spec.bisect_steps,
                    max_duration_s=spec.max_duration_s)
     judged = [judge_step(s.observation, profile, s.phase) for s in found.steps]
-    knee, _ = knee_of(judged)
-    png = capacity_png(judged, knee, need, f"{profile.name} capacity")
-    table = steps_csv(judged)
-    reports = current(pytestconfig).reports_dir
-    (reports / CAPACITY_PNG).write_bytes(png)
-    (reports / CAPACITY_CSV).write_text(table, encoding="utf-8")
+    attachments = {}
+    if judged:  # an interrupted search keeps the steps it finished
+        knee, _ = knee_of(judged)
+        attachments = {CAPACITY_PNG: capacity_png(judged, knee, need, f"{profile.name} capacity"),
+                       CAPACITY_CSV: steps_csv(judged)}
+        reports = current(pytestconfig).reports_dir
+        (reports / CAPACITY_PNG).write_bytes(attachments[CAPACITY_PNG])
+        (reports / CAPACITY_CSV).write_text(attachments[CAPACITY_CSV], encoding="utf-8")
     verdict = capacity_verdict(judged, profile, found.to_dict())
-    assert kvgate_gate(verdict, attachments={CAPACITY_PNG: png, CAPACITY_CSV: table}).passed
+    try:
+        assert kvgate_gate(verdict, attachments=attachments).passed
+    finally:
+        if found.why_stopped == "interrupted":  # recorded INCOMPLETE: the Ctrl-C goes on
+            raise KeyboardInterrupt

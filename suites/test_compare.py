@@ -35,14 +35,16 @@ class Golden:
 
 
 @pytest.fixture(scope="module")
-def golden(pytestconfig, kvgate_client, kvgate_profile, kvgate_baseline):
+def golden(request, pytestconfig, kvgate_profile, kvgate_baseline):
     """The golden prompts (a recorded baseline's own, else built for this profile, the long one
     against the server's tokenizer) answered by the new endpoint and a live baseline, one request
-    at a time, alternating; None when there is no baseline and the run does not record."""
+    at a time, alternating; None when there is no baseline and the run does not record (the new
+    endpoint's client is asked for only then: ``-m compare`` alone starts no server)."""
     base, base_client, _ = kvgate_baseline
     st, profile = current(pytestconfig), kvgate_profile
     if base is None and st.record.gate_mode != "record":
         return None  # nothing to compare with: nothing is sent
+    kvgate_client = request.getfixturevalue("kvgate_client")
     model, t = profile.model.served_name, profile.limits.canary_deadline_s
     if isinstance(base, RecordedBaseline):
         prompts, base_answers = base.golden.prompts, base.golden.answers
@@ -71,13 +73,14 @@ def test_outputs_part_from_the_baseline_only_at_near_ties(case, golden, kvgate_b
 
 @pytest.mark.compare
 @pytest.mark.gate("compare", cases=["latency"])
-def test_latency_not_slower_than_the_baseline(case, kvgate_client, kvgate_baseline, kvgate_profile, kvgate_gate):
+def test_latency_not_slower_than_the_baseline(case, request, kvgate_baseline, kvgate_profile, kvgate_gate):
     base, base_client, why = kvgate_baseline
     if not isinstance(base, LiveBaseline):
         why = why if base is None else (f"the {base.label} holds no latency measured beside this run's: latency is "
                                         "compared with a live baseline only (--baseline URL), in interleaved pairs")
         assert kvgate_gate(no_baseline_verdict(case, why)).passed
         return
+    kvgate_client = request.getfixturevalue("kvgate_client")
     profile, c = kvgate_profile, kvgate_profile.compare
     body = {"model": profile.model.served_name, "temperature": 0, "ignore_eos": True, "max_tokens": c.latency_output_tokens,
             "prompt": sized_text(kvgate_client, profile.model.served_name, c.latency_prompt_tokens)}
@@ -95,7 +98,7 @@ def test_latency_not_slower_than_the_baseline(case, kvgate_client, kvgate_baseli
 
 @pytest.mark.compare
 @pytest.mark.gate("compare", cases=["features"])
-def test_no_feature_lost(case, pytestconfig, golden, kvgate_client, kvgate_baseline, kvgate_profile, kvgate_gate):
+def test_no_feature_lost(case, request, pytestconfig, golden, kvgate_baseline, kvgate_profile, kvgate_gate):
     base, base_client, why = kvgate_baseline
     profile = kvgate_profile
     if golden is None:
@@ -105,7 +108,8 @@ def test_no_feature_lost(case, pytestconfig, golden, kvgate_client, kvgate_basel
     ran = {e.test_id.removeprefix(f"{profile.name}/features/"): e.status for e in st.record.entries.values()
            if e.test_id.startswith(f"{profile.name}/features/")}
     names = feature_cases(profile)
-    new = ran if set(names) <= set(ran) else features_statuses(kvgate_client, profile)  # the features gate's own, if it ran
+    # the features gate's own verdicts, if it ran
+    new = ran if set(names) <= set(ran) else features_statuses(request.getfixturevalue("kvgate_client"), profile)
     golden.features = new
     golden.save()
     if base is None:

@@ -182,13 +182,19 @@ def test_fetch_metrics_normalises_the_url_and_reports_failures():
         adv.fetch_metrics("http://h:1", refuse)
 
 
-def test_cli_from_metrics_on_cpu_with_hf_config(tmp_path, capsys):
+def tiny_hf_config(tmp_path):
+    """A tiny Llama's HF config.json (2 layers, 4 heads, 2 KV heads of 64, float32)."""
     config = tmp_path / "tiny" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
                                   "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
                                   "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
                                   "max_position_embeddings": 4096, "torch_dtype": "float32"}))
+    return config
+
+
+def test_cli_from_metrics_on_cpu_with_hf_config(tmp_path, capsys):
+    config = tiny_hf_config(tmp_path)
     text = vllm_metrics([40] * 80 + [1500] * 20, [16] * 80 + [32] * 20)
     args = _args(["--metrics", "http://127.0.0.1:1/v1", "--hf-config", str(config), "--served-name", "tiny",
                   "--dtype", "float32", "--kv-cache-memory-bytes", str(64 << 20), "--concurrency", "4",
@@ -367,3 +373,22 @@ def test_unreadable_traffic_or_unwritable_output_is_one_line_exit_2(tmp_path, ca
     assert main(["advise", "--traffic", good, *LLAMA70B, "--concurrency", "4", "-o", str(tmp_path / "taken")]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"kvgate advise: cannot write the profile to {tmp_path / 'taken'}: Is a directory"
+
+
+def test_why_column_says_what_it_rounded_to_and_the_long_threshold_stays_within_max_model_len(tmp_path, capsys):
+    # the why column said "rounded up to 1,024" for 2,048 and put the long threshold (4 x median
+    # 620 = 2,480) above its own max_model_len
+    config = tiny_hf_config(tmp_path)
+    traffic = jsonl(tmp_path / "t.jsonl", [(600, 20)] * 50 + [(1400, 100)] * 50)
+    args = _args(["--traffic", traffic, "--hf-config", str(config), "--served-name", "tiny", "--dtype", "float32",
+                  "--kv-cache-memory-bytes", str(64 << 20), "--concurrency", "4", "-o", str(tmp_path / "tiny.yaml")])
+    assert adv.run(args) == 0
+    out = capsys.readouterr().out
+    prof = load_profile(str(tmp_path / "tiny.yaml"))
+    assert prof.engine.max_model_len == 2048, out
+    assert "1,500 tokens, rounded up to a multiple of 1,024 (itself a multiple of the 128-token KV block" in out, out
+    assert ") = 2,048" in out and "rounded up to a multiple of 64 = 128" in out, out
+    import re
+
+    cut = int(re.search(r"requests above ([\d,]+) tokens", out).group(1).replace(",", ""))
+    assert cut <= prof.engine.max_model_len, out

@@ -75,13 +75,37 @@ def test_tidy_drops_host_thread_and_finalizer_noise_but_keeps_failing_teardowns(
     (tmp_path / "c-container.json").write_text(json.dumps({"children": ["a"], "afters": [
         {"name": "server::stop", "status": "broken", "statusDetails": {"message": "did not stop"}},
         {"name": "case::<lambda>"}]}))
+    # the soak's rounds run in its module fixture: its 80 s set-up row stays (the test's own call reads "4ms")
+    (tmp_path / "d-container.json").write_text(json.dumps({"children": ["a"], "befores": [
+        {"name": "kvgate_soak", "status": "passed", "start": 1_000, "stop": 81_000}]}))
     assert allure_meta.tidy_results(tmp_path) == 3
+    assert json.loads((tmp_path / "d-container.json").read_text())["befores"][0]["name"] == "kvgate_soak"
     r = json.loads((tmp_path / "a-result.json").read_text())
     assert [lb["name"] for lb in r["labels"]] == ["epic"]
     assert [p["value"] for p in r["parameters"]] == ["ttft/chat", "3"]
     assert not (tmp_path / "b-container.json").exists()
     assert [a["name"] for a in json.loads((tmp_path / "c-container.json").read_text())["afters"]] == ["server::stop"]
     assert allure_meta.tidy_results(tmp_path) == 0  # idempotent
+
+
+def test_tidy_keeps_the_history_id_of_an_async_gate_across_runs(tmp_path):
+    # pytest-asyncio 1.x parametrizes each async test with _asyncio_loop_factory, a function repr whose
+    # address changes every run: allure-pytest hashed it into historyId, so soak/memory was NEW each run
+    def result(run: int, address: str) -> str:
+        d = tmp_path / f"run{run}"
+        d.mkdir()
+        (d / "a-result.json").write_text(json.dumps({
+            "name": "x", "fullName": "suites.test_soak#test_memory", "historyId": f"allure-{address}",
+            "parameters": [{"name": "_asyncio_loop_factory", "value": f"<function new_event_loop at {address}>"},
+                           {"name": "profile", "value": "'tiny-cpu'"},
+                           {"name": "measured", "value": "12 MB", "excluded": True}]}))
+        allure_meta.tidy_results(d)
+        return json.loads((d / "a-result.json").read_text())
+
+    first, second = result(1, "0x7f06d6a1"), result(2, "0x7f3300b2")
+    assert first["historyId"] == second["historyId"]
+    assert [p["name"] for p in first["parameters"]] == ["profile", "measured"]
+    assert first["historyId"] != allure_meta.history_id("suites.test_soak#test_other", first["parameters"])
 
 
 def test_executor_from_ci_environment_variables():
@@ -156,10 +180,43 @@ def test_fake_run_results_read_as_verdicts(pytester):
     invalid = by_title["fake-vllm/disconnect/mid-request"]
     assert category_of(invalid["status"], invalid["statusDetails"]["message"]) == "Untrusted measurements (INVALID)"
     assert category_of(fail["status"], fail["statusDetails"]["message"]) == "Deployment defects (FAIL)"
-    for p in results.glob("*-container.json"):  # only fixtures that say something are left
+    for p in results.glob("*-container.json"):  # only fixtures that say something are left: a failure, or where time went
         c = json.loads(p.read_text())
-        assert all(f.get("status") not in (None, "passed") for f in c.get("befores", []) + c.get("afters", [])), c
+        assert all(f.get("status") not in (None, "passed") or f["stop"] - f["start"] >= allure_meta.SLOW_FIXTURE_MS
+                   for f in c.get("befores", []) + c.get("afters", [])), c
     assert json.loads((results / "categories.json").read_text()) == allure_meta.CATEGORIES
     env = dict(ln.split("=", 1) for ln in (results / "environment.properties").read_text().splitlines())
     assert env["profile"] == "fake-vllm" and env["server_version"] == "0.32.0+fake" and env["overall"] == "FAIL"
     assert env["endpoint"] == url and env["gate_mode"] == "enforce" and "cpu" in env and "gpu" in env
+
+
+def test_an_async_test_keeps_its_history_id_across_two_real_runs(pytester):
+    # what pytest-asyncio and allure-pytest really write for an async test (the soak gates are async)
+    # once a plugin names the event loop factories (pytest-asyncio 1.x's pytest_asyncio_loop_factories
+    # hook): every async test is parametrized with _asyncio_loop_factory, a function's repr whose
+    # address changes between processes -- so the two runs are two processes
+    pytester.makeconftest("""
+        import asyncio
+
+        def pytest_asyncio_loop_factories(config, item):
+            return {"asyncio": asyncio.new_event_loop}
+    """)
+    pytester.makepyfile(test_soaklike="""
+        import pytest
+
+        @pytest.mark.asyncio
+        @pytest.mark.parametrize("case", ["memory"])
+        async def test_memory(case):
+            pass
+    """)
+    pytester.makeini("[pytest]\nasyncio_mode = strict\n")
+    ids, params = [], []
+    for run in ("a", "b"):
+        out = pytester.path / run
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:kvgate", f"--alluredir={out}")
+        assert result.ret == 0, result.stdout.str()[-1500:]
+        allure_meta.tidy_results(out)
+        (data,) = [json.loads(p.read_text()) for p in out.glob("*-result.json")]
+        ids.append(data["historyId"])
+        params.append([p["name"] for p in data.get("parameters") or []])
+    assert ids[0] == ids[1] and params[0] == ["case"], (ids, params)

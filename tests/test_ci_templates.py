@@ -70,17 +70,23 @@ def test_flagger_pre_rollout_webhook():
 
 
 def _commands() -> list[tuple[str, list[str]]]:
-    """(where, pytest arguments) of every kvgate command in ci/ and the README."""
+    """(where, pytest arguments) of every kvgate command in ci/, the README and docs/ (a command
+    documented twice is run once: where it is first found)."""
     found: list[tuple[str, list[str]]] = []
     texts = {p.name: p.read_text() for p in CI.iterdir() if p.suffix in (".yml", ".yaml", ".sh")}
     texts["README.md"] = (REPO / "README.md").read_text()
+    texts.update({f"docs/{p.name}": p.read_text() for p in sorted((REPO / "docs").glob("*.md"))})
+    seen: set[tuple[str, ...]] = set()
     for name, text in texts.items():
         for line in text.splitlines():
             # a command line (not prose, not a continued line, not a placeholder profile path)
             m = re.match(r"^\s*(?:-\s+|run:\s+|\./bootstrap && )?\.venv/bin/pytest (--profile.*?)(?:\s+#.*)?$", line)
-            if m and not m.group(1).endswith("\\") and "/path/to/" not in line and "my-" not in line:
+            if m and not m.group(1).endswith("\\") and "/path/to/" not in line and "my-" not in line \
+                    and "my.yaml" not in line:
                 args = shlex.split(re.sub(r'"?\$(\w+)"?', lambda v: ENV.get(v.group(1), "x"), m.group(1)))
-                found.append((name, args))
+                if tuple(args) not in seen:
+                    seen.add(tuple(args))
+                    found.append((name, args))
         for d in (yaml.safe_load_all(text) if name.endswith((".yml", ".yaml")) else ()):
             for c in _containers(d):
                 if c.get("args") and c["args"][0] == "--profile":

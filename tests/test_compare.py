@@ -288,6 +288,18 @@ def test_without_a_baseline_compare_skips_and_sends_nothing(pytester, fakes):
     assert not (pytester.path / "reports" / "golden.json").exists()
 
 
+def test_without_a_baseline_compare_starts_no_server(pytester):
+    # -m compare with no baseline started the embedded vLLM (~25 s) to SKIP three cases and exit 0
+    out = pytester.path / "r"
+    result = pytester.runpytest_inprocess(
+        "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--kvgate-reports={out}",
+        "--profile", "tiny-cpu", "--startup-budget=1", "-m", "compare", str(SUITE))  # a launch would fail in 1 s
+    summary = read_summary(out)
+    assert result.ret == 0 and summary["outcome"] == "SKIP" and summary["launch"] == {}, summary["launch"]
+    assert [g["status"] for g in summary["gates"]] == ["SKIP"] * 3
+    assert "no server started" in result.stdout.str() and not summary["endpoint_contacted"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--baseline=http://127.0.0.1:9/v1"], "baseline (--baseline): "),
     (["--baseline-reports=/nonexistent/kvgate"], "--baseline-reports: /nonexistent/kvgate: no such directory"),
@@ -406,10 +418,14 @@ def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypat
     revision is the ``latest-`` URL's host, the baseline the ``prev-`` one's
     (:func:`kvgate.launch.kserve.discover_baseline`); the ingress here is one fake, so the
     answers are identical and the outputs case PASSes naming the revision it compared with."""
-    from kvgate.launch import kserve
+    import importlib
 
     from .test_kserve import FakeApi, kserve_profile, load
 
+    # the module the run will import (sys.modules), not the kvgate.launch package's attribute: an
+    # earlier in-process run (test_ci_templates' --isvc commands) leaves that one stale when pytester
+    # restores sys.modules, and a patch on it would not reach the run
+    kserve = importlib.import_module("kvgate.launch.kserve")
     new, _ = fakes
     api = FakeApi([load("serverless-tagged.yaml")])
     monkeypatch.setattr(kserve, "custom_objects_api", lambda: api)

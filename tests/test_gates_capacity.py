@@ -85,6 +85,22 @@ def test_search_is_bounded_by_the_cap_and_by_time():
     assert [x.concurrency for x in s.steps] == [1, 2, 4] and s.why_stopped == "time" and s.wall_s == 30.0
 
 
+def test_an_interrupt_keeps_the_finished_steps_and_reads_incomplete():
+    clock, measure = fake_clock(1.0)
+
+    def interrupted(c, left):
+        if c == 4:
+            raise KeyboardInterrupt  # Ctrl-C during the third step
+        return measure(c, left)
+
+    s = search(interrupted, lambda c: "PASS", ladder(1, 8), max_duration_s=100, clock=clock)
+    assert [x.concurrency for x in s.steps] == [1, 2] and s.why_stopped == "interrupted"
+    v = capacity_verdict([step(1), step(2)], profile(peak=4), s.to_dict())
+    assert v.status is Status.INCOMPLETE and v.measured == 2 and v.limit == 5, v.message
+    assert v.message.startswith("the capacity search was interrupted after 2 finished step(s) (concurrency: 1 PASS, "
+                                "2 PASS; the knee so far 2); the finished steps are in capacity-steps.csv")
+
+
 # ----------------------------------------------------------------------------- the verdict (pure)
 def test_knee_is_the_last_pass_below_every_step_not_met():
     steps = [step(1), step(2), step(4), step(8, "FAIL"), step(6), step(7, "UNDECIDED")]
@@ -184,7 +200,7 @@ def test_record_mode_writes_the_peak_the_knee_carries_and_signoff_links_the_plot
     v = capacity_verdict([step(1), step(2), step(4), step(8), step(16, "FAIL")], profile(peak=4),
                          {"why_stopped": "not met"})
     text = overlay("fake-vllm", [("fake-vllm/capacity/knee", v)], run_id="r", endpoint=None, server_version=None)
-    assert "  peak_concurrency: 6  # from fake-vllm/capacity/knee: capacity/knee.supported peak" in text
+    assert "  peak_concurrency: 6  # measured 6; from fake-vllm/capacity/knee: capacity/knee.supported peak" in text
     md = signoff_markdown({"overall": "PASS", "gates": []}, files=("capacity.png", "capacity-steps.csv"))
     assert "- [capacity.png](capacity.png): the capacity search" in md and "[capacity-steps.csv](capacity-steps.csv)" in md
 
@@ -281,3 +297,44 @@ def test_default_run_deselects_the_capacity_gate(pytester, write_profile):
     with FakeVLLM(FAULTY) as fake:
         result, summary, gates = run_suites(pytester, fake.url, suites=["suites/test_capacity.py"], profile=path)
     assert gates == {} and "1 deselected" in result.stdout.str()
+
+
+class InterruptSecondStep:
+    """Presses Ctrl-C when the capacity suite starts its second step (deterministic: wraps run_step)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item):
+        real, calls = item.module.run_step, []
+
+        def run_step(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        item.module.run_step = run_step
+
+
+def test_ctrl_c_in_the_suite_keeps_the_finished_steps_and_a_well_formed_junit(pytester, write_profile):
+    import xml.etree.ElementTree as ET
+
+    path = write_profile("fake-capacity", CAPACITY_PROFILE.format(base=FAKE, limit=LIMIT_MS, peak=8,
+                                                                  confidence=CONFIDENCE).replace(
+        "max_concurrency: 8", "max_concurrency: 16"))
+    reports = pytester.path / "reports"
+    with FakeVLLM(FAULTY) as fake:
+        result = pytester.runpytest_inprocess(
+            "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--profile={path}",
+            "--endpoint", fake.url, f"--kvgate-reports={reports}", "-m", "capacity", str(REPO / "suites/test_capacity.py"),
+            plugins=[InterruptSecondStep()], no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    from .conftest import read_summary
+
+    g = {g["id"]: g for g in read_summary(reports)["gates"]}["fake-capacity/capacity/knee"]
+    assert g["status"] == "INCOMPLETE" and "interrupted after 1 finished step(s) (concurrency: 8 " in g["message"]
+    assert (reports / "capacity-steps.csv").read_text().count("\n") == 2  # the header and step 8
+    assert (reports / "capacity.png").read_bytes()[:4] == b"\x89PNG"
+    suite = ET.parse(reports / "junit.xml").getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert all(c.get("name") for c in cases) and int(suite.get("tests")) == len(cases)
+    assert {c.get("name") for c in cases} >= {"fake-capacity/capacity/knee", "run"}

@@ -280,6 +280,9 @@ def test_healthy_ladder_passes_with_400_beyond_max_model_len():
     assert v.status is Status.PASS, v.message
     assert "(2x max-context) 400" in v.message and "max-context ~2,03" in v.message
     assert [row["status"] for row in v.evidence["rungs"]] == [200, 200, 200, 400, 400]
+    # measured/limit read one way: the largest allowed body, answered, against the largest allowed (was
+    # "20,186 bytes" -- the over-length rung -- against "10,129 bytes allowed bytes" under a PASS)
+    assert v.measured == v.limit == rungs[2].body_bytes and v.unit == "bytes" and v.limit_unit is None
     # a multibyte max-context body the engine completes is fine too; an over-length one completed as well
     assert body_size_verdict(*ladder(lambda r: (200, ladder_completion())), 2048, "").status is Status.PASS
 

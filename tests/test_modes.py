@@ -113,16 +113,36 @@ def test_overlay_maps_measured_values_to_profile_fields(tmp_path):
     text = overlay(str(REPO / "tests" / "data" / "fake-vllm.yaml"), verdicts, run_id="r1", endpoint="http://x/v1",
                    server_version="0.32", now=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     data = yaml.safe_load(text)
-    assert data["slo"] == {"ttft_p95_ms": 900.0, "itl_p95_ms": 41.0, "error_rate_max": 0.0}
-    assert data["limits"] == {"stream_idle_timeout_s": 0.3012}
-    assert data["soak"] == {"memory_slope_max_mb_per_h": 0}
-    assert "negative: written as 0" in text and "run r1" in text
-    # the overlay is a loadable profile: the run's profile with the measured limits
+    # proposed limits: 25% headroom over what was measured, rounded up to two significant digits
+    assert data["slo"] == {"ttft_p95_ms": 1200, "itl_p95_ms": 52, "error_rate_max": 0.0}
+    assert "  ttft_p95_ms: 1200  # measured 900 + 25% headroom; from p/" in text
+    # a gateway's idle timeout and the soak ceilings are choices a measurement cannot make: comments only
+    assert "limits" not in data and "soak" not in data
+    assert "#   limits.stream_idle_timeout_s: measured 0.3012 (p/streaming/idle-gap/chat: streaming/idle-gap/chat)" \
+           " -- not proposed: your gateway's idle timeout" in text
+    assert "#   soak.memory_slope_max_mb_per_h: measured -3.5" in text and "run r1" in text
+    # the overlay is a loadable profile: the run's profile with the proposed limits
     path = tmp_path / "calibrated.yaml"
-    path.write_text(text.replace("soak:\n  memory_slope_max_mb_per_h: 0", ""))
+    path.write_text(text)
     prof = load_profile(str(path), REPO / "profiles")
-    assert prof.slo.ttft_p95_ms == 900.0 and prof.limits.stream_idle_timeout_s == 0.3012
-    assert prof.model.served_name == "fake-model"
+    assert prof.slo.ttft_p95_ms == 1200 and prof.model.served_name == "fake-model"
+
+
+def test_record_mode_proposes_limits_never_echoes_samples():
+    # record mode once wrote limits.stream_idle_timeout_s: 0.0082 (the longest gap seen: every normal
+    # stream would be cut) and soak.memory_slope_max_mb_per_h: 0.316 (noise as a leak ceiling)
+    verdicts = [
+        ("t/streaming/idle-gap/chat", Verdict("streaming/idle-gap/chat", Status.PASS, "g", measured=0.0082, limit=30,
+                                              unit="s")),
+        ("t/soak/memory", Verdict("soak/memory", Status.PASS, "m", measured=0.316, limit=40, unit="MB/h")),
+        ("t/soak/latency", Verdict("soak/latency", Status.PASS, "l", measured=1.2, limit=50, unit="ms/h")),
+        ("t/concurrency", Verdict("concurrency/long-sequences.preemptions", Status.PASS, "p", measured=3, limit=5,
+                                  unit="preemptions")),
+        ("t/latency/slo", Verdict("latency/slo.error rate", Status.PASS, "e", measured=0.0123, limit=0.05, unit="ratio")),
+    ]
+    data = yaml.safe_load(overlay("tiny-cpu", verdicts, run_id="r", endpoint=None, server_version=None))
+    assert "stream_idle_timeout_s" not in (data.get("limits") or {}) and "soak" not in data
+    assert data["limits"] == {"preemptions_allowed": 4} and data["slo"] == {"error_rate_max": 0.016}
 
 
 def test_a_percentile_judged_with_confidence_records_its_upper_bound():
@@ -227,7 +247,8 @@ def test_record_mode_against_faulty_fake_writes_a_loadable_overlay(pytester):
     assert f"record mode: measured values written as a profile overlay: {path}" in recorded.stdout.str()
     data = yaml.safe_load(path.read_text())
     assert data["extends"] == str(FAKE_PROFILE)
-    assert data["limits"]["stream_idle_timeout_s"] >= 0.29  # the fake stalls 0.3 s
+    assert "stream_idle_timeout_s" not in (data.get("limits") or {})  # the gateway's setting, not a sample
+    assert "#   limits.stream_idle_timeout_s: measured 0." in path.read_text()  # the fake stalls 0.3 s
     assert data["slo"]["ttft_p95_ms"] > 0
     prof = load_profile(str(path), REPO / "profiles")
-    assert prof.limits.stream_idle_timeout_s == data["limits"]["stream_idle_timeout_s"]
+    assert prof.slo.ttft_p95_ms == data["slo"]["ttft_p95_ms"]

@@ -61,6 +61,18 @@ def test_html_page_is_not_openai():
     assert "<html" not in msg and "\n" not in msg
 
 
+def test_a_binary_body_is_sized_in_the_bytes_received():
+    # 512 bytes that are not UTF-8 were reported as "970 bytes" (each bad byte re-encoded as U+FFFD)
+    body = bytes(range(128, 256)) * 4
+
+    def handler(request):
+        return httpx.Response(200, content=body, headers={"content-type": "application/octet-stream"})
+
+    with pytest.raises(PreflightError) as e:
+        check(handler)
+    assert "application/octet-stream, 512 bytes" in str(e.value), str(e.value)
+
+
 def test_json_of_the_wrong_shape_is_not_openai():
     with pytest.raises(PreflightError) as e:
         check(reply(200, {"models": [MODEL]}))

@@ -82,6 +82,22 @@ def test_not_yaml_mapping(write_profile):
         load_profile(str(write_profile("broken", "model: [\n")))
 
 
+def test_malformed_yaml_is_one_line_positioned_in_the_file(write_profile):
+    # PyYAML's 7 lines positioned in "<unicode string>", the source echoed
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(write_profile("broken", "model:\n  served_name: [x\nengine: {max_model_len: 1}\n")))
+    assert str(exc.value).endswith("broken.yaml: not valid YAML: line 3, column 7: expected ',' or ']', but got ':' "
+                                   "(while parsing a flow sequence started at line 2, column 16)")
+    assert "\n" not in str(exc.value) and "unicode string" not in str(exc.value)
+
+
+def test_a_missing_profile_dir_is_named_not_listed_as_none(tmp_path):
+    with pytest.raises(ProfileError) as exc:
+        load_profile("tiny-cpu", tmp_path / "nowhere")
+    assert str(exc.value) == (f"unknown profile 'tiny-cpu': the profile directory {tmp_path / 'nowhere'} does not exist "
+                              "(--profile-dir=DIR; default the checkout's profiles/)")
+
+
 def test_extends_deep_merges_child_wins(write_profile):
     write_profile("base", MINIMAL + "limits:\n  max_tokens_cap: 64\n  reject_deadline_s: 3\n")
     child = write_profile("child", "extends: base\nengine:\n  max_model_len: 512\nlimits:\n  max_tokens_cap: 32\n")

@@ -6,6 +6,7 @@ plus the plugin's small promises: path options, markers registered once, the REA
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -317,3 +318,55 @@ def test_refused_bare_profile_path_writes_the_error_into_the_projects_reports(py
     assert not (elsewhere / "reports").exists()
     assert read_summary(pytester.path / "reports")["overall"] == "ERROR"
     assert "old green run" not in (pytester.path / "reports" / "junit.xml").read_text()
+
+
+def test_a_second_run_into_a_reports_dir_another_run_is_writing_is_refused_in_one_line(pytester, tmp_path):
+    # two runs into one dir mixed silently: both exit 0, allure-results held two run ids, the second
+    # left no summary of its own (CI runners sharing a workspace)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "summary.json").write_text('{"overall": "RUNNING"}')
+    other = outputs.hold(reports, "20261203T041000Z-aaaaaa")  # the first run, still writing
+    try:
+        result = run(pytester, reports, "--profile", "llama70b-tp4", "-m", "fit", str(REPO / "suites"))
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        err = [ln for ln in result.stderr.lines if "another kvgate run" in ln]
+        assert len(err) == 1 and "run 20261203T041000Z-aaaaaa" in err[0] and "--kvgate-reports=DIR" in err[0]
+        assert sorted(p.name for p in reports.iterdir()) == [outputs.LOCK, "summary.json"]
+        assert (reports / "summary.json").read_text() == '{"overall": "RUNNING"}'  # the first run's, untouched
+    finally:
+        os.close(other)
+    result = run(pytester, reports, "--profile", "llama70b-tp4", "-m", "fit", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.OK  # the first run ended: its lock went with it
+    assert read_summary(reports)["overall"] == "PASS"
+    again = outputs.hold(reports, "x")  # and this run released it when it ended
+    os.close(again)
+
+
+def test_the_phases_table_folds_the_gates_that_took_no_time():
+    # the main job's phases table was 90 lines, 57 of them 0.00
+    rec = RunRecord("tiny", None, Redactor())
+    rec.phases = [{"name": "collect", "seconds": 0.01, "status": "done"},
+                  {"name": "launch", "seconds": 21.5, "status": "done"},
+                  *({"name": f"gate tiny/x/{i}", "seconds": 0.001, "status": "done"} for i in range(57)),
+                  {"name": "gate tiny/soak/memory", "seconds": 80.2, "status": "done"},
+                  {"name": "gate tiny/drain/in-flight", "seconds": 0.0, "status": "interrupted"}]
+    lines = rec.phase_lines()
+    assert len(lines) == 6, lines
+    assert lines[1].split() == ["collect", "0.01"] and lines[3].split() == ["gate", "tiny/soak/memory", "80.20"]
+    assert "(interrupted)" in lines[4]
+    assert lines[5] == "  (57 more, each under 0.05 s: 0.06 s together; all in summary.json phases)"
+
+
+def test_long_pass_lines_lose_their_middle_fail_lines_stay_whole():
+    # the main job printed 48 verdict lines over 200 characters, up to 773
+    rec = RunRecord("tiny", None, Redactor())
+    words = " ".join(f"w{i}" for i in range(150))
+    rec.add("a", "tiny/requests/body-size", Verdict("requests/body-size", Status.PASS, f"bodies {words} -> PASS (ok)"))
+    rec.add("b", "tiny/streaming/ttft/chat", Verdict("streaming/ttft", Status.FAIL, f"TTFT {words} -> FAIL"))
+    lines = rec.table()
+    passed = next(ln for ln in lines if ln.startswith("PASS"))
+    failed = next(ln for ln in lines if ln.startswith("FAIL"))
+    assert len(passed) <= 200 and passed.endswith(" -> PASS (ok)") and " … " in passed and "bodies w0 w1" in passed
+    assert failed.endswith(f"TTFT {words} -> FAIL")
+    assert "(1 PASS/SKIP line shortened to 200 characters; every message whole in summary.json" in "\n".join(lines)

@@ -312,3 +312,13 @@ def test_a_profile_vllm_would_refuse_is_not_launched(pytester, tmp_path):
     result = run(pytester, f"--profile={bad}", "-m", "fit", str(REPO / "suites" / "test_fit.py"),
                  reports=pytester.path / "fit")
     assert result.ret != pytest.ExitCode.USAGE_ERROR
+    # a scheduler config vLLM refuses (verify_max_model_len) is refused the same way, in one line
+    # (it used to launch, and print vLLM's traceback once per gate: 206 console lines)
+    batched = tmp_path / "batched.yaml"
+    batched.write_text(f"extends: {REPO / 'profiles' / 'tiny-cpu.yaml'}\nengine:\n  max_num_batched_tokens: 4\n")  # < max_num_seqs 8
+    result = run(pytester, f"--profile={batched}", "-m", "deployment", "--startup-budget=5", str(REPO / "suites"),
+                 reports=pytester.path / "batched")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert_error_replaced(pytester.path / "batched", "the embedded launcher would start a server that cannot come up",
+                          "engine.max_num_batched_tokens", "vLLM refuses to start")
+    assert len([ln for ln in result.stderr.lines if ln.strip()]) == 1, result.stderr.str()

@@ -52,7 +52,7 @@ def test_passing_run_says_pass_with_identity_fit_table_and_what_was_not_checked(
     assert md.startswith("## kvgate sign-off: tiny @ http://127.0.0.1:8000/v1 — PASS")
     assert "| overall | **PASS** (1 PASS, 0 FAIL, 0 INVALID, 0 SKIP, 0 ERROR) |" in md
     assert "| server | vLLM 0.32.0 |" in md and "`tiny.yaml`, sha256 " in md and "20261130T000000Z-abcdef" in md
-    assert "| PASS | `tiny/fit/kv-pool` | 15 sequences | 4 sequences | KV pool holds 15" in md
+    assert "| PASS | `tiny/fit/kv-pool` | 15 sequences | 4 sequences | measured >= limit | KV pool holds 15" in md
     assert "```\nper GPU          GiB\nweights         0.01\nKV pool         0.06\n```" in md
     assert "- `tiny/fit/kv-pool`: fit.budget — memory not declared" in md
     assert len(md.splitlines()) < 40  # short enough for a PR comment
@@ -63,7 +63,7 @@ def test_failing_run_says_do_not_roll_out_and_names_measured_and_limit(tmp_path)
                                       ("tiny/streaming/ttft/chat", ttft_fail())).summary())
     md = signoff_markdown(summary, None)
     assert "— FAIL" in md.splitlines()[0] and "do not roll out" in md
-    assert "| FAIL | `tiny/streaming/ttft/chat` | 742 ms | 500 ms | TTFT 742 ms; SLO 500 ms -> FAIL |" in md
+    assert "| FAIL | `tiny/streaming/ttft/chat` | 742 ms | 500 ms | measured <= limit | TTFT 742 ms; SLO 500 ms -> FAIL |" in md
     assert "The fit gate did not run in this run." in md
 
 
@@ -87,11 +87,47 @@ def test_run_that_could_not_start_says_error(tmp_path):
     assert "No gate recorded a verdict." in md
 
 
-def test_long_messages_are_cut_and_pipes_escaped(tmp_path):
-    long = Verdict("x", Status.FAIL, "a | b " + "word " * 80 + "-> FAIL", measured=1, limit=0, unit="tokens")
-    md = signoff_markdown(record(tmp_path, ("tiny/x/y", long)).summary())
+def test_a_fail_reads_in_full_a_pass_is_cut_and_pipes_escaped(tmp_path):
+    # a release owner must learn why from signoff.md: the FAIL row was cut at ~140 characters
+    long = Verdict("x", Status.FAIL, "a | b " + "word " * 80 + "6 drifted -> FAIL", measured=1, limit=0, unit="tokens")
+    ok = Verdict("y", Status.PASS, "c " + "word " * 80 + "-> PASS", measured=1, limit=2, unit="tokens")
+    md = signoff_markdown(record(tmp_path, ("tiny/x/y", long), ("tiny/y/z", ok)).summary())
     row = next(ln for ln in md.splitlines() if "`tiny/x/y`" in ln)
-    assert "a \\| b word" in row and row.endswith(" … |") and len(row) < 240
+    assert "a \\| b word" in row and row.endswith("6 drifted -> FAIL |")
+    assert "| measured <= limit |" in row  # 1 token against 0 allowed failed: it passes at or below
+    passed = next(ln for ln in md.splitlines() if "`tiny/y/z`" in ln)
+    assert passed.endswith(" … |") and len(passed) < 260 and "| measured <= limit |" in passed
+
+
+def test_not_checked_reasons_are_whole_not_their_first_clause(tmp_path):
+    whole = Verdict("metrics", Status.SKIP, "no /metrics on this server; it answered 404 at /metrics -> SKIP")
+    part = Verdict("fit", Status.PASS, "fits -> PASS", parts=(
+        Verdict("fit.budget", Status.SKIP, "memory not declared; hardware.memory_gib is unset -> SKIP"),))
+    md = signoff_markdown(validate_summary(record(tmp_path, ("tiny/metrics", whole), ("tiny/fit", part)).summary()))
+    assert "- `tiny/metrics`: metrics — no /metrics on this server; it answered 404 at /metrics" in md
+    assert "- `tiny/fit`: fit.budget — memory not declared; hardware.memory_gib is unset" in md
+
+
+def test_signoff_names_kvgate_the_server_command_the_contention_and_what_certify_means(tmp_path):
+    hc = {"measured": True, "share": 0.031, "text": "3.1%"}
+    lat = Verdict("latency", Status.PASS, "p95 40 ms -> PASS", measured=40.0, limit=500, unit="ms",
+                  evidence={"host_contention": hc})
+    lat2 = Verdict("latency", Status.PASS, "p95 41 ms -> PASS", measured=41.0, limit=500, unit="ms",
+                   evidence={"windows": [{"host_contention": {**hc, "share": 0.12}}]})
+    rec = record(tmp_path, ("tiny/latency/a", lat), ("tiny/latency/b", lat2))
+    rec.launch = {"mode": "embedded", "command": ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]}
+    summary = validate_summary(rec.summary())
+    assert summary["kvgate"]["version"] and "commit" in summary["kvgate"]
+    md = signoff_markdown(summary)
+    assert "| kvgate | " in md and ("commit `" in md or "commit unknown" in md)
+    assert "| server command | `python -m vllm.entrypoints.openai.api_server --model /m` |" in md
+    assert "| host contention | 12.0% of the server's CPUs went to other processes (largest of 2 windows: " \
+           "`tiny/latency/b`) |" in md
+    assert "not that a deployment you serve does" in md and "can never read CERTIFIED" in md
+    served = record(tmp_path, ("tiny/deployment/spec", Verdict("deployment/spec", Status.PASS, "ok -> PASS", evidence={
+        "checks": [{"spec_argv": ["vllm", "serve", "m", "--max-num-seqs", "32"]}]})))
+    md = signoff_markdown(served.summary())
+    assert "| server command | `vllm serve m --max-num-seqs 32` |" in md and "not that a deployment" not in md
 
 
 def test_secret_never_reaches_signoff(tmp_path):
@@ -155,6 +191,21 @@ def test_report_without_allure_cli_writes_signoff_and_says_how_to_get_it(tmp_pat
     assert "Allure 3 CLI was not found" in err.getvalue() and "./bootstrap" in err.getvalue()
     assert cli_report.run_report(args(reports, signoff_only=True), out=io.StringIO(), err=io.StringIO(),
                                  find=lambda: None) == cli_report.OK
+
+
+def test_html_hint_names_the_installed_allure_quoted_not_npx(tmp_path):
+    # `npx allure open reports/allure-report` ignored the Allure ./bootstrap installed: npx tries to
+    # download it, which fails offline (a GPU runner); the printed path was unquoted
+    reports = write_run(tmp_path / "my reports", ("tiny/fit/kv-pool", kv_pass()))
+    allure = str(tmp_path / "v env" / "allure" / "node_modules" / ".bin" / "allure")
+    out = io.StringIO()
+    cli_report.run_report(args(reports), out=out, err=io.StringIO(), find=lambda: [allure],
+                          render_fn=lambda *a, **k: None)
+    want = f"'{allure}' open '{reports / 'allure-report'}'"
+    assert f"serve it over HTTP: {want}" in out.getvalue() and "npx" not in out.getvalue()
+    assert f"(serve it over HTTP: `{want}`)" in (reports / "signoff.md").read_text()
+    served = subprocess.run(["bash", "-c", f"printf '%s\\n' {want}"], capture_output=True, text=True).stdout
+    assert served.splitlines() == [allure, "open", str(reports / "allure-report")]  # the shell reads it as written
 
 
 class FakeAllure:

@@ -195,6 +195,27 @@ def test_a_bad_record_is_one_error_naming_file_line_and_field(tmp_path, fmt, tex
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("bare", ["NaN", "Infinity", "-Infinity"])
+def test_a_bare_nan_or_infinity_arrival_is_an_error_not_unrecorded(tmp_path, bare):
+    # Python's json reads them; they were taken as "arrivals not recorded"
+    for fmt, row in (("jsonl", '{"prompt_tokens": 4, "output_tokens": 2, "arrival_s": %s}'),
+                     ("openai-log", '{"prompt": "x", "max_tokens": 3, "timestamp": %s}')):
+        path = write(tmp_path, row % bare + "\n")
+        with pytest.raises(ts.TrafficError, match=r"^t.jsonl:1: field '(arrival_s|timestamp)' must be "):
+            ts.load_sample(path, fmt, shown="t.jsonl")
+
+
+def test_arrivals_out_of_file_order_are_said_not_sorted_silently(tmp_path):
+    rows = [(0.0, 4), (3.0, 4), (1.0, 4), (2.0, 4), (5.0, 4)]
+    text = "".join('{"prompt_tokens": %d, "output_tokens": 2, "arrival_s": %s}\n' % (p, a) for a, p in rows)
+    sample = ts.load_sample(write(tmp_path, text), "jsonl", shown="t.jsonl")
+    assert sample.notes == ("arrivals out of file order: 1 request arriving before the request above (first: line 3); "
+                            "replayed in time order",)
+    ordered = ts.load_sample(write(tmp_path, text.replace('"arrival_s": 1.0', '"arrival_s": 4.0')
+                                   .replace('"arrival_s": 2.0', '"arrival_s": 4.5')), "jsonl", shown="t.jsonl")
+    assert not any("out of file order" in n for n in ordered.notes)
+
+
 def test_empty_unreadable_and_unknown_format(tmp_path):
     with pytest.raises(ts.TrafficError, match=r"^traffic sample e.jsonl: no requests in it \(the file is empty\)"):
         ts.load_sample(write(tmp_path, "\n  \n"), shown="e.jsonl")

@@ -84,7 +84,7 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                          "profile's launch.startup_budget_s, 1800)")
     group.addoption("--isvc", dest="kvgate_isvc", default=None, metavar="NAME",
                     help="gate the new version of this KServe InferenceService / LLMInferenceService before it "
-                         "takes traffic (read with the kubernetes client; see README 'KServe pre-canary')")
+                         "takes traffic (read with the kubernetes client; see docs/launchers.md, 'KServe pre-canary')")
     group.addoption("--namespace", dest="kvgate_namespace", default="default", metavar="NS",
                     help="the --isvc's namespace (default: default)")
     group.addoption("--canary", dest="kvgate_canary", default=None, metavar="NAME",
@@ -102,14 +102,14 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="override the profile's soak.duration, e.g. 10m, 6h, 90s (warm-up included)")
     group.addoption("--baseline", dest="kvgate_baseline", default=None, metavar="URL",
                     help="the compare gate's baseline: the revision serving today (same --api-key-env); "
-                         "runs the compare gate (see README 'Comparing with a baseline')")
+                         "runs the compare gate (see docs/compare.md)")
     group.addoption("--baseline-reports", dest="kvgate_baseline_reports", default=None, metavar="DIR",
                     help="the compare gate's baseline: the reports directory of an earlier run recorded with "
                          "--gate-mode record (its golden.json); give it with '=': --baseline-reports=DIR")
     group.addoption("--gate-mode", dest="kvgate_gate_mode", default=DEFAULT_MODE, metavar="MODE",
                     help="enforce (default: a FAIL fails the run), record (calibration: every gate runs, none "
                          "fails; measured values written as a profile overlay in the reports dir) or certify "
-                         "(sign-off: any SKIP or INVALID makes the run not pass). Exit codes: README")
+                         "(sign-off: any SKIP or INVALID makes the run not pass). Exit codes: README, 'Verdicts and exit codes'")
 
 
 @pytest.hookimpl(tryfirst=True)  # before the JUnit and Allure plugins read where to write

@@ -403,7 +403,8 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
     cap = min(_ceil_to(q_out, 64), L - 1)
     max_prompt = L - cap
     median_total = quantile(tot, w, 50)
-    long_cut = int(max(L * LONG_FRACTION, LONG_OVER_MEDIAN * median_total))
+    # at most max_model_len: a threshold above it would call no admitted request long
+    long_cut = int(min(max(L * LONG_FRACTION, LONG_OVER_MEDIAN * median_total), L))
     long_mask = tot > long_cut
     share_long = float(w[long_mask].sum() / w.sum())
     long_conc = max(1, math.ceil(C * share_long)) if share_long > 0 else 0
@@ -497,11 +498,12 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
     prompt_rej = share_above(traffic.prompt, w, L - 1)
     choices = [
         Choice("engine.max_model_len", L,
-               f"p{pct:g} of prompt + output = {q_total:,.0f} tokens, rounded up to {step:,} (a multiple of the "
-               f"{block}-token KV block: {block_src})" + (f"; capped at max_position_embeddings {max_pos:,}"
-                                                         if max_pos and L == max_pos else ""),
+               f"p{pct:g} of prompt + output = {q_total:,.0f} tokens, rounded up to a multiple of {step:,} (itself a "
+               f"multiple of the {block}-token KV block: {block_src}) = {_ceil_to(q_total, step):,}"
+               + (f"; capped at max_position_embeddings {max_pos:,}" if max_pos and L == max_pos else ""),
                f"{_pct(over_L)} exceed it ({_pct(prompt_rej)} rejected: prompt >= max_model_len; the rest cut short)"),
-        Choice("limits.max_tokens_cap", cap, f"p{pct:g} of output = {q_out:,.0f} tokens, rounded up to 64",
+        Choice("limits.max_tokens_cap", cap, f"p{pct:g} of output = {q_out:,.0f} tokens, rounded up to a multiple of 64 "
+               f"= {_ceil_to(q_out, 64):,}" + (f"; at most max_model_len - 1 = {L - 1:,}" if cap == L - 1 else ""),
                f"{_pct(share_above(traffic.output, w, cap))} ask for more and are clamped"),
         Choice("limits.max_prompt_tokens", max_prompt, "max_model_len - max_tokens_cap: a prompt up to here gets its "
                "whole cap", f"{_pct(share_above(traffic.prompt, w, max_prompt))} have longer prompts (fewer output "
@@ -538,7 +540,8 @@ def advise_pool(name: str, traffic: Traffic, target: Target, opts: Options, conc
                           "prompts; at least max_num_seqs"))
     choices.append(Choice("workloads", f"{share_long:.1%} long",
                           f"requests above {long_cut:,} tokens (the larger of a quarter of max_model_len and 4 x the "
-                          f"median {median_total:,.0f}) are the long workload, counted at full length: "
+                          f"median {median_total:,.0f}, at most max_model_len {L:,}) are the long workload, counted at "
+                          "full length: "
                           f"ceil({C} x {share_long:.3f}) = {long_conc} at once"
                           + (f" (the pool holds {pool.sequences_at_once}: written as {long_conc_w})"
                              if long_conc_w < long_conc else "")))

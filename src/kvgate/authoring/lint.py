@@ -528,8 +528,11 @@ def _snapshot_note(version: str) -> str | None:
 
 
 #: Rules whose findings mean the launched server cannot start (vLLM refuses the command line, or
-#: kvgate cannot build what it names): a run that would launch it is refused up front (exit 4).
-LAUNCH_FATAL = frozenset({"serve-feature"})
+#: kvgate cannot build what it names): a run that would launch it is refused up front (exit 4)
+#: instead of starting vLLM to watch it fail -- and print its traceback once per gate (206 console
+#: lines for a max_num_batched_tokens below max_num_seqs). Not ``kv-pool-below-sequence``: a pool
+#: of exactly one sequence starts (vLLM never schedules it), which the fit gate FAILs on a live server.
+LAUNCH_FATAL = frozenset({"serve-feature", "batched-below-len", "tp-heads"})
 
 
 def lint_for_run(profile: Profile, profile_dir: Path, gate_mode: str = "enforce") -> tuple[list[Finding], str | None]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from kvgate.report.redact import Redactor
-from kvgate.report.render import NO_ALLURE, REPORT_DIR, RenderError, find_allure, render, report_name
+from kvgate.report.render import NO_ALLURE, REPORT_DIR, RenderError, find_allure, open_command, render, report_name
 from kvgate.report.signoff import write_signoff
 
 #: Exit codes: written; the Allure CLI is missing or failed (signoff.md is written anyway); no summary.json.
@@ -60,7 +60,9 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: Text
         print(f"kvgate report: {reports / 'summary.json'} is not a kvgate summary (a JSON object with 'gates' "
               f"expected, got {_shape(summary)})", file=err)
         return USAGE
-    hint = None if args.signoff_only else f"HTML report: `{output}/index.html` (serve it over HTTP: `npx allure open {output}`)"
+    allure = None if args.signoff_only else find()
+    hint = None if args.signoff_only else (f"HTML report: `{output}/index.html` (serve it over HTTP: "
+                                           f"`{open_command(allure, output)}`)")
     try:
         path = write_signoff(reports, redactor=Redactor(), report_hint=hint)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:  # a field of the wrong shape
@@ -73,7 +75,6 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: Text
     print(f"kvgate report: {path} ({said})", file=out)
     if args.signoff_only:
         return OK
-    allure = find()
     if allure is None:
         print(f"kvgate report: {NO_ALLURE}", file=err)
         return FAILED
@@ -82,7 +83,7 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None, err: Text
     except RenderError as exc:
         print(f"kvgate report: {exc}", file=err)
         return FAILED
-    how = "one file: opens from disk" if args.single_file else f"serve it over HTTP: npx allure open {output}"
+    how = "one file: opens from disk" if args.single_file else f"serve it over HTTP: {open_command(allure, output)}"
     print(f"kvgate report: {output}/index.html ({how})", file=out)
     return OK
 

@@ -312,6 +312,14 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
     need = need_of(profile)
     margin = profile.capacity.margin
     knee, bad = knee_of(steps)
+    if search.get("why_stopped") == "interrupted":
+        done = ", ".join(f"{s.concurrency} {s.decision}" for s in steps) or "none"
+        return Verdict(GATE, Status.INCOMPLETE,
+                       f"the capacity search was interrupted after {len(steps)} finished step(s) (concurrency: {done}"
+                       + (f"; the knee so far {knee}" if steps else "") + "); the finished steps are in "
+                       "capacity-steps.csv and capacity.png -> INCOMPLETE (a search cut short is never a verdict)",
+                       measured=knee if steps else None, limit=need, unit="requests",
+                       evidence={"steps": [s.to_dict() for s in steps], "search": search})
     ordered = sorted(steps, key=lambda s: s.concurrency)
     at_knee = next((s for s in ordered if s.concurrency == knee), None)
     mns, full_seqs, wl_seqs, why_no_fit = fit_capacity(profile)

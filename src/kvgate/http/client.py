@@ -102,6 +102,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     #: The request body's size in bytes as sent (None: nothing was sent, or unknown).
     sent_bytes: int | None = None
+    #: The response body's size in bytes as received (None: unknown). ``len(text.encode())`` is
+    #: not it: bytes that are not UTF-8 decode to U+FFFD, 3 bytes each (a 512-byte binary body read
+    #: as "970 bytes").
+    body_bytes: int | None = None
 
     @property
     def json(self) -> Any:
@@ -256,7 +260,7 @@ class KvClient:
                 hang = watch.suspect(f"{method} {path}", waited)
                 text += f"; {hang.reason()}" if hang else ""
             return Reply(status=0, text=text, elapsed_s=waited)
-        return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers), _sent_bytes(r.request))
+        return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers), _sent_bytes(r.request), len(r.content))
 
     def get(self, path: str, **kw: Any) -> Reply:
         return self.request("GET", path, **kw)

@@ -63,7 +63,8 @@ def _who_holds_the_key(endpoint: Endpoint, profile: Profile, api_key_env: str | 
 def _describe_body(reply: Reply) -> str:
     """What came back, in a few words: content type and size, never the body itself (HTML, ...)."""
     ctype = (reply.headers.get("content-type") or "no content-type").split(";")[0].strip()
-    return f"{ctype}, {len(reply.text.encode('utf-8', 'replace'))} bytes"
+    size = reply.body_bytes if reply.body_bytes is not None else len(reply.text.encode("utf-8", "replace"))
+    return f"{ctype}, {size:,} bytes"
 
 
 def _shape(body: Any) -> str:

@@ -14,6 +14,9 @@ then ``bisect_steps`` steps between the last PASS and that step. Measuring and d
 injected (``measure(concurrency, seconds_left)``, ``decide(observation)`` -> PASS/FAIL/UNDECIDED/
 INVALID), so the search is tested without a server; the wall clock is injectable too. Bounded:
 at most ``len(ladder) + bisect_steps`` steps, each given only the seconds the search has left.
+A Ctrl-C (or SIGTERM, which kvgate turns into one) during a step ends the search with the steps
+finished so far (``why_stopped`` ``interrupted``): the caller writes them, records the gate
+INCOMPLETE and re-raises the interrupt.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class SearchStep(Generic[T]):
 class Search(Generic[T]):
     """What :func:`search` did: ``steps`` in the order measured, ``why_stopped`` (``not met``: a
     step did not PASS; ``cap``: every ladder step PASSed; ``time``: ``max_duration_s`` ran out
-    before the ladder ended), ``ladder``, ``max_duration_s`` and ``wall_s``."""
+    before the ladder ended; ``interrupted``: a Ctrl-C/SIGTERM cut a step short, which is not
+    kept), ``ladder``, ``max_duration_s`` and ``wall_s``."""
 
     ladder: list[int]
     max_duration_s: float
@@ -89,9 +93,22 @@ def search(measure: Callable[[int, float], T], decide: Callable[[T], str], steps
            clock: Callable[[], float] = time.monotonic) -> Search[T]:
     """Measure the ``steps`` (ascending concurrencies) in order until one does not PASS, then bisect
     ``bisect_steps`` times between the last PASS (0 when none) and it. ``measure(c, seconds_left)``
-    runs a step; ``decide(obs)`` judges it. A step is started only while time is left."""
+    runs a step; ``decide(obs)`` judges it. A step is started only while time is left. A
+    ``KeyboardInterrupt`` in a step ends the search there (``why_stopped`` ``interrupted``, the
+    finished steps kept) instead of losing them; the caller re-raises it."""
     s: Search[T] = Search(list(steps), max_duration_s)
     t0 = clock()
+    try:
+        _search(s, measure, decide, steps, bisect_steps, clock, t0)
+    except KeyboardInterrupt:
+        s.why_stopped = "interrupted"
+    s.wall_s = round(clock() - t0, 3)
+    return s
+
+
+def _search(s: Search[T], measure: Callable[[int, float], T], decide: Callable[[T], str], steps: list[int],
+            bisect_steps: int, clock: Callable[[], float], t0: float) -> None:
+    max_duration_s = s.max_duration_s
 
     def left() -> float:
         return max_duration_s - (clock() - t0)
@@ -129,8 +146,6 @@ def search(measure: Callable[[int, float], T], decide: Callable[[T], str], steps
                 lo = mid
             else:
                 hi = mid
-    s.wall_s = round(clock() - t0, 3)
-    return s
 
 
 def requests_for(profile: Profile, concurrency: int, min_samples: int) -> int:

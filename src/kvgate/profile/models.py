@@ -1073,6 +1073,10 @@ def resolve_profile(name_or_path: str, profile_dir: Path = DEFAULT_PROFILE_DIR) 
     path = Path(profile_dir) / f"{name_or_path}.yaml"
     if path.is_file():
         return path
+    if not Path(profile_dir).is_dir():
+        raise ProfileError(f"unknown profile {name_or_path!r}: the profile directory {profile_dir} "
+                           f"{'is not a directory' if Path(profile_dir).exists() else 'does not exist'} "
+                           "(--profile-dir=DIR; default the checkout's profiles/)")
     names = available_profiles(profile_dir)
     close = difflib.get_close_matches(name_or_path, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -1091,13 +1095,29 @@ def _deep_merge(base: dict, child: dict) -> dict:
     return out
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line, positioned in the file: ``line 3, column 7: expected ',' or ']',
+    but got ':' (while parsing a flow sequence started at line 2, column 16)`` -- not its 7 lines
+    positioned in ``"<unicode string>"`` with the source echoed."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return " ".join(str(exc).split())
+    mark = exc.problem_mark or exc.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    text = where + (exc.problem or "")
+    if exc.context:
+        ctx = exc.context_mark
+        text += f" ({exc.context}" + (f" started at line {ctx.line + 1}, column {ctx.column + 1}" if ctx and ctx is not mark
+                                      else "") + ")"
+    return " ".join(text.split())
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except UnicodeDecodeError as exc:
         raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); a profile is a YAML file") from None
     except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+        raise ProfileError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: a profile must be a YAML mapping, got {type(data).__name__}")
     return data

@@ -8,8 +8,10 @@ and grouping, and the run's metadata files in ``allure-results/``.
 - :func:`describe` (when the verdict is recorded) writes the verdict in plain words as the
   description (:func:`verdict_description`) and ``measured``/``limit`` as parameters (excluded
   from Allure's history id, so a changed value stays the same test in the trend).
-- :func:`tidy_results` (at the end of the run) drops allure-pytest's ``host``/``thread`` labels
-  and the fixture-finalizer rows (``kvgate_gate::<lambda>``) that carry no status of their own.
+- :func:`tidy_results` (at the end of the run) drops allure-pytest's ``host``/``thread`` labels,
+  the fixture-finalizer rows (``kvgate_gate::<lambda>``) that carry no status of their own and
+  pytest-private parameters (pytest-asyncio's ``_asyncio_loop_factory=<function ... at 0x7f..>``,
+  an address that changes every run) with the history id allure-pytest hashed them into.
 - :func:`write_metadata` writes ``categories.json`` (:data:`CATEGORIES`: FAIL = deployment defect,
   INVALID = untrusted measurement, INCOMPLETE, SKIP = not checked, harness errors),
   ``executor.json`` (:func:`executor_info`, from the CI's environment variables) and
@@ -21,11 +23,13 @@ executor, environment). Everything written here passes through a :class:`~kvgate
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -201,9 +205,15 @@ def tidy_results(directory: Path) -> int:
     """Rewrite ``directory``'s results: drop :data:`NOISE_LABELS` from every ``*-result.json`` and
     unquote its parameter values (allure-pytest writes ``'tiny-cpu'`` with Python's quotes); from
     every ``*-container.json`` drop the fixture rows that have no status, or passed with no steps
-    and no attachments -- allure-pytest's ``fixture::<lambda>`` teardown noise -- and the container
-    itself once it holds none. A failing fixture is kept. Returns the number of files changed or
-    removed; unreadable files are left as they are."""
+    and no attachments in under :data:`SLOW_FIXTURE_MS` -- allure-pytest's ``fixture::<lambda>``
+    teardown noise; a slow one is where a gate's time went, kept -- and the container
+    itself once it holds none. A failing fixture is kept. A result's pytest-private parameters
+    (names starting with ``_``: pytest-asyncio 1.x parametrizes every async test with
+    ``_asyncio_loop_factory``, whose value is a function's repr with its address) are dropped and
+    its ``historyId`` recomputed as allure-pytest does (``allure_commons.utils.md5`` of the full
+    name and the values of the remaining non-excluded parameters, by name): otherwise the id
+    changes every run and Allure shows the soak gates as new each time, with no trend. Returns the
+    number of files changed or removed; unreadable files are left as they are."""
     changed = 0
     for path in sorted(directory.glob("*-result.json")) + sorted(directory.glob("*-container.json")):
         try:
@@ -213,10 +223,15 @@ def tidy_results(directory: Path) -> int:
         before = json.dumps(data, sort_keys=True)
         if "labels" in data:
             data["labels"] = [lb for lb in data["labels"] if lb.get("name") not in NOISE_LABELS]
+        private = [p for p in data.get("parameters") or [] if str(p.get("name", "")).startswith("_")]
+        if private:
+            data["parameters"] = [p for p in data["parameters"] if p not in private]
         for p in data.get("parameters") or []:
             v = p.get("value")
             if isinstance(v, str) and len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
                 p["value"] = v[1:-1]
+        if private and data.get("fullName"):
+            data["historyId"] = history_id(data["fullName"], data["parameters"])
         if "afters" in data:
             data["afters"] = [a for a in data["afters"] if not _noise(a)]
             if not data["afters"]:
@@ -234,10 +249,26 @@ def tidy_results(directory: Path) -> int:
     return changed
 
 
+def history_id(full_name: str, parameters: list[Mapping[str, Any]]) -> str:
+    """Allure's history id of a result: md5 (``allure_commons.utils.md5``) of ``full_name`` and the
+    values of ``parameters`` not marked ``excluded``, sorted by name -- allure-pytest's own
+    ``get_history_id`` over the written values."""
+    from allure_commons.utils import md5
+
+    kept = sorted((p for p in parameters if not p.get("excluded")), key=lambda p: str(p.get("name")))
+    return md5(full_name, *(str(p.get("value")) for p in kept))
+
+
+#: A passed fixture row that took this long (ms) is kept: it is where the gate's time went (the
+#: soak's rounds run in its module fixture, so soak/memory's own call reads "4ms" in Allure).
+SLOW_FIXTURE_MS = 1000
+
+
 def _noise(fixture: Mapping[str, Any]) -> bool:
     status = fixture.get("status")
     empty = not fixture.get("steps") and not fixture.get("attachments")
-    return status is None or (status == "passed" and empty)
+    took = (fixture.get("stop") or 0) - (fixture.get("start") or 0)
+    return status is None or (status == "passed" and empty and took < SLOW_FIXTURE_MS)
 
 
 def executor_info(env: Mapping[str, str]) -> dict[str, Any] | None:
@@ -318,6 +349,22 @@ def kvgate_version() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=1)
+def kvgate_commit() -> str | None:
+    """The git commit of the checkout kvgate runs from (``git describe --always --dirty
+    --abbrev=12``: ``"80b9269c3a1f"``, ``"...-dirty"`` with uncommitted changes), or None when
+    kvgate is not run from a git checkout (an installed wheel) or git cannot say within 5 s."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
+                             capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def environment_props(summary: Mapping[str, Any], gate_mode: str | None = None,
                       gpu: str | None = None, machine: str | None = None) -> dict[str, Any]:
     """``environment.properties`` (Allure's Environment block) from a run's summary: run id,
@@ -340,6 +387,7 @@ def environment_props(summary: Mapping[str, Any], gate_mode: str | None = None,
         "gpu": gpu if gpu is not None else gpu_description(),
         "cpu": machine if machine is not None else machine_description(),
         "kvgate_version": kvgate_version(),
+        "kvgate_commit": kvgate_commit(),
         "gate_mode": gate_mode,
     }
 

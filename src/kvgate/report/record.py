@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from kvgate.report.allure_meta import kvgate_commit, kvgate_version
 from kvgate.report.redact import Redactor
 from kvgate.verdict import Status, Verdict, skip_reason
 
@@ -45,6 +46,28 @@ class Entry:
         if self.verdict is not None:
             return self.verdict.status.value
         return "ERROR" if self.error else "NO-VERDICT"
+
+
+#: A PASS/SKIP console line is shortened to this many characters (the main job had 48 verdict lines
+#: over 200, up to 773); the whole message is in summary.json, signoff.md and Allure.
+LINE_CHARS = 200
+
+
+def _elide(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: its start and its end (the verdict's ``-> PASS (...)``),
+    cut at spaces, joined by `` … ``."""
+    if len(text) <= width:
+        return text
+    tail_len = min(len(text) // 2, max(20, width * 2 // 5))
+    tail = text[-tail_len:]
+    tail = tail[tail.find(" ") + 1:] if " " in tail[:-1] else tail
+    head = text[:max(0, width - len(tail) - 3)]
+    head = head.rsplit(" ", 1)[0] if " " in head else head
+    return f"{head} … {tail}"
+
+
+#: Phases done faster than this (seconds) are folded into one console line (:meth:`RunRecord.phase_lines`).
+PHASE_BRIEF_S = 0.05
 
 
 @dataclass
@@ -119,16 +142,25 @@ class RunRecord:
                 parent = self._open[-1]
                 parent[nested_key] = parent.get(nested_key, 0.0) + total
 
-    def phase_lines(self) -> list[str]:
-        """Console lines: each phase with its seconds, e.g. ``  launch  31.2 s``."""
+    def phase_lines(self, brief_s: float = PHASE_BRIEF_S) -> list[str]:
+        """Console lines: each phase with its seconds, e.g. ``  launch  31.2 s``; the gates done in
+        under ``brief_s`` seconds (most gates of a main job: 57 of 90 lines read ``0.00``) folded
+        into one line, ``  (57 more, each under 0.05 s: 0.31 s together)``. summary.json
+        ``phases`` keeps them all."""
         if not self.phases:
             return []
-        width = max(len(p["name"]) for p in self.phases)
+        shown = [p for p in self.phases if not p["name"].startswith("gate ")  # the run's own phases always
+                 or p["status"] != "done" or p["seconds"] is None or p["seconds"] >= brief_s]
+        brief = [p for p in self.phases if p not in shown]
+        width = max(len(p["name"]) for p in shown) if shown else 0
         out = ["phases (seconds):"]
-        for p in self.phases:
+        for p in shown:
             secs = "-" if p["seconds"] is None else f"{p['seconds']:.2f}"
             mark = "" if p["status"] == "done" else f"  ({p['status']})"
             out.append(f"  {p['name']:<{width}}  {secs:>7}{mark}")
+        if brief:
+            out.append(f"  ({len(brief)} more, each under {brief_s:g} s: {sum(p['seconds'] for p in brief):.2f} s together;"
+                       " all in summary.json phases)")
         return out
 
     def add(self, nodeid: str, test_id: str, verdict: Verdict, console: list[tuple[str, str]] | None = None) -> None:
@@ -216,6 +248,7 @@ class RunRecord:
             "overall": self.final_status(running),
             "error": self.run_error,
             "engine": self.engine,
+            "kvgate": {"version": kvgate_version(), "commit": kvgate_commit()},
             **self._mode_fields(gates, running),
             "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
                        for s in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")},
@@ -262,15 +295,24 @@ class RunRecord:
         return f"kvgate {name}: no server started (no selected gate needs one)"
 
     def table(self) -> list[str]:
-        """The console verdict table: one line per gate, ``STATUS  id  message`` (not truncated);
-        a gate that passed with parts not checked says so: ``... -> PASS (1 part not checked: ...)``."""
+        """The console verdict table: one line per gate, ``STATUS  id  message``; a gate that passed
+        with parts not checked says so: ``... -> PASS (1 part not checked: ...)``. A PASS or SKIP
+        line longer than :data:`LINE_CHARS` loses the middle of its message (``head … -> PASS
+        (...)``, said once under the table); every other line is whole: it is what to act on."""
         lines = [self.headline()]
+        shortened = 0
         for e in self.entries.values():
             msg = e.verdict.message if e.verdict else (e.error or "")
             msg = msg.splitlines()[0] if msg else ""
             note = e.verdict.not_checked_note() if e.verdict else ""
             msg = self.redactor.text(f"{msg} ({note})" if note else msg)
-            lines.append(f"{e.status:<8} {e.test_id:<44} {msg}")
+            head = f"{e.status:<8} {e.test_id:<44} "
+            if e.status in ("PASS", "SKIP") and len(head) + len(msg) > LINE_CHARS:
+                msg, shortened = _elide(msg, LINE_CHARS - len(head)), shortened + 1
+            lines.append(head + msg)
+        if shortened:
+            lines.append(f"({shortened} PASS/SKIP line{'s' if shortened > 1 else ''} shortened to {LINE_CHARS} characters; "
+                         "every message whole in summary.json, signoff.md and the Allure report)")
         if self.run_error:
             lines.append(f"ERROR: {self.redactor.text(self.run_error)}")
         if self.engine:

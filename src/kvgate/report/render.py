@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,14 @@ def find_allure(env: Mapping[str, str] | None = None, prefix: str | None = None,
         return [str(local)]
     on_path = which("allure")
     return [on_path] if on_path else None
+
+
+def open_command(allure: list[str] | None, output: Path) -> str:
+    """The shell command that serves the HTML report in ``output``, runnable as printed: the Allure
+    CLI :func:`find_allure` found (the one ``./bootstrap`` installed, which works offline -- ``npx
+    allure`` would try to download it, as on a GPU runner without a registry), each word quoted
+    for the shell (a path with spaces). Without a CLI, ``allure open DIR`` after installing one."""
+    return shlex.join([*(allure or ["allure"]), "open", str(output)])
 
 
 NO_ALLURE = ("the Allure 3 CLI was not found: install Node.js (>= 20) and re-run ./bootstrap (it installs the npm "

@@ -1,7 +1,9 @@
 """``reports/signoff.md``: the run on one screen, for a PR comment, a rollout ticket or
-``$GITHUB_STEP_SUMMARY`` -- the overall verdict, server and profile identity, the verdict table
-(every gate that did not pass, the passes folded in a ``<details>`` block), the fit table, and
-what was not checked (or not run) and why.
+``$GITHUB_STEP_SUMMARY`` -- the overall verdict, server and profile identity (the vLLM command line
+or the KServe object's args, kvgate's version and commit, the host contention the latency windows
+measured), the verdict table (every gate that did not pass with its whole message, the passes
+folded in a ``<details>`` block and cut), which way each measured/limit pair passes, the fit table,
+and what was not checked (or not run) and why, in full.
 
 Built from ``summary.json`` alone (schema ``kvgate/schema/summary.schema.json``) plus the fit
 table text the fit gate printed, so it describes exactly the run those reports describe.
@@ -10,6 +12,7 @@ table text the fit gate printed, so it describes exactly the run those reports d
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,8 +20,8 @@ from kvgate.report.allure_meta import fmt_quantity, profile_sha256
 from kvgate.report.redact import Redactor
 
 SIGNOFF = "signoff.md"
-#: A verdict table cell's message is cut to this many characters (the full text is in summary.json
-#: and the Allure report).
+#: A PASS row's message is cut to this many characters (the full text is in summary.json and the
+#: Allure report); a row that did not pass is never cut: it is what the signer must read.
 MESSAGE_CHARS = 140
 
 #: What an overall verdict means for whoever signs off.
@@ -48,9 +51,77 @@ LINKED = {
 }
 
 
-def _cell(text: Any, limit: int = MESSAGE_CHARS) -> str:
+#: What certify means on a server kvgate launched itself from the profile (embedded, docker).
+LAUNCHED_MEANING = ("The server was launched by kvgate from the profile ({mode}): this run shows the profile and "
+                    "kvgate hold on this machine, not that a deployment you serve does -- gate that one with "
+                    "`--endpoint=URL` (or `--isvc`). A profile whose own cases SKIP here (tiny-cpu has no GPU "
+                    "memory, no second pool, no baseline) can never read CERTIFIED: certify exits 7 naming them.")
+
+
+def _cell(text: Any, limit: int | None = MESSAGE_CHARS) -> str:
     s = " ".join(str(text).split()).replace("|", "\\|")
-    return s if len(s) <= limit else s[: limit - 1].rsplit(" ", 1)[0] + " …"
+    return s if limit is None or len(s) <= limit else s[: limit - 1].rsplit(" ", 1)[0] + " …"
+
+
+def _found(data: Any, key: str) -> list[Any]:
+    """Every value under ``key`` anywhere in ``data`` (nested dicts and lists), depth first."""
+    out: list[Any] = []
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            out += [v] if k == key else _found(v, key)
+    elif isinstance(data, list):
+        for v in data:
+            out += _found(v, key)
+    return out
+
+
+def server_command(summary: Mapping[str, Any]) -> str | None:
+    """The served command line: the launch's (embedded, docker) or the KServe object's container
+    ``command`` + ``args`` the deployment/spec gate read (``evidence.spec_argv``); None for an
+    ``--endpoint`` kvgate cannot see into."""
+    cmd = (summary.get("launch") or {}).get("command") or next(iter(_found(summary.get("gates") or [], "spec_argv")), None)
+    return " ".join(str(a) for a in cmd) if cmd else None
+
+
+def host_contention(summary: Mapping[str, Any]) -> str | None:
+    """The largest host-contention share any latency window measured (``evidence.host_contention``,
+    :mod:`kvgate.host.contention`) as ``"3.1% (largest of 5 windows, tiny-cpu/latency/interference)"``;
+    None when none was measured (an ``--endpoint`` whose CPUs kvgate does not own)."""
+    seen = []
+    for g in summary.get("gates") or []:
+        for hc in _found(g.get("evidence") or {}, "host_contention"):
+            if isinstance(hc, Mapping) and hc.get("measured") and isinstance(hc.get("share"), (int, float)):
+                seen.append((hc["share"], g.get("id")))
+    if not seen:
+        return None
+    share, where = max(seen, key=lambda t: t[0])
+    return f"{share:.1%} of the server's CPUs went to other processes (largest of {len(seen)} windows: `{where}`)"
+
+
+def passes_when(g: Mapping[str, Any]) -> str:
+    """Which way a gate's measured/limit pair passes (``"measured <= limit"``), read from the pair and
+    its verdict: a PASS held the relation its numbers show, a FAIL needed the opposite one. ``"-"``
+    when the pair is not two numbers of one unit, or the verdict decides neither way."""
+    m, lim = g.get("measured") or {}, g.get("limit") or {}
+    mv, lv = m.get("value"), lim.get("value")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (mv, lv)) or m.get("unit") != lim.get("unit"):
+        return "-"
+    if g.get("status") == "PASS":
+        return "measured <= limit" if mv < lv else "measured >= limit" if mv > lv else "-"
+    if g.get("status") == "FAIL":
+        return "measured <= limit" if mv > lv else "measured >= limit" if mv < lv else "-"
+    return "-"
+
+
+def full_reason(summary: Mapping[str, Any], skipped: Mapping[str, Any]) -> str:
+    """A not-checked entry's whole reason: the SKIP verdict's (or its skipped sub-check's) message
+    without ``-> SKIP``, where summary.json's ``reason`` keeps only its first clause."""
+    gate = next((g for g in summary.get("gates") or [] if g.get("id") == skipped.get("id")), {})
+    candidates = [gate] + list(gate.get("checks") or [])
+    for c in candidates:
+        if c.get("gate") == skipped.get("check") and c.get("status") == "SKIP" and c.get("message"):
+            return re.sub(r"\s*->\s*SKIP\b.*$", "", str(c["message"])).strip() or str(skipped.get("reason", ""))
+    return str(skipped.get("reason", ""))
 
 
 def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
@@ -97,6 +168,18 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
         f"| run | `{summary.get('run_id') or '-'}`" + (f", {secs:.0f} s" if isinstance(secs, (int, float)) else "")
         + (f", gate mode {summary['gate_mode']}" if summary.get("gate_mode") else "") + " |",
     ]
+    kv = summary.get("kvgate") or {}
+    if kv:
+        lines.append(f"| kvgate | {kv.get('version') or 'version unknown'}"
+                     + (f", commit `{kv['commit']}`" if kv.get("commit") else ", commit unknown (not a git checkout)") + " |")
+    command = server_command(summary)
+    if command:
+        lines.append(f"| server command | `{_cell(command, None).replace('`', chr(39))}` |")
+    contention = host_contention(summary)
+    if contention:
+        lines.append(f"| host contention | {contention} |")
+    if launch.get("mode") in ("embedded", "docker"):
+        lines += ["", LAUNCHED_MEANING.format(mode=launch["mode"])]
     if summary.get("gate_mode") not in (None, "enforce") and summary.get("outcome"):
         lines += ["", f"**Gate mode {summary['gate_mode']}: {summary['outcome']}**"
                   + (f" (exit {summary.get('exit_code')}: {summary.get('exit_meaning')})" if summary.get("exit_meaning")
@@ -111,8 +194,8 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     lines += ["", "### Verdicts", ""]
     shown = [g for g in gates if g.get("status") != "PASS"]
     passed = [g for g in gates if g.get("status") == "PASS"]
-    if shown:
-        lines += _verdict_table(shown)
+    if shown:  # what did not pass is read in full
+        lines += _verdict_table(shown, None)
     elif gates:
         lines.append(f"All {len(gates)} gates passed.")
     else:
@@ -126,7 +209,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     not_run = summary.get("not_run") or []
     if not skipped and not not_run:
         lines.append("Everything selected was checked.")
-    lines += [f"- `{s.get('id')}`: {s.get('check')} — {_cell(s.get('reason', ''), 300)}" for s in skipped]
+    lines += [f"- `{s.get('id')}`: {s.get('check')} — {_cell(full_reason(summary, s), None)}" for s in skipped]
     lines += [f"- `{g}`: not run (the run ended before it)" for g in not_run]
     if files:
         lines += ["", "### Plots and tables", ""]
@@ -136,11 +219,12 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     return redactor.text("\n".join(lines) + "\n")
 
 
-def _verdict_table(gates: list[Mapping[str, Any]]) -> list[str]:
-    rows = ["| status | gate | measured | limit | verdict |", "|---|---|---|---|---|"]
+def _verdict_table(gates: list[Mapping[str, Any]], limit: int | None = MESSAGE_CHARS) -> list[str]:
+    rows = ["| status | gate | measured | limit | passes when | verdict |", "|---|---|---|---|---|---|"]
     for g in gates:
         rows.append(f"| {g.get('status')} | `{g.get('id')}` | {_cell(fmt_quantity(g.get('measured') or {}, why=False))}"
-                    f" | {_cell(fmt_quantity(g.get('limit') or {}, why=False))} | {_cell(g.get('message', ''))} |")
+                    f" | {_cell(fmt_quantity(g.get('limit') or {}, why=False))} | {passes_when(g)}"
+                    f" | {_cell(g.get('message', ''), limit)} |")
     return rows
 
 

@@ -10,7 +10,7 @@
   INVALID: an undecided percentile certifies nothing) makes it ``NOT-CERTIFIED``
   and :func:`decide` lists which (``summary.json`` ``not_certified``).
 
-Exit codes (:data:`EXIT_CODES`; README "Exit codes"; ``summary.json`` ``exit_code``): 0 pass,
+Exit codes (:data:`EXIT_CODES`; README "Verdicts and exit codes"; ``summary.json`` ``exit_code``): 0 pass,
 1 a gate failed, 2 interrupted / incomplete, 4 usage error (bad option, profile, unreachable
 endpoint), 5 no gate selected, 6 INVALID only (no gate failed, a measurement cannot be trusted),
 7 not certified (certify mode: something was skipped), 9 INCONCLUSIVE only (no gate failed or
@@ -59,7 +59,7 @@ OUTCOME_MEANING = {
                  "arithmetic was gated",
     "RUNNING": "running",
 }
-#: exit code -> its meaning (README "Exit codes").
+#: exit code -> its meaning (README "Verdicts and exit codes").
 EXIT_MEANING = {
     0: "pass, certified or recorded", 1: "a gate failed", 2: "interrupted or incomplete",
     4: "usage error (nothing was gated)", 5: "no gate selected",
@@ -158,6 +158,42 @@ RECORDABLE: tuple[tuple[str, str, str], ...] = (
 #: Fields that must be >= 0 (a negative slope is written as 0, said in a comment).
 _NON_NEGATIVE = ("soak.", "limits.preemptions_allowed", "slo.error_rate_max")
 _INTEGER = ("limits.preemptions_allowed", "slo.peak_concurrency")
+#: Headroom a proposed limit gets over what was measured (x 1.25, then rounded up to two significant
+#: digits): a limit at the measured value fails the same server on the next run's noise. The latency
+#: fields already record the percentile's upper confidence bound; the headroom is for run-to-run
+#: drift the bound does not cover (another host, another hour). A starting point for the review,
+#: not a measured constant.
+#: ``slo.peak_concurrency`` gets none: floor(knee / capacity.margin) carries its margin already.
+HEADROOM = 1.25
+_NO_HEADROOM = ("slo.peak_concurrency",)
+#: Fields a run measures but must not set: what was measured is a sample, the limit is a choice
+#: the measurement cannot make. Written as comments beside the proposal, never as values
+#: (record mode once set ``limits.stream_idle_timeout_s: 0.0082`` -- the longest gap seen, 8 ms,
+#: which would cut every normal stream -- and ``soak.memory_slope_max_mb_per_h: 0.316``).
+MEASURED_ONLY = {
+    "limits.stream_idle_timeout_s": "your gateway's idle timeout (nginx proxy_read_timeout, Envoy stream_idle_timeout, "
+                                    "KServe's route timeout), read from its config; the gate checks streams stay "
+                                    "below it",
+    "soak.memory_slope_max_mb_per_h": "a leak ceiling is a choice: the growth your pods' memory limit tolerates over "
+                                      "their lifetime; a soak's slope near 0 is noise, not a ceiling",
+    "soak.ttft_p95_slope_max_ms_per_h": "a drift ceiling is a choice: the TTFT growth per hour you accept; a soak's "
+                                        "slope near 0 is noise, not a ceiling",
+}
+
+
+def propose(path: str, value: float) -> float | int:
+    """The limit record mode proposes for ``path`` from the ``value`` measured: ``value`` x
+    :data:`HEADROOM` rounded up to two significant digits (``812.3 ms`` -> ``1,100``; ``0.0123``
+    -> ``0.016``), an integer field rounded up to a whole number; ``value`` itself for
+    :data:`_NO_HEADROOM` fields; 0 stays 0 (a server that erred on nothing is held to nothing)."""
+    import math
+
+    v = value if path in _NO_HEADROOM else value * HEADROOM
+    if v > 0 and path not in _NO_HEADROOM:
+        step = 10 ** (math.floor(math.log10(v)) - 1)
+        v = math.ceil(round(v / step, 9)) * step
+        v = round(v, max(0, -math.floor(math.log10(step))))
+    return int(math.ceil(v)) if path in _INTEGER else v
 
 
 def _field_for(check: str) -> tuple[str, str] | None:
@@ -212,31 +248,38 @@ def recorded_values(verdicts: Iterable[tuple[str, Any]]) -> tuple[dict[str, tupl
 def overlay(profile_ref: str, verdicts: Iterable[tuple[str, Any]], *, run_id: str, endpoint: str | None,
             server_version: str | None, now: _dt.datetime | None = None) -> str:
     """The record-mode profile overlay as YAML text: ``extends: profile_ref`` plus every
-    recordable field (:data:`RECORDABLE`) set to the value measured in this run, each with a
-    comment naming the checks it came from, and a comment block of measured values no profile
-    field holds. Loading it with :func:`kvgate.profile.models.load_profile` gives the run's profile with
-    its limits set to what this server did; a person reviews (adds headroom) before committing."""
+    recordable field (:data:`RECORDABLE`) set to a limit *proposed* from what this run measured
+    (:func:`propose`: :data:`HEADROOM` over it), each with a comment naming the measured value and
+    the checks it came from; fields a measurement cannot set (:data:`MEASURED_ONLY`: a gateway's
+    idle timeout, soak ceilings) and measured values no profile field holds as comments. Loading
+    it with :func:`kvgate.profile.models.load_profile` gives the run's profile with those limits; a
+    person reviews before committing."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
     fields, unmapped = recorded_values(verdicts)
     tree: dict[str, dict[str, Any]] = {}
     notes: dict[str, str] = {}
+    measured_only: list[str] = []
     for path, (value, sources) in sorted(fields.items()):
         section, key = path.split(".", 1)
-        shown: float | int = round(value, 4) if value < 1 else round(value, 1)
+        if path in MEASURED_ONLY:
+            measured_only.append(f"#   {path}: measured {value:.4g} ({', '.join(sources)}) -- not proposed: "
+                                 f"{MEASURED_ONLY[path]}")
+            continue
+        note = ""
         if path.startswith(_NON_NEGATIVE) and value < 0:
-            notes[path] = f"measured {value:g}, negative: written as 0; "
-            shown = 0
-        if path in _INTEGER:
-            shown = int(round(shown))
+            note, value = f"measured {value:g}, negative: written as 0; ", 0.0
+        shown = propose(path, value)
         if not path.startswith(_NON_NEGATIVE) and shown <= 0:
             continue  # a limit must be > 0; nothing to record
         tree.setdefault(section, {})[key] = shown
-        notes[path] = notes.get(path, "") + "from " + ", ".join(sources)
+        how = "" if path in _NO_HEADROOM or not value else f" + {HEADROOM - 1:.0%} headroom"
+        notes[path] = note or f"measured {value:.4g}{how}; "
+        notes[path] += "from " + ", ".join(sources)
     lines = [
-        f"# kvgate record mode: values measured in run {run_id} ({now:%Y-%m-%d %H:%M} UTC)",
+        f"# kvgate record mode: limits proposed from run {run_id} ({now:%Y-%m-%d %H:%M} UTC)",
         f"# on {endpoint or 'no endpoint'} (server {server_version or 'version unknown'}).",
-        "# These are what this server did, not what it should do: review, add headroom, then commit",
-        "# (e.g. as profiles/NAME-calibrated.yaml) or copy the values into the profile.",
+        f"# Each limit is what this server did plus {HEADROOM - 1:.0%} headroom (its comment says what was measured):",
+        "# review, then commit (e.g. as profiles/NAME-calibrated.yaml) or copy the values into the profile.",
         f"extends: {profile_ref}",
     ]
     for section, values in tree.items():
@@ -246,6 +289,9 @@ def overlay(profile_ref: str, verdicts: Iterable[tuple[str, Any]], *, run_id: st
             lines.append(f"  {dumped}  # {notes[f'{section}.{key}']}")
     if not tree:
         lines.append("# no recordable value was measured (no latency, streaming, load or soak gate ran)")
+    if measured_only:
+        lines.append("# measured, but a limit the measurement cannot set (set it yourself):")
+        lines += measured_only
     if unmapped:
         lines.append("# measured, with no profile field to hold it:")
         lines += [f"#   {u}" for u in unmapped]

@@ -99,6 +99,10 @@ GATE_MARKERS = tuple(sorted(set().union(*GATE_MARKER_SETS)))
 OPT_IN = ("capacity", "compare")
 #: ``--isvc``: the KServe object's serving version for the compare gate: ``(Endpoint, how)`` or ``(None, why not)``.
 ISVC_BASELINE = pytest.StashKey[tuple]()
+#: The reports dir's run lock descriptor this run holds (kvgate.report.outputs.hold).
+REPORTS_LOCK = pytest.StashKey[int]()
+#: Set when another run held the reports dir: no ERROR reports are written over its.
+REPORTS_BUSY = pytest.StashKey[bool]()
 
 
 def names_marker(expr: str, marker: str) -> bool:
@@ -171,7 +175,8 @@ class Run:
         api_key_env = config.getoption("kvgate_api_key_env")
         _ca_bundle(config)
         redactor = Redactor()
-        wants = markexpr_selects_live(config.getoption("markexpr") or "")  # = Run.needs_server() before collection
+        wants = markexpr_selects_live(config.getoption("markexpr") or "",  # = Run.needs_server() before collection
+                                      idle=() if compare_has_baseline(config) else ("compare",))
         endpoint, choice, kserve_notes = _endpoint_and_launcher(config, profile, redactor, launch, api_key_env, wants)
         if endpoint is None and api_key_env and not os.environ.get(api_key_env):  # the embedded server's key
             raise usage(f"API key variable {api_key_env} is not set (named by --api-key-env; the embedded server "
@@ -197,6 +202,7 @@ class Run:
         config.stash[RUN] = run
         if config.option.collectonly:
             return run  # not a run: no reports are touched, no endpoint contacted
+        _hold_reports(config, reports)  # one run at a time writes there (a refusal above wrote nothing)
         run._replace_reports()
         _install_sigterm(config)
         if run.endpoint is not None and wants:
@@ -263,8 +269,18 @@ class Run:
         not deployment"`` need none; ``-k`` is decided after collection). With ``items`` (the
         selection): whether any selected test uses the ``kvgate_endpoint`` fixture."""
         if items is not None:
-            return any("kvgate_endpoint" in getattr(it, "fixturenames", ()) for it in items)
-        return markexpr_selects_live(self.config.getoption("markexpr") or "")
+            return any(self.live(it) for it in items)
+        return markexpr_selects_live(self.config.getoption("markexpr") or "",
+                                     idle=() if compare_has_baseline(self.config) else ("compare",))
+
+    def live(self, item: pytest.Item) -> bool:
+        """Whether ``item`` talks to the server: it uses the ``kvgate_endpoint`` fixture, or it is a
+        compare case with a baseline (those ask for the client only then: ``-m compare`` without a
+        baseline SKIPs and starts no server)."""
+        if "kvgate_endpoint" in getattr(item, "fixturenames", ()):
+            return True
+        marker = item.get_closest_marker("gate")
+        return marker is not None and marker.args[0] == "compare" and compare_has_baseline(self.config)
 
     @property
     def launch_mode(self) -> str:
@@ -330,7 +346,7 @@ class Run:
         and an INCOMPLETE would make the run read as interrupted (exit 2) instead of failed."""
         hang = self.watch.hung if self.watch is not None else None
         marker = item.get_closest_marker("gate")
-        if hang is None or marker is None or "kvgate_endpoint" not in getattr(item, "fixturenames", ()):
+        if hang is None or marker is None or not self.live(item):
             return
         not_applicable = marker.kwargs.get("not_applicable")  # the gate's own SKIP stays a SKIP, hung or not
         callspec = getattr(item, "callspec", None)
@@ -728,11 +744,21 @@ def _compile(expr: str) -> Any:
     return _parse_expression(expr, "Wrong expression passed to '-m'")
 
 
-def markexpr_selects_live(expr: str) -> bool:
+def compare_has_baseline(config: pytest.Config) -> bool:
+    """Whether the compare gate has anything to compare with or record in this run: ``--baseline``,
+    ``--baseline-reports``, ``--isvc`` (the serving version found beside the new one) or
+    ``--gate-mode record`` (it records the golden answers). Without one its cases SKIP and send
+    nothing, so ``-m compare`` alone needs no server."""
+    opt = config.getoption
+    return bool(opt("kvgate_baseline") or opt("kvgate_baseline_reports") or opt("kvgate_isvc")
+                or config.option.kvgate_gate_mode == "record")
+
+
+def markexpr_selects_live(expr: str, idle: tuple[str, ...] = ()) -> bool:
     """Whether the ``-m`` expression ``expr`` selects any gate that needs a server (every gate but
-    the fit arithmetic), judged on each gate item's markers (:data:`GATE_MARKER_SETS`). An empty
-    expression selects all of them but the opt-in ones (:data:`OPT_IN`), which count only when named.
-    A live item also carries the ``gate`` marker."""
+    the fit arithmetic and the gates named in ``idle``, which need none in this run), judged on each
+    gate item's markers (:data:`GATE_MARKER_SETS`). An empty expression selects all of them but the
+    opt-in ones (:data:`OPT_IN`), which count only when named. A live item also carries the ``gate`` marker."""
     if not expr.strip():
         return True
     try:
@@ -740,8 +766,9 @@ def markexpr_selects_live(expr: str) -> bool:
     except pytest.UsageError:
         return True  # refused by check_markexpr; never decide "no server" on a broken expression
     for markers in GATE_MARKER_SETS:
-        if markers == SERVERLESS or any(m in markers and not names_marker(expr, m) for m in OPT_IN):
-            continue  # the fit arithmetic; an opt-in gate the expression does not name (deselected)
+        if markers == SERVERLESS or markers & set(idle) or any(m in markers and not names_marker(expr, m)
+                                                               for m in OPT_IN):
+            continue  # the fit arithmetic; a gate idle here; an opt-in gate the expression does not name
         names = markers | {"gate"}
         if compiled.evaluate(lambda name, **kw: name in names):
             return True
@@ -806,6 +833,24 @@ def allure_path(config: pytest.Config, reports: Path) -> tuple[Path | None, bool
     return reports / outputs.ALLURE, True
 
 
+def _hold_reports(config: pytest.Config, reports: Path) -> None:
+    """Hold ``reports``'s run lock for this run (:func:`kvgate.report.outputs.hold`; released when
+    pytest unconfigures). Raises the one-line usage error (and marks the run :data:`REPORTS_BUSY`,
+    so no ERROR reports are written over the other run's) when another run holds it; an
+    unopenable lock file (a read-only dir) is left to the writes that follow, which say so."""
+    if config.stash.get(REPORTS_LOCK, None) is not None:
+        return
+    try:
+        fd = outputs.hold(reports, config.stash.get(RUN_ID, None) or "-")
+    except outputs.ReportsBusy as exc:
+        config.stash[REPORTS_BUSY] = True
+        raise usage(str(exc)) from None
+    except OSError:
+        return
+    config.stash[REPORTS_LOCK] = fd
+    config.add_cleanup(lambda: os.close(config.stash[REPORTS_LOCK]))
+
+
 def write_error_reports(config: pytest.Config, message: str) -> None:
     """A run that cannot start (usage error, preflight refusal) still replaces the reports as a
     set: the previous run's outputs are removed, then an ``ERROR`` summary.json, a junit.xml with
@@ -817,6 +862,13 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
     reports = reports_dir(config)
     if _recording_is_reports(config):
         return  # the reports dir holds the recording this run was to compare with: it is left as it is
+    if config.stash.get(REPORTS_BUSY, False):
+        return  # another run is writing there: its reports are not this run's to replace
+    if reports.is_dir():
+        try:
+            _hold_reports(config, reports)
+        except pytest.UsageError:
+            return
     run_id = config.stash.get(RUN_ID, None) or outputs.new_run_id()
     config.stash[RUN_ID] = run_id
     run = config.stash.get(RUN, None)

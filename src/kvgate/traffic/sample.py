@@ -397,9 +397,8 @@ def _jsonl(label: str, text: str) -> tuple[list[TraceRequest], list[str]]:
         where = f"{label}:{n}"
         p = _int(obj, where, "prompt_tokens", "input_tokens", "usage.prompt_tokens")
         o = _int(obj, where, "output_tokens", "completion_tokens", "usage.completion_tokens")
-        arrival = obj.get("arrival_s")
-        if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, (int, float))):
-            raise TrafficError(f"{where}: field 'arrival_s' must be a number of seconds, got {arrival!r}")
+        # a bare NaN/Infinity (Python's json reads them) is no arrival time: an error, not "not recorded"
+        arrival = _arrival({"arrival_s": obj.get("arrival_s")}, where)
         turn = _int(obj, where, "turn", required=False)
         pt = _int(obj, where, "prefix_tokens", required=False) or 0
         if pt > p:
@@ -647,7 +646,22 @@ def load_sample(path: str | Path, format: str = "auto", shown: str | None = None
         requests, notes, represents = _metrics(label, text)
     if not requests:
         raise TrafficError(f"traffic sample {label}: no requests in it ({format})")
+    notes = list(notes) + _order_note(requests)
     return TrafficSample(tuple(requests), label, hashlib.sha256(data).hexdigest(), format, tuple(notes), represents)
+
+
+def _order_note(requests: list[TraceRequest]) -> list[str]:
+    """A note when the arrival times are not in file order (replay and the rate windows use them
+    in time order): ``["arrivals out of file order: 3 requests arrive before the request above
+    them (first: line 7); replayed in time order"]``, else ``[]``."""
+    late = [(a, b) for a, b in zip(requests, requests[1:])
+            if a.arrival_s is not None and b.arrival_s is not None and b.arrival_s < a.arrival_s]
+    if not late:
+        return []
+    first = late[0][1]
+    where = f" (first: line {first.line})" if first.line else ""
+    return [f"arrivals out of file order: {_n(len(late), 'request')} arriving before the request above{where}; "
+            "replayed in time order"]
 
 
 def sample_path(profile: Any, traffic: Any) -> Path:
