@@ -9,6 +9,7 @@ Slow (several vLLM startups, ~25-40 s each on 2 cores); marked e2e. Runs in CI v
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,13 +22,14 @@ from ..conftest import REPO, validate_summary
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def main_job(tmp, *args, prefix=()):
+def main_job(tmp, *args, prefix=(), env=None):
     """Run `pytest --profile ...` as a user would, in a subprocess; return (proc, summary).
-    ``prefix``: a command to run it under (``("taskset", "-c", "1")``)."""
+    ``prefix``: a command to run it under (``("taskset", "-c", "1")``); ``env``: variables added to
+    the environment."""
     reports = tmp / "reports"
     proc = subprocess.run(
         [*prefix, sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--kvgate-reports={reports}", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
     )
     summary_path = reports / "summary.json"
     assert summary_path.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -41,7 +41,9 @@ def real_runs(tmp_path_factory):
     def run(item):
         (name, args), cpu = item
         prefix = ("taskset", "-c", str(cpu)) if pin else ()
-        return name, main_job(tmp_path_factory.mktemp(f"real-{name}"), *args, prefix=prefix)
+        # VLLM_API_KEY exported for another vLLM: the embedded default serves with its own key, not that one
+        return name, main_job(tmp_path_factory.mktemp(f"real-{name}"), *args, prefix=prefix,
+                              env={"VLLM_API_KEY": "sk-exported-for-another-vllm"})
 
     with ThreadPoolExecutor(2 if pin else 1) as pool:
         return dict(pool.map(run, zip(jobs.items(), cpus if pin else [None, None])))
