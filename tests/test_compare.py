@@ -296,7 +296,7 @@ def test_without_a_baseline_compare_starts_no_server(pytester):
         "--profile", "tiny-cpu", "--startup-budget=1", "-m", "compare", str(SUITE))  # a launch would fail in 1 s
     summary = read_summary(out)
     assert result.ret == 0 and summary["outcome"] == "SKIP" and summary["launch"] == {}, summary["launch"]
-    assert [g["status"] for g in summary["gates"]] == ["SKIP"] * 3
+    assert [g["status"] for g in summary["gates"]] == ["SKIP"] * 4  # outputs, latency, features, contract
     assert "no server started" in result.stdout.str() and not summary["endpoint_contacted"]
 
 

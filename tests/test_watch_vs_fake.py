@@ -47,7 +47,8 @@ def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
     # a gate that does not apply to this run keeps its own SKIP (no pools section, no answers section,
     # no rollout against --endpoint); every other later live gate FAILs with the one reason
     skipped = {g["id"].split("/")[1] for g in later if g["status"] == "SKIP"}
-    assert skipped == {"pools", "answers", "security", "drain"}, skipped  # the hang comes after the features gate
+    # the hang comes in the api or the disconnect gate (generation 65): features' not-applicable SKIPs may follow it
+    assert {"pools", "answers", "security", "drain"} <= skipped <= {"features", "pools", "answers", "security", "drain"}, skipped
     assert all(g["status"] == "FAIL" and g["message"] == f"not sent: {engine['reason']} -> FAIL"
                for g in later if g["status"] != "SKIP") and len(later) > len(skipped), [g["message"] for g in later]
     # ONE reason in the console: the ENGINE HUNG line, naming the gate, once
