@@ -48,6 +48,15 @@ def test_an_unset_api_key_env_for_the_embedded_server_is_one_usage_error(pyteste
     assert len(lines) == 1 and "API key variable KVGATE_NO_SUCH_KEY is not set (named by --api-key-env" in lines[0], lines
 
 
+def test_the_key_itself_given_to_api_key_env_is_refused_and_never_repeated(pytester):
+    result = run(pytester, "--profile", "tiny-cpu", "--api-key-env=sk-newcomer-SECRET-123", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "--api-key-env takes the name of an environment variable holding the key" in out
+    written = [f.read_text(errors="replace") for f in (pytester.path / "reports").rglob("*") if f.is_file()]
+    assert written and "SECRET-123" not in out + "".join(written)
+
+
 def test_unreachable_endpoint_says_so_in_one_line(pytester):
     result = run(pytester, "--profile", "tiny-cpu", "--endpoint", "http://127.0.0.1:9", str(REPO / "suites"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -21,6 +21,7 @@ from kvgate.launch.pools import NGINX_INSTALL, PoolsLauncher
 from kvgate.profile.models import load_profile
 
 from .test_embedded import main_job, vllm_processes
+from .conftest import full_only
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
@@ -67,6 +68,8 @@ def test_pools_run_left_no_process_behind(pools_run):
         assert vllm_processes(port) == [], f"vLLM processes outlived the run: {pool['url']}"
 
 
+@full_only("SIGTERM tearing down a launched server mid-run is proven live in"
+           " tests/e2e/test_embedded.py, the pools launcher teardown in the pools tests")
 def test_sigterm_mid_run_stops_both_pools_and_nginx(tmp_path):
     """SIGTERM once the routing gate is sending (nginx's access log has lines): the run ends
     INCOMPLETE and no vLLM or nginx process outlives it."""

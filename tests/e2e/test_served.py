@@ -42,6 +42,7 @@ from kvgate.profile.models import load_profile
 
 from ..conftest import REPO
 from .test_embedded import main_job
+from .conftest import full_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -255,6 +256,8 @@ def compare_gates(summary: dict) -> dict:
     return {g["id"].split("/compare/")[1]: g for g in summary["gates"] if "/compare/" in g["id"]}
 
 
+@full_only("the compare gate PASSing two identical servers is proven against the fakes"
+           " (tests/test_compare.py); its FAIL runs live")
 def test_compare_two_embedded_vllms_of_the_same_model_pass(running_server, recorded_baseline, tmp_path):
     """``pytest --profile tiny-cpu -m compare --baseline=URL``: kvgate launches its own embedded vLLM
     (the new revision) and compares it with the served one (the same tiny model): every golden

@@ -129,6 +129,7 @@ def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, de
         return Verdict(gid, Status.INVALID, f"the canary before the first hostile request got {_what(first_canary)} "
                        "-> INVALID (the engine was not generating; nothing was judged)")
     bad: list[str] = []
+    canary_down: list[str] = []
     refused: list[tuple[str, float]] = []
     bounded: list[str] = []
     rows = []
@@ -156,7 +157,9 @@ def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, de
             outcome = "unguarded"
             bad.append(f"{p.what}: {_what(r)} in {r.elapsed_s * 1e3:.0f} ms")
         if not s.canary_ok:
-            bad.append(f"after {p.what} the canary got {_what(s.canary) if s.canary else 'nothing'}: the engine is down")
+            canary_down.append(p.name)
+            bad.append(f"after {p.what} the 2-token canary got {_what(s.canary) if s.canary else 'nothing'}: the engine "
+                       "is down")
         rows.append({"probe": p.name, "what": p.what, "status": r.status, "elapsed_s": round(r.elapsed_s, 4),
                      "outcome": outcome, "answer": clip(r.text, 160), "canary": s.canary.status if s.canary else None})
     unsent = [s.probe.name for s in run.sent if s.reply is None]
@@ -173,9 +176,10 @@ def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, de
     sent = len(run.sent) - len(unsent)
     if bad:
         tail = f"; {len(unsent)} not sent after it ({_more(unsent, 3)})" if unsent else ""
-        return Verdict(gid, FAIL, f"{len(bad)} of {len(run.sent)} hostile requests not answered with a 4xx or a bounded "
-                       f"200 in time: {'; '.join(bad[:5])}{tail} -> FAIL", measured=len(bad), limit=0, unit="requests",
-                       evidence=evidence)
+        failed = sum(1 for r in rows if r.get("outcome") in ("unanswered", "unguarded"))
+        return Verdict(gid, FAIL, f"{failed} of {len(run.sent)} hostile requests not answered with a 4xx or a bounded "
+                       f"200 in time{f', the engine down after one' if canary_down else ''}: {'; '.join(bad[:5])}{tail} -> FAIL",
+                       measured=len(bad), limit=0, unit="findings", evidence=evidence)
     fast = max((t for _, t in refused), default=0.0)
     allowed_n = sum(1 for r in rows if r.get("outcome") == "allowed")
     return Verdict(gid, PASS, f"{sent} hostile requests: {len(refused)} refused 4xx (slowest {fast * 1e3:.0f} ms), "
@@ -217,8 +221,9 @@ def secrets_verdict(echoes: list[Echo], knocks: list[Knock], key: str | None) ->
     if not answered:
         return Verdict(gid, Status.INVALID, "no answer came back to scan -> INVALID (nothing was judged)", evidence=evidence)
     asked = sum(1 for e in echoes if e.reply.status != 0)
-    return Verdict(gid, PASS, f"{len(answered)} answers scanned ({asked} error answers asked with the key and a "
-                   f"wrong one, {len(answered) - asked} auth-surface answers): none "
+    how = "with the key and a wrong one" if key else "without a key and with a wrong one"
+    return Verdict(gid, PASS, f"{len(answered)} answers scanned ({asked} error answers asked {how}, "
+                   f"{len(answered) - asked} auth-surface answers): none "
                    f"echoes {'the API key, ' if key else ''}the wrong key or an Authorization value -> PASS",
                    measured=0, limit=0, unit="answers", evidence=evidence)
 

@@ -205,6 +205,10 @@ def embedded_key(profile: Profile, api_key_env: str | None = None, environ: Mapp
     written: the caller registers it with the run's redactor. Raises :class:`LaunchError` when
     ``api_key_env`` names an unset or empty variable."""
     environ = os.environ if environ is None else environ
+    from kvgate.launch.target import api_key_env_problem
+
+    if (problem := api_key_env_problem(api_key_env)) is not None:
+        raise LaunchError(problem)
     if api_key_env:
         value = environ.get(api_key_env)
         if not value:

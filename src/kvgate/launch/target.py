@@ -8,6 +8,8 @@ applies). The API key comes from an environment variable — ``--api-key-env`` o
 
 from __future__ import annotations
 
+import re
+
 import os
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,6 +22,19 @@ KNOWN_PREFIXES = ("/openai/v1", "/v1")
 
 class TargetError(Exception):
     """The endpoint URL or its API-key variable is unusable. One-line message."""
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def api_key_env_problem(name: str | None) -> str | None:
+    """Why ``--api-key-env NAME`` cannot be right, or None: it takes a variable's *name*; a value that
+    is not one (``sk-...``, ``$LLM_KEY`` expanded by the shell) is likely the key itself, so it is
+    never repeated."""
+    if name is None or _ENV_NAME.fullmatch(name):
+        return None
+    return ("--api-key-env takes the name of an environment variable holding the key (e.g. LLM_KEY), not the key: "
+            "the value given is not a variable name (not shown)")
 
 
 def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None,

@@ -37,7 +37,7 @@ from kvgate.http.client import Endpoint
 from kvgate.http.preflight import PreflightError, preflight
 from kvgate.http.watch import EngineWatch
 from kvgate.launch.base import ENDPOINT_ENV, MODES as LAUNCH_MODES, Choice, choose
-from kvgate.launch.target import TargetError, endpoint_from_url
+from kvgate.launch.target import TargetError, api_key_env_problem, endpoint_from_url
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, available_profiles, load_profile
 from kvgate.report import allure_meta, outputs
 from kvgate.report.record import RunRecord, attach_png, attach_text, attach_verdict
@@ -173,6 +173,8 @@ class Run:
         except OSError as exc:
             raise usage(f"--kvgate-reports {reports}: cannot create it ({exc.strerror})") from None
         api_key_env = config.getoption("kvgate_api_key_env")
+        if (problem := api_key_env_problem(api_key_env)) is not None:
+            raise usage(problem)
         _ca_bundle(config)
         redactor = Redactor()
         wants = markexpr_selects_live(config.getoption("markexpr") or "",  # = Run.needs_server() before collection
