@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,12 +62,21 @@ launch:
     return path
 
 
-def kvgate(tmp_path: Path, profile: Path, *suites: str) -> subprocess.Popen:
+GATE_OUTCOME = re.compile(r"^suites/test_\w+\.py::\S+ (PASSED|FAILED|SKIPPED|ERROR)", re.M)
+
+
+def kvgate(tmp_path: Path, profile: Path, *args: str, out: Path | None = None) -> subprocess.Popen:
+    """``pytest --profile PROFILE suites/test_ARG.py ...`` (an ``ARG`` starting with ``-`` is passed as
+    an option); output piped, or unbuffered into ``out``."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profile={profile}",
-           f"--kvgate-reports={tmp_path / 'reports'}", *[str(REPO / "suites" / f"test_{s}.py") for s in suites]]
-    env = {**os.environ, "HF_TOKEN": "hf_NeverPrintedSecret42"}
+           f"--kvgate-reports={tmp_path / 'reports'}",
+           *[a if a.startswith("-") else str(REPO / "suites" / f"test_{a}.py") for a in args]]
+    env = {**os.environ, "HF_TOKEN": "hf_NeverPrintedSecret42", "PYTHONUNBUFFERED": "1"}
     env.pop("KVGATE_ENDPOINT", None)
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if out is None:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(out, "w") as sink:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
 
 
 def test_launcher_starts_gates_and_removes_the_container(image, tmp_path):
@@ -92,15 +102,20 @@ def test_launcher_starts_gates_and_removes_the_container(image, tmp_path):
 def test_sigterm_mid_run_removes_the_container(image, tmp_path):
     # the server stalls 30 s mid-generation: the signal lands in a gate
     stalling = docker_profile(tmp_path, image, extra_args='["--fake-fault", "stall_mid_stream", "--fake-set", "stall_s=30"]')
-    proc = kvgate(tmp_path, stalling, "streaming", "max_tokens")
-    deadline = time.monotonic() + 60
-    while not containers(image) and time.monotonic() < deadline:
+    console = tmp_path / "console.txt"
+    proc = kvgate(tmp_path, stalling, "streaming", "max_tokens", "-v", out=console)
+    deadline = time.monotonic() + 90
+    # the launch ends in the first test's setup: once a test has its outcome, the run is in the gates
+    # (a fixed sleep after the container appeared raced the launch on a loaded CI runner: "launch")
+    while not GATE_OUTCOME.search(console.read_text(errors="replace")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no gate had an outcome within 90 s:\n" + console.read_text()[-3000:]
         time.sleep(0.2)
     assert containers(image), "the container never appeared"
-    time.sleep(3.0)  # ready within ~1 s here, then the stalled stream
+    time.sleep(1.0)  # the next gate's call: the stalled stream
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    out = console.read_text(errors="replace")
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
     summary = read_summary(tmp_path / "reports")
     assert summary["overall"] == "INCOMPLETE" and summary["interrupted_in"] and summary["exit_code"] == 2
