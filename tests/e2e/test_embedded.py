@@ -126,7 +126,14 @@ def _server_up(reports: Path) -> bool:
         return False
 
 
-@pytest.mark.parametrize("when", ["during-startup", "mid-run"])
+MID_RUN_FULL_ONLY = pytest.mark.skipif(
+    os.environ.get("KVGATE_E2E_FULL") != "1",
+    reason="SIGTERM mid-gate is proven in tests/test_lifecycle.py (test_signal_mid_gate) and live on a launched"
+           " container in tests/e2e/test_docker_launch.py, the embedded vLLM's group torn down by SIGINT in"
+           " tests/e2e/test_interrupts.py; runs with KVGATE_E2E_FULL=1 (CI's 30-minute budget)")
+
+
+@pytest.mark.parametrize("when", ["during-startup", pytest.param("mid-run", marks=MID_RUN_FULL_ONLY)])
 def test_sigterm_tears_down_server_and_writes_incomplete_summary(tmp_path, when):
     import signal
     import time

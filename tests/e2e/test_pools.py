@@ -117,6 +117,8 @@ def pools_up(tmp_path_factory, pools_run):  # after the launched runs: one set o
         launcher.stop()
 
 
+@full_only("each pool's deployment and max-context gates through --endpoint are the tiny-cpu gates proven"
+           " live in tests/e2e/test_served.py; the launched pools run above proves both pools and the router")
 @pytest.mark.parametrize("pool", ["short", "long"])
 def test_each_pool_passes_its_own_profile_with_endpoint(pools_up, pool, tmp_path):
     url = pools_up.pool_urls[pool] + "/v1"
