@@ -126,6 +126,13 @@ def _streamed(gate: str, what: str, ex: Exchange, route: str) -> Verdict | tuple
     return (*sse_events(reply), ex.evidence())
 
 
+def _obj(body: dict, key: str) -> dict:
+    """``body[key]`` when it is a JSON object, else ``{}`` (absent, null or another type: what a
+    reply's ``usage`` or ``incomplete_details`` holds when a server gets it wrong)."""
+    value = body.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _parsed(gate: str, what: str, ex: Exchange, route: str, model: type[pydantic.BaseModel]
             ) -> Verdict | tuple[dict[str, Any], list[str], dict[str, Any]]:
     """``(body, problems, evidence)`` of a 200 JSON answer, ``problems`` naming where it fails the
@@ -177,10 +184,9 @@ def responses_reply_verdict(ex: Exchange, max_output_tokens: int, gaps: dict[str
         return read
     body, problems, ev = read
     text = response_text(body)
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = _obj(body, "usage")
     out_tokens, status = usage.get("output_tokens"), body.get("status")
-    reason = (body.get("incomplete_details") or {}).get("reason") if isinstance(body.get("incomplete_details"), dict) \
-        else None
+    reason = _obj(body, "incomplete_details").get("reason")
     if not text:
         problems.append(f"output carries no text (output {clip(repr(body.get('output')), 80)})")
     ev.update(output_tokens=out_tokens, status=status, text=text[:200])
@@ -320,7 +326,7 @@ def responses_store_verdict(first: Exchange, got: Exchange | None, follow: Excha
         problems.append(f"GET /v1/responses/{rid} answered id {gbody.get('id')!r}, status {gbody.get('status')!r}, "
                         f"text {clip(repr(response_text(gbody)), 40)}; stored: {rid!r}, {body.get('status')!r}, "
                         f"{clip(repr(response_text(body)), 40)}")
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = _obj(body, "usage")
     turn = sum(usage.get(k) for k in ("input_tokens", "output_tokens") if isinstance(usage.get(k), int))
     fbody = json_body(follow.reply) if follow.reply.status == 200 else None
     seen = ((fbody or {}).get("usage") or {}).get("input_tokens") if fbody else None
@@ -360,7 +366,7 @@ def messages_reply_verdict(ex: Exchange, stop: Exchange | None, stop_sequence: s
     if isinstance(read, Verdict):
         return read
     body, problems, ev = read
-    text, usage = message_text(body), body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    text, usage = message_text(body), _obj(body, "usage")
     if not text:
         problems.append("no text block")
     out_tokens = usage.get("output_tokens")
@@ -480,7 +486,7 @@ def count_tokens_verdict(count: Exchange, reply: Exchange) -> Verdict:
     if rbody is None:
         return Verdict(gate, SKIP, f"the reply to compare with answered {reply.reply.status}: count_tokens not checked",
                        evidence=ev)
-    usage = rbody.get("usage") if isinstance(rbody.get("usage"), dict) else {}
+    usage = _obj(rbody, "usage")
     parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")]
     total = sum(p for p in parts if isinstance(p, int)) if isinstance(parts[0], int) else None
     counted = body.get("input_tokens")
@@ -643,7 +649,7 @@ def n_choices_verdict(api: str, ex: Exchange, n: int, max_tokens: int) -> Verdic
     choices = [c for c in body.get("choices") or [] if isinstance(c, dict)]
     indexes = sorted((c.get("index") for c in choices), key=str)
     finishes = [c.get("finish_reason") for c in choices]
-    ct = (body.get("usage") or {}).get("completion_tokens") if isinstance(body.get("usage"), dict) else None
+    ct = _obj(body, "usage").get("completion_tokens")
     problems = []
     if indexes != list(range(n)):
         problems.append(f"{len(choices)} choices indexed {indexes}, want {list(range(n))}")
@@ -758,7 +764,7 @@ def max_completion_tokens_verdict(ex: Exchange, k: int) -> Verdict:
         return Verdict(gate, FAIL, f"{what} answered {r.status} ({server_error(r, 100)}) -> FAIL", measured=r.status,
                        limit=200, unit="HTTP status", evidence=ev)
     body = json_body(r)
-    ct = (body.get("usage") or {}).get("completion_tokens") if isinstance(body.get("usage"), dict) else None
+    ct = _obj(body, "usage").get("completion_tokens")
     fr = _choice0(body).get("finish_reason")
     if ct != k or fr != "length":
         return Verdict(gate, FAIL, f"{what}: {ct!r} completion tokens, finish {fr!r}; want {k}, 'length' -> FAIL",
