@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from ..conftest import REPO, validate_summary
+from .tiers import full_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -126,11 +127,10 @@ def _server_up(reports: Path) -> bool:
         return False
 
 
-MID_RUN_FULL_ONLY = pytest.mark.skipif(
-    os.environ.get("KVGATE_E2E_FULL") != "1",
-    reason="SIGTERM mid-gate is proven in tests/test_lifecycle.py (test_signal_mid_gate) and live on a launched"
-           " container in tests/e2e/test_docker_launch.py, the embedded vLLM's group torn down by SIGINT in"
-           " tests/e2e/test_interrupts.py; runs with KVGATE_E2E_FULL=1 (CI's 30-minute budget)")
+MID_RUN_FULL_ONLY = full_only(
+    "SIGTERM mid-gate is proven in tests/test_lifecycle.py (test_signal_mid_gate) and live on a launched"
+    " container in tests/e2e/test_docker_launch.py, the embedded vLLM's group torn down by SIGINT in"
+    " tests/e2e/test_interrupts.py")
 
 
 @pytest.mark.parametrize("when", ["during-startup", pytest.param("mid-run", marks=MID_RUN_FULL_ONLY)])

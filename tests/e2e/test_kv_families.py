@@ -31,7 +31,8 @@ import os
 import shutil
 
 from ..conftest import REPO
-from .conftest import EMBEDDED_RUN, FULL
+from .conftest import EMBEDDED_RUN
+from .tiers import FULL
 from .test_embedded import main_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

@@ -21,7 +21,7 @@ from kvgate.launch.pools import NGINX_INSTALL, PoolsLauncher
 from kvgate.profile.models import load_profile
 
 from .test_embedded import main_job, vllm_processes
-from .conftest import full_only
+from .tiers import full_only
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),

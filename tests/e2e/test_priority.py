@@ -9,7 +9,7 @@ import pytest
 
 from ..conftest import REPO
 from .test_embedded import main_job
-from .conftest import full_only
+from .tiers import full_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 GID = "tiny-cpu-priority/priority/short-over-long"

@@ -42,7 +42,7 @@ from kvgate.profile.models import load_profile
 
 from ..conftest import REPO
 from .test_embedded import main_job
-from .conftest import FULL, full_only
+from .tiers import FULL, full_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
