@@ -99,10 +99,17 @@ class Verdict:
     unit: str | None = None
     limit_unit: str | None = None
     parts: tuple["Verdict", ...] = ()
+    #: The most likely cause of a FAIL, INVALID or INCONCLUSIVE, stated only from measured evidence
+    #: (``"2-byte KV elements: the server runs bfloat16/float16, the profile says float32"``), or a
+    #: sentence saying that the evidence cannot tell the candidates apart; ``None`` when the gate
+    #: measured nothing that points at one. Never set on a PASS or SKIP.
+    cause: str | None = None
 
     def __post_init__(self) -> None:
         # what came from an endpoint is escaped here, once, for every writer (printable)
         object.__setattr__(self, "message", printable(self.message))
+        if self.cause is not None:
+            object.__setattr__(self, "cause", printable(self.cause))
         for name in ("measured", "limit"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -151,11 +158,14 @@ class Verdict:
         return out
 
     def _core(self) -> dict[str, Any]:
-        return {
+        out = {
             "gate": self.gate, "status": self.status.value, "message": self.message,
             "measured": quantity(self.measured, self.unit, self._missing("measured")),
             "limit": quantity(self.limit, self.limit_unit or self.unit, self._missing("limit")),
         }
+        if self.cause is not None:
+            out["cause"] = self.cause
+        return out
 
     def _missing(self, what: str) -> str:
         if what == "limit" and self.status is Status.SKIP:
@@ -213,15 +223,17 @@ def combine(gate: str, parts: list[Verdict], headline: str | None = None) -> Ver
     for status in order:
         bad = [p for p in parts if p.status is status]
         if bad and (status is not Status.SKIP or len(bad) == len(parts)):
-            return _folded(gate, status, "; ".join(p.message for p in bad), bad[0], evidence, parts)
+            causes = list(dict.fromkeys(p.cause for p in bad if p.cause))
+            return _folded(gate, status, "; ".join(p.message for p in bad), bad[0], evidence, parts,
+                           cause="; ".join(causes) or None)
     passed = [p for p in parts if p.status is Status.PASS]
     lead = next((p for p in passed if p.gate == headline), passed[0] if passed else None)
     return _folded(gate, Status.PASS, "; ".join(p.message for p in passed), lead, evidence, parts)
 
 
 def _folded(gate: str, status: Status, message: str, lead: Verdict | None, evidence: dict[str, Any],
-            parts: list[Verdict]) -> Verdict:
+            parts: list[Verdict], cause: str | None = None) -> Verdict:
     if lead is None:
-        return Verdict(gate, status, message, evidence=evidence, parts=tuple(parts))
+        return Verdict(gate, status, message, evidence=evidence, parts=tuple(parts), cause=cause)
     return Verdict(gate, status, message, measured=lead.measured, limit=lead.limit, evidence=evidence,
-                   unit=lead.unit, limit_unit=lead.limit_unit, parts=tuple(parts))
+                   unit=lead.unit, limit_unit=lead.limit_unit, parts=tuple(parts), cause=cause)
