@@ -927,6 +927,21 @@ def refused_before_configure(config: pytest.Config) -> None:
                                     or "reports")
     write_error_reports(config, f"pytest refused the command line before kvgate started: {first}"
                                 + (f" (did you mean {hint}?)" if hint else ""))
+    if hint:
+        exc.args = _with_hint(exc.args, f"did you mean {hint}?")
+
+
+def _with_hint(args: tuple, hint: str) -> tuple:
+    """A ``UsageError``'s ``args`` (pytest prints each as an ``ERROR:`` line once this cleanup has
+    run) with ``hint`` appended to argparse's ``error: ...`` line, so the console says what
+    summary.json says (``error: unrecognized arguments: --profle (did you mean --profile?)``);
+    a message without such a line gets the hint as a line of its own."""
+    if args and isinstance(args[0], str) and "error:" in args[0]:
+        lines = args[0].splitlines()
+        at = next(i for i, ln in enumerate(lines) if "error:" in ln)
+        lines[at] += f" ({hint})"
+        return ("\n".join(lines), *args[1:])
+    return (*args, f"kvgate: {hint}")
 
 
 def refusal_words(exc: BaseException | None) -> str:
