@@ -135,3 +135,17 @@ def test_links_and_quoted_paths_resolve():
                     and not (REPO / span).exists():
                 bad.append(f"{_rel(page)}: `{span}` does not exist")
     assert not bad, "\n".join(bad)
+
+
+def test_every_kvgate_serve_option_is_documented_in_launchers_md():
+    """docs/launchers.md's ``kvgate serve`` section names each of its options (``--api-key-env``
+    was missing), and the per-serve key file (``serve-PROFILE-PID.key``) it writes."""
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    options = [o for a in sub.choices["serve"]._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
+    text = (REPO / "docs" / "launchers.md").read_text()
+    section = text.split("## The embedded server alone", 1)[1].split("\n## ", 1)[0]
+    assert "--api-key-env" in options
+    assert [o for o in options if f"`{o}" not in section] == [], section
+    assert "serve-PROFILE-PID.key" in section
