@@ -18,7 +18,7 @@ import pytest
 from tests.fakes.fake_vllm import FakeConfig
 from tests.fakes.soak_fakes import SoakFakeVLLM, fill_then_plateau, flat, linear_leak, one_step, sawtooth
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-soak.yaml"
@@ -72,6 +72,7 @@ def test_healthy_fake_passes_the_soak_with_every_round_written(pytester, fake_wi
     assert len(rows) == 10 and all(int(r["requests"]) >= 3 for r in rows)
     assert (reports / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     result.assert_outcomes(passed=2, skipped=1)
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_linear_memory_growth_fails_as_memory_growth(pytester, fake_with):
