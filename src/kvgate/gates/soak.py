@@ -343,12 +343,17 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
         more = (f"no soak length decides at this noise while the slope sits on the ceiling ({t.slope:+,.1f} {unit})")
     else:
         dur = (need + p.warmup_rounds) * p.round_s
-        more = (f"at this noise ~{need:,} measured rounds ({need * p.round_s:,.0f} s; --soak-duration={dur:.0f}s with the "
+        more = (f"at this noise ~{need:,} measured rounds ({_secs(need * p.round_s)} s; --soak-duration={dur:g}s with the "
                 f"{p.warmup_rounds} warm-up round{'s' if p.warmup_rounds != 1 else ''}) would put it on one side of the "
                 f"ceiling if the slope held at {t.slope:+,.1f} {unit}")
     cause = (f"the soak is too short to decide: the {pct} interval is {width:,.0f} {unit} wide at {t.n} rounds ({spread}); "
              f"{more}")
     return head, cause
+
+
+def _secs(s: float) -> str:
+    """Seconds as read: ``3,000``, ``88``, ``2.25``."""
+    return f"{s:,.0f}" if s >= 10 else f"{s:.3g}"
 
 
 def memory_source(a: SoakAnalysis) -> str:
@@ -404,10 +409,8 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
     frozen = frozen_memory(a)
     if frozen is not None:
         n, mb = frozen
-        secs = a.n_measured * a.result.plan.round_s
-        took = f"{secs:,.0f}" if secs >= 10 else f"{secs:.3g}"
         return Verdict(gate, INVALID,
-                       f"server memory never moved in {took} s: {n} samples over {a.n_measured} measured rounds all "
+                       f"server memory never moved in {_secs(a.n_measured * a.result.plan.round_s)} s: {n} samples over {a.n_measured} measured rounds all "
                        f"{mb:,.3f} MB (zero variance) -> INVALID (a gauge that never moves measures no serving "
                        f"process: the memory half is not judged); {src}{scrapes}",
                        measured=0.0, limit=ceiling, unit="MB/h", evidence=_evidence(a),
