@@ -233,7 +233,7 @@ def test_live_bfloat16_server_under_a_float32_profile_fails_naming_the_dtype():
     v = live_pool_verdict(load_profile("smollm2-cpu"), labels)
     assert v.status is Status.FAIL
     assert ("vLLM has 128 blocks, predicted 64: 377,487,360 B (vllm:cache_config_info kv_cache_memory_bytes) / 128 "
-            "blocks = 2,949,120 B per block = 2 B per KV element (128 tokens x 2 x 30 layers x 3 KV heads x 64 = "
+            "blocks (num_gpu_blocks) = 2,949,120 B per block = 2 B per KV element (128 tokens x 2 x 30 layers x 3 KV heads x 64 = "
             "1,474,560 elements), predicted 4 B (float32)") in v.message
     assert "layer grouping" not in v.message and "page size" not in v.message
     assert v.cause == ("2-byte KV elements: the server runs bfloat16/float16 (or a 2-byte --kv-cache-dtype), the "

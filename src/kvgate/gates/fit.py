@@ -772,14 +772,14 @@ class LiveElements:
         return self.reading is not None and self.reading.size is not None and self.reading.size != self.expected_bytes
 
     def sentence(self) -> str:
-        """``377,487,360 B (vllm:cache_config_info kv_cache_memory_bytes) / 128 blocks = 2,949,120 B per
-        block = 2 B per KV element (128 tokens x 2 x 30 layers x 3 KV heads x 64 = 1,474,560
+        """``377,487,360 B (vllm:cache_config_info kv_cache_memory_bytes) / 128 blocks (num_gpu_blocks) =
+        2,949,120 B per block = 2 B per KV element (128 tokens x 2 x 30 layers x 3 KV heads x 64 = 1,474,560
         elements)``, or why it was not read."""
         r = self.reading
         if r is None:
             return f"KV element size not read: {self.why_not}"
-        head = (f"{r.pool_bytes:,} B ({self.pool_source}) / {r.num_blocks:,} blocks = {r.bytes_per_block_high:,.0f} B "
-                f"per block")
+        head = (f"{r.pool_bytes:,} B ({self.pool_source}) / {r.num_blocks:,} blocks (num_gpu_blocks) = "
+                f"{r.bytes_per_block_high:,.0f} B per block")
         if r.size is not None:
             return f"{head} = {r.size} B per KV element ({self.elements_words})"
         return (f"{head} = {r.bytes_per_element:.3f} B per KV element ({self.elements_words}): no whole element size "

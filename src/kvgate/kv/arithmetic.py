@@ -92,6 +92,23 @@ GGML_KV_BYTES: dict[str, float] = {
 }
 
 
+#: Canonical float dtype names and the spellings vLLM, torch and Hugging Face use for them.
+DTYPE_ALIASES: dict[str, tuple[str, ...]] = {
+    "float32": ("float32", "float", "fp32", "f32"),
+    "bfloat16": ("bfloat16", "bf16"),
+    "float16": ("float16", "half", "fp16", "f16"),
+}
+
+
+def canonical_dtype(name: str | None) -> str | None:
+    """``float32``/``bfloat16``/``float16`` for any spelling of them (``torch.bfloat16``, ``bf16``,
+    ``half``); None for ``auto``, quantised or unknown names (nothing to compare)."""
+    if not name:
+        return None
+    key = str(name).lower().strip().removeprefix("torch.")
+    return next((canon for canon, names in DTYPE_ALIASES.items() if key in names), None)
+
+
 def dtype_bytes(dtype: str) -> float:
     """Bytes per weight element for ``dtype`` (vLLM/HF names, or a GGUF type such as ``q4_k_m``).
 
