@@ -599,13 +599,25 @@ class _Served:
         return "; ".join(why)
 
 
-def _argv_values(out: _Served, argv: Sequence[str], source: str, args: VllmArgs) -> None:
-    """The served fields a command line sets explicitly (a flag left out is vLLM's default, which
-    for dtype, max_model_len and block size depends on the model and device: not read)."""
+#: Fields whose vLLM default does not depend on the model or device: a whole command line without
+#: the flag runs the parser's default (``--kv-cache-dtype auto``, no ``--override-generation-config``).
+_FIXED_DEFAULTS = ("kv_cache_dtype", "override_generation_config")
+
+
+def _argv_values(out: _Served, argv: Sequence[str], source: str, args: VllmArgs, whole: bool = False) -> None:
+    """The served fields a command line sets. ``whole``: it is the server's entire command line (one
+    kvgate launched), so a flag of :data:`_FIXED_DEFAULTS` left out is vLLM's default (from the
+    parser snapshot); a left-out dtype, max_model_len, quantization or block size depends on the
+    model and device and is not read. A KServe object's args follow its ServingRuntime's (not read):
+    only what they set counts."""
     have = parse_vllm_argv(argv, args).values
     for dest in _FLAGS:
         if dest in have:
             out.add(dest, source, have[dest][1])
+        elif whole and dest in _FIXED_DEFAULTS:
+            spec = args.by_flag.get(_FLAGS[dest])
+            if spec is not None:
+                out.add(dest, f"{source}, no {_FLAGS[dest]}: vLLM's default", spec.default)
 
 
 def _launched_values(out: _Served, launched: LaunchedConfig | None, args: VllmArgs) -> None:
@@ -613,7 +625,7 @@ def _launched_values(out: _Served, launched: LaunchedConfig | None, args: VllmAr
     if launched is None:
         out.blind[_ARGV] = out.blind[_TEMPLATE] = "not visible: kvgate did not launch this server (--endpoint)"
         return
-    _argv_values(out, launched.argv, launched.source, args)
+    _argv_values(out, launched.argv, launched.source, args, whole=True)
     out.report["launched"] = launched.to_dict()
     if launched.chat_template_sha256 is not None:
         out.add("chat_template_sha256", launched.chat_template_source, launched.chat_template_sha256)
