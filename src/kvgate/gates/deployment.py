@@ -617,7 +617,7 @@ def _argv_values(out: _Served, argv: Sequence[str], source: str, args: VllmArgs,
         elif whole and dest in _FIXED_DEFAULTS:
             spec = args.by_flag.get(_FLAGS[dest])
             if spec is not None:
-                out.add(dest, f"{source}, no {_FLAGS[dest]}: vLLM's default", spec.default)
+                out.add(dest, f"{source} (no {_FLAGS[dest]}: vLLM's default)", spec.default)
 
 
 def _launched_values(out: _Served, launched: LaunchedConfig | None, args: VllmArgs) -> None:

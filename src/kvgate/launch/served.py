@@ -31,8 +31,7 @@ from typing import Any, Sequence
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
 
 #: Which launcher's command line it is, in words (:attr:`kvgate.http.client.Endpoint.launched_by`).
-SOURCES = {"embedded": "the embedded vLLM's command line (kvgate launched it)",
-           "docker": "the docker container's command line (kvgate launched it)"}
+SOURCES = {"embedded": "the embedded vLLM's command line", "docker": "the docker container's command line"}
 
 
 @dataclass(frozen=True)
