@@ -54,7 +54,8 @@ class LaunchedConfig:
     generation_config_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"argv": list(self.argv), "source": self.source, "chat_template_sha256": self.chat_template_sha256,
+        """The evidence form, without ``argv``: summary.json's ``launch.command`` holds the command line once."""
+        return {"source": self.source, "chat_template_sha256": self.chat_template_sha256,
                 "chat_template_source": self.chat_template_source, "generation_config": self.generation_config,
                 "generation_config_source": self.generation_config_source}
 
