@@ -1,13 +1,15 @@
-"""Gate: the live deployment matches its profile (model, max_model_len, cache config, version) and,
-with --isvc, so does the KServe object that runs it (container args, GPUs, memory limit, probe
-timeouts, route timeout, grace period)."""
+"""Gate: the live deployment matches its profile (model, max_model_len, cache config, version), the
+configuration it says it serves matches too (dtype, KV element size, chat template, ... from every
+source there is), and, with --isvc, so does the KServe object that runs it (container args, GPUs,
+memory limit, probe timeouts, route timeout, grace period)."""
 
 import pytest
 
-from kvgate.gates.deployment import NO_ISVC, SPEC, cache_config_verdict, max_model_len_verdict, served_model_verdict, \
-    spec_verdict
+from kvgate.gates.deployment import NO_ISVC, SPEC, cache_config_verdict, max_model_len_verdict, served_config_verdict, \
+    served_model_verdict, spec_verdict
 from kvgate.http.health_sampler import HealthSampler
-from kvgate.http.probes import observe_deployment
+from kvgate.http.probes import observe_deployment, observe_served
+from kvgate.launch.served import launched_config
 from kvgate.run.health_watch import health_log, probe_limit
 from kvgate.run.session import ISVC_OBJECT
 from kvgate.verdict import Status, Verdict
@@ -30,6 +32,19 @@ def observation(kvgate_client, kvgate_profile):
 @pytest.mark.gate("deployment", cases=list(CHECKS))
 def test_deployment_matches_profile(case, observation, kvgate_profile, kvgate_gate):
     assert kvgate_gate(CHECKS[case](observation, kvgate_profile)).passed
+
+
+@pytest.mark.deployment
+@pytest.mark.gate("deployment", cases=["served-config"])
+def test_served_config_matches_profile(case, pytestconfig, observation, kvgate_client, kvgate_endpoint, kvgate_profile,
+                                       kvgate_gate):
+    """dtype, KV cache dtype and element size, max_model_len, quantization, block size, chat template, generation-config
+    overrides: what the server says it runs -- its command line if kvgate launched it, the --isvc object's args,
+    /server_info, /v1/models, /tokenize, vllm:cache_config_info -- against the profile."""
+    served = observe_served(kvgate_client, kvgate_profile.model.served_name)  # /server_info, the probe's rendering
+    launched = launched_config(kvgate_endpoint.server_argv, kvgate_endpoint.launched_by)  # None for --endpoint
+    isvc = pytestconfig.stash.get(ISVC_OBJECT, None)
+    assert kvgate_gate(served_config_verdict(observation, served, kvgate_profile, launched=launched, isvc=isvc)).passed
 
 
 def no_isvc(config, profile, case):

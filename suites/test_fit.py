@@ -26,7 +26,8 @@ def test_fit(case, kvgate_profile, kvgate_gate):
 @pytest.mark.deployment
 @pytest.mark.gate("fit", cases=["live-pool"])
 def test_predicted_pool_matches_vllm(case, kvgate_client, kvgate_profile, kvgate_gate):
-    """The arithmetic's KV token capacity vs the one vLLM allocated (within one block when exact)."""
+    """The arithmetic's KV token capacity vs the one vLLM allocated (within one block when exact); a block count
+    that differs is read back as the KV element size it means (2 B under a float32 profile: bfloat16 served)."""
     text = kvgate_client.metrics_text()
     labels = cache_config(parse(text)) if text else None
     if labels is None:

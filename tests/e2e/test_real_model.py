@@ -67,6 +67,13 @@ def test_real_model_answers_right_on_the_embedded_default(real_runs):
     acc = gates["smollm2-cpu/answers/accuracy"]
     assert acc["measured"]["unit"] == "fraction" and acc["evidence"]["items"] == 65, acc
     assert gates["smollm2-cpu/deployment/served-model"]["status"] == "PASS"
+    # what the server runs, measured from its command line, its model files and /tokenize: the ChatML template by
+    # its hash and by the rendering of the probe conversation (37 tokens), float32 KV elements read from the pool
+    served = gates["smollm2-cpu/deployment/served-config"]
+    assert served["status"] == "PASS", served["message"]
+    for fragment in ("dtype float32 per the embedded vLLM's command line", "KV element size 4 B per vllm:cache_config_info",
+                     "chat template (sha256) sha256 872be49dbb63...", "chat template rendering 37 tokens"):
+        assert fragment in served["message"], served["message"]
     # the embedded default's door: a key generated for the run on every route but the four declared open,
     # and the PASS names the cure it rests on
     auth = gates["smollm2-cpu/security/auth-surface"]

@@ -124,6 +124,10 @@ FAULTS: dict[str, str] = {
     # issue 2: deployment / max context / max_tokens
     "wrong_max_model_len": "advertise advertised_max_model_len (default 2 x max_model_len) in /v1/models "
     "and /tokenize while enforcing max_model_len",
+    # issue 38: the served configuration
+    "kv_dtype_halved": "vllm:cache_config_info reports twice num_gpu_blocks (and twice kv_cache_size_tokens and "
+    "kv_cache_max_concurrency) for the same kv_cache_memory_bytes: the pool of a server that caches 2-byte KV elements "
+    "where the profile says 4 (bfloat16 served under a float32 profile)",
     "over_length_500": "answer an over-length prompt (tokens >= max_model_len) with 500 instead of 400",
     "over_length_truncate": "silently left-truncate an over-length prompt and answer 200 (prompt_tokens "
     "then reads max_model_len - max_tokens, at most max_model_len - 1)",
@@ -379,7 +383,10 @@ class FakeConfig:
     num_gpu_blocks: int = 64  # 1024 tokens: 4 full-length sequences at the default max_model_len
     gpu_memory_utilization: float = 0.9
     cache_dtype: str = "auto"
+    kv_cache_memory_bytes: int | None = None  # like --kv-cache-memory-bytes: the label's value (None: not set)
     enable_prefix_caching: bool = True
+    dtype: str = "float16"  # the model dtype /server_info reports (vLLM's ModelConfig.dtype, "torch.float16")
+    server_info: bool = False  # like VLLM_SERVER_DEV_MODE=1: GET /server_info answers (else 404, vLLM's default)
     max_num_seqs: int = 256  # admitted ("running") at once; more wait (num_requests_waiting)
     scheduling_policy: str = "fcfs"  # "priority": waiting requests admitted by (priority, arrival) like vLLM
     # generation
@@ -1505,6 +1512,7 @@ class FakeVLLM:
             Route("/ping", self._ping, methods=["GET", "POST"]),
             Route("/version", self._version, methods=["GET"]),
             Route("/load", self._load, methods=["GET"]),
+            Route("/server_info", self._server_info, methods=["GET"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/tokenize", self._tokenize, methods=["POST"]),
             Route("/detokenize", self._detokenize, methods=["POST"]),
@@ -1598,6 +1606,26 @@ class FakeVLLM:
 
     async def _load(self, request: Request) -> Response:
         return JSONResponse({"server_load": len(self.state.inflight)})
+
+    async def _server_info(self, request: Request) -> Response:
+        """vLLM's dev-mode ``GET /server_info`` (``entrypoints/serve/dev/server_info/api_router.py``):
+        404 unless ``server_info`` (VLLM_SERVER_DEV_MODE=1); ``?config_format=json`` dumps the
+        VllmConfig as JSON (a torch dtype as its ``str``), else as its text form."""
+        cfg = self.config
+        if not cfg.server_info:  # as any route the app does not have (Starlette's own 404)
+            return Response("Not Found", status_code=404, media_type="text/plain; charset=utf-8")
+        blocks = cfg.num_gpu_blocks * (2 if "kv_dtype_halved" in cfg.faults else 1)
+        override = {"max_new_tokens": cfg.max_tokens_cap} if cfg.max_tokens_cap else {}
+        model = {"model": cfg.model_path, "served_model_name": cfg.served_name, "dtype": f"torch.{cfg.dtype}",
+                 "max_model_len": cfg.max_model_len, "quantization": None, "generation_config": "auto",
+                 "override_generation_config": override}
+        cache = {"block_size": cfg.block_size, "cache_dtype": cfg.cache_dtype, "num_gpu_blocks": blocks,
+                 "gpu_memory_utilization": cfg.gpu_memory_utilization, "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes}
+        if request.query_params.get("config_format") == "json":
+            config: Any = {"model_config": model, "cache_config": cache}
+        else:
+            config = ", ".join(f"{k}={v!r}" for k, v in {**model, **cache}.items())
+        return JSONResponse({"vllm_config": config, "vllm_env": {"VLLM_SERVER_DEV_MODE": True}, "system_env": {}})
 
     async def _models(self, request: Request) -> Response:
         cfg = self.config
@@ -1737,14 +1765,16 @@ class FakeVLLM:
             st.waiting_peak if "stuck_queue_gauge" in cfg.faults else st.waiting)
         m.waiting.labels(model, "0").set(shown)
         m.kv_usage.labels(model, "0").set(min(1.0, st.kv_blocks_used(cfg.block_size) / max(1, cfg.num_gpu_blocks)))
-        size_tokens = cfg.num_gpu_blocks * cfg.block_size
+        blocks = cfg.num_gpu_blocks * (2 if "kv_dtype_halved" in cfg.faults else 1)  # same bytes, half-size elements
+        size_tokens = blocks * cfg.block_size
         info = {
             "block_size": str(cfg.block_size), "cache_dtype": str(cfg.cache_dtype),
             "enable_prefix_caching": str(cfg.enable_prefix_caching), "engine": "0",
             "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
             "kv_cache_max_concurrency": str(round(size_tokens / cfg.max_model_len, 2)),
-            "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": str(size_tokens), "num_cpu_blocks": "None",
-            "num_gpu_blocks": str(cfg.num_gpu_blocks), "num_gpu_blocks_override": "None", "sliding_window": "None",
+            "kv_cache_memory_bytes": str(cfg.kv_cache_memory_bytes), "kv_cache_size_tokens": str(size_tokens),
+            "num_cpu_blocks": "None", "num_gpu_blocks": str(blocks), "num_gpu_blocks_override": "None",
+            "sliding_window": "None",
         }
         m.cache_info.clear()
         m.cache_info.labels(**info).set(1)

@@ -359,6 +359,27 @@ def rule_serve_feature(c: Context) -> Iterable[Finding]:
                               "gets built adapters; give the adapter's path (or HF id) as the server sees it")
 
 
+def rule_dtype_mismatch(c: Context) -> Iterable[Finding]:
+    """``engine.dtype`` (``--dtype``) a different float dtype than ``model.dtype``: vLLM casts the
+    weights to ``--dtype`` as it loads them (``config/model.py::_get_and_verify_dtype``) and, with
+    ``kv_cache_dtype: auto``, caches KV in it -- so the server is not the model the profile
+    describes, and the fit arithmetic (KV at ``engine.dtype``, weights at ``model.dtype``) mixes
+    the two. Quantised weights (``q4_k_m``, ``awq``) under a 16-bit ``--dtype`` are not flagged."""
+    from kvgate.kv.arithmetic import canonical_dtype, vllm_kv_dtype_bytes
+
+    e, m = c.profile.engine, c.profile.model
+    served, declared = canonical_dtype(e.dtype), canonical_dtype(m.dtype)
+    if not c.vllm or served is None or declared is None or served == declared:
+        return
+    kv = (f"; with kv_cache_dtype auto its KV elements are {vllm_kv_dtype_bytes('auto', served)} B, not "
+          f"{vllm_kv_dtype_bytes('auto', declared)}") if e.kv_cache_dtype == "auto" else ""
+    yield Finding("dtype-mismatch", WARNING, "engine.dtype",
+                  f"engine.dtype {e.dtype} differs from model.dtype {m.dtype}: vLLM casts the weights to {served} as "
+                  f"it loads them{kv}; the fit arithmetic counts the weights at model.dtype and the KV at "
+                  "engine.dtype -- state one dtype, or explain it with '# kvgate-lint: allow dtype-mismatch -- "
+                  "<reason>'")
+
+
 RULES: dict[str, Callable[[Context], Iterable[Finding]]] = {
     "vllm-version": rule_vllm_version,
     "engine-arg-unknown": rule_engine_arg_unknown,
@@ -373,6 +394,7 @@ RULES: dict[str, Callable[[Context], Iterable[Finding]]] = {
     "enforce-eager-gpu": rule_enforce_eager_gpu,
     "len-over-positions": rule_len_over_positions,
     "serve-feature": rule_serve_feature,
+    "dtype-mismatch": rule_dtype_mismatch,
 }
 
 

@@ -11,8 +11,11 @@ requests) and *tested* (kvgate's own tests):
 gate           asserted in                 decided in            measured by                            tested in
 =============  ==========================  ====================  =====================================  ============================================
 fit            suites/test_fit.py          gates/fit.py          kv/arithmetic.py                       tests/test_gates_fit.py, test_kvmath.py,
-                                                                 + profile/hfconfig.py                  test_kv_families.py, e2e/test_kv_families.py
-deployment     suites/test_deployment.py   gates/deployment.py   http/probes.observe_deployment         tests/test_gates_vs_fake.py
+                                                                 + profile/hfconfig.py                  test_kv_families.py, e2e/test_kv_families.py,
+                                                                                                        test_fit_vs_fake.py
+deployment     suites/test_deployment.py   gates/deployment.py   http/probes.observe_deployment,        tests/test_gates_vs_fake.py,
+                                                                 observe_served, launch/served.py       test_served_config.py, test_fit_vs_fake.py,
+                                                                                                        test_deployment_spec.py
 max-context    suites/test_max_context.py  gates/max_context.py  http/probes.build_prompt/send_watched  tests/test_gates_vs_fake.py
 max-tokens     suites/test_max_tokens.py   gates/max_tokens.py   http/probes.send                       tests/test_gates_vs_fake.py
 streaming      suites/test_streaming.py    gates/streaming.py    http/probes.send, http/sdk.sdk_stream  tests/test_gates_streaming.py, …vs_fake

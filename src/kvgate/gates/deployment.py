@@ -1,9 +1,13 @@
 """Gate ``deployment``: the live server matches the profile -- served model name, ``max_model_len``
 (``/v1/models`` and ``/tokenize``), cache config (``vllm:cache_config_info``) -- and, with
 ``--isvc``, so does the KServe object that runs it (``deployment/spec``: container args, GPUs,
-memory limit, probe timeouts, route timeout, grace period; :func:`spec_verdict`). Asserted by
-``suites/test_deployment.py``; observations come from :func:`kvgate.http.probes.observe_deployment`
-and :func:`kvgate.launch.kserve.serving_spec`.
+memory limit, probe timeouts, route timeout, grace period; :func:`spec_verdict`); and
+``deployment/served-config`` (:func:`served_config_verdict`): what the server says it runs --
+dtype, KV cache dtype and element size, max_model_len, quantization, block size, chat template,
+generation-config overrides -- from every source there is, against the profile. Asserted by
+``suites/test_deployment.py``; observations come from :func:`kvgate.http.probes.observe_deployment`,
+:func:`kvgate.http.probes.observe_served`, :func:`kvgate.launch.served.launched_config` and
+:func:`kvgate.launch.kserve.serving_spec`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from kvgate.authoring.vllm_args import VllmArgs, load_snapshot
 from kvgate.http.health_sampler import ProbeSample
 from kvgate.launch.kserve import ServingSpec, parse_quantity, serving_spec
 from kvgate.http.metrics import MetricsError, cache_config, parse
-from kvgate.http.probes import DeploymentObservation
+from kvgate.http.client import Reply
+from kvgate.http.probes import DeploymentObservation, ServedProbes
+from kvgate.launch.served import LaunchedConfig
 from kvgate.profile.models import Profile
 from kvgate.verdict import Verdict, combine
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body, num
@@ -537,3 +543,399 @@ def spec_verdict(obj: dict[str, Any] | None, profile: Profile, health: Sequence[
         return dataclasses.replace(v, message=f"{who} matches profile {profile.name}: {', '.join(made)} checked -> "
                                    "PASS", evidence=ev)
     return dataclasses.replace(v, evidence=ev)
+
+
+# ---------------------------------------------------------------------------- deployment/served-config
+SERVED = "deployment/served-config"
+#: The fields ``deployment/served-config`` compares, in report order, with their words.
+SERVED_FIELDS = {
+    "dtype": "dtype", "kv_cache_dtype": "KV cache dtype", "kv_element_bytes": "KV element size",
+    "max_model_len": "max_model_len", "quantization": "quantization", "block_size": "block_size",
+    "chat_template_sha256": "chat template (sha256)", "chat_template_render": "chat template rendering",
+    "override_generation_config": "override_generation_config",
+}
+#: Where each field can be seen (the sources named in a "not visible" line).
+_ARGV, _ISVC, _INFO, _CACHE, _TEMPLATE, _PROBE = ("command line", "InferenceService", "/server_info",
+                                                  "vllm:cache_config_info", "chat template file",
+                                                  "/tokenize of kvgate's probe conversation")
+_FIELD_SOURCES = {
+    "dtype": (_ARGV, _ISVC, _INFO), "kv_cache_dtype": (_ARGV, _ISVC, _INFO, _CACHE), "kv_element_bytes": (_CACHE,),
+    "max_model_len": (_ARGV, _ISVC, _INFO, "/v1/models", _CACHE), "quantization": (_ARGV, _ISVC, _INFO),
+    "block_size": (_ARGV, _ISVC, _INFO, _CACHE), "chat_template_sha256": (_TEMPLATE,),
+    "chat_template_render": (_PROBE,), "override_generation_config": (_ARGV, _ISVC, _INFO),
+}
+#: The vLLM flag that sets each field on a command line.
+_FLAGS = {"dtype": "--dtype", "kv_cache_dtype": "--kv-cache-dtype", "max_model_len": "--max-model-len",
+          "quantization": "--quantization", "block_size": "--block-size",
+          "override_generation_config": "--override-generation-config"}
+
+
+@dataclass(frozen=True)
+class _Elements:
+    """A KV element size and how it was read (``detail``) -- a served value or the profile's."""
+
+    size: float
+    detail: str
+
+
+@dataclass
+class _Served:
+    """Every value each source shows (``values[field] = [(source, value)]``), why a source shows
+    nothing (``blind[source] = reason``) and what is reported beside them (``report``)."""
+
+    values: dict[str, list[tuple[str, Any]]] = dataclasses.field(default_factory=dict)
+    blind: dict[str, str] = dataclasses.field(default_factory=dict)
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add(self, name: str, source: str, value: Any) -> None:
+        if value is not None:
+            self.values.setdefault(name, []).append((source, value))
+
+    def unseen(self, name: str) -> str:
+        """Why no source shows ``name``: each source that could, and what it said."""
+        flag = _FLAGS.get(name)
+        why = [f"{src}: {self.blind.get(src) or (f'sets no {flag}' if flag and src in (_ARGV, _ISVC) else 'shows none')}"
+               for src in _FIELD_SOURCES[name]]
+        return "; ".join(why)
+
+
+#: Fields whose vLLM default does not depend on the model or device: a whole command line without
+#: the flag runs the parser's default (``--kv-cache-dtype auto``, no ``--override-generation-config``).
+_FIXED_DEFAULTS = ("kv_cache_dtype", "override_generation_config")
+
+
+def _argv_values(out: _Served, argv: Sequence[str], source: str, args: VllmArgs, whole: bool = False) -> None:
+    """The served fields a command line sets. ``whole``: it is the server's entire command line (one
+    kvgate launched), so a flag of :data:`_FIXED_DEFAULTS` left out is vLLM's default (from the
+    parser snapshot); a left-out dtype, max_model_len, quantization or block size depends on the
+    model and device and is not read. A KServe object's args follow its ServingRuntime's (not read):
+    only what they set counts."""
+    have = parse_vllm_argv(argv, args).values
+    for dest in _FLAGS:
+        if dest in have:
+            out.add(dest, source, have[dest][1])
+        elif whole and dest in _FIXED_DEFAULTS:
+            spec = args.by_flag.get(_FLAGS[dest])
+            if spec is not None:
+                out.add(dest, f"{source} (no {_FLAGS[dest]}: vLLM's default)", spec.default)
+
+
+def _launched_values(out: _Served, launched: LaunchedConfig | None, args: VllmArgs) -> None:
+    """A launched server's command line and model files (:class:`kvgate.launch.served.LaunchedConfig`)."""
+    if launched is None:
+        out.blind[_ARGV] = out.blind[_TEMPLATE] = "not visible: kvgate did not launch this server (--endpoint)"
+        return
+    _argv_values(out, launched.argv, launched.source, args, whole=True)
+    out.report["launched"] = launched.to_dict()
+    if launched.chat_template_sha256 is not None:
+        out.add("chat_template_sha256", launched.chat_template_source, launched.chat_template_sha256)
+    else:
+        out.blind[_TEMPLATE] = launched.chat_template_source
+    out.report["generation_config_json"] = {"values": launched.generation_config,
+                                            "source": launched.generation_config_source}
+
+
+def _isvc_values(out: _Served, isvc: dict[str, Any] | None, args: VllmArgs) -> None:
+    """The container args of the KServe object ``--isvc`` read."""
+    if isvc is None:
+        out.blind[_ISVC] = "not visible: no --isvc"
+        return
+    try:
+        s = serving_spec(isvc)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        out.blind[_ISVC] = f"its spec cannot be read ({type(exc).__name__}: {exc})"
+        return
+    _argv_values(out, s.argv or (), f"{s.kind} {s.name} {s.container} args", args)
+
+
+def _server_info_values(out: _Served, reply: Reply | None) -> None:
+    """``model_config`` / ``cache_config`` of vLLM's ``/server_info?config_format=json``."""
+    if reply is None or reply.status != 200:
+        out.blind[_INFO] = ("not probed" if reply is None else f"answered {reply.status} (vLLM exposes it only with "
+                            "VLLM_SERVER_DEV_MODE=1)")
+        return
+    body = json_body(reply)
+    cfg = body.get("vllm_config") if body else None
+    if not isinstance(cfg, dict):
+        out.blind[_INFO] = "answered 200 without a vllm_config JSON object"
+        return
+    model = cfg.get("model_config") if isinstance(cfg.get("model_config"), dict) else {}
+    cache = cfg.get("cache_config") if isinstance(cfg.get("cache_config"), dict) else {}
+    for name in ("dtype", "max_model_len", "quantization", "override_generation_config"):
+        out.add(name, _INFO, model.get(name))
+    out.add("kv_cache_dtype", _INFO, cache.get("cache_dtype"))
+    out.add("block_size", _INFO, cache.get("block_size"))
+    out.report["server_info"] = {"generation_config": model.get("generation_config"),
+                                 "override_generation_config": model.get("override_generation_config")}
+
+
+def _http_values(out: _Served, obs: DeploymentObservation, profile: Profile) -> None:
+    """``max_model_len`` of the ``/v1/models`` card and of ``/tokenize``."""
+    body = json_body(obs.models)
+    cards = body.get("data") if body and isinstance(body.get("data"), list) else []
+    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == profile.model.served_name), None)
+    if card is not None and card.get("max_model_len") is not None:
+        out.add("max_model_len", obs.models_path, card["max_model_len"])
+    else:
+        out.blind["/v1/models"] = f"{obs.models_path} has no max_model_len for {profile.model.served_name!r}"
+    if obs.tokenize is not None and obs.tokenize.status == 200:
+        out.add("max_model_len", "/tokenize", (json_body(obs.tokenize) or {}).get("max_model_len"))
+
+
+def _cache_values(out: _Served, obs: DeploymentObservation, profile: Profile) -> None:
+    """``vllm:cache_config_info``: block_size, cache_dtype, the KV element size its pool and block
+    count imply (:func:`kvgate.gates.fit.live_kv_elements`), and the ``max_model_len`` its
+    ``kv_cache_size_tokens / kv_cache_max_concurrency`` imply (vLLM: concurrency = tokens / length)."""
+    from kvgate.gates.fit import live_kv_elements, plan
+    from kvgate.kv.arithmetic import KvMathError
+
+    if obs.metrics_text is None:
+        out.blind[_CACHE] = "the server exposes no /metrics"
+        return
+    try:
+        labels = cache_config(parse(obs.metrics_text))
+    except MetricsError as exc:
+        out.blind[_CACHE] = f"/metrics unreadable: {exc}"
+        return
+    if labels is None:
+        out.blind[_CACHE] = "/metrics has no vllm:cache_config_info"
+        return
+    out.report["cache_config_info"] = labels
+    block = _label_value(labels.get("block_size"))
+    out.add("block_size", _CACHE, block if isinstance(block, int) else None)
+    out.add("kv_cache_dtype", _CACHE, labels.get("cache_dtype"))
+    tokens, conc = _label_value(labels.get("kv_cache_size_tokens")), _label_value(labels.get("kv_cache_max_concurrency"))
+    if isinstance(tokens, (int, float)) and isinstance(conc, (int, float)) and conc > 0:
+        # ("~", the implied length, the tolerance: one block, as the labels are rounded)
+        out.add("max_model_len", f"{_CACHE} kv_cache_size_tokens {num(tokens)} / kv_cache_max_concurrency {conc:g}",
+                ("~", round(tokens / conc), block if isinstance(block, int) else 16))
+    try:
+        elements = live_kv_elements(plan(profile), labels)
+    except (KvMathError, ValueError) as exc:
+        out.blind[_CACHE] = f"KV element size not read: {exc}"
+        return
+    out.report["kv_elements"] = elements.to_dict()
+    r = elements.reading
+    if r is None or r.size is None:
+        out.blind[_CACHE] = elements.sentence()
+    else:
+        out.add("kv_element_bytes", _CACHE, _Elements(r.size, elements.sentence()))
+
+
+def _rendering_values(out: _Served, probes: ServedProbes | None) -> None:
+    """The probe conversation's rendering: the ``token_strs`` of ``/tokenize``."""
+    reply = probes.rendering if probes is not None else None
+    if reply is None:
+        out.blind[_PROBE] = "not probed"
+        return
+    body = json_body(reply) if reply.status == 200 else None
+    strs = body.get("token_strs") if body else None
+    if not isinstance(strs, list) or not all(isinstance(t, str) for t in strs):
+        out.blind[_PROBE] = (f"answered {reply.status}" + (" without token_strs" if reply.status == 200 else
+                                                           f" ({reply.text[:120]!r})"))
+        return
+    out.report["rendering"] = {"messages": probes.messages if probes is not None else None,
+                               "count": (body or {}).get("count"), "token_strs": strs,
+                               "tokens": (body or {}).get("tokens")}
+    out.add("chat_template_render", _PROBE, strs)
+
+
+def _profile_values(profile: Profile, args: VllmArgs) -> dict[str, tuple[str, Any]]:
+    """``{field: (the profile field in words, value)}`` for what the profile states (absent: not stated)."""
+    from kvgate.kv.arithmetic import KvMathError, canonical_dtype, vllm_kv_dtype_bytes
+
+    e, m = profile.engine, profile.model
+    out: dict[str, tuple[str, Any]] = {}
+    if canonical_dtype(e.dtype):
+        out["dtype"] = ("engine.dtype", e.dtype)
+    elif canonical_dtype(m.dtype) and e.dtype in (None, "auto"):
+        out["dtype"] = ("model.dtype (engine.dtype unset)", m.dtype)
+    out["kv_cache_dtype"] = ("engine.kv_cache_dtype", e.kv_cache_dtype)
+    model_dtype = e.dtype if e.dtype not in (None, "auto") else m.dtype
+    try:
+        size = vllm_kv_dtype_bytes(e.kv_cache_dtype, model_dtype)
+        words = model_dtype if e.kv_cache_dtype == "auto" else f"kv_cache_dtype {e.kv_cache_dtype}"
+        where = f"engine.kv_cache_dtype auto = {model_dtype}" if e.kv_cache_dtype == "auto" else "engine.kv_cache_dtype"
+        out["kv_element_bytes"] = (where, _Elements(size, words))
+    except KvMathError:
+        pass
+    out["max_model_len"] = ("engine.max_model_len", e.max_model_len)
+    q = profile_flags(profile, args).values.get("quantization")
+    if q is not None:
+        out["quantization"] = ("engine.extra_args --quantization", q[1])
+    if e.block_size is not None:
+        out["block_size"] = ("engine.block_size", e.block_size)
+    tmpl = m.chat_template
+    if tmpl is not None and tmpl.sha256:
+        out["chat_template_sha256"] = ("model.chat_template.sha256", tmpl.sha256)
+    if tmpl is not None and tmpl.probe_tokens:
+        out["chat_template_render"] = ("model.chat_template.probe_tokens", list(tmpl.probe_tokens))
+    out["override_generation_config"] = (("engine.override_generation_config", e.override_generation_config)
+                                         if e.override_generation_config else
+                                         ("engine.override_generation_config unset (vLLM's default: none)", {}))
+    return out
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, str) and value.strip()[:1] in "{[":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _agrees(name: str, served: Any, declared: Any) -> bool:
+    """Whether a served value is the profile's, as vLLM reads both."""
+    from kvgate.kv.arithmetic import canonical_dtype
+
+    if name == "dtype":
+        return canonical_dtype(str(served)) == canonical_dtype(str(declared))
+    if name == "kv_cache_dtype":
+        a, b = str(served).lower().removeprefix("torch."), str(declared).lower()
+        return a == b or (canonical_dtype(a) is not None and canonical_dtype(a) == canonical_dtype(b))
+    if name == "kv_element_bytes":
+        return served.size == declared.size
+    if name == "max_model_len" and isinstance(served, tuple):  # ("~", implied, tolerance in tokens)
+        return abs(served[1] - int(declared)) <= served[2]
+    if name == "override_generation_config":
+        return json.dumps(_json_value(served) or {}, sort_keys=True) == json.dumps(declared or {}, sort_keys=True)
+    if name in ("chat_template_render", "chat_template_sha256"):
+        return served == declared
+    if name == "quantization":
+        return str(served).lower() == str(declared).lower()
+    return _same(declared, str(served))
+
+
+def _shown_value(name: str, value: Any) -> str:
+    if name == "max_model_len" and isinstance(value, tuple):
+        return f"~{value[1]:,}"
+    if name == "chat_template_sha256":
+        return f"sha256 {str(value)[:12]}..."
+    if name == "chat_template_render":
+        return f"{len(value)} tokens"
+    if name == "kv_element_bytes":
+        return f"{value.size:g} B"
+    if name == "override_generation_config":
+        return json.dumps(_json_value(value) or {}, sort_keys=True)
+    return num(value)
+
+
+def _plain(value: Any) -> Any:
+    """A value as evidence holds it (JSON: a KV element reading as its size and words)."""
+    if isinstance(value, _Elements):
+        return {"bytes": value.size, "how": value.detail}
+    if isinstance(value, tuple):
+        return {"implied": value[1], "tolerance_tokens": value[2]}
+    return value
+
+
+def _first_difference(served: list[str], expected: list[str]) -> str:
+    """``token 3 is '<|user|>' here, '<|system|>' in the profile`` (or where one ends)."""
+    for i, (a, b) in enumerate(zip(served, expected)):
+        if a != b:
+            return f"token {i} is {a!r} here, {b!r} in the profile"
+    shorter = "the server's rendering ends" if len(served) < len(expected) else "the profile's rendering ends"
+    return f"{shorter} after {min(len(served), len(expected))} tokens ({len(served)} here, {len(expected)} in the profile)"
+
+
+def _mismatch(name: str, src: str, got: Any, pfield: str, want: Any) -> tuple[str, str]:
+    """``(message, cause)`` of one served value that is not the profile's."""
+    from kvgate.kv.arithmetic import kv_element_cause
+
+    words = SERVED_FIELDS[name]
+    if name == "chat_template_render":
+        diff = _first_difference(got, want)
+        return (f"{words}: the probe conversation renders to {len(got)} tokens ({src}), the profile states "
+                f"{len(want)} ({pfield}): {diff}",
+                f"the chat template differs: it renders kvgate's probe conversation differently ({diff})")
+    if name == "kv_element_bytes":
+        return (f"KV elements are {got.size:g} bytes ({got.detail}): not {want.detail} ({want.size:g} B, {pfield})",
+                kv_element_cause(int(got.size), want.size, want.detail))
+    if name == "chat_template_sha256":
+        return (f"{words}: {_shown_value(name, got)} ({src}), profile {pfield} {_shown_value(name, want)}",
+                f"the chat template differs: {src} hashes to {_shown_value(name, got)}, the profile states "
+                f"{_shown_value(name, want)}")
+    return (f"{words}: {_shown_value(name, got)} ({src}), profile {pfield} {_shown_value(name, want)}",
+            f"the server's {words} is {_shown_value(name, got)} ({src}), the profile says {_shown_value(name, want)}")
+
+
+def _field_part(name: str, declared: tuple[str, Any] | None, seen: list[tuple[str, Any]], unseen: str) -> Verdict:
+    """One field's sub-verdict: FAIL when a source shows a value other than the profile's (naming
+    both and the source), PASS when every source that shows it agrees, SKIP when the profile
+    states nothing to compare (the served value reported) or no source shows it (``unseen``: why)."""
+    gate, words = f"served-config.{name}", SERVED_FIELDS[name]
+    ev: dict[str, Any] = {"served": [{"source": s, "value": _plain(v)} for s, v in seen]}
+    if declared is None:
+        shown = "; ".join(f"{_shown_value(name, v)} ({src})" for src, v in seen)
+        return Verdict(gate, SKIP, f"{words}: the profile states none; served: {shown or 'not visible'}", evidence=ev)
+    pfield, want = declared
+    ev["profile"] = {"field": pfield, "value": _plain(want)}
+    if not seen:
+        return Verdict(gate, SKIP, f"{words}: not visible ({unseen}); profile {pfield} {_shown_value(name, want)}",
+                       limit=_shown_value(name, want), evidence=ev)
+    bad = [(src, v) for src, v in seen if not _agrees(name, v, want)]
+    if not bad:
+        return Verdict(gate, PASS, f"{words} {_shown_value(name, want)} per {', '.join(s for s, _ in seen)} -> PASS",
+                       measured=_shown_value(name, seen[0][1]), limit=_shown_value(name, want), evidence=ev)
+    said = [_mismatch(name, src, v, pfield, want) for src, v in bad]
+    return Verdict(gate, FAIL, "; ".join(m for m, _ in said) + " -> FAIL", measured=_shown_value(name, bad[0][1]),
+                   limit=_shown_value(name, want), evidence=ev, cause=said[0][1])
+
+
+def served_config_verdict(obs: DeploymentObservation, probes: ServedProbes | None, profile: Profile, *,
+                          launched: LaunchedConfig | None = None, isvc: dict[str, Any] | None = None,
+                          args: VllmArgs | None = None) -> Verdict:
+    """``deployment/served-config``: what the server says it runs against what the profile says,
+    field by field (:data:`SERVED_FIELDS`), from every source there is:
+
+    * the command line of a server kvgate launched (``launched``:
+      :class:`kvgate.launch.served.LaunchedConfig`, with the chat template's hash and the model's
+      ``generation_config.json`` where its directory is on this machine);
+    * the InferenceService's container args (``isvc``: the object ``--isvc`` read);
+    * ``/server_info?config_format=json`` (``probes.server_info``: vLLM's dev mode only; a 404 is
+      listed, not judged);
+    * ``/v1/models`` and ``/tokenize`` (``max_model_len``); ``vllm:cache_config_info`` (block size,
+      cache dtype, the KV element size its pool and block count imply --
+      :func:`kvgate.gates.fit.live_kv_elements` -- and the ``max_model_len`` its tokens /
+      concurrency imply); the probe conversation's rendering (``probes.rendering``).
+
+    The profile's side: ``engine.dtype`` (else ``model.dtype``), ``engine.kv_cache_dtype`` and the
+    element size it means, ``engine.max_model_len``, ``--quantization`` in ``engine.extra_args``,
+    ``engine.block_size``, ``model.chat_template`` (``sha256``, ``probe_tokens``),
+    ``engine.override_generation_config`` (unset: none). A served value that differs FAILs naming
+    the field, the served value, the profile's and the source, with the ``cause``; PASS only on
+    what was compared (``parts``: one per field, SKIP where the profile states nothing -- the
+    served value reported -- or no source shows it); nothing compared at all -> SKIP, naming what
+    was not visible. ``args``: the vLLM parser snapshot (default: the profile's declared version). Pure."""
+    from kvgate.authoring.lint import declared_version
+
+    args = args or load_snapshot(declared_version(profile)[0])
+    out = _Served()
+    _launched_values(out, launched, args)
+    _isvc_values(out, isvc, args)
+    _server_info_values(out, probes.server_info if probes is not None else None)
+    _http_values(out, obs, profile)
+    _cache_values(out, obs, profile)
+    _rendering_values(out, probes)
+    declared = _profile_values(profile, args)
+    parts = [_field_part(n, declared.get(n), out.values.get(n, []), out.unseen(n)) for n in SERVED_FIELDS]
+    not_visible = [n for n in SERVED_FIELDS if not out.values.get(n)]
+    compared = [p for p in parts if p.status is not SKIP]
+    ev = {"served": {n: [{"source": s, "value": _plain(v)} for s, v in vs] for n, vs in out.values.items()},
+          "profile": {n: {"field": f, "value": _plain(v)} for n, (f, v) in declared.items()},
+          "not_visible": {n: out.unseen(n) for n in not_visible}, **out.report}
+    tail = f"; not visible: {', '.join(SERVED_FIELDS[n] for n in not_visible)}" if not_visible else ""
+    if not compared:
+        return Verdict(SERVED, SKIP, f"nothing the profile states is visible on this server{tail} -> SKIP",
+                       evidence=ev, parts=tuple(parts))
+    v = combine(SERVED, parts)
+    if v.status is FAIL:
+        bad = [p for p in parts if p.status is FAIL]
+        msg = (f"served config differs from profile {profile.name} in {len(bad)} of {len(compared)} compared "
+               f"field{'s' * (len(compared) > 1)}: " + "; ".join(p.message.removesuffix(" -> FAIL") for p in bad)
+               + " -> FAIL")
+        return dataclasses.replace(v, message=msg, evidence=ev)
+    ok = "; ".join(p.message.removesuffix(" -> PASS") for p in compared)
+    return dataclasses.replace(v, message=f"served config matches profile {profile.name} in {len(compared)} compared "
+                               f"field{'s' * (len(compared) > 1)}: {ok}{tail} -> PASS", evidence=ev)

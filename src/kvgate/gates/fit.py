@@ -746,6 +746,105 @@ def _label_int(labels: dict[str, str], key: str) -> int | None:
     return int(float(raw))
 
 
+@dataclass(frozen=True)
+class LiveElements:
+    """The bytes of one KV element a live vLLM's pool implies, against the profile's
+    (:func:`live_kv_elements`).
+
+    ``reading``: :class:`kvgate.kv.arithmetic.KvElementReading` of the live pool, or None with
+    ``why_not`` (one clause: no block count, pool size not known). ``pool_source``: where the
+    pool's bytes came from (vLLM's own ``kv_cache_memory_bytes`` label, else the profile's exact
+    pool). ``expected_bytes``/``expected_words``: the profile's element size (bytes) and its dtype
+    in words (``"float32"``, ``"kv_cache_dtype fp8"``); ``elements_words``: how the elements per
+    block were counted.
+    """
+
+    reading: km.KvElementReading | None
+    pool_source: str
+    why_not: str | None
+    expected_bytes: float
+    expected_words: str
+    elements_words: str = ""
+
+    @property
+    def mismatch(self) -> bool:
+        """True when the live pool names one element size and it is not the profile's."""
+        return self.reading is not None and self.reading.size is not None and self.reading.size != self.expected_bytes
+
+    def sentence(self) -> str:
+        """``377,487,360 B (vllm:cache_config_info kv_cache_memory_bytes) / 128 blocks (num_gpu_blocks) =
+        2,949,120 B per block = 2 B per KV element (128 tokens x 2 x 30 layers x 3 KV heads x 64 = 1,474,560
+        elements)``, or why it was not read."""
+        r = self.reading
+        if r is None:
+            return f"KV element size not read: {self.why_not}"
+        head = (f"{r.pool_bytes:,} B ({self.pool_source}) / {r.num_blocks:,} blocks (num_gpu_blocks) = "
+                f"{r.bytes_per_block_high:,.0f} B per block")
+        if r.size is not None:
+            return f"{head} = {r.size} B per KV element ({self.elements_words})"
+        return (f"{head} = {r.bytes_per_element:.3f} B per KV element ({self.elements_words}): no whole element size "
+                f"({', '.join(f'{s} B' for s in km.KV_ELEMENT_SIZES)}) gives {r.num_blocks:,} blocks")
+
+    def cause(self) -> str | None:
+        """The element-size cause (:func:`kvgate.kv.arithmetic.kv_element_cause`) on a mismatch, else None."""
+        if not self.mismatch:
+            return None
+        assert self.reading is not None and self.reading.size is not None
+        return km.kv_element_cause(self.reading.size, self.expected_bytes, self.expected_words)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reading": self.reading.to_dict() if self.reading else None, "pool_source": self.pool_source,
+                "why_not": self.why_not, "expected_bytes": self.expected_bytes,
+                "expected_words": self.expected_words, "elements_words": self.elements_words}
+
+
+def _expected_words(p: FitPlan) -> str:
+    """The profile's KV dtype in words: ``float32`` (auto = the model dtype) or ``kv_cache_dtype fp8``."""
+    label = p.kv_cache_dtype
+    return label.split("= ", 1)[1] if label.startswith("auto = ") else f"kv_cache_dtype {label}"
+
+
+def _elements_per_token_layer(p: FitPlan) -> int:
+    """KV elements one token costs in one layer (``2 x kv_heads per GPU x head_dim``; MLA: the latent)."""
+    return max(1, int(round(p.kv_bytes_per_token / p.layers / p.kv_dtype_bytes)))
+
+
+def live_kv_elements(p: FitPlan, labels: dict[str, str]) -> LiveElements:
+    """Read the KV element size from a live vLLM's ``vllm:cache_config_info`` ``labels`` with the
+    profile's geometry (``p``, :func:`plan`): ``pool bytes / (num_gpu_blocks x elements per block)``,
+    elements per block = the predicted block's bytes (the largest KV group's pages,
+    :class:`kvgate.kv.arithmetic.KvLayout`) / the profile's element size, scaled to the live
+    ``block_size``. The pool's bytes: the label ``kv_cache_memory_bytes`` when vLLM reports one,
+    else the profile's exact pool (``engine.kv_cache_memory_bytes`` or ``VLLM_CPU_KVCACHE_SPACE``);
+    an estimated pool (from ``gpu_memory_utilization``) is no measurement, so nothing is read then.
+    Raises ``ValueError`` on labels that are not numbers."""
+    expected, words = p.kv_dtype_bytes, _expected_words(p)
+    pool, lay = p.pool, p.layout
+    if pool is None or lay is None:
+        return LiveElements(None, "", "no vLLM KV layout for this profile", expected, words)
+    blocks = _label_int(labels, "num_gpu_blocks")
+    live_block = _label_int(labels, "block_size") or pool.block_size
+    reported = _label_int(labels, "kv_cache_memory_bytes")
+    if reported:
+        pool_bytes, source = reported, "vllm:cache_config_info kv_cache_memory_bytes"
+    elif p.explicit_pool:
+        pool_bytes, source = pool.pool_bytes, f"the profile's {p.pool_source.replace(' (exact)', '')}; vLLM reports none"
+    else:
+        return LiveElements(None, "", "the pool's size is an estimate (no kv_cache_memory_bytes set or reported), so "
+                            "its bytes per block are not measured", expected, words)
+    if not blocks:
+        return LiveElements(None, source, "vLLM reports no num_gpu_blocks", expected, words)
+    elements = int(round(lay.bytes_per_block / p.kv_dtype_bytes * live_block / pool.block_size))
+    if not _grouped(p) and p.attention != "mla":
+        described = (f"{live_block} tokens x 2 x {p.layers} layers x {p.kv_heads_per_gpu} KV heads x {p.head_dim} = "
+                     f"{elements:,} elements")
+    else:
+        described = (f"{elements:,} elements per block: the largest KV group's {fmt_bytes2(lay.bytes_per_block)} at "
+                     f"{p.kv_dtype_bytes:g} B" + (f", scaled to {live_block}-token blocks" if live_block != pool.block_size
+                                                  else ""))
+    return LiveElements(km.read_kv_element_bytes(pool_bytes, blocks, elements), source, None, expected, words, described)
+
+
 def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict:
     """Compare the predicted KV capacity with what a live vLLM allocated (gate ``"fit.live"``).
 
@@ -756,11 +855,20 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
     predicted ``int(num_blocks / blocks_per_request * max_model_len)`` (summed over KV groups);
     without it, ``num_gpu_blocks`` turned into tokens the same way (for one full-attention group
     that is ``num_gpu_blocks x block_size``). PASS when they agree within one block's worth of
-    tokens (``max_model_len / blocks_per_request``). A difference is explained by group: live
-    blocks vs predicted (bytes per block), live blocks per request vs the predicted per-group
-    sum. When the prediction is an estimate (no explicit ``kv_cache_memory_bytes``) a larger gap
-    is reported but only fails if the live pool no longer holds the declared long concurrency at
-    ``max_model_len``. The message gives the difference in tokens and %.
+    tokens (``max_model_len / blocks_per_request``).
+
+    Tokens that agree are never a FAIL: when ``kv_cache_max_concurrency`` differs anyway, the
+    server's ``max_model_len`` is not the profile's (``kv_cache_max_concurrency =
+    kv_cache_size_tokens / max_model_len``); the message names it (``evidence
+    ["served_max_model_len"]``) and leaves the verdict on it to ``deployment/max-model-len``.
+
+    A difference is explained from the numbers: a block count that differs is read as a KV
+    element size (:func:`live_kv_elements`: pool bytes / blocks / elements per block; a whole size
+    other than the profile's is the ``cause``, e.g. 2-byte elements under a float32 profile), or,
+    when no element size fits, the layer groupings and block sizes the numbers allow; blocks per
+    request that differ name the window / in-flight / hybrid-manager terms. When the prediction is
+    an estimate (no explicit pool) a larger gap only fails if the live pool no longer holds the
+    declared long concurrency at ``max_model_len``. The message gives the difference in tokens and %.
     """
     gate = "fit.live"
     try:
@@ -775,7 +883,8 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
         live_size = _label_int(cache_config, "kv_cache_size_tokens")
         raw_conc = cache_config.get("kv_cache_max_concurrency")
         live_conc = float(raw_conc) if raw_conc not in (None, "", "None", "none", "null") else None
-    except ValueError as exc:
+        elements = live_kv_elements(p, cache_config)
+    except (ValueError, KvMathError) as exc:
         return Verdict(gate, Status.INVALID, f"vllm:cache_config_info labels not numeric: {exc}",
                        evidence={"labels": dict(cache_config)})
     pool = p.pool
@@ -803,7 +912,8 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
                 "block_size_predicted": pool.block_size, "exact_prediction": p.explicit_pool,
                 "predicted_num_blocks": pool.num_blocks, "live_num_blocks": live_blocks,
                 "predicted_blocks_per_request": per_req,
-                "predicted_max_concurrency": round(pool.vllm_max_concurrency, 4), "live_max_concurrency": live_conc}
+                "predicted_max_concurrency": round(pool.vllm_max_concurrency, 4), "live_max_concurrency": live_conc,
+                "kv_elements": elements.to_dict()}
     if p.layout is not None:
         evidence["groups"] = [{"kind": g.kind, "window": g.window, "layers": g.layers, "block_size": g.block_size,
                                "blocks_per_request": g.blocks_per_request} for g in p.layout.groups]
@@ -815,18 +925,20 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
                  + " + ".join(f"{g.blocks_per_request} {g.kind}" for g in p.layout.groups) + ")")
     if live_block is not None and live_block != pool.block_size:
         head += f"; live block_size {live_block} != predicted {pool.block_size}"
-    if live_conc is not None and abs(live_conc - pool.vllm_max_concurrency) * per_req > 1 + 1e-9:
-        within = False  # kv_cache_max_concurrency off by more than one block: the counts disagree
+    conc_off = live_conc is not None and abs(live_conc - pool.vllm_max_concurrency) * per_req > 1 + 1e-9
+    if within and conc_off:
+        assert live_conc is not None
+        return _concurrency_only(gate, head, one_block, live_tokens, predicted, live_conc, p, evidence)
     if within:
         return Verdict(gate, Status.PASS, f"{head}, within one block ({one_block:,} tokens) -> PASS",
                        measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
-    why = _explain_live(p, live_blocks, live_size, live_block)
+    why, cause = _explain_live(p, live_blocks, live_size, live_block, elements)
     if why:
         head += f"; {why}"
     if p.explicit_pool:
         return Verdict(gate, Status.FAIL,
                        f"{head}: more than one block ({one_block:,} tokens) off an exact prediction -> FAIL",
-                       measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
+                       measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence, cause=cause)
     if live_blocks is not None:
         live_at_once = max(0, live_blocks - 1) // (per_req if grouped or live_block is None else
                                                    km.blocks_for_tokens(L, block))
@@ -837,24 +949,76 @@ def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict
     tail = (f"; the estimate is off by more than one block, and the live pool holds {live_at_once:,} "
             f"{_seq_word(live_at_once)} of {L:,} at once"
             + (f", profile declares {need}" if need else "") + f" -> {_pf(ok).value}")
+    cause = None if ok else cause
     if need:
         return Verdict(gate, _pf(ok), head + tail, measured=live_at_once, limit=need, unit="sequences",
-                       evidence={**evidence, "sequence_tokens": L})
+                       evidence={**evidence, "sequence_tokens": L}, cause=cause)
     return Verdict(gate, _pf(ok), head + tail, measured=live_tokens, limit=predicted, unit="tokens",
-                   evidence={**evidence, "limit_is": "estimate"})
+                   evidence={**evidence, "limit_is": "estimate"}, cause=cause)
 
 
-def _explain_live(p: FitPlan, live_blocks: int | None, live_size: int | None, live_block: int | None) -> str:
-    """Where a live/predicted difference comes from: the block count (bytes per block, pool
-    size) or the blocks each request is charged (groups, windows, in-flight tokens)."""
+def _concurrency_only(gate: str, head: str, one_block: int, live_tokens: int, predicted: int, live_conc: float,
+                      p: FitPlan, evidence: dict[str, Any]) -> Verdict:
+    """Tokens within one block, ``kv_cache_max_concurrency`` not: the pool is the predicted one
+    (PASS: a 0-token difference is never a FAIL); vLLM computes ``kv_cache_max_concurrency =
+    kv_cache_size_tokens / max_model_len``, so the concurrency names the server's ``max_model_len``,
+    which ``deployment/max-model-len`` judges (``/v1/models``, ``/tokenize``)."""
+    assert p.pool is not None
+    served_len = int(round(live_tokens / live_conc)) if live_conc > 0 else None
+    evidence = {**evidence, "served_max_model_len": served_len, "served_max_model_len_is":
+                "kv_cache_size_tokens / kv_cache_max_concurrency"}
+    if served_len is not None and abs(served_len - p.max_model_len) > one_block:
+        why = (f"the concurrency differs ({live_conc:.2f}x vs {p.pool.vllm_max_concurrency:.2f}x predicted) because the "
+               f"server's max_model_len is ~{served_len:,} tokens ({live_tokens:,} tokens / {live_conc:.2f}x: vLLM's "
+               f"kv_cache_max_concurrency = kv_cache_size_tokens / max_model_len), not the profile's "
+               f"{p.max_model_len:,}: deployment/max-model-len judges the length")
+    else:
+        why = (f"the concurrency differs ({live_conc:.2f}x vs {p.pool.vllm_max_concurrency:.2f}x predicted) although "
+               f"{live_tokens:,} tokens / {live_conc:.2f}x is the profile's max_model_len {p.max_model_len:,}: vLLM's "
+               "own labels disagree with each other")
+    return Verdict(gate, Status.PASS, f"{head}: the pool agrees within one block ({one_block:,} tokens); {why} -> PASS",
+                   measured=live_tokens, limit=predicted, unit="tokens", evidence=evidence)
+
+
+def _explain_live(p: FitPlan, live_blocks: int | None, live_size: int | None, live_block: int | None,
+                  elements: LiveElements) -> tuple[str, str | None]:
+    """``(words, cause)``: where a live/predicted difference comes from, from the numbers -- the
+    block count (read as a KV element size, :func:`live_kv_elements`; else the groupings and block
+    sizes the bytes per block allow) or the blocks each request is charged (groups, windows,
+    in-flight tokens). ``cause`` is None when nothing measured points at one."""
     pool, lay = p.pool, p.layout
     assert pool is not None
-    parts = []
+    parts: list[str] = []
+    causes: list[str] = []
     if live_blocks is not None and live_blocks != pool.num_blocks:
-        implied = pool.pool_bytes // live_blocks if live_blocks else 0
-        parts.append(f"vLLM has {live_blocks:,} blocks, predicted {pool.num_blocks:,} "
-                     f"(~{implied:,} B per block vs predicted {lay.bytes_per_block if lay else 0:,} B: "
-                     "a different layer grouping, page size or pool size)")
+        said = f"vLLM has {live_blocks:,} blocks, predicted {pool.num_blocks:,}"
+        r = elements.reading
+        if r is None:
+            parts.append(f"{said} ({elements.why_not}: a different pool size, KV element size or layer grouping "
+                         "cannot be told apart)")
+            causes.append(f"the block count differs and the evidence cannot tell a different pool size from a "
+                          f"different KV element size or layer grouping ({elements.why_not})")
+        elif r.size is not None and r.size != elements.expected_bytes:
+            parts.append(f"{said}: {elements.sentence()}, predicted {elements.expected_bytes:g} B "
+                         f"({elements.expected_words})")
+            causes.append(elements.cause() or "")
+        elif r.size is not None:
+            words = f"{said}: {elements.sentence()}, the profile's size"
+            if r.pool_bytes != pool.pool_bytes:
+                words += f"; the pool differs: {r.pool_bytes:,} B live vs {pool.pool_bytes:,} B predicted"
+                causes.append(f"the KV pool differs: vLLM reports {r.pool_bytes:,} B, the profile's pool is "
+                              f"{pool.pool_bytes:,} B ({p.pool_source})")
+            elif live_block is not None and live_block != pool.block_size:
+                causes.append(f"the block size differs: vLLM runs {live_block}-token blocks, the profile "
+                              f"{pool.block_size} ({p.block_size_source})")
+            parts.append(words)
+        else:
+            alts = km.kv_block_alternatives(r, live_block or pool.block_size, p.layers, _elements_per_token_layer(p))
+            allow = "; ".join(alts) if alts else "no whole layer count or power-of-two block size either"
+            parts.append(f"{said}: {elements.sentence()}; the numbers allow: {allow}")
+            causes.append("no KV element size fits the live block count; " + (
+                f"the numbers allow {'; '.join(alts)} -- the evidence cannot tell these apart" if alts else
+                "nor does a whole number of layers or a power-of-two block size: the layout is not one kvgate models"))
     if live_blocks and live_size:
         live_per_req = round(live_blocks * p.max_model_len / live_size) if live_size else 0
         if live_per_req != pool.blocks_per_sequence:
@@ -862,4 +1026,7 @@ def _explain_live(p: FitPlan, live_blocks: int | None, live_size: int | None, li
             parts.append(f"vLLM charges ~{live_per_req} blocks per {p.max_model_len:,}-token request, predicted "
                          f"{pool.blocks_per_sequence}{groups} (window, in-flight tokens "
                          f"{p.in_flight_tokens:,} or hybrid manager differ)")
-    return "; ".join(parts)
+            causes.append(f"vLLM charges ~{live_per_req} blocks per request, predicted {pool.blocks_per_sequence}: "
+                          "the evidence cannot tell a different window, in-flight token count or hybrid-manager "
+                          "setting apart")
+    return "; ".join(parts), "; ".join(c for c in causes if c) or None

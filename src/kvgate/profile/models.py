@@ -91,6 +91,17 @@ class Architecture(_Strict):
         return self
 
 
+class ChatTemplateSpec(_Strict):
+    """The chat template the deployment must serve, checked by ``deployment/served-config``: its
+    text's hash where the template is visible (a server kvgate launched), and the rendering of
+    kvgate's probe conversation (``kvgate.http.probes.TEMPLATE_PROBE``) through ``/tokenize``
+    everywhere. Copy them from a known-good run's ``deployment/served-config`` evidence in
+    summary.json (``rendering.token_strs``, ``launched.chat_template_sha256``)."""
+
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="sha256 (hex) of the chat template text the server loads (--chat-template, else the model's chat_template.jinja or tokenizer_config.json); compared where the template is visible: a server kvgate launched")
+    probe_tokens: list[str] | None = Field(default=None, min_length=1, description="the token strings /tokenize renders kvgate's probe conversation to (system, user, assistant, user; with the generation prompt), as vLLM's token_strs; compared token by token on every vLLM server")
+
+
 class ModelSpec(_Strict):
     """What is served: the name clients send, its architecture and weight dtype."""
 
@@ -107,6 +118,8 @@ class ModelSpec(_Strict):
     tokenizer: str | None = Field(default=None, description="[path] a local Hugging Face tokenizer directory: counts "
                                                             "exact-length chat prompts where the server has no /tokenize "
                                                             "(KServe's Hugging Face runtime)")
+    chat_template: ChatTemplateSpec | None = Field(default=None, description="the chat template the server must run "
+                                                   "(deployment/served-config); null = reported, not compared")
 
 
 class HardwareSpec(_Strict):

@@ -225,7 +225,10 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
     st.extra[OWNED_KEY] = True
     # a local process tree (the embedded vLLM) is watched for host contention; a router's pid is not the server's
     pids = (server.pid,) if server.pid is not None and st.launch_mode == "embedded" else ()
-    st.endpoint = Endpoint(base_url=url, managed=True, server_pids=pids, api_key=getattr(server, "api_key", None))
+    # the command line a single launched server was given (not a pools router's): deployment/served-config reads it
+    argv = tuple(getattr(server, "command", None) or ()) if st.launch_mode in ("embedded", "docker") else ()
+    st.endpoint = Endpoint(base_url=url, managed=True, server_pids=pids, api_key=getattr(server, "api_key", None),
+                           server_argv=argv, launched_by=st.launch_mode if argv else None)
     st.record.endpoint = st.endpoint.display
     st.record.launch = server.describe()
     if server.pid is not None:
