@@ -116,7 +116,8 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
         out.model = body_json.get("model") if isinstance(body_json.get("model"), str) else None
         fp = body_json.get("system_fingerprint")
         out.system_fingerprint = fp if isinstance(fp, str) else None
-        out.identity = {k.lower(): v for k, v in (r.headers or {}).items() if IDENTITY_HEADERS.match(k.lower())}
+        headers = getattr(r, "headers", None) or {}
+        out.identity = {k.lower(): v for k, v in headers.items() if IDENTITY_HEADERS.match(k.lower())}
         if a.ok and route == "chat":  # the content only: reasoning and tool calls are not the answer here
             msg = ((body_json.get("choices") or [{}])[0] or {}).get("message") or {}
             out.text = str(msg.get("content") or "")

@@ -357,10 +357,11 @@ class PathsObservation:
         return sp.ids[:k] if sp.ids[k:] == pl.ids else None
 
     def _prefix_words(self) -> str:
+        """``id 1 ('<s>')`` for each id of :meth:`special_prefix`; ``""`` when there is none."""
         p = self.special_prefix()
         sp = self.text_special
         if not p or sp is None:
-            return "nothing"
+            return ""
         return ", ".join(f"id {i} ({sp.token(k)})" if sp.strs is not None else f"id {i}" for k, i in enumerate(p))
 
 
@@ -399,8 +400,8 @@ def _count_finding(o: PathsObservation, key: str, c: int) -> tuple[str, str | No
         found.append(("the rendering without the system turn", system_dropped_cause(c)))
     ts = o.text_special
     if ts is not None and ts.ok and ts.count == c != n:
-        found.append((f"the rendered text with the tokenizer's special tokens added once more ({o._prefix_words()} in "
-                      "front)", ""))
+        front = f" ({o._prefix_words()} in front)" if o._prefix_words() else ""
+        found.append((f"the rendered text with the tokenizer's special tokens added once more{front}", ""))
     tw = o.twice
     if tw is not None and tw.ok and tw.count == c != n:
         found.append(("the rendered text rendered again as a user turn (the template applied twice)", ""))
