@@ -674,7 +674,7 @@ def fail_verdicts():
                                                                           "'Lyon.', expected /\\bParis\\b/i"]),
         (determinism_verdict(det_spec(), {"g": [alone, batch]}), ["2 distinct outputs in 2",
                                                                   "answers.determinism.max_distinct 1"]),
-        (temperature_zero_verdict(twice(alone, batch)), ["different text, first difference at token 1"]),
+        (temperature_zero_verdict(twice(alone, batch)), ["different text, first difference at token 0"]),
         (system_message_verdict(sysobs(4, W, WO)), ["the server counted 4 prompt tokens", "7 with the system turn"]),
     ]
 
