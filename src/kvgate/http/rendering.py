@@ -53,6 +53,14 @@ class Rendering:
         return {"count": self.count, "tokens": list(self.ids), "token_strs": list(self.strs) if self.strs is not None
                 else None, "error": self.error}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Rendering":
+        """The inverse of :meth:`to_dict`. Raises ``TypeError``/``ValueError`` on a malformed one."""
+        if d.get("error") is not None:
+            return cls(error=str(d["error"]))
+        strs = d.get("token_strs")
+        return cls(tuple(int(i) for i in d.get("tokens") or []), tuple(str(x) for x in strs) if strs is not None else None)
+
 
 def tokenize(client: KvClient, model: str, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
              add_special_tokens: bool | None = None, tools: list[Any] | None = None,
