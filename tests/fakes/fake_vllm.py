@@ -44,7 +44,9 @@ streamed or not, with logprobs when asked (each chosen at 0.0, alternatives ``<a
 path (a rendered text sent with ``add_special_tokens: false``). Unmatched prompts, adapters, feature
 requests and ``ignore_eos``/``min_tokens`` requests are answered with ``tok{k}`` words as above. Of
 the answers faults, ``double_bos_ids`` and ``echo_prompt_first_delta`` bend every token-id prompt,
-the others only answering mode.
+the others only answering mode. A non-streamed completion with ``echo`` returns the prompt's text and,
+with logprobs, its tokens in front of the answer's (``token_id:N`` with ``return_tokens_as_token_ids``),
+as vLLM does: the server's own reading of the prompt.
 
 Serve features (the features gate), healthy by default, each with faults: a chat request with
 ``tools`` answers one call (named -> that function, required -> the first, auto -> the first with
