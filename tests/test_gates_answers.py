@@ -616,6 +616,10 @@ def test_first_difference_and_parting_of_two_renderings():
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2
     assert parting(W, WO) == (1, "'<|system|>'", "'<|user|>'")
     assert parting(rendered("a", "b", strs=False), rendered("a", strs=False)) == (1, f"id {100 + ord('b')}", "the end")
+    # shown as the text the token strings spell: byte-level BPE and SentencePiece marks, else words
+    assert Rendering((1, 2, 3, 4), ("You", "\u0120are", "\u010a", "What")).text() == "You are\nWhat"
+    assert Rendering((1, 2), ("\u2581Be", "\u2581brief")).text() == " Be brief"
+    assert W.text(3) == "<s> <|system|> Be" and Rendering((1,)).text() is None
 
 
 def test_suspects_are_the_cause_of_the_fails_they_explain_and_only_those():

@@ -674,12 +674,12 @@ class RenderingObservation:
                 "without_system": self.without_system.to_dict(), "system_as_user": self.as_user.to_dict()}
 
 
-def _quoted(r: Rendering, n: int = 24) -> str:
-    """The first ``n`` token strings of a rendering joined (``'<s> You are ...'``), or its count."""
-    if r.strs is None:
+def _quoted(r: Rendering, n: int = 32) -> str:
+    """The first ``n`` tokens of a rendering as text, quoted (``'<s> You are ...'``), or its count."""
+    text = r.text(n)
+    if text is None:
         return f"{r.count} token ids"
-    text = " ".join(r.strs[:n]) + (" ..." if len(r.strs) > n else "")
-    return repr(clip(text, 120))
+    return repr(clip(text + (" ..." if r.count and r.count > n else ""), 120))
 
 
 def rendering_cause(obs: RenderingObservation | None) -> str | None:

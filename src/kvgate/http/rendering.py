@@ -20,6 +20,11 @@ from kvgate.http.client import KvClient
 T = TypeVar("T")
 
 
+#: Token-string marks of a space, newline and tab: byte-level BPE's (GPT-2, Llama 3, SmolLM) and
+#: SentencePiece's word start.
+_MARKS = str.maketrans({"\u0120": " ", "\u010a": "\n", "\u0109": "\t", "\u2581": " "})
+
+
 @dataclass(frozen=True)
 class Rendering:
     """One input as the server's tokenizer rendered it: ``ids`` (token ids), ``strs`` (their token
@@ -47,6 +52,17 @@ class Rendering:
         if self.strs is not None and i < len(self.strs):
             return repr(self.strs[i])
         return f"id {self.ids[i]}"
+
+    def text(self, n: int | None = None) -> str | None:
+        """The first ``n`` tokens (all: None) as text, for a reader: byte-level BPE strings
+        (``Ġare``, ``Ċ``) and SentencePiece's (``▁are``) joined as the text they spell, other
+        strings (one a word) joined by spaces; None without token strings."""
+        if self.strs is None:
+            return None
+        strs = self.strs if n is None else self.strs[:n]
+        if any(chr(m) in t for t in strs for m in _MARKS):
+            return "".join(strs).translate(_MARKS)
+        return " ".join(strs)
 
     def to_dict(self) -> dict[str, Any]:
         """Report form: ``count``, ``tokens`` (ids), ``token_strs`` (or None), ``error``."""
