@@ -26,8 +26,8 @@ CASES = ["responses/reply", "responses/stream", "responses/store", "messages/rep
          "max-completion-tokens/chat", "continuous-usage/chat", "continuous-usage/completions"]
 
 
-def run(pytester, url, profile=PROFILE):
-    result, summary, gates = run_suites(pytester, url, suites=["suites/test_api.py"], profile=profile)
+def run(pytester, url, *extra, profile=PROFILE):
+    result, summary, gates = run_suites(pytester, url, *extra, suites=["suites/test_api.py"], profile=profile)
     return result, summary, {k.removeprefix("fake-vllm/api/"): g for k, g in gates.items()}
 
 
@@ -153,3 +153,78 @@ def test_contract_diffed_against_the_recorded_serving_revision(pytester, fake):
     assert g["status"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED, g["message"]
     assert "2 of 15 request and api cases that PASSed on the recorded baseline" in g["message"]
     assert "do not on the new revision: api/n/chat (FAIL), api/n/completions (FAIL) -> FAIL" in g["message"]
+
+
+def test_an_sdk_invalid_responses_event_names_the_missing_field_and_whether_clients_break(pytester, fake):
+    """vLLM 0.28's Responses stream (the faults imitate it): usage without
+    input_tokens_details.cache_write_tokens, and response.completed ending an incomplete response.
+    The stream and the reply FAIL naming that exact path in the member each event's type selects
+    (ResponseCompletedEvent, not the union's first member ResponseAudioDeltaEvent) as strict-schema
+    drift -- the SDK's default parse, and the real SDK stream, still hand the client the data."""
+    fake.config.faults.update({"responses_no_cache_write_tokens", "responses_completed_when_incomplete"})
+    _, summary, gates = run(pytester, fake.url, "-k", "responses_api")
+    assert set(gates) == {"responses/reply", "responses/stream"}
+    g = gates["responses/stream"]
+    checks = {c["gate"].removeprefix("api/responses/stream/"): c for c in g["checks"]}
+    assert g["status"] == "FAIL" and {k for k, c in checks.items() if c["status"] != "PASS"} == \
+        {"strict-schema", "terminal-event"}, checks
+    msg = checks["strict-schema"]["message"]
+    assert msg.startswith("streamed POST /v1/responses: 3 of 16 events fail the strict schema: response.created fails "
+                          "openai "), msg
+    assert "'s ResponseCreatedEvent at response.usage.input_tokens_details.cache_write_tokens: Field required (also " \
+           "response.in_progress, response.completed) -- strict-schema drift: its default parse (as clients call it) " \
+           "still hands the client the event, response.usage.input_tokens_details.cache_write_tokens None -> FAIL" in msg
+    assert "ResponseAudioDeltaEvent" not in g["message"]
+    assert g["cause"] == checks["strict-schema"]["cause"], g  # the only part with a cause
+    assert g["cause"].startswith("the server omits response.usage.input_tokens_details.cache_write_tokens in "
+                                 "response.created, response.in_progress, response.completed, which openai "), g["cause"]
+    assert "requires (ResponseCreatedEvent and the others): strict-schema drift -- the SDK's default parse, as clients " \
+           "call it, still hands clients the data (response.usage.input_tokens_details.cache_write_tokens None)" in \
+           g["cause"], g["cause"]
+    assert checks["schema"]["status"] == "PASS" and "default parse hands clients all 16 events" in \
+        checks["schema"]["message"]
+    assert checks["sdk"]["message"].startswith("the openai SDK's responses.stream parsed it")  # measured: it delivers
+    found = g["evidence"]["api/responses/stream/strict-schema"]["evidence"]["sdk_findings"]
+    assert [(f["kind"], f["member"], f["path"], f["breaks"]) for f in found] == [
+        (k, m, "response.usage.input_tokens_details.cache_write_tokens", False) for k, m in (
+            ("response.created", "ResponseCreatedEvent"), ("response.in_progress", "ResponseInProgressEvent"),
+            ("response.completed", "ResponseCompletedEvent"))]
+    r = gates["responses/reply"]
+    assert r["status"] == "FAIL" and r["message"].startswith("POST /v1/responses (max_output_tokens 8, ignore_eos): the "
+                                                             "reply fails openai "), r
+    assert "'s Response at usage.input_tokens_details.cache_write_tokens: Field required -- strict-schema drift" in \
+        r["message"], r["message"]
+    assert r["cause"].startswith("the server omits usage.input_tokens_details.cache_write_tokens in the reply"), r
+
+
+def test_accepted_strict_schema_drift_never_accepts_a_client_break(pytester, fake, tmp_path):
+    """The drift accepted under api.accepted_gaps (responses/*/strict-schema): the reply PASSes with
+    the finding a SKIP part; a terminal event whose response is a string (responses_terminal_response_id)
+    still FAILs the stream as breaking clients -- the SDK's default parse hands them a str where it
+    types a Response, and the real SDK stream raises."""
+    fake.config.faults.update({"responses_no_cache_write_tokens", "responses_terminal_response_id"})
+    data = yaml.safe_load(PROFILE.read_text())
+    data["api"] = {"accepted_gaps": {f"responses/{c}/strict-schema": "vLLM 0.28 omits cache_write_tokens"
+                                     for c in ("reply", "stream")}}
+    profile = tmp_path / "fake-vllm.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    _, _, gates = run(pytester, fake.url, "-k", "responses_api", profile=profile)
+    r = gates["responses/reply"]
+    assert r["status"] == "PASS" and [c["check"] for c in r["skipped_checks"]] == \
+        ["api/responses/reply/strict-schema"], r
+    assert r["skipped_checks"][0]["reason"].startswith("accepted gap (profile api.accepted_gaps: vLLM 0.28 omits")
+    g = gates["responses/stream"]
+    checks = {c["gate"].removeprefix("api/responses/stream/"): c for c in g["checks"]}
+    assert g["status"] == "FAIL" and checks["strict-schema"]["status"] == "SKIP", g
+    assert {k for k, c in checks.items() if c["status"] == "FAIL"} == {"schema", "sdk"}, checks
+    msg = checks["schema"]["message"]
+    assert msg.startswith("streamed POST /v1/responses: 1 of 16 events breaks clients: response.incomplete fails "
+                          "openai "), msg
+    assert "'s ResponseIncompleteEvent at response: Input should be a valid dictionary or instance of Response (got " \
+           "'resp_" in msg and "-- breaks clients: its default parse (as clients call it) hands the client response " \
+           "as a str ('resp_" in msg, msg
+    assert g["cause"].startswith("the server sends response as 'resp_"), g["cause"]
+    assert "in response.incomplete where openai " in g["cause"] and " types an object (ResponseIncompleteEvent): the " \
+        "SDK's default parse, as clients call it, leaves clients nothing to read into there (breaks clients" in \
+        g["cause"], g["cause"]
+    assert checks["sdk"]["message"].startswith("streamed POST /v1/responses: the openai SDK's responses.stream raised")

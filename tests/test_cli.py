@@ -77,18 +77,62 @@ def test_a_profile_that_requires_a_key_gets_one_in_a_private_file_never_printed(
     prof.write_text(f"extends: {REPO / 'profiles' / 'tiny-cpu.yaml'}\nsecurity: {{auth: required}}\n")
     stop = threading.Event()
     stop.set()
+    written = {}
+    real_fdopen = cli.os.fdopen
+
+    def fdopen(fd, mode):  # what the key file held and its mode, before serve removes it at the stop
+        f = real_fdopen(fd, mode)
+        written["mode"] = cli.os.fstat(fd).st_mode & 0o777
+        real_write = f.write
+        f.write = lambda text: (written.__setitem__("text", text), real_write(text))[1]
+        return f
+
+    monkeypatch.setattr(cli.os, "fdopen", fdopen)
     code, out, err = serve(["--profile", str(prof)], stop=stop)
+    monkeypatch.setattr(cli.os, "fdopen", real_fdopen)
     (server,) = FakeServer.instances
-    keyfile = tmp_path / "cache" / "serve-locked.key"
+    keyfile = tmp_path / "cache" / f"serve-locked-{cli.os.getpid()}.key"
     assert code == cli.OK, err
-    assert server.api_key and keyfile.read_text().strip() == server.api_key and server.api_key not in out + err
-    assert keyfile.stat().st_mode & 0o777 == 0o600
+    assert server.api_key and written["text"].strip() == server.api_key and server.api_key not in out + err
+    assert written["mode"] == 0o600 and not keyfile.exists()  # removed once its server stopped
+    assert f"written to {keyfile} (mode 0600, this serve's own; removed when it stops)" in out
     assert f"export KVGATE_SERVE_KEY=$(cat {keyfile})" in out and "--api-key-env=KVGATE_SERVE_KEY" in out
     monkeypatch.setenv("MINE", "sk-mine-1234")
     code, out, _ = serve(["--profile", str(prof), "--api-key-env", "MINE"], stop=stop)
     assert code == cli.OK and FakeServer.instances[0].api_key == "sk-mine-1234" and "--api-key-env=MINE" in out
     code, _, err = serve(["--profile", str(prof), "--api-key-env", "UNSET_VAR_X"], stop=stop)
     assert code == cli.USAGE and "--api-key-env UNSET_VAR_X: the variable is unset or empty" in err
+
+
+def test_two_serves_of_one_profile_keep_their_own_key_files(tmp_path, monkeypatch):
+    """A second ``kvgate serve`` of the same profile (another process: another pid) writes its own
+    key file; the first one's still holds the first server's key while it serves."""
+    monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path / "cache"))
+    prof = tmp_path / "locked.yaml"
+    prof.write_text(f"extends: {REPO / 'profiles' / 'tiny-cpu.yaml'}\nsecurity: {{auth: required}}\n")
+    FakeServer.instances.clear()
+    stop_a, serving_a = threading.Event(), threading.Event()
+    args = cli.build_parser().parse_args(["serve", "--profile", str(prof)])
+    monkeypatch.setattr(cli.os, "getpid", lambda: 1001)
+    first = threading.Thread(target=cli.serve, args=(args,), kwargs=dict(
+        out=io.StringIO(), err=io.StringIO(), stop=stop_a, serving=serving_a, poll_s=0.01, server_factory=FakeServer,
+        build_model=lambda spec: REPO / "model", check=lambda e, p: None))
+    first.start()
+    try:
+        assert serving_a.wait(10)
+        (server_a,) = FakeServer.instances  # serving until stop_a
+        monkeypatch.setattr(cli.os, "getpid", lambda: 1002)
+        stop_b = threading.Event()
+        stop_b.set()
+        code, out, err = serve(["--profile", str(prof)], stop=stop_b)
+        assert code == cli.OK, err
+        key_a, key_b = (tmp_path / "cache" / f"serve-locked-{pid}.key" for pid in (1001, 1002))
+        assert f"written to {key_b} (mode 0600" in out
+        assert server_a.stopped == 0 and key_a.read_text().strip() == server_a.api_key and not key_b.exists()
+    finally:
+        stop_a.set()
+        first.join(10)
+    assert not key_a.exists()
 
 
 def test_profile_path_is_shown_with_equals(tmp_path):

@@ -135,3 +135,34 @@ def test_links_and_quoted_paths_resolve():
                     and not (REPO / span).exists():
                 bad.append(f"{_rel(page)}: `{span}` does not exist")
     assert not bad, "\n".join(bad)
+
+
+def test_every_kvgate_serve_option_is_documented_in_launchers_md():
+    """docs/launchers.md's ``kvgate serve`` section names each of its options (``--api-key-env``
+    was missing), and the per-serve key file (``serve-PROFILE-PID.key``) it writes."""
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    options = [o for a in sub.choices["serve"]._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
+    text = (REPO / "docs" / "launchers.md").read_text()
+    section = text.split("## The embedded server alone", 1)[1].split("\n## ", 1)[0]
+    assert "--api-key-env" in options
+    assert [o for o in options if f"`{o}" not in section] == [], section
+    assert "serve-PROFILE-PID.key" in section
+
+
+NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def test_compare_md_counts_the_cases_the_compare_suite_has():
+    """docs/compare.md's "its N cases" (SKIP without a baseline) and the cases it names in bold
+    are those of suites/test_compare.py (it said three after the contract case made four)."""
+    suite = (REPO / "suites" / "test_compare.py").read_text()
+    cases = [c for group in re.findall(r'@pytest\.mark\.gate\("compare", cases=\[([^\]]*)\]\)', suite)
+             for c in re.findall(r'"([^"]+)"', group)]
+    text = (REPO / "docs" / "compare.md").read_text()
+    counts = re.findall(r"its (\w+) cases", text)
+    assert cases == ["outputs", "latency", "features", "contract"] and len(counts) == 2, (cases, counts)
+    assert {NUMBER_WORDS.get(w) for w in counts} == {len(cases)}, counts
+    proves = text.split("## What it proves", 1)[1].split("\n## ", 1)[0]
+    assert [c for c in cases if f"**{c}**" not in proves] == [], proves

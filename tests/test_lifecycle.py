@@ -126,9 +126,25 @@ def run_embedded(pytester, monkeypatch, fake):
             "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
             f"--profile={PROFILE}", f"--kvgate-reports={reports}", *suite_paths(*suites), *args,
             plugins=[Spy(events), *plugins], no_reraise_ctrlc=True)
-        return Run(result, read_summary(reports), reports, servers, events, time.monotonic() - t0)
+        summary = read_summary(reports) if (reports / "summary.json").exists() else {}  # none: --collect-only
+        return Run(result, summary, reports, servers, events, time.monotonic() - t0)
 
     return run
+
+
+def header(run: Run) -> str:
+    """kvgate's line of the console header (``kvgate: profile ...``)."""
+    return next(ln for ln in run.result.stdout.lines if ln.startswith("kvgate: profile "))
+
+
+def test_header_never_says_started_by_kvgate_when_nothing_started(run_embedded, fake):
+    """--collect-only starts no server, and --endpoint gates a given one: the header says so."""
+    run = run_embedded("--collect-only", suites=("fit", "deployment"))
+    assert "build" not in run.names()
+    assert "; no server started (--collect-only starts none); " in header(run), header(run)
+    run = run_embedded(f"--endpoint={fake.url}", suites=("deployment",))
+    assert "build" not in run.names() and f"; endpoint {fake.url}" in header(run), header(run)
+    assert "started by kvgate" not in run.out
 
 
 def test_server_launched_before_collection_ends_and_waited_for_only_in_the_fixture(run_embedded):
@@ -148,6 +164,8 @@ def test_server_launched_before_collection_ends_and_waited_for_only_in_the_fixtu
     launch = run.summary["launch"]
     assert launch["mode"] == "embedded" and launch["command"] == run.servers[0].command
     assert launch["startup_s"] >= 0.2 and run.summary["endpoint_contacted"] is True
+    assert header(run).endswith(f"); endpoint: embedded vLLM, started by kvgate; reports {run.reports}/ "
+                                f"(run {run.summary['run_id']})"), header(run)
 
 
 def test_phases_cover_the_run_and_add_up_to_its_time(run_embedded):
@@ -223,6 +241,9 @@ def test_launch_error_is_one_line_per_live_gate(run_embedded, where):
         assert [ln for ln in block.splitlines()[1:] if ln.strip()] == [message], block
     assert run.summary["launch"]["error"] == message and run.summary["endpoint_contacted"] is False
     assert f"kvgate {NAME}: the embedded vLLM did not start" in out
+    if where != "wait_ready":  # failed at session start, before the header: it says so
+        assert f"; no server: the embedded launch failed ({message}) -- every live gate reports it; " in header(run)
+        assert "started by kvgate" not in out
     assert "1 invalid" in out.splitlines()[-1]  # pytest's summary line: INVALID is not counted as "failed"
     assert not any(s.running for s in run.servers)
     assert_agree(run.result.ret, run.summary, run.reports)

@@ -145,11 +145,32 @@ def test_wrong_api_key_is_one_preflight_line_not_29_fails(pytester, monkeypatch)
     assert "sk-wrong-key-123" not in result.stdout.str() + result.stderr.str()
 
 
-def test_missing_api_key_names_the_option(pytester):
+def test_missing_api_key_names_the_option(pytester, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
     with FakeVLLM(FakeConfig(api_key="sk-right-key-456")) as fake:
         result = run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, str(REPO / "suites"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "no API key was sent" in result.stderr.str() and "--api-key-env VAR" in result.stderr.str()
+
+
+def test_missing_api_key_names_the_key_variables_it_saw_never_their_values(pytester, monkeypatch):
+    """OPENAI_API_KEY and VLLM_API_KEY set, no --api-key-env: kvgate sends neither, and its refusal
+    says both are set and how to send one -- their names, never their values."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-value-789")
+    monkeypatch.setenv("VLLM_API_KEY", "sk-vllm-value-012")
+    with FakeVLLM(FakeConfig(api_key="sk-right-key-456")) as fake:
+        result = run(pytester, "--profile", str(FAKE_PROFILE), "--endpoint", fake.url, "--kvgate-reports",
+                     str(pytester.path / "r"), str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "answered 401 on /v1/models: no API key was sent: OPENAI_API_KEY and VLLM_API_KEY are set here, but " \
+           "kvgate sends only the key of a variable it is told of -- name it with --api-key-env OPENAI_API_KEY (or " \
+           "the other); nothing was gated" in err, err
+    written = "".join(p.read_text(errors="replace") for p in (pytester.path / "r").rglob("*") if p.is_file())
+    assert "no API key was sent: OPENAI_API_KEY and VLLM_API_KEY are set here" in written
+    for value in ("sk-openai-value-789", "sk-vllm-value-012"):
+        assert value not in err + result.stdout.str() + written
 
 
 def test_stopped_run_is_marked_incomplete(pytester):

@@ -53,6 +53,19 @@ def test_refused_key_names_the_variable_never_the_key(status):
     assert "$MY_LLM_KEY (--api-key-env) was refused" in msg and "sk-secret" not in msg and "\n" not in msg
 
 
+@pytest.mark.parametrize("environ, says", [
+    ({}, "no API key was sent; put it in an environment variable and name it with --api-key-env VAR"),
+    ({"VLLM_API_KEY": "sk-vllm-1", "OPENAI_API_KEY": ""}, "no API key was sent: VLLM_API_KEY is set here, but kvgate "
+     "sends only the key of a variable it is told of -- name it with --api-key-env VLLM_API_KEY; nothing was gated"),
+])
+def test_a_missing_key_names_the_well_known_variables_set_never_their_values(environ, says):
+    ep = Endpoint(base_url="http://kvgate.test")  # no key sent
+    client = KvClient(ep, timeout_s=5, transport=httpx.MockTransport(reply(401, {"error": "Unauthorized"})))
+    with client, pytest.raises(PreflightError) as e:
+        preflight(ep, PROFILE, None, client=client, environ=environ)
+    assert says in str(e.value) and "sk-vllm-1" not in str(e.value), str(e.value)
+
+
 def test_html_page_is_not_openai():
     with pytest.raises(PreflightError) as e:
         check(reply(200, text="<html><body>\n<h1>Directory listing</h1>\n</body></html>", ctype="text/html"))

@@ -81,6 +81,10 @@ def test_misspelt_kvgate_option_replaces_the_reports_and_says_what_was_meant(pyt
     result = run(pytester, "--profle=tiny-cpu", str(REPO / "suites"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert_error_replaced(reports, "--profle=tiny-cpu", "did you mean --profile?")
+    # the console's usage line says it too (pytest prints the refusal after kvgate's cleanup ran)
+    said = [ln for ln in result.stderr.lines if "error: unrecognized arguments" in ln]
+    assert said and said[0].endswith("error: unrecognized arguments: --profle=tiny-cpu (did you mean --profile?)"), \
+        result.stderr.str()
 
 
 def test_unknown_option_of_another_kind_leaves_a_non_kvgate_run_alone(pytester):

@@ -276,3 +276,19 @@ def test_find_allure_prefers_env_then_bootstrap_install_then_path(tmp_path):
     assert render.find_allure({}, str(tmp_path), which=lambda n: "/usr/bin/" + n) == [str(local)]
     assert render.find_allure({}, str(tmp_path), which=lambda n: None) is None  # no node to run it
     assert render.find_allure({}, str(tmp_path / "none"), which=lambda n: "/usr/bin/" + n) == ["/usr/bin/allure"]
+
+
+@pytest.mark.parametrize("launch, contacted, words", [
+    ({"mode": "embedded", "startup_s": 9.0, "command": ["vllm"]}, True, "embedded vLLM, started by kvgate"),
+    ({"mode": "embedded", "error": "embedded vLLM exited with code 1 during startup", "command": []}, False,
+     "embedded vLLM: kvgate's launch failed, nothing gated"),
+    ({"mode": "docker", "image": "vllm/vllm-openai", "command": ["docker"]}, True, "vLLM in docker, started by kvgate"),
+    ({}, True, "gated with --endpoint"),
+    ({}, False, "not contacted"),
+])
+def test_the_endpoint_row_says_started_by_kvgate_only_for_a_launch_that_succeeded(tmp_path, launch, contacted, words):
+    rec = record(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
+    rec.launch, rec.endpoint_contacted = launch, contacted
+    md = signoff_markdown(validate_summary(rec.summary()), FIT_TABLE)
+    assert f"| endpoint | http://127.0.0.1:8000/v1 ({words}) |" in md, md
+    assert ("The server was launched by kvgate" in md) is (words.endswith("started by kvgate")), md

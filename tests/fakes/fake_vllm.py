@@ -293,6 +293,12 @@ FAULTS: dict[str, str] = {
     "ignore_max_completion_tokens": "chat ignores max_completion_tokens (only max_tokens bounds the reply)",
     "forget_previous_response": "a /v1/responses request's previous_response_id is accepted and ignored: the stored "
     "turn is not in its context",
+    # issue 38: an SDK parse failure named at its path, drift told from a client break
+    "responses_no_cache_write_tokens": "every /v1/responses usage (the reply's, each stream event's response, the "
+    "terminal response.completed / incomplete) lacks input_tokens_details.cache_write_tokens, as vLLM 0.28 sends it: "
+    "the openai SDK's types require the field, its default parse reads it None",
+    "responses_terminal_response_id": "a /v1/responses stream's terminal event carries the response's id (a string) as "
+    "its response, not the Response object: the openai SDK's default parse hands clients a string",
     # issue 33: a verdict must rest on something observed
     "html_200": "every generation is answered 200 text/html '<html><body>oops</body></html>' (a gateway's "
     "catch-all page served with success): an SSE parser finds no event in it, and raises nothing",
@@ -2717,7 +2723,8 @@ class FakeVLLM:
                 "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "none", "tools": [], "top_p": 1.0,
                 "usage": {"input_tokens": plan.prompt_tokens, "output_tokens": len(tokens),
                           "total_tokens": plan.prompt_tokens + len(tokens),
-                          "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                          "input_tokens_details": {"cached_tokens": 0} if "responses_no_cache_write_tokens" in
+                          plan.faults else {"cached_tokens": 0, "cache_write_tokens": 0},
                           "output_tokens_details": {"reasoning_tokens": 0}}}
 
     async def _response_events(self, plan: _Plan) -> AsyncIterator[str]:
@@ -2762,7 +2769,7 @@ class FakeVLLM:
         terminal = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         if "responses_completed_when_incomplete" in faults:
             terminal = "response.completed"
-        yield ev(terminal, response=final)
+        yield ev(terminal, response=final["id"] if "responses_terminal_response_id" in faults else final)
 
     @staticmethod
     def _messages_chat(body: dict[str, Any]) -> dict[str, Any]:

@@ -85,22 +85,26 @@ def _endpoint_command(profile_arg: str, profile: Profile, url: str, key_env: str
 SERVE_KEY_ENV = "KVGATE_SERVE_KEY"
 
 
-def _serve_key(args: argparse.Namespace, profile: Profile) -> tuple[str | None, str | None, str | None]:
-    """``(key, env var the gating command names, a line telling where the key is)``. The user's
-    ``--api-key-env``; else a key generated for a profile that requires one, written to a file only
-    its owner reads (``~/.cache/kvgate/serve-PROFILE.key``, mode 0600) -- never printed. Raises
-    :class:`LaunchError` for an unset ``--api-key-env``."""
+def _serve_key(args: argparse.Namespace, profile: Profile
+               ) -> tuple[str | None, str | None, str | None, Path | None]:
+    """``(key, env var the gating command names, a line telling where the key is, the key file)``.
+    The user's ``--api-key-env``; else a key generated for a profile that requires one, written to
+    a file only its owner reads, one per ``kvgate serve`` process
+    (``~/.cache/kvgate/serve-PROFILE-PID.key``, mode 0600: a second serve of the profile never
+    overwrites the first one's key) -- never printed; :func:`serve` removes it when its server
+    stops. Raises :class:`LaunchError` for an unset ``--api-key-env``."""
     key = embedded_key(profile, args.api_key_env)
     if key is None or args.api_key_env:
-        return key, args.api_key_env, None
-    path = cache_root() / f"serve-{profile.name}.key"
+        return key, args.api_key_env, None, None
+    path = cache_root() / f"serve-{profile.name}-{os.getpid()}.key"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
     os.chmod(path, 0o600)
     return key, SERVE_KEY_ENV, (f"it requires an API key (security.auth: required), generated for this server and "
-                                f"written to {path} (mode 0600); first: export {SERVE_KEY_ENV}=$(cat {shlex.quote(str(path))})")
+                                f"written to {path} (mode 0600, this serve's own; removed when it stops); first: "
+                                f"export {SERVE_KEY_ENV}=$(cat {shlex.quote(str(path))})"), path
 
 
 def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None,
@@ -144,7 +148,7 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         print(f"kvgate serve: cannot build {what}: {exc}", file=err)
         return FAILED
     try:
-        key, key_env, key_line = _serve_key(args, profile)
+        key, key_env, key_line, key_file = _serve_key(args, profile)
     except (LaunchError, OSError) as exc:
         print(f"kvgate serve: {exc}", file=err)
         return USAGE
@@ -186,6 +190,8 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         return OK
     finally:
         server.stop()
+        if key_file is not None:  # the key of a stopped server opens nothing: not left behind
+            key_file.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

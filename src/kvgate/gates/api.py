@@ -18,7 +18,15 @@ check FAILs on vLLM 0.32 unless the profile accepts the gap (``api.accepted_gaps
 to ``stop_sequence`` (vllm/entrypoints/anthropic/serving.py ``_to_anthropic_stop_reason``), and
 ``/v1/messages/count_tokens`` counts what the reply's ``usage.input_tokens`` counts (16 and 16 for
 the gate's prompt); stored responses (``GET /v1/responses/{id}``) only with
-``VLLM_ENABLE_RESPONSES_API_STORE=1``, else 404.
+``VLLM_ENABLE_RESPONSES_API_STORE=1``, else 404. vLLM 0.28's Responses usage lacks
+``input_tokens_details.cache_write_tokens``, which the openai SDK's generated types require and its
+default (non-validating) parse reads as None: strict-schema drift, not a client break.
+
+An SDK parse failure (:func:`sdk_finding`, :func:`schema_parts`) is named at its path in the
+member the object's ``type`` selects (pydantic's own union error names whichever member it tried
+first: ``ResponseAudioDeltaEvent.delta`` for a ``response.completed``), and the SDK's default parse
+as clients call it decides between *breaks clients* (``CASE/schema``) and *strict-schema drift*
+(``CASE/strict-schema``, which ``api.accepted_gaps`` may accept).
 
 Pure: observations in, :class:`~kvgate.verdict.Verdict` out. A route the server does not serve
 (404/405/501) is a SKIP naming the answer; garbage is a FAIL naming what arrived, never an exception.
@@ -26,18 +34,18 @@ Pure: observations in, :class:`~kvgate.verdict.Verdict` out. A route the server 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any
 
 import pydantic
-from anthropic.types import Message, RawMessageStreamEvent
-from openai.types import Completion
-from openai.types.chat import ChatCompletion
-from openai.types.responses import Response, ResponseStreamEvent
 
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body, server_error
 from kvgate.http.client import Reply, StreamReply, clip
 from kvgate.http.probes import Exchange
-from kvgate.http.sdk import SdkFinal
+from kvgate.http.sdk import (CHAT_COMPLETION, COMPLETION, MESSAGE, MESSAGE_EVENT, RESPONSE, RESPONSE_EVENT,
+                             SdkFinal, SdkType)
 from kvgate.http.sse import classify
 from kvgate.http.stream import summarize
 from kvgate.verdict import Status, Verdict, combine
@@ -47,19 +55,240 @@ NOT_SERVED = (404, 405, 501)
 #: The terminal events of a Responses stream and the response status each one carries (OpenAI's spec).
 TERMINAL = {"response.completed": "completed", "response.incomplete": "incomplete", "response.failed": "failed"}
 
-_RESPONSE_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
-_MESSAGE_EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
+#: pydantic error types that say the SDK types an object or a list where the value is something else.
+_STRUCTURE_ERRORS = frozenset({"model_type", "model_attributes_type", "dict_type", "list_type", "tuple_type",
+                               "dataclass_type", "is_instance_of"})
 
 
-def _validation_problem(validate: Callable[[Any], Any], obj: Any, name: str) -> str | None:
-    """One clause naming where ``obj`` fails the SDK type ``name`` (non-strict: what the SDK's
-    parser accepts), else None."""
+@dataclass(frozen=True)
+class SchemaFinding:
+    """Where one object a server sent fails its SDK type (:func:`sdk_finding`).
+
+    ``kind``: the event's ``type`` (``response.completed``), or ``the reply``; ``member``: the class
+    that ``type`` selects (``ResponseCompletedEvent``), None when no member has it; ``path``:
+    pydantic's error location joined with dots, union members' names left out
+    (``response.usage.input_tokens_details.cache_write_tokens``); ``error``: pydantic's message
+    (``Field required``); ``got``: what was there (``repr``, clipped), None when missing;
+    ``breaks``: the SDK's default parse (:attr:`kvgate.http.sdk.SdkType.construct`, as clients
+    call it) leaves the client nothing to read into -- an object or a list the SDK types there
+    (``expects``) came as something else or not at all -- else strict-schema drift (the client
+    still gets the data); ``delivers``: what that parse hands the client there, one clause."""
+
+    sdk: str
+    kind: str
+    member: str | None
+    path: str
+    error: str
+    got: str | None
+    breaks: bool
+    delivers: str
+    expects: str | None = None
+
+    def clause(self, also: tuple[str, ...] = ()) -> str:
+        """``response.completed fails openai 3.60.0's ResponseCompletedEvent at response.usage...:
+        Field required -- strict-schema drift: ...`` (or ``-- breaks clients: ...``); ``also``: the
+        other events' types with the same finding (``(also response.created)``)."""
+        more = f" (also {', '.join(also)})" if also else ""
+        if self.member is None:
+            return f"{self.kind}: {self.error}{more} -- strict-schema drift: {self.delivers}"
+        got = f" (got {self.got})" if self.got is not None else ""
+        how = "breaks clients" if self.breaks else "strict-schema drift"
+        return (f"{self.kind} fails {self.sdk}'s {self.member} at {self.path}: {self.error}{got}{more} -- {how}: "
+                f"{self.delivers}")
+
+    def cause(self, also: tuple[str, ...] = ()) -> str:
+        """The verdict's cause: what the server sends (in this object and those of ``also``), what
+        the SDK types there, what clients get."""
+        if self.member is None:
+            return f"{self.error}: strict-schema drift -- the SDK's default parse hands it on untyped"
+        kinds = ", ".join((self.kind, *also))
+        sent = (f"the server omits {self.path} in {kinds}" if self.got is None else
+                f"the server sends {self.path} as {self.got} in {kinds}")
+        if self.breaks:
+            return (f"{sent} where {self.sdk} types {self.expects or 'an object'} ({self.member}"
+                    f"{' and the others' if also else ''}): the SDK's default "
+                    "parse, as clients call it, leaves clients nothing to read into there (breaks clients, not only "
+                    "the strict schema)")
+        need = "requires" if self.got is None else f"types otherwise ({self.error})"
+        reads = f"{self.path} None" if self.got is None else "the value as sent"
+        return (f"{sent}, which {self.sdk} {need} ({self.member}{' and the others' if also else ''}): strict-schema "
+                f"drift -- the SDK's default parse, as clients call it, still hands clients the data ({reads}); "
+                "a client that validates responses rejects it")
+
+
+def _structured(annotation: Any) -> bool:
+    """Whether a field typed ``annotation`` holds an object or a list (an SDK model somewhere in
+    it, or a list/dict), so that a client reads into it."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (list, dict, tuple, set):
+        return True
+    return any(_structured(a) for a in typing.get_args(annotation) if a is not type(None))
+
+
+def _located(errors: list[dict[str, Any]], obj: Any) -> tuple[dict[str, Any], list[str]]:
+    """The first of pydantic's ``errors`` inside the union member each object's ``type`` selects,
+    with its location as fields and indexes of ``obj`` (members' names dropped). pydantic tries
+    every member of a union and reports each one's failure under the member's name; a member
+    whose own ``type`` literal fails is the wrong one, and so is one whose whole kind fails (a
+    ``str`` member of a ``str | list`` union tried on a list); such errors are passed over while
+    another one remains."""
+    def walk(e: dict[str, Any]) -> tuple[list[str], list[tuple[tuple[Any, ...], bool]]]:
+        loc, cur, path, tags = e["loc"], obj, [], []
+        for i, seg in enumerate(loc):
+            last = i == len(loc) - 1
+            if isinstance(seg, int) and isinstance(cur, list) and 0 <= seg < len(cur):
+                path.append(str(seg))
+                cur = cur[seg]
+            elif isinstance(seg, str) and isinstance(cur, dict) and seg in cur:
+                path.append(seg)
+                cur = cur[seg]
+            elif last and e["type"] == "missing":
+                path.append(str(seg))
+            else:  # a union member's name: wrong when its whole kind failed (the name is the last segment)
+                tags.append((tuple(loc[:i + 1]), last))
+        return path, tags
+
+    walked = [(e, *walk(e)) for e in errors]
+    wrong = {tuple(e["loc"][:-1]) for e, _, tags in walked if e["type"] == "literal_error" and e["loc"][-1] == "type"
+             and tags and tags[-1][0] == tuple(e["loc"][:-1])}
+    for e, path, tags in walked:
+        if not any(t in wrong or whole for t, whole in tags):
+            return e, path
+    return walked[0][0], walked[0][1]
+
+
+def _step(cur: Any, seg: str) -> tuple[bool, Any]:
+    """``(found, value)`` one step down ``cur`` (an SDK object's attribute, a dict's key, a list's index)."""
+    if isinstance(cur, pydantic.BaseModel):
+        return True, getattr(cur, seg, None)  # the SDKs' construct leaves a missing field None
+    if isinstance(cur, dict):
+        return seg in cur, cur.get(seg)
+    if isinstance(cur, list) and seg.isdigit() and int(seg) < len(cur):
+        return True, cur[int(seg)]
+    return False, None
+
+
+def _kind(value: Any) -> str:
+    """``null``, ``a str ('oops')``, ``an int (7)``: what a value is, for a clause."""
+    if value is None:
+        return "null"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({clip(repr(value), 30)})"
+
+
+def _shape(annotation: Any, error: str) -> str:
+    """``a list`` or ``an object``: what the SDK types where a value of the wrong kind came."""
+    if error == "list_type" or typing.get_origin(annotation) is list or any(
+            typing.get_origin(a) is list for a in typing.get_args(annotation)):
+        return "a list"
+    return "an object"
+
+
+def sdk_finding(sdk_type: SdkType, obj: Any) -> SchemaFinding | None:
+    """Where ``obj`` fails ``sdk_type``, None when it validates: the member its ``type`` selects
+    (:meth:`~kvgate.http.sdk.SdkType.member`) validated by pydantic (what the SDK's generated type
+    requires), the first error at its path (:func:`_located`), and what the SDK's default parse
+    (:attr:`~kvgate.http.sdk.SdkType.construct`, as clients call it) hands the client there: a
+    missing field of a scalar type reads None and a scalar of the wrong kind comes as sent
+    (strict-schema drift: the client has the data); an object or list the SDK types that comes as
+    something else, or missing, leaves the client nothing to read into (breaks clients)."""
+    cls = sdk_type.member(obj)
+    event = None not in sdk_type.members
+    kind = str(obj.get("type")) if isinstance(obj, dict) and event else "the reply"
+    if cls is None:
+        return SchemaFinding(sdk_type.sdk, kind, None, "type", f"no member of {sdk_type.sdk}'s {sdk_type.name} has "
+                             f"type {kind!r}", None, False, "its default parse hands the event on with that type (no "
+                             "field of it checked)")
     try:
-        validate(obj)
+        cls.model_validate(obj)
     except pydantic.ValidationError as exc:
-        e = exc.errors()[0]
-        return f"fails the SDK's {name} at {'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']} (got {e.get('input')!r:.40})"
-    return None
+        e, path = _located(exc.errors(), obj)
+    else:
+        return None
+    missing = e["type"] == "missing"
+    where = ".".join(path) or "(root)"
+
+    def finding(breaks: bool, delivers: str, expects: str | None = None) -> SchemaFinding:
+        return SchemaFinding(sdk_type.sdk, kind, cls.__name__, where, e["msg"],
+                             None if missing else clip(repr(e.get("input")), 40), breaks,
+                             f"its default parse (as clients call it) {delivers}", expects)
+
+    parsed = sdk_type.construct(cls, obj)
+    cur, done = parsed, []
+    for seg in path[:-1]:
+        found, nxt = _step(cur, seg)
+        if not found or nxt is None:
+            return finding(True, f"hands the client {'.'.join(done) or 'it'} as {_kind(cur)}, with no {seg} to read")
+        cur, done = nxt, [*done, seg]
+    leaf = path[-1] if path else None
+    fields = type(cur).model_fields if isinstance(cur, pydantic.BaseModel) else {}
+    annotation = fields[leaf].annotation if leaf in fields else None
+    structured = annotation is not None and _structured(annotation)
+    value = _step(cur, leaf)[1] if leaf is not None else parsed
+    shape = _shape(annotation, e["type"])
+    if missing and structured:
+        return finding(True, f"hands the client {where} as null where {cls.__name__} types {shape}: nothing to read "
+                       "into", shape)
+    if missing:
+        return finding(False, f"still hands the client the {'event' if event else 'reply'}, {where} None")
+    if e["type"] in _STRUCTURE_ERRORS or (structured and not isinstance(value, (pydantic.BaseModel, list, dict))):
+        return finding(True, f"hands the client {where} as {_kind(value)} where {cls.__name__} types {shape}: nothing "
+                       "to read into", shape)
+    return finding(False, f"still hands the client {where} as sent ({_kind(value)})")
+
+
+def schema_parts(gate: str, sdk_type: SdkType, objs: list[Any], what: str, ev: dict[str, Any]) -> list[Verdict]:
+    """Two parts on the objects a server sent as ``sdk_type`` (a stream's events, or ``[reply]``),
+    each object's first problem found by :func:`sdk_finding`:
+
+    - ``{gate}/schema``: the SDK's default parse (as clients call it) hands the client every one --
+      FAIL naming the first that breaks clients;
+    - ``{gate}/strict-schema``: the others valid as the member their ``type`` selects -- FAIL naming
+      the drift (the client still gets the data; a profile may accept it under
+      ``api.accepted_gaps`` as ``CASE/strict-schema``, e.g. ``responses/stream/strict-schema``).
+
+    Each FAIL's ``cause`` (:meth:`SchemaFinding.cause`) states the field at its path, what was sent
+    and what the SDK's default parse made of it: measured by the SDK's own validation and parse of
+    what the server sent. Evidence: ``sdk_findings``, the first 20 findings."""
+    findings = [f for o in objs if (f := sdk_finding(sdk_type, o)) is not None]
+    breaks, drift = [f for f in findings if f.breaks], [f for f in findings if not f.breaks]
+    reply, n = None in sdk_type.members, len(objs)
+    ev = {**ev, "sdk_findings": [dataclasses.asdict(f) for f in findings[:20]]}
+    unit = "replies" if reply else "events"
+
+    def failed(name: str, fs: list[SchemaFinding], verbs: tuple[str, str]) -> Verdict:
+        """FAIL naming the first three distinct findings (path, error), each with the other events'
+        types that share it; the cause from the first."""
+        count = "" if reply else f"{len(fs)} of {n} event{'s' if n != 1 else ''} {verbs[len(fs) != 1]}: "
+        groups: dict[tuple[str, str, str | None], list[SchemaFinding]] = {}
+        for f in fs:
+            groups.setdefault((f.path, f.error, f.got if f.breaks else None), []).append(f)
+        also = [tuple(dict.fromkeys(g.kind for g in group[1:] if g.kind != group[0].kind)) for group in groups.values()]
+        clauses = "; ".join(group[0].clause(a) for group, a in list(zip(groups.values(), also))[:3])
+        return Verdict(f"{gate}/{name}", FAIL, f"{what}: {count}{clauses} -> FAIL", measured=len(fs), limit=0,
+                       unit=unit, evidence=ev, cause=fs[0].cause(also[0]))
+
+    def passed(name: str, text: str) -> Verdict:
+        return Verdict(f"{gate}/{name}", PASS, f"{text} -> PASS", measured=0, limit=0, unit=unit, evidence=ev)
+
+    if breaks:
+        schema = failed("schema", breaks, ("breaks clients", "break clients"))
+    elif reply:
+        schema = passed("schema", f"{sdk_type.sdk}'s default parse hands clients the reply as its {sdk_type.name}")
+    else:
+        schema = passed("schema", f"{sdk_type.sdk}'s default parse hands clients all {n} event{'s' if n != 1 else ''}, "
+                        f"each as the {sdk_type.name} member its type selects")
+    if drift:
+        strict = failed("strict-schema", drift, ("fails the strict schema", "fail the strict schema"))
+    elif reply:
+        strict = passed("strict-schema", f"the reply valid strictly as {sdk_type.sdk}'s {sdk_type.name}")
+    else:
+        strict = passed("strict-schema", f"{n - len(breaks)} event{'s' if n - len(breaks) != 1 else ''}"
+                        f"{' besides those' if breaks else ''} valid strictly "
+                        f"as the {sdk_type.sdk} {sdk_type.name} member each one's type selects")
+    return [schema, strict]
 
 
 def route_skip(gate: str, r: Reply | StreamReply, route: str, ev: dict[str, Any]) -> Verdict | None:
@@ -133,14 +362,12 @@ def _obj(body: dict, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _parsed(gate: str, what: str, ex: Exchange, route: str, model: type[pydantic.BaseModel]
-            ) -> Verdict | tuple[dict[str, Any], list[str], dict[str, Any]]:
-    """``(body, problems, evidence)`` of a 200 JSON answer, ``problems`` naming where it fails the
-    SDK's ``model`` (or empty), else the SKIP or FAIL of :func:`_answered`."""
+def _parsed(gate: str, what: str, ex: Exchange, route: str) -> Verdict | tuple[dict[str, Any], dict[str, Any]]:
+    """``(body, evidence)`` of a 200 JSON answer, else the SKIP or FAIL of :func:`_answered`."""
     body, bad = _answered(gate, what, ex, route)
     if bad is not None:
         return bad
-    return body, [p for p in [_validation_problem(model.model_validate, body, model.__name__)] if p], ex.evidence()
+    return body, ex.evidence()
 
 
 def _sdk_check(name: str, sdk: SdkFinal, how: str, finish: str, text: str, what: str, ev: dict[str, Any]) -> Verdict:
@@ -175,14 +402,16 @@ def response_text(resp: Any) -> str:
 
 def responses_reply_verdict(ex: Exchange, max_output_tokens: int, gaps: dict[str, str]) -> Verdict:
     """A non-streamed Responses reply to a ``max_output_tokens`` request that cannot end sooner
-    (``ignore_eos``): it validates as the openai SDK's ``Response``, carries text, and is
-    ``incomplete`` with reason ``max_output_tokens`` at exactly that many ``usage.output_tokens``."""
+    (``ignore_eos``): it parses as the openai SDK's ``Response`` (:func:`schema_parts`), carries
+    text, and is ``incomplete`` with reason ``max_output_tokens`` at exactly that many
+    ``usage.output_tokens``."""
     gate = "api/responses/reply"
     what = f"POST /v1/responses (max_output_tokens {max_output_tokens}, ignore_eos)"
-    read = _parsed(gate, what, ex, "/v1/responses", Response)
+    read = _parsed(gate, what, ex, "/v1/responses")
     if isinstance(read, Verdict):
         return read
-    body, problems, ev = read
+    body, ev = read
+    problems: list[str] = []
     text = response_text(body)
     usage = _obj(body, "usage")
     out_tokens, status = usage.get("output_tokens"), body.get("status")
@@ -190,7 +419,9 @@ def responses_reply_verdict(ex: Exchange, max_output_tokens: int, gaps: dict[str
     if not text:
         problems.append(f"output carries no text (output {clip(repr(body.get('output')), 80)})")
     ev.update(output_tokens=out_tokens, status=status, text=text[:200])
-    if ended_on_its_own(out_tokens, max_output_tokens, (status, reason) == ("completed", None)) and not problems:
+    schema = schema_parts(gate, RESPONSE, [body], what, ev)
+    if ended_on_its_own(out_tokens, max_output_tokens, (status, reason) == ("completed", None)) and not problems \
+            and all(p.passed for p in schema):
         return Verdict(gate, SKIP, f"{what}: the reply ended on its own after {out_tokens} tokens, status 'completed' "
                        "(ignore_eos not honoured here): max_output_tokens -> incomplete not exercised",
                        measured=out_tokens, limit=max_output_tokens, unit="tokens", evidence=ev)
@@ -200,8 +431,8 @@ def responses_reply_verdict(ex: Exchange, max_output_tokens: int, gaps: dict[str
         problems.append(f"status {status!r} (incomplete_details.reason {reason!r}) where max_output_tokens cut the "
                         "reply: want 'incomplete' with reason 'max_output_tokens'")
     return with_gaps(gate, [_check(f"{gate}/shape", problems, f"{what}: status incomplete (max_output_tokens), "
-                                   f"{out_tokens} output tokens, {len(text)} characters of text, valid as the openai "
-                                   "SDK's Response", what, ev)], gaps)
+                                   f"{out_tokens} output tokens, {len(text)} characters of text", what, ev), *schema],
+                     gaps, headline=f"{gate}/shape")
 
 
 def sse_events(reply: StreamReply) -> tuple[list[dict[str, Any]], list[str]]:
@@ -253,10 +484,10 @@ def responses_grammar(events: list[dict[str, Any]]) -> list[str]:
 
 def responses_stream_verdict(ex: Exchange, sdk: SdkFinal | None, gaps: dict[str, str]) -> Verdict:
     """A streamed Responses reply (same request as :func:`responses_reply_verdict`): its event
-    grammar (:func:`responses_grammar`); each event valid as the openai SDK's ``ResponseStreamEvent``;
-    the terminal event's type is its response's status (``response.incomplete`` for ``incomplete``);
-    the terminal ``output`` holds exactly the text the deltas carried; the SDK's
-    ``responses.stream`` ends with that text."""
+    grammar (:func:`responses_grammar`); each event parsed as the openai SDK's
+    ``ResponseStreamEvent`` (:func:`schema_parts`); the terminal event's type is its response's
+    status (``response.incomplete`` for ``incomplete``); the terminal ``output`` holds exactly the
+    text the deltas carried; the SDK's ``responses.stream`` ends with that text."""
     gate = "api/responses/stream"
     what = "streamed POST /v1/responses"
     read = _streamed(gate, what, ex, "/v1/responses")
@@ -271,10 +502,7 @@ def responses_stream_verdict(ex: Exchange, sdk: SdkFinal | None, gaps: dict[str,
     parts = [_check(f"{gate}/grammar", framing + responses_grammar(events),
                     f"{len(events)} events: response.created first, sequence_number contiguous, every output item "
                     f"closed, one terminal {terminal.get('type') if terminal else None!r} last", what, ev)]
-    schema = [p for e in events if (p := _validation_problem(_RESPONSE_EVENT.validate_python, e,
-                                                             f"ResponseStreamEvent ({e.get('type')})"))]
-    parts.append(_check(f"{gate}/schema", schema, f"{len(events)} events valid as the openai SDK's ResponseStreamEvent",
-                        what, ev))
+    parts += schema_parts(gate, RESPONSE_EVENT, events, what, ev)
     if final is not None:
         status = final.get("status")
         want = next((t for t, s in TERMINAL.items() if s == status), None)
@@ -304,10 +532,10 @@ def responses_store_verdict(first: Exchange, got: Exchange | None, follow: Excha
     vllm/entrypoints/openai/responses/serving.py; otherwise it turns ``store`` off)."""
     gate = "api/responses/store"
     what = "POST /v1/responses with store true"
-    read = _parsed(gate, what, first, "/v1/responses", Response)
+    read = _parsed(gate, what, first, "/v1/responses")
     if isinstance(read, Verdict):
         return read
-    body, _, ev = read
+    body, ev = read
     rid = body.get("id")
     if got is None or follow is None:
         return Verdict(gate, FAIL, f"{what} answered no response id ({rid!r}) -> FAIL", measured=rid, limit="an id",
@@ -355,22 +583,25 @@ def message_text(msg: Any) -> str:
 
 def messages_reply_verdict(ex: Exchange, stop: Exchange | None, stop_sequence: str | None, max_tokens: int,
                            gaps: dict[str, str]) -> Verdict:
-    """Non-streamed Messages replies (anthropic SDK's ``Message`` type): one cut by ``max_tokens``
+    """Non-streamed Messages replies (anthropic SDK's ``Message`` type, :func:`schema_parts`): one cut by ``max_tokens``
     (``ignore_eos``) says ``stop_reason`` ``max_tokens`` with ``usage.output_tokens`` equal to it;
     the same request with ``stop_sequences`` [``stop_sequence``] (a piece of that reply's text,
     first seen at its offset) says ``stop_sequence``, names it, and holds the text before it.
     ``stop`` None: no piece of the reply could serve (that part SKIPs)."""
     gate = "api/messages/reply"
     what = f"POST /v1/messages (max_tokens {max_tokens}, ignore_eos)"
-    read = _parsed(gate, what, ex, "/v1/messages", Message)
+    read = _parsed(gate, what, ex, "/v1/messages")
     if isinstance(read, Verdict):
         return read
-    body, problems, ev = read
+    body, ev = read
+    problems: list[str] = []
+    schema = schema_parts(gate, MESSAGE, [body], what, ev)
     text, usage = message_text(body), _obj(body, "usage")
     if not text:
         problems.append("no text block")
     out_tokens = usage.get("output_tokens")
-    if ended_on_its_own(out_tokens, max_tokens, body.get("stop_reason") == "end_turn") and not problems:
+    if ended_on_its_own(out_tokens, max_tokens, body.get("stop_reason") == "end_turn") and not problems \
+            and all(p.passed for p in schema):
         parts = [Verdict(f"{gate}/max-tokens", SKIP, f"{what}: the reply ended on its own after {out_tokens} tokens, "
                          "stop_reason 'end_turn' (ignore_eos not honoured here): max_tokens -> stop_reason "
                          "'max_tokens' not exercised", measured=out_tokens, limit=max_tokens, unit="tokens", evidence=ev)]
@@ -379,8 +610,8 @@ def messages_reply_verdict(ex: Exchange, stop: Exchange | None, stop_sequence: s
             problems.append(f"stop_reason {body.get('stop_reason')!r} where max_tokens cut the reply (want 'max_tokens')")
         if out_tokens != max_tokens:
             problems.append(f"usage.output_tokens {out_tokens!r}, want {max_tokens} (max_tokens reached)")
-        parts = [_check(f"{gate}/max-tokens", problems, f"{what}: stop_reason 'max_tokens', {out_tokens} output tokens, "
-                        "valid as the anthropic SDK's Message", what, ev)]
+        parts = [_check(f"{gate}/max-tokens", problems, f"{what}: stop_reason 'max_tokens', {out_tokens} output tokens",
+                        what, ev), *schema]  # (valid, else no SKIP above: a case skipped whole stays a SKIP)
     if stop is None or stop_sequence is None:
         parts.append(Verdict(f"{gate}/stop-sequence", SKIP, f"no piece of the reply {clip(repr(text), 40)} serves as a "
                              "stop sequence (printable, first seen past its start)", evidence=ev))
@@ -440,9 +671,10 @@ def messages_grammar(events: list[dict[str, Any]]) -> list[str]:
 
 def messages_stream_verdict(ex: Exchange, plain: Exchange, sdk: SdkFinal | None, gaps: dict[str, str]) -> Verdict:
     """A streamed Messages reply (the request of :func:`messages_reply_verdict`'s ``max_tokens``
-    part, greedy): its grammar (:func:`messages_grammar`); every event valid as the anthropic SDK's
-    ``RawMessageStreamEvent``; its text, ``stop_reason`` and ``usage.output_tokens`` (message_delta)
-    those of the non-streamed reply; the SDK's ``messages.stream`` ends with that text."""
+    part, greedy): its grammar (:func:`messages_grammar`); every event (``ping`` aside) parsed as
+    the anthropic SDK's ``RawMessageStreamEvent`` (:func:`schema_parts`); its text, ``stop_reason``
+    and ``usage.output_tokens`` (message_delta) those of the non-streamed reply; the SDK's
+    ``messages.stream`` ends with that text."""
     gate = "api/messages/stream"
     what = "streamed POST /v1/messages"
     read = _streamed(gate, what, ex, "/v1/messages")
@@ -452,10 +684,7 @@ def messages_stream_verdict(ex: Exchange, plain: Exchange, sdk: SdkFinal | None,
     text = "".join((e.get("delta") or {}).get("text") or "" for e in events if e.get("type") == "content_block_delta")
     parts = [_check(f"{gate}/grammar", framing + messages_grammar(events), f"{len(events)} events: message_start "
                     "first, every content block stopped, one message_delta, message_stop last", what, ev)]
-    schema = [p for e in events if e.get("type") != "ping" and (p := _validation_problem(
-        _MESSAGE_EVENT.validate_python, e, f"RawMessageStreamEvent ({e.get('type')})"))]
-    parts.append(_check(f"{gate}/schema", schema, f"{len(events)} events valid as the anthropic SDK's "
-                        "RawMessageStreamEvent", what, ev))
+    parts += schema_parts(gate, MESSAGE_EVENT, [e for e in events if e.get("type") != "ping"], what, ev)
     plain_body = json_body(plain.reply) if plain.reply.status == 200 and not isinstance(plain.reply, StreamReply) else None
     if plain_body is not None:
         delta = next((e for e in events if e.get("type") == "message_delta"), {})
@@ -592,8 +821,8 @@ def logprobs_verdict(api: str, exchanges: dict[str, Exchange]) -> Verdict:
             else:
                 body = json_body(r)
                 tokens = ((body or {}).get("usage") or {}).get("completion_tokens")
-                model = ChatCompletion if api == "chat" else Completion
-                problems = [p for p in [_validation_problem(model.model_validate, body, model.__name__)] if p]
+                problems = [f.clause() for f in [sdk_finding(CHAT_COMPLETION if api == "chat" else COMPLETION, body)]
+                            if f is not None]
                 ch = _choice0(body)
                 lp = ch.get("logprobs")
                 problems += (chat_logprob_problems((lp or {}).get("content") if isinstance(lp, dict) else lp, top, tokens)

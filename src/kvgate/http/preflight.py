@@ -11,7 +11,8 @@ embedded server (once it is healthy)::
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,6 +21,9 @@ from kvgate.profile.models import Profile
 
 #: Seconds the one preflight request may take (connect and answer).
 PREFLIGHT_TIMEOUT_S = 10.0
+#: Variables that commonly hold an OpenAI-compatible key (the openai SDK's, vLLM's own): kvgate
+#: never sends them unasked, but a refusal for a missing key names the ones set (names only).
+WELL_KNOWN_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
 
 
 class PreflightError(Exception):
@@ -48,8 +52,11 @@ class _ModelList(BaseModel):
     data: list[_ModelCard]
 
 
-def _who_holds_the_key(endpoint: Endpoint, profile: Profile, api_key_env: str | None) -> str:
-    """Where the key came from, by variable name only (never the value)."""
+def _who_holds_the_key(endpoint: Endpoint, profile: Profile, api_key_env: str | None,
+                       environ: Mapping[str, str]) -> str:
+    """Where the key came from, by variable name only (never the value); with none sent, the
+    variables of :data:`WELL_KNOWN_KEY_VARS` set (non-empty) in ``environ``, which kvgate does not
+    send unless named."""
     if api_key_env:
         return f"the key in ${api_key_env} (--api-key-env) was refused; check it"
     if profile.endpoint.api_key_env:
@@ -57,6 +64,12 @@ def _who_holds_the_key(endpoint: Endpoint, profile: Profile, api_key_env: str | 
                 "check it, or name another variable with --api-key-env VAR")
     if endpoint.api_key:
         return "the API key was refused; check it (--api-key-env VAR names the variable holding it)"
+    seen = [v for v in WELL_KNOWN_KEY_VARS if environ.get(v)]
+    if seen:
+        names = " and ".join(seen)
+        return (f"no API key was sent: {names} {'is' if len(seen) == 1 else 'are'} set here, but kvgate sends only "
+                f"the key of a variable it is told of -- name it with --api-key-env {seen[0]}"
+                + (" (or the other)" if len(seen) > 1 else ""))
     return "no API key was sent; put it in an environment variable and name it with --api-key-env VAR"
 
 
@@ -75,18 +88,20 @@ def _shape(body: Any) -> str:
 
 
 def preflight(endpoint: Endpoint, profile: Profile, api_key_env: str | None = None, *,
-              client: KvClient | None = None) -> None:
+              client: KvClient | None = None, environ: Mapping[str, str] | None = None) -> None:
     """Check that ``endpoint`` answers ``GET {route_prefix}/models`` with OpenAI's model list
     (``{"data": [{"id": ...}]}``) that names ``profile.model.served_name``.
 
     One request, no retries, at most :data:`PREFLIGHT_TIMEOUT_S` seconds (``client`` may be given
     for tests; it is not closed). ``api_key_env`` is the ``--api-key-env`` value, used only to
-    name the variable in the message.
+    name the variable in the message; ``environ`` (default ``os.environ``) is read only for the
+    names of :data:`WELL_KNOWN_KEY_VARS` set in it, for the message of a missing key.
 
     Raises :class:`PreflightError` (one line, the key never in it):
 
     - ``unreachable``: nothing answered (connection refused, DNS, TLS, connect timeout);
-    - ``auth``: 401/403 -- the key was refused or missing; names ``--api-key-env``;
+    - ``auth``: 401/403 -- the key was refused or missing; names ``--api-key-env`` (and, with no key
+      sent, ``OPENAI_API_KEY`` / ``VLLM_API_KEY`` where set: their names, never their values);
     - ``not-openai``: any other status, a body that is not JSON, or JSON not in OpenAI's shape;
     - ``model``: the list does not contain the profile's model; names the models it serves.
     """
@@ -103,8 +118,8 @@ def preflight(endpoint: Endpoint, profile: Profile, api_key_env: str | None = No
         if own:
             c.close()
     if reply.status in (401, 403):
-        raise PreflightError(f"{where} answered {reply.status} on {path}: {_who_holds_the_key(endpoint, profile, api_key_env)}"
-                             "; nothing was gated", "auth")
+        who = _who_holds_the_key(endpoint, profile, api_key_env, os.environ if environ is None else environ)
+        raise PreflightError(f"{where} answered {reply.status} on {path}: {who}; nothing was gated", "auth")
     hint = ("not an OpenAI-compatible API at this URL (check the URL and its route prefix, e.g. /v1 or "
             "/openai/v1); nothing was gated")
     if reply.status == 0:

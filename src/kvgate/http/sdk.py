@@ -6,16 +6,28 @@ chokes on is still a failure. :func:`sdk_stream`, :func:`sdk_responses_stream` a
 :func:`sdk_messages_stream` never raise: they return what the SDK produced and the exception it
 raised, if any; :func:`sdk_stream` also what came back on the wire (status, content-type, the
 body's first bytes): an SDK that parsed nothing from an HTML page raises nothing either.
+
+:class:`SdkType` (:data:`RESPONSE_EVENT`, :data:`MESSAGE_EVENT`, :data:`RESPONSE`, :data:`MESSAGE`,
+:data:`CHAT_COMPLETION`, :data:`COMPLETION`): an SDK's type for what a server sends, the concrete
+class its ``type`` selects, and the SDK's own default parse of it (what a client gets).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
 
 import anthropic
+import anthropic._models
 import httpx
 import openai
+import openai._models
+import pydantic
+from anthropic.types import Message, RawMessageStreamEvent
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response, ResponseStreamEvent
 
 from kvgate.http.client import Endpoint
 
@@ -195,3 +207,66 @@ def sdk_messages_stream(endpoint: Endpoint, body: dict[str, Any], timeout_s: flo
         return _failed(exc)
     finally:
         client.close()
+
+
+# ---------------------------------------------------------------- the SDKs' types and default parse
+
+
+@dataclass(frozen=True)
+class SdkType:
+    """An official SDK's type for one JSON object a server sends, and what the SDK hands its caller.
+
+    ``sdk``: the SDK and its installed version (``"openai 3.60.0"``); ``name``: the type
+    (``ResponseStreamEvent``); ``members``: the concrete class for each value of the object's
+    ``type`` field when the type is a union the SDK discriminates by ``type`` (59 members for
+    ``ResponseStreamEvent``, 6 for ``RawMessageStreamEvent``), or ``{None: cls}`` for one model;
+    ``construct(cls, obj)``: the SDK's default parse of ``obj`` as ``cls`` -- its ``construct_type``,
+    what ``client.responses.create(stream=True)`` / ``client.messages.create`` hand the caller while
+    ``_strict_response_validation`` is off (the default): nothing validated, a missing field read as
+    None, a value of the wrong kind kept as it came."""
+
+    sdk: str
+    name: str
+    members: Mapping[str | None, type[pydantic.BaseModel]]
+    construct: Callable[[type, Any], Any] = field(repr=False)
+
+    def member(self, obj: Any) -> type[pydantic.BaseModel] | None:
+        """The class ``obj`` is validated against: the member its ``type`` selects (None: no member
+        has that type), or the one model."""
+        if None in self.members:
+            return self.members[None]
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        return self.members.get(kind) if isinstance(kind, str) else None
+
+
+def _members(union: Any) -> dict[str | None, type[pydantic.BaseModel]]:
+    """``type`` literal -> class of an ``Annotated[Union[...], discriminator]`` the SDKs generate."""
+    inner = typing.get_args(union)[0] if typing.get_origin(union) is typing.Annotated else union
+    out: dict[str | None, type[pydantic.BaseModel]] = {}
+    for cls in typing.get_args(inner):
+        for value in typing.get_args(cls.model_fields["type"].annotation):
+            out.setdefault(value, cls)
+    return out
+
+
+def _openai_construct(cls: type, obj: Any) -> Any:
+    return openai._models.construct_type(type_=cls, value=obj)
+
+
+def _anthropic_construct(cls: type, obj: Any) -> Any:
+    return anthropic._models.construct_type(type_=cls, value=obj)
+
+
+_OPENAI, _ANTHROPIC = f"openai {openai.__version__}", f"anthropic {anthropic.__version__}"
+#: A ``/v1/responses`` stream event (openai-python's ``ResponseStreamEvent``).
+RESPONSE_EVENT = SdkType(_OPENAI, "ResponseStreamEvent", _members(ResponseStreamEvent), _openai_construct)
+#: A ``/v1/messages`` stream event (anthropic-sdk-python's ``RawMessageStreamEvent``).
+MESSAGE_EVENT = SdkType(_ANTHROPIC, "RawMessageStreamEvent", _members(RawMessageStreamEvent), _anthropic_construct)
+#: A non-streamed ``/v1/responses`` reply.
+RESPONSE = SdkType(_OPENAI, "Response", {None: Response}, _openai_construct)
+#: A non-streamed ``/v1/messages`` reply.
+MESSAGE = SdkType(_ANTHROPIC, "Message", {None: Message}, _anthropic_construct)
+#: A non-streamed chat completion.
+CHAT_COMPLETION = SdkType(_OPENAI, "ChatCompletion", {None: ChatCompletion}, _openai_construct)
+#: A non-streamed completion.
+COMPLETION = SdkType(_OPENAI, "Completion", {None: Completion}, _openai_construct)

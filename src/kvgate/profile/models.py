@@ -781,7 +781,7 @@ class ApiSpec(_Strict):
     deployment accepts it (a reference): such a check reports its finding as an accepted gap (a
     SKIP part) instead of failing the case; a listed check that passes says the entry can go."""
 
-    accepted_gaps: dict[str, str] = Field(default_factory=dict, description="check name (e.g. responses/stream/terminal-event) -> why this deployment accepts the engine breaking it (cite the report)")
+    accepted_gaps: dict[str, str] = Field(default_factory=dict, description="check name (e.g. responses/stream/terminal-event; responses/stream/strict-schema for SDK schema drift the default parse still delivers) -> why this deployment accepts the engine breaking it (cite the report)")
 
     #: The api gate's case families a check name starts with.
     FAMILIES: ClassVar[tuple[str, ...]] = ("responses/", "messages/", "logprobs/", "n/", "stop/",

@@ -58,6 +58,21 @@ LAUNCHED_MEANING = ("The server was launched by kvgate from the profile ({mode})
                     "memory, no second pool, no baseline) can never read CERTIFIED: certify exits 7 naming them.")
 
 
+#: What kvgate launched, by summary.json ``launch.mode``.
+LAUNCHED = {"embedded": "embedded vLLM", "docker": "vLLM in docker", "pools": "two embedded vLLM pools behind nginx"}
+
+
+def launch_words(launch: dict[str, Any], contacted: bool) -> str:
+    """The endpoint row's words for how the server came to be (summary.json ``launch``): started by
+    kvgate only when a launch succeeded; a failed one (``launch.error``) says it did not start."""
+    server = LAUNCHED.get(launch.get("mode") or "")
+    if server and launch.get("error"):
+        return f"{server}: kvgate's launch failed, nothing gated"
+    if server:
+        return f"{server}, started by kvgate"
+    return "gated with --endpoint" if contacted else "not contacted"
+
+
 def _cell(text: Any, limit: int | None = MESSAGE_CHARS) -> str:
     s = " ".join(str(text).split()).replace("|", "\\|")
     return s if limit is None or len(s) <= limit else s[: limit - 1].rsplit(" ", 1)[0] + " …"
@@ -143,12 +158,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     count_text = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")
                            if k != "INCONCLUSIVE" or counts.get(k))
     launch = summary.get("launch") or {}
-    if launch.get("mode") == "embedded":
-        where = "embedded vLLM, started by kvgate"
-    elif summary.get("endpoint_contacted"):
-        where = "gated with --endpoint"
-    else:
-        where = "not contacted"
+    where = launch_words(launch, bool(summary.get("endpoint_contacted")))
     source = summary.get("profile_source")
     sha = profile_sha256(source)
     prof_text = f"{profile}" + (f" (`{Path(source).name}`" + (f", sha256 {sha}" if sha else "") + ")" if source else "")
@@ -178,7 +188,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     contention = host_contention(summary)
     if contention:
         lines.append(f"| host contention | {contention} |")
-    if launch.get("mode") in ("embedded", "docker"):
+    if launch.get("mode") in ("embedded", "docker") and not launch.get("error"):
         lines += ["", LAUNCHED_MEANING.format(mode=launch["mode"])]
     if summary.get("gate_mode") not in (None, "enforce") and summary.get("outcome"):
         lines += ["", f"**Gate mode {summary['gate_mode']}: {summary['outcome']}**"

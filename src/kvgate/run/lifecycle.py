@@ -43,10 +43,8 @@ from kvgate.launch.local import EmbeddedServer, LaunchError, embedded_key
 from kvgate.launch.lora import ensure_adapters
 from kvgate.launch.realmodel import RealModelError, is_built, model_dir_for
 from kvgate.launch.tinymodel import TinyModelError, ensure_model
-from kvgate.run.session import RUN, Run, current, test_id, write_error_reports
+from kvgate.run.session import LAUNCH_ERROR_KEY, RUN, SERVER_KEY, Run, current, test_id, write_error_reports
 
-SERVER_KEY = "embedded_server"
-LAUNCH_ERROR_KEY = "launch_error"
 #: Set once the fixture has the server healthy: from then on the fixture's teardown stops it.
 OWNED_KEY = "embedded_server_owned"
 #: A Ctrl-C that hit ``pytest_sessionstart``: pytest would skip ``pytest_sessionfinish`` (no reports

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import pytest
 
-from kvgate.http.client import Endpoint
+from kvgate.http.client import Endpoint, clip
 from kvgate.http.preflight import PreflightError, preflight
 from kvgate.http.watch import EngineWatch
 from kvgate.launch.base import ENDPOINT_ENV, MODES as LAUNCH_MODES, Choice, choose
@@ -52,6 +52,11 @@ except ImportError:  # pragma: no cover
 
 #: This run's :class:`Run` (absent without ``--profile``).
 RUN = pytest.StashKey["Run"]()
+#: ``Run.extra`` keys the life cycle (:mod:`kvgate.run.lifecycle`) sets at session start: the
+#: launcher it started, or the one-line reason the launch failed (the header reads both).
+SERVER_KEY = "embedded_server"
+LAUNCH_ERROR_KEY = "launch_error"
+
 #: This run's id (summary.json ``run_id``, JUnit property and Allure label ``kvgate_run_id``).
 RUN_ID = pytest.StashKey[str]()
 #: Set when the run could not start: ``(message, junit path or None)``; the reports say ERROR.
@@ -318,9 +323,20 @@ class Run:
         return lines
 
     def _launch_header(self) -> str:
+        """Where the server is when kvgate launches it. The header is written after the life
+        cycle's session start (:mod:`kvgate.run.lifecycle`), so it says what happened there: a
+        server started, a launch that failed (its reason), or none started at all (``--collect-only``)
+        -- never "started by kvgate" for a server that was not."""
         choice = self.choice
         if choice is not None and choice.unavailable:
             return f"no server: {choice.unavailable} -- live gates SKIP and the run ends NO-SERVER (exit 8)"
+        if LAUNCH_ERROR_KEY in self.extra:
+            said = clip(self.redactor.text(str(self.extra[LAUNCH_ERROR_KEY])), 200)
+            return (f"no server: the {self.launch_mode} launch failed ({said}) "
+                    "-- every live gate reports it")
+        if SERVER_KEY not in self.extra:
+            why = "--collect-only starts none" if self.config.option.collectonly else "kvgate started none"
+            return f"no server started ({why})"
         if choice is not None and choice.mode == "docker":
             from kvgate.launch.docker import DEFAULT_IMAGE
 
@@ -927,6 +943,21 @@ def refused_before_configure(config: pytest.Config) -> None:
                                     or "reports")
     write_error_reports(config, f"pytest refused the command line before kvgate started: {first}"
                                 + (f" (did you mean {hint}?)" if hint else ""))
+    if hint:
+        exc.args = _with_hint(exc.args, f"did you mean {hint}?")
+
+
+def _with_hint(args: tuple, hint: str) -> tuple:
+    """A ``UsageError``'s ``args`` (pytest prints each as an ``ERROR:`` line once this cleanup has
+    run) with ``hint`` appended to argparse's ``error: ...`` line, so the console says what
+    summary.json says (``error: unrecognized arguments: --profle (did you mean --profile?)``);
+    a message without such a line gets the hint as a line of its own."""
+    if args and isinstance(args[0], str) and "error:" in args[0]:
+        lines = args[0].splitlines()
+        at = next(i for i, ln in enumerate(lines) if "error:" in ln)
+        lines[at] += f" ({hint})"
+        return ("\n".join(lines), *args[1:])
+    return (*args, f"kvgate: {hint}")
 
 
 def refusal_words(exc: BaseException | None) -> str:
