@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 # Import lazily-loaded HTTP stacks up front: pytester's in-process runs drop modules first
 # imported inside them, and httpx imports httpcore lazily -- a re-imported httpcore then has new
@@ -64,6 +65,51 @@ def validate_summary(summary: dict) -> dict:
 def read_summary(reports: Path) -> dict:
     """``reports/summary.json``, parsed and validated against the schema."""
     return validate_summary(json.loads((reports / "summary.json").read_text()))
+
+
+# ---------------------------------------------------------------------------- PASSes that were measured
+def unmeasured_passes(data: Any) -> list[str]:
+    """Every PASS in ``data`` that rests on nothing: its evidence empty (``{}``) **and** its measured
+    value None -- ``"id: message"`` each. ``data``: a parsed summary.json (each gate, and each of its
+    checks, read from the part the gate folded into its evidence, :func:`kvgate.verdict.combine`;
+    a check the gate did not fold in has no evidence in the report), a :class:`~kvgate.verdict.Verdict`
+    or a list of them (each with its ``parts``, recursively)."""
+    from kvgate.verdict import Status, Verdict
+
+    bad: list[str] = []
+
+    def verdict(v: Verdict, where: str) -> None:
+        if v.status is Status.PASS and not v.evidence and v.measured is None:
+            bad.append(f"{where}{v.gate}: {v.message}")
+        for p in v.parts:
+            verdict(p, f"{where}{v.gate} > ")
+
+    if isinstance(data, Verdict):
+        verdict(data, "")
+    elif isinstance(data, dict) and "gates" in data:
+        for g in data["gates"]:
+            ev = g.get("evidence") or {}
+            if g["status"] == "PASS" and not ev and (g.get("measured") or {}).get("value") is None:
+                bad.append(f"{g['id']}: {g['message']}")
+            for c in g.get("checks") or []:
+                part = ev.get(c["gate"])
+                folded = isinstance(part, dict) and "status" in part and "evidence" in part
+                if c["status"] == "PASS" and not (folded and part["evidence"]) and \
+                        (part["measured"] if folded else (c.get("measured") or {}).get("value")) is None:
+                    bad.append(f"{g['id']} > {c['gate']}: {c['message']}")
+    else:
+        for v in data:
+            verdict(v, "")
+    return bad
+
+
+def assert_passes_measured(data: Any) -> None:
+    """Fail listing each PASS of ``data`` whose evidence is empty and measured value None
+    (:func:`unmeasured_passes`): a PASS is measured, never "nothing was seen". Called on the PASS
+    verdicts of every gate module's healthy run or healthy inputs (tests/test_passes_measured.py
+    lists where, and fails when a gate module has none)."""
+    bad = unmeasured_passes(data)
+    assert not bad, f"{len(bad)} PASS verdict(s) with no evidence and no measured value:\n" + "\n".join(bad)
 
 
 # ---------------------------------------------------------------------------- the checkout's reports/

@@ -17,7 +17,7 @@ import pytest
 from kvgate.answers.observe import MULTIBYTE_PROMPTS
 from kvgate.profile.models import load_profile
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .fakes.fake_vllm import FakeConfig, FakeVLLM, _garbage, answer_key
 from .test_gates_vs_fake import run_suites
 
@@ -158,6 +158,7 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     golden = gates["golden"]["evidence"]["goldens"]
     assert golden["capital-france"]["margin"] == 3.0  # the fake's alternatives sit 3 nats below
     assert gates["accuracy"]["measured"] == {"value": 1.0, "unit": "fraction"}
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 # fault -> {case that must FAIL: fragments its message must hold (the offending answer quoted)}

@@ -13,7 +13,7 @@ import yaml
 
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import fake, run_suites  # noqa: F401  (fake: the healthy fake fixture, shared)
 
 # imported here, not first in each pytester run (which would import anthropic's SDK again: ~1-2 s)
@@ -45,6 +45,7 @@ def test_healthy_fake_passes_every_api_case(pytester, fake):
     assert "counted 9 input tokens, the reply's usage says 9" in gates["messages/count-tokens"]["message"]
     stop = gates["stop/completions"]
     assert stop["evidence"]["stop"] == stop["evidence"]["stop"].strip() and " " in stop["evidence"]["stop"]
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 # fault -> (the one case it must FAIL, a fragment of that case's message naming what it measured)

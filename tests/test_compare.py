@@ -24,7 +24,7 @@ from kvgate.http.rendering import Rendering
 from kvgate.profile.models import load_profile
 from kvgate.verdict import Status
 
-from .conftest import REPO, read_summary
+from .conftest import REPO, assert_passes_measured, read_summary
 from .fakes.fake_vllm import FakeConfig, FakeVLLM
 
 pytest_plugins = ["pytester"]
@@ -315,6 +315,7 @@ def test_same_fake_on_both_sides_passes_and_writes_its_golden_answers(pytester, 
     # every generation went to both sides: 6 golden prompts and 20 latency pairs each
     assert len(new.state.requests) == len(base.state.requests) == 6 + 20
     assert [r.prompt for r in new.state.requests] == [r.prompt for r in base.state.requests]
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_near_ties_pass_a_changed_model_fails_naming_drift(pytester, fakes):

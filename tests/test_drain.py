@@ -21,7 +21,7 @@ from kvgate.verdict import Status
 from tests.fakes.fake_embedded import FakeEmbeddedServer
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import MINIMAL, REPO, read_summary
+from .conftest import MINIMAL, REPO, assert_passes_measured, read_summary
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-embedded-drain.yaml"
@@ -145,6 +145,7 @@ def test_healthy_drain_passes_with_outcomes_and_exit_time_in_the_evidence(run_dr
     teardown = next(p for p in summary["phases"] if p["name"] == "teardown")
     assert "already stopped by the drain gate" in teardown["note"] and teardown["status"] == "done"
     assert servers[0].fake.state.t_exit is not None
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_abort_on_sigterm_fails_naming_the_aborted_requests(run_drain):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import fake, run_suites  # noqa: F401  (fake: the healthy fake fixture, shared)
 
 pytest_plugins = ["pytester"]
@@ -74,6 +74,7 @@ def test_healthy_fake_passes_every_features_case(pytester, features_fake):
     cold = [t for t in prefix["evidence"]["tries"] if t["prefix_tokens"] == 1024 and t["cold"]]
     assert cold[0]["ttft_s"] >= COLD_PREFILL_S  # the cold prefill is slept, whatever the machine's load
     assert prefix["limit"] == {"value": 1.5, "unit": "ratio"} and prefix["measured"]["value"] >= 1.5
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 # fault -> (the cases that must FAIL, a fragment of each of their messages)

@@ -14,7 +14,7 @@ from kvgate.load.scenarios import BurstObservation
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import run_suites
 
 pytest_plugins = ["pytester"]
@@ -37,6 +37,7 @@ def test_queue_that_rises_and_drains_passes_with_its_timing():
     assert "drained to 0 0.0 s after it was served (2.0 s; allowed 3 s) -> PASS" in v.message
     assert v.measured == 16 and v.limit == 4
     assert signal_points(burst([0, 5]))[1] == (-0.5, 5)
+    assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_frozen_gauge_fails_and_says_the_autoscaler_never_sees_the_burst():

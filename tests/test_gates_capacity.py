@@ -16,7 +16,7 @@ from kvgate.run.modes import overlay
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import run_suites
 
 pytest_plugins = ["pytester"]
@@ -261,6 +261,7 @@ def test_fake_peak_below_the_knee_passes_above_it_fails_naming_knee_and_cause(fa
     # the fake's TTFT rises with the requests running, none wait (max_num_seqs 256): prefill interference
     assert "limiting cause: prefill interference: TTFT p95 " in bad.message, bad.message
     assert bad.message.endswith(f"declared peak 32 x margin 1.25 = 40 > knee {knee} -> FAIL")
+    assert_passes_measured(ok)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 CAPACITY_PROFILE = """\

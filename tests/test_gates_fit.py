@@ -8,6 +8,8 @@ from kvgate.kv.arithmetic import GiB, MiB
 from kvgate.profile.models import Profile, available_profiles, load_profile
 from kvgate.verdict import Status
 
+from .conftest import assert_passes_measured
+
 SHIPPED = available_profiles()
 
 
@@ -55,6 +57,7 @@ def test_tiny_cpu_passes_with_exact_pool():
     v = fit_verdict(load_profile("tiny-cpu"))
     assert v.status is Status.PASS
     assert "KV pool 64.0 MiB holds 32,768 tokens" in v.message
+    assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_tiny_cpu_overcommitted_fails_naming_the_numbers():
@@ -172,6 +175,7 @@ def test_live_exact_match_passes():
     v = live_pool_verdict(load_profile("tiny-cpu"), labels)
     assert v.status is Status.PASS
     assert "difference +0 tokens (+0.0%)" in v.message
+    assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_live_within_one_block_passes_and_beyond_fails_when_exact():

@@ -18,7 +18,7 @@ from kvgate.profile.models import load_profile
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO, read_summary
+from .conftest import REPO, assert_passes_measured, read_summary
 from .test_gates_priority import fast_slo_profile
 from .test_gates_vs_fake import run_suites
 from .test_kserve import FakeApi, kserve_profile, load
@@ -136,6 +136,7 @@ def test_healthy_fake_passes_on_its_own_load_with_the_isvcs_probe_timeout(pytest
     assert g["limit"] == {"value": 2000.0, "unit": "ms"} and sent > 8
     assert "probe timeout 2 s (spec.predictor.model.readinessProbe" in result.stdout.str()  # the header says it
     assert result.ret == 0
+    assert_passes_measured(read_summary(reports))  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 @pytest.mark.parametrize("suites, during", [

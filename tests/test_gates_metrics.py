@@ -17,7 +17,7 @@ from kvgate.profile.models import ConsumedMetric, ProfileError, load_profile
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import E2E_BUCKETS, TTFT_BUCKETS, FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import run_suites
 
 pytest_plugins = ["pytester"]
@@ -77,6 +77,7 @@ def test_contract_passes_names_the_series_and_notes_an_unqueued_waiting_gauge():
                                 "1 queue gauge(s) with nothing queued, moving")
     assert "vllm:num_requests_waiting stayed 0: the step queued nothing" in v.message
     assert v.measured == 2 and v.limit == 2 and v.unit == "series"
+    assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_renamed_metric_fails_naming_the_missing_name_and_the_near_match():
@@ -198,6 +199,7 @@ def test_histograms_pass_when_the_client_lands_in_the_servers_buckets():
     assert "TTFT: count +3, client p50 45 ms in (0.04, 0.06] s, p90 52 ms in (0.04, 0.06] s" in v.message
     assert "e2e latency: count +3, client p50 1,100 ms in (1, 1.5] s" in v.message
     assert v.measured == 3 and v.limit == 3
+    assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_a_ttft_histogram_in_its_lowest_bucket_fails_against_the_clients_20_to_100_ms():
@@ -266,6 +268,7 @@ def test_under_load_passes_and_a_500_fails():
     html = [scrape(0.1 * k, "<html>", ctype="text/html") for k in range(1, 8)]
     assert "answered 200 text/html" in under_load_verdict(step(during=html)).message
     assert under_load_verdict(step(during=[scrape(0.1, expo())])).status is Status.INVALID
+    assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_no_metrics_skips_every_check_and_a_500_before_fails_them():
@@ -386,3 +389,4 @@ def test_running_truth_passes_on_a_fast_healthy_server(pytester, tmp_path):
     ev = g["evidence"]
     assert ev["held_tokens"] == held[0] and ev["decode_tps"] > 300 and len(ev["scrapes"]) >= 3
     assert ev["sized"].startswith("sized for 0.8 s at the ")
+    assert_passes_measured({"gates": list(gates.values())})  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)

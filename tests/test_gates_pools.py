@@ -28,7 +28,7 @@ from kvgate.verdict import Status
 from tests.fakes.fake_router import FakeRouter
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO, read_summary
+from .conftest import REPO, assert_passes_measured, read_summary
 from .test_gates_load import tagged
 
 pytest_plugins = ["pytester"]
@@ -390,6 +390,7 @@ def test_pools_suite_through_a_healthy_router_passes_and_runs_only_the_pools_gat
     assert summary["overall"] == "PASS", [g["message"] for g in gates.values()]
     assert "pools profile: the pools gates only" in result.stdout.str()
     result.assert_outcomes(passed=2, deselected=4)
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_pools_suite_through_an_inverted_router_fails_routing(pytester, pools):

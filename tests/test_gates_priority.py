@@ -16,7 +16,7 @@ from kvgate.load.scenarios import LoadObservation
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .test_gates_load import tagged
 from .test_gates_vs_fake import run_suites
 
@@ -49,6 +49,7 @@ def test_gain_passes_with_both_runs_and_the_slo_upper_bound_in_the_message():
             "<= 100 ms -> PASS; canary after -> PASS") in v.message
     assert v.measured == pytest.approx(90.0) and v.evidence["gain"] == pytest.approx(600 / 90)
     assert v.evidence["runs"]["with"]["short"]["requests"] == 4  # the gain: first rounds, same size
+    assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_too_few_short_requests_with_priority_are_inconclusive_with_both_bounds():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvgate.http.client import Endpoint
@@ -134,20 +136,76 @@ def test_a_step_still_rising_at_the_end_is_not_a_step():
     assert v.status is Status.FAIL and "still rising in the last part" in v.message, v.message
 
 
-def test_estimate_above_the_ceiling_but_not_shown_passes_as_inconclusive_not_healthy():
+def test_estimate_above_the_ceiling_but_not_shown_is_inconclusive_never_pass():
     noise = [0, 9, -7, 12, -10, 8, -9, 11, -6, 10, -8, 9]  # MB around a 2 MB/round (24 MB/h) rise
     a = analyze(result(rows(mem=lambda k: 500 + 2.0 * k + noise[k], ttft=lambda k: 40 + (9 if k % 2 else -9) + 9 * k)),
                 SPEC)
     assert a.memory.full.slope > 20 and a.memory.full.ci_low < 20  # the premise: estimate over, bound under
     v = memory_verdict(a)
-    assert v.status is Status.PASS and "healthy" not in v.message
-    assert "-> PASS (no growth shown at this length, but inconclusive: point estimate +" in v.message
-    assert "a longer soak decides" in v.message
+    assert v.status is Status.INCONCLUSIVE and "healthy" not in v.message and v.measured == pytest.approx(a.memory.full.slope, abs=1e-3)
+    lo, hi = a.memory.full.ci_low, a.memory.full.ci_high
+    assert f"-> INCONCLUSIVE (the 95% interval {lo:+,.1f}..{hi:+,.1f} MB/h straddles the 20 MB/h ceiling: neither " \
+           "growth above it nor its absence is shown)" in v.message
+    assert v.cause.startswith(f"the soak is too short to decide: the 95% interval is {hi - lo:,.0f} MB/h wide at 10 rounds "
+                              "(retained memory scatters ")
     lat = latency_verdict(a, profile())
     assert a.ttft.full.slope > 100 and a.ttft.full.ci_low < 100
-    assert lat.status is Status.PASS and "no TTFT drift shown at this length, but inconclusive" in lat.message
+    assert lat.status is Status.INCONCLUSIVE and lat.limit == 100 and lat.unit == "ms/h", lat.message
+    assert "straddles the 100 ms/h ceiling: neither TTFT drift above it nor its absence is shown" in lat.message
+    assert "TTFT p95 scatters " in lat.cause and " ms round to round around the fit" in lat.cause
     steady = memory_verdict(analyze(result(rows()), SPEC))
-    assert "-> PASS (healthy)" in steady.message and "inconclusive" not in steady.message
+    assert "-> PASS (healthy)" in steady.message and steady.cause is None
+
+
+def ttft_rows(slope_ms_per_round, scatter_ms, rounds=10):
+    """tiny-cpu rows (8 s rounds, 2 warm-up) whose TTFT p95 rises ``slope_ms_per_round`` a round with
+    a scatter of +-``scatter_ms`` around the line, + in the outer quarters of the measured rounds and -
+    in the middle half (symmetric, so orthogonal to the line: the fit finds the slope; over 8
+    measured rounds its residual spread is ``scatter_ms x sqrt(8/6)``)."""
+    n = rounds - 2
+    out = []
+    for k in range(rounds):
+        r = {f: None for f in ROUND_FIELDS}
+        r.update(round=k, warmup=k < 2, t_start_s=k * 8.0, t_end_s=(k + 1) * 8.0, requests=16, errors=0, ok=16,
+                 ttft_p95_ms=300.0 + slope_ms_per_round * k + (scatter_ms if abs(k - 2 - (n - 1) / 2) > n / 4 else -scatter_ms),
+                 mem_min_mb=HEALTHY[k % 10], mem_max_mb=HEALTHY[k % 10] + 30, client_kept_up=True, lag_p99_ms=1.0,
+                 loop_lag_p99_ms=1.0, preemptions=0, waiting_max=0.0, kvgate_rss_mb=150.0)
+        out.append(r)
+    return out
+
+
+def soak_latency(rs):
+    plan = SoakPlan(rounds=len(rs), round_s=8, warmup_rounds=2, rate_rps=2, mix=())
+    return analyze(result(rs, plan=plan), TINY), latency_verdict(analyze(result(rs, plan=plan), TINY), profile())
+
+
+def test_soak_latency_passes_only_below_fails_only_above_and_straddling_is_inconclusive_with_the_rounds_to_decide():
+    # the issue: +23,965 ms/h (95% CI -15,396..+63,326) against 12,000 read PASS. 400 ms a minute
+    # (53.3 ms a round of 8 s = 24,000 ms/h) in a scatter of +-100 ms: the interval straddles the ceiling
+    a, v = soak_latency(ttft_rows(400 * 8 / 60, 100.0))
+    t = a.ttft.full
+    assert t.slope == pytest.approx(24000) and t.ci_low < 12000 < t.ci_high
+    assert v.status is Status.INCONCLUSIVE and v.measured == pytest.approx(t.slope, abs=1e-3) and v.limit == 12000
+    assert "-> INCONCLUSIVE (the 95% interval " in v.message and "straddles the 12000 ms/h ceiling" in v.message
+    # the cause, from the measured scatter: rounds that would decide if the slope held
+    m = re.match(r"the soak is too short to decide: the 95% interval is ([\d,]+) ms/h wide at 8 rounds \(TTFT p95 "
+                 r"scatters ([\d.]+) ms round to round around the fit\); at this noise ~(\d+) measured rounds \(([\d,]+) s; "
+                 r"--soak-duration=(\d+)s with the 2 warm-up rounds\) would put it on one side of the ceiling if the "
+                 r"slope held at \+[\d,.]+ ms/h$", v.cause)
+    assert m, v.cause
+    width, sd, need, secs, dur = float(m[1].replace(",", "")), float(m[2]), int(m[3]), m[4], int(m[5])
+    assert width == pytest.approx(t.ci_high - t.ci_low, abs=1) and sd == pytest.approx(100 * (8 / 6) ** 0.5, rel=0.02)
+    assert need > 8 and dur == (need + 2) * 8 and secs == f"{need * 8:,}"
+    # ... and a soak of that many rounds, same slope and scatter, decides: the whole interval above -> FAIL
+    longer, fail = soak_latency(ttft_rows(400 * 8 / 60, 100.0, rounds=need + 2))
+    assert longer.ttft.full.ci_low > 12000 and fail.status is Status.FAIL, fail.message
+    assert fail.cause is None or "too short" not in fail.cause
+    # a flat TTFT: PASS only when the interval's upper bound is under the ceiling, else INCONCLUSIVE
+    flat, ok = soak_latency(ttft_rows(0.0, 10.0))
+    assert flat.ttft.full.ci_high < 12000 and ok.status is Status.PASS and ok.cause is None
+    assert "-> PASS (no TTFT drift: the whole interval is below the ceiling)" in ok.message
+    noisy, unsure = soak_latency(ttft_rows(0.0, 200.0))
+    assert noisy.ttft.full.slope < 12000 < noisy.ttft.full.ci_high and unsure.status is Status.INCONCLUSIVE
 
 
 def test_preemption_placement_names_the_preemptions():
@@ -156,6 +214,8 @@ def test_preemption_placement_names_the_preemptions():
     assert v.status is Status.FAIL and v.unit == "ms/h" and v.measured == pytest.approx(360.0)
     assert "(preemption/placement: TTFT p95 rising while retained memory flat (+0.0 MB/h); preemptions climbing " \
            "(+95 over the measured rounds, rising per round))" in v.message
+    assert v.cause == ("preemption/placement: TTFT p95 rising while retained memory flat (+0.0 MB/h); preemptions "
+                       "climbing (+95 over the measured rounds, rising per round)")
     assert memory_verdict(a).status is Status.PASS
     assert "soak classified preemption/placement" in memory_verdict(a).message
 
@@ -174,13 +234,39 @@ def test_too_few_requests_for_a_p95_is_invalid_not_pass():
     assert v.status is Status.INVALID and "only 0 of 10 measured rounds have a TTFT p95" in v.message
 
 
-def test_unmeasurable_memory_skips_with_the_source_and_reason():
+def test_absent_memory_is_invalid_with_the_source_and_reason():
     res = result(rows(mem=lambda k: None))
-    res.samplers["server-memory"]["last_error"] = "/metrics has no process_resident_memory_bytes"
+    res.samplers["server-memory"].update(last_error="/metrics has no process_resident_memory_bytes",
+                                         source="process_resident_memory_bytes in GET http://h/metrics",
+                                         quantity="RSS of the API-server process", covers="the API-server process only")
     v = memory_verdict(analyze(res, SPEC))
-    assert v.status is Status.SKIP and v.measured is None
-    assert v.message.startswith("server memory not measurable: /metrics has no process_resident_memory_bytes "
-                                "(0 of 10 measured rounds had a reading; source: psutil")
+    assert v.status is Status.INVALID and v.measured is None
+    assert v.message == ("server memory not measurable: /metrics has no process_resident_memory_bytes (0 of 10 measured "
+                         "rounds had a reading); the memory half is not judged (never a PASS) -> INVALID; source: "
+                         "process_resident_memory_bytes in GET http://h/metrics [RSS of the API-server process], "
+                         "covering the API-server process only")
+    assert v.cause == "no memory reading to fit: /metrics has no process_resident_memory_bytes"
+
+
+def test_a_memory_gauge_that_never_moved_is_invalid_naming_whose_memory_it_read():
+    # the issue: --endpoint's process_resident_memory_bytes read 834 MB in every sample of a 40 s soak
+    rs = rows(mem=lambda k: 834.0)
+    for r in rs:
+        r.update(mem_max_mb=834.0, samples=60, sample_errors=0)
+    res = result(rs)
+    res.samplers["server-memory"].update(source="process_resident_memory_bytes in GET http://h/metrics",
+                                         quantity="RSS of the API-server process", covers="the API-server process only")
+    v = memory_verdict(analyze(res, SPEC))
+    assert v.status is Status.INVALID, v.message
+    assert v.message.startswith("server memory never moved in 3,000 s: 600 samples over 10 measured rounds all 834.000 MB "
+                                "(zero variance) -> INVALID")
+    assert "source: process_resident_memory_bytes in GET http://h/metrics [RSS of the API-server process], covering " \
+           "the API-server process only" in v.message
+    assert v.cause.startswith("a frozen memory source: all 600 samples read 834.000 MB")
+    # one sample moving by one page (4 KB) is a live gauge: judged as usual, naming the source
+    rs[7]["mem_max_mb"] = 834.004
+    live = memory_verdict(analyze(result(rs, samplers=res.samplers), SPEC))
+    assert live.status is Status.PASS and "covering the API-server process only" in live.message
 
 
 def test_cut_short_soak_is_incomplete_in_every_half():

@@ -10,7 +10,7 @@ import pytest
 
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO, read_summary
+from .conftest import REPO, assert_passes_measured, read_summary
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
@@ -42,6 +42,7 @@ def test_healthy_fake_passes_every_gate(pytester, fake):
     assert gates["fake-vllm/deployment/spec"]["status"] == "SKIP"  # no --isvc
     result.assert_outcomes(passed=27, skipped=1)
     assert summary["server_version"] == "0.32.0+fake"
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 # fault -> (gates that must FAIL, fragment of their message)
@@ -123,6 +124,7 @@ def test_disconnect_frees_slot_on_healthy_fake(pytester, slow_fake):
     _, summary, gates = run_suites(pytester, slow_fake.url, suites=["suites/test_disconnect.py"])
     assert [g["status"] for g in gates.values()] == ["PASS"] * 3, [g["message"] for g in gates.values()]
     assert all(g["evidence"]["natural_remaining_s"] > 0.5 for g in gates.values())
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_disconnect_with_stuck_gauges_fails(pytester, slow_fake):
@@ -237,6 +239,7 @@ def test_load_gates_pass_on_healthy_fake(pytester):
     assert {g["id"]: g["status"] for g in gates.values()} == {
         "fake-vllm/concurrency/long-sequences": "PASS", "fake-vllm/latency/slo": "PASS",
         "fake-vllm/latency/interference": "PASS"}, [g["message"] for g in gates.values()]
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_head_of_line_blocking_fails_interference(pytester):

@@ -370,3 +370,72 @@ def test_long_pass_lines_lose_their_middle_fail_lines_stay_whole():
     assert len(passed) <= 200 and passed.endswith(" -> PASS (ok)") and " … " in passed and "bodies w0 w1" in passed
     assert failed.endswith(f"TTFT {words} -> FAIL")
     assert "(1 PASS/SKIP line shortened to 200 characters; every message whole in summary.json" in "\n".join(lines)
+
+
+#: A ``-m fit`` gate (no server) whose verdicts state causes, one quoting an auth header an endpoint echoed.
+CAUSED = '''
+import pytest
+from kvgate.verdict import Status, Verdict
+
+CASES = {
+    "dtype": ("FAIL", "2-byte KV elements: the server runs bfloat16/float16, the profile says float32 "
+                      "(Authorization: Bearer sk-cause-secret-0123456789 echoed by the gateway)"),
+    "soak": ("INCONCLUSIVE", "the soak is too short to decide: ~14 rounds would"),
+    "bare": ("INVALID", None),
+    "fine": ("PASS", None),
+}
+
+@pytest.mark.fit
+@pytest.mark.gate("caused", cases=list(CASES))
+def test_caused(kvgate_gate, case):
+    status, cause = CASES[case]
+    kvgate_gate(Verdict("caused/" + case, Status(status), case + " measured -> " + status, measured=3, limit=5,
+                        unit="ms", cause=cause))
+'''
+
+
+def test_the_cause_reaches_every_output_redacted(pytester):
+    from kvgate.report.signoff import write_signoff
+
+    pytester.makepyfile(test_caused=CAUSED)
+    reports = pytester.path / "reports"
+    result = run(pytester, reports, "-p", "fixtures.endpoint", f"--profile={FAKE_PROFILE}", "-m", "fit",
+                 str(pytester.path / "test_caused.py"))
+    out = result.stdout.str()
+    assert "sk-cause-secret" not in out
+    lines = result.stdout.lines
+    fail = next(i for i, ln in enumerate(lines) if re.match(r"FAIL +fake-vllm/caused/dtype ", ln))
+    assert lines[fail + 1] == ("         cause: 2-byte KV elements: the server runs bfloat16/float16, the profile says "
+                               "float32 (Authorization: Bearer *** echoed by the gateway)")
+    inconclusive = next(i for i, ln in enumerate(lines) if re.match(r"INCONCLUSIVE +fake-vllm/caused/soak ", ln))
+    assert lines[inconclusive + 1] == "         cause: the soak is too short to decide: ~14 rounds would"
+    bare = next(i for i, ln in enumerate(lines) if re.match(r"INVALID +fake-vllm/caused/bare ", ln))
+    assert "cause:" not in lines[bare + 1]  # no cause stated, no cause line
+    # summary.json: the gate's cause, redacted
+    gates = {g["id"]: g for g in read_summary(reports)["gates"]}
+    assert gates["fake-vllm/caused/dtype"]["cause"].endswith("(Authorization: Bearer *** echoed by the gateway)")
+    assert "cause" not in gates["fake-vllm/caused/bare"] and "cause" not in gates["fake-vllm/caused/fine"]
+    # JUnit: a property, and the failure text's last line
+    xml = (reports / "junit.xml").read_text()
+    assert "sk-cause-secret" not in xml
+    assert '<property name="kvgate_cause" value="the soak is too short to decide: ~14 rounds would"' in xml
+    assert xml.count('name="kvgate_cause"') == 2
+    assert "dtype measured -&gt; FAIL&#10;cause: 2-byte KV elements" in xml or \
+        "dtype measured -> FAIL\ncause: 2-byte KV elements" in xml, xml[:3000]
+    # Allure: the description and a parameter
+    results = [json.loads(p.read_text()) for p in (reports / "allure-results").glob("*-result.json")]
+    dtype = next(r for r in results if r["name"] == "fake-vllm/caused/dtype")
+    assert "**Cause:** 2-byte KV elements" in dtype["description"] and "sk-cause-secret" not in json.dumps(results)
+    assert {"name": "cause", "value": dtype["description"].split("**Cause:** ", 1)[1].split("\n")[0],
+            "excluded": True} in [{k: p.get(k) for k in ("name", "value", "excluded")} for p in dtype["parameters"]]
+    # signoff.md: a cause column for every row that did not pass
+    md = write_signoff(reports).read_text()
+    assert "sk-cause-secret" not in md
+    assert "| status | gate | measured | limit | passes when | verdict | cause |" in md
+    soak = next(ln for ln in md.splitlines() if "`fake-vllm/caused/soak`" in ln)
+    assert soak.endswith("| soak measured -> INCONCLUSIVE | the soak is too short to decide: ~14 rounds would |")
+    assert next(ln for ln in md.splitlines() if "`fake-vllm/caused/bare`" in ln).endswith(" | - |")
+    # record mode: the xfail reason carries the cause too
+    record = run(pytester, pytester.path / "rec", "-p", "fixtures.endpoint", f"--profile={FAKE_PROFILE}", "-m", "fit",
+                 "--gate-mode=record", "-rx", str(pytester.path / "test_caused.py"))
+    assert "the soak is too short to decide" in record.stdout.str() and "sk-cause-secret" not in record.stdout.str()

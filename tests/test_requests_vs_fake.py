@@ -11,7 +11,7 @@ import yaml
 
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import fake, run_suites  # noqa: F401  (fake: the healthy fake fixture, shared)
 
 pytest_plugins = ["pytester"]
@@ -36,6 +36,7 @@ def test_healthy_fake_passes_every_edge_request(pytester, fake):
     assert "-> 404" in gates["requests/malformed/unknown-model"]["message"]
     assert "-> 200" in gates["requests/max-tokens/null/completions"]["message"]
     assert "valid as openai ChatCompletionChunk (strict)" in gates["requests/chunk-schema/chat"]["message"]
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 # fault -> (gates that must FAIL, fragment of their message)

@@ -3,6 +3,7 @@ fault FAILs exactly its case, naming the route, the request or the answer (suite
 
 import pytest
 
+from .conftest import assert_passes_measured
 from .fakes.fake_vllm import FakeConfig, FakeVLLM
 from .test_gates_vs_fake import REPO, run_suites
 
@@ -36,6 +37,7 @@ def test_a_shut_door_passes_every_case(pytester, monkeypatch):
     assert "5 requests at once (max_in_flight 2): 3 refused 429 within" in flood["message"], flood["message"]
     written = [f for f in (pytester.path / "reports").rglob("*") if f.is_file()]
     assert written and not [f for f in written if KEY in f.read_text(errors="replace")]  # the key is never written
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_vllm_prefix_guard_fails_naming_invocations_and_the_tokenizer(pytester, monkeypatch):

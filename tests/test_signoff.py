@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 
@@ -63,7 +64,8 @@ def test_failing_run_says_do_not_roll_out_and_names_measured_and_limit(tmp_path)
                                       ("tiny/streaming/ttft/chat", ttft_fail())).summary())
     md = signoff_markdown(summary, None)
     assert "— FAIL" in md.splitlines()[0] and "do not roll out" in md
-    assert "| FAIL | `tiny/streaming/ttft/chat` | 742 ms | 500 ms | measured <= limit | TTFT 742 ms; SLO 500 ms -> FAIL |" in md
+    assert "| FAIL | `tiny/streaming/ttft/chat` | 742 ms | 500 ms | measured <= limit | TTFT 742 ms; SLO 500 ms -> FAIL | - |" \
+        in md  # no cause stated: the cause column says so
     assert "The fit gate did not run in this run." in md
 
 
@@ -93,7 +95,7 @@ def test_a_fail_reads_in_full_a_pass_is_cut_and_pipes_escaped(tmp_path):
     ok = Verdict("y", Status.PASS, "c " + "word " * 80 + "-> PASS", measured=1, limit=2, unit="tokens")
     md = signoff_markdown(record(tmp_path, ("tiny/x/y", long), ("tiny/y/z", ok)).summary())
     row = next(ln for ln in md.splitlines() if "`tiny/x/y`" in ln)
-    assert "a \\| b word" in row and row.endswith("6 drifted -> FAIL |")
+    assert "a \\| b word" in row and row.endswith("6 drifted -> FAIL | - |")
     assert "| measured <= limit |" in row  # 1 token against 0 allowed failed: it passes at or below
     passed = next(ln for ln in md.splitlines() if "`tiny/y/z`" in ln)
     assert passed.endswith(" … |") and len(passed) < 260 and "| measured <= limit |" in passed
@@ -108,21 +110,49 @@ def test_not_checked_reasons_are_whole_not_their_first_clause(tmp_path):
     assert "- `tiny/fit`: fit.budget — memory not declared; hardware.memory_gib is unset" in md
 
 
+def window(share: float, wall_s: float = 4.0):
+    """A measured window as the contention sampler returns it: ``share`` of CPU 0 to other processes."""
+    from kvgate.host.contention import HostContention
+
+    return HostContention(True, None, wall_s, (0,), {0: wall_s}, {0: wall_s * (0.9 - share)}, {0: wall_s * 0.1},
+                          {0: wall_s * share}, wall_s * (0.9 - share), 0.4, 0.0, 5, 3.2, "test")
+
+
+def observed(name: str, host):
+    """What :func:`kvgate.gates.load.host_evidence` reads of a load observation: its name and trace.host."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, trace=SimpleNamespace(host=host))
+
+
+def latency_verdicts(*windows):
+    """Latency verdicts whose evidence the load gates' own writer made (one entry per window), the
+    second folded from two parts as latency/slo is (each part repeats its window)."""
+    from kvgate.gates.load import host_evidence
+    from kvgate.verdict import combine
+
+    alone, mixed, slo = (observed(n, w) for n, w in zip(("alone", "mixed", "slo"), windows))
+    inter = Verdict("latency/interference", Status.PASS, "short TTFT p95 90 ms -> PASS", measured=90.0, limit=3000,
+                    unit="ms", evidence={"host_contention": host_evidence(alone, mixed)})
+    part = Verdict("latency/slo.ttft", Status.PASS, "TTFT p95 40 ms -> PASS", measured=40.0, limit=500, unit="ms",
+                   evidence={"host_contention": host_evidence(slo)})
+    return inter, combine("latency/slo", [part, dataclasses.replace(part, gate="latency/slo.e2e")])
+
+
 def test_signoff_names_kvgate_the_server_command_the_contention_and_what_certify_means(tmp_path):
-    hc = {"measured": True, "share": 0.031, "text": "3.1%"}
-    lat = Verdict("latency", Status.PASS, "p95 40 ms -> PASS", measured=40.0, limit=500, unit="ms",
-                  evidence={"host_contention": hc})
-    lat2 = Verdict("latency", Status.PASS, "p95 41 ms -> PASS", measured=41.0, limit=500, unit="ms",
-                   evidence={"windows": [{"host_contention": {**hc, "share": 0.12}}]})
-    rec = record(tmp_path, ("tiny/latency/a", lat), ("tiny/latency/b", lat2))
+    inter, slo = latency_verdicts(window(0.031), window(0.12), window(0.05))
+    rec = record(tmp_path, ("tiny/latency/interference", inter), ("tiny/latency/slo", slo))
     rec.launch = {"mode": "embedded", "command": ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]}
     summary = validate_summary(rec.summary())
     assert summary["kvgate"]["version"] and "commit" in summary["kvgate"]
     md = signoff_markdown(summary)
     assert "| kvgate | " in md and ("commit `" in md or "commit unknown" in md)
     assert "| server command | `python -m vllm.entrypoints.openai.api_server --model /m` |" in md
-    assert "| host contention | 12.0% of the server's CPUs went to other processes (largest of 2 windows: " \
-           "`tiny/latency/b`) |" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| host contention |"))
+    # the worst window's own figures, which window, of how many (the folded slo verdict's window once)
+    assert row == ("| host contention | 12% of the server's CPUs (CPU 0) went to other processes over 4.0 s (CPU 0: "
+                   "12%); server tree 3.1 CPU-s, kvgate 0.4 CPU-s on them; run queue up to 5 -- the worst of 3 "
+                   "measured windows: `tiny/latency/interference` (mixed) |"), row
     assert "not that a deployment you serve does" in md and "can never read CERTIFIED" in md
     served = record(tmp_path, ("tiny/deployment/spec", Verdict("deployment/spec", Status.PASS, "ok -> PASS", evidence={
         "checks": [{"spec_argv": ["vllm", "serve", "m", "--max-num-seqs", "32"]}]})))
@@ -292,3 +322,38 @@ def test_the_endpoint_row_says_started_by_kvgate_only_for_a_launch_that_succeede
     md = signoff_markdown(validate_summary(rec.summary()), FIT_TABLE)
     assert f"| endpoint | http://127.0.0.1:8000/v1 ({words}) |" in md, md
     assert ("The server was launched by kvgate" in md) is (words.endswith("started by kvgate")), md
+
+
+def test_contention_row_is_there_in_every_run_saying_why_not_measured(tmp_path):
+    from kvgate.host.contention import for_endpoint
+
+    remote = for_endpoint(type("Endpoint", (), {"server_pids": (), "managed": False})()).stop()  # --endpoint
+    inter, slo = latency_verdicts(remote, remote, remote)
+    md = signoff_markdown(validate_summary(record(tmp_path, ("tiny/latency/interference", inter),
+                                                  ("tiny/latency/slo", slo)).summary()))
+    assert ("| host contention | not measured (the server was not launched by kvgate (--endpoint): its processes and "
+            "CPUs are not visible to kvgate; 3 windows) |") in md
+    # one window measured, one not (a sampler that lost psutil access): the measured one, the other counted
+    inter, slo = latency_verdicts(window(0.02), for_endpoint(type("E", (), {"server_pids": (), "managed": True})()).stop(),
+                                  window(0.01))
+    md = signoff_markdown(record(tmp_path, ("tiny/latency/interference", inter), ("tiny/latency/slo", slo)).summary())
+    assert "-- the worst of 2 measured windows: `tiny/latency/interference` (alone); 1 not measured |" in md
+    # no load gate ran: said, for --endpoint and for a run with no server
+    fit_only = record(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
+    assert ("| host contention | not measured (no load gate ran; and with --endpoint the server is not on this host: "
+            "kvgate cannot see its processes) |") in signoff_markdown(fit_only.summary())
+    fit_only.endpoint = None
+    assert ("| host contention | not measured (no load gate ran: the latency windows and the capacity steps measure "
+            "it) |") in signoff_markdown(fit_only.summary())
+
+
+def test_contention_row_reads_the_capacity_steps_windows(tmp_path):
+    from kvgate.gates.capacity import StepResult
+
+    steps = [StepResult(c, 59, 59, 0, 2.0, "PASS", {}, 29.5, 100.0, 29.5, 59, host_contention=window(share).to_dict())
+             for c, share in ((4, 0.02), (8, 0.07))]
+    knee = Verdict("capacity/knee", Status.PASS, "knee 8 -> PASS", measured=8, limit=8, unit="requests",
+                   evidence={"steps": [s.to_dict() for s in steps]})
+    md = signoff_markdown(validate_summary(record(tmp_path, ("tiny/capacity/knee", knee)).summary()))
+    assert "7% of the server's CPUs (CPU 0) went to other processes" in md
+    assert "the worst of 2 measured windows: `tiny/capacity/knee` (concurrency 8) |" in md

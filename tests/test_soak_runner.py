@@ -207,7 +207,9 @@ def test_rounds_that_never_finish_hit_the_hard_deadline(tmp_path):
 
 def test_ttft_drift_with_flat_memory_and_climbing_preemptions_is_preemption_placement(tmp_path):
     async def go(clock):
-        s = Samplers(Mem(clock, lambda t: 5e8), Metrics(clock, lambda t: float(int(t / 30))), None, None)
+        # flat memory as a live process's: one page up every other second (a gauge that never moves is INVALID)
+        s = Samplers(Mem(clock, lambda t: 5e8 + 4096 * (int(t) % 2)), Metrics(clock, lambda t: float(int(t / 30))), None,
+                     None)
         runner = SoakRunner(plan(), sender(clock, lambda t: 0.05 + t / 3600 * 2.0), s, requests=no_requests,
                             clock=clock)
         return await runner.run()

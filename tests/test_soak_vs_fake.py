@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from tests.fakes.fake_vllm import FakeConfig
 from tests.fakes.soak_fakes import SoakFakeVLLM, fill_then_plateau, flat, linear_leak, one_step, sawtooth
 
-from .conftest import REPO
+from .conftest import REPO, assert_passes_measured
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-soak.yaml"
@@ -71,6 +72,7 @@ def test_healthy_fake_passes_the_soak_with_every_round_written(pytester, fake_wi
     assert len(rows) == 10 and all(int(r["requests"]) >= 3 for r in rows)
     assert (reports / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     result.assert_outcomes(passed=2, skipped=1)
+    assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
 def test_linear_memory_growth_fails_as_memory_growth(pytester, fake_with):
@@ -123,14 +125,50 @@ def test_a_latency_step_halfway_fails(pytester, fake_with):
     assert analysis(lat)["ttft_p95_ms_per_h"]["ci_low"] > 36000
 
 
-def test_unmeasurable_memory_skips_the_memory_half_with_the_reason(pytester, fake_with):
+def test_absent_memory_is_invalid_naming_the_source_and_whose_memory(pytester, fake_with):
     fake = fake_with(no_rss=True)
-    _, _, gates, _ = run_soak(pytester, fake.url)
+    _, summary, gates, _ = run_soak(pytester, fake.url)
     mem = gates["soak/memory"]
-    assert mem["status"] == "SKIP"
+    assert mem["status"] == "INVALID", mem["message"]
     assert "server memory not measurable: /metrics has no process_resident_memory_bytes" in mem["message"]
-    assert "never a PASS" in mem["message"]
-    assert gates["soak/latency"]["status"] == "PASS"
+    assert "never a PASS" in mem["message"] and "covering the API-server process only" in mem["message"]
+    assert mem["cause"] == "no memory reading to fit: /metrics has no process_resident_memory_bytes"
+    assert gates["soak/latency"]["status"] in ("PASS", "INCONCLUSIVE") and summary["overall"] == "INVALID"
+
+
+def test_a_frozen_rss_gauge_is_invalid_naming_the_source_never_healthy(pytester, fake_with):
+    # the issue: through --endpoint, soak/memory read "healthy" from a gauge that never moved in 40 s
+    fake = fake_with(config=FakeConfig(max_tokens_cap=64, faults={"frozen_rss"}), memory=sawtooth(3, 40.0))
+    _, summary, gates, _ = run_soak(pytester, fake.url)
+    mem = gates["soak/memory"]
+    assert mem["status"] == "INVALID", mem["message"]
+    assert re.match(r"server memory never moved in 2\.25 s: \d+ samples over 9 measured rounds all 500\.000 MB \(zero "
+                    r"variance\) -> INVALID", mem["message"]), mem["message"]
+    assert f"source: process_resident_memory_bytes in GET {fake.url.removesuffix('/v1')}/metrics [RSS of the API-server process], covering " \
+           "the API-server process only" in mem["message"]
+    assert mem["cause"].startswith("a frozen memory source: all ") and "500.000 MB" in mem["cause"]
+    assert "healthy" not in mem["message"] and summary["overall"] == "INVALID"
+
+
+def test_a_ttft_drift_whose_interval_straddles_the_ceiling_is_inconclusive_naming_the_rounds_to_decide(pytester,
+                                                                                                       fake_with):
+    # the issue: a drift whose 95% interval straddles the ceiling read PASS. Here 14 ms/s (50,400 ms/h,
+    # ceiling 36,000) under a +20 ms scatter two rounds on, two off: the soak of 9 measured rounds
+    # cannot decide (interval ~+-48,000 ms/h), so it must say so and how long a soak would
+    def extra(t):
+        return 0.014 * t + (0.02 if int(t / 0.5) % 2 else 0.0)
+
+    fake = fake_with(memory=flat(), ttft_extra=extra)
+    _, summary, gates, _ = run_soak(pytester, fake.url)
+    lat = gates["soak/latency"]
+    t = analysis(lat)["ttft_p95_ms_per_h"]
+    assert lat["status"] == "INCONCLUSIVE", lat["message"]
+    assert t["ci_low"] < 36000 < t["ci_high"] and lat["limit"] == {"value": 36000, "unit": "ms/h"}
+    assert "straddles the 36000 ms/h ceiling: neither TTFT drift above it nor its absence is shown" in lat["message"]
+    assert re.search(r"^the soak is too short to decide: the 95% interval is [\d,]+ ms/h wide at 9 rounds \(TTFT p95 "
+                     r"scatters [\d.]+ ms round to round around the fit\); at this noise ~\d+ measured rounds", lat["cause"]), \
+        lat["cause"]
+    assert summary["overall"] == "INCONCLUSIVE" and gates["soak/memory"]["status"] == "PASS"
 
 
 def test_soak_duration_override_and_its_validation(pytester, fake_with):

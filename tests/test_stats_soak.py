@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from kvgate.stats import growth, linear_fit, low_envelope, theil_sen, trend
+from kvgate.stats import (growth, linear_fit, low_envelope, points_to_decide, residual_sd, slope_half_width, theil_sen,
+                          trend)
 
 
 def series(slope: float, noise: float, n: int = 24, hours: float = 6.0, seed: int = 0, base: float = 1000.0):
@@ -129,3 +130,27 @@ def test_sustained_growth_needs_both_intervals_above_the_ceiling():
     x, y = series(60.0, 2.0, n=12, hours=2.0, seed=5)  # a clean 1 MB/min leak
     tr = trend(x, y)
     assert tr.above(40.0) and tr.sustained(40.0) and tr.theil_low > 40.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slope_half_width_is_the_fits_own_interval_on_evenly_spaced_rounds(seed):
+    # the projection soak/latency's INCONCLUSIVE cause rests on: at the measured scatter, the
+    # formula gives exactly the interval linear_fit computes over evenly spaced points
+    x, y = series(5.0, 12.0, n=8 + seed, hours=1.0, seed=seed)
+    fit = linear_fit(x, y)
+    sd = residual_sd(x, y, fit)
+    assert sd == pytest.approx(math.sqrt(sum((b - fit.intercept - fit.slope * a) ** 2 for a, b in zip(x, y)) / (len(x) - 2)))
+    assert slope_half_width(len(x), x[1] - x[0], sd) == pytest.approx(fit.ci_high - fit.slope)
+
+
+def test_points_to_decide_is_the_fewest_rounds_whose_interval_clears_the_gap():
+    spacing, sd, gap = 8 / 3600, 100.0, 12000.0
+    n = points_to_decide(gap, spacing, sd, at_least=9)
+    assert n is not None and n >= 9
+    assert slope_half_width(n, spacing, sd) < gap <= slope_half_width(n - 1, spacing, sd)
+    assert points_to_decide(gap, spacing, sd, at_least=n + 5) == n + 5  # already narrow enough there
+    assert points_to_decide(0.0, spacing, sd) is None  # the slope sits on the ceiling: no length decides
+    assert points_to_decide(1e-12, spacing, sd, most=10_000) is None
+    assert points_to_decide(gap, spacing, float("nan")) is None
+    # more scatter needs more rounds; a wider gap fewer
+    assert points_to_decide(gap, spacing, 2 * sd) > n > points_to_decide(2 * gap, spacing, sd)

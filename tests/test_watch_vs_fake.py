@@ -51,6 +51,10 @@ def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
     assert {"pools", "answers", "security", "drain"} <= skipped <= {"features", "pools", "answers", "security", "drain"}, skipped
     assert all(g["status"] == "FAIL" and g["message"] == f"not sent: {engine['reason']} -> FAIL"
                for g in later if g["status"] != "SKIP") and len(later) > len(skipped), [g["message"] for g in later]
+    # the one reason is the cause of the gate that met the hang and of every gate not sent after it
+    assert gates[where]["cause"] == engine["reason"]
+    assert all(g.get("cause") == engine["reason"] for g in later if g["status"] != "SKIP")
+    assert proc.stdout.count(f"cause: {engine['reason']}") >= len(later) - len(skipped)  # under each console line
     # ONE reason in the console: the ENGINE HUNG line, naming the gate, once
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ENGINE HUNG: ")]
     assert lines == [f"ENGINE HUNG: {engine['reason']}"] and where in lines[0]
@@ -88,6 +92,8 @@ def test_server_that_stalls_streams_costs_one_idle_timeout(tmp_path):
     met = [g for g in summary["gates"] if g["status"] == "FAIL"]
     assert len(met) > 10 and all(engine["reason"] in g["message"] for g in met), \
         [g["message"] for g in met if engine["reason"] not in g["message"]]
+    assert all(g.get("cause") == engine["reason"] for g in met if "not sent: " in g["message"]), \
+        [(g["id"], g.get("cause")) for g in met]
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("STREAMS STALLED: ")] == \
         [f"STREAMS STALLED: {engine['reason']}"]
 
@@ -105,5 +111,6 @@ def test_server_gone_mid_run_is_one_reason_not_an_error_per_gate(tmp_path):
     assert "ERROR" not in statuses, [g["message"] for g in summary["gates"] if g["status"] == "ERROR"]
     later = [g for g in summary["gates"] if g["message"] == f"not sent: {engine['reason']} -> FAIL"]
     assert len(later) >= 5, [g["message"][:120] for g in summary["gates"]]
+    assert all(g["cause"] == engine["reason"] for g in later)
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("SERVER GONE: ")] == [f"SERVER GONE: {engine['reason']}"]
     assert "Traceback" not in proc.stdout and wall < 120, wall

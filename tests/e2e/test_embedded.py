@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
+
+from kvgate.report.signoff import signoff_markdown
 
 from ..conftest import REPO, validate_summary
 from .tiers import full_only
@@ -49,15 +52,29 @@ def vllm_processes(port: str) -> list[psutil.Process]:
 def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
     proc, summary = embedded_run
     statuses = {g["id"]: g["status"] for g in summary["gates"]}
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert summary["overall"] == "PASS" and summary["complete"]
+    # the 48 s soak (4 measured rounds) may not decide a slope: then it is INCONCLUSIVE, its cause the
+    # soak's length with the rounds that would decide -- never a PASS on an interval that straddles the
+    # ceiling (measured 2026-12-04: memory +956 MB/h, 95% CI -1,871..+3,783 vs 40, ~7 rounds would
+    # decide; TTFT -4,884 ms/h, 95% CI -24,729..+14,962 vs 12,000, ~5 rounds). Every other gate PASSes.
+    undecided = {g["id"]: g for g in summary["gates"] if g["status"] == "INCONCLUSIVE"}
+    assert set(undecided) <= {"tiny-cpu/soak/memory", "tiny-cpu/soak/latency"}, list(undecided)
+    assert all(g["cause"].startswith("the soak is too short to decide: the 95% interval is ") and " rounds (" in g["cause"]
+               for g in undecided.values()), [g["cause"] for g in undecided.values()]
+    assert proc.returncode == (9 if undecided else 0), proc.stdout[-4000:]
+    assert summary["overall"] == ("INCONCLUSIVE" if undecided else "PASS") and summary["complete"]
+    assert not [i for i, st in statuses.items() if st not in ("PASS", "SKIP") and i not in undecided]
     assert summary["server_version"] and summary["launch"]["mode"] == "embedded"
     for gate in ("fit/kv-pool", "fit/live-pool", "deployment/served-model", "deployment/max-model-len",
                  "deployment/cache-config", "max-context/completions", "max-context/chat",
                  "max-context/over-length/completions-stream", "max-tokens/stream-usage/chat",
                  "max-tokens/over-cap/completions"):
         assert statuses[f"tiny-cpu/{gate}"] == "PASS", (gate, statuses)
-    assert "OVERALL: PASS" in proc.stdout
+    assert f"OVERALL: {summary['overall']}" in proc.stdout
+    assert all(f"cause: {g['cause']}" in proc.stdout for g in undecided.values())  # under its console line
+    # the sign-off's host-contention row: the worst latency window's own figures (kvgate launched the server)
+    row = next(ln for ln in signoff_markdown(summary).splitlines() if ln.startswith("| host contention |"))
+    assert re.match(r"\| host contention \| \d+% of the server's CPUs \(CPU [\d, ]+\) went to other processes over "
+                    r"[\d.]+ s .* -- the worst of \d+ measured windows: `tiny-cpu/(latency|concurrency|pools)/", row), row
     # the metrics gate: one step of 3 held streams; what consumers read is there and true
     for case in ("contract", "running-truth", "histograms", "under-load"):
         assert statuses[f"tiny-cpu/metrics/{case}"] == "PASS", (case, statuses)

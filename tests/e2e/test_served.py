@@ -39,6 +39,7 @@ from kvgate.authoring.lint import lint_file
 from kvgate.gates.fit import fit_verdict
 from kvgate.launch.tinymodel import TinySpec, ensure_model
 from kvgate.profile.models import load_profile
+from kvgate.report.signoff import signoff_markdown
 
 from ..conftest import REPO
 from .test_embedded import main_job
@@ -145,6 +146,10 @@ def test_endpoint_mode_gives_same_verdicts(embedded_run, running_server, tmp_pat
     assert {g["id"]: g["status"] for g in target["gates"] if g["id"] not in drain} == {
         g["id"]: same[g["id"]] for g in target["gates"] if g["id"] not in drain}
     assert target["launch"] == {}  # nothing launched: the existing server was gated
+    # the sign-off's host-contention row says why it is not measured: no load gate ran, and --endpoint
+    row = next(ln for ln in signoff_markdown(target).splitlines() if ln.startswith("| host contention |"))
+    assert row == ("| host contention | not measured (no load gate ran; and with --endpoint the server is not on this "
+                   "host: kvgate cannot see its processes) |"), row
 
 
 # ------------------------------------------------------------------ 3. the replay profile's load gates
@@ -173,6 +178,10 @@ def test_replay_profile_load_gates_replay_the_sample_and_pass(running_server, tm
     later = ev["later_turns"]["later"]
     assert later["requests"] > 0 and later["cached_tokens_mean"] and later["cached_tokens_mean"] > 0, ev["later_turns"]
     assert "later turns (" in slo["message"] and "upper bound" in slo["message"] and "stopped: decided" in slo["message"]
+    # through --endpoint the load gates' windows are not measured: the sign-off says so, with the windows' reason
+    row = next(ln for ln in signoff_markdown(target).splitlines() if ln.startswith("| host contention |"))
+    assert row.startswith("| host contention | not measured (the server was not launched by kvgate (--endpoint): its "
+                          "processes and CPUs are not visible to kvgate; ") and " windows) |" in row, row
 
 
 # ------------------------------------------------------------------ 3b. the capacity search

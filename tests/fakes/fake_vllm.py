@@ -161,6 +161,8 @@ FAULTS: dict[str, str] = {
     "ttft_rises_with_load": "TTFT grows with load: load_ttft_s_per_request for every other request running when "
     "this one is admitted (a closed loop at concurrency c: TTFT = ttft_s + k x (c - 1); the capacity gate's knee)",
     "frozen_queue_gauge": "vllm:num_requests_waiting always reads 0 in /metrics, however many requests wait",
+    "frozen_rss": "process_resident_memory_bytes in /metrics reads the value of the first scrape forever (leaks "
+    "and the page-level wiggle of a live process included): a cached /metrics or a gauge the server never updates",
     "stuck_queue_gauge": "vllm:num_requests_waiting never falls: it reads the highest queue depth seen so far",
     # issue 12: edge requests, chunk schema, route timeout, garbage framing
     "validation_500": "every request the fake would reject 400 is answered 500 InternalServerError instead",
@@ -418,6 +420,7 @@ class FakeConfig:
     leak_bytes_per_request: int = 1 << 20
     leak_min_prompt_tokens: int | None = None  # leaky_rss_long: longer prompts leak; None -> max_model_len // 2
     base_rss_bytes: int = 512 << 20  # process_resident_memory_bytes without leaks
+    rss_wiggle_bytes: int = 4096  # a live process's RSS moves by pages between scrapes: added on every odd scrape
     drift_s_per_request: float = 0.002
     load_ttft_s_per_request: float = 0.01  # ttft_rises_with_load: seconds of TTFT per other running request
     route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
@@ -520,6 +523,8 @@ class FakeState:
     waiting: int = 0
     queue: dict[int, tuple[int, int]] = field(default_factory=dict)  # waiting: seq -> (priority, seq)
     waiting_peak: int = 0  # highest num_requests_waiting a /metrics scrape saw (stuck_queue_gauge)
+    metrics_scrapes: int = 0  # /metrics answered so far (the RSS wiggle's phase)
+    rss_first: float | None = None  # process_resident_memory_bytes of the first scrape (frozen_rss)
     dead: bool = False
     generations_started: int = 0
     preemptions: int = 0
@@ -1765,7 +1770,10 @@ class FakeVLLM:
         }
         m.cache_info.clear()
         m.cache_info.labels(**info).set(1)
-        m.rss.set(cfg.base_rss_bytes + st.leaked_bytes)
+        rss = cfg.base_rss_bytes + st.leaked_bytes + cfg.rss_wiggle_bytes * (st.metrics_scrapes % 2)
+        st.metrics_scrapes += 1
+        st.rss_first = rss if st.rss_first is None else st.rss_first
+        m.rss.set(st.rss_first if "frozen_rss" in cfg.faults else rss)
         text = generate_latest(m.registry).decode()
         if "duplicate_pid_series" in cfg.faults:
             text = _per_pid(text, ("vllm:num_requests_running{", "vllm:num_requests_waiting{",

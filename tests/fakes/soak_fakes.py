@@ -4,7 +4,8 @@
 
 - ``memory(n)``: ``process_resident_memory_bytes`` at the ``n``-th ``/metrics`` scrape (keyed on
   scrapes, which a soak takes at a fixed period, so every shape is exact and repeatable);
-  ``memory=None`` with ``no_rss=True`` drops the gauge (memory unmeasurable);
+  ``memory=None`` with ``no_rss=True`` drops the gauge (memory unmeasurable); the fault
+  ``frozen_rss`` (:data:`~tests.fakes.fake_vllm.FAULTS`) holds it at the first scrape's value;
 - ``ttft_extra(t)``: seconds added before a request's first token, ``t`` = seconds since the
   first generation request (a drift, a step);
 - ``preempt(t)``: True -> this request counts one ``vllm:num_preemptions``.
@@ -48,6 +49,8 @@ class SoakFakeVLLM(FakeVLLM):
             return response
         n = self.scrapes
         self.scrapes += 1
+        if "frozen_rss" in self.config.faults:
+            n = 0  # the gauge of the first scrape, forever
         body = response.body.decode()
         if self.no_rss:
             body = re.sub(r"(?m)^(# (HELP|TYPE) )?process_resident_memory_bytes.*\n", "", body)
@@ -94,7 +97,8 @@ def one_step(at_scrape: int, step_mb: float, base_mb: float = 500.0) -> Callable
 
 
 def flat(base_mb: float = 500.0) -> Callable[[int], float]:
-    return lambda n: base_mb * MB
+    """Flat retained memory, as a live process's: one page (4 KB) up on every odd scrape, back on the next."""
+    return lambda n: base_mb * MB + 4096 * (n % 2)
 
 
 # ----------------------------------------------------------------------------- fake NVML

@@ -761,6 +761,7 @@ def test_fault_5xx_under_concurrency(client, fake):
 def test_fault_leaky_rss(client, fake):
     fake.config.faults.add("leaky_rss")
     fake.config.leak_bytes_per_request = 1 << 16
+    fake.config.rss_wiggle_bytes = 0  # the leak alone
     base = gauge(client, "process_resident_memory_bytes")
     for _ in range(3):
         client.post("/v1/completions", json=cmpl(5, max_tokens=1))
@@ -774,6 +775,7 @@ def test_fault_leaky_rss(client, fake):
 def test_fault_leaky_rss_long(client, fake):
     fake.config.faults.add("leaky_rss_long")
     fake.config.leak_bytes_per_request = 1 << 16
+    fake.config.rss_wiggle_bytes = 0  # the leak alone
     base = gauge(client, "process_resident_memory_bytes")
     for n in (5, 128, 20):  # max_model_len 256: only prompts over 128 tokens leak
         client.post("/v1/completions", json=cmpl(n, max_tokens=1))
@@ -785,6 +787,17 @@ def test_fault_leaky_rss_long(client, fake):
     fake.config.leak_min_prompt_tokens = 8  # the threshold is the config's
     client.post("/v1/completions", json={"model": MODEL, "prompt": list(range(100, 109)), "max_tokens": 1})
     assert fake.state.leaked_bytes == 3 << 16
+
+
+def test_healthy_rss_moves_by_a_page_and_fault_frozen_rss_never_moves(client, fake):
+    seen = [gauge(client, "process_resident_memory_bytes") for _ in range(4)]
+    assert abs(seen[1] - seen[0]) == 4096 and seen[2] == seen[0] and len(set(seen)) == 2  # a live process's pages
+    fake.config.faults.add("frozen_rss")
+    fake.config.faults.add("leaky_rss")
+    client.post("/v1/completions", json=cmpl(5, max_tokens=1))
+    assert fake.state.leaked_bytes > 0
+    first = fake.state.rss_first
+    assert first in seen and {gauge(client, "process_resident_memory_bytes") for _ in range(4)} == {first}  # forever
 
 
 def test_fault_drifting_ttft(client, fake):

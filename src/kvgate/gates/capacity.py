@@ -86,6 +86,10 @@ class StepResult:
     invalid: str | None = None
     phase: str = "ladder"
     error_samples: list[str] = field(default_factory=list)
+    #: The step's host contention (:meth:`kvgate.host.contention.HostContention.to_dict`: the share
+    #: other processes took of the server's CPUs, or ``measured: false`` with the reason), or None
+    #: when no sampler ran with it. signoff.md's host-contention row reads it with the latency windows'.
+    host_contention: dict[str, Any] | None = None
 
     def p95(self, label: str) -> float | None:
         return (self.metrics.get(label) or {}).get("point")
@@ -206,7 +210,8 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
         output_tokens_per_s=tokens / wall if wall else 0.0, goodput_rps=good / wall if wall else 0.0, good=good,
         peak_running=tr.peak("running"), peak_waiting=tr.peak("waiting"), preemptions=tr.delta("preemptions"),
         peak_kv_usage=tr.peak("kv_usage"), deadline_hit=obs.result.deadline_hit, invalid=invalid, phase=phase,
-        error_samples=[str(r.error or r.status)[:120] for r, _ in ms if not r.ok][:3])
+        error_samples=[str(r.error or r.status)[:120] for r, _ in ms if not r.ok][:3],
+        host_contention=tr.host.to_dict() if getattr(tr, "host", None) is not None else None)
 
 
 def knee_of(steps: Sequence[StepResult]) -> tuple[int, StepResult | None]:

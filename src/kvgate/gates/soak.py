@@ -25,9 +25,17 @@ a positive point estimate inside the noise is not a leak. Classification:
   (issue 33: a floor on the total rise, 128 MB, let an 80 s soak pass leaks up to ~7 GB/h);
 - ``healthy``.
 
+A slope is judged as the latency gates judge a percentile: TTFT drift PASSes only when the slope's
+whole interval is below its ceiling, FAILs when it is shown above it, and is INCONCLUSIVE when the
+interval straddles it, naming as its cause the soak's length (its interval's width at the rounds
+fitted, the rounds' scatter, and the rounds that would decide at that scatter); memory whose point
+estimate is above its ceiling without the growth being shown is INCONCLUSIVE the same way.
+
 A cut-short soak (signal, deadline) is INCOMPLETE, never PASS; a soak whose client fell behind in
-more than ``soak.lagged_rounds_max`` of its rounds is INVALID; memory that cannot be measured
-makes the memory half SKIP with the reason (never PASS).
+more than ``soak.lagged_rounds_max`` of its rounds is INVALID; memory that cannot be measured (no
+reading: the source was absent) or that never moved (every sample one value: a frozen gauge) makes
+the memory half INVALID with the reason (never PASS), and every memory verdict names its source and
+whose memory that is (the launched server's process tree, the API-server process only, a query).
 
 **Percentile confidence (issue 24, decided: nothing new judged here).** The soak judges the *slope*
 of the per-round TTFT p95, never a p95 against a latency limit, so the order-statistic rule of
@@ -45,18 +53,20 @@ latency-SLO gate judges the p95 against its limit with confidence.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from kvgate.profile.models import Profile, SoakSpec
 from kvgate.soak.runner import SoakResult
-from kvgate.stats import Growth, Step, Trend, growth, trend
+from kvgate.stats import Growth, Step, Trend, growth, points_to_decide, residual_sd, trend
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 
 INCOMPLETE = Status.INCOMPLETE
 INVALID = Status.INVALID
+INCONCLUSIVE = Status.INCONCLUSIVE
 MIB = 2**20
 
 
@@ -174,7 +184,7 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
         mem = result.samplers.get("server-memory") or {}
         why = result.memory_skip or mem.get("last_error") or "no memory sample in the measured rounds"
         memory_why = (f"server memory not measurable: {why} ({len(my)} of {len(rows)} measured rounds had a "
-                      f"reading; source: {mem.get('source', 'none')})")
+                      "reading)")
     tx, ty = _series(rows, "ttft_p95_ms", rs, keep=lambda r: r["client_kept_up"])
     ttft = _fit(tx, ty, spec.ttft_p95_slope_max_ms_per_h, spec)
     ttft_why = None if ttft else (f"only {len(ty)} of {len(rows)} measured rounds have a TTFT p95 from a client "
@@ -306,35 +316,108 @@ def _precheck(gate: str, a: SoakAnalysis) -> Verdict | None:
     return None
 
 
-def _undecided(t: Trend, ceiling: float, unit: str, what: str) -> str | None:
-    """The PASS label when the point estimate is above the ceiling but the lower confidence bound
-    is not: no growth is *shown*, yet the run was too short to show health either. ``None`` when
-    the estimate is at or below the ceiling (the ordinary PASS)."""
-    if math.isnan(t.slope) or t.slope <= ceiling:
+def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, what: str,
+               keep: Any = None) -> tuple[str, str]:
+    """``(message tail, cause)`` of a slope whose interval straddles its ceiling: neither the drift
+    above the ceiling nor its absence is shown at this length. The cause is measured: the
+    interval's width at the rounds fitted, the rounds' scatter around the fit (:func:`residual_sd`)
+    and the fewest rounds at which an interval of that scatter would lie on one side of the
+    ceiling if the slope held (:func:`points_to_decide`), as a soak duration with the warm-up."""
+    t, ceiling, p = g.full, g.ceiling, a.result.plan
+    unit = f"{y_unit}/h"
+    xs, ys = _series(a.result.measured, key, p.round_s, keep=keep)
+    sd = residual_sd(xs, ys, t.ols)
+    width = t.ci_high - t.ci_low
+    pct = f"{t.ols.confidence * 100:g}%"
+    if t.ci_low > ceiling:  # least squares shows it, the robust slope does not (above() needs both)
+        head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} lies above the ceiling but Theil-Sen "
+                f"{t.theil_sen:+,.1f} {unit} does not: inconclusive")
+        cause = (f"one or two outlying rounds carry the least-squares slope: the robust Theil-Sen slope {t.theil_sen:+,.1f} "
+                 f"{unit} is within the {ceiling:g} {unit} ceiling, so the {what} is not shown; a longer soak decides")
+        return head, cause
+    head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} straddles the {ceiling:g} {unit} ceiling: "
+            f"neither {what} above it nor its absence is shown")
+    need = points_to_decide(abs(t.slope - ceiling), p.round_s / 3600.0, sd, t.ols.confidence, at_least=t.n + 1)
+    spread = f"{series} scatters {sd:,.1f} {y_unit} round to round around the fit"
+    if need is None:
+        more = (f"no soak length decides at this noise while the slope sits on the ceiling ({t.slope:+,.1f} {unit})")
+    else:
+        dur = (need + p.warmup_rounds) * p.round_s
+        more = (f"at this noise ~{need:,} measured rounds ({_secs(need * p.round_s)} s; --soak-duration={dur:g}s with the "
+                f"{p.warmup_rounds} warm-up round{'s' if p.warmup_rounds != 1 else ''}) would put it on one side of the "
+                f"ceiling if the slope held at {t.slope:+,.1f} {unit}")
+    cause = (f"the soak is too short to decide: the {pct} interval is {width:,.0f} {unit} wide at {t.n} rounds ({spread}); "
+             f"{more}")
+    return head, cause
+
+
+def _secs(s: float) -> str:
+    """Seconds as read: ``3,000``, ``88``, ``2.25``."""
+    return f"{s:,.0f}" if s >= 10 else f"{s:.3g}"
+
+
+def memory_source(a: SoakAnalysis) -> str:
+    """Which memory the soak read and whose it is, from the sampler's own description
+    (:func:`kvgate.soak.sampling.describe`): ``source: process_resident_memory_bytes in GET
+    http://h/v1/metrics [RSS of the API-server process], covering the API-server process only (...)``;
+    ``source: none`` with why when no sampler applied."""
+    mem = a.result.samplers.get("server-memory") or {}
+    if not mem:
+        return f"source: none ({a.result.memory_skip or 'no memory sampler applies to this server'})"
+    quantity = f" [{mem['quantity']}]" if mem.get("quantity") else ""
+    covers = f", covering {mem['covers']}" if mem.get("covers") else ""
+    return f"source: {mem.get('source', 'unnamed')}{quantity}{covers}"
+
+
+def frozen_memory(a: SoakAnalysis) -> tuple[int, float] | None:
+    """``(samples, MB)`` when every memory sample of the measured rounds read one value (each round's
+    low and high equal, and equal across the rounds: zero variance) -- a gauge that never moved is
+    not a measurement of a serving process (a cached ``/metrics``, a stale exporter); else None.
+    Samples: the rounds' sampling ticks that had a reading (at least 2 needed)."""
+    rows = [r for r in a.result.measured if r.get("mem_min_mb") is not None and r.get("mem_max_mb") is not None]
+    values = {v for r in rows for v in (r["mem_min_mb"], r["mem_max_mb"])}
+    samples = sum(max(0, int(r.get("samples") or 0) - int(r.get("sample_errors") or 0)) for r in rows)
+    if len(rows) < 2 or len(values) != 1 or samples < 2:
         return None
-    return (f"no {what} shown at this length, but inconclusive: point estimate {t.slope:+,.1f} {unit} is above "
-            f"the ceiling while the lower confidence bound {t.ci_low:+,.1f} {unit} is not; a longer soak decides")
+    return samples, values.pop()
 
 
 def memory_verdict(a: SoakAnalysis) -> Verdict:
     """Retained server memory slope (MB/h) vs ``soak.memory_slope_max_mb_per_h``: FAIL only when
     the growth is shown (lower confidence bound above the ceiling, Theil-Sen agreeing), is not a
     plateau and no one-off step of one or two rounds explains it (a ramp: rising round after round,
-    still rising in the last part); SKIP with the reason when memory could not be measured."""
+    still rising in the last part); INCONCLUSIVE when the point estimate is above the ceiling and
+    the growth not shown; INVALID when the memory source was absent (no reading to fit) or never
+    moved (:func:`frozen_memory`). Every verdict names the source and whose memory it is
+    (:func:`memory_source`): the launched server's whole process tree (psutil), the API-server
+    process only (``process_resident_memory_bytes`` in ``/metrics``), or a Prometheus query."""
     gate = "soak/memory"
+    src = memory_source(a)
     pre = _precheck(gate, a)
     if pre:
-        return pre
+        return dataclasses.replace(pre, message=f"{pre.message}; memory {src}")
     ceiling = a.spec.memory_slope_max_mb_per_h
-    mem = a.result.samplers.get("server-memory") or {}
-    src = f"source: {mem.get('source', 'none')} [{mem.get('quantity', '')}]"
     own_mb = [r["kvgate_rss_mb"] for r in a.result.measured if r.get("kvgate_rss_mb") is not None]
     own = (f"; kvgate's own RSS {own_mb[0]:,.1f} -> {own_mb[-1]:,.1f} MB, {_ci(a.own, 'MB/h')}"
            if a.own and own_mb else "")
     scrapes = f"; {a.result.ticks} sampling ticks ({sum(s.get('reads', 0) for s in a.result.samplers.values())} reads)"
     if a.memory is None:
-        return Verdict(gate, SKIP, f"{a.memory_why}; the memory half is not judged (never a PASS) -> SKIP",
-                       limit=ceiling, unit="MB/h", evidence=_evidence(a))
+        why = a.memory_why or "server memory not measurable"
+        return Verdict(gate, INVALID, f"{why}; the memory half is not judged (never a PASS) -> INVALID; {src}",
+                       limit=ceiling, unit="MB/h", evidence=_evidence(a),
+                       cause=f"no memory reading to fit: {a.result.memory_skip or _sampler_error(a) or why}")
+    frozen = frozen_memory(a)
+    if frozen is not None:
+        n, mb = frozen
+        return Verdict(gate, INVALID,
+                       f"server memory never moved in {_secs(a.n_measured * a.result.plan.round_s)} s: {n} samples over {a.n_measured} measured rounds all "
+                       f"{mb:,.3f} MB (zero variance) -> INVALID (a gauge that never moves measures no serving "
+                       f"process: the memory half is not judged); {src}{scrapes}",
+                       measured=0.0, limit=ceiling, unit="MB/h", evidence=_evidence(a),
+                       cause=(f"a frozen memory source: all {n} samples read {mb:,.3f} MB; the evidence cannot tell a "
+                              "cached /metrics (a gateway or exporter in front) from a gauge the server never updates "
+                              "-- give the soak another source (soak.memory_source: process_tree for a server kvgate "
+                              "launches, or a Prometheus memory_query)"))
     g = a.memory
     last = f"; last part {_ci(g.last, 'MB/h')}" if g.last else ""
     head = (f"retained server memory {a.memory_level_mb:,.1f} MB, slope {_ci(g.full, 'MB/h')}{last} over "
@@ -345,12 +428,20 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
         return Verdict(gate, FAIL, f"{head}; {_ramp_words(g, a.result.measured)} -> FAIL ({a.classification}: "
                        f"{a.explanation}){tail}",
                        measured=slope, limit=ceiling, unit="MB/h", evidence=_evidence(a))
+    if g.kind not in ("bounded", "step") and not math.isnan(g.full.slope) and g.full.slope > ceiling:
+        # the point estimate above the ceiling, the growth not shown: never a PASS
+        why, cause = _undecided(a, g, "mem_min_mb", "retained memory", "MB", "growth")
+        return Verdict(gate, INCONCLUSIVE, f"{head} -> INCONCLUSIVE ({why}){tail}", measured=slope, limit=ceiling,
+                       unit="MB/h", evidence=_evidence(a), cause=cause)
     label = {"bounded": "bounded cache", "step": "one-off step"}.get(g.kind) or (
-        _undecided(g.full, ceiling, "MB/h", "growth") or (
-            "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}"))
+        "healthy" if a.classification == "healthy" else f"memory flat; soak classified {a.classification}")
     extra = f": {a.explanation}" if g.kind in ("bounded", "step") else ""
     return Verdict(gate, PASS, f"{head} -> PASS ({label}{extra}){tail}", measured=slope, limit=ceiling,
                    unit="MB/h", evidence=_evidence(a))
+
+
+def _sampler_error(a: SoakAnalysis) -> str | None:
+    return (a.result.samplers.get("server-memory") or {}).get("last_error")
 
 
 def _ramp_words(g: Growth, rows: list[dict[str, Any]]) -> str:
@@ -368,7 +459,11 @@ def _ramp_words(g: Growth, rows: list[dict[str, Any]]) -> str:
 
 def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
     """TTFT-p95 slope (ms/h) vs ``soak.ttft_p95_slope_max_ms_per_h`` (a step or a drift both
-    FAIL; there is no plateau pass for latency) and the soak's error rate vs ``slo.error_rate_max``."""
+    FAIL; there is no plateau pass for latency) and the soak's error rate vs ``slo.error_rate_max``.
+    As the latency gates judge a percentile: FAIL when the drift is shown (the interval's lower bound
+    above the ceiling, Theil-Sen agreeing), PASS only when the interval's upper bound is below it,
+    INCONCLUSIVE when it straddles it -- its cause the soak's length, with the rounds that would
+    decide at the scatter measured (:func:`_undecided`)."""
     gate = "soak/latency"
     pre = _precheck(gate, a)
     if pre:
@@ -398,10 +493,15 @@ def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
     if a.ttft_shown:
         problems.insert(0, f"{a.classification}: {a.explanation}")
     slope = round(g.full.slope, 3)
-    if problems:
+    if problems:  # the drift's cause is the soak's classification of it (memory growth, preemptions, queueing)
         return Verdict(gate, FAIL, f"{head} -> FAIL ({'; '.join(problems)}){seen}", measured=slope,
-                       limit=ceiling, unit="ms/h", evidence=_evidence(a))
-    label = _undecided(g.full, ceiling, "ms/h", "TTFT drift") or "no TTFT drift shown"
+                       limit=ceiling, unit="ms/h", evidence=_evidence(a),
+                       cause=f"{a.classification}: {a.explanation}" if a.ttft_shown else None)
+    if math.isnan(g.full.ci_high) or g.full.ci_high >= ceiling:  # a PASS needs the whole interval below
+        why, cause = _undecided(a, g, "ttft_p95_ms", "TTFT p95", "ms", "TTFT drift", keep=lambda r: r["client_kept_up"])
+        return Verdict(gate, INCONCLUSIVE, f"{head} -> INCONCLUSIVE ({why}){seen}", measured=slope, limit=ceiling,
+                       unit="ms/h", evidence=_evidence(a), cause=cause)
+    label = "no TTFT drift: the whole interval is below the ceiling"
     label += "" if a.classification == "healthy" else f"; soak classified {a.classification}"
     return Verdict(gate, PASS, f"{head} -> PASS ({label}){seen}", measured=slope, limit=ceiling,
                    unit="ms/h", evidence=_evidence(a))

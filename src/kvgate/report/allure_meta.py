@@ -6,8 +6,9 @@ and grouping, and the run's metadata files in ``allure-results/``.
   (also parentSuite/suite, so Allure 2 groups the same way), gives it a severity
   (:data:`SEVERITY`), the profile as a parameter and a link to the profile file.
 - :func:`describe` (when the verdict is recorded) writes the verdict in plain words as the
-  description (:func:`verdict_description`) and ``measured``/``limit`` as parameters (excluded
-  from Allure's history id, so a changed value stays the same test in the trend).
+  description (:func:`verdict_description`, its cause included) and ``measured``/``limit`` (and
+  ``cause``) as parameters (excluded from Allure's history id, so a changed value stays the same
+  test in the trend).
 - :func:`tidy_results` (at the end of the run) drops allure-pytest's ``host``/``thread`` labels,
   the fixture-finalizer rows (``kvgate_gate::<lambda>``) that carry no status of their own and
   pytest-private parameters (pytest-asyncio's ``_asyncio_loop_factory=<function ... at 0x7f..>``,
@@ -166,13 +167,17 @@ def fmt_quantity(q: Mapping[str, Any], why: bool = True) -> str:
 
 def verdict_description(verdict: Verdict) -> str:
     """The verdict in plain words (Markdown): what the status means, the message (the arithmetic),
-    measured and limit with units, each sub-check with its status, what was not checked."""
+    the cause (``**Cause:** ...``, when the verdict states one), measured and limit with units, each
+    sub-check with its status, what was not checked."""
     d = verdict.to_summary()
-    lines = [f"**{verdict.status.value}** — {MEANING.get(verdict.status.value, '')}.", "", verdict.message, "",
-             f"- measured: {fmt_quantity(d['measured'])}", f"- limit: {fmt_quantity(d['limit'])}"]
+    lines = [f"**{verdict.status.value}** — {MEANING.get(verdict.status.value, '')}.", "", verdict.message, ""]
+    if verdict.cause:
+        lines += [f"**Cause:** {verdict.cause}", ""]
+    lines += [f"- measured: {fmt_quantity(d['measured'])}", f"- limit: {fmt_quantity(d['limit'])}"]
     if d["checks"]:
         lines += ["", "Checks:"]
-        lines += [f"- {c['status']} `{c['gate']}`: {c['message']}" for c in d["checks"]]
+        lines += [f"- {c['status']} `{c['gate']}`: {c['message']}" + (f" (cause: {c['cause']})" if c.get("cause") else "")
+                  for c in d["checks"]]
     if d["skipped_checks"]:
         lines += ["", "Not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in d["skipped_checks"])]
     advice = ADVICE.get(verdict.gate) or ADVICE.get(verdict.gate.split("/")[0].split(".")[0])
@@ -182,14 +187,17 @@ def verdict_description(verdict: Verdict) -> str:
 
 
 def describe(verdict: Verdict, redactor: Redactor) -> None:
-    """Description, ``measured``/``limit`` parameters and a ``kvgate_verdict`` label on the current
-    Allure result (no-op without allure)."""
+    """Description, ``measured``/``limit`` parameters (and ``cause`` when the verdict states one),
+    and a ``kvgate_verdict`` label on the current Allure result (no-op without allure). The
+    parameters are excluded from the history id: a changed value or cause stays the same test."""
     if allure is None:
         return
     d = verdict.to_summary()
     allure.dynamic.description(redactor.text(verdict_description(verdict)))
     allure.dynamic.parameter("measured", redactor.text(fmt_quantity(d["measured"], why=False)), excluded=True)
     allure.dynamic.parameter("limit", redactor.text(fmt_quantity(d["limit"], why=False)), excluded=True)
+    if verdict.cause:
+        allure.dynamic.parameter("cause", redactor.text(verdict.cause), excluded=True)
     allure.dynamic.label("kvgate_verdict", verdict.status.value)
 
 

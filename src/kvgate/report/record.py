@@ -298,7 +298,9 @@ class RunRecord:
         """The console verdict table: one line per gate, ``STATUS  id  message``; a gate that passed
         with parts not checked says so: ``... -> PASS (1 part not checked: ...)``. A PASS or SKIP
         line longer than :data:`LINE_CHARS` loses the middle of its message (``head … -> PASS
-        (...)``, said once under the table); every other line is whole: it is what to act on."""
+        (...)``, said once under the table); every other line is whole: it is what to act on. A
+        FAIL, INVALID, INCONCLUSIVE or INCOMPLETE verdict with a :attr:`~kvgate.verdict.Verdict.cause`
+        has it on a line of its own under it (``         cause: ...``, whole, redacted)."""
         lines = [self.headline()]
         shortened = 0
         for e in self.entries.values():
@@ -310,6 +312,8 @@ class RunRecord:
             if e.status in ("PASS", "SKIP") and len(head) + len(msg) > LINE_CHARS:
                 msg, shortened = _elide(msg, LINE_CHARS - len(head)), shortened + 1
             lines.append(head + msg)
+            if e.verdict is not None and e.verdict.cause and e.status not in ("PASS", "SKIP"):
+                lines.append(f"{'':<9}cause: {self.redactor.text(' '.join(e.verdict.cause.split()))}")
         if shortened:
             lines.append(f"({shortened} PASS/SKIP line{'s' if shortened > 1 else ''} shortened to {LINE_CHARS} characters; "
                          "every message whole in summary.json, signoff.md and the Allure report)")

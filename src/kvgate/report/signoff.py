@@ -1,8 +1,9 @@
 """``reports/signoff.md``: the run on one screen, for a PR comment, a rollout ticket or
 ``$GITHUB_STEP_SUMMARY`` -- the overall verdict, server and profile identity (the vLLM command line
 or the KServe object's args, kvgate's version and commit, the host contention the latency windows
-measured), the verdict table (every gate that did not pass with its whole message, the passes
-folded in a ``<details>`` block and cut), which way each measured/limit pair passes, the fit table,
+measured, or why it was not -- a row in every run), the verdict table (every gate that did not
+pass with its whole message and its cause, the passes folded in a ``<details>`` block and cut),
+which way each measured/limit pair passes, the fit table,
 and what was not checked (or not run) and why, in full.
 
 Built from ``summary.json`` alone (schema ``kvgate/schema/summary.schema.json``) plus the fit
@@ -98,19 +99,58 @@ def server_command(summary: Mapping[str, Any]) -> str | None:
     return " ".join(str(a) for a in cmd) if cmd else None
 
 
-def host_contention(summary: Mapping[str, Any]) -> str | None:
-    """The largest host-contention share any latency window measured (``evidence.host_contention``,
-    :mod:`kvgate.host.contention`) as ``"3.1% (largest of 5 windows, tiny-cpu/latency/interference)"``;
-    None when none was measured (an ``--endpoint`` whose CPUs kvgate does not own)."""
-    seen = []
+def contention_windows(summary: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """Every host-contention window a run's gates recorded, once each: ``(gate id, window,
+    HostContention.to_dict())``. The latency gates (:func:`kvgate.gates.load.host_evidence`) and the
+    pools' isolation write ``evidence.host_contention`` as ``{scenario name: window}``, the capacity
+    gate one window per step (``evidence.steps[i].host_contention``, named ``concurrency N``); a
+    verdict folded from parts repeats its parts' evidence, so a window is keyed by gate and name."""
+    seen: dict[tuple[str, str], Mapping[str, Any]] = {}
+
+    def walk(data: Any, gid: str, name: str) -> None:
+        if isinstance(data, list):
+            for v in data:
+                step = isinstance(v, Mapping) and isinstance(v.get("concurrency"), int) and "decision" in v
+                walk(v, gid, f"concurrency {v['concurrency']}" if step else name)
+        elif isinstance(data, Mapping):
+            for k, v in data.items():
+                if k == "host_contention" and isinstance(v, Mapping):
+                    windows = {name: v} if "measured" in v else {str(n): w for n, w in v.items()}
+                    for n, w in windows.items():
+                        if isinstance(w, Mapping) and "measured" in w:
+                            seen.setdefault((gid, n), w)
+                else:
+                    walk(v, gid, name)
+
     for g in summary.get("gates") or []:
-        for hc in _found(g.get("evidence") or {}, "host_contention"):
-            if isinstance(hc, Mapping) and hc.get("measured") and isinstance(hc.get("share"), (int, float)):
-                seen.append((hc["share"], g.get("id")))
-    if not seen:
-        return None
-    share, where = max(seen, key=lambda t: t[0])
-    return f"{share:.1%} of the server's CPUs went to other processes (largest of {len(seen)} windows: `{where}`)"
+        walk(g.get("evidence") or {}, str(g.get("id")), "")
+    return [(gid, name, w) for (gid, name), w in seen.items()]
+
+
+def host_contention(summary: Mapping[str, Any]) -> str:
+    """signoff.md's host-contention row, for every run: the worst window's figures (its share of the
+    server's CPUs that went to other processes, per CPU, the server tree's and kvgate's time, the
+    run queue: :meth:`kvgate.host.contention.HostContention.text`) and which window, out of how many;
+    or why it was not measured -- the windows' own reason (``--endpoint``: kvgate cannot see the
+    server's processes), or ``no load gate ran`` when no gate measured a window."""
+    windows = contention_windows(summary)
+    measured = [(w["share"], gid, name, w) for gid, name, w in windows
+                if w.get("measured") and isinstance(w.get("share"), (int, float))]
+    if measured:
+        share, gid, name, w = max(measured, key=lambda t: t[0])
+        where = f"`{gid}`" + (f" ({name})" if name else "")
+        text = str(w.get("text") or f"{share:.1%} of the server's CPUs went to other processes")
+        text = text.removeprefix("host contention: ")
+        others = len(windows) - len(measured)
+        more = f"; {others} not measured" if others else ""
+        return f"{text} -- the worst of {len(measured)} measured window{'s' if len(measured) != 1 else ''}: {where}{more}"
+    if windows:
+        why = list(dict.fromkeys(str(w.get("reason") or "no reason given") for _, _, w in windows))
+        return f"not measured ({'; '.join(why)}; {len(windows)} window{'s' if len(windows) != 1 else ''})"
+    if summary.get("endpoint") and (summary.get("launch") or {}).get("mode") in (None, "endpoint"):
+        return ("not measured (no load gate ran; and with --endpoint the server is not on this host: kvgate cannot "
+                "see its processes)")
+    return "not measured (no load gate ran: the latency windows and the capacity steps measure it)"
 
 
 def passes_when(g: Mapping[str, Any]) -> str:
@@ -185,9 +225,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     command = server_command(summary)
     if command:
         lines.append(f"| server command | `{_cell(command, None).replace('`', chr(39))}` |")
-    contention = host_contention(summary)
-    if contention:
-        lines.append(f"| host contention | {contention} |")
+    lines.append(f"| host contention | {_cell(host_contention(summary), None)} |")
     if launch.get("mode") in ("embedded", "docker") and not launch.get("error"):
         lines += ["", LAUNCHED_MEANING.format(mode=launch["mode"])]
     if summary.get("gate_mode") not in (None, "enforce") and summary.get("outcome"):
@@ -205,7 +243,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     shown = [g for g in gates if g.get("status") != "PASS"]
     passed = [g for g in gates if g.get("status") == "PASS"]
     if shown:  # what did not pass is read in full
-        lines += _verdict_table(shown, None)
+        lines += _verdict_table(shown, None, causes=True)
     elif gates:
         lines.append(f"All {len(gates)} gates passed.")
     else:
@@ -229,12 +267,20 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     return redactor.text("\n".join(lines) + "\n")
 
 
-def _verdict_table(gates: list[Mapping[str, Any]], limit: int | None = MESSAGE_CHARS) -> list[str]:
-    rows = ["| status | gate | measured | limit | passes when | verdict |", "|---|---|---|---|---|---|"]
+#: The cause cell of a row that did not pass and states no cause (summary.json has none for it).
+NO_CAUSE = "-"
+
+
+def _verdict_table(gates: list[Mapping[str, Any]], limit: int | None = MESSAGE_CHARS, causes: bool = False) -> list[str]:
+    """The verdict table's rows; ``causes``: a last column with each gate's ``cause`` (whole), or
+    :data:`NO_CAUSE` where it states none -- the table of what did not pass."""
+    head = "| status | gate | measured | limit | passes when | verdict |" + (" cause |" if causes else "")
+    rows = [head, "|---|---|---|---|---|---|" + ("---|" if causes else "")]
     for g in gates:
+        cause = f" {_cell(g['cause'], None) if g.get('cause') else NO_CAUSE} |" if causes else ""
         rows.append(f"| {g.get('status')} | `{g.get('id')}` | {_cell(fmt_quantity(g.get('measured') or {}, why=False))}"
                     f" | {_cell(fmt_quantity(g.get('limit') or {}, why=False))} | {passes_when(g)}"
-                    f" | {_cell(g.get('message', ''), limit)} |")
+                    f" | {_cell(g.get('message', ''), limit)} |{cause}")
     return rows
 
 

@@ -359,7 +359,7 @@ class Run:
         without sending anything (``pytest.fail`` from the recorder) -- unless the gate does not
         apply to this run: the ``gate`` marker's ``not_applicable(config, profile, case)`` returns
         the gate's own SKIP verdict (no pools section, no rollout, a feature not turned on), which
-        is recorded instead. FAIL, not INCOMPLETE: the
+        is recorded instead. The FAIL's ``cause`` is the engine's one reason. FAIL, not INCOMPLETE: the
         deployment cannot serve what the gate asks (a user's request would not be answered either),
         and an INCOMPLETE would make the run read as interrupted (exit 2) instead of failed."""
         hang = self.watch.hung if self.watch is not None else None
@@ -376,12 +376,14 @@ class Run:
         self.recorder(item)(Verdict(marker.args[0], Status.FAIL, f"not sent: {hang.reason()} -> FAIL",
                                     measured="server gone" if hang.condition == "gone" else "engine hung",
                                     limit="an engine that answers",
-                                    evidence={"engine": hang.evidence()}))
+                                    evidence={"engine": hang.evidence()}, cause=hang.reason()))
 
     def _engine_verdict(self, item: pytest.Item, verdict: Verdict) -> Verdict:
         """Name the engine's condition in a verdict that met it: the gate where the engine was
         classified hung FAILs with the hang first; a gate whose sends were refused (or whose
-        evidence quotes a refusal) FAILs naming the same one cause instead of its own symptom."""
+        evidence quotes a refusal) FAILs naming the same one cause instead of its own symptom --
+        in its message and as its ``cause`` (the engine's one reason, the one every gate not sent
+        after it carries: :meth:`before_gate`)."""
         w = self.watch
         cause = w.cause() if w is not None else None
         if cause is None or verdict.status is Status.SKIP:
@@ -400,7 +402,7 @@ class Run:
             head = (f"{refused} send{'s' if refused != 1 else ''} not sent: " if refused else "not sent: ") + \
                 f"{reason} -> FAIL"
         return dataclasses.replace(verdict, status=Status.FAIL, message=f"{head}; {verdict.message}",
-                                   evidence={**verdict.evidence, "engine": cause.evidence()})
+                                   evidence={**verdict.evidence, "engine": cause.evidence()}, cause=reason)
 
     # ------------------------------------------------------------------ gates
     def recorder(self, item: pytest.Item) -> Callable[..., Verdict]:
@@ -408,6 +410,9 @@ class Run:
 
         ``kvgate_gate(verdict, attachments={"name.txt": text, "plot.png": png_bytes}, console=False)``;
         ``console=True`` prints the text attachments under the verdict table at the end of the run.
+        A verdict's ``cause`` goes with it everywhere: the ``kvgate_cause`` JUnit property, a
+        ``cause: ...`` line after the message in the failure (and record mode's xfail) text, the
+        Allure description and parameter, summary.json -- each redacted.
         """
         red = self.redactor
 
@@ -421,6 +426,9 @@ class Run:
                                          ("kvgate_limit", red.text(json.dumps(shown["limit"], default=str)))])
             if verdict.not_checked_note():
                 item.user_properties.append(("kvgate_not_checked", red.text(verdict.not_checked_note())))
+            if verdict.cause:
+                item.user_properties.append(("kvgate_cause", red.text(verdict.cause)))
+            said = red.text(verdict.message) + (f"\ncause: {red.text(verdict.cause)}" if verdict.cause else "")
             if allure is not None:
                 allure.dynamic.label(outputs.RUN_ID_KEY, self.record.run_id)
             allure_meta.describe(verdict, red)
@@ -435,15 +443,15 @@ class Run:
             if self.record.gate_mode == "record" and verdict.status in (Status.FAIL, Status.INVALID,
                                                                        Status.INCONCLUSIVE):
                 # calibration: the value is recorded (summary, overlay), the run is not failed by it
-                pytest.xfail(f"record mode, not enforced: {verdict.status.value}: " + red.text(verdict.message))
+                pytest.xfail(f"record mode, not enforced: {verdict.status.value}: " + said)
             if verdict.status is Status.FAIL:
-                pytest.fail(red.text(verdict.message), pytrace=False)
+                pytest.fail(said, pytrace=False)
             if verdict.status is Status.INVALID:
-                pytest.fail("INVALID: " + red.text(verdict.message), pytrace=False)
+                pytest.fail("INVALID: " + said, pytrace=False)
             if verdict.status is Status.INCOMPLETE:
-                pytest.fail("INCOMPLETE: " + red.text(verdict.message), pytrace=False)
+                pytest.fail("INCOMPLETE: " + said, pytrace=False)
             if verdict.status is Status.INCONCLUSIVE:
-                pytest.fail("INCONCLUSIVE: " + red.text(verdict.message), pytrace=False)
+                pytest.fail("INCONCLUSIVE: " + said, pytrace=False)
             if verdict.status is Status.SKIP:
                 pytest.skip(red.text(verdict.message))
             return verdict

@@ -12,7 +12,9 @@ Per request (from a :class:`kvgate.load.RequestRecord`, all in seconds):
 :mod:`kvgate.stats.confidence` bounds a percentile from order statistics (exact binomial) and
 plans the sequential looks of the percentile gates.
 :func:`linear_fit` gives a least-squares slope with a two-sided confidence interval (scipy's t
-quantile when scipy is installed, else a built-in t table for 90/95/99 %), for soak rounds.
+quantile when scipy is installed, else a built-in t table for 90/95/99 %), for soak rounds;
+:func:`points_to_decide` says how many evenly spaced rounds would narrow that interval below a
+given distance at the scatter measured (:func:`residual_sd`, :func:`slope_half_width`).
 
 Soak trends: :func:`trend` puts a robust Theil-Sen slope (scipy) beside the least-squares one,
 :func:`low_envelope` reduces memory samples to the floor of each round (what is *retained*), and
@@ -277,6 +279,50 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95)
     return Slope(slope, intercept, slope - half, slope + half, stderr, r2, n, confidence)
 
 
+def residual_sd(x: Sequence[float], y: Sequence[float], fit: Slope) -> float:
+    """The residual standard deviation of ``fit`` over the points ``(x, y)`` it was fitted to:
+    ``sqrt(SSE / (n - 2))`` in y-units (the round-to-round scatter around the line); NaN with
+    fewer than 3 points."""
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xa.size < 3:
+        return math.nan
+    resid = ya - (fit.intercept + fit.slope * xa)
+    return math.sqrt(float((resid ** 2).sum()) / (xa.size - 2))
+
+
+def slope_half_width(n: int, spacing: float, sd: float, confidence: float = 0.95) -> float:
+    """Half-width of the least-squares slope's ``confidence`` interval over ``n`` points evenly
+    ``spacing`` apart (x-units) whose residuals scatter ``sd`` (y-units): ``t(confidence, n - 2) x sd
+    / sqrt(Sxx)``, ``Sxx = spacing**2 x n (n**2 - 1) / 12``. y-units per x-unit; inf for ``n < 3``."""
+    if n < 3:
+        return math.inf
+    sxx = spacing ** 2 * n * (n ** 2 - 1) / 12.0
+    return t_quantile(confidence, n - 2) * sd / math.sqrt(sxx)
+
+
+def points_to_decide(gap: float, spacing: float, sd: float, confidence: float = 0.95, at_least: int = 3,
+                     most: int = 1_000_000) -> int | None:
+    """The fewest evenly spaced points (at least ``at_least``) at which a slope's interval
+    (:func:`slope_half_width` at residual scatter ``sd``) is narrower than ``gap`` -- the distance
+    from the slope to the ceiling it is judged against, so the interval would lie on one side of
+    it if the slope and the scatter stayed as measured. None when no number up to ``most`` does
+    (``gap`` 0: the slope sits on the ceiling) or the inputs are not finite and positive."""
+    if not all(math.isfinite(v) and v > 0 for v in (gap, spacing, sd)):
+        return None
+    lo = max(3, at_least)
+    if slope_half_width(lo, spacing, sd, confidence) < gap:
+        return lo
+    hi = lo
+    while slope_half_width(hi, spacing, sd, confidence) >= gap:
+        if hi >= most:
+            return None
+        lo, hi = hi, min(most, hi * 2)
+    while hi - lo > 1:  # the half-width falls with n: lo does not decide, hi does
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if slope_half_width(mid, spacing, sd, confidence) < gap else (mid, hi)
+    return hi
+
+
 # ----------------------------------------------------------------------------- soak trends
 
 
@@ -484,6 +530,6 @@ def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
 
 __all__ = [
     "STEP_FLAT_AFTER", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
-    "find_step", "growth", "linear_fit", "low_envelope", "max_gap_s", "percentile", "request_metrics", "summarize",
-    "t_quantile", "theil_sen", "trend",
+    "find_step", "growth", "linear_fit", "low_envelope", "max_gap_s", "percentile", "points_to_decide", "request_metrics",
+    "residual_sd", "slope_half_width", "summarize", "t_quantile", "theil_sen", "trend",
 ]
