@@ -169,7 +169,7 @@ def check_accuracy(request, client, profile, collected) -> Verdict:
         items = load_task(path)
     except TaskError as exc:
         return Verdict("answers/accuracy", Status.FAIL, f"{exc} -> FAIL", measured="no task", limit="a task",
-                       cause=f"the profile's accuracy task cannot be read: {exc}")
+                       cause="the profile's accuracy task (answers.accuracy.file) cannot be used: no item was asked")
     model, t = profile.model.served_name, profile.limits.request_timeout_s
     asked = ask_many([lambda it=it: ask(client, it.route, body_for(it.route, model, messages=it.messages, prompt=it.prompt,
                                                                        max_tokens=acc.max_tokens, logprobs=None), timeout_s=t)
