@@ -1,18 +1,25 @@
-"""Gate: answers (``-m answers``). The answers are right, not only well-formed: the profile's golden
-prompts meet their expectations at temperature 0, streamed and not; an accuracy task scores at or
-above its floor with a binomial interval; no answer the gate collected is degenerate; multibyte
-text survives streaming; chat, rendered text and token ids agree; a later turn remembers an
-earlier one; temperature-0 outputs do not change under concurrency."""
+"""Gate: answers (``-m answers``). The answers are right, not only well-formed: temperature 0 is
+honoured (one request twice, alone, the same text); a system message reaches the model (the
+server's prompt count is the rendering with it); the profile's golden prompts meet their
+expectations at temperature 0, streamed and not; an accuracy task scores at or above its floor with
+a binomial interval; no answer the gate collected is degenerate; multibyte text survives streaming;
+chat, rendered text and token ids agree; a later turn remembers an earlier one; temperature-0
+outputs do not change under concurrency. A FAIL's cause is what the first two measured (the
+sampling, the rendering), asked for only when a case does not PASS."""
 
 from pathlib import Path
 
 import pytest
 
-from kvgate.answers.observe import MULTIBYTE_PROMPTS, SAMPLED_SCRIPTS, ask, ask_many, body_for, render
+from kvgate.answers.observe import MULTIBYTE_PROMPTS, SAMPLED_SCRIPTS, ask, ask_many, body_for, echoed_prompt, render
 from kvgate.answers.task import TaskError, load_task, scored
+from kvgate.compare.golden import MULTI_TURN, SYSTEM
 from kvgate.gates.answers import (CASES, GoldenObservation, MemoryObservation, MultibyteObservation, PathsObservation,
-                                  accuracy_verdict, degeneration_verdict, determinism_verdict, golden_verdict,
-                                  input_paths_verdict, memory_verdict, multibyte_verdict, not_declared)
+                                  RenderingObservation, SamplingObservation, Suspects, accuracy_verdict,
+                                  degeneration_verdict, determinism_verdict, golden_verdict, input_paths_verdict,
+                                  memory_verdict, multibyte_verdict, not_declared, rendering_cause, sampling_cause,
+                                  system_golden, system_message_verdict, temperature_zero_verdict)
+from kvgate.http.rendering import concurrently, tokenize
 from kvgate.verdict import Status, Verdict
 
 
@@ -59,6 +66,60 @@ def golden_obs(kvgate_client, kvgate_profile, collected):
     return [GoldenObservation(g, p, s) for g, p, s in zip(a.goldens, plain, streamed)]
 
 
+@pytest.fixture(scope="module")
+def sampling_obs(kvgate_client, kvgate_profile, golden_obs):
+    """The golden whose non-streamed answer was the longest (most tokens to part at), asked twice
+    more at temperature 0 with its max_tokens, one after the other, nothing else in flight (its
+    prefix is already cached by golden_obs, so both find the same cache). None: no golden answered."""
+    answered = [o for o in golden_obs if o.plain.ok]
+    if not answered:
+        return None
+    o = max(answered, key=lambda o: (len(o.plain.tokens), len(o.plain.text)))
+    model, t = kvgate_profile.model.served_name, kvgate_profile.limits.request_timeout_s
+    first, second = (ask(kvgate_client, o.spec.route, _golden_body(o.spec, model), timeout_s=t) for _ in range(2))
+    return SamplingObservation(o.spec.name, o.spec.max_tokens, first, second)
+
+
+@pytest.fixture(scope="module")
+def rendering_obs(kvgate_client, kvgate_profile, golden_obs):
+    """The first golden with a system turn (else kvgate's probe conversation) rendered by /tokenize
+    with its system turn, without it, and with it sent as a user turn (at once, up to
+    slo.concurrency in flight), with the server's prompt_tokens for it from golden_obs."""
+    g = system_golden(kvgate_profile.answers)
+    if g is not None:
+        messages, name = list(g.messages), g.name
+        served = next((o.plain.prompt_tokens for o in golden_obs if o.spec.name == g.name), None)
+    else:
+        probe = [{"role": "system", "content": SYSTEM}] + [{"role": r, "content": c} for r, c in MULTI_TURN[:1]]
+        messages, name, served = probe, None, None
+    model = kvgate_profile.model.served_name
+    shapes = (messages, [m for m in messages if m["role"] != "system"],
+              [{**m, "role": "user"} if m["role"] == "system" else m for m in messages])
+    got = concurrently([lambda m=m: tokenize(kvgate_client, model, messages=m) for m in shapes],
+                       kvgate_profile.slo.concurrency)
+    return RenderingObservation(name, *got, served=served)
+
+
+def _suspects(request) -> Suspects:
+    """The measured causes: the temperature-zero and system-message cases' findings when they ran
+    (kept for the run in kvgate_answer_causes), else measured now."""
+    causes = request.getfixturevalue("kvgate_answer_causes")
+    if "sampling" not in causes:
+        causes["sampling"] = sampling_cause(temperature_zero_verdict(request.getfixturevalue("sampling_obs")))
+    if "rendering" not in causes:
+        causes["rendering"] = rendering_cause(request.getfixturevalue("rendering_obs"))
+    return Suspects(causes["sampling"], causes["rendering"])
+
+
+def _judged(request, decide) -> Verdict:
+    """``decide(None)``; when that does not PASS or SKIP, ``decide(suspects)``: the causes are
+    measured only for a verdict that needs one."""
+    verdict = decide(None)
+    if verdict.status in (Status.FAIL, Status.INVALID, Status.INCONCLUSIVE):
+        verdict = decide(_suspects(request))
+    return verdict
+
+
 def _run(case, kvgate_profile, kvgate_gate):
     skip = not_declared(case, kvgate_profile)
     if skip is not None:
@@ -72,14 +133,32 @@ def _run(case, kvgate_profile, kvgate_gate):
 def test_answers(case, request, kvgate_client, kvgate_profile, kvgate_gate, collected):
     if not _run(case, kvgate_profile, kvgate_gate):
         return
-    check = {"golden": check_golden, "accuracy": check_accuracy, "degeneration": check_degeneration,
+    check = {"temperature-zero": check_temperature_zero, "system-message": check_system_message,
+             "golden": check_golden, "accuracy": check_accuracy, "degeneration": check_degeneration,
              "multibyte": check_multibyte, "input-paths": check_input_paths, "multi-turn": check_memory,
              "determinism": check_determinism}[case]
     assert kvgate_gate(check(request, kvgate_client, kvgate_profile, collected)).passed
 
 
+def check_temperature_zero(request, client, profile, collected) -> Verdict:
+    obs = request.getfixturevalue("sampling_obs")
+    if obs is not None:
+        collected.add(f"temperature-zero/{obs.name}/1", obs.first)
+        collected.add(f"temperature-zero/{obs.name}/2", obs.second)
+    verdict = temperature_zero_verdict(obs)
+    request.getfixturevalue("kvgate_answer_causes")["sampling"] = sampling_cause(verdict)
+    return verdict
+
+
+def check_system_message(request, client, profile, collected) -> Verdict:
+    obs = request.getfixturevalue("rendering_obs")
+    request.getfixturevalue("kvgate_answer_causes")["rendering"] = rendering_cause(obs)
+    return system_message_verdict(obs)
+
+
 def check_golden(request, client, profile, collected) -> Verdict:
-    return golden_verdict(profile.answers, request.getfixturevalue("golden_obs"))
+    golden = request.getfixturevalue("golden_obs")
+    return _judged(request, lambda s: golden_verdict(profile.answers, golden, suspects=s))
 
 
 def check_accuracy(request, client, profile, collected) -> Verdict:
@@ -89,14 +168,16 @@ def check_accuracy(request, client, profile, collected) -> Verdict:
     try:
         items = load_task(path)
     except TaskError as exc:
-        return Verdict("answers/accuracy", Status.FAIL, f"{exc} -> FAIL", measured="no task", limit="a task")
+        return Verdict("answers/accuracy", Status.FAIL, f"{exc} -> FAIL", measured="no task", limit="a task",
+                       cause="the profile's accuracy task (answers.accuracy.file) cannot be used: no item was asked")
     model, t = profile.model.served_name, profile.limits.request_timeout_s
     asked = ask_many([lambda it=it: ask(client, it.route, body_for(it.route, model, messages=it.messages, prompt=it.prompt,
                                                                        max_tokens=acc.max_tokens, logprobs=None), timeout_s=t)
                       for it in items], acc.concurrency)
     for it, a in zip(items, asked):
         collected.add(f"accuracy/{it.id}", a)
-    return accuracy_verdict(profile.answers, scored(items, [a.text if a.ok else None for a in asked]), path.name)
+    rows = scored(items, [a.text if a.ok else None for a in asked])
+    return _judged(request, lambda s: accuracy_verdict(profile.answers, rows, path.name, suspects=s))
 
 
 def check_multibyte(request, client, profile, collected) -> Verdict:
@@ -110,7 +191,7 @@ def check_multibyte(request, client, profile, collected) -> Verdict:
             streamed = ask(client, "chat", body, stream=True, timeout_s=t)
             collected.add(f"multibyte/{name}", plain)
             obs.append(MultibyteObservation(name, prompt, temp, plain, streamed))
-    return multibyte_verdict(obs)
+    return _judged(request, lambda s: multibyte_verdict(obs, suspects=s))
 
 
 def check_input_paths(request, client, profile, collected) -> Verdict:
@@ -137,8 +218,31 @@ def check_input_paths(request, client, profile, collected) -> Verdict:
                                        stream=stream, timeout_s=t)
         for k, a in answers.items():
             collected.add(f"input-paths/{g.name}/{k}", a)
-        obs.append(PathsObservation(g.name, ids, text, answers))
-    return input_paths_verdict(obs)
+        obs.append(_paths_observation(client, profile, g, ids, text, answers))
+    return _judged(request, lambda s: input_paths_verdict(obs, suspects=s))
+
+
+def _paths_observation(client, profile, g, ids, text, answers) -> PathsObservation:
+    """What a count that is off is compared with: the rendered text tokenized with and without
+    special tokens, rendered again as a user turn, the conversation without its system turn (at
+    once, up to slo.concurrency in flight); and, for a completions path whose count is off, the
+    prompt as the server echoes it (one short request per route kind)."""
+    model = profile.model.served_name
+    jobs = [lambda: tokenize(client, model, prompt=text, add_special_tokens=True),
+            lambda: tokenize(client, model, prompt=text, add_special_tokens=False),
+            lambda: tokenize(client, model, messages=[{"role": "user", "content": text}])]
+    if any(m["role"] == "system" for m in g.messages):
+        jobs.append(lambda: tokenize(client, model, messages=[m for m in g.messages if m["role"] != "system"]))
+    special, plain, twice, *without = concurrently(jobs, profile.slo.concurrency)
+    echoed = {}
+    for kind, prompt, extra in (("text", text, False), ("ids", ids, None)):
+        off = [k for k in (kind, kind + "/stream") if k in answers and answers[k].prompt_tokens not in (None, len(ids))]
+        if off:
+            got = echoed_prompt(client, model, prompt, add_special_tokens=extra,
+                                timeout_s=profile.limits.request_timeout_s)
+            echoed.update({k: got for k in off if got is not None})
+    return PathsObservation(g.name, ids, text, answers, without_system=without[0] if without else None,
+                            text_special=special, text_plain=plain, twice=twice, echoed=echoed)
 
 
 def check_memory(request, client, profile, collected) -> Verdict:
@@ -148,7 +252,7 @@ def check_memory(request, client, profile, collected) -> Verdict:
         a = ask(client, g.route, _golden_body(g, model), timeout_s=t)
         collected.add(f"multi-turn/{g.name}", a)
         obs.append(MemoryObservation(g, a))
-    return memory_verdict(obs)
+    return _judged(request, lambda s: memory_verdict(obs, suspects=s))
 
 
 def check_determinism(request, client, profile, collected) -> Verdict:
@@ -169,10 +273,10 @@ def check_determinism(request, client, profile, collected) -> Verdict:
         for g, a in zip(batch[:len(tracked)], out[:len(tracked)]):
             runs[g.name].append(a)
             collected.add(f"determinism/{g.name}/{r + 1}", a)
-    return determinism_verdict(spec, runs)
+    return _judged(request, lambda s: determinism_verdict(spec, runs, suspects=s))
 
 
 def check_degeneration(request, client, profile, collected) -> Verdict:
     if not collected.seen.strict:  # run alone (-k degeneration): the goldens give it answers to check
         request.getfixturevalue("golden_obs")
-    return degeneration_verdict(profile.answers, collected.seen)
+    return _judged(request, lambda s: degeneration_verdict(profile.answers, collected.seen, suspects=s))

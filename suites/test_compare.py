@@ -1,17 +1,20 @@
 """Gate: compare (``-m compare``; runs by itself when a baseline is given or the run records). The
-new revision against the one it replaces, the same requests to both: its temperature-0 answers
-to the golden set part from the baseline's only at near ties; its TTFT / ITL / e2e percentiles are
+new revision against the one it replaces, the same requests to both: the golden prompts render to
+the same tokens (``/tokenize`` and the servers' prompt counts), judged before the answers and the
+cause of those that drift with them; its temperature-0 answers to the golden set part from the
+baseline's only at near ties; its TTFT / ITL / e2e percentiles are
 not slower beyond ``compare.max_regression`` (interleaved pairs, a live baseline only); every
 features case that passed on the baseline passes on it. Every run of this gate writes its own
 golden answers to golden.json, so its reports can be a later run's baseline."""
 
 import pytest
 
-from kvgate.compare.baseline import LiveBaseline, RecordedBaseline, answer_both, features_statuses, sized_text
+from kvgate.compare.baseline import (LiveBaseline, RecordedBaseline, answer_both, features_statuses, render_prompts,
+                                    sized_text)
 from kvgate.compare.golden import GOLDEN_FILE, golden_set, long_prompt_tokens, write_golden
 from kvgate.compare.latency import Pairs, take_pairs, timed
 from kvgate.gates.compare import (contract_verdict, features_verdict, latency_decisions, latency_verdict,
-                                  no_baseline_verdict, outputs_verdict)
+                                  no_baseline_verdict, outputs_verdict, rendering_changes, rendering_verdict)
 from kvgate.gates.features import cases as feature_cases
 from kvgate.run.session import current
 from kvgate.stats.confidence import plan_looks, sample_until_decided
@@ -19,10 +22,12 @@ from kvgate.stats.confidence import plan_looks, sample_until_decided
 
 class Golden:
     """This run's golden prompts, the new endpoint's answers and the baseline's (none when recording
-    without one), saved to golden.json (features statuses added when that case has run)."""
+    without one), each side's renderings of them, saved to golden.json (features statuses added
+    when that case has run)."""
 
-    def __init__(self, run, prompts, new, base, logprobs):
+    def __init__(self, run, prompts, new, base, logprobs, new_r, base_r):
         self.run, self.prompts, self.new, self.base, self.logprobs = run, prompts, new, base, logprobs
+        self.new_r, self.base_r = new_r, base_r
         self.features, self.contract = {}, {}
 
     def save(self):
@@ -31,35 +36,58 @@ class Golden:
                             endpoint=rec.endpoint, server_version=rec.server_version,
                             model=self.run.profile.model.served_name, prompts=self.prompts, answers=self.new,
                             features=self.features, logprobs=self.logprobs, redact=self.run.redactor.text,
-                            contract=self.contract)
+                            contract=self.contract, renderings=self.new_r)
 
 
 @pytest.fixture(scope="module")
 def golden(request, pytestconfig, kvgate_profile, kvgate_baseline):
     """The golden prompts (a recorded baseline's own, else built for this profile, the long one
     against the server's tokenizer) answered by the new endpoint and a live baseline, one request
-    at a time, alternating; None when there is no baseline and the run does not record (the new
-    endpoint's client is asked for only then: ``-m compare`` alone starts no server)."""
+    at a time, alternating, then rendered by each side's /tokenize (up to slo.concurrency at once);
+    None when there is no baseline and the run does not record (the new endpoint's client is asked
+    for only then: ``-m compare`` alone starts no server)."""
     base, base_client, _ = kvgate_baseline
     st, profile = current(pytestconfig), kvgate_profile
     if base is None and st.record.gate_mode != "record":
         return None  # nothing to compare with: nothing is sent
     kvgate_client = request.getfixturevalue("kvgate_client")
-    model, t = profile.model.served_name, profile.limits.canary_deadline_s
+    model, t, c = profile.model.served_name, profile.limits.canary_deadline_s, profile.slo.concurrency
     if isinstance(base, RecordedBaseline):
         prompts, base_answers = base.golden.prompts, base.golden.answers
         new, _, logprobs = answer_both(kvgate_client, None, prompts, model, profile, t)
+        base_r = base.golden.renderings
     else:
         prompts = golden_set(profile, sized_text(kvgate_client, model, long_prompt_tokens(profile)))
         new, base_answers, logprobs = answer_both(kvgate_client, base_client, prompts, model, profile, t)
-    g = Golden(st, prompts, new, base_answers, logprobs)
+        base_r = render_prompts(base_client, prompts, model, c) if base_client is not None else {}
+    g = Golden(st, prompts, new, base_answers, logprobs, render_prompts(kvgate_client, prompts, model, c), base_r)
     g.save()
     return g
 
 
+def _answers_causes(causes) -> str | None:
+    """What the answers gate measured of this server's sampling and rendering, when it ran."""
+    return "; ".join(c for c in (causes.get("sampling"), causes.get("rendering")) if c) or None
+
+
+@pytest.mark.compare
+@pytest.mark.gate("compare", cases=["rendering"])
+def test_prompts_render_as_on_the_baseline(case, golden, kvgate_baseline, kvgate_answer_causes, kvgate_gate):
+    base, _, why = kvgate_baseline
+    if base is None:
+        recorded = f"; this run's renderings of its {len(golden.prompts)} golden prompts are in {GOLDEN_FILE}" \
+            if golden else ""
+        assert kvgate_gate(no_baseline_verdict(case, why + recorded)).passed
+        return
+    verdict = rendering_verdict(golden.prompts, golden.base, golden.new, golden.base_r, golden.new_r, base.label,
+                                kvgate_answer_causes.get("rendering"))
+    assert kvgate_gate(verdict).passed
+
+
 @pytest.mark.compare
 @pytest.mark.gate("compare", cases=["outputs"])
-def test_outputs_part_from_the_baseline_only_at_near_ties(case, golden, kvgate_baseline, kvgate_profile, kvgate_gate):
+def test_outputs_part_from_the_baseline_only_at_near_ties(case, golden, kvgate_baseline, kvgate_profile, kvgate_gate,
+                                                          kvgate_answer_causes):
     base, _, why = kvgate_baseline
     if base is None:
         recorded = f"; this run's {len(golden.new)} golden answers are in {GOLDEN_FILE}" if golden else ""
@@ -67,7 +95,9 @@ def test_outputs_part_from_the_baseline_only_at_near_ties(case, golden, kvgate_b
         return
     logprobs = golden.logprobs and (not isinstance(base, RecordedBaseline) or bool(base.golden.answers) and
                                     any(a.tokens for a in base.golden.answers.values()))
-    verdict = outputs_verdict(kvgate_profile, golden.prompts, golden.base, golden.new, base.label, logprobs)
+    changed, _, _ = rendering_changes(golden.prompts, golden.base, golden.new, golden.base_r, golden.new_r)
+    verdict = outputs_verdict(kvgate_profile, golden.prompts, golden.base, golden.new, base.label, logprobs,
+                              changed=changed, suspects=_answers_causes(kvgate_answer_causes))
     assert kvgate_gate(verdict).passed
 
 

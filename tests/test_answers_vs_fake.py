@@ -1,9 +1,11 @@
 """The answers gate (suites/test_answers.py) against the fault-injecting fake vLLM in answering mode
 (``FakeConfig.answers``: every prompt of tests/data/fake-answers.yaml, its accuracy task and the
 multibyte prompts mapped to an answer): every case PASSES on the healthy fake; each answers fault
-FAILS exactly its cases, the message quoting the offending answer, and leaves every other case PASS.
-Suites run through pytester with ``--endpoint``; verdicts are read back from summary.json. One
-suite run per test (a second of fake traffic each; nondeterministic_concurrency a few)."""
+FAILS exactly its cases, the message quoting the offending answer, and leaves every other case PASS;
+the faults a cause is measured for (a template dropping roles, a gateway dropping the system turn or
+the sampling parameters) name that cause on every case they FAIL. Suites run through pytester with
+``--endpoint``; verdicts are read back from summary.json. One suite run per test (a second of fake
+traffic each; nondeterministic_concurrency a few)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from .test_gates_vs_fake import run_suites
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-answers.yaml"
 SUITE = ["suites/test_answers.py"]
-CASES = ["golden", "accuracy", "multibyte", "input-paths", "multi-turn", "determinism", "degeneration"]
+CASES = ["temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
+         "determinism", "degeneration"]
 SPEC = load_profile(str(PROFILE)).answers
 MEMORY = {g.name: g.messages for g in SPEC.memory}
 
@@ -53,6 +56,9 @@ ANSWERS = {
     "What is the largest ocean on Earth?": "The Pacific Ocean is the largest.",
     "One, two, three, four,": " then five, six.",
     "What is the capital of Peru?": "It is Lima, in Peru.",
+    # the system golden as a template that drops roles renders it (template_drops_roles): the run-together
+    # text, which the "model" answers otherwise (an accuracy item with a system turn stays unanswered)
+    "You are a concise assistant. What is the capital of Japan?": "You are right, I will be brief.",
     # the multibyte prompts (kvgate.answers.observe.MULTIBYTE_PROMPTS)
     MULTIBYTE_PROMPTS["cjk"]: "一年有十二个月。",
     MULTIBYTE_PROMPTS["hangul"]: "하늘은 파란색입니다.",
@@ -127,7 +133,7 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert {c: g["status"] for c, g in gates.items()} == dict.fromkeys(CASES, "PASS"), \
         {c: g["message"] for c, g in gates.items() if g["status"] != "PASS"}
     assert summary["overall"] == "PASS" and result.ret == pytest.ExitCode.OK
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=9)
     msg = {c: g["message"] for c, g in gates.items()}
     assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. 'What is the capital of "
                                     "France?' -> 'Paris is the capital of France.'")
@@ -140,8 +146,15 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert "name-alice: 'It is Alice, as you told me.'" in msg["multi-turn"]
     assert msg["determinism"].startswith("2 prompts x 3 answers (alone, then in 2 concurrent batches of 8): at most 1 "
                                          "distinct output per prompt")
-    # 12 golden, 10 task, 6 multibyte, 12 input-path and 2 memory answers, 4 in a determinism batch
-    assert msg["degeneration"].startswith("46 answers checked") and "no U+FFFD" in msg["degeneration"]
+    # the longest golden answer asked twice alone; system/capital-japan counted 15 = its rendering with the system
+    # turn (9 without)
+    assert msg["temperature-zero"] == ("multi-turn/capital-germany asked twice alone at temperature 0 (max_tokens 24): "
+                                       "the same 7 tokens both times ('Berlin is the capital of Germany.') -> PASS")
+    assert msg["system-message"] == ("system/capital-japan: the server counted 15 prompt tokens = the rendering with "
+                                     "the system turn (15 with the system turn, 9 without) -> PASS")
+    # 12 golden, 2 temperature-zero, 10 task, 6 multibyte, 12 input-path and 2 memory answers, 4 in a determinism batch
+    assert msg["degeneration"].startswith("48 answers checked") and "no U+FFFD" in msg["degeneration"]
+    assert not any(g.get("cause") for g in gates.values())  # a PASS carries no cause
     golden = gates["golden"]["evidence"]["goldens"]
     assert golden["capital-france"]["margin"] == 3.0  # the fake's alternatives sit 3 nats below
     assert gates["accuracy"]["measured"] == {"value": 1.0, "unit": "fraction"}
@@ -159,7 +172,7 @@ FAULT_CASES = {
     },
     "inject_fffd": {
         "multibyte": ["cjk@t=0 non-streamed: 1 U+FFFD in '一年有十\ufffd二个月。'"],
-        "degeneration": ["46 of 46 answers degenerate", "golden/capital-france: 1 U+FFFD replacement "
+        "degeneration": ["48 of 48 answers degenerate", "golden/capital-france: 1 U+FFFD replacement "
                          "characters (first at char 5: 'Paris\ufffd is the capital of ') in "
                          "'Paris\ufffd is the capital of France.'"],
     },
@@ -176,8 +189,10 @@ FAULT_CASES = {
                    "multi-turn/capital-germany ('And what is the capital of Germany? (turn 3)' -> "],
     },
     "double_bos_ids": {
-        "input-paths": ["capital-france ids: prompt_tokens 10 vs 9 rendered (+1: a second BOS or the template "
-                        "applied twice)", "capital-france ids answers otherwise than chat at char 0: 'Paris is the capital' vs ' tok"],
+        # the count names a second BOS because the server's echo of its prompt shows it (id 1, the tokenizer's BOS)
+        "input-paths": ["capital-france ids: prompt_tokens 10 vs 9 rendered (+1: a second BOS: the server's prompt, as "
+                        "it echoed it, is id 1 ('<s>') then the 9 rendered tokens)",
+                        "capital-france ids answers otherwise than chat at char 0: 'Paris is the capital' vs ' tok"],
     },
     "echo_prompt_first_delta": {
         "input-paths": ["capital-france ids/stream: the first streamed delta carries the prompt's text "
@@ -194,7 +209,43 @@ FAULT_CASES = {
         "multi-turn": ["name-alice: turn 1 said 'My name is Alice. Please remember it.'; asked 'What is my name? "
                        "(turn 3)' -> 'I do not know your name yet.', expected /\\bAlice\\b/i"],
     },
+    "template_drops_roles": {
+        "golden": ["2 confident flips", "system/capital-japan ('What is the capital of Japan?' -> 'You are right, I "
+                   "will be brief.'", "multi-turn/capital-germany ('And what is the capital of Germany? (turn 3)' -> "
+                   "' tok"],
+        "multi-turn": ["2 of 2 answers forget an earlier turn"],
+    },
+    "gateway_drops_system": {
+        "system-message": ["system/capital-japan: the server counted 9 prompt tokens = the rendering without the system "
+                           "turn (15 with the system turn, 9 without) -> FAIL"],
+        "input-paths": ["system/capital-japan chat: prompt_tokens 9 vs 15 rendered (-6: = the rendering without the "
+                        "system turn)"],
+    },
+    "sampling_dropped": {
+        "temperature-zero": ["multi-turn/capital-germany asked twice alone at temperature 0 (max_tokens 24): different "
+                             "text, first difference at token 7: ' 12)' vs ' 13)' ('Berlin is the capital of Germany. "
+                             "(take 12)' vs 'Berlin is the capital of Germany. (take 13)') -> FAIL"],
+        "golden": ["6 streamed answers part from the non-streamed ones"],
+        "multibyte": ["cjk@t=0: streamed differs from non-streamed"],
+        "input-paths": ["capital-france text answers otherwise than chat"],
+        "determinism": ["capital-france: 3 distinct outputs in 3"],
+    },
 }
+#: fault -> the cause every case it FAILs (or leaves INCONCLUSIVE) names, measured by the cases that measure causes
+ROLES = ("the chat template drops roles: /tokenize renders a system turn and a user turn alike (12 tokens either way: "
+         "'<s> You are a concise assistant. What is the capital of Japan?'): the model cannot tell who said what")
+FAULT_CAUSES = {
+    "template_drops_roles": ROLES,
+    "gateway_drops_system": "the system message never reached the server (a gateway dropping it?); the server "
+                            "rendered 9 tokens = the rendering without it",
+    "sampling_dropped": "temperature 0 is not honoured: the same request answered twice alone gave different text "
+                        "(first difference at token 7)",
+    "double_bos_ids": "a second BOS on the ids path: the server puts the tokenizer's BOS (id 1 ('<s>')) in front of a "
+                      "prompt that already begins with the template's",
+}
+#: fault -> {case: status} of the cases it leaves neither PASS nor FAIL: the accuracy item with a system turn is
+#: answered wrong under a template that drops roles, 9 of 10 right, too few items to tell
+FAULT_UNDECIDED = {"template_drops_roles": {"accuracy": "INCONCLUSIVE"}}
 
 
 @pytest.mark.parametrize("fault", list(FAULT_CASES))
@@ -203,15 +254,33 @@ def test_answers_fault_fails_exactly_its_cases(pytester, answering_fake, fault):
     result, summary, gates = run(pytester, answering_fake.url)
     must_fail = FAULT_CASES[fault]
     assert list(gates) == CASES
+    undecided = FAULT_UNDECIDED.get(fault, {})
     assert {c for c, g in gates.items() if g["status"] == "FAIL"} == set(must_fail), \
         {c: g["message"] for c, g in gates.items() if g["status"] != "PASS"}
-    assert all(g["status"] == "PASS" for c, g in gates.items() if c not in must_fail)
+    assert {c: g["status"] for c, g in gates.items() if c not in must_fail and g["status"] != "PASS"} == undecided
     for case, fragments in must_fail.items():
         msg = gates[case]["message"]
         assert msg.endswith("-> FAIL") or "-> FAIL" in msg, msg
         for f in fragments:
             assert f in msg, (f, msg)
+    # the cause: measured where a case measures it, on every case the fault breaks; none where nothing points at one
+    causes = {c: gates[c].get("cause") for c in [*must_fail, *undecided]}
+    assert causes == dict.fromkeys(causes, FAULT_CAUSES.get(fault)), causes  # garbage answers: nothing measured names why
+    assert all(g.get("cause") is None for c, g in gates.items() if g["status"] == "PASS")
     assert summary["overall"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_without_tokenize_the_rendering_cases_skip_saying_so(pytester, answering_fake):
+    """A server without /tokenize (KServe's huggingface runtime): the system message's arrival and the
+    input paths cannot be measured -- each SKIPs naming what answered -- and the rest still PASS."""
+    answering_fake.config.faults.add("no_tokenize")
+    result, summary, gates = run(pytester, answering_fake.url)
+    assert {c: g["status"] for c, g in gates.items() if g["status"] != "PASS"} == {"system-message": "SKIP",
+                                                                                 "input-paths": "SKIP"}
+    assert gates["system-message"]["message"] == ("the server renders no conversation for kvgate to count (/tokenize "
+                                                  "answered 404: {\"detail\":\"Not Found\"}): the system message's "
+                                                  "arrival cannot be measured without /tokenize -> SKIP")
+    assert result.ret == pytest.ExitCode.OK
 
 
 def test_input_paths_render_with_the_profiles_chat_template_kwargs(pytester, answering_fake, tmp_path):

@@ -3,7 +3,11 @@ tie, drift), the latency rule, features lost, the golden file -- on exact number
 against two fault-injecting fakes through pytester: the same fake on both sides PASSes; a fake
 that parts only at near ties PASSes; a changed model FAILs naming the drifted prompts and the first
 differing token; a fake 30% slower FAILs the latency case; a recording then a compare against it
-PASSes, and FAILs after the model changed; bad baselines are one-line usage errors."""
+PASSes, and FAILs after the model changed; a chat template that drops roles is its own regression
+(compare/rendering, the first differing token) and the cause of the answers that drifted, live and
+against a recording (a recording from before renderings were recorded: "not recorded", a SKIP); a
+server whose gateway drops temperature carries the answers gate's measured cause into compare's
+drift; bad baselines are one-line usage errors."""
 
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ import pytest
 from kvgate.compare.golden import (Answer, GoldenError, GoldenPrompt, answer_of, compare_answers, read_golden,
                                    write_golden)
 from kvgate.compare.latency import Pairs, Timing, take_pairs
-from kvgate.gates.compare import contract_verdict, features_verdict, latency_verdict, outputs_verdict
+from kvgate.gates.compare import (contract_verdict, features_verdict, latency_verdict, outputs_verdict,
+                                  rendering_changes, rendering_verdict)
+from kvgate.http.rendering import Rendering
 from kvgate.profile.models import load_profile
 from kvgate.verdict import Status
 
@@ -107,6 +113,67 @@ def test_outputs_verdict_new_revision_unanswered_is_drift_baseline_unanswered_le
     assert none.status is Status.INVALID and "answered none of 2" in none.message
 
 
+def r(*words):
+    """A /tokenize rendering of ``words``, one token each."""
+    return Rendering(tuple(100 + sum(map(ord, w)) for w in words), words)
+
+
+def test_rendering_verdict_names_the_first_differing_token_and_tells_a_template_from_a_tokenizer():
+    ps = [GoldenPrompt("chat/1", "chat", {"messages": []}), GoldenPrompt("long", "completions", {"prompt": "x"})]
+    base_r = {"chat/1": r("<s>", "<|user|>", "Hi", "<|assistant|>"), "long": r("<s>", "x")}
+    answers = {p.name: Answer(prompt_tokens=None) for p in ps}
+    v = rendering_verdict(ps, answers, answers, base_r, dict(base_r), "baseline X")
+    assert v.status is Status.PASS and v.message == ("2 golden prompts render alike here and on the baseline X (the same "
+                                                     "/tokenize tokens or prompt_tokens) -> PASS")
+    new_r = {**base_r, "chat/1": r("<s>", "Hi")}
+    v = rendering_verdict(ps, answers, answers, base_r, new_r, "baseline X", suspect="the chat template drops roles: Y")
+    assert v.status is Status.FAIL and (v.measured, v.limit) == (1, 0)
+    assert v.message == ("1 of 2 golden prompts render otherwise here than on the baseline X (limit 0): chat/1: the same "
+                         "messages render to 2 tokens here and 4 on the baseline; first difference at token 1: 'Hi' vs "
+                         "'<|user|>' -> FAIL")
+    assert v.cause == ("the chat template changed: text prompts tokenize alike on both, conversations render otherwise "
+                       "(chat/1: the same messages render to 2 tokens here and 4 on the baseline; first difference at "
+                       "token 1: 'Hi' vs '<|user|>'); the chat template drops roles: Y")
+    v = rendering_verdict(ps, answers, answers, base_r, {**base_r, "long": r("<s>", "y")}, "b")
+    assert v.cause.startswith("the tokenizer changed: the same text tokenizes otherwise (long: the same text tokenizes "
+                              "to 2 tokens on both; first difference at token 1: 'y' vs 'x')")
+
+
+def test_rendering_verdict_without_tokenize_compares_the_prompt_counts_a_recording_without_them_skips():
+    ps = prompts(2)
+    base = {"p0": Answer(prompt_tokens=37), "p1": Answer(prompt_tokens=12)}
+    new = {"p0": Answer(prompt_tokens=41), "p1": Answer(prompt_tokens=12)}
+    none = {p.name: Rendering(error="/tokenize answered 404: Not Found") for p in ps}
+    v = rendering_verdict(ps, base, new, none, none, "b")
+    assert v.status is Status.FAIL and "p0: the same messages render to 41 tokens here and 37 on the baseline " \
+        "(usage.prompt_tokens)" in v.message
+    changed, same, unrecorded = rendering_changes(ps, {}, new, {}, none)
+    assert (changed, same, unrecorded) == ({}, [], ["p0", "p1"])
+    v = rendering_verdict(ps, {}, new, {}, none, "recorded baseline R")
+    assert v.status is Status.SKIP and "not recorded" in v.message
+    # /tokenize renders alike but the generation route counts otherwise: still a regression
+    alike = {p.name: r("<s>", "x") for p in ps}
+    v = rendering_verdict(ps, base, new, alike, alike, "b")
+    assert "p0: /tokenize renders it alike (2 tokens) but the server counts 41 prompt tokens here and 37 on the " \
+        "baseline" in v.message
+
+
+def test_outputs_drift_of_prompts_whose_rendering_changed_names_it_as_the_cause():
+    prof = load_profile(str(PROFILE))
+    ps = prompts(2)
+    base = {p.name: ans("abcd") for p in ps}
+    new = {"p0": ans("abzz"), "p1": ans("abcd")}
+    v = outputs_verdict(prof, ps, base, new, "b", changed={"p0": "the same messages render to 2 tokens here and 4 on "
+                                                                 "the baseline; first difference at token 1: 'Hi' vs "
+                                                                 "'<|user|>'"}, suspects="temperature 0 is not honoured")
+    assert v.status is Status.FAIL
+    assert v.cause == ("1 of the 1 drifted prompts render otherwise than on the baseline (compare/rendering; p0: the "
+                       "same messages render to 2 tokens here and 4 on the baseline; first difference at token 1: 'Hi' "
+                       "vs '<|user|>'): those answers are to other prompts; temperature 0 is not honoured")
+    assert outputs_verdict(prof, ps, base, new, "b").cause is None  # nothing measured points at a cause
+    assert outputs_verdict(prof, ps, base, base, "b", suspects="x").cause is None  # a PASS has none
+
+
 def timings(ttft, n, itl=2.0, tokens=8):
     return [Timing(ttft, itl, ttft + itl * (tokens - 1), tokens) for _ in range(n)]
 
@@ -182,12 +249,23 @@ def test_contract_verdict_names_each_regression_and_leaves_unrun_cases_out():
 
 def test_golden_file_round_trip_and_clear_errors(tmp_path):
     ps = prompts(2)
+    counted = Answer(["a", "b"], [{"a": -0.1}, {"b": -0.1}], "ab", "length", prompt_tokens=11)
     path = write_golden(tmp_path / "golden.json", run_id="r1", profile="p", endpoint="http://x/v1",
-                        server_version="0.32.0", model="m", prompts=ps, answers={"p0": ans("ab")},
-                        features={"tools/auto": "PASS"})
+                        server_version="0.32.0", model="m", prompts=ps, answers={"p0": counted},
+                        features={"tools/auto": "PASS"}, renderings={"p0": Rendering((1, 4, 9), ("<s>", "<|user|>", "Hi"))})
     g = read_golden(path)
     assert [p.name for p in g.prompts] == ["p0", "p1"] and g.answers["p0"].tokens == ["a", "b"] and "p1" not in g.answers
     assert g.features == {"tools/auto": "PASS"} and g.run_id == "r1"
+    assert g.answers["p0"].prompt_tokens == 11 and g.renderings == {"p0": Rendering((1, 4, 9), ("<s>", "<|user|>", "Hi"))}
+    # a file from before renderings and prompt counts were recorded reads as "not recorded"
+    old = json.loads(path.read_text())
+    for p in old["prompts"]:
+        p.pop("rendering", None)
+        if p["answer"]:
+            p["answer"].pop("prompt_tokens")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    g = read_golden(tmp_path / "old.json")
+    assert g.renderings == {} and g.answers["p0"].prompt_tokens is None
     with pytest.raises(GoldenError, match=r"no golden file \(record one: pytest --profile NAME --gate-mode record"):
         read_golden(tmp_path / "none.json")
     (tmp_path / "bad.json").write_text(json.dumps({"kvgate_golden": 99}))
@@ -217,8 +295,10 @@ def run_compare(pytester, url, *extra, profile=PROFILE, reports="reports"):
 def test_same_fake_on_both_sides_passes_and_writes_its_golden_answers(pytester, fakes):
     new, base = fakes
     result, summary, gates = run_compare(pytester, new.url, f"--baseline={base.url}")
-    assert {k: g["status"] for k, g in gates.items()} == {"outputs": "PASS", "latency": "PASS", "features": "SKIP",
-                                                          "contract": "SKIP"}, [g["message"] for g in gates.values()]
+    assert {k: g["status"] for k, g in gates.items()} == {"rendering": "PASS", "outputs": "PASS", "latency": "PASS",
+                                                          "features": "SKIP", "contract": "SKIP"}, \
+        [g["message"] for g in gates.values()]
+    assert gates["rendering"]["message"].startswith(f"6 golden prompts render alike here and on the baseline {base.url}")
     assert "not re-run against the baseline" in gates["contract"]["message"]
     assert gates["outputs"]["message"].startswith(f"6 golden prompts vs the baseline {base.url} (--baseline): "
                                                   "6 identical, 0 parted at a near tie")
@@ -228,6 +308,10 @@ def test_same_fake_on_both_sides_passes_and_writes_its_golden_answers(pytester, 
     assert [p["name"] for p in golden["prompts"]] == ["single-turn/1", "single-turn/2", "single-turn/3",
                                                       "multi-turn/system", "multi-turn/plain", "long-context"]
     assert golden["prompts"][5]["answer"]["tokens"][:1] and golden["run_id"] == summary["run_id"]
+    # each prompt's rendering: the server's prompt count and /tokenize's token strings
+    first = golden["prompts"][0]
+    assert first["answer"]["prompt_tokens"] == first["rendering"]["count"] == 11
+    assert first["rendering"]["token_strs"][:3] == ["<s>", "<|user|>", "Name"]
     # every generation went to both sides: 6 golden prompts and 20 latency pairs each
     assert len(new.state.requests) == len(base.state.requests) == 6 + 20
     assert [r.prompt for r in new.state.requests] == [r.prompt for r in base.state.requests]
@@ -279,11 +363,74 @@ def test_record_then_compare_against_the_recording_without_a_second_server(pytes
     assert f"recorded baseline {rec} (run " in gates["outputs"]["message"] and result.ret == 1
 
 
+#: single-turn/1 ("Name three colours of the sea at dawn.", 8 words) as the fake's template renders it (BOS, role
+#: marker, words, generation prompt: 11 tokens) and as one that drops roles does (BOS and the words: 9)
+ROLES_DROPPED = ("the same messages render to 9 tokens here and 11 on the baseline; first difference at token 1: "
+                 "'Name' vs '<|user|>'")
+
+
+def test_a_template_that_drops_roles_is_its_own_regression_and_the_cause_of_drift(pytester, fakes):
+    new, base = fakes
+    new.config.faults.add("template_drops_roles")
+    result, _, gates = run_compare(pytester, new.url, f"--baseline={base.url}", "-k", "rendering or outputs")
+    ren, out = gates["rendering"], gates["outputs"]
+    assert ren["status"] == "FAIL" and result.ret == 1, ren["message"]
+    assert ren["message"].startswith(f"5 of 6 golden prompts render otherwise here than on the baseline {base.url} "
+                                     f"(--baseline) (limit 0): single-turn/1: {ROLES_DROPPED}")
+    assert ren["cause"] == ("the chat template changed: text prompts tokenize alike on both, conversations render "
+                            f"otherwise (single-turn/1: {ROLES_DROPPED})")
+    assert out["status"] == "FAIL" and "5 drifted (single-turn/1" in out["message"], out["message"]
+    assert out["cause"] == (f"5 of the 5 drifted prompts render otherwise than on the baseline (compare/rendering; "
+                            f"single-turn/1: {ROLES_DROPPED}): those answers are to other prompts")
+    ids = [g["id"] for g in read_summary(pytester.path / "reports")["gates"]]
+    assert ids.index("fake-compare/compare/rendering") < ids.index("fake-compare/compare/outputs")  # judged first
+
+
+def test_against_a_recording_a_changed_rendering_fails_a_recording_without_one_is_not_recorded(pytester, fakes):
+    new, _ = fakes
+    run_compare(pytester, new.url, "--gate-mode=record", "-m", "compare", reports="rec")
+    rec = pytester.path / "rec"
+    new.config.faults.add("template_drops_roles")
+    _, _, gates = run_compare(pytester, new.url, f"--baseline-reports={rec}", "-k", "rendering", reports="now")
+    assert gates["rendering"]["status"] == "FAIL" and ROLES_DROPPED in gates["rendering"]["message"]
+    old = json.loads((rec / "golden.json").read_text())  # as kvgate wrote it before it recorded renderings
+    for p in old["prompts"]:
+        p.pop("rendering")
+        p["answer"].pop("prompt_tokens")
+    (rec / "golden.json").write_text(json.dumps(old))
+    _, _, gates = run_compare(pytester, new.url, f"--baseline-reports={rec}", "-k", "rendering or outputs",
+                              reports="old")
+    assert gates["rendering"]["status"] == "SKIP" and "(a golden file recorded before kvgate recorded them: not " \
+        "recorded)" in gates["rendering"]["message"]
+    assert gates["outputs"]["status"] == "FAIL" and gates["outputs"].get("cause") is None  # nothing measured says why
+
+
+def test_the_answers_gates_measured_sampling_cause_reaches_compares_drift(pytester):
+    """One run of the answers and compare gates against a server whose gateway drops temperature and
+    seed, a healthy one as the baseline: answers/temperature-zero measures the cause, compare/outputs
+    (its golden set answered with the server's default sampling) FAILs carrying it."""
+    from .test_answers_vs_fake import ANSWERS, PROFILE as ANSWERS_PROFILE
+
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS), faults={"sampling_dropped"})) as new, \
+            FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS))) as base:
+        out = pytester.path / "reports"
+        pytester.runpytest_inprocess(
+            "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+            f"--profile={ANSWERS_PROFILE}", f"--endpoint={new.url}", f"--kvgate-reports={out}",
+            str(REPO / "suites" / "test_answers.py"), str(SUITE), f"--baseline={base.url}", "-k", "not latency")
+        gates = {g["id"].removeprefix("fake-answers/"): g for g in read_summary(out)["gates"]}
+    sampling = ("temperature 0 is not honoured: the same request answered twice alone gave different text (first "
+                "difference at token 7)")
+    assert gates["answers/temperature-zero"]["cause"] == sampling
+    assert gates["compare/rendering"]["status"] == "PASS"  # the prompts reach it alike: the answers do not
+    assert gates["compare/outputs"]["status"] == "FAIL" and gates["compare/outputs"]["cause"] == sampling
+
+
 def test_without_a_baseline_compare_skips_and_sends_nothing(pytester, fakes):
     new, _ = fakes
     result, summary, gates = run_compare(pytester, new.url, "-m", "compare")
-    assert {k: g["status"] for k, g in gates.items()} == dict.fromkeys(["outputs", "latency", "features", "contract"],
-                                                                      "SKIP")
+    assert {k: g["status"] for k, g in gates.items()} == dict.fromkeys(["rendering", "outputs", "latency", "features",
+                                                                       "contract"], "SKIP")
     assert "no baseline: give --baseline URL" in gates["outputs"]["message"]
     assert not [r for r in new.state.requests if r.kind in ("completions", "chat")]
     assert not (pytester.path / "reports" / "golden.json").exists()
@@ -297,7 +444,7 @@ def test_without_a_baseline_compare_starts_no_server(pytester):
         "--profile", "tiny-cpu", "--startup-budget=1", "-m", "compare", str(SUITE))  # a launch would fail in 1 s
     summary = read_summary(out)
     assert result.ret == 0 and summary["outcome"] == "SKIP" and summary["launch"] == {}, summary["launch"]
-    assert [g["status"] for g in summary["gates"]] == ["SKIP"] * 4  # outputs, latency, features, contract
+    assert [g["status"] for g in summary["gates"]] == ["SKIP"] * 5  # rendering, outputs, latency, features, contract
     assert "no server started" in result.stdout.str() and not summary["endpoint_contacted"]
 
 
@@ -411,7 +558,7 @@ def test_the_compare_gate_runs_when_asked(pytester, args, selected):
         "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--kvgate-reports={out}",
         f"--profile={PROFILE}", "--endpoint=http://127.0.0.1:9/v1", "--collect-only", "-q", str(SUITE), *args)
     text = result.stdout.str()
-    assert ("4 tests collected" in text or "4/4 tests collected" in text) is selected, text[-600:]
+    assert ("5 tests collected" in text or "5/5 tests collected" in text) is selected, text[-600:]
 
 
 def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypatch, fakes):

@@ -15,8 +15,11 @@ from kvgate.answers.checks import (char_diff, clip, degeneration, expectation_ma
 from kvgate.answers.observe import Asked, ask, body_for
 from kvgate.answers.task import TaskError, difference_interval, interval, load_task, scored
 from kvgate.gates.answers import (GoldenObservation, MemoryObservation, MultibyteObservation, PathsObservation,
-                                  accuracy_verdict, degeneration_verdict, determinism_verdict, golden_verdict,
-                                  input_paths_verdict, memory_verdict, multibyte_verdict, not_declared)
+                                  RenderingObservation, SamplingObservation, Suspects, accuracy_verdict,
+                                  degeneration_verdict, determinism_verdict, golden_verdict, input_paths_verdict,
+                                  memory_verdict, multibyte_verdict, not_declared, rendering_cause, sampling_cause,
+                                  system_message_verdict, temperature_zero_verdict)
+from kvgate.http.rendering import Rendering, first_difference, parting
 from kvgate.profile.models import AccuracySpec, AnswersSpec, DeterminismSpec, GoldenExpect, GoldenSpec, Profile
 from kvgate.verdict import Status
 
@@ -425,13 +428,220 @@ def test_input_paths_verdict():
                          "(9), the same temperature-0 answer, no prompt text in a first delta -> PASS")
     v = input_paths_verdict([paths(prompt_tokens=10, ids_text="Lyon.")])
     assert v.status is Status.FAIL
+    # nothing measured to compare the count with: no guess at why
     assert v.message.startswith("3 disagreements between input paths (limit 0): capital-france ids: prompt_tokens 10 vs "
-                                "9 rendered (+1: a second BOS or the template applied twice); capital-france ids "
-                                "answers otherwise than chat at char 0: 'Paris.' vs 'Lyon.'")
+                                "9 rendered (+1: matches none of the measured renderings (none measured)); "
+                                "capital-france ids answers otherwise than chat at char 0: 'Paris.' vs 'Lyon.'")
+    assert v.cause == "the evidence cannot tell: the ids path's count matches none of the measured renderings"
     echo = "<s> <|user|> What is the capital of France? <|assistant|>Paris."
     v = input_paths_verdict([paths(first_delta=echo)])
     assert v.status is Status.FAIL
     assert "capital-france ids/stream: the first streamed delta carries the prompt's text ('<s> <|user|>" in v.message
+
+
+def rendered(*words, strs=True):
+    """A /tokenize rendering of ``words`` (each word one token, ids by position in the fake's style)."""
+    ids = tuple(1 if w == "<s>" else 100 + sum(map(ord, w)) for w in words)
+    return Rendering(ids, tuple(words) if strs else None)
+
+
+CONV = ("<s>", "<|user|>", "What", "is", "the", "capital", "of", "France?", "<|assistant|>")
+
+
+def measured_paths(prompt_tokens, key="ids", echoed=None, system=False, **kw):
+    """:func:`paths` with the count of ``key`` off and the renderings the suite measures."""
+    o = paths()
+    o.answers[key].prompt_tokens = prompt_tokens
+    o.rendered_ids = list(rendered(*CONV).ids)
+    o.text_plain = rendered(*CONV)
+    o.text_special = rendered("<s>", *CONV)
+    o.twice = rendered("<s>", "<|user|>", *CONV, "<|assistant|>")
+    o.without_system = rendered(*CONV[:1], *CONV[1:-1]) if system else None
+    o.echoed = echoed or {}
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def test_input_paths_names_a_second_bos_only_when_the_servers_echo_shows_it():
+    bos_then = [1] + list(rendered(*CONV).ids)
+    v = input_paths_verdict([measured_paths(10, echoed={"ids": bos_then})])
+    assert ("capital-france ids: prompt_tokens 10 vs 9 rendered (+1: a second BOS: the server's prompt, as it echoed "
+            "it, is id 1 ('<s>') then the 9 rendered tokens)") in v.message
+    assert v.cause == ("a second BOS on the ids path: the server puts the tokenizer's BOS (id 1 ('<s>')) in front of a "
+                       "prompt that already begins with the template's")
+    # the count alone matches the text with special tokens added: one candidate, named as what was measured
+    v = input_paths_verdict([measured_paths(10)])
+    assert ("(+1: = the rendered text with the tokenizer's special tokens added once more (id 1 ('<s>') in front))"
+            in v.message)
+    assert v.cause.startswith("the ids path's count matches one measured rendering: the rendered text with the")
+    # an echo whose extra token is not the BOS: named by its id, no BOS claimed
+    v = input_paths_verdict([measured_paths(10, echoed={"ids": [7] + list(rendered(*CONV).ids)})])
+    assert "has 1 more tokens in front of the 9 rendered (ids 7)" in v.message and "BOS" not in v.message
+    assert v.cause == "the server adds 1 tokens in front of a ids prompt"
+    v = input_paths_verdict([measured_paths(9, echoed={"ids": [5] * 9})])  # same count, other tokens: no cause
+    assert v.status is Status.PASS  # the count agrees; the echo is asked only when it does not
+
+
+def test_input_paths_counts_that_several_renderings_match_cannot_be_told_apart():
+    o = measured_paths(11, twice=rendered(*"abcdefghijk"), text_special=rendered(*"lmnopqrstuv"))
+    v = input_paths_verdict([o])
+    assert ("capital-france ids: prompt_tokens 11 vs 9 rendered (+2: = the rendered text with the tokenizer's special "
+            "tokens added once more and the rendered text rendered again as a user turn (the template applied twice): "
+            "the counts cannot tell them apart)") in v.message
+    assert v.cause.endswith("the evidence cannot tell them apart")
+
+
+def test_input_paths_chat_count_of_the_rendering_without_the_system_turn_names_the_system_message():
+    o = measured_paths(8, key="chat", system=True)
+    v = input_paths_verdict([o])
+    assert "capital-france chat: prompt_tokens 8 vs 9 rendered (-1: = the rendering without the system turn)" in v.message
+    assert v.cause == ("the system message never reached the server (a gateway dropping it?); the server rendered 8 "
+                       "tokens = the rendering without it")
+
+
+def test_input_paths_answers_that_differ_carry_the_sampling_cause_counts_their_own():
+    s = Suspects(sampling="temperature 0 is not honoured: ...", rendering="the chat template drops roles: ...")
+    v = input_paths_verdict([paths(ids_text="Lyon.")], suspects=s)
+    assert v.status is Status.FAIL and v.cause == "temperature 0 is not honoured: ..."
+    v = input_paths_verdict([paths(first_delta="<s> <|user|> What is the capital of France? <|assistant|>")],
+                            suspects=s)
+    assert v.status is Status.FAIL and v.cause is None  # an echoed prompt is not the sampling's doing
+
+
+# ---------------------------------------------------------------------------- the cases that measure causes
+
+
+def twice(a, b):
+    return SamplingObservation("capital-france", 24, a, b)
+
+
+def test_temperature_zero_the_same_text_twice_passes():
+    v = temperature_zero_verdict(twice(asked("Paris is the capital."), asked("Paris is the capital.")))
+    assert v.status is Status.PASS and v.cause is None
+    assert v.message == ("capital-france asked twice alone at temperature 0 (max_tokens 24): the same 4 tokens both "
+                         "times ('Paris is the capital.') -> PASS")
+
+
+def test_temperature_zero_two_texts_fail_naming_the_sampling_and_the_first_differing_token():
+    v = temperature_zero_verdict(twice(asked("Paris is the capital."), asked("Paris is a city.")))
+    assert v.status is Status.FAIL and (v.measured, v.limit, v.unit) == (2, 1, "outputs")
+    assert v.message == ("capital-france asked twice alone at temperature 0 (max_tokens 24): different text, first "
+                         "difference at token 2: ' the' vs ' a' ('Paris is the capital.' vs 'Paris is a city.') -> FAIL")
+    assert v.cause == ("temperature 0 is not honoured: the same request answered twice alone gave different text "
+                       "(first difference at token 2)")
+    assert sampling_cause(v) == v.cause
+    # without logprobs: by character
+    v = temperature_zero_verdict(twice(asked("ab", tokens=[], top=[]), asked("ac", tokens=[], top=[])))
+    assert "first difference at char 1 (no logprobs)" in v.message and v.cause.endswith("(first difference at char 1)")
+
+
+@pytest.mark.parametrize("field, a, b, named", [
+    ("system_fingerprint", "fp_1", "fp_2", "system_fingerprint 'fp_1' vs 'fp_2'"),
+    ("prompt_tokens", 37, 33, "prompt_tokens 37 vs 33"),
+    ("model", "m-v1", "m-v2", "model 'm-v1' vs 'm-v2'"),
+    ("identity", {"x-kserve-revision": "r1"}, {"x-kserve-revision": "r2"}, "header x-kserve-revision 'r1' vs 'r2'"),
+])
+def test_temperature_zero_answers_that_differ_in_who_answered_name_more_than_one_deployment(field, a, b, named):
+    v = temperature_zero_verdict(twice(asked("Paris is the capital.", **{field: a}), asked("Paris is a city.", **{field: b})))
+    assert v.status is Status.FAIL and f"; the answers also differ in {named} -> FAIL" in v.message
+    assert v.cause == ("more than one deployment answers behind the endpoint (a canary split?): two answers to the "
+                       f"same request differ in {named}")
+
+
+def test_temperature_zero_without_a_measurement_is_invalid_a_missing_answer_fails():
+    assert temperature_zero_verdict(None).status is Status.INVALID
+    v = temperature_zero_verdict(twice(asked("", tokens=[], top=[]), asked("", tokens=[], top=[])))
+    assert v.status is Status.INVALID and "both answers empty" in v.message
+    v = temperature_zero_verdict(twice(asked("Paris."), failed()))
+    assert v.status is Status.FAIL and "1 answer missing (limit 0): second: HTTP 502: Bad Gateway" in v.message
+    assert v.cause is None and sampling_cause(v) is None
+
+
+def sysobs(served, with_system, without, as_user=None, name="system/capital-japan"):
+    return RenderingObservation(name, with_system, without, as_user or rendered("<s>", "<|user|>", "S", "U"),
+                                served=served)
+
+
+W = rendered("<s>", "<|system|>", "Be", "brief.", "<|user|>", "Capital?", "<|assistant|>")
+WO = rendered("<s>", "<|user|>", "Capital?", "<|assistant|>")
+
+
+def test_system_message_the_rendering_with_it_passes_without_it_fails():
+    v = system_message_verdict(sysobs(7, W, WO))
+    assert v.status is Status.PASS and v.message == ("system/capital-japan: the server counted 7 prompt tokens = the "
+                                                     "rendering with the system turn (7 with the system turn, 4 "
+                                                     "without) -> PASS")
+    v = system_message_verdict(sysobs(4, W, WO))
+    assert v.status is Status.FAIL and (v.measured, v.limit) == (4, 7)
+    assert v.message.startswith("system/capital-japan: the server counted 4 prompt tokens = the rendering without the "
+                                "system turn (7 with the system turn, 4 without) -> FAIL")
+    assert v.cause == ("the system message never reached the server (a gateway dropping it?); the server rendered 4 "
+                       "tokens = the rendering without it")
+    assert rendering_cause(sysobs(4, W, WO)) == v.cause and rendering_cause(sysobs(7, W, WO)) is None
+
+
+def test_system_message_a_template_rendering_it_away_fails_counts_that_cannot_tell_are_inconclusive():
+    v = system_message_verdict(sysobs(4, WO, WO))
+    assert v.status is Status.FAIL and "renders the conversation with and without its system turn to the same 4"         in v.message
+    assert v.cause == ("the chat template drops the system message: /tokenize renders the conversation with and "
+                       "without its system turn to the same 4 tokens")
+    same_len = rendered("<s>", "<|user|>", "Other", "<|assistant|>", "x", "y", "z")
+    v = system_message_verdict(sysobs(7, W, same_len))
+    assert v.status is Status.INCONCLUSIVE and v.cause == "the evidence cannot tell: both renderings are 7 tokens long"
+    v = system_message_verdict(sysobs(9, W, WO))
+    assert v.status is Status.INCONCLUSIVE and "the server counted 9 prompt tokens, neither rendering" in v.message
+    assert v.cause.startswith("the evidence cannot tell: the server's count matches neither rendering")
+
+
+def test_system_message_without_tokenize_skips_without_a_count_is_invalid():
+    v = system_message_verdict(sysobs(7, Rendering(error="/tokenize answered 404: Not Found"), WO))
+    assert v.status is Status.SKIP and "(/tokenize answered 404: Not Found)" in v.message
+    assert system_message_verdict(sysobs(None, W, WO)).status is Status.INVALID
+
+
+def test_rendering_cause_names_a_template_that_renders_roles_alike():
+    flat = rendered("<s>", "Be", "brief.", "Capital?")
+    cause = rendering_cause(RenderingObservation(None, flat, rendered("<s>", "Capital?"), flat))
+    assert cause == ("the chat template drops roles: /tokenize renders a system turn and a user turn alike (4 tokens "
+                     "either way: '<s> Be brief. Capital?'): the model cannot tell who said what")
+    healthy = RenderingObservation(None, W, WO, rendered("<s>", "<|user|>", "Be", "brief.", "<|user|>", "Capital?",
+                                                         "<|assistant|>"))
+    assert rendering_cause(healthy) is None
+    assert rendering_cause(RenderingObservation(None, Rendering(error="x"), WO, WO)) is None
+
+
+def test_first_difference_and_parting_of_two_renderings():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2
+    assert parting(W, WO) == (1, "'<|system|>'", "'<|user|>'")
+    assert parting(rendered("a", "b", strs=False), rendered("a", strs=False)) == (1, f"id {100 + ord('b')}", "the end")
+    # shown as the text the token strings spell: byte-level BPE and SentencePiece marks, else words
+    assert Rendering((1, 2, 3, 4), ("You", "\u0120are", "\u010a", "What")).text() == "You are\nWhat"
+    assert Rendering((1, 2), ("\u2581Be", "\u2581brief")).text() == " Be brief"
+    assert W.text(3) == "<s> <|system|> Be" and Rendering((1,)).text() is None
+
+
+def test_suspects_are_the_cause_of_the_fails_they_explain_and_only_those():
+    s = Suspects(sampling="temperature 0 is not honoured: X", rendering="the chat template drops roles: Y")
+    both = "temperature 0 is not honoured: X; the chat template drops roles: Y"
+    g = golden(margin=2.5)
+    assert golden_verdict(AnswersSpec(goldens=[g]), [gobs(g, "Lyon.")], suspects=s).cause == both
+    unanswered = golden_verdict(AnswersSpec(goldens=[g]), [GoldenObservation(g, failed(), asked("P", stream=True))],
+                                suspects=s)
+    assert unanswered.status is Status.FAIL and unanswered.cause is None  # a 502 is no sampling's doing
+    assert golden_verdict(AnswersSpec(goldens=[g]), [gobs(g, "Paris.")], suspects=s).cause is None  # PASS: none
+    assert determinism_verdict(det_spec(), {"g": [asked("Paris."), asked("Paris indeed.")]}, suspects=s).cause == \
+        "temperature 0 is not honoured: X"
+    assert memory_verdict([MemoryObservation(golden(), asked("Lyon."))], suspects=s).cause == both
+    assert memory_verdict([MemoryObservation(golden(), failed())], suspects=s).cause is None
+    assert multibyte_verdict([mb("cjk", "十二个月", "十二月", 0.8)], suspects=s).cause == "temperature 0 is not honoured: X"
+    assert multibyte_verdict([mb("cjk", "a\ufffd", "a\ufffd")], suspects=s).cause is None
+    assert degeneration_verdict(AnswersSpec(), [("s", "!!!!!!!!", "length")], suspects=s).cause == both
+    assert accuracy_verdict(acc_spec(min_accuracy=0.9), rows(0, 20), "t", suspects=s).cause == both
+    assert accuracy_verdict(acc_spec(min_accuracy=0.9), rows(0, 20), "t").cause is None
+    low = accuracy_verdict(acc_spec(min_accuracy=0.9), rows(8, 10), "t")
+    assert low.status is Status.INCONCLUSIVE and low.cause.startswith("the evidence cannot tell: 10 items are too few")
 
 
 def test_memory_verdict():
@@ -468,10 +678,12 @@ def fail_verdicts():
                                                                           "'Lyon.', expected /\\bParis\\b/i"]),
         (determinism_verdict(det_spec(), {"g": [alone, batch]}), ["2 distinct outputs in 2",
                                                                   "answers.determinism.max_distinct 1"]),
+        (temperature_zero_verdict(twice(alone, batch)), ["different text, first difference at token 0"]),
+        (system_message_verdict(sysobs(4, W, WO)), ["the server counted 4 prompt tokens", "7 with the system turn"]),
     ]
 
 
-@pytest.mark.parametrize("i", range(9))
+@pytest.mark.parametrize("i", range(11))
 def test_every_fail_names_its_measured_value_and_limit(i):
     v, fragments = fail_verdicts()[i]
     assert v.status is Status.FAIL and "-> FAIL" in v.message, v.message
@@ -490,6 +702,13 @@ def test_cases_the_profile_does_not_declare_skip(write_profile):
     assert "answers.memory" in not_declared("multi-turn", with_goldens).message
     assert "answers.accuracy" in not_declared("accuracy", with_goldens).message
     assert "answers.goldens" in not_declared("determinism", bare.model_copy(update={"answers": AnswersSpec()})).message
+    assert "answers.goldens" in not_declared("temperature-zero", bare.model_copy(update={"answers": AnswersSpec()})).message
+    assert not_declared("temperature-zero", with_goldens) is None
+    assert "no golden with a system turn" in not_declared("system-message", with_goldens).message
+    sys_golden = GoldenSpec(name="s", messages=[{"role": "system", "content": "Be brief."},
+                                                {"role": "user", "content": "Capital of France?"}],
+                            expect=GoldenExpect(regex="Paris"))
+    assert not_declared("system-message", bare.model_copy(update={"answers": AnswersSpec(goldens=[sys_golden])})) is None
 
 
 # ---------------------------------------------------------------------------- asking

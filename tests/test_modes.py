@@ -145,6 +145,30 @@ def test_record_mode_proposes_limits_never_echoes_samples():
     assert data["limits"] == {"preemptions_allowed": 4} and data["slo"] == {"error_rate_max": 0.016}
 
 
+def test_record_mode_proposes_the_accuracy_it_measured_as_the_reference(tmp_path):
+    from kvgate.gates.answers import accuracy_verdict
+    from kvgate.profile.models import AccuracySpec, AnswersSpec
+
+    spec = AnswersSpec(accuracy=AccuracySpec(file="t.jsonl"))  # no limit yet: the case SKIPs, with what it scored
+    rows = [{"id": str(i), "correct": i < 47, "answered": True, "answer": "", "expected": "x"} for i in range(65)]
+    v = accuracy_verdict(spec, rows, "smollm2-short-answers.jsonl")
+    assert v.status is Status.SKIP
+    text = overlay(str(REPO / "tests" / "data" / "fake-answers.yaml"), [("p/answers/accuracy", v)], run_id="r",
+                   endpoint=None, server_version=None)
+    assert ("    recorded_correct: 47  # measured 47 of 65 right on smollm2-short-answers.jsonl (72.3%, 95% CI "
+            "59.8%..82.7%); from p/answers/accuracy\n    recorded_items: 65\n") in text
+    assert "no recordable value" not in text
+    path = tmp_path / "calibrated.yaml"
+    path.write_text(text)
+    acc = load_profile(str(path), REPO / "profiles").answers.accuracy
+    assert (acc.recorded_correct, acc.recorded_items, acc.tolerance) == (47, 65, 0.08)  # the task and tolerance kept
+    assert acc.file.endswith("answers/fake-short-answers.jsonl")
+    # an accuracy that measured the transport (most items unanswered), or none scored: nothing proposed
+    unanswered = [{**r, "answered": False, "correct": False} for r in rows]
+    assert "recorded_correct" not in overlay("tiny-cpu", [("p/answers/accuracy", accuracy_verdict(
+        spec, unanswered, "t"))], run_id="r", endpoint=None, server_version=None)
+
+
 def test_a_percentile_judged_with_confidence_records_its_upper_bound():
     # a limit at the point estimate would leave the same server INCONCLUSIVE on the next run
     from kvgate.stats.confidence import judge

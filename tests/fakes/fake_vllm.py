@@ -44,7 +44,9 @@ streamed or not, with logprobs when asked (each chosen at 0.0, alternatives ``<a
 path (a rendered text sent with ``add_special_tokens: false``). Unmatched prompts, adapters, feature
 requests and ``ignore_eos``/``min_tokens`` requests are answered with ``tok{k}`` words as above. Of
 the answers faults, ``double_bos_ids`` and ``echo_prompt_first_delta`` bend every token-id prompt,
-the others only answering mode.
+the others only answering mode. A non-streamed completion with ``echo`` returns the prompt's text and,
+with logprobs, its tokens in front of the answer's (``token_id:N`` with ``return_tokens_as_token_ids``),
+as vLLM does: the server's own reading of the prompt.
 
 Serve features (the features gate), healthy by default, each with faults: a chat request with
 ``tools`` answers one call (named -> that function, required -> the first, auto -> the first with
@@ -251,6 +253,15 @@ FAULTS: dict[str, str] = {
     "(until it is that large, or batch_window_s pass with no request admitted) (vllm#51187's batch variance)",
     "forget_first_turn": "a chat with earlier turns is answered as if only its last user turn (and the system turns) "
     "existed; usage still counts the whole conversation (coherent on one turn, lost from the second, vllm#38652)",
+    # issue 38: what a FAIL's cause is measured from (the answers and compare gates)
+    "template_drops_roles": "the chat template renders the contents alone, '<s> content content ...', no role marker "
+    "and no generation prompt, on the chat route and in /tokenize and /apply-template alike (a --chat-template that "
+    "drops roles): the model answers the run-together text",
+    "gateway_drops_system": "a gateway in front drops every system turn of a chat request (/v1/chat/completions only: "
+    "/tokenize still renders them), so usage.prompt_tokens is the rendering without it",
+    "sampling_dropped": "a gateway in front drops temperature and seed: every generation samples at the server's "
+    "default (temperature 1.0, no seed), so identical requests vary -- in answering mode an answer ends with "
+    "' (take N)', N the request's arrival number",
     # cheap extras
     "no_metrics": "GET /metrics answers 404 (a server without metrics)",
     "no_tokenize": "POST /tokenize and /detokenize answer 404 (like KServe's huggingface runtime); with server "
@@ -619,19 +630,22 @@ class FakeTokenizer:
         raise ValueError("message content must be a string or a list of content parts")
 
     def render_chat(self, messages: Any, add_generation_prompt: bool = True,
-                    template_kwargs: Any = None) -> list[str]:
+                    template_kwargs: Any = None, drop_roles: bool = False) -> list[str]:
         """Token strings of the chat template: ``<s> <|role|> content ... [<|assistant|>]``; with
         ``chat_template_kwargs`` ``{"enable_thinking": false}`` the generation prompt is followed by
-        an empty ``<think> </think>`` block (two tokens, as Qwen3's template adds one)."""
+        an empty ``<think> </think>`` block (two tokens, as Qwen3's template adds one).
+        ``drop_roles`` (the ``template_drops_roles`` fault): a template that renders the contents
+        alone, ``<s> content content ...``, with no role marker and no generation prompt."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         words = [BOS]
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise ValueError("each message needs a string 'role'")
-            words.append(f"<|{m['role']}|>")
+            if not drop_roles:
+                words.append(f"<|{m['role']}|>")
             words.extend(self.content_text(m.get("content")).split())
-        if add_generation_prompt:
+        if add_generation_prompt and not drop_roles:
             words.append("<|assistant|>")
             if isinstance(template_kwargs, dict) and template_kwargs.get("enable_thinking") is False:
                 words += ["<think>", "</think>"]
@@ -680,6 +694,8 @@ class _Plan:
     batch_tokens: list[_Token] | None = None  # nondeterministic_concurrency: the answer in a large batch
     echo: str | None = None  # echo_prompt_first_delta: text put before the first streamed delta
     stop_hit: str | None = None  # the stop string that ended the answer (vLLM's stop_reason)
+    echo_ids: bool = False  # completions "echo": the prompt's tokens come back before the answer's (non-streamed)
+    ids_as_tokens: bool = False  # "return_tokens_as_token_ids": echoed prompt tokens as "token_id:N"
 
 
 def _plan_tokens(
@@ -1550,6 +1566,11 @@ class FakeVLLM:
         return _Guard(_BodyLimit(Starlette(routes=routes, middleware=[Middleware(_ServerShape, fake=self)]),
                                  self.config_of), self.config_of)
 
+    @property
+    def _drop_roles(self) -> bool:
+        """The template_drops_roles fault: the chat template renders contents without roles."""
+        return "template_drops_roles" in self.config.faults
+
     def config_of(self) -> FakeConfig:
         """The config in force now (tests replace ``self.config`` between requests)."""
         return self.config
@@ -1672,7 +1693,7 @@ class FakeVLLM:
             self._check_model(body)
             if "messages" in body:
                 words = self.tokenizer.render_chat(body["messages"], bool(body.get("add_generation_prompt", True)),
-                                                   body.get("chat_template_kwargs"))
+                                                   body.get("chat_template_kwargs"), self._drop_roles)
                 if body.get("add_special_tokens", False):
                     words = [BOS] + words
             elif isinstance(body.get("prompt"), str):
@@ -1723,7 +1744,8 @@ class FakeVLLM:
         rendered as text, without the BOS (llama.cpp's tokenizer adds it: ``add_special``)."""
         try:
             body = await self._json(request)
-            words = self.tokenizer.render_chat(body.get("messages"), True, body.get("chat_template_kwargs"))
+            words = self.tokenizer.render_chat(body.get("messages"), True, body.get("chat_template_kwargs"),
+                                               self._drop_roles)
         except _BadRequest as e:
             return e.response()
         except ValueError as e:
@@ -1839,6 +1861,8 @@ class FakeVLLM:
             body = await self._json(request)
         except _BadRequest as e:
             return self._reject(e)
+        if kind == "chat" and "gateway_drops_system" in self.config.faults and isinstance(body.get("messages"), list):
+            body["messages"] = [m for m in body["messages"] if not (isinstance(m, dict) and m.get("role") == "system")]
         if kind == "chat" and (urls := _media_urls(body)):
             if "fetch_media_urls" in self.config.faults:
                 await _fetch_all(urls)
@@ -1925,13 +1949,13 @@ class FakeVLLM:
         if stream_options is not None and not stream:
             raise _BadRequest("Stream options can only be defined when `stream=True`.")
         stream_options = stream_options or {}
-        temperature = body.get("temperature")
+        temperature = None if "sampling_dropped" in faults else body.get("temperature")
         if temperature is None:
             temperature = 1.0  # vLLM's default without a generation_config
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise _BadRequest(f"temperature must be non-negative, got {temperature}.", param="temperature",
                               value=temperature)
-        seed = body.get("seed")
+        seed = None if "sampling_dropped" in faults else body.get("seed")
         if seed is not None and not isinstance(seed, int):
             raise _BadRequest("seed must be an integer", param="seed", value=seed)
         ignore_eos = bool(body.get("ignore_eos", False))
@@ -1986,7 +2010,7 @@ class FakeVLLM:
         try:
             if kind == "chat":
                 words = tok.render_chat(body.get("messages"), bool(body.get("add_generation_prompt", True)),
-                                        body.get("chat_template_kwargs"))
+                                        body.get("chat_template_kwargs"), self._drop_roles)
                 prompt_key = " ".join(words)
                 n_prompt = len(words)
                 prompt_ids: list[Any] = tok.ids(words)
@@ -1997,7 +2021,7 @@ class FakeVLLM:
                         len([m for m in msgs if m.get("role") != "system"]) > 1:
                     key_words = tok.render_chat([m for m in msgs if m.get("role") == "system"] + users[-1:],
                                                 bool(body.get("add_generation_prompt", True)),
-                                                body.get("chat_template_kwargs"))
+                                                body.get("chat_template_kwargs"), self._drop_roles)
             else:
                 prompt = body.get("prompt")
                 if "empty_prompt_kills" in faults and prompt in ("", [], [""]):
@@ -2101,6 +2125,8 @@ class FakeVLLM:
             and not min_tokens else None
         if answer is not None:  # answering mode: the answer's tokens, then EOS (whatever the temperature)
             key, text = answer
+            if "sampling_dropped" in faults:
+                text = f"{text} (take {rec.seq})"
             tokens, finish = _answer_tokens(*_answer_pieces(text, key, faults, limit), logprobs or 0)
             if "nondeterministic_concurrency" in faults and float(temperature) == 0:
                 batch_tokens, _ = _answer_tokens(*_answer_pieces(text, key, faults, limit, batch=True), logprobs or 0)
@@ -2116,6 +2142,8 @@ class FakeVLLM:
             created=int(time.time()), model=model, priority=priority, prompt_ids=tuple(prompt_ids),
             cache_salt=adapter or "", details=cfg.prompt_tokens_details, special=special,
             batch_tokens=batch_tokens, echo=echo, stop_hit=stop_hit,
+            echo_ids=kind == "completions" and bool(body.get("echo")),
+            ids_as_tokens=bool(body.get("return_tokens_as_token_ids")),
         )
 
     def _answer_of(self, words: list[str]) -> tuple[str, str] | None:
@@ -2459,10 +2487,19 @@ class FakeVLLM:
             }
             obj = "chat.completion"
         else:
+            lp = self._cmpl_lp(tokens, plan, 0) if plan.logprobs is not None else None
+            if plan.echo_ids:  # like vLLM: the prompt's text and tokens in front (its first token has no logprob)
+                ids = [int(t) for t in plan.prompt_ids if isinstance(t, int) or str(t).isdigit()]
+                text = self.tokenizer.decode(ids) + text
+                if lp is not None:
+                    shown = [f"token_id:{i}" if plan.ids_as_tokens else self.tokenizer.word(i) for i in ids]
+                    lp = {"text_offset": [0] * len(ids) + lp["text_offset"], "tokens": shown + lp["tokens"],
+                          "token_logprobs": [None] + [-1.0] * (len(ids) - 1) + lp["token_logprobs"],
+                          "top_logprobs": [None] + [{w: -1.0} for w in shown[1:]] + lp["top_logprobs"]}
             choice = {
                 "index": 0,
                 "text": text,
-                "logprobs": self._cmpl_lp(tokens, plan, 0) if plan.logprobs is not None else None,
+                "logprobs": lp,
                 "finish_reason": plan.finish_reason,
                 "stop_reason": None,
                 "prompt_logprobs": None,
@@ -2835,7 +2872,7 @@ class FakeVLLM:
         try:
             body = await self._json(request)
             self._check_model(body)
-            words = self.tokenizer.render_chat(self._messages_chat(body)["messages"])
+            words = self.tokenizer.render_chat(self._messages_chat(body)["messages"], drop_roles=self._drop_roles)
         except _BadRequest as e:
             return self._reject(e)
         except ValueError as e:

@@ -1534,7 +1534,54 @@ def test_fault_body_limit_413_on_every_post_route(client, fake):
 #: The answering faults (FakeConfig.answers): each is proven against the answers gate, case by case, in
 #: tests/test_answers_vs_fake.py (it fails exactly its case there; the healthy answering fake passes all).
 ANSWER_FAULTS = ("garbage_answers", "inject_fffd", "repetition_loop", "shift_one_token", "double_bos_ids",
-                 "echo_prompt_first_delta", "nondeterministic_concurrency", "forget_first_turn")
+                 "echo_prompt_first_delta", "nondeterministic_concurrency", "forget_first_turn", "template_drops_roles",
+                 "gateway_drops_system", "sampling_dropped")
+
+SYS_CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
+
+
+def test_fault_template_drops_roles_renders_contents_alone_everywhere(client, fake):
+    fake.config.faults.add("template_drops_roles")
+    tok = client.post("/tokenize", json={"model": MODEL, "messages": SYS_CHAT, "return_token_strs": True}).json()
+    assert tok["token_strs"] == ["<s>", "Be", "brief.", "Capital", "of", "France?"]
+    as_user = [{**m, "role": "user"} for m in SYS_CHAT]
+    assert client.post("/tokenize", json={"model": MODEL, "messages": as_user}).json()["tokens"] == tok["tokens"]
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": SYS_CHAT, "max_tokens": 2}).json()
+    assert r["usage"]["prompt_tokens"] == 6
+    fake.config.faults.discard("template_drops_roles")
+    assert client.post("/tokenize", json={"model": MODEL, "messages": SYS_CHAT}).json()["count"] == 9
+
+
+def test_fault_gateway_drops_system_on_the_chat_route_only(client, fake):
+    fake.config.faults.add("gateway_drops_system")
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": SYS_CHAT, "max_tokens": 2}).json()
+    assert r["usage"]["prompt_tokens"] == 6  # <s> <|user|> Capital of France? <|assistant|>
+    assert client.post("/tokenize", json={"model": MODEL, "messages": SYS_CHAT}).json()["count"] == 9
+
+
+def test_fault_sampling_dropped_makes_identical_temperature_0_requests_differ(client, fake):
+    body = cmpl(4, max_tokens=6, temperature=0, ignore_eos=True)
+    texts = {client.post("/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(2)}
+    assert len(texts) == 1
+    fake.config.faults.add("sampling_dropped")
+    texts = {client.post("/v1/completions", json={**body, "seed": 7}).json()["choices"][0]["text"] for _ in range(2)}
+    assert len(texts) == 2
+    fake.config.answers = {"Capital of France?": "Paris."}
+    answers = [client.post("/v1/chat/completions", json={"model": MODEL, "messages": SYS_CHAT[1:], "temperature": 0}
+                           ).json()["choices"][0]["message"]["content"] for _ in range(2)]
+    assert answers[0].startswith("Paris. (take ") and answers[0] != answers[1]
+
+
+def test_completions_echo_returns_the_prompt_tokens_as_the_server_read_them(client, fake):
+    ids = client.post("/tokenize", json={"model": MODEL, "prompt": "one two"}).json()["tokens"]
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 0,
+                                             "return_tokens_as_token_ids": True, "temperature": 0}).json()
+    assert r["choices"][0]["logprobs"]["tokens"][:3] == [f"token_id:{i}" for i in ids]
+    assert r["choices"][0]["text"].startswith("<s> one two") and r["usage"]["prompt_tokens"] == 3
+    fake.config.faults.add("double_bos_ids")
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 0,
+                                             "return_tokens_as_token_ids": True}).json()
+    assert r["choices"][0]["logprobs"]["tokens"][:4] == [f"token_id:{i}" for i in [1, *ids]]
 
 
 def test_answer_faults_are_proven_against_the_answers_gate():

@@ -11,6 +11,7 @@ with ``error`` set.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,7 +26,10 @@ class Asked:
     decoded text) and ``top`` (each position's alternatives, token -> logprob, nats) when logprobs
     came; ``status`` (HTTP; 0 none); ``error`` (why there is no usable answer); for a stream:
     ``first_delta`` (the first non-empty content delta), ``chunks`` (content chunks) and ``done``.
-    ``prompt_tokens``: ``usage.prompt_tokens`` when reported."""
+    ``prompt_tokens``: ``usage.prompt_tokens`` when reported. Who answered (a non-streamed answer):
+    ``model`` (the body's ``model``), ``system_fingerprint`` and ``identity`` (the response
+    headers that name a server or revision, :data:`IDENTITY_HEADERS`) -- two answers differing in
+    them came from different deployments."""
 
     route: str
     stream: bool
@@ -39,6 +43,9 @@ class Asked:
     chunks: int = 0
     done: bool = False
     prompt_tokens: int | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+    identity: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -79,6 +86,13 @@ def body_for(route: str, model: str, *, messages: list[dict[str, str]] | None = 
     return body
 
 
+#: Response headers that name the server or revision that answered (``Server``, ``Via``, a
+#: gateway's backend or a KServe/Knative revision header): per deployment, not per request (``Date``,
+#: ``X-Request-Id`` and timings are left out).
+IDENTITY_HEADERS = re.compile(r"^(server|via|x-served-by|x-backend(-server)?|x-upstream(-host)?|"
+                              r"x-(kserve|knative)-revision|x-revision|x-model-version|x-canary|x-deployment)$")
+
+
 def _path(route: str) -> str:
     return "/chat/completions" if route == "chat" else "/completions"
 
@@ -99,6 +113,11 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
         body_json = r.json if isinstance(r.json, dict) else {}
         usage = body_json.get("usage") if isinstance(body_json.get("usage"), dict) else {}
         out.prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
+        out.model = body_json.get("model") if isinstance(body_json.get("model"), str) else None
+        fp = body_json.get("system_fingerprint")
+        out.system_fingerprint = fp if isinstance(fp, str) else None
+        headers = getattr(r, "headers", None) or {}
+        out.identity = {k.lower(): v for k, v in headers.items() if IDENTITY_HEADERS.match(k.lower())}
         if a.ok and route == "chat":  # the content only: reasoning and tool calls are not the answer here
             msg = ((body_json.get("choices") or [{}])[0] or {}).get("message") or {}
             out.text = str(msg.get("content") or "")
@@ -144,6 +163,34 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
     elif out.chunks == 0 and out.error is None:
         out.error = "the stream carried no content chunk"
     return out
+
+
+def echoed_prompt(client: KvClient, model: str, prompt: Any, *, add_special_tokens: bool | None = None,
+                  timeout_s: float | None = None) -> list[int] | None:
+    """The token ids of ``prompt`` (text or ids) as the server read it on ``/completions``: one
+    token generated with ``echo`` and ``logprobs`` (the prompt's tokens come back in front of the
+    answer's) as ids (``return_tokens_as_token_ids``, vLLM). None when the server does not echo
+    them (an error, no logprobs, tokens that are not ``token_id:N``)."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True,
+                            "logprobs": 0, "return_tokens_as_token_ids": True}
+    if add_special_tokens is not None:
+        body["add_special_tokens"] = add_special_tokens
+    r = client.post(client.api("/completions"), body, timeout_s=timeout_s)
+    doc = r.json if isinstance(r.json, dict) else {}
+    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+    n = usage.get("prompt_tokens")
+    choice = ((doc.get("choices") or [None])[0]) if r.status == 200 else None
+    lp = choice.get("logprobs") if isinstance(choice, dict) else None
+    tokens = lp.get("tokens") if isinstance(lp, dict) else None
+    if not isinstance(n, int) or not isinstance(tokens, list) or len(tokens) < n:
+        return None
+    ids = []
+    for t in tokens[:n]:
+        m = re.fullmatch(r"token_id:(-?\d+)", t) if isinstance(t, str) else None
+        if m is None:
+            return None
+        ids.append(int(m.group(1)))
+    return ids
 
 
 def ask_many(jobs: Sequence[Callable[[], Asked]], concurrency: int) -> list[Asked]:

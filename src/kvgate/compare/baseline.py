@@ -14,6 +14,7 @@ from pathlib import Path
 from kvgate.compare.golden import (GOLDEN_FILE, Answer, Golden, GoldenError, GoldenPrompt, answer_of, read_golden,
                                    request_body)
 from kvgate.http.client import Endpoint, KvClient
+from kvgate.http.rendering import Rendering, concurrently, tokenize
 from kvgate.http.prompts import PromptError, exact_prompt, filler, server_counter
 from kvgate.profile.models import Profile
 
@@ -113,6 +114,23 @@ def answer_both(new: KvClient, base: KvClient | None, prompts: list[GoldenPrompt
     return got["new"], got["base"], False
 
 
+def render_prompts(client: KvClient, prompts: list[GoldenPrompt], model: str, concurrency: int) -> dict[str, Rendering]:
+    """Each golden prompt as ``client``'s server renders it (``/tokenize``: a chat's messages through
+    its chat template with the body's tools and ``chat_template_kwargs``, a completion's text), up to
+    ``concurrency`` at once; a rendering with ``error`` set where the server has no ``/tokenize``."""
+    def one(p: GoldenPrompt) -> Rendering:
+        b = p.body
+        if p.route == "chat":
+            return tokenize(client, model, messages=b.get("messages"), tools=b.get("tools"),
+                            chat_template_kwargs=b.get("chat_template_kwargs"))
+        if isinstance(b.get("prompt"), str):
+            return tokenize(client, model, prompt=b["prompt"])
+        return Rendering(error="a prompt of token ids: nothing to render")
+
+    got = concurrently([lambda p=p: one(p) for p in prompts], concurrency)
+    return {p.name: r for p, r in zip(prompts, got)}
+
+
 def features_statuses(client: KvClient, profile: Profile) -> dict[str, str]:
     """Case -> status (PASS, FAIL, SKIP, ...) of every features case against ``client``'s endpoint
     (:func:`kvgate.gates.features.observe` then :func:`~kvgate.gates.features.decide`)."""
@@ -123,4 +141,4 @@ def features_statuses(client: KvClient, profile: Profile) -> dict[str, str]:
 
 
 __all__ = ["LiveBaseline", "RecordedBaseline", "answer_both", "features_statuses", "recorded", "refuses_logprobs",
-           "sized_text"]
+           "render_prompts", "sized_text"]

@@ -12,7 +12,11 @@ something the old one would not have (fp8 KV cache garbage on multi-turn prompts
 adapter serving base-model output, vllm#55193; a changed chat template or tokenizer).
 
 The golden file (:data:`GOLDEN_FILE`, JSON, beside summary.json) records one run's prompts and
-answers, so a later run compares with it without a second server (``--baseline-reports DIR``).
+answers, so a later run compares with it without a second server (``--baseline-reports DIR``), and
+each prompt's *rendering*: the server's ``usage.prompt_tokens`` for it (in its answer) and its
+``/tokenize`` ids and token strings (:class:`kvgate.http.rendering.Rendering`), so a changed chat
+template or tokenizer is named as itself, not only as answers that drift. A file recorded before
+kvgate recorded renderings reads as "not recorded", not as a failure.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvgate.http.rendering import Rendering
 from kvgate.profile.models import Profile
 
 #: The golden answers of a run, written beside its summary.json.
@@ -117,7 +122,8 @@ class Answer:
     """One endpoint's answer to a golden prompt: ``tokens`` (``token_id:N`` strings, else the token
     texts; empty without logprobs), ``top`` (per position: token -> logprob, nats), ``text`` (the
     content, plus reasoning and tool calls, as a reader sees it), ``finish_reason``, ``status`` (HTTP;
-    0 no answer) and ``error`` (why there is no answer)."""
+    0 no answer), ``error`` (why there is no answer) and ``prompt_tokens`` (``usage.prompt_tokens``:
+    the prompt as the server counted it; None when not reported, or in a file that predates it)."""
 
     tokens: list[str] = field(default_factory=list)
     top: list[dict[str, float]] = field(default_factory=list)
@@ -125,6 +131,7 @@ class Answer:
     finish_reason: str | None = None
     status: int = 200
     error: str | None = None
+    prompt_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -137,7 +144,8 @@ class Answer:
     def from_dict(cls, d: dict[str, Any]) -> "Answer":
         return cls(tokens=list(d.get("tokens") or []), top=[dict(t) for t in d.get("top") or []],
                    text=str(d.get("text") or ""), finish_reason=d.get("finish_reason"),
-                   status=int(d.get("status") or 0), error=d.get("error"))
+                   status=int(d.get("status") or 0), error=d.get("error"),
+                   prompt_tokens=d["prompt_tokens"] if isinstance(d.get("prompt_tokens"), int) else None)
 
 
 def answer_of(route: str, status: int, body: Any, error_text: str = "") -> Answer:
@@ -159,7 +167,10 @@ def answer_of(route: str, status: int, body: Any, error_text: str = "") -> Answe
     else:
         text = str(choice.get("text") or "")
     tokens, top = logprobs_of(route, lp)
-    return Answer(tokens, top, text, choice.get("finish_reason"), status)
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    counted = usage.get("prompt_tokens")
+    return Answer(tokens, top, text, choice.get("finish_reason"), status,
+                  prompt_tokens=counted if isinstance(counted, int) and not isinstance(counted, bool) else None)
 
 
 def logprobs_of(route: str, lp: dict[str, Any]) -> tuple[list[str], list[dict[str, float]]]:
@@ -261,15 +272,20 @@ class GoldenError(Exception):
 def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None, server_version: str | None,
                  model: str, prompts: list[GoldenPrompt], answers: dict[str, Answer],
                  features: dict[str, str] | None = None, logprobs: bool = True,
-                 redact: Any = None, contract: dict[str, str] | None = None) -> Path:
-    """Write the golden file: the run it comes from, each prompt (route, body) with its answer, and
-    the features cases' statuses (case -> PASS/FAIL/..., for "features lost"), the request and api
-    cases' statuses (``contract``: gate/case -> status, for the contract diff). ``redact``: a
-    ``str -> str`` applied to the whole text (the run's redactor: no key in a report). Returns ``path``."""
+                 redact: Any = None, contract: dict[str, str] | None = None,
+                 renderings: dict[str, Rendering] | None = None) -> Path:
+    """Write the golden file: the run it comes from, each prompt (route, body) with its answer and
+    its ``rendering`` (``/tokenize`` of it; absent when not measured), the features cases' statuses
+    (case -> PASS/FAIL/..., for "features lost"), the request and api cases' statuses
+    (``contract``: gate/case -> status, for the contract diff). ``redact``: a ``str -> str``
+    applied to the whole text (the run's redactor: no key in a report). Returns ``path``."""
+    renderings = renderings or {}
     doc = {"kvgate_golden": GOLDEN_VERSION, "run_id": run_id, "profile": profile, "endpoint": endpoint,
            "server_version": server_version, "model": model, "logprobs": logprobs,
            "prompts": [{"name": p.name, "route": p.route, "body": p.body,
-                        "answer": answers[p.name].to_dict() if p.name in answers else None} for p in prompts],
+                        "answer": answers[p.name].to_dict() if p.name in answers else None,
+                        **({"rendering": renderings[p.name].to_dict()} if p.name in renderings else {})}
+                       for p in prompts],
            "features": features or {}, "contract": contract or {}}
     text = json.dumps(doc, indent=1, ensure_ascii=False)
     path.write_text(redact(text) if redact is not None else text, encoding="utf-8")
@@ -294,6 +310,9 @@ class Golden:
     #: The request and api cases' statuses (``requests/...``, ``api/...`` -> PASS/FAIL/...; empty in a
     #: file recorded before kvgate recorded them, or by a run that did not run those gates).
     contract: dict[str, str] = field(default_factory=dict)
+    #: Each prompt's ``/tokenize`` rendering on the recorded server (a prompt absent: not recorded --
+    #: a file from before kvgate recorded them).
+    renderings: dict[str, Rendering] = field(default_factory=dict)
 
 
 def read_golden(path: Path) -> Golden:
@@ -313,12 +332,14 @@ def read_golden(path: Path) -> Golden:
     if not isinstance(items, list) or not items:
         raise GoldenError(f"{path}: holds no golden prompts ('prompts' is {'empty' if items == [] else 'missing'}"
                           f"{'' if items is None or items == [] else ' or not a list'}); record it again")
-    prompts, answers = [], {}
+    prompts, answers, renderings = [], {}, {}
     for i, p in enumerate(items):
         try:
             gp = GoldenPrompt(str(p["name"]), str(p["route"]), dict(p["body"]))
             if p.get("answer") is not None:
                 answers[gp.name] = Answer.from_dict(p["answer"])
+            if isinstance(p.get("rendering"), dict):
+                renderings[gp.name] = Rendering.from_dict(p["rendering"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             name = p.get("name") if isinstance(p, dict) else None
             raise GoldenError(f"{path}: prompt {i + 1} ({name or 'unnamed'}) is malformed "
@@ -326,4 +347,4 @@ def read_golden(path: Path) -> Golden:
         prompts.append(gp)
     return Golden(doc.get("run_id"), doc.get("profile"), doc.get("endpoint"), doc.get("server_version"), prompts,
                   answers, {str(k): str(v) for k, v in (doc.get("features") or {}).items()}, str(path),
-                  doc.get("model"), {str(k): str(v) for k, v in (doc.get("contract") or {}).items()})
+                  doc.get("model"), {str(k): str(v) for k, v in (doc.get("contract") or {}).items()}, renderings)

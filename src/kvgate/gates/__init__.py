@@ -22,9 +22,11 @@ streaming      suites/test_streaming.py    gates/streaming.py    http/probes.sen
 features       suites/test_features.py     gates/features.py     gates/features.observe over            tests/test_gates_features.py,
                                                                  http/features.py                       test_features_vs_fake.py, e2e/test_features.py
 answers        suites/test_answers.py      gates/answers.py      answers/observe.ask over http/client,  tests/test_gates_answers.py,
-                                                                 answers/task (accuracy)                test_answers_vs_fake.py, e2e/test_real_model.py
+                                                                 answers/task (accuracy),               test_answers_vs_fake.py, e2e/test_real_model.py
+                                                                 http/rendering.tokenize (causes)
 compare        suites/test_compare.py      gates/compare.py      compare/baseline.answer_both,          tests/test_compare.py, test_kserve.py,
-                                                                 compare/latency.take_pairs             e2e/test_served.py
+                                                                 compare/baseline.render_prompts,       e2e/test_served.py
+                                                                 compare/latency.take_pairs
 disconnect     suites/test_disconnect.py   gates/disconnect.py   http/probes.disconnect                 tests/test_gates_disconnect.py, …vs_fake
 requests       suites/test_requests.py     gates/requests.py     http/probes.send / send_raw, canary    tests/test_gates_requests.py,
                                                                                                         test_requests_vs_fake.py

@@ -8,9 +8,19 @@ only (swiss-ai/model-launch PR#173); the prompt's own text in the first streamed
 prompt (vllm#48853); Hangul turned into U+FFFD by a frontend (dynamo#12630); temperature-0 outputs
 that change with the batch (vllm#51187).
 
-Cases (ids ``PROFILE/answers/CASE``): ``golden``, ``accuracy``, ``degeneration``, ``multibyte``,
-``input-paths``, ``multi-turn``, ``determinism``. Observations in (:mod:`kvgate.answers`), a
+Cases (ids ``PROFILE/answers/CASE``): ``temperature-zero``, ``system-message``, ``golden``,
+``accuracy``, ``degeneration``, ``multibyte``, ``input-paths``, ``multi-turn``, ``determinism``.
+Observations in (:mod:`kvgate.answers`, :mod:`kvgate.http.rendering`), a
 :class:`~kvgate.verdict.Verdict` out; no I/O. Each FAIL quotes the prompt and what came back.
+
+Causes: a wrong answer has candidates the answers alone cannot tell apart, so two cases measure the
+ones that can be measured, and their findings (:class:`Suspects`, passed in by the suite) become
+the ``cause`` of the other cases' FAILs: *temperature-zero* (the same request twice, alone: two
+texts mean the sampling parameters did not reach the engine -- or, when the two answers also differ
+in ``prompt_tokens``, ``system_fingerprint`` or the server's identity, more than one deployment
+behind the endpoint) and the rendering (:func:`rendering_cause`: ``/tokenize`` of a system + user
+conversation that renders like the same contents as two user turns -- a template that drops roles
+--, a system turn the template or a gateway drops). Without such a finding a FAIL has no cause.
 
 The golden rule (docs/answers.md): a golden whose expectation is missed has *flipped*; a
 flip FAILs when the golden's reference margin (by how much the right answer won on the reference
@@ -21,7 +31,7 @@ margins and FAIL only beyond ``answers.max_fragile_flips``. The accuracy case ju
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvgate.answers.checks import char_diff, clip, expectation_match, margin, multibyte_findings
@@ -29,6 +39,7 @@ from kvgate.answers.observe import Asked
 from kvgate.answers.task import difference_interval, interval
 from kvgate.compare.golden import compare_answers
 from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.http.rendering import Rendering, first_difference
 from kvgate.profile.models import AnswersSpec, GoldenSpec, Profile
 from kvgate.verdict import Status, Verdict
 
@@ -36,8 +47,10 @@ if TYPE_CHECKING:
     from kvgate.answers.seen import Seen
 
 GATE = "answers"
-#: In run order: degeneration last, over every answer the others collected.
-CASES = ("golden", "accuracy", "multibyte", "input-paths", "multi-turn", "determinism", "degeneration")
+#: In run order: the two that measure causes first, degeneration last, over every answer the others
+#: collected.
+CASES = ("temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
+         "determinism", "degeneration")
 
 
 def not_declared(case: str, profile: Profile) -> Verdict | None:
@@ -47,8 +60,11 @@ def not_declared(case: str, profile: Profile) -> Verdict | None:
     if a is None:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile has no answers section (answers.goldens, "
                        "answers.accuracy) -> SKIP")
-    if case in ("golden", "determinism") and not a.goldens:
+    if case in ("golden", "determinism", "temperature-zero") and not a.goldens:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no golden prompts (answers.goldens) -> SKIP")
+    if case == "system-message" and system_golden(a) is None:
+        return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no golden with a system turn (answers.goldens "
+                       "with a system message) -> SKIP")
     if case == "input-paths" and not any(g.messages is not None for g in a.goldens):
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no chat golden to ask three ways (answers.goldens "
                        "with messages) -> SKIP")
@@ -57,6 +73,33 @@ def not_declared(case: str, profile: Profile) -> Verdict | None:
     if case == "accuracy" and a.accuracy is None:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no accuracy task (answers.accuracy) -> SKIP")
     return None
+
+
+def system_golden(answers: AnswersSpec) -> GoldenSpec | None:
+    """The first chat golden whose conversation has a system turn (the system-message case's), or None."""
+    return next((g for g in answers.goldens if g.messages and any(m["role"] == "system" for m in g.messages)), None)
+
+
+@dataclass(frozen=True)
+class Suspects:
+    """Causes measured by other cases, for the FAILs they explain (:func:`sampling_cause`,
+    :func:`rendering_cause`): ``sampling`` -- temperature 0 not honoured, or more than one
+    deployment answering; ``rendering`` -- the prompt the model got is not the conversation sent (a
+    template dropping roles or the system turn, a gateway dropping the system turn). None: nothing
+    measured points there."""
+
+    sampling: str | None = None
+    rendering: str | None = None
+
+    def cause(self, *, sampling: bool = True, rendering: bool = True) -> str | None:
+        """The findings that can explain a FAIL (``sampling``: texts that differ or flip;
+        ``rendering``: answers to another prompt), joined; None when there is none."""
+        found = [c for c, on in ((self.sampling, sampling), (self.rendering, rendering)) if on and c]
+        return "; ".join(found) or None
+
+
+def _cause(suspects: Suspects | None, **kinds: bool) -> str | None:
+    return suspects.cause(**kinds) if suspects is not None else None
 
 
 def _prompt_of(g: GoldenSpec) -> str:
@@ -75,10 +118,12 @@ class GoldenObservation:
     streamed: Asked
 
 
-def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie: float = 0.1) -> Verdict:
+def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie: float = 0.1,
+                   suspects: Suspects | None = None) -> Verdict:
     """The golden case (rule in the module docstring). Also FAIL: a golden not answered (HTTP
     error, broken stream), or its streamed text parting from the non-streamed one beyond a near
-    tie (``near_tie`` nats, by either side's logprobs)."""
+    tie (``near_tie`` nats, by either side's logprobs). ``suspects``: the cause of flips (sampling,
+    rendering) and of partings (sampling)."""
     gate = f"{GATE}/golden"
     rows: dict[str, Any] = {}
     right, confident_flips, fragile_flips, errors, parted = [], [], [], [], []
@@ -124,15 +169,17 @@ def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie:
     if parted:
         return Verdict(gate, Status.FAIL, f"{head}; {len(parted)} streamed answers part from the non-streamed ones "
                        f"beyond a near tie ({near_tie:g} nats): {'; '.join(parted[:3])} -> FAIL",
-                       measured=len(parted), limit=0, unit="goldens", evidence=ev)
+                       measured=len(parted), limit=0, unit="goldens", evidence=ev,
+                       cause=_cause(suspects, rendering=False))
     if confident_flips:
         return Verdict(gate, Status.FAIL, f"{head}: {'; '.join(confident_flips[:4])}"
                        f"{'; ...' if len(confident_flips) > 4 else ''} -> FAIL (a confident golden must not flip)",
-                       measured=len(confident_flips), limit=0, unit="goldens", evidence=ev)
+                       measured=len(confident_flips), limit=0, unit="goldens", evidence=ev, cause=_cause(suspects))
     if len(fragile_flips) > answers.max_fragile_flips:
         return Verdict(gate, Status.FAIL, f"{head}: {'; '.join(fragile_flips[:4])} -> FAIL ({len(fragile_flips)} "
                        f"fragile flips, answers.max_fragile_flips {answers.max_fragile_flips})",
-                       measured=len(fragile_flips), limit=answers.max_fragile_flips, unit="goldens", evidence=ev)
+                       measured=len(fragile_flips), limit=answers.max_fragile_flips, unit="goldens", evidence=ev,
+                       cause=_cause(suspects))
     if n == 0:
         return Verdict(gate, Status.INVALID, "no golden was asked -> INVALID", evidence=ev)
     tail = f"; fragile flips within {answers.max_fragile_flips}: {'; '.join(fragile_flips)}" if fragile_flips else ""
@@ -141,12 +188,14 @@ def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie:
                    measured=len(right), limit=n, unit="goldens", evidence=ev)
 
 
-def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: str) -> Verdict:
+def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: str,
+                     suspects: Suspects | None = None) -> Verdict:
     """The accuracy case: ``rows`` from :func:`kvgate.answers.task.scored`. The limit is
     ``min_accuracy``, else the recorded accuracy x (1 - ``tolerance``). PASS when the accuracy is at
     or above it; FAIL when the interval's upper bound is below it (confidently worse); else
     INCONCLUSIVE (the items cannot tell). An item not answered counts as wrong; INVALID when more
-    than half were not answered (the task measured the transport, not the model)."""
+    than half were not answered (the task measured the transport, not the model). ``suspects``: the
+    cause of a FAIL or INCONCLUSIVE (sampling, rendering)."""
     gate = f"{GATE}/accuracy"
     a = answers.accuracy
     assert a is not None
@@ -184,18 +233,22 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
                        limit=round(limit, 4), unit="fraction", evidence=ev)
     if hi < limit:
         return Verdict(gate, Status.FAIL, f"{head}; upper bound {hi:.1%} < {limit:.1%} ({why}) -> FAIL{eg}",
-                       measured=round(acc, 4), limit=round(limit, 4), unit="fraction", evidence=ev)
+                       measured=round(acc, 4), limit=round(limit, 4), unit="fraction", evidence=ev,
+                       cause=_cause(suspects))
     return Verdict(gate, Status.INCONCLUSIVE, f"{head}; below {limit:.1%} ({why}) but its upper bound {hi:.1%} is not: "
                    f"{n} items cannot tell -> INCONCLUSIVE{eg}", measured=round(acc, 4), limit=round(limit, 4),
-                   unit="fraction", evidence=ev)
+                   unit="fraction", evidence=ev, cause=_cause(suspects) or f"the evidence cannot tell: {n} items are "
+                   "too few to separate this accuracy from the limit")
 
 
-def degeneration_verdict(answers: AnswersSpec, seen: "Seen | list[tuple[str, str, str | None]]") -> Verdict:
+def degeneration_verdict(answers: AnswersSpec, seen: "Seen | list[tuple[str, str, str | None]]",
+                         suspects: Suspects | None = None) -> Verdict:
     """The degeneration case over every answer the run saw (:class:`kvgate.answers.seen.Seen`; a
     list of ``(source, text, finish_reason)`` is scanned strictly): U+FFFD, repetition loops, empty
     content where text is due, token soup (:func:`kvgate.answers.checks.degeneration`) in answers
     that ended on their own; U+FFFD and control characters only in the load gates' and the soak's
-    ``ignore_eos`` outputs. FAIL naming the first few, quoted."""
+    ``ignore_eos`` outputs. FAIL naming the first few, quoted; ``suspects``: its cause (sampling,
+    rendering)."""
     from kvgate.answers.seen import Seen
 
     if not isinstance(seen, Seen):
@@ -214,7 +267,7 @@ def degeneration_verdict(answers: AnswersSpec, seen: "Seen | list[tuple[str, str
         bad = [f"{f['source']}: {f['findings'][0]} in {clip(f['text'], 60)!r}" for f in seen.findings[:3]]
         return Verdict(gate, Status.FAIL, f"{seen.found} of {seen.checked} answers degenerate: {'; '.join(bad)} -> FAIL "
                        "(limit 0)",
-                       measured=seen.found, limit=0, unit="answers", evidence=ev)
+                       measured=seen.found, limit=0, unit="answers", evidence=ev, cause=_cause(suspects))
     lenient = (f"; {seen.lenient} load and soak outputs (ignore_eos) for U+FFFD and control characters"
                if seen.lenient else "")
     return Verdict(gate, Status.PASS, f"{seen.checked} answers checked ({where}): {seen.strict} answers: no U+FFFD, no "
@@ -234,14 +287,15 @@ class MultibyteObservation:
     streamed: Asked
 
 
-def multibyte_verdict(obs: list[MultibyteObservation]) -> Verdict:
+def multibyte_verdict(obs: list[MultibyteObservation], suspects: Suspects | None = None) -> Verdict:
     """The multibyte case: no U+FFFD or lone surrogate in any answer, and the streamed text equal
     to the non-streamed one character for character (same temperature, same seed): a dropped,
     doubled or mangled multibyte character shows as a difference. The prompts' scripts must have
     reached the model intact (the answer is not checked for the script: a small model may answer in
-    English)."""
+    English). ``suspects``: the cause of streamed and non-streamed texts that differ (sampling)."""
     gate = f"{GATE}/multibyte"
     bad: list[str] = []
+    differ = False
     rows: dict[str, Any] = {}
     for o in obs:
         key = f"{o.name}@t={o.temperature:g}"
@@ -254,12 +308,14 @@ def multibyte_verdict(obs: list[MultibyteObservation]) -> Verdict:
                 bad.append(f"{key} {how}: {f}")
         if o.plain.ok and o.streamed.ok and (diff := char_diff(o.plain.text, o.streamed.text)):
             bad.append(f"{key}: streamed differs from non-streamed {diff}")
+            differ = True
     ev = {"prompts": rows}
     if not obs:
         return Verdict(gate, Status.INVALID, "no multibyte prompt was asked -> INVALID", evidence=ev)
     if bad:
         return Verdict(gate, Status.FAIL, f"{len(bad)} multibyte findings (limit 0) in {len(obs)} prompt pairs: "
-                       f"{'; '.join(bad[:3])} -> FAIL", measured=len(bad), limit=0, unit="findings", evidence=ev)
+                       f"{'; '.join(bad[:3])} -> FAIL", measured=len(bad), limit=0, unit="findings", evidence=ev,
+                       cause=_cause(suspects, rendering=False) if differ else None)
     names = sorted({o.name for o in obs})
     temps = sorted({o.temperature for o in obs})
     return Verdict(gate, Status.PASS, f"{len(obs)} prompt pairs ({', '.join(names)}; temperature "
@@ -271,24 +327,117 @@ def multibyte_verdict(obs: list[MultibyteObservation]) -> Verdict:
 class PathsObservation:
     """One conversation asked three ways: ``chat`` (messages), ``text`` (the ``/tokenize``-rendered
     prompt on completions), ``ids`` (the rendered token ids on completions), each plain and
-    streamed; ``rendered_ids`` the ids ``/tokenize`` rendered; ``prompt_text`` the rendered text."""
+    streamed; ``rendered_ids`` the ids ``/tokenize`` rendered; ``prompt_text`` the rendered text.
+
+    What a count that is off is compared with (each ``/tokenize``, None when not measured):
+    ``without_system`` (the conversation without its system turn; None when it has none),
+    ``text_special`` and ``text_plain`` (the rendered text tokenized with and without the
+    tokenizer's special tokens: their difference is what the tokenizer adds, its BOS), ``twice``
+    (the rendered text rendered once more as one user turn: the template applied twice), and
+    ``echoed`` (a completions path -> the prompt's token ids as the server echoed them back,
+    ``echo`` with logprobs; asked only when that path's count is off)."""
 
     name: str
     rendered_ids: list[int]
     prompt_text: str
     answers: dict[str, Asked]
+    without_system: Rendering | None = None
+    text_special: Rendering | None = None
+    text_plain: Rendering | None = None
+    twice: Rendering | None = None
+    echoed: dict[str, list[int]] = field(default_factory=dict)
+
+    def special_prefix(self) -> tuple[int, ...] | None:
+        """The ids the tokenizer puts in front of a text (``text_special`` less ``text_plain``), or
+        None when not measured or the two do not differ by a prefix."""
+        sp, pl = self.text_special, self.text_plain
+        if sp is None or pl is None or not sp.ok or not pl.ok or len(sp.ids) < len(pl.ids):
+            return None
+        k = len(sp.ids) - len(pl.ids)
+        return sp.ids[:k] if sp.ids[k:] == pl.ids else None
+
+    def _prefix_words(self) -> str:
+        """``id 1 ('<s>')`` for each id of :meth:`special_prefix`; ``""`` when there is none."""
+        p = self.special_prefix()
+        sp = self.text_special
+        if not p or sp is None:
+            return ""
+        return ", ".join(f"id {i} ({sp.token(k)})" if sp.strs is not None else f"id {i}" for k, i in enumerate(p))
 
 
-def input_paths_verdict(obs: list[PathsObservation]) -> Verdict:
-    """The input-paths case: every path's ``usage.prompt_tokens`` equals the rendered count (one
-    more on one path: a second BOS or the template applied twice), every path's temperature-0
-    answer is the same, and no streamed first delta carries the prompt's own text."""
+def system_dropped_cause(served: int) -> str:
+    """The cause of a server counting the conversation without its system turn."""
+    return (f"the system message never reached the server (a gateway dropping it?); the server rendered {served} "
+            "tokens = the rendering without it")
+
+
+def _count_finding(o: PathsObservation, key: str, c: int) -> tuple[str, str | None]:
+    """``(what the count c of path ``key`` matches, the cause it names)``, from the measured
+    renderings (:class:`PathsObservation`): the server's echo of its prompt when there is one, else
+    every rendering whose count equals ``c`` -- one names its candidate, several say they cannot be
+    told apart, none says the evidence cannot tell."""
+    n = len(o.rendered_ids)
+    echo = o.echoed.get(key)
+    route = key.split("/")[0]  # the cause is the route's, streamed or not
+    if echo is not None:
+        k = len(echo) - n
+        if k > 0 and list(echo[k:]) == list(o.rendered_ids):
+            extra = tuple(echo[:k])
+            if extra == o.special_prefix():
+                what = (f"a second BOS: the server's prompt, as it echoed it, is {o._prefix_words()} then the {n} "
+                        "rendered tokens")
+                return what, (f"a second BOS on the {route} path: the server puts the tokenizer's BOS "
+                              f"({o._prefix_words()}) in front of a prompt that already begins with the template's")
+            return (f"the server's prompt, as it echoed it, has {k} more tokens in front of the {n} rendered (ids "
+                    f"{', '.join(map(str, extra[:8]))})"), f"the server adds {k} tokens in front of a {route} prompt"
+        i = first_difference(echo, o.rendered_ids)
+        at = lambda seq: f"id {seq[i]}" if i is not None and i < len(seq) else "the end"  # noqa: E731
+        return (f"the server's prompt, as it echoed it ({len(echo)} tokens), parts from the rendered one at token {i}: "
+                f"{at(echo)} vs {at(o.rendered_ids)}"), None
+    found: list[tuple[str, str]] = []
+    ws = o.without_system
+    if ws is not None and ws.ok and ws.count == c != n:
+        found.append(("the rendering without the system turn", system_dropped_cause(c)))
+    ts = o.text_special
+    if ts is not None and ts.ok and ts.count == c != n:
+        front = f" ({o._prefix_words()} in front)" if o._prefix_words() else ""
+        found.append((f"the rendered text with the tokenizer's special tokens added once more{front}", ""))
+    tw = o.twice
+    if tw is not None and tw.ok and tw.count == c != n:
+        found.append(("the rendered text rendered again as a user turn (the template applied twice)", ""))
+    if len(found) == 1:
+        what, cause = found[0]
+        return f"= {what}", cause or f"the {route} path's count matches one measured rendering: {what}"
+    if found:
+        names = " and ".join(w for w, _ in found)
+        return f"= {names}: the counts cannot tell them apart", f"the {route} path's count matches {names}: the " \
+            "evidence cannot tell them apart"
+    seen = [f"{w} {r.count}" for w, r in (("without the system turn", ws), ("with special tokens", ts),
+                                          ("templated twice", tw)) if r is not None and r.ok]
+    return (f"matches none of the measured renderings ({', '.join(seen) or 'none measured'})",
+            f"the evidence cannot tell: the {route} path's count matches none of the measured renderings")
+
+
+def input_paths_verdict(obs: list[PathsObservation], suspects: Suspects | None = None) -> Verdict:
+    """The input-paths case: every path's ``usage.prompt_tokens`` equals the rendered count (a count
+    that is off is compared with the renderings :class:`PathsObservation` measured, which name what
+    it matches: :func:`_count_finding`), every path's temperature-0 answer is the same, and no
+    streamed first delta carries the prompt's own text. ``suspects``: the cause of answers that
+    differ (sampling)."""
     gate = f"{GATE}/input-paths"
     bad: list[str] = []
+    causes: list[str] = []
     rows: dict[str, Any] = {}
+    differ = False
     for o in obs:
         n = len(o.rendered_ids)
         row: dict[str, Any] = {"rendered_tokens": n, "paths": {k: a.to_dict() for k, a in o.answers.items()}}
+        measured = {w: r.count for w, r in (("without_system", o.without_system), ("text_special", o.text_special),
+                                            ("text_plain", o.text_plain), ("twice", o.twice)) if r is not None}
+        if measured:
+            row["renderings"] = measured
+        if o.echoed:
+            row["echoed"] = {k: list(v[:64]) for k, v in o.echoed.items()}
         rows[o.name] = row
         ref = o.answers.get("chat")
         for key, a in o.answers.items():
@@ -296,21 +445,27 @@ def input_paths_verdict(obs: list[PathsObservation]) -> Verdict:
                 bad.append(f"{o.name} {key}: {a.error}")
                 continue
             if a.prompt_tokens is not None and a.prompt_tokens != n:
-                extra = a.prompt_tokens - n
-                what = "a second BOS or the template applied twice" if extra > 0 else "tokens dropped"
-                bad.append(f"{o.name} {key}: prompt_tokens {a.prompt_tokens} vs {n} rendered ({extra:+d}: {what})")
+                what, cause = _count_finding(o, key, a.prompt_tokens)
+                bad.append(f"{o.name} {key}: prompt_tokens {a.prompt_tokens} vs {n} rendered "
+                           f"({a.prompt_tokens - n:+d}: {what})")
+                if cause:
+                    causes.append(cause)
             tail = o.prompt_text[-40:].strip()
             if a.first_delta and tail and len(tail) >= 8 and tail in a.first_delta:
                 bad.append(f"{o.name} {key}: the first streamed delta carries the prompt's text "
                            f"({clip(a.first_delta, 60)!r})")
             if ref is not None and ref.ok and a is not ref and (diff := char_diff(ref.text, a.text)):
                 bad.append(f"{o.name} {key} answers otherwise than chat {diff}")
+                differ = True
     ev = {"conversations": rows}
     if not obs:
         return Verdict(gate, Status.INVALID, "no conversation was asked -> INVALID", evidence=ev)
     if bad:
+        if differ and (s := _cause(suspects, rendering=False)):
+            causes.append(s)
         return Verdict(gate, Status.FAIL, f"{len(bad)} disagreements between input paths (limit 0): {'; '.join(bad[:3])} -> FAIL",
-                       measured=len(bad), limit=0, unit="findings", evidence=ev)
+                       measured=len(bad), limit=0, unit="findings", evidence=ev,
+                       cause="; ".join(dict.fromkeys(causes)) or None)
     paths = sorted({k for o in obs for k in o.answers})
     return Verdict(gate, Status.PASS, f"{len(obs)} conversations, {len(paths)} paths each ({', '.join(paths)}): "
                    f"the same prompt_tokens as rendered ({', '.join(str(len(o.rendered_ids)) for o in obs)}), the "
@@ -326,10 +481,12 @@ class MemoryObservation:
     answer: Asked
 
 
-def memory_verdict(obs: list[MemoryObservation]) -> Verdict:
-    """The multi-turn case: each answer meets its expectation (the fact given in an earlier turn)."""
+def memory_verdict(obs: list[MemoryObservation], suspects: Suspects | None = None) -> Verdict:
+    """The multi-turn case: each answer meets its expectation (the fact given in an earlier turn);
+    ``suspects``: the cause of a forgotten turn (sampling, rendering)."""
     gate = f"{GATE}/multi-turn"
     bad, rows = [], {}
+    forgot = False
     for o in obs:
         if not o.answer.ok:
             bad.append(f"{o.spec.name}: {o.answer.error}")
@@ -340,23 +497,26 @@ def memory_verdict(obs: list[MemoryObservation]) -> Verdict:
             first = (o.spec.messages or [{}])[0].get("content", "")
             bad.append(f"{o.spec.name}: turn 1 said {clip(first, 50)!r}; asked {_prompt_of(o.spec)!r} -> "
                        f"{clip(o.answer.text, 60)!r}, expected {what}")
+            forgot = True
     ev = {"conversations": rows}
     if not obs:
         return Verdict(gate, Status.INVALID, "no multi-turn conversation was asked -> INVALID", evidence=ev)
     if bad:
         return Verdict(gate, Status.FAIL, f"{len(bad)} of {len(obs)} answers forget an earlier turn (limit 0): {'; '.join(bad[:2])} "
-                       "-> FAIL", measured=len(bad), limit=0, unit="conversations", evidence=ev)
+                       "-> FAIL", measured=len(bad), limit=0, unit="conversations", evidence=ev,
+                       cause=_cause(suspects) if forgot else None)
     eg = "; ".join(f"{n}: {clip(r['answer'], 40)!r}" for n, r in list(rows.items())[:2])
     return Verdict(gate, Status.PASS, f"{len(obs)} conversation{'s' if len(obs) != 1 else ''} answered from an "
                    f"earlier turn ({eg}) -> PASS",
                    measured=0, limit=0, unit="conversations", evidence=ev)
 
 
-def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]]) -> Verdict:
+def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]], suspects: Suspects | None = None) -> Verdict:
     """The determinism case: ``runs`` maps a golden to its answers (the first alone, the rest each
     inside a concurrent batch). Answers that part from the first beyond a near tie (by either side's
     logprobs, ``determinism.near_tie_logprob``) are distinct outputs; FAIL when a prompt has more than
-    ``determinism.max_distinct``. Near-tie partings are counted and named, not failed."""
+    ``determinism.max_distinct``. Near-tie partings are counted and named, not failed.
+    ``suspects``: the cause of outputs that change (sampling: temperature 0 not honoured even alone)."""
     gate = f"{GATE}/determinism"
     d = spec.determinism
     rows: dict[str, Any] = {}
@@ -393,9 +553,192 @@ def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]]) -> Verd
     if over:
         return Verdict(gate, Status.FAIL, f"temperature-0 outputs change under concurrency: {'; '.join(over[:2])}; "
                        f"answers.determinism.max_distinct {d.max_distinct} -> FAIL", measured=worst,
-                       limit=d.max_distinct, unit="outputs", evidence=ev)
+                       limit=d.max_distinct, unit="outputs", evidence=ev, cause=_cause(suspects, rendering=False))
     tail = f"; near ties (<= {d.near_tie_logprob:g} nats) parted {', '.join(ties)}" if ties else ""
     n = sum(r["answers"] for r in rows.values())
     return Verdict(gate, Status.PASS, f"{len(rows)} prompts x {n // max(1, len(rows))} answers (alone, then in "
                    f"{d.repeats} concurrent batch{'es' if d.repeats != 1 else ''} of {d.batch}): at most {worst} distinct output per prompt{tail} "
                    f"-> PASS", measured=worst, limit=d.max_distinct, unit="outputs", evidence=ev)
+
+
+# ------------------------------------------------------------------------------------------------
+# the cases that measure causes
+
+
+@dataclass
+class SamplingObservation:
+    """The temperature-zero case's two answers: golden ``name`` (the golden whose answer was the
+    longest, so the request has the most tokens to part at) asked twice at temperature 0 with its
+    ``max_tokens``, non-streamed, alone (nothing else in flight): ``first`` and ``second``."""
+
+    name: str
+    max_tokens: int
+    first: Asked
+    second: Asked
+
+
+def _deployments(a: Asked, b: Asked) -> list[str]:
+    """What in two answers to one request names two deployments: a ``prompt_tokens``, a
+    ``system_fingerprint``, a ``model`` or an identity header (:data:`kvgate.answers.observe.IDENTITY_HEADERS`)
+    that differs."""
+    out = []
+    if a.prompt_tokens is not None and b.prompt_tokens is not None and a.prompt_tokens != b.prompt_tokens:
+        out.append(f"prompt_tokens {a.prompt_tokens} vs {b.prompt_tokens}")
+    if a.system_fingerprint != b.system_fingerprint:
+        out.append(f"system_fingerprint {a.system_fingerprint!r} vs {b.system_fingerprint!r}")
+    if a.model and b.model and a.model != b.model:
+        out.append(f"model {a.model!r} vs {b.model!r}")
+    for h in sorted(set(a.identity) | set(b.identity)):
+        if a.identity.get(h) != b.identity.get(h):
+            out.append(f"header {h} {a.identity.get(h)!r} vs {b.identity.get(h)!r}")
+    return out
+
+
+def temperature_zero_verdict(obs: SamplingObservation | None, near_tie: float = 0.1) -> Verdict:
+    """The temperature-zero case: the same temperature-0 request answered twice alone must give the
+    same text. Two texts FAIL, the cause naming the sampling ("temperature 0 is not honoured":
+    a gateway dropping ``temperature``/``seed``, so the server's default sampling applied) -- unless
+    the two answers also differ in ``prompt_tokens``, ``system_fingerprint``, ``model`` or an
+    identity header, which names more than one deployment behind the endpoint instead (a canary
+    split). The first differing token and, with logprobs, both sides' gap there (``near_tie``
+    nats: a parting within it is still named, not excused: two lone identical requests have no
+    batch or cache state to differ by) are in the message. FAIL: an answer missing; INVALID: no
+    golden was answered to ask again, or both answers are empty."""
+    gate = f"{GATE}/temperature-zero"
+    if obs is None:
+        return Verdict(gate, Status.INVALID, "no golden was answered to ask again (answers/golden names why) -> INVALID")
+    a, b = obs.first, obs.second
+    ev: dict[str, Any] = {"golden": obs.name, "max_tokens": obs.max_tokens, "first": a.to_dict(), "second": b.to_dict()}
+    missing = [f"{which}: {x.error}" for which, x in (("first", a), ("second", b)) if not x.ok]
+    if missing:
+        return Verdict(gate, Status.FAIL, f"{obs.name} asked twice alone at temperature 0: {len(missing)} answer"
+                       f"{'s' if len(missing) > 1 else ''} missing (limit 0): {'; '.join(missing)} -> FAIL",
+                       measured=len(missing), limit=0, unit="answers", evidence=ev)
+    n = len(a.tokens) or len(a.text)
+    unit = "tokens" if a.tokens else "characters"
+    if not a.text and not b.text and not a.tokens and not b.tokens:
+        return Verdict(gate, Status.INVALID, f"{obs.name} asked twice alone at temperature 0: both answers empty, "
+                       "nothing to compare -> INVALID", evidence=ev)
+    same = a.text == b.text and (not a.tokens or not b.tokens or a.tokens == b.tokens)
+    if same:
+        return Verdict(gate, Status.PASS, f"{obs.name} asked twice alone at temperature 0 (max_tokens {obs.max_tokens}): "
+                       f"the same {n} {unit} both times ({clip(a.text, 60)!r}) -> PASS", measured=1, limit=1,
+                       unit="outputs", evidence=ev)
+    if a.tokens and b.tokens:
+        d = compare_answers(a.answer(), b.answer(), near_tie)
+        i = d.position if d.position is not None else 0
+        gap = "" if d.gap is None else f", {d.gap:.2f} nats apart by the {'first' if d.by == 'baseline' else 'second'}'s logprobs"
+        where = f"token {i}: {d.base_token!r} vs {d.new_token!r}{gap}"
+        ev["parting"] = d.to_dict()
+    else:
+        i = next((k for k, (x, y) in enumerate(zip(a.text, b.text)) if x != y), min(len(a.text), len(b.text)))
+        where = f"char {i} (no logprobs)"
+    dep = _deployments(a, b)
+    ev["differing"] = dep
+    head = (f"{obs.name} asked twice alone at temperature 0 (max_tokens {obs.max_tokens}): different text, first "
+            f"difference at {where} ({clip(a.text, 50)!r} vs {clip(b.text, 50)!r})")
+    unit_word = "token" if a.tokens and b.tokens else "char"
+    if dep:
+        return Verdict(gate, Status.FAIL, f"{head}; the answers also differ in {', '.join(dep)} -> FAIL", measured=2,
+                       limit=1, unit="outputs", evidence=ev,
+                       cause=f"more than one deployment answers behind the endpoint (a canary split?): two answers to "
+                             f"the same request differ in {', '.join(dep)}")
+    return Verdict(gate, Status.FAIL, f"{head} -> FAIL", measured=2, limit=1, unit="outputs", evidence=ev,
+                   cause=f"temperature 0 is not honoured: the same request answered twice alone gave different text "
+                         f"(first difference at {unit_word} {i})")
+
+
+def sampling_cause(verdict: Verdict) -> str | None:
+    """The temperature-zero case's finding for the other cases' FAILs: its cause when it FAILed
+    on two texts, else None."""
+    return verdict.cause if verdict.gate == f"{GATE}/temperature-zero" and verdict.status is Status.FAIL else None
+
+
+@dataclass
+class RenderingObservation:
+    """How the server renders a conversation with a system turn, by ``/tokenize`` (messages):
+    ``with_system`` as sent, ``without_system`` (the system turn left out: a template's default
+    system prompt, if it has one, in its place) and ``as_user`` (the same contents, the system
+    turn sent as a user turn: a template that renders roles renders it otherwise). ``name``: the
+    golden it is (None: kvgate's probe conversation, the profile has no system golden); ``served``:
+    the server's ``usage.prompt_tokens`` for it on the chat route (None: not asked or not reported)."""
+
+    name: str | None
+    with_system: Rendering
+    without_system: Rendering
+    as_user: Rendering
+    served: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"golden": self.name, "served_prompt_tokens": self.served, "with_system": self.with_system.to_dict(),
+                "without_system": self.without_system.to_dict(), "system_as_user": self.as_user.to_dict()}
+
+
+def _quoted(r: Rendering, n: int = 32) -> str:
+    """The first ``n`` tokens of a rendering as text, quoted (``'<s> You are ...'``), or its count."""
+    text = r.text(n)
+    if text is None:
+        return f"{r.count} token ids"
+    return repr(clip(text + (" ..." if r.count and r.count > n else ""), 120))
+
+
+def rendering_cause(obs: RenderingObservation | None) -> str | None:
+    """What the rendering shows that makes the model answer another prompt, or None: the template
+    renders a system turn like a user turn (it drops roles); it renders the conversation alike with
+    and without its system turn (it drops the system message); the server counted the rendering
+    without the system turn (it never arrived)."""
+    if obs is None or not obs.with_system.ok:
+        return None
+    w, wo, u = obs.with_system, obs.without_system, obs.as_user
+    if u.ok and u.ids == w.ids:
+        return (f"the chat template drops roles: /tokenize renders a system turn and a user turn alike ({w.count} tokens "
+                f"either way: {_quoted(w)}): the model cannot tell who said what")
+    if wo.ok and wo.ids == w.ids:
+        return (f"the chat template drops the system message: /tokenize renders the conversation with and without its "
+                f"system turn to the same {w.count} tokens")
+    if obs.served is not None and wo.ok and obs.served == wo.count != w.count:
+        return system_dropped_cause(obs.served)
+    return None
+
+
+def system_message_verdict(obs: RenderingObservation) -> Verdict:
+    """The system-message case: the server's ``usage.prompt_tokens`` for a golden with a system
+    turn against ``/tokenize`` of the messages sent with it and without it. Equal to the rendering
+    with it: PASS; equal to the rendering without it (a template's default system prompt included,
+    as the server would render it): FAIL, the system message never reached the server; a template
+    rendering both alike: FAIL, it drops the system message. Both renderings of one length (a count
+    cannot tell them apart) or the count equal to neither: INCONCLUSIVE. SKIP without
+    ``/tokenize``; INVALID when the server reported no ``prompt_tokens``."""
+    gate = f"{GATE}/system-message"
+    ev = obs.to_dict()
+    w, wo = obs.with_system, obs.without_system
+    for r in (w, wo):
+        if not r.ok:
+            return Verdict(gate, SKIP, f"the server renders no conversation for kvgate to count ({r.error}): the "
+                           "system message's arrival cannot be measured without /tokenize -> SKIP", evidence=ev)
+    name, s = obs.name, obs.served
+    if s is None:
+        return Verdict(gate, Status.INVALID, f"{name}: the server reported no usage.prompt_tokens on the chat route: "
+                       "nothing to compare with the renderings -> INVALID", evidence=ev)
+    counts = f"{w.count} with the system turn, {wo.count} without"
+    if w.ids == wo.ids:
+        return Verdict(gate, Status.FAIL, f"{name}: /tokenize renders the conversation with and without its system "
+                       f"turn to the same {w.count} tokens; the server counted {s} -> FAIL (the system message must "
+                       "reach the model)", measured=s, limit=w.count, unit="tokens", evidence=ev,
+                       cause=rendering_cause(obs))
+    if s == w.count and w.count != wo.count:
+        return Verdict(gate, Status.PASS, f"{name}: the server counted {s} prompt tokens = the rendering with the "
+                       f"system turn ({counts}) -> PASS", measured=s, limit=w.count, unit="tokens", evidence=ev)
+    if s == wo.count and w.count != wo.count:
+        return Verdict(gate, Status.FAIL, f"{name}: the server counted {s} prompt tokens = the rendering without the "
+                       f"system turn ({counts}) -> FAIL (the system message must reach the model)", measured=s,
+                       limit=w.count, unit="tokens", evidence=ev, cause=system_dropped_cause(s))
+    if w.count == wo.count:
+        return Verdict(gate, Status.INCONCLUSIVE, f"{name}: the server counted {s} prompt tokens; the conversation "
+                       f"renders to {w.count} tokens with and without its system turn -> INCONCLUSIVE (a count cannot "
+                       "tell them apart)", measured=s, limit=w.count, unit="tokens", evidence=ev,
+                       cause=f"the evidence cannot tell: both renderings are {w.count} tokens long")
+    return Verdict(gate, Status.INCONCLUSIVE, f"{name}: the server counted {s} prompt tokens, neither rendering ({counts}) "
+                   "-> INCONCLUSIVE", measured=s, limit=w.count, unit="tokens", evidence=ev,
+                   cause="the evidence cannot tell: the server's count matches neither rendering, so whether the "
+                         "system turn arrived is unknown (answers/input-paths compares the input paths)")

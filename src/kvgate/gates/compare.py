@@ -1,6 +1,8 @@
 """Pure verdicts of the compare gate: the new revision against the one it replaces -- the same
-requests to both -- must not drift in its temperature-0 outputs beyond near ties, must not be
-slower beyond the profile's allowance, and must not lose a serve feature the baseline had.
+requests to both -- must render the same prompts to the same tokens, must not drift in its
+temperature-0 outputs beyond near ties, must not be slower beyond the profile's allowance, and must
+not lose a serve feature the baseline had. A rendering that changed is its own regression, judged
+before the answers, and the cause of the answers that drifted with it.
 
 The failures only a comparison sees are silent 200s (public reports): fp8 KV cache coherent on
 one turn and garbage on multi-turn prompts (vllm#38652; ``fp8_e5m2``, #41343); ``'!!!!'`` after
@@ -19,13 +21,14 @@ from typing import Any
 from kvgate.compare.golden import Answer, Difference, GoldenPrompt, compare_answers
 from kvgate.compare.latency import METRICS, Pairs, summary
 from kvgate.gates.common import FAIL, PASS, SKIP
+from kvgate.http.rendering import Rendering, parting
 from kvgate.profile.models import Profile
 from kvgate.stats import percentile
 from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, Judgement, judge
 from kvgate.verdict import Status, Verdict
 
 GATE = "compare"
-CASES = ("outputs", "latency", "features")
+CASES = ("rendering", "outputs", "latency", "features", "contract")
 CLIP = 80
 
 
@@ -49,13 +52,89 @@ def _where(name: str, d: Difference, base: Answer, new: Answer) -> str:
             f"baseline {_clip(base.text)!r} vs new {_clip(new.text)!r}")
 
 
+def rendering_changes(prompts: list[GoldenPrompt], base: dict[str, Answer], new: dict[str, Answer],
+                      base_r: dict[str, Rendering], new_r: dict[str, Rendering]) -> tuple[dict[str, str], list[str], list[str]]:
+    """``(changed, same, not_recorded)``: each prompt whose rendering differs between the two sides
+    (prompt -> how, in words: the ``/tokenize`` renderings' lengths and first differing token, else
+    the servers' ``usage.prompt_tokens``), the prompts that render alike, and those the baseline
+    holds no rendering of (neither a ``/tokenize`` rendering nor a prompt count: not recorded)."""
+    changed: dict[str, str] = {}
+    same, unrecorded = [], []
+    for p in prompts:
+        br, nr = base_r.get(p.name), new_r.get(p.name)
+        bc = base[p.name].prompt_tokens if p.name in base else None
+        nc = new[p.name].prompt_tokens if p.name in new else None
+        what = "messages render" if p.route == "chat" else "text tokenizes"
+        if br is not None and br.ok and nr is not None and nr.ok:
+            at = parting(nr, br)
+            if at is not None:
+                i, here, there = at
+                lengths = f"to {nr.count} tokens here and {br.count} on the baseline" if nr.count != br.count else                     f"to {nr.count} tokens on both"
+                changed[p.name] = f"the same {what} {lengths}; first difference at token {i}: {here} vs {there}"
+                continue
+            if bc is not None and nc is not None and bc != nc:
+                changed[p.name] = (f"/tokenize renders it alike ({nr.count} tokens) but the server counts {nc} prompt "
+                                   f"tokens here and {bc} on the baseline")
+                continue
+            same.append(p.name)
+        elif bc is not None and nc is not None:
+            if bc != nc:
+                changed[p.name] = f"the same {what} to {nc} tokens here and {bc} on the baseline (usage.prompt_tokens)"
+            else:
+                same.append(p.name)
+        else:
+            unrecorded.append(p.name)
+    return changed, same, unrecorded
+
+
+def rendering_verdict(prompts: list[GoldenPrompt], base: dict[str, Answer], new: dict[str, Answer],
+                      base_r: dict[str, Rendering], new_r: dict[str, Rendering], label: str,
+                      suspect: str | None = None) -> Verdict:
+    """The rendering case: every golden prompt renders to the same tokens here as on the baseline
+    (:func:`rendering_changes`). FAIL naming the first differing token of each changed prompt, the
+    cause telling a chat template (conversations changed, text prompts alike) from a tokenizer (text
+    changed) where the prompts measured can; ``suspect``: what the answers gate measured of this
+    server's rendering (its template drops roles), added to the cause. SKIP when the baseline holds
+    no rendering to compare with (a golden file recorded before kvgate recorded them)."""
+    gate = f"{GATE}/rendering"
+    changed, same, unrecorded = rendering_changes(prompts, base, new, base_r, new_r)
+    ev: dict[str, Any] = {"baseline": label, "changed": changed, "same": same, "not_recorded": unrecorded,
+                          "new": {n: r.to_dict() for n, r in new_r.items()}}
+    m = len(changed) + len(same)
+    note = f"; {len(unrecorded)} not recorded on the baseline ({', '.join(unrecorded[:3])})" if unrecorded else ""
+    if m == 0:
+        return Verdict(gate, SKIP, f"the {label} holds no rendering of its {len(prompts)} golden prompts to compare with "
+                       "(a golden file recorded before kvgate recorded them: not recorded) -> SKIP", evidence=ev)
+    if changed:
+        routes = {p.route for p in prompts if p.name in changed}
+        text_same = any(p.route == "completions" for p in prompts if p.name in same)
+        first = next(iter(changed))
+        if routes == {"chat"} and text_same:
+            why = "the chat template changed: text prompts tokenize alike on both, conversations render otherwise"
+        elif "completions" in routes:
+            why = "the tokenizer changed: the same text tokenizes otherwise"
+        else:
+            why = "the chat template or the tokenizer changed"
+        cause = f"{why} ({first}: {changed[first]})" + (f"; {suspect}" if suspect else "")
+        shown = "; ".join(f"{n}: {d}" for n, d in list(changed.items())[:2])
+        return Verdict(gate, FAIL, f"{len(changed)} of {m} golden prompts render otherwise here than on the {label} "
+                       f"(limit 0): {shown}{note} -> FAIL", measured=len(changed), limit=0, unit="prompts",
+                       evidence=ev, cause=cause)
+    return Verdict(gate, PASS, f"{m} golden prompts render alike here and on the {label} (the same /tokenize tokens "
+                   f"or prompt_tokens){note} -> PASS", measured=0, limit=0, unit="prompts", evidence=ev)
+
+
 def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[str, Answer], new: dict[str, Answer],
-                    label: str, logprobs: bool = True) -> Verdict:
+                    label: str, logprobs: bool = True, changed: dict[str, str] | None = None,
+                    suspects: str | None = None) -> Verdict:
     """The outputs case: each golden prompt's new answer against the baseline's
     (:func:`~kvgate.compare.golden.compare_answers` at ``compare.near_tie_logprob``). A prompt the
     baseline did not answer is left out (noted); one the new revision did not answer counts as
     drift. FAIL when drifted prompts / compared prompts > ``compare.max_drift_fraction``; INVALID
-    when no prompt could be compared. ``label``: what the baseline is (for the message)."""
+    when no prompt could be compared. ``label``: what the baseline is (for the message).
+    The cause of a FAIL: drifted prompts whose rendering changed (``changed``: prompt -> how, from
+    :func:`rendering_changes`) were answers to other prompts; ``suspects``: what this run measured
+    elsewhere (the answers gate: temperature 0 not honoured, a template dropping roles)."""
     c = profile.compare
     gate = f"{GATE}/outputs"
     diffs: dict[str, Difference] = {}
@@ -100,7 +179,15 @@ def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[st
         allow = f"{c.max_drift_fraction:.0%} of {m} = {allowed} allowed (compare.max_drift_fraction)"
         msg = (f"{head} ({', '.join(drift[:6])}{', ...' if len(drift) > 6 else ''}) -> {status.value} "
                f"({len(drift)} drifted, {allow}); first: {where}")
-        return Verdict(gate, Status(status), msg, measured=len(drift), limit=allowed, unit="prompts", evidence=ev)
+        cause = None
+        if status == FAIL:
+            rendered = [n for n in drift if n in (changed or {})]
+            found = [f"{len(rendered)} of the {len(drift)} drifted prompts render otherwise than on the baseline "
+                     f"(compare/rendering; {rendered[0]}: {changed[rendered[0]]}): those answers are to other prompts"
+                     ] if rendered and changed else []
+            cause = "; ".join(found + ([suspects] if suspects else [])) or None
+        return Verdict(gate, Status(status), msg, measured=len(drift), limit=allowed, unit="prompts", evidence=ev,
+                       cause=cause)
     if stopped:  # the baseline hung part way: what was compared agrees, the rest is unknown
         return Verdict(gate, Status.INVALID, f"{head}; {stopped.removeprefix('not sent: ')}: only {m} of "
                        f"{len(prompts)} golden prompts compared -> INVALID", measured=0, limit=allowed,

@@ -1,6 +1,7 @@
 """Talking to an OpenAI-compatible server, one request at a time: the client (:mod:`.client`), SSE
 framing and event classes (:mod:`.sse`), folding a stream (:mod:`.stream`), the official ``openai``
-SDK checks (:mod:`.sdk`), exact-token-length prompts (:mod:`.prompts`), the probes the gates send
+SDK checks (:mod:`.sdk`), exact-token-length prompts (:mod:`.prompts`), what the server's tokenizer
+and chat template make of an input (:mod:`.rendering`), the probes the gates send
 (:mod:`.probes`; the features gate's in :mod:`.features`), the preflight (:mod:`.preflight`) and
 ``/metrics`` (:mod:`.metrics`).
 

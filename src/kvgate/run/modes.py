@@ -245,17 +245,40 @@ def recorded_values(verdicts: Iterable[tuple[str, Any]]) -> tuple[dict[str, tupl
     return fields, unmapped
 
 
+def recorded_accuracy(verdicts: Iterable[tuple[str, Any]]) -> tuple[int, int, str] | None:
+    """``(right, items, how)`` of the run's ``answers/accuracy`` verdict -- the reference the next
+    run's accuracy is held to (``answers.accuracy.recorded_correct`` / ``recorded_items``) -- with
+    ``how`` naming the task, the accuracy, its interval and the test; None when the case did not
+    score its task (not declared, unreadable) or scored it INVALID (most items unanswered: the
+    transport was measured, not the model)."""
+    for test_id, verdict in verdicts:
+        for v in _walk(verdict):
+            ev = v.evidence if isinstance(v.evidence, dict) else {}
+            k, n = ev.get("correct"), ev.get("items")
+            if v.gate != "answers/accuracy" or v.status.value == "INVALID" or not isinstance(k, int) or \
+                    not isinstance(n, int) or n <= 0:
+                continue
+            lo, hi = (ev.get("interval") or [None, None])[:2]
+            ci = f", {ev.get('confidence', 0.95):.0%} CI {lo:.1%}..{hi:.1%}" if lo is not None and hi is not None else ""
+            return k, n, f"measured {k} of {n} right on {ev.get('task')} ({k / n:.1%}{ci}); from {test_id}"
+    return None
+
+
 def overlay(profile_ref: str, verdicts: Iterable[tuple[str, Any]], *, run_id: str, endpoint: str | None,
             server_version: str | None, now: _dt.datetime | None = None) -> str:
     """The record-mode profile overlay as YAML text: ``extends: profile_ref`` plus every
     recordable field (:data:`RECORDABLE`) set to a limit *proposed* from what this run measured
     (:func:`propose`: :data:`HEADROOM` over it), each with a comment naming the measured value and
     the checks it came from; fields a measurement cannot set (:data:`MEASURED_ONLY`: a gateway's
-    idle timeout, soak ceilings) and measured values no profile field holds as comments. Loading
-    it with :func:`kvgate.profile.models.load_profile` gives the run's profile with those limits; a
-    person reviews before committing."""
+    idle timeout, soak ceilings) and measured values no profile field holds as comments; and the
+    answers gate's accuracy as the reference a later run is held to (:func:`recorded_accuracy`:
+    ``answers.accuracy.recorded_correct`` / ``recorded_items``, the count itself, no headroom:
+    the tolerance is the profile's). Loading it with :func:`kvgate.profile.models.load_profile`
+    gives the run's profile with those limits; a person reviews before committing."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
+    verdicts = list(verdicts)
     fields, unmapped = recorded_values(verdicts)
+    accuracy = recorded_accuracy(verdicts)
     tree: dict[str, dict[str, Any]] = {}
     notes: dict[str, str] = {}
     measured_only: list[str] = []
@@ -287,8 +310,11 @@ def overlay(profile_ref: str, verdicts: Iterable[tuple[str, Any]], *, run_id: st
         for key, value in values.items():
             dumped = yaml.safe_dump({key: value}, default_flow_style=True).strip().strip("{}")
             lines.append(f"  {dumped}  # {notes[f'{section}.{key}']}")
-    if not tree:
-        lines.append("# no recordable value was measured (no latency, streaming, load or soak gate ran)")
+    if accuracy is not None:
+        k, n, how = accuracy
+        lines += ["answers:", "  accuracy:", f"    recorded_correct: {k}  # {how}", f"    recorded_items: {n}"]
+    if not tree and accuracy is None:
+        lines.append("# no recordable value was measured (no latency, streaming, load, soak or answers gate ran)")
     if measured_only:
         lines.append("# measured, but a limit the measurement cannot set (set it yourself):")
         lines += measured_only
