@@ -25,6 +25,7 @@ received from the coordinator. Clocks, sleep, the loops and the transport are in
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvgate.http.client import Endpoint
-from kvgate.load.record import RequestRecord
+from kvgate.load.record import RequestRecord, RequestSpec
 from kvgate.load.schedule import LoadResult, closed_loop, make_transport, open_loop
 from kvgate.scale.batch import API, Assignment, Batch, assignment
 from kvgate.scale.clock import ClockOffset, measure
@@ -123,8 +124,13 @@ class _Counting:
         self.t0 = t0  # the loop's start on its clock
         self.inner.bind(clock, t0, max_connections)
 
+    def warm(self, specs: Any) -> None:
+        """Prepare (serialise) every distinct spec now; :meth:`prepare` then returns it."""
+        self._ready = {id(s): (s, self.inner.prepare(s)) for s in specs}
+
     def prepare(self, spec: Any) -> Any:
-        return self.inner.prepare(spec)
+        got = getattr(self, "_ready", {}).get(id(spec))
+        return got[1] if got is not None and got[0] is spec else self.inner.prepare(spec)
 
     async def send(self, prepared: Any, rec: RequestRecord, timeout_s: float) -> None:
         self.sent += 1
@@ -224,15 +230,20 @@ class Worker:
     def run_share(self, batch: Batch) -> Part:
         """This worker's share of ``batch``, as a part (``error`` set when it broke)."""
         a = assignment(batch, self.w)
+        if batch.idle_timeout_s is not None:  # what the loop would do to each spec, done before the clock starts
+            idled: dict[int, RequestSpec] = {}
+            a = dataclasses.replace(a, specs=tuple(
+                s if s.idle_timeout_s is not None else
+                idled.setdefault(id(s), dataclasses.replace(s, idle_timeout_s=batch.idle_timeout_s)) for s in a.specs))
         before = self.clock()
-        counting: dict[str, _Counting] = {}
-
-        def transport(endpoint: Endpoint) -> _Counting:
-            counting["t"] = _Counting(self.transport(endpoint))
-            return counting["t"]
-
-        with _Heartbeat(self.ctl, self.w.k, batch.id, self.opts.heartbeat_s,
-                        lambda: counting["t"].sent if "t" in counting else 0):
+        error = None
+        tr: _Counting | None = None
+        try:
+            tr = _Counting(self.transport(self._endpoint()))
+            tr.warm(a.specs)  # serialised now: the loop's own preparation is a lookup (a worker starts on time)
+        except Exception as exc:  # noqa: BLE001 - the part says what broke
+            error = f"{type(exc).__name__}: {exc}"
+        with _Heartbeat(self.ctl, self.w.k, batch.id, self.opts.heartbeat_s, lambda: tr.sent if tr is not None else 0):
             host = self.host_sampler()
             # the loop collects and freezes the heap before its clock starts (kvgate.load.schedule._start):
             # do the costly full collection now, so the loop starts at the instant (measured: a fresh
@@ -241,12 +252,12 @@ class Worker:
             gc.freeze()
             self._wait_until(batch.start_wall - before.offset_s)
             host.start()
-            error = None
-            try:
-                result, started_local = self._run(batch, a, transport)
-            except Exception as exc:  # noqa: BLE001 - the part says what broke; the verdict names it
-                error = f"{type(exc).__name__}: {exc}"
-                result, started_local = LoadResult(batch.mode, [], len(a.indices), 0.0, batch.deadline_s), self.wall()
+            result, started_local = LoadResult(batch.mode, [], len(a.indices), 0.0, batch.deadline_s), self.wall()
+            if error is None and tr is not None:
+                try:
+                    result, started_local = self._run(batch, a, tr)
+                except Exception as exc:  # noqa: BLE001 - the part says what broke; the verdict names it
+                    error = f"{type(exc).__name__}: {exc}"
             load = host.stop()
         for r in result.records:
             r.index = a.indices[r.index]
@@ -257,27 +268,31 @@ class Worker:
         return Part(self.w, batch.id, batch.start_wall, started_local + before.offset_s, before, after, len(a.indices),
                     a.concurrency, result, load, socket.gethostname(), os.getpid(), error)
 
+    def _endpoint(self) -> Endpoint:
+        assert self.endpoint is not None, "join() first"
+        return self.endpoint
+
     def _wait_until(self, local_wall: float) -> None:
         while (left := local_wall - self.wall()) > 0:
             self.sleep(min(left, 0.25))
 
-    def _run(self, batch: Batch, a: Assignment, transport: Callable[[Endpoint], Any]) -> tuple[LoadResult, float]:
-        """Run the share; returns the result and the loop's start on this worker's wall clock."""
-        assert self.endpoint is not None
+    def _run(self, batch: Batch, a: Assignment, tr: "_Counting") -> tuple[LoadResult, float]:
+        """Run the share on transport ``tr``; returns the result and the loop's start on this
+        worker's wall clock."""
+        endpoint = self._endpoint()
         if not a.indices:
             return LoadResult(batch.mode, [], 0, 0.0, batch.deadline_s, concurrency=0), self.wall()
         ref_perf, ref_wall = self.perf(), self.wall()
-        tr = transport(self.endpoint)
         # the loop's own clock is self.perf (time.perf_counter): the raw client then stamps arrivals
         # when the poll returned (kvgate.load.raw_http); its start t0 comes back through bind()
         kw: dict[str, Any] = {"deadline_s": batch.deadline_s, "request_timeout_s": batch.request_timeout_s,
-                              "idle_timeout_s": batch.idle_timeout_s, "clock": self.perf, "transport": tr}
+                              "clock": self.perf, "transport": tr}
         if batch.mode == "closed":
-            result = self.closed(self.endpoint, list(a.specs), concurrency=max(1, a.concurrency), **kw)
+            result = self.closed(endpoint, list(a.specs), concurrency=max(1, a.concurrency), **kw)
         else:
-            result = self.opened(self.endpoint, list(a.specs), offsets_s=list(a.offsets_s or ()),
+            result = self.opened(endpoint, list(a.specs), offsets_s=list(a.offsets_s or ()),
                                  max_in_flight=a.max_in_flight, **kw)
-        t0 = getattr(tr, "t0", None)
+        t0 = tr.t0
         return result, ref_wall + ((t0 if t0 is not None else ref_perf) - ref_perf)
 
     def ship(self, part: Part) -> None:
