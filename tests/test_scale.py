@@ -321,6 +321,23 @@ def test_in_process_split_sends_every_request_once_and_the_dir_merges_back(fake,
     assert abs(hello["offset_s"]) < 0.05 and hello["exchanges"] == 3
 
 
+def test_a_worker_that_never_joins_is_invalid_and_nothing_is_sent(fake, tmp_path):
+    from kvgate.gates.scale import scaled_verdict
+    from kvgate.verdict import Verdict
+
+    coord, threads, ep = _split(fake, tmp_path, lambda url: [_worker(url, 0)], join_timeout_s=0.5)  # 1 of 2 joins
+    try:
+        res = coord.closed_loop(ep, _specs(ep), n=8, concurrency=2, deadline_s=10)
+    finally:
+        _finish(coord, threads)
+    assert res.records == [] and not [r for r in fake.state.requests if r.prompt]  # no partial load was offered
+    v = scaled_verdict(Verdict("latency/slo", Status.INCONCLUSIVE, "0 requests -> INCONCLUSIVE"), coord.report(), PROFILE)
+    assert v.status is Status.INVALID
+    assert v.message.startswith("worker 1 of 2 never joined the coordinator within 0.5 s: its share of every batch is "
+                                "missing from the merge -> INVALID"), v.message
+    assert load_run(tmp_path / "scale").never_joined == {1: "never joined the coordinator within 0.5 s"}
+
+
 def test_fake_worker_faults_are_named():
     assert set(FAULTS) == {"start_late", "clock_drift", "falls_behind", "vanish", "batch_error"}
     with pytest.raises(ValueError, match="unknown fault"):

@@ -14,6 +14,8 @@ turn by everything that needs only a healthy tiny-cpu server -- one vLLM start i
    limiting cause;
    3c. the compare gate with it as the baseline: an embedded vLLM of the same model PASSes; a
    second ``kvgate serve`` of a changed model FAILs against it and against its recording;
+   3d. the latency gate from ``--workers local:4`` against it: the same verdict, looks and request
+   count as from one process, and ``kvgate merge`` of the shipped records agrees (~25 s);
 4. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
    server).
 
@@ -24,6 +26,7 @@ server starts for the first of them that runs). Marked e2e.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import signal
 import subprocess
@@ -300,6 +303,32 @@ def test_compare_a_changed_model_fails_against_a_live_and_a_recorded_baseline(ru
                              out["message"]), out["message"]
     finally:
         stop(changed)
+
+
+# ------------------------------------------------------------------ 3d. the latency gate from 4 local workers
+def test_latency_gate_from_four_local_workers_judges_what_one_process_judges(running_server, tmp_path):
+    """``-k latency_slo`` on the served tiny-cpu, from this process and from ``--workers local:4``
+    (one stream each of slo.concurrency 4): both PASS after the same looks, the split sent as many
+    requests as the one process (each worker its quarter), and ``kvgate merge`` of its run
+    directory judges the shipped records to the same verdict and percentiles."""
+    from kvgate.cli.main import main
+
+    args = ("--profile", "tiny-cpu", f"--endpoint={running_server.url}", "-m", "load", "-k", "latency_slo")
+    _, one = main_job(tmp_path / "one", *args)
+    proc, split = main_job(tmp_path / "split", *args, "--workers", "local:4")
+    a, b = ({g["id"]: g for g in s["gates"]}["tiny-cpu/latency/slo"] for s in (one, split))
+    assert a["status"] == b["status"] == "PASS", (a["message"], b["message"], proc.stdout[-3000:])
+    looks = [[h["n"] for h in g["evidence"]["sampling"]["history"]] for g in (a, b)]
+    assert looks[0] == looks[1] and a["evidence"]["summary"]["requests"] == b["evidence"]["summary"]["requests"]
+    rows = b["evidence"]["workers"]
+    sent = [r["sent"] for r in rows]  # request i of a look went to worker i mod 4
+    assert sum(sent) == b["evidence"]["summary"]["requests"] and max(sent) - min(sent) <= len(looks[1]), rows
+    assert all(abs(r["start_offset_ms"]) < 50 and r["clock_residual_ms"] < 50 for r in rows), rows
+    assert "(4 local workers: " in b["message"]
+    run_dir = tmp_path / "split" / "reports" / "scale"
+    assert main(["merge", str(run_dir), "--profile", "tiny-cpu"]) == 0
+    merged = json.loads((run_dir / "merged.json").read_text())["verdict"]
+    assert merged["status"] == "PASS" and merged["evidence"]["summary"]["ttft_ms"] == b["evidence"]["summary"]["ttft_ms"]
 
 
 # ------------------------------------------------------------------ 4. Ctrl-C (last: ends the server)

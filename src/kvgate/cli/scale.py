@@ -103,6 +103,7 @@ def run_merge(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     """``kvgate merge DIR``: the verdict's exit code (see the module docstring)."""
     from kvgate.gates.scale import merged_latency_verdict, worker_row
     from kvgate.scale.merge import RunDirError, load_run
+    from kvgate.verdict import printable
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
@@ -119,9 +120,9 @@ def run_merge(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     print("worker  host                 sent/assigned  ok  errors  streams  start ms  clock +- ms  p99 lag ms", file=out)
     for k in range(run.n):
         row = worker_row(run, k)
-        print(f"{k:>6}  {str(row['host'])[:20]:<20} {row['sent']:>5}/{row['assigned']:<8} {row['ok']:>3} {row['errors']:>7} "
+        print(f"{k:>6}  {printable(str(row['host']))[:20]:<20} {row['sent']:>5}/{row['assigned']:<8} {row['ok']:>3} {row['errors']:>7} "
               f"{row['streams']:>8}  {_f(row['start_offset_ms']):>8}  {_f(row['clock_residual_ms']):>11}  "
-              f"{_f(row['p99_lag_ms']):>10}" + (f"  lost: {row['lost']}" if row["lost"] else ""), file=out)
+              f"{_f(row['p99_lag_ms']):>10}" + (f"  lost: {printable(row['lost'])}" if row["lost"] else ""), file=out)
     (Path(args.dir) / "merged.json").write_text(json.dumps({"profile": profile.name, "verdict": v.to_summary()},
                                                            indent=1, default=str))
     return MERGE_CODES.get(v.status.value, 1)

@@ -94,6 +94,7 @@ class Coordinator:
         self.lost_ever: dict[int, str] = {}
         self.notes: list[str] = []
         self.done = False
+        self.acked: set[int] = set()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._started_wall = 0.0
@@ -131,6 +132,17 @@ class Coordinator:
             self.done = True
             self.cond.notify_all()
         self._save()
+
+    def drain(self, timeout_s: float = 5.0) -> set[int]:
+        """After :meth:`finish`: wait up to ``timeout_s`` until every joined worker not lost has
+        been told it is done (so it exits by itself, 0). Returns the ones that were not."""
+        end = time.monotonic() + timeout_s
+        with self.cond:
+            while True:
+                left = {k for k in self.joined if k not in self.lost_ever and k not in self.acked}
+                if not left or time.monotonic() >= end:
+                    return left
+                self.cond.wait(min(0.1, max(0.0, end - time.monotonic())))
 
     def stop(self) -> None:
         """:meth:`finish`, then stop serving."""
@@ -206,6 +218,8 @@ class Coordinator:
                     if b.id > after:
                         return 200, b.to_json()
                 if self.done:
+                    self.acked.add(k)
+                    self.cond.notify_all()
                     return 200, {"done": True}
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -82,9 +83,16 @@ class LocalWorkers:
     def pid(self, k: int) -> int:
         return self.procs[k].pid
 
-    def stop(self, timeout_s: float = 10.0) -> dict[int, int | None]:
-        """Stop every worker still running (SIGTERM, then SIGKILL after ``timeout_s``); close the
-        logs. Returns each worker's exit code."""
+    def stop(self, timeout_s: float = 10.0, grace_s: float = 2.0) -> dict[int, int | None]:
+        """Stop every worker still running after ``grace_s`` (told it is done, a worker exits by
+        itself): SIGTERM, then SIGKILL after ``timeout_s``; close the logs. Returns each worker's
+        exit code."""
+        end = time.monotonic() + grace_s
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
         for p in self.procs.values():
             if p.poll() is None:
                 p.terminate()

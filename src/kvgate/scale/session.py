@@ -74,7 +74,10 @@ class ScaleOut:
         return self.coordinator.run_dir
 
     def close(self) -> None:
+        """Tell the workers there is no more work, give them a moment to hear it (they exit 0 by
+        themselves), then stop (local) or delete (an Indexed Job kvgate created) what is left."""
         self.coordinator.finish()
+        self.coordinator.drain(5.0)
         try:
             if self.workers is not None:
                 self.workers.stop()
