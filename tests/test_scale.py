@@ -29,8 +29,8 @@ from kvgate.scale.clock import ClockOffset, Exchange, best, measure, residual_s
 from kvgate.scale.coordinator import Coordinator
 from kvgate.scale.merge import load_run, merge_batch
 from kvgate.scale.ship import Part, PartError, dumps, loads, part_path, write_part
-from kvgate.scale.split import (WorkerId, WorkersError, check_options, closed_slice, open_slice, parse_worker,
-                                parse_workers, refused, replay_slice, split_concurrency, worker_from_env)
+from kvgate.scale.split import (WorkerId, WorkersError, check_options, closed_slice, listen_address, open_slice,
+                                parse_worker, parse_workers, refused, replay_slice, split_concurrency, worker_from_env)
 from kvgate.scale.worker import Worker, WorkerOptions
 from kvgate.stats import percentile
 from kvgate.verdict import Status
@@ -113,8 +113,10 @@ def test_shapes_the_merge_cannot_keep_exact_are_refused():
     assert "5 workers for slo.concurrency 4 of profile tiny-cpu" in refused(tiny, parse_workers("k8s:5"))
     replay = load_profile("tiny-cpu-replay")
     assert "replays workloads." in (refused(replay, parse_workers("local:2")) or "")
-    with pytest.raises(WorkersError, match="--workers-listen 'nope'"):
-        check_options(tiny, "local:2", listen="nope")
+    with pytest.raises(WorkersError, match="--workers-advertise 'nope'"):
+        check_options(tiny, "k8s:2", advertise="nope")
+    assert listen_address("k8s", "http://kvgate-coordinator.models.svc:9000") == ("0.0.0.0", 9000)
+    assert listen_address("k8s", None) == ("0.0.0.0", 8470) and listen_address("local", None) == ("127.0.0.1", 0)
     with pytest.raises(WorkersError, match="--workers-join-timeout '-1'"):
         check_options(tiny, "local:2", join_timeout="-1")
 

@@ -109,10 +109,9 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--workers", dest="kvgate_workers", default=None, metavar="local:N|k8s:N",
                     help="split the latency gate's load over N workers: processes here (local:N) or pods of an Indexed "
                          "Job / JobSet (k8s:N); their records are merged and judged as one process (docs/scale-out.md)")
-    group.addoption("--workers-listen", dest="kvgate_workers_listen", default=None, metavar="HOST:PORT",
-                    help="where the coordinator listens for workers (default: local 127.0.0.1:0, k8s 0.0.0.0:8470)")
     group.addoption("--workers-advertise", dest="kvgate_workers_advertise", default=None, metavar="URL",
-                    help="the URL workers reach the coordinator at (k8s: its Service, e.g. http://kvgate-coordinator:8470)")
+                    help="k8s: the URL workers reach the coordinator at (its Service or pod DNS name); it listens on "
+                         "all interfaces at that URL's port (default 8470). local: 127.0.0.1, any free port")
     group.addoption("--workers-job", dest="kvgate_workers_job", default=None, metavar="FILE",
                     help="k8s: create this worker Indexed Job (rendered with the run's N and URL) and delete it after; "
                          "without it kvgate waits for workers started otherwise (a JobSet)")

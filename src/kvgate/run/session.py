@@ -196,7 +196,7 @@ class Run:
             from kvgate.scale.split import WorkersError, check_options
 
             try:
-                check_options(profile, config.getoption("kvgate_workers"), config.getoption("kvgate_workers_listen"),
+                check_options(profile, config.getoption("kvgate_workers"), config.getoption("kvgate_workers_advertise"),
                               config.getoption("kvgate_workers_join_timeout"))
             except WorkersError as exc:
                 raise usage(str(exc)) from None

@@ -24,28 +24,26 @@ from kvgate.http.client import Endpoint
 from kvgate.load.schedule import LoadResult
 from kvgate.scale.coordinator import Coordinator
 from kvgate.scale.merge import ScaleRun
-from kvgate.scale.split import WorkersError, WorkersSpec, parse_listen
+from kvgate.scale.split import WorkersError, WorkersSpec, listen_address
 
-#: kind -> listen address, lead_s, join_timeout_s, heartbeat_s, heartbeat_timeout_s.
+#: kind -> lead_s, join_timeout_s, heartbeat_s, heartbeat_timeout_s (where it listens:
+#: :func:`kvgate.scale.split.listen_address`).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "local": {"listen": "127.0.0.1:0", "lead_s": 0.5, "join_timeout_s": 60.0, "heartbeat_s": 0.5,
-              "heartbeat_timeout_s": 10.0},
-    "k8s": {"listen": "0.0.0.0:8470", "lead_s": 2.0, "join_timeout_s": 600.0, "heartbeat_s": 1.0,
-            "heartbeat_timeout_s": 20.0},
+    "local": {"lead_s": 0.5, "join_timeout_s": 60.0, "heartbeat_s": 0.5, "heartbeat_timeout_s": 10.0},
+    "k8s": {"lead_s": 2.0, "join_timeout_s": 600.0, "heartbeat_s": 1.0, "heartbeat_timeout_s": 20.0},
 }
 
 
 @dataclass
 class ScaleOptions:
-    """``spec`` (``--workers``), ``run_dir`` (run.json and the parts), ``listen`` (``HOST:PORT``,
-    None: the kind's default), ``advertise`` (the URL workers reach the coordinator at; None:
-    ``http://`` + listen), ``job_file`` (k8s: the worker Job template to create), ``namespace``,
+    """``spec`` (``--workers``), ``run_dir`` (run.json and the parts), ``advertise`` (the URL
+    workers reach the coordinator at; k8s: it listens at that URL's port on every interface; None:
+    its own address), ``job_file`` (k8s: the worker Job template to create), ``namespace``,
     ``join_timeout_s`` (None: the kind's default), ``ship_dir`` (local: workers write their parts to
     the run directory themselves, the shared-volume path), ``heartbeat_s`` (local workers; None: the kind's default)."""
 
     spec: WorkersSpec
     run_dir: Path
-    listen: str | None = None
     advertise: str | None = None
     job_file: Path | None = None
     namespace: str = "default"
@@ -98,7 +96,7 @@ def start(opts: ScaleOptions, endpoint: Endpoint, profile: Any, *, batch_api: An
     timing (tests). Raises :class:`WorkersError` (bad listen address, unreadable Job file)."""
     kind, n = opts.spec.kind, opts.spec.n
     d = DEFAULTS[kind]
-    host, port = parse_listen(opts.listen or d["listen"])
+    host, port = listen_address(kind, opts.advertise)
     kw = {"lead_s": d["lead_s"], "join_timeout_s": opts.join_timeout_s or d["join_timeout_s"],
           "heartbeat_timeout_s": d["heartbeat_timeout_s"], **coordinator_kw}
     coord = Coordinator(n, opts.run_dir, endpoint, host=host, port=port, advertise=opts.advertise, kind=kind, **kw)

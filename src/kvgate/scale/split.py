@@ -38,6 +38,8 @@ ENV_COUNT = "JOB_COMPLETIONS"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 #: Where workers run: processes on this box, or pods of an Indexed Job / JobSet.
 KINDS = ("local", "k8s")
+#: The coordinator's port on Kubernetes when the advertised URL names none.
+DEFAULT_PORT = 8470
 
 
 class WorkersError(ValueError):
@@ -164,12 +166,25 @@ def refused(profile: Any, spec: WorkersSpec) -> str | None:
     return None
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` -> ``(host, port)``. Raises :class:`WorkersError`."""
-    host, _, port = (text or "").rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise WorkersError(f"--workers-listen {text!r}: expected HOST:PORT, e.g. 0.0.0.0:8470 (port 0: any free one)")
-    return host, int(port)
+def listen_address(kind: str, advertise: str | None) -> tuple[str, int]:
+    """Where the coordinator listens: ``local`` on 127.0.0.1, any free port; ``k8s`` on every
+    interface at the port of ``advertise`` (the URL workers reach it at; default port 8470).
+    Raises :class:`WorkersError` for an advertised URL that is not ``http://HOST[:PORT]``."""
+    if kind == "local":
+        return "127.0.0.1", 0
+    if advertise is None:
+        return "0.0.0.0", DEFAULT_PORT
+    from urllib.parse import urlsplit
+
+    u = urlsplit(advertise)
+    try:
+        port = u.port
+    except ValueError:
+        port = -1
+    if u.scheme != "http" or not u.hostname or port == -1 or u.path not in ("", "/"):
+        raise WorkersError(f"--workers-advertise {advertise!r}: expected http://HOST[:PORT], the address workers reach "
+                           "the coordinator at (e.g. http://kvgate-coordinator.models.svc.cluster.local:8470)")
+    return "0.0.0.0", port or DEFAULT_PORT
 
 
 def parse_seconds(option: str, text: str) -> float:
@@ -183,12 +198,12 @@ def parse_seconds(option: str, text: str) -> float:
     return value
 
 
-def check_options(profile: Any, workers: str, listen: str | None = None, join_timeout: str | None = None) -> WorkersSpec:
+def check_options(profile: Any, workers: str, advertise: str | None = None,
+                  join_timeout: str | None = None) -> WorkersSpec:
     """The ``--workers*`` options of a gate run, checked before anything starts: the spec, the
-    listen address, the join timeout and the shape (:func:`refused`). Raises :class:`WorkersError`."""
+    advertised URL, the join timeout and the shape (:func:`refused`). Raises :class:`WorkersError`."""
     spec = parse_workers(workers)
-    if listen is not None:
-        parse_listen(listen)
+    listen_address(spec.kind, advertise)
     if join_timeout is not None:
         parse_seconds("--workers-join-timeout", join_timeout)
     if (why := refused(profile, spec)) is not None:
