@@ -138,7 +138,7 @@ def _check(run: ScaleRun, w: WorkerId, profile: Any, name: str, bound: float) ->
             after = p.clock_after.text() if p.clock_after is not None else "not measured"
             problems["clock"] = Verdict(
                 name, INVALID, f"{label}'s clock against the coordinator: {p.clock_before.text()} before batch {b.id}, "
-                f"{after} after: {_ms(resid)} its start and records cannot be placed within (drift plus the "
+                f"{after} after: its start and records can be placed only within {_ms(resid)} (drift plus the "
                 f"exchange's uncertainty) > timing budget {_ms(bound)} (limits.schedule_lag_max_s) -> INVALID",
                 measured=round(resid * 1e3, 3), limit=round(bound * 1e3, 3), unit="ms")
         late = p.start_offset_s
