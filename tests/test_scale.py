@@ -474,3 +474,19 @@ def test_workers_option_is_refused_before_anything_starts(pytester, tmp_path):
                                               str(REPO / "suites"))
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         assert words in result.stderr.str()
+
+
+def test_kvgate_worker_needs_a_coordinator_and_an_index(monkeypatch, capsys):
+    from kvgate.cli.main import main
+
+    for var in ("KVGATE_COORDINATOR", "JOB_COMPLETION_INDEX", "JOB_COMPLETIONS"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["worker"]) == 2
+    assert "needs --coordinator URL (or $KVGATE_COORDINATOR) and --worker K/N" in capsys.readouterr().err
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "1")
+    assert main(["worker", "--coordinator", "http://127.0.0.1:9"]) == 2
+    assert "JOB_COMPLETION_INDEX=1 is set but JOB_COMPLETIONS is not" in capsys.readouterr().err
+    assert main(["worker", "--coordinator", "http://127.0.0.1:9", "--worker", "0/2", "--api-key-env", "KVGATE_NO_SUCH"]) == 2
+    assert "API key variable KVGATE_NO_SUCH is not set" in capsys.readouterr().err
+    assert main(["merge", "/nonexistent-dir", "--profile", "tiny-cpu"]) == 4
+    assert "not a kvgate scale-out run" in capsys.readouterr().err
