@@ -467,7 +467,8 @@ def test_local_workers_judge_exactly_what_one_process_judges(pytester, tmp_path)
 
 def test_workers_option_is_refused_before_anything_starts(pytester, tmp_path):
     profile = _scale_profile(tmp_path)
-    for value, words in (("local:5", "5 workers for slo.concurrency 4"), ("ssh:2", "expected local:N")):
+    for value, words in (("local:5", "5 workers for slo.concurrency 4"), ("ssh:2", "expected local:N"),
+                         ("", "--workers '': expected local:N")):
         result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p",
                                               "no:cacheprovider", f"--profile={profile}", "-m", "fit",
                                               f"--kvgate-reports={tmp_path / 'r'}", f"--workers={value}",

@@ -192,7 +192,8 @@ class Run:
                 soak_spec(profile, config.getoption("kvgate_soak_duration"))
             except SoakError as exc:
                 raise usage(str(exc)) from None
-        if config.getoption("kvgate_workers", default=None):  # a split the merge cannot keep exact: refused now
+        if config.getoption("kvgate_workers", default=None) is not None:  # refused now: a bad value, an empty
+            # one (an unset variable would run one process), a split the merge cannot keep exact
             from kvgate.scale.split import WorkersError, check_options
 
             try:
