@@ -191,11 +191,15 @@ def test_the_coordinator_creates_watches_and_deletes_its_worker_job():
                             name="kvgate-workers-r1", namespace="models")
     batch, core = FakeBatch(), FakeCore([_pod(0, "kvgate-workers-r1-0-a"),
                                          _pod(1, "kvgate-workers-r1-1-b", phase="Failed", terminated=("OOMKilled", 137))])
-    w = K8sWorkers(job, "models", batch_api=batch, core_api=core).start()
+    now = {"t": 0.0}
+    w = K8sWorkers(job, "models", batch_api=batch, core_api=core, clock=lambda: now["t"]).start()
     assert batch.created == [("models", job)]
     assert w.liveness(0) is None
     assert w.liveness(1) == "its pod kvgate-workers-r1-1-b (node gpu-node-7) OOMKilled (exit 137)"
-    assert core.selectors[-1] == "job-name=kvgate-workers-r1"
+    assert core.selectors == ["job-name=kvgate-workers-r1"]  # one list for both: at most every 2 s
+    now["t"] = 2.5
+    w.liveness(0)
+    assert len(core.selectors) == 2
     w.stop()
     assert batch.deleted == [("kvgate-workers-r1", "models", "Background")]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -151,14 +152,18 @@ def _terminated(pod: Any) -> str | None:
 class K8sWorkers:
     """The worker pods of one run: ``job`` (the rendered Job; created by :meth:`start` when
     ``create``, else only watched), ``namespace``; ``batch_api`` / ``core_api``: the kubernetes
-    client's ``BatchV1Api`` / ``CoreV1Api`` (default: in-cluster config, else ``~/.kube/config``)."""
+    client's ``BatchV1Api`` / ``CoreV1Api`` (default: in-cluster config, else ``~/.kube/config``);
+    ``refresh_s``: the pods are listed at most this often (``clock``: seconds)."""
 
     def __init__(self, job: dict[str, Any], namespace: str, *, create: bool = True, batch_api: Any = None,
-                 core_api: Any = None, log: Callable[[str], None] = lambda line: None) -> None:
+                 core_api: Any = None, log: Callable[[str], None] = lambda line: None, refresh_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.job, self.namespace, self.create = job, namespace, create
         self.batch_api, self.core_api, self.log = batch_api, core_api, log
         self.name = job["metadata"]["name"]
+        self.refresh_s, self.clock = refresh_s, clock
         self._pods_readable = True
+        self._pods: tuple[float, list[Any]] | None = None
 
     def _apis(self) -> None:
         if self.batch_api is not None and self.core_api is not None:
@@ -180,16 +185,20 @@ class K8sWorkers:
         return self
 
     def liveness(self, k: int) -> str | None:
-        """None while worker ``k``'s pod runs (or cannot be read); else its pod's end."""
+        """None while worker ``k``'s pod runs (or cannot be read); else its pod's end. The pods are
+        listed at most every ``refresh_s`` seconds."""
         if not self._pods_readable:
             return None
-        try:
-            self._apis()
-            pods = self.core_api.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.name}").items
-        except Exception:  # noqa: BLE001 - no RBAC for pods: heartbeats decide
-            self._pods_readable = False
-            return None
-        for pod in pods:
+        now = self.clock()
+        if self._pods is None or now - self._pods[0] >= self.refresh_s:  # the coordinator asks often: list every refresh_s
+            try:
+                self._apis()
+                items = self.core_api.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.name}").items
+            except Exception:  # noqa: BLE001 - no RBAC for pods: heartbeats decide
+                self._pods_readable = False
+                return None
+            self._pods = (now, list(items))
+        for pod in self._pods[1]:
             ann = getattr(pod.metadata, "annotations", None) or {}
             if str(ann.get(INDEX_ANNOTATION)) == str(k):
                 why = _terminated(pod)
