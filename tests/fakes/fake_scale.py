@@ -12,7 +12,6 @@ see tests/test_scale.py. ``vanish`` is the in-process stand-in for a pod that st
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -113,8 +112,7 @@ def faulty_worker(opts: WorkerOptions, fault: str, *, late_s: float = 1.8, drift
             return got
         worker.clock = clock  # type: ignore[method-assign]
     elif fault == "vanish":
-        def gone(batch: Any) -> Any:
-            threading.Event().wait(0)  # nothing more is sent or heard from it
+        def gone(batch: Any) -> Any:  # it has the batch; nothing more is sent or heard from it
             raise _Vanish()
         worker.run_share = gone  # type: ignore[method-assign]
         inner_run = worker.run
