@@ -5,6 +5,7 @@ with ``traffic:`` is replayed from its sample (checked to fit before anything is
 import pytest
 
 from kvgate.gates.load import concurrent_long_verdict, interference_verdict, latency_verdict, workloads_missing
+from kvgate.gates.scale import scaled_verdict, worker_rows
 from kvgate.report.plots import interference_png
 from kvgate.report.record import latency_png, records_csv
 from kvgate.load.scenarios import run_concurrent_long, run_interference, run_latency
@@ -42,13 +43,20 @@ def test_concurrent_long_sequences(case, kvgate_client, kvgate_endpoint, kvgate_
 
 @pytest.mark.load
 @pytest.mark.gate("latency", cases=["slo"], not_applicable=no_workload)
-def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate, kvgate_seen):
+def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate, kvgate_seen, kvgate_workers):
     if (missing := no_workload(None, kvgate_profile, case)) is not None:  # nothing to load it with
         assert kvgate_gate(missing).passed
         return
-    obs = run_latency(kvgate_client, kvgate_endpoint, kvgate_profile)
+    split = kvgate_workers  # --workers: each look sent by N workers, their records merged; None: this process
+    obs = run_latency(kvgate_client, kvgate_endpoint, kvgate_profile, loop=split.closed_loop if split else None)
     kvgate_seen.add_records("latency", obs.result.records)
-    assert kvgate_gate(latency_verdict(obs, kvgate_profile), attachments=evidence(obs)).passed
+    verdict = latency_verdict(obs, kvgate_profile)
+    if split is None:
+        assert kvgate_gate(verdict, attachments=evidence(obs)).passed
+        return
+    run = split.report()  # every worker's part held to one process's rules, per-worker counts
+    assert kvgate_gate(scaled_verdict(verdict, run, kvgate_profile),
+                       attachments={**evidence(obs), "workers.csv": records_csv(worker_rows(run))}).passed
 
 
 @pytest.mark.load

@@ -106,6 +106,17 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--baseline-reports", dest="kvgate_baseline_reports", default=None, metavar="DIR",
                     help="the compare gate's baseline: the reports directory of an earlier run recorded with "
                          "--gate-mode record (its golden.json); give it with '=': --baseline-reports=DIR")
+    group.addoption("--workers", dest="kvgate_workers", default=None, metavar="local:N|k8s:N",
+                    help="split the latency gate's load over N workers: processes here (local:N) or pods of an Indexed "
+                         "Job / JobSet (k8s:N); their records are merged and judged as one process (docs/scale-out.md)")
+    group.addoption("--workers-advertise", dest="kvgate_workers_advertise", default=None, metavar="URL",
+                    help="k8s: the URL workers reach the coordinator at (its Service or pod DNS name); it listens on "
+                         "all interfaces at that URL's port (default 8470). local: 127.0.0.1, any free port")
+    group.addoption("--workers-job", dest="kvgate_workers_job", default=None, metavar="FILE",
+                    help="k8s: create this worker Indexed Job (rendered with the run's N and URL) and delete it after; "
+                         "without it kvgate waits for workers started otherwise (a JobSet)")
+    group.addoption("--workers-join-timeout", dest="kvgate_workers_join_timeout", default=None, metavar="S",
+                    help="seconds every worker may take to join (default: local 60, k8s 600)")
     group.addoption("--gate-mode", dest="kvgate_gate_mode", default=DEFAULT_MODE, metavar="MODE",
                     help="enforce (default: a FAIL fails the run), record (calibration: every gate runs, none "
                          "fails; measured values written as a profile overlay in the reports dir) or certify "

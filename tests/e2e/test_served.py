@@ -14,6 +14,8 @@ turn by everything that needs only a healthy tiny-cpu server -- one vLLM start i
    limiting cause;
    3c. the compare gate with it as the baseline: an embedded vLLM of the same model PASSes; a
    second ``kvgate serve`` of a changed model FAILs against it and against its recording;
+   3d. the latency gate from ``--workers local:4`` against it: the same verdict, looks and request
+   count as from one process, and ``kvgate merge`` of the shipped records agrees (~25 s);
 4. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
    server).
 
@@ -24,6 +26,7 @@ server starts for the first of them that runs). Marked e2e.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import signal
 import subprocess
@@ -309,6 +312,42 @@ def test_compare_a_changed_model_fails_against_a_live_and_a_recorded_baseline(ru
                              out["message"]), out["message"]
     finally:
         stop(changed)
+
+
+# ------------------------------------------------------------------ 3d. the latency gate from 4 local workers
+def test_latency_gate_from_four_local_workers_judges_what_one_process_judges(running_server, tmp_path):
+    """tiny-cpu's latency gate on the served tiny-cpu, from this process and from 4 ``kvgate worker``
+    processes (``--workers local:4``'s coordinator and workers, one stream each of slo.concurrency
+    4; in this process, not a pytest run each: the pytest path is proven against the fake,
+    tests/test_scale.py): both PASS after the same looks and request count (each worker about a
+    quarter), every worker started within the 50 ms budget, and ``kvgate merge`` of the shipped
+    records judges them to the same verdict and percentiles. ~25 s on 2 cores."""
+    from kvgate.cli.main import main
+    from kvgate.gates.load import latency_verdict
+    from kvgate.gates.scale import scaled_verdict
+    from kvgate.http.client import Endpoint, KvClient
+    from kvgate.load.scenarios import run_latency
+    from kvgate.scale.session import ScaleOptions, start
+    from kvgate.scale.split import parse_workers
+
+    profile = load_profile("tiny-cpu")
+    ep = Endpoint(base_url=running_server.url.removesuffix("/v1"))
+    with KvClient(ep) as client:
+        a = latency_verdict(run_latency(client, ep, profile), profile)
+        with start(ScaleOptions(parse_workers("local:4"), tmp_path / "scale"), ep, profile) as split:
+            obs = run_latency(client, ep, profile, loop=split.closed_loop)
+            b = scaled_verdict(latency_verdict(obs, profile), split.report(), profile)
+    assert a.status.value == b.status.value == "PASS", (a.message, b.message)
+    looks = [[h["n"] for h in v.evidence["sampling"]["history"]] for v in (a, b)]
+    assert looks[0] == looks[1] and a.evidence["summary"]["requests"] == b.evidence["summary"]["requests"]
+    rows = b.evidence["workers"]
+    sent = [r["sent"] for r in rows]  # request i of a look went to worker i mod 4
+    assert sum(sent) == b.evidence["summary"]["requests"] and max(sent) - min(sent) <= len(looks[1]), rows
+    assert all(abs(r["start_offset_ms"]) < 50 and r["clock_residual_ms"] < 50 for r in rows), rows
+    assert "(4 local workers: " in b.message
+    assert main(["merge", str(tmp_path / "scale"), "--profile", "tiny-cpu"]) == 0
+    merged = json.loads((tmp_path / "scale" / "merged.json").read_text())["verdict"]
+    assert merged["status"] == "PASS" and merged["evidence"]["summary"]["ttft_ms"] == b.evidence["summary"]["ttft_ms"]
 
 
 # ------------------------------------------------------------------ 4. Ctrl-C (last: ends the server)

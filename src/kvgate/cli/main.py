@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvgate.cli.traffic import add_command as add_traffic  # traffic show / synth
 
     add_traffic(sub)
+    from kvgate.cli.scale import add_command as add_scale  # worker, merge, render-job (scale-out)
+
+    add_scale(sub)
     return parser
 
 

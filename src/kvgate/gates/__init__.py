@@ -32,6 +32,8 @@ requests       suites/test_requests.py     gates/requests.py     http/probes.sen
                                                                                                         test_requests_vs_fake.py
 concurrency,   suites/test_load.py         gates/load.py         load/scenarios.run_* over kvgate.load  tests/test_gates_load.py,
 latency                                                                                                 tests/test_gates_vs_fake.py
+latency,       suites/test_load.py         gates/scale.py        scale/coordinator, scale/worker over   tests/test_scale.py, test_scale_k8s.py,
+split                                                            kvgate.load (--workers)                e2e/test_served.py
 priority       suites/test_priority.py     gates/priority.py     load/scenarios.run_priority            tests/test_gates_priority.py
 autoscale-     suites/test_autoscale.py    gates/autoscale.py    load/scenarios.run_autoscale_burst     tests/test_gates_autoscale.py
 signal

@@ -229,7 +229,8 @@ def latency_plan(profile: Profile) -> LookPlan:
 
 
 def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
-                clock: Callable[[], float] = time.monotonic) -> LoadObservation:
+                clock: Callable[[], float] = time.monotonic,
+                loop: Callable[..., LoadResult] | None = None) -> LoadObservation:
     """The SLO workload at ``slo.concurrency`` (closed loop), sampled until every SLO'd p95 is
     decided (:func:`~kvgate.load.sampling.sample_latency`, :func:`latency_plan`): the first look
     sends ``slo.requests`` requests (bounded by ``deadline_s``); while a metric is undecided, more
@@ -242,7 +243,11 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
     of the plan (planned up to ``slo.request_cap``) first, each later look the plan's next
     requests (whole sessions; an open-loop slice starts at once, its arrivals kept relative to its
     first); when the sample runs out the sampling stops (``why_stopped`` ``source``). A sample
-    that does not fit is not sent (the observation's ``traffic.overlong``)."""
+    that does not fit is not sent (the observation's ``traffic.overlong``).
+
+    ``loop``: what runs each closed-loop batch (default :func:`kvgate.load.closed_loop`; a split
+    run passes :meth:`kvgate.scale.session.ScaleOut.closed_loop`, which sends it from N workers and
+    returns their merged records -- the same looks, the same judging)."""
     name, wl = short_workload(profile)
     model = profile.model.served_name
     n, c = profile.slo.requests, profile.slo.concurrency
@@ -262,7 +267,8 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
         with sampler:
             got = sample_latency(endpoint, specs, c, plan, decide, deadline_s=deadline_s,
                                  request_timeout_s=profile.limits.request_timeout_s,
-                                 idle_timeout_s=profile.limits.stream_idle_timeout_s, clock=clock)
+                                 idle_timeout_s=profile.limits.stream_idle_timeout_s, clock=clock,
+                                 loop=loop or closed_loop)
     finally:
         own.close()
     return LoadObservation(f"latency ({name})", got.result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c,

@@ -197,6 +197,15 @@ class Run:
                 soak_spec(profile, config.getoption("kvgate_soak_duration"))
             except SoakError as exc:
                 raise usage(str(exc)) from None
+        if config.getoption("kvgate_workers", default=None) is not None:  # refused now: a bad value, an empty
+            # one (an unset variable would run one process), a split the merge cannot keep exact
+            from kvgate.scale.split import WorkersError, check_options
+
+            try:
+                check_options(profile, config.getoption("kvgate_workers"), config.getoption("kvgate_workers_advertise"),
+                              config.getoption("kvgate_workers_join_timeout"))
+            except WorkersError as exc:
+                raise usage(str(exc)) from None
         record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
                            run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
