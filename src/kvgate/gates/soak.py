@@ -168,7 +168,7 @@ def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Gr
 
 
 def _ci(t: Trend, unit: str) -> str:
-    pct = f"{t.ols.confidence * 100:g}%"
+    pct = f"{t.ols.confidence * 100:.4g}%"
     return (f"{t.slope:+,.1f} {unit} ({pct} CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}; Theil-Sen "
             f"{t.theil_sen:+,.1f})")
 
@@ -346,7 +346,7 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
     xs, ys = _series(a.result.measured, key, p.round_s, keep=keep)
     sd = residual_sd(xs, ys, t.ols)
     width = t.ci_high - t.ci_low
-    pct = f"{t.ols.confidence * 100:g}%"
+    pct = f"{t.ols.confidence * 100:.4g}%"
     if t.ci_low > ceiling:  # least squares shows it, the robust slope does not (above() needs both)
         head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} lies above the ceiling but Theil-Sen "
                 f"{t.theil_sen:+,.1f} {unit} does not: inconclusive")
