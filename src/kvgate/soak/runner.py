@@ -25,9 +25,13 @@ round rows stay in memory (a few hundred bytes per round), so kvgate's footprint
 a day-long soak.
 
 Interruption: :meth:`SoakRunner.request_stop` (the suite wires SIGINT/SIGTERM to it) or the hard
-deadline (``duration + request timeout + 30 s``) end the soak early; every completed round is
+deadline (the longest the soak may run + request timeout + 30 s) end the soak early; every completed round is
 already on disk and :attr:`SoakResult.complete` is False with the reason — the verdict is then
 INCOMPLETE, never PASS.
+
+Sample until decided: with a judge and ``max_rounds`` above ``rounds`` (``soak.max_duration``),
+the soak runs on a round at a time after the planned rounds while the judge calls a slope
+undecided, up to ``max_rounds`` (:class:`SoakRunner`, :class:`Extension`).
 
 Clock and sleep are injectable; the load sender is a callable (:data:`SendRound`), so the runner
 is unit-tested on virtual time with synthetic rounds.
