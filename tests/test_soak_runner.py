@@ -4,6 +4,8 @@ interruption and the hard deadline -- no real sleeping, synthetic load and sampl
 from __future__ import annotations
 
 import csv
+import dataclasses
+import re
 import gc
 import os
 import signal
@@ -436,3 +438,123 @@ def test_a_sample_with_sessions_draws_whole_units_at_their_recorded_gaps(write_p
     assert len({s.session for s in specs}) == sum(1 for s in specs if s.turn == 0)  # one key per drawn unit
     again = p.requests(3, Endpoint("http://127.0.0.1:1"), "m")
     assert again[0] == offsets and again[1] == specs  # seeded per round
+
+
+# ----------------------------------------------------------------------------- sample until decided
+
+
+def extending(max_rounds: int = 30) -> tuple[SoakPlan, SoakSpec]:
+    """12 planned rounds of 60 s (2 warm-up), at most ``max_rounds``: the plan and its spec (ceilings
+    20 MB/h, 300 ms/h; ``looks = max_rounds - 12 + 1``)."""
+    p = plan()
+    return (SoakPlan(**{**p.__dict__, "max_rounds": max_rounds}),
+            spec(max_duration=f"{max_rounds}m"))
+
+
+def flat_memory(clock):
+    """Flat retained memory (each round's floor 500 MB) with a within-round sawtooth (not frozen)."""
+    return Mem(clock, lambda t: 500 * MB + (t % 60) * 0.01 * MB)
+
+
+def ttft_of(base_s: float, drift_ms_per_h: float, scatter_s: float):
+    """TTFT at virtual time t: ``base_s`` + the drift + ``scatter_s`` alternating in sign round by round."""
+    return lambda t: base_s + drift_ms_per_h / 1e3 * t / 3600 + (scatter_s if int(t // 60) % 2 else -scatter_s)
+
+
+def soak_until_decided(tmp_path, ttft, max_rounds=30, hold_s=1.0, lines=None):
+    from kvgate.gates.soak import undecided
+
+    p, sp = extending(max_rounds)
+    looks: list[int] = []
+
+    def judge(partial):
+        looks.append(len(partial.rows))
+        return undecided(partial, sp, load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml")))
+
+    async def go(clock):
+        s = Samplers(flat_memory(clock), Metrics(clock, lambda t: 0.0), None, None)
+        runner = SoakRunner(p, sender(clock, ttft, hold_s=hold_s), s, requests=no_requests, out_dir=tmp_path,
+                            clock=clock, judge=judge, progress=(lines.append if lines is not None else None))
+        return await runner.run(), clock()
+
+    result, t_end = run_virtual(go)
+    return result, t_end, sp, looks
+
+
+@pytest.mark.parametrize("hold_s", [1.0, 90.0])  # rows land before the next round starts / 30 s into it
+def test_a_straddling_soak_extends_until_its_interval_clears_the_ceiling_then_passes(tmp_path, hold_s):
+    lines: list[str] = []
+    result, t_end, sp, looks = soak_until_decided(tmp_path, ttft_of(0.05, 0.0, 0.02), hold_s=hold_s, lines=lines)
+    assert sp.looks == 19 and sp.look_confidence == pytest.approx(1 - 0.05 / 19)
+    ext = result.extension
+    # at the planned 12 rounds the interval straddled the 300 ms/h ceiling: INCONCLUSIVE there
+    planned = dataclasses.replace(result, rows=result.rows[:12], extension=None)
+    assert latency_verdict(analyze(planned, sp), load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml"))).status \
+        is Status.INCONCLUSIVE
+    n = len(result.rows)
+    assert result.complete and 12 < n < 30 and ext.decided and ext.rounds == n, ext
+    assert ext.looks[0] == (12, ("latency",)) and ext.looks[-1] == (n, ()) and ext.extended_for == ("latency",)
+    assert looks == list(range(12, n + 1))  # a look after every round once the planned rounds were in
+    assert [r["round"] for r in result.rows] == list(range(n))  # the deciding look's rounds, no more
+    assert len(list(csv.DictReader((tmp_path / "soak-rounds.csv").open()))) == n
+    assert t_end < n * 60 + 91  # it stopped there: no round past the deciding look ran to its end
+    v = latency_verdict(analyze(result, sp), load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml")))
+    assert v.status is Status.PASS and v.cause is None, v.message
+    assert (f"decided after {n - 2} measured rounds ({n * 60:,} s of at most 1,800 s; 10 planned, extended {n - 12} "
+            f"rounds while soak/latency's interval straddled its ceiling; each look judged at 99.74%: 95% split over "
+            f"19 looks)") in v.message, v.message
+    assert "99.74% CI" in v.message  # the interval shown is the per-look one
+    m = memory_verdict(analyze(result, sp))
+    assert m.status is Status.PASS and "decided after" in m.message
+    assert f"soak round {n}/12 (extension: at most 30 rounds, until decided)" in lines[-1]
+
+
+def test_a_soak_still_straddling_at_max_duration_stays_inconclusive_naming_the_rounds_that_would_decide(tmp_path):
+    result, _, sp, looks = soak_until_decided(tmp_path, ttft_of(0.3, 0.0, 0.2), max_rounds=20)
+    ext = result.extension
+    assert result.complete and len(result.rows) == 20 and not ext.decided and ext.rounds == 20
+    assert looks == list(range(12, 21)) and ext.looks[-1] == (20, ("latency",))
+    v = latency_verdict(analyze(result, sp), load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml")))
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert ("undecided at soak.max_duration after 18 measured rounds (1,200 s of at most 1,200 s; 10 planned, "
+            "extended 8 rounds while soak/latency's interval straddled its ceiling; each look judged at 99.44%: 95% "
+            "split over 9 looks)") in v.message, v.message
+    assert v.cause.startswith("the soak is too short to decide even extended to soak.max_duration (1,200 s, 18 measured "
+                              "rounds): the 99.44% interval is "), v.cause
+    need = re.search(r"~(\d+) measured rounds \(([\d,]+) s; soak.max_duration=(\d+)s with the 2 warm-up rounds\)", v.cause)
+    assert need and int(need[1]) > 18 and int(need[3]) == (int(need[1]) + 2) * 60, v.cause
+
+
+def test_a_drift_fails_within_the_extension(tmp_path):
+    # 800 ms/h of drift in +-20 ms of scatter: at 10 measured rounds the interval straddles 300 ms/h
+    result, _, sp, _ = soak_until_decided(tmp_path, ttft_of(0.05, 800.0, 0.02))
+    ext = result.extension
+    assert ext.looks[0] == (12, ("latency",)) and ext.decided and 12 < len(result.rows) < 30, ext
+    v = latency_verdict(analyze(result, sp), load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml")))
+    assert v.status is Status.FAIL and v.limit == 300 and v.measured == pytest.approx(800 * 1.08, rel=0.1), v.message
+    assert "preemption/placement: TTFT p95 rising while retained memory flat" in v.message
+    assert f"decided after {len(result.rows) - 2} measured rounds" in v.message
+
+
+def test_without_a_judge_or_max_duration_only_the_planned_rounds_run(tmp_path):
+    p, _ = extending(30)
+
+    async def go(clock):
+        s = Samplers(flat_memory(clock), Metrics(clock, lambda t: 0.0), None, None)
+        return await SoakRunner(p, sender(clock, ttft_of(0.3, 0.0, 0.2)), s, requests=no_requests,
+                                clock=clock).run()
+
+    result = run_virtual(go)
+    assert result.complete and len(result.rows) == 12 and result.extension is None
+    assert spec().looks == 1 and spec().look_confidence == 0.95
+
+
+def test_max_duration_below_duration_is_refused_and_soak_duration_lifts_it():
+    with pytest.raises(ValueError, match=r"max_duration 600 s is shorter than duration 720 s: .* must be >= duration"):
+        spec(max_duration="10m")
+    s = spec(max_duration="30m")
+    assert (s.rounds, s.max_rounds, s.looks) == (12, 30, 19)
+    assert s.with_duration("20m").max_duration_s == 1800  # still above the new duration: kept
+    lifted = s.with_duration("40m")
+    assert lifted.max_duration_s == 2400 and lifted.looks == 1  # lifted to the new duration: no extension
+    assert spec().with_duration("20m").max_duration is None  # not set: follows duration

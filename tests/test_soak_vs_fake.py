@@ -324,3 +324,20 @@ def test_a_traffic_workload_with_sessions_soaks_whole_sessions_with_growing_hist
     assert turn1["sent"] > 0 and turn1["cached_tokens_mean"] > 0
     assert f"{w['sessions']:,} sessions ({w['turns']:,} turns)" in mem["message"]
     assert "later turns cached" in mem["message"] and "multi-turn sessions among" in mem["message"]
+
+
+def test_a_profile_with_max_duration_judges_each_look_at_the_split_confidence_and_says_how_long_it_ran(
+        pytester, fake_with, tmp_path):
+    # the fixture wires the judge: a healthy fake, 10 planned rounds of 0.25 s, at most 14 (5 looks)
+    prof = tmp_path / "fake-soak-extend.yaml"
+    prof.write_text(f"extends: {PROFILE}\nsoak:\n  max_duration: 3.5s\n")
+    fake = fake_with(memory=sawtooth(3, 40.0))
+    _, summary, gates, reports = run_soak(pytester, fake.url, profile=prof)
+    mem, lat = gates["soak/memory"], gates["soak/latency"]
+    assert mem["status"] == "PASS" and lat["status"] == "PASS", (mem["message"], lat["message"])
+    ext = analysis(lat)["extension"]
+    assert ext["planned_rounds"] == 10 and ext["max_rounds"] == 14 and ext["decided"] and ext["looks"][0]["rounds"] == 10
+    assert analysis(lat)["look_confidence"] == pytest.approx(0.99) and "99% CI" in lat["message"]
+    assert analysis(lat)["rounds"]["completed"] == ext["rounds"] == len(list(csv.DictReader((reports / "soak-rounds.csv").open())))
+    assert re.search(r"decided (at the planned 9|after \d+) measured rounds \([\d.]+ s of at most 3.5 s; .*each look "
+                     r"judged at 99%: 95% split over 5 looks\)", lat["message"]), lat["message"]

@@ -20,7 +20,8 @@ def embedded_run(request, tmp_path_factory):
     # 30-minute budget, after the real model's e2e joined it. 4 rounds rarely decide a slope: a healthy
     # 48 s soak read +25 MB/h, 95% CI -24..+74 (2026-12-03: PASS), then +956 MB/h, CI -1,871..+3,783
     # and TTFT -4,884 ms/h, CI -24,729..+14,962 (2026-12-04: both INCONCLUSIVE, "too short to decide");
-    # test_embedded.py accepts that, naming its cause; leaks are proven against fakes. A VLLM_API_KEY exported
+    # so it samples until decided, up to tiny-cpu's soak.max_duration (160 s) -- test_embedded.py
+    # requires PASS; leaks are proven against fakes. A VLLM_API_KEY exported
     # for other vLLMs (as operators do) must not lock kvgate's own server: the run carries one.
     run = main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu", "--soak-duration=48s",
                    env={"VLLM_API_KEY": "sk-exported-for-another-vllm"})

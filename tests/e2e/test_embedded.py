@@ -52,17 +52,17 @@ def vllm_processes(port: str) -> list[psutil.Process]:
 def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
     proc, summary = embedded_run
     statuses = {g["id"]: g["status"] for g in summary["gates"]}
-    # the 48 s soak (4 measured rounds) may not decide a slope: then it is INCONCLUSIVE, its cause the
-    # soak's length with the rounds that would decide -- never a PASS on an interval that straddles the
-    # ceiling (measured 2026-12-04: memory +956 MB/h, 95% CI -1,871..+3,783 vs 40, ~7 rounds would
-    # decide; TTFT -4,884 ms/h, 95% CI -24,729..+14,962 vs 12,000, ~5 rounds). Every other gate PASSes.
-    undecided = {g["id"]: g for g in summary["gates"] if g["status"] == "INCONCLUSIVE"}
-    assert set(undecided) <= {"tiny-cpu/soak/memory", "tiny-cpu/soak/latency"}, list(undecided)
-    assert all(g["cause"].startswith("the soak is too short to decide: the 95% interval is ") and " rounds (" in g["cause"]
-               for g in undecided.values()), [g["cause"] for g in undecided.values()]
-    assert proc.returncode == (9 if undecided else 0), proc.stdout[-4000:]
-    assert summary["overall"] == ("INCONCLUSIVE" if undecided else "PASS") and summary["complete"]
-    assert not [i for i, st in statuses.items() if st not in ("PASS", "SKIP") and i not in undecided]
+    # the 48 s soak (4 measured rounds) often cannot decide a slope (measured 2026-12-04: memory
+    # +956 MB/h, 95% CI -1,871..+3,783 vs 40, ~7 rounds would decide; TTFT -4,884 ms/h, 95% CI
+    # -24,729..+14,962 vs 12,000, ~5 rounds): it extends, a round at a time, up to tiny-cpu's
+    # soak.max_duration (160 s), each look at 99.67% (95% over 15 looks), and must PASS -- decided
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert summary["overall"] == "PASS" and summary["complete"]
+    assert not [i for i, st in statuses.items() if st not in ("PASS", "SKIP")], statuses
+    soak = {g["id"]: g for g in summary["gates"] if g["id"] in ("tiny-cpu/soak/memory", "tiny-cpu/soak/latency")}
+    assert len(soak) == 2 and all(re.search(r"; decided (at the planned 4|after \d+) measured rounds \(", g["message"])
+                                  and "each look judged at 99.67%: 95% split over 15 looks" in g["message"]
+                                  for g in soak.values()), [g["message"] for g in soak.values()]
     assert summary["server_version"] and summary["launch"]["mode"] == "embedded"
     for gate in ("fit/kv-pool", "fit/live-pool", "deployment/served-model", "deployment/max-model-len",
                  "deployment/cache-config", "deployment/served-config", "max-context/completions", "max-context/chat",
@@ -70,7 +70,6 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
                  "max-tokens/over-cap/completions"):
         assert statuses[f"tiny-cpu/{gate}"] == "PASS", (gate, statuses)
     assert f"OVERALL: {summary['overall']}" in proc.stdout
-    assert all(f"cause: {g['cause']}" in proc.stdout for g in undecided.values())  # under its console line
     # the sign-off's host-contention row: the worst latency window's own figures (kvgate launched the server)
     row = next(ln for ln in signoff_markdown(summary).splitlines() if ln.startswith("| host contention |"))
     assert re.match(r"\| host contention \| \d+% of the server's CPUs \(CPU [\d, ]+\) went to other processes over "

@@ -31,6 +31,19 @@ interval straddles it, naming as its cause the soak's length (its interval's wid
 fitted, the rounds' scatter, and the rounds that would decide at that scatter); memory whose point
 estimate is above its ceiling without the growth being shown is INCONCLUSIVE the same way.
 
+**Sample until decided** (``soak.max_duration`` above ``duration``): after the planned rounds the
+runner takes a look after every round (:func:`undecided`: would either slope verdict be
+INCONCLUSIVE?) and runs another round of the same load while one would, up to ``max_duration``;
+the look that decides ends the soak, and the verdicts are judged on exactly its rounds. Looking
+after every round and stopping at the first decision would, at a fixed level, err more often than
+``1 - confidence`` (optional stopping); so every look -- the planned one included -- judges the
+slopes' intervals at ``soak.look_confidence`` = ``1 - (1 - confidence) / looks``, ``looks =
+(max_duration - duration) / round + 1`` (Bonferroni, as the latency gates split their planned
+looks, :mod:`kvgate.stats.confidence`): the chance that any look PASSes a drift above the ceiling
+(or FAILs one below it) stays within ``1 - confidence``. Without ``max_duration`` there is one look
+at ``confidence``, as before. Every verdict says how long the soak ran and why (:func:`ran`); one
+still undecided at ``max_duration`` is INCONCLUSIVE, its cause the rounds that would have decided.
+
 A cut-short soak (signal, deadline) is INCOMPLETE, never PASS; a soak whose client fell behind in
 more than ``soak.lagged_rounds_max`` of its rounds is INVALID; memory that cannot be measured (no
 reading: the source was absent) or that never moved (every sample one value: a frozen gauge) makes
@@ -106,6 +119,8 @@ class SoakAnalysis:
             "explanation": self.explanation,
             "rounds": {"planned": r.plan.rounds, "completed": len(r.rows), "warmup": r.plan.warmup_rounds,
                        "measured": self.n_measured, "round_s": r.plan.round_s, "lagged": self.lagged},
+            "extension": r.extension.to_dict() if r.extension else None,
+            "look_confidence": self.spec.look_confidence,
             "offered_rps": r.plan.rate_rps,
             "mix": mix_evidence(r),
             "memory_mb_per_h": _growth_dict(self.memory),
@@ -149,11 +164,11 @@ def _series(rows: list[dict[str, Any]], key: str, round_s: float,
 def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Growth | None:
     if len(xs) < 4 or len(set(xs)) < 2:
         return None
-    return growth(xs, ys, ceiling, spec.confidence, spec.last_part)
+    return growth(xs, ys, ceiling, spec.look_confidence, spec.last_part)
 
 
 def _ci(t: Trend, unit: str) -> str:
-    pct = f"{t.ols.confidence * 100:g}%"
+    pct = f"{t.ols.confidence * 100:.4g}%"
     return (f"{t.slope:+,.1f} {unit} ({pct} CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}; Theil-Sen "
             f"{t.theil_sen:+,.1f})")
 
@@ -283,9 +298,10 @@ def _what(a: SoakAnalysis) -> str:
     p = a.result.plan
     n = p.burst_requests
     burst = f", the first opening with a burst of {n} requests at the declared concurrencies" if n else ""
+    extended = ran(a)
     return (f"{a.n_measured} measured rounds of {p.round_s:g} s at {p.rate_rps:g} req/s "
             f"({a.n_measured * p.round_s / 3600:.2f} h; {p.warmup_rounds} warm-up round(s) not fitted{burst}; "
-            f"{_mix(a)})")
+            f"{_mix(a)}){f'; {extended}' if extended else ''}")
 
 
 def _evidence(a: SoakAnalysis) -> dict[str, Any]:
@@ -299,8 +315,10 @@ def _precheck(gate: str, a: SoakAnalysis) -> Verdict | None:
     r = a.result
     if not r.complete:
         where = r.files.get("rounds_csv", "the rounds CSV")
+        of = f"{r.plan.rounds}" if r.extension is None else \
+            f"{r.plan.rounds} planned (at most {r.extension.cap} while undecided)"
         return Verdict(gate, INCOMPLETE,
-                       f"soak stopped ({r.stopped}) after {len(r.rows)} of {r.plan.rounds} rounds; the completed "
+                       f"soak stopped ({r.stopped}) after {len(r.rows)} of {of} rounds; the completed "
                        f"rounds are written to {where} -> INCOMPLETE (a cut-short soak is never a PASS)",
                        measured=len(r.rows), limit=r.plan.rounds, unit="rounds", evidence=_evidence(a))
     allowed = a.spec.lagged_rounds_max
@@ -328,7 +346,7 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
     xs, ys = _series(a.result.measured, key, p.round_s, keep=keep)
     sd = residual_sd(xs, ys, t.ols)
     width = t.ci_high - t.ci_low
-    pct = f"{t.ols.confidence * 100:g}%"
+    pct = f"{t.ols.confidence * 100:.4g}%"
     if t.ci_low > ceiling:  # least squares shows it, the robust slope does not (above() needs both)
         head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} lies above the ceiling but Theil-Sen "
                 f"{t.theil_sen:+,.1f} {unit} does not: inconclusive")
@@ -343,12 +361,62 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
         more = (f"no soak length decides at this noise while the slope sits on the ceiling ({t.slope:+,.1f} {unit})")
     else:
         dur = (need + p.warmup_rounds) * p.round_s
-        more = (f"at this noise ~{need:,} measured rounds ({_secs(need * p.round_s)} s; --soak-duration={dur:g}s with the "
+        knob = "soak.max_duration" if a.result.extension is not None else "--soak-duration"
+        more = (f"at this noise ~{need:,} measured rounds ({_secs(need * p.round_s)} s; {knob}={dur:g}s with the "
                 f"{p.warmup_rounds} warm-up round{'s' if p.warmup_rounds != 1 else ''}) would put it on one side of the "
                 f"ceiling if the slope held at {t.slope:+,.1f} {unit}")
-    cause = (f"the soak is too short to decide: the {pct} interval is {width:,.0f} {unit} wide at {t.n} rounds ({spread}); "
-             f"{more}")
+    ext = a.result.extension
+    short = "the soak is too short to decide"
+    if ext is not None:
+        short += f" even extended to soak.max_duration ({_secs(ext.cap * p.round_s)} s, {ext.cap - p.warmup_rounds} measured rounds)"
+    cause = f"{short}: the {pct} interval is {width:,.0f} {unit} wide at {t.n} rounds ({spread}); {more}"
     return head, cause
+
+
+#: What kept an extended soak going, per part (:func:`undecided`).
+_WHY = {"latency": "soak/latency's interval straddled its ceiling",
+        "memory": "soak/memory's estimate was above its ceiling, the growth not shown"}
+
+
+def ran(a: SoakAnalysis) -> str:
+    """How long a soak that may extend ran and why (empty without ``soak.max_duration`` above
+    ``duration``): ``decided after 12 measured rounds (112 s of at most 160 s; 8 planned, extended 4
+    rounds while soak/latency's interval straddled its ceiling; each look judged at 99.67%: 95% split
+    over 11 looks)``, ``decided at the planned 8 measured rounds (...)``, or ``undecided at
+    soak.max_duration: ...``."""
+    ext = a.result.extension
+    if ext is None:
+        return ""
+    p, spec = a.result.plan, a.spec
+    w = p.warmup_rounds
+    n = len(a.result.rows)
+    level = (f"each look judged at {spec.look_confidence * 100:.4g}%: {spec.confidence * 100:g}% split over "
+             f"{spec.looks} looks")
+    why = " and ".join(_WHY.get(x, x) for x in ext.extended_for)
+    of = f"{_secs(n * p.round_s)} s of at most {_secs(ext.cap * p.round_s)} s"
+    if n <= ext.planned:
+        return f"decided at the planned {ext.planned - w} measured rounds ({of}; {level})"
+    grew = f"{ext.planned - w} planned, extended {n - ext.planned} round{'s' if n - ext.planned != 1 else ''}"
+    if ext.decided:
+        return f"decided after {n - w} measured rounds ({of}; {grew} while {why or 'undecided'}; {level})"
+    return (f"undecided at soak.max_duration after {n - w} measured rounds ({of}; {grew} while "
+            f"{why or 'undecided'}; {level})")
+
+
+def undecided(result: SoakResult, spec: SoakSpec, profile: Profile) -> list[str]:
+    """The parts of a soak whose verdict would be INCONCLUSIVE on ``result`` (``"memory"``,
+    ``"latency"``; [] = both decided: PASS, FAIL or INVALID) -- the runner's judge for sample
+    until decided (:class:`kvgate.soak.runner.SoakRunner`). Judged as the final verdicts are: at
+    ``spec.look_confidence``, the confidence Bonferroni-split over the soak's looks, so stopping at
+    the first look that decides keeps the chance of a wrong PASS (or FAIL) within
+    ``1 - spec.confidence``."""
+    a = analyze(result, spec)
+    out = []
+    if memory_verdict(a).status is INCONCLUSIVE:
+        out.append("memory")
+    if latency_verdict(a, profile).status is INCONCLUSIVE:
+        out.append("latency")
+    return out
 
 
 def _secs(s: float) -> str:
@@ -545,4 +613,4 @@ def gpu_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
                    measured=worst["peak_used_mib"], limit=worst["limit_mib"], unit="MiB", evidence=ev)
 
 
-__all__ = ["SoakAnalysis", "analyze", "gpu_verdict", "latency_verdict", "memory_verdict"]
+__all__ = ["SoakAnalysis", "analyze", "gpu_verdict", "latency_verdict", "memory_verdict", "ran", "undecided"]

@@ -607,9 +607,19 @@ class SoakSpec(_Strict):
     (:func:`kvgate.stats.find_step`). ``memory_source``: ``auto`` = ``memory_query`` if given, else the
     launched server's process tree (psutil), else ``process_resident_memory_bytes`` from
     ``/metrics`` (the API-server process only).
+
+    ``max_duration`` (seconds or ``90s``/``10m``/``6h``; default: ``duration``, no extension):
+    sample until decided. After ``duration``, while the memory or latency slope would be
+    INCONCLUSIVE, the soak runs more rounds at the same offered load, re-judging after each, up to
+    ``max_duration`` (:attr:`looks`, :attr:`look_confidence`). Must be >= ``duration``;
+    ``--soak-duration`` lifts it to at least the new duration.
     """
 
     duration: str | float = Field(description="total soak time, warm-up included: seconds or 90s/10m/6h")
+    max_duration: str | float | None = Field(
+        default=None, description="sample until decided: after duration, while a slope verdict would be "
+        "INCONCLUSIVE, run more rounds up to this total (>= duration; null = duration, no extension); each "
+        "look is judged at the confidence split over the looks (Bonferroni)")
     round: str | float = Field(default="60s", description="length of one round")
     warmup: str | float = Field(default="0s", description="rounds in this leading time are not fitted")
     rate_rps: float = Field(gt=0, description="[requests/s] offered load (open loop)")
@@ -650,12 +660,42 @@ class SoakSpec(_Strict):
     def warmup_rounds(self) -> int:
         return int(math.ceil(self.warmup_s / self.round_s - 1e-9))
 
+    @property
+    def max_duration_s(self) -> float:
+        """Seconds the soak may run at most (``max_duration``; ``duration`` when not set)."""
+        return self.duration_s if self.max_duration is None else parse_duration(self.max_duration)
+
+    @property
+    def max_rounds(self) -> int:
+        """Rounds at ``max_duration``, warm-up included (``max_duration // round``; >= :attr:`rounds`)."""
+        return max(self.rounds, int(self.max_duration_s // self.round_s + 1e-9))
+
+    @property
+    def looks(self) -> int:
+        """Times the slopes are judged: after the planned rounds, then after each extension round
+        (``(max_duration - duration) / round + 1``; 1 without an extension)."""
+        return self.max_rounds - self.rounds + 1
+
+    @property
+    def look_confidence(self) -> float:
+        """The level each look judges at: ``1 - (1 - confidence) / looks`` (Bonferroni). Re-judging
+        after every added round and stopping at the first decision would err more often than
+        ``1 - confidence`` (optional stopping); at this level the chance that any look is wrong --
+        a wrong PASS, or a wrong FAIL -- stays within ``1 - confidence``. ``confidence`` itself with one look."""
+        return 1 - (1 - self.confidence) / self.looks
+
     @model_validator(mode="after")
     def _shape(self) -> "SoakSpec":
         try:
             d, r, w = self.duration_s, self.round_s, self.warmup_s
         except ValueError as exc:
             raise ValueError(str(exc)) from None
+        if self.max_duration is not None:
+            m = parse_duration(self.max_duration)
+            if m < d:
+                raise ValueError(f"max_duration {m:g} s is shorter than duration {d:g} s: the soak extends from "
+                                 "duration up to max_duration, so max_duration must be >= duration (or leave it "
+                                 "out: no extension)")
         measured = max(0, self.rounds - self.warmup_rounds)
         if measured < 4:
             raise ValueError(f"duration {d:g} s with round {r:g} s and warm-up {w:g} s leaves {measured} measured "
@@ -668,8 +708,16 @@ class SoakSpec(_Strict):
         return self
 
     def with_duration(self, duration: str | float) -> "SoakSpec":
-        """A copy with another ``duration`` (``--soak-duration``), validated again."""
-        return SoakSpec.model_validate({**self.model_dump(), "duration": duration})
+        """A copy with another ``duration`` (``--soak-duration``), validated again; a ``max_duration``
+        shorter than the new duration is lifted to it (no extension then)."""
+        data = {**self.model_dump(), "duration": duration}
+        if self.max_duration is not None:
+            try:
+                if parse_duration(self.max_duration) < parse_duration(duration):
+                    data["max_duration"] = duration
+            except ValueError:
+                pass  # the bad duration is reported by the validation below
+        return SoakSpec.model_validate(data)
 
 
 class ToolsFeature(_Strict):

@@ -59,7 +59,7 @@ def _panel(ax: Any, rows: list[dict[str, Any]], key: str, band_keys: tuple[str, 
             y, lo, hi = _band(growth.full, x, xs)
             ax.plot(x * scale, y, "-", color="#c0392b", lw=1.5, label=f"least squares {growth.full.slope:+,.1f} {unit}")
             ax.fill_between(x * scale, lo, hi, color="#c0392b", alpha=0.15,
-                            label=f"{growth.full.ols.confidence:.0%} band ({growth.full.ci_low:+,.1f}.."
+                            label=f"{growth.full.ols.confidence * 100:.4g}% band ({growth.full.ci_low:+,.1f}.."
                                   f"{growth.full.ci_high:+,.1f})")
             ts = growth.full
             ax.plot(x * scale, ts.theil_intercept + ts.theil_sen * x, "--", color="#2c3e50", lw=1,

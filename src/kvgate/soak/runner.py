@@ -25,9 +25,13 @@ round rows stay in memory (a few hundred bytes per round), so kvgate's footprint
 a day-long soak.
 
 Interruption: :meth:`SoakRunner.request_stop` (the suite wires SIGINT/SIGTERM to it) or the hard
-deadline (``duration + request timeout + 30 s``) end the soak early; every completed round is
+deadline (the longest the soak may run + request timeout + 30 s) end the soak early; every completed round is
 already on disk and :attr:`SoakResult.complete` is False with the reason — the verdict is then
 INCOMPLETE, never PASS.
+
+Sample until decided: with a judge and ``max_rounds`` above ``rounds`` (``soak.max_duration``),
+the soak runs on a round at a time after the planned rounds while the judge calls a slope
+undecided, up to ``max_rounds`` (:class:`SoakRunner`, :class:`Extension`).
 
 Clock and sleep are injectable; the load sender is a callable (:data:`SendRound`), so the runner
 is unit-tested on virtual time with synthetic rounds.
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import io
 import math
 import signal
@@ -153,6 +158,8 @@ class SoakPlan:
     ``seed`` for arrivals and the mix, ``sample_period_s`` sampling period,
     ``request_timeout_s`` per request, ``lag_bound_s`` client lag above which a round is lagged,
     ``mix_source`` where the mix came from (``soak.mix``, or the default of :func:`mix_of`).
+    ``max_rounds``: rounds the soak may extend to while its verdicts are undecided (``soak.max_duration
+    // round``; 0 or ``rounds``: no extension; see :class:`SoakRunner`).
 
     ``burst``: the first warm-up round opens with a burst at offset 0: each workload of the mix at
     its declared ``concurrency``, all at once, at its longest length (a traffic workload: its
@@ -177,15 +184,28 @@ class SoakPlan:
     lag_bound_s: float = 0.05
     mix_source: str = "soak.mix"
     burst: bool = False
+    max_rounds: int = 0
 
     @property
     def duration_s(self) -> float:
+        """The planned soak's seconds (``rounds x round_s``)."""
         return self.rounds * self.round_s
 
     @property
+    def round_cap(self) -> int:
+        """Rounds the soak may run at most (``max_rounds``, at least ``rounds``; 0 = ``rounds``)."""
+        return max(self.rounds, self.max_rounds)
+
+    @property
+    def max_duration_s(self) -> float:
+        """The longest the soak may run (``round_cap x round_s`` seconds)."""
+        return self.round_cap * self.round_s
+
+    @property
     def hard_deadline_s(self) -> float:
-        """Seconds after which the soak is cut short (INCOMPLETE): duration + one request timeout + 30 s."""
-        return self.duration_s + self.request_timeout_s + 30.0
+        """Seconds after which the soak is cut short (INCOMPLETE): the longest it may run + one request
+        timeout + 30 s."""
+        return self.max_duration_s + self.request_timeout_s + 30.0
 
     def requests(self, k: int, endpoint: Endpoint, model: str) -> tuple[list[float], list[RequestSpec | SessionTurn]]:
         """Round ``k``'s arrival offsets (seconds from the round's start, all < ``round_s``) and
@@ -382,7 +402,7 @@ def plan_for(profile: Profile, spec: SoakSpec, mix: Sequence[MixItem] | None = N
                     rate_rps=spec.rate_rps, mix=tuple(mix if mix is not None else mix_of(profile, spec)),
                     seed=spec.seed, sample_period_s=spec.sample_period_s,
                     request_timeout_s=profile.limits.request_timeout_s, lag_bound_s=profile.limits.schedule_lag_max_s,
-                    mix_source="soak.mix" if spec.mix else DEFAULT_MIX, burst=True)
+                    mix_source="soak.mix" if spec.mix else DEFAULT_MIX, burst=True, max_rounds=spec.max_rounds)
 
 
 def with_prompts(client: KvClient, model: str, mix: Sequence[MixItem], seed: int = 0) -> tuple[MixItem, ...]:
@@ -623,6 +643,7 @@ class SoakResult:
     gpu_skip: str | None = None
     memory_skip: str | None = None
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extension: "Extension | None" = None
 
     @property
     def measured(self) -> list[dict[str, Any]]:
@@ -649,6 +670,43 @@ class SoakResult:
         w.writeheader()
         w.writerows(rows)
         return buf.getvalue()
+
+
+@dataclass
+class Extension:
+    """How a soak that may extend (sample until decided, :class:`SoakRunner`) ran: ``planned``
+    rounds (warm-up included, ``soak.duration // round``), at most ``cap`` (``soak.max_duration //
+    round``), and ``looks``: one ``(rounds, undecided)`` per look taken -- the rounds completed
+    then (warm-up included) and the parts the judge still called undecided (``("latency",)``;
+    empty: decided there)."""
+
+    planned: int
+    cap: int
+    looks: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+
+    @property
+    def decided(self) -> bool:
+        """The last look left nothing undecided."""
+        return bool(self.looks) and not self.looks[-1][1]
+
+    @property
+    def rounds(self) -> int:
+        """Rounds at the last look (warm-up included); the planned rounds before any look."""
+        return self.looks[-1][0] if self.looks else self.planned
+
+    @property
+    def extended_for(self) -> tuple[str, ...]:
+        """The parts that kept the soak going: undecided at a look that another round followed
+        (every look but the last), in order of first appearance; () when it never extended."""
+        out: list[str] = []
+        for _, parts in self.looks[:-1]:
+            out += [q for q in parts if q not in out]
+        return tuple(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"planned_rounds": self.planned, "max_rounds": self.cap, "rounds": self.rounds,
+                "decided": self.decided, "extended_for": list(self.extended_for),
+                "looks": [{"rounds": n, "undecided": list(parts)} for n, parts in self.looks]}
 
 
 class _CsvSink:
@@ -689,13 +747,24 @@ class SoakRunner:
     ``soak-requests.csv`` go (None: nowhere). ``progress(line)``: one line per round.
     ``on_records(round, records)``: sees each round's request records before they are dropped
     (the answers gate's degeneration scan, :class:`kvgate.answers.seen.Seen`).
+
+    **Sample until decided** (``judge``, ``plan.max_rounds``): once the planned rounds are in, each
+    completed round's row is followed by a look: ``judge(result)`` gets the rows so far as a
+    :class:`SoakResult` and returns the parts still undecided (``["latency"]``; empty = decided;
+    :func:`kvgate.gates.soak.undecided` judges at the per-look level). While a part is undecided the
+    soak goes on with another round of the same plan (same rate, round length, seeding by round),
+    at most ``plan.max_rounds``; the look that decides ends it, and a round already started past it
+    is cancelled and not kept (its row never judged), so the result is the deciding look's rows.
+    Every look is recorded in :attr:`SoakResult.extension`. Without a judge only the planned
+    rounds run.
     """
 
     def __init__(self, plan: SoakPlan, send_round: SendRound, samplers: Samplers, *,
                  requests: Callable[[int], tuple[list[float], list[RequestSpec]]],
                  out_dir: Path | None = None, progress: Callable[[str], None] | None = None,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
-                 on_records: Callable[[int, list[Any]], None] | None = None) -> None:
+                 on_records: Callable[[int, list[Any]], None] | None = None,
+                 judge: Callable[[SoakResult], Sequence[str]] | None = None) -> None:
         self.plan = plan
         self.on_records = on_records
         self.send_round = send_round
@@ -708,6 +777,10 @@ class SoakRunner:
         self.rows: list[dict[str, Any]] = []
         self.stopped: str | None = None
         self._stop: asyncio.Event | None = None
+        self._halt: asyncio.Event | None = None  # set by a stop or by a look that decided
+        self.judge = judge
+        self.extension: Extension | None = None
+        self._decided_at: int | None = None  # rows at the look that decided
         self._acc: dict[int, _Acc] = {}
         self._pre_prev: float | None = None
         self._t0 = 0.0
@@ -723,6 +796,8 @@ class SoakRunner:
             self.stopped = reason
         if self._stop is not None:
             self._stop.set()
+        if self._halt is not None:
+            self._halt.set()
 
     # -- sampling
 
@@ -731,7 +806,7 @@ class SoakRunner:
 
     def _on_tick(self, t: float, readings: dict[str, Reading]) -> None:
         k = self._round_of(t)
-        if k < 0 or k >= self.plan.rounds:
+        if k < 0 or k >= self._cap():
             return
         a = self._acc.setdefault(k, _Acc())
         a.ticks += 1
@@ -892,10 +967,14 @@ class SoakRunner:
             f = linear_fit([t / 3600 for t, _ in measured], [m for _, m in measured])
             slope = f"{f.slope:+.1f} MB/h (95% CI {f.ci_low:+.1f}..{f.ci_high:+.1f})"
         left = max(0.0, (p.rounds - k - 1) * p.round_s)
+        ext = ""
+        if k >= p.rounds:
+            left = max(0.0, (self._cap() - k - 1) * p.round_s)
+            ext = f" (extension: at most {self._cap()} rounds, until decided)"
         ttft = row["ttft_p95_ms"]
         mem = row["mem_min_mb"]
         self.progress(
-            f"soak round {k + 1}/{p.rounds}{' (warm-up)' if row['warmup'] else ''}: "
+            f"soak round {k + 1}/{p.rounds}{' (warm-up)' if row['warmup'] else ''}{ext}: "
             f"TTFT p95 {'n/a' if ttft is None else f'{ttft:.0f} ms'}, "
             f"memory {'n/a' if mem is None else f'{mem:,.1f} MB'}, slope so far {slope}, "
             f"errors {row['errors']}/{row['requests']}, ETA {_hms(left)}")
@@ -905,64 +984,75 @@ class SoakRunner:
         offsets, specs = self.requests(k)
         deadline_s = self.plan.round_s + self.plan.request_timeout_s
         result = await self.send_round(k, offsets, specs, deadline_s)
+        if self._decided_at is not None and k >= self._decided_at:
+            done.set()  # a round past the look that decided: dropped, nothing of it kept
+            return
         req_sink.write([{"round": k, **r.row()} for r in result.records])
         if self.on_records is not None:
             self.on_records(k, result.records)
         await closed.wait()
         if prev_done is not None:
             await prev_done.wait()
+        if self._decided_at is not None and k >= self._decided_at:
+            done.set()  # past the look that decided: not kept
+            return
         self._count(specs, result)
         row = self._row(k, result)
         del result  # per-request records end here: only the round row is kept
         self.rows.append(row)
         sink.write([row])
         self._progress(row)
+        self._look()
         done.set()
 
     # -- the soak
 
     async def run(self) -> SoakResult:
         """Run every round (or until stopped); returns a :class:`SoakResult`. Never raises for a
-        failed request or sample: those are data. Cancellation stops the soak like a signal."""
+        failed request or sample: those are data. Cancellation stops the soak like a signal.
+
+        With a ``judge`` and ``plan.max_rounds`` above ``plan.rounds``, the planned rounds are
+        followed by extension rounds while the judge names parts undecided (see the class doc)."""
         p = self.plan
+        cap = self._cap()
         self._stop = asyncio.Event()
+        self._halt = asyncio.Event()
         if self.stopped:
             self._stop.set()
+            self._halt.set()
+        self.extension = Extension(p.rounds, cap) if cap > p.rounds else None
+        self._decided_at = None
         out = self.out_dir
         sink = _CsvSink(out / "soak-rounds.csv" if out else None, ROUND_FIELDS)
         req_sink = _CsvSink(out / "soak-requests.csv" if out else None, REQUEST_FIELDS)
         self._t0 = t0 = self.clock()
-        end = t0 + p.duration_s
         hard = t0 + p.hard_deadline_s
         loop = SamplingLoop(self.samplers.ordered(), p.sample_period_s, self._on_tick, self.clock, self.sleep,
-                            max_ticks=int(math.ceil(p.duration_s / p.sample_period_s)) + 2)
-        sampling = asyncio.ensure_future(loop.run(end))
+                            max_ticks=int(math.ceil(cap * p.round_s / p.sample_period_s)) + 2)
+        sampling = asyncio.ensure_future(loop.run(t0 + cap * p.round_s))
         tasks: list[asyncio.Task[None]] = []
-        closed = [asyncio.Event() for _ in range(p.rounds)]
-        done = [asyncio.Event() for _ in range(p.rounds)]
-        stop_wait = asyncio.ensure_future(self._stop.wait())
+        closed = [asyncio.Event() for _ in range(cap)]
+        done = [asyncio.Event() for _ in range(cap)]
+        halt_wait = asyncio.ensure_future(self._halt.wait())
         try:
-            for k in range(p.rounds):
+            for k in range(cap):
                 start = t0 + k * p.round_s
-                if not await self._until(start, stop_wait):
+                if not await self._until(start, halt_wait):
                     break
                 if k > 0:
                     closed[k - 1].set()
+                if k >= p.rounds:  # an extension round: only while the last look left a part undecided
+                    for _ in range(8):  # let round k-1's row land (its requests done) and be judged first
+                        await asyncio.sleep(0)
+                    if self._decided_at is not None:
+                        break
                 tasks.append(asyncio.ensure_future(self._round(
                     k, closed[k], done[k - 1] if k else None, done[k], sink, req_sink)))
-            if not self.stopped and await self._until(end, stop_wait):
-                closed[p.rounds - 1].set()
-            if not self.stopped and tasks:
-                all_done = asyncio.ensure_future(asyncio.gather(*tasks))
-                finished, _ = await asyncio.wait({all_done, stop_wait}, timeout=max(0.0, hard - self.clock()),
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                if all_done not in finished:
-                    self.request_stop(self.stopped or f"deadline: rounds not finished {p.hard_deadline_s:.0f} s "
-                                                      "after the start")
-                    all_done.cancel()
-                    await asyncio.gather(all_done, return_exceptions=True)
-                elif all_done.exception() is not None:
-                    raise all_done.exception()  # type: ignore[misc]
+            if not self.stopped and self._decided_at is None and tasks:
+                if await self._until(t0 + len(tasks) * p.round_s, halt_wait):
+                    closed[len(tasks) - 1].set()
+            if not self.stopped:
+                await self._finish(tasks, hard, halt_wait)
         except asyncio.CancelledError:
             self.request_stop(self.stopped or "cancelled")
         finally:
@@ -970,42 +1060,94 @@ class SoakRunner:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            stop_wait.cancel()
+            halt_wait.cancel()
             sampling.cancel()
-            await asyncio.gather(sampling, stop_wait, return_exceptions=True)
+            await asyncio.gather(sampling, halt_wait, return_exceptions=True)
             sink.close()
             req_sink.close()
             await self.samplers.aclose()
         self.rows.sort(key=lambda r: r["round"])
-        complete = self.stopped is None and len(self.rows) == p.rounds
+        target = self._decided_at if self._decided_at is not None else (cap if self.extension else p.rounds)
+        complete = self.stopped is None and len(self.rows) == target
         if self.stopped is None and not complete:
-            self.stopped = f"only {len(self.rows)} of {p.rounds} rounds completed"
+            self.stopped = f"only {len(self.rows)} of {target} rounds completed"
+        return self._result(complete, None if complete else self.stopped, loop.ticks)
+
+    async def _finish(self, tasks: list[asyncio.Task[None]], hard: float, halt_wait: asyncio.Future[Any]) -> None:
+        """Wait for the rounds started to finish, until the hard deadline (then stop: INCOMPLETE). A
+        look that decided drops the rounds after it: they are cancelled, their rows never kept."""
+        while True:
+            if self._decided_at is not None:
+                for t in tasks[self._decided_at:]:
+                    t.cancel()
+                await asyncio.gather(*tasks[self._decided_at:], return_exceptions=True)
+                del tasks[self._decided_at:]
+            all_done = asyncio.ensure_future(asyncio.gather(*tasks))
+            waits = {all_done} if self._halt.is_set() else {all_done, halt_wait}  # type: ignore[union-attr]
+            finished, _ = await asyncio.wait(waits, timeout=max(0.0, hard - self.clock()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+            if all_done in finished:
+                if all_done.exception() is not None:
+                    raise all_done.exception()  # type: ignore[misc]
+                return
+            if self.stopped is None and self._decided_at is not None and halt_wait in finished:
+                all_done.cancel()  # a look decided while later rounds ran: drop them, wait for the rest
+                await asyncio.gather(all_done, return_exceptions=True)
+                continue
+            if self.stopped is None:
+                self.request_stop(f"deadline: rounds not finished {self.plan.hard_deadline_s:.0f} s after the start")
+            all_done.cancel()
+            await asyncio.gather(all_done, return_exceptions=True)
+            return
+
+    def _cap(self) -> int:
+        """Rounds this run may reach: ``plan.round_cap`` with a judge, the planned rounds without one."""
+        return self.plan.round_cap if self.judge is not None else self.plan.rounds
+
+    def _result(self, complete: bool, stopped: str | None, ticks: int) -> SoakResult:
+        """The rows so far as a :class:`SoakResult` (a look's snapshot, or the end)."""
         gpu = []
         if self.samplers.gpu is not None:
             gpu = [{"index": d.index, "name": d.name, "total_bytes": d.total, "peak_used_bytes": d.peak_used}
                    for d in self.samplers.gpu.devices]
         files = {}
-        if out is not None:
-            files = {"rounds_csv": str(out / "soak-rounds.csv"), "requests_csv": str(out / "soak-requests.csv")}
-        return SoakResult(p, self.rows, complete, None if complete else self.stopped, self.samplers.describe(),
-                          loop.ticks, self.clock() - t0, files, gpu, self.samplers.gpu_skip, self.samplers.memory_skip,
-                          self.workloads())
+        if self.out_dir is not None:
+            files = {"rounds_csv": str(self.out_dir / "soak-rounds.csv"),
+                     "requests_csv": str(self.out_dir / "soak-requests.csv")}
+        ext = None
+        if self.extension is not None:
+            ext = dataclasses.replace(self.extension, looks=list(self.extension.looks))
+        return SoakResult(self.plan, list(self.rows), complete, stopped, self.samplers.describe(), ticks,
+                          self.clock() - self._t0, files, gpu, self.samplers.gpu_skip, self.samplers.memory_skip,
+                          self.workloads(), ext)
 
-    async def _until(self, when: float, stop_wait: asyncio.Future[Any]) -> bool:
-        """Sleep until ``when`` on the injected clock; False when the soak was stopped first.
+    def _look(self) -> None:
+        """Judge the rows so far (an extension's look, once the planned rounds are in): record which
+        parts the judge says are undecided; none -> the soak is decided at these rounds (halt)."""
+        ext = self.extension
+        if ext is None or self.judge is None or self._decided_at is not None or len(self.rows) < ext.planned:
+            return
+        parts = tuple(self.judge(self._result(True, None, 0)))
+        ext.looks.append((len(self.rows), parts))
+        if not parts:
+            self._decided_at = len(self.rows)
+            self._halt.set()  # type: ignore[union-attr]
+
+    async def _until(self, when: float, halt_wait: asyncio.Future[Any]) -> bool:
+        """Sleep until ``when`` on the injected clock; False when the soak was stopped (or decided) first.
         Bounded: a sleep that keeps returning early is retried at most 1,000 times."""
         for _ in range(1000):
-            if self._stop.is_set():  # type: ignore[union-attr]
+            if self._halt.is_set():  # type: ignore[union-attr]
                 return False
             delay = when - self.clock()
             if delay <= 0:
                 return True
             nap = asyncio.ensure_future(self.sleep(delay))
-            finished, _ = await asyncio.wait({nap, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            finished, _ = await asyncio.wait({nap, halt_wait}, return_when=asyncio.FIRST_COMPLETED)
             if nap not in finished:
                 nap.cancel()
                 await asyncio.gather(nap, return_exceptions=True)
-        return not self._stop.is_set()  # type: ignore[union-attr]
+        return not self._halt.is_set()  # type: ignore[union-attr]
 
 
 def _hms(s: float) -> str:
@@ -1054,7 +1196,7 @@ class StopOnSignals:
 
 
 __all__ = [
-    "BURST_MAX", "DEFAULT_MIX", "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
+    "BURST_MAX", "DEFAULT_MIX", "Extension", "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
     "SessionTurn", "SoakRunner", "StopOnSignals", "build_samplers", "mix_of", "open_loop_sender", "plan_for", "prefix", "soak_spec",
     "token_prompt", "with_prompts",
 ]
