@@ -77,6 +77,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 import zlib
 from collections import OrderedDict
@@ -261,6 +262,13 @@ FAULTS: dict[str, str] = {
     "fetch_media_urls": "chat content parts image_url / audio_url / video_url are fetched (redirects followed) before "
     "the answer (vllm#57157, CVE-2025-6242); healthy, such a URL is refused 400 without a fetch",
     "echo_key": "error answers (401 included) repeat the request's Authorization header in their message",
+    # issue 40: the door under every spelling
+    "auth_raw_path": "the auth check tests the path as sent -- exempting any path that starts with an open route "
+    "(/health/anything) -- while the router serves it normalised (slashes merged, dot segments resolved): "
+    "/health/../v1/models (or %2e%2e) answers without the key; with auth_guard prefix //v1/models does too",
+    "auth_url_path": "the auth check reads the path of the URL rebuilt from the Host header (request.url.path as "
+    "Starlette built it before it validated the Host) while the router reads the request path: Host: h/health? makes /v1/models look like "
+    "/health (CVE-2026-48746)",
     "slow_refusal": "requests past admission_limit are refused only after slow_refusal_s (default 3 s) of "
     "'preprocessing' (vllm#58192)",
     "refuse_500": "requests past admission_limit are answered 500 InternalServerError, not admission_status",
@@ -1181,15 +1189,37 @@ class _Guard:
         if scope["type"] != "http" or not cfg.api_key or scope["path"].startswith("/_fake/"):
             return await self.app(scope, receive, send)
         path, faults = scope["path"], cfg.faults
+        if "auth_url_path" in faults:  # the path as request.url read it before Starlette 1.x checked the Host
+            host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"host"), "")
+            path = urllib.parse.urlsplit(f"http://{host}{path}").path or "/"
         guarded = path.startswith(_GUARDED_PREFIX) if cfg.auth_guard == "prefix" else path not in cfg.open_routes
         if ("open_inference_route" in faults and path == "/v1/completions") or \
                 ("open_admin_route" in faults and path == "/reset_prefix_cache"):
             guarded = False
+        if "auth_raw_path" in faults:
+            if any(path.startswith(o.rstrip("/") + "/") for o in cfg.open_routes):
+                guarded = False
+            scope = {**scope, "path": _normalised(scope["path"])}
         auth = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"authorization"), "")
         if not guarded or auth == f"Bearer {cfg.api_key}" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         text = f"Unauthorized: {auth}" if "echo_key" in faults and auth else "Unauthorized"
         await JSONResponse({"error": text}, status_code=401)(scope, receive, send)
+
+
+def _normalised(path: str) -> str:
+    """A router's normalised path (the ``auth_raw_path`` fault): slashes merged, ``.`` and ``..``
+    segments resolved, a trailing slash kept: ``//v1/models`` and ``/health/../v1/models`` ->
+    ``/v1/models``."""
+    out: list[str] = []
+    parts = path.split("/")
+    for seg in parts:
+        if seg == "..":
+            if out:
+                out.pop()
+        elif seg not in ("", "."):
+            out.append(seg)
+    return "/" + "/".join(out) + ("/" if path.endswith("/") and out else "")
 
 
 def _media_urls(body: dict[str, Any]) -> list[str]:
