@@ -182,6 +182,14 @@ FAULTS: dict[str, str] = {
     "sse_crlf": "SSE lines end with \\r\\n (allowed by the SSE spec)",
     "sse_comments": "': ping' comment lines between events (allowed by the SSE spec)",
     "sse_event_fields": "every event carries an 'event: message' field (allowed by the SSE spec)",
+    # issue 40: keepalives during a long prefill (a stream silent for keepalive_s gets one; set ttft_s or
+    # prefill_s_per_token for a prefill to wait through)
+    "prefill_keepalives": "a well-formed ': ping' comment frame every keepalive_s while a stream waits for its next "
+    "event (llama-server and gateways during long prefills; allowed by the SSE spec)",
+    "keepalive_data_colon": "the keepalive is re-emitted as data: 'data: : PROCESSING' (a gateway turning upstream "
+    "comments into events; the openai Node SDK throws)",
+    "keepalive_id_alone": "the keepalive frame is an 'id: N' line then ': ping' (no data: openai-python and httpx-sse "
+    "dispatch an empty event: JSONDecodeError)",
     "never_schedule": "a request needing more than schedulable_tokens (prompt + max_tokens) is admitted and "
     "waits forever (num_requests_waiting 1, running 0), like vLLM 0.32 with a KV pool of exactly one "
     "full-length sequence (one block is its null block)",
@@ -424,6 +432,7 @@ class FakeConfig:
     exit_after: int = 60  # exit_after_generations: generations served before the server is gone
     pause_s: float = 40.0  # pause_streams: seconds of silence in every stream
     pause_after_chunks: int = 4  # pause_streams: token chunks sent before the pause
+    keepalive_s: float = 0.05  # prefill_keepalives / keepalive_*: silence before a stream gets a keepalive frame
     buffer_bytes: int = 16384  # buffer_stream: bytes held before a flush (nginx proxy_buffers 8 x 4k/8k); 0: until the end
     max_body_bytes: int = 4096  # body_limit_413: the largest POST body (bytes) the "gateway" passes
     # serve features (tools and structured outputs are always served)
@@ -1309,6 +1318,43 @@ async def _buffered(events: AsyncIterator[str], size: int) -> AsyncIterator[byte
                 held = held[size:]
     if held:
         yield held
+
+
+#: The keepalive frame each keepalive fault sends (``{n}``: its count, from 1).
+_KEEPALIVE = {"prefill_keepalives": ": ping\n\n", "keepalive_data_colon": "data: : PROCESSING\n\n",
+              "keepalive_id_alone": "id: {n}\n: ping\n\n"}
+
+
+async def _keepalives(events: AsyncIterator[str], frame: str, every_s: float) -> AsyncIterator[str]:
+    """``events`` with ``frame`` sent each time ``every_s`` seconds pass without one (real time: the
+    frames fill a real wait, the prefill)."""
+    it = events.__aiter__()
+    pending: asyncio.Future[str] | None = None
+    n = 0
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                n += 1
+                yield frame.format(n=n)
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _sse(obj: Any) -> str:
@@ -2541,6 +2587,9 @@ class FakeVLLM:
 
     async def _stream(self, plan: _Plan) -> AsyncIterator[str | bytes]:
         events = self._framed(plan)
+        keepalive = next((f for f in _KEEPALIVE if f in plan.faults), None)
+        if keepalive is not None:
+            events = _keepalives(events, _KEEPALIVE[keepalive], self.config.keepalive_s)
         if "buffer_stream" in plan.faults:
             events = _buffered(events, self.config.buffer_bytes)
         async with contextlib.aclosing(events) as out:  # closed on disconnect too
