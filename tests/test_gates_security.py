@@ -91,7 +91,7 @@ def test_a_2xx_that_is_another_routes_answer_holds_and_a_silent_spelling_fails()
     v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=spelled(answer)))
     assert v.status is Status.FAIL and v.cause is None, v.message  # no answer is named, but points at no class
     assert "http://h:1/v1/models (no key and wrong key: no answer in 10 s)" in v.message
-    held = spelled(lambda sp: Reply(200, "", 0.001) if sp.target == "/health" else Reply(0, "dropped: RemoteDisconnected", 0.001))
+    held = spelled(lambda sp: Reply(200, "", 0.001) if sp.target == "/health" else Reply(0, "dropped: RemoteDisconnected", 0.001))  # a gateway drops what it cannot parse
     v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=held))
     assert v.status is Status.PASS and "(answered 30 dropped, 4 x 200 (another route's answer))" in v.message, v.message
 
@@ -103,6 +103,10 @@ def test_spellings_unsent_or_without_a_reference_are_invalid():
     v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=nothing))
     assert v.status is Status.INVALID and "no protected route answered 2xx with the key (inference: POST " in v.message
     assert auth_surface_verdict(SPEC, Surface(knocks(invocations=401))).status is Status.INVALID  # never tried
+    tls = spelled(lambda sp: Reply(0, "endpoint https://gw is unreachable (TLS: CERTIFICATE_VERIFY_FAILED)", 0.01))
+    v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=tls))
+    assert v.status is Status.INVALID and "none of 34 spelled requests got an HTTP answer (endpoint https://gw is " \
+        "unreachable (TLS: CERTIFICATE_VERIFY_FAILED)): no spelling was judged" in v.message, v.message
 
 
 def test_auth_surface_that_judged_nothing_is_invalid_and_no_key_declared_skips():

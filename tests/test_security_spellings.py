@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from starlette.responses import PlainTextResponse
 
 from kvgate.gates.security import classify_spelled, same_answer
-from kvgate.http.client import Endpoint, KvClient, Reply
+from kvgate.http.client import Endpoint, EndpointUnreachable, KvClient, Reply
 from kvgate.http.raw import DROPPED, TIMED_OUT, raw_request
 from kvgate.security.middleware import RequireKey, route_path
 from kvgate.security.probe import WRONG_KEY, knock_spellings
@@ -127,6 +127,17 @@ def test_raw_request_without_an_answer_says_dropped_or_timed_out():
     t = iter([0.0, 0.05])
     late = raw_request(ep, "GET", "/v1/models", timeout_s=0.05, connect=silent.connect, clock=lambda: next(t))
     assert late.status == 0 and late.text == f"{TIMED_OUT} 0.05 s" and late.elapsed_s == 0.05
+
+
+def test_raw_request_to_https_that_fails_tls_is_unreachable_not_a_dropped_answer():
+    class NotTls(_Peer):
+        def _serve(self):  # answers the ClientHello with plain HTTP
+            self.theirs.recv(65536)
+            self.theirs.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            self.theirs.close()
+
+    with pytest.raises(EndpointUnreachable, match=r"is unreachable \(TLS: "):
+        raw_request(Endpoint("https://gw.example"), "GET", "/v1/models", timeout_s=5, connect=NotTls(None).connect)
 
 
 # ------------------------------------------------------------------------------ the verdict's reading

@@ -133,8 +133,9 @@ def auth_surface_verdict(spec: SecuritySpec, surface: Surface | None) -> Verdict
     spelling was served without the key (a 2xx with the route's real answer, :func:`same_answer`),
     or left unanswered -- named with the spelling, the status and what came back, the ``cause`` the
     spelling's class (:data:`kvgate.security.routes.SPELLING_CAUSES`).
-    INVALID: no route answered at all; the time budget left routes or spellings unprobed; or no
-    representative route answered with the key, so no spelling was judged (and none FAILed).
+    INVALID: no route answered at all; the time budget left routes or spellings unprobed; no
+    representative route answered with the key, or no spelled request got an HTTP answer (a TLS
+    failure, every connection dropped), so no spelling was judged (and none FAILed).
     SKIP: the profile requires no key (``security.auth: none``)."""
     gid = f"{GATE}/auth-surface"
     if spec.auth != "required":
@@ -187,6 +188,11 @@ def auth_surface_verdict(spec: SecuritySpec, surface: Surface | None) -> Verdict
         why = "; ".join(f"{slot}: {w}" for slot, w in sp.left_out.items()) if sp is not None else "not tried"
         return Verdict(gid, Status.INVALID, f"{routes} routes refused a caller without the key, but no protected route "
                        f"answered 2xx with the key ({why}): no spelling could be judged -> INVALID", evidence=evidence)
+    if not any(k.reply.status for k in sp.knocks):
+        why = clip(sp.knocks[0].reply.text, 160) if sp.knocks else "none was sent"
+        return Verdict(gid, Status.INVALID, f"{routes} routes refused a caller without the key, but none of "
+                       f"{len(sp.knocks)} spelled requests got an HTTP answer ({why}): no spelling was judged -> INVALID",
+                       evidence=evidence)
     if sp.unprobed:
         return Verdict(gid, Status.INVALID, f"{len(sp.unprobed)} spellings not sent within security.surface_budget_s "
                        f"{spec.surface_budget_s:g} s ({_more([s.name for s in sp.unprobed], 3)}) -> INVALID (the door "

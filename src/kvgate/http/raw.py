@@ -7,7 +7,8 @@ absolute-form target). The security gate's auth-surface case spells its routes w
 the headers and the body, reads the answer with the standard library's HTTP/1.1 response parser
 (status, headers, Content-Length or chunked body), keeps at most ``max_body`` bytes of the body and
 closes the connection (``Connection: close`` is sent). Returns a :class:`~kvgate.http.client.Reply`;
-raises :class:`~kvgate.http.client.EndpointUnreachable` only when no connection can be opened. An
+raises :class:`~kvgate.http.client.EndpointUnreachable` only when no connection (or no TLS session)
+can be opened. An
 answer that never came is a ``Reply`` with status 0 whose text starts with :data:`TIMED_OUT` (no
 answer within ``timeout_s``) or :data:`DROPPED` (the server closed the connection, or sent bytes
 that are not an HTTP response). ``connect`` and ``clock`` are injectable (tests: a socketpair).
@@ -63,7 +64,8 @@ def raw_request(endpoint: Endpoint, method: str, target: str, *, headers: Mappin
     when the endpoint carries a key, ``Content-Type: application/json`` and ``Content-Length`` with
     a ``body``, ``Connection: close``, then ``headers`` (a ``Host`` in it replaces the default,
     whatever it holds). ``timeout_s`` bounds the connect and every read (seconds); ``max_body``:
-    body bytes kept. Raises :class:`EndpointUnreachable` when the connection cannot be opened."""
+    body bytes kept. Raises :class:`EndpointUnreachable` when the connection (or its TLS session)
+cannot be opened."""
     scheme, host, port, _, host_value = origin(endpoint)
     extra = dict(headers or {})
     host_value = next((v for k, v in extra.items() if k.lower() == "host"), host_value)
@@ -83,8 +85,12 @@ def raw_request(endpoint: Endpoint, method: str, target: str, *, headers: Mappin
                                   f"({type(exc).__name__}: {exc}) on {method} {target[:80]}") from None
     try:
         sock.settimeout(timeout_s)
-        if scheme == "https":
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        if scheme == "https":  # verified as httpx verifies (SSL_CERT_FILE: kvgate's --ca-bundle)
+            try:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            except (ssl.SSLError, ssl.CertificateError) as exc:
+                raise EndpointUnreachable(f"endpoint {redact_url(endpoint.base_url)} is unreachable (TLS: {exc}) "
+                                          f"on {method} {target[:80]}") from None
         sock.sendall(wire)
         resp = http.client.HTTPResponse(sock, method=method)
         resp.begin()
