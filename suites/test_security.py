@@ -1,5 +1,5 @@
 """Gate: security (``-m security``). The door holds: every route but the declared open ones refuses a
-caller without the key or with a wrong one; no answer echoes a secret; media URLs are not fetched;
+caller without the key or with a wrong one, however the route is spelled; no answer echoes a secret; media URLs are not fetched;
 hostile parameters get a clean 4xx or a bounded 200 in time and the engine lives through them; a
 flood past the declared admission limit is refused fast."""
 
@@ -14,6 +14,7 @@ from kvgate.http.client import KvClient
 from kvgate.security.hostile import PROBES, Context
 from kvgate.security.probe import (WRONG_KEY, MediaTrap, canary, echo_probes, flood, knock, offer_media,
                                    send_hostile)
+from kvgate.security.routes import root_path_of
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -39,11 +40,14 @@ def _client(kvgate_client, key):
 
 @pytest.fixture(scope="module")
 def surface(kvgate_client, kvgate_profile):
-    """Every route knocked on without a key and with a wrong one (also scanned by the secrets case)."""
+    """Every route knocked on without a key and with a wrong one (also scanned by the secrets case),
+    then a few protected routes under every spelling (``//v1/models``, ``/health/../v1/models``, a
+    ``Host: h/health?``, ...), sent raw, within the same budget."""
     sec = kvgate_profile.security
     with _client(kvgate_client, None) as nokey, _client(kvgate_client, WRONG_KEY) as wrong:
         return knock(kvgate_client, nokey, wrong, kvgate_profile.model.served_name, deadline_s=sec.deadline_s,
-                     budget_s=sec.surface_budget_s)
+                     budget_s=sec.surface_budget_s, open_paths=list(sec.open_routes),
+                     root_path=root_path_of(kvgate_profile.engine.extra_args))
 
 
 @pytest.mark.security

@@ -1,19 +1,26 @@
 """Gate: streaming. TTFT within SLO; the longest silence below the gateway's idle timeout; exactly
 one finish chunk then [DONE]; deltas concatenate to the non-streamed text (greedy, seeded); the
 official openai SDK parses the stream; the content arrives as it is generated, not in one burst
-after a proxy held it."""
+after a proxy held it; a long-prefill stream's keepalives keep to the SSE grammar, three parsers read
+it alike, and its data events come often enough for an idle timer that counts events."""
 
 import pytest
 
-from kvgate.gates.streaming import (buffer_probe_tokens, buffering_verdict, event_bytes, sdk_verdict,
-                                    stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
+from kvgate.gates.streaming import (buffer_probe_tokens, buffering_verdict, event_bytes, keepalive_verdict,
+                                    sdk_verdict, stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
                                     stream_ttft_verdict, undecided)
-from kvgate.http.probes import send
+from kvgate.http.probes import build_prompt, send, send_bytes
+from kvgate.http.prompts import PromptUnavailable
 from kvgate.http.sdk import sdk_stream
+from kvgate.http.stream import read_keepalive
 
 APIS = ["completions", "chat"]
 CHECKS = ["ttft", "idle-gap", "framing", "deltas", "openai-sdk", "buffering"]
 PROMPT = "stream the kv cache blocks of the long sequence"
+#: The keepalive case's prompt starts so (no cached prefix), and asks this many tokens: the prefill is
+#: what it reads; a few events after it are enough for the parsers to agree on.
+KEEPALIVE_PREFIX = "keepalive probe: "
+KEEPALIVE_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +64,24 @@ def test_stream_conforms(case, observed, kvgate_profile, kvgate_gate):
         "buffering": lambda: buffering_verdict(*probe),
     }[check]()
     assert kvgate_gate(verdict).passed
+
+
+@pytest.mark.streaming
+@pytest.mark.gate("streaming", cases=["keepalive"])
+def test_long_prefill_stream_keepalives(case, kvgate_client, kvgate_profile, kvgate_gate):
+    """One chat stream of a max-context-length prompt (max_model_len - limits.context_probe_max_tokens
+    tokens, the max-context gate's length: the longest prefill, where servers and gateways send
+    keepalives) with its own first words (KEEPALIVE_PREFIX: the max-context gate's prompt is in the
+    prefix cache, and a cached prefill is no wait), KEEPALIVE_TOKENS tokens, read byte for byte."""
+    model, limits = kvgate_profile.model.served_name, kvgate_profile.limits
+    try:
+        prompt = build_prompt(kvgate_client, model, "chat", kvgate_profile.engine.max_model_len - limits.context_probe_max_tokens,
+                              prefix=KEEPALIVE_PREFIX)
+    except PromptUnavailable as exc:
+        assert kvgate_gate(keepalive_verdict(None, limits.stream_idle_timeout_s, skip=str(exc))).passed
+        return
+    body = prompt.body(model, max_tokens=min(KEEPALIVE_TOKENS, limits.context_probe_max_tokens), temperature=0,
+                       ignore_eos=True, stream_options={"include_usage": True})
+    raw = send_bytes(kvgate_client, "chat", body, timeout_s=limits.request_timeout_s)
+    read = read_keepalive("chat", raw, prompt.tokens)
+    assert kvgate_gate(keepalive_verdict(read, limits.stream_idle_timeout_s)).passed

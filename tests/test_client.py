@@ -50,6 +50,30 @@ def test_stream_events_are_timestamped_with_the_injected_clock():
     assert s.usage["completion_tokens"] == 2
 
 
+def test_stream_bytes_keeps_the_body_as_sent_comments_and_all_timestamped():
+    pieces = [b": ping\n\n", b"id: 1\n", SSE]
+
+    def chunked(request):
+        return httpx.Response(200, content=iter(pieces), headers={"content-type": "text/event-stream"})
+
+    c = KvClient(Endpoint("http://fake"), transport=httpx.MockTransport(chunked), clock=Clock(0.01))
+    r = c.stream_bytes("/v1/completions", {"stream": True})
+    assert r.status == 200 and r.content_type == "text/event-stream" and r.transport_error is None
+    assert r.body == b"".join(pieces) and [b for _, b in r.pieces] == pieces
+    assert [t for t, _ in r.pieces] == sorted(t for t, _ in r.pieces) and r.elapsed_s > r.pieces[-1][0]
+    refused = client().stream_bytes("/nope", {})
+    assert refused.status == 404 and refused.pieces == [] and "nope" in refused.text
+
+
+def test_stream_bytes_stops_reading_a_stream_past_its_total_time():
+    def forever(request):
+        return httpx.Response(200, content=iter([b": ping\n\n"] * 1000), headers={"content-type": "text/event-stream"})
+
+    c = KvClient(Endpoint("http://fake"), transport=httpx.MockTransport(forever), clock=Clock(1.0))
+    r = c.stream_bytes("/v1/completions", {}, timeout_s=5)
+    assert len(r.pieces) < 10 and r.transport_error == "stream still open after 5 s: stopped reading"
+
+
 def test_early_hangup_via_on_event():
     r = client().stream("/v1/completions", {}, on_event=lambda t, d: True)
     assert len(r.events) == 1 and not r.done

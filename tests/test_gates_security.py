@@ -13,8 +13,8 @@ from kvgate.launch.local import EmbeddedServer, embedded_key
 from kvgate.profile.models import AdmissionSpec, SecuritySpec, load_profile
 from kvgate.security.hostile import PROBES, Context
 from kvgate.security.middleware import RequireKey, open_routes
-from kvgate.security.probe import WRONG_KEY, Echo, HostileRun, Knock, Sent, Surface
-from kvgate.security.routes import Route, from_openapi, kind_of, plan
+from kvgate.security.probe import WRONG_KEY, Echo, HostileRun, Knock, Sent, Spelled, SpelledKnock, Surface
+from kvgate.security.routes import Route, from_openapi, kind_of, plan, spellings
 from kvgate.verdict import Status
 
 SPEC = SecuritySpec(auth="required", open_routes={"/health": "probes", "/metrics": "prometheus"}, closed_by="a gateway")
@@ -44,11 +44,69 @@ def test_auth_surface_fails_naming_the_route_its_status_and_the_declared_cure():
     assert "POST /scale_elastic_ep (no key: 400" in v.message and "the profile says it is closed by: a gateway" in v.message
 
 
-def test_auth_surface_passes_naming_the_cure_and_the_open_routes():
+MODELS = Route("GET", "/v1/models", "inference")
+MODELS_ANSWER = Reply(200, '{"object": "list", "data": [{"id": "m"}]}', 0.01)
+
+
+def spelled(answer=lambda sp: Reply(401, '{"error": "Unauthorized"}', 0.002), unprobed=0):
+    """The models list under every spelling, each answered ``answer(spelling)`` (to both callers)."""
+    sps = spellings(MODELS, ["/health"], host="h:1")
+    out = Spelled(references={MODELS.label: MODELS_ANSWER}, left_out={"tokenizer": "POST /tokenize answered 404 with the key"})
+    for sp in sps[:len(sps) - unprobed]:
+        out.knocks += [SpelledKnock(sp, who, answer(sp)) for who in ("no key", "wrong key")]
+    out.unprobed = sps[len(sps) - unprobed:]
+    return out
+
+
+def test_auth_surface_passes_naming_the_cure_the_open_routes_and_the_spellings_held():
     v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401, tokenize=403, nothing=404, health=200),
-                                           openapi="openapi.json lists 4 paths"))
+                                           openapi="openapi.json lists 4 paths", spelled=spelled()))
     assert v.status is Status.PASS and "-> PASS (closed by: a gateway)" in v.message
     assert "4 routes (openapi.json lists 4 paths + kvgate's known routes)" in v.message and "/health (probes)" in v.message
+    assert "; 17 spellings of 1 protected routes (GET /v1/models; left out: tokenizer) served none (answered 34 x 401)" \
+        in v.message, v.message
+    assert v.cause is None
+
+
+def test_a_spelling_served_without_the_key_fails_naming_it_and_its_class_as_the_cause():
+    def answer(sp):  # the router normalises //v1/models, the check read it as sent
+        return MODELS_ANSWER if sp.name == "//v1/models" else Reply(401, "{}", 0.002)
+
+    v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=spelled(answer)))
+    assert v.status is Status.FAIL and v.measured == 1 and v.limit == 0, v.message
+    assert v.message.startswith('1 spellings of 1 protected routes were served without the key: //v1/models (no key and '
+                                'wrong key: 200 (JSON: {"object": "list", "data": [{"id": "m"}]}))'), v.message
+    assert v.cause == ("the auth check reads the path as sent while the router serves it normalised (slashes merged, dot "
+                       "segments resolved, %2F decoded): `//v1/models` served 200 without a key")
+
+
+def test_a_2xx_that_is_another_routes_answer_holds_and_a_silent_spelling_fails():
+    def answer(sp):
+        if sp.target == "/health":  # /health with X-Original-URL: /v1/models answers as /health
+            return Reply(200, "", 0.001)
+        if sp.kind == "absolute-form":
+            return Reply(0, "timeout: no answer within 10 s", 10.0)
+        return Reply(400, "Invalid HTTP request received.", 0.001)
+
+    v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=spelled(answer)))
+    assert v.status is Status.FAIL and v.cause is None, v.message  # no answer is named, but points at no class
+    assert "http://h:1/v1/models (no key and wrong key: no answer in 10 s)" in v.message
+    held = spelled(lambda sp: Reply(200, "", 0.001) if sp.target == "/health" else Reply(0, "dropped: RemoteDisconnected", 0.001))  # a gateway drops what it cannot parse
+    v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=held))
+    assert v.status is Status.PASS and "(answered 30 dropped, 4 x 200 (another route's answer))" in v.message, v.message
+
+
+def test_spellings_unsent_or_without_a_reference_are_invalid():
+    v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=spelled(unprobed=3)))
+    assert v.status is Status.INVALID and v.message.startswith("3 spellings not sent within security.surface_budget_s")
+    nothing = Spelled(left_out={"inference": "POST /v1/chat/completions answered 500 with the key"})
+    v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=nothing))
+    assert v.status is Status.INVALID and "no protected route answered 2xx with the key (inference: POST " in v.message
+    assert auth_surface_verdict(SPEC, Surface(knocks(invocations=401))).status is Status.INVALID  # never tried
+    tls = spelled(lambda sp: Reply(0, "endpoint https://gw is unreachable (TLS: CERTIFICATE_VERIFY_FAILED)", 0.01))
+    v = auth_surface_verdict(SPEC, Surface(knocks(invocations=401), spelled=tls))
+    assert v.status is Status.INVALID and "none of 34 spelled requests got an HTTP answer (endpoint https://gw is " \
+        "unreachable (TLS: CERTIFICATE_VERIFY_FAILED)): no spelling was judged" in v.message, v.message
 
 
 def test_auth_surface_that_judged_nothing_is_invalid_and_no_key_declared_skips():

@@ -221,3 +221,78 @@ def test_two_empty_texts_are_not_the_same_text():
     assert v.status is Status.FAIL and "both empty (2 events): nothing was generated to compare -> FAIL" in v.message
     sdk = sdk_verdict("completions", SdkStream("", 1, ["length"], None, 200, "text/event-stream", "data:"), _plain(""))
     assert sdk.status is Status.FAIL and "nothing was generated to compare -> FAIL" in sdk.message
+
+
+# ------------------------------------------------------------------------------ keepalive
+
+from kvgate.gates.streaming import keepalive_verdict  # noqa: E402
+from kvgate.http.client import RawStream  # noqa: E402
+from kvgate.http.stream import read_keepalive  # noqa: E402
+
+
+def chunk(text):
+    return ('data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+            f'"delta":{{"content":"{text}"}},"finish_reason":null}}]}}\n\n').encode()
+
+
+def long_prefill(keepalive=b": ping\n\n", ttft_s=0.5, every_s=0.05, tokens=4):
+    """A stream that waits ttft_s for its first token, sending ``keepalive`` every every_s meanwhile."""
+    ticks = [round(every_s * (i + 1), 4) for i in range(int(ttft_s / every_s) + 1)]
+    pieces = [(t, keepalive) for t in ticks if t < ttft_s - 1e-9] if keepalive else []
+    pieces += [(ttft_s + 0.01 * i, chunk(f"t{i}")) for i in range(tokens)]
+    return RawStream(200, pieces + [(ttft_s + 0.01 * tokens, b"data: [DONE]\n\n")], "text/event-stream")
+
+
+def test_well_formed_keepalives_pass_with_the_data_gap_judged_beside_the_byte_gap():
+    v = keepalive_verdict(read_keepalive("chat", long_prefill(ttft_s=0.5), 1000), 30)
+    assert v.status is Status.PASS and v.cause is None, v.message
+    assert "14 SSE frames (9 comment keepalives) keep to the grammar -> PASS" in v.message
+    assert "kvgate, the openai SDK and httpx-sse read the same 4 events (8 chars) -> PASS" in v.message
+    assert ("largest gap between data events 0.500 s (before the first data event), largest gap between bytes 0.050 s "
+            "(9 comment keepalives) on the 1,000-token prompt; an event-counting idle timeout of 30 s is not reached") \
+        in v.message
+    assert v.measured == 0.5 and v.limit == 30  # the gap part heads a PASS
+
+
+def test_keepalives_that_hide_a_data_gap_past_the_idle_timeout_fail_naming_both_gaps():
+    v = keepalive_verdict(read_keepalive("chat", long_prefill(ttft_s=45, every_s=10), 8000), 30)
+    assert v.status is Status.FAIL and v.measured == 45 and v.limit == 30, v.message
+    assert v.message == ("largest gap between data events 45.000 s (before the first data event), largest gap between "
+                         "bytes 10.000 s (4 comment keepalives): the keepalives kept bytes flowing, but an idle timer "
+                         "that counts events (stream_idle_timeout_s 30 s) cuts this stream -> FAIL")
+    assert v.cause == ("comment keepalives hid a 45.000 s wait for data before the first data event (the TTFT of the "
+                       "8,000-token prompt): bytes came every 10.000 s at most")
+    silent = keepalive_verdict(read_keepalive("chat", long_prefill(keepalive=None, ttft_s=45), 8000), 30)
+    assert silent.status is Status.FAIL and "nothing came for 45.000 s: any idle timer (30 s)" in silent.message
+    assert silent.cause is None  # no keepalive hid anything: the idle-gap check's territory
+    unjudged = keepalive_verdict(read_keepalive("chat", long_prefill(ttft_s=45, every_s=10), 8000), None)
+    assert unjudged.status is Status.PASS and "no limits.stream_idle_timeout_s" not in unjudged.message
+    assert unjudged.evidence["streaming/keepalive/gap"]["status"] == "SKIP"
+
+
+def test_a_keepalive_sent_as_data_fails_naming_the_raw_frame_and_every_parser():
+    v = keepalive_verdict(read_keepalive("chat", long_prefill(keepalive=b"data: : PROCESSING\n\n"), 1000), 30)
+    assert v.status is Status.FAIL, v.message
+    assert v.message.startswith("9 of 14 SSE frames break the grammar clients parse: `data: : PROCESSING\\n\\n` at "
+                                "0.050 s: a data: line whose value starts with ':'"), v.message
+    assert "openai SDK 0 events (0 chars), then JSONDecodeError" in v.message
+    assert "kvgate 0 events (0 chars), then event 1 is not a JSON object: ': PROCESSING'" in v.message
+    assert v.cause == "a keepalive comment is sent as a data: event (`data: : PROCESSING\\n\\n`)"
+
+
+def test_an_id_line_then_a_ping_fails_naming_the_empty_dispatch():
+    v = keepalive_verdict(read_keepalive("chat", long_prefill(keepalive=b"id: 7\n: ping\n\n"), 1000), 30)
+    assert v.status is Status.FAIL, v.message
+    assert "`id: 7\\n: ping\\n\\n` at 0.050 s: a frame with id: and no data: (openai-python and httpx-sse dispatch it " \
+           "as an empty event: JSONDecodeError)" in v.message, v.message
+    assert "kvgate 4 events (8 chars); openai SDK 0 events (0 chars), then JSONDecodeError" in v.message
+    assert "httpx-sse 0 events (0 chars), then event 1 is not a JSON object: ''" in v.message
+    assert v.cause.startswith("a frame carries a field but no data:")
+
+
+def test_a_stream_that_was_refused_or_carried_no_data_fails_and_no_prompt_skips():
+    refused = keepalive_verdict(read_keepalive("chat", RawStream(400, [], "application/json", '{"error": "too long"}')), 30)
+    assert refused.status is Status.FAIL and "answered 400" in refused.message
+    empty = keepalive_verdict(read_keepalive("chat", RawStream(200, [(0.1, b": ping\n\n")], "text/event-stream")), 30)
+    assert empty.status is Status.FAIL and "carried no data event in 8 bytes" in empty.message
+    assert keepalive_verdict(None, 30, skip="no /tokenize").status is Status.SKIP

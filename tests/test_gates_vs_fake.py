@@ -293,3 +293,56 @@ def test_server_without_metrics_degrades_to_client_evidence(pytester):
     long_seq = gates["fake-vllm/concurrency/long-sequences"]
     assert long_seq["status"] == "PASS" and "n/a (no /metrics)" in long_seq["message"]
     assert "Traceback" not in result.stdout.str()
+
+
+# the keepalive case: the long (248-token) prefill takes 0.62 s at 2.5 ms a token, the streaming checks'
+# short prompts (~10 tokens) 25 ms; a stream silent for keepalive_s gets the fault's keepalive frame, so only
+# the long prefill has any, and only streaming/keepalive may FAIL
+KEEPALIVE = dict(max_tokens_cap=64, prefill_s_per_token=0.0025)
+
+
+def _keepalive_run(pytester, **cfg):
+    with FakeVLLM(FakeConfig(**{**KEEPALIVE, **cfg})) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, suites=["suites/test_streaming.py"])
+    others = {i: g["message"] for i, g in gates.items() if g["status"] != "PASS" and i != "fake-vllm/streaming/keepalive"}
+    assert not others, others  # the fault FAILs exactly its case
+    return gates["fake-vllm/streaming/keepalive"]
+
+
+def test_well_formed_keepalives_during_a_short_prefill_pass_with_the_data_gap_judged(pytester):
+    g = _keepalive_run(pytester, faults={"prefill_keepalives"}, prefill_s_per_token=0.0002, keepalive_s=0.01)
+    assert g["status"] == "PASS", g["message"]
+    assert re.search(r"SSE frames \(\d+ comment keepalives\) keep to the grammar -> PASS; kvgate, the openai SDK and "
+                     r"httpx-sse read the same 6 events \(\d+ chars\) -> PASS; largest gap between data events 0\.\d+ s "
+                     r"\(before the first data event\), largest gap between bytes 0\.\d+ s \(\d+ comment keepalives\) on "
+                     r"the 248-token prompt; an event-counting idle timeout of 0.2 s is not reached -> PASS",
+                     g["message"]), g["message"]
+    assert g["evidence"]["streaming/keepalive/grammar"]["evidence"]["keepalive_comments"] >= 2
+
+
+def test_keepalives_hiding_a_prefill_past_the_idle_timeout_fail_naming_both_gaps(pytester):
+    g = _keepalive_run(pytester, faults={"prefill_keepalives"})
+    assert g["status"] == "FAIL", g["message"]
+    assert re.match(r"largest gap between data events 0\.[6-9]\d\d s \(before the first data event\), largest gap "
+                    r"between bytes 0\.\d+ s \(\d+ comment keepalives\): the keepalives kept bytes flowing, but an idle "
+                    r"timer that counts events \(stream_idle_timeout_s 0.2 s\) cuts this stream -> FAIL$", g["message"]), \
+        g["message"]
+    assert g["measured"]["value"] >= 0.62 and g["limit"]["value"] == 0.2
+    assert g["cause"].startswith("comment keepalives hid a 0.") and "(the TTFT of the 248-token prompt)" in g["cause"]
+
+
+def test_a_keepalive_re_emitted_as_data_fails_naming_the_raw_frame(pytester):
+    g = _keepalive_run(pytester, faults={"keepalive_data_colon"})
+    assert g["status"] == "FAIL" and "SSE frames break the grammar clients parse: `data: : PROCESSING\\n\\n` at 0." \
+        in g["message"], g["message"]
+    assert "openai SDK 0 events (0 chars), then JSONDecodeError" in g["message"]
+    assert g["cause"] == "a keepalive comment is sent as a data: event (`data: : PROCESSING\\n\\n`)"
+
+
+def test_a_ping_after_an_id_line_fails_naming_the_empty_dispatch(pytester):
+    g = _keepalive_run(pytester, faults={"keepalive_id_alone"})
+    assert g["status"] == "FAIL", g["message"]
+    assert "`id: 1\\n: ping\\n\\n` at 0." in g["message"] and "a frame with id: and no data: (openai-python and " \
+        "httpx-sse dispatch it as an empty event: JSONDecodeError)" in g["message"], g["message"]
+    assert "kvgate 6 events" in g["message"] and "httpx-sse 0 events (0 chars), then event 1 is not a JSON object: ''" \
+        in g["message"], g["message"]

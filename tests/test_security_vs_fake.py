@@ -73,3 +73,49 @@ def test_each_fault_fails_its_case(pytester, monkeypatch, fault):
     g = gates[f"fake-vllm-secure/security/{case}"]
     assert g["status"] == "FAIL" and fragment in g["message"], g["message"]
     assert summary["overall"] == "FAIL"
+
+
+def test_an_auth_check_on_the_raw_path_fails_naming_the_walk_out_of_an_open_route(pytester, monkeypatch):
+    # the check exempts /health/anything as sent, the router serves /health/../v1/models as /v1/models:
+    # every plain route is still refused, only the spellings get through
+    with FakeVLLM(shut(faults={"auth_raw_path"})) as fake:
+        _, summary, gates = run(pytester, monkeypatch, fake, "-k", "auth-surface")
+    g = gates["fake-vllm-secure/security/auth-surface"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "routes answered a caller without the key" not in g["message"]  # the plain door holds
+    assert "spellings of 4 protected routes were served without the key: /health/../" in g["message"], g["message"]
+    assert "/health/%2e%2e/v1/chat/completions (no key: 200 (JSON: {\"id\": \"chatcmpl-" in str(g["evidence"]) or \
+        "/health/%2e%2e/" in g["message"]
+    served = {k["spelling"] for k in g["evidence"]["spelled"]["knocks"] if k["class"] == "served"}
+    assert {"/health/../v1/models", "/health/%2e%2e/v1/models", "/ping/../tokenize", "/version/%2e%2e/load"} <= served
+    assert not {s for s in served if not s.startswith(("/health/", "/ping/", "/version/"))}, served  # only walk-outs
+    assert g["cause"].startswith("the auth check exempts a path that starts with an open route while the router "
+                                 "resolves its dot segments: `/health/../"), g["cause"]
+    assert g["measured"] == {"value": len(served), "unit": "routes"}
+
+
+def test_a_raw_path_check_behind_a_prefix_guard_lets_a_doubled_slash_through(pytester, monkeypatch):
+    # vLLM's prefix test on the path as sent, a router that merges slashes: //v1/models is not "/v1..."
+    with FakeVLLM(shut(faults={"auth_raw_path"}, auth_guard="prefix")) as fake:
+        _, summary, gates = run(pytester, monkeypatch, fake, "-k", "auth-surface")
+    g = gates["fake-vllm-secure/security/auth-surface"]
+    assert g["status"] == "FAIL"
+    served = {k["spelling"] for k in g["evidence"]["spelled"]["knocks"] if k["class"] == "served"}
+    assert {"//v1/models", "/./v1/models", "/%2Fv1/models", "//v1/chat/completions"} <= served, served
+    assert "/v1/../v1/models" not in served  # starts with /v1 as sent: guarded
+    assert "the auth check reads the path as sent while the router serves it normalised" in g["cause"], g["cause"]
+
+
+def test_an_auth_check_reading_the_host_built_url_fails_naming_the_host_header(pytester, monkeypatch):
+    with FakeVLLM(shut(faults={"auth_url_path"})) as fake:
+        _, summary, gates = run(pytester, monkeypatch, fake, "-k", "auth-surface")
+        host = fake.base_url.split("://", 1)[1]
+    g = gates["fake-vllm-secure/security/auth-surface"]
+    assert g["status"] == "FAIL" and "routes answered a caller without the key" not in g["message"], g["message"]
+    assert f"Host: {host}/health? -> /v1/chat/completions (no key and wrong key: 200 (JSON: " in g["message"], g["message"]
+    served = {k["spelling"] for k in g["evidence"]["spelled"]["knocks"] if k["class"] == "served"}
+    # h/health?, h/ping?, h/version? read as open routes; h/# and h/?x= read as "/", which is not open
+    assert served == {f"Host: {host}{o}? -> {p}" for o in ("/health", "/ping", "/version")
+                      for p in ("/v1/chat/completions", "/v1/models", "/tokenize", "/load")}, served
+    assert g["cause"].startswith("the auth check reads the path of the URL rebuilt from the Host header "
+                                 f"(request.url.path) while the router reads the request path: `Host: {host}/health? ->")

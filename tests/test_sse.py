@@ -217,3 +217,45 @@ def test_error_text_is_cut_at_a_word_boundary_like_every_quoted_text():
     head = text[:-1]
     assert message.startswith(head) and message[len(head)] == " "  # no word cut in half
     assert error_text({"error": "short\nand\tplain"}) == "short and plain"  # one line
+
+
+# ------------------------------------------------------------------------------ the grammar (keepalive case)
+
+from kvgate.http.sse import grammar, largest_gap, second_parser  # noqa: E402
+
+
+def test_grammar_reads_frames_with_their_times_and_counts_keepalives():
+    pieces = [(0.1, b": ping\n\n"), (0.2, b": ping\r\n\r\n"), (0.9, b"data: " + chat({"content": "a"}).encode() + b"\n"),
+              (0.95, b"\ndata: [DONE]\n\n")]
+    g = grammar(pieces)
+    assert [(f.t, f.data is not None, f.comments) for f in g.frames] == [(0.1, False, 1), (0.2, False, 1),
+                                                                          (0.95, True, 0), (0.95, True, 0)]
+    assert g.problems == [] and g.keepalives == 2 and g.data_times == [0.95, 0.95] and g.tail == ""
+    assert largest_gap(g.data_times) == (0.95, 0)  # the wait for the first data event
+    assert largest_gap([t for t, _ in pieces]) == (pytest.approx(0.7), 2)
+    assert largest_gap([]) == (0.0, -1)
+
+
+@pytest.mark.parametrize("frame, kind", [
+    (b"data: : PROCESSING\n\n", "data-colon"),
+    (b"data:: PROCESSING\n\n", "data-colon"),
+    (b"id: 7\n: ping\n\n", "no-data-dispatch"),
+    (b"event: ping\n\n", "no-data-dispatch"),
+    (b"data: \n\n", "empty-event"),
+    (b"PROCESSING\n\n", "not-a-field"),
+])
+def test_each_grammar_break_is_named_with_its_raw_frame(frame, kind):
+    g = grammar([(0.0, b"data: " + chat({"content": "a"}).encode() + b"\n\n"), (0.5, frame), (0.6, b"data: [DONE]\n\n")])
+    assert [p.kind for p in g.problems] == [kind], g.problems
+    assert g.problems[0].frame.t == 0.5 and g.problems[0].frame.raw == frame.decode()
+    assert "\\n" in g.problems[0].frame.shown and "\n" not in g.problems[0].frame.shown
+
+
+def test_a_bare_colon_and_event_fields_with_data_keep_to_the_grammar():
+    g = grammar([(0.0, b":\n\nevent: message\nid: 1\ndata: {}\n\n")])
+    assert g.problems == [] and g.keepalives == 1
+
+
+def test_httpx_sse_dispatches_what_kvgate_skips():
+    body = b": ping\n\nid: 3\n: ping\n\ndata: {}\n\ndata: [DONE]\n\n"
+    assert second_parser(body) == ["", "{}", "[DONE]"]  # the id: frame is an empty event to it

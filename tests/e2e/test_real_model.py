@@ -82,6 +82,10 @@ def test_real_model_answers_right_on_the_embedded_default(real_runs):
     for case in ("secrets", "hostile-parameters"):
         assert gates[f"smollm2-cpu/security/{case}"]["status"] == "PASS", gates[f"smollm2-cpu/security/{case}"]["message"]
     assert auth["evidence"]["counts"]["reached"] == 0 and auth["evidence"]["counts"]["refused"] > 100, auth["evidence"]["counts"]
+    # ... under every spelling too: four protected routes x 26 spellings x no key / wrong key, none served
+    spelled = auth["evidence"]["spelled"]
+    assert len(spelled["routes"]) == 4 and len(spelled["knocks"]) == 208 and not spelled["unprobed"], spelled["routes"]
+    assert not {k["spelling"] for k in spelled["knocks"] if k["class"] != "held"}, spelled["answers"]
 
 
 def test_a_real_server_that_answers_wrong_fails_the_answers_gate(real_runs):

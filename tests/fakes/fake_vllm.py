@@ -79,6 +79,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 import zlib
 from collections import OrderedDict
@@ -189,6 +190,14 @@ FAULTS: dict[str, str] = {
     "sse_crlf": "SSE lines end with \\r\\n (allowed by the SSE spec)",
     "sse_comments": "': ping' comment lines between events (allowed by the SSE spec)",
     "sse_event_fields": "every event carries an 'event: message' field (allowed by the SSE spec)",
+    # issue 40: keepalives during a long prefill (a stream silent for keepalive_s gets one; set ttft_s or
+    # prefill_s_per_token for a prefill to wait through)
+    "prefill_keepalives": "a well-formed ': ping' comment frame every keepalive_s while a stream waits for its next "
+    "event (llama-server and gateways during long prefills; allowed by the SSE spec)",
+    "keepalive_data_colon": "the keepalive is re-emitted as data: 'data: : PROCESSING' (a gateway turning upstream "
+    "comments into events; the openai Node SDK throws)",
+    "keepalive_id_alone": "the keepalive frame is an 'id: N' line then ': ping' (no data: openai-python and httpx-sse "
+    "dispatch an empty event: JSONDecodeError)",
     "never_schedule": "a request needing more than schedulable_tokens (prompt + max_tokens) is admitted and "
     "waits forever (num_requests_waiting 1, running 0), like vLLM 0.32 with a KV pool of exactly one "
     "full-length sequence (one block is its null block)",
@@ -278,6 +287,13 @@ FAULTS: dict[str, str] = {
     "fetch_media_urls": "chat content parts image_url / audio_url / video_url are fetched (redirects followed) before "
     "the answer (vllm#57157, CVE-2025-6242); healthy, such a URL is refused 400 without a fetch",
     "echo_key": "error answers (401 included) repeat the request's Authorization header in their message",
+    # issue 40: the door under every spelling
+    "auth_raw_path": "the auth check tests the path as sent -- exempting any path that starts with an open route "
+    "(/health/anything) -- while the router serves it normalised (slashes merged, dot segments resolved): "
+    "/health/../v1/models (or %2e%2e) answers without the key; with auth_guard prefix //v1/models does too",
+    "auth_url_path": "the auth check reads the path of the URL rebuilt from the Host header (request.url.path as "
+    "Starlette built it before it validated the Host) while the router reads the request path: Host: h/health? makes /v1/models look like "
+    "/health (CVE-2026-48746)",
     "slow_refusal": "requests past admission_limit are refused only after slow_refusal_s (default 3 s) of "
     "'preprocessing' (vllm#58192)",
     "refuse_500": "requests past admission_limit are answered 500 InternalServerError, not admission_status",
@@ -437,6 +453,7 @@ class FakeConfig:
     exit_after: int = 60  # exit_after_generations: generations served before the server is gone
     pause_s: float = 40.0  # pause_streams: seconds of silence in every stream
     pause_after_chunks: int = 4  # pause_streams: token chunks sent before the pause
+    keepalive_s: float = 0.05  # prefill_keepalives / keepalive_*: silence before a stream gets a keepalive frame
     buffer_bytes: int = 16384  # buffer_stream: bytes held before a flush (nginx proxy_buffers 8 x 4k/8k); 0: until the end
     max_body_bytes: int = 4096  # body_limit_413: the largest POST body (bytes) the "gateway" passes
     # serve features (tools and structured outputs are always served)
@@ -1209,15 +1226,37 @@ class _Guard:
         if scope["type"] != "http" or not cfg.api_key or scope["path"].startswith("/_fake/"):
             return await self.app(scope, receive, send)
         path, faults = scope["path"], cfg.faults
+        if "auth_url_path" in faults:  # the path as request.url read it before Starlette 1.x checked the Host
+            host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"host"), "")
+            path = urllib.parse.urlsplit(f"http://{host}{path}").path or "/"
         guarded = path.startswith(_GUARDED_PREFIX) if cfg.auth_guard == "prefix" else path not in cfg.open_routes
         if ("open_inference_route" in faults and path == "/v1/completions") or \
                 ("open_admin_route" in faults and path == "/reset_prefix_cache"):
             guarded = False
+        if "auth_raw_path" in faults:
+            if any(path.startswith(o.rstrip("/") + "/") for o in cfg.open_routes):
+                guarded = False
+            scope = {**scope, "path": _normalised(scope["path"])}
         auth = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"authorization"), "")
         if not guarded or auth == f"Bearer {cfg.api_key}" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         text = f"Unauthorized: {auth}" if "echo_key" in faults and auth else "Unauthorized"
         await JSONResponse({"error": text}, status_code=401)(scope, receive, send)
+
+
+def _normalised(path: str) -> str:
+    """A router's normalised path (the ``auth_raw_path`` fault): slashes merged, ``.`` and ``..``
+    segments resolved, a trailing slash kept: ``//v1/models`` and ``/health/../v1/models`` ->
+    ``/v1/models``."""
+    out: list[str] = []
+    parts = path.split("/")
+    for seg in parts:
+        if seg == "..":
+            if out:
+                out.pop()
+        elif seg not in ("", "."):
+            out.append(seg)
+    return "/" + "/".join(out) + ("/" if path.endswith("/") and out else "")
 
 
 def _media_urls(body: dict[str, Any]) -> list[str]:
@@ -1307,6 +1346,43 @@ async def _buffered(events: AsyncIterator[str], size: int) -> AsyncIterator[byte
                 held = held[size:]
     if held:
         yield held
+
+
+#: The keepalive frame each keepalive fault sends (``{n}``: its count, from 1).
+_KEEPALIVE = {"prefill_keepalives": ": ping\n\n", "keepalive_data_colon": "data: : PROCESSING\n\n",
+              "keepalive_id_alone": "id: {n}\n: ping\n\n"}
+
+
+async def _keepalives(events: AsyncIterator[str], frame: str, every_s: float) -> AsyncIterator[str]:
+    """``events`` with ``frame`` sent each time ``every_s`` seconds pass without one (real time: the
+    frames fill a real wait, the prefill)."""
+    it = events.__aiter__()
+    pending: asyncio.Future[str] | None = None
+    n = 0
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                n += 1
+                yield frame.format(n=n)
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _sse(obj: Any) -> str:
@@ -2586,6 +2662,9 @@ class FakeVLLM:
 
     async def _stream(self, plan: _Plan) -> AsyncIterator[str | bytes]:
         events = self._framed(plan)
+        keepalive = next((f for f in _KEEPALIVE if f in plan.faults), None)
+        if keepalive is not None:
+            events = _keepalives(events, _KEEPALIVE[keepalive], self.config.keepalive_s)
         if "buffer_stream" in plan.faults:
             events = _buffered(events, self.config.buffer_bytes)
         async with contextlib.aclosing(events) as out:  # closed on disconnect too

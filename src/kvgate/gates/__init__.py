@@ -18,7 +18,8 @@ deployment     suites/test_deployment.py   gates/deployment.py   http/probes.obs
                                                                                                         test_deployment_spec.py
 max-context    suites/test_max_context.py  gates/max_context.py  http/probes.build_prompt/send_watched  tests/test_gates_vs_fake.py
 max-tokens     suites/test_max_tokens.py   gates/max_tokens.py   http/probes.send                       tests/test_gates_vs_fake.py
-streaming      suites/test_streaming.py    gates/streaming.py    http/probes.send, http/sdk.sdk_stream  tests/test_gates_streaming.py, …vs_fake
+streaming      suites/test_streaming.py    gates/streaming.py    http/probes.send, http/sdk.sdk_stream  tests/test_gates_streaming.py, …vs_fake,
+                                                                 + probes.send_bytes, read_keepalive    test_sse.py
 features       suites/test_features.py     gates/features.py     gates/features.observe over            tests/test_gates_features.py,
                                                                  http/features.py                       test_features_vs_fake.py, e2e/test_features.py
 answers        suites/test_answers.py      gates/answers.py      answers/observe.ask over http/client,  tests/test_gates_answers.py,

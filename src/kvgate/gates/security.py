@@ -23,7 +23,9 @@ from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.client import Reply
 from kvgate.http.text import clip, describe_answer
 from kvgate.profile.models import AdmissionSpec, SecuritySpec
-from kvgate.security.probe import WRONG_KEY, Echo, HostileRun, Knock, Surface
+from kvgate.http.raw import TIMED_OUT
+from kvgate.security.probe import WRONG_KEY, Echo, HostileRun, Knock, Spelled, SpelledKnock, Surface
+from kvgate.security.routes import SPELLING_CAUSES
 from kvgate.verdict import Status, Verdict
 
 GATE = "security"
@@ -61,12 +63,79 @@ def classify(knock: Knock, spec: SecuritySpec) -> str:
     return "reached"
 
 
+def same_answer(reference: Reply, got: Reply) -> bool:
+    """Whether ``got`` is the route's real answer: both 2xx, and ``got`` has the shape of
+    ``reference`` (the route's answer with the key) -- a JSON object with the same keys and the same
+    ``object`` field, a JSON list, or (not JSON) the same first line (its first 64 characters). A
+    2xx that is another route's answer (``/health``'s empty body for ``/v1/models``) is not."""
+    if not (200 <= got.status < 300 and 200 <= reference.status < 300):
+        return False
+    a, b = reference.json, got.json
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and a.get("object") == b.get("object")
+    if isinstance(a, list):
+        return isinstance(b, list)
+    first = reference.text.split("\n", 1)[0][:64]
+    return bool(first) and got.text.split("\n", 1)[0][:64] == first
+
+
+def classify_spelled(k: SpelledKnock, spelled: Spelled) -> str:
+    """``served`` (2xx with the route's real answer, :func:`same_answer`), ``unanswered`` (no answer
+    within the deadline), ``dropped`` (the connection closed without an answer), else ``held``
+    (refused, absent, redirected, rejected as a bad request, or another route's answer)."""
+    r = k.reply
+    if r.status == 0:
+        return "unanswered" if r.text.startswith(TIMED_OUT) else "dropped"
+    ref = spelled.references.get(k.spelling.route.label)
+    return "served" if ref is not None and same_answer(ref, r) else "held"
+
+
+def _spelled_part(spelled: Spelled | None, deadline_s: float) -> tuple[list[str], str | None, dict[str, Any]]:
+    """The spellings judged: (FAIL items, one per spelling, named with each caller's answer; the cause
+    from the classes of the spellings served; evidence)."""
+    if spelled is None:
+        return [], None, {"spelled": None}
+    classes = [(k, classify_spelled(k, spelled)) for k in spelled.knocks]
+    by_name: dict[str, list[tuple[str, str, int]]] = {}
+    kinds: dict[str, str] = {}
+    for k, c in classes:
+        if c == "served":
+            by_name.setdefault(k.spelling.name, []).append((k.who, _what(k.reply), k.reply.status))
+            kinds.setdefault(k.spelling.kind, f"`{k.spelling.name}` served {k.reply.status} without a key")
+        elif c == "unanswered":
+            by_name.setdefault(k.spelling.name, []).append((k.who, f"no answer in {deadline_s:g} s", 0))
+    statuses: dict[str, int] = {}
+    for k, c in classes:
+        key = (c if c in ("dropped", "unanswered", "served") else f"{k.reply.status} (another route's answer)"
+               if 200 <= k.reply.status < 300 else str(k.reply.status))
+        statuses[key] = statuses.get(key, 0) + 1
+    cause = "; ".join(f"{SPELLING_CAUSES[kind]}: {example}" for kind, example in kinds.items()) or None
+    evidence = {"spelled": {
+        "routes": {label: {"status": r.status, "answer": clip(r.text, 120)} for label, r in spelled.references.items()},
+        "left_out": spelled.left_out, "answers": statuses, "unprobed": [s.name for s in spelled.unprobed],
+        "knocks": [{"route": k.spelling.route.label, "spelling": k.spelling.name, "kind": k.spelling.kind,
+                    "who": k.who, "status": k.reply.status, "class": c, "answer": clip(k.reply.text, 120)}
+                   for k, c in classes]}}
+    def said(v: list[tuple[str, str, int]]) -> str:
+        if len(v) > 1 and len({st for _, _, st in v}) == 1:  # both callers got the same status: name it once
+            return f"{' and '.join(who for who, _, _ in v)}: {v[0][1]}"
+        return "; ".join(f"{who}: {what}" for who, what, _ in v)
+
+    return [f"{name} ({said(v)})" for name, v in by_name.items()], cause, evidence
+
+
 def auth_surface_verdict(spec: SecuritySpec, surface: Surface | None) -> Verdict:
-    """Every route but ``security.open_routes`` refuses a caller with no key and with a wrong key.
+    """Every route but ``security.open_routes`` refuses a caller with no key and with a wrong key,
+    and so does every spelling of the representative routes (:attr:`Surface.spelled`).
 
     FAIL: a route answered anything but 401/403 (or 404/405 where absent, a redirect away) -- named
-    with its status and what came back -- or gave no answer within ``security.deadline_s``.
-    INVALID: no route answered at all, or the time budget left routes unprobed (and none FAILed).
+    with its status and what came back -- or gave no answer within ``security.deadline_s``; or a
+    spelling was served without the key (a 2xx with the route's real answer, :func:`same_answer`),
+    or left unanswered -- named with the spelling, the status and what came back, the ``cause`` the
+    spelling's class (:data:`kvgate.security.routes.SPELLING_CAUSES`).
+    INVALID: no route answered at all; the time budget left routes or spellings unprobed; no
+    representative route answered with the key, or no spelled request got an HTTP answer (a TLS
+    failure, every connection dropped), so no spelling was judged (and none FAILed).
     SKIP: the profile requires no key (``security.auth: none``)."""
     gid = f"{GATE}/auth-surface"
     if spec.auth != "required":
@@ -77,25 +146,35 @@ def auth_surface_verdict(spec: SecuritySpec, surface: Surface | None) -> Verdict
     count = {c: sum(1 for _, x in classes if x == c) for c in ("open", "refused", "absent", "reached", "unanswered")}
     routes = len({(k.route.method, k.route.path) for k in surface.knocks})
     cure = spec.closed_by or "nothing declared (security.closed_by)"
+    spelled_bad, cause, spelled_ev = _spelled_part(surface.spelled, spec.deadline_s)
     evidence: dict[str, Any] = {
         "routes": routes, "openapi": surface.openapi, "counts": count, "closed_by": spec.closed_by,
         "open_routes": spec.open_routes, "undone": surface.undone,
         "unprobed": [r.label for r in surface.unprobed],
         "knocks": [{"route": k.route.label, "kind": k.route.kind, "from": k.route.servers, "who": k.who,
                     "status": k.reply.status, "class": c, "answer": clip(k.reply.text, 160)} for k, c in classes],
+        **spelled_ev,
     }
     bad = [(k, c) for k, c in classes if c in ("reached", "unanswered")]
-    if bad:
+    if bad or spelled_bad:
         by_route: dict[str, list[str]] = {}
         for k, c in bad:
             by_route.setdefault(k.route.label, []).append(f"{k.who}: {_what(k.reply)}" if c == "reached"
                                                           else f"{k.who}: no answer in {spec.deadline_s:g} s")
         named = [f"{label} ({'; '.join(v)})" for label, v in by_route.items()]
         undone = f"; kvgate undid {', '.join(surface.undone)} with the key" if surface.undone else ""
-        return Verdict(gid, FAIL, f"{len(by_route)} of {routes} routes answered a caller without the key: "
-                       f"{_more(named, 4)}{undone} -> FAIL (every route but the {len(spec.open_routes)} declared open "
-                       f"must answer 401/403, or 404/405 where absent; the profile says it is closed by: {cure})",
-                       measured=len(by_route), limit=0, unit="routes", evidence=evidence)
+        parts = []
+        if named:
+            parts.append(f"{len(by_route)} of {routes} routes answered a caller without the key: {_more(named, 4)}{undone}")
+        if spelled_bad:
+            sp = surface.spelled
+            assert sp is not None
+            parts.append(f"{len(spelled_bad)} spellings of {len(sp.references)} protected routes were served without "
+                         f"the key: {_more(spelled_bad, 4)}")
+        return Verdict(gid, FAIL, "; ".join(parts) + f" -> FAIL (every route but the {len(spec.open_routes)} declared "
+                       f"open must answer 401/403, or 404/405 where absent, however it is spelled; the profile says it "
+                       f"is closed by: {cure})",
+                       measured=len(by_route) + len(spelled_bad), limit=0, unit="routes", evidence=evidence, cause=cause)
     answered = [k for k, _ in classes if k.reply.status != 0]
     if not answered:
         return Verdict(gid, Status.INVALID, f"none of {routes} routes answered (no key, wrong key) -> INVALID "
@@ -104,10 +183,30 @@ def auth_surface_verdict(spec: SecuritySpec, surface: Surface | None) -> Verdict
         return Verdict(gid, Status.INVALID, f"{len(surface.unprobed)} routes not probed within "
                        f"security.surface_budget_s {spec.surface_budget_s:g} s ({_more([r.label for r in surface.unprobed], 3)})"
                        " -> INVALID (the door was not knocked on everywhere)", evidence=evidence)
+    sp = surface.spelled
+    if sp is None or not sp.references:
+        why = "; ".join(f"{slot}: {w}" for slot, w in sp.left_out.items()) if sp is not None else "not tried"
+        return Verdict(gid, Status.INVALID, f"{routes} routes refused a caller without the key, but no protected route "
+                       f"answered 2xx with the key ({why}): no spelling could be judged -> INVALID", evidence=evidence)
+    if not any(k.reply.status for k in sp.knocks):
+        why = clip(sp.knocks[0].reply.text, 160) if sp.knocks else "none was sent"
+        return Verdict(gid, Status.INVALID, f"{routes} routes refused a caller without the key, but none of "
+                       f"{len(sp.knocks)} spelled requests got an HTTP answer ({why}): no spelling was judged -> INVALID",
+                       evidence=evidence)
+    if sp.unprobed:
+        return Verdict(gid, Status.INVALID, f"{len(sp.unprobed)} spellings not sent within security.surface_budget_s "
+                       f"{spec.surface_budget_s:g} s ({_more([s.name for s in sp.unprobed], 3)}) -> INVALID (the door "
+                       "was not tried under every spelling)", evidence=evidence)
     opened = [f"{p} ({why})" for p, why in spec.open_routes.items()]
+    names = len({k.spelling.name for k in sp.knocks})
+    answers = spelled_ev["spelled"]["answers"]
+    held = ", ".join(f"{n} {s}" if s in ("dropped", "unanswered") else f"{n} x {s}"
+                     for s, n in sorted(answers.items(), key=lambda x: -x[1]))
+    left = f"; left out: {', '.join(sp.left_out)}" if sp.left_out else ""
     return Verdict(gid, PASS, f"{routes} routes ({surface.openapi} + kvgate's known routes), no key and a wrong key: "
                    f"{count['refused']} refused, {count['absent']} absent (404/405), {count['open']} answers on routes "
-                   f"declared open ({_more(opened, 3)}) -> PASS (closed by: {cure})",
+                   f"declared open ({_more(opened, 3)}); {names} spellings of {len(sp.references)} protected routes "
+                   f"({', '.join(sp.references)}{left}) served none (answered {held}) -> PASS (closed by: {cure})",
                    measured=0, limit=0, unit="routes", evidence=evidence)
 
 
@@ -307,5 +406,5 @@ def flood_verdict(adm: AdmissionSpec | None, replies: list[Reply]) -> Verdict:
                    measured=round(slowest, 1), limit=adm.refuse_within_ms, unit="ms", evidence=evidence)
 
 
-__all__ = ["CASES", "GATE", "auth_surface_verdict", "classify", "flood_verdict", "hostile_verdict", "media_skip",
-           "media_verdict", "secrets_verdict"]
+__all__ = ["CASES", "GATE", "auth_surface_verdict", "classify", "classify_spelled", "flood_verdict", "hostile_verdict",
+           "media_skip", "media_verdict", "same_answer", "secrets_verdict"]

@@ -1,7 +1,8 @@
 """Gate ``streaming``: TTFT within the SLO, the longest silence below the gateway idle timeout,
 exactly one finish chunk then ``[DONE]``, deltas concatenate to the non-streamed text, the official
-``openai`` SDK parses the stream, and the content is not held back by a buffering proxy. Asserted by
-``suites/test_streaming.py``.
+``openai`` SDK parses the stream, the content is not held back by a buffering proxy, and a
+long-prefill stream's keepalives keep to the SSE grammar and keep an event-counting idle timer
+fed (:func:`keepalive_verdict`). Asserted by ``suites/test_streaming.py``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Any
 
 from kvgate.http.client import Reply, StreamReply
 from kvgate.http.probes import BURST_GAP_S, Exchange
-from kvgate.http.sse import classify
-from kvgate.http.stream import summarize
+from kvgate.http.sse import GrammarProblem, classify, largest_gap
+from kvgate.http.stream import KeepaliveRead, summarize
 from kvgate.http.text import clip, describe_answer
-from kvgate.verdict import Status, Verdict, printable
+from kvgate.verdict import Status, Verdict, combine, printable
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body
 
 INVALID = Status.INVALID
@@ -402,3 +403,108 @@ def buffering_verdict(ex: Exchange, plain: Exchange | None = None) -> Verdict:
     return Verdict(gate, PASS, f"{d.chunks} content chunks arrived in {d.bursts} reads over "
                    f"{d.last_s - d.first_s:.2f} s (first {d.first_s:.2f} s after the request; longest wait "
                    f"{d.held_s:.2f} s): streamed as generated -> PASS", **common)
+
+
+# ------------------------------------------------------------------------------------------ keepalive
+
+#: What each grammar problem says when it decides the verdict (its ``cause``), before the frame.
+_GRAMMAR_CAUSES = {
+    "data-colon": "a keepalive comment is sent as a data: event",
+    "empty-event": "an event carries empty data",
+    "no-data-dispatch": "a frame carries a field but no data: (a keepalive after an id: line)",
+    "not-a-field": "a keepalive is a bare line, not a ':' comment",
+}
+
+
+def keepalive_verdict(read: KeepaliveRead | None, idle_timeout_s: float | None, skip: str | None = None) -> Verdict:
+    """A long-prefill stream (the max-context prompt, streamed) read byte for byte: its frames keep
+    to the SSE grammar (:func:`kvgate.http.sse.grammar`: comments only as ``:`` lines, no ``data:``
+    starting with ``:``, no empty event, no dispatch on ``id:`` alone); kvgate's framer, the openai
+    SDK and httpx-sse agree on its events and text; the largest gap between *data events* (the
+    wait for the first included) stays below ``limits.stream_idle_timeout_s`` -- an idle timer that
+    counts events is not reset by comment keepalives, so it is judged beside the largest byte gap.
+
+    Parts (``streaming/keepalive/grammar``, ``/parsers``, ``/gap``) folded by
+    :func:`kvgate.verdict.combine`. FAIL: a frame breaking the grammar (named raw, line ends written
+    out), a parser that failed or disagrees (each named with its count, text length and error), a
+    data-event gap at or past the timeout (named with the byte gap), a stream that was not 200 or
+    carried no data event. The gap part SKIPs without a timeout in the profile; the whole case
+    SKIPs with ``skip`` (no exact-length prompt could be built: the reason)."""
+    gate = "streaming/keepalive"
+    if skip is not None or read is None:
+        return Verdict(gate, SKIP, f"no long-prefill stream to read: {skip or 'not sent'} -> SKIP")
+    raw, g = read.raw, read.grammar
+    prompt = f"the {read.prompt_tokens:,}-token prompt" if read.prompt_tokens else "the max-context prompt"
+    byte_gap, bi = largest_gap([t for t, _ in raw.pieces])
+    data_gap, di = largest_gap(g.data_times)
+    ev = {"api": read.api, "status": raw.status, "prompt_tokens": read.prompt_tokens, "bytes": len(raw.body),
+          "pieces": len(raw.pieces), "frames": len(g.frames), "data_events": len(g.data_times),
+          "keepalive_comments": g.keepalives, "largest_data_gap_s": round(data_gap, 4),
+          "largest_byte_gap_s": round(byte_gap, 4), "idle_timeout_s": idle_timeout_s,
+          "transport_error": raw.transport_error,
+          "problems": [{"kind": p.kind, "frame": printable(p.frame.shown), "t_s": round(p.frame.t, 4)} for p in g.problems],
+          "parsers": {p.parser: {"events": p.events, "chars": len(p.text), "error": p.error} for p in read.parsed},
+          "first_frames": [printable(f.shown) for f in g.frames[:4]]}
+    if raw.status != 200:
+        return Verdict(gate, FAIL, f"the long-prefill stream ({prompt}) {_answered(raw)}: "
+                       f"{describe_answer(raw.status, raw.text, {'content-type': raw.content_type})} -> FAIL", evidence=ev)
+    if not g.data_times:
+        return Verdict(gate, FAIL, f"the long-prefill stream ({prompt}) carried no data event in {len(raw.body):,} bytes"
+                       f"{f' ({raw.transport_error})' if raw.transport_error else ''} -> FAIL", evidence=ev)
+    return combine(gate, [_grammar_part(g.problems, len(g.frames), g.keepalives, ev),
+                          _parsers_part(read, g.problems, ev),
+                          _gap_part(data_gap, di, byte_gap, bi, g.keepalives, idle_timeout_s, prompt, ev)],
+                   headline=f"{gate}/gap")
+
+
+def _grammar_part(problems: list[GrammarProblem], frames: int, keepalives: int, ev: dict[str, Any]) -> Verdict:
+    gid = "streaming/keepalive/grammar"
+    if problems:
+        first: dict[str, GrammarProblem] = {}
+        for p in problems:
+            first.setdefault(p.kind, p)
+        named = [f"`{p.frame.shown[:80]}` at {p.frame.t:.3f} s: {p.what}" for p in first.values()]
+        cause = "; ".join(f"{_GRAMMAR_CAUSES[k]} (`{p.frame.shown[:60]}`)" for k, p in first.items())
+        return Verdict(gid, FAIL, f"{len(problems)} of {frames} SSE frames break the grammar clients parse: "
+                       f"{'; '.join(named)} -> FAIL", measured=len(problems), limit=0, unit="frames", evidence=ev,
+                       cause=cause)
+    return Verdict(gid, PASS, f"{frames} SSE frames ({keepalives} comment keepalives) keep to the grammar -> PASS",
+                   measured=0, limit=0, unit="frames", evidence=ev)
+
+
+def _parsers_part(read: KeepaliveRead, problems: list[GrammarProblem], ev: dict[str, Any]) -> Verdict:
+    gid = "streaming/keepalive/parsers"
+    ps = read.parsed
+    said = [f"{p.parser} {p.events} events ({len(p.text)} chars)" + (f", then {p.error}" if p.error else "") for p in ps]
+    agree = len({(p.events, p.text) for p in ps}) == 1 and not any(p.error for p in ps)
+    if not agree:
+        cause = f"{_GRAMMAR_CAUSES[problems[0].kind]} (`{problems[0].frame.shown[:60]}`)" if problems else None
+        return Verdict(gid, FAIL, f"the SSE parsers do not read the stream alike: {'; '.join(said)} -> FAIL (a client "
+                       "on one of them breaks or sees another answer)", measured="; ".join(said), limit="all agree",
+                       evidence=ev, cause=cause)
+    return Verdict(gid, PASS, f"kvgate, the openai SDK and httpx-sse read the same {ps[0].events} events "
+                   f"({len(ps[0].text)} chars) -> PASS", measured=ps[0].events, limit=ps[0].events, unit="events",
+                   evidence=ev)
+
+
+def _gap_part(data_gap: float, di: int, byte_gap: float, bi: int, keepalives: int, limit: float | None,
+              prompt: str, ev: dict[str, Any]) -> Verdict:
+    gid = "streaming/keepalive/gap"
+    where = "before the first data event" if di == 0 else f"after data event {di}"
+    both = (f"largest gap between data events {data_gap:.3f} s ({where}), largest gap between bytes {byte_gap:.3f} s "
+            f"({keepalives} comment keepalives)")
+    if limit is None:
+        return Verdict(gid, SKIP, f"{both}; the profile sets no limits.stream_idle_timeout_s -> SKIP", measured=round(data_gap, 4),
+                       unit="s", evidence=ev)
+    if data_gap >= limit:
+        hidden = byte_gap < limit
+        tail = (f"the keepalives kept bytes flowing, but an idle timer that counts events (stream_idle_timeout_s "
+                f"{limit:g} s) cuts this stream" if hidden else f"nothing came for {byte_gap:.3f} s: any idle timer "
+                f"({limit:g} s) cuts this stream")
+        wait = f"{where} (the TTFT of {prompt})" if di == 0 else where
+        cause = (f"comment keepalives hid a {data_gap:.3f} s wait for data {wait}: bytes came every {byte_gap:.3f} s "
+                 "at most" if hidden else None)
+        return Verdict(gid, FAIL, f"{both}: {tail} -> FAIL", measured=round(data_gap, 4), limit=limit, unit="s",
+                       evidence=ev, cause=cause)
+    return Verdict(gid, PASS, f"{both} on {prompt}; an event-counting idle timeout of {limit:g} s is not reached -> PASS",
+                   measured=round(data_gap, 4), limit=limit, unit="s", evidence=ev)

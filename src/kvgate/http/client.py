@@ -168,6 +168,29 @@ class StreamReply:
         return Reply(self.status, self.text, self.elapsed_s).error_message
 
 
+@dataclass
+class RawStream:
+    """A streamed answer's body as it came off the wire (HTTP framing removed, nothing else):
+    ``pieces`` are ``(t, bytes)`` per read, ``t`` seconds since the request was sent (monotonic).
+    ``status``/``content_type``: the answer's; ``text``: a non-200 answer's body. ``transport_error``:
+    the connection broke or the total time ran out mid-stream (the pieces so far are kept)."""
+
+    status: int
+    pieces: list[tuple[float, bytes]] = field(default_factory=list)
+    content_type: str = ""
+    text: str = ""
+    elapsed_s: float = 0.0
+    transport_error: str | None = None
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(b for _, b in self.pieces)
+
+
+#: Body bytes :meth:`KvClient.stream_bytes` keeps before it stops reading (a stream that never ends).
+RAW_STREAM_MAX_BYTES = 16 * 1024 * 1024
+
+
 #: Seconds an idle pooled connection is reused. Below the server's own keep-alive timeout: vLLM's
 #: uvicorn closes an idle connection after 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, vllm/envs.py), and
 #: httpx's default expiry is also 5 s, so a request sent ~5 s after the last one could go out on a
@@ -320,6 +343,46 @@ class KvClient:
             out.transport_error = f"{type(exc).__name__}: {exc}"
             if watch is not None and (out.idle_cut_s is not None or isinstance(exc, httpx.TimeoutException)):
                 self._stream_timed_out(watch, out, path, t0, idle)
+        out.elapsed_s = self.clock() - t0
+        return out
+
+    def stream_bytes(self, path: str, body: Any, *, timeout_s: float | None = None) -> RawStream:
+        """POST ``body`` (the caller sets ``stream: true``) and keep the body's bytes as each read
+        returns them, timestamped (:class:`RawStream`): comments, ``id:`` lines and blank lines
+        included, which :meth:`stream` frames away. ``timeout_s`` bounds each read and, checked after
+        each read, the whole stream (a server sending keepalive comments for ever ends there, with
+        ``transport_error``); at most :data:`RAW_STREAM_MAX_BYTES` are kept. Raises
+        :class:`EndpointUnreachable` only when nothing answers; refused at once (status 0, ``not
+        sent: ...``) when the run's watch found the engine hung or the server stalling streams."""
+        watch = self.endpoint.watch
+        refused = watch.refusal(stream=True) if watch is not None else None
+        if refused:
+            return RawStream(status=0, text=refused)
+        total = self._http.timeout.read if timeout_s is None else timeout_s
+        t0 = self.clock()
+        out = RawStream(status=0)
+        try:
+            with self._http.stream("POST", path, json=body,
+                                   timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s) as r:
+                out.status, out.content_type = r.status_code, r.headers.get("content-type", "")
+                if r.status_code != 200:
+                    out.text = r.read().decode("utf-8", "replace")
+                else:
+                    kept = 0
+                    for piece in r.iter_raw():
+                        t = self.clock() - t0
+                        out.pieces.append((t, piece))
+                        kept += len(piece)
+                        if kept > RAW_STREAM_MAX_BYTES:
+                            out.transport_error = f"stopped reading after {kept:,} bytes"
+                            break
+                        if total is not None and t > total:
+                            out.transport_error = f"stream still open after {total:g} s: stopped reading"
+                            break
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+            raise self._unreachable(exc, path) from None
+        except httpx.HTTPError as exc:
+            out.transport_error = f"{type(exc).__name__}: {exc}"
         out.elapsed_s = self.clock() - t0
         return out
 

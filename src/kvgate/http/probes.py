@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvgate.http.client import EndpointUnreachable, KvClient, Reply, StreamReply
+from kvgate.http.client import EndpointUnreachable, KvClient, RawStream, Reply, StreamReply
 from kvgate.http.metrics import GaugePoll, poll_gauge, scrape_value
 from kvgate.http.prompts import (Api, ExactPrompt, PromptUnavailable, exact_prompt, local_counter, server_counter,
                       token_id_prompt)
@@ -68,6 +68,15 @@ def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = Fal
     else:
         reply = client.post(path, body, timeout_s=timeout_s)
     return Exchange(api, stream, body, reply, prompt_tokens)
+
+
+def send_bytes(client: KvClient, api: Api, body: dict[str, Any], *, timeout_s: float | None = None) -> RawStream:
+    """:func:`send` streamed, keeping the raw body bytes as they arrive
+    (:meth:`kvgate.http.client.KvClient.stream_bytes`): ``stream: true`` added, a chat body given
+    the client's ``chat_template_kwargs`` unless it names its own."""
+    if api == "chat" and client.chat_template_kwargs and "chat_template_kwargs" not in body:
+        body = {**body, "chat_template_kwargs": client.chat_template_kwargs}
+    return client.stream_bytes(client.api(ROUTES[api]), {**body, "stream": True}, timeout_s=timeout_s)
 
 
 @dataclass(frozen=True)

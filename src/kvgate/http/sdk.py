@@ -122,6 +122,40 @@ def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: fl
     return seen(None)
 
 
+def sdk_replay(api: str, body: bytes, model: str = "kvgate-replay") -> SdkStream:
+    """Parse ``body`` -- the raw bytes of an SSE answer kvgate already received -- with the
+    ``openai`` SDK exactly as a client streaming it would (``create(stream=True)`` over an
+    ``httpx.MockTransport`` that answers those bytes, 200 ``text/event-stream``): no request is
+    sent, nothing generated. ``api``: "chat" or "completions". Never raises: the SDK's exception is
+    ``error``, with the chunks it yielded before it."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, content=body))
+    client = openai.OpenAI(base_url="http://kvgate.replay/v1", api_key="EMPTY", max_retries=0,
+                           http_client=httpx.Client(transport=transport))
+    text, chunks, reasons = "", 0, []
+    try:
+        if api == "chat":
+            for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "."}],
+                                                        stream=True):
+                chunks += 1
+                for ch in chunk.choices:
+                    text += ch.delta.content or ""
+                    if ch.finish_reason:
+                        reasons.append(ch.finish_reason)
+        else:
+            for chunk in client.completions.create(model=model, prompt=".", stream=True):
+                chunks += 1
+                for ch in chunk.choices:
+                    text += ch.text or ""
+                    if ch.finish_reason:
+                        reasons.append(ch.finish_reason)
+    except Exception as exc:  # the SDK's failure is the finding, whatever its type
+        return SdkStream(text, chunks, reasons, f"{type(exc).__name__}: {str(exc)[:300]}", 200, "text/event-stream")
+    finally:
+        client.close()
+    return SdkStream(text, chunks, reasons, None, 200, "text/event-stream", body[:HEAD_BYTES].decode("utf-8", "replace"))
+
+
 def _refused(endpoint: Endpoint) -> str | None:
     """Why nothing may be sent now (the run's :class:`~kvgate.http.watch.EngineWatch` found the
     engine hung or the server stalling streams), else None."""

@@ -33,6 +33,15 @@ is not a token. Reasoning text and tool calls are steps too.
 token (completions: ``logprobs.tokens``; chat: ``logprobs.content``); :attr:`Choice.logprob_tokens`
 is that count, the ground truth the max-tokens gate compares usage with.
 
+**Grammar** (:func:`grammar`, the streaming gate's keepalive case): the raw body cut into frames
+(the lines between blank lines) and checked against the SSE grammar as SDKs read it -- comments
+only as lines starting with ``:``, no ``data:`` whose value starts with ``:`` (``data: :
+PROCESSING``), no event whose data is empty, no frame with ``id:``/``event:``/``retry:`` and no
+``data:`` (openai-python and httpx-sse dispatch it as an empty event); with the largest gap between
+*data events* beside the largest gap between bytes (comment keepalives move the second, not the
+first). :func:`second_parser` frames the same bytes with ``httpx-sse``, to check kvgate's framer
+and the SDK against.
+
 Tolerant by design: no input raises; garbage becomes ``"malformed"`` (or, for a choice that is not
 an object, an entry of :attr:`SseEvent.bad_choices`), so a gate can report it as a conformance
 failure. The folds over these events live with their users: :func:`kvgate.http.stream.summarize`
@@ -300,5 +309,160 @@ def classify(data: str) -> SseEvent:
     return SseEvent(CHUNK, data, obj, choices, bad, usage if isinstance(usage, dict) else None)
 
 
-__all__ = ["CHUNK", "DONE", "ERROR", "ERROR_TEXT_CAP", "MALFORMED", "Choice", "SseEvent", "classify", "error_text",
-           "event_data", "is_done", "iter_data", "split_sse"]
+# ----------------------------------------------------------------------------- grammar
+
+_FIELDS = ("data", "event", "id", "retry")
+#: Characters of a frame kept to name it in a verdict.
+FRAME_CAP = 160
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a raw SSE body: the lines up to a blank line. ``raw``: its text as sent (line
+    ends kept, at most :data:`FRAME_CAP` characters); ``t``: arrival (seconds) of the piece holding
+    its blank line; ``data``: its ``data:`` values joined with ``\n`` (None: no ``data:`` line);
+    ``fields``: the field names of its other lines (``id``, ``event``, ``retry``, or a line that is
+    neither a field nor a comment, as written); ``comments``: its comment lines (``:``...)."""
+
+    raw: str
+    t: float
+    data: str | None
+    fields: tuple[str, ...] = ()
+    comments: int = 0
+
+    @property
+    def shown(self) -> str:
+        """``raw`` with its line ends written out: ``id: 7\n: ping\n\n``."""
+        return self.raw.replace("\r", "\\r").replace("\n", "\\n")
+
+
+@dataclass(frozen=True)
+class GrammarProblem:
+    """A frame that breaks the SSE grammar as clients read it: ``kind`` (``data-colon``,
+    ``empty-event``, ``no-data-dispatch``, ``not-a-field``), ``what`` in words, the ``frame``."""
+
+    kind: str
+    what: str
+    frame: Frame
+
+
+@dataclass
+class Grammar:
+    """A raw SSE body read frame by frame (:func:`grammar`). ``frames`` in order; ``problems``;
+    ``tail``: bytes after the last blank line (an unfinished frame)."""
+
+    frames: list[Frame]
+    problems: list[GrammarProblem]
+    tail: str = ""
+
+    @property
+    def data_times(self) -> list[float]:
+        """Arrival of each data event (a frame with data), seconds."""
+        return [f.t for f in self.frames if f.data is not None]
+
+    @property
+    def keepalives(self) -> int:
+        """Frames that are comments and nothing else (``: ping``)."""
+        return sum(1 for f in self.frames if f.data is None and not f.fields and f.comments)
+
+
+def largest_gap(times: Sequence[float]) -> tuple[float, int]:
+    """The longest wait in ``times`` (seconds since the request was sent, ascending), counting the
+    wait for the first: ``(gap, i)`` -- the gap ended at ``times[i]``, ``i == 0`` the wait before the
+    first. ``(0.0, -1)`` for no times."""
+    best, at, last = 0.0, -1, 0.0
+    for i, t in enumerate(times):
+        if t - last > best or at < 0:
+            best, at = t - last, i
+        last = t
+    return best, at
+
+
+def grammar(pieces: Sequence[tuple[float, bytes]]) -> Grammar:
+    """Cut raw body pieces (``(t, bytes)``, HTTP framing removed) into frames at blank lines
+    (``\n``, ``\r\n`` or ``\r`` line ends) and name every frame that breaks the grammar SDKs
+    read (see the module docstring). Pure; never raises."""
+    body = b"".join(b for _, b in pieces)
+    ends, acc = [], 0
+    for _, b in pieces:
+        acc += len(b)
+        ends.append(acc)
+    text = body.decode("utf-8", "replace")
+    frames: list[Frame] = []
+    problems: list[GrammarProblem] = []
+    lines: list[str] = []
+    start = pos = 0
+    raw_bytes_at = 0  # byte offset of pos (for the arrival time of a frame's end)
+    n = len(text)
+    while pos < n:
+        j = pos
+        while j < n and text[j] not in "\r\n":
+            j += 1
+        if j >= n:
+            break  # an unfinished line: the tail
+        end = j + 2 if text.startswith("\r\n", j) else j + 1
+        line = text[pos:j]
+        raw_bytes_at += len(text[pos:end].encode("utf-8", "replace"))
+        pos = end
+        if line:
+            lines.append(line)
+            continue
+        if not lines:  # a blank line with nothing before it dispatches nothing
+            start = pos
+            continue
+        i = min(bisect.bisect_left(ends, raw_bytes_at), len(pieces) - 1)
+        frame = _frame(text[start:pos], pieces[i][0] if pieces else 0.0, lines)
+        frames.append(frame)
+        problems += _problems(frame, lines)
+        lines, start = [], pos
+    return Grammar(frames, problems, text[start:])
+
+
+def _frame(raw: str, t: float, lines: list[str]) -> Frame:
+    data, fields, comments = [], [], 0
+    for ln in lines:
+        if ln.startswith(":"):
+            comments += 1
+            continue
+        name, _, value = ln.partition(":")
+        if name == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+        else:
+            fields.append(name)
+    return Frame(raw[:FRAME_CAP], t, "\n".join(data) if data else None, tuple(fields), comments)
+
+
+def _problems(frame: Frame, lines: list[str]) -> list[GrammarProblem]:
+    out = []
+    for ln in lines:
+        name, _, value = ln.partition(":")
+        if name == "data" and (value[1:] if value.startswith(" ") else value).startswith(":"):
+            out.append(GrammarProblem("data-colon", "a data: line whose value starts with ':' (a comment sent as "
+                                      "data: an SDK parses it as the event's JSON and throws)", frame))
+            break
+    odd = [f for f in frame.fields if f not in _FIELDS]
+    if odd:
+        out.append(GrammarProblem("not-a-field", f"a line that is neither a comment (':' first) nor an SSE field "
+                                  f"({clip(odd[0], 40)!r}): comments must start with ':'", frame))
+    if frame.data is not None and not frame.data.strip():
+        out.append(GrammarProblem("empty-event", "an event with empty data (an SDK reads '' as JSON and throws)", frame))
+    known = [f for f in frame.fields if f in _FIELDS]
+    if frame.data is None and known:
+        out.append(GrammarProblem("no-data-dispatch", f"a frame with {', '.join(f + ':' for f in known)} and no data: "
+                                  "(openai-python and httpx-sse dispatch it as an empty event: JSONDecodeError)", frame))
+    return out
+
+
+def second_parser(body: bytes) -> list[str]:
+    """The ``data`` of every event ``httpx-sse`` (an independent SSE parser, the one httpx users
+    read streams with) dispatches from ``body``, in order, ``[DONE]`` included."""
+    import httpx
+    from httpx_sse import EventSource
+
+    resp = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    return [sse.data for sse in EventSource(resp).iter_sse()]
+
+
+__all__ = ["CHUNK", "DONE", "ERROR", "ERROR_TEXT_CAP", "FRAME_CAP", "MALFORMED", "Choice", "Frame", "Grammar",
+           "GrammarProblem", "SseEvent", "classify", "error_text", "event_data", "grammar", "is_done", "iter_data",
+           "largest_gap", "second_parser", "split_sse"]

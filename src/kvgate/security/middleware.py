@@ -16,6 +16,12 @@ Configuration (environment of the vLLM process, read once at start-up):
   (default ``/health,/ping,/version``: the probes). kvgate's launcher sets it from the profile's
   ``security.open_routes``.
 
+The path checked is the one the router routes (:func:`route_path`), compared exactly: a spelling
+the router does not resolve to an open route (``/health/../v1/models``, ``//health``, ``/HEALTH``,
+``/health/``) is refused, and one it routes elsewhere is checked as that route
+(tests/test_security_spellings.py drives every spelling the security gate sends). The ``Host``
+header, ``X-Original-URL`` and the like are never read.
+
 A refused request gets ``401`` with an OpenAI error body and ``WWW-Authenticate: Bearer``, before any
 route handler runs. ``OPTIONS`` (a CORS preflight, answered by the CORS middleware without a handler)
 and non-HTTP scopes (lifespan) pass, as in vLLM's own guard. Imports nothing of kvgate: it runs inside
@@ -45,6 +51,21 @@ def open_routes(value: str | None) -> frozenset[str]:
     return frozenset(p.strip() for p in value.split(",") if p.strip())
 
 
+def route_path(scope: dict[str, Any]) -> str:
+    """The path the router routes: the ASGI ``path`` (percent-decoded, dot segments and doubled
+    slashes left as sent: Starlette's router matches it as is) with ``root_path`` removed only at a
+    segment boundary -- Starlette's own rule (starlette/_utils.py ``get_route_path``), so the check
+    and the router read one path: with root path ``/v``, ``/v1/models`` stays ``/v1/models`` (a
+    plain ``removeprefix`` reads ``1/models``, vllm PR#52794)."""
+    path: str = scope.get("path", "")
+    root = scope.get("root_path", "")
+    if not root or not path.startswith(root):
+        return path
+    if path == root:
+        return ""
+    return path[len(root):] if path[len(root)] == "/" else path
+
+
 class RequireKey:
     """Pure ASGI middleware: every HTTP or WebSocket request but those to an open route must carry
     ``Authorization: Bearer <key>`` (compared as SHA-256 digests in constant time)."""
@@ -59,7 +80,7 @@ class RequireKey:
         self.open = frozenset(open_paths) if open_paths is not None else open_routes(os.environ.get(OPEN_ENV))
 
     def allowed(self, scope: dict[str, Any]) -> bool:
-        path = scope.get("path", "").removeprefix(scope.get("root_path", "")) or "/"
+        path = route_path(scope) or "/"
         if path in self.open or scope.get("method") == "OPTIONS":
             return True
         value = ""

@@ -18,11 +18,15 @@ from typing import Any, Callable
 
 from kvgate.http.client import EndpointUnreachable, KvClient, Reply
 from kvgate.http.metrics import scrape_value
+from kvgate.http.raw import origin, raw_request
 from kvgate.security.hostile import Context, Hostile
-from kvgate.security.routes import Route, from_openapi, plan, probe_body
+from kvgate.security.routes import SLOTS, Route, Spelling, from_openapi, plan, probe_body, slot_candidates, spellings
 
 #: The wrong key kvgate sends (not a secret: it is kvgate's own, and its echo is what is looked for).
 WRONG_KEY = "sk-kvgate-wrong-key-0f3a9c"
+#: The statuses of a refusal: a route refused so to no key and to the wrong key is protected, and
+#: its spellings are tried (:func:`knock_spellings`).
+REFUSED = frozenset({401, 403})
 #: Characters of an answer kept for a verdict (the rest is not needed to name what came back).
 KEEP = 2000
 
@@ -40,16 +44,40 @@ class Knock:
     reply: Reply
 
 
+@dataclass(frozen=True)
+class SpelledKnock:
+    """One spelling of a representative route sent raw (:func:`kvgate.http.raw.raw_request`) by
+    ``who``: the answer (body cut to :data:`KEEP`)."""
+
+    spelling: Spelling
+    who: str
+    reply: Reply
+
+
+@dataclass
+class Spelled:
+    """The spellings' observation. ``references``: route label -> its answer *with* the key (what
+    the route's real answer looks like; only routes that answered 2xx are spelled); ``left_out``:
+    slot -> why no route filled it; ``knocks`` in order; ``unprobed``: spellings the time budget left."""
+
+    references: dict[str, Reply] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+    knocks: list[SpelledKnock] = field(default_factory=list)
+    unprobed: list[Spelling] = field(default_factory=list)
+
+
 @dataclass
 class Surface:
     """The auth-surface observation: ``knocks`` in order; ``unprobed`` routes the time budget left;
     ``openapi``: how the route list was had (``"22 paths (with the key)"`` / ``"not served: 404"``);
-    ``undone``: undo routes called with the key after a state-changing route was reached without."""
+    ``undone``: undo routes called with the key after a state-changing route was reached without;
+    ``spelled``: the representative routes under every spelling (None: not tried)."""
 
     knocks: list[Knock] = field(default_factory=list)
     unprobed: list[Route] = field(default_factory=list)
     openapi: str = ""
     undone: list[str] = field(default_factory=list)
+    spelled: Spelled | None = None
 
 
 def openapi_routes(client: KvClient, timeout_s: float) -> tuple[list[Route], str]:
@@ -62,17 +90,22 @@ def openapi_routes(client: KvClient, timeout_s: float) -> tuple[list[Route], str
 
 
 def knock(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: str, *, deadline_s: float, budget_s: float,
-          clock: Callable[[], float] = time.monotonic) -> Surface:
+          clock: Callable[[], float] = time.monotonic, open_paths: Any = (), root_path: str | None = None,
+          raw: Callable[..., Reply] = raw_request) -> Surface:
     """Call every route of :func:`kvgate.security.routes.plan` with no key, then with
     :data:`WRONG_KEY`, each within ``deadline_s``; stop when ``budget_s`` seconds are spent (the rest
-    is ``unprobed``). A state-changing route that answered 2xx has its undo called with the key."""
+    is ``unprobed``). A state-changing route that answered 2xx has its undo called with the key.
+    Then, within what is left of ``budget_s``, the representative routes under every spelling
+    (:func:`knock_spellings`; ``open_paths``: the declared open routes, ``root_path``: the
+    deployment's, ``raw``: the raw sender)."""
     routes, note = openapi_routes(keyed, deadline_s)
     out = Surface(openapi=note)
     t0 = clock()
     body = probe_body(model)
-    for i, route in enumerate(plan(routes, keyed.endpoint.route_prefix)):
+    planned = plan(routes, keyed.endpoint.route_prefix)
+    for i, route in enumerate(planned):
         if clock() - t0 > budget_s:
-            out.unprobed = plan(routes, keyed.endpoint.route_prefix)[i:]
+            out.unprobed = planned[i:]
             break
         for who, client in (("no key", nokey), ("wrong key", wrong)):
             try:
@@ -84,6 +117,64 @@ def knock(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: str, *, dead
             if route.undo and 200 <= r.status < 300:
                 u = keyed.request(route.method, route.undo, content=b"{}", timeout_s=deadline_s)
                 out.undone.append(f"{route.undo} ({u.status})")
+    served = {r.bare_path for r in routes}
+    answers: dict[str, set[int]] = {}
+    for k in out.knocks:
+        answers.setdefault(k.route.label, set()).add(k.reply.status)
+    protected = [r for r in planned if answers.get(r.label) and answers[r.label] <= REFUSED]
+    out.spelled = knock_spellings(keyed, nokey, wrong, model, protected, served=served, open_paths=open_paths,
+                                  root_path=root_path, deadline_s=deadline_s, budget_s=budget_s - (clock() - t0),
+                                  clock=clock, raw=raw)
+    return out
+
+
+def knock_spellings(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: str, planned: list[Route], *,
+                    served: Any = (), open_paths: Any = (), root_path: str | None = None, deadline_s: float,
+                    budget_s: float, clock: Callable[[], float] = time.monotonic,
+                    raw: Callable[..., Reply] = raw_request) -> Spelled:
+    """The representative routes of ``planned`` -- the protected ones: :func:`knock` passes the routes
+    refused to both callers -- (:func:`kvgate.security.routes.slot_candidates`: per slot the first
+    candidate that answers 2xx *with* the key, at most :data:`~kvgate.security.routes.SLOT_TRIES`
+    tried) each sent under every :func:`~kvgate.security.routes.spellings` with no key and with
+    :data:`WRONG_KEY`, raw (``raw(endpoint, method, target, headers=, body=, timeout_s=)``: httpx
+    would rewrite the spellings), each within ``deadline_s``; the spellings left when ``budget_s``
+    seconds are spent are ``unprobed``. Requests: at most ``4 x 3`` keyed references plus
+    ``2 x spellings`` per route (26 spellings a route with four open routes)."""
+    out = Spelled()
+    t0 = clock()
+    body = probe_body(model)
+    scheme, _, _, base, host = origin(keyed.endpoint)
+    prefix = keyed.endpoint.route_prefix
+    candidates = slot_candidates(planned, prefix, served, open_paths)
+    reps: list[Route] = []
+    for slot in SLOTS:
+        tried = []
+        for route in candidates.get(slot, []):
+            try:
+                r = keyed.request(route.method, route.path, content=body if route.method != "GET" else None,
+                                  timeout_s=deadline_s)
+            except EndpointUnreachable as exc:
+                r = Reply(0, str(exc), deadline_s)
+            if 200 <= r.status < 300:
+                out.references[route.label] = _keep(r)
+                reps.append(route)
+                break
+            tried.append(f"{route.label} answered {r.status} with the key")
+        else:
+            out.left_out[slot] = "; ".join(tried) if tried else "no such route in the route plan"
+    todo = [s for route in reps for s in spellings(route, open_paths, base=base, host=host, scheme=scheme,
+                                                   root_path=root_path)]
+    for i, sp in enumerate(todo):
+        if clock() - t0 > budget_s:
+            out.unprobed = todo[i:]
+            break
+        for who, client in (("no key", nokey), ("wrong key", wrong)):
+            try:
+                r = raw(client.endpoint, sp.route.method, sp.target, headers=dict(sp.headers),
+                        body=body if sp.route.method != "GET" else None, timeout_s=deadline_s)
+            except EndpointUnreachable as exc:
+                r = Reply(0, str(exc), deadline_s)
+            out.knocks.append(SpelledKnock(sp, who, _keep(r)))
     return out
 
 
@@ -264,5 +355,6 @@ def flood(client: KvClient, model: str, n: int, max_tokens: int, timeout_s: floa
         return list(pool.map(lambda _: one(), range(n)))
 
 
-__all__ = ["Echo", "HostileRun", "Knock", "MediaTrap", "Sent", "Surface", "WRONG_KEY", "canary", "canary_ok",
-           "echo_probes", "flood", "knock", "offer_media", "rss", "send_hostile"]
+__all__ = ["Echo", "HostileRun", "Knock", "MediaTrap", "Sent", "SpelledKnock", "Spelled", "Surface", "WRONG_KEY",
+           "canary", "canary_ok", "echo_probes", "flood", "knock", "knock_spellings", "offer_media", "rss",
+           "send_hostile"]
