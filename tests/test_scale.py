@@ -37,7 +37,7 @@ from kvgate.verdict import Status
 from tests.fakes.fake_scale import FAULTS, faulty_worker
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import REPO, read_summary
+from .conftest import REPO, read_summary, assert_passes_measured
 
 pytest_plugins = ["pytester"]
 FAKE_PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"
@@ -451,6 +451,7 @@ def test_local_workers_judge_exactly_what_one_process_judges(pytester, tmp_path)
     rows = split["evidence"]["workers"]
     assert [r["worker"] for r in rows] == [0, 1, 2, 3] and sum(r["sent"] for r in rows) == sum(sent_split.values())
     assert "(4 local workers: " in split["message"] and ", merged) -> PASS" in split["message"]
+    assert_passes_measured({"gates": [one, split]})  # the split's PASS is measured: its evidence carries every worker
     # the percentiles are those of the union of the shipped records: kvgate merge DIR gives them again
     from kvgate.cli.main import main
 
