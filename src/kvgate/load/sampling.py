@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, judge, sample_until_decided
 from kvgate.load.record import RequestRecord, RequestSpec
-from kvgate.load.schedule import LoadResult, closed_loop
+from kvgate.load.schedule import LoadResult, closed_loop, frozen_heap
 from kvgate.stats import percentile, request_metrics
 
 #: (record-metric key, ``slo`` field, label) of the percentiles the latency-SLO gate judges.
@@ -129,8 +129,8 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
     else the plan's ``max_s``; later looks what is left of ``max_s``) and returns ``(result,
     samples_added)``; ``decide(records_so_far, per_look_confidence)`` judges every record sent.
     ``stop_on_fail``: stop at the first look with a FAIL (the verdict is FAIL whatever the other
-    metrics would say later; why_stopped ``decided``). ``clock``: seconds (injected in tests).
-    Returns :class:`Sampled`."""
+    metrics would say later; why_stopped ``decided``). ``clock``: seconds (injected in tests). The
+    batches run inside one :func:`~kvgate.load.schedule.frozen_heap`. Returns :class:`Sampled`."""
     batches: list[tuple[float, LoadResult]] = []
     records: list[Any] = []
     t0 = clock()
@@ -154,7 +154,8 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
             return {k: (FAIL if v == UNDECIDED else v) for k, v in d.items()}
         return d
 
-    s = sample_until_decided(plan, take, judged, clock=clock)
+    with frozen_heap():  # one full collection for all the batches, not one before each (schedule.frozen_heap)
+        s = sample_until_decided(plan, take, judged, clock=clock)
     if failed:
         s.decisions = dict(failed)
         if s.history:

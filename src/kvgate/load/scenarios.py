@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from kvgate.stats.confidence import LookPlan, Sampling, min_samples_to_pass, plan_looks
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.host.contention import for_endpoint as contention_for
-from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
+from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, frozen_heap, open_loop
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.http.tokenizers import ABSENT
@@ -328,28 +328,30 @@ def _replayed_looks(client: KvClient, endpoint: Endpoint, profile: Profile, name
 def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[RequestSpec]]], deadline_s: float,
            **kw: Any) -> LoadResult:
     """Each wave ``(longs, shorts)`` as one open-loop run (longs at 0 s, shorts 5-42 ms later),
-    the next starting when it ends; records merged onto one time base (seconds since the first
-    wave's start), re-indexed in send order. Bounded: the waves share ``deadline_s``. ``kw``:
-    passed to :func:`~kvgate.load.open_loop` (timeouts)."""
+    the next starting when it ends (one :func:`~kvgate.load.frozen_heap` for them all, so no full
+    collection comes between two waves); records merged onto one time base (seconds since the
+    first wave's start), re-indexed in send order. Bounded: the waves share ``deadline_s``.
+    ``kw``: passed to :func:`~kvgate.load.open_loop` (timeouts)."""
     import time
 
     t0 = time.monotonic()
     records: list[Any] = []
     lags: list[float] = []
     cpu, requested, hit, last = 0.0, 0, False, None
-    for longs, shorts in waves:
-        left = deadline_s - (time.monotonic() - t0)
-        if left <= 0:
-            hit = True
-            break
-        offsets = [0.0] * len(longs) + [0.005 + j * 0.0125 for j in range(len(shorts))]
-        start = time.monotonic() - t0
-        last = open_loop(endpoint, [*longs, *shorts], offsets_s=offsets, deadline_s=left, **kw)
-        records += [r.shift(start) for r in last.records]
-        lags += last.loop_lag_s
-        cpu += last.cpu_s
-        requested += last.n_requested
-        hit = hit or last.deadline_hit
+    with frozen_heap():
+        for longs, shorts in waves:
+            left = deadline_s - (time.monotonic() - t0)
+            if left <= 0:
+                hit = True
+                break
+            offsets = [0.0] * len(longs) + [0.005 + j * 0.0125 for j in range(len(shorts))]
+            start = time.monotonic() - t0
+            last = open_loop(endpoint, [*longs, *shorts], offsets_s=offsets, deadline_s=left, **kw)
+            records += [r.shift(start) for r in last.records]
+            lags += last.loop_lag_s
+            cpu += last.cpu_s
+            requested += last.n_requested
+            hit = hit or last.deadline_hit
     for i, r in enumerate(records):
         r.index = i
     ends = [r.end_s for r in records if r.end_s is not None]
