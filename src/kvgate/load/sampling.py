@@ -61,12 +61,14 @@ def slo_samples(records: Sequence[Any]) -> dict[str, list[float]]:
     return out
 
 
-def judge_slo(records: Sequence[Any], slo: Any, confidence: float) -> dict[str, Judgement]:
+def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
+              pass_confidence: float | None = None) -> dict[str, Judgement]:
     """label (``TTFT``/``ITL``/``e2e``) -> :class:`~kvgate.stats.confidence.Judgement` of its p95 against
-    ``slo.<field>`` at ``confidence``, for every metric the ``slo`` (a
+    ``slo.<field>`` at ``confidence`` (the PASS side at ``pass_confidence`` when given:
+    :attr:`~kvgate.stats.confidence.LookPlan.pass_level`), for every metric the ``slo`` (a
     :class:`~kvgate.profile.models.SLOSpec`) sets a limit on."""
     xs = slo_samples(records)
-    return {label: judge(xs[key], Q, limit, confidence)
+    return {label: judge(xs[key], Q, limit, confidence, pass_confidence)
             for key, field_name, label in SLO_METRICS if (limit := getattr(slo, field_name)) is not None}
 
 
@@ -76,10 +78,11 @@ def error_rate(records: Sequence[Any]) -> tuple[int, int]:
     return sum(1 for r in judged if not r.ok), len(judged)
 
 
-def slo_decisions(records: Sequence[Any], slo: Any, confidence: float) -> dict[str, str]:
+def slo_decisions(records: Sequence[Any], slo: Any, confidence: float,
+                  pass_confidence: float | None = None) -> dict[str, str]:
     """The sampling loop's decisions: each SLO'd metric's (:func:`judge_slo`) plus ``errors``: FAIL
     once the error rate exceeds ``slo.error_rate_max`` (a FAIL whatever more samples say), else PASS."""
-    out = {label: j.decision for label, j in judge_slo(records, slo, confidence).items()}
+    out = {label: j.decision for label, j in judge_slo(records, slo, confidence, pass_confidence).items()}
     bad, n = error_rate(records)
     out[ERRORS] = FAIL if n and bad / n > slo.error_rate_max else PASS
     return out
