@@ -15,7 +15,10 @@ and writes them to a JSON file. Then it reads the run's ``summary.json`` phases 
 each phase as kvgate's console prints it, nested launch excluded) and computes per phase:
 
 - ``busy_s``: seconds the engine had work (a sample with a request running or waiting counts until
-  the next sample: :func:`busy_seconds`);
+  the next sample; vLLM publishes those gauges with each engine step's output, so a busy spell is
+  seen only once its first step ended: it is moved back by the mean time to first token of the
+  requests first answered then -- their time in the server until that step ended:
+  :func:`busy_series`, :func:`busy_seconds`);
 - ``idle_s`` = wall - busy: the server had nothing to do while kvgate built prompts, tokenized,
   waited, slept, judged, plotted or sent one request after another -- kvgate's share;
 - ``request_s``: the sum of the requests' prefill + decode seconds (vLLM's histograms; above
@@ -63,7 +66,8 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 #: vLLM's counters (and histogram sums/counts) read per phase, summed over their label sets.
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_prefill_time_seconds_sum",
             "vllm:request_decode_time_seconds_sum", "vllm:request_prefill_time_seconds_count",
-            "vllm:e2e_request_latency_seconds_count")
+            "vllm:e2e_request_latency_seconds_count", "vllm:time_to_first_token_seconds_sum",
+            "vllm:time_to_first_token_seconds_count")
 #: Phases that are not gates: no server yet (or none needed).
 NO_SERVER = ("prepare model", "collect", "launch", "teardown")
 
@@ -89,16 +93,48 @@ def read_metrics(text: str, names: Sequence[str] = GAUGES + COUNTERS) -> dict[st
     return out
 
 
-def busy_seconds(samples: Sequence[tuple[float, bool]], t0: float, t1: float) -> float:
-    """Seconds of ``[t0, t1]`` during which the engine had work: ``samples`` are ``(t, busy)`` in
-    time order (seconds), each state holding from its sample until the next one (the last until
-    ``t1``); before the first sample nothing is known and nothing counted."""
-    total = 0.0
-    for i, (t, busy) in enumerate(samples):
-        end = samples[i + 1][0] if i + 1 < len(samples) else t1
-        lo, hi = max(t, t0), min(end, t1)
-        if busy and hi > lo:
+def busy_series(samples: Sequence[dict[str, Any]]) -> list[tuple[float, bool, float]]:
+    """``(t, busy, lead_s)`` per sample (``{"t", "metrics"}``): busy when a request runs or waits;
+    ``lead_s`` on a sample that starts a busy spell (the one before it idle): the mean time to first
+    token of the requests whose first token came since that sample (the TTFT histogram's sum and
+    count deltas, seconds; 0 when none). vLLM sets the gauges and observes TTFT from the same
+    engine step's output, so the spell began about ``lead_s`` before the gauges showed it."""
+    out: list[tuple[float, bool, float]] = []
+    for i, s in enumerate(samples):
+        m = s["metrics"]
+        busy = sum(m.get(g, 0.0) for g in GAUGES) > 0
+        lead = 0.0
+        if busy and i and not out[-1][1]:
+            p = samples[i - 1]["metrics"]
+            n = m.get("vllm:time_to_first_token_seconds_count", 0.0) - p.get("vllm:time_to_first_token_seconds_count", 0.0)
+            total = m.get("vllm:time_to_first_token_seconds_sum", 0.0) - p.get("vllm:time_to_first_token_seconds_sum", 0.0)
+            lead = total / n if n > 0 and total > 0 else 0.0
+        out.append((s["t"], busy, lead))
+    return out
+
+
+def busy_seconds(series: Sequence[tuple[float, bool, float]], t0: float, t1: float) -> float:
+    """Seconds of ``[t0, t1]`` during which the engine had work. ``series``: ``(t, busy, lead_s)``
+    in time order (:func:`busy_series`; seconds): a busy spell runs from its first busy sample
+    (moved back by its ``lead_s``, never before the end of the spell before it) to the next idle
+    sample (the last until ``t1``); before the first sample nothing is known and nothing counted."""
+    total, i, last_end = 0.0, 0, None
+    while i < len(series):
+        t, busy, lead = series[i]
+        if not busy:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(series) and series[j + 1][1]:
+            j += 1
+        start = t - lead if i else t
+        if last_end is not None:
+            start = max(start, last_end)
+        end = series[j + 1][0] if j + 1 < len(series) else t1
+        lo, hi = max(start, t0), min(end, t1)
+        if hi > lo:
             total += hi - lo
+        last_end, i = end, j + 1
     return total
 
 
@@ -118,7 +154,7 @@ def phase_rows(phases: Sequence[dict[str, Any]], windows: dict[str, tuple[float,
     wall - busy, ``request_s`` (prefill + decode seconds summed over the requests that finished),
     ``requests``, ``prompt_tokens``, ``generation_tokens`` (counter deltas between the samples
     around the window). ``samples``: ``{"t", "metrics"}`` (:func:`read_metrics`), in time order."""
-    busy_series = [(s["t"], sum(s["metrics"].get(g, 0.0) for g in GAUGES) > 0) for s in samples]
+    series = busy_series(samples)
     counter_series = [(s["t"], s["metrics"]) for s in samples]
     rows = []
     for p in phases:
@@ -127,7 +163,7 @@ def phase_rows(phases: Sequence[dict[str, Any]], windows: dict[str, tuple[float,
         win = windows.get(p["name"])
         if win is not None and samples and win[1] > samples[0]["t"]:
             t0, t1 = win
-            busy = min(wall, busy_seconds(busy_series, t0, t1))
+            busy = min(wall, busy_seconds(series, t0, t1))
             a, b = _at(counter_series, t0, after=False) or {}, _at(counter_series, t1, after=True) or {}
 
             def d(name: str) -> float:
@@ -312,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()
     saved = {"profile": args.profile, "command": cmd, "exit_code": proc.returncode, "process_wall_s": round(wall, 1),
              "loadavg_1_5_15": [round(x, 2) for x in load], "overall": summary.get("overall"),
+             "gates": [{"id": g.get("id"), "status": g.get("status"), "message": g.get("message")}
+                       for g in summary.get("gates", [])],
              "phases": summary["phases"], "recording": recording, **result, "table": lines}
     for name in (f"main_job_overhead-{stamp}.json", "main_job_overhead-latest.json"):
         (RESULTS / name).write_text(json.dumps(saved, indent=1))

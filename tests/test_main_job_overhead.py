@@ -36,11 +36,30 @@ def test_read_metrics_sums_the_named_series_and_skips_the_rest():
 
 
 def test_busy_seconds_holds_each_sample_until_the_next_and_clips_to_the_window():
-    samples = [(10.0, False), (10.5, True), (11.0, True), (12.0, False), (13.0, True)]
+    samples = [(10.0, False, 0.0), (10.5, True, 0.0), (11.0, True, 0.0), (12.0, False, 0.0), (13.0, True, 0.0)]
     assert bench.busy_seconds(samples, 10.0, 14.0) == pytest.approx(1.5 + 1.0)  # 10.5-12.0 and 13.0-14.0
     assert bench.busy_seconds(samples, 11.5, 12.5) == pytest.approx(0.5)  # clipped at both ends
     assert bench.busy_seconds(samples, 5.0, 10.0) == 0.0  # before the first sample: nothing known
     assert bench.busy_seconds([], 0.0, 1.0) == 0.0
+
+
+def test_a_busy_spell_starts_its_first_step_earlier_than_the_gauges_show_it():
+    # the gauges read 0 at 1.0 and 2.0 while the first (prefill) step ran; at 3.0 they show it and
+    # the TTFT histogram counted 2 requests, 2.4 s together: the spell began ~1.2 s before 3.0
+    m = {"vllm:num_requests_running": 0.0, "vllm:time_to_first_token_seconds_sum": 0.5,
+         "vllm:time_to_first_token_seconds_count": 1.0}
+    samples = [{"t": 1.0, "metrics": dict(m)}, {"t": 2.0, "metrics": dict(m)},
+               {"t": 3.0, "metrics": {**m, "vllm:num_requests_running": 2.0, "vllm:time_to_first_token_seconds_sum": 2.9,
+                                      "vllm:time_to_first_token_seconds_count": 3.0}},
+               {"t": 4.0, "metrics": {**m, "vllm:time_to_first_token_seconds_sum": 2.9,
+                                      "vllm:time_to_first_token_seconds_count": 3.0}}]
+    series = bench.busy_series(samples)
+    assert [(t, b) for t, b, _ in series] == [(1.0, False), (2.0, False), (3.0, True), (4.0, False)]
+    assert series[2][2] == pytest.approx(1.2)
+    assert bench.busy_seconds(series, 0.0, 5.0) == pytest.approx(2.2)  # 1.8-4.0, not 3.0-4.0
+    # never back into the spell before it
+    early = [(0.0, True, 0.0), (1.0, False, 0.0), (1.5, True, 5.0), (2.0, False, 0.0)]
+    assert bench.busy_seconds(early, 0.0, 3.0) == pytest.approx(1.0 + 1.0)
 
 
 def _s(t, running, waiting=0, prompt=0, gen=0, prefill=0.0, decode=0.0, done=0):
