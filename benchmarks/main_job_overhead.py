@@ -269,8 +269,10 @@ class Recorder:
         self.stop.set()
         if self.thread is not None:
             self.thread.join(timeout=10)
-        self.path.write_text(json.dumps({"interval_s": self.interval_s, "windows": self.windows,
-                                         "samples": self.samples}))
+        names = list(GAUGES + COUNTERS)  # one row per sample: t, then each name's value (None: absent)
+        rows = [[round(x["t"], 4), *(x["metrics"].get(n) for n in names)] for x in self.samples]
+        self.path.write_text(json.dumps({"interval_s": self.interval_s, "windows": self.windows, "names": names,
+                                         "rows": rows}, separators=(",", ":")))
 
 
 _RECORDER: Recorder | None = None
@@ -310,10 +312,19 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
 # ----------------------------------------------------------------------------- the command
 
 
+def samples_of(recording: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recording's samples as ``{"t", "metrics"}`` (the file keeps ``names`` once and a row
+    ``[t, value, ...]`` per sample; an absent value is left out)."""
+    if "samples" in recording:
+        return recording["samples"]
+    names = recording["names"]
+    return [{"t": r[0], "metrics": {n: v for n, v in zip(names, r[1:]) if v is not None}} for r in recording["rows"]]
+
+
 def analyze(recording: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str, Any]:
     """The rows and totals of one run (``recording``: the plugin's file; ``phases``: summary.json's)."""
     windows = {k: tuple(v) for k, v in recording["windows"].items()}
-    rows = phase_rows(phases, windows, recording["samples"])
+    rows = phase_rows(phases, windows, samples_of(recording))
     return {"rows": rows, "totals": totals(rows)}
 
 
@@ -352,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        for g in summary.get("gates", [])],
              "phases": summary["phases"], "recording": recording, **result, "table": lines}
     for name in (f"main_job_overhead-{stamp}.json", "main_job_overhead-latest.json"):
-        (RESULTS / name).write_text(json.dumps(saved, indent=1))
+        (RESULTS / name).write_text(json.dumps(saved, separators=(",", ":")))
     return 0
 
 

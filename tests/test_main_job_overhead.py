@@ -97,3 +97,11 @@ def test_busy_never_exceeds_the_phase_wall_kvgate_recorded():
     samples = [_s(0.0, 1), _s(10.0, 1)]
     row, = bench.phase_rows([{"name": "gate p/a", "seconds": 3.0}], {"gate p/a": (0.0, 10.0)}, samples)
     assert row["busy_s"] == 3.0 and row["idle_s"] == 0.0
+
+
+def test_a_saved_recording_keeps_the_names_once_and_reads_back_the_same_samples():
+    rec = {"windows": {}, "names": ["vllm:num_requests_running", "vllm:prompt_tokens_total"],
+           "rows": [[1.0, 0.0, 10.0], [1.25, 2.0, None]]}
+    assert bench.samples_of(rec) == [{"t": 1.0, "metrics": {"vllm:num_requests_running": 0.0,
+                                                            "vllm:prompt_tokens_total": 10.0}},
+                                     {"t": 1.25, "metrics": {"vllm:num_requests_running": 2.0}}]
