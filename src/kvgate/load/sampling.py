@@ -136,7 +136,7 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
     batches run inside one :func:`~kvgate.load.schedule.frozen_heap`. Returns :class:`Sampled`."""
     batches: list[tuple[float, LoadResult]] = []
     records: list[Any] = []
-    t0 = clock()
+    t0 = 0.0  # set once the heap is frozen: the collection is not the first batch's time
 
     def take(k: int, left: float | None) -> int:
         if not batches and first_deadline_s is not None:
@@ -158,6 +158,7 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
         return d
 
     with frozen_heap():  # one full collection for all the batches, not one before each (schedule.frozen_heap)
+        t0 = clock()
         s = sample_until_decided(plan, take, judged, clock=clock)
     if failed:
         s.decisions = dict(failed)

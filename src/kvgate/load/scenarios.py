@@ -336,11 +336,11 @@ def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[Request
     ``kw``: passed to :func:`~kvgate.load.open_loop` (timeouts)."""
     import time
 
-    t0 = time.monotonic()
     records: list[Any] = []
     lags: list[float] = []
     cpu, requested, hit, last = 0.0, 0, False, None
     with frozen_heap():
+        t0 = time.monotonic()  # after the collection: the first wave starts at 0
         for longs, shorts in waves:
             left = deadline_s - (time.monotonic() - t0)
             if left <= 0:
