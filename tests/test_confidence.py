@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvgate.stats.confidence import (FAIL, PASS, UNDECIDED, judge, lower_rank, max_exceedances, min_samples_to_pass,
-                               plan_looks, sample_until_decided, upper_rank)
+                                     plan_looks, sample_until_decided, split_levels, upper_rank)
 
 
 def test_with_32_samples_no_p95_pass_is_possible_and_59_without_exceedance_pass():
@@ -80,3 +80,51 @@ def test_a_fail_just_over_the_limit_does_not_read_as_equal_to_it():
     assert "lower bound 5,000.2 ms (n=100; 100 over) > 5,000.0 ms" in judge([5000.2] * 100, 0.95, 5000).text("TTFT")
     assert "lower bound 6,189 ms (n=100; 100 over) > 5,000 ms" in judge([6189.0] * 100, 0.95, 5000).text("TTFT")
     assert "lower bound 100.0001 ms" in judge([100.0001] * 100, 0.95, 100).text("TTFT")
+
+
+def test_split_looks_spend_the_pass_error_only_where_a_pass_is_possible():
+    # the SLO gate's looks: a FAIL can come at any of 4 looks, a PASS only at the 3 of 80 or more
+    p = plan_looks(32, 256, 0.95, split=True)
+    assert p.looks == (32, 80, 160, 256) and p.per_look == pytest.approx(1 - 0.05 / 4)
+    assert p.pass_looks == 3 and p.pass_level == pytest.approx(1 - 0.05 / 3)
+    assert min_samples_to_pass(0.95, p.pass_level) == 80 and min_samples_to_pass(0.95, p.per_look) == 86
+    # the interference gate's: an early FAIL at 16, a PASS only at 60 (at 95%: the one look that can)
+    i = split_levels([16, 60], 0.95)
+    assert (i.per_look, i.per_look_pass, i.pass_looks) == (pytest.approx(0.975), 0.95, 1)
+    assert i.to_dict()["per_look_pass_confidence"] == 0.95 and "that can PASS" in i.to_dict()["correction"]
+    # no look can PASS at all: nothing to split; without split the plan is as before
+    assert split_levels([8], 0.95).per_look_pass is None and split_levels([8], 0.95).pass_level == 0.95
+    assert plan_looks(32, 256, 0.95).per_look_pass is None
+    with pytest.raises(ValueError):
+        split_levels([60, 16], 0.95)
+
+
+def test_a_split_judgement_names_both_levels():
+    j = judge([100.0] * 60, 0.95, 200.0, 0.975, pass_confidence=0.95)
+    assert j.decision == PASS and "95% upper bound 100 ms (n=60)" in j.text("TTFT")
+    assert j.bound.to_dict()["upper_confidence"] == 0.95
+    bad = judge([300.0] * 16, 0.95, 200.0, 0.975, pass_confidence=0.95)
+    assert bad.decision == FAIL and "97.5% lower bound 300 ms (n=16; 16 over)" in bad.text("TTFT")
+    open_ = judge([100.0] * 40 + [300.0] * 4, 0.95, 200.0, 0.975, pass_confidence=0.95)
+    assert open_.decision == UNDECIDED and "bounds (97.5% lower, 95% upper)" in open_.text("TTFT")
+
+
+@pytest.mark.parametrize("plan", [plan_looks(32, 256, 0.95, split=True), split_levels([16, 60], 0.95),
+                                  plan_looks(16, 120, 0.95, split=True)], ids=["slo", "interference", "capped"])
+def test_split_looks_keep_each_error_within_one_minus_confidence(plan):
+    """Simulated: samples whose true p95 sits exactly at the limit (each at or below it with
+    probability 0.95), judged at every look as sample_until_decided does; a PASS is then wrong as
+    soon as the true p95 is a hair above it, a FAIL wrong as soon as it is a hair below: each
+    happens in at most 5% of 20,000 runs (Bonferroni per side)."""
+    rng = np.random.default_rng(7)
+    below = (rng.random((20_000, plan.looks[-1])) <= 0.95).cumsum(axis=1)  # samples <= limit so far
+    passed = np.zeros(len(below), bool)
+    failed = np.zeros(len(below), bool)
+    for n in plan.looks:
+        k, j = upper_rank(n, 0.95, plan.pass_level), lower_rank(n, 0.95, plan.per_look)
+        live = ~(passed | failed)
+        if k is not None:
+            passed |= live & (below[:, n - 1] >= k)  # the k-th smallest <= limit
+        if j is not None:
+            failed |= live & ~passed & (below[:, n - 1] < j)  # the j-th smallest > limit
+    assert passed.mean() <= 0.05 and failed.mean() <= 0.05

@@ -251,6 +251,10 @@ def test_head_of_line_blocking_fails_interference(pytester):
     assert "the short workload suffers" in g["message"] and g["measured"] == {"value": g["measured"]["value"],
                                                                              "unit": "ms"}
     assert g["measured"]["value"] > 100 and g["evidence"]["short_ttft_p95_ms"]["mixed"] > 100
+    # decided at the first look (4 waves, its FAIL at 97.5%): a broken deployment costs 4 waves, not 15
+    sampling = g["evidence"]["sampling"]
+    assert sampling["n"] == 16 and sampling["why_stopped"] == "decided" and sampling["looks"] == [16, 60], sampling
+    assert "97.5% lower bound" in g["message"] and "looks planned at 16/60 short requests" in g["message"]
 
 
 def test_shorts_queued_behind_whole_long_generations_fail_interference(pytester):

@@ -283,3 +283,19 @@ def test_embedded_environment_runs_the_worker_in_engine_core_at_tp1_unless_told_
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in EmbeddedServer(tp2, tmp_path, tmp_path / "log").environment()
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     assert EmbeddedServer(tiny, tmp_path, tmp_path / "log").environment()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
+def test_embedded_environment_disables_torch_compile_with_enforce_eager(tmp_path, monkeypatch):
+    """enforce_eager: TORCH_COMPILE_DISABLE=1, so vLLM's sampler does not compile its logprobs-rank
+    kernel on the first logprobs request (16.9 s of inductor on 2 cores, measured); a profile
+    without enforce_eager keeps vLLM's compile; engine.env and the caller's environment win."""
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    real = load_profile("smollm2-cpu")
+    assert real.engine.enforce_eager
+    assert EmbeddedServer(real, tmp_path, tmp_path / "log").environment()["TORCH_COMPILE_DISABLE"] == "1"
+    compiled = real.model_copy(update={"engine": real.engine.model_copy(update={"enforce_eager": False})})
+    assert "TORCH_COMPILE_DISABLE" not in EmbeddedServer(compiled, tmp_path, tmp_path / "log").environment()
+    told = real.model_copy(update={"engine": real.engine.model_copy(update={"env": {"TORCH_COMPILE_DISABLE": "0"}})})
+    assert EmbeddedServer(told, tmp_path, tmp_path / "log").environment()["TORCH_COMPILE_DISABLE"] == "0"
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "0")
+    assert EmbeddedServer(real, tmp_path, tmp_path / "log").environment()["TORCH_COMPILE_DISABLE"] == "0"

@@ -24,6 +24,7 @@ from kvgate.load import (
     RequestSpec,
     chat_request,
     completion_request,
+    frozen_heap,
     make_transport,
     poisson_offsets,
     run_closed_loop,
@@ -149,6 +150,35 @@ def test_closed_loop_never_exceeds_concurrency_and_sends_each_request_once():
     assert tr.max_in_flight == 4
     assert sorted(tr.sent) == list(range(50)) and len(res.records) == 50
     assert res.concurrency == 4 and res.mode == "closed"
+
+
+def test_runs_inside_frozen_heap_skip_their_own_full_collection(monkeypatch):
+    """A run collects and freezes the heap itself; inside frozen_heap (a series of waves or looks)
+    only the outermost block does, once, and unfreezes at its end (nested blocks leave it frozen)."""
+    import gc
+
+    from kvgate.load import schedule
+
+    calls: list[str] = []
+    monkeypatch.setattr(schedule.gc, "collect", lambda *a: calls.append("collect") or 0)
+    monkeypatch.setattr(schedule.gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(schedule.gc, "unfreeze", lambda: calls.append("unfreeze"))
+
+    def run() -> LoadResult:
+        return asyncio.run(run_closed_loop(None, SPEC, n=3, concurrency=1, transport=FakeTransport(),
+                                           loop_monitor_s=None))
+
+    run()
+    assert calls == ["collect", "freeze", "unfreeze"]
+    calls.clear()
+    with frozen_heap():
+        for _ in range(3):
+            assert len(run().records) == 3
+        with frozen_heap():
+            run()
+        assert calls == ["collect", "freeze"]
+    assert calls == ["collect", "freeze", "unfreeze"]
+    assert gc.isenabled()
 
 
 def test_closed_loop_stops_at_the_deadline_by_itself():

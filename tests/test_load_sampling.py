@@ -63,11 +63,16 @@ def slo_profile(limit_ms, requests=32, cap=1024, max_s=120.0):
     return PROFILE.model_copy(update={"slo": slo})
 
 
+def decider(prof, plan):
+    """run_latency's decide: each look's FAIL level from the loop, the plan's PASS level."""
+    return lambda recs, c: slo_decisions(recs, prof.slo, c, plan.pass_level)
+
+
 def sampled(limit_ms, seed, **kw):
     prof = slo_profile(limit_ms, **kw)
     syn = Synthetic(seed)
-    got = sample_latency(None, ["spec"], 4, latency_plan(prof), lambda recs, c: slo_decisions(recs, prof.slo, c),
-                         clock=syn.clock, loop=syn.loop)
+    plan = latency_plan(prof)
+    got = sample_latency(None, ["spec"], 4, plan, decider(prof, plan), clock=syn.clock, loop=syn.loop)
     obs = LoadObservation("latency (chat)", got.result, MetricsTrace(samples=[]), 16, 8, 4, sampling=got.sampling)
     return prof, got, obs, syn
 
@@ -83,7 +88,8 @@ def test_a_true_p95_5_percent_under_the_limit_passes(seed):
     assert v.status is Status.PASS, v.message
     n = got.sampling.n
     assert f"TTFT p95 " in v.message and f"% upper bound " in v.message and f"(n={n}) <= 123 ms -> PASS" in v.message
-    assert f"looks planned at 32/86/172/1,024 requests (each at 98.75%: 95% over 4 looks); took " in v.message
+    assert ("looks planned at 32/80/160/1,024 requests (a FAIL at 98.75% each: 95% over 4 looks; a PASS at 98.33%: "
+            "95% over the 3 that can PASS); took ") in v.message
     assert v.message.endswith("stopped: decided -> PASS"), v.message
     assert v.evidence["confidence"]["TTFT"]["decision"] == "PASS" and v.evidence["sampling"]["n"] == n
 
@@ -104,10 +110,10 @@ def test_a_true_p95_5_percent_over_the_limit_fails_naming_the_lower_bound(seed):
 def test_a_true_p95_at_the_limit_is_inconclusive_within_the_cap(seed):
     prof, got, obs, syn = sampled(P95_MS, seed)
     assert got.sampling.why_stopped == "cap" and got.sampling.n == 1024, got.sampling.history
-    assert [n for n, _ in syn.calls] == [32, 54, 86, 852]  # each look's batch, bounded in count
+    assert [n for n, _ in syn.calls] == [32, 48, 80, 864]  # each look's batch, bounded in count
     v = latency_verdict(obs, prof)
     assert v.status is Status.INCONCLUSIVE, v.message
-    assert "TTFT p95 " in v.message and "% bounds " in v.message and "(n=1024; " in v.message
+    assert "TTFT p95 " in v.message and "bounds (98.75% lower, 98.33% upper) " in v.message and "(n=1024; " in v.message
     assert "straddle 116 ms -> INCONCLUSIVE" in v.message and "stopped: the cap (1,024 requests) reached" in v.message
     assert v.parts[0].status is Status.INCONCLUSIVE and v.parts[0].measured == pytest.approx(P95_MS, rel=0.03)
 
@@ -128,9 +134,9 @@ def test_a_cap_too_small_for_any_pass_says_so_and_names_the_field():
 def test_the_time_bound_stops_sampling_and_is_named():
     prof = slo_profile(P95_MS, max_s=100.0)
     syn = Synthetic(0, per_request_s=1.0)  # 1 s a request: the first look (32 s) leaves 68 s
-    got = sample_latency(None, ["spec"], 4, latency_plan(prof), lambda recs, c: slo_decisions(recs, prof.slo, c),
-                         clock=syn.clock, loop=syn.loop, deadline_s=300.0)
-    assert got.sampling.why_stopped == "time" and syn.calls[0] == (32, 300.0) and syn.calls[1] == (54, 68.0)
+    plan = latency_plan(prof)
+    got = sample_latency(None, ["spec"], 4, plan, decider(prof, plan), clock=syn.clock, loop=syn.loop, deadline_s=300.0)
+    assert got.sampling.why_stopped == "time" and syn.calls[0] == (32, 300.0) and syn.calls[1] == (48, 68.0)
     obs = LoadObservation("latency (chat)", got.result, MetricsTrace(samples=[]), 16, 8, 4, sampling=got.sampling)
     v = latency_verdict(obs, prof)
     assert v.status is Status.INCONCLUSIVE and "stopped: the time bound (100 s, slo.max_duration_s) reached" in v.message
@@ -142,8 +148,8 @@ def test_errors_fail_at_the_first_look_without_more_sampling():
     def loop(endpoint, specs, *, n, concurrency, deadline_s, **kw):
         return LoadResult("closed", [rec(i, 50.0, ok=i != 3) for i in range(n)], n, 0.1, deadline_s)
 
-    got = sample_latency(None, ["spec"], 4, latency_plan(prof), lambda recs, c: slo_decisions(recs, prof.slo, c),
-                         loop=loop)
+    plan = latency_plan(prof)
+    got = sample_latency(None, ["spec"], 4, plan, decider(prof, plan), loop=loop)
     assert got.sampling.n == 32 and got.sampling.why_stopped == "decided"
     assert got.sampling.decisions == {"TTFT": "UNDECIDED", "errors": "FAIL"}
     v = latency_verdict(LoadObservation("latency", got.result, MetricsTrace(samples=[]), 16, 8, 4,
@@ -182,10 +188,14 @@ def test_hand_built_records_without_sampling_are_judged_in_one_look():
 
 
 def test_interference_looks_count_waves_of_shorts():
-    assert interference_plan(PROFILE).looks == (60,)  # one look: the fewest whole waves that can PASS (59)
-    assert interference_plan(PROFILE).per_look == pytest.approx(0.95)
-    plan = interference_plan(PROFILE, max_waves=18)  # looks beyond the first: 16, then 72 at 97.5% each
-    assert plan.looks == (16, 72) and plan.per_look == pytest.approx(0.975)
+    # an early FAIL at 4 waves, a PASS from the fewest whole waves that can (59 -> 60) at 95%: the one
+    # look that can PASS spends the whole PASS error, the FAIL error is split over both looks
+    one = interference_plan(PROFILE)
+    assert one.looks == (16, 60) and one.per_look == pytest.approx(0.975) and one.pass_level == 0.95
+    plan = interference_plan(PROFILE, max_waves=18)  # a cap of 18 waves: 16, then 72 (PASS at 95%, one look can)
+    assert plan.looks == (16, 72) and plan.per_look == pytest.approx(0.975) and plan.pass_level == 0.95
+    capped = interference_plan(PROFILE, max_waves=30)  # two looks that can PASS: each at 97.5%, from 18 waves
+    assert capped.looks == (16, 72, 120) and capped.pass_level == pytest.approx(0.975)
     none = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"short_ttft_p95_ms": None})})
     assert interference_plan(none).looks == (16,)
     sent = []
@@ -197,7 +207,11 @@ def test_interference_looks_count_waves_of_shorts():
 
     def decide(recs, level):
         from kvgate.stats.confidence import judge
-        return {"short TTFT": judge(slo_samples(recs)["ttft_ms"], 0.95, 100.0, level).decision}
+        return {"short TTFT": judge(slo_samples(recs)["ttft_ms"], 0.95, 100.0, level, plan.pass_level).decision}
 
     got = sample_batches(plan, send, decide)
     assert sent == [4, 14] and got.sampling.n == 72 and got.sampling.decisions == {"short TTFT": "PASS"}
+    sent.clear()
+    plan = one
+    got = sample_batches(plan, send, decide)  # healthy: undecided at 16, PASS at 60 (15 waves), as one look was
+    assert sent == [4, 11] and got.sampling.n == 60 and got.sampling.decisions == {"short TTFT": "PASS"}

@@ -101,3 +101,47 @@ def test_tokenize_answers_that_are_not_a_count_are_refusals(status, text, ctype,
         server_counter(client, "m", "chat")("the kv cache")
     assert info.value.status == status and info.value.answer == said and info.value.body_bytes > 0
     assert info.value.target_tokens is None and "while building" not in str(info.value)
+
+
+@pytest.mark.parametrize("count", [words_plus_bos, merging])
+@pytest.mark.parametrize("target", [17, 384, 2049])
+def test_a_hint_finds_the_same_prompt_in_fewer_calls(count, target):
+    """The next prompt of a length (another prefix) starts where the last one's filler ended: the
+    same text as the search from scratch (the longest filler that fits), a third of the calls."""
+    calls = []
+
+    def counting(text):
+        calls.append(text)
+        return count(text)
+
+    first = exact_prompt(counting, target, prefix="long request 0: ")
+    cold = len(calls)
+    for prefix, hint in [("long request 1: ", first.filler_words), ("long request 12: ", first.filler_words),
+                         ("x: ", first.filler_words + 7), ("a much longer prefix than before: ", 1)]:
+        calls.clear()
+        warm = exact_prompt(counting, target, prefix=prefix, hint=hint)
+        assert warm == exact_prompt(count, target, prefix=prefix)  # the same boundary, verified the same way
+        assert warm.tokens == target == count(warm.text)
+        if hint == first.filler_words and prefix.startswith("long"):
+            assert len(calls) <= 5 < cold, (len(calls), cold)
+
+
+def test_build_prompt_hands_the_last_filler_length_to_the_next_prompt_of_that_length():
+    from kvgate.http import probes
+
+    counted = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            counted.append(1)
+            return httpx.Response(200, json={"count": words_plus_bos(json.loads(request.content)["prompt"]),
+                                             "max_model_len": 4096, "tokens": []})
+        return httpx.Response(404, json={"error": "no"})
+
+    client = KvClient(Endpoint(base_url="http://hinted.test"), transport=httpx.MockTransport(handler))
+    probes._FILLER_HINTS.clear()
+    first = probes.build_prompt(client, "m", "completions", 384, prefix="long request 0: ")
+    cold, counted[:] = len(counted), []
+    second = probes.build_prompt(client, "m", "completions", 384, prefix="long request 1: ")
+    assert first.tokens == second.tokens == 384 and second.text.startswith("long request 1: ")
+    assert len(counted) <= 4 < cold, (len(counted), cold)

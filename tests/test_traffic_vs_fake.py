@@ -86,7 +86,7 @@ def test_every_load_gate_replays_a_sample_on_a_healthy_fake(pytester, tmp_path):
     # 8 two-turn sessions sharing a 32-token system prompt (the second turn's prompt holds the
     # first turn and its reply), closed loop; the long workload replays 3 recorded lengths
     chat = []
-    for s in range(44):  # 88 requests: a p95 PASS needs 86 (looks 64/80/96 at 98.33%)
+    for s in range(44):  # 88 requests: a p95 PASS needs 72 (looks 64/72/96, a PASS at 97.5%: 2 of them can)
         chat += [{"session": f"s{s}", "turn": 0, "prompt_tokens": 40, "output_tokens": 8, "prefix_id": "sys",
                   "prefix_tokens": 32, "arrival_s": s * 0.1},
                  {"session": f"s{s}", "turn": 1, "prompt_tokens": 60, "output_tokens": 8, "prefix_id": "sys",
@@ -101,10 +101,10 @@ def test_every_load_gate_replays_a_sample_on_a_healthy_fake(pytester, tmp_path):
         "fake-vllm-replay/latency/interference": "PASS"}, [g["message"] for g in gates.values()]
     slo, long_, inter = (gates[f"fake-vllm-replay/{k}"] for k in ("latency/slo", "concurrency/long-sequences",
                                                             "latency/interference"))
-    # looks at 64/80/96 (98.33% each): 80 is the first that can PASS; sessions are sent whole, so
-    # the look that decides holds 80 or more of the 88
+    # looks at 64/72/96 (a FAIL at 98.33% each, a PASS at 97.5% over the two that can): 72 is the
+    # first that can PASS; sessions are sent whole, so the look that decides holds 72 or more of the 88
     sent = int(re.search(r"replayed (\d+) of 88 requests of chat\.jsonl", slo["message"]).group(1))
-    assert 80 <= sent <= 88, slo["message"]
+    assert 72 <= sent <= 88, slo["message"]
     assert "upper bound" in slo["message"] and slo["evidence"]["sampling"]["history"][0]["n"] == 64
     assert "closed loop at concurrency 2): prompt p50/p99 40/60 tokens (declared 24/40)" in slo["message"]
     assert long_["message"].startswith("3 long sequences at concurrency 2, replayed 3 of 3 requests of batch.jsonl")

@@ -420,7 +420,10 @@ def _one_look(n: int, confidence: float) -> LookPlan:
 def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: int | None = None,
                   cap_field: str | None = "slo.max_requests") -> str:
     """How the percentile was sampled, for a verdict: ``looks planned at 32/86/172/256 requests
-    (each at 98.75%: 95% over 4 looks); took 2 (n=86); stopped: decided``. ``why_stopped``: decided,
+    (each at 98.75%: 95% over 4 looks); took 2 (n=86); stopped: decided``; looks whose errors are
+    spent apart (:func:`kvgate.stats.confidence.split_levels`): ``looks planned at 32/80/160/256
+    requests (a FAIL at 98.75% each: 95% over 4 looks; a PASS at 98.33%: 95% over the 3 that can
+    PASS); ...``. ``why_stopped``: decided,
     the cap, the time bound (``slo.max_duration_s``) or the source (a traffic sample with only
     ``source_n`` requests). A cap below the fewest samples a p95 PASS needs at the per-look level
     says so (no PASS was ever possible; raise ``cap_field``). Empty without ``sampling`` (a single
@@ -429,15 +432,19 @@ def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: i
         return ""
     p = sampling.plan
     cap = f"the cap ({p.looks[-1]:,} {unit}) reached"
-    if (need := min_samples_to_pass(Q, p.per_look)) > p.looks[-1]:
-        cap += (f"; no PASS was possible: a p95 PASS at {p.per_look * 100:.4g}% needs at least {need:,} {unit}, "
+    if (need := min_samples_to_pass(Q, p.pass_level)) > p.looks[-1]:
+        cap += (f"; no PASS was possible: a p95 PASS at {p.pass_level * 100:.4g}% needs at least {need:,} {unit}, "
                 f"more than the cap" + (f" (raise {cap_field})" if cap_field else ""))
     why = {"decided": "decided", "cap": cap,
            "time": f"the time bound ({p.max_s:g} s, slo.max_duration_s) reached",
            "source": (f"the traffic sample had only {source_n:,} requests" if source_n is not None
                       else "a batch ran into its deadline")}.get(sampling.why_stopped, sampling.why_stopped or "?")
-    return (f"looks planned at {'/'.join(f'{n:,}' for n in p.looks)} {unit} (each at {p.per_look * 100:.4g}%: "
-            f"{p.confidence * 100:.4g}% over {len(p.looks)} look{'s' if len(p.looks) != 1 else ''}); took "
+    k, c = len(p.looks), f"{p.confidence * 100:.4g}%"
+    levels = (f"each at {p.per_look * 100:.4g}%: {c} over {k} look{'s' if k != 1 else ''}"
+              if p.per_look_pass is None or p.per_look_pass == p.per_look else
+              f"a FAIL at {p.per_look * 100:.4g}% each: {c} over {k} looks; a PASS at {p.per_look_pass * 100:.4g}%: "
+              f"{c} over the {p.pass_looks} that can PASS")
+    return (f"looks planned at {'/'.join(f'{n:,}' for n in p.looks)} {unit} ({levels}); took "
             f"{len(sampling.history)} (n={sampling.n:,}); stopped: {why}")
 
 
@@ -482,7 +489,7 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     recs = obs.result.records
     sampling = obs.sampling
     level = sampling.plan.per_look if sampling is not None else slo.confidence
-    judged = judge_slo(recs, slo, level)
+    judged = judge_slo(recs, slo, level, sampling.plan.pass_level if sampling is not None else None)
     xs = slo_samples(recs)
     window = busiest_window([r.scheduled_s for r in recs]) if t is not None and t.plan.mode == "open" else None
     bursts: dict[str, Any] = {}
@@ -631,7 +638,8 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
         f"short-request TTFT p95 alone {pa}, mixed {pm}"
     sampling = mixed.sampling
     level = sampling.plan.per_look if sampling is not None else profile.slo.confidence
-    j = judge(slo_samples(shorts)["ttft_ms"], 0.95, limit, level) if limit is not None else None
+    up = sampling.plan.pass_level if sampling is not None else None
+    j = judge(slo_samples(shorts)["ttft_ms"], 0.95, limit, level, up) if limit is not None else None
     ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
                           "trace_mixed": mixed.trace.to_dict(),
                           "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio},

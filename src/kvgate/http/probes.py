@@ -133,6 +133,23 @@ def send_raw(client: KvClient, api: Api, text: str, *, timeout_s: float | None =
     return Exchange(api, False, {"raw": text[:200]}, reply)
 
 
+#: The filler length of the last exact prompt built per (server, model, api, tokens, counter):
+#: the next one of that length (another prefix: the next request of a load run) starts its
+#: search there (:func:`kvgate.http.prompts.exact_prompt` ``hint``). Bounded; a hint is only
+#: where the search begins, the count is the server's either way.
+_FILLER_HINTS: dict[tuple[str, str, str, int, str], int] = {}
+_HINTS_MAX = 512
+
+
+def _hinted(key: tuple[str, str, str, int, str], build: Callable[[int | None], ExactPrompt]) -> ExactPrompt:
+    p = build(_FILLER_HINTS.get(key))
+    if p.filler_words is not None:
+        if len(_FILLER_HINTS) >= _HINTS_MAX:
+            _FILLER_HINTS.clear()
+        _FILLER_HINTS[key] = p.filler_words
+    return p
+
+
 def build_prompt(client: KvClient, model: str, api: Api, tokens: int, prefix: str = "") -> ExactPrompt:
     """An ``api`` prompt of exactly ``tokens`` tokens (starting with ``prefix``), counted by the
     server's own tokenizer where it has an endpoint for it (:func:`kvgate.http.tokenizers.detect`:
@@ -141,19 +158,30 @@ def build_prompt(client: KvClient, model: str, api: Api, tokens: int, prefix: st
     :func:`kvgate.http.prompts.token_id_prompt`) and a chat prompt is counted by the profile's
     local tokenizer (``model.tokenizer``, carried as ``Endpoint.tokenizer``). A chat prompt nothing can count
     raises :class:`kvgate.http.prompts.PromptUnavailable` naming the server and what it lacks --
-    the check that needs it SKIPs with that reason."""
+    the check that needs it SKIPs with that reason. The search starts where the last prompt of
+    this length ended (:data:`_FILLER_HINTS`): a load run's prompts differ only in their prefix,
+    so each after the first takes ~4 ``/tokenize`` calls instead of ~12."""
     found = detect(client, model)
+    base = client.endpoint.base_url
+
+    def key(counter: str) -> tuple[str, str, str, int, str]:
+        return (base, model, api, tokens, counter)
+
     if found.route == "vllm":
-        return exact_prompt(server_counter(client, model, api), tokens, api, prefix=prefix)
+        return _hinted(key("vllm"), lambda h: exact_prompt(server_counter(client, model, api), tokens, api,
+                                                           prefix=prefix, hint=h))
     if found.route is not None and api == "completions":
-        return exact_prompt(server_text_counter(client, model, found.route), tokens, api, prefix=prefix)
+        return _hinted(key(found.route), lambda h: exact_prompt(server_text_counter(client, model, found.route),
+                                                                tokens, api, prefix=prefix, hint=h))
     if found.route == "llama.cpp" and found.chat:
-        return exact_prompt(llamacpp_chat_counter(client), tokens, api, prefix=prefix)
+        return _hinted(key("llama.cpp-chat"), lambda h: exact_prompt(llamacpp_chat_counter(client), tokens, api,
+                                                                     prefix=prefix, hint=h))
     if api == "completions":
         return token_id_prompt(tokens, seed=prefix)
     path = getattr(client.endpoint, "tokenizer", None)
     if path:
-        return exact_prompt(local_counter(path, api), tokens, api, prefix=prefix)
+        return _hinted(key(f"local:{path}"), lambda h: exact_prompt(local_counter(path, api), tokens, api,
+                                                                    prefix=prefix, hint=h))
     raise PromptUnavailable(f"{found.missing(api)} and the profile sets no model.tokenizer: an exact-length "
                             f"{api} prompt cannot be built")
 

@@ -87,6 +87,9 @@ class ExactPrompt:
     api: Api
     #: Set for a token-id prompt (``/completions`` ``prompt: [ids]``): exact by construction.
     token_ids: tuple[int, ...] | None = None
+    #: How many filler words the text holds after its prefix (:func:`exact_prompt`; the next
+    #: prompt of this length starts its search there). None for a token-id prompt.
+    filler_words: int | None = None
 
     def body(self, model: str, **params: object) -> dict:
         """Request body for ``/v1/completions`` or ``/v1/chat/completions``."""
@@ -155,15 +158,20 @@ def server_counter(client: KvClient, model: str, api: Api) -> CountFn:
 
 
 def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_calls: int = 64,
-                 prefix: str = "") -> ExactPrompt:
+                 prefix: str = "", hint: int | None = None) -> ExactPrompt:
     """Text whose ``count`` is exactly ``target`` tokens, starting with ``prefix``.
 
     Binary search on the number of filler words for the longest text with ``count <= target``,
     then close any remaining gap with short tails. At most ``max_calls`` calls of ``count``.
     A distinct ``prefix`` per request keeps prefix caching from sharing KV blocks between
-    requests that are meant to occupy the pool separately.
+    requests that are meant to occupy the pool separately. ``hint``: a filler word count to
+    bracket from (the :attr:`ExactPrompt.filler_words` of a prompt of this length with another
+    prefix): steps of 1, 2, 4, ... from it instead of from ``target`` -- the same boundary (the
+    longest filler that fits), found in ~4 calls instead of ~12 (384 tokens); the result is
+    verified by ``count`` either way.
     """
     calls = 0
+    seen: dict[int, int] = {}
 
     def c(text: str) -> int:
         nonlocal calls
@@ -175,26 +183,42 @@ def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_call
         except PreparationRefused as exc:
             raise exc.building(target, api) from None
 
-    def filler_p(n: int) -> str:
-        return prefix + filler(n)
+    def fits(n: int) -> bool:  # the prompt with n filler words is at most target tokens (counted once)
+        if n not in seen:
+            seen[n] = c(prefix + filler(n))
+        return seen[n] <= target
 
     base = c(prefix)
     if base > target:
         raise PromptError(f"the bare {api} prompt {prefix!r} already has {base} tokens (> {target})")
-    lo, hi = 0, max(1, target)
-    while c(filler_p(hi)) <= target:  # make sure hi overshoots
-        lo, hi = hi, hi * 2
+    seen[0] = base
+    if hint is not None and 0 < hint:
+        step = 1
+        if fits(hint):  # lo fits, hi does not: walk up from the hint
+            lo, hi = hint, hint + 1
+            while fits(hi):
+                lo, step = hi, step * 2
+                hi = lo + step
+        else:  # walk down to a length that fits (0 does)
+            lo, hi = max(0, hint - 1), hint
+            while not fits(lo):
+                hi, step = lo, step * 2
+                lo = max(0, hi - step)
+    else:
+        lo, hi = 0, max(1, target)
+        while fits(hi):  # make sure hi overshoots
+            lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if c(filler_p(mid)) <= target:
+        if fits(mid):
             lo = mid
         else:
             hi = mid
-    text = filler_p(lo)
-    n = c(text)
+    text = prefix + filler(lo)
+    n = seen[lo] if lo in seen else c(text)
     for _ in range(target):
         if n == target:
-            return ExactPrompt(text, n, api)
+            return ExactPrompt(text, n, api, filler_words=lo)
         for tail in TAILS:
             m = c(text + tail)
             if n < m <= target:
@@ -203,5 +227,5 @@ def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_call
         else:
             break
     if n == target:
-        return ExactPrompt(text, n, api)
+        return ExactPrompt(text, n, api, filler_words=lo)
     raise PromptError(f"could not build a {target}-token {api} prompt (closest {n})")

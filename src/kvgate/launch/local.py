@@ -23,6 +23,15 @@ gives a TP=1 GPU deployment -- instead of a third process the CPU platform force
 EngineCore stay separate processes (AsyncLLM always runs its engine in a process of its own). Measured
 on 2 cores, tiny-cpu pinned to one CPU (2026-12-02, two starts each, the first of all cold): /health 200
 after 22-25 s instead of 32-42 s, about ten seconds off every embedded start.
+
+No compile at all with ``engine.enforce_eager``: the launcher sets ``TORCH_COMPILE_DISABLE=1``
+(unless ``engine.env`` or the caller's environment sets it; vLLM reads it as ``-cc.mode=none``,
+which ``--enforce-eager`` already means for the model). Without it vLLM's sampler still compiles
+one kernel with inductor on the first request that asks for logprobs
+(``vllm/v1/sample/ops/logprobs.py``: ``batched_count_greater_than``, the sampled token's rank):
+on 2 cores, smollm2-cpu with a cold inductor cache, that first 24-token request took 16.9 s
+instead of 1.9 s (the main job's first such request, max-tokens/stream-usage/completions, 23.7 s),
+and every other request waited for it. Eager, the rank is the same count.
 """
 
 from __future__ import annotations
@@ -285,6 +294,8 @@ class EmbeddedServer(Launcher):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; see module docstring
         if self.profile.engine.tensor_parallel_size == 1:
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the CPU worker in EngineCore: module docstring
+        if self.profile.engine.enforce_eager:
+            env.setdefault("TORCH_COMPILE_DISABLE", "1")  # no lazy sampler compile either: module docstring
         # a key exported for other vLLMs (operators often export VLLM_API_KEY) must not lock kvgate's own
         # server: the server's key is the run's (embedded_key), or none
         env.pop(KEY_ENV, None)

@@ -30,6 +30,7 @@ from kvgate.load.schedule import (
     LoadResult,
     Sleep,
     closed_loop,
+    frozen_heap,
     make_transport,
     open_loop,
     poisson_offsets,
@@ -42,6 +43,7 @@ from kvgate.load.transport import DEFAULT_MAX_RESPONSE_BYTES, Clock, LoadTranspo
 __all__ = [
     "DEFAULT_LAG_BOUND_S", "DEFAULT_MAX_RESPONSE_BYTES", "Clock", "HttpxTransport", "LoadResult", "LoadTransport",
     "RawHttpTransport", "RequestRecord", "RequestSpec", "Sleep", "chat_request", "closed_loop", "completion_request",
+    "frozen_heap",
     "make_transport", "new_event_loop", "open_loop", "poisson_offsets", "run_closed_loop", "run_open_loop",
     "split_sse", "SessionPlan", "SessionRun", "TurnTiming", "run_sessions", "sessions_loop",
 ]

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, judge, sample_until_decided
 from kvgate.load.record import RequestRecord, RequestSpec
-from kvgate.load.schedule import LoadResult, closed_loop
+from kvgate.load.schedule import LoadResult, closed_loop, frozen_heap
 from kvgate.stats import percentile, request_metrics
 
 #: (record-metric key, ``slo`` field, label) of the percentiles the latency-SLO gate judges.
@@ -61,12 +61,14 @@ def slo_samples(records: Sequence[Any]) -> dict[str, list[float]]:
     return out
 
 
-def judge_slo(records: Sequence[Any], slo: Any, confidence: float) -> dict[str, Judgement]:
+def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
+              pass_confidence: float | None = None) -> dict[str, Judgement]:
     """label (``TTFT``/``ITL``/``e2e``) -> :class:`~kvgate.stats.confidence.Judgement` of its p95 against
-    ``slo.<field>`` at ``confidence``, for every metric the ``slo`` (a
+    ``slo.<field>`` at ``confidence`` (the PASS side at ``pass_confidence`` when given:
+    :attr:`~kvgate.stats.confidence.LookPlan.pass_level`), for every metric the ``slo`` (a
     :class:`~kvgate.profile.models.SLOSpec`) sets a limit on."""
     xs = slo_samples(records)
-    return {label: judge(xs[key], Q, limit, confidence)
+    return {label: judge(xs[key], Q, limit, confidence, pass_confidence)
             for key, field_name, label in SLO_METRICS if (limit := getattr(slo, field_name)) is not None}
 
 
@@ -76,10 +78,11 @@ def error_rate(records: Sequence[Any]) -> tuple[int, int]:
     return sum(1 for r in judged if not r.ok), len(judged)
 
 
-def slo_decisions(records: Sequence[Any], slo: Any, confidence: float) -> dict[str, str]:
+def slo_decisions(records: Sequence[Any], slo: Any, confidence: float,
+                  pass_confidence: float | None = None) -> dict[str, str]:
     """The sampling loop's decisions: each SLO'd metric's (:func:`judge_slo`) plus ``errors``: FAIL
     once the error rate exceeds ``slo.error_rate_max`` (a FAIL whatever more samples say), else PASS."""
-    out = {label: j.decision for label, j in judge_slo(records, slo, confidence).items()}
+    out = {label: j.decision for label, j in judge_slo(records, slo, confidence, pass_confidence).items()}
     bad, n = error_rate(records)
     out[ERRORS] = FAIL if n and bad / n > slo.error_rate_max else PASS
     return out
@@ -129,11 +132,11 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
     else the plan's ``max_s``; later looks what is left of ``max_s``) and returns ``(result,
     samples_added)``; ``decide(records_so_far, per_look_confidence)`` judges every record sent.
     ``stop_on_fail``: stop at the first look with a FAIL (the verdict is FAIL whatever the other
-    metrics would say later; why_stopped ``decided``). ``clock``: seconds (injected in tests).
-    Returns :class:`Sampled`."""
+    metrics would say later; why_stopped ``decided``). ``clock``: seconds (injected in tests). The
+    batches run inside one :func:`~kvgate.load.schedule.frozen_heap`. Returns :class:`Sampled`."""
     batches: list[tuple[float, LoadResult]] = []
     records: list[Any] = []
-    t0 = clock()
+    t0 = 0.0  # set once the heap is frozen: the collection is not the first batch's time
 
     def take(k: int, left: float | None) -> int:
         if not batches and first_deadline_s is not None:
@@ -154,7 +157,9 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
             return {k: (FAIL if v == UNDECIDED else v) for k, v in d.items()}
         return d
 
-    s = sample_until_decided(plan, take, judged, clock=clock)
+    with frozen_heap():  # one full collection for all the batches, not one before each (schedule.frozen_heap)
+        t0 = clock()
+        s = sample_until_decided(plan, take, judged, clock=clock)
     if failed:
         s.decisions = dict(failed)
         if s.history:

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from kvgate.stats.confidence import LookPlan, Sampling, min_samples_to_pass, plan_looks
+from kvgate.stats.confidence import LookPlan, Sampling, min_samples_to_pass, plan_looks, split_levels
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.host.contention import for_endpoint as contention_for
-from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, open_loop
+from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, frozen_heap, open_loop
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.http.tokenizers import ABSENT
@@ -223,9 +223,11 @@ def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, 
 def latency_plan(profile: Profile) -> LookPlan:
     """The latency-SLO gate's looks: the first at ``slo.requests`` requests, then up to
     ``slo.request_cap`` (:func:`~kvgate.stats.confidence.plan_looks` at p95 and ``slo.confidence``,
-    bounded by ``slo.max_duration_s``)."""
+    bounded by ``slo.max_duration_s``), the PASS side corrected over the looks that can PASS only
+    (``split``): 32 up to 256 -> 32/80/160/256, a healthy deployment PASSes at 80 requests (86
+    with one level for both sides)."""
     slo = profile.slo
-    return plan_looks(slo.requests, slo.request_cap, Q, slo.confidence, max_s=slo.max_duration_s)
+    return plan_looks(slo.requests, slo.request_cap, Q, slo.confidence, max_s=slo.max_duration_s, split=True)
 
 
 def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
@@ -254,7 +256,7 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
     plan = latency_plan(profile)
 
     def decide(records: list[Any], level: float) -> dict[str, str]:
-        return slo_decisions(records, profile.slo, level)
+        return slo_decisions(records, profile.slo, level, plan.pass_level)
 
     t = _traffic(profile, name, wl, c, profile.slo.request_cap)
     if t is not None:
@@ -334,28 +336,30 @@ def _replayed_looks(client: KvClient, endpoint: Endpoint, profile: Profile, name
 def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[RequestSpec]]], deadline_s: float,
            **kw: Any) -> LoadResult:
     """Each wave ``(longs, shorts)`` as one open-loop run (longs at 0 s, shorts 5-42 ms later),
-    the next starting when it ends; records merged onto one time base (seconds since the first
-    wave's start), re-indexed in send order. Bounded: the waves share ``deadline_s``. ``kw``:
-    passed to :func:`~kvgate.load.open_loop` (timeouts)."""
+    the next starting when it ends (one :func:`~kvgate.load.frozen_heap` for them all, so no full
+    collection comes between two waves); records merged onto one time base (seconds since the
+    first wave's start), re-indexed in send order. Bounded: the waves share ``deadline_s``.
+    ``kw``: passed to :func:`~kvgate.load.open_loop` (timeouts)."""
     import time
 
-    t0 = time.monotonic()
     records: list[Any] = []
     lags: list[float] = []
     cpu, requested, hit, last = 0.0, 0, False, None
-    for longs, shorts in waves:
-        left = deadline_s - (time.monotonic() - t0)
-        if left <= 0:
-            hit = True
-            break
-        offsets = [0.0] * len(longs) + [0.005 + j * 0.0125 for j in range(len(shorts))]
-        start = time.monotonic() - t0
-        last = open_loop(endpoint, [*longs, *shorts], offsets_s=offsets, deadline_s=left, **kw)
-        records += [r.shift(start) for r in last.records]
-        lags += last.loop_lag_s
-        cpu += last.cpu_s
-        requested += last.n_requested
-        hit = hit or last.deadline_hit
+    with frozen_heap():
+        t0 = time.monotonic()  # after the collection: the first wave starts at 0
+        for longs, shorts in waves:
+            left = deadline_s - (time.monotonic() - t0)
+            if left <= 0:
+                hit = True
+                break
+            offsets = [0.0] * len(longs) + [0.005 + j * 0.0125 for j in range(len(shorts))]
+            start = time.monotonic() - t0
+            last = open_loop(endpoint, [*longs, *shorts], offsets_s=offsets, deadline_s=left, **kw)
+            records += [r.shift(start) for r in last.records]
+            lags += last.loop_lag_s
+            cpu += last.cpu_s
+            requested += last.n_requested
+            hit = hit or last.deadline_hit
     for i, r in enumerate(records):
         r.index = i
     ends = [r.end_s for r in records if r.end_s is not None]
@@ -365,29 +369,42 @@ def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[Request
 
 #: Output tokens of the interference scenario's short requests (TTFT is what is judged).
 SHORT_OUTPUT_TOKENS = 8
+#: Output tokens of the interference scenario's short requests *alone* (their TTFT is the context
+#: the mixed p95 is set against; a request's first token is its TTFT whatever follows, and alone
+#: nothing shares the engine with them). Measured on smollm2-cpu: the 16 alone shorts of 8 tokens
+#: took 14.3 s of the main job, 7 of their 8 tokens (~88 ms each) after the TTFT they are sent for.
+ALONE_OUTPUT_TOKENS = 1
 
 
 def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4,
                       max_waves: int | None = None) -> LookPlan:
-    """The interference gate's looks, in short requests. With ``slo.short_ttft_p95_ms``: one look
-    at the fewest whole waves that can PASS a p95 bound at ``slo.confidence``
-    (:func:`~kvgate.stats.confidence.min_samples_to_pass`; 60 shorts at 95%), at least ``waves``; with
-    ``max_waves`` a first look at ``waves x shorts_per_wave`` and more up to ``max_waves`` waves
-    (:func:`~kvgate.stats.confidence.plan_looks`). Bounded by ``slo.max_duration_s``. Without the
-    SLO: one look of ``waves``.
+    """The interference gate's looks, in short requests, whole waves each. With
+    ``slo.short_ttft_p95_ms``: a first look at ``waves x shorts_per_wave`` (16), which can only
+    FAIL, then the cap: the fewest whole waves that can PASS a p95 bound at ``slo.confidence``
+    (:func:`~kvgate.stats.confidence.min_samples_to_pass`; 60 shorts at 95%) -- the errors spent
+    apart (:func:`~kvgate.stats.confidence.split_levels`): FAIL at 97.5% at either look, PASS at
+    95% at the one look that can. A deployment that breaks the SLO FAILs after 4 waves, a healthy
+    one PASSes after 15, as with one look; undecided at the cap, INCONCLUSIVE. With ``max_waves``:
+    looks up to ``max_waves`` waves (:func:`~kvgate.stats.confidence.plan_looks`, ``split``; each
+    rounded up to whole waves): more chances to decide, a later PASS (16/72/120 at 30 waves: PASS
+    from 18 waves). Bounded by ``slo.max_duration_s``. Without the SLO: one look of ``waves``.
 
-    Why one look by default: a wave costs ~1.7 s on the embedded tiny-cpu server (4 fresh
-    1,900-token prefills); two looks (16, then 72 at 97.5% each) took 18 waves, 35.8 s of the main
-    job, one look of 15 takes ~23-26 s. What one look gives up is the early FAIL at 16: a failing
-    deployment costs 15 waves, not 4."""
+    Why not more looks by default: a wave costs ~3.3 s on the embedded smollm2-cpu server (2 fresh
+    384-token prefills and 4 short ones, 2 cores), and a PASS-capable look beyond the first
+    splits the PASS error too (16/72/144: PASS from 18 waves, ~10 s more on every healthy run)."""
     first = waves * shorts_per_wave
-    conf = profile.slo.confidence
+    conf, max_s = profile.slo.confidence, profile.slo.max_duration_s
     if profile.slo.short_ttft_p95_ms is None:
-        return plan_looks(first, first, Q, conf, max_s=profile.slo.max_duration_s)
+        return plan_looks(first, first, Q, conf, max_s=max_s)
+
+    def whole(n: int) -> int:
+        return -(-n // shorts_per_wave) * shorts_per_wave
+
     if max_waves is None:
-        one = max(first, -(-min_samples_to_pass(Q, conf) // shorts_per_wave) * shorts_per_wave)
-        return plan_looks(one, one, Q, conf, max_s=profile.slo.max_duration_s)
-    return plan_looks(first, max(first, max_waves * shorts_per_wave), Q, conf, max_s=profile.slo.max_duration_s)
+        one = max(first, whole(min_samples_to_pass(Q, conf)))
+        return split_levels(sorted({first, one}), Q, conf, max_s=max_s)
+    p = plan_looks(first, max(first, max_waves * shorts_per_wave), Q, conf, max_s=max_s, split=True)
+    return split_levels(sorted({whole(n) for n in p.looks}), Q, conf, max_s=max_s)
 
 
 def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,
@@ -395,22 +412,23 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
                      clock: Callable[[], float] = time.monotonic) -> tuple[LoadObservation, LoadObservation]:
     """Short requests alone, then the same short requests while long prefills run.
 
-    Mixed run: ``waves`` waves; each sends the long workload's concurrency of long requests at
-    the wave's start and ``shorts_per_wave`` short requests spread over the next 50 ms, so every
-    short request is queued behind (or batched with) fresh long prefills. A wave starts when the
-    previous one has ended, so no more than the declared long concurrency runs at once (waves
-    1 s apart overlapped on a busy 2-core machine: 8 longs filled max_num_seqs 8 and the shorts
-    waited for whole long generations -- a load the profile never declared). The waves' records
-    share one time base (seconds since the first wave's start). Returns ``(alone, mixed)``; short
-    requests carry tag ``short``, long ones ``long``.
+    Alone run: the short requests one at a time, each :data:`ALONE_OUTPUT_TOKENS` token out (its
+    TTFT is what it is sent for). Mixed run: ``waves`` waves; each sends the long workload's
+    concurrency of long requests at the wave's start and ``shorts_per_wave`` short requests
+    spread over the next 50 ms, so every short request is queued behind (or batched with) fresh
+    long prefills. A wave starts when the previous one has ended, so no more than the declared
+    long concurrency runs at once (waves 1 s apart overlapped on a busy 2-core machine: 8 longs
+    filled max_num_seqs 8 and the shorts waited for whole long generations -- a load the profile
+    never declared). The waves' records share one time base (seconds since the first wave's
+    start). Returns ``(alone, mixed)``; short requests carry tag ``short``, long ones ``long``.
 
     Sampling (:func:`interference_plan`, :func:`~kvgate.load.sampling.sample_batches`): waves are
-    the unit; by default one look of the fewest waves that can PASS (15 at 95%); with
-    ``max_waves``, a first look of ``waves`` waves and, while the short requests' TTFT p95 against
-    ``slo.short_ttft_p95_ms`` is undecided, more waves in the planned looks (up to ``max_waves``);
-    within ``slo.max_duration_s``. Every wave after the first ``waves`` has fresh long prompts (a re-sent long
-    prompt would come from the prefix cache, no prefill) and the first look's short prompts
-    again, as the first look's shorts re-send the alone run's. The mixed observation's
+    the unit; a first look of ``waves`` waves, and while the short requests' TTFT p95 against
+    ``slo.short_ttft_p95_ms`` is undecided, more waves in the planned looks (by default up to the
+    fewest waves that can PASS, 15 at 95%; with ``max_waves``, up to that); within
+    ``slo.max_duration_s``. Every wave after the first ``waves`` has fresh long prompts (a
+    re-sent long prompt would come from the prefix cache, no prefill) and the first look's short
+    prompts again, as the first look's shorts re-send the alone run's. The mixed observation's
     ``sampling`` says what was done.
 
     With ``traffic:`` on the short (or long) workload, its requests' prompt lengths come from the
@@ -476,13 +494,15 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
         bad = any(not r.ok for r in records)
         out = {ERRORS: FAIL if bad else PASS}
         if slo_limit is not None:
-            out["short TTFT"] = judge(slo_samples(sh)["ttft_ms"], Q, slo_limit, level).decision
+            out["short TTFT"] = judge(slo_samples(sh)["ttft_ms"], Q, slo_limit, level, plan.pass_level).decision
         return out
 
+    alone_out = min(sout, ALONE_OUTPUT_TOKENS)
+    solo = [dataclasses.replace(s, body={**s.body, "max_tokens": alone_out}) for s in shorts]
     sampler, own = _sampler(endpoint)
     try:
         with sampler:
-            alone = closed_loop(endpoint, shorts, concurrency=1, deadline_s=deadline_s,
+            alone = closed_loop(endpoint, solo, concurrency=1, deadline_s=deadline_s,
                                 request_timeout_s=profile.limits.request_timeout_s,
                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
         trace_alone = sampler.trace
@@ -497,7 +517,7 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     mixed = got.result
     sprompt = _p50([p for p, _ in short_lengths]) if st else short.prompt_tokens
     rep = ", replayed" if st or lt else ""
-    return (LoadObservation(f"short alone ({sname}{rep})", alone, trace_alone, sprompt, sout, 1, traffic=st or lt),
+    return (LoadObservation(f"short alone ({sname}{rep})", alone, trace_alone, sprompt, alone_out, 1, traffic=st or lt),
             LoadObservation(f"short with long prefills ({sname} + {lname}{rep})", mixed, sampler2.trace, sprompt,
                             sout, long.concurrency + shorts_per_wave,
                             extra={"long_prompt_tokens": _p50([p for p, _ in long_lengths]),

@@ -21,8 +21,13 @@ at its cap says INCONCLUSIVE (:attr:`kvgate.verdict.Status.INCONCLUSIVE`) with t
 batch and stopping at the first decision would err more often than ``1 - c`` (optional
 stopping). The looks are planned up front (sample sizes ``n_1 < n_2 < ... <= cap``) and each is
 judged at ``1 - (1 - c) / K`` for ``K`` looks (Bonferroni: the overall error of a wrong PASS, or of
-a wrong FAIL, stays within ``1 - c``). The point estimate is numpy's linear-interpolated
-percentile (:func:`kvgate.stats.percentile`).
+a wrong FAIL, stays within ``1 - c``). With ``split=True`` the two errors are spent apart: a wrong
+FAIL can happen at every look (each at ``1 - (1 - c) / K``), a wrong PASS only at a look large
+enough for a PASS at all (:func:`min_samples_to_pass`), so the PASS side is corrected over those
+``K_pass`` looks only (each upper bound at ``1 - (1 - c) / K_pass``; :func:`split_levels`) -- each
+error still within ``1 - c``, and a first look too small to PASS (32 requests at p95) costs the
+PASS side nothing: looks 32/80/160/256 PASS from 80 requests (98.33%), not 86 (98.75%). The point
+estimate is numpy's linear-interpolated percentile (:func:`kvgate.stats.percentile`).
 
 Samples must be roughly independent: TTFT and e2e per request are; pooled inter-token gaps are
 correlated within a request, so an ITL bound from them is optimistic (gates that judge ITL say so).
@@ -117,26 +122,40 @@ class PercentileBound:
     confidence: float
     lower_rank: int | None
     upper_rank: int | None
+    #: The upper bound's level when it differs from the lower's (``split`` looks); None: ``confidence``.
+    upper_confidence: float | None = None
 
     @property
     def label(self) -> str:
         """``p95`` (``p99.9`` for fractional percentiles)."""
         return f"p{self.q * 100:g}"
 
+    @property
+    def upper_level(self) -> float:
+        """The level of :attr:`upper` (``upper_confidence`` when set, else ``confidence``)."""
+        return self.confidence if self.upper_confidence is None else self.upper_confidence
+
     def to_dict(self) -> dict[str, Any]:
-        return {"q": self.q, "n": self.n, "point": self.point, "lower": self.lower, "upper": self.upper,
-                "confidence": self.confidence, "lower_rank": self.lower_rank, "upper_rank": self.upper_rank,
-                "method": "order statistics, exact binomial, one-sided"}
+        out = {"q": self.q, "n": self.n, "point": self.point, "lower": self.lower, "upper": self.upper,
+               "confidence": self.confidence, "lower_rank": self.lower_rank, "upper_rank": self.upper_rank,
+               "method": "order statistics, exact binomial, one-sided"}
+        if self.upper_confidence is not None:
+            out["upper_confidence"] = self.upper_confidence
+        return out
 
 
-def bound(values: Sequence[float], q: float, confidence: float = DEFAULT_CONFIDENCE) -> PercentileBound:
-    """:class:`PercentileBound` of ``values`` (any unit). Raises ValueError like :func:`upper_rank`."""
+def bound(values: Sequence[float], q: float, confidence: float = DEFAULT_CONFIDENCE,
+          upper_confidence: float | None = None) -> PercentileBound:
+    """:class:`PercentileBound` of ``values`` (any unit): the lower bound at ``confidence``, the
+    upper at ``upper_confidence`` (default: ``confidence``). Raises ValueError like :func:`upper_rank`."""
     xs = sorted(float(v) for v in values)
     n = len(xs)
+    hi = confidence if upper_confidence is None else upper_confidence
     _check(n, q, confidence)
-    k, j = upper_rank(n, q, confidence), lower_rank(n, q, confidence)
+    _check(n, q, hi)
+    k, j = upper_rank(n, q, hi), lower_rank(n, q, confidence)
     return PercentileBound(q, n, percentile(xs, q * 100) if n else None, xs[j - 1] if j else None,
-                           xs[k - 1] if k else None, confidence, j, k)
+                           xs[k - 1] if k else None, confidence, j, k, None if hi == confidence else hi)
 
 
 def _distinct(value: float, limit: float) -> tuple[str, str]:
@@ -163,27 +182,30 @@ class Judgement:
         """The verdict clause, e.g. ``TTFT p95 412 ms, 95% upper bound 468 ms (n=120) <= 500 ms -> PASS``;
         FAIL cites the lower bound; UNDECIDED both (``-> INCONCLUSIVE`` when ``final``, else ``-> undecided``)."""
         b = self.bound
-        c = f"{b.confidence * 100:.4g}%"
+        c, cu = f"{b.confidence * 100:.4g}%", f"{b.upper_level * 100:.4g}%"
         pt = "n/a" if b.point is None else f"{b.point:,.0f} {unit}"
         head = f"{what} {b.label} {pt}"
         if self.decision == PASS:
-            return f"{head}, {c} upper bound {b.upper:,.0f} {unit} (n={b.n}) <= {self.limit:,.0f} {unit} -> PASS"
+            return f"{head}, {cu} upper bound {b.upper:,.0f} {unit} (n={b.n}) <= {self.limit:,.0f} {unit} -> PASS"
         if self.decision == FAIL:
             lo, lim = _distinct(b.lower, self.limit)
             return f"{head}, {c} lower bound {lo} {unit} (n={b.n}; {self.exceed} over) > {lim} {unit} -> FAIL"
         lo = "none" if b.lower is None else f"{b.lower:,.0f} {unit}"
-        hi = (f"none (fewer than {min_samples_to_pass(b.q, b.confidence)} samples: no PASS possible)"
+        hi = (f"none (fewer than {min_samples_to_pass(b.q, b.upper_level)} samples: no PASS possible)"
               if b.upper is None else f"{b.upper:,.0f} {unit}")
-        return (f"{head}, {c} bounds {lo}..{hi} (n={b.n}; {self.exceed} over) straddle {self.limit:,.0f} {unit} -> "
+        levels = f"{c} bounds" if cu == c else f"bounds ({c} lower, {cu} upper)"
+        return (f"{head}, {levels} {lo}..{hi} (n={b.n}; {self.exceed} over) straddle {self.limit:,.0f} {unit} -> "
                 f"{'INCONCLUSIVE' if final else 'undecided'}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.bound.to_dict(), "limit": self.limit, "decision": self.decision, "exceed": self.exceed}
 
 
-def judge(values: Sequence[float], q: float, limit: float, confidence: float = DEFAULT_CONFIDENCE) -> Judgement:
-    """Judge the ``q``-quantile of ``values`` against ``limit`` (same unit) at ``confidence``."""
-    b = bound(values, q, confidence)
+def judge(values: Sequence[float], q: float, limit: float, confidence: float = DEFAULT_CONFIDENCE,
+          pass_confidence: float | None = None) -> Judgement:
+    """Judge the ``q``-quantile of ``values`` against ``limit`` (same unit) at ``confidence``; the
+    PASS side (the upper bound) at ``pass_confidence`` when given (:attr:`LookPlan.pass_level`)."""
+    b = bound(values, q, confidence, pass_confidence)
     exceed = sum(1 for v in values if v > limit)
     if b.upper is not None and b.upper <= limit:
         d = PASS
@@ -198,27 +220,70 @@ def judge(values: Sequence[float], q: float, limit: float, confidence: float = D
 class LookPlan:
     """Planned looks: cumulative sample sizes ``looks`` (ascending, the last = the cap), each
     judged at ``per_look`` = ``1 - (1 - confidence) / len(looks)``; ``max_s``: wall-time bound of the
-    whole sampling (seconds; None = unbounded, for synthetic tests)."""
+    whole sampling (seconds; None = unbounded, for synthetic tests). ``per_look_pass``: the PASS
+    side's level when the errors are spent apart (:func:`split_levels`: Bonferroni over the
+    ``pass_looks`` looks that can PASS), else None (both sides at ``per_look``)."""
 
     looks: tuple[int, ...]
     confidence: float
     per_look: float
     max_s: float | None = None
+    per_look_pass: float | None = None
+    pass_looks: int | None = None
+
+    @property
+    def pass_level(self) -> float:
+        """The level a PASS (the upper bound) is judged at: ``per_look_pass``, else ``per_look``."""
+        return self.per_look if self.per_look_pass is None else self.per_look_pass
 
     def to_dict(self) -> dict[str, Any]:
-        return {"looks": list(self.looks), "confidence": self.confidence, "per_look_confidence": self.per_look,
-                "max_s": self.max_s, "correction": "Bonferroni over the planned looks"}
+        out = {"looks": list(self.looks), "confidence": self.confidence, "per_look_confidence": self.per_look,
+               "max_s": self.max_s, "correction": "Bonferroni over the planned looks"}
+        if self.per_look_pass is not None:
+            out["per_look_pass_confidence"] = self.per_look_pass
+            out["pass_looks"] = self.pass_looks
+            out["correction"] = ("Bonferroni over the planned looks for a FAIL, over the looks that can PASS "
+                                 "for a PASS")
+        return out
+
+
+def split_levels(looks: Sequence[int], q: float, confidence: float = DEFAULT_CONFIDENCE,
+                 max_s: float | None = None) -> LookPlan:
+    """``looks`` with the two errors spent apart: every look's lower bound (FAIL) at ``1 - (1 - c)
+    / K`` for its ``K`` looks; the upper bound (PASS) at ``1 - (1 - c) / K_pass``, ``K_pass`` the
+    looks at least :func:`min_samples_to_pass` at that level -- the smallest ``K_pass`` for which
+    between 1 and ``K_pass`` looks are that large (a look smaller cannot PASS at all: it spends no
+    PASS error). No look large enough at any ``K_pass``: both sides at ``1 - (1 - c) / K``.
+    Numbers (p95, 95%): 16/60 -> FAIL at 97.5%, PASS at 95% (one look can PASS: 60 >= 59);
+    32/80/160/256 -> FAIL at 98.75%, PASS at 98.33% (three looks >= 80). Raises ValueError on
+    empty or non-ascending ``looks``."""
+    ns = tuple(int(n) for n in looks)
+    if not ns or ns[0] < 1 or any(b <= a for a, b in zip(ns, ns[1:])):
+        raise ValueError(f"looks must be ascending sample sizes >= 1, got {list(looks)}")
+    alpha, k = 1 - confidence, len(ns)
+    per = 1 - alpha / k
+    for k_pass in range(1, k + 1):
+        level = 1 - alpha / k_pass
+        can = sum(1 for n in ns if n >= min_samples_to_pass(q, level))
+        if 1 <= can <= k_pass:
+            return LookPlan(ns, confidence, per, max_s, per_look_pass=level, pass_looks=k_pass)
+    return LookPlan(ns, confidence, per, max_s)
 
 
 def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFIDENCE, max_looks: int = 4,
-               max_s: float | None = None) -> LookPlan:
+               max_s: float | None = None, split: bool = False) -> LookPlan:
     """Looks from ``first`` samples up to ``cap``: the first at ``first``; then the smallest size at
     which a PASS with no exceedance is possible at the per-look level (when above ``first``);
     then doubling; always ending at ``cap``; at most ``max_looks`` (``max_looks`` 1: one look, at
-    ``cap``). ``first >= cap`` gives one look at ``first``. Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
+    ``cap``). ``first >= cap`` gives one look at ``first``. ``split``: the PASS side corrected
+    over the looks that can PASS only (:func:`split_levels`; the second look at the smallest size
+    that can PASS at that level): 32 up to 256 at p95/95% -> 32/80/160/256, PASS from 80, not 86.
+    Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
     if first < 1 or max_looks < 1:
         raise ValueError(f"first and max_looks must be >= 1, got {first}, {max_looks}")
     cap = max(cap, first)
+    if split:
+        return _split_plan(first, cap, q, confidence, max_looks, max_s)
     k, best = 1, None
     for _ in range(2 * max_looks + 2):
         per = 1 - (1 - confidence) / k
@@ -242,6 +307,31 @@ def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFI
             return best
     assert best is not None
     return best
+
+
+def _looks(first: int, cap: int, need: int, max_looks: int) -> list[int]:
+    """``first``, then ``need`` (when above it, at most ``cap``), then doubling, ending at ``cap``,
+    at most ``max_looks`` (the cap replaces the last when there are too many)."""
+    looks = [first]
+    if need > first:
+        looks.append(min(need, cap))
+    while looks[-1] < cap and len(looks) < max_looks:
+        looks.append(min(cap, 2 * looks[-1]))
+    if looks[-1] < cap:
+        looks[-1] = cap
+    return sorted(set(looks))
+
+
+def _split_plan(first: int, cap: int, q: float, confidence: float, max_looks: int, max_s: float | None) -> LookPlan:
+    """:func:`plan_looks` with ``split``: for ``K_pass`` = 1, 2, ...: looks with the second at the
+    smallest size that can PASS at ``1 - (1 - c) / K_pass``; the first whose looks that large
+    number between 1 and ``K_pass`` (:func:`split_levels` then gives that level)."""
+    for k_pass in range(1, max_looks + 1):
+        need = min_samples_to_pass(q, 1 - (1 - confidence) / k_pass)
+        looks = _looks(first, cap, need, max_looks)
+        if 1 <= sum(1 for n in looks if n >= need) <= k_pass:
+            return split_levels(looks, q, confidence, max_s)
+    return split_levels(_looks(first, cap, first, max_looks), q, confidence, max_s)
 
 
 @dataclass
@@ -302,5 +392,6 @@ def sample_until_decided(plan: LookPlan, take: Callable[[int, float | None], int
 
 __all__ = [
     "DEFAULT_CONFIDENCE", "FAIL", "Judgement", "LookPlan", "PASS", "PercentileBound", "Sampling", "UNDECIDED", "bound",
-    "judge", "lower_rank", "max_exceedances", "min_samples_to_pass", "plan_looks", "sample_until_decided", "upper_rank",
+    "judge", "lower_rank", "max_exceedances", "min_samples_to_pass", "plan_looks", "sample_until_decided",
+    "split_levels", "upper_rank",
 ]
