@@ -162,7 +162,7 @@ def test_fake_run_results_read_as_verdicts(pytester):
             "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
             f"--profile={FAKE_PROFILE}", f"--endpoint={fake.url}", f"--kvgate-reports={reports}",
             str(REPO / "suites" / "test_deployment.py"), str(REPO / "suites" / "test_streaming.py"),
-            str(REPO / "suites" / "test_disconnect.py"), "-k", "served or ttft/chat or mid-request")
+            str(REPO / "suites" / "test_disconnect.py"), "-k", "served-model or ttft/chat or mid-request")
     assert read_summary(reports)["overall"] == "FAIL"
     results = reports / "allure-results"
     by_title = {r["name"]: r for r in (json.loads(p.read_text()) for p in results.glob("*-result.json"))}
