@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.http.client import RawStream, StreamReply
-from kvgate.http.sdk import sdk_replay
 from kvgate.http.sse import CHUNK, DONE, ERROR, MALFORMED, Grammar, classify, grammar, second_parser, split_sse
 
 
@@ -118,6 +117,8 @@ def read_keepalive(api: str, raw: RawStream, prompt_tokens: int | None = None) -
     request is sent (the SDK reads the same bytes over a mock transport, :func:`kvgate.http.sdk.sdk_replay`)."""
     body = raw.body
     _, kv = split_sse([t for t, _ in raw.pieces], [b for _, b in raw.pieces])
+    from kvgate.http.sdk import sdk_replay  # the openai + anthropic SDKs: ~1.4 s to import, only when a stream is read
+
     sdk = sdk_replay(api, body)
     try:
         second = parse_datas("httpx-sse", second_parser(body))
