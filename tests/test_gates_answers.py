@@ -376,6 +376,16 @@ def test_determinism_distinct_outputs_fail_naming_both_and_the_limit():
     assert determinism_verdict(det_spec(max_distinct=2), {"g": [alone, batch, alone]}).status is Status.PASS
 
 
+def test_determinism_outputs_alike_in_their_first_40_characters_are_shown_where_they_part():
+    # both clipped to 'Paris is the capital of France. (take...' read as the same text; the message shows the parting
+    alone, batch = asked("Paris is the capital of France. (take 36)"), asked("Paris is the capital of France. (take 37)")
+    v = determinism_verdict(det_spec(), {"g": [alone, batch]})
+    assert v.status is Status.FAIL
+    assert v.message == ("temperature-0 outputs change under concurrency: g: 2 distinct outputs in 2 (alone vs in a "
+                         "batch of 8 at char 39: 'e. (take 36)' vs 'e. (take 37)'); answers.determinism.max_distinct "
+                         "1 -> FAIL")
+
+
 def test_determinism_without_logprobs_any_difference_is_distinct_and_missing_answers_fail():
     v = determinism_verdict(det_spec(), {"g": [asked("a", [], []), asked("b", [], [])]})
     assert v.status is Status.FAIL

@@ -157,6 +157,41 @@ def test_render_job_command_prints_a_valid_job(capsys):
     assert WORKER_JOB["spec"]["completions"] == 1
 
 
+@pytest.mark.parametrize("argv, words", [
+    # a Job of 0 pods (completions 0) or one whose workers cannot parse their coordinator's URL used to print, exit 0
+    (["--workers", "0", "--coordinator", "http://c:8470"], "--workers 0: expected N >= 1 worker pods"),
+    (["--workers", "-1", "--coordinator", "http://c:8470"], "--workers -1: expected N >= 1 worker pods"),
+    (["--workers", "2", "--coordinator", "kvgate-coordinator"], "--coordinator 'kvgate-coordinator': expected http://"),
+    (["--workers", "2", "--coordinator="], "--coordinator '': expected http://HOST[:PORT]"),
+    (["--workers", "2", "--coordinator", "http://c:port"], "--coordinator 'http://c:port': expected http://"),
+])
+def test_render_job_refuses_no_workers_and_a_coordinator_that_is_not_a_url(capsys, argv, words):
+    assert main(["render-job", "--profile", "tiny-cpu", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"kvgate render-job: {words}{captured.err.split(words, 1)[1]}"
+    assert len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("text", ["kind: Job\n", "kind: Job\nspec: {template: {spec: {containers: []}}}\n",
+                                  "kind: Job\nspec: {template: {spec: {containers: [oops]}}}\n"])
+def test_render_job_template_without_containers_is_one_line_naming_the_option(tmp_path, capsys, text):
+    (tmp_path / "job.yaml").write_text(text)
+    assert main(["render-job", "--profile", "tiny-cpu", "--workers", "2", "--coordinator", "http://c:8470",
+                 "--template", str(tmp_path / "job.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"kvgate render-job: --template {tmp_path / 'job.yaml'}: the worker Job has no "
+                   "spec.template.spec.containers (a list of containers)\n")
+
+
+def test_worker_refuses_a_coordinator_that_is_not_a_url_in_one_line(capsys, monkeypatch):
+    # used to be a urllib ValueError traceback from the first GET /clock
+    assert main(["worker", "--coordinator", "notaurl", "--worker", "0/2"]) == 2
+    assert capsys.readouterr().err.startswith("kvgate worker: --coordinator 'notaurl': expected http://HOST[:PORT]")
+    monkeypatch.setenv(COORDINATOR_ENV, "c:8470")
+    assert main(["worker", "--worker", "0/2"]) == 2
+    assert capsys.readouterr().err.startswith(f"kvgate worker: ${COORDINATOR_ENV} 'c:8470': expected http://")
+
+
 class FakeBatch:
     def __init__(self) -> None:
         self.created: list = []

@@ -65,6 +65,13 @@ def test_bad_marker_expression_is_an_error_naming_pytests_words(pytester, expr, 
     (["--endpoint=http://[::1"], ["http://[::1", "not a valid URL"]),
     (["--pool-endpoint=short=http://127.0.0.1:1/v1"], ["has no pools"]),
     (["--endpoint="], ["--endpoint= is empty"]),
+    # an unset variable must not fall back to the default: no --isvc launches a server and gates it,
+    # no --soak-duration soaks for the profile's hours
+    (["--isvc="], ["--isvc= is empty"]),
+    (["--namespace="], ["--namespace= is empty"]),
+    (["--soak-duration="], ["--soak-duration= is empty"]),
+    (["--workers-join-timeout="], ["--workers-join-timeout= is empty"]),
+    (["--profile="], ["--profile= is empty"]),
 ])
 def test_refused_options_leave_no_earlier_green_report(pytester, args, words):
     reports = pytester.path / "reports"

@@ -213,6 +213,15 @@ def test_report_on_something_that_is_not_a_run_is_one_line_not_a_traceback(tmp_p
     assert len(err.getvalue().strip().splitlines()) == 1 and "Traceback" not in err.getvalue()
 
 
+def test_report_takes_the_runs_own_kvgate_reports_spelling_too(tmp_path, capsys):
+    # a newcomer who ran `pytest --kvgate-reports=DIR` writes the same option here: it was refused
+    from kvgate.cli.main import main as kvgate_main
+
+    reports = write_run(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
+    assert kvgate_main(["report", f"--kvgate-reports={reports}", "--signoff-only"]) == cli_report.OK
+    assert capsys.readouterr().out == f"kvgate report: {reports / 'signoff.md'} (overall PASS)\n"
+
+
 def test_report_without_allure_cli_writes_signoff_and_says_how_to_get_it(tmp_path):
     reports = write_run(tmp_path, ("tiny/fit/kv-pool", kv_pass()))
     err = io.StringIO()

@@ -26,7 +26,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                          description="Write REPORTS/signoff.md from summary.json and render REPORTS/allure-results "
                                      "into REPORTS/allure-report/ with the Allure 3 CLI (the previous report's "
                                      "history carried over).")
-    rep.add_argument("--reports", default="reports", metavar="DIR", help="the run's reports directory (default: reports)")
+    rep.add_argument("--reports", "--kvgate-reports", dest="reports", default="reports", metavar="DIR",
+                     help="the run's reports directory, the run's --kvgate-reports (default: reports)")
     rep.add_argument("--output", default=None, metavar="DIR", help="HTML report directory (default: REPORTS/allure-report)")
     rep.add_argument("--single-file", action="store_true", help="one self-contained index.html that opens from disk")
     rep.add_argument("--signoff-only", action="store_true", help="write signoff.md only (no Allure CLI needed)")

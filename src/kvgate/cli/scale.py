@@ -74,13 +74,15 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 def run_worker_command(args: argparse.Namespace, err: TextIO | None = None) -> int:
     """``kvgate worker``: the worker's exit code (2 for bad arguments)."""
     from kvgate.scale.k8s import COORDINATOR_ENV
-    from kvgate.scale.split import WorkersError, parse_worker, worker_from_env
+    from kvgate.scale.split import WorkersError, coordinator_url, parse_worker, worker_from_env
     from kvgate.scale.worker import USAGE as W_USAGE, WorkerOptions, run_worker
 
     err = err or sys.stderr
     url = args.coordinator or os.environ.get(COORDINATOR_ENV)
     try:
         w = parse_worker(args.worker) if args.worker else worker_from_env()
+        if url:
+            coordinator_url("--coordinator" if args.coordinator else f"${COORDINATOR_ENV}", url)
     except WorkersError as exc:
         print(f"kvgate worker: {exc}", file=err)
         return W_USAGE
@@ -137,12 +139,13 @@ def run_render(args: argparse.Namespace, out: TextIO | None = None, err: TextIO 
     import yaml
 
     from kvgate.scale.k8s import WORKER_JOB, load_job, render_worker_job
-    from kvgate.scale.split import WorkersError
+    from kvgate.scale.split import WorkersError, coordinator_url
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
+        coordinator_url("--coordinator", args.coordinator)
         profile = load_profile(args.profile, Path(args.profile_dir))
-        template = load_job(Path(args.template)) if args.template else WORKER_JOB
+        template = load_job(Path(args.template), "--template") if args.template else WORKER_JOB
         job = render_worker_job(template, n=args.workers, coordinator_url=args.coordinator, profile=profile,
                                 namespace=args.namespace)
     except (ProfileError, WorkersError) as exc:

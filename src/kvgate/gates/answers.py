@@ -541,8 +541,10 @@ def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]], suspect
         if tie_here:
             ties.append(f"{name} ({tie_here})")
         if len(distinct) > d.max_distinct:
-            over.append(f"{name}: {len(distinct)} distinct outputs in {len(ok)} ({clip(distinct[0].text, 40)!r} alone vs "
-                        f"{clip(distinct[1].text, 40)!r} in a batch of {d.batch})")
+            first, other = clip(distinct[0].text, 40), clip(distinct[1].text, 40)
+            shown = (f"{first!r} alone vs {other!r} in a batch of {d.batch}" if first != other else  # clipped alike:
+                     f"alone vs in a batch of {d.batch} {char_diff(distinct[0].text, distinct[1].text)}")  # where they part
+            over.append(f"{name}: {len(distinct)} distinct outputs in {len(ok)} ({shown})")
     ev = {"prompts": rows, "repeats": d.repeats, "batch": d.batch, "max_distinct": d.max_distinct}
     if errors:
         return Verdict(gate, Status.FAIL, f"{len(errors)} answers missing (limit 0): {'; '.join(errors[:2])} -> FAIL",

@@ -1038,11 +1038,20 @@ def _spaced_message(spaced: list[tuple[str, str]]) -> str:
             f"and reads a path outside the checkout after a space as a test path (once it exists)")
 
 
+_EMPTY_REFUSED = (("--profile", "kvgate_profile"), ("--kvgate-reports", "kvgate_reports"),
+                  ("--endpoint", "kvgate_endpoint"), ("--profile-dir", "kvgate_profile_dir"),
+                  ("--api-key-env", "kvgate_api_key_env"), ("--isvc", "kvgate_isvc"),
+                  ("--namespace", "kvgate_namespace"), ("--canary", "kvgate_canary"),
+                  ("--ingress", "kvgate_ingress"), ("--ca-bundle", "kvgate_ca_bundle"),
+                  ("--soak-duration", "kvgate_soak_duration"), ("--workers-advertise", "kvgate_workers_advertise"),
+                  ("--workers-job", "kvgate_workers_job"), ("--workers-join-timeout", "kvgate_workers_join_timeout"))
+
+
 def _refuse_empty(config: pytest.Config) -> None:
-    """``--kvgate-reports=`` or ``--endpoint=`` with nothing after ``=`` (an unset shell variable):
-    refused, not read as the current directory or as "no endpoint" (which would launch a server)."""
-    for opt, dest in (("--kvgate-reports", "kvgate_reports"), ("--endpoint", "kvgate_endpoint"),
-                      ("--profile-dir", "kvgate_profile_dir"), ("--api-key-env", "kvgate_api_key_env")):
+    """An option of ``_EMPTY_REFUSED`` given with nothing after ``=`` (an unset shell variable):
+    refused, not read as its default -- the current directory, "no endpoint" or "no ``--isvc``"
+    (which would launch a server and gate it instead), the profile's own ``soak.duration`` (hours)."""
+    for opt, dest in _EMPTY_REFUSED:
         value = config.getoption(dest)
         if value is not None and not str(value).strip():
             raise usage(f"{opt}= is empty (an unset variable?): give a value, or leave {opt} out")

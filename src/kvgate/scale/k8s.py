@@ -80,7 +80,9 @@ def worker_container(job: dict[str, Any]) -> dict[str, Any]:
     try:
         containers = job["spec"]["template"]["spec"]["containers"]
     except (KeyError, TypeError):
-        raise WorkersError("the worker Job has no spec.template.spec.containers") from None
+        containers = None
+    if not isinstance(containers, list) or not containers or not all(isinstance(c, dict) for c in containers):
+        raise WorkersError("the worker Job has no spec.template.spec.containers (a list of containers)")
     return next((c for c in containers if c.get("name") == CONTAINER), containers[0])
 
 
@@ -94,7 +96,9 @@ def render_worker_job(template: dict[str, Any], *, n: int, coordinator_url: str,
                       namespace: str | None = None, name: str | None = None) -> dict[str, Any]:
     """The worker Job for ``n`` workers of ``profile``'s run (see the module docstring); the
     template is not changed. Raises :class:`WorkersError` when ``n`` is more than the profile's
-    ``slo.concurrency`` or the template is not a Job."""
+    ``slo.concurrency`` or below 1, or the template is not a Job."""
+    if n < 1:
+        raise WorkersError(f"--workers {n}: expected N >= 1 worker pods")
     if template.get("kind") != "Job":
         raise WorkersError(f"the worker template is a {template.get('kind')!r}, not a Job")
     if n > profile.slo.concurrency:
@@ -119,22 +123,27 @@ def render_worker_job(template: dict[str, Any], *, n: int, coordinator_url: str,
     return job
 
 
-def load_job(path: Path) -> dict[str, Any]:
+def load_job(path: Path, option: str = "--workers-job") -> dict[str, Any]:
     """The first ``kind: Job`` document of a YAML file whose worker container is
-    :data:`CONTAINER` (else the first Job). Raises :class:`WorkersError` naming the file."""
+    :data:`CONTAINER` (else the first Job). Raises :class:`WorkersError` naming the file and
+    ``option``, the one that gave it (``kvgate render-job`` reads it from ``--template``)."""
     try:
         docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if isinstance(d, dict)]
     except (OSError, yaml.YAMLError) as exc:
-        raise WorkersError(f"--workers-job {path}: cannot read it ({exc})") from None
+        raise WorkersError(f"{option} {path}: cannot read it ({exc})") from None
     jobs = [d for d in docs if d.get("kind") == "Job"]
     if not jobs:
-        raise WorkersError(f"--workers-job {path}: no kind: Job in it")
+        raise WorkersError(f"{option} {path}: no kind: Job in it")
     for j in jobs:
         try:
             if any(c.get("name") == CONTAINER for c in j["spec"]["template"]["spec"]["containers"]):
                 return j
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):
             continue
+    try:
+        worker_container(jobs[0])
+    except WorkersError as exc:
+        raise WorkersError(f"{option} {path}: {exc}") from None
     return jobs[0]
 
 

@@ -187,6 +187,23 @@ def listen_address(kind: str, advertise: str | None) -> tuple[str, int]:
     return "0.0.0.0", port or DEFAULT_PORT
 
 
+def coordinator_url(option: str, url: str) -> str:
+    """``url`` when it is an ``http(s)://HOST[:PORT]`` a worker can reach the coordinator at;
+    :class:`WorkersError` naming ``option`` otherwise (an empty value, a bare host name, another
+    scheme, a port that is not a number) -- a worker would otherwise fail on its first request."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url or "")
+    try:
+        port = u.port
+    except ValueError:
+        port = -1
+    if u.scheme not in ("http", "https") or not u.hostname or port == -1:
+        raise WorkersError(f"{option} {url!r}: expected http://HOST[:PORT], the address workers reach the coordinator "
+                           "at (e.g. http://kvgate-coordinator.models.svc.cluster.local:8470)")
+    return url
+
+
 def parse_seconds(option: str, text: str) -> float:
     """A positive number of seconds; :class:`WorkersError` naming ``option`` otherwise."""
     try:
