@@ -109,7 +109,7 @@ class _Peer:
 def test_raw_request_sends_the_target_and_host_as_written_and_reads_a_chunked_answer():
     peer = _Peer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
                  b"5\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\n\r\n")
-    ep = Endpoint("http://10.0.0.9:8000", api_key="sk-x")
+    ep = Endpoint("http://127.0.0.1:8000", api_key="sk-x")
     r = raw_request(ep, "POST", "/health/%2e%2e//v1/models", headers={"Host": "h/health?", "X-Original-URL": "/v1"},
                     body=b"{}", timeout_s=5, connect=peer.connect)
     peer.thread.join(2)
@@ -120,7 +120,7 @@ def test_raw_request_sends_the_target_and_host_as_written_and_reads_a_chunked_an
 
 
 def test_raw_request_without_an_answer_says_dropped_or_timed_out():
-    ep = Endpoint("http://10.0.0.9:8000")
+    ep = Endpoint("http://127.0.0.1:8000")
     dropped = raw_request(ep, "GET", "//v1/models", timeout_s=5, connect=_Peer(None).connect)
     assert dropped.status == 0 and dropped.text.startswith(DROPPED), dropped.text
     silent = _Peer(None, close=False)
