@@ -92,29 +92,15 @@ def sdk_stream(endpoint: Endpoint, api: str, body: dict[str, Any], timeout_s: fl
     extra = {k: v for k, v in body.items() if k not in std and k != "stream"}
     tee = _Tee()
     client = openai_client(endpoint, timeout_s, http_client=httpx.Client(transport=tee, timeout=timeout_s))
-    text, chunks, reasons = "", 0, []
+    got = _Fold()
 
     def seen(error: str | None) -> SdkStream:
-        return SdkStream(text, chunks, reasons, error, tee.status, tee.content_type,
+        return SdkStream(got.text, got.chunks, got.reasons, error, tee.status, tee.content_type,
                          tee.head.decode("utf-8", errors="replace"))
 
     try:
-        if api == "chat":
-            stream = client.chat.completions.create(stream=True, extra_body=extra, **kwargs)
-            for chunk in stream:
-                chunks += 1
-                for ch in chunk.choices:
-                    text += ch.delta.content or ""
-                    if ch.finish_reason:
-                        reasons.append(ch.finish_reason)
-        else:
-            stream = client.completions.create(stream=True, extra_body=extra, **kwargs)
-            for chunk in stream:
-                chunks += 1
-                for ch in chunk.choices:
-                    text += ch.text or ""
-                    if ch.finish_reason:
-                        reasons.append(ch.finish_reason)
+        create = client.chat.completions.create if api == "chat" else client.completions.create
+        got.read(create(stream=True, extra_body=extra, **kwargs), api)
     except Exception as exc:  # the SDK's failure is the finding, whatever its type
         return seen(f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
@@ -132,28 +118,39 @@ def sdk_replay(api: str, body: bytes, model: str = "kvgate-replay") -> SdkStream
         200, headers={"content-type": "text/event-stream"}, content=body))
     client = openai.OpenAI(base_url="http://kvgate.replay/v1", api_key="EMPTY", max_retries=0,
                            http_client=httpx.Client(transport=transport))
-    text, chunks, reasons = "", 0, []
+    got = _Fold()
     try:
         if api == "chat":
-            for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "."}],
-                                                        stream=True):
-                chunks += 1
-                for ch in chunk.choices:
-                    text += ch.delta.content or ""
-                    if ch.finish_reason:
-                        reasons.append(ch.finish_reason)
+            got.read(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "."}],
+                                                    stream=True), api)
         else:
-            for chunk in client.completions.create(model=model, prompt=".", stream=True):
-                chunks += 1
-                for ch in chunk.choices:
-                    text += ch.text or ""
-                    if ch.finish_reason:
-                        reasons.append(ch.finish_reason)
+            got.read(client.completions.create(model=model, prompt=".", stream=True), api)
     except Exception as exc:  # the SDK's failure is the finding, whatever its type
-        return SdkStream(text, chunks, reasons, f"{type(exc).__name__}: {str(exc)[:300]}", 200, "text/event-stream")
+        return SdkStream(got.text, got.chunks, got.reasons, f"{type(exc).__name__}: {str(exc)[:300]}", 200,
+                         "text/event-stream")
     finally:
         client.close()
-    return SdkStream(text, chunks, reasons, None, 200, "text/event-stream", body[:HEAD_BYTES].decode("utf-8", "replace"))
+    return SdkStream(got.text, got.chunks, got.reasons, None, 200, "text/event-stream",
+                     body[:HEAD_BYTES].decode("utf-8", "replace"))
+
+
+@dataclass
+class _Fold:
+    """What a client streaming through the SDK has read so far (kept when the SDK raises midway):
+    the concatenated text, the chunks, the finish reasons."""
+
+    text: str = ""
+    chunks: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def read(self, stream: Any, api: str) -> None:
+        """Fold the SDK's chunk iterator; ``api``: "chat" (``delta.content``) or "completions" (``text``)."""
+        for chunk in stream:
+            self.chunks += 1
+            for ch in chunk.choices:
+                self.text += (ch.delta.content if api == "chat" else ch.text) or ""
+                if ch.finish_reason:
+                    self.reasons.append(ch.finish_reason)
 
 
 def _refused(endpoint: Endpoint) -> str | None:
