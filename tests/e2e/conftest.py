@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from .test_embedded import main_job
+from .tiers import FULL
 
 #: set once ``embedded_run`` has run in this session (test_kv_families.py reads it from there).
 EMBEDDED_RUN = pytest.StashKey[tuple]()
@@ -23,7 +24,9 @@ def embedded_run(request, tmp_path_factory):
     # so it samples until decided, up to tiny-cpu's soak.max_duration (160 s) -- test_embedded.py
     # requires PASS; leaks are proven against fakes. A VLLM_API_KEY exported
     # for other vLLMs (as operators do) must not lock kvgate's own server: the run carries one.
-    run = main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu", "--soak-duration=48s",
+    # KVGATE_E2E_FULL=1: the soak at tiny-cpu's own length (the user's main job).
+    soak = () if FULL else ("--soak-duration=48s",)
+    run = main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu", *soak,
                    env={"VLLM_API_KEY": "sk-exported-for-another-vllm"})
     request.session.stash[EMBEDDED_RUN] = run
     return run

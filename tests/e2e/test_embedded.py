@@ -21,7 +21,6 @@ import pytest
 from kvgate.report.signoff import signoff_markdown
 
 from ..conftest import REPO, validate_summary
-from .tiers import full_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -143,13 +142,7 @@ def _server_up(reports: Path) -> bool:
         return False
 
 
-MID_RUN_FULL_ONLY = full_only(
-    "SIGTERM mid-gate is proven in tests/test_lifecycle.py (test_signal_mid_gate) and live on a launched"
-    " container in tests/e2e/test_docker_launch.py, the embedded vLLM's group torn down by SIGINT in"
-    " tests/e2e/test_interrupts.py")
-
-
-@pytest.mark.parametrize("when", ["during-startup", pytest.param("mid-run", marks=MID_RUN_FULL_ONLY)])
+@pytest.mark.parametrize("when", ["during-startup", "mid-run"])
 def test_sigterm_tears_down_server_and_writes_incomplete_summary(tmp_path, when):
     import signal
     import time

@@ -54,9 +54,6 @@ EXPECTED = {
 #: Same attention geometry as Llama (see the module docstring): live start only on request.
 SAME_AS_LLAMA = {"qwen3", "mixtral"}
 ALL_FAMILIES = os.environ.get("KVGATE_E2E_ALL_FAMILIES") == "1" or FULL
-#: Live start only with KVGATE_E2E_FULL=1 (CI's budget: ~75 s): its prediction is asserted always, and
-#: it PASSed live at 14,560 tokens (910 blocks of 16) in every CI run up to 2026-12-03.
-LIVE_FULL_ONLY = {"deepseek-mla"}
 
 
 def statuses(summary: dict) -> dict[str, dict]:
@@ -88,7 +85,7 @@ def live_runs(tmp_path_factory, request):
 
     selected = {item.callspec.params["family"] for item in request.session.items
                 if getattr(item, "originalname", "") == "test_live_pool_equals_vllm" and hasattr(item, "callspec")}
-    families = [f for f in sorted(selected) if f != "llama" and (ALL_FAMILIES or f not in SAME_AS_LLAMA | LIVE_FULL_ONLY)]
+    families = [f for f in sorted(selected) if f != "llama" and (ALL_FAMILIES or f not in SAME_AS_LLAMA)]
     cpus = sorted(os.sched_getaffinity(0))[:2]
     pin = len(cpus) == 2 and shutil.which("taskset") is not None
     free: queue.Queue = queue.Queue()
@@ -122,9 +119,6 @@ def test_live_pool_equals_vllm(family, tmp_path, request, live_runs):
         if not ALL_FAMILIES:
             pytest.skip(f"{family}: full-attention GQA with Llama's geometry (pool {tokens:,} tokens, prediction "
                         "asserted); live start only with KVGATE_E2E_ALL_FAMILIES=1")
-    if family in LIVE_FULL_ONLY and not ALL_FAMILIES:
-        pytest.skip(f"{family}: prediction asserted ({tokens:,} tokens, {blocks} blocks of {block}); live start only "
-                    "with KVGATE_E2E_FULL=1 (CI's 30-minute budget)")
     if family == "llama" and EMBEDDED_RUN in request.session.stash:
         # the main job (tests/e2e/conftest.py embedded_run) already started this very server and
         # ran fit/kv-pool and fit/live-pool on it: read its verdicts instead of a second start

@@ -21,7 +21,6 @@ from kvgate.launch.pools import NGINX_INSTALL, PoolsLauncher
 from kvgate.profile.models import load_profile
 
 from .test_embedded import main_job, vllm_processes
-from .tiers import full_only
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
@@ -68,8 +67,6 @@ def test_pools_run_left_no_process_behind(pools_run):
         assert vllm_processes(port) == [], f"vLLM processes outlived the run: {pool['url']}"
 
 
-@full_only("SIGTERM tearing down a launched server mid-run is proven live in"
-           " tests/e2e/test_embedded.py, the pools launcher teardown in the pools tests")
 def test_sigterm_mid_run_stops_both_pools_and_nginx(tmp_path):
     """SIGTERM once the routing gate is sending (nginx's access log has lines): the run ends
     INCOMPLETE and no vLLM or nginx process outlives it."""
@@ -117,8 +114,6 @@ def pools_up(tmp_path_factory, pools_run):  # after the launched runs: one set o
         launcher.stop()
 
 
-@full_only("each pool's deployment and max-context gates through --endpoint are the tiny-cpu gates proven"
-           " live in tests/e2e/test_served.py; the launched pools run above proves both pools and the router")
 @pytest.mark.parametrize("pool", ["short", "long"])
 def test_each_pool_passes_its_own_profile_with_endpoint(pools_up, pool, tmp_path):
     url = pools_up.pool_urls[pool] + "/v1"

@@ -9,7 +9,6 @@ import pytest
 
 from ..conftest import REPO
 from .test_embedded import main_job
-from .tiers import full_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 GID = "tiny-cpu-priority/priority/short-over-long"
@@ -29,8 +28,6 @@ def test_priority_server_passes_with_a_measured_gain(tmp_path):
           f"with-priority rounds, {sampling['n']} short requests, {sampling['wall_s']:.0f} s of looks")
 
 
-@full_only("the FAIL side is proven against the fake (tests/test_gates_priority.py: FCFS reads"
-           " priority ignored); the PASS side runs live")
 def test_same_profile_served_fcfs_fails_as_priority_ignored(tmp_path):
     fcfs = tmp_path / "tiny-cpu-priority-served-fcfs.yaml"
     fcfs.write_text(f"name: tiny-cpu-priority\nextends: {REPO / 'profiles' / 'tiny-cpu-priority.yaml'}\n"

@@ -46,7 +46,6 @@ from kvgate.report.signoff import signoff_markdown
 
 from ..conftest import REPO
 from .test_embedded import main_job
-from .tiers import FULL, full_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -268,8 +267,6 @@ def compare_gates(summary: dict) -> dict:
     return {g["id"].split("/compare/")[1]: g for g in summary["gates"] if "/compare/" in g["id"]}
 
 
-@full_only("the compare gate PASSing two identical servers is proven against the fakes"
-           " (tests/test_compare.py); its FAIL runs live")
 def test_compare_two_embedded_vllms_of_the_same_model_pass(running_server, recorded_baseline, tmp_path):
     """``pytest --profile tiny-cpu -m compare --baseline=URL``: kvgate launches its own embedded vLLM
     (the new revision) and compares it with the served one (the same tiny model): every golden
@@ -295,10 +292,8 @@ def test_compare_a_changed_model_fails_against_a_live_and_a_recorded_baseline(ru
     """The same served name over another model (tests/data/tiny-cpu-changed.yaml: a 768-wide MLP),
     served by ``kvgate serve``: against the served tiny-cpu (``--baseline``) and against its
     recording (``--baseline-reports``), the outputs case FAILs naming how many golden prompts
-    drifted and where the first parted. The live baseline only with ``KVGATE_E2E_FULL=1`` (CI's
-    30-minute budget: ~25 s): the same comparison of the same golden prompts, and both baselines
-    FAIL a changed model against the fakes (tests/test_compare.py)."""
-    bases = [f"--baseline-reports={recorded_baseline}"] + ([f"--baseline={running_server.url}"] if FULL else [])
+    drifted and where the first parted."""
+    bases = [f"--baseline-reports={recorded_baseline}", f"--baseline={running_server.url}"]
     changed = serve(str(CHANGED), tmp_path / "changed.log")
     try:
         for base in bases:

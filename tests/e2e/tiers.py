@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
-#: ``KVGATE_E2E_FULL=1``: also the e2e runs CI leaves out for its 30-minute budget, each a second
-#: real-vLLM proof of something a fake-based test or another e2e run already shows (their skip
-#: reasons say which). Before a release, run ``KVGATE_E2E_FULL=1 .venv/bin/pytest tests/e2e``.
+#: ``KVGATE_E2E_FULL=1``: the extras CI does not make, none of them a proof of its own -- the
+#: attention families that share Llama's geometry started live (Qwen3, Mixtral; their predictions
+#: are asserted always) and the main job's soak at tiny-cpu's own length instead of 48 s. Every
+#: other e2e proof runs in CI. Before a release: ``KVGATE_E2E_FULL=1 .venv/bin/pytest tests/e2e``.
 FULL = os.environ.get("KVGATE_E2E_FULL") == "1"
-
-
-def full_only(why: str):
-    """Skip unless ``KVGATE_E2E_FULL=1``, saying what already proves it."""
-    return pytest.mark.skipif(not FULL, reason=f"{why}; runs with KVGATE_E2E_FULL=1 (CI's 30-minute budget)")
