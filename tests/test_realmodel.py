@@ -92,3 +92,28 @@ def test_a_broken_answers_section_is_a_profile_error(tmp_path, section, words):
     with pytest.raises(ProfileError) as exc:
         load_profile(str(p), REPO / "profiles")
     assert words in str(exc.value), str(exc.value)
+
+
+def test_the_conversion_parses_the_gguf_once(tmp_path, monkeypatch):
+    """transformers opens the GGUF three times (tokenizer, config, weights) and builds gguf's
+    tensor-name map per tensor; the conversion memoizes both: one reader per file, one map per
+    (architecture, blocks) -- the checkpoint it writes is the same (tests/e2e/test_real_model.py)."""
+    import gguf
+
+    monkeypatch.setattr(gguf, "GGUFReader", gguf.GGUFReader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", gguf.get_tensor_name_map)
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    realmodel._parse_gguf_once()
+    realmodel._parse_gguf_once()
+    memo = gguf.get_tensor_name_map
+    realmodel._parse_gguf_once()  # a second call wraps nothing twice
+    assert gguf.get_tensor_name_map is memo
+    first = gguf.GGUFReader(path)
+    assert gguf.GGUFReader(str(path)) is first and first.fields["general.architecture"]
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
