@@ -52,14 +52,25 @@ def _golden_body(g, model, stream_logprobs=5):
                     logprobs=stream_logprobs)
 
 
+def in_flight(profile) -> int:
+    """How many of the answers cases' requests are in flight at once: the deployment's concurrency,
+    ``engine.max_num_seqs`` (what vLLM schedules in one batch; 8 on smollm2-cpu), else
+    ``slo.concurrency``. The non-streamed answers are all asked before the streamed ones, so a pair
+    compared character for character meets the same kind of batch; a server whose answers change
+    with the batch shows it in the determinism case, the cause the others' differences then carry.
+    The cases that must be alone (temperature-zero, determinism's reference) do not use it."""
+    return max(1, profile.engine.max_num_seqs or profile.slo.concurrency)
+
+
 @pytest.fixture(scope="module")
 def golden_obs(kvgate_client, kvgate_profile, collected):
-    """Each golden asked non-streamed, then streamed (4 in flight at once each time)."""
+    """Each golden asked non-streamed, then streamed (:func:`in_flight` at once each time)."""
     a, model, t = kvgate_profile.answers, kvgate_profile.model.served_name, kvgate_profile.limits.request_timeout_s
+    n = in_flight(kvgate_profile)
     plain = ask_many([lambda g=g: ask(kvgate_client, g.route, _golden_body(g, model), timeout_s=t)
-                      for g in a.goldens], 4)
+                      for g in a.goldens], n)
     streamed = ask_many([lambda g=g: ask(kvgate_client, g.route, _golden_body(g, model), stream=True, timeout_s=t)
-                         for g in a.goldens], 4)
+                         for g in a.goldens], n)
     for g, p, s in zip(a.goldens, plain, streamed):
         collected.add(f"golden/{g.name}", p)
         collected.add(f"golden/{g.name}/stream", s)
@@ -182,15 +193,16 @@ def check_accuracy(request, client, profile, collected) -> Verdict:
 
 def check_multibyte(request, client, profile, collected) -> Verdict:
     model, t, n = profile.model.served_name, profile.limits.request_timeout_s, profile.answers.multibyte_max_tokens
+    asks = [(name, prompt, temp, body_for("chat", model, messages=[{"role": "user", "content": prompt}], max_tokens=n,
+                                          logprobs=None, temperature=temp, seed=seed))
+            for name, prompt in MULTIBYTE_PROMPTS.items()
+            for temp, seed in (((0.0, None), (0.8, 1234)) if name in SAMPLED_SCRIPTS else ((0.0, None),))]
+    plains = ask_many([lambda b=b: ask(client, "chat", b, timeout_s=t) for *_, b in asks], in_flight(profile))
+    streams = ask_many([lambda b=b: ask(client, "chat", b, stream=True, timeout_s=t) for *_, b in asks], in_flight(profile))
     obs = []
-    for name, prompt in MULTIBYTE_PROMPTS.items():
-        for temp, seed in ((0.0, None), (0.8, 1234)) if name in SAMPLED_SCRIPTS else ((0.0, None),):
-            msgs = [{"role": "user", "content": prompt}]
-            body = body_for("chat", model, messages=msgs, max_tokens=n, logprobs=None, temperature=temp, seed=seed)
-            plain = ask(client, "chat", body, timeout_s=t)
-            streamed = ask(client, "chat", body, stream=True, timeout_s=t)
-            collected.add(f"multibyte/{name}", plain)
-            obs.append(MultibyteObservation(name, prompt, temp, plain, streamed))
+    for (name, prompt, temp, _), plain, streamed in zip(asks, plains, streams):
+        collected.add(f"multibyte/{name}", plain)
+        obs.append(MultibyteObservation(name, prompt, temp, plain, streamed))
     return _judged(request, lambda s: multibyte_verdict(obs, suspects=s))
 
 
@@ -203,19 +215,18 @@ def check_input_paths(request, client, profile, collected) -> Verdict:
         ids, text, err = render(client, model, g.messages)
         if err:
             return Verdict("answers/input-paths", Status.SKIP, f"the rendered prompt cannot be had ({err}) -> SKIP")
+        paths = {"chat": ("chat", body_for("chat", model, messages=g.messages, max_tokens=g.max_tokens, logprobs=None)),
+                 # the rendered text carries the template's special tokens (its BOS): none added again
+                 "text": ("completions", body_for("completions", model, prompt=text, max_tokens=g.max_tokens,
+                                                  logprobs=None, extra={"add_special_tokens": False})),
+                 "ids": ("completions", body_for("completions", model, prompt=ids, max_tokens=g.max_tokens,
+                                                 logprobs=None))}
         answers = {}
-        for stream in (False, True):
+        for stream in (False, True):  # the three paths at once, non-streamed then streamed
             sfx = "/stream" if stream else ""
-            answers["chat" + sfx] = ask(client, "chat", body_for("chat", model, messages=g.messages, max_tokens=g.max_tokens,
-                                                                 logprobs=None), stream=stream, timeout_s=t)
-            # the rendered text carries the template's special tokens (its BOS): none added again
-            answers["text" + sfx] = ask(client, "completions", body_for("completions", model, prompt=text,
-                                                                        max_tokens=g.max_tokens, logprobs=None,
-                                                                        extra={"add_special_tokens": False}),
-                                        stream=stream, timeout_s=t)
-            answers["ids" + sfx] = ask(client, "completions", body_for("completions", model, prompt=ids,
-                                                                       max_tokens=g.max_tokens, logprobs=None),
-                                       stream=stream, timeout_s=t)
+            got = ask_many([lambda r=r, b=b: ask(client, r, b, stream=stream, timeout_s=t) for r, b in paths.values()],
+                           in_flight(profile))
+            answers.update({k + sfx: a for k, a in zip(paths, got)})
         for k, a in answers.items():
             collected.add(f"input-paths/{g.name}/{k}", a)
         obs.append(_paths_observation(client, profile, g, ids, text, answers))
@@ -248,8 +259,9 @@ def _paths_observation(client, profile, g, ids, text, answers) -> PathsObservati
 def check_memory(request, client, profile, collected) -> Verdict:
     model, t = profile.model.served_name, profile.limits.request_timeout_s
     obs = []
-    for g in profile.answers.memory:
-        a = ask(client, g.route, _golden_body(g, model), timeout_s=t)
+    asked = ask_many([lambda g=g: ask(client, g.route, _golden_body(g, model), timeout_s=t) for g in profile.answers.memory],
+                     in_flight(profile))
+    for g, a in zip(profile.answers.memory, asked):
         collected.add(f"multi-turn/{g.name}", a)
         obs.append(MemoryObservation(g, a))
     return _judged(request, lambda s: memory_verdict(obs, suspects=s))
