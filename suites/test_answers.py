@@ -4,21 +4,22 @@ server's prompt count is the rendering with it); the profile's golden prompts me
 expectations at temperature 0, streamed and not; an accuracy task scores at or above its floor with
 a binomial interval; no answer the gate collected is degenerate; multibyte text survives streaming;
 chat, rendered text and token ids agree; a later turn remembers an earlier one; temperature-0
-outputs do not change under concurrency. A FAIL's cause is what the first two measured (the
+outputs do not change under concurrency, nor beside other clients' sampling parameters. A FAIL's cause is what the first two measured (the
 sampling, the rendering), asked for only when a case does not PASS."""
 
 from pathlib import Path
 
 import pytest
 
+from kvgate.answers import isolation
 from kvgate.answers.observe import MULTIBYTE_PROMPTS, SAMPLED_SCRIPTS, ask, ask_many, body_for, echoed_prompt, render
 from kvgate.answers.task import TaskError, load_task, scored
 from kvgate.compare.golden import MULTI_TURN, SYSTEM
 from kvgate.gates.answers import (CASES, GoldenObservation, MemoryObservation, MultibyteObservation, PathsObservation,
                                   RenderingObservation, SamplingObservation, Suspects, accuracy_verdict,
                                   degeneration_verdict, determinism_verdict, golden_verdict, input_paths_verdict,
-                                  memory_verdict, multibyte_verdict, not_declared, rendering_cause, sampling_cause,
-                                  system_golden, system_message_verdict, temperature_zero_verdict)
+                                  isolation_verdict, memory_verdict, multibyte_verdict, not_declared, rendering_cause,
+                                  sampling_cause, system_golden, system_message_verdict, temperature_zero_verdict)
 from kvgate.http.rendering import concurrently, tokenize
 from kvgate.verdict import Status, Verdict
 
@@ -136,7 +137,7 @@ def test_answers(case, request, kvgate_client, kvgate_profile, kvgate_gate, coll
     check = {"temperature-zero": check_temperature_zero, "system-message": check_system_message,
              "golden": check_golden, "accuracy": check_accuracy, "degeneration": check_degeneration,
              "multibyte": check_multibyte, "input-paths": check_input_paths, "multi-turn": check_memory,
-             "determinism": check_determinism}[case]
+             "determinism": check_determinism, "isolation": check_isolation}[case]
     assert kvgate_gate(check(request, kvgate_client, kvgate_profile, collected)).passed
 
 
@@ -274,6 +275,12 @@ def check_determinism(request, client, profile, collected) -> Verdict:
             runs[g.name].append(a)
             collected.add(f"determinism/{g.name}/{r + 1}", a)
     return _judged(request, lambda s: determinism_verdict(spec, runs, suspects=s))
+
+
+def check_isolation(request, client, profile, collected) -> Verdict:
+    # the victims are goldens (degeneration has their answers from golden_obs): not collected again
+    obs = isolation.observe(client, profile, profile.answers.goldens[:profile.answers.isolation.prompts])
+    return _judged(request, lambda s: isolation_verdict(profile.answers, obs, suspects=s))
 
 
 def check_degeneration(request, client, profile, collected) -> Verdict:
