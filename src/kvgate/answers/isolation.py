@@ -128,7 +128,8 @@ class Flight:
 class IsolationObservation:
     """The case's answers: ``victims`` (golden names, in order), their ``alone`` answers, the
     ``rounds`` (each a list of :class:`Flight`, victims and polluters), ``batch`` (requests in
-    flight per round), the ``allowed`` ids and where they came from (``allowed_from``); after a
+    flight per round: :func:`batch_size`, or the victims and one polluter when there are as many
+    victims), the ``allowed`` ids and where they came from (``allowed_from``); after a
     change, the ``control`` round (victims beside plain requests) and the ``confirm`` rounds
     (polluter name -> the victims beside copies of it alone); None / empty when nothing changed."""
 
@@ -244,7 +245,7 @@ def observe(client: KvClient, profile: Profile, victims: Sequence[GoldenSpec], *
     pols = polluters(profile, allowed, words or ["the"])
     batch = batch_size(profile)
     per = max(1, batch - len(r.victims))
-    obs = IsolationObservation([g.name for g in r.victims], alone, [], batch, allowed, allowed_from)
+    obs = IsolationObservation([g.name for g in r.victims], alone, [], len(r.victims) + per, allowed, allowed_from)
     obs.rounds = [r.round(pols[i:i + per]) for i in range(0, len(pols), per)]
     hit = [(f, rnd) for rnd in obs.rounds for f, _ in changed(obs, rnd, iso.near_tie_logprob)]
     if not hit:
