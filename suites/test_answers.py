@@ -101,6 +101,16 @@ def rendering_obs(kvgate_client, kvgate_profile, golden_obs):
     return RenderingObservation(name, *got, served=served)
 
 
+@pytest.fixture(scope="module")
+def alone_obs(kvgate_client, kvgate_profile):
+    """The first goldens (as many as the determinism and isolation cases track) asked one after the
+    other, nothing else in flight, each as a golden is asked (the isolation case's victim request):
+    the answers both compare with (golden name -> answer)."""
+    a, model, t = kvgate_profile.answers, kvgate_profile.model.served_name, kvgate_profile.limits.request_timeout_s
+    return {g.name: ask(kvgate_client, g.route, isolation.victim_body(g, model), timeout_s=t)
+            for g in a.goldens[:max(a.determinism.prompts, a.isolation.prompts)]}
+
+
 def _suspects(request) -> Suspects:
     """The measured causes: the temperature-zero and system-message cases' findings when they ran
     (kept for the run in kvgate_answer_causes), else measured now."""
@@ -261,8 +271,8 @@ def check_determinism(request, client, profile, collected) -> Verdict:
     golden = request.getfixturevalue("golden_obs")
     d = spec.determinism
     tracked = golden[:d.prompts]
-    runs = {o.spec.name: [ask(client, o.spec.route, _golden_body(o.spec, model), timeout_s=t)]  # alone
-            for o in tracked}
+    alone = request.getfixturevalue("alone_obs")
+    runs = {o.spec.name: [alone[o.spec.name]] for o in tracked}
     fillers = [o.spec for o in golden]
     for r in range(d.repeats):
         batch = [o.spec for o in tracked]
@@ -279,7 +289,8 @@ def check_determinism(request, client, profile, collected) -> Verdict:
 
 def check_isolation(request, client, profile, collected) -> Verdict:
     # the victims are goldens (degeneration has their answers from golden_obs): not collected again
-    obs = isolation.observe(client, profile, profile.answers.goldens[:profile.answers.isolation.prompts])
+    victims = profile.answers.goldens[:profile.answers.isolation.prompts]
+    obs = isolation.observe(client, profile, victims, alone=request.getfixturevalue("alone_obs"))
     return _judged(request, lambda s: isolation_verdict(profile.answers, obs, suspects=s))
 
 

@@ -1,7 +1,8 @@
 """answers/isolation: one client's per-request sampling state never changes another's answer.
 
-The *victims* (the profile's first goldens, temperature 0, with logprobs) are answered alone, one
-after the other; then again in *rounds*: each round sends the victims together with *polluters* --
+The *victims* (the profile's first goldens, temperature 0, with logprobs, each with its
+``max_tokens``) are answered alone, one after the other (the answers suite shares these with the
+determinism case); then again in *rounds*: each round sends the victims together with *polluters* --
 requests on other connections whose per-request sampling state a batched engine keeps beside the
 victims' (a tiny ``allowed_token_ids`` allowlist, a ``logit_bias`` forcing it, ``bad_words`` that
 ban the victims' own first words, ``min_tokens``, a JSON schema, ``n`` > 1, other seeds and
@@ -182,6 +183,12 @@ def _first_word(text: str) -> str | None:
     return m.group(0) if m else None
 
 
+def victim_body(g: GoldenSpec, model: str) -> dict[str, Any]:
+    """A victim's request: the golden at temperature 0 with its ``max_tokens``, 5 logprobs a position
+    (the answers gate's golden request)."""
+    return body_for(g.route, model, messages=g.messages, prompt=g.prompt, max_tokens=g.max_tokens, logprobs=5)
+
+
 class Rounds:
     """Sends the case's requests (``ask``: :func:`kvgate.answers.observe.ask`, injectable) and
     times them on ``clock`` (seconds)."""
@@ -191,10 +198,7 @@ class Rounds:
         self.client, self.profile, self.victims = client, profile, list(victims)
         self.clock, self.ask = clock, ask_fn
         self.timeout_s = profile.limits.request_timeout_s
-        iso = profile.answers.isolation
-        self.bodies = {g.name: body_for(g.route, profile.model.served_name, messages=g.messages, prompt=g.prompt,
-                                        max_tokens=min(g.max_tokens, iso.max_tokens), logprobs=5)
-                       for g in self.victims}
+        self.bodies = {g.name: victim_body(g, profile.model.served_name) for g in self.victims}
         self.routes = {g.name: g.route for g in self.victims}
 
     def _flight(self, name: str, role: str, route: str, body: dict[str, Any]) -> Flight:
@@ -234,12 +238,17 @@ def allowlist(client: KvClient, profile: Profile) -> tuple[list[int], str]:
 
 
 def observe(client: KvClient, profile: Profile, victims: Sequence[GoldenSpec], *,
-            clock: Callable[[], float] = time.monotonic, ask_fn: Callable[..., Asked] = ask) -> IsolationObservation:
-    """The case's observation (module docstring): alone, the rounds (the polluters in order,
-    ``batch - victims`` a round, at least one), and after a change the control and confirming rounds."""
+            alone: dict[str, Asked] | None = None, clock: Callable[[], float] = time.monotonic,
+            ask_fn: Callable[..., Asked] = ask) -> IsolationObservation:
+    """The case's observation (module docstring): the victims alone (``alone``: their answers to
+    :func:`victim_body` already asked alone, by name; else asked here, one after the other), the
+    rounds (the polluters in order, ``batch - victims`` a round, at least one), and after a change
+    the control and confirming rounds."""
     iso = profile.answers.isolation
     r = Rounds(client, profile, victims, clock=clock, ask_fn=ask_fn)
-    alone = r.alone()
+    if alone is None or any(g.name not in alone for g in r.victims):
+        alone = r.alone()
+    alone = {g.name: alone[g.name] for g in r.victims}
     allowed, allowed_from = allowlist(client, profile)
     words = list(dict.fromkeys(w for a in alone.values() if a.ok and (w := _first_word(a.text))))
     pols = polluters(profile, allowed, words or ["the"])

@@ -966,8 +966,7 @@ class IsolationSpec(_Strict):
     schema, ``n`` > 1, other seeds and penalties; a thinking budget and the LoRA adapters where the
     engine serves them); each answer must equal its alone-answer up to a near tie."""
 
-    prompts: int = Field(default=4, gt=0, description="[prompts] the victims: the first N goldens")
-    max_tokens: int = Field(default=16, gt=0, description="[tokens] a victim generates at most this (and at most its golden's max_tokens)")
+    prompts: int = Field(default=4, gt=0, description="[prompts] the victims: the first N goldens (each with its max_tokens)")
     polluter_max_tokens: int = Field(default=8, gt=0, description="[tokens] each polluter generates")
     batch: int | None = Field(default=None, gt=1, description="[requests] in flight in each round (the victims and polluters); null = engine.max_num_seqs (8 when unset), at most 16")
     near_tie_logprob: float = Field(default=0.1, ge=0, description="[nats] a victim that parts from its alone-answer within this is a near tie, named, not a change")
