@@ -570,7 +570,7 @@ def _in_flight(f: Flight, rnd: list[Flight]) -> list[str]:
     return list(dict.fromkeys(p.name for p in rnd if p.role == "polluter" and p.asked.ok and p.overlaps(f)))
 
 
-def _token_diff(d: Any) -> str:
+def _token_diff(d: Difference) -> str:
     """Where a victim parted: ``token 3: ' Paris' alone vs ' zebra'`` (+ the gap, nats, when either
     side's logprobs rank the other's token)."""
     unit = "char" if d.how == "text" else "token"
@@ -620,13 +620,15 @@ def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, su
     if missing:
         return Verdict(gate, Status.FAIL, f"{len(missing)} victim answers missing (limit 0): {'; '.join(missing[:3])} "
                        "-> FAIL", measured=len(missing), limit=0, unit="answers", evidence=ev)
-    beside = [p for p in pols if p.asked.ok and any(p.overlaps(f) for rnd in obs.rounds if p in rnd
-                                                    for f in rnd if f.role == "victim")]
+    beside = [p for rnd in obs.rounds for p in rnd if p.role == "polluter" and p.asked.ok
+              and any(p.overlaps(f) for f in rnd if f.role == "victim")]
     ref = f"; refused 4xx: {', '.join(f'{n} ({s})' for n, s in refused.items())}" if refused else ""
     if not beside:
         return Verdict(gate, Status.INVALID, f"no polluter was served in flight beside a victim ({len(pols)} sent"
                        f"{ref}): nothing was measured -> INVALID", evidence=ev)
-    rows, ties = [], []
+    rows: list[dict[str, Any]] = []
+    ties: list[dict[str, Any]] = []
+    diffs: list[Difference] = []  # rows' differences, in order
     for k, rnd in enumerate(obs.rounds, 1):
         for f in rnd:
             if f.role != "victim":
@@ -636,7 +638,11 @@ def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, su
                 continue
             row = {"victim": f.name, "round": k, "in_flight": _in_flight(f, rnd), "difference": d.to_dict(),
                    "text": clip(f.asked.text, 80), "alone": clip(obs.alone[f.name].text, 80)}
-            (ties if d.kind == "near-tie" else rows).append(row)
+            if d.kind == "near-tie":
+                ties.append(row)
+            else:
+                rows.append(row)
+                diffs.append(d)
     ev.update(changed=rows, near_ties=ties)
     answered = sum(1 for f in flights if f.role == "victim")
     served = sorted({p.name for p in beside}, key=names.index)
@@ -647,8 +653,8 @@ def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, su
                        f"{len(obs.rounds)} round{'s' if len(obs.rounds) != 1 else ''} of {obs.batch} beside "
                        f"{len(served)} polluters in flight ({', '.join(served)}){ref}: every answer equal to its "
                        f"alone-answer{tail} -> PASS", measured=0, limit=0, unit="changed answers", evidence=ev)
-    shown = "; ".join(f"{r['victim']} (round {r['round']}) at {_token_diff(Difference(**r['difference']))} beside "
-                      f"{', '.join(r['in_flight']) or 'no polluter in flight'}" for r in rows[:3])
+    shown = "; ".join(f"{r['victim']} (round {r['round']}) at {_token_diff(d)} beside "
+                      f"{', '.join(r['in_flight']) or 'no polluter in flight'}" for r, d in zip(rows[:3], diffs))
     head = (f"{len(rows)} of {answered} victim answers changed beside polluters beyond a near tie ({near:g} nats): "
             f"{shown}{'; ...' if len(rows) > 3 else ''}")
     control = changed(obs, obs.control or [], near)
