@@ -228,8 +228,9 @@ FAULT_CASES = {
     # a polluter's allowlist applied to the others while it is in flight: the victims beside it change; copies of it
     # alone change them again, copies of the others do not
     "contaminating": {
-        "isolation": ["4 of 8 victim answers changed beside polluters beyond a near tie (0.1 nats): capital-france "
-                      "(round 1) at token 0: 'Paris' alone vs 'zebra' beside allowed_token_ids, logit_bias, bad_words, "
+        # round 1 carries allowed_token_ids, logit_bias, bad_words and min_tokens (4 of the 8 victim answers are its)
+        "isolation": ["of 8 victim answers changed beside polluters beyond a near tie (0.1 nats): ",
+                      " (round 1) at token 0: ", " alone vs 'zebra' beside allowed_token_ids, logit_bias, bad_words, "
                       "min_tokens", "beside copies of allowed_token_ids, logit_bias alone they changed again; beside "
                       "bad_words, min_tokens alone they did not -> FAIL"],
     },
