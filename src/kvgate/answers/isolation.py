@@ -199,7 +199,6 @@ class Rounds:
         self.clock, self.ask = clock, ask_fn
         self.timeout_s = profile.limits.request_timeout_s
         self.bodies = {g.name: victim_body(g, profile.model.served_name) for g in self.victims}
-        self.routes = {g.name: g.route for g in self.victims}
 
     def _flight(self, name: str, role: str, route: str, body: dict[str, Any]) -> Flight:
         t0 = self.clock()
