@@ -228,11 +228,19 @@ FAULT_CASES = {
     # a polluter's allowlist applied to the others while it is in flight: the victims beside it change; copies of it
     # alone change them again, copies of the others do not
     "contaminating": {
-        # round 1 carries allowed_token_ids, logit_bias, bad_words and min_tokens (4 of the 8 victim answers are its)
-        "isolation": ["of 8 victim answers changed beside polluters beyond a near tie (0.1 nats): ",
-                      " (round 1) at token 0: ", " alone vs 'zebra' beside allowed_token_ids, logit_bias, bad_words, "
+        # round 2 (the last) carries allowed_token_ids, logit_bias, bad_words and min_tokens; its after wave comes once
+        # they ended: those victims are answered as alone
+        "isolation": ["of 16 victim answers changed beside polluters beyond a near tie (0.1 nats): ",
+                      " (round 2) at token 0: ", " alone vs 'zebra' beside allowed_token_ids, logit_bias, bad_words, "
                       "min_tokens", "beside copies of allowed_token_ids, logit_bias alone they changed again; beside "
                       "bad_words, min_tokens alone they did not -> FAIL"],
+    },
+    # a polluter's allowlist row left uncleared when it ends: the after wave's victims take those rows
+    "stale_allowlist": {
+        "isolation": ["of 16 victim answers changed beside polluters beyond a near tie (0.1 nats): ",
+                      " (round 2, after wave) at token 0: ", " alone vs 'zebra' after allowed_token_ids, logit_bias, "
+                      "bad_words, min_tokens (ended before it started)", "beside copies of allowed_token_ids, "
+                      "logit_bias alone they changed again; beside bad_words, min_tokens alone they did not -> FAIL"],
     },
     "bad_words_500": {
         "isolation": ["1 polluter of 8 answered with a 5xx or not at all (limit 0): bad_words: HTTP 500 after",
@@ -260,6 +268,8 @@ FAULT_CAUSES = {
                         "(first difference at token 7)",
     "contaminating": "the per-request sampling state of allowed_token_ids, logit_bias reaches other requests: beside "
                      "each alone the victims changed again, beside plain requests they did not",
+    "stale_allowlist": "the per-request sampling state of allowed_token_ids, logit_bias reaches other requests: beside "
+                       "each alone the victims changed again, beside plain requests they did not",
     "double_bos_ids": "a second BOS on the ids path: the server puts the tokenizer's BOS (id 1 ('<s>')) in front of a "
                       "prompt that already begins with the template's",
 }

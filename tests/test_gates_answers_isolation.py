@@ -88,7 +88,7 @@ def test_a_changed_victim_fails_naming_the_polluters_in_flight_the_token_and_the
                        "the victims changed again, beside plain requests they did not")
     assert (v.measured, v.limit) == (1, 0)
     row = v.evidence["changed"][0]
-    assert row["in_flight"] == POLLUTERS and row["difference"]["position"] == 0
+    assert row["polluters"] == POLLUTERS and row["wave"] == "beside" and row["difference"]["position"] == 0
     # the sampling finding, when measured, is the cause instead (temperature 0 not honoured even alone)
     s = Suspects(sampling="temperature 0 is not honoured")
     assert isolation_verdict(spec(), o, suspects=s).cause == "temperature 0 is not honoured"
@@ -101,7 +101,7 @@ def test_only_polluters_whose_times_overlap_the_victims_are_named():
     o.rounds[0].append(fl("capital-france", zebra, 0.0, 0.55))
     v = isolation_verdict(spec(), o)
     assert "at token 0: 'Paris' alone vs 'zebra' beside allowed_token_ids -> FAIL" in v.message
-    assert v.evidence["changed"][0]["in_flight"] == ["allowed_token_ids"]
+    assert v.evidence["changed"][0]["polluters"] == ["allowed_token_ids"]
     assert v.cause is None  # no confirming round: nothing measured names a polluter
 
 
@@ -239,12 +239,35 @@ def test_observe_sends_control_and_confirming_rounds_only_after_a_change():
     s = Server()
     # a clock that ticks at each reading: a round's requests all start (at the barrier) before any ends
     o = observe(client_without_tokenize(), p, p.answers.goldens, clock=ticks(), ask_fn=s.ask)
-    assert [len(r) for r in o.rounds] == [6, 6] and o.control is None and o.confirm == {}
+    # the round of the first polluters (allowlist, bias, bad words, min_tokens) runs last, then its after wave
+    assert [[f.name for f in r if f.role == "polluter"] for r in o.rounds] == [
+        ["json_schema", "n", "seed", "penalties"], POLLUTERS]
+    assert [len(r) for r in o.rounds] == [6, 12] and o.control is None and o.confirm == {}
+    assert [f.name for f in o.rounds[1] if f.wave == "after"] == ["capital-france", "capital-japan"] * 3
     assert o.allowed == list(FALLBACK_IDS) and o.allowed_from.startswith("fixed ids (/tokenize answered 404")
-    assert len(s.sent) == 2 + 12
+    assert len(s.sent) == 2 + 6 + 6 + 6
     bad = Server(contaminated=True)
     o = observe(client_without_tokenize(), p, p.answers.goldens, clock=ticks(), ask_fn=bad.ask)
-    assert o.control is not None and len(o.control) == 6
-    assert list(o.confirm) == POLLUTERS  # the polluters in flight beside the changed victims (round 1)
+    assert o.control is not None and len(o.control) == 12  # with its after wave
+    assert list(o.confirm) == POLLUTERS  # the polluters in flight beside the changed victims (round 2)
     v = isolation_verdict(p.answers, o)
     assert v.status.value == "FAIL" and "beside copies of allowed_token_ids alone they changed again" in v.message
+
+
+def test_an_after_wave_victim_is_owed_to_the_polluters_that_ended_before_it():
+    """A victim sent once the round ended took the batch rows the polluters left: a change there names
+    those that ended before it started (a stale per-row state), not those in flight."""
+    o = observation({"capital-france": asked("Paris is the capital.")},
+                    pols=[pol("allowed_token_ids", 0.0, 1.0), pol("seed", 0.0, 3.0)])
+    o.rounds[0].append(Flight("capital-france", "victim", asked("zebra zebra zebra"), 2.0, 2.5, "after"))
+    v = isolation_verdict(spec(), o)
+    assert v.status.value == "FAIL"
+    assert ("capital-france (round 1, after wave) at token 0: 'Paris' alone vs 'zebra' after allowed_token_ids "
+            "(ended before it started) -> FAIL") in v.message
+    assert v.evidence["changed"][0]["polluters"] == ["allowed_token_ids"] and v.evidence["changed"][0]["wave"] == "after"
+    ok = observation({"capital-france": asked("Paris is the capital.")})
+    ok.rounds[0].append(Flight("capital-france", "victim", asked("Paris is the capital."), 2.0, 2.5, "after"))
+    v = isolation_verdict(spec(), ok)
+    assert v.status.value == "PASS" and v.message.endswith(
+        "min_tokens) and 1 times right after the last (in the batch rows it left): every answer equal to its "
+        "alone-answer -> PASS")

@@ -267,6 +267,9 @@ FAULTS: dict[str, str] = {
     "other generation's tokens are that request's first allowed (or biased) token (a stale allowlist row, "
     "CVE-2026-114049); every generation waits contaminate_window_s before its first token (such a request twice that), "
     "so requests sent together overlap",
+    "stale_allowlist": "a request carrying allowed_token_ids or logit_bias (a positive bias) leaves its batch row "
+    "uncleared when it ends: the next generation admitted without one takes that row, and every token of it is the "
+    "ended request's first allowed (or biased) token (CVE-2026-114049's stale row; one request per row left)",
     "bad_words_500": "a request carrying bad_words is answered 500 InternalServerError (the engine fails on it); the "
     "others are served",
     # issue 38: what a FAIL's cause is measured from (the answers and compare gates)
@@ -565,6 +568,7 @@ class FakeState:
     leaked: list[bytes] = field(default_factory=list)
     inflight: dict[int, int] = field(default_factory=dict)  # by seq: accepted, not answered -> prompt tokens
     polluting: dict[int, str] = field(default_factory=dict)  # contaminating: by seq, in flight -> the word it forces
+    stale_rows: list[str] = field(default_factory=list)  # stale_allowlist: rows left by ended polluters (their words)
     prefix_blocks: OrderedDict = field(default_factory=OrderedDict)  # cached block chain hashes, LRU order
     t_sigterm: float | None = None  # monotonic time of sigterm(): draining from then on
     aborting: bool = False  # in-flight generations are being aborted (abort_on_sigterm, shutdown_timeout_s)
@@ -723,6 +727,7 @@ class _Plan:
     echo_ids: bool = False  # completions "echo": the prompt's tokens come back before the answer's (non-streamed)
     ids_as_tokens: bool = False  # "return_tokens_as_token_ids": echoed prompt tokens as "token_id:N"
     polluter: str | None = None  # contaminating: the word this request's allowlist or bias forces on the others
+    stale: str | None = None  # stale_allowlist: the word of the uncleared row this request took
 
 
 def _plan_tokens(
@@ -2224,9 +2229,10 @@ class FakeVLLM:
             finish = "stop"
             tokens[-1].finish_reason = "stop"
         st.inflight[rec.seq] = n_prompt
-        polluter = self._polluter(body) if "contaminating" in faults else None
-        if polluter is not None:
+        polluter = self._polluter(body) if faults & {"contaminating", "stale_allowlist"} else None
+        if polluter is not None and "contaminating" in faults:
             st.polluting[rec.seq] = polluter
+        stale = st.stale_rows.pop(0) if polluter is None and "stale_allowlist" in faults and st.stale_rows else None
         return _Plan(
             record=rec, kind=kind, prompt_tokens=n_prompt, tokens=tokens, finish_reason=finish, faults=faults,
             stream=rec.stream, include_usage=bool(stream_options.get("include_usage")) and cfg.server != "llama-cpp-python",
@@ -2235,7 +2241,7 @@ class FakeVLLM:
             cache_salt=adapter or "", details=cfg.prompt_tokens_details, special=special,
             batch_tokens=batch_tokens, echo=echo, stop_hit=stop_hit,
             echo_ids=kind == "completions" and bool(body.get("echo")),
-            ids_as_tokens=bool(body.get("return_tokens_as_token_ids")), polluter=polluter,
+            ids_as_tokens=bool(body.get("return_tokens_as_token_ids")), polluter=polluter, stale=stale,
         )
 
     def _polluter(self, body: dict[str, Any]) -> str | None:
@@ -2350,6 +2356,8 @@ class FakeVLLM:
             plan.released = True
             self.state.inflight.pop(plan.record.seq, None)
             self.state.polluting.pop(plan.record.seq, None)
+            if "stale_allowlist" in plan.faults and plan.polluter is not None:
+                self.state.stale_rows.append(plan.polluter)  # its row is never cleared
 
     # ---- the engine ----------------------------------------------------------------------------
 
@@ -2450,8 +2458,10 @@ class FakeVLLM:
                     entry.preempted = True
                     st.preemptions += 1
                     m.preemptions.labels(model, "0").inc()
-                if "contaminating" in plan.faults and plan.polluter is None and tok.text and st.polluting:
+                word = plan.stale  # stale_allowlist: the uncleared row's allowlist
+                if "contaminating" in plan.faults and plan.polluter is None and st.polluting:
                     word = next(iter(st.polluting.values()))  # another request's allowlist row, applied here
+                if word is not None and tok.text:
                     tok = dataclasses.replace(tok, token_id=self.tokenizer.token_id(word), token_str=word,
                                               text=" " + word)
                 yield tok

@@ -1535,7 +1535,7 @@ def test_fault_body_limit_413_on_every_post_route(client, fake):
 #: tests/test_answers_vs_fake.py (it fails exactly its case there; the healthy answering fake passes all).
 ANSWER_FAULTS = ("garbage_answers", "inject_fffd", "repetition_loop", "shift_one_token", "double_bos_ids",
                  "echo_prompt_first_delta", "nondeterministic_concurrency", "forget_first_turn", "template_drops_roles",
-                 "gateway_drops_system", "sampling_dropped", "contaminating", "bad_words_500")
+                 "gateway_drops_system", "sampling_dropped", "contaminating", "stale_allowlist", "bad_words_500")
 
 SYS_CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
 
@@ -1699,3 +1699,16 @@ def test_fault_bad_words_500(client, fake):
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 500 and "bad_words_500" in r.json()["error"]["message"]
     assert client.post("/v1/completions", json={**body, "bad_words": []}).status_code == 200
+
+
+def test_fault_stale_allowlist_leaves_the_ended_requests_row_to_the_next(client, fake):
+    victim = {"model": MODEL, "prompt": "one two", "max_tokens": 3, "temperature": 0}
+    alone = client.post("/v1/completions", json=victim).json()["choices"][0]["text"]
+    zebra = client.post("/tokenize", json={"model": MODEL, "prompt": "zebra", "add_special_tokens": False}).json()["tokens"]
+    polluter = {**victim, "prompt": "three", "allowed_token_ids": zebra}
+    client.post("/v1/completions", json=polluter)
+    assert client.post("/v1/completions", json=victim).json()["choices"][0]["text"] == alone  # healthy: cleared
+    fake.config.faults.add("stale_allowlist")
+    client.post("/v1/completions", json=polluter)
+    assert client.post("/v1/completions", json=victim).json()["choices"][0]["text"] == " zebra zebra zebra"
+    assert client.post("/v1/completions", json=victim).json()["choices"][0]["text"] == alone  # one row, one request

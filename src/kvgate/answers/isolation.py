@@ -7,8 +7,13 @@ requests on other connections whose per-request sampling state a batched engine 
 victims' (a tiny ``allowed_token_ids`` allowlist, a ``logit_bias`` forcing it, ``bad_words`` that
 ban the victims' own first words, ``min_tokens``, a JSON schema, ``n`` > 1, other seeds and
 penalties; a thinking budget and the LoRA adapters where the engine serves them, :func:`polluters`)
--- at most ``batch`` in flight, so they share the engine's batch. Each request's start and end
-times (the injected clock, seconds) say which polluters were in flight beside a victim.
+-- at most ``batch`` in flight, so they share the engine's batch. The round that carries the first
+polluters (the allowlist, the bias, the bad words, ``min_tokens``) runs last and is followed by an
+*after* wave: the victims, repeated to fill as many batch rows as the round used, sent the moment
+the round ended, so they take the rows the polluters just left (a stale per-row state, such as an
+allowlist row never cleared, reaches them). Each request's start and end times (the injected clock,
+seconds) say which polluters were in flight beside a victim, or ended just before it started
+(:func:`culprits`).
 
 When a victim parts from its alone-answer beyond a near tie (:func:`parted`), two more kinds of
 round measure why: a *control* round (the victims beside plain temperature-0 requests of the
@@ -114,6 +119,8 @@ class Flight:
     asked: Asked
     t0: float
     t1: float
+    #: ``beside`` (sent with the round's polluters) or ``after`` (sent once the round had ended)
+    wave: str = "beside"
 
     def overlaps(self, other: "Flight") -> bool:
         """Whether the two were in flight at the same time."""
@@ -121,8 +128,8 @@ class Flight:
 
     def to_dict(self) -> dict[str, Any]:
         a = self.asked
-        return {"name": self.name, "role": self.role, "status": a.status, "error": a.error, "text": a.text[:160],
-                "t0_s": round(self.t0, 4), "t1_s": round(self.t1, 4)}
+        return {"name": self.name, "role": self.role, "wave": self.wave, "status": a.status, "error": a.error,
+                "text": a.text[:160], "t0_s": round(self.t0, 4), "t1_s": round(self.t1, 4)}
 
 
 @dataclass
@@ -155,6 +162,15 @@ def parted(alone: Asked, got: Asked, near_tie: float) -> Difference | None:
         return None
     d = compare_answers(alone.answer(), got.answer(), near_tie)
     return None if d.kind == "identical" else d
+
+
+def culprits(f: Flight, rnd: Sequence[Flight]) -> list[str]:
+    """The polluters of round ``rnd`` (answered) a victim ``f`` of it may owe a change to: for a
+    victim sent beside them, those in flight with it (their start and end times overlapping its);
+    for one of the after wave, those that ended before it started (their batch rows it took)."""
+    pols = [p for p in rnd if p.role == "polluter" and p.asked.ok]
+    near = [p for p in pols if (p.overlaps(f) if f.wave == "beside" else p.t1 <= f.t0)]
+    return list(dict.fromkeys(p.name for p in near))
 
 
 def changed(obs: IsolationObservation, flights: Sequence[Flight], near_tie: float) -> list[tuple[Flight, Difference]]:
@@ -200,23 +216,33 @@ class Rounds:
         self.timeout_s = profile.limits.request_timeout_s
         self.bodies = {g.name: victim_body(g, profile.model.served_name) for g in self.victims}
 
-    def _flight(self, name: str, role: str, route: str, body: dict[str, Any]) -> Flight:
+    def _flight(self, name: str, role: str, route: str, body: dict[str, Any], wave: str = "beside") -> Flight:
         t0 = self.clock()
         a = self.ask(self.client, route, body, timeout_s=self.timeout_s)
-        return Flight(name, role, a, t0, self.clock())
+        return Flight(name, role, a, t0, self.clock(), wave)
 
     def alone(self) -> dict[str, Asked]:
         """Each victim asked alone, one after the other."""
         return {g.name: self._flight(g.name, "victim", g.route, self.bodies[g.name]).asked for g in self.victims}
 
-    def round(self, extra: Sequence[Polluter]) -> list[Flight]:
-        """The victims and ``extra`` sent together (the polluters first), all in flight at once: each
-        thread waits for the others (a barrier, at most :data:`START_WAIT_S`) before it sends."""
-        jobs = [(p.name, "polluter", "chat", p.body) for p in extra] + \
-            [(g.name, "victim", g.route, self.bodies[g.name]) for g in self.victims]
+    def round(self, extra: Sequence[Polluter], after: bool = False) -> list[Flight]:
+        """The victims and ``extra`` sent together (the polluters first), all in flight at once;
+        ``after``: then the after wave, the victims repeated to as many requests as the round sent,
+        all at once."""
+        jobs = [(p.name, "polluter", "chat", p.body, "beside") for p in extra] + \
+            [(g.name, "victim", g.route, self.bodies[g.name], "beside") for g in self.victims]
+        out = self._together(jobs)
+        if after:
+            cycle = [self.victims[i % len(self.victims)] for i in range(len(jobs))]
+            out += self._together([(g.name, "victim", g.route, self.bodies[g.name], "after") for g in cycle])
+        return out
+
+    def _together(self, jobs: list[tuple[str, str, str, dict[str, Any], str]]) -> list[Flight]:
+        """``jobs`` sent at once: each thread waits for the others (a barrier, at most
+        :data:`START_WAIT_S`) before it sends."""
         start = threading.Barrier(len(jobs))
 
-        def send(job: tuple[str, str, str, dict[str, Any]]) -> Flight:
+        def send(job: tuple[str, str, str, dict[str, Any], str]) -> Flight:
             try:
                 start.wait(START_WAIT_S)
             except threading.BrokenBarrierError:  # a thread started late: send anyway (the times say what overlapped)
@@ -241,8 +267,9 @@ def observe(client: KvClient, profile: Profile, victims: Sequence[GoldenSpec], *
             ask_fn: Callable[..., Asked] = ask) -> IsolationObservation:
     """The case's observation (module docstring): the victims alone (``alone``: their answers to
     :func:`victim_body` already asked alone, by name; else asked here, one after the other), the
-    rounds (the polluters in order, ``batch - victims`` a round, at least one), and after a change
-    the control and confirming rounds."""
+    rounds (the polluters ``batch - victims`` a round, at least one; the round of the first ones
+    last, with its after wave), and after a change the control and confirming rounds (each with its
+    after wave)."""
     iso = profile.answers.isolation
     r = Rounds(client, profile, victims, clock=clock, ask_fn=ask_fn)
     if alone is None or any(g.name not in alone for g in r.victims):
@@ -254,14 +281,14 @@ def observe(client: KvClient, profile: Profile, victims: Sequence[GoldenSpec], *
     batch = batch_size(profile)
     per = max(1, batch - len(r.victims))
     obs = IsolationObservation([g.name for g in r.victims], alone, [], len(r.victims) + per, allowed, allowed_from)
-    obs.rounds = [r.round(pols[i:i + per]) for i in range(0, len(pols), per)]
+    chunks = [pols[i:i + per] for i in range(0, len(pols), per)][::-1]
+    obs.rounds = [r.round(c, after=k == len(chunks) - 1) for k, c in enumerate(chunks)]
     hit = [(f, rnd) for rnd in obs.rounds for f, _ in changed(obs, rnd, iso.near_tie_logprob)]
     if not hit:
         return obs
-    obs.control = r.round([plain_polluter(profile)] * per)
-    suspects = list(dict.fromkeys(p.name for f, rnd in hit for p in rnd
-                                  if p.role == "polluter" and p.asked.ok and p.overlaps(f)))
+    obs.control = r.round([plain_polluter(profile)] * per, after=True)
+    suspects = list(dict.fromkeys(name for f, rnd in hit for name in culprits(f, rnd)))
     by_name = {p.name: p for p in pols}
     for name in suspects[:MAX_CONFIRM]:
-        obs.confirm[name] = r.round([by_name[name]] * per)
+        obs.confirm[name] = r.round([by_name[name]] * per, after=True)
     return obs

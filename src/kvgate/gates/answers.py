@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvgate.answers.checks import char_diff, clip, expectation_match, margin, multibyte_findings
-from kvgate.answers.isolation import Flight, IsolationObservation, changed, parted
+from kvgate.answers.isolation import Flight, IsolationObservation, changed, culprits, parted
 from kvgate.answers.observe import Asked
 from kvgate.answers.task import difference_interval, interval
 from kvgate.compare.golden import Difference, compare_answers
@@ -565,9 +565,13 @@ def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]], suspect
                    f"-> PASS", measured=worst, limit=d.max_distinct, unit="outputs", evidence=ev)
 
 
-def _in_flight(f: Flight, rnd: list[Flight]) -> list[str]:
-    """The polluters of ``rnd`` answered and in flight beside ``f`` (by their start and end times)."""
-    return list(dict.fromkeys(p.name for p in rnd if p.role == "polluter" and p.asked.ok and p.overlaps(f)))
+def _near(f: Flight, rnd: list[Flight]) -> str:
+    """``beside a, b`` (the polluters in flight with victim ``f``) or ``after a, b`` (ended before the
+    after wave's ``f`` started): :func:`kvgate.answers.isolation.culprits`."""
+    names = culprits(f, rnd)
+    if f.wave == "beside":
+        return f"beside {', '.join(names)}" if names else "beside no polluter in flight"
+    return f"after {', '.join(names)} (ended before it started)" if names else "after no polluter"
 
 
 def _token_diff(d: Difference) -> str:
@@ -584,7 +588,8 @@ def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, su
     nats (by either side's logprobs, as the compare gate tells them apart) is a near tie, named, not
     failed. FAIL: a polluter answered 5xx or not at all (a refusal must be 4xx), naming it; a victim
     not answered; a victim changed, naming the polluters in flight beside it (their start/end times
-    overlapping the victim's) and the first differing token, and which polluters changed the victims
+    overlapping the victim's; for the after wave, those that ended before it started) and the first
+    differing token, and which polluters changed the victims
     again alone beside them (the confirming rounds) -- the cause. INCONCLUSIVE: the victims changed
     beside plain temperature-0 requests too (the control round): the batch alone changes them, so
     the polluters' sampling state cannot be told from it. INVALID: no polluter was served in flight
@@ -615,13 +620,13 @@ def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, su
                        "not take must be refused 4xx)", measured=len(broken), limit=0, unit="polluters", evidence=ev)
     missing = [f"{n} alone: {a.error}" for n, a in obs.alone.items() if not a.ok]
     for k, rnd in enumerate(obs.rounds, 1):
-        missing += [f"{f.name} in round {k} beside {', '.join(_in_flight(f, rnd)) or 'no polluter'}: {f.asked.error}"
+        missing += [f"{f.name} in round {k} {_near(f, rnd)}: {f.asked.error}"
                     for f in rnd if f.role == "victim" and not f.asked.ok]
     if missing:
         return Verdict(gate, Status.FAIL, f"{len(missing)} victim answers missing (limit 0): {'; '.join(missing[:3])} "
                        "-> FAIL", measured=len(missing), limit=0, unit="answers", evidence=ev)
     beside = [p for rnd in obs.rounds for p in rnd if p.role == "polluter" and p.asked.ok
-              and any(p.overlaps(f) for f in rnd if f.role == "victim")]
+              and any(p.overlaps(f) for f in rnd if f.role == "victim" and f.wave == "beside")]
     ref = f"; refused 4xx: {', '.join(f'{n} ({s})' for n, s in refused.items())}" if refused else ""
     if not beside:
         return Verdict(gate, Status.INVALID, f"no polluter was served in flight beside a victim ({len(pols)} sent"
@@ -636,7 +641,8 @@ def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, su
             d = parted(obs.alone[f.name], f.asked, near)
             if d is None:
                 continue
-            row = {"victim": f.name, "round": k, "in_flight": _in_flight(f, rnd), "difference": d.to_dict(),
+            row = {"victim": f.name, "round": k, "wave": f.wave, "polluters": culprits(f, rnd), "near": _near(f, rnd),
+                   "difference": d.to_dict(),
                    "text": clip(f.asked.text, 80), "alone": clip(obs.alone[f.name].text, 80)}
             if d.kind == "near-tie":
                 ties.append(row)
@@ -645,16 +651,18 @@ def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, su
                 diffs.append(d)
     ev.update(changed=rows, near_ties=ties)
     answered = sum(1 for f in flights if f.role == "victim")
+    after = sum(1 for f in flights if f.role == "victim" and f.wave == "after")
     served = sorted({p.name for p in beside}, key=names.index)
     if not rows:
         parted_at = ", ".join(f"{r['victim']} (round {r['round']})" for r in ties)
         tail = f"; near ties (<= {near:g} nats) parted {parted_at}" if ties else ""
-        return Verdict(gate, Status.PASS, f"{len(obs.victims)} goldens answered alone, then {answered} times in "
-                       f"{len(obs.rounds)} round{'s' if len(obs.rounds) != 1 else ''} of {obs.batch} beside "
-                       f"{len(served)} polluters in flight ({', '.join(served)}){ref}: every answer equal to its "
-                       f"alone-answer{tail} -> PASS", measured=0, limit=0, unit="changed answers", evidence=ev)
-    shown = "; ".join(f"{r['victim']} (round {r['round']}) at {_token_diff(d)} beside "
-                      f"{', '.join(r['in_flight']) or 'no polluter in flight'}" for r, d in zip(rows[:3], diffs))
+        again = f" and {after} times right after the last (in the batch rows it left)" if after else ""
+        return Verdict(gate, Status.PASS, f"{len(obs.victims)} goldens answered alone, then {answered - after} times "
+                       f"in {len(obs.rounds)} round{'s' if len(obs.rounds) != 1 else ''} of {obs.batch} beside "
+                       f"{len(served)} polluters in flight ({', '.join(served)}){ref}{again}: every answer equal to "
+                       f"its alone-answer{tail} -> PASS", measured=0, limit=0, unit="changed answers", evidence=ev)
+    shown = "; ".join(f"{r['victim']} (round {r['round']}{', after wave' if r['wave'] == 'after' else ''}) at "
+                      f"{_token_diff(d)} {r['near']}" for r, d in zip(rows[:3], diffs))
     head = (f"{len(rows)} of {answered} victim answers changed beside polluters beyond a near tie ({near:g} nats): "
             f"{shown}{'; ...' if len(rows) > 3 else ''}")
     control = changed(obs, obs.control or [], near)
