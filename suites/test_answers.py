@@ -4,21 +4,22 @@ server's prompt count is the rendering with it); the profile's golden prompts me
 expectations at temperature 0, streamed and not; an accuracy task scores at or above its floor with
 a binomial interval; no answer the gate collected is degenerate; multibyte text survives streaming;
 chat, rendered text and token ids agree; a later turn remembers an earlier one; temperature-0
-outputs do not change under concurrency. A FAIL's cause is what the first two measured (the
+outputs do not change under concurrency, nor beside other clients' sampling parameters. A FAIL's cause is what the first two measured (the
 sampling, the rendering), asked for only when a case does not PASS."""
 
 from pathlib import Path
 
 import pytest
 
+from kvgate.answers import isolation
 from kvgate.answers.observe import MULTIBYTE_PROMPTS, SAMPLED_SCRIPTS, ask, ask_many, body_for, echoed_prompt, render
 from kvgate.answers.task import TaskError, load_task, scored
 from kvgate.compare.golden import MULTI_TURN, SYSTEM
 from kvgate.gates.answers import (CASES, GoldenObservation, MemoryObservation, MultibyteObservation, PathsObservation,
                                   RenderingObservation, SamplingObservation, Suspects, accuracy_verdict,
                                   degeneration_verdict, determinism_verdict, golden_verdict, input_paths_verdict,
-                                  memory_verdict, multibyte_verdict, not_declared, rendering_cause, sampling_cause,
-                                  system_golden, system_message_verdict, temperature_zero_verdict)
+                                  isolation_verdict, memory_verdict, multibyte_verdict, not_declared, rendering_cause,
+                                  sampling_cause, system_golden, system_message_verdict, temperature_zero_verdict)
 from kvgate.http.rendering import concurrently, tokenize
 from kvgate.verdict import Status, Verdict
 
@@ -111,6 +112,16 @@ def rendering_obs(kvgate_client, kvgate_profile, golden_obs):
     return RenderingObservation(name, *got, served=served)
 
 
+@pytest.fixture(scope="module")
+def alone_obs(kvgate_client, kvgate_profile):
+    """The first goldens (as many as the determinism and isolation cases track) asked one after the
+    other, nothing else in flight, each as a golden is asked (the isolation case's victim request):
+    the answers both compare with (golden name -> answer)."""
+    a, model, t = kvgate_profile.answers, kvgate_profile.model.served_name, kvgate_profile.limits.request_timeout_s
+    return {g.name: ask(kvgate_client, g.route, isolation.victim_body(g, model), timeout_s=t)
+            for g in a.goldens[:max(a.determinism.prompts, a.isolation.prompts)]}
+
+
 def _suspects(request) -> Suspects:
     """The measured causes: the temperature-zero and system-message cases' findings when they ran
     (kept for the run in kvgate_answer_causes), else measured now."""
@@ -147,7 +158,7 @@ def test_answers(case, request, kvgate_client, kvgate_profile, kvgate_gate, coll
     check = {"temperature-zero": check_temperature_zero, "system-message": check_system_message,
              "golden": check_golden, "accuracy": check_accuracy, "degeneration": check_degeneration,
              "multibyte": check_multibyte, "input-paths": check_input_paths, "multi-turn": check_memory,
-             "determinism": check_determinism}[case]
+             "determinism": check_determinism, "isolation": check_isolation}[case]
     assert kvgate_gate(check(request, kvgate_client, kvgate_profile, collected)).passed
 
 
@@ -272,8 +283,8 @@ def check_determinism(request, client, profile, collected) -> Verdict:
     golden = request.getfixturevalue("golden_obs")
     d = spec.determinism
     tracked = golden[:d.prompts]
-    runs = {o.spec.name: [ask(client, o.spec.route, _golden_body(o.spec, model), timeout_s=t)]  # alone
-            for o in tracked}
+    alone = request.getfixturevalue("alone_obs")
+    runs = {o.spec.name: [alone[o.spec.name]] for o in tracked}
     fillers = [o.spec for o in golden]
     for r in range(d.repeats):
         batch = [o.spec for o in tracked]
@@ -286,6 +297,13 @@ def check_determinism(request, client, profile, collected) -> Verdict:
             runs[g.name].append(a)
             collected.add(f"determinism/{g.name}/{r + 1}", a)
     return _judged(request, lambda s: determinism_verdict(spec, runs, suspects=s))
+
+
+def check_isolation(request, client, profile, collected) -> Verdict:
+    # the victims are goldens (degeneration has their answers from golden_obs): not collected again
+    victims = profile.answers.goldens[:profile.answers.isolation.prompts]
+    obs = isolation.observe(client, profile, victims, alone=request.getfixturevalue("alone_obs"))
+    return _judged(request, lambda s: isolation_verdict(profile.answers, obs, suspects=s))
 
 
 def check_degeneration(request, client, profile, collected) -> Verdict:

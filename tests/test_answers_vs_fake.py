@@ -25,7 +25,7 @@ pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-answers.yaml"
 SUITE = ["suites/test_answers.py"]
 CASES = ["temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-         "determinism", "degeneration"]
+         "determinism", "isolation", "degeneration"]
 SPEC = load_profile(str(PROFILE)).answers
 MEMORY = {g.name: g.messages for g in SPEC.memory}
 
@@ -133,7 +133,7 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert {c: g["status"] for c, g in gates.items()} == dict.fromkeys(CASES, "PASS"), \
         {c: g["message"] for c, g in gates.items() if g["status"] != "PASS"}
     assert summary["overall"] == "PASS" and result.ret == pytest.ExitCode.OK
-    result.assert_outcomes(passed=9)
+    result.assert_outcomes(passed=10)
     msg = {c: g["message"] for c, g in gates.items()}
     assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. 'What is the capital of "
                                     "France?' -> 'Paris is the capital of France.'")
@@ -154,6 +154,10 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
                                      "the system turn (15 with the system turn, 9 without) -> PASS")
     # 12 golden, 2 temperature-zero, 10 task, 6 multibyte, 12 input-path and 2 memory answers, 4 in a determinism batch
     assert msg["degeneration"].startswith("48 answers checked") and "no U+FFFD" in msg["degeneration"]
+    # 4 goldens alone, then beside the 8 polluters, 4 a round (the profile leaves batch at 8)
+    assert msg["isolation"].startswith("4 goldens answered alone, then 8 times in 2 rounds of 8 beside ")
+    assert msg["isolation"].endswith("every answer equal to its alone-answer -> PASS")
+    assert gates["isolation"]["evidence"]["allowed_from"] == "/tokenize of ' zebra'"
     assert not any(g.get("cause") for g in gates.values())  # a PASS carries no cause
     golden = gates["golden"]["evidence"]["goldens"]
     assert golden["capital-france"]["margin"] == 3.0  # the fake's alternatives sit 3 nats below
@@ -221,6 +225,28 @@ FAULT_CASES = {
         "input-paths": ["system/capital-japan chat: prompt_tokens 9 vs 15 rendered (-6: = the rendering without the "
                         "system turn)"],
     },
+    # a polluter's allowlist applied to the others while it is in flight: the victims beside it change; copies of it
+    # alone change them again, copies of the others do not
+    "contaminating": {
+        # round 2 (the last) carries allowed_token_ids, logit_bias, bad_words and min_tokens; its after wave comes once
+        # they ended: those victims are answered as alone
+        "isolation": ["of 16 victim answers changed beside polluters beyond a near tie (0.1 nats): ",
+                      " (round 2) at token 0: ", " alone vs 'zebra' beside allowed_token_ids, logit_bias, bad_words, "
+                      "min_tokens", "beside copies of allowed_token_ids, logit_bias alone they changed again; beside "
+                      "bad_words, min_tokens alone they did not -> FAIL"],
+    },
+    # a polluter's allowlist row left uncleared when it ends: the after wave's victims take those rows
+    "stale_allowlist": {
+        "isolation": ["of 16 victim answers changed beside polluters beyond a near tie (0.1 nats): ",
+                      " (round 2, after wave) at token 0: ", " alone vs 'zebra' after allowed_token_ids, logit_bias, "
+                      "bad_words, min_tokens (ended before it started)", "beside copies of allowed_token_ids, "
+                      "logit_bias alone they changed again; beside bad_words, min_tokens alone they did not -> FAIL"],
+    },
+    "bad_words_500": {
+        "isolation": ["1 polluter of 8 answered with a 5xx or not at all (limit 0): bad_words: HTTP 500 after",
+                      "EngineCore encountered an issue (injected bad_words_500 fault)",
+                      "-> FAIL (a request the server does not take must be refused 4xx)"],
+    },
     "sampling_dropped": {
         "temperature-zero": ["multi-turn/capital-germany asked twice alone at temperature 0 (max_tokens 24): different "
                              "text, first difference at token 7: ' 12)' vs ' 13)' ('Berlin is the capital of Germany. "
@@ -240,12 +266,23 @@ FAULT_CAUSES = {
                             "rendered 9 tokens = the rendering without it",
     "sampling_dropped": "temperature 0 is not honoured: the same request answered twice alone gave different text "
                         "(first difference at token 7)",
+    "contaminating": "the per-request sampling state of allowed_token_ids, logit_bias reaches other requests: beside "
+                     "each alone the victims changed again, beside plain requests they did not",
+    "stale_allowlist": "the per-request sampling state of allowed_token_ids, logit_bias reaches other requests: beside "
+                       "each alone the victims changed again, beside plain requests they did not",
     "double_bos_ids": "a second BOS on the ids path: the server puts the tokenizer's BOS (id 1 ('<s>')) in front of a "
                       "prompt that already begins with the template's",
 }
 #: fault -> {case: status} of the cases it leaves neither PASS nor FAIL: the accuracy item with a system turn is
 #: answered wrong under a template that drops roles, 9 of 10 right, too few items to tell
-FAULT_UNDECIDED = {"template_drops_roles": {"accuracy": "INCONCLUSIVE"}}
+#: under batch variance (and sampling dropped) the victims change beside plain requests too (isolation's control
+#: round): which polluter changed them cannot be told
+FAULT_UNDECIDED = {"template_drops_roles": {"accuracy": "INCONCLUSIVE"},
+                   "nondeterministic_concurrency": {"isolation": "INCONCLUSIVE"},
+                   "sampling_dropped": {"isolation": "INCONCLUSIVE"}}
+#: (fault, case) -> the cause that case names in place of FAULT_CAUSES' (measured by the case itself)
+CASE_CAUSES = {("nondeterministic_concurrency", "isolation"): "the evidence cannot tell: the victims changed beside "
+               "plain temperature-0 requests too (no sampling parameter in flight)"}
 
 
 @pytest.mark.parametrize("fault", list(FAULT_CASES))
@@ -265,7 +302,7 @@ def test_answers_fault_fails_exactly_its_cases(pytester, answering_fake, fault):
             assert f in msg, (f, msg)
     # the cause: measured where a case measures it, on every case the fault breaks; none where nothing points at one
     causes = {c: gates[c].get("cause") for c in [*must_fail, *undecided]}
-    assert causes == dict.fromkeys(causes, FAULT_CAUSES.get(fault)), causes  # garbage answers: nothing measured names why
+    assert causes == {c: CASE_CAUSES.get((fault, c), FAULT_CAUSES.get(fault)) for c in causes}, causes  # garbage answers: nothing measured names why
     assert all(g.get("cause") is None for c, g in gates.items() if g["status"] == "PASS")
     assert summary["overall"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED
 

@@ -59,8 +59,12 @@ def test_real_model_answers_right_on_the_embedded_default(real_runs):
     assert proc.returncode == 0 and summary["overall"] == "PASS", proc.stdout[-4000:]
     assert summary["launch"]["mode"] == "embedded"
     for case in ("temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-                 "determinism", "degeneration"):
+                 "determinism", "isolation", "degeneration"):
         assert gates[f"smollm2-cpu/answers/{case}"]["status"] == "PASS", gates[f"smollm2-cpu/answers/{case}"]["message"]
+    # vLLM 0.32 serves every polluter (allowed_token_ids, logit_bias, bad_words, min_tokens, json_schema, n, seed,
+    # penalties) beside the goldens, none refused, and leaves the goldens' answers as they were alone
+    iso = gates["smollm2-cpu/answers/isolation"]
+    assert iso["evidence"]["refused_4xx"] == {} and "beside 8 polluters in flight" in iso["message"], iso["message"]
     golden = gates["smollm2-cpu/answers/golden"]
     assert "Tokyo" in golden["message"] or "Paris" in golden["message"], golden["message"]  # real answers, quoted
     # real answers are quoted in the verdict (the console folds a long PASS line's middle: summary.json has it whole)

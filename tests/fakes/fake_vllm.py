@@ -262,6 +262,16 @@ FAULTS: dict[str, str] = {
     "(until it is that large, or batch_window_s pass with no request admitted) (vllm#51187's batch variance)",
     "forget_first_turn": "a chat with earlier turns is answered as if only its last user turn (and the system turns) "
     "existed; usage still counts the whole conversation (coherent on one turn, lost from the second, vllm#38652)",
+    # issue 40: one client's sampling state reaching another's answer (the answers/isolation case)
+    "contaminating": "while a request carrying allowed_token_ids or logit_bias (a positive bias) is in flight, every "
+    "other generation's tokens are that request's first allowed (or biased) token (a stale allowlist row, "
+    "CVE-2026-114049); every generation waits contaminate_window_s before its first token (such a request twice that), "
+    "so requests sent together overlap",
+    "stale_allowlist": "a request carrying allowed_token_ids or logit_bias (a positive bias) leaves its batch row "
+    "uncleared when it ends: the next generation admitted without one takes that row, and every token of it is the "
+    "ended request's first allowed (or biased) token (CVE-2026-114049's stale row; one request per row left)",
+    "bad_words_500": "a request carrying bad_words is answered 500 InternalServerError (the engine fails on it); the "
+    "others are served",
     # issue 38: what a FAIL's cause is measured from (the answers and compare gates)
     "template_drops_roles": "the chat template renders the contents alone, '<s> content content ...', no role marker "
     "and no generation prompt, on the chat route and in /tokenize and /apply-template alike (a --chat-template that "
@@ -466,6 +476,7 @@ class FakeConfig:
     answers: dict[str, str] = field(default_factory=dict)
     batch_window_s: float = 0.1  # nondeterministic_concurrency: a batch forms until this long passes with no admission
     batch_invariant_max: int = 4  # nondeterministic_concurrency: answers change with more requests running than this
+    contaminate_window_s: float = 0.05  # contaminating: each generation waits this before its first token (a polluter 2x)
     responses_store: bool = True  # /v1/responses keeps store: true responses (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
 
     def __post_init__(self) -> None:
@@ -556,6 +567,8 @@ class FakeState:
     generation_tokens_total: int = 0
     leaked: list[bytes] = field(default_factory=list)
     inflight: dict[int, int] = field(default_factory=dict)  # by seq: accepted, not answered -> prompt tokens
+    polluting: dict[int, str] = field(default_factory=dict)  # contaminating: by seq, in flight -> the word it forces
+    stale_rows: list[str] = field(default_factory=list)  # stale_allowlist: rows left by ended polluters (their words)
     prefix_blocks: OrderedDict = field(default_factory=OrderedDict)  # cached block chain hashes, LRU order
     t_sigterm: float | None = None  # monotonic time of sigterm(): draining from then on
     aborting: bool = False  # in-flight generations are being aborted (abort_on_sigterm, shutdown_timeout_s)
@@ -713,6 +726,8 @@ class _Plan:
     stop_hit: str | None = None  # the stop string that ended the answer (vLLM's stop_reason)
     echo_ids: bool = False  # completions "echo": the prompt's tokens come back before the answer's (non-streamed)
     ids_as_tokens: bool = False  # "return_tokens_as_token_ids": echoed prompt tokens as "token_id:N"
+    polluter: str | None = None  # contaminating: the word this request's allowlist or bias forces on the others
+    stale: str | None = None  # stale_allowlist: the word of the uncleared row this request took
 
 
 def _plan_tokens(
@@ -2042,6 +2057,9 @@ class FakeVLLM:
         if not isinstance(min_tokens, int) or min_tokens < 0:
             raise _BadRequest(f"min_tokens must be greater than or equal to 0, got {min_tokens}.",
                               param="min_tokens", value=min_tokens)
+        if "bad_words_500" in faults and body.get("bad_words"):
+            raise _BadRequest("EngineCore encountered an issue (injected bad_words_500 fault)", status=500,
+                              err_type="InternalServerError")
 
         # max_tokens (chat: max_completion_tokens wins)
         param = "max_tokens"
@@ -2211,6 +2229,10 @@ class FakeVLLM:
             finish = "stop"
             tokens[-1].finish_reason = "stop"
         st.inflight[rec.seq] = n_prompt
+        polluter = self._polluter(body) if faults & {"contaminating", "stale_allowlist"} else None
+        if polluter is not None and "contaminating" in faults:
+            st.polluting[rec.seq] = polluter
+        stale = st.stale_rows.pop(0) if polluter is None and "stale_allowlist" in faults and st.stale_rows else None
         return _Plan(
             record=rec, kind=kind, prompt_tokens=n_prompt, tokens=tokens, finish_reason=finish, faults=faults,
             stream=rec.stream, include_usage=bool(stream_options.get("include_usage")) and cfg.server != "llama-cpp-python",
@@ -2219,8 +2241,18 @@ class FakeVLLM:
             cache_salt=adapter or "", details=cfg.prompt_tokens_details, special=special,
             batch_tokens=batch_tokens, echo=echo, stop_hit=stop_hit,
             echo_ids=kind == "completions" and bool(body.get("echo")),
-            ids_as_tokens=bool(body.get("return_tokens_as_token_ids")),
+            ids_as_tokens=bool(body.get("return_tokens_as_token_ids")), polluter=polluter, stale=stale,
         )
+
+    def _polluter(self, body: dict[str, Any]) -> str | None:
+        """contaminating: the word a request's ``allowed_token_ids`` (its first id) or ``logit_bias``
+        (its first positively biased id) forces, or None when it carries neither."""
+        ids = body.get("allowed_token_ids")
+        if not (isinstance(ids, list) and ids and isinstance(ids[0], int)):
+            bias = body.get("logit_bias")
+            ids = [int(k) for k, v in bias.items() if str(k).isdigit() and isinstance(v, (int, float)) and v > 0] \
+                if isinstance(bias, dict) else []
+        return self.tokenizer.word(ids[0]) if ids else None
 
     def _answer_of(self, words: list[str]) -> tuple[str, str] | None:
         """``(key, answer)`` of answering mode for a prompt's tokens (:func:`_answer_keys`), or None
@@ -2323,6 +2355,9 @@ class FakeVLLM:
         if not plan.released:
             plan.released = True
             self.state.inflight.pop(plan.record.seq, None)
+            self.state.polluting.pop(plan.record.seq, None)
+            if "stale_allowlist" in plan.faults and plan.polluter is not None:
+                self.state.stale_rows.append(plan.polluter)  # its row is never cleared
 
     # ---- the engine ----------------------------------------------------------------------------
 
@@ -2386,6 +2421,8 @@ class FakeVLLM:
                     await asyncio.sleep(0.005)  # real time: the batch is formed by real concurrent requests
                 if entry.large_batch:
                     plan.tokens, plan.finish_reason = plan.batch_tokens, plan.batch_tokens[-1].finish_reason or "stop"
+            if "contaminating" in plan.faults:  # requests sent together overlap
+                await self.sleep(cfg.contaminate_window_s * (2 if plan.polluter is not None else 1))
             if "ttft_rises_with_load" in plan.faults:  # the others admitted and not finished
                 drift += cfg.load_ttft_s_per_request * max(0, st.running - 1)
             if cfg.ttft_s + drift > 0:
@@ -2421,6 +2458,12 @@ class FakeVLLM:
                     entry.preempted = True
                     st.preemptions += 1
                     m.preemptions.labels(model, "0").inc()
+                word = plan.stale  # stale_allowlist: the uncleared row's allowlist
+                if "contaminating" in plan.faults and plan.polluter is None and st.polluting:
+                    word = next(iter(st.polluting.values()))  # another request's allowlist row, applied here
+                if word is not None and tok.text:
+                    tok = dataclasses.replace(tok, token_id=self.tokenizer.token_id(word), token_str=word,
+                                              text=" " + word)
                 yield tok
             finished = True
             rec.finish_reason = plan.finish_reason

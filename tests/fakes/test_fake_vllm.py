@@ -1535,7 +1535,7 @@ def test_fault_body_limit_413_on_every_post_route(client, fake):
 #: tests/test_answers_vs_fake.py (it fails exactly its case there; the healthy answering fake passes all).
 ANSWER_FAULTS = ("garbage_answers", "inject_fffd", "repetition_loop", "shift_one_token", "double_bos_ids",
                  "echo_prompt_first_delta", "nondeterministic_concurrency", "forget_first_turn", "template_drops_roles",
-                 "gateway_drops_system", "sampling_dropped")
+                 "gateway_drops_system", "sampling_dropped", "contaminating", "stale_allowlist", "bad_words_500")
 
 SYS_CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
 
@@ -1667,3 +1667,48 @@ def test_fault_control_chars_in_version_and_errors(client, fake):
     fake.config.faults.add("control_chars")
     assert "\x1b[2K\rOVERALL: PASS" in client.get("/version").json()["version"]
     assert "\x00" in client.post("/v1/completions", json={"model": "nope", "prompt": "a"}).json()["error"]["message"]
+
+
+def test_fault_contaminating_applies_an_in_flight_allowlist_to_the_others(client, fake):
+    """Healthy, allowed_token_ids and logit_bias shape only their own request; contaminating: a request
+    answered while one of them is in flight takes its first allowed id's word for every token."""
+    victim = {"model": MODEL, "prompt": "one two", "max_tokens": 3, "temperature": 0}
+    alone = client.post("/v1/completions", json=victim).json()["choices"][0]["text"]
+    zebra = client.post("/tokenize", json={"model": MODEL, "prompt": "zebra", "add_special_tokens": False}).json()["tokens"]
+    polluters = [{**victim, "prompt": "three", "allowed_token_ids": zebra},
+                 {**victim, "prompt": "three", "logit_bias": {str(zebra[0]): 100}}]
+
+    def beside(polluter):
+        with httpx.Client(base_url=fake.base_url, timeout=5) as c2:
+            t = threading.Thread(target=lambda: c2.post("/v1/completions", json=polluter))
+            t.start()  # sent together: each waits contaminate_window_s before its first token (the polluter twice)
+            got = client.post("/v1/completions", json=victim).json()["choices"][0]["text"]
+            t.join()
+        return got
+
+    assert [beside(p) for p in polluters] == [alone, alone]
+    fake.config.faults.add("contaminating")
+    assert [beside(p) for p in polluters] == [" zebra zebra zebra"] * 2
+    assert client.post("/v1/completions", json=victim).json()["choices"][0]["text"] == alone  # none in flight
+
+
+def test_fault_bad_words_500(client, fake):
+    body = {"model": MODEL, "prompt": "one two", "max_tokens": 3, "bad_words": ["tok1"]}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    fake.config.faults.add("bad_words_500")
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 500 and "bad_words_500" in r.json()["error"]["message"]
+    assert client.post("/v1/completions", json={**body, "bad_words": []}).status_code == 200
+
+
+def test_fault_stale_allowlist_leaves_the_ended_requests_row_to_the_next(client, fake):
+    victim = {"model": MODEL, "prompt": "one two", "max_tokens": 3, "temperature": 0}
+    alone = client.post("/v1/completions", json=victim).json()["choices"][0]["text"]
+    zebra = client.post("/tokenize", json={"model": MODEL, "prompt": "zebra", "add_special_tokens": False}).json()["tokens"]
+    polluter = {**victim, "prompt": "three", "allowed_token_ids": zebra}
+    client.post("/v1/completions", json=polluter)
+    assert client.post("/v1/completions", json=victim).json()["choices"][0]["text"] == alone  # healthy: cleared
+    fake.config.faults.add("stale_allowlist")
+    client.post("/v1/completions", json=polluter)
+    assert client.post("/v1/completions", json=victim).json()["choices"][0]["text"] == " zebra zebra zebra"
+    assert client.post("/v1/completions", json=victim).json()["choices"][0]["text"] == alone  # one row, one request

@@ -9,7 +9,8 @@ prompt (vllm#48853); Hangul turned into U+FFFD by a frontend (dynamo#12630); tem
 that change with the batch (vllm#51187).
 
 Cases (ids ``PROFILE/answers/CASE``): ``temperature-zero``, ``system-message``, ``golden``,
-``accuracy``, ``degeneration``, ``multibyte``, ``input-paths``, ``multi-turn``, ``determinism``.
+``accuracy``, ``degeneration``, ``multibyte``, ``input-paths``, ``multi-turn``, ``determinism``,
+``isolation`` (a golden's answer beside other clients' sampling parameters).
 Observations in (:mod:`kvgate.answers`, :mod:`kvgate.http.rendering`), a
 :class:`~kvgate.verdict.Verdict` out; no I/O. Each FAIL quotes the prompt and what came back.
 
@@ -35,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvgate.answers.checks import char_diff, clip, expectation_match, margin, multibyte_findings
+from kvgate.answers.isolation import Flight, IsolationObservation, changed, culprits, parted
 from kvgate.answers.observe import Asked
 from kvgate.answers.task import difference_interval, interval
-from kvgate.compare.golden import compare_answers
+from kvgate.compare.golden import Difference, compare_answers
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.rendering import Rendering, first_difference
 from kvgate.profile.models import AnswersSpec, GoldenSpec, Profile
@@ -50,7 +52,7 @@ GATE = "answers"
 #: In run order: the two that measure causes first, degeneration last, over every answer the others
 #: collected.
 CASES = ("temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-         "determinism", "degeneration")
+         "determinism", "isolation", "degeneration")
 
 
 def not_declared(case: str, profile: Profile) -> Verdict | None:
@@ -60,7 +62,7 @@ def not_declared(case: str, profile: Profile) -> Verdict | None:
     if a is None:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile has no answers section (answers.goldens, "
                        "answers.accuracy) -> SKIP")
-    if case in ("golden", "determinism", "temperature-zero") and not a.goldens:
+    if case in ("golden", "determinism", "temperature-zero", "isolation") and not a.goldens:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no golden prompts (answers.goldens) -> SKIP")
     if case == "system-message" and system_golden(a) is None:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no golden with a system turn (answers.goldens "
@@ -561,6 +563,128 @@ def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]], suspect
     return Verdict(gate, Status.PASS, f"{len(rows)} prompts x {n // max(1, len(rows))} answers (alone, then in "
                    f"{d.repeats} concurrent batch{'es' if d.repeats != 1 else ''} of {d.batch}): at most {worst} distinct output per prompt{tail} "
                    f"-> PASS", measured=worst, limit=d.max_distinct, unit="outputs", evidence=ev)
+
+
+def _near(f: Flight, rnd: list[Flight]) -> str:
+    """``beside a, b`` (the polluters in flight with victim ``f``) or ``after a, b`` (ended before the
+    after wave's ``f`` started): :func:`kvgate.answers.isolation.culprits`."""
+    names = culprits(f, rnd)
+    if f.wave == "beside":
+        return f"beside {', '.join(names)}" if names else "beside no polluter in flight"
+    return f"after {', '.join(names)} (ended before it started)" if names else "after no polluter"
+
+
+def _token_diff(d: Difference) -> str:
+    """Where a victim parted: ``token 3: ' Paris' alone vs ' zebra'`` (+ the gap, nats, when either
+    side's logprobs rank the other's token)."""
+    unit = "char" if d.how == "text" else "token"
+    gap = "" if d.gap is None else f", {d.gap:.2f} nats apart"
+    return f"{unit} {d.position}: {d.base_token!r} alone vs {d.new_token!r}{gap}"
+
+
+def isolation_verdict(answers: AnswersSpec, obs: IsolationObservation | None, suspects: Suspects | None = None) -> Verdict:
+    """The isolation case (:mod:`kvgate.answers.isolation`): each victim's answers in the rounds
+    beside polluters must equal its alone-answer; a parting within ``isolation.near_tie_logprob``
+    nats (by either side's logprobs, as the compare gate tells them apart) is a near tie, named, not
+    failed. FAIL: a polluter answered 5xx or not at all (a refusal must be 4xx), naming it; a victim
+    not answered; a victim changed, naming the polluters in flight beside it (their start/end times
+    overlapping the victim's; for the after wave, those that ended before it started) and the first
+    differing token, and which polluters changed the victims
+    again alone beside them (the confirming rounds) -- the cause. INCONCLUSIVE: the victims changed
+    beside plain temperature-0 requests too (the control round): the batch alone changes them, so
+    the polluters' sampling state cannot be told from it. INVALID: no polluter was served in flight
+    beside a victim (all refused 4xx: nothing was measured). ``suspects``: the cause of changes
+    (sampling: temperature 0 not honoured even alone)."""
+    gate = f"{GATE}/isolation"
+    if obs is None or not obs.victims:
+        return Verdict(gate, Status.INVALID, "no golden to answer beside polluters -> INVALID")
+    near = answers.isolation.near_tie_logprob
+    flights = [f for rnd in obs.rounds for f in rnd]
+    pols = [f for f in flights if f.role == "polluter"]
+    names = list(dict.fromkeys(p.name for p in pols))
+    refused = {p.name: p.asked.status for p in pols if 400 <= p.asked.status < 500}
+    ev: dict[str, Any] = {"victims": obs.victims, "batch": obs.batch, "near_tie_logprob": near,
+                          "allowed_token_ids": obs.allowed, "allowed_from": obs.allowed_from,
+                          "alone": {n: a.to_dict() for n, a in obs.alone.items()},
+                          "rounds": [[f.to_dict() for f in rnd] for rnd in obs.rounds], "refused_4xx": refused}
+    if obs.control is not None:
+        ev["control"] = [f.to_dict() for f in obs.control]
+    if obs.confirm:
+        ev["confirm"] = {n: [f.to_dict() for f in rnd] for n, rnd in obs.confirm.items()}
+    broken = [p for p in pols if not p.asked.ok and not 400 <= p.asked.status < 500]
+    if broken:
+        shown = "; ".join(f"{p.name}: {f'HTTP {p.asked.status}' if p.asked.status else 'no answer'} after "
+                          f"{p.t1 - p.t0:.1f} s ({clip(p.asked.error or '', 160)})" for p in broken)
+        return Verdict(gate, Status.FAIL, f"{len(broken)} polluter{'s' if len(broken) != 1 else ''} of {len(pols)} "
+                       f"answered with a 5xx or not at all (limit 0): {shown} -> FAIL (a request the server does "
+                       "not take must be refused 4xx)", measured=len(broken), limit=0, unit="polluters", evidence=ev)
+    missing = [f"{n} alone: {a.error}" for n, a in obs.alone.items() if not a.ok]
+    for k, rnd in enumerate(obs.rounds, 1):
+        missing += [f"{f.name} in round {k} {_near(f, rnd)}: {f.asked.error}"
+                    for f in rnd if f.role == "victim" and not f.asked.ok]
+    if missing:
+        return Verdict(gate, Status.FAIL, f"{len(missing)} victim answers missing (limit 0): {'; '.join(missing[:3])} "
+                       "-> FAIL", measured=len(missing), limit=0, unit="answers", evidence=ev)
+    beside = [p for rnd in obs.rounds for p in rnd if p.role == "polluter" and p.asked.ok
+              and any(p.overlaps(f) for f in rnd if f.role == "victim" and f.wave == "beside")]
+    ref = f"; refused 4xx: {', '.join(f'{n} ({s})' for n, s in refused.items())}" if refused else ""
+    if not beside:
+        return Verdict(gate, Status.INVALID, f"no polluter was served in flight beside a victim ({len(pols)} sent"
+                       f"{ref}): nothing was measured -> INVALID", evidence=ev)
+    rows: list[dict[str, Any]] = []
+    ties: list[dict[str, Any]] = []
+    diffs: list[Difference] = []  # rows' differences, in order
+    for k, rnd in enumerate(obs.rounds, 1):
+        for f in rnd:
+            if f.role != "victim":
+                continue
+            d = parted(obs.alone[f.name], f.asked, near)
+            if d is None:
+                continue
+            row = {"victim": f.name, "round": k, "wave": f.wave, "polluters": culprits(f, rnd), "near": _near(f, rnd),
+                   "difference": d.to_dict(),
+                   "text": clip(f.asked.text, 80), "alone": clip(obs.alone[f.name].text, 80)}
+            if d.kind == "near-tie":
+                ties.append(row)
+            else:
+                rows.append(row)
+                diffs.append(d)
+    ev.update(changed=rows, near_ties=ties)
+    answered = sum(1 for f in flights if f.role == "victim")
+    after = sum(1 for f in flights if f.role == "victim" and f.wave == "after")
+    served = sorted({p.name for p in beside}, key=names.index)
+    if not rows:
+        parted_at = ", ".join(f"{r['victim']} (round {r['round']})" for r in ties)
+        tail = f"; near ties (<= {near:g} nats) parted {parted_at}" if ties else ""
+        again = f" and {after} times right after the last (in the batch rows it left)" if after else ""
+        return Verdict(gate, Status.PASS, f"{len(obs.victims)} goldens answered alone, then {answered - after} times "
+                       f"in {len(obs.rounds)} round{'s' if len(obs.rounds) != 1 else ''} of {obs.batch} beside "
+                       f"{len(served)} polluters in flight ({', '.join(served)}){ref}{again}: every answer equal to "
+                       f"its alone-answer{tail} -> PASS", measured=0, limit=0, unit="changed answers", evidence=ev)
+    shown = "; ".join(f"{r['victim']} (round {r['round']}{', after wave' if r['wave'] == 'after' else ''}) at "
+                      f"{_token_diff(d)} {r['near']}" for r, d in zip(rows[:3], diffs))
+    head = (f"{len(rows)} of {answered} victim answers changed beside polluters beyond a near tie ({near:g} nats): "
+            f"{shown}{'; ...' if len(rows) > 3 else ''}")
+    control = changed(obs, obs.control or [], near)
+    if control:
+        ctl = ", ".join(dict.fromkeys(f.name for f, _ in control))
+        return Verdict(gate, Status.INCONCLUSIVE, f"{head}; beside plain temperature-0 requests (the control round) "
+                       f"{ctl} changed too -> INCONCLUSIVE (the batch alone changes them: the polluters' sampling "
+                       "state cannot be told from it; answers/determinism judges the batch)", measured=len(rows),
+                       limit=0, unit="changed answers", evidence=ev,
+                       cause=_cause(suspects, rendering=False) or "the evidence cannot tell: the victims changed "
+                       "beside plain temperature-0 requests too (no sampling parameter in flight)")
+    again = [n for n, rnd in obs.confirm.items() if changed(obs, rnd, near)]
+    cleared = [n for n in obs.confirm if n not in again]
+    conf = (f"; beside copies of {', '.join(again)} alone they changed again" if again else "") + \
+        (f"; beside {', '.join(cleared)} alone they did not" if cleared else "")
+    cause = _cause(suspects, rendering=False) or (
+        f"the per-request sampling state of {', '.join(again)} reaches other requests: beside "
+        f"{'it' if len(again) == 1 else 'each'} alone the victims changed again, beside plain requests they did not"
+        if again else None)
+    return Verdict(gate, Status.FAIL, f"{head}{conf} -> FAIL (a temperature-0 answer must not change with other "
+                   "requests' sampling parameters)", measured=len(rows), limit=0, unit="changed answers", evidence=ev,
+                   cause=cause)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -959,6 +959,19 @@ class DeterminismSpec(_Strict):
     near_tie_logprob: float = Field(default=0.1, ge=0, description="[nats] a parting within this is a near tie, not a change")
 
 
+class IsolationSpec(_Strict):
+    """The answers/isolation case: the first ``prompts`` goldens answered alone, then again in rounds
+    of ``batch`` requests beside polluters that churn per-request sampling state on other
+    connections (``allowed_token_ids``, ``logit_bias``, ``bad_words``, ``min_tokens``, a JSON
+    schema, ``n`` > 1, other seeds and penalties; a thinking budget and the LoRA adapters where the
+    engine serves them); each answer must equal its alone-answer up to a near tie."""
+
+    prompts: int = Field(default=4, gt=0, description="[prompts] the victims: the first N goldens (each with its max_tokens)")
+    polluter_max_tokens: int = Field(default=8, gt=0, description="[tokens] each polluter generates")
+    batch: int | None = Field(default=None, gt=1, description="[requests] in flight in each round (the victims and polluters); null = engine.max_num_seqs (8 when unset), at most 16")
+    near_tie_logprob: float = Field(default=0.1, ge=0, description="[nats] a victim that parts from its alone-answer within this is a near tie, named, not a change")
+
+
 class AnswersSpec(_Strict):
     """The answers gate (``-m answers``): the answers are right, not only well-formed. Rule: a
     golden that flips (its expectation missed) FAILs the gate when its reference ``margin`` is at
@@ -971,6 +984,7 @@ class AnswersSpec(_Strict):
     memory: list[GoldenSpec] = Field(default_factory=list, description="multi-turn conversations whose last answer depends on an earlier turn")
     accuracy: AccuracySpec | None = None
     determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
+    isolation: IsolationSpec = Field(default_factory=IsolationSpec, description="the answers/isolation case: goldens beside polluters")
     max_repeat_fraction: float = Field(default=0.5, gt=0, le=1, description="[fraction] of an answer's words a repeated n-gram loop may cover before it counts as degenerate")
     multibyte_max_tokens: int = Field(default=16, gt=0, description="[tokens] generated per multibyte prompt")
 
