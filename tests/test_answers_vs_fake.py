@@ -235,11 +235,12 @@ FAULT_CASES = {
                       "min_tokens", "beside copies of allowed_token_ids, logit_bias alone they changed again; beside "
                       "bad_words, min_tokens alone they did not -> FAIL"],
     },
-    # a polluter's allowlist row left uncleared when it ends: the after wave's victims take those rows
+    # a polluter's allowlist row left uncleared when it ends: the next victim admitted takes it -- one of the after
+    # wave's, or of round 2's own when a loaded host starts it after the polluter ended (both seen in CI-like runs),
+    # so the round is not asserted; the confirming rounds name the polluters either way
     "stale_allowlist": {
         "isolation": ["of 16 victim answers changed beside polluters beyond a near tie (0.1 nats): ",
-                      " (round 2, after wave) at token 0: ", " alone vs 'zebra' after allowed_token_ids, logit_bias, "
-                      "bad_words, min_tokens (ended before it started)", "beside copies of allowed_token_ids, "
+                      " at token 0: ", " alone vs 'zebra' ", "beside copies of allowed_token_ids, "
                       "logit_bias alone they changed again; beside bad_words, min_tokens alone they did not -> FAIL"],
     },
     "bad_words_500": {
