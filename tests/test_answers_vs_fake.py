@@ -25,7 +25,7 @@ pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-answers.yaml"
 SUITE = ["suites/test_answers.py"]
 CASES = ["temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-         "determinism", "degeneration"]
+         "determinism", "long-context", "degeneration"]
 SPEC = load_profile(str(PROFILE)).answers
 MEMORY = {g.name: g.messages for g in SPEC.memory}
 
@@ -67,9 +67,13 @@ ANSWERS = {
 }
 
 
+#: The needle the fake retrieves (the profile's default needle: "The pass key is {key}. ...").
+NEEDLE = r"pass key is (\d+)"
+
+
 @pytest.fixture
 def answering_fake():
-    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS))) as f:
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS), needle=NEEDLE)) as f:
         yield f
 
 
@@ -133,7 +137,7 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert {c: g["status"] for c, g in gates.items()} == dict.fromkeys(CASES, "PASS"), \
         {c: g["message"] for c, g in gates.items() if g["status"] != "PASS"}
     assert summary["overall"] == "PASS" and result.ret == pytest.ExitCode.OK
-    result.assert_outcomes(passed=9)
+    result.assert_outcomes(passed=10)
     msg = {c: g["message"] for c, g in gates.items()}
     assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. 'What is the capital of "
                                     "France?' -> 'Paris is the capital of France.'")

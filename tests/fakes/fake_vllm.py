@@ -266,6 +266,9 @@ FAULTS: dict[str, str] = {
     "template_drops_roles": "the chat template renders the contents alone, '<s> content content ...', no role marker "
     "and no generation prompt, on the chat route and in /tokenize and /apply-template alike (a --chat-template that "
     "drops roles): the model answers the run-together text",
+    "compress_prompt": "a prompt compressor in front (a gateway's middle-out transform): a completions prompt or a chat "
+    "request's last user turn longer than compress_over words keeps its first compress_head and last compress_tail "
+    "of words and drops the middle; the server counts (and the model reads) what was kept",
     "gateway_drops_system": "a gateway in front drops every system turn of a chat request (/v1/chat/completions only: "
     "/tokenize still renders them), so usage.prompt_tokens is the rendering without it",
     "sampling_dropped": "a gateway in front drops temperature and seed: every generation samples at the server's "
@@ -464,6 +467,13 @@ class FakeConfig:
     shutdown_timeout_s: float = 30.0  # like --shutdown-timeout: after sigterm(), in-flight work left then is aborted
     # answering mode (the answers gate): prompt key -> the answer text the "model" gives (see the module docstring)
     answers: dict[str, str] = field(default_factory=dict)
+    # pass-key retrieval (the answers gate's long-context case): a prompt holding needle_question is answered with
+    # the first capture of the needle regex found in the prompt the "model" got (" 12345."), else " unknown."
+    needle: str | None = None  # e.g. r"pass key is (\d+)"; None: no retrieval
+    needle_question: str = "What is the pass key?"
+    compress_over: int = 100  # compress_prompt: prompts of more words than this are compressed
+    compress_head: float = 0.05  # compress_prompt: the fraction of words kept from the beginning
+    compress_tail: float = 0.3  # compress_prompt: the fraction of words kept from the end
     batch_window_s: float = 0.1  # nondeterministic_concurrency: a batch forms until this long passes with no admission
     batch_invariant_max: int = 4  # nondeterministic_concurrency: answers change with more requests running than this
     responses_store: bool = True  # /v1/responses keeps store: true responses (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
@@ -824,6 +834,41 @@ def _answer_keys(words: list[str]) -> list[str]:
         users = [" ".join(ws) for role, ws in turns if role == "user"]
         return ["\n".join(said)] + users[-1:]
     return [" ".join(words[1:] if words and words[0] == BOS else words)]
+
+
+def _retrieved(cfg: "FakeConfig", prompt_text: str) -> str | None:
+    """Pass-key retrieval: None when ``prompt_text`` does not ask ``cfg.needle_question``; else
+    ``" KEY."`` with the first capture of ``cfg.needle`` in it, or ``" unknown."`` when the prompt
+    (as the model got it) holds no key."""
+    if not cfg.needle or " ".join(cfg.needle_question.split()) not in " ".join(prompt_text.split()):
+        return None
+    m = re.search(cfg.needle, prompt_text)
+    return f" {m.group(1)}." if m else " unknown."
+
+
+def _compress(text: str, cfg: "FakeConfig") -> str:
+    """compress_prompt: ``text`` with its middle words dropped (first ``compress_head`` and last
+    ``compress_tail`` of them kept) when it has more than ``compress_over`` words."""
+    words = text.split(" ")
+    if len(words) <= cfg.compress_over:
+        return text
+    head, tail = int(len(words) * cfg.compress_head), int(len(words) * cfg.compress_tail)
+    return " ".join(words[:head] + words[len(words) - tail:])
+
+
+def _compressed(body: dict[str, Any], cfg: "FakeConfig") -> dict[str, Any]:
+    """The request as the compress_prompt gateway forwards it: a text prompt, or the last user turn's
+    text, compressed (:func:`_compress`)."""
+    if isinstance(body.get("prompt"), str):
+        return {**body, "prompt": _compress(body["prompt"], cfg)}
+    msgs = body.get("messages")
+    if isinstance(msgs, list):
+        last = max((i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"), default=None)
+        if last is not None and isinstance(msgs[last].get("content"), str):
+            msgs = list(msgs)
+            msgs[last] = {**msgs[last], "content": _compress(msgs[last]["content"], cfg)}
+            return {**body, "messages": msgs}
+    return body
 
 
 def _garbage(text: str, key: str) -> str:
@@ -1937,6 +1982,8 @@ class FakeVLLM:
             body = await self._json(request)
         except _BadRequest as e:
             return self._reject(e)
+        if "compress_prompt" in self.config.faults:
+            body = _compressed(body, self.config)
         if kind == "chat" and "gateway_drops_system" in self.config.faults and isinstance(body.get("messages"), list):
             body["messages"] = [m for m in body["messages"] if not (isinstance(m, dict) and m.get("role") == "system")]
         if kind == "chat" and (urls := _media_urls(body)):
@@ -2199,6 +2246,10 @@ class FakeVLLM:
         batch_tokens = None
         answer = self._answer_of(key_words) if feature is None and adapter is None and not ignore_eos \
             and not min_tokens else None
+        if answer is None and cfg.needle and feature is None and adapter is None and not ignore_eos:
+            found = _retrieved(cfg, " ".join(key_words))  # pass-key retrieval: from the prompt as the model got it
+            if found is not None:
+                tokens, finish = _answer_tokens(*_answer_pieces(found, "", frozenset(), limit), logprobs or 0)
         if answer is not None:  # answering mode: the answer's tokens, then EOS (whatever the temperature)
             key, text = answer
             if "sampling_dropped" in faults:
