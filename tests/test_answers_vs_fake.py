@@ -158,6 +158,12 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
                                      "the system turn (15 with the system turn, 9 without) -> PASS")
     # 12 golden, 2 temperature-zero, 10 task, 6 multibyte, 12 input-path and 2 memory answers, 4 in a determinism batch
     assert msg["degeneration"].startswith("48 answers checked") and "no U+FFFD" in msg["degeneration"]
+    assert msg["long-context"] == ("pass key retrieved in 12 of 12 answers (6 prompts of 128 and 230 tokens, 50% and "
+                                   "90% of max_model_len 256, at depths 10/50/90%, completions, streamed and not): "
+                                   "every depth retrieved, 100% >= min_retrieved 50% -> PASS")
+    cells = gates["long-context"]["evidence"]["cells"]
+    assert [(c["tokens"], c["depth"]) for c in cells][:2] == [(128, 0.1), (230, 0.1)]  # by the key's position
+    assert cells[0]["answers"] == {"non-streamed": f" {cells[0]['key']}.", "streamed": f" {cells[0]['key']}."}
     assert not any(g.get("cause") for g in gates.values())  # a PASS carries no cause
     golden = gates["golden"]["evidence"]["goldens"]
     assert golden["capital-france"]["margin"] == 3.0  # the fake's alternatives sit 3 nats below
@@ -225,6 +231,13 @@ FAULT_CASES = {
         "input-paths": ["system/capital-japan chat: prompt_tokens 9 vs 15 rendered (-6: = the rendering without the "
                         "system turn)"],
     },
+    "compress_prompt": {  # keeps the first 5% and the last 30% of a long prompt's words: depths 10% and 50% dropped
+        "long-context": ["pass key retrieved in 4 of 12 answers", "not retrieved: depth 10% at no length, streamed or "
+                         "not (128 tokens, key at token 35: ' unknown.'; 230 tokens, key at token 45: ' unknown.'); "
+                         "depth 50% at no length, streamed or not (128 tokens, key at token 67: ' unknown.'; 230 "
+                         "tokens, key at token 118: ' unknown.')", "answers.long_context: every depth retrieved at "
+                         "one length at least -> FAIL"],
+    },
     "sampling_dropped": {
         "temperature-zero": ["multi-turn/capital-germany asked twice alone at temperature 0 (max_tokens 24): different "
                              "text, first difference at token 7: ' 12)' vs ' 13)' ('Berlin is the capital of Germany. "
@@ -244,6 +257,8 @@ FAULT_CAUSES = {
                             "rendered 9 tokens = the rendering without it",
     "sampling_dropped": "temperature 0 is not honoured: the same request answered twice alone gave different text "
                         "(first difference at token 7)",
+    "compress_prompt": "the prompt was shortened before the model: the server counted 45 prompt tokens of the 128-token "
+                       "prompt sent (128 tokens at depth 10%, non-streamed)",
     "double_bos_ids": "a second BOS on the ids path: the server puts the tokenizer's BOS (id 1 ('<s>')) in front of a "
                       "prompt that already begins with the template's",
 }
