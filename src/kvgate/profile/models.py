@@ -977,7 +977,7 @@ class LongContextSpec(_Strict):
     question: str = Field(default="What is the pass key? The pass key is", description="the text after the filler (a new line before it)")
     filler: str = Field(default="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.", description="filler text, repeated word by word")
     key_digits: int = Field(default=5, ge=3, le=12, description="[digits] of each key (the first not 0)")
-    seed: int = Field(default=0, description="the keys' seed: the same seed asks the same prompts (a recording compares cell by cell)")
+    seed: int = Field(default=0, description="[seed] of the keys: the same seed asks the same prompts (a recording compares cell by cell)")
     min_retrieved: float = Field(default=0.5, ge=0, le=1, description="[fraction] of all answers (prompts x streamed and not) that must hold their key")
 
     @model_validator(mode="after")
