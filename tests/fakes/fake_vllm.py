@@ -204,6 +204,8 @@ FAULTS: dict[str, str] = {
     # the features gate: tool calling, structured output, reasoning, LoRA, prefix caching
     "tools_stream_as_text": "streamed tool-call answers carry the call as raw '<tool_call>...</tool_call>' text in "
     "content with finish stop and no tool_calls (the parser did not run); non-streamed stays right",
+    "tool_ids_repeat": "tool-call ids are '<function>:<index in the answer>', so the same tool called on turn 1 and turn "
+    "2 of a conversation gets 'list_dir:0' both times (vllm#50295), streamed and not",
     "tools_empty_calls": "non-streamed tool-call answers say finish_reason tool_calls with an empty tool_calls list",
     "tools_args_not_object": "tool-call arguments are the JSON text false, for every function (vLLM 0.32 leaves a "
     "non-strict tool's arguments unconstrained)",
@@ -2344,7 +2346,7 @@ class FakeVLLM:
         if stream and "tools_stream_as_text" in faults:
             raw = json.dumps({"name": name, "arguments": json.loads(args)})
             return _content_deltas(f"<tool_call>\n{raw}\n</tool_call>"), "stop"
-        call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
+        call_id = f"{name}:0" if "tool_ids_repeat" in faults else f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
         head = {"tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": {"name": name}}]}
         parts = [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in _pieces(args)]
         return [head] + parts, "stop" if named else "tool_calls"
