@@ -290,12 +290,17 @@ def test_answers_fault_fails_exactly_its_cases(pytester, answering_fake, fault):
 
 
 def test_without_tokenize_the_rendering_cases_skip_saying_so(pytester, answering_fake):
-    """A server without /tokenize (KServe's huggingface runtime): the system message's arrival and the
-    input paths cannot be measured -- each SKIPs naming what answered -- and the rest still PASS."""
+    """A server without /tokenize (KServe's huggingface runtime): the system message's arrival, the
+    input paths and the pass-key prompts' exact lengths cannot be measured -- each SKIPs naming what
+    answered -- and the rest still PASS."""
     answering_fake.config.faults.add("no_tokenize")
     result, summary, gates = run(pytester, answering_fake.url)
     assert {c: g["status"] for c, g in gates.items() if g["status"] != "PASS"} == {"system-message": "SKIP",
-                                                                                 "input-paths": "SKIP"}
+                                                                                 "input-paths": "SKIP",
+                                                                                 "long-context": "SKIP"}
+    assert gates["long-context"]["message"].startswith("no pass-key prompt of an exact length can be built here (")
+    assert gates["long-context"]["message"].endswith("and the profile sets no model.tokenizer: a pass-key prompt of an "
+                                                     "exact length cannot be built) -> SKIP")
     assert gates["system-message"]["message"] == ("the server renders no conversation for kvgate to count (/tokenize "
                                                   "answered 404: {\"detail\":\"Not Found\"}): the system message's "
                                                   "arrival cannot be measured without /tokenize -> SKIP")

@@ -559,9 +559,9 @@ def test_a_feature_lost_on_the_new_revision_fails_naming_it(pytester):
         gates = {g["id"].removeprefix("fake-features/compare/"): g for g in read_summary(out)["gates"]}
     feat = gates["features"]
     assert feat["status"] == "FAIL", feat["message"]
-    assert feat["message"].startswith("4 of 17 features cases that PASSed on the baseline ") and \
-        "do not on the new revision: tools/auto (FAIL), tools/named/get_time (FAIL), tools/named/get_weather (FAIL), " \
-        "tools/required (FAIL) -> FAIL" in feat["message"]
+    assert feat["message"].startswith("5 of 18 features cases that PASSed on the baseline ") and \
+        "do not on the new revision: tool-ids (FAIL), tools/auto (FAIL), tools/named/get_time (FAIL), " \
+        "tools/named/get_weather (FAIL), tools/required (FAIL) -> FAIL" in feat["message"]
     outputs = gates["outputs"]
     assert outputs["status"] == "PASS" and "tools/auto" in outputs["evidence"]["prompts"], outputs["message"]
     assert "structured/regex" in outputs["evidence"]["prompts"] and "reasoning/thinking-on" in outputs["evidence"]["prompts"]
@@ -600,7 +600,7 @@ def test_the_compare_gate_runs_when_asked(pytester, args, selected):
         "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--kvgate-reports={out}",
         f"--profile={PROFILE}", "--endpoint=http://127.0.0.1:9/v1", "--collect-only", "-q", str(SUITE), *args)
     text = result.stdout.str()
-    assert ("5 tests collected" in text or "5/5 tests collected" in text) is selected, text[-600:]
+    assert ("6 tests collected" in text or "6/6 tests collected" in text) is selected, text[-600:]
 
 
 def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypatch, fakes):

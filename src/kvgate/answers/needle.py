@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.answers.observe import Asked, ask, body_for
-from kvgate.http.prompts import CountFn, exact_prompt, server_counter
+from kvgate.http.prompts import CountFn, PromptUnavailable, exact_prompt, local_counter, server_counter
+from kvgate.http.tokenizers import detect, llamacpp_chat_counter, server_text_counter
 from kvgate.profile.models import LongContextSpec, Profile
 
 #: The two ways each prompt is asked (evidence and verdict names).
@@ -130,6 +131,26 @@ class NeedleObservation:
                 "prompt_tokens": {path: a.prompt_tokens for path, a in self.answers().items()}}
 
 
+def counter(client: Any, model: str, route: str) -> CountFn:
+    """What counts a ``route`` prompt's tokens here, as the max-context gate's prompts are counted
+    (:func:`kvgate.http.probes.build_prompt`): vLLM's ``/tokenize``; llama.cpp's or
+    llama-cpp-python's tokenize route (completions; llama.cpp's ``/apply-template`` for chat); else
+    the profile's local tokenizer (``model.tokenizer``). Raises
+    :class:`~kvgate.http.prompts.PromptUnavailable` naming what the server lacks when nothing can."""
+    found = detect(client, model)
+    if found.route == "vllm":
+        return server_counter(client, model, route)  # type: ignore[arg-type]
+    if found.route is not None and route == "completions":
+        return server_text_counter(client, model, found.route)
+    if found.route == "llama.cpp" and found.chat:
+        return llamacpp_chat_counter(client)
+    path = getattr(client.endpoint, "tokenizer", None)
+    if path:
+        return local_counter(path, route)  # type: ignore[arg-type]
+    raise PromptUnavailable(f"{found.missing(route)} and the profile sets no model.tokenizer: a pass-key prompt of "
+                            "an exact length cannot be built")
+
+
 def prompts(client: Any, profile: Profile) -> list[NeedlePrompt]:
     """Every prompt of ``profile.answers.long_context`` (lengths x depths), built against the
     server's ``/tokenize``, in the order they are asked: by the needle's position (each shares the
@@ -137,7 +158,7 @@ def prompts(client: Any, profile: Profile) -> list[NeedlePrompt]:
     :class:`~kvgate.http.prompts.PromptUnavailable` without ``/tokenize``."""
     spec = profile.answers.long_context if profile.answers else None
     assert spec is not None
-    count = server_counter(client, profile.model.served_name, spec.route)
+    count = counter(client, profile.model.served_name, spec.route)
     cells = [(f, n, d) for f, n in targets(spec, profile.engine.max_model_len) for d in spec.depths]
     out: list[NeedlePrompt] = []
     hints: dict[int, int | None] = {}  # length -> the filler word count found at its first depth
