@@ -438,7 +438,9 @@ def test_a_recording_of_pass_key_retrieval_fails_a_compressor_that_drops_depths_
         result = pytester.runpytest_inprocess(
             "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
             f"--profile={ANSWERS_PROFILE}", f"--endpoint={url}", f"--kvgate-reports={out}", str(SUITE), *extra)
-        return result, {g["id"].removeprefix("fake-answers/compare/"): g for g in read_summary(out)["gates"]}
+        summary = read_summary(out)
+        assert_passes_measured(summary)  # a PASS rests on evidence or a measured value
+        return result, {g["id"].removeprefix("fake-answers/compare/"): g for g in summary["gates"]}
 
     with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS), needle=NEEDLE)) as f:
         result, gates = run(f.url, "--gate-mode=record", "-m", "compare", reports="rec")
