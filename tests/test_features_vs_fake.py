@@ -65,7 +65,7 @@ def test_healthy_fake_passes_every_features_case(pytester, features_fake):
     assert "get_time({}), finish stop" in msg["tools/named/get_time"]
     assert msg["tool-ids"].startswith("tool loop calling get_weather, 3 turns each way: 6 ids, each unique in its loop "
                                       "(e.g. 'chatcmpl-tool-")
-    assert msg["tool-ids"].endswith("one scheme streamed and not (chatcmpl-tool-<id>), the echoed ids accepted (turns "
+    assert msg["tool-ids"].endswith("one scheme streamed and not ('chatcmpl-tool-<id>'), the echoed ids accepted (turns "
                                     "2-3 200) -> PASS")
     loop = gates["tool-ids"]["evidence"]
     assert len(set(loop["ids"]["non-streamed"] + loop["ids"]["streamed"])) == 6

@@ -697,15 +697,15 @@ def test_tool_ids_pass_when_every_id_is_new_and_one_scheme_and_fail_naming_the_r
     fresh = [f"chatcmpl-tool-{n:024x}" for n in range(1, 7)]
     v = tool_ids_verdict(FEAT, _turns(fresh[:3]), _turns(fresh[3:], stream=True))
     assert v.status == "PASS" and v.measured == 6, v.message
-    assert v.message.endswith("one scheme streamed and not (chatcmpl-tool-<id>), the echoed ids accepted (turns 2-3 "
+    assert v.message.endswith("one scheme streamed and not ('chatcmpl-tool-<id>'), the echoed ids accepted (turns 2-3 "
                               "200) -> PASS")
     v = tool_ids_verdict(FEAT, _turns(["list_dir:0", "list_dir:0", "list_dir:1"]), _turns(fresh[3:], stream=True))
     assert v.status == "FAIL" and "non-streamed: id 'list_dir:0' on turn 1 and again on turn 2 (every id must be " \
         "unique) -> FAIL" in v.message
     # the streamed and non-streamed ids of different schemes
     v = tool_ids_verdict(FEAT, _turns(fresh[:3]), _turns(["call_1", "call_2", "call_3"], stream=True))
-    assert v.status == "FAIL" and "the non-streamed ids look like chatcmpl-tool-<id>" in v.message
-    assert "the streamed ones like call_<n> ('call_1')" in v.message
+    assert v.status == "FAIL" and "the non-streamed ids look like 'chatcmpl-tool-<id>'" in v.message
+    assert "the streamed ones like 'call_<n>' ('call_1')" in v.message
 
 
 def test_tool_ids_fail_when_the_echoed_ids_are_refused_or_the_loop_stops():

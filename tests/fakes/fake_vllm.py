@@ -48,6 +48,11 @@ the others only answering mode. A non-streamed completion with ``echo`` returns 
 with logprobs, its tokens in front of the answer's (``token_id:N`` with ``return_tokens_as_token_ids``),
 as vLLM does: the server's own reading of the prompt.
 
+Pass-key retrieval (the answers gate's long-context case): with ``FakeConfig.needle`` (a regex whose
+group is the key) a prompt asking ``needle_question`` is answered with the key the "model" finds in the
+prompt as it got it (``" 12345."``; ``" unknown."`` when none is there), whatever the other answer
+faults; ``compress_prompt`` drops a long prompt's middle before that.
+
 Serve features (the features gate), healthy by default, each with faults: a chat request with
 ``tools`` answers one call (named -> that function, required -> the first, auto -> the first with
 parameters) whose arguments are a minimal valid instance of the function's schema, streamed as

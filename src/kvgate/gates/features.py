@@ -565,14 +565,15 @@ def tool_ids_verdict(profile: Profile, plain: list[Exchange], streamed: list[Exc
     schemes = {way: sorted({id_scheme(x) for x in xs}) for way, xs in ids.items()}
     ev["schemes"] = schemes
     if schemes["non-streamed"] != schemes["streamed"]:
-        problem = (f"the non-streamed ids look like {', '.join(schemes['non-streamed'])} ({ids['non-streamed'][0]!r}), "
-                   f"the streamed ones like {', '.join(schemes['streamed'])} ({ids['streamed'][0]!r})")
+        problem = (f"the non-streamed ids look like {', '.join(map(repr, schemes['non-streamed']))} "
+                   f"({ids['non-streamed'][0]!r}), the streamed ones like {', '.join(map(repr, schemes['streamed']))} "
+                   f"({ids['streamed'][0]!r})")
         return Verdict(gate, FAIL, f"tool loop calling {fn}: {problem} -> FAIL", measured=problem, limit=limit,
                        evidence=ev)
     n = sum(len(xs) for xs in ids.values())
     return Verdict(gate, PASS, f"tool loop calling {fn}, {TOOL_TURNS} turns each way: {n} ids, each unique in its loop "
                    f"(e.g. {ids['non-streamed'][0]!r}, {ids['non-streamed'][-1]!r}), one scheme streamed and not "
-                   f"({', '.join(schemes['streamed'])}), the echoed ids accepted (turns 2-{TOOL_TURNS} 200) -> PASS",
+                   f"({', '.join(map(repr, schemes['streamed']))}), the echoed ids accepted (turns 2-{TOOL_TURNS} 200) -> PASS",
                    measured=n, limit=limit, unit="ids", evidence=ev)
 
 
