@@ -59,7 +59,7 @@ def test_real_model_answers_right_on_the_embedded_default(real_runs):
     assert proc.returncode == 0 and summary["overall"] == "PASS", proc.stdout[-4000:]
     assert summary["launch"]["mode"] == "embedded"
     for case in ("temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-                 "determinism", "degeneration"):
+                 "determinism", "long-context", "degeneration"):
         assert gates[f"smollm2-cpu/answers/{case}"]["status"] == "PASS", gates[f"smollm2-cpu/answers/{case}"]["message"]
     golden = gates["smollm2-cpu/answers/golden"]
     assert "Tokyo" in golden["message"] or "Paris" in golden["message"], golden["message"]  # real answers, quoted
