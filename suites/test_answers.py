@@ -4,7 +4,8 @@ server's prompt count is the rendering with it); the profile's golden prompts me
 expectations at temperature 0, streamed and not; an accuracy task scores at or above its floor with
 a binomial interval; no answer the gate collected is degenerate; multibyte text survives streaming;
 chat, rendered text and token ids agree; a later turn remembers an earlier one; temperature-0
-outputs do not change under concurrency, nor beside other clients' sampling parameters. A FAIL's cause is what the first two measured (the
+outputs do not change under concurrency, nor beside other clients' sampling parameters; a pass key hidden at several depths of long prompts is
+retrieved (the prompt is read, not only accepted). A FAIL's cause is what the first two measured (the
 sampling, the rendering), asked for only when a case does not PASS."""
 
 from pathlib import Path
@@ -12,14 +13,16 @@ from pathlib import Path
 import pytest
 
 from kvgate.answers import isolation
+from kvgate.answers.needle import observe as observe_needles
 from kvgate.answers.observe import MULTIBYTE_PROMPTS, SAMPLED_SCRIPTS, ask, ask_many, body_for, echoed_prompt, render
 from kvgate.answers.task import TaskError, load_task, scored
 from kvgate.compare.golden import MULTI_TURN, SYSTEM
 from kvgate.gates.answers import (CASES, GoldenObservation, MemoryObservation, MultibyteObservation, PathsObservation,
                                   RenderingObservation, SamplingObservation, Suspects, accuracy_verdict,
                                   degeneration_verdict, determinism_verdict, golden_verdict, input_paths_verdict,
-                                  isolation_verdict, memory_verdict, multibyte_verdict, not_declared, rendering_cause,
-                                  sampling_cause, system_golden, system_message_verdict, temperature_zero_verdict)
+                                  isolation_verdict, long_context_verdict, memory_verdict, multibyte_verdict, not_declared, rendering_cause, sampling_cause,
+                                  system_golden, system_message_verdict, temperature_zero_verdict)
+from kvgate.http.prompts import PromptUnavailable
 from kvgate.http.rendering import concurrently, tokenize
 from kvgate.verdict import Status, Verdict
 
@@ -158,7 +161,8 @@ def test_answers(case, request, kvgate_client, kvgate_profile, kvgate_gate, coll
     check = {"temperature-zero": check_temperature_zero, "system-message": check_system_message,
              "golden": check_golden, "accuracy": check_accuracy, "degeneration": check_degeneration,
              "multibyte": check_multibyte, "input-paths": check_input_paths, "multi-turn": check_memory,
-             "determinism": check_determinism, "isolation": check_isolation}[case]
+             "determinism": check_determinism, "isolation": check_isolation,
+             "long-context": check_long_context}[case]
     assert kvgate_gate(check(request, kvgate_client, kvgate_profile, collected)).passed
 
 
@@ -310,3 +314,13 @@ def check_degeneration(request, client, profile, collected) -> Verdict:
     if not collected.seen.strict:  # run alone (-k degeneration): the goldens give it answers to check
         request.getfixturevalue("golden_obs")
     return _judged(request, lambda s: degeneration_verdict(profile.answers, collected.seen, suspects=s))
+
+
+def check_long_context(request, client, profile, collected) -> Verdict:
+    try:
+        obs = observe_needles(client, profile)
+    except PromptUnavailable as exc:
+        return Verdict("answers/long-context", Status.SKIP, f"no pass-key prompt of an exact length can be built "
+                       f"here ({exc}) -> SKIP")
+    request.getfixturevalue("kvgate_long_context")["cells"] = [o.record() for o in obs]  # for the compare gate
+    return long_context_verdict(profile.answers.long_context, obs, profile.engine.max_model_len)

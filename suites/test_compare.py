@@ -4,18 +4,21 @@ the same tokens (``/tokenize`` and the servers' prompt counts), judged before th
 cause of those that drift with them; its temperature-0 answers to the golden set part from the
 baseline's only at near ties; its TTFT / ITL / e2e percentiles are
 not slower beyond ``compare.max_regression`` (interleaved pairs, a live baseline only); every
-features case that passed on the baseline passes on it. Every run of this gate writes its own
+features case that passed on the baseline passes on it; every depth at which the baseline retrieved
+a pass key hidden in a long prompt is retrieved by it. Every run of this gate writes its own
 golden answers to golden.json, so its reports can be a later run's baseline."""
 
 import pytest
 
+from kvgate.answers.needle import observe as observe_needles
 from kvgate.compare.baseline import (LiveBaseline, RecordedBaseline, answer_both, features_statuses, render_prompts,
                                     sized_text)
 from kvgate.compare.golden import GOLDEN_FILE, golden_set, long_prompt_tokens, write_golden
 from kvgate.compare.latency import Pairs, take_pairs, timed
 from kvgate.gates.compare import (contract_verdict, features_verdict, latency_decisions, latency_verdict,
-                                  no_baseline_verdict, outputs_verdict, rendering_changes, rendering_verdict)
+                                  long_context_verdict, no_baseline_verdict, outputs_verdict, rendering_changes, rendering_verdict)
 from kvgate.gates.features import cases as feature_cases
+from kvgate.http.prompts import PromptUnavailable
 from kvgate.run.session import current
 from kvgate.stats.confidence import plan_looks, sample_until_decided
 
@@ -28,7 +31,7 @@ class Golden:
     def __init__(self, run, prompts, new, base, logprobs, new_r, base_r):
         self.run, self.prompts, self.new, self.base, self.logprobs = run, prompts, new, base, logprobs
         self.new_r, self.base_r = new_r, base_r
-        self.features, self.contract = {}, {}
+        self.features, self.contract, self.long_context = {}, {}, []
 
     def save(self):
         rec = self.run.record
@@ -36,7 +39,7 @@ class Golden:
                             endpoint=rec.endpoint, server_version=rec.server_version,
                             model=self.run.profile.model.served_name, prompts=self.prompts, answers=self.new,
                             features=self.features, logprobs=self.logprobs, redact=self.run.redactor.text,
-                            contract=self.contract, renderings=self.new_r)
+                            contract=self.contract, renderings=self.new_r, long_context=self.long_context)
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +180,32 @@ def test_no_contract_regression(case, pytestconfig, golden, kvgate_baseline, kvg
                            ).passed
         return
     assert kvgate_gate(contract_verdict(base.golden.contract, golden.contract, base.label)).passed
+
+
+@pytest.mark.compare
+@pytest.mark.gate("compare", cases=["long-context"])
+def test_every_depth_read_on_the_baseline_is_read(case, request, golden, kvgate_baseline, kvgate_profile,
+                                                  kvgate_long_context, kvgate_gate):
+    base, base_client, why = kvgate_baseline
+    spec = kvgate_profile.answers.long_context if kvgate_profile.answers else None
+    if golden is None or spec is None:
+        why = why if golden is None else "the profile declares no pass-key retrieval (answers.long_context)"
+        assert kvgate_gate(no_baseline_verdict(case, why)).passed
+        return
+    try:  # the answers gate's own measurement when it ran in this run, else measured now
+        cells = kvgate_long_context.get("cells")
+        if cells is None:
+            cells = [o.record() for o in observe_needles(request.getfixturevalue("kvgate_client"), kvgate_profile)]
+        golden.long_context = cells
+        golden.save()
+        if base is None:
+            got = sum(v for c in cells for v in c["retrieved"].values())
+            assert kvgate_gate(no_baseline_verdict(case, f"{why}; this run's {len(cells)} pass-key prompts ({got} answers "
+                                                   f"retrieved their key) are in {GOLDEN_FILE}")).passed
+            return
+        base_cells = base.golden.long_context if isinstance(base, RecordedBaseline) else \
+            [o.record() for o in observe_needles(base_client, kvgate_profile)]
+    except PromptUnavailable as exc:
+        assert kvgate_gate(no_baseline_verdict(case, f"no pass-key prompt of an exact length can be built ({exc})")).passed
+        return
+    assert kvgate_gate(long_context_verdict(base_cells, golden.long_context, base.label)).passed

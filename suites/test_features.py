@@ -1,5 +1,7 @@
 """Gate: serve features. What the engine flags turn on must actually work, streamed and not:
-tool calls parse to the offered functions with schema-valid arguments and no markup left; every
+tool calls parse to the offered functions with schema-valid arguments and no markup left; an agent
+loop calling the same tool three times gets a new id every turn, one id scheme streamed and not,
+and its echoed ids accepted; every
 structured-output grammar of the battery ends valid, short and on time, and the engine still
 generates after it; a reasoning parser splits reasoning from content with thinking on and off;
 every LoRA adapter answers as itself with output of its own, more of them than slots included;
@@ -8,15 +10,15 @@ profile does not turn on is one SKIP saying which flag is unset."""
 
 import pytest
 
-from kvgate.gates.features import (cases, grammar, halted_verdict, lora_listed_verdict, lora_verdict, observe,
+from kvgate.gates.features import (cases, feature_of, grammar, halted_verdict, lora_listed_verdict, lora_verdict, observe,
                                    over_max_loras_verdict, prefix_verdict, reasoning_verdict, skip_verdict,
-                                   structured_verdict, tools_verdict)
+                                   structured_verdict, tool_ids_verdict, tools_verdict)
 from kvgate.http.features import Halt
 
 
 def of(feature):
     """The cases of one feature, from the profile (``cases`` in the gate marker takes a callable)."""
-    return lambda profile: [c for c in cases(profile) if c.split("/", 1)[0] == feature]
+    return lambda profile: [c for c in cases(profile) if feature_of(c) == feature]
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +48,12 @@ def feature_on(case, kvgate_profile, kvgate_gate):
 
 @pytest.mark.features
 @pytest.mark.gate("features", cases=of("tools"), not_applicable=feature_not_on)
-def test_tool_calls_parse_to_valid_arguments(case, feature_on, observed, kvgate_profile, kvgate_gate):
-    verdict = verdict_of(case, observed[case], lambda pair: tools_verdict(case, kvgate_profile, *pair))
+def test_tool_calls_parse_to_valid_arguments_and_ids_stay_unique(case, feature_on, observed, kvgate_profile,
+                                                                kvgate_gate):
+    if case == "tool-ids":  # the agent loop: a new id every turn, one scheme streamed and not, echoes accepted
+        verdict = verdict_of(case, observed[case], lambda loops: tool_ids_verdict(kvgate_profile, *loops))
+    else:
+        verdict = verdict_of(case, observed[case], lambda pair: tools_verdict(case, kvgate_profile, *pair))
     assert kvgate_gate(verdict).passed
 
 

@@ -25,7 +25,7 @@ pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-answers.yaml"
 SUITE = ["suites/test_answers.py"]
 CASES = ["temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-         "determinism", "isolation", "degeneration"]
+         "determinism", "isolation", "long-context", "degeneration"]
 SPEC = load_profile(str(PROFILE)).answers
 MEMORY = {g.name: g.messages for g in SPEC.memory}
 
@@ -67,9 +67,13 @@ ANSWERS = {
 }
 
 
+#: The needle the fake retrieves (the profile's default needle: "The pass key is {key}. ...").
+NEEDLE = r"pass key is (\d+)"
+
+
 @pytest.fixture
 def answering_fake():
-    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS))) as f:
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS), needle=NEEDLE)) as f:
         yield f
 
 
@@ -158,6 +162,12 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert msg["isolation"].startswith("4 goldens answered alone, then 8 times in 2 rounds of 8 beside ")
     assert msg["isolation"].endswith("every answer equal to its alone-answer -> PASS")
     assert gates["isolation"]["evidence"]["allowed_from"] == "/tokenize of ' zebra'"
+    assert msg["long-context"] == ("pass key retrieved in 12 of 12 answers (6 prompts of 128 and 230 tokens, 50% and "
+                                   "90% of max_model_len 256, at depths 10/50/90%, completions, streamed and not): "
+                                   "every depth retrieved, 100% >= min_retrieved 50% -> PASS")
+    cells = gates["long-context"]["evidence"]["cells"]
+    assert [(c["tokens"], c["depth"]) for c in cells][:2] == [(128, 0.1), (230, 0.1)]  # by the key's position
+    assert cells[0]["answers"] == {"non-streamed": f" {cells[0]['key']}.", "streamed": f" {cells[0]['key']}."}
     assert not any(g.get("cause") for g in gates.values())  # a PASS carries no cause
     golden = gates["golden"]["evidence"]["goldens"]
     assert golden["capital-france"]["margin"] == 3.0  # the fake's alternatives sit 3 nats below
@@ -248,6 +258,13 @@ FAULT_CASES = {
                       "EngineCore encountered an issue (injected bad_words_500 fault)",
                       "-> FAIL (a request the server does not take must be refused 4xx)"],
     },
+    "compress_prompt": {  # keeps the first 5% and the last 30% of a long prompt's words: depths 10% and 50% dropped
+        "long-context": ["pass key retrieved in 4 of 12 answers", "not retrieved: depth 10% at no length, streamed or "
+                         "not (128 tokens, key at token 35: ' unknown.'; 230 tokens, key at token 45: ' unknown.'); "
+                         "depth 50% at no length, streamed or not (128 tokens, key at token 67: ' unknown.'; 230 "
+                         "tokens, key at token 118: ' unknown.')", "answers.long_context: every depth retrieved at "
+                         "one length at least -> FAIL"],
+    },
     "sampling_dropped": {
         "temperature-zero": ["multi-turn/capital-germany asked twice alone at temperature 0 (max_tokens 24): different "
                              "text, first difference at token 7: ' 12)' vs ' 13)' ('Berlin is the capital of Germany. "
@@ -271,6 +288,8 @@ FAULT_CAUSES = {
                      "each alone the victims changed again, beside plain requests they did not",
     "stale_allowlist": "the per-request sampling state of allowed_token_ids, logit_bias reaches other requests: beside "
                        "each alone the victims changed again, beside plain requests they did not",
+    "compress_prompt": "the prompt was shortened before the model: the server counted 45 prompt tokens of the 128-token "
+                       "prompt sent (128 tokens at depth 10%, non-streamed)",
     "double_bos_ids": "a second BOS on the ids path: the server puts the tokenizer's BOS (id 1 ('<s>')) in front of a "
                       "prompt that already begins with the template's",
 }
@@ -309,12 +328,17 @@ def test_answers_fault_fails_exactly_its_cases(pytester, answering_fake, fault):
 
 
 def test_without_tokenize_the_rendering_cases_skip_saying_so(pytester, answering_fake):
-    """A server without /tokenize (KServe's huggingface runtime): the system message's arrival and the
-    input paths cannot be measured -- each SKIPs naming what answered -- and the rest still PASS."""
+    """A server without /tokenize (KServe's huggingface runtime): the system message's arrival, the
+    input paths and the pass-key prompts' exact lengths cannot be measured -- each SKIPs naming what
+    answered -- and the rest still PASS."""
     answering_fake.config.faults.add("no_tokenize")
     result, summary, gates = run(pytester, answering_fake.url)
     assert {c: g["status"] for c, g in gates.items() if g["status"] != "PASS"} == {"system-message": "SKIP",
-                                                                                 "input-paths": "SKIP"}
+                                                                                 "input-paths": "SKIP",
+                                                                                 "long-context": "SKIP"}
+    assert gates["long-context"]["message"].startswith("no pass-key prompt of an exact length can be built here (")
+    assert gates["long-context"]["message"].endswith("and the profile sets no model.tokenizer: a pass-key prompt of an "
+                                                     "exact length cannot be built) -> SKIP")
     assert gates["system-message"]["message"] == ("the server renders no conversation for kvgate to count (/tokenize "
                                                   "answered 404: {\"detail\":\"Not Found\"}): the system message's "
                                                   "arrival cannot be measured without /tokenize -> SKIP")

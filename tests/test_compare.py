@@ -296,7 +296,8 @@ def test_same_fake_on_both_sides_passes_and_writes_its_golden_answers(pytester, 
     new, base = fakes
     result, summary, gates = run_compare(pytester, new.url, f"--baseline={base.url}")
     assert {k: g["status"] for k, g in gates.items()} == {"rendering": "PASS", "outputs": "PASS", "latency": "PASS",
-                                                          "features": "SKIP", "contract": "SKIP"}, \
+                                                          "features": "SKIP", "contract": "SKIP",
+                                                          "long-context": "SKIP"}, \
         [g["message"] for g in gates.values()]
     assert gates["rendering"]["message"].startswith(f"6 golden prompts render alike here and on the baseline {base.url}")
     assert "not re-run against the baseline" in gates["contract"]["message"]
@@ -426,11 +427,53 @@ def test_the_answers_gates_measured_sampling_cause_reaches_compares_drift(pytest
     assert gates["compare/outputs"]["status"] == "FAIL" and gates["compare/outputs"]["cause"] == sampling
 
 
+def test_a_recording_of_pass_key_retrieval_fails_a_compressor_that_drops_depths_and_passes_the_same_server(pytester):
+    """Record mode records each pass-key prompt's retrieval (golden.json long_context); against that
+    recording the same healthy server PASSes, and one behind a middle-dropping prompt compressor FAILs
+    naming the depths (10%, 50%) retrieved on the baseline and at no length now."""
+    from .test_answers_vs_fake import ANSWERS, NEEDLE, PROFILE as ANSWERS_PROFILE
+
+    def run(url, *extra, reports):
+        out = pytester.path / reports
+        result = pytester.runpytest_inprocess(
+            "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+            f"--profile={ANSWERS_PROFILE}", f"--endpoint={url}", f"--kvgate-reports={out}", str(SUITE), *extra)
+        summary = read_summary(out)
+        assert_passes_measured(summary)  # a PASS rests on evidence or a measured value
+        return result, {g["id"].removeprefix("fake-answers/compare/"): g for g in summary["gates"]}
+
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS), needle=NEEDLE)) as f:
+        result, gates = run(f.url, "--gate-mode=record", "-m", "compare", reports="rec")
+        assert gates["long-context"]["status"] == "SKIP" and "this run's 6 pass-key prompts (12 answers retrieved " \
+            "their key) are in golden.json" in gates["long-context"]["message"]
+        rec = pytester.path / "rec"
+        cells = json.loads((rec / "golden.json").read_text())["long_context"]
+        assert [(c["tokens"], c["depth"], c["key_at"]) for c in cells] == [  # asked by the key's position
+            (128, 0.1, 35), (230, 0.1, 45), (128, 0.5, 67), (128, 0.9, 99), (230, 0.5, 118), (230, 0.9, 191)]
+        assert all(c["retrieved"] == {"non-streamed": True, "streamed": True} for c in cells)
+        result, gates = run(f.url, f"--baseline-reports={rec}", "-k", "long-context", reports="same")
+        lc = gates["long-context"]
+        assert lc["status"] == "PASS" and result.ret == 0, lc["message"]
+        assert lc["message"].startswith("6 pass-key prompts in common with the recorded baseline")
+        assert "12 answers retrieved their key there, 12 of them here; every depth the baseline retrieved is " \
+            "retrieved here -> PASS" in lc["message"]
+        f.config.faults.add("compress_prompt")
+        result, gates = run(f.url, f"--baseline-reports={rec}", "-k", "long-context", reports="compressed")
+    lc = gates["long-context"]
+    assert lc["status"] == "FAIL" and result.ret == 1, lc["message"]
+    assert "12 answers retrieved their key there, 4 of them here; retrieved on the baseline, at no length here: " \
+        "depth 10% non-streamed (128 tokens at depth 10%: baseline " in lc["message"]
+    assert "depth 10% streamed" in lc["message"] and "depth 50% non-streamed" in lc["message"]
+    assert ", now ' unknown.'" in lc["message"] and lc["message"].endswith("-> FAIL (a depth the baseline read is not "
+                                                                           "read now)")
+    assert lc["measured"] == {"value": 4, "unit": "depths"}  # 10% and 50%, each both ways
+
+
 def test_without_a_baseline_compare_skips_and_sends_nothing(pytester, fakes):
     new, _ = fakes
     result, summary, gates = run_compare(pytester, new.url, "-m", "compare")
     assert {k: g["status"] for k, g in gates.items()} == dict.fromkeys(["rendering", "outputs", "latency", "features",
-                                                                       "contract"], "SKIP")
+                                                                       "contract", "long-context"], "SKIP")
     assert "no baseline: give --baseline URL" in gates["outputs"]["message"]
     assert not [r for r in new.state.requests if r.kind in ("completions", "chat")]
     assert not (pytester.path / "reports" / "golden.json").exists()
@@ -444,7 +487,8 @@ def test_without_a_baseline_compare_starts_no_server(pytester):
         "--profile", "tiny-cpu", "--startup-budget=1", "-m", "compare", str(SUITE))  # a launch would fail in 1 s
     summary = read_summary(out)
     assert result.ret == 0 and summary["outcome"] == "SKIP" and summary["launch"] == {}, summary["launch"]
-    assert [g["status"] for g in summary["gates"]] == ["SKIP"] * 5  # rendering, outputs, latency, features, contract
+    assert [g["status"] for g in summary["gates"]] == ["SKIP"] * 6  # rendering, outputs, latency, features, contract,
+    # long-context
     assert "no server started" in result.stdout.str() and not summary["endpoint_contacted"]
 
 
@@ -517,9 +561,9 @@ def test_a_feature_lost_on_the_new_revision_fails_naming_it(pytester):
         gates = {g["id"].removeprefix("fake-features/compare/"): g for g in read_summary(out)["gates"]}
     feat = gates["features"]
     assert feat["status"] == "FAIL", feat["message"]
-    assert feat["message"].startswith("4 of 17 features cases that PASSed on the baseline ") and \
-        "do not on the new revision: tools/auto (FAIL), tools/named/get_time (FAIL), tools/named/get_weather (FAIL), " \
-        "tools/required (FAIL) -> FAIL" in feat["message"]
+    assert feat["message"].startswith("5 of 18 features cases that PASSed on the baseline ") and \
+        "do not on the new revision: tool-ids (FAIL), tools/auto (FAIL), tools/named/get_time (FAIL), " \
+        "tools/named/get_weather (FAIL), tools/required (FAIL) -> FAIL" in feat["message"]
     outputs = gates["outputs"]
     assert outputs["status"] == "PASS" and "tools/auto" in outputs["evidence"]["prompts"], outputs["message"]
     assert "structured/regex" in outputs["evidence"]["prompts"] and "reasoning/thinking-on" in outputs["evidence"]["prompts"]
@@ -558,7 +602,7 @@ def test_the_compare_gate_runs_when_asked(pytester, args, selected):
         "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p", "no:cacheprovider", f"--kvgate-reports={out}",
         f"--profile={PROFILE}", "--endpoint=http://127.0.0.1:9/v1", "--collect-only", "-q", str(SUITE), *args)
     text = result.stdout.str()
-    assert ("5 tests collected" in text or "5/5 tests collected" in text) is selected, text[-600:]
+    assert ("6 tests collected" in text or "6/6 tests collected" in text) is selected, text[-600:]
 
 
 def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypatch, fakes):
@@ -586,3 +630,32 @@ def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypat
     o = gates["kserve-fake/compare/outputs"]
     assert o["status"] == "PASS" and result.ret == 0, o["message"]
     assert f"vs the baseline {new.base_url}/openai/v1 (--isvc models/llama: KServe serverless-prev " in o["message"]
+
+
+def test_long_context_compare_fails_a_depth_lost_names_a_lone_cell_and_skips_without_a_recording():
+    from kvgate.gates.compare import long_context_verdict
+
+    def cell(tokens, depth, ok=True, key="11111"):
+        return {"cell": f"{tokens} tokens at depth {depth:.0%}", "tokens": tokens, "depth": depth, "key": key,
+                "retrieved": {"non-streamed": ok, "streamed": ok},
+                "answers": {"non-streamed": f" {key}." if ok else " no.", "streamed": f" {key}." if ok else " no."}}
+
+    base = [cell(n, d) for n in (512, 921) for d in (0.1, 0.5)]
+    v = long_context_verdict(base, [cell(n, d) for n in (512, 921) for d in (0.1, 0.5)], "rec R")
+    assert v.status is Status.PASS and v.message == ("4 pass-key prompts in common with the rec R: 8 answers retrieved "
+                                                     "their key there, 8 of them here; every depth the baseline retrieved "
+                                                     "is retrieved here -> PASS")
+    lone = [cell(512, 0.1), cell(921, 0.1, ok=False), cell(512, 0.5), cell(921, 0.5)]
+    v = long_context_verdict(base, lone, "rec R")
+    assert v.status is Status.PASS and "changed: 921 tokens at depth 10% non-streamed, 921 tokens at depth 10% " \
+        "streamed lost -> PASS" in v.message
+    lost = [cell(512, 0.1, ok=False), cell(921, 0.1, ok=False), cell(512, 0.5), cell(921, 0.5)]
+    v = long_context_verdict(base, lost, "rec R")
+    assert v.status is Status.FAIL and v.measured == 2 and "8 answers retrieved their key there, 4 of them here; " \
+        "retrieved on the baseline, at no length here: depth 10% non-streamed (512 tokens at depth 10%: baseline " \
+        "' 11111.', now ' no.'; 921 tokens at depth 10%: baseline ' 11111.', now ' no.')" in v.message
+    # a depth the baseline never read cannot be lost
+    assert long_context_verdict([cell(512, 0.1, ok=False)], [cell(512, 0.1, ok=False)], "r").status is Status.PASS
+    assert long_context_verdict([], lost, "r").status is Status.SKIP
+    v = long_context_verdict(base, [cell(512, 0.1, key="22222")], "r")
+    assert v.status is Status.SKIP and "no pass-key prompt in common" in v.message

@@ -162,7 +162,7 @@ def test_compare_md_counts_the_cases_the_compare_suite_has():
              for c in re.findall(r'"([^"]+)"', group)]
     text = (REPO / "docs" / "compare.md").read_text()
     counts = re.findall(r"its (\w+) cases", text)
-    assert cases == ["rendering", "outputs", "latency", "features", "contract"] and len(counts) == 2, (cases, counts)
+    assert cases == ["rendering", "outputs", "latency", "features", "contract", "long-context"] and len(counts) == 2, (cases, counts)
     assert {NUMBER_WORDS.get(w) for w in counts} == {len(cases)}, counts
     proves = text.split("## What it proves", 1)[1].split("\n## ", 1)[0]
     assert [c for c in cases if f"**{c}**" not in proves] == [], proves

@@ -25,8 +25,9 @@ PREFILL_S_PER_TOKEN = 0.060 / 1024
 COLD_PREFILL_S = 1028 * PREFILL_S_PER_TOKEN
 
 TOOLS = ["tools/auto", "tools/required", "tools/named/get_weather", "tools/named/get_time"]
+TOOL_LOOP = [*TOOLS, "tool-ids"]  # the tools cases and the agent loop (which cannot go on without a call)
 JSON_SCHEMA = ["structured/enum-const", "structured/nested", "structured/array", "structured/recursive"]
-CASES = [*TOOLS, *JSON_SCHEMA, "structured/json-object", "structured/regex", "structured/choice",
+CASES = [*TOOL_LOOP, *JSON_SCHEMA, "structured/json-object", "structured/regex", "structured/choice",
          "reasoning/thinking-on", "reasoning/thinking-off", "lora/a1", "lora/a2", "lora/over-max-loras",
          "prefix-caching"]
 
@@ -57,11 +58,17 @@ def test_healthy_fake_passes_every_features_case(pytester, features_fake):
     assert {c: g["status"] for c, g in gates.items()} == dict.fromkeys(CASES, "PASS"), \
         [g["message"] for g in gates.values() if g["status"] != "PASS"]
     assert summary["overall"] == "PASS" and result.ret == pytest.ExitCode.OK
-    result.assert_outcomes(passed=17)
+    result.assert_outcomes(passed=18)
     msg = {c: g["message"] for c, g in gates.items()}
     assert msg["tools/auto"].startswith('tool_choice auto: get_weather({"city":"Oslo","unit":"c"}), finish '
                                         "tool_calls, valid against the schema, streamed alike")
     assert "get_time({}), finish stop" in msg["tools/named/get_time"]
+    assert msg["tool-ids"].startswith("tool loop calling get_weather, 3 turns each way: 6 ids, each unique in its loop "
+                                      "(e.g. 'chatcmpl-tool-")
+    assert msg["tool-ids"].endswith("one scheme streamed and not ('chatcmpl-tool-<id>'), the echoed ids accepted (turns "
+                                    "2-3 200) -> PASS")
+    loop = gates["tool-ids"]["evidence"]
+    assert len(set(loop["ids"]["non-streamed"] + loop["ids"]["streamed"])) == 6
     assert msg["structured/nested"].startswith("json_schema nested: '{\"name\":\"kv\",\"address\":{\"zip\":1234,"
                                                "\"city\":\"Oslo\"}}' valid, finish stop, 14 tokens, 0% whitespace")
     assert "canary after it 200 -> PASS" in msg["structured/regex"]
@@ -79,8 +86,11 @@ def test_healthy_fake_passes_every_features_case(pytester, features_fake):
 
 # fault -> (the cases that must FAIL, a fragment of each of their messages)
 FAULT_CASES = {
-    "tools_stream_as_text": (TOOLS, "left as text in content"),
-    "tools_empty_calls": (TOOLS, "finish_reason tool_calls with an empty tool_calls list"),
+    "tools_stream_as_text": (TOOL_LOOP, "left as text in content"),
+    "tools_empty_calls": (TOOL_LOOP, "finish_reason tool_calls with an empty tool_calls list"),
+    # one id per call, '<function>:0', on every turn: the agent loop's second turn repeats its first's
+    "tool_ids_repeat": (["tool-ids"], "non-streamed: id 'get_weather:0' on turn 1 and again on turn 2 (every id "
+                                      "must be unique) -> FAIL"),
     # get_time too: its arguments `false` are not the `{}` a parameterless function takes (a client's
     # fn(**json.loads(arguments)) raises), and the gate checks "an object" before "parameterless"
     "tools_args_not_object": (TOOLS, "arguments are the JSON bool false, not an object"),

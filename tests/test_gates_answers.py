@@ -758,3 +758,92 @@ def test_ask_folds_the_answer_and_sends_the_profiles_chat_template_kwargs():
     assert "chat_template_kwargs" not in client.bodies[-1] and "logprobs" not in client.bodies[-1]
     ask(StubClient(), "chat", body)
     assert body.get("chat_template_kwargs") is None  # the caller's body is not changed
+
+
+# ------------------------------------------------------------------ long context (pass-key retrieval)
+from kvgate.answers.needle import NeedleObservation, NeedlePrompt, build, compose, keys, retrieved, targets  # noqa: E402
+from kvgate.gates.answers import long_context_verdict  # noqa: E402
+from kvgate.profile.models import LongContextSpec  # noqa: E402
+
+
+def test_needle_prompts_are_exact_with_the_key_at_its_depth_and_keys_distinct_from_the_seed():
+    spec = LongContextSpec()
+    assert targets(spec, 1024) == [(0.5, 512), (0.9, 921)]
+    assert targets(spec, 100) == [(0.5, 50), (0.9, 90)]  # at most max_model_len - max_tokens - 1
+    ks = keys(spec, 6)
+    assert len(set(ks)) == 6 and all(len(k) == 5 and k[0] != "0" for k in ks)
+    assert keys(spec, 6) == ks and keys(LongContextSpec(seed=1), 6) != ks  # the seed decides the prompts
+
+    def count(text):  # a word tokenizer with a BOS, as the fake's /tokenize counts
+        return len(text.split()) + 1
+
+    p, words = build(count, spec, 0.5, 300, 0.5, "12345", "completions")
+    assert p.tokens == 300 == count(p.text) and p.cell == "300 tokens at depth 50%" and words > 200
+    assert p.text.startswith(spec.intro) and p.text.endswith("\nWhat is the pass key? The pass key is")
+    filler_words = p.text.count(" ") - count(spec.intro + " " + spec.needle + " " + spec.question) + 3
+    assert abs(p.key_at - (count(spec.intro) + filler_words // 2)) <= 2  # the needle half way through the filler
+    text, before = compose(spec, "a b c d", 0.0, "777")
+    assert before == spec.intro and text == f"{spec.intro} The pass key is 777. Remember it. 777 is the pass key. a b c d" \
+        f"\n{spec.question}"
+    assert retrieved("12345", " 12345.") and retrieved("12345", "The key is 12345") and not retrieved("12345", "123456")
+    assert not retrieved("12345", " 1234 5")
+
+
+def _needle(tokens, depth, plain, streamed=None, served=None, key="12345"):
+    p = NeedlePrompt("...", tokens, "completions", 0.5, depth, key, key_at=int(tokens * depth))
+
+    def asked(text, stream):
+        if text is None:
+            return Asked("completions", stream, error="HTTP 500: boom", status=500)
+        return Asked("completions", stream, text=text, status=200, prompt_tokens=served or tokens)
+
+    return NeedleObservation(p, asked(plain, False), asked(plain if streamed is None else streamed, True))
+
+
+def _grid(miss=(), served=None, streamed_miss=()):
+    out = []
+    for n in (512, 921):
+        for d in (0.1, 0.5, 0.9):
+            plain = " unknown." if (n, d) in miss else " 12345."
+            streamed = " unknown." if (n, d) in miss or (n, d) in streamed_miss else " 12345."
+            out.append(_needle(n, d, plain, streamed, served))
+    return out
+
+
+def test_long_context_passes_with_a_scattered_miss_named_and_fails_a_depth_lost_at_every_length():
+    spec = LongContextSpec()
+    v = long_context_verdict(spec, _grid(), 1024)
+    assert v.status is Status.PASS and v.measured == 1.0 and v.limit == 0.5 and v.cause is None
+    assert v.message == ("pass key retrieved in 12 of 12 answers (6 prompts of 512 and 921 tokens, 50% and 90% of "
+                         "max_model_len 1024, at depths 10/50/90%, completions, streamed and not): every depth "
+                         "retrieved, 100% >= min_retrieved 50% -> PASS")
+    # one cell missed (what SmolLM2 does about once in 12): named, not failed -- its depth holds at the other length
+    v = long_context_verdict(spec, _grid(miss={(921, 0.1)}), 1024)
+    assert v.status is Status.PASS and "10 of 12" in v.message
+    assert v.message.endswith("not retrieved: 921 tokens at depth 10% (non-streamed, streamed: ' unknown.') -> PASS")
+    # the same depth missed at both lengths: a region the model does not read
+    v = long_context_verdict(spec, _grid(miss={(512, 0.1), (921, 0.1)}), 1024)
+    assert v.status is Status.FAIL and v.cause is None, v.message
+    assert ("not retrieved: depth 10% at no length, streamed or not (512 tokens, key at token 51: ' unknown.'; 921 "
+            "tokens, key at token 92: ' unknown.')") in v.message
+    # only the streamed path loses it: named as the streamed path's
+    v = long_context_verdict(spec, _grid(streamed_miss={(512, 0.5), (921, 0.5)}), 1024)
+    assert v.status is Status.FAIL and "depth 50% at no length, streamed (512 tokens" in v.message
+    # the server counted fewer prompt tokens than were sent: the measured cause
+    v = long_context_verdict(spec, _grid(miss={(512, 0.1), (921, 0.1)}, served=300), 1024)
+    assert v.cause == ("the prompt was shortened before the model: the server counted 300 prompt tokens of the "
+                       "512-token prompt sent (512 tokens at depth 10%, non-streamed)")
+
+
+def test_long_context_fails_below_min_retrieved_a_missing_answer_and_is_invalid_without_prompts():
+    spec = LongContextSpec(min_retrieved=0.75)
+    # every depth read at one length, but only 6 of 12 answers: below 75%
+    v = long_context_verdict(spec, _grid(miss={(921, 0.1), (921, 0.5), (921, 0.9)}), 1024)
+    assert v.status is Status.FAIL and v.measured == 0.5 and v.limit == 0.75
+    assert "6 of 12 answers" in v.message and "50% < answers.long_context.min_retrieved 75%" in v.message
+    obs = _grid()
+    obs[2] = _needle(512, 0.9, None)
+    v = long_context_verdict(spec, obs, 1024)
+    assert v.status is Status.FAIL and v.message.startswith("2 pass-key answers missing (limit 0): 512 tokens at "
+                                                            "depth 90% (non-streamed): HTTP 500: boom")
+    assert long_context_verdict(spec, [], 1024).status is Status.INVALID

@@ -556,10 +556,10 @@ def test_a_profile_without_features_is_five_skips_naming_the_flag():
 
 
 def test_the_features_profile_runs_every_case():
-    assert cases(FEAT) == ["tools/auto", "tools/required", "tools/named/get_weather", "tools/named/get_time",
+    assert cases(FEAT) == ["tools/auto", "tools/required", "tools/named/get_weather", "tools/named/get_time", "tool-ids",
                            *[f"structured/{g.name}" for g in BATTERY], "reasoning/thinking-on",
                            "reasoning/thinking-off", "lora/kvgate-lora-a", "lora/kvgate-lora-b", "lora/over-max-loras", "prefix-caching"]
-    assert len(cases(FEAT)) == 17 and all(skip_verdict(c, FEAT) is None for c in cases(FEAT))
+    assert len(cases(FEAT)) == 18 and all(skip_verdict(c, FEAT) is None for c in cases(FEAT))
 
 
 def test_case_preconditions_skip_with_their_reason():
@@ -665,3 +665,60 @@ def test_prefix_counters_that_disagree_with_cached_tokens_fail():
     obs.tries[-3] = dataclasses.replace(obs.tries[-3], cached_tokens=128)  # the long prefix's cold try
     v = prefix_verdict(FEAT, obs, True)
     assert "never sent before (a random one) already reports cached_tokens 128" in v.message
+
+
+# ---- tool-call ids across an agent loop ------------------------------------------------------------
+
+from kvgate.gates.features import follow_up, id_scheme, tool_ids_body, tool_ids_verdict  # noqa: E402
+
+
+def test_id_scheme_generalises_random_and_counted_parts():
+    assert id_scheme("chatcmpl-tool-9f86d081884c7d659a2feaa0") == "chatcmpl-tool-<id>"
+    assert id_scheme("call_AbCdEfGhIjKlMnOp") == "call_<id>"
+    assert id_scheme("list_dir:0") == "list_dir:<n>" == id_scheme("list_dir:12")
+    assert id_scheme("functions.list_dir:3") == "functions.list_dir:<n>"
+    assert id_scheme("chatcmpl-tool-9f86d081884c7d659a2feaa0") != id_scheme("call_9f86d081884c7d659a2feaa0")
+
+
+def _turns(ids, stream=False, status=200):
+    out = []
+    for i, id_ in enumerate(ids):
+        if stream:
+            d = call_deltas("get_weather", '{"city":"Oslo","unit":"c"}')
+            d[0]["tool_calls"][0]["id"] = id_
+            out.append(stream_ex(d, "stop"))
+        else:
+            out.append(chat_ex(calls_msg(call("get_weather", '{"city":"Oslo","unit":"c"}', id_)), "stop",
+                               status=status if i else 200))
+    return out
+
+
+def test_tool_ids_pass_when_every_id_is_new_and_one_scheme_and_fail_naming_the_repeat():
+    fresh = [f"chatcmpl-tool-{n:024x}" for n in range(1, 7)]
+    v = tool_ids_verdict(FEAT, _turns(fresh[:3]), _turns(fresh[3:], stream=True))
+    assert v.status == "PASS" and v.measured == 6, v.message
+    assert v.message.endswith("one scheme streamed and not ('chatcmpl-tool-<id>'), the echoed ids accepted (turns 2-3 "
+                              "200) -> PASS")
+    v = tool_ids_verdict(FEAT, _turns(["list_dir:0", "list_dir:0", "list_dir:1"]), _turns(fresh[3:], stream=True))
+    assert v.status == "FAIL" and "non-streamed: id 'list_dir:0' on turn 1 and again on turn 2 (every id must be " \
+        "unique) -> FAIL" in v.message
+    # the streamed and non-streamed ids of different schemes
+    v = tool_ids_verdict(FEAT, _turns(fresh[:3]), _turns(["call_1", "call_2", "call_3"], stream=True))
+    assert v.status == "FAIL" and "the non-streamed ids look like 'chatcmpl-tool-<id>'" in v.message
+    assert "the streamed ones like 'call_<n>' ('call_1')" in v.message
+
+
+def test_tool_ids_fail_when_the_echoed_ids_are_refused_or_the_loop_stops():
+    refused = _turns(["chatcmpl-tool-a1b2c3d4e5f6a7b8c9d0e1f2"]) + [
+        error_ex(400, "tool_call_id 'chatcmpl-tool-a1b2c3d4e5f6a7b8c9d0e1f2' is not a valid id")]
+    v = tool_ids_verdict(FEAT, refused, _turns(["x-1", "x-2", "x-3"], stream=True))
+    assert v.status == "FAIL" and "non-streamed turn 2 echoing 'chatcmpl-tool-a1b2c3d4e5f6a7b8c9d0e1f2' answered " \
+        "400" in v.message and "(the echoed ids were refused) -> FAIL" in v.message
+    v = tool_ids_verdict(FEAT, _turns(["chatcmpl-tool-a1b2c3d4e5f6a7b8c9d0e1f2"]), _turns(["x"], stream=True))
+    assert v.status == "FAIL" and "the loop stopped after turn 1 of 3" in v.message
+    # an agent's next messages: the assistant turn with the calls as given, one tool result per call echoing its id
+    nxt = follow_up(chat_ex(calls_msg(call("get_weather", '{"city":"Oslo"}', "id-9"))), 1)
+    assert nxt[0] == {"role": "assistant", "content": None, "tool_calls": [call("get_weather", '{"city":"Oslo"}', "id-9")]}
+    assert nxt[1]["role"] == "tool" and nxt[1]["tool_call_id"] == "id-9"
+    assert follow_up(chat_ex({"role": "assistant", "content": "no call"}), 1) is None
+    assert tool_ids_body(FEAT)["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}

@@ -15,7 +15,7 @@ from .test_embedded import main_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 PROFILE = "tiny-cpu-features"
-CASES = ["tools/auto", "tools/required", "tools/named/get_weather", "tools/named/get_time",
+CASES = ["tools/auto", "tools/required", "tools/named/get_weather", "tools/named/get_time", "tool-ids",
          "structured/enum-const", "structured/nested", "structured/array", "structured/recursive",
          "structured/json-object", "structured/regex", "structured/choice",
          "reasoning/thinking-on", "reasoning/thinking-off",

@@ -59,7 +59,7 @@ def test_real_model_answers_right_on_the_embedded_default(real_runs):
     assert proc.returncode == 0 and summary["overall"] == "PASS", proc.stdout[-4000:]
     assert summary["launch"]["mode"] == "embedded"
     for case in ("temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-                 "determinism", "isolation", "degeneration"):
+                 "determinism", "isolation", "long-context", "degeneration"):
         assert gates[f"smollm2-cpu/answers/{case}"]["status"] == "PASS", gates[f"smollm2-cpu/answers/{case}"]["message"]
     # vLLM 0.32 serves every polluter (allowed_token_ids, logit_bias, bad_words, min_tokens, json_schema, n, seed,
     # penalties) beside the goldens, none refused, and leaves the goldens' answers as they were alone

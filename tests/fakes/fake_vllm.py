@@ -48,6 +48,11 @@ the others only answering mode. A non-streamed completion with ``echo`` returns 
 with logprobs, its tokens in front of the answer's (``token_id:N`` with ``return_tokens_as_token_ids``),
 as vLLM does: the server's own reading of the prompt.
 
+Pass-key retrieval (the answers gate's long-context case): with ``FakeConfig.needle`` (a regex whose
+group is the key) a prompt asking ``needle_question`` is answered with the key the "model" finds in the
+prompt as it got it (``" 12345."``; ``" unknown."`` when none is there), whatever the other answer
+faults; ``compress_prompt`` drops a long prompt's middle before that.
+
 Serve features (the features gate), healthy by default, each with faults: a chat request with
 ``tools`` answers one call (named -> that function, required -> the first, auto -> the first with
 parameters) whose arguments are a minimal valid instance of the function's schema, streamed as
@@ -204,6 +209,8 @@ FAULTS: dict[str, str] = {
     # the features gate: tool calling, structured output, reasoning, LoRA, prefix caching
     "tools_stream_as_text": "streamed tool-call answers carry the call as raw '<tool_call>...</tool_call>' text in "
     "content with finish stop and no tool_calls (the parser did not run); non-streamed stays right",
+    "tool_ids_repeat": "tool-call ids are '<function>:<index in the answer>', so the same tool called on turn 1 and turn "
+    "2 of a conversation gets 'list_dir:0' both times (vllm#50295), streamed and not",
     "tools_empty_calls": "non-streamed tool-call answers say finish_reason tool_calls with an empty tool_calls list",
     "tools_args_not_object": "tool-call arguments are the JSON text false, for every function (vLLM 0.32 leaves a "
     "non-strict tool's arguments unconstrained)",
@@ -276,6 +283,9 @@ FAULTS: dict[str, str] = {
     "template_drops_roles": "the chat template renders the contents alone, '<s> content content ...', no role marker "
     "and no generation prompt, on the chat route and in /tokenize and /apply-template alike (a --chat-template that "
     "drops roles): the model answers the run-together text",
+    "compress_prompt": "a prompt compressor in front (a gateway's middle-out transform): a completions prompt or a chat "
+    "request's last user turn longer than compress_over words keeps its first compress_head and last compress_tail "
+    "of words and drops the middle; the server counts (and the model reads) what was kept",
     "gateway_drops_system": "a gateway in front drops every system turn of a chat request (/v1/chat/completions only: "
     "/tokenize still renders them), so usage.prompt_tokens is the rendering without it",
     "sampling_dropped": "a gateway in front drops temperature and seed: every generation samples at the server's "
@@ -474,6 +484,13 @@ class FakeConfig:
     shutdown_timeout_s: float = 30.0  # like --shutdown-timeout: after sigterm(), in-flight work left then is aborted
     # answering mode (the answers gate): prompt key -> the answer text the "model" gives (see the module docstring)
     answers: dict[str, str] = field(default_factory=dict)
+    # pass-key retrieval (the answers gate's long-context case): a prompt holding needle_question is answered with
+    # the first capture of the needle regex found in the prompt the "model" got (" 12345."), else " unknown."
+    needle: str | None = None  # e.g. r"pass key is (\d+)"; None: no retrieval
+    needle_question: str = "What is the pass key?"
+    compress_over: int = 100  # compress_prompt: prompts of more words than this are compressed
+    compress_head: float = 0.05  # compress_prompt: the fraction of words kept from the beginning
+    compress_tail: float = 0.3  # compress_prompt: the fraction of words kept from the end
     batch_window_s: float = 0.1  # nondeterministic_concurrency: a batch forms until this long passes with no admission
     batch_invariant_max: int = 4  # nondeterministic_concurrency: answers change with more requests running than this
     contaminate_window_s: float = 0.05  # contaminating: each generation waits this before its first token (a polluter 2x)
@@ -839,6 +856,41 @@ def _answer_keys(words: list[str]) -> list[str]:
         users = [" ".join(ws) for role, ws in turns if role == "user"]
         return ["\n".join(said)] + users[-1:]
     return [" ".join(words[1:] if words and words[0] == BOS else words)]
+
+
+def _retrieved(cfg: "FakeConfig", prompt_text: str) -> str | None:
+    """Pass-key retrieval: None when ``prompt_text`` does not ask ``cfg.needle_question``; else
+    ``" KEY."`` with the first capture of ``cfg.needle`` in it, or ``" unknown."`` when the prompt
+    (as the model got it) holds no key."""
+    if not cfg.needle or " ".join(cfg.needle_question.split()) not in " ".join(prompt_text.split()):
+        return None
+    m = re.search(cfg.needle, prompt_text)
+    return f" {m.group(1)}." if m else " unknown."
+
+
+def _compress(text: str, cfg: "FakeConfig") -> str:
+    """compress_prompt: ``text`` with its middle words dropped (first ``compress_head`` and last
+    ``compress_tail`` of them kept) when it has more than ``compress_over`` words."""
+    words = text.split(" ")
+    if len(words) <= cfg.compress_over:
+        return text
+    head, tail = int(len(words) * cfg.compress_head), int(len(words) * cfg.compress_tail)
+    return " ".join(words[:head] + words[len(words) - tail:])
+
+
+def _compressed(body: dict[str, Any], cfg: "FakeConfig") -> dict[str, Any]:
+    """The request as the compress_prompt gateway forwards it: a text prompt, or the last user turn's
+    text, compressed (:func:`_compress`)."""
+    if isinstance(body.get("prompt"), str):
+        return {**body, "prompt": _compress(body["prompt"], cfg)}
+    msgs = body.get("messages")
+    if isinstance(msgs, list):
+        last = max((i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"), default=None)
+        if last is not None and isinstance(msgs[last].get("content"), str):
+            msgs = list(msgs)
+            msgs[last] = {**msgs[last], "content": _compress(msgs[last]["content"], cfg)}
+            return {**body, "messages": msgs}
+    return body
 
 
 def _garbage(text: str, key: str) -> str:
@@ -1952,6 +2004,8 @@ class FakeVLLM:
             body = await self._json(request)
         except _BadRequest as e:
             return self._reject(e)
+        if "compress_prompt" in self.config.faults:
+            body = _compressed(body, self.config)
         if kind == "chat" and "gateway_drops_system" in self.config.faults and isinstance(body.get("messages"), list):
             body["messages"] = [m for m in body["messages"] if not (isinstance(m, dict) and m.get("role") == "system")]
         if kind == "chat" and (urls := _media_urls(body)):
@@ -2217,6 +2271,10 @@ class FakeVLLM:
         batch_tokens = None
         answer = self._answer_of(key_words) if feature is None and adapter is None and not ignore_eos \
             and not min_tokens else None
+        if answer is None and cfg.needle and feature is None and adapter is None and not ignore_eos:
+            found = _retrieved(cfg, " ".join(key_words))  # pass-key retrieval: from the prompt as the model got it
+            if found is not None:
+                tokens, finish = _answer_tokens(*_answer_pieces(found, "", frozenset(), limit), logprobs or 0)
         if answer is not None:  # answering mode: the answer's tokens, then EOS (whatever the temperature)
             key, text = answer
             if "sampling_dropped" in faults:
@@ -2325,7 +2383,7 @@ class FakeVLLM:
         if stream and "tools_stream_as_text" in faults:
             raw = json.dumps({"name": name, "arguments": json.loads(args)})
             return _content_deltas(f"<tool_call>\n{raw}\n</tool_call>"), "stop"
-        call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
+        call_id = f"{name}:0" if "tool_ids_repeat" in faults else f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
         head = {"tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": {"name": name}}]}
         parts = [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in _pieces(args)]
         return [head] + parts, "stop" if named else "tool_calls"

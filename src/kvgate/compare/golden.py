@@ -273,11 +273,13 @@ def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None,
                  model: str, prompts: list[GoldenPrompt], answers: dict[str, Answer],
                  features: dict[str, str] | None = None, logprobs: bool = True,
                  redact: Any = None, contract: dict[str, str] | None = None,
-                 renderings: dict[str, Rendering] | None = None) -> Path:
+                 renderings: dict[str, Rendering] | None = None, long_context: list[dict[str, Any]] | None = None) -> Path:
     """Write the golden file: the run it comes from, each prompt (route, body) with its answer and
     its ``rendering`` (``/tokenize`` of it; absent when not measured), the features cases' statuses
     (case -> PASS/FAIL/..., for "features lost"), the request and api cases' statuses
-    (``contract``: gate/case -> status, for the contract diff). ``redact``: a ``str -> str``
+    (``contract``: gate/case -> status, for the contract diff), the pass-key retrieval
+    (``long_context``: each prompt's :meth:`kvgate.answers.needle.NeedleObservation.record`, for the
+    long-context diff). ``redact``: a ``str -> str``
     applied to the whole text (the run's redactor: no key in a report). Returns ``path``."""
     renderings = renderings or {}
     doc = {"kvgate_golden": GOLDEN_VERSION, "run_id": run_id, "profile": profile, "endpoint": endpoint,
@@ -286,7 +288,7 @@ def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None,
                         "answer": answers[p.name].to_dict() if p.name in answers else None,
                         **({"rendering": renderings[p.name].to_dict()} if p.name in renderings else {})}
                        for p in prompts],
-           "features": features or {}, "contract": contract or {}}
+           "features": features or {}, "contract": contract or {}, "long_context": long_context or []}
     text = json.dumps(doc, indent=1, ensure_ascii=False)
     path.write_text(redact(text) if redact is not None else text, encoding="utf-8")
     return path
@@ -313,6 +315,9 @@ class Golden:
     #: Each prompt's ``/tokenize`` rendering on the recorded server (a prompt absent: not recorded --
     #: a file from before kvgate recorded them).
     renderings: dict[str, Rendering] = field(default_factory=dict)
+    #: The pass-key retrieval recorded (one dict per prompt: tokens, depth, key, retrieved per path;
+    #: empty in a file recorded before kvgate recorded it, or for a profile without answers.long_context).
+    long_context: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_golden(path: Path) -> Golden:
@@ -347,4 +352,5 @@ def read_golden(path: Path) -> Golden:
         prompts.append(gp)
     return Golden(doc.get("run_id"), doc.get("profile"), doc.get("endpoint"), doc.get("server_version"), prompts,
                   answers, {str(k): str(v) for k, v in (doc.get("features") or {}).items()}, str(path),
-                  doc.get("model"), {str(k): str(v) for k, v in (doc.get("contract") or {}).items()}, renderings)
+                  doc.get("model"), {str(k): str(v) for k, v in (doc.get("contract") or {}).items()}, renderings,
+                  [c for c in doc.get("long_context") or [] if isinstance(c, dict)])

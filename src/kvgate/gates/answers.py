@@ -10,7 +10,7 @@ that change with the batch (vllm#51187).
 
 Cases (ids ``PROFILE/answers/CASE``): ``temperature-zero``, ``system-message``, ``golden``,
 ``accuracy``, ``degeneration``, ``multibyte``, ``input-paths``, ``multi-turn``, ``determinism``,
-``isolation`` (a golden's answer beside other clients' sampling parameters).
+``isolation`` (a golden's answer beside other clients' sampling parameters), ``long-context``.
 Observations in (:mod:`kvgate.answers`, :mod:`kvgate.http.rendering`), a
 :class:`~kvgate.verdict.Verdict` out; no I/O. Each FAIL quotes the prompt and what came back.
 
@@ -37,12 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from kvgate.answers.checks import char_diff, clip, expectation_match, margin, multibyte_findings
 from kvgate.answers.isolation import Flight, IsolationObservation, changed, culprits, parted
+from kvgate.answers.needle import PATHS, NeedleObservation
 from kvgate.answers.observe import Asked
 from kvgate.answers.task import difference_interval, interval
 from kvgate.compare.golden import Difference, compare_answers
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.rendering import Rendering, first_difference
-from kvgate.profile.models import AnswersSpec, GoldenSpec, Profile
+from kvgate.profile.models import AnswersSpec, GoldenSpec, LongContextSpec, Profile
 from kvgate.verdict import Status, Verdict
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ GATE = "answers"
 #: In run order: the two that measure causes first, degeneration last, over every answer the others
 #: collected.
 CASES = ("temperature-zero", "system-message", "golden", "accuracy", "multibyte", "input-paths", "multi-turn",
-         "determinism", "isolation", "degeneration")
+         "determinism", "isolation", "long-context", "degeneration")
 
 
 def not_declared(case: str, profile: Profile) -> Verdict | None:
@@ -72,6 +73,8 @@ def not_declared(case: str, profile: Profile) -> Verdict | None:
                        "with messages) -> SKIP")
     if case == "multi-turn" and not a.memory:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no multi-turn conversations (answers.memory) -> SKIP")
+    if case == "long-context" and a.long_context is None:
+        return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no pass-key retrieval (answers.long_context) -> SKIP")
     if case == "accuracy" and a.accuracy is None:
         return Verdict(f"{GATE}/{case}", SKIP, "the profile declares no accuracy task (answers.accuracy) -> SKIP")
     return None
@@ -868,3 +871,76 @@ def system_message_verdict(obs: RenderingObservation) -> Verdict:
                    "-> INCONCLUSIVE", measured=s, limit=w.count, unit="tokens", evidence=ev,
                    cause="the evidence cannot tell: the server's count matches neither rendering, so whether the "
                          "system turn arrived is unknown (answers/input-paths compares the input paths)")
+
+
+# ------------------------------------------------------------------------------------------------
+# long context: the prompt is read, not only accepted
+
+
+def _lengths(obs: list[NeedleObservation]) -> str:
+    """``512 and 921 tokens``."""
+    ns = sorted({o.prompt.tokens for o in obs})
+    return (", ".join(map(str, ns[:-1])) + " and " if len(ns) > 1 else "") + f"{ns[-1]} tokens"
+
+
+def long_context_verdict(spec: LongContextSpec, obs: list[NeedleObservation], max_model_len: int) -> Verdict:
+    """The long-context case: each pass-key prompt (:mod:`kvgate.answers.needle`) asked
+    non-streamed and streamed. FAIL: an answer missing; on a path, a depth whose key no length
+    retrieved (the region of the prompt there does not reach the model; single misses of a healthy
+    model are scattered, a dropped region misses at every length); fewer than ``min_retrieved`` of
+    all answers holding their key. Otherwise PASS, naming every cell not retrieved. The cause, when
+    measured: the server's ``usage.prompt_tokens`` below the prompt's verified length (the prompt
+    was shortened before the model). INVALID: no prompt was asked."""
+    gate = f"{GATE}/long-context"
+    rows = [o.record() for o in obs]
+    ev: dict[str, Any] = {"cells": rows, "max_model_len": max_model_len, "depths": spec.depths,
+                          "lengths": spec.lengths, "route": spec.route, "min_retrieved": spec.min_retrieved,
+                          "rule": "FAIL when a depth is retrieved at no length on a path, or fewer than min_retrieved "
+                                  "of all answers hold their key"}
+    if not obs:
+        return Verdict(gate, Status.INVALID, "no pass-key prompt was asked -> INVALID", evidence=ev)
+    errors = [f"{o.prompt.cell} ({path}): {a.error}" for o in obs for path, a in o.answers().items() if not a.ok]
+    if errors:
+        return Verdict(gate, Status.FAIL, f"{len(errors)} pass-key answers missing (limit 0): {'; '.join(errors[:2])} "
+                       "-> FAIL", measured=len(errors), limit=0, unit="answers", evidence=ev)
+    depths = sorted({o.prompt.depth for o in obs})
+    total = len(obs) * len(PATHS)
+    got = sum(o.got(path) for o in obs for path in PATHS)
+    frac = got / total
+    shortened = [f"the server counted {a.prompt_tokens} prompt tokens of the {o.prompt.tokens}-token prompt sent "
+                 f"({o.prompt.cell}, {path})" for o in obs for path, a in o.answers().items()
+                 if a.prompt_tokens is not None and a.prompt_tokens < o.prompt.tokens]
+    cause = f"the prompt was shortened before the model: {shortened[0]}" if shortened else None
+    ev["shortened"] = shortened
+
+    def said(o: NeedleObservation, path: str) -> str:
+        return f"{o.prompt.tokens} tokens, key at token {o.prompt.key_at}: {clip(o.answers()[path].text, 30)!r}"
+
+    lost: list[str] = []
+    for d in depths:
+        at = [o for o in obs if o.prompt.depth == d]
+        gone = [path for path in PATHS if not any(o.got(path) for o in at)]
+        if gone:
+            way = "streamed or not" if len(gone) == len(PATHS) else gone[0]
+            lost.append(f"depth {d:.0%} at no length, {way} ({'; '.join(said(o, gone[0]) for o in at)})")
+    misses = [f"{o.prompt.cell} ({', '.join(p for p in PATHS if not o.got(p))}: "
+              f"{clip(o.answers()[next(p for p in PATHS if not o.got(p))].text, 30)!r})"
+              for o in obs if not all(o.got(p) for p in PATHS)]
+    ev["not_retrieved"] = misses
+    ev["lost_depths"] = lost
+    head = (f"pass key retrieved in {got} of {total} answers ({len(obs)} prompts of {_lengths(obs)}, "
+            f"{' and '.join(f'{f:.0%}' for f in spec.lengths)} of max_model_len {max_model_len}, at depths "
+            f"{'/'.join(f'{d:.0%}'.rstrip('%') for d in depths)}%, {spec.route}, streamed and not)")
+    if lost:
+        return Verdict(gate, Status.FAIL, f"{head}; not retrieved: {'; '.join(lost)}; answers.long_context: every "
+                       "depth retrieved at one length at least -> FAIL (a depth no length retrieves is a region of the "
+                       "prompt the model does not read)", measured=round(frac, 4), limit=spec.min_retrieved,
+                       unit="fraction", evidence=ev, cause=cause)
+    if frac < spec.min_retrieved:
+        return Verdict(gate, Status.FAIL, f"{head}: {frac:.0%} < answers.long_context.min_retrieved "
+                       f"{spec.min_retrieved:.0%}; not retrieved: {'; '.join(misses[:4])} -> FAIL",
+                       measured=round(frac, 4), limit=spec.min_retrieved, unit="fraction", evidence=ev, cause=cause)
+    tail = f"; not retrieved: {'; '.join(misses[:4])}" if misses else ""
+    return Verdict(gate, Status.PASS, f"{head}: every depth retrieved, {frac:.0%} >= min_retrieved "
+                   f"{spec.min_retrieved:.0%}{tail} -> PASS", measured=round(frac, 4), limit=spec.min_retrieved,
+                   unit="fraction", evidence=ev)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvgate.answers.needle import PATHS
 from kvgate.compare.golden import Answer, Difference, GoldenPrompt, compare_answers
 from kvgate.compare.latency import METRICS, Pairs, summary
 from kvgate.gates.common import FAIL, PASS, SKIP
@@ -28,7 +29,7 @@ from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, Judgement, j
 from kvgate.verdict import Status, Verdict
 
 GATE = "compare"
-CASES = ("rendering", "outputs", "latency", "features", "contract")
+CASES = ("rendering", "outputs", "latency", "features", "contract", "long-context")
 CLIP = 80
 
 
@@ -326,3 +327,55 @@ def contract_verdict(base: dict[str, str], new: dict[str, str], label: str) -> V
     if not had:
         return Verdict(gate, SKIP, f"no case that PASSed on the {label} ran here{tail} -> SKIP", evidence=ev)
     return _kept(gate, "request and api cases", had, new, label, ev, tail)
+
+def _cell_key(c: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return (c.get("tokens"), c.get("depth"), c.get("key"))
+
+
+def long_context_verdict(base: list[dict[str, Any]], new: list[dict[str, Any]], label: str) -> Verdict:
+    """The long-context case: the pass-key prompts (:mod:`kvgate.answers.needle`; the same seed
+    asks the same prompts) on the baseline and here, matched by length, depth and key. FAIL when a
+    depth retrieved on the baseline (at some length, on a path) is retrieved at no length here: the
+    new revision stopped reading that region of the prompt (an fp8 KV cache, a compressor, a
+    window). A single prompt that lost its key where the depth still holds elsewhere is named as a
+    change, not failed (a key's digits can sit at a near tie on a small model). SKIP when the
+    baseline recorded none, or no prompt is in common (another max_model_len or seed)."""
+    gate = f"{GATE}/long-context"
+    b, n = {_cell_key(c): c for c in base}, {_cell_key(c): c for c in new}
+    common = [k for k in b if k in n]
+    ev: dict[str, Any] = {"baseline": label, "baseline_cells": base, "new_cells": new, "in_common": len(common)}
+    if not base:
+        return Verdict(gate, SKIP, f"the {label} recorded no pass-key retrieval (answers.long_context unset there, or "
+                       "a recording from before kvgate recorded it) -> SKIP", evidence=ev)
+    if not common:
+        return Verdict(gate, SKIP, f"no pass-key prompt in common with the {label} (other lengths, depths or keys: "
+                       "engine.max_model_len or answers.long_context changed) -> SKIP", evidence=ev)
+
+    def got(c: dict[str, Any], path: str) -> bool:
+        return bool((c.get("retrieved") or {}).get(path))
+
+    def said(c: dict[str, Any], path: str) -> str:
+        return _clip(str((c.get("answers") or {}).get(path, "")))
+
+    lost = [(k, p) for k in common for p in PATHS if got(b[k], p) and not got(n[k], p)]
+    gained = [(k, p) for k in common for p in PATHS if got(n[k], p) and not got(b[k], p)]
+    lost_depths = []
+    for d in sorted({k[1] for k in common}):
+        at = [k for k in common if k[1] == d]
+        for p in PATHS:
+            if any(got(b[k], p) for k in at) and not any(got(n[k], p) for k in at):
+                shown = "; ".join(f"{b[k].get('cell')}: baseline {said(b[k], p)!r}, now {said(n[k], p)!r}" for k in at)
+                lost_depths.append(f"depth {d:.0%} {p} ({shown})")
+    ev.update(lost=[f"{b[k].get('cell')} {p}" for k, p in lost], gained=[f"{n[k].get('cell')} {p}" for k, p in gained],
+              lost_depths=lost_depths)
+    kept = sum(got(b[k], p) for k in common for p in PATHS)
+    head = (f"{len(common)} pass-key prompts in common with the {label}: {kept} answers retrieved their key there, "
+            f"{kept - len(lost)} of them here")
+    tail = (f"; changed: {', '.join(ev['lost'][:4])} lost" if lost else "") + \
+           (f"; {', '.join(ev['gained'][:4])} gained" if gained else "")
+    if lost_depths:
+        return Verdict(gate, FAIL, f"{head}; retrieved on the baseline, at no length here: {'; '.join(lost_depths[:3])}"
+                       f" -> FAIL (a depth the baseline read is not read now)", measured=len(lost_depths), limit=0,
+                       unit="depths", evidence=ev)
+    return Verdict(gate, PASS, f"{head}; every depth the baseline retrieved is retrieved here{tail} -> PASS",
+                   measured=0, limit=0, unit="depths", evidence=ev)

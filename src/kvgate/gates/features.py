@@ -106,7 +106,7 @@ def auto_expect(profile: Profile) -> str:
 def cases(profile: Profile) -> list[str]:
     """The gate's case names for ``profile``, in order: one ``FEATURE`` case per feature it does
     not turn on (a SKIP saying why), else that feature's cases -- ``tools/auto``,
-    ``tools/required``, ``tools/named/<fn>``; ``structured/<battery case>``;
+    ``tools/required``, ``tools/named/<fn>``, ``tool-ids``; ``structured/<battery case>``;
     ``reasoning/thinking-on|off``; ``lora/<adapter>`` + ``lora/over-max-loras`` (``lora/listed``
     without declared adapters); ``prefix-caching``."""
     skips = feature_skips(profile)
@@ -116,6 +116,7 @@ def cases(profile: Profile) -> list[str]:
             out.append(feat)
         elif feat == "tools":
             out += ["tools/auto", "tools/required"] + [f"tools/named/{f['name']}" for f in functions(profile)]
+            out.append("tool-ids")
         elif feat == "structured":
             out += [f"structured/{g.name}" for g in battery(profile.features)]
         elif feat == "reasoning":
@@ -128,10 +129,15 @@ def cases(profile: Profile) -> list[str]:
     return out
 
 
+def feature_of(case: str) -> str:
+    """The feature a case belongs to: ``tools/auto`` -> ``tools``; ``tool-ids`` -> ``tools``."""
+    return "tools" if case == "tool-ids" else case.split("/", 1)[0]
+
+
 def skip_verdict(case: str, profile: Profile) -> Verdict | None:
     """The SKIP verdict of a case whose feature (or the case's own precondition) the profile
     does not turn on; None when the case runs."""
-    feat = case.split("/", 1)[0]
+    feat = feature_of(case)
     reason = feature_skips(profile).get(feat)
     if reason is not None:
         return Verdict(f"{GATE}/{case}", SKIP, f"{feat}: {reason} -> SKIP")
@@ -177,6 +183,8 @@ class ChatFields:
     call_format: str | None = None
     completion_tokens: int | None = None
     problem: str | None = None
+    #: Each call's ``id`` (None: it carried none), in the order of ``calls``.
+    ids: list[str | None] = field(default_factory=list)
 
 
 def _tokens(usage: Any, default: int | None) -> int | None:
@@ -245,6 +253,7 @@ def chat_fields(ex: Exchange) -> ChatFields:
                         slot[1] += text(fn.get("arguments"), "a streamed tool call's arguments")
                 out.finish = ch.get("finish_reason") or out.finish
         out.calls = [(n, a) for _, (n, a) in sorted(calls.items())]
+        out.ids = [shape.get(i, {}).get("id") for i in sorted(calls)]
         for index, seen in sorted(shape.items()):
             if not seen.get("id"):
                 out.call_format = out.call_format or f"streamed tool call {index} never carried an id"
@@ -282,6 +291,7 @@ def chat_fields(ex: Exchange) -> ChatFields:
             out.call_format = out.call_format or f"a tool call of type {tc.get('type')!r}, not 'function'"
         out.calls.append((text(fn.get("name"), "a tool call's name"),
                           args if isinstance(args, str) else json.dumps(args)))
+        out.ids.append(tc.get("id") if isinstance(tc.get("id"), str) else None)
     out.finish = choices[0].get("finish_reason")
     out.completion_tokens = _tokens(body.get("usage"), None)
     return out
@@ -464,6 +474,107 @@ def tools_verdict(case: str, profile: Profile, plain: Exchange, streamed: Exchan
     return Verdict(gate, PASS, f"tool_choice {choice}: {_show_calls(parsed[False])}, finish "
                    f"{got[False].finish}, valid against the schema, streamed alike -> PASS",
                    measured=len(parsed[False]), limit=">= 1 valid call", unit="calls", evidence=ev)
+
+
+# ------------------------------------------------------------------------------------------------
+# tool-call ids across an agent loop
+
+#: Turns of the tool-ids loop (each calls the same tool, echoing the earlier calls' ids).
+TOOL_TURNS = 3
+
+
+def tool_ids_body(profile: Profile) -> dict[str, Any]:
+    """The first request of the tool-ids loop: every function offered, ``tool_choice`` naming
+    :func:`auto_expect`'s function (so every turn calls the same tool)."""
+    return tool_body(profile, f"tools/named/{auto_expect(profile)}")
+
+
+def follow_up(ex: Exchange, turn: int) -> list[dict[str, Any]] | None:
+    """The messages an agent sends after turn ``turn``'s answer: the assistant turn with its calls
+    (ids, names, arguments as the server gave them) and one ``tool`` result per call, echoing its
+    id; None when the answer holds no call with an id (nothing to echo: the loop stops there)."""
+    if ex.reply.status != 200:
+        return None
+    got = chat_fields(ex)
+    if got.problem or not got.calls or any(i is None for i in got.ids):
+        return None
+    calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in zip(got.ids, got.calls)]
+    return [{"role": "assistant", "content": got.content or None, "tool_calls": calls}] + \
+        [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"turn": turn, "result": "ok"})} for c in calls]
+
+
+def id_scheme(call_id: str) -> str:
+    """The shape of a tool-call id, its random or counted parts generalised: alphanumeric runs of 12
+    or more characters (or 8 or more with a digit) become ``<id>``, shorter runs of digits ``<n>``:
+    ``chatcmpl-tool-9f86d0818...`` -> ``chatcmpl-tool-<id>``, ``list_dir:0`` -> ``list_dir:<n>``."""
+    def one(m: re.Match[str]) -> str:
+        run = m.group(0)
+        if len(run) >= 12 or (len(run) >= 8 and any(ch.isdigit() for ch in run)):
+            return "<id>"
+        return "<n>" if run.isdigit() else run
+    return re.sub(r"[A-Za-z0-9]+", one, call_id)
+
+
+def tool_ids_verdict(profile: Profile, plain: list[Exchange], streamed: list[Exchange]) -> Verdict:
+    """The tool-ids case: an agent loop of :data:`TOOL_TURNS` turns calling the same tool
+    (:func:`tool_ids_body`), run non-streamed and streamed, each turn echoing the earlier ids.
+    FAIL: a turn not answered 200 (from turn 2: the echoed ids refused), a turn without a call or
+    a call without an id, an id that repeats within a loop (agent loops key results by id:
+    vllm#50295 answered ``list_dir:0`` on turn 1 and turn 2), or the two ways giving ids of
+    different schemes (:func:`id_scheme`). PASS names the ids and their scheme."""
+    gate = f"{GATE}/tool-ids"
+    fn = auto_expect(profile)
+    fns = {f["name"]: f for f in functions(profile)}
+    ev: dict[str, Any] = {f"{'streamed' if s else 'non-streamed'} turn {i + 1}": ex.evidence()
+                          for s, loop in ((False, plain), (True, streamed)) for i, ex in enumerate(loop)}
+    limit = f"{TOOL_TURNS} turns each way, every id unique, one id scheme, echoed ids accepted"
+    ids: dict[str, list[str]] = {}
+    for way, loop in (("non-streamed", plain), ("streamed", streamed)):
+        seen: dict[str, int] = {}
+        ids[way] = []
+        for i, ex in enumerate(loop, 1):
+            r = ex.reply
+            echoed = f" echoing {', '.join(repr(x) for x in ids[way])}" if i > 1 else ""
+            if r.status != 200:
+                what = f"turn {i}{echoed} answered {r.status or 'nothing'}: {clip(getattr(r, 'text', '') or '', CLIP)!r}"
+                problem = f"{way} {what}" + (" (the echoed ids were refused)" if i > 1 and 400 <= r.status < 500 else "")
+                return Verdict(gate, FAIL, f"tool loop calling {fn}: {problem} -> FAIL", measured=problem, limit=limit,
+                               evidence=ev)
+            got = chat_fields(ex)
+            if got.problem or not got.calls or any(x is None for x in got.ids):
+                if got.problem or not got.calls:  # what a tools case names: markup left, an empty list, no call
+                    _, problem = _calls_problem(f"tools/named/{fn}", f"{way} turn {i}{echoed}", got, fns, None)
+                else:
+                    problem = f"{way} turn {i}{echoed}: a tool call without an id (nothing to echo)"
+                return Verdict(gate, FAIL, f"tool loop calling {fn}: {problem} -> FAIL", measured=problem, limit=limit,
+                               evidence=ev)
+            for x in got.ids:
+                assert x is not None
+                if x in seen:
+                    problem = f"{way}: id {x!r} on turn {seen[x]} and again on turn {i} (every id must be unique)"
+                    return Verdict(gate, FAIL, f"tool loop calling {fn}: {problem} -> FAIL", measured=problem,
+                                   limit=limit, evidence={**ev, "ids": ids})
+                seen[x] = i
+                ids[way].append(x)
+        if len(loop) < TOOL_TURNS:  # follow_up stopped the loop early: the reason is the last turn's
+            problem = f"{way}: the loop stopped after turn {len(loop)} of {TOOL_TURNS}"
+            return Verdict(gate, FAIL, f"tool loop calling {fn}: {problem} -> FAIL", measured=problem, limit=limit,
+                           evidence=ev)
+    ev["ids"] = ids
+    schemes = {way: sorted({id_scheme(x) for x in xs}) for way, xs in ids.items()}
+    ev["schemes"] = schemes
+    if schemes["non-streamed"] != schemes["streamed"]:
+        problem = (f"the non-streamed ids look like {', '.join(map(repr, schemes['non-streamed']))} "
+                   f"({ids['non-streamed'][0]!r}), the streamed ones like {', '.join(map(repr, schemes['streamed']))} "
+                   f"({ids['streamed'][0]!r})")
+        return Verdict(gate, FAIL, f"tool loop calling {fn}: {problem} -> FAIL", measured=problem, limit=limit,
+                       evidence=ev)
+    n = sum(len(xs) for xs in ids.values())
+    return Verdict(gate, PASS, f"tool loop calling {fn}, {TOOL_TURNS} turns each way: {n} ids, each unique in its loop "
+                   f"(e.g. {ids['non-streamed'][0]!r}, {ids['non-streamed'][-1]!r}), one scheme streamed and not "
+                   f"({', '.join(map(repr, schemes['streamed']))}), the echoed ids accepted (turns 2-{TOOL_TURNS} 200) -> PASS",
+                   measured=n, limit=limit, unit="ids", evidence=ev)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -916,7 +1027,7 @@ def observe(client: Any, profile: Profile) -> dict[str, Any]:
     :class:`~kvgate.http.features.Halt` naming where the engine stopped. ``client``: a
     :class:`~kvgate.http.client.KvClient`. The only function of this module that sends requests."""
     from kvgate.http.client import EndpointUnreachable
-    from kvgate.http.features import both_ways, observe_lora, observe_prefix, stalled, with_canary
+    from kvgate.http.features import both_ways, observe_lora, observe_prefix, stalled, tool_loop, with_canary
 
     run = [c for c in cases(profile) if skip_verdict(c, profile) is None]
     t = profile.features.deadline_s
@@ -924,6 +1035,9 @@ def observe(client: Any, profile: Profile) -> dict[str, Any]:
     for c in run:
         if c.startswith("tools/"):
             jobs[c] = lambda c=c: both_ways(client, tool_body(profile, c), t)
+        elif c == "tool-ids":
+            jobs[c] = lambda: tuple(tool_loop(client, tool_ids_body(profile), TOOL_TURNS, t, stream, follow_up)
+                                    for stream in (False, True))
         elif c.startswith("structured/"):
             jobs[c] = lambda c=c: with_canary(client, structured_body(profile, grammar(c.split("/", 1)[1])), profile)
         elif c.startswith("reasoning/"):
@@ -958,6 +1072,8 @@ def decide(case: str, profile: Profile, observed: dict[str, Any]) -> Verdict:
     if isinstance(obs, Halt):
         return halted_verdict(case, obs)
     feat, _, name = case.partition("/")
+    if case == "tool-ids":
+        return tool_ids_verdict(profile, *obs)
     if feat == "tools":
         return tools_verdict(case, profile, *obs)
     if feat == "structured":

@@ -117,6 +117,24 @@ def stalled(observation: Any) -> str | None:
     return None
 
 
+def tool_loop(client: KvClient, body: dict[str, Any], turns: int, timeout_s: float, stream: bool,
+              follow: Callable[[Exchange, int], list[dict[str, Any]] | None]) -> list[Exchange]:
+    """An agent loop of ``turns`` chat requests, streamed or not, one after the other, each bounded
+    by ``timeout_s`` seconds: ``body``, then ``body`` with its messages extended by ``follow(the
+    last exchange, its turn number from 1)`` -- the assistant turn with its calls and a tool result
+    per call, echoing the server's ids. Stops early when ``follow`` returns None (nothing to echo)."""
+    out: list[Exchange] = []
+    messages = list(body["messages"])
+    for turn in range(1, turns + 1):
+        sent = {**body, "messages": messages}
+        out.append(stream_within(client, sent, timeout_s) if stream else send(client, "chat", sent, timeout_s=timeout_s))
+        more = follow(out[-1], turn) if turn < turns else None
+        if more is None:
+            break
+        messages = messages + more
+    return out
+
+
 def stream_within(client: KvClient, body: dict[str, Any], deadline_s: float) -> Exchange:
     """The chat request streamed, hung up once it has run ``deadline_s`` seconds (httpx's timeout
     is per read: a stream that trickles a token a second would otherwise run as long as it

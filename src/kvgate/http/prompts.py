@@ -12,7 +12,7 @@ exactly the target, then returns the text with its verified count. A target that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 from kvgate.http.client import KvClient, Reply
 from kvgate.http.text import describe_answer
@@ -133,9 +133,9 @@ def local_counter(tokenizer_path: str, api: Api) -> CountFn:
     return count
 
 
-def filler(n: int) -> str:
-    """``n`` filler words, deterministic."""
-    return " ".join(FILLER_WORDS[i % len(FILLER_WORDS)] for i in range(n))
+def filler(n: int, words: Sequence[str] = FILLER_WORDS) -> str:
+    """``n`` filler words (``words`` cycled), deterministic."""
+    return " ".join(words[i % len(words)] for i in range(n))
 
 
 def server_counter(client: KvClient, model: str, api: Api) -> CountFn:
@@ -158,7 +158,7 @@ def server_counter(client: KvClient, model: str, api: Api) -> CountFn:
 
 
 def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_calls: int = 64,
-                 prefix: str = "", hint: int | None = None) -> ExactPrompt:
+                 prefix: str = "", hint: int | None = None, words: Sequence[str] = FILLER_WORDS) -> ExactPrompt:
     """Text whose ``count`` is exactly ``target`` tokens, starting with ``prefix``.
 
     Binary search on the number of filler words for the longest text with ``count <= target``,
@@ -168,7 +168,7 @@ def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_call
     bracket from (the :attr:`ExactPrompt.filler_words` of a prompt of this length with another
     prefix): steps of 1, 2, 4, ... from it instead of from ``target`` -- the same boundary (the
     longest filler that fits), found in ~4 calls instead of ~12 (384 tokens); the result is
-    verified by ``count`` either way.
+    verified by ``count`` either way. ``words``: the filler's words (cycled).
     """
     calls = 0
     seen: dict[int, int] = {}
@@ -185,7 +185,7 @@ def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_call
 
     def fits(n: int) -> bool:  # the prompt with n filler words is at most target tokens (counted once)
         if n not in seen:
-            seen[n] = c(prefix + filler(n))
+            seen[n] = c(prefix + filler(n, words))
         return seen[n] <= target
 
     base = c(prefix)
@@ -214,7 +214,7 @@ def exact_prompt(count: CountFn, target: int, api: Api = "completions", max_call
             lo = mid
         else:
             hi = mid
-    text = prefix + filler(lo)
+    text = prefix + filler(lo, words)
     n = seen[lo] if lo in seen else c(text)
     for _ in range(target):
         if n == target:

@@ -972,6 +972,37 @@ class IsolationSpec(_Strict):
     near_tie_logprob: float = Field(default=0.1, ge=0, description="[nats] a victim that parts from its alone-answer within this is a near tie, named, not a change")
 
 
+class LongContextSpec(_Strict):
+    """Pass-key retrieval (the answers gate's ``long-context`` case): a key of ``key_digits`` digits
+    hidden in filler text at each of ``depths`` in prompts of each of ``lengths`` x ``max_model_len``
+    tokens (exact, counted by the server's ``/tokenize``), asked at temperature 0, streamed and not;
+    the answer must contain the key. Rule (docs/answers.md): FAIL when a depth is retrieved at no
+    length on a path (a region of the prompt that never reaches the model: truncation, a middle-out
+    compressor, a broken sliding window), or when fewer than ``min_retrieved`` of all answers
+    retrieve their key; single misses are named, not failed (a 135M model misses ~1 in 12)."""
+
+    lengths: list[float] = Field(default=[0.5, 0.9], min_length=1, description="[fraction of engine.max_model_len] the prompts' lengths in tokens (each at most max_model_len - max_tokens - 1)")
+    depths: list[float] = Field(default=[0.1, 0.5, 0.9], min_length=1, description="[fraction] where in the filler the needle sits (0: first, 1: last)")
+    route: Literal["completions", "chat"] = Field(default="completions", description="completions: the prompt ends in the question's cue and the key is the continuation; chat: one user turn (give max_tokens room for a sentence)")
+    max_tokens: int = Field(default=8, gt=0, description="[tokens] generated per prompt (5 digits are 5-6 tokens in most vocabularies)")
+    intro: str = Field(default="There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about the important information there.", description="the text before the filler")
+    needle: str = Field(default="The pass key is {key}. Remember it. {key} is the pass key.", description="the sentence hidden in the filler; {key} is replaced by the key")
+    question: str = Field(default="What is the pass key? The pass key is", description="the text after the filler (a new line before it)")
+    filler: str = Field(default="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.", description="filler text, repeated word by word")
+    key_digits: int = Field(default=5, ge=3, le=12, description="[digits] of each key (the first not 0)")
+    seed: int = Field(default=0, description="[seed] of the keys: the same seed asks the same prompts (a recording compares cell by cell)")
+    min_retrieved: float = Field(default=0.5, ge=0, le=1, description="[fraction] of all answers (prompts x streamed and not) that must hold their key")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "LongContextSpec":
+        bad = [x for x in self.lengths if not 0 < x <= 1] + [x for x in self.depths if not 0 <= x <= 1]
+        if bad:
+            raise ValueError(f"lengths must be in (0, 1] and depths in [0, 1] (fractions): {bad} out of range")
+        if "{key}" not in self.needle:
+            raise ValueError("needle must hold {key} (where the key goes)")
+        return self
+
+
 class AnswersSpec(_Strict):
     """The answers gate (``-m answers``): the answers are right, not only well-formed. Rule: a
     golden that flips (its expectation missed) FAILs the gate when its reference ``margin`` is at
@@ -987,6 +1018,7 @@ class AnswersSpec(_Strict):
     isolation: IsolationSpec = Field(default_factory=IsolationSpec, description="the answers/isolation case: goldens beside polluters")
     max_repeat_fraction: float = Field(default=0.5, gt=0, le=1, description="[fraction] of an answer's words a repeated n-gram loop may cover before it counts as degenerate")
     multibyte_max_tokens: int = Field(default=16, gt=0, description="[tokens] generated per multibyte prompt")
+    long_context: LongContextSpec | None = Field(default=None, description="pass-key retrieval at depths of long prompts (the long-context case); null: not gated")
 
     @model_validator(mode="after")
     def _unique(self) -> "AnswersSpec":
