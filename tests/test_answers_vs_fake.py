@@ -137,7 +137,7 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert {c: g["status"] for c, g in gates.items()} == dict.fromkeys(CASES, "PASS"), \
         {c: g["message"] for c, g in gates.items() if g["status"] != "PASS"}
     assert summary["overall"] == "PASS" and result.ret == pytest.ExitCode.OK
-    result.assert_outcomes(passed=10)
+    result.assert_outcomes(passed=11)
     msg = {c: g["message"] for c, g in gates.items()}
     assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. 'What is the capital of "
                                     "France?' -> 'Paris is the capital of France.'")
