@@ -226,11 +226,15 @@ def test_a_worker_lagging_in_more_rounds_than_the_soak_allows_is_invalid_naming_
 
 
 def _profile(tmp_path: Path) -> Path:
-    """fake-soak with 3 SLO streams (so 3 workers are allowed) and a TTFT-slope ceiling of 1 s/s:
-    the verdict is decided far from it whatever a loaded host does to a few ms of TTFT."""
+    """fake-soak with 3 SLO streams (so 3 workers are allowed), every verdict decided far from its
+    limit whatever a loaded host does to timing (this test compares what is sent and what is
+    decided; timing faults have their own tests): a TTFT-slope ceiling of 1 s/s; streams cut only
+    after 5 s of silence (fake-soak's 0.2 s cut one-process streams on a loaded 2-core host: 1 of 5
+    runs FAILed soak/latency on errors, measured); 2 s of schedule lag and start offset allowed."""
     p = tmp_path / "fake-soak-split.yaml"
     p.write_text(yaml.safe_dump({"extends": str(SOAK_PROFILE), "description": "fake-soak for the soak split",
                                  "slo": {"concurrency": 3},
+                                 "limits": {"stream_idle_timeout_s": 5, "schedule_lag_max_s": 2.0},
                                  "soak": {"ttft_p95_slope_max_ms_per_h": 3_600_000}}, sort_keys=False))
     return p
 
@@ -277,7 +281,8 @@ def test_local_workers_send_the_same_rounds_and_reach_the_same_soak_verdicts(pyt
     assert [r["requests"] for r in rows[1]] == [r["requests"] for r in rows[0]] and len(rows[0]) == 10
     # the same verdicts: the split's decided as one process decided, with the per-worker counts
     assert {g: v["status"] for g, v in split.items()} == {g: v["status"] for g, v in one.items()} == {
-        "soak/memory": "PASS", "soak/latency": "PASS", "soak/gpu-memory": "SKIP"}, (one, split)
+        "soak/memory": "PASS", "soak/latency": "PASS", "soak/gpu-memory": "SKIP"}, \
+        [(g, v["status"], v["message"][:1500]) for run in (one, split) for g, v in run.items() if v["status"] != "PASS"]
     assert all(re.search(r"\(3 local workers: \d+/\d+/\d+ requests, merged\)", split[g]["message"])
                for g in ("soak/memory", "soak/latency"))
     assert_passes_measured(summary)
@@ -366,3 +371,17 @@ def test_a_worker_late_for_a_round_makes_the_soak_invalid_naming_its_offset(tmp_
                   r"\(bound 500\.0 ms, limits\.schedule_lag_max_s\): the barrier was missed", v.message)
     assert m and float(m.group(1).replace(",", "")) >= 1800, v.message
     assert "worker 0 of 2" not in v.message.split(" (2 local workers")[0]  # the one on time is not named
+
+
+def test_a_soak_drawing_whole_sessions_is_refused_before_anything_starts(pytester, tmp_path):
+    """tiny-cpu-replay's soak draws sessions of its traffic sample (the default mix): its later turns
+    are built from the replies where they are sent, which a worker's batch cannot carry -> usage error."""
+    p = tmp_path / "replay-soak.yaml"  # the latency gate on a fixed workload, so only the soak's refusal is left
+    p.write_text(yaml.safe_dump({"extends": str(REPO / "profiles" / "tiny-cpu-replay.yaml"),
+                                 "slo": {"workload": "chat-short"}}))
+    result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p",
+                                          "no:cacheprovider", f"--profile={p}", "-m", "soak", "--collect-only",
+                                          f"--kvgate-reports={tmp_path / 'r'}", "--workers=local:2", SUITE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert ("--workers local:2: the soak of profile replay-soak draws whole sessions from workloads.chat-replay.traffic"
+            in result.stderr.str()), result.stderr.str()

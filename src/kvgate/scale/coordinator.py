@@ -24,6 +24,8 @@ every worker joined (``join_timeout_s``; one that did not is ``never joined``), 
 worker's part until ``start + deadline_s + grace_s``. A worker is **lost** when its process is
 gone (``liveness``, the local launcher's exit codes), its heartbeats stop for
 ``heartbeat_timeout_s`` after the start, or no part came by the deadline; the reason names which.
+A soak's rounds overlap: :meth:`Coordinator.publish` then :meth:`Coordinator.collect`, one thread
+per round in flight (:mod:`kvgate.scale.soak`); ids follow publication, outcomes are kept in id order.
 After a loss no further batch is published (each returns an empty result, so sampling stops):
 the verdict is INVALID naming the worker (:mod:`kvgate.gates.scale`), never a PASS on a partial
 merge.
@@ -167,12 +169,12 @@ class Coordinator:
 
     # ------------------------------------------------------------------ state written to disk
     def _save(self) -> None:
-        with self.cond:
-            data = {"run_id": self.run_id, "n": self.n, "kind": self.kind, "endpoint": self.endpoint.display,
-                    "started_wall": self._started_wall, "joined": {str(k): v for k, v in self.joined.items()},
-                    "never_joined": {str(k): v for k, v in self.never_joined.items()}, "notes": self.notes,
-                    "batches": [{**o.meta, "lost": {str(k): v for k, v in o.lost.items()}} for o in self.outcomes]}
-        with self._save_lock:  # handler threads and the gate's thread save alike
+        with self._save_lock:  # handler threads and the gates' threads (a soak's rounds) save alike: the state is
+            with self.cond:    # read under the same lock as it is written, so a later state is never overwritten
+                data = {"run_id": self.run_id, "n": self.n, "kind": self.kind, "endpoint": self.endpoint.display,
+                        "started_wall": self._started_wall, "joined": {str(k): v for k, v in self.joined.items()},
+                        "never_joined": {str(k): v for k, v in self.never_joined.items()}, "notes": self.notes,
+                        "batches": [{**o.meta, "lost": {str(k): v for k, v in o.lost.items()}} for o in self.outcomes]}
             tmp = self.run_dir / f".{RUN_FILE}.tmp"
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
             tmp.replace(self.run_dir / RUN_FILE)
