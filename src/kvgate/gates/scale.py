@@ -245,6 +245,7 @@ def merged_latency_verdict(run: ScaleRun, profile: Any) -> Verdict:
     from kvgate.scale.merge import resample
 
     name, wl = short_workload(profile)
+    run = run.only("latency")  # a soak's rounds in the same directory are not the latency gate's looks
     got = resample(run, latency_plan(profile), lambda recs, level: slo_decisions(recs, profile.slo, level))
     obs = LoadObservation(f"latency ({name})", got.result, MetricsTrace(samples=[]), wl.prompt_tokens, wl.output_tokens,
                           profile.slo.concurrency, sampling=got.sampling)
