@@ -54,7 +54,7 @@ def test_latency_slo(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgat
     if split is None:
         assert kvgate_gate(verdict, attachments=evidence(obs)).passed
         return
-    run = split.report()  # every worker's part held to one process's rules, per-worker counts
+    run = split.report("latency")  # every worker's part held to one process's rules, per-worker counts
     assert kvgate_gate(scaled_verdict(verdict, run, kvgate_profile),
                        attachments={**evidence(obs), "workers.csv": records_csv(worker_rows(run))}).passed
 

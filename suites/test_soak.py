@@ -7,17 +7,22 @@ samplers together); each case below judges one half of it."""
 
 import pytest
 
+from kvgate.gates.scale import scaled_verdict
 from kvgate.gates.soak import gpu_verdict, latency_verdict, memory_verdict
 from kvgate.verdict import Status, Verdict
 
 pytestmark = [pytest.mark.soak, pytest.mark.asyncio(loop_scope="module")]
 
 
-def judged(soak, decide, gate):
-    """The case's verdict, or SKIP when the profile declares no soak."""
+def judged(soak, decide, gate, profile):
+    """The case's verdict, or SKIP when the profile declares no soak; with --workers, held to the
+    workers' checks over the soak's rounds (a lost, late or lagging worker: INVALID naming it)."""
     if soak.analysis is None:
         return Verdict(gate, Status.SKIP, f"{soak.skip} -> SKIP")
-    return decide(soak.analysis)
+    verdict = decide(soak.analysis)
+    if soak.workers is None or verdict.status is Status.SKIP:  # a case that does not apply stays SKIP
+        return verdict
+    return scaled_verdict(verdict, soak.workers, profile, lagged_rounds_max=soak.spec.lagged_rounds_max)
 
 
 def record(kvgate_gate, soak, verdict):
@@ -30,18 +35,18 @@ def record(kvgate_gate, soak, verdict):
 
 
 @pytest.mark.gate("soak", cases=["memory"])
-async def test_retained_memory_does_not_grow(case, kvgate_soak, kvgate_gate):
-    verdict = judged(kvgate_soak, memory_verdict, "soak/memory")
+async def test_retained_memory_does_not_grow(case, kvgate_soak, kvgate_profile, kvgate_gate):
+    verdict = judged(kvgate_soak, memory_verdict, "soak/memory", kvgate_profile)
     assert record(kvgate_gate, kvgate_soak, verdict).passed
 
 
 @pytest.mark.gate("soak", cases=["latency"])
 async def test_ttft_p95_does_not_drift(case, kvgate_soak, kvgate_profile, kvgate_gate):
-    verdict = judged(kvgate_soak, lambda a: latency_verdict(a, kvgate_profile), "soak/latency")
+    verdict = judged(kvgate_soak, lambda a: latency_verdict(a, kvgate_profile), "soak/latency", kvgate_profile)
     assert record(kvgate_gate, kvgate_soak, verdict).passed
 
 
 @pytest.mark.gate("soak", cases=["gpu-memory"])
 async def test_gpu_headroom_holds(case, kvgate_soak, kvgate_profile, kvgate_gate):
-    verdict = judged(kvgate_soak, lambda a: gpu_verdict(a, kvgate_profile), "soak/gpu-memory")
+    verdict = judged(kvgate_soak, lambda a: gpu_verdict(a, kvgate_profile), "soak/gpu-memory", kvgate_profile)
     assert record(kvgate_gate, kvgate_soak, verdict).passed

@@ -107,8 +107,9 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="the compare gate's baseline: the reports directory of an earlier run recorded with "
                          "--gate-mode record (its golden.json); give it with '=': --baseline-reports=DIR")
     group.addoption("--workers", dest="kvgate_workers", default=None, metavar="local:N|k8s:N",
-                    help="split the latency gate's load over N workers: processes here (local:N) or pods of an Indexed "
-                         "Job / JobSet (k8s:N); their records are merged and judged as one process (docs/scale-out.md)")
+                    help="split the latency gate's and the soak's load over N workers: processes here (local:N) or pods "
+                         "of an Indexed Job / JobSet (k8s:N); their records are merged and judged as one process "
+                         "(docs/scale-out.md)")
     group.addoption("--workers-advertise", dest="kvgate_workers_advertise", default=None, metavar="URL",
                     help="k8s: the URL workers reach the coordinator at (its Service or pod DNS name); it listens on "
                          "all interfaces at that URL's port (default 8470). local: 127.0.0.1, any free port")

@@ -82,15 +82,18 @@ def faulty_worker(opts: WorkerOptions, fault: str, *, late_s: float = 1.8, drift
     elif fault == "batch_error":
         def broken(*a: Any, **k: Any) -> Any:
             raise RuntimeError("injected: the load loop broke")
+
+        async def broken_async(*a: Any, **k: Any) -> Any:
+            broken()
         kw["closed"] = kw["opened"] = broken
+        kw["closed_async"] = kw["opened_async"] = broken_async
     worker = Worker(opts, **kw)
     if fault == "start_late":
-        waited = worker._wait_until
         perf = {"armed": 0, "shift": 0.0}
 
-        def late_wait(local_wall: float) -> None:
-            waited(local_wall)
-            perf["armed"] = 1
+        def late_wait() -> None:  # the shared instant is reached (a batch in turn, or a soak's round)
+            if not perf["armed"]:
+                perf["armed"] = 1
 
         def late_perf() -> float:  # descheduled late_s between getting ready and its loop's first reading
             if perf["armed"] == 2:
@@ -98,7 +101,7 @@ def faulty_worker(opts: WorkerOptions, fault: str, *, late_s: float = 1.8, drift
             elif perf["armed"] == 1:
                 perf["armed"] = 2
             return time.perf_counter() + perf["shift"]
-        worker._wait_until = late_wait  # type: ignore[method-assign]
+        worker._waited = late_wait  # type: ignore[method-assign]
         worker.perf = late_perf
     elif fault == "clock_drift":
         true = worker.clock

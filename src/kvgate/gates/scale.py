@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from kvgate.scale.batch import batch_label
 from kvgate.scale.clock import residual_s
 from kvgate.scale.merge import ScaleRun
 from kvgate.scale.split import WorkerId
@@ -98,17 +99,43 @@ def worker_rows(run: ScaleRun) -> list[dict[str, Any]]:
     return [worker_row(run, k) for k in range(run.n)]
 
 
-def worker_checks(run: ScaleRun, profile: Any, gate: str) -> list[Verdict]:
+def worker_checks(run: ScaleRun, profile: Any, gate: str, lagged_rounds_max: float | None = None) -> list[Verdict]:
     """One verdict per worker (``<gate>.worker K``): INVALID naming the first rule it broke (see
-    the module docstring), else PASS with its counts."""
+    the module docstring), else PASS with its counts. ``lagged_rounds_max``: a soak's rule for the
+    client's lag (``soak.lagged_rounds_max``, a share of the measured rounds) instead of one
+    batch's (see :func:`_lagged_rounds`)."""
     bound = profile.limits.schedule_lag_max_s
     out = []
     for w in run.workers():
-        out.append(_check(run, w, profile, f"{gate}.worker {w.k}", bound))
+        out.append(_check(run, w, profile, f"{gate}.worker {w.k}", bound, lagged_rounds_max))
     return out
 
 
-def _check(run: ScaleRun, w: WorkerId, profile: Any, name: str, bound: float) -> Verdict:
+def _lagged_rounds(run: ScaleRun, w: WorkerId, bound: float, allowed: float, name: str,
+                   contention_max: float) -> Verdict | None:
+    """A soak's worker held to the soak's own lag rule, as one process is (:mod:`kvgate.gates.soak`):
+    INVALID when its client fell behind (:meth:`kvgate.load.LoadResult.client_kept_up` at ``bound``)
+    in more than ``allowed`` (a share) of the measured rounds it sent (warm-up rounds not counted),
+    naming the rounds; None otherwise."""
+    rounds = [(b, b.parts[w.k]) for b in run.batches
+              if w.k in b.parts and not (b.meta.get("meta") or {}).get("warmup")]
+    behind = [(b, p) for b, p in rounds if not p.result.client_kept_up(bound)]
+    if not rounds or len(behind) / len(rounds) <= allowed:
+        return None
+    b, p = max(behind, key=lambda bp: max(bp[1].result.p99_lag_s, bp[1].result.p99_loop_lag_s))
+    worst = max(p.result.p99_lag_s, p.result.p99_loop_lag_s)
+    names = ", ".join(str((x.meta.get("meta") or {}).get("round", x.id)) for x, _ in behind)
+    return Verdict(name, INVALID, f"{w.label}'s client fell behind its schedule in {len(behind)} of {len(rounds)} "
+                   f"measured rounds (allowed {allowed:.0%}, soak.lagged_rounds_max; rounds {names}; worst "
+                   f"{batch_label(b.meta)}: p99 schedule lag {_ms(p.result.p99_lag_s)}, event-loop lag "
+                   f"{_ms(p.result.p99_loop_lag_s)} > bound {_ms(bound)}) -> INVALID",
+                   measured=round(len(behind) / len(rounds), 4), limit=allowed, unit="ratio",
+                   evidence={"host_load": p.host_load, "worst_p99_lag_ms": round(worst * 1e3, 3)},
+                   cause=_lag_cause(w.label, p.host_load, contention_max))
+
+
+def _check(run: ScaleRun, w: WorkerId, profile: Any, name: str, bound: float,
+           lagged_rounds_max: float | None = None) -> Verdict:
     """Worker ``w`` held to the rules: a lost or never-joined worker is INVALID at once; else every
     rule it broke (the first batch that broke each; the clock before the start, whose offset comes
     from the clock), one INVALID naming them all."""
@@ -124,20 +151,20 @@ def _check(run: ScaleRun, w: WorkerId, profile: Any, name: str, bound: float) ->
             if b.meta.get("skipped"):
                 continue
             share = len(range(k, int(b.meta["n"]), w.n))  # its slice: requests i with i mod N == k
-            return Verdict(name, INVALID, f"{label} lost: {b.lost[k]}; its {share} of batch {b.id}'s "
+            return Verdict(name, INVALID, f"{label} lost: {b.lost[k]}; its {share} of {batch_label(b.meta)}'s "
                            f"{b.meta['n']} requests are missing from the merge -> INVALID",
                            measured="lost", limit="every worker's part", evidence=ev)
         p = b.parts.get(k)
         if p is None:
             continue
         if p.error is not None and "error" not in problems:
-            problems["error"] = Verdict(name, INVALID, f"{label} broke in batch {b.id}: {p.error} -> INVALID",
+            problems["error"] = Verdict(name, INVALID, f"{label} broke in {batch_label(b.meta)}: {p.error} -> INVALID",
                                         measured="error", limit="no error")
         resid = residual_s(p.clock_before, p.clock_after)
         if resid > bound and "clock" not in problems:
             after = p.clock_after.text() if p.clock_after is not None else "not measured"
             problems["clock"] = Verdict(
-                name, INVALID, f"{label}'s clock against the coordinator: {p.clock_before.text()} before batch {b.id}, "
+                name, INVALID, f"{label}'s clock against the coordinator: {p.clock_before.text()} before {batch_label(b.meta)}, "
                 f"{after} after: its start and records can be placed only within {_ms(resid)} (drift plus the "
                 f"exchange's uncertainty) > timing budget {_ms(bound)} (limits.schedule_lag_max_s) -> INVALID",
                 measured=round(resid * 1e3, 3), limit=round(bound * 1e3, 3), unit="ms")
@@ -145,15 +172,18 @@ def _check(run: ScaleRun, w: WorkerId, profile: Any, name: str, bound: float) ->
         if abs(late) > bound and "start" not in problems:
             how = "after" if late > 0 else "before"
             problems["start"] = Verdict(
-                name, INVALID, f"{label} started batch {b.id} {_ms(abs(late))} {how} the shared start instant (bound "
+                name, INVALID, f"{label} started {batch_label(b.meta)} {_ms(abs(late))} {how} the shared start instant (bound "
                 f"{_ms(bound)}, limits.schedule_lag_max_s): the barrier was missed, every one of its "
                 f"{len(p.result.records)} requests was sent that much {'late' if late > 0 else 'early'} -> INVALID",
                 measured=round(late * 1e3, 3), limit=round(bound * 1e3, 3), unit="ms")
-        lag = p.result.invalid_verdict(name, bound) if "lag" not in problems else None
+        lag = p.result.invalid_verdict(name, bound) if "lag" not in problems and lagged_rounds_max is None else None
         if lag is not None:
-            problems["lag"] = replace(lag, message=f"{label} (batch {b.id}): {lag.message}",
+            problems["lag"] = replace(lag, message=f"{label} ({batch_label(b.meta)}): {lag.message}",
                                       evidence={**(lag.evidence or {}), "host_load": p.host_load},
                                       cause=_lag_cause(label, p.host_load, profile.limits.host_contention_max))
+    if lagged_rounds_max is not None and (lag := _lagged_rounds(run, w, bound, lagged_rounds_max, name,
+                                                                profile.limits.host_contention_max)) is not None:
+        problems["lag"] = lag
     if problems:
         found = list(problems.values())
         return Verdict(name, INVALID, "; ".join(v.message for v in found), measured=found[0].measured,
@@ -174,11 +204,11 @@ def counts_text(run: ScaleRun) -> str:
     return f"{run.n} {run.kind} worker{'s' if run.n != 1 else ''}: {'/'.join(map(str, sent))} requests"
 
 
-def scaled_verdict(v: Verdict, run: ScaleRun, profile: Any) -> Verdict:
+def scaled_verdict(v: Verdict, run: ScaleRun, profile: Any, lagged_rounds_max: float | None = None) -> Verdict:
     """The gate's verdict ``v`` of the merged records, held to the workers' checks (see the module
     docstring): INVALID naming each worker that broke a rule, or ``v`` with the per-worker counts
-    (message and ``evidence["workers"]``)."""
-    checks = worker_checks(run, profile, v.gate)
+    (message and ``evidence["workers"]``). ``lagged_rounds_max``: see :func:`worker_checks`."""
+    checks = worker_checks(run, profile, v.gate, lagged_rounds_max)
     rows = worker_rows(run)
     bad = [c for c in checks if c.status is not PASS]
     ev = {"workers": rows, "scale_out": {"n": run.n, "kind": run.kind, "run_id": run.run_id, "notes": run.notes,
@@ -215,6 +245,7 @@ def merged_latency_verdict(run: ScaleRun, profile: Any) -> Verdict:
     from kvgate.scale.merge import resample
 
     name, wl = short_workload(profile)
+    run = run.only("latency")  # a soak's rounds in the same directory are not the latency gate's looks
     got = resample(run, latency_plan(profile), lambda recs, level: slo_decisions(recs, profile.slo, level))
     obs = LoadObservation(f"latency ({name})", got.result, MetricsTrace(samples=[]), wl.prompt_tokens, wl.output_tokens,
                           profile.slo.concurrency, sampling=got.sampling)

@@ -202,10 +202,22 @@ class Run:
             from kvgate.scale.split import WorkersError, check_options
 
             try:
-                check_options(profile, config.getoption("kvgate_workers"), config.getoption("kvgate_workers_advertise"),
-                              config.getoption("kvgate_workers_join_timeout"))
+                spec = check_options(profile, config.getoption("kvgate_workers"),
+                                     config.getoption("kvgate_workers_advertise"),
+                                     config.getoption("kvgate_workers_join_timeout"))
             except WorkersError as exc:
                 raise usage(str(exc)) from None
+            if profile.soak is not None:  # the soak's rounds are split too: a mix drawing sessions cannot be
+                from kvgate.scale.soak import refused as soak_refused
+                from kvgate.soak.runner import SoakError, mix_of, soak_spec
+
+                try:
+                    why = soak_refused(mix_of(profile, soak_spec(profile, config.getoption("kvgate_soak_duration"))),
+                                       spec, profile.name)
+                except SoakError:
+                    why = None  # the soak names it when it runs
+                if why is not None:
+                    raise usage(why)
         record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
                            run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,

@@ -13,7 +13,8 @@ Modules (each docstring holds the details):
 - :mod:`~kvgate.scale.worker`: the worker's life (``kvgate worker``);
 - :mod:`~kvgate.scale.merge`: parts -> one LoadResult per batch, a run directory, looks replayed;
 - :mod:`~kvgate.scale.local` / :mod:`~kvgate.scale.k8s`: starting the workers here or as pods;
-- :mod:`~kvgate.scale.session`: one split run (coordinator + workers) for a gate.
+- :mod:`~kvgate.scale.session`: one split run (coordinator + workers) for a gate;
+- :mod:`~kvgate.scale.soak`: a soak's rounds as overlapping batches (the soak runner's sender).
 
 Imports: kvgate.load (the loops, records, sampling), kvgate.http.client (the endpoint),
 kvgate.stats, kvgate.traffic (replay plans, duck-typed); never the gates (kvgate.gates.scale

@@ -40,6 +40,13 @@ def spec_from_json(d: dict[str, Any]) -> RequestSpec:
                        d.get("hangup_after_chunks"), d.get("hangup_after_s"), d.get("idle_timeout_s"))
 
 
+def batch_label(d: dict[str, Any]) -> str:
+    """How verdicts name a batch, from its JSON (:meth:`Batch.to_json`): ``batch 3``, or ``batch 3
+    (soak round 2)`` for a batch carrying a round in its ``meta``."""
+    inner = d.get("meta") or {}
+    return f"batch {d['id']}" + (f" ({inner.get('phase', 'round')} round {inner['round']})" if "round" in inner else "")
+
+
 @dataclass
 class Batch:
     """One load batch (see the module docstring). ``id``: 0, 1, ... in the order published;
@@ -64,6 +71,17 @@ class Batch:
             raise ValueError(f"batch mode {self.mode!r}: expected one of {MODES}")
         if not self.specs and self.n:
             raise ValueError("a batch with requests needs at least one spec")
+
+    @property
+    def label(self) -> str:
+        """``batch 3`` / ``batch 3 (soak round 2)`` (:func:`batch_label`)."""
+        return batch_label({"id": self.id, "meta": self.meta})
+
+    @property
+    def overlaps(self) -> bool:
+        """The worker runs this batch beside the ones before it (``meta["overlap"]``: a soak's
+        rounds, whose stragglers may still run when the next round starts), not after them."""
+        return bool(self.meta.get("overlap"))
 
     def to_json(self, with_specs: bool = True) -> dict[str, Any]:
         d = {"id": self.id, "mode": self.mode, "n": self.n, "start_wall": self.start_wall,

@@ -24,6 +24,8 @@ every worker joined (``join_timeout_s``; one that did not is ``never joined``), 
 worker's part until ``start + deadline_s + grace_s``. A worker is **lost** when its process is
 gone (``liveness``, the local launcher's exit codes), its heartbeats stop for
 ``heartbeat_timeout_s`` after the start, or no part came by the deadline; the reason names which.
+A soak's rounds overlap: :meth:`Coordinator.publish` then :meth:`Coordinator.collect`, one thread
+per round in flight (:mod:`kvgate.scale.soak`); ids follow publication, outcomes are kept in id order.
 After a loss no further batch is published (each returns an empty result, so sampling stops):
 the verdict is INVALID naming the worker (:mod:`kvgate.gates.scale`), never a PASS on a partial
 merge.
@@ -95,6 +97,8 @@ class Coordinator:
         self.notes: list[str] = []
         self.done = False
         self.acked: set[int] = set()
+        self._next_id = 0
+        self._skipped: dict[int, list[int]] = {}  # batch id -> the workers missing when it was published
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._started_wall = 0.0
@@ -165,21 +169,23 @@ class Coordinator:
 
     # ------------------------------------------------------------------ state written to disk
     def _save(self) -> None:
-        with self.cond:
-            data = {"run_id": self.run_id, "n": self.n, "kind": self.kind, "endpoint": self.endpoint.display,
-                    "started_wall": self._started_wall, "joined": {str(k): v for k, v in self.joined.items()},
-                    "never_joined": {str(k): v for k, v in self.never_joined.items()}, "notes": self.notes,
-                    "batches": [{**o.meta, "lost": {str(k): v for k, v in o.lost.items()}} for o in self.outcomes]}
-        with self._save_lock:  # handler threads and the gate's thread save alike
+        with self._save_lock:  # handler threads and the gates' threads (a soak's rounds) save alike: the state is
+            with self.cond:    # read under the same lock as it is written, so a later state is never overwritten
+                data = {"run_id": self.run_id, "n": self.n, "kind": self.kind, "endpoint": self.endpoint.display,
+                        "started_wall": self._started_wall, "joined": {str(k): v for k, v in self.joined.items()},
+                        "never_joined": {str(k): v for k, v in self.never_joined.items()}, "notes": self.notes,
+                        "batches": [{**o.meta, "lost": {str(k): v for k, v in o.lost.items()}} for o in self.outcomes]}
             tmp = self.run_dir / f".{RUN_FILE}.tmp"
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
             tmp.replace(self.run_dir / RUN_FILE)
 
-    def report(self) -> ScaleRun:
-        """What happened so far, as :func:`kvgate.scale.merge.load_run` would read it."""
+    def report(self, phase: str | None = None) -> ScaleRun:
+        """What happened so far, as :func:`kvgate.scale.merge.load_run` would read it; ``phase``:
+        only the batches published with that ``meta["phase"]`` (``"soak"``; None: every batch)."""
         with self.cond:
-            return ScaleRun(self.n, self.kind, dict(self.joined), dict(self.never_joined), list(self.outcomes),
-                            list(self.notes), self.run_id)
+            run = ScaleRun(self.n, self.kind, dict(self.joined), dict(self.never_joined), list(self.outcomes),
+                           list(self.notes), self.run_id)
+        return run if phase is None else run.only(phase)
 
     def note(self, line: str) -> None:
         """A run-wide line for the report (how the workers were started)."""
@@ -270,35 +276,66 @@ class Coordinator:
     def run_batch(self, mode: str, specs: Sequence[RequestSpec], n: int, deadline_s: float, *,
                   concurrency: int | None = None, offsets_s: Sequence[float] | None = None, max_in_flight: int = 512,
                   request_timeout_s: float | None = None, idle_timeout_s: float | None = None,
-                  rate_rps: float | None = None) -> BatchOutcome:
-        """Publish one batch, wait for every worker's part, merge (see the module docstring)."""
+                  rate_rps: float | None = None, start_wall: float | None = None,
+                  meta: dict[str, Any] | None = None) -> BatchOutcome:
+        """Publish one batch, wait for every worker's part, merge (see the module docstring):
+        :meth:`publish`, then :meth:`collect`."""
         if not self.outcomes and not self.never_joined:
             self.wait_joined()
+        return self.collect(self.publish(mode, specs, n, deadline_s, concurrency=concurrency, offsets_s=offsets_s,
+                                         max_in_flight=max_in_flight, request_timeout_s=request_timeout_s,
+                                         idle_timeout_s=idle_timeout_s, rate_rps=rate_rps, start_wall=start_wall,
+                                         meta=meta))
+
+    def publish(self, mode: str, specs: Sequence[RequestSpec], n: int, deadline_s: float, *,
+                concurrency: int | None = None, offsets_s: Sequence[float] | None = None, max_in_flight: int = 512,
+                request_timeout_s: float | None = None, idle_timeout_s: float | None = None,
+                rate_rps: float | None = None, start_wall: float | None = None,
+                meta: dict[str, Any] | None = None) -> Batch:
+        """Publish one batch (nothing waited for): its id is the next in publication order, taken
+        with the publication under one lock, so batches published from several threads (a soak's
+        overlapping rounds) reach the workers in id order. ``start_wall``: the shared start instant
+        (coordinator wall clock, seconds; default ``lead_s`` after now); ``meta``: labels kept with
+        the batch (``phase``, ``round``, ``overlap``: the worker runs it beside the batches before it,
+        ``label``: how verdicts name it). After a loss (or a worker that never joined) the batch is
+        recorded as skipped and not published: :meth:`collect` then returns its empty outcome."""
         issued = self.wall()
-        batch = Batch(len(self.outcomes), mode, list(specs), int(n), issued + self.lead_s, float(deadline_s),
-                      concurrency=concurrency, offsets_s=None if offsets_s is None else [float(x) for x in offsets_s],
-                      max_in_flight=max_in_flight, request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
-                      issued_wall=issued, meta={"rate_rps": rate_rps})
-        meta = batch.to_json(with_specs=False)
-        if self.never_joined or self.lost_ever:  # the merge can no longer be whole: send nothing more
+        with self.cond:
+            batch = Batch(self._next_id, mode, list(specs), int(n),
+                          issued + self.lead_s if start_wall is None else float(start_wall), float(deadline_s),
+                          concurrency=concurrency, offsets_s=None if offsets_s is None else [float(x) for x in offsets_s],
+                          max_in_flight=max_in_flight, request_timeout_s=request_timeout_s,
+                          idle_timeout_s=idle_timeout_s, issued_wall=issued, meta={"rate_rps": rate_rps, **(meta or {})})
+            self._next_id += 1
             gone = sorted({*self.never_joined, *self.lost_ever})
+            if not gone:
+                (self.run_dir / "batches" / f"batch-{batch.id:03d}.json").write_text(json.dumps(batch.to_json()))
+                self.batches.append(batch)
+                self.cond.notify_all()
+            else:  # the merge can no longer be whole: send nothing more
+                self._skipped[batch.id] = gone
+        if not gone:
+            self._event("published", {"batch": batch.id, "start_wall": batch.start_wall})
+        return batch
+
+    def collect(self, batch: Batch) -> BatchOutcome:
+        """Wait for every worker's part of the published ``batch`` (or its loss), merge, record the
+        outcome in id order. Safe to call from several threads at once (one per batch)."""
+        meta = batch.to_json(with_specs=False)
+        with self.cond:
+            gone = self._skipped.pop(batch.id, None)
+        if gone is not None:
             why = {k: f"not run: worker{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} missing"
                    for k in range(self.n)}
             outcome = merge_parts({**meta, "skipped": True}, {}, why)
-            with self.cond:
-                self.outcomes.append(outcome)
-            self._save()
-            return outcome
-        (self.run_dir / "batches" / f"batch-{batch.id:03d}.json").write_text(json.dumps(batch.to_json()))
-        with self.cond:
-            self.batches.append(batch)
-            self.cond.notify_all()
-        self._event("published", {"batch": batch.id, "start_wall": batch.start_wall})
-        parts, lost = self._collect(batch)
-        outcome = merge_parts(meta, parts, lost)
+        else:
+            parts, lost = self._collect(batch)
+            outcome = merge_parts(meta, parts, lost)
         with self.cond:
             self.outcomes.append(outcome)
-            self.lost_ever.update(lost)
+            self.outcomes.sort(key=lambda o: o.id)
+            if gone is None:
+                self.lost_ever.update(outcome.lost)
         self._save()
         return outcome
 
@@ -324,12 +361,12 @@ class Coordinator:
                     prog = self.progress.get(k) or {}
                     sent = prog.get("sent") if prog.get("batch") == batch.id else None
                 if why:
-                    lost[k] = f"{why} during batch {batch.id}" + _heard(heard, batch, sent)
+                    lost[k] = f"{why} during {batch.label}" + _heard(heard, batch, sent)
                 elif heard is not None and now - max(heard, batch.start_wall) > self.heartbeat_timeout_s:
-                    lost[k] = (f"no heartbeat for {now - heard:.1f} s during batch {batch.id} (timeout "
+                    lost[k] = (f"no heartbeat for {now - heard:.1f} s during {batch.label} (timeout "
                                f"{self.heartbeat_timeout_s:g} s)" + _heard(heard, batch, sent))
                 elif now >= end:
-                    lost[k] = (f"no records within batch {batch.id}'s deadline ({batch.deadline_s:g} s + "
+                    lost[k] = (f"no records within {batch.label}'s deadline ({batch.deadline_s:g} s + "
                                f"{self.grace_s:g} s to ship)" + _heard(heard, batch, sent))
                 if k in lost:
                     self._event("lost", {"worker": k, "batch": batch.id, "why": lost[k]})

@@ -92,6 +92,12 @@ class ScaleRun:
     def workers(self) -> list[WorkerId]:
         return [WorkerId(k, self.n) for k in range(self.n)]
 
+    def only(self, phase: str) -> "ScaleRun":
+        """This run with only the batches published for ``phase`` (their ``meta["phase"]``, e.g.
+        ``"soak"``); the latency gate's batches carry none (``"latency"`` selects them)."""
+        keep = [b for b in self.batches if ((b.meta.get("meta") or {}).get("phase") or "latency") == phase]
+        return ScaleRun(self.n, self.kind, self.joined, self.never_joined, keep, self.notes, self.run_id)
+
 
 def merge_parts(meta: dict[str, Any], parts: dict[int, Part], lost: dict[int, str]) -> BatchOutcome:
     """A :class:`BatchOutcome` from a batch's ``meta`` and the parts that came."""

@@ -64,8 +64,9 @@ class ScaleOut:
     def open_loop(self, endpoint: Endpoint | None, requests: Any, **kw: Any) -> LoadResult:
         return self.coordinator.open_loop(endpoint, requests, **kw)
 
-    def report(self) -> ScaleRun:
-        return self.coordinator.report()
+    def report(self, phase: str | None = None) -> ScaleRun:
+        """What the coordinator saw; ``phase``: only that phase's batches (``"latency"``, ``"soak"``)."""
+        return self.coordinator.report(phase)
 
     @property
     def run_dir(self) -> Path:

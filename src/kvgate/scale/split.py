@@ -21,7 +21,9 @@ the ``N`` slices is exactly the one-process schedule, every request once -- test
 **Shapes refused** (:func:`refused`): more workers than the SLO's concurrency (a worker with no
 stream cannot hold its share of the load) and a replayed traffic sample on the latency gate (its
 sampling takes the plan's next units look by look; split replays are not merged exactly yet).
-A refusal is a usage error before anything is sent, never a merge the verdict cannot keep exact.
+A soak whose mix draws whole sessions is refused too (:func:`kvgate.scale.soak.refused`; a soak's
+rounds are open-loop batches, thinned as above). A refusal is a usage error before anything is
+sent, never a merge the verdict cannot keep exact.
 """
 
 from __future__ import annotations

@@ -14,7 +14,13 @@
    :class:`~kvgate.scale.ship.Part` (records, lag samples, CPU, its host's load from
    :class:`~kvgate.scale.host.WorkerHostSampler`): ``POST /scale/v1/part``, or written to the
    shared volume ``ship_dir`` (the coordinator's run directory);
-5. exits 0 when the coordinator says done; 1 when it cannot reach the coordinator for
+5. a batch marked ``overlap`` (a soak's round: its stragglers may still run when the next round
+   starts, as in one process) is not run in turn but on one event loop of its own thread
+   (:class:`_Overlapping`), beside the rounds before it, while the worker polls for the next: each
+   round waits for its shared start there, sends its share (``freeze_gc=False``: rounds overlap;
+   the heap is collected and frozen once, before the first round) and ships its part when its
+   last request ends; a batch that does not overlap waits for them first;
+6. exits 0 when the coordinator says done (after its rounds shipped); 1 when it cannot reach the coordinator for
    ``max_silence_s``; 2 when the coordinator refuses it (wrong N, index taken).
 
 A batch that breaks in the worker (an exception) ships a part with ``error`` set and no records:
@@ -25,6 +31,8 @@ received from the coordinator. Clocks, sleep, the loops and the transport are in
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import gc
 import json
@@ -40,7 +48,8 @@ from typing import Any, Callable
 
 from kvgate.http.client import Endpoint
 from kvgate.load.record import RequestRecord, RequestSpec
-from kvgate.load.schedule import LoadResult, closed_loop, make_transport, open_loop
+from kvgate.load.raw_http import new_event_loop
+from kvgate.load.schedule import LoadResult, closed_loop, make_transport, open_loop, run_closed_loop, run_open_loop
 from kvgate.scale.batch import API, Assignment, Batch, assignment
 from kvgate.scale.clock import ClockOffset, measure
 from kvgate.scale.host import WorkerHostSampler
@@ -170,27 +179,69 @@ class _Heartbeat:
         self.thread.join(timeout=5)
 
 
+class _Overlapping:
+    """The overlapping batches of a worker (a soak's rounds) on one event loop
+    (:func:`kvgate.load.new_event_loop`) in a thread of its own: :meth:`submit` schedules a round
+    there and returns at once; :meth:`wait` waits until every submitted round shipped its part."""
+
+    def __init__(self, worker: "Worker") -> None:
+        self.worker = worker
+        self.loop = new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kvgate-worker-rounds", daemon=True)
+        self.thread.start()
+        self.pending: list[concurrent.futures.Future[Any]] = []
+
+    def submit(self, batch: Batch) -> None:
+        self.pending.append(asyncio.run_coroutine_threadsafe(self.worker.round_and_ship(batch), self.loop))
+
+    def wait(self) -> None:
+        for f in self.pending:
+            f.result()
+        self.pending.clear()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+            if not self.thread.is_alive():
+                self.loop.close()
+
+
 class Worker:
     """One worker process's state (see the module docstring). ``wall``: its wall clock (seconds);
-    ``perf``: the loop's monotonic clock; ``sleep``; ``closed``/``opened``: the loops;
+    ``perf``: the loop's monotonic clock; ``sleep``; ``closed``/``opened``: the loops
+    (``closed_async``/``opened_async``: their coroutines, for overlapping batches);
     ``transport``: ``endpoint -> LoadTransport`` (default the raw HTTP/1.1 client);
-    ``host_sampler``: ``() -> WorkerHostSampler``; ``log``: one line per event."""
+    ``host_sampler``: ``() -> WorkerHostSampler``; ``log``: one line per event; ``freeze_heap``:
+    collect and freeze the heap before the first overlapping batch (off for workers that are threads
+    of a test process, whose heap is not theirs)."""
 
     def __init__(self, opts: WorkerOptions, *, wall: Callable[[], float] = time.time,
                  perf: Callable[[], float] = time.perf_counter, sleep: Callable[[float], Any] = time.sleep,
                  closed: Callable[..., LoadResult] = closed_loop, opened: Callable[..., LoadResult] = open_loop,
+                 closed_async: Callable[..., Any] = run_closed_loop, opened_async: Callable[..., Any] = run_open_loop,
                  transport: Callable[[Endpoint], Any] = make_transport,
                  host_sampler: Callable[[], WorkerHostSampler] = WorkerHostSampler,
-                 log: Callable[[str], None] = lambda line: None) -> None:
+                 log: Callable[[str], None] = lambda line: None, freeze_heap: bool = True) -> None:
         self.opts, self.w = opts, opts.worker
         self.wall, self.perf, self.sleep = wall, perf, sleep
         self.closed, self.opened, self.transport = closed, opened, transport
+        self.closed_async, self.opened_async = closed_async, opened_async
         self.host_sampler, self.log = host_sampler, log
+        self.freeze_heap = freeze_heap
         self.ctl = Control(opts.coordinator)
         self.endpoint: Endpoint | None = None
+        self.last_clock: ClockOffset | None = None  # the latest clock reading (the join's, a batch's after)
 
     def clock(self) -> ClockOffset:
         return measure(self.ctl.clock, self.wall, self.opts.exchanges)
+
+    def _clocked(self) -> ClockOffset:
+        """:meth:`clock`, kept as the latest reading (an overlapping round starts from it)."""
+        self.last_clock = self.clock()
+        return self.last_clock
 
     def join(self) -> None:
         """Clock, hello, the endpoint. Retries an unreachable coordinator for ``max_silence_s``
@@ -198,7 +249,7 @@ class Worker:
         end = time.monotonic() + self.opts.max_silence_s
         while True:
             try:
-                offset = self.clock()
+                offset = self._clocked()
                 reply = self.ctl.post_json("/hello", {"worker": self.w.k, "of": self.w.n, "host": socket.gethostname(),
                                                       "pid": os.getpid(), "clock": offset.to_dict()})
                 break
@@ -227,22 +278,43 @@ class Worker:
             if status == 200 and obj is not None:
                 return None if obj.get("done") else Batch.from_json(obj)
 
-    def run_share(self, batch: Batch) -> Part:
-        """This worker's share of ``batch``, as a part (``error`` set when it broke)."""
+    def _assignment(self, batch: Batch) -> Assignment:
+        """This worker's share of ``batch``, its specs given the batch's idle timeout (what the loop
+        would do to each spec, done before the clock starts)."""
         a = assignment(batch, self.w)
-        if batch.idle_timeout_s is not None:  # what the loop would do to each spec, done before the clock starts
+        if batch.idle_timeout_s is not None:
             idled: dict[int, RequestSpec] = {}
             a = dataclasses.replace(a, specs=tuple(
                 s if s.idle_timeout_s is not None else
                 idled.setdefault(id(s), dataclasses.replace(s, idle_timeout_s=batch.idle_timeout_s)) for s in a.specs))
-        before = self.clock()
-        error = None
-        tr: _Counting | None = None
+        return a
+
+    def _ready(self, a: Assignment) -> tuple["_Counting | None", str | None]:
+        """The transport for a share, every distinct spec serialised now (the loop's own preparation
+        is then a lookup: a worker starts on time); or the error that broke it."""
         try:
             tr = _Counting(self.transport(self._endpoint()))
-            tr.warm(a.specs)  # serialised now: the loop's own preparation is a lookup (a worker starts on time)
+            tr.warm(a.specs)
+            return tr, None
         except Exception as exc:  # noqa: BLE001 - the part says what broke
-            error = f"{type(exc).__name__}: {exc}"
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def _waited(self) -> None:
+        """Called once the shared start instant is reached, before the loop starts (a hook: the
+        fake's ``start_late`` holds the worker here)."""
+
+    def _part(self, batch: Batch, a: Assignment, before: ClockOffset, after: ClockOffset | None, result: LoadResult,
+              started_local: float, load: dict[str, Any], error: str | None) -> Part:
+        for r in result.records:
+            r.index = a.indices[r.index]
+        return Part(self.w, batch.id, batch.start_wall, started_local + before.offset_s, before, after, len(a.indices),
+                    a.concurrency, result, load, socket.gethostname(), os.getpid(), error)
+
+    def run_share(self, batch: Batch) -> Part:
+        """This worker's share of ``batch``, as a part (``error`` set when it broke)."""
+        a = self._assignment(batch)
+        before = self._clocked()
+        tr, error = self._ready(a)
         with _Heartbeat(self.ctl, self.w.k, batch.id, self.opts.heartbeat_s, lambda: tr.sent if tr is not None else 0):
             host = self.host_sampler()
             # the loop collects and freezes the heap before its clock starts (kvgate.load.schedule._start):
@@ -251,6 +323,7 @@ class Worker:
             gc.collect()
             gc.freeze()
             self._wait_until(batch.start_wall - before.offset_s)
+            self._waited()
             host.start()
             result, started_local = LoadResult(batch.mode, [], len(a.indices), 0.0, batch.deadline_s), self.wall()
             if error is None and tr is not None:
@@ -259,14 +332,72 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001 - the part says what broke; the verdict names it
                     error = f"{type(exc).__name__}: {exc}"
             load = host.stop()
-        for r in result.records:
-            r.index = a.indices[r.index]
         try:
-            after: ClockOffset | None = self.clock()
+            after: ClockOffset | None = self._clocked()
         except ControlError:
             after = None
-        return Part(self.w, batch.id, batch.start_wall, started_local + before.offset_s, before, after, len(a.indices),
-                    a.concurrency, result, load, socket.gethostname(), os.getpid(), error)
+        return self._part(batch, a, before, after, result, started_local, load, error)
+
+    async def run_round(self, batch: Batch) -> Part:
+        """:meth:`run_share` for an overlapping batch, on the rounds' event loop
+        (:class:`_Overlapping`): the wait for the shared start and the loop (``freeze_gc=False``) on
+        the event loop, beside the rounds still running; the heartbeat's end and the clock reading
+        after the round in threads. The reading *before* is the latest one taken (the join's, or the
+        last round's after), not a new exchange: nothing between the hand-over and the start waits
+        on the coordinator (measured: a fresh exchange there, answered by a coordinator busy with
+        the rounds in flight, once put a worker's round 816 ms past the instant, lead 0.5 s); the
+        residual of before and after still bounds the drift over the round."""
+        a = self._assignment(batch)
+        before = self.last_clock if self.last_clock is not None else await asyncio.to_thread(self._clocked)
+        tr, error = self._ready(a)
+        beat = _Heartbeat(self.ctl, self.w.k, batch.id, self.opts.heartbeat_s, lambda: tr.sent if tr is not None else 0)
+        beat.__enter__()
+        try:
+            host = self.host_sampler()
+            while (left := batch.start_wall - before.offset_s - self.wall()) > 0:
+                await asyncio.sleep(min(left, 0.25))
+            self._waited()
+            host.start()
+            result, started_local = LoadResult(batch.mode, [], len(a.indices), 0.0, batch.deadline_s), self.wall()
+            if error is None and tr is not None and a.indices:
+                try:
+                    ref_perf, ref_wall = self.perf(), self.wall()
+                    kw: dict[str, Any] = {"deadline_s": batch.deadline_s, "request_timeout_s": batch.request_timeout_s,
+                                          "clock": self.perf, "transport": tr, "freeze_gc": False}
+                    if batch.mode == "closed":
+                        result = await self.closed_async(self._endpoint(), list(a.specs),
+                                                         concurrency=max(1, a.concurrency), **kw)
+                    else:
+                        result = await self.opened_async(self._endpoint(), list(a.specs),
+                                                         offsets_s=list(a.offsets_s or ()),
+                                                         max_in_flight=a.max_in_flight, **kw)
+                    started_local = ref_wall + ((tr.t0 if tr.t0 is not None else ref_perf) - ref_perf)
+                except Exception as exc:  # noqa: BLE001 - the part says what broke; the verdict names it
+                    error = f"{type(exc).__name__}: {exc}"
+            load = host.stop()
+        finally:
+            await asyncio.to_thread(beat.__exit__, None, None, None)
+        try:
+            after: ClockOffset | None = await asyncio.to_thread(self._clocked)
+        except ControlError:
+            after = None
+        return self._part(batch, a, before, after, result, started_local, load, error)
+
+    async def round_and_ship(self, batch: Batch) -> None:
+        """:meth:`run_round`, then ship its part (in a thread); a part the coordinator cannot take
+        is logged (the coordinator names the worker lost)."""
+        part = await self.run_round(batch)
+        try:
+            await asyncio.to_thread(self.ship, part)
+        except ControlError as exc:
+            self.log(f"kvgate worker {self.w}: {batch.label}: shipping failed: {exc}")
+            return
+        self._logged(batch, part)
+
+    def _logged(self, batch: Batch, part: Part) -> None:
+        self.log(f"kvgate worker {self.w}: {batch.label}: {len(part.result.records)} of {part.assigned} "
+                 f"requests sent, started {part.start_offset_s * 1e3:+.1f} ms from the shared start"
+                 + (f"; error: {part.error}" if part.error else ""))
 
     def _endpoint(self) -> Endpoint:
         assert self.endpoint is not None, "join() first"
@@ -304,19 +435,33 @@ class Worker:
 
     def run(self) -> int:
         """The whole life (see the module docstring); returns the exit code."""
+        rounds: _Overlapping | None = None
         try:
             self.join()
             after = -1
             while (batch := self.next_batch(after)) is not None:
                 after = batch.id
+                if batch.overlaps:
+                    if rounds is None:  # once, before the first round: rounds overlap, no loop collects later
+                        if self.freeze_heap:
+                            gc.collect()
+                            gc.freeze()
+                        rounds = _Overlapping(self)
+                    rounds.submit(batch)
+                    continue
+                if rounds is not None:
+                    rounds.wait()
                 part = self.run_share(batch)
                 self.ship(part)
-                self.log(f"kvgate worker {self.w}: batch {batch.id}: {len(part.result.records)} of {part.assigned} "
-                         f"requests sent, started {part.start_offset_s * 1e3:+.1f} ms from the shared start"
-                         + (f"; error: {part.error}" if part.error else ""))
+                self._logged(batch, part)
+            if rounds is not None:
+                rounds.wait()
         except ControlError as exc:
             self.log(f"kvgate worker {self.w}: {exc}")
             return USAGE if exc.status in (400, 409) else FAILED
+        finally:
+            if rounds is not None:
+                rounds.close()
         self.log(f"kvgate worker {self.w}: done")
         return OK
 

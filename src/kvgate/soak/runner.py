@@ -757,6 +757,13 @@ class SoakRunner:
     is cancelled and not kept (its row never judged), so the result is the deciding look's rows.
     Every look is recorded in :attr:`SoakResult.extension`. Without a judge only the planned
     rounds run.
+
+    **Lead** (``lead_s`` > 0: the rounds sent by workers, :class:`kvgate.scale.soak.SoakSplit`): the
+    soak's time base starts ``lead_s`` after :meth:`run` is called, and round ``k`` is handed to
+    ``send_round`` ``lead_s`` before its start with that start as ``start_s`` (seconds on ``clock``):
+    ``send_round(k, offsets, specs, deadline_s, start_s=t0 + k * round_s)``, so the sender can
+    publish it ahead of an instant fixed by the schedule (never by when the call happened).
+    Sampling, round rows and the round boundaries stay on ``t0 + k * round_s`` as without a lead.
     """
 
     def __init__(self, plan: SoakPlan, send_round: SendRound, samplers: Samplers, *,
@@ -764,8 +771,9 @@ class SoakRunner:
                  out_dir: Path | None = None, progress: Callable[[str], None] | None = None,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
                  on_records: Callable[[int, list[Any]], None] | None = None,
-                 judge: Callable[[SoakResult], Sequence[str]] | None = None) -> None:
+                 judge: Callable[[SoakResult], Sequence[str]] | None = None, lead_s: float = 0.0) -> None:
         self.plan = plan
+        self.lead_s = float(lead_s)
         self.on_records = on_records
         self.send_round = send_round
         self.samplers = samplers
@@ -983,7 +991,11 @@ class SoakRunner:
                      done: asyncio.Event, sink: _CsvSink, req_sink: _CsvSink) -> None:
         offsets, specs = self.requests(k)
         deadline_s = self.plan.round_s + self.plan.request_timeout_s
-        result = await self.send_round(k, offsets, specs, deadline_s)
+        if self.lead_s > 0:
+            result = await self.send_round(k, offsets, specs, deadline_s,  # type: ignore[call-arg]
+                                           start_s=self._t0 + k * self.plan.round_s)
+        else:
+            result = await self.send_round(k, offsets, specs, deadline_s)
         if self._decided_at is not None and k >= self._decided_at:
             done.set()  # a round past the look that decided: dropped, nothing of it kept
             return
@@ -1025,11 +1037,11 @@ class SoakRunner:
         out = self.out_dir
         sink = _CsvSink(out / "soak-rounds.csv" if out else None, ROUND_FIELDS)
         req_sink = _CsvSink(out / "soak-requests.csv" if out else None, REQUEST_FIELDS)
-        self._t0 = t0 = self.clock()
+        self._t0 = t0 = self.clock() + self.lead_s
         hard = t0 + p.hard_deadline_s
         loop = SamplingLoop(self.samplers.ordered(), p.sample_period_s, self._on_tick, self.clock, self.sleep,
                             max_ticks=int(math.ceil(cap * p.round_s / p.sample_period_s)) + 2)
-        sampling = asyncio.ensure_future(loop.run(t0 + cap * p.round_s))
+        sampling = asyncio.ensure_future(self._sample(loop, t0, t0 + cap * p.round_s))
         tasks: list[asyncio.Task[None]] = []
         closed = [asyncio.Event() for _ in range(cap)]
         done = [asyncio.Event() for _ in range(cap)]
@@ -1037,9 +1049,9 @@ class SoakRunner:
         try:
             for k in range(cap):
                 start = t0 + k * p.round_s
-                if not await self._until(start, halt_wait):
+                if not await self._until(start - self.lead_s, halt_wait):
                     break
-                if k > 0:
+                if k > 0 and not self.lead_s:
                     closed[k - 1].set()
                 if k >= p.rounds:  # an extension round: only while the last look left a part undecided
                     for _ in range(8):  # let round k-1's row land (its requests done) and be judged first
@@ -1048,6 +1060,10 @@ class SoakRunner:
                         break
                 tasks.append(asyncio.ensure_future(self._round(
                     k, closed[k], done[k - 1] if k else None, done[k], sink, req_sink)))
+                if k > 0 and self.lead_s:  # handed over ahead; round k-1's period ends at round k's start
+                    if not await self._until(start, halt_wait):
+                        break
+                    closed[k - 1].set()
             if not self.stopped and self._decided_at is None and tasks:
                 if await self._until(t0 + len(tasks) * p.round_s, halt_wait):
                     closed[len(tasks) - 1].set()
@@ -1099,6 +1115,12 @@ class SoakRunner:
             all_done.cancel()
             await asyncio.gather(all_done, return_exceptions=True)
             return
+
+    async def _sample(self, loop: SamplingLoop, t0: float, until: float) -> int:
+        """The sampling loop from ``t0`` (after the lead, when there is one) to ``until``."""
+        if t0 > self.clock():
+            await self.sleep(t0 - self.clock())
+        return await loop.run(until)
 
     def _cap(self) -> int:
         """Rounds this run may reach: ``plan.round_cap`` with a judge, the planned rounds without one."""
