@@ -30,7 +30,7 @@ def run(pytester, url, suites=SUITE, profile=PROFILE):
 def test_healthy_fake_passes_every_edge_request(pytester, fake):
     result, summary, gates = run(pytester, fake.url)
     assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
-    assert len(gates) == 31 and all(g["status"] == "PASS" for g in gates.values())
+    assert len(gates) == 32 and all(g["status"] == "PASS" for g in gates.values())
     # ids read from profile data; a 4xx case names the server's reason, a 200 case its tokens
     assert "-> 400" in gates["requests/max-tokens/zero/chat"]["message"]
     assert "-> 404" in gates["requests/malformed/unknown-model"]["message"]
