@@ -168,7 +168,7 @@ def test_edge_requests_through_the_route_prefix(pytester, fake):
     """Case 4 through a route prefix (KServe's /openai/v1): the same documented outcomes; a
     server answering 500 there is caught there too."""
     _, summary, gates = run(pytester, fake.base_url + "/openai/v1")
-    assert summary["overall"] == "PASS" and len(gates) == 31, [g["message"] for g in gates.values()
+    assert summary["overall"] == "PASS" and len(gates) == 32, [g["message"] for g in gates.values()
                                                                if g["status"] != "PASS"]
     fake.config.faults.add("validation_500")
     _, _, gates = run(pytester, fake.base_url + "/openai/v1")

@@ -1,6 +1,7 @@
 """Gate ``requests``: the request shapes real clients send get documented outcomes, never a 5xx
 or a dead engine; stream chunks are valid against the OpenAI schema; non-ASCII streams lose no
-bytes; the gateway's total route timeout outlasts the longest stream the profile allows.
+bytes; the gateway's total route timeout outlasts the longest stream the profile allows; under
+overlap every body arrives whole (``integrity``, :func:`integrity_verdict`).
 Asserted by ``suites/test_requests.py``.
 
 The catalogue of edge requests (:data:`EDGE_CASES`) is data: each case names the fields it sends
@@ -657,8 +658,8 @@ def integrity_verdict(obs: Overlap, near_tie_logprob: float) -> Verdict:
     at a near tie (``near_tie_logprob`` nats, as the compare gate tells them), named.
 
     FAIL names each incomplete body with the bytes received against those declared (or the alone
-    answer's), each prompt count that differs, each long answer that drifted (where it parts).
-    INVALID: the long request alone got no complete 200 (nothing to compare with)."""
+    answer's), each prompt count that differs, each long answer that drifted (where it parts); the
+    long request alone answered otherwise than a whole 200 FAILs as itself (nothing else judged)."""
     gid = "requests/integrity"
     alone = obs.alone
     rows: list[dict[str, Any]] = []
@@ -670,15 +671,17 @@ def integrity_verdict(obs: Overlap, near_tie_logprob: float) -> Verdict:
                      "elapsed_s": round(d.elapsed_s, 3)})
 
     if alone is None or alone.status != 200:
-        return Verdict(gid, Status.INVALID, f"the long request alone got {alone.status if alone else 'nothing'} "
-                       f"({clip(alone.body.decode('utf-8', 'replace') if alone else '', 120)}) -> INVALID (nothing to "
-                       "compare the overlapped answers with)", evidence={"concurrency": obs.concurrency})
+        what = f"{alone.status or 'no answer'} ({clip(alone.body.decode('utf-8', 'replace') or alone.error or '', 120)})" \
+            if alone else "nothing"
+        return Verdict(gid, FAIL, f"the long request alone got {what} -> FAIL (the endpoint does not answer it even "
+                       "alone; no overlapped answer could be judged)", measured=1, limit=0, unit="bodies",
+                       evidence={"concurrency": obs.concurrency})
     ref, ref_counted, ref_problems = _delivered_answer(alone)
     row(alone, ref_problems, ref_counted, ref)
     if ref_problems or not ref.ok:
-        return Verdict(gid, Status.INVALID, f"the long request alone was itself incomplete: {'; '.join(ref_problems)} "
-                       "-> INVALID (no complete answer to compare with; the endpoint truncates even alone)",
-                       evidence={"concurrency": obs.concurrency, "bodies": rows})
+        return Verdict(gid, FAIL, f"the long request alone was delivered incomplete: {'; '.join(ref_problems)} -> FAIL "
+                       "(the endpoint cuts bodies even alone; no overlapped answer could be judged)",
+                       measured=1, limit=0, unit="bodies", evidence={"concurrency": obs.concurrency, "bodies": rows})
     bad: list[str] = []
     ties: list[str] = []
     counted_ok = 0
@@ -709,7 +712,7 @@ def integrity_verdict(obs: Overlap, near_tie_logprob: float) -> Verdict:
                 ties.append(f"{d.label} {where}")
             else:
                 bad.append(f"{d.label}: {len(ans.text):,} characters, sha256 {_digest(ans.text)} where the same request "
-                           f"alone gave {len(ref.text):,}, sha256 {_digest(ref.text)}; {where}")
+                           f"alone gave {len(ref.text):,} characters, sha256 {_digest(ref.text)}; {where}")
     evidence = {"concurrency": obs.concurrency, "bodies": rows, "near_ties": ties,
                 "direct": obs.direct.label if obs.direct is not None else None,
                 "long_sha256": _digest(ref.text), "long_chars": len(ref.text)}

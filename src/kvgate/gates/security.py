@@ -10,8 +10,12 @@ llama.cpp and a vLLM TP group down (sglang PR#36856, llama.cpp#19367, vllm#54195
 fetch loopback and metadata URLs (vllm#57157, CVE-2025-6242); refusals that come after seconds of
 preprocessing (vllm#58192).
 
-Cases (ids ``PROFILE/security/CASE``): ``auth-surface``, ``hostile-parameters``, ``media-urls``,
-``secrets``, ``flood``. Observations in (:mod:`kvgate.security.probe`), a
+Also the paths a request can take (a request's chat template, PYSEC-2026-4349; pure
+``prompt_embeds`` and empty structured outputs, PYSEC-2026-2303 / PYSEC-2026-4199) and response
+caches that cross callers or ignore fields (litellm#29955, lunargate-ai/gateway#2).
+
+Cases (ids ``PROFILE/security/CASE``): ``auth-surface``, ``hostile-parameters``, ``input-paths``,
+``media-urls``, ``secrets``, ``cache``, ``flood``. Observations in (:mod:`kvgate.security.probe`), a
 :class:`~kvgate.verdict.Verdict` out; no I/O.
 """
 
@@ -390,7 +394,7 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
     sent = len(run.sent) - len(unsent)
     if bad:
         tail = f"; {len(unsent)} not sent after it ({_more(unsent, 3)})" if unsent else ""
-        return Verdict(gid, FAIL, f"{len(bad)} finding{'s' if len(bad) != 1 else ''} over {sent} input paths{', the engine down after one' if down else ''}: "
+        return Verdict(gid, FAIL, f"{len(bad)} finding{'s' if len(bad) != 1 else ''} over {sent} input path{'s' if sent != 1 else ''}{', the engine down after one' if down else ''}: "
                        f"{'; '.join(bad[:5])}{tail} -> FAIL (each path must get a 4xx or a bounded 200 in time, the "
                        "engine generating and /health 200 after it)",
                        measured=len(bad), limit=0, unit="findings", evidence=evidence)
