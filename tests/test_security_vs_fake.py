@@ -135,3 +135,32 @@ def test_an_auth_check_reading_the_host_built_url_fails_naming_the_host_header(p
                       for p in ("/v1/chat/completions", "/v1/models", "/tokenize", "/load")}, served
     assert g["cause"].startswith("the auth check reads the path of the URL rebuilt from the Host header "
                                  f"(request.url.path) while the router reads the request path: `Host: {host}/health? ->")
+
+
+def trusted_profile(tmp_path):
+    """fake-vllm-secure with request templates trusted and a 500 ms TTFT SLO for the side canary."""
+    path = tmp_path / "fake-vllm-trusted.yaml"
+    path.write_text(f"extends: {SECURE}\nsecurity:\n  request_chat_template: trusted\nslo:\n  ttft_p95_ms: 500\n")
+    return path
+
+
+def test_a_trusted_template_renders_while_the_side_canary_keeps_its_ttft(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVGATE_TEST_KEY", KEY)
+    with FakeVLLM(shut(trust_request_chat_template=True)) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "--api-key-env", "KVGATE_TEST_KEY", "-k", "input-paths",
+                                 suites=SUITE, profile=trusted_profile(tmp_path))
+    g = gates["fake-vllm-trusted/security/input-paths"]
+    assert g["status"] == "PASS" and "request templates rendered: 0 refused, 5 ignored (prompt counted as without them), " \
+        "1 rendered with a canary on another connection within 500 ms" in g["message"], g["message"]
+
+
+def test_a_template_that_blocks_the_engine_fails_naming_the_side_canarys_wait(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVGATE_TEST_KEY", KEY)
+    cfg = shut(trust_request_chat_template=True, faults={"template_blocks_engine"}, template_block_s=1.5)
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "--api-key-env", "KVGATE_TEST_KEY", "-k", "input-paths",
+                                 suites=SUITE, profile=trusted_profile(tmp_path))
+    g = gates["fake-vllm-trusted/security/input-paths"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "while a request chat_template on chat was answered, a canary on another connection waited " in g["message"] \
+        and "ms for its first token (limit 500 ms)" in g["message"], g["message"]

@@ -308,6 +308,8 @@ FAULTS: dict[str, str] = {
     "lives (healthy: 400, prompt embeds not enabled)",
     "responses_template_kills": "a /v1/responses request with chat_template_kwargs.chat_template kills the engine: it "
     "and every later generation fail as dead_mode says while /health stays 200 (PYSEC-2026-4349's blocked worker)",
+    "template_blocks_engine": "rendering a request's chat_template (trust_request_chat_template) holds every "
+    "generation for template_block_s (default 2 s): one worker thread blocked for every chat user (PYSEC-2026-4349)",
     "cache_ignores_caller": "a response cache in front keys non-streamed generations by the body alone: the same "
     "request from another key gets the first caller's body (litellm#29955); a repeat is answered at once",
     "cache_ignores_fields": "a response cache in front keys non-streamed generations by caller, route, model and "
@@ -442,6 +444,8 @@ class FakeConfig:
     max_logprobs: int = 20
     api_key: str | None = None  # like --api-key: /v1/* then need "Authorization: Bearer <key>"
     other_keys: tuple[str, ...] = ()  # further callers' keys the guard accepts beside api_key (a gateway's)
+    trust_request_chat_template: bool = False  # like --trust-request-chat-template: a request's chat_template renders
+    template_block_s: float = 2.0  # template_blocks_engine: seconds every generation waits while a template renders
     # which routes api_key guards: "prefix" (vLLM 0.32's rule: /v1, /v2, /inference, /cohere; /openai/v1 too) or
     # "all" (every route but open_routes: kvgate.security.middleware.RequireKey, or a gateway in front)
     auth_guard: str = "prefix"
@@ -1492,6 +1496,7 @@ class FakeVLLM:
         self._authorization = ""
         self._response_cache: dict[str, bytes] = {}  # the cache faults' cache: key -> the body answered
         self._overlapped: set[int] = set()  # request seqs that were in flight beside another
+        self._blocked_until = 0.0  # template_blocks_engine: generations wait until this (time.monotonic())
         self.app = self._build_app()
         self.base_url: str | None = None
         self._server: uvicorn.Server | None = None
@@ -1988,6 +1993,11 @@ class FakeVLLM:
             return refused
         if isinstance(body.get("n"), int) and body["n"] > 1 and not body.get("stream"):
             return await self._generate_n(request, body, kind)
+        if kind == "chat" and body.get("chat_template") is not None and "template_blocks_engine" in self.config.faults \
+                and self.config.trust_request_chat_template:
+            self._blocked_until = time.monotonic() + self.config.template_block_s
+        if (held := self._blocked_until - time.monotonic()) > 0:  # a template renders on the one worker
+            await self.sleep(held)
         cache_key = self._cache_key(kind, body, request.headers.get("authorization", ""))
         if cache_key is not None and cache_key in self._response_cache:
             return Response(self._response_cache[cache_key], media_type="application/json")
@@ -2163,7 +2173,7 @@ class FakeVLLM:
                 words = tok.render_chat(body.get("messages"), bool(body.get("add_generation_prompt", True)),
                                         body.get("chat_template_kwargs"), self._drop_roles)
                 if body.get("chat_template") is not None:
-                    if "request_template_rendered" not in faults:
+                    if "request_template_rendered" not in faults and not cfg.trust_request_chat_template:
                         raise _BadRequest("Chat template is passed with request, but --trust-request-chat-template "
                                           "is not set. Refused request with untrusted chat template.")
                     words = [*words, *["kv"] * REQUEST_TEMPLATE_WORDS]
