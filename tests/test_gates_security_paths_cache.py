@@ -27,7 +27,7 @@ def chat(prompt_tokens=33, out=4, choices=1, rid="chatcmpl-1", text="OK"):
                                   "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out}}), 0.2)
 
 
-def responses(input_tokens=33, out=16):
+def responses(input_tokens=33, out=4):
     return Reply(200, json.dumps({"id": "resp_1", "output": [], "usage": {"input_tokens": input_tokens,
                                                                            "output_tokens": out}}), 0.2)
 
@@ -53,7 +53,7 @@ def test_the_template_always_terminates_and_adds_enough_words():
 
 @pytest.mark.parametrize("route,reply,bounded", [
     ("chat", chat(out=4), True), ("chat", chat(out=5), False), ("chat", chat(choices=2), False),
-    ("responses", responses(out=16), True), ("responses", responses(out=17), False),
+    ("responses", responses(out=4), True), ("responses", responses(out=5), False),
     ("messages", Reply(200, '{"content": [], "usage": {"output_tokens": 4}}', 0.1), True),
     ("chat", Reply(200, "<html>oops</html>", 0.1), False), ("chat", Reply(200, '{"id": "x"}', 0.1), False),
 ])
@@ -67,7 +67,7 @@ def test_every_path_refused_or_bounded_passes_naming_the_ignored_templates():
                                              "guided-legacy": chat()}), CANARY, 10, 3000)
     assert v.status is Status.PASS, v.message
     assert v.message.startswith("3 input paths in time: 1 refused 4xx, 2 bounded 200s (guided-legacy, "
-                                "chat_template/responses); request templates never rendered: 1 refused, 1 ignored")
+                                "chat_template/responses); request templates (untrusted: never rendered): 1 refused, 1 ignored")
 
 
 def test_an_untrusted_template_rendered_fails_naming_the_prompt_counts():

@@ -37,7 +37,7 @@ def test_a_shut_door_passes_every_case(pytester, monkeypatch):
     hostile = gates["fake-vllm-secure/security/hostile-parameters"]["message"]
     assert "the canary generated after each; resident memory" in hostile, hostile
     paths = gates["fake-vllm-secure/security/input-paths"]["message"]
-    assert "14 input paths in time: 4 refused 4xx" in paths and "request templates never rendered: 1 refused, 5 ignored" \
+    assert "14 input paths in time: 4 refused 4xx" in paths and "request templates (untrusted: never rendered): 1 refused, 5 ignored" \
         in paths, paths
     cache = gates["fake-vllm-secure/security/cache"]["message"]
     assert "5 changed fields (response_format, stop, seed, tools, max_tokens) each answered afresh; the second caller's " \
@@ -150,7 +150,7 @@ def test_a_trusted_template_renders_while_the_side_canary_keeps_its_ttft(pyteste
         _, _, gates = run_suites(pytester, fake.url, "--api-key-env", "KVGATE_TEST_KEY", "-k", "input-paths",
                                  suites=SUITE, profile=trusted_profile(tmp_path))
     g = gates["fake-vllm-trusted/security/input-paths"]
-    assert g["status"] == "PASS" and "request templates rendered: 0 refused, 5 ignored (prompt counted as without them), " \
+    assert g["status"] == "PASS" and "request templates (trusted): 0 refused, 5 ignored (prompt counted as without them), " \
         "1 rendered with a canary on another connection within 500 ms" in g["message"], g["message"]
 
 

@@ -400,8 +400,9 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
                        measured=len(bad), limit=0, unit="findings", evidence=evidence)
     if not any(s.reply is not None and s.reply.status != 0 for s in run.sent):
         return Verdict(gid, Status.INVALID, "no input path got an answer -> INVALID (nothing was judged)", evidence=evidence)
-    templ = (f"request templates {'rendered' if trusted else 'never rendered'}: {sum(1 for n in refused if n.startswith('chat_template'))} "
-             f"refused, {len(ignored)} ignored (prompt counted as without them)"
+    templ = (f"request templates ({'trusted' if trusted else 'untrusted: never rendered'}): "
+             f"{sum(1 for n in refused if n.startswith('chat_template'))} refused, {len(ignored)} ignored (prompt counted "
+             "as without them)"
              + (f", {len(rendered)} rendered with a canary on another connection within {ttft_limit_ms:g} ms" if trusted else ""))
     return Verdict(gid, PASS, f"{sent} input paths in time: {len(refused)} refused 4xx, {len(bounded) + len(ignored) + len(rendered)} "
                    f"bounded 200s ({_more(bounded + ignored + rendered, 4) or 'none'}); {templ}; the canary generated and "

@@ -44,7 +44,7 @@ NO_BACKEND = "kvgate-no-such-backend"
 def plain(route: str, model: str) -> dict[str, Any]:
     """The route's plain request ("Say OK.", :data:`MAX_TOKENS`): the baseline the probes add to."""
     if route == "responses":
-        return {"model": model, "input": "Say OK.", "max_output_tokens": 16}  # OpenAI's floor is 16
+        return {"model": model, "input": "Say OK.", "max_output_tokens": MAX_TOKENS}  # OpenAI's floor of 16: not vLLM's
     if route == "messages":
         return {"model": model, "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": "Say OK."}]}
     if route == "completions":
