@@ -5,16 +5,23 @@ the engine still generates after each (canary); min_tokens holds with a stop str
 streams lose no bytes; every stream chunk validates strictly against the openai SDK's own types;
 the gateway's total route timeout outlasts the longest stream the profile allows; request bodies
 from a few KB up to a max-context request (2x, and multibyte) get a 200 or a documented 4xx, never
-a gateway's 413 or a 5xx for a body the profile allows."""
+a gateway's 413 or a 5xx for a body the profile allows; under overlap (the profile's concurrency)
+every body arrives whole -- its Content-Length, its JSON, its stream's finish chunk and [DONE], its
+prompt as /tokenize counts it, the long temperature-0 answer as it is alone (and on the
+direct-to-pod endpoint, --direct-endpoint)."""
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, body_ladder,
                                    body_size_verdict, chunk_schema_verdict, edge_body, edge_verdict, first_rung,
-                                   ladder_body, min_tokens_verdict, non_ascii_verdict, route_timeout_verdict,
-                                   tokens_per_byte)
+                                   integrity_verdict, ladder_body, min_tokens_verdict, non_ascii_verdict,
+                                   route_timeout_verdict, tokens_per_byte)
+from kvgate.http.client import KvClient
+from kvgate.http.integrity import observe_overlap
+from kvgate.launch.target import TargetError, endpoint_from_url
 from kvgate.http.probes import build_prompt, canary, send, send_raw
 from kvgate.http.prompts import PromptError
 
@@ -22,6 +29,10 @@ APIS = ["completions", "chat"]
 CASES = {c.name: c for c in EDGE_CASES}
 PROMPT = "write about the kv cache pool"
 N_CHOICES = 2
+#: [tokens] the integrity case's output per request, at most (the profile's cap when lower)
+INTEGRITY_TOKENS = 64
+#: [nats] a long answer parting from its alone answer within this is a near tie (the compare gate's default)
+NEAR_TIE = 0.1
 
 
 def body(api, model, prompt=PROMPT, **params):
@@ -143,3 +154,22 @@ def test_route_timeout_outlasts_longest_stream(case, observed, kvgate_profile, k
 def test_body_sizes_up_to_max_context_get_documented_answers(case, observed, kvgate_profile, kvgate_gate):
     rungs, exchanges, how = observed[case]
     assert kvgate_gate(body_size_verdict(rungs, exchanges, kvgate_profile.engine.max_model_len, how)).passed
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=["integrity"])
+def test_bodies_arrive_whole_under_overlap(case, request, kvgate_client, kvgate_profile, kvgate_gate):
+    profile, url = kvgate_profile, request.config.getoption("kvgate_direct_endpoint", None)
+    max_tokens = min(profile.limits.max_tokens_cap or INTEGRITY_TOKENS, INTEGRITY_TOKENS)
+    kw = dict(concurrency=profile.slo.concurrency, max_tokens=max_tokens, timeout_s=profile.limits.request_timeout_s)
+    if url is None:
+        obs = observe_overlap(kvgate_client, profile.model.served_name, **kw)
+    else:
+        try:  # the pod answers with the gateway's key; its URL split as --endpoint's is
+            direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=kvgate_client.endpoint.api_key,
+                                         host_header=None)
+        except TargetError as exc:
+            pytest.fail(f"--direct-endpoint: {exc}", pytrace=False)
+        with KvClient(direct, timeout_s=profile.limits.request_timeout_s) as pod:
+            obs = observe_overlap(kvgate_client, profile.model.served_name, direct=pod, **kw)
+    assert kvgate_gate(integrity_verdict(obs, NEAR_TIE)).passed

@@ -1,19 +1,24 @@
 """Gate: security (``-m security``). The door holds: every route but the declared open ones refuses a
 caller without the key or with a wrong one, however the route is spelled; no answer echoes a secret; media URLs are not fetched;
-hostile parameters get a clean 4xx or a bounded 200 in time and the engine lives through them; a
+hostile parameters get a clean 4xx or a bounded 200 in time and the engine lives through them, and
+so do the input paths (a request's chat template, prompt_embeds, empty structured outputs, legacy
+fields); no response cache crosses callers or ignores a field, none the profile does not declare; a
 flood past the declared admission limit is refused fast."""
 
 import dataclasses
+import os
 from urllib.parse import urlsplit
 
 import pytest
 
-from kvgate.gates.security import (CASES, auth_surface_verdict, flood_verdict, hostile_verdict, media_skip,
-                                   media_verdict, secrets_verdict)
+from kvgate.gates.security import (CASES, auth_surface_verdict, cache_verdict, flood_verdict, hostile_verdict,
+                                   input_paths_verdict, media_skip, media_verdict, secrets_verdict)
 from kvgate.http.client import KvClient
+from kvgate.security.cache import probe_cache
 from kvgate.security.hostile import PROBES, Context
+from kvgate.security.paths import PATH_PROBES
 from kvgate.security.probe import (WRONG_KEY, MediaTrap, canary, echo_probes, flood, knock, offer_media,
-                                   send_hostile)
+                                   send_hostile, send_paths)
 from kvgate.security.routes import root_path_of
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -58,7 +63,8 @@ def test_security(case, request, kvgate_client, kvgate_profile, kvgate_gate):
         assert kvgate_gate(skip).passed
         return
     check = {"auth-surface": check_auth_surface, "secrets": check_secrets, "media-urls": check_media,
-             "hostile-parameters": check_hostile, "flood": check_flood}[case]
+             "hostile-parameters": check_hostile, "input-paths": check_input_paths, "cache": check_cache,
+             "flood": check_flood}[case]
     assert kvgate_gate(check(request, kvgate_client, kvgate_profile)).passed
 
 
@@ -94,6 +100,27 @@ def check_hostile(request, client, profile):
     first = canary(client, model, profile.limits.canary_deadline_s)
     run = send_hostile(client, ctx, PROBES, deadline_s=sec.deadline_s, canary_deadline_s=profile.limits.canary_deadline_s)
     return hostile_verdict(sec, run, first, sec.deadline_s)
+
+
+def check_input_paths(request, client, profile):
+    sec, model, limits = profile.security, profile.model.served_name, profile.limits
+    first = canary(client, model, limits.canary_deadline_s)
+    run = send_paths(client, model, PATH_PROBES, deadline_s=sec.deadline_s, canary_deadline_s=limits.canary_deadline_s,
+                     trusted=sec.request_chat_template == "trusted")
+    ttft_limit_ms = profile.slo.ttft_p95_ms or limits.canary_deadline_s * 1e3
+    return input_paths_verdict(sec, run, first, sec.deadline_s, ttft_limit_ms)
+
+
+def check_cache(request, client, profile):
+    spec = profile.security.cache
+    key = os.environ.get(spec.second_key_env) if spec.second_key_env else None
+    note = ("the profile names no second key (security.cache.second_key_env)" if not spec.second_key_env
+            else f"${spec.second_key_env} is not set" if not key else "")
+    timeout_s = profile.security.deadline_s
+    if key is None:
+        return cache_verdict(spec, probe_cache(client, profile.model.served_name, timeout_s=timeout_s, second_key_note=note))
+    with _client(client, key) as second:
+        return cache_verdict(spec, probe_cache(client, profile.model.served_name, timeout_s=timeout_s, second=second))
 
 
 def check_flood(request, client, profile):

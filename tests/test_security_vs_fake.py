@@ -10,16 +10,18 @@ from .test_gates_vs_fake import REPO, run_suites
 SECURE = REPO / "tests" / "data" / "fake-vllm-secure.yaml"
 SUITE = ["suites/test_security.py"]
 KEY = "sk-kvgate-test-9d1e4b7c2a"
+KEY2 = "sk-kvgate-test-second-5e8a1f"
 
 
 def shut(**kw):
     """The fake with its door shut (tests/data/fake-vllm-secure.yaml describes it)."""
-    return FakeConfig(**{"max_tokens_cap": 64, "api_key": KEY, "auth_guard": "all", "admission_limit": 2, "itl_s": 0.01,
-                         **kw})
+    return FakeConfig(**{"max_tokens_cap": 64, "api_key": KEY, "other_keys": (KEY2,), "auth_guard": "all",
+                         "admission_limit": 2, "itl_s": 0.01, **kw})
 
 
 def run(pytester, monkeypatch, fake, *extra):
     monkeypatch.setenv("KVGATE_TEST_KEY", KEY)
+    monkeypatch.setenv("KVGATE_TEST_KEY2", KEY2)
     return run_suites(pytester, fake.url, "--api-key-env", "KVGATE_TEST_KEY", *extra, suites=SUITE, profile=SECURE)
 
 
@@ -27,12 +29,19 @@ def test_a_shut_door_passes_every_case(pytester, monkeypatch):
     with FakeVLLM(shut()) as fake:
         result, summary, gates = run(pytester, monkeypatch, fake)
     assert {g: v["status"] for g, v in gates.items()} == {f"fake-vllm-secure/security/{c}": "PASS" for c in (
-        "auth-surface", "secrets", "media-urls", "hostile-parameters", "flood")}, [g["message"] for g in gates.values()]
+        "auth-surface", "secrets", "media-urls", "hostile-parameters", "input-paths", "cache", "flood")}, \
+        [g["message"] for g in gates.values()]
     auth = gates["fake-vllm-secure/security/auth-surface"]["message"]
     assert "-> PASS (closed by: the fake's guard on every route (FakeConfig.auth_guard all))" in auth, auth
     assert "/health (the kubelet's liveness and readiness probes)" in auth
     hostile = gates["fake-vllm-secure/security/hostile-parameters"]["message"]
     assert "the canary generated after each; resident memory" in hostile, hostile
+    paths = gates["fake-vllm-secure/security/input-paths"]["message"]
+    assert "14 input paths in time: 4 refused 4xx" in paths and "request templates (untrusted: never rendered): 1 refused, 5 ignored" \
+        in paths, paths
+    cache = gates["fake-vllm-secure/security/cache"]["message"]
+    assert "5 changed fields (response_format, stop, seed, tools, max_tokens) each answered afresh; the second caller's " \
+        "answer to the same request was its own" in cache and "no repeat served from a cache -> PASS" in cache, cache
     flood = gates["fake-vllm-secure/security/flood"]
     assert "5 requests at once (max_in_flight 2): 3 refused 429 within" in flood["message"], flood["message"]
     written = [f for f in (pytester.path / "reports").rglob("*") if f.is_file()]
@@ -59,6 +68,13 @@ FAULTS = {  # fault -> (the one case it FAILs, fragment of its message)
     "echo_key": ("secrets", "with the wrong key kvgate sent in its body"),
     "fetch_media_urls": ("media-urls", "kvgate's loopback listener was fetched"),
     "hostile_seed_kills": ("hostile-parameters", "seed 2^64 (above 2^63-1): no answer"),
+    "request_template_rendered": ("input-paths", "a request chat_template on chat: 200 with the request's template "
+                                  "rendered (prompt counted 165 tokens, 5 for the same request without it"),
+    "path_500": ("input-paths", "pure prompt_embeds (no prompt): 500 (JSON error: \"EngineCore encountered an issue"),
+    "responses_template_kills": ("input-paths", "chat_template_kwargs.chat_template on responses: 500"),
+    "cache_ignores_caller": ("cache", "the second caller got the first caller's body (id chatcmpl-"),
+    "cache_ignores_fields": ("cache", "the same messages with another response_format, stop, seed, tools, max_tokens "
+                             "got the base request's body (id chatcmpl-"),
     "slow_refusal": ("flood", "refusals came after"),
     "refuse_500": ("flood", "answered otherwise: 500"),
 }
@@ -119,3 +135,32 @@ def test_an_auth_check_reading_the_host_built_url_fails_naming_the_host_header(p
                       for p in ("/v1/chat/completions", "/v1/models", "/tokenize", "/load")}, served
     assert g["cause"].startswith("the auth check reads the path of the URL rebuilt from the Host header "
                                  f"(request.url.path) while the router reads the request path: `Host: {host}/health? ->")
+
+
+def trusted_profile(tmp_path):
+    """fake-vllm-secure with request templates trusted and a 500 ms TTFT SLO for the side canary."""
+    path = tmp_path / "fake-vllm-trusted.yaml"
+    path.write_text(f"extends: {SECURE}\nsecurity:\n  request_chat_template: trusted\nslo:\n  ttft_p95_ms: 500\n")
+    return path
+
+
+def test_a_trusted_template_renders_while_the_side_canary_keeps_its_ttft(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVGATE_TEST_KEY", KEY)
+    with FakeVLLM(shut(trust_request_chat_template=True)) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "--api-key-env", "KVGATE_TEST_KEY", "-k", "input-paths",
+                                 suites=SUITE, profile=trusted_profile(tmp_path))
+    g = gates["fake-vllm-trusted/security/input-paths"]
+    assert g["status"] == "PASS" and "request templates (trusted): 0 refused, 5 ignored (prompt counted as without them), " \
+        "1 rendered with a canary on another connection within 500 ms" in g["message"], g["message"]
+
+
+def test_a_template_that_blocks_the_engine_fails_naming_the_side_canarys_wait(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVGATE_TEST_KEY", KEY)
+    cfg = shut(trust_request_chat_template=True, faults={"template_blocks_engine"}, template_block_s=1.5)
+    with FakeVLLM(cfg) as fake:
+        _, _, gates = run_suites(pytester, fake.url, "--api-key-env", "KVGATE_TEST_KEY", "-k", "input-paths",
+                                 suites=SUITE, profile=trusted_profile(tmp_path))
+    g = gates["fake-vllm-trusted/security/input-paths"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "while a request chat_template on chat was answered, a canary on another connection waited " in g["message"] \
+        and "ms for its first token (limit 500 ms)" in g["message"], g["message"]

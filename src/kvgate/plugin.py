@@ -103,6 +103,9 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--baseline", dest="kvgate_baseline", default=None, metavar="URL",
                     help="the compare gate's baseline: the revision serving today (same --api-key-env); "
                          "runs the compare gate (see docs/compare.md)")
+    group.addoption("--direct-endpoint", dest="kvgate_direct_endpoint", default=None, metavar="URL",
+                    help="a direct-to-pod URL beside the gateway (same --api-key-env): the requests gate's integrity "
+                         "case compares the long answer's bytes with it")
     group.addoption("--baseline-reports", dest="kvgate_baseline_reports", default=None, metavar="DIR",
                     help="the compare gate's baseline: the reports directory of an earlier run recorded with "
                          "--gate-mode record (its golden.json); give it with '=': --baseline-reports=DIR")

@@ -320,6 +320,24 @@ FAULTS: dict[str, str] = {
     "control_chars": "/version and every 4xx error message carry CONTROL_TEXT: each C0 control, DEL, the C1 "
     "controls, bidi overrides and isolates, U+2028/2029 and an ESC sequence that rewrites a log line to "
     "'OVERALL: PASS' (what a hostile endpoint writes into kvgate's outputs)",
+    # issue 40: input paths, a response cache in front, a gateway that truncates bodies under overlap
+    "request_template_rendered": "a chat request's own chat_template is rendered although the deployment does not "
+    "trust request templates: its prompt gets REQUEST_TEMPLATE_WORDS more tokens (healthy: 400, as vLLM 0.32 without "
+    "--trust-request-chat-template)",
+    "path_500": "a completions request with prompt_embeds (no prompt) is answered 500 InternalServerError; the engine "
+    "lives (healthy: 400, prompt embeds not enabled)",
+    "responses_template_kills": "a /v1/responses request with chat_template_kwargs.chat_template kills the engine: it "
+    "and every later generation fail as dead_mode says while /health stays 200 (PYSEC-2026-4349's blocked worker)",
+    "template_blocks_engine": "rendering a request's chat_template (trust_request_chat_template) holds every "
+    "generation for template_block_s (default 2 s): one worker thread blocked for every chat user (PYSEC-2026-4349)",
+    "cache_ignores_caller": "a response cache in front keys non-streamed generations by the body alone: the same "
+    "request from another key gets the first caller's body (litellm#29955); a repeat is answered at once",
+    "cache_ignores_fields": "a response cache in front keys non-streamed generations by caller, route, model and "
+    "messages/prompt only: the same messages with another response_format, stop, seed, tools or max_tokens get the "
+    "first body (lunargate-ai/gateway#2); a repeat is answered at once",
+    "truncate_under_overlap": "a gateway that truncates under overlap (envoy#43983): while another generation is in "
+    "flight, a non-streamed answer declares its whole Content-Length and sends only its first 40% before the "
+    "connection closes (status 200), and a stream ends cleanly before its finish chunk and [DONE]",
     # issue 34: the API surface clients use (the api gate; /v1/responses, /v1/messages, SDK-validated shapes)
     "responses_no_terminal": "a /v1/responses stream ends after its last output event with no terminal "
     "response.completed / incomplete / failed (vllm#55284)",
@@ -345,6 +363,9 @@ FAULTS: dict[str, str] = {
     "html_200": "every generation is answered 200 text/html '<html><body>oops</body></html>' (a gateway's "
     "catch-all page served with success): an SSE parser finds no event in it, and raises nothing",
 }
+
+#: Words the ``request_template_rendered`` fault adds to a prompt (kvgate's expanding template adds 160).
+REQUEST_TEMPLATE_WORDS = 160
 
 #: The ``control_chars`` fault's text: every character kvgate must escape (kvgate.verdict.printable).
 CONTROL_TEXT = ("".join(chr(c) for c in [*range(0x20), 0x7f, *range(0x80, 0xa0)]) + "\u200e\u200f\u202a\u202b\u202c\u202d"
@@ -442,6 +463,9 @@ class FakeConfig:
     eos_after: int | None = 48  # natural EOS after this many content tokens (None: never)
     max_logprobs: int = 20
     api_key: str | None = None  # like --api-key: /v1/* then need "Authorization: Bearer <key>"
+    other_keys: tuple[str, ...] = ()  # further callers' keys the guard accepts beside api_key (a gateway's)
+    trust_request_chat_template: bool = False  # like --trust-request-chat-template: a request's chat_template renders
+    template_block_s: float = 2.0  # template_blocks_engine: seconds every generation waits while a template renders
     # which routes api_key guards: "prefix" (vLLM 0.32's rule: /v1, /v2, /inference, /cohere; /openai/v1 too) or
     # "all" (every route but open_routes: kvgate.security.middleware.RequireKey, or a gateway in front)
     auth_guard: str = "prefix"
@@ -1102,6 +1126,24 @@ def _called_function(body: dict[str, Any]) -> tuple[dict[str, Any], bool] | None
     raise _BadRequest(f"Invalid tool_choice {choice!r}", param="tool_choice")
 
 
+#: A stream chunk that carries a finish reason (the truncate_under_overlap fault stops before it).
+_FINISHED = re.compile(r'"finish_reason":\s*"')
+
+
+class _CutBody(Response):
+    """A 200 that declares ``len(body)`` as its Content-Length, sends the first ``keep`` bytes and
+    drops the connection (the ``truncate_under_overlap`` fault)."""
+
+    def __init__(self, body: bytes, keep: int) -> None:
+        super().__init__(body, media_type="application/json")
+        self._keep = keep
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body[: self._keep], "more_body": True})
+        raise _CutConnection("truncate_under_overlap")
+
+
 class _CutConnection(Exception):
     """Raised out of a streaming body to drop the connection mid chunked body (uvicorn closes
     the transport without the terminating chunk)."""
@@ -1305,7 +1347,7 @@ class _Guard:
                 guarded = False
             scope = {**scope, "path": _normalised(scope["path"])}
         auth = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"authorization"), "")
-        if not guarded or auth == f"Bearer {cfg.api_key}" or scope.get("method") == "OPTIONS":
+        if not guarded or auth in {f"Bearer {k}" for k in (cfg.api_key, *cfg.other_keys)} or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         text = f"Unauthorized: {auth}" if "echo_key" in faults and auth else "Unauthorized"
         await JSONResponse({"error": text}, status_code=401)(scope, receive, send)
@@ -1519,6 +1561,9 @@ class FakeVLLM:
         self.metrics = _Metrics()
         self.created = int(time.time())
         self._authorization = ""
+        self._response_cache: dict[str, bytes] = {}  # the cache faults' cache: key -> the body answered
+        self._overlapped: set[int] = set()  # request seqs that were in flight beside another
+        self._blocked_until = 0.0  # template_blocks_engine: generations wait until this (time.monotonic())
         self.app = self._build_app()
         self.base_url: str | None = None
         self._server: uvicorn.Server | None = None
@@ -2017,6 +2062,14 @@ class FakeVLLM:
             return refused
         if isinstance(body.get("n"), int) and body["n"] > 1 and not body.get("stream"):
             return await self._generate_n(request, body, kind)
+        if kind == "chat" and body.get("chat_template") is not None and "template_blocks_engine" in self.config.faults \
+                and self.config.trust_request_chat_template:
+            self._blocked_until = time.monotonic() + self.config.template_block_s
+        if (held := self._blocked_until - time.monotonic()) > 0:  # a template renders on the one worker
+            await self.sleep(held)
+        cache_key = self._cache_key(kind, body, request.headers.get("authorization", ""))
+        if cache_key is not None and cache_key in self._response_cache:
+            return Response(self._response_cache[cache_key], media_type="application/json")
         t_received = time.monotonic()
         cfg, st = self.config, self.state
         faults = frozenset(cfg.faults)
@@ -2044,12 +2097,44 @@ class FakeVLLM:
             rec.error = "EngineCore encountered an issue. See stack trace (above) for the root cause."
             return _error(rec.error, 500, "InternalServerError")
 
+        if len(st.inflight) > 1:  # requests in flight together (the truncate_under_overlap fault)
+            self._overlapped.update(st.inflight)
         if plan.stream:
-            return _SSEResponse(self._stream(plan), on_close=lambda: self._release(plan))
+            events = self._stream(plan)
+            if "truncate_under_overlap" in faults:
+                events = self._cut_before_finish(events, rec.seq)
+            return _SSEResponse(events, on_close=lambda: self._release(plan))
         try:
-            return await self._complete_nonstream(request, plan)
+            resp = await self._complete_nonstream(request, plan)
         finally:
             self._release(plan)
+        if cache_key is not None and resp.status_code == 200:
+            self._response_cache[cache_key] = bytes(resp.body)
+        if "truncate_under_overlap" in faults and resp.status_code == 200 and rec.seq in self._overlapped:
+            return _CutBody(bytes(resp.body), keep=len(resp.body) * 2 // 5)
+        return resp
+
+    def _cache_key(self, kind: str, body: dict[str, Any], authorization: str) -> str | None:
+        """The response cache's key under the cache faults (None: no cache, or a stream): the whole
+        body without the caller (``cache_ignores_caller``), or caller, route, model and
+        messages/prompt only (``cache_ignores_fields``)."""
+        faults = self.config.faults
+        if body.get("stream") or not faults & {"cache_ignores_caller", "cache_ignores_fields"}:
+            return None
+        if "cache_ignores_fields" in faults:
+            return json.dumps([authorization, kind, body.get("model"), body.get("messages"), body.get("prompt")],
+                              sort_keys=True, default=str)
+        return json.dumps([kind, body], sort_keys=True, default=str)
+
+    async def _cut_before_finish(self, events: AsyncIterator[str | bytes], seq: int) -> AsyncIterator[str | bytes]:
+        """The stream up to (not including) its finish chunk, when the request overlapped another
+        (``truncate_under_overlap``): then it ends cleanly, no finish chunk, no [DONE]."""
+        async with contextlib.aclosing(events) as out:
+            async for piece in out:
+                text = piece.decode("utf-8", "replace") if isinstance(piece, bytes) else piece
+                if seq in self._overlapped and (_FINISHED.search(text) or "[DONE]" in text):
+                    return
+                yield piece
 
     async def _refuse_flood(self) -> Response | None:
         """Past ``admission_limit`` requests in flight: refused ``admission_status`` at once with
@@ -2159,6 +2244,11 @@ class FakeVLLM:
             if kind == "chat":
                 words = tok.render_chat(body.get("messages"), bool(body.get("add_generation_prompt", True)),
                                         body.get("chat_template_kwargs"), self._drop_roles)
+                if body.get("chat_template") is not None:
+                    if "request_template_rendered" not in faults and not cfg.trust_request_chat_template:
+                        raise _BadRequest("Chat template is passed with request, but --trust-request-chat-template "
+                                          "is not set. Refused request with untrusted chat template.")
+                    words = [*words, *["kv"] * REQUEST_TEMPLATE_WORDS]
                 prompt_key = " ".join(words)
                 n_prompt = len(words)
                 prompt_ids: list[Any] = tok.ids(words)
@@ -2172,6 +2262,12 @@ class FakeVLLM:
                                                 body.get("chat_template_kwargs"), self._drop_roles)
             else:
                 prompt = body.get("prompt")
+                if prompt is None and body.get("prompt_embeds") is not None:
+                    if "path_500" in faults:
+                        raise _BadRequest("EngineCore encountered an issue (injected path_500 fault)", status=500,
+                                          err_type="InternalServerError")
+                    raise _BadRequest("Prompt embeds are not enabled: start the server with --enable-prompt-embeds",
+                                      param="prompt_embeds")
                 if "empty_prompt_kills" in faults and prompt in ("", [], [""]):
                     st.dead = True
                     raise _BadRequest("EngineCore encountered an issue (injected empty_prompt_kills fault)",
@@ -2233,7 +2329,7 @@ class FakeVLLM:
         if "hostile_seed_kills" in faults and isinstance(seed, int) and seed > 2**63 - 1:
             st.dead = True
         if st.dead and ("dead_after_over_length" in faults or "empty_prompt_kills" in faults
-                        or "hostile_seed_kills" in faults):
+                        or "hostile_seed_kills" in faults or "responses_template_kills" in faults):
             return None
 
         # effective output limit, like vllm.entrypoints...get_max_tokens
@@ -2893,6 +2989,9 @@ class FakeVLLM:
             body = await self._json(request)
         except _BadRequest as e:
             return self._reject(e)
+        kwargs = body.get("chat_template_kwargs")
+        if "responses_template_kills" in self.config.faults and isinstance(kwargs, dict) and "chat_template" in kwargs:
+            self.state.dead = True
         inp = body.get("input")
         messages = [{"role": "user", "content": inp}] if isinstance(inp, str) else inp
         if body.get("instructions"):

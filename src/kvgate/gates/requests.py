@@ -1,6 +1,7 @@
 """Gate ``requests``: the request shapes real clients send get documented outcomes, never a 5xx
 or a dead engine; stream chunks are valid against the OpenAI schema; non-ASCII streams lose no
-bytes; the gateway's total route timeout outlasts the longest stream the profile allows.
+bytes; the gateway's total route timeout outlasts the longest stream the profile allows; under
+overlap every body arrives whole (``integrity``, :func:`integrity_verdict`).
 Asserted by ``suites/test_requests.py``.
 
 The catalogue of edge requests (:data:`EDGE_CASES`) is data: each case names the fields it sends
@@ -18,6 +19,7 @@ empty bodies, cut streams, non-JSON events) is a FAIL naming what arrived, never
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +28,12 @@ import pydantic
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
+from kvgate.compare.golden import Answer, answer_of, compare_answers, logprobs_of
 from kvgate.http.client import StreamReply, clip
+from kvgate.http.integrity import Delivery, Overlap
 from kvgate.http.probes import Exchange
 from kvgate.http.text import describe_answer
-from kvgate.http.sse import CHUNK, DONE, ERROR, classify
+from kvgate.http.sse import CHUNK, DONE, ERROR, classify, is_done, split_sse
 from kvgate.stats import percentile
 from kvgate.http.stream import summarize
 from kvgate.verdict import Status, Verdict, combine
@@ -592,3 +596,140 @@ def body_size_verdict(rungs: list[Rung], exchanges: list[Exchange], max_model_le
                    # is the first body refused, below it); the over-length rungs are in the message and evidence
                    measured=max(r.body_bytes for r in rungs if r.allowed), unit="bytes",
                    limit=max(r.body_bytes for r in rungs if r.allowed), evidence=ev)
+
+
+# ------------------------------------------------------------------------------------------ integrity
+
+def _delivered_answer(d: Delivery) -> tuple[Answer, int | None, list[str]]:
+    """``(answer, usage.prompt_tokens, problems)`` of a delivered body: the problems name what is
+    incomplete (a Content-Length not honoured, a broken connection, JSON that does not parse, a
+    stream without its finish chunk or ``[DONE]``); the answer is the text and logprobs delivered."""
+    n = len(d.body)
+    problems: list[str] = []
+    if d.content_length is not None and n != d.content_length:
+        problems.append(f"Content-Length {d.content_length:,}, received {n:,} bytes ({d.content_length - n:,} short)")
+    elif d.error:
+        problems.append(f"the connection broke after {n:,} bytes ({clip(d.error, 100)})")
+    if not d.stream:
+        try:
+            doc = json.loads(d.body)
+        except ValueError:
+            tail = d.body[-24:].decode("utf-8", "replace")
+            if not problems:  # a body cut short of its Content-Length does not parse either: named once
+                problems.append(f"{n:,} bytes that do not parse as JSON (they end {tail!r})")
+            return Answer(error="not JSON"), None, problems
+        ans = answer_of("chat", 200, doc)
+        usage = doc.get("usage") if isinstance(doc, dict) else None
+        counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return ans, counted if isinstance(counted, int) else None, problems
+    _, datas = split_sse([0.0], [d.body], tail=False)
+    text, tokens, top, finish, counted = [], [], [], None, None
+    for data in datas:
+        ev = classify(data)
+        if ev.kind != CHUNK or not isinstance(ev.obj, dict):
+            continue
+        usage = ev.obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            counted = usage["prompt_tokens"]
+        for ch in ev.obj.get("choices") or []:
+            delta = ch.get("delta") or {}
+            text.append(str(delta.get("content") or ""))
+            t, p = logprobs_of("chat", ch.get("logprobs") or {})
+            tokens += t
+            top += p
+            finish = ch.get("finish_reason") or finish
+    missing = [what for what, seen in (("finish chunk", finish is not None),
+                                       ("[DONE]", bool(datas) and is_done(datas[-1]))) if not seen]
+    if missing:
+        problems.append(f"a stream of {n:,} bytes and {len(datas)} events with no {' and no '.join(missing)}")
+    return Answer(tokens, top, "".join(text), finish), counted, problems
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def integrity_verdict(obs: Overlap, near_tie_logprob: float) -> Verdict:
+    """Every body delivered while ``obs.concurrency`` requests overlapped is complete: a 200 whose
+    bytes match its Content-Length (when declared) on a connection that did not break, JSON that
+    parses, a stream with its finish chunk and ``[DONE]``; its ``usage.prompt_tokens`` equals
+    ``/tokenize``'s count of the conversation sent; the long temperature-0 answer in overlap (and on
+    the direct endpoint, where given) has the alone answer's length and sha256 -- or parts from it
+    at a near tie (``near_tie_logprob`` nats, as the compare gate tells them), named.
+
+    FAIL names each incomplete body with the bytes received against those declared (or the alone
+    answer's), each prompt count that differs, each long answer that drifted (where it parts); the
+    long request alone answered otherwise than a whole 200 FAILs as itself (nothing else judged)."""
+    gid = "requests/integrity"
+    alone = obs.alone
+    rows: list[dict[str, Any]] = []
+
+    def row(d: Delivery, problems: list[str], counted: int | None, ans: Answer) -> None:
+        rows.append({"request": d.label, "status": d.status, "bytes": len(d.body), "content_length": d.content_length,
+                     "error": d.error, "prompt_tokens": counted, "rendered": d.rendered, "text_sha256": _digest(ans.text),
+                     "chars": len(ans.text), "tokens": len(ans.tokens) or None, "problems": problems,
+                     "elapsed_s": round(d.elapsed_s, 3)})
+
+    if alone is None or alone.status != 200:
+        what = f"{alone.status or 'no answer'} ({clip(alone.body.decode('utf-8', 'replace') or alone.error or '', 120)})" \
+            if alone else "nothing"
+        return Verdict(gid, FAIL, f"the long request alone got {what} -> FAIL (the endpoint does not answer it even "
+                       "alone; no overlapped answer could be judged)", measured=1, limit=0, unit="bodies",
+                       evidence={"concurrency": obs.concurrency})
+    ref, ref_counted, ref_problems = _delivered_answer(alone)
+    row(alone, ref_problems, ref_counted, ref)
+    if ref_problems or not ref.ok:
+        return Verdict(gid, FAIL, f"the long request alone was delivered incomplete: {'; '.join(ref_problems)} -> FAIL "
+                       "(the endpoint cuts bodies even alone; no overlapped answer could be judged)",
+                       measured=1, limit=0, unit="bodies", evidence={"concurrency": obs.concurrency, "bodies": rows})
+    bad: list[str] = []
+    ties: list[str] = []
+    counted_ok = 0
+    for d in [*obs.bodies, *([obs.direct] if obs.direct is not None else [])]:
+        if d.status != 200:
+            bad.append(f"{d.label}: {d.status or 'no answer'} ({clip(d.body.decode('utf-8', 'replace') or d.error or '', 100)})")
+            rows.append({"request": d.label, "status": d.status, "error": d.error})
+            continue
+        ans, counted, problems = _delivered_answer(d)
+        row(d, problems, counted, ans)
+        if problems:
+            ref_size = f"; the same request alone: {len(alone.body):,} bytes" if d.long and not d.stream else ""
+            bad.append(f"{d.label}: {'; '.join(problems)}{ref_size}")
+            continue
+        if d.rendered is not None:
+            if counted is None:
+                bad.append(f"{d.label}: no usage.prompt_tokens in a complete body")
+            elif counted != d.rendered:
+                bad.append(f"{d.label}: usage.prompt_tokens {counted} where /tokenize renders the conversation sent "
+                           f"as {d.rendered} tokens")
+            else:
+                counted_ok += 1
+        if d.long and ans.text != ref.text:
+            diff = compare_answers(ref, ans, near_tie_logprob)
+            where = (f"parts at token {diff.position} ({diff.base_token!r} alone, {diff.new_token!r} here"
+                     + (f", {diff.gap:g} nats apart" if diff.gap is not None else "") + ")")
+            if diff.kind == "near-tie":
+                ties.append(f"{d.label} {where}")
+            else:
+                bad.append(f"{d.label}: {len(ans.text):,} characters, sha256 {_digest(ans.text)} where the same request "
+                           f"alone gave {len(ref.text):,} characters, sha256 {_digest(ref.text)}; {where}")
+    evidence = {"concurrency": obs.concurrency, "bodies": rows, "near_ties": ties,
+                "direct": obs.direct.label if obs.direct is not None else None,
+                "long_sha256": _digest(ref.text), "long_chars": len(ref.text)}
+    n = len(obs.bodies)
+    if bad:
+        return Verdict(gid, FAIL, f"{len(bad)} of {n + (obs.direct is not None)} bodies delivered with {obs.concurrency} "
+                       f"requests in flight are not whole: {'; '.join(bad[:4])}{' and more' if len(bad) > 4 else ''} "
+                       "-> FAIL (under overlap every body must arrive whole, as the same request alone does)",
+                       measured=len(bad), limit=0, unit="bodies", evidence=evidence)
+    streams = sum(1 for d in obs.bodies if d.stream)
+    declared = sum(1 for d in obs.bodies if d.content_length is not None)
+    direct = (f"; the direct endpoint's answer the same" if obs.direct is not None else
+              "; no direct-to-pod endpoint given (--direct-endpoint)")
+    tie_note = f" ({len(ties)} parting at a near tie: {'; '.join(ties[:2])})" if ties else ""
+    copies = sum(1 for d in obs.bodies if d.long)
+    return Verdict(gid, PASS, f"{n} requests at once: every body whole ({declared} matched their Content-Length, "
+                   f"{n - streams} parsed as JSON, {streams} streams ended with a finish chunk and [DONE]); "
+                   f"usage.prompt_tokens = /tokenize's count on {counted_ok}; the long temperature-0 answer "
+                   f"({len(ref.text):,} characters, sha256 {_digest(ref.text)}) the same {copies} times in overlap"
+                   f"{tie_note}{direct} -> PASS", measured=0, limit=0, unit="bodies", evidence=evidence)

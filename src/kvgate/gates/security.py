@@ -10,8 +10,12 @@ llama.cpp and a vLLM TP group down (sglang PR#36856, llama.cpp#19367, vllm#54195
 fetch loopback and metadata URLs (vllm#57157, CVE-2025-6242); refusals that come after seconds of
 preprocessing (vllm#58192).
 
-Cases (ids ``PROFILE/security/CASE``): ``auth-surface``, ``hostile-parameters``, ``media-urls``,
-``secrets``, ``flood``. Observations in (:mod:`kvgate.security.probe`), a
+Also the paths a request can take (a request's chat template, PYSEC-2026-4349; pure
+``prompt_embeds`` and empty structured outputs, PYSEC-2026-2303 / PYSEC-2026-4199) and response
+caches that cross callers or ignore fields (litellm#29955, lunargate-ai/gateway#2).
+
+Cases (ids ``PROFILE/security/CASE``): ``auth-surface``, ``hostile-parameters``, ``input-paths``,
+``media-urls``, ``secrets``, ``cache``, ``flood``. Observations in (:mod:`kvgate.security.probe`), a
 :class:`~kvgate.verdict.Verdict` out; no I/O.
 """
 
@@ -22,14 +26,17 @@ from typing import Any
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.client import Reply
 from kvgate.http.text import clip, describe_answer
-from kvgate.profile.models import AdmissionSpec, SecuritySpec
+from kvgate.profile.models import AdmissionSpec, CacheSpec, SecuritySpec
+from kvgate.security.cache import CacheRun, replayed
 from kvgate.http.raw import TIMED_OUT
-from kvgate.security.probe import WRONG_KEY, Echo, HostileRun, Knock, Spelled, SpelledKnock, Surface
+from kvgate.security.paths import RENDERED_RISE, plain
+from kvgate.security.probe import (WRONG_KEY, Echo, HostileRun, Knock, PathRun, Spelled, SpelledKnock, Surface,
+                                   canary_ok, counted_prompt)
 from kvgate.security.routes import SPELLING_CAUSES
 from kvgate.verdict import Status, Verdict
 
 GATE = "security"
-CASES = ("auth-surface", "secrets", "media-urls", "hostile-parameters", "flood")
+CASES = ("auth-surface", "secrets", "media-urls", "hostile-parameters", "input-paths", "cache", "flood")
 REFUSED = frozenset({401, 403})
 ABSENT = frozenset({404, 405})
 #: Routes named per verdict line before "and N more".
@@ -221,8 +228,6 @@ def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, de
     answer in time) and the one after which the canary failed (the engine went down; later ones
     were not sent). Requests in ``security.hostile_allow`` pass with any answer in time.
     INVALID: the canary failed before the first hostile request (nothing was judged)."""
-    from kvgate.security.probe import canary_ok
-
     gid = f"{GATE}/hostile-parameters"
     if not canary_ok(first_canary):
         return Verdict(gid, Status.INVALID, f"the canary before the first hostile request got {_what(first_canary)} "
@@ -285,6 +290,185 @@ def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, de
                    f"{len(bounded)} bounded 200s ({_more(bounded, 4) or 'none'})"
                    + (f", {allowed_n} allowed by the profile" if allowed_n else "")
                    + f"; the canary generated after each; {memory} -> PASS", measured=0, limit=0, unit="requests",
+                   evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------------ input paths
+
+def _out_tokens(r: Reply) -> int | None:
+    body = r.json
+    usage = body.get("usage") if isinstance(body, dict) else None
+    n = usage.get("completion_tokens", usage.get("output_tokens")) if isinstance(usage, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def path_bounded(route: str, r: Reply) -> bool:
+    """A 200 that is an answer of ``route``'s shape (chat/completions: one choice; Responses:
+    ``output``; Messages: ``content``) reporting at most the output tokens the plain request asks
+    (:func:`kvgate.security.paths.plain`) when it reports usage."""
+    body = r.json
+    if r.status != 200 or not isinstance(body, dict):
+        return False
+    shape = {"chat": "choices", "completions": "choices", "responses": "output", "messages": "content"}[route]
+    if not isinstance(body.get(shape), list) or (shape == "choices" and len(body[shape]) != 1):
+        return False
+    asked = plain(route, "m").get("max_output_tokens", plain(route, "m").get("max_tokens"))
+    out = _out_tokens(r)
+    return out is None or out <= asked
+
+
+def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, deadline_s: float,
+                        ttft_limit_ms: float) -> Verdict:
+    """Each input path (:data:`kvgate.security.paths.PATH_PROBES`) is answered within ``deadline_s``
+    with a 4xx or a bounded 200 (:func:`path_bounded`); after each, the 2-token canary generates and
+    ``/health`` answers 200. A request's chat template (``security.request_chat_template``):
+    untrusted -> refused, or ignored: a 200 whose counted prompt rose at least
+    :data:`~kvgate.security.paths.RENDERED_RISE` tokens over the plain request on that route was
+    rendered -> FAIL; trusted -> rendered or not, a canary streamed on another connection meanwhile
+    gets its first token within ``ttft_limit_ms`` (ms; ``slo.ttft_p95_ms``).
+
+    FAIL names each path answered otherwise (the status and what came back, or no answer in
+    time), the one after which the canary or /health failed (later ones not sent), a rendered
+    untrusted template (its prompt tokens against the plain request's), a canary kept waiting.
+    INVALID: the canary failed before the first path, or no path got an answer at all."""
+    gid = f"{GATE}/input-paths"
+    if not canary_ok(first_canary):
+        return Verdict(gid, Status.INVALID, f"the canary before the first input path got {_what(first_canary)} "
+                       "-> INVALID (the engine was not generating; nothing was judged)")
+    trusted = spec.request_chat_template == "trusted"
+    bad: list[str] = []
+    rows: list[dict[str, Any]] = []
+    refused, ignored, bounded, rendered = [], [], [], []
+    down = False
+    for s in run.sent:
+        p, r = s.probe, s.reply
+        if r is None:
+            rows.append({"path": p.name, "sent": False})
+            continue
+        base = counted_prompt(run.plain.get(p.route))
+        got = counted_prompt(r)
+        outcome = ""
+        if r.status == 0 or r.elapsed_s > deadline_s:
+            outcome = "unanswered"
+            bad.append(f"{p.what}: {'no answer' if r.status == 0 else f'{r.status} after {r.elapsed_s:.1f} s'} within "
+                       f"{deadline_s:g} s")
+        elif 400 <= r.status < 500:
+            outcome = "refused"
+            refused.append(p.name)
+        elif path_bounded(p.route, r):
+            if p.template and base is not None and got is not None and got - base >= RENDERED_RISE:
+                outcome = "rendered"
+                rendered.append(p.name)
+                if not trusted:
+                    bad.append(f"{p.what}: 200 with the request's template rendered (prompt counted {got} tokens, "
+                               f"{base} for the same request without it; security.request_chat_template untrusted)")
+            elif p.template:
+                outcome = "ignored"
+                ignored.append(p.name)
+            else:
+                outcome = "bounded"
+                bounded.append(p.name)
+        else:
+            outcome = "unguarded"
+            bad.append(f"{p.what}: {_what(r)} in {r.elapsed_s * 1e3:.0f} ms")
+        if s.side_ttft_s is not None and s.side_ttft_s * 1e3 > ttft_limit_ms:
+            bad.append(f"while {p.what} was answered, a canary on another connection waited "
+                       f"{s.side_ttft_s * 1e3:,.0f} ms for its first token (limit {ttft_limit_ms:g} ms)")
+        elif trusted and p.template and s.side_ttft_s is None and outcome != "unanswered":
+            bad.append(f"while {p.what} was answered, the canary on another connection got no token ({s.side})")
+        if not s.canary_ok:
+            down = True
+            bad.append(f"after {p.what} the 2-token canary got {_what(s.canary) if s.canary else 'nothing'}: the engine "
+                       "is down")
+        elif s.health is not None and s.health.status != 200:
+            bad.append(f"after {p.what} /health answered {_what(s.health)}")
+        rows.append({"path": p.name, "route": p.route, "what": p.what, "status": r.status,
+                     "elapsed_s": round(r.elapsed_s, 4), "outcome": outcome, "prompt_tokens": got,
+                     "plain_prompt_tokens": base, "answer": clip(r.text, 160),
+                     "canary": s.canary.status if s.canary else None, "health": s.health.status if s.health else None,
+                     "side_ttft_ms": round(s.side_ttft_s * 1e3, 1) if s.side_ttft_s is not None else None})
+    unsent = [s.probe.name for s in run.sent if s.reply is None]
+    evidence = {"paths": rows, "not_sent": unsent, "deadline_s": deadline_s, "request_chat_template":
+                spec.request_chat_template, "ttft_limit_ms": ttft_limit_ms if trusted else None,
+                "plain": {route: {"status": r.status, "prompt_tokens": counted_prompt(r)} for route, r in run.plain.items()}}
+    sent = len(run.sent) - len(unsent)
+    if bad:
+        tail = f"; {len(unsent)} not sent after it ({_more(unsent, 3)})" if unsent else ""
+        return Verdict(gid, FAIL, f"{len(bad)} finding{'s' if len(bad) != 1 else ''} over {sent} input path{'s' if sent != 1 else ''}{', the engine down after one' if down else ''}: "
+                       f"{'; '.join(bad[:5])}{tail} -> FAIL (each path must get a 4xx or a bounded 200 in time, the "
+                       "engine generating and /health 200 after it)",
+                       measured=len(bad), limit=0, unit="findings", evidence=evidence)
+    if not any(s.reply is not None and s.reply.status != 0 for s in run.sent):
+        return Verdict(gid, Status.INVALID, "no input path got an answer -> INVALID (nothing was judged)", evidence=evidence)
+    templ = (f"request templates ({'trusted' if trusted else 'untrusted: never rendered'}): "
+             f"{sum(1 for n in refused if n.startswith('chat_template'))} refused, {len(ignored)} ignored (prompt counted "
+             "as without them)"
+             + (f", {len(rendered)} rendered with a canary on another connection within {ttft_limit_ms:g} ms" if trusted else ""))
+    return Verdict(gid, PASS, f"{sent} input paths in time: {len(refused)} refused 4xx, {len(bounded) + len(ignored) + len(rendered)} "
+                   f"bounded 200s ({_more(bounded + ignored + rendered, 4) or 'none'}); {templ}; the canary generated and "
+                   "/health answered 200 after each -> PASS", measured=0, limit=0, unit="findings", evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------------ cache
+
+def cache_verdict(spec: CacheSpec, run: CacheRun) -> Verdict:
+    """No answer is another request's body replayed (:func:`kvgate.security.cache.replayed`: the same
+    ``id``, or the same bytes): not the second caller's answer to the same request
+    (``security.cache.second_key_env``), not the same messages with another ``response_format``,
+    ``stop``, ``seed``, ``tools`` or ``max_tokens``; and -- unless ``security.cache.declared`` --
+    the identical repeats are not all more than ``faster_max`` faster than the fastest uncached
+    request (the first and the fresh ones), MLCommons' audit rule made robust to a slow first
+    request: every repeat must beat every uncached request by that margin to count as a hit.
+
+    FAIL names the other caller's body (its id and text), each field the cache ignored, and the
+    repeats' times against the uncached ones. With a declared cache the hit is named in the PASS.
+    INVALID: the base request or the timed requests got no 200 (nothing to compare)."""
+    gid = f"{GATE}/cache"
+    base = run.base
+    evidence: dict[str, Any] = {
+        "declared": spec.declared, "faster_max": spec.faster_max, "second_key": run.second_key_note or "given",
+        "base": {"status": base.reply.status, "id": base.id, "text": clip(base.text or "", 120)} if base else None,
+        "variants": {f: {"status": a.reply.status, "id": a.id, "text": clip(a.text or "", 120)} for f, a in run.variants.items()},
+        "callers": [{"who": a.label, "status": a.reply.status, "id": a.id, "text": clip(a.text or "", 120)}
+                    for a in run.callers] if run.callers else None,
+        "timing_ms": [(k, round(t * 1e3, 1)) for k, t in run.timing], "timing_errors": run.timing_errors,
+    }
+    if base is None or base.reply.status != 200:
+        return Verdict(gid, Status.INVALID, f"the base request got {_what(base.reply) if base else 'nothing'} -> INVALID "
+                       "(no answer to compare the others with)", evidence=evidence)
+    uncached = [t for k, t in run.timing if k in ("first", "fresh")]
+    repeats = [t for k, t in run.timing if k == "repeat"]
+    if not uncached or not repeats:
+        return Verdict(gid, Status.INVALID, f"the timed requests got no 200 ({', '.join(run.timing_errors) or 'none sent'}) "
+                       "-> INVALID (no repeat to time against a fresh request)", evidence=evidence)
+    bad: list[str] = []
+    if run.callers is not None:
+        a, b = run.callers
+        if replayed(a, b):
+            bad.append(f"the second caller got the first caller's body (id {clip(a.id or '-', 40)}, "
+                       f"{clip(a.text or '', 60)!r}) for the same request at temperature 1")
+    ignored = [f for f, ans in run.variants.items() if replayed(base, ans)]
+    if ignored:
+        bad.append(f"the same messages with another {', '.join(ignored)} got the base request's body (id "
+                   f"{clip(base.id or '-', 40)}): the cache key omits {'them' if len(ignored) > 1 else 'it'}")
+    slowest_repeat, fastest = max(repeats), min(uncached)
+    hit = slowest_repeat < (1 - spec.faster_max) * fastest
+    timing = (f"{len(repeats)} identical repeats took at most {slowest_repeat * 1e3:,.0f} ms, {len(uncached)} uncached "
+              f"requests at least {fastest * 1e3:,.0f} ms")
+    if hit and not spec.declared:
+        bad.append(f"{timing}: every repeat more than {spec.faster_max:.0%} faster -- a response cache the profile does "
+                   "not declare (security.cache.declared)")
+    evidence["repeat_hit"] = hit
+    if bad:
+        return Verdict(gid, FAIL, "; ".join(bad) + " -> FAIL (a cache must key the caller and every field that changes "
+                       "the answer; MLCommons' audits reject repeats served from a cache)", measured=len(bad), limit=0,
+                       unit="findings", evidence=evidence)
+    callers = ("the second caller's answer to the same request was its own" if run.callers is not None
+               else f"callers not compared ({run.second_key_note})")
+    fields = f"{len(run.variants)} changed fields ({', '.join(run.variants)}) each answered afresh"
+    hit_note = (f"{timing}: the declared cache's hit" if hit and spec.declared else
+                f"{timing}: no repeat served from a cache")
+    return Verdict(gid, PASS, f"{fields}; {callers}; {hit_note} -> PASS", measured=0, limit=0, unit="findings",
                    evidence=evidence)
 
 
@@ -407,4 +591,5 @@ def flood_verdict(adm: AdmissionSpec | None, replies: list[Reply]) -> Verdict:
 
 
 __all__ = ["CASES", "GATE", "auth_surface_verdict", "classify", "classify_spelled", "flood_verdict", "hostile_verdict",
+           "cache_verdict", "input_paths_verdict", "path_bounded",
            "media_skip", "media_verdict", "same_answer", "secrets_verdict"]

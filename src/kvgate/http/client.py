@@ -181,6 +181,8 @@ class RawStream:
     text: str = ""
     elapsed_s: float = 0.0
     transport_error: str | None = None
+    #: [bytes] the answer's ``Content-Length`` header (None: not sent, e.g. a chunked body).
+    content_length: int | None = None
 
     @property
     def body(self) -> bytes:
@@ -365,6 +367,8 @@ class KvClient:
             with self._http.stream("POST", path, json=body,
                                    timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s) as r:
                 out.status, out.content_type = r.status_code, r.headers.get("content-type", "")
+                declared = r.headers.get("content-length", "")
+                out.content_length = int(declared) if declared.isdigit() else None
                 if r.status_code != 200:
                     out.text = r.read().decode("utf-8", "replace")
                 else:

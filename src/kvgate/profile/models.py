@@ -1041,6 +1041,15 @@ class AdmissionSpec(_Strict):
     extra: int = Field(default=4, gt=0, description="[requests] sent beyond max_in_flight, all at once")
 
 
+class CacheSpec(_Strict):
+    """A response cache in front of the engine (the security gate's ``cache`` case): whether the
+    deployment has one by design, and a second caller's key to tell callers apart."""
+
+    declared: bool = Field(default=False, description="the deployment serves repeated identical requests from a response cache by design (a gateway's cache): a repeat that comes back faster is then named as the cache's hit, not FAILed; the callers and the fields must still key it")
+    second_key_env: str | None = Field(default=None, description="name of the env var holding a second caller's API key: the same request from both callers must never return the other's body (unset: that check is not run, and the verdict says so)")
+    faster_max: float = Field(default=0.10, gt=0, lt=1, description="[fraction] how much faster than the fastest uncached request every repeat of an identical request may be before it counts as served from a cache (MLCommons' endpoint audits: 10%)")
+
+
 class SecuritySpec(_Strict):
     """The security gate (``-m security``): who may call what, hostile requests, media URLs, secrets
     in answers, a flood at the door."""
@@ -1054,6 +1063,8 @@ class SecuritySpec(_Strict):
     media_inputs: list[Literal["image", "audio", "video"]] = Field(default_factory=list, description="media the model takes by URL; empty: a text-only model (the media-urls case SKIPs)")
     admission: AdmissionSpec | None = Field(default=None, description="the admission limit a flood must meet (the flood case); null: none declared (SKIP)")
     surface_budget_s: float = Field(default=60.0, gt=0, description="[s] the whole auth-surface probe (routes x no key / wrong key) ends within this; routes left unprobed make it INVALID")
+    request_chat_template: Literal["untrusted", "trusted"] = Field(default="untrusted", description="whether the deployment runs a chat template a request sends (vLLM --trust-request-chat-template): untrusted (vLLM's default) -> every request-supplied template (chat_template, chat_template_kwargs.chat_template on chat, Responses and Messages) must be refused 4xx or ignored, never rendered; trusted -> a bounded expanding template is answered in time while a canary on another connection keeps slo.ttft_p95_ms (the input-paths case)")
+    cache: CacheSpec = Field(default_factory=CacheSpec, description="a response cache in front and a second caller's key (the cache case)")
 
     @model_validator(mode="after")
     def _known(self) -> "SecuritySpec":

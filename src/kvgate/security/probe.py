@@ -20,6 +20,7 @@ from kvgate.http.client import EndpointUnreachable, KvClient, Reply
 from kvgate.http.metrics import scrape_value
 from kvgate.http.raw import origin, raw_request
 from kvgate.security.hostile import Context, Hostile
+from kvgate.security.paths import ROUTES as PATH_ROUTES, PathProbe, plain
 from kvgate.security.routes import SLOTS, Route, Spelling, from_openapi, plan, probe_body, slot_candidates, spellings
 
 #: The wrong key kvgate sends (not a secret: it is kvgate's own, and its echo is what is looked for).
@@ -247,6 +248,98 @@ def send_hostile(client: KvClient, ctx: Context, probes: tuple[Hostile, ...], *,
 
 
 @dataclass(frozen=True)
+class PathSent:
+    """One input path and what followed (:func:`send_paths`): its answer (body cut to :data:`KEEP`),
+    the canary after it and whether it generated, ``/health`` after it; ``side_ttft_s``: the first
+    token time of a canary streamed on another connection while a trusted template was rendered
+    (None: not asked); ``side``: that canary's answer."""
+
+    probe: PathProbe
+    reply: Reply | None
+    canary: Reply | None = None
+    health: Reply | None = None
+    canary_ok: bool = False
+    side_ttft_s: float | None = None
+    side: str | None = None
+
+
+@dataclass
+class PathRun:
+    """``plain``: route -> the plain request's answer (what a template must not change); ``sent`` in
+    order (after a failed canary nothing more is sent: ``reply`` None)."""
+
+    plain: dict[str, Reply] = field(default_factory=dict)
+    sent: list[PathSent] = field(default_factory=list)
+
+
+def counted_prompt(r: Reply | None) -> int | None:
+    """[tokens] the prompt as the server counted it: ``usage.prompt_tokens`` (chat, completions) or
+    ``usage.input_tokens`` (Responses, Messages); None when not reported."""
+    body = r.json if r is not None else None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    n = usage.get("prompt_tokens", usage.get("input_tokens"))
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _post(client: KvClient, path: str, body: dict[str, Any], timeout_s: float) -> Reply:
+    try:
+        return client.post(path, body, timeout_s=timeout_s)
+    except EndpointUnreachable as exc:
+        return Reply(0, str(exc), timeout_s)
+
+
+def _side_canary(client: KvClient, model: str, timeout_s: float) -> tuple[float | None, str]:
+    """A 2-token streamed completion on its own connection: (seconds to its first event, what came)."""
+    try:
+        with KvClient(client.endpoint, timeout_s=timeout_s) as side:
+            s = side.stream(side.api("/completions"), {"model": model, "prompt": "Say OK.", "max_tokens": 2,
+                                                       "temperature": 0, "stream": True}, timeout_s=timeout_s)
+    except EndpointUnreachable as exc:
+        return None, str(exc)
+    if s.status != 200 or not s.events:
+        return None, f"{s.status or 'no answer'}: {(s.transport_error or s.text)[:120]}"
+    return s.events[0][0], f"{len(s.events)} events"
+
+
+def send_paths(client: KvClient, model: str, probes: tuple[PathProbe, ...], *, deadline_s: float,
+               canary_deadline_s: float, trusted: bool = False, settle_s: float = 0.05,
+               sleep: Callable[[float], None] = time.sleep) -> PathRun:
+    """The plain request on each route the probes use, then each probe once (``deadline_s``), a
+    canary and ``GET /health`` after it; after a failed canary nothing more is sent. ``trusted``:
+    while a template probe runs, a canary streams on another connection (its first-token time is
+    ``side_ttft_s``; it starts ``settle_s`` after the probe, through ``sleep``)."""
+    out = PathRun()
+    for route in dict.fromkeys(p.route for p in probes):
+        out.plain[route] = _keep(_post(client, client.api(PATH_ROUTES[route]), plain(route, model), deadline_s))
+    alive = True
+    for p in probes:
+        if not alive:
+            out.sent.append(PathSent(p, None))
+            continue
+        path = client.api(PATH_ROUTES[p.route])
+        side: tuple[float | None, str] | None = None
+        if trusted and p.template:
+            with cf.ThreadPoolExecutor(max_workers=1) as pool:
+                fut = pool.submit(_post, client, path, p.body(model), deadline_s)
+                sleep(settle_s)
+                side = _side_canary(client, model, canary_deadline_s)
+                r = fut.result()
+        else:
+            r = _post(client, path, p.body(model), deadline_s)
+        c = canary(client, model, canary_deadline_s)
+        alive = canary_ok(c)
+        try:
+            h = client.get("/health", timeout_s=deadline_s)
+        except EndpointUnreachable as exc:
+            h = Reply(0, str(exc), deadline_s)
+        out.sent.append(PathSent(p, _keep(r), _keep(c), _keep(h), alive, side[0] if side else None,
+                                 side[1] if side else None))
+    return out
+
+
+@dataclass(frozen=True)
 class Echo:
     """An answer looked at for the key: ``what`` was sent, the reply (whole: the scan needs it)."""
 
@@ -355,6 +448,6 @@ def flood(client: KvClient, model: str, n: int, max_tokens: int, timeout_s: floa
         return list(pool.map(lambda _: one(), range(n)))
 
 
-__all__ = ["Echo", "HostileRun", "Knock", "MediaTrap", "Sent", "SpelledKnock", "Spelled", "Surface", "WRONG_KEY",
-           "canary", "canary_ok", "echo_probes", "flood", "knock", "knock_spellings", "offer_media", "rss",
-           "send_hostile"]
+__all__ = ["Echo", "HostileRun", "Knock", "MediaTrap", "PathRun", "PathSent", "Sent", "SpelledKnock", "Spelled", "Surface", "WRONG_KEY",
+           "canary", "canary_ok", "counted_prompt", "echo_probes", "flood", "knock", "knock_spellings", "offer_media", "rss",
+           "send_hostile", "send_paths"]
