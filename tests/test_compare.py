@@ -18,11 +18,12 @@ import pytest
 from kvgate.compare.golden import (Answer, GoldenError, GoldenPrompt, answer_of, compare_answers, read_golden,
                                    write_golden)
 from kvgate.compare.latency import Pairs, Timing, take_pairs
+from kvgate.compare.contract import record_of
 from kvgate.gates.compare import (contract_verdict, features_verdict, latency_verdict, outputs_verdict,
                                   rendering_changes, rendering_verdict)
 from kvgate.http.rendering import Rendering
 from kvgate.profile.models import load_profile
-from kvgate.verdict import Status
+from kvgate.verdict import Status, Verdict
 
 from .conftest import REPO, assert_passes_measured, read_summary
 from .fakes.fake_vllm import FakeConfig, FakeVLLM
@@ -238,13 +239,85 @@ def test_contract_verdict_names_each_regression_and_leaves_unrun_cases_out():
     base = {"api/n/chat": "PASS", "api/responses/stream": "PASS", "requests/body-size": "PASS", "api/stop/chat": "SKIP"}
     v = contract_verdict(base, {"api/n/chat": "FAIL", "api/responses/stream": "SKIP", "api/stop/chat": "PASS"}, "rec R")
     assert v.status is Status.FAIL
-    assert v.message == ("2 of 2 request and api cases that PASSed on the rec R do not on the new revision: "
-                         "api/n/chat (FAIL), api/responses/stream (SKIP); 1 recorded PASS not run here; gained "
-                         "api/stop/chat -> FAIL")
+    assert v.message == ("2 of what held on the rec R (2 cases) do not hold on the new revision: api/n/chat (baseline "
+                         "PASS; here FAIL); api/responses/stream (baseline PASS; here SKIP); 1 recorded PASS not run "
+                         "here; gained api/stop/chat -> FAIL (a client relying on them breaks)")
     assert v.evidence["not_run_here"] == ["requests/body-size"]
     assert contract_verdict(base, {"api/n/chat": "PASS"}, "r").status is Status.PASS
     assert contract_verdict({}, {"api/n/chat": "PASS"}, "r").status is Status.SKIP
-    assert "this run ran no request or api case" in contract_verdict(base, {}, "r").message
+    assert "this run ran no contract case" in contract_verdict(base, {}, "r").message
+
+
+def _hostile(depth_status: int, depth_s: float, depth_outcome: str) -> Verdict:
+    rows = [{"probe": "best-of", "what": "best_of 10000", "status": 400, "elapsed_s": 0.004, "outcome": "refused",
+             "answer": "", "canary": 200},
+            {"probe": "deep-schema", "what": "a json_schema nested 300 deep", "status": depth_status,
+             "elapsed_s": depth_s, "outcome": depth_outcome, "answer": "", "canary": 200}]
+    status = Status.PASS if depth_outcome == "refused" else Status.FAIL
+    return Verdict("security/hostile-parameters", status, f"hostile requests ... -> {status.value}",
+                   evidence={"requests": rows})
+
+
+def _surface(invocations: str) -> Verdict:
+    knocks = [{"route": "POST /v1/completions", "who": w, "status": 401, "class": "refused"} for w in ("no key", "wrong key")]
+    knocks += [{"route": "POST /invocations", "who": w, "status": 200 if invocations == "reached" else 401,
+                "class": invocations} for w in ("no key", "wrong key")]
+    return Verdict("security/auth-surface", Status.FAIL if invocations == "reached" else Status.PASS, "routes ...",
+                   evidence={"knocks": knocks})
+
+
+def test_contract_records_each_hostile_request_and_route_with_what_it_said():
+    rec = record_of("security/hostile-parameters", _hostile(400, 0.012, "refused"), "PASS")
+    assert rec["status"] == "PASS" and rec["said"] == "hostile requests ... -> PASS"
+    assert rec["parts"] == {"best-of": {"ok": True, "said": "400 in 4 ms (refused)"},
+                            "deep-schema": {"ok": True, "said": "400 in 12 ms (refused)"}}
+    bad = record_of("security/hostile-parameters", _hostile(200, 38.5, "unanswered"), "FAIL")
+    assert bad["parts"]["deep-schema"] == {"ok": False, "said": "200 after 38.5 s (unanswered)"}
+    routes = record_of("security/auth-surface", _surface("reached"), "FAIL")["parts"]
+    assert routes["POST /invocations"] == {"ok": False, "said": "no key: 200 (reached); wrong key: 200 (reached)"}
+    assert routes["POST /v1/completions"]["ok"] is True
+    assert "parts" not in record_of("api/n/chat", Verdict("api/n/chat", Status.PASS, "two choices -> PASS"), "PASS")
+    assert record_of("api/n/chat", None, "ERROR") == {"status": "ERROR"}
+
+
+def test_contract_names_the_hostile_request_reopened_on_the_rollback_with_both_sides():
+    """Recorded on 0.32 (the 300-deep schema refused 400 in 12 ms), gated on 0.28 (200 after 38.5 s):
+    the contract FAILs naming that request and what each side answered."""
+    base = {"security/hostile-parameters": record_of("security/hostile-parameters", _hostile(400, 0.012, "refused"),
+                                                     "PASS"),
+            "api/messages/reply": {"status": "PASS", "said": "stop_reason stop_sequence -> PASS"}}
+    new = {"security/hostile-parameters": record_of("security/hostile-parameters",
+                                                    _hostile(200, 38.5, "unanswered"), "FAIL"),
+           "api/messages/reply": {"status": "FAIL", "said": "stop_reason end_turn, no stop_sequence -> FAIL"}}
+    v = contract_verdict(base, new, "recorded baseline R")
+    assert v.status is Status.FAIL and v.measured == 3
+    assert v.message.startswith("3 of what held on the recorded baseline R (2 cases, 2 hostile requests) do not hold "
+                                "on the new revision: "), v.message
+    assert ('api/messages/reply (baseline PASS: "stop_reason stop_sequence -> PASS"; here FAIL: "stop_reason '
+            'end_turn, no stop_sequence -> FAIL")') in v.message
+    assert ("security/hostile-parameters/deep-schema (baseline 400 in 12 ms (refused); here 200 after 38.5 s "
+            "(unanswered))") in v.message
+    assert [x["part"] for x in v.evidence["lost"]] == [None, None, "deep-schema"]
+    # the upgrade direction: nothing that held on 0.28 is lost on 0.32, the gains are named
+    up = contract_verdict(new, base, "recorded baseline R")
+    assert up.status is Status.PASS, up.message
+    assert up.message == ("all that held on the recorded baseline R (0 cases, 1 hostile request) holds on the new "
+                          "revision; gained api/messages/reply, security/hostile-parameters -> PASS")
+
+
+def test_contract_names_a_route_that_opens_even_where_the_case_failed_on_both_sides():
+    """/invocations was already open on the baseline (its auth-surface FAILed); a revision that also
+    opens /v1/completions loses that route, named, though the case FAILs on both sides."""
+    base = {"security/auth-surface": record_of("security/auth-surface", _surface("reached"), "FAIL")}
+    knocks = [{"route": r, "who": w, "status": 200, "class": "reached"}
+              for r in ("POST /v1/completions", "POST /invocations") for w in ("no key", "wrong key")]
+    opened = Verdict("security/auth-surface", Status.FAIL, "routes ...", evidence={"knocks": knocks})
+    v = contract_verdict(base, {"security/auth-surface": record_of("security/auth-surface", opened, "FAIL")}, "b")
+    assert v.status is Status.FAIL
+    assert ("security/auth-surface/POST /v1/completions (baseline no key: 401 (refused); wrong key: 401 (refused); "
+            "here no key: 200 (reached); wrong key: 200 (reached))") in v.message
+    same = contract_verdict(base, base, "b")
+    assert same.status is Status.PASS and same.message.startswith("all that held on the b (0 cases, 1 route) holds")
 
 
 def test_golden_file_round_trip_and_clear_errors(tmp_path):

