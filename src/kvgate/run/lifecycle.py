@@ -283,7 +283,7 @@ def _served_release(st: Run, server: Launcher) -> None:
         said = client.version()
     if said is None or said.split("+")[0] != release.version:
         raise PreflightError(f"--vllm-version {release.version}: the server kvgate started from {release.env} "
-                             f"says {'no version' if said is None else repr(said[:40])} on GET /version")
+                             f"says {'no version' if said is None else repr(said[:40])} on GET /version", "version")
 
 
 def launched_server(config: pytest.Config) -> Launcher | None:
