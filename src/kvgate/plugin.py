@@ -48,7 +48,7 @@ MARKERS = (
     "capacity: the capacity gate (a concurrency search for the knee where the SLO stops holding vs the declared peak; only with -m capacity)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
     "answers: the answers gate (golden answers, accuracy with a binomial interval, degeneration, multibyte integrity, input paths, multi-turn memory, determinism under concurrency)",
-    "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost, request/api contract regressions; runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
+    "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost, contract regressions (limits, streaming, requests, api, features, answers, security); runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
     "security: the security gate (auth surface without a key or with a wrong one, secrets in answers, media URLs, hostile parameters, a flood at the door)",
     "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )

@@ -276,7 +276,7 @@ def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None,
                  renderings: dict[str, Rendering] | None = None) -> Path:
     """Write the golden file: the run it comes from, each prompt (route, body) with its answer and
     its ``rendering`` (``/tokenize`` of it; absent when not measured), the features cases' statuses
-    (case -> PASS/FAIL/..., for "features lost"), the request and api cases' statuses
+    (case -> PASS/FAIL/..., for "features lost"), the contract gates' cases
     (``contract``: gate/case -> its record, :func:`kvgate.compare.contract.record_of`, for the contract diff). ``redact``: a ``str -> str``
     applied to the whole text (the run's redactor: no key in a report). Returns ``path``."""
     renderings = renderings or {}
