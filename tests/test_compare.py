@@ -334,6 +334,11 @@ def test_contract_names_a_route_that_opens_even_where_the_case_failed_on_both_si
     assert v.status is Status.FAIL
     assert ("security/auth-surface/POST /v1/completions (baseline no key: 401 (refused); wrong key: 401 (refused); "
             "here no key: 200 (reached); wrong key: 200 (reached))") in v.message
+    gone = {"security/auth-surface": {**base["security/auth-surface"], "parts": {
+        k: v for k, v in base["security/auth-surface"]["parts"].items() if k != "POST /v1/completions"}}}
+    v = contract_verdict(base, gone, "b")  # a route the new server no longer lists: listed, not a regression
+    assert v.status is Status.PASS and v.evidence["not_probed_here"] == ["security/auth-surface/POST /v1/completions"]
+    assert "; 1 held there, not probed here (security/auth-surface/POST /v1/completions) -> PASS" in v.message
     same = contract_verdict(base, base, "b")
     assert same.status is Status.PASS and same.message.startswith("all that held on the b (0 cases, 1 route) holds")
 

@@ -138,17 +138,22 @@ def _rank(part: Mapping[str, Any]) -> int:
     return int(part["rank"]) if isinstance(part.get("rank"), int) else int(bool(part.get("ok")))
 
 
-def diff(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[Lost], list[str], list[str], dict[str, int]]:
-    """``(lost, gained, not_run_here, held)`` between two contracts (records or bare statuses):
+def diff(base: Mapping[str, Any], new: Mapping[str, Any]
+         ) -> tuple[list[Lost], list[str], list[str], dict[str, int], list[str]]:
+    """``(lost, gained, not_run_here, held, not_probed_here)`` between two contracts (records or bare statuses):
     ``lost``: each case that PASSed on the baseline and ran here without PASS, and each request or
     route that held on the baseline and not here, or less well (a hostile request refused there and
     generated here: :data:`REQUEST_RANK`) (in a case both sides ran, whatever the case's
     status: a case that FAILed on both sides still loses a request that was refused before; a case
     lost as a whole is listed before its parts); ``gained``: cases PASS here and not on the baseline; ``not_run_here``:
     baseline PASSes this run did not run; ``held``: how many were compared, by kind (``cases``, and
-    :data:`PART_KINDS`' words), in that order, kinds with none left out but ``cases``."""
+    :data:`PART_KINDS`' words), in that order, kinds with none left out but ``cases``;
+    ``not_probed_here``: parts that held on the baseline and were not probed here (``case/part``: a
+    route the new server's openapi.json no longer lists -- nothing left to call, so no door opened --
+    or a request this kvgate does not send), listed, not judged."""
     b, n = normal(base), normal(new)
     lost: list[Lost] = []
+    unprobed: list[str] = []
     held = {"cases": 0}
     for case in sorted(b):
         br, nr = b[case], n.get(case)
@@ -166,13 +171,12 @@ def diff(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[Lost], l
             kind = PART_KINDS.get(case, "parts")
             held[kind] = held.get(kind, 0) + 1
             got = np_.get(part)
-            if got is None:
-                if np_:  # the new run judged parts, not this one
-                    lost.append(Lost(case, part, "held", "absent", str(bp[part].get("said")), "not probed here"))
+            if got is None:  # a route the new server no longer lists, a request kvgate no longer sends
+                unprobed.append(f"{case}/{part}")
                 continue
             if _rank(got) < _rank(bp[part]):
                 lost.append(Lost(case, part, "held", "held less" if got.get("ok") else "not held",
                                  str(bp[part].get("said")), str(got.get("said"))))
     gained = sorted(c for c, r in n.items() if r.get("status") == "PASS" and b.get(c, {}).get("status") != "PASS")
     unrun = sorted(c for c, r in b.items() if r.get("status") == "PASS" and c not in n)
-    return lost, gained, unrun, held
+    return lost, gained, unrun, held, unprobed

@@ -316,10 +316,11 @@ def contract_verdict(base: Mapping[str, Any], new: Mapping[str, Any], label: str
     before). Cases the recording holds that this run did not run (``-m``/``-k`` left them out) are
     listed, not judged. SKIP when the recording holds none, or this run ran none of them."""
     gate = f"{GATE}/contract"
-    lost, gained, unrun, held = diff(base, new)
+    lost, gained, unrun, held, unprobed = diff(base, new)
     ev: dict[str, Any] = {"baseline": label, "baseline_statuses": {c: r["status"] for c, r in normal(base).items()},
                           "new_statuses": {c: r["status"] for c, r in normal(new).items()},
-                          "lost": [x.to_dict() for x in lost], "not_run_here": unrun, "gained": gained}
+                          "lost": [x.to_dict() for x in lost], "not_run_here": unrun, "gained": gained,
+                          "not_probed_here": unprobed}
     if not base:
         return Verdict(gate, SKIP, f"the {label} recorded no contract cases (record the serving revision with "
                        f"--gate-mode record and the {', '.join(CONTRACT_GATES)} gates selected) -> SKIP", evidence=ev)
@@ -327,6 +328,8 @@ def contract_verdict(base: Mapping[str, Any], new: Mapping[str, Any], label: str
         return Verdict(gate, SKIP, f"this run ran no contract case (-m leaves the {', '.join(CONTRACT_GATES)} gates "
                        f"out): nothing to diff against the {len(base)} recorded -> SKIP", evidence=ev)
     tail = f"; {len(unrun)} recorded PASS not run here" if unrun else ""
+    tail += (f"; {len(unprobed)} held there, not probed here ({', '.join(unprobed[:2])}"
+             f"{', ...' if len(unprobed) > 2 else ''})") if unprobed else ""
     tail += f"; gained {', '.join(gained[:6])}{', ...' if len(gained) > 6 else ''}" if gained else ""
     if not sum(held.values()):
         return Verdict(gate, SKIP, f"no case that PASSed on the {label} ran here{tail} -> SKIP", evidence=ev)
