@@ -138,6 +138,14 @@ def _rank(part: Mapping[str, Any]) -> int:
     return int(part["rank"]) if isinstance(part.get("rank"), int) else int(bool(part.get("ok")))
 
 
+def _held_less(base: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``new`` held less than ``base``: by rank where both sides ranked it, else by ``ok``
+    (a recording from before ranks: a refusal and a bounded 200 both held)."""
+    if isinstance(base.get("rank"), int) and isinstance(new.get("rank"), int):
+        return new["rank"] < base["rank"]
+    return bool(base.get("ok")) and not new.get("ok")
+
+
 def diff(base: Mapping[str, Any], new: Mapping[str, Any]
          ) -> tuple[list[Lost], list[str], list[str], dict[str, int], list[str]]:
     """``(lost, gained, not_run_here, held, not_probed_here)`` between two contracts (records or bare statuses):
@@ -174,7 +182,7 @@ def diff(base: Mapping[str, Any], new: Mapping[str, Any]
             if got is None:  # a route the new server no longer lists, a request kvgate no longer sends
                 unprobed.append(f"{case}/{part}")
                 continue
-            if _rank(got) < _rank(bp[part]):
+            if _held_less(bp[part], got):
                 lost.append(Lost(case, part, "held", "held less" if got.get("ok") else "not held",
                                  str(bp[part].get("said")), str(got.get("said"))))
     gained = sorted(c for c, r in n.items() if r.get("status") == "PASS" and b.get(c, {}).get("status") != "PASS")
