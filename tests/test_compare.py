@@ -685,3 +685,22 @@ def test_isvc_compares_the_new_revision_with_the_one_serving(pytester, monkeypat
     o = gates["kserve-fake/compare/outputs"]
     assert o["status"] == "PASS" and result.ret == 0, o["message"]
     assert f"vs the baseline {new.base_url}/openai/v1 (--isvc models/llama: KServe serverless-prev " in o["message"]
+
+
+def test_the_contract_is_gated_after_every_gate_it_diffs_and_before_the_drain():
+    """compare/contract reads the verdicts of the security gate (ordered near the end) and of the
+    others: the plugin orders it after them all, before the drain gate stops the server."""
+    from types import SimpleNamespace
+
+    from kvgate.compare.contract import CONTRACT_GATES
+    from kvgate.plugin import _gate_rank
+
+    def item(gate, case):
+        marker = SimpleNamespace(args=(gate,))
+        return SimpleNamespace(get_closest_marker=lambda name: marker if name == "gate" else None,
+                               callspec=SimpleNamespace(params={"case": case}))
+
+    contract = _gate_rank(item("compare", "contract"))
+    assert all(_gate_rank(item(g, "x")) < contract for g in CONTRACT_GATES + ("soak",))
+    assert _gate_rank(item("answers", "degeneration")) < contract < _gate_rank(item("drain", "in-flight"))
+    assert _gate_rank(item("compare", "outputs")) < _gate_rank(item("security", "auth-surface"))
