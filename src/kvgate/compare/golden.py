@@ -272,14 +272,14 @@ class GoldenError(Exception):
 def write_golden(path: Path, *, run_id: str, profile: str, endpoint: str | None, server_version: str | None,
                  model: str, prompts: list[GoldenPrompt], answers: dict[str, Answer],
                  features: dict[str, str] | None = None, logprobs: bool = True,
-                 redact: Any = None, contract: dict[str, str] | None = None,
+                 redact: Any = None, contract: dict[str, Any] | None = None,
                  renderings: dict[str, Rendering] | None = None, long_context: list[dict[str, Any]] | None = None) -> Path:
     """Write the golden file: the run it comes from, each prompt (route, body) with its answer and
     its ``rendering`` (``/tokenize`` of it; absent when not measured), the features cases' statuses
-    (case -> PASS/FAIL/..., for "features lost"), the request and api cases' statuses
-    (``contract``: gate/case -> status, for the contract diff), the pass-key retrieval
-    (``long_context``: each prompt's :meth:`kvgate.answers.needle.NeedleObservation.record`, for the
-    long-context diff). ``redact``: a ``str -> str``
+    (case -> PASS/FAIL/..., for "features lost"), the contract gates' cases
+    (``contract``: gate/case -> its record, :func:`kvgate.compare.contract.record_of`, for the contract diff),
+    the pass-key retrieval (``long_context``: each prompt's
+    :meth:`kvgate.answers.needle.NeedleObservation.record`, for the long-context diff). ``redact``: a ``str -> str``
     applied to the whole text (the run's redactor: no key in a report). Returns ``path``."""
     renderings = renderings or {}
     doc = {"kvgate_golden": GOLDEN_VERSION, "run_id": run_id, "profile": profile, "endpoint": endpoint,
@@ -309,9 +309,10 @@ class Golden:
     source: str
     #: The served model name the answers came from (None in a file that does not say).
     model: str | None = None
-    #: The request and api cases' statuses (``requests/...``, ``api/...`` -> PASS/FAIL/...; empty in a
-    #: file recorded before kvgate recorded them, or by a run that did not run those gates).
-    contract: dict[str, str] = field(default_factory=dict)
+    #: The contract's cases (``gate/case`` -> record: status, what it said, its requests' or routes'
+    #: outcomes, :mod:`kvgate.compare.contract`; a bare status in a file from before; empty in a file
+    #: recorded before kvgate recorded them, or by a run that did not run those gates).
+    contract: dict[str, Any] = field(default_factory=dict)
     #: Each prompt's ``/tokenize`` rendering on the recorded server (a prompt absent: not recorded --
     #: a file from before kvgate recorded them).
     renderings: dict[str, Rendering] = field(default_factory=dict)
@@ -352,5 +353,5 @@ def read_golden(path: Path) -> Golden:
         prompts.append(gp)
     return Golden(doc.get("run_id"), doc.get("profile"), doc.get("endpoint"), doc.get("server_version"), prompts,
                   answers, {str(k): str(v) for k, v in (doc.get("features") or {}).items()}, str(path),
-                  doc.get("model"), {str(k): str(v) for k, v in (doc.get("contract") or {}).items()}, renderings,
-                  [c for c in doc.get("long_context") or [] if isinstance(c, dict)])
+                  doc.get("model"), {str(k): (v if isinstance(v, dict) else str(v)) for k, v in (doc.get("contract") or {}).items()},
+                  renderings, [c for c in doc.get("long_context") or [] if isinstance(c, dict)])

@@ -16,9 +16,10 @@ cold vs warm prefix cache flips them (vllm#40896), so outputs are compared by lo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 from kvgate.answers.needle import PATHS
+from kvgate.compare.contract import CONTRACT_GATES, diff, normal
 from kvgate.compare.golden import Answer, Difference, GoldenPrompt, compare_answers
 from kvgate.compare.latency import METRICS, Pairs, summary
 from kvgate.gates.common import FAIL, PASS, SKIP
@@ -306,27 +307,43 @@ def _kept(gate: str, kind: str, had: list[str], new: dict[str, str], label: str,
                    f"{tail} -> PASS", measured=0, limit=0, unit="cases", evidence=ev)
 
 
-def contract_verdict(base: dict[str, str], new: dict[str, str], label: str) -> Verdict:
-    """The contract case: every request and api case (``requests/...``, ``api/...``) that PASSed on
-    the recorded serving revision and ran in this run must PASS here -- a parameter now refused, a
-    route gone (its case SKIPs), an event missing (it FAILs) is a regression, named. Cases the
-    recording holds that this run did not run (``-m``/``-k`` left them out) are listed, not judged.
-    SKIP when the recording holds none, or this run ran none of them."""
+def contract_verdict(base: Mapping[str, Any], new: Mapping[str, Any], label: str) -> Verdict:
+    """The contract case: every case of the contract's gates (:data:`kvgate.compare.contract.CONTRACT_GATES`:
+    the limits, streaming, requests, api, features, answers and security) that PASSed on the recorded
+    serving revision and ran in this run must PASS here, and every hostile request and every route
+    that held there must hold here (:func:`kvgate.compare.contract.diff`) -- a parameter now refused, a
+    route gone (its case SKIPs), a hostile request now answered 200 after 38 s is a regression, named
+    with what each side said. ``base``/``new``: ``gate/case`` -> record (or a bare status, a file from
+    before). Cases the recording holds that this run did not run (``-m``/``-k`` left them out) are
+    listed, not judged. SKIP when the recording holds none, or this run ran none of them."""
     gate = f"{GATE}/contract"
-    ev = {"baseline": label, "baseline_statuses": base, "new_statuses": new}
+    lost, gained, unrun, held, unprobed = diff(base, new)
+    ev: dict[str, Any] = {"baseline": label, "baseline_statuses": {c: r["status"] for c, r in normal(base).items()},
+                          "new_statuses": {c: r["status"] for c, r in normal(new).items()},
+                          "lost": [x.to_dict() for x in lost], "not_run_here": unrun, "gained": gained,
+                          "not_probed_here": unprobed}
     if not base:
-        return Verdict(gate, SKIP, f"the {label} recorded no request or api cases (record the serving revision with "
-                       "--gate-mode record and those gates selected) -> SKIP", evidence=ev)
+        return Verdict(gate, SKIP, f"the {label} recorded no contract cases (record the serving revision with "
+                       f"--gate-mode record and the {', '.join(CONTRACT_GATES)} gates selected) -> SKIP", evidence=ev)
     if not new:
-        return Verdict(gate, SKIP, f"this run ran no request or api case (-m leaves the requests and api gates out): "
-                       f"nothing to diff against the {len(base)} recorded -> SKIP", evidence=ev)
-    had = sorted(c for c, s in base.items() if s == "PASS" and c in new)
-    unrun = sorted(c for c, s in base.items() if s == "PASS" and c not in new)
-    ev["not_run_here"] = unrun
+        return Verdict(gate, SKIP, f"this run ran no contract case (-m leaves the {', '.join(CONTRACT_GATES)} gates "
+                       f"out): nothing to diff against the {len(base)} recorded -> SKIP", evidence=ev)
     tail = f"; {len(unrun)} recorded PASS not run here" if unrun else ""
-    if not had:
+    tail += (f"; {len(unprobed)} held there, not probed here ({', '.join(unprobed[:2])}"
+             f"{', ...' if len(unprobed) > 2 else ''})") if unprobed else ""
+    tail += f"; gained {', '.join(gained[:6])}{', ...' if len(gained) > 6 else ''}" if gained else ""
+    if not sum(held.values()):
         return Verdict(gate, SKIP, f"no case that PASSed on the {label} ran here{tail} -> SKIP", evidence=ev)
-    return _kept(gate, "request and api cases", had, new, label, ev, tail)
+    what = ", ".join(f"{n} {kind[:-1] if n == 1 else kind}" for kind, n in held.items())
+    ev["held"] = held
+    if lost:
+        shown = "; ".join(x.words() for x in lost[:6]) + ("; ..." if len(lost) > 6 else "")
+        return Verdict(gate, FAIL, f"{len(lost)} of what held on the {label} ({what}) do not hold on the new "
+                       f"revision: {shown}{tail} -> FAIL (a client relying on them breaks)", measured=len(lost),
+                       limit=0, unit="regressions", evidence=ev)
+    return Verdict(gate, PASS, f"all that held on the {label} ({what}) holds on the new revision{tail} -> PASS",
+                   measured=0, limit=0, unit="regressions", evidence=ev)
+
 
 def _cell_key(c: dict[str, Any]) -> tuple[Any, Any, Any]:
     return (c.get("tokens"), c.get("depth"), c.get("key"))

@@ -29,7 +29,8 @@ WELL_KNOWN_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
 class PreflightError(Exception):
     """The endpoint cannot be gated. ``str()`` is one line: the URL, what it answered, what to do.
 
-    ``kind`` says which check failed: ``unreachable``, ``auth``, ``not-openai`` or ``model``.
+    ``kind`` says which check failed: ``unreachable``, ``auth``, ``not-openai``, ``model`` or
+    ``version`` (a ``--vllm-version`` server that says another release).
     It never contains the API key.
     """
 

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import httpx
 
@@ -54,6 +54,9 @@ from kvgate.profile.models import EngineSpec, Profile
 from kvgate.launch.base import LaunchError, Launcher  # one error type for every launcher
 from kvgate.launch.lora import EMBEDDED as EMBEDDED_ADAPTER
 from kvgate.security.middleware import KEY_ENV, OPEN_ENV
+
+if TYPE_CHECKING:
+    from kvgate.launch.release import Release
 
 LOOPBACK = "127.0.0.1"
 
@@ -251,14 +254,23 @@ class EmbeddedServer(Launcher):
 
     def describe(self) -> dict:
         """summary.json's ``launch`` entry."""
-        return {"mode": "embedded", "startup_s": round(self.startup_s or 0, 2), "command": self.command,
-                "log": str(self.log_path), "server_cpus": sorted(self.server_cpus) if self.server_cpus else "all"}
+        out = {"mode": "embedded", "startup_s": round(self.startup_s or 0, 2), "command": self.command,
+               "log": str(self.log_path), "server_cpus": sorted(self.server_cpus) if self.server_cpus else "all"}
+        if self.release is not None:
+            out["release"] = self.release.describe()
+        return out
 
     def __init__(self, profile: Profile, model_dir: Path, log_path: Path, *, startup_budget_s: float = 240.0,
                  python: str = sys.executable, sleep: Callable[[float], None] = time.sleep,
                  reserve_client_cpu: bool = True, clock: Callable[[], float] = time.monotonic,
-                 lora_dirs: Mapping[str, Path] | None = None, api_key: str | None = None) -> None:
+                 lora_dirs: Mapping[str, Path] | None = None, api_key: str | None = None,
+                 release: "Release | None" = None) -> None:
         self.profile = profile
+        #: The ``--vllm-version`` release served (:mod:`kvgate.launch.release`): its environment's python
+        #: runs the server; None: ``python`` (the run's own vLLM).
+        self.release = release
+        if release is not None:
+            python = str(release.python)
         #: The key the server requires (``VLLM_API_KEY`` in its environment, never on its command line,
         #: which vLLM logs); None: no key. See :func:`embedded_key`.
         self.api_key = api_key
@@ -304,6 +316,10 @@ class EmbeddedServer(Launcher):
         if self.profile.security.open_routes:  # kvgate.security.middleware.RequireKey's open routes
             env[OPEN_ENV] = ",".join(self.profile.security.open_routes)
         env.update(self.profile.engine.env)
+        if self.release is not None:  # kvgate's middleware importable in the release's own environment
+            from kvgate.launch.release import server_environment
+
+            env = server_environment(env)
         return env
 
     def start(self) -> str:

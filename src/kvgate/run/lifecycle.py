@@ -42,7 +42,8 @@ from kvgate.launch.base import LAUNCHERS, Launcher, launcher_class
 from kvgate.launch.local import EmbeddedServer, LaunchError, embedded_key
 from kvgate.launch.lora import ensure_adapters
 from kvgate.launch.realmodel import RealModelError, is_built, model_dir_for
-from kvgate.launch.tinymodel import TinyModelError, ensure_model
+from kvgate.launch.release import Release, ReleaseError, ensure_release
+from kvgate.launch.tinymodel import TinyModelError, cache_root, ensure_model
 from kvgate.run.session import LAUNCH_ERROR_KEY, RUN, SERVER_KEY, Run, current, test_id, write_error_reports
 
 #: Set once the fixture has the server healthy: from then on the fixture's teardown stops it.
@@ -83,8 +84,17 @@ def _build(st: Run) -> Launcher:
     key = embedded_key(st.profile, st.config.getoption("kvgate_api_key_env"))
     st.redactor.add(key)
     model_dir = model_dir_for(st.profile, build_tiny=ensure_model)
+    release = _release(st) if st.vllm_version else None
     return EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0,
-                          lora_dirs=ensure_adapters(st.profile.engine, model_dir), api_key=key)
+                          lora_dirs=ensure_adapters(st.profile.engine, model_dir), api_key=key, release=release)
+
+
+def _release(st: Run) -> Release:
+    """The run's ``--vllm-version`` release, installed once in kvgate's cache (:mod:`kvgate.launch.release`);
+    a progress line on the console while it installs. Raises :class:`ReleaseError` (one line)."""
+    reporter = st.config.pluginmanager.get_plugin("terminalreporter")
+    say = (lambda line: reporter.write_line(line)) if reporter is not None else (lambda line: None)
+    return ensure_release(st.vllm_version, cache_root(), say=say)
 
 
 @pytest.hookimpl(trylast=True)
@@ -106,6 +116,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             server.launch()
     except RealModelError as exc:  # nothing can be gated here: a usage error, one line, no gate runs
         msg = f"the real model cannot be had: {exc}"
+        write_error_reports(session.config, msg)
+        raise pytest.UsageError(msg) from None
+    except ReleaseError as exc:  # the release asked for cannot be served here: the same, one line
+        msg = f"--vllm-version: {exc}"
         write_error_reports(session.config, msg)
         raise pytest.UsageError(msg) from None
     except (TinyModelError, LaunchError) as exc:
@@ -249,10 +263,27 @@ def _preflight_embedded(config: pytest.Config, st: Run, server: Launcher) -> Non
 
     try:
         preflight(st.endpoint, st.profile, None)
+        _served_release(st, server)
     except PreflightError as exc:
         _teardown(config, st, server)
         write_error_reports(config, str(exc))
         pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def _served_release(st: Run, server: Launcher) -> None:
+    """A ``--vllm-version`` server must say that release on ``GET /version`` (read back, not assumed);
+    raises :class:`PreflightError` naming both when it does not."""
+    from kvgate.http.client import KvClient
+    from kvgate.http.preflight import PreflightError
+
+    release = getattr(server, "release", None)
+    if release is None or st.endpoint is None:
+        return
+    with KvClient(st.endpoint, timeout_s=st.profile.limits.canary_deadline_s) as client:
+        said = client.version()
+    if said is None or said.split("+")[0] != release.version:
+        raise PreflightError(f"--vllm-version {release.version}: the server kvgate started from {release.env} "
+                             f"says {'no version' if said is None else repr(said[:40])} on GET /version", "version")
 
 
 def launched_server(config: pytest.Config) -> Launcher | None:

