@@ -212,6 +212,15 @@ def test_the_offline_guard_refuses_every_host_but_the_endpoint():
     assert "kvgate runs lm-eval offline: huggingface.co:80 is not the endpoint" in out[0] and out[2] is True
 
 
+def test_a_run_that_does_not_use_lm_eval_does_not_import_it():
+    code = ("import sys\n"
+            "import kvgate.plugin, kvgate.run.session, kvgate.gates.answers, kvgate.answers.lmeval.runner\n"
+            "print(sorted(m for m in ('lm_eval', 'datasets', 'evaluate') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.stdout.strip() == "[]", done.stderr
+
+
 def test_the_key_travels_in_the_environment_only_and_is_masked_in_what_comes_back():
     seen = {}
 
