@@ -196,7 +196,7 @@ def check_accuracy_lm_eval(request, client, profile, collected) -> Verdict:
                        request_timeout_s=profile.limits.request_timeout_s,
                        chat_template_kwargs=profile.limits.chat_template_kwargs, tokenizer=ep.tokenizer)
     for s in outcome.samples:
-        if isinstance(s.get("answer"), str):
+        if s.get("generated"):  # a generated text (not a multiple choice's loglikelihoods)
             collected.add_text(f"accuracy/{s.get('id')}", s["answer"])
     return _judged(request, lambda s: lm_eval_verdict(profile.answers, outcome, suspects=s))
 

@@ -103,8 +103,8 @@ def test_the_plan_for_a_named_task_and_for_a_task_yaml(tmp_path):
     own = tmp_path / "mine.yaml"
     own.write_text("task: my-task\ndataset_path: json\nprocess_results: !function utils.process_results\n")
     p = plan(AccuracySpec(lm_eval=LmEvalSpec(task=str(own), route="chat")))
-    assert (p.task, p.model, p.include_path, p.include_defaults, p.cwd) == ("my-task", CHAT, str(tmp_path), False,
-                                                                            str(tmp_path))
+    assert (p.task, p.shown, p.model, p.include_path, p.include_defaults, p.cwd) == (
+        str(own), "mine.yaml", CHAT, None, False, str(tmp_path))  # loaded from its path, run beside it
 
 
 # ---------------------------------------------------------------------------- the verdict (pure)
@@ -170,7 +170,7 @@ def test_samples_are_read_for_the_named_metric_and_filter():
     got = samples_of(res, None)
     assert got["metric"] == "exact_match,strict-match" and [s["score"] for s in got["samples"]] == [1.0, 0.0]
     assert got["samples"][1] == {"task": "gsm8k", "doc_id": 1, "id": "doc-1", "score": 0.0, "answer": "[invalid]",
-                                 "expected": "10"}
+                                 "generated": True, "expected": "10"}
     assert samples_of(res, "exact_match,flexible-extract")["metric"] == "exact_match,flexible-extract"
     assert samples_of(res, "bleu")["error"] == ("the task reports exact_match,flexible-extract, exact_match,strict-match; "
                                                 "answers.accuracy.lm_eval.metric 'bleu' is none of them")
@@ -346,7 +346,39 @@ def test_a_task_whose_data_is_not_local_skips_in_one_line(pytester, tmp_path):
     with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS))) as fake:
         result, summary, gate = run(pytester, fake.url, profile=prof)
         assert not fake.state.requests  # nothing was asked
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hub-task.yaml", "hub.yaml"]  # nothing written beside it
     assert gate["status"] == "SKIP"
     assert gate["message"].startswith("hub-task.yaml through lm-eval 0.4.13, local-chat-completions needs a download: ")
     assert "kvgate-test/not-in-any-cache" in gate["message"] and "kvgate runs lm-eval offline" in gate["message"]
     assert "\n" not in gate["message"] and "Traceback" not in gate["message"]
+
+
+@needs_lm_eval
+def test_a_task_yaml_of_your_own_runs_over_its_local_data(pytester, tmp_path):
+    """lm-eval's own filters and metric (a regex filter, exact_match) over a JSONL beside the YAML,
+    named relative to it: the metric read is the task's first (exact_match with its filter)."""
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    (evals / "capitals.jsonl").write_text(
+        '{"question": "What is the capital of Italy?", "city": "Rome"}\n'
+        '{"question": "What is the capital of Spain?", "city": "Madrid"}\n'
+        '{"question": "What is the capital of Egypt?", "city": "Alexandria"}\n')
+    (evals / "capitals.yaml").write_text(
+        "task: my-capitals\ndataset_path: json\ndataset_kwargs: {data_files: {test: capitals.jsonl}}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{question}}'\ndoc_to_target: '{{city}}'\n"
+        "generation_kwargs: {until: [], max_gen_toks: 16}\n"
+        "filter_list:\n- name: city\n  filter:\n  - {function: regex, regex_pattern: '(Rome|Madrid|Cairo|Alexandria)'}\n"
+        "  - {function: take_first}\n"
+        "metric_list:\n- {metric: exact_match, aggregation: mean, higher_is_better: true}\n")
+    prof = tmp_path / "own.yaml"
+    prof.write_text(yaml.safe_dump({"extends": str(REPO / "tests" / "data" / "fake-answers.yaml"),
+                                    "answers": {"accuracy": {"file": None, "min_accuracy": 0.6, "recorded_correct": None,
+                                                             "recorded_items": None,
+                                                             "lm_eval": {"task": "evals/capitals.yaml", "route": "chat"}}}}))
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS))) as fake:
+        result, summary, gate = run(pytester, fake.url, profile=prof)
+    assert gate["status"] == "PASS", gate["message"]
+    assert gate["message"].startswith("2 of 3 items right on capitals.yaml (lm-eval 0.4.13, local-chat-completions, "
+                                      "exact_match,city): accuracy 66.7%")
+    assert gate["evidence"]["wrong"] == [{"id": "doc-2", "correct": False, "answer": "Cairo", "expected": "Alexandria",
+                                          "answered": True}]

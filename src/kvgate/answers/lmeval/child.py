@@ -16,7 +16,7 @@ variables. Offline is also enforced here: every name lookup and connection other
 what it would have fetched. OUT, always written (exit 0) unless the process is killed::
 
     {"version": "0.4.13", "task": NAME, "metric": "acc,none", "metrics": [...],
-     "samples": [{"task", "doc_id", "id", "score", "answer", "expected"}, ...],
+     "samples": [{"task", "doc_id", "id", "score", "answer", "generated", "expected"}, ...],
      "download": LINE | null, "unknown": LINE | null, "error": LINE | null, "seconds": S}
 
 ``mode: names`` writes ``{"names": [every task, group and tag lm-eval knows]}``.
@@ -177,7 +177,7 @@ def samples_of(res: dict[str, Any], metric: str | None) -> dict[str, Any]:
             got = got[0] if isinstance(got, list) and got else got
             out.append({"task": task, "doc_id": s.get("doc_id"), "id": ident if len(by_task) == 1 else f"{task}/{ident}",
                         "score": s[name], "answer": got if isinstance(got, str) else repr(got),
-                        "expected": str(s.get("target"))})
+                        "generated": isinstance(got, str), "expected": str(s.get("target"))})
     return {"metric": f"{name},{want}", "metrics": metrics, "samples": out}
 
 

@@ -73,8 +73,10 @@ class Plan:
     """What one evaluation runs: lm-eval's ``task`` name, as verdicts name it (``shown``), by which
     ``model`` (:data:`CHAT` or :data:`COMPLETIONS`), with which task directory (``include_path``,
     and lm-eval's own tasks indexed or not), from which directory (``cwd``: a task YAML's relative
-    ``data_files`` resolve there), the files to write first (``files``: the generated YAML and its
-    scorer, into ``cwd``), and how many documents it asks at most (``docs``; None: unknown)."""
+    ``data_files`` resolve there; None: the run's temporary directory), the files to write first
+    (``files``: the generated YAML and its scorer, into the temporary directory, which becomes
+    ``include_path``), and how many documents it asks at most (``docs``; None: unknown). ``task``
+    is lm-eval's task name, or a task YAML's path (lm-eval loads it from there)."""
 
     task: str
     shown: str
@@ -123,9 +125,10 @@ def plan(acc: "AccuracySpec", *, chat_template_kwargs: dict[str, Any] | None = N
                     files={"task.yaml": task_yaml(data, route, acc.max_tokens, chat_template_kwargs),
                            f"{SCORER_MODULE}.py": SCORER_SOURCE})
     model = CHAT if lm.route == "chat" else COMPLETIONS
-    if is_yaml_path(lm.task):
+    if is_yaml_path(lm.task):  # lm-eval loads a task from its YAML's path; relative data files resolve beside it
         path = Path(lm.task)
-        return Plan(_yaml_task_name(path), path.name, model, include_path=str(path.parent), include_defaults=False,
+        _yaml_task_name(path)
+        return Plan(str(path), path.name, model, include_path=None, include_defaults=False,
                     docs=lm.limit, requests_per_doc=NAMED_REQUESTS_PER_DOC, cwd=str(path.parent))
     return Plan(lm.task, lm.task, model, include_path=None, include_defaults=True, docs=lm.limit,
                 requests_per_doc=NAMED_REQUESTS_PER_DOC)
@@ -155,15 +158,16 @@ def _last_line(stderr: str) -> str:
     return lines[-1][:300] if lines else "nothing on stderr"
 
 
-def _spawn(req: dict[str, Any], cwd: Path, *, timeout_s: float, env: dict[str, str], run: Runner,
-           secrets: list[str]) -> tuple[dict[str, Any], float]:
-    """Run the child on ``req`` (written to ``cwd``); its OUT as a dict (``{"error"}`` when it
-    wrote none or ran past ``timeout_s``) and its wall seconds."""
-    req_path, out = cwd / "kvgate-request.json", cwd / "kvgate-result.json"
+def _spawn(req: dict[str, Any], work: Path, *, timeout_s: float, env: dict[str, str], run: Runner,
+           secrets: list[str], cwd: Path | None = None) -> tuple[dict[str, Any], float]:
+    """Run the child on ``req`` (written to ``work``, a temporary directory, with its OUT) from
+    ``cwd`` (default ``work``); its OUT as a dict (``{"error"}`` when it wrote none or ran past
+    ``timeout_s``) and its wall seconds."""
+    req_path, out = work / "kvgate-request.json", work / "kvgate-result.json"
     req_path.write_text(json.dumps({**req, "out": str(out)}), encoding="utf-8")
     t0 = time.monotonic()
     try:
-        done = run([sys.executable, "-m", "kvgate.answers.lmeval.child", str(req_path)], cwd=str(cwd), env=env,
+        done = run([sys.executable, "-m", "kvgate.answers.lmeval.child", str(req_path)], cwd=str(cwd or work), env=env,
                    capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"lm-eval did not finish in {timeout_s:.0f} s (stopped)"}, time.monotonic() - t0
@@ -286,8 +290,8 @@ def run_task(acc: "AccuracySpec", *, base_url: str, route_prefix: str, headers: 
         if p.files:  # kvgate's own task: its datasets cache is the run's, not the user's
             extra["HF_DATASETS_CACHE"] = str(work / "datasets")
         req["include_path"] = str(work) if p.files else p.include_path
-        got, seconds = _spawn(req, Path(p.cwd) if p.cwd else work, timeout_s=timeout_s, env=_child_env(extra),
-                              run=run, secrets=secrets)
+        got, seconds = _spawn(req, work, timeout_s=timeout_s, env=_child_env(extra), run=run, secrets=secrets,
+                              cwd=Path(p.cwd) if p.cwd else None)
     error = got.get("error")
     if got.get("unknown"):
         error = f"lm-eval does not know task {p.task!r} ({got['unknown']}; {HOW_TO_LIST})"
