@@ -100,8 +100,9 @@ def _yaml_task_name(path: Path) -> str:
     try:
         cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except (OSError, yaml.YAMLError) as exc:
-        raise LmEvalUsage(f"answers.accuracy.lm_eval.task {str(path)!r}: cannot read it as YAML ({exc})".splitlines()[0]) from None
-    name = cfg.get("task") or cfg.get("group") if isinstance(cfg, dict) else None
+        why = " ".join(str(exc).split())
+        raise LmEvalUsage(f"answers.accuracy.lm_eval.task {str(path)!r}: cannot read it as YAML ({why})") from None
+    name = (cfg.get("task") or cfg.get("group")) if isinstance(cfg, dict) else None
     if not isinstance(name, str):
         raise LmEvalUsage(f"answers.accuracy.lm_eval.task {str(path)!r}: the YAML names no task (a 'task:' key)")
     return name
