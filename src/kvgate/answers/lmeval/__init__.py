@@ -11,6 +11,6 @@ Why a child process and not lm-eval in the run's own process: offline is an envi
 be set before ``datasets`` and ``huggingface_hub`` are imported (their offline switches are read at
 import, and the run may have imported them already to build the embedded model); lm-eval configures
 logging, progress bars and an asyncio loop of its own; a hung evaluation is bounded by killing the
-child. The cost is the child's start: about 3 s (lm-eval's import) plus, for a named task, lm-eval's
+child. The cost is the child's start: about 5 s (lm-eval's import, the task's data read) plus, for a named task, lm-eval's
 task index (7-14 s on 2 loaded cores) -- the same time lm-eval would take in process, once.
 """
