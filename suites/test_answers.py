@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.answers import isolation
+from kvgate.answers.lmeval.runner import run_task
 from kvgate.answers.needle import observe as observe_needles
 from kvgate.answers.observe import MULTIBYTE_PROMPTS, SAMPLED_SCRIPTS, ask, ask_many, body_for, echoed_prompt, render
 from kvgate.answers.task import TaskError, load_task, scored
@@ -20,8 +21,9 @@ from kvgate.compare.golden import MULTI_TURN, SYSTEM
 from kvgate.gates.answers import (CASES, GoldenObservation, MemoryObservation, MultibyteObservation, PathsObservation,
                                   RenderingObservation, SamplingObservation, Suspects, accuracy_verdict,
                                   degeneration_verdict, determinism_verdict, golden_verdict, input_paths_verdict,
-                                  isolation_verdict, long_context_verdict, memory_verdict, multibyte_verdict, not_declared, rendering_cause, sampling_cause,
-                                  system_golden, system_message_verdict, temperature_zero_verdict)
+                                  isolation_verdict, lm_eval_verdict, long_context_verdict, memory_verdict, multibyte_verdict,
+                                  not_declared, rendering_cause, sampling_cause, system_golden, system_message_verdict,
+                                  temperature_zero_verdict)
 from kvgate.http.prompts import PromptUnavailable
 from kvgate.http.rendering import concurrently, tokenize
 from kvgate.verdict import Status, Verdict
@@ -44,6 +46,10 @@ class Collected:
     def add(self, source, asked):
         if asked.ok:
             self.seen.add(source, asked.text, asked.finish_reason)
+
+    def add_text(self, source, text):
+        """An answer lm-eval asked for (its text only: no finish reason comes back)."""
+        self.seen.add(source, text, None)
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +195,8 @@ def check_golden(request, client, profile, collected) -> Verdict:
 
 def check_accuracy(request, client, profile, collected) -> Verdict:
     acc = profile.answers.accuracy
+    if acc.lm_eval is not None:
+        return check_accuracy_lm_eval(request, client, profile, collected)
     base = Path(profile.source).parent if profile.source else Path.cwd()
     path = (base / acc.file) if not Path(acc.file).is_absolute() else Path(acc.file)
     try:
@@ -204,6 +212,20 @@ def check_accuracy(request, client, profile, collected) -> Verdict:
         collected.add(f"accuracy/{it.id}", a)
     rows = scored(items, [a.text if a.ok else None for a in asked])
     return _judged(request, lambda s: accuracy_verdict(profile.answers, rows, path.name, suspects=s))
+
+
+def check_accuracy_lm_eval(request, client, profile, collected) -> Verdict:
+    """The task through lm-eval, offline, in a child process, against this endpoint with the run's
+    key, ``answers.accuracy.concurrency`` requests in flight."""
+    acc, ep = profile.answers.accuracy, client.endpoint
+    outcome = run_task(acc, base_url=ep.base_url, route_prefix=ep.route_prefix, headers=ep.headers(),
+                       model=profile.model.served_name, concurrency=acc.concurrency,
+                       request_timeout_s=profile.limits.request_timeout_s,
+                       chat_template_kwargs=profile.limits.chat_template_kwargs, tokenizer=ep.tokenizer)
+    for s in outcome.samples:
+        if s.get("generated"):  # a generated text (not a multiple choice's loglikelihoods)
+            collected.add_text(f"accuracy/{s.get('id')}", s["answer"])
+    return _judged(request, lambda s: lm_eval_verdict(profile.answers, outcome, suspects=s))
 
 
 def check_multibyte(request, client, profile, collected) -> Verdict:

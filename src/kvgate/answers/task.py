@@ -70,7 +70,13 @@ def load_task(path: Path) -> list[Item]:
 
 def correct(item: Item, text: str) -> bool:
     """Whether ``text`` answers ``item`` right (its regex found, case-insensitive)."""
-    return re.search(item.answer, text, re.IGNORECASE) is not None
+    return matches(item.answer, text)
+
+
+def matches(answer: str, text: str) -> bool:
+    """kvgate's rule: the ``answer`` regex found in ``text``, case-insensitive (also lm-eval's
+    score of kvgate's task: :func:`kvgate.answers.lmeval.task.process_results`)."""
+    return re.search(answer, text, re.IGNORECASE) is not None
 
 
 def interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -32,7 +32,7 @@ margins and FAIL only beyond ``answers.max_fragile_flips``. The accuracy case ju
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kvgate.answers.checks import char_diff, clip, expectation_match, margin, multibyte_findings
@@ -47,6 +47,7 @@ from kvgate.profile.models import AnswersSpec, GoldenSpec, LongContextSpec, Prof
 from kvgate.verdict import Status, Verdict
 
 if TYPE_CHECKING:
+    from kvgate.answers.lmeval.runner import Outcome
     from kvgate.answers.seen import Seen
 
 GATE = "answers"
@@ -244,6 +245,39 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
                    f"{n} items cannot tell -> INCONCLUSIVE{eg}", measured=round(acc, 4), limit=round(limit, 4),
                    unit="fraction", evidence=ev, cause=_cause(suspects) or f"the evidence cannot tell: {n} items are "
                    "too few to separate this accuracy from the limit")
+
+
+def lm_eval_verdict(answers: AnswersSpec, outcome: "Outcome", suspects: Suspects | None = None) -> Verdict:
+    """The accuracy case through lm-eval (``answers.accuracy.lm_eval``): lm-eval's per-sample
+    scores (:class:`kvgate.answers.lmeval.runner.Outcome`) judged as :func:`accuracy_verdict`
+    judges kvgate's own (a sample scoring 1 is an item right), the evidence naming lm-eval's
+    version, model, metric and seconds. SKIP when the task needs a download (kvgate runs lm-eval
+    offline), saying what it reached for; INVALID when lm-eval gave no scores (a failed request --
+    lm-eval stops at the first --, a task that cannot be built), or scores that are not 0 or 1 (no
+    binomial interval: name a right/wrong metric)."""
+    gate = f"{GATE}/accuracy"
+    via = f"lm-eval {outcome.version or '(version unknown)'}, {outcome.model}"
+    ev: dict[str, Any] = {"lm_eval": {"task": outcome.task, "version": outcome.version, "model": outcome.model,
+                                      "metric": outcome.metric, "seconds": outcome.seconds,
+                                      "num_concurrent": outcome.concurrency}}
+    if outcome.download is not None:
+        return Verdict(gate, Status.SKIP, f"{outcome.task} through {via} needs a download: {clip(outcome.download, 300)}; "
+                       "kvgate runs lm-eval offline (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) -> SKIP "
+                       "(put the data in the local Hugging Face cache, or name a task YAML over a local file)", evidence=ev)
+    if outcome.error is not None or not outcome.samples:
+        why = clip(outcome.error or "no sample scored", 300)
+        return Verdict(gate, Status.INVALID, f"{outcome.task} through {via}: no score ({why}) -> INVALID", evidence=ev)
+    odd = [s for s in outcome.samples if not isinstance(s.get("score"), (bool, int, float)) or float(s["score"]) not in (0.0, 1.0)]
+    if odd:
+        shown = ", ".join(f"{s.get('id')}: {s.get('score')!r}" for s in odd[:3])
+        return Verdict(gate, Status.INVALID, f"{outcome.task} through {via}: metric {outcome.metric} scores "
+                       f"{len(odd)} of {len(outcome.samples)} samples other than 0 or 1 ({shown}): no right/wrong count, "
+                       "no binomial interval -> INVALID (answers.accuracy.lm_eval.metric: a right/wrong metric, e.g. "
+                       "exact_match or acc)", evidence=ev)
+    rows = [{"id": str(s.get("id")), "correct": float(s["score"]) == 1.0, "answer": str(s.get("answer") or "")[:160],
+             "expected": str(s.get("expected") or "")[:160], "answered": True} for s in outcome.samples]
+    verdict = accuracy_verdict(answers, rows, f"{outcome.task} ({via}, {outcome.metric})", suspects=suspects)
+    return replace(verdict, evidence={**verdict.evidence, **ev})
 
 
 def degeneration_verdict(answers: AnswersSpec, seen: "Seen | list[tuple[str, str, str | None]]",

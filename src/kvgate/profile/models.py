@@ -927,14 +927,37 @@ class GoldenSpec(_Strict):
         return "chat" if self.messages is not None else "completions"
 
 
+class LmEvalSpec(_Strict):
+    """The accuracy task run through lm-eval (``pip install 'kvgate[lm-eval]'``: lm-eval 0.4.13), with
+    its ``local-chat-completions`` / ``local-completions`` model against the endpoint, offline (no
+    download: a task whose data is not local SKIPs saying what it would fetch). ``task`` None: the
+    accuracy ``file`` (kvgate's JSONL) as an lm-eval task (a generated YAML over the JSONL, scored
+    by kvgate's regex); else an lm-eval task name (``lm-eval ls tasks``) or a task YAML path
+    (relative to the profile's directory). docs/answers.md, "Accuracy through lm-eval"."""
+
+    task: str | None = Field(default=None, description="an lm-eval task name (lm-eval ls tasks) or a task YAML path; none: answers.accuracy.file as an lm-eval task")
+    limit: int | None = Field(default=None, gt=0, description="[items] the task's first N documents (none: all)")
+    metric: str | None = Field(default=None, description="the per-sample score read, lm-eval's name with an optional filter (exact_match,strict-match); each sample must score 0 or 1; none: the task's first metric")
+    num_fewshot: int | None = Field(default=None, ge=0, description="[examples] few-shot examples per prompt (none: the task's own)")
+    route: Literal["chat", "completions"] | None = Field(default=None, description="local-chat-completions or local-completions; none: the file's items' route, completions for a named task")
+
+    @model_validator(mode="after")
+    def _task(self) -> "LmEvalSpec":
+        if self.task is not None and not self.task.strip():
+            raise ValueError("lm_eval.task is empty (an lm-eval task name, a task YAML path, or leave it out)")
+        return self
+
+
 class AccuracySpec(_Strict):
     """A small task scored per item: a local JSONL file, one item a line: ``{"id", "question"
     (a user turn) or "messages" or "prompt", "answer": a regex a right answer matches
-    (case-insensitive)}``. The verdict is the accuracy with its exact (Clopper-Pearson) interval
-    against ``min_accuracy`` or ``recorded`` accuracy x (1 - ``tolerance``) -- vLLM's CI gates a
-    model's lm-eval score against a recorded value at a relative tolerance of 0.05-0.08."""
+    (case-insensitive)}``, or an lm-eval task (``lm_eval``). The verdict is the accuracy with its
+    exact (Clopper-Pearson) interval against ``min_accuracy`` or ``recorded`` accuracy x (1 -
+    ``tolerance``) -- vLLM's CI gates a model's lm-eval score against a recorded value at a
+    relative tolerance of 0.05-0.08."""
 
-    file: str = Field(description="[path] the JSONL task, relative to the profile's directory")
+    file: str | None = Field(default=None, description="[path] the JSONL task, relative to the profile's directory (none: lm_eval.task)")
+    lm_eval: LmEvalSpec | None = Field(default=None, description="run the task through lm-eval (none: kvgate asks and scores the file itself)")
     max_tokens: int = Field(default=24, gt=0, description="[tokens] generated per item")
     concurrency: int = Field(default=8, gt=0, description="[requests] items in flight at once")
     min_accuracy: float | None = Field(default=None, ge=0, le=1, description="[fraction] the floor")
@@ -945,6 +968,11 @@ class AccuracySpec(_Strict):
 
     @model_validator(mode="after")
     def _recorded(self) -> "AccuracySpec":
+        task = self.lm_eval.task if self.lm_eval is not None else None
+        if self.file is None and task is None:
+            raise ValueError("give a task: file (kvgate's JSONL) or lm_eval.task (an lm-eval task)")
+        if self.file is not None and task is not None:
+            raise ValueError(f"give one task: file {self.file!r} or lm_eval.task {task!r}, not both")
         k, n = self.recorded_correct, self.recorded_items
         if (k is None) != (n is None):
             raise ValueError("give recorded_correct and recorded_items together (a recorded run's right items of its items)")
@@ -1268,7 +1296,8 @@ def _raw_with_extends(path: Path, profile_dir: Path, seen: tuple[Path, ...] = ()
 
 def _rebase_paths(raw: dict, base_dir: Path | None) -> dict:
     """``raw`` (a base profile read from ``base_dir``) with its file-relative paths --
-    ``workloads.*.traffic``, ``model.hf_config`` and ``answers.accuracy.file`` -- made absolute against ``base_dir``: they are
+    ``workloads.*.traffic``, ``model.hf_config``, ``answers.accuracy.file`` and a task YAML in ``answers.accuracy.lm_eval.task``
+    -- made absolute against ``base_dir``: they are
     relative to the file that declares them, so a profile in another directory that ``extends:``
     it still finds them (an absolute or ``~`` path is left as written; ``base_dir`` None: the same
     directory, nothing to rebase). A ``traffic:`` string becomes ``{path: ...}``, so a child's
@@ -1298,7 +1327,12 @@ def _rebase_paths(raw: dict, base_dir: Path | None) -> dict:
     answers = out.get("answers")
     acc = answers.get("accuracy") if isinstance(answers, dict) else None
     if isinstance(acc, dict) and acc.get("file"):
-        out["answers"] = {**answers, "accuracy": {**acc, "file": rebased(acc["file"])}}
+        acc = {**acc, "file": rebased(acc["file"])}
+    lm = acc.get("lm_eval") if isinstance(acc, dict) else None
+    if isinstance(lm, dict) and isinstance(lm.get("task"), str) and lm["task"].endswith((".yaml", ".yml")):
+        acc = {**acc, "lm_eval": {**lm, "task": rebased(lm["task"])}}
+    if isinstance(acc, dict):
+        out["answers"] = {**answers, "accuracy": acc}
     return out
 
 
@@ -1412,22 +1446,45 @@ _POOLS_LOADING: set[str] = set()
 
 
 def _check_accuracy_task(profile: Profile, path: Path) -> Profile:
-    """``answers.accuracy.file`` made absolute (relative to the profile file) and read: a task that
-    cannot be used (missing, a line not JSON, an item without a prompt or answer) is this profile's
-    error, one line, before anything runs (:func:`kvgate.answers.task.load_task`)."""
+    """``answers.accuracy.file`` and a task YAML in ``answers.accuracy.lm_eval.task`` made absolute
+    (relative to the profile file) and read: a task that cannot be used (missing, a line not JSON,
+    an item without a prompt or answer; through lm-eval, an item lm-eval cannot ask: a conversation,
+    a mix of chat and completion items) is this profile's error, one line, before anything runs
+    (:func:`kvgate.answers.task.load_task`, :func:`kvgate.answers.lmeval.task.route_of`). Whether
+    lm-eval knows a task *name* is checked when a run starts (:func:`kvgate.answers.lmeval.runner.check_task`):
+    it needs lm-eval's task index."""
     acc = profile.answers.accuracy if profile.answers is not None else None
     if acc is None:
         return profile
-    from kvgate.answers.task import TaskError, load_task
 
-    file = Path(acc.file).expanduser()
-    if not file.is_absolute():
-        file = path.parent / file
-    try:
-        load_task(file)
-    except TaskError as exc:
-        raise ProfileError(f"{path}: field 'answers.accuracy.file': {exc}") from None
-    answers = profile.answers.model_copy(update={"accuracy": acc.model_copy(update={"file": str(file)})})
+    def absolute(p: str) -> Path:
+        f = Path(p).expanduser()
+        return f if f.is_absolute() else path.parent / f
+
+    update: dict[str, Any] = {}
+    if acc.file is not None:
+        from kvgate.answers.task import TaskError, load_task
+
+        file = absolute(acc.file)
+        try:
+            items = load_task(file)
+            if acc.lm_eval is not None:
+                from kvgate.answers.lmeval.task import route_of
+
+                route_of(items, acc.lm_eval.route, file.name)
+        except TaskError as exc:
+            raise ProfileError(f"{path}: field 'answers.accuracy.file': {exc}") from None
+        if acc.lm_eval is not None and acc.lm_eval.num_fewshot:
+            raise ProfileError(f"{path}: field 'answers.accuracy.lm_eval.num_fewshot': kvgate's task file holds answer "
+                               "regexes, not answers to show as examples (few-shot needs an lm-eval task, lm_eval.task)")
+        update["file"] = str(file)
+    task = acc.lm_eval.task if acc.lm_eval is not None else None
+    if task is not None and task.endswith((".yaml", ".yml")):
+        yaml_file = absolute(task)
+        if not yaml_file.is_file():
+            raise ProfileError(f"{path}: field 'answers.accuracy.lm_eval.task': no task YAML {str(yaml_file)!r}")
+        update["lm_eval"] = acc.lm_eval.model_copy(update={"task": str(yaml_file)})
+    answers = profile.answers.model_copy(update={"accuracy": acc.model_copy(update=update)})
     return profile.model_copy(update={"answers": answers})
 
 

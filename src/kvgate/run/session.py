@@ -221,6 +221,7 @@ class Run:
                     why = None  # the soak names it when it runs
                 if why is not None:
                     raise usage(why)
+        _check_lm_eval(config, profile)
         record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
                            run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
@@ -852,6 +853,29 @@ def markexpr_selects_live(expr: str, idle: tuple[str, ...] = ()) -> bool:
         if compiled.evaluate(lambda name, **kw: name in names):
             return True
     return False
+
+
+def _check_lm_eval(config: pytest.Config, profile: Profile) -> None:
+    """An accuracy task through lm-eval (``answers.accuracy.lm_eval``) that cannot run -- lm-eval not
+    installed, a task name lm-eval does not know -- is refused now when ``-m`` can select the answers
+    gate, not found at the end of a run (:func:`kvgate.answers.lmeval.runner.check_task`; a name is
+    looked up in lm-eval's task index, listed once per lm-eval version and cached)."""
+    acc = profile.answers.accuracy if profile.answers is not None else None
+    expr = config.getoption("markexpr") or ""
+    if acc is None or acc.lm_eval is None:
+        return
+    if expr.strip():
+        try:
+            if not _compile(expr).evaluate(lambda name, **kw: name in ("answers", "gate")):
+                return
+        except pytest.UsageError:
+            pass  # refused by check_markexpr
+    from kvgate.answers.lmeval.runner import LmEvalUsage, check_task
+
+    try:
+        check_task(acc)
+    except LmEvalUsage as exc:
+        raise usage(str(exc)) from None
 
 
 def _check_pool_endpoints(config: pytest.Config, profile: Profile, *, through_router: bool) -> None:
