@@ -35,4 +35,4 @@ def test_nothing_users_read_cites_the_developers_notes():
 
 def test_the_scan_reads_the_package_and_the_readme():
     names = {p.relative_to(REPO).as_posix() for p in _files()}
-    assert "README.md" in names and "src/kvgate/authoring/vllm_args.py" in names
+    assert "README.md" in names and "src/kvgate/launch/vllm_args.py" in names

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from kvgate.compare.golden import (Answer, GoldenError, GoldenPrompt, answer_of, compare_answers, read_golden,
-                                   write_golden)
+from kvgate.answers.tokendiff import Answer, answer_of, compare_answers
+from kvgate.compare.golden import GoldenError, GoldenPrompt, read_golden, write_golden
 from kvgate.compare.latency import Pairs, Timing, take_pairs
 from kvgate.compare.contract import record_of
 from kvgate.gates.compare import (contract_verdict, features_verdict, latency_verdict, outputs_verdict,

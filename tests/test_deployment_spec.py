@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kvgate.authoring.vllm_args import load_snapshot
+from kvgate.launch.vllm_args import load_snapshot
 from kvgate.gates.deployment import HOST_PROCESS_BYTES, NO_ISVC, loading_peak, longest_stream_s, \
     parse_vllm_argv, spec_verdict
 from kvgate.http.health_sampler import ProbeSample

@@ -43,7 +43,7 @@ DEPLOYMENT = [f"{NAME}/deployment/{c}" for c in ("served-model", "max-model-len"
 MAX_CONTEXT = [f"{NAME}/max-context/{c}" for c in ("completions", "chat", "over-length/completions",
                                                    "over-length/completions-stream", "over-length/chat",
                                                    "over-length/chat-stream")]
-EXIT_FOR = {"PASS": 0, "INCOMPLETE": 2, "FAIL": 1, "INVALID": 6}  # kvgate.run.modes.EXIT_CODES
+EXIT_FOR = {"PASS": 0, "INCOMPLETE": 2, "FAIL": 1, "INVALID": 6}  # kvgate.report.outcome.EXIT_CODES
 
 
 @pytest.fixture

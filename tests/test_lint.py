@@ -10,7 +10,7 @@ import yaml
 
 from kvgate.authoring.lint import ERROR, WARNING, lint_file, lint_for_run, lint_profile
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, available_profiles
-from kvgate.authoring.vllm_args import CHANGES, load_snapshot, version_tuple
+from kvgate.launch.vllm_args import CHANGES, load_snapshot, version_tuple
 
 from .conftest import REPO
 
@@ -216,7 +216,7 @@ def test_serve_feature_fields_are_checked_against_the_parser():
     real = load_snapshot("0.32.0")
     assert lint_profile(profile(GPU, **fields), args=real) == []
     for name in fields:
-        from kvgate.authoring.lint import FIELD_FLAGS
+        from kvgate.launch.vllm_args import FIELD_FLAGS
 
         flag = FIELD_FLAGS[name]
         assert flag in real.by_flag, flag
@@ -260,12 +260,12 @@ def test_changes_table_entries_name_their_source_and_agree_with_the_parser():
 
 
 def test_snapshot_is_for_the_installed_vllm():
-    from kvgate.authoring.vllm_args import available_snapshots, installed_version
+    from kvgate.launch.vllm_args import available_snapshots, installed_version
 
     inst = installed_version()
     if inst is None:
         pytest.skip("no vLLM installed: the checked-in snapshot is used as is")
-    assert inst in available_snapshots(), f"regenerate: .venv/bin/python -m kvgate.authoring.vllm_args --write (vLLM {inst})"
+    assert inst in available_snapshots(), f"regenerate: .venv/bin/python -m kvgate.launch.vllm_args --write (vLLM {inst})"
 
 
 def test_certify_turns_findings_into_a_refusal_and_enforce_does_not(tmp_path):
@@ -318,7 +318,7 @@ def test_gate_run_prints_lint_warnings_and_certify_refuses(pytester):
 
 
 def test_parse_version_reads_vllm_versions_and_names_the_form_otherwise():
-    from kvgate.authoring.vllm_args import VERSION_FORM, parse_version
+    from kvgate.launch.vllm_args import VERSION_FORM, parse_version
 
     for text, want in (("0.32.0", (0, 32, 0)), ("v0.11", (0, 11, 0)), ("0.10.1.1", (0, 10, 1)),
                        ("0.32.0+cpu", (0, 32, 0)), ("0.12.0rc1", (0, 12, 0)), ("0.8.5.post1", (0, 8, 5))):
@@ -341,7 +341,7 @@ def test_cli_unparseable_vllm_version_is_a_usage_error_naming_value_and_form(cap
 
 
 def test_cli_version_without_a_snapshot_says_which_snapshot_is_used(capsys):
-    from kvgate.authoring.vllm_args import available_snapshots
+    from kvgate.launch.vllm_args import available_snapshots
     from kvgate.cli.main import main
 
     newest = available_snapshots()[-1]
@@ -364,7 +364,7 @@ def test_profile_version_that_is_not_a_version_is_an_error_finding():
 
 
 def test_image_tag_with_a_suffix_declares_its_version():
-    from kvgate.authoring.lint import declared_version
+    from kvgate.launch.vllm_args import declared_version
 
     p = profile(GPU, vllm_version=None, launch__image="vllm/vllm-openai:v0.11.0-cu128")
     assert declared_version(p) == ("0.11.0", "launch.image tag")

@@ -9,7 +9,8 @@ import datetime as dt
 import pytest
 import yaml
 
-from kvgate.run.modes import EXIT_CODES, ModeError, decide, overlay, parse_mode, recorded_values
+from kvgate.report.outcome import EXIT_CODES, decide
+from kvgate.run.modes import ModeError, overlay, parse_mode, recorded_values
 from kvgate.profile.models import load_profile
 from kvgate.verdict import Status, Verdict
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM

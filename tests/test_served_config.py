@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from kvgate.authoring.vllm_args import load_snapshot
+from kvgate.launch.vllm_args import load_snapshot
 from kvgate.gates.deployment import served_config_verdict
 from kvgate.http.client import Reply
 from kvgate.http.probes import TEMPLATE_PROBE, DeploymentObservation, ServedProbes

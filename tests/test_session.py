@@ -232,7 +232,7 @@ def test_gate_marker_sets_are_the_suites(pytester):
 
 
 def test_record_mode_meaning_is_not_pass_beside_a_failed_verdict():
-    from kvgate.run.modes import decide
+    from kvgate.report.outcome import decide
 
     out = decide("record", "FAIL", [{"id": "x", "status": "FAIL", "message": "m", "skipped_checks": []}])
     assert out.outcome == "RECORDED" and out.exit_code == 0

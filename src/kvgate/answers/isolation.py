@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from kvgate.answers.observe import Asked, ask, body_for
-from kvgate.compare.golden import Difference, compare_answers
+from kvgate.answers.tokendiff import Difference, compare_answers
 from kvgate.http.client import KvClient
 from kvgate.http.rendering import tokenize
 from kvgate.profile.models import GoldenSpec, Profile
@@ -153,7 +153,7 @@ class IsolationObservation:
 
 def parted(alone: Asked, got: Asked, near_tie: float) -> Difference | None:
     """How ``got`` differs from the victim's ``alone`` answer: None when they are the same (equal
-    tokens, or equal text without logprobs); else the :class:`~kvgate.compare.golden.Difference`
+    tokens, or equal text without logprobs); else the :class:`~kvgate.answers.tokendiff.Difference`
     (``near-tie``: either side ranks the other's token within ``near_tie`` nats, as the compare
     gate tells them apart; ``drift``; ``error``: one side has no answer)."""
     if not alone.ok or not got.ok:

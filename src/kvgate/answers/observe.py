@@ -2,7 +2,7 @@
 logprobs; many prompts at once on a thread pool (bounded in count and each by the client's timeout).
 
 An :class:`Asked` is what came back, folded so the gate can compare paths: the non-streamed text and
-token logprobs (:class:`kvgate.compare.golden.Answer`), and for a stream its concatenated deltas,
+token logprobs (:class:`kvgate.answers.tokendiff.Answer`), and for a stream its concatenated deltas,
 its first content delta, its chunk count and whether it ended with ``[DONE]``. Nothing here raises
 on a bad answer: an HTTP error, a body that is not JSON or a broken stream is an :class:`Asked`
 with ``error`` set.
@@ -15,7 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvgate.compare.golden import Answer, answer_of, logprobs_of
+from kvgate.answers.tokendiff import Answer, answer_of, logprobs_of
 from kvgate.http.client import KvClient
 from kvgate.http.sse import classify, DONE
 
@@ -59,8 +59,8 @@ class Asked:
         return d
 
     def answer(self) -> Answer:
-        """As a compare-gate :class:`~kvgate.compare.golden.Answer` (tokens and alternatives), for
-        :func:`kvgate.compare.golden.compare_answers`."""
+        """As a compare-gate :class:`~kvgate.answers.tokendiff.Answer` (tokens and alternatives), for
+        :func:`kvgate.answers.tokendiff.compare_answers`."""
         return Answer(list(self.tokens), [dict(t) for t in self.top], self.text, self.finish_reason, self.status,
                       self.error)
 

@@ -4,7 +4,7 @@ Each rule (:data:`RULES`) returns :class:`Finding` objects naming the field, the
 the rule comes from. Severity ``error``: vLLM refuses the command line or cannot start (or the
 argument does not exist in the declared version); ``warning``: it starts, but not as written.
 Engine arguments are checked against vLLM's own serve parser for the declared version
-(:mod:`kvgate.authoring.vllm_args`: a snapshot of the parser, plus the documented changes table).
+(:mod:`kvgate.launch.vllm_args`: a snapshot of the parser, plus the documented changes table).
 
 A finding the profile's author has thought about is *explained* in the file with a comment
 naming the rule and the reason, anywhere in the profile (or a profile it ``extends``)::
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
 from kvgate.profile.models import DEFAULT_PROFILE_DIR, Profile, ProfileError, load_profile, resolve_profile
-from kvgate.authoring.vllm_args import (CHANGES, VllmArgs, installed_version, load_snapshot, parse_version,
-                                        snapshot_note, version_tuple)
+from kvgate.launch.vllm_args import (CHANGES, FIELD_FLAGS, VllmArgs, declared_version, installed_version,
+                                     load_snapshot, parse_version, snapshot_note, version_tuple)
 
 ERROR, WARNING = "error", "warning"
 _ALLOW = re.compile(r"#\s*kvgate-lint:\s*allow\s+([a-z0-9-]+)\s*(?:--|:)?\s*(.*)$")
@@ -81,42 +81,9 @@ class Context:
 # helpers
 
 
-def declared_version(profile: Profile) -> tuple[str, str]:
-    """``(version, where from)``: ``engine.vllm_version``, else the tag of ``launch.image``
-    (``vllm/vllm-openai:v0.11.0``), else the installed vLLM, else the newest snapshot."""
-    v = getattr(profile.engine, "vllm_version", None)
-    if v:
-        return str(v), "engine.vllm_version"
-    launch = getattr(profile, "launch", None)
-    image = getattr(launch, "image", None) if launch is not None else None
-    tag = re.search(r"\d+\.\d+(?:\.\d+)*", str(image).rsplit(":", 1)[1]) if image and ":" in str(image) else None
-    if tag:  # vllm/vllm-openai:v0.11.0-cu128 -> 0.11.0
-        return tag.group(0), "launch.image tag"
-    inst = installed_version()
-    if inst:
-        return inst, "the installed vLLM"
-    return load_snapshot().version, "kvgate's newest vLLM snapshot"
-
-
 def _flags_in(extra_args: Iterable[str]) -> list[str]:
     """The option names in an extra_args list (``--x=1`` -> ``--x``)."""
     return [a.split("=", 1)[0] for a in extra_args if a.startswith("-") and not re.fullmatch(r"-\d.*", a)]
-
-
-#: Profile engine fields the launcher renders as vLLM flags (kvgate.launch.local.render_command).
-FIELD_FLAGS = {
-    "tensor_parallel_size": "--tensor-parallel-size", "max_model_len": "--max-model-len",
-    "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
-    "gpu_memory_utilization": "--gpu-memory-utilization", "kv_cache_dtype": "--kv-cache-dtype",
-    "dtype": "--dtype", "block_size": "--block-size", "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
-    "enforce_eager": "--enforce-eager", "enable_prefix_caching": "--enable-prefix-caching",
-    "override_generation_config": "--override-generation-config",
-    "enable_auto_tool_choice": "--enable-auto-tool-choice", "tool_call_parser": "--tool-call-parser",
-    "tool_strict_level": "--tool-strict-level", "reasoning_parser": "--reasoning-parser",
-    "structured_outputs_config": "--structured-outputs-config", "enable_lora": "--enable-lora",
-    "max_loras": "--max-loras", "max_lora_rank": "--max-lora-rank", "lora_modules": "--lora-modules",
-    "enable_prompt_tokens_details": "--enable-prompt-tokens-details",
-}
 
 
 def _set_fields(profile: Profile) -> dict[str, object]:
@@ -178,7 +145,7 @@ def rule_engine_arg_unknown(c: Context) -> Iterable[Finding]:
 
 
 def rule_engine_arg_changed(c: Context) -> Iterable[Finding]:
-    """Flags removed or renamed by the declared version (from :data:`kvgate.authoring.vllm_args.CHANGES`)."""
+    """Flags removed or renamed by the declared version (from :data:`kvgate.launch.vllm_args.CHANGES`)."""
     if not c.vllm:
         return
     flags = set(_flags_in(c.profile.engine.extra_args))
@@ -443,7 +410,7 @@ def lint_profile(profile: Profile, texts: Iterable[str] = (), version: str | Non
                  args: VllmArgs | None = None) -> list[Finding]:
     """Run every rule on ``profile``. ``texts``: the profile file(s)' text, read for allow
     comments. ``version``: the vLLM version to check against (default :func:`declared_version`);
-    ``args``: the parser snapshot to use (default :func:`kvgate.authoring.vllm_args.load_snapshot` of it).
+    ``args``: the parser snapshot to use (default :func:`kvgate.launch.vllm_args.load_snapshot` of it).
     Findings come errors first; explained ones are marked, not dropped."""
     ver = version or declared_version(profile)[0]
     args = args or load_snapshot(ver)
@@ -501,7 +468,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def vllm_version_arg(text: str) -> str:
-    """``--vllm-version``'s argparse type: ``text`` when :func:`kvgate.authoring.vllm_args.parse_version`
+    """``--vllm-version``'s argparse type: ``text`` when :func:`kvgate.launch.vllm_args.parse_version`
     reads it, else a usage error (exit 2) naming the value and the accepted form."""
     try:
         parse_version(text)
@@ -536,7 +503,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
 
 def _snapshot_note(version: str) -> str | None:
-    """:func:`kvgate.authoring.vllm_args.snapshot_note` for a version that parses (the
+    """:func:`kvgate.launch.vllm_args.snapshot_note` for a version that parses (the
     ``vllm-version`` finding speaks for one that does not)."""
     try:
         parse_version(version)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from kvgate.compare.golden import (GOLDEN_FILE, Answer, Golden, GoldenError, GoldenPrompt, answer_of, read_golden,
-                                   request_body)
+from kvgate.answers.tokendiff import Answer, answer_of
+from kvgate.compare.golden import GOLDEN_FILE, Golden, GoldenError, GoldenPrompt, read_golden, request_body
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.http.rendering import Rendering, concurrently, tokenize
 from kvgate.http.prompts import PromptError, exact_prompt, filler, server_counter

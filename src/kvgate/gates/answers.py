@@ -40,7 +40,7 @@ from kvgate.answers.isolation import Flight, IsolationObservation, changed, culp
 from kvgate.answers.needle import PATHS, NeedleObservation
 from kvgate.answers.observe import Asked
 from kvgate.answers.task import difference_interval, interval
-from kvgate.compare.golden import Difference, compare_answers
+from kvgate.answers.tokendiff import Difference, compare_answers
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.rendering import Rendering, first_difference
 from kvgate.profile.models import AnswersSpec, GoldenSpec, LongContextSpec, Profile

@@ -10,7 +10,7 @@ sleep/wake (vllm#29341) or fp8 scales reset on wake (PR#45617); KV offload answe
 on a warm-cache hit at temperature 0 (LMCache#2206); an adapter serving base-model output
 (vllm#55193); a chat template or tokenizer changed with the image. Near ties are not drift: a
 cold vs warm prefix cache flips them (vllm#40896), so outputs are compared by logprobs
-(:func:`kvgate.compare.golden.compare_answers`). Inputs are observations; no I/O here.
+(:func:`kvgate.answers.tokendiff.compare_answers`). Inputs are observations; no I/O here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 from kvgate.answers.needle import PATHS
 from kvgate.compare.contract import CONTRACT_GATES, diff, normal
-from kvgate.compare.golden import Answer, Difference, GoldenPrompt, compare_answers
+from kvgate.answers.tokendiff import Answer, Difference, compare_answers
+from kvgate.compare.golden import GoldenPrompt
 from kvgate.compare.latency import METRICS, Pairs, summary
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.rendering import Rendering, parting
@@ -130,7 +131,7 @@ def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[st
                     label: str, logprobs: bool = True, changed: dict[str, str] | None = None,
                     suspects: str | None = None) -> Verdict:
     """The outputs case: each golden prompt's new answer against the baseline's
-    (:func:`~kvgate.compare.golden.compare_answers` at ``compare.near_tie_logprob``). A prompt the
+    (:func:`~kvgate.answers.tokendiff.compare_answers` at ``compare.near_tie_logprob``). A prompt the
     baseline did not answer is left out (noted); one the new revision did not answer counts as
     drift. FAIL when drifted prompts / compared prompts > ``compare.max_drift_fraction``; INVALID
     when no prompt could be compared. ``label``: what the baseline is (for the message).

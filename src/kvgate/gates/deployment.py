@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvgate.authoring.vllm_args import VllmArgs, load_snapshot
+from kvgate.launch.vllm_args import FIELD_FLAGS, VllmArgs, declared_version, load_snapshot
 from kvgate.http.health_sampler import ProbeSample
 from kvgate.launch.kserve import ServingSpec, parse_quantity, serving_spec
 from kvgate.http.metrics import MetricsError, cache_config, parse
@@ -254,8 +254,6 @@ def _shown(value: Any) -> str:
 
 def _field_of(flag: str) -> str:
     """The profile field a rendered flag comes from (``--max-num-seqs`` -> ``engine.max_num_seqs``)."""
-    from kvgate.authoring.lint import FIELD_FLAGS
-
     by_flag = {f: f"engine.{n}" for n, f in FIELD_FLAGS.items()}
     by_flag.update({"--shutdown-timeout": "rollout.drain_timeout_s", "--scheduling-policy": "engine.scheduling_policy",
                     "--disable-hybrid-kv-cache-manager": "engine.disable_hybrid_kv_cache_manager",
@@ -281,8 +279,6 @@ def _args_check(s: ServingSpec, profile: Profile, args: VllmArgs) -> Verdict:
     profile renders must be in the spec with the same value, or absent where vLLM's default (the
     parser snapshot's) equals it; a flag for an engine field the profile leaves unset must not
     set a value other than vLLM's default."""
-    from kvgate.authoring.lint import FIELD_FLAGS
-
     gate = f"{SPEC}.args"
     want = profile_flags(profile, args)
     got = parse_vllm_argv(s.argv or (), args)
@@ -520,8 +516,6 @@ def spec_verdict(obj: dict[str, Any] | None, profile: Profile, health: Sequence[
     **grace** (terminationGracePeriodSeconds vs preStop + drain). ``obj`` None: SKIP (no --isvc). Pure."""
     if obj is None:
         return Verdict(SPEC, SKIP, NO_ISVC)
-    from kvgate.authoring.lint import declared_version
-
     args = args or load_snapshot(declared_version(profile)[0])
     try:
         s = serving_spec(obj)
@@ -908,8 +902,6 @@ def served_config_verdict(obs: DeploymentObservation, probes: ServedProbes | Non
     what was compared (``parts``: one per field, SKIP where the profile states nothing -- the
     served value reported -- or no source shows it); nothing compared at all -> SKIP, naming what
     was not visible. ``args``: the vLLM parser snapshot (default: the profile's declared version). Pure."""
-    from kvgate.authoring.lint import declared_version
-
     args = args or load_snapshot(declared_version(profile)[0])
     out = _Served()
     _launched_values(out, launched, args)

@@ -28,7 +28,7 @@ import pydantic
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
-from kvgate.compare.golden import Answer, answer_of, compare_answers, logprobs_of
+from kvgate.answers.tokendiff import Answer, answer_of, compare_answers, logprobs_of
 from kvgate.http.client import StreamReply, clip
 from kvgate.http.integrity import Delivery, Overlap
 from kvgate.http.probes import Exchange

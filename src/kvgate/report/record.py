@@ -18,7 +18,7 @@ from kvgate.report.redact import Redactor
 from kvgate.verdict import Status, Verdict, skip_reason
 
 if TYPE_CHECKING:
-    from kvgate.run.modes import Outcome
+    from kvgate.report.outcome import Outcome
 
 #: ``kvgate_summary_version`` of summary.json; bump on any incompatible change of its schema.
 SUMMARY_VERSION = 2
@@ -258,8 +258,8 @@ class RunRecord:
         return self.redactor.data(out)
 
     def outcome(self, gates: list[dict[str, Any]] | None = None) -> "Outcome":
-        """The run's :class:`kvgate.run.modes.Outcome` under :attr:`gate_mode` (outcome, exit code)."""
-        from kvgate.run.modes import decide
+        """The run's :class:`kvgate.report.outcome.Outcome` under :attr:`gate_mode` (outcome, exit code)."""
+        from kvgate.report.outcome import decide
 
         return decide(self.gate_mode, self.final_status(), gates if gates is not None else self.summary()["gates"])
 

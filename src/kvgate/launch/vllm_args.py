@@ -3,13 +3,15 @@
 Importing vLLM takes ~30 s on 2 cores, too slow for the start of every gate run, so the parser is
 read once into a snapshot (:func:`snapshot_from_parser`) checked in as
 ``schema/vllm-serve-args-<version>.json``; :func:`load_snapshot` reads it. Regenerate it for
-the installed vLLM with ``python -m kvgate.authoring.vllm_args --write`` (it builds the parser with
+the installed vLLM with ``python -m kvgate.launch.vllm_args --write`` (it builds the parser with
 ``vllm.entrypoints.launchers.cli_args.make_arg_parser(FlexibleArgumentParser())`` -- the parser
 ``vllm serve`` and ``python -m vllm.entrypoints.openai.api_server`` use -- and starts nothing).
 An e2e test compares the snapshot with the installed vLLM's parser.
 
 :data:`CHANGES` lists argument changes across versions that the parser of one version cannot
 show (removals, renames, changed defaults), each with the source it was read from.
+:data:`FIELD_FLAGS` maps a profile's engine fields to their flags; :func:`declared_version` says
+which vLLM version a profile is checked against (used by ``kvgate lint`` and the deployment gate).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvgate.profile.models import Profile
 
 SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "schema"
 SNAPSHOT_GLOB = "vllm-serve-args-*.json"
@@ -223,9 +228,42 @@ def load_snapshot(version: str | None = None) -> VllmArgs:
     return VllmArgs(data["vllm_version"], data["source"], by_flag)
 
 
+#: Profile engine fields the launcher renders as vLLM flags (kvgate.launch.local.render_command).
+FIELD_FLAGS = {
+    "tensor_parallel_size": "--tensor-parallel-size", "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+    "gpu_memory_utilization": "--gpu-memory-utilization", "kv_cache_dtype": "--kv-cache-dtype",
+    "dtype": "--dtype", "block_size": "--block-size", "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
+    "enforce_eager": "--enforce-eager", "enable_prefix_caching": "--enable-prefix-caching",
+    "override_generation_config": "--override-generation-config",
+    "enable_auto_tool_choice": "--enable-auto-tool-choice", "tool_call_parser": "--tool-call-parser",
+    "tool_strict_level": "--tool-strict-level", "reasoning_parser": "--reasoning-parser",
+    "structured_outputs_config": "--structured-outputs-config", "enable_lora": "--enable-lora",
+    "max_loras": "--max-loras", "max_lora_rank": "--max-lora-rank", "lora_modules": "--lora-modules",
+    "enable_prompt_tokens_details": "--enable-prompt-tokens-details",
+}
+
+
+def declared_version(profile: Profile) -> tuple[str, str]:
+    """``(version, where from)``: ``engine.vllm_version``, else the tag of ``launch.image``
+    (``vllm/vllm-openai:v0.11.0``), else the installed vLLM, else the newest snapshot."""
+    v = getattr(profile.engine, "vllm_version", None)
+    if v:
+        return str(v), "engine.vllm_version"
+    launch = getattr(profile, "launch", None)
+    image = getattr(launch, "image", None) if launch is not None else None
+    tag = re.search(r"\d+\.\d+(?:\.\d+)*", str(image).rsplit(":", 1)[1]) if image and ":" in str(image) else None
+    if tag:  # vllm/vllm-openai:v0.11.0-cu128 -> 0.11.0
+        return tag.group(0), "launch.image tag"
+    inst = installed_version()
+    if inst:
+        return inst, "the installed vLLM"
+    return load_snapshot().version, "kvgate's newest vLLM snapshot"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvgate.authoring.vllm_args [--write]``: print (or write) the installed vLLM's snapshot."""
-    ap = argparse.ArgumentParser(prog="python -m kvgate.authoring.vllm_args", description=main.__doc__)
+    """``python -m kvgate.launch.vllm_args [--write]``: print (or write) the installed vLLM's snapshot."""
+    ap = argparse.ArgumentParser(prog="python -m kvgate.launch.vllm_args", description=main.__doc__)
     ap.add_argument("--write", action="store_true", help=f"write it to {SNAPSHOT_DIR}/vllm-serve-args-VERSION.json")
     args = ap.parse_args(argv)
     snap = installed_snapshot()
