@@ -169,7 +169,7 @@ def test_bodies_arrive_whole_under_overlap(case, request, kvgate_client, kvgate_
             direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=kvgate_client.endpoint.api_key,
                                          host_header=None)
         except TargetError as exc:
-            pytest.fail(f"--direct-endpoint: {exc}", pytrace=False)
+            pytest.fail(str(exc).replace("--endpoint ", "--direct-endpoint ", 1), pytrace=False)
         with KvClient(direct, timeout_s=profile.limits.request_timeout_s) as pod:
             obs = observe_overlap(kvgate_client, profile.model.served_name, direct=pod, **kw)
     assert kvgate_gate(integrity_verdict(obs, NEAR_TIE)).passed

@@ -141,3 +141,22 @@ def test_documented_command_is_accepted(pytester, monkeypatch, where, args):
                              r"\((\d+) on", (REPO / "docs" / "launchers.md").read_text())
             assert said and summary["counts"] == {**summary["counts"], "PASS": 1, "SKIP": int(said.group(1))}, \
                 (said and said.group(1), summary["counts"])
+
+
+#: kvgate's options that take a path: pytest reads a path after a space as a test path (README).
+PATH_OPTIONS = ("--profile", "--kvgate-reports", "--workers-job", "--ca-bundle", "--baseline-reports", "--profile-dir")
+
+
+def test_every_path_option_in_a_container_is_given_with_equals():
+    """A container's args that give a path-valued option as two items (``"--workers-job", "/etc/..."``)
+    make pytest collect the path as tests (the coordinator pod then ends "found no kvgate
+    configuration"): a path is given as ``--option=/path``. A profile *name* after ``--profile`` is fine."""
+    bad = []
+    for f in sorted(p for p in CI.iterdir() if p.suffix in (".yml", ".yaml")):
+        for doc in docs(f.name):
+            for c in re.findall(r"'args': (\[.*?\])", str(doc)):
+                args = yaml.safe_load(c)
+                for opt, value in zip(args, args[1:]):
+                    if opt in PATH_OPTIONS and isinstance(value, str) and ("/" in value or value.endswith(".yaml")):
+                        bad.append(f"{f.name}: {opt} {value}")
+    assert bad == []

@@ -76,6 +76,10 @@ def test_bad_marker_expression_is_an_error_naming_pytests_words(pytester, expr, 
     (["--soak-duration="], ["--soak-duration= is empty"]),
     (["--workers-join-timeout="], ["--workers-join-timeout= is empty"]),
     (["--profile="], ["--profile= is empty"]),
+    # checked before anything starts, not after the server is up (a newcomer saw them refused by the gate)
+    (["--direct-endpoint=garbage"], ["--direct-endpoint 'garbage' is not an http(s) URL"]),
+    (["--workers=k8s:2", "--workers-advertise=http://coord:8470", "--workers-job=/nonexistent/job.yaml"],
+     ["--workers-job /nonexistent/job.yaml: cannot read it"]),
 ])
 def test_refused_options_leave_no_earlier_green_report(pytester, args, words):
     reports = pytester.path / "reports"
@@ -337,3 +341,16 @@ def test_a_profile_vllm_would_refuse_is_not_launched(pytester, tmp_path):
     assert_error_replaced(pytester.path / "batched", "the embedded launcher would start a server that cannot come up",
                           "engine.max_num_batched_tokens", "vLLM refuses to start")
     assert len([ln for ln in result.stderr.lines if ln.strip()]) == 1, result.stderr.str()
+
+
+@pytest.mark.parametrize("option", ["--endpoint", "--baseline"])
+def test_a_password_in_a_url_that_does_not_parse_reaches_no_report(pytester, option):
+    """``user:password@`` in a URL whose port is out of range (or whose bracket is unclosed) is
+    refused in one line that masks it; nothing kvgate writes holds the password."""
+    reports = pytester.path / "reports"
+    result = run(pytester, "--profile", "tiny-cpu", f"{option}=http://admin:hunter6pw@h:99999/v1", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    summary = assert_error_replaced(reports, "http://***@h:99999/v1", "not a valid URL")
+    written = [p.read_text(errors="replace") for p in reports.rglob("*") if p.is_file()]
+    assert written and not any("hunter6pw" in w for w in written), summary["error"]
+    assert "hunter6pw" not in result.stdout.str() + result.stderr.str()

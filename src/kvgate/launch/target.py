@@ -47,7 +47,7 @@ def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535
     except ValueError as exc:  # "http://[::1" (unclosed IPv6 bracket), "http://h:99999"
-        raise TargetError(f"--endpoint {url!r} is not a valid URL ({exc})") from None
+        raise TargetError(f"--endpoint {redact_url(url)!r} is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.netloc or not parts.hostname:
         raise TargetError(f"--endpoint {redact_url(url)!r} is not an http(s) URL")
     if "@" in parts.netloc:

@@ -70,7 +70,7 @@ def parse_pool_endpoints(given: list[str] | None, profile: Profile) -> dict[str,
         try:
             endpoint_from_url(url, profile)
         except TargetError as exc:
-            raise PoolsError(f"--pool-endpoint={item}: {str(exc).replace('--endpoint ', '', 1)}") from None
+            raise PoolsError(f"--pool-endpoint={name}=...: {str(exc).replace('--endpoint ', '', 1)}") from None
         urls[name] = url
     return urls
 

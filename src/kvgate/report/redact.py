@@ -24,11 +24,15 @@ _HEADER_RE = re.compile(r"(?i)(authorization|x-api-key|api-key)(\"?\s*[:=]\s*\"?
 
 
 def redact_url(url: str) -> str:
-    """``https://user:pw@h/p?api_key=x&a=1`` -> ``https://***@h/p?api_key=***&a=1``."""
+    """``https://user:pw@h/p?api_key=x&a=1`` -> ``https://***@h/p?api_key=***&a=1``. A URL that does not
+    parse (``http://u:pw@[::1``) has its user part masked all the same (everything between ``//`` and
+    the last ``@`` before the path) and its query dropped."""
     try:
         parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port out of range, as the callers' checks do
     except ValueError:
-        return url
+        head, sep, _ = url.partition("?")
+        return re.sub(r"//[^/]*@", "//" + MASK + "@", head) + (sep and sep + MASK)
     netloc = parts.netloc
     if "@" in netloc:
         netloc = MASK + "@" + netloc.rsplit("@", 1)[1]

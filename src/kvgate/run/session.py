@@ -210,6 +210,13 @@ class Run:
                                      config.getoption("kvgate_workers_join_timeout"))
             except WorkersError as exc:
                 raise usage(str(exc)) from None
+            if spec.kind == "k8s" and config.getoption("kvgate_workers_job", default=None):  # read now, not
+                from kvgate.scale.k8s import load_job  # after the server started (minutes on a GPU runner)
+
+                try:
+                    load_job(Path(config.getoption("kvgate_workers_job")))
+                except WorkersError as exc:
+                    raise usage(str(exc)) from None
             if profile.soak is not None:  # the soak's rounds are split too: a mix drawing sessions cannot be
                 from kvgate.scale.soak import refused as soak_refused
                 from kvgate.soak.runner import SoakError, mix_of, soak_spec
@@ -222,6 +229,11 @@ class Run:
                 if why is not None:
                     raise usage(why)
         _check_lm_eval(config, profile)
+        if (direct := config.getoption("kvgate_direct_endpoint", default=None)) is not None:
+            try:  # checked before anything starts, as --endpoint and --baseline are
+                endpoint_from_url(direct, profile)
+            except TargetError as exc:
+                raise usage(redactor.text(str(exc).replace("--endpoint ", "--direct-endpoint ", 1))) from None
         record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
                            run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
