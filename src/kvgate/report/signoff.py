@@ -216,7 +216,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
         f"| overall | **{overall}** ({count_text}) |",
         f"| profile | {_cell(prof_text, 300)} |",
         f"| endpoint | {_cell(endpoint, 300)} ({where}) |",
-        f"| server | {_cell(server_words(summary.get('server'), summary.get('server_version')), 300)} |",
+        f"| server | {server_words(summary.get('server'), summary.get('server_version'))} |",
         f"| run | `{summary.get('run_id') or '-'}`" + (f", {secs:.0f} s" if isinstance(secs, (int, float)) else "")
         + (f", gate mode {summary['gate_mode']}" if summary.get("gate_mode") else "") + " |",
     ]
