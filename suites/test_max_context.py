@@ -16,7 +16,8 @@ OVER_LENGTH = ["completions", "completions-stream", "chat", "chat-stream"]
 @pytest.fixture(scope="module")
 def under_limit():
     """Per API: a request of the prompt form the over-length cases use, under the limit -- the
-    max-context case's when it ran, else one of max_model_len - 1 tokens sent by the first over-length case."""
+    max-context case's when it was answered, else one of max_model_len - 1 tokens the first over-length
+    case sends (streamed, hung up at the status line: admitted or refused)."""
     return {}
 
 
@@ -43,11 +44,12 @@ def test_over_length_rejected_and_server_healthy(case, kvgate_client, kvgate_pro
     prompt = build_prompt(kvgate_client, model, api, limit + 1)
     known = under_limit.get(api)
     if known is None or not 200 <= known.reply.status < 500:
-        # a 4xx counts as the length refused once the same form under the limit was answered: sent
-        # first (an over-length request that kills the engine must not take the control with it)
+        # a 4xx counts as the length refused once the same form under the limit was admitted: sent
+        # first (an over-length request that kills the engine must not take the control with it),
+        # streamed and hung up at its status line (admitted or refused; no prefill waited for)
         short = build_prompt(kvgate_client, model, api, limit - 1)
-        under_limit[api] = send(kvgate_client, api, short.body(model, max_tokens=1, temperature=0),
-                                prompt_tokens=short.tokens)
+        under_limit[api] = send(kvgate_client, api, short.body(model, max_tokens=1, temperature=0), stream=True,
+                                prompt_tokens=short.tokens, admitted_only=True)
     exchange = send(kvgate_client, api, prompt.body(model, max_tokens=limits.context_probe_max_tokens, temperature=0),
                     stream=mode == "stream", prompt_tokens=prompt.tokens)
     rejected = over_length_verdict(exchange, limit, limits.reject_deadline_s, under_limit.get(api))

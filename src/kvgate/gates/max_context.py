@@ -72,7 +72,8 @@ def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float, con
 
     A 4xx counts as the *length* refused only when ``control`` -- the same prompt form (API, text or
     token ids) under the limit (the max-context case's request of ``max_model_len - max_tokens``
-    tokens, or one of ``max_model_len - 1`` tokens and ``max_tokens`` 1) -- was answered 200: a server
+    tokens, or one of ``max_model_len - 1`` tokens and ``max_tokens`` 1, streamed and hung up at its status
+    line) -- was answered 200: a server
     that refuses the form itself (token ids: ``400 prompt must be a string.``, HF transformers serve)
     says nothing about its limit. Refused too -> SKIP quoting both answers; no control, or one with no
     answer -> INVALID (the rejection is not shown to be the length's)."""

@@ -63,10 +63,13 @@ class Exchange:
 
 def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = False,
          timeout_s: float | None = None, prompt_tokens: int | None = None,
-         on_event: Callable[[float, str], bool | None] | None = None) -> Exchange:
+         on_event: Callable[[float, str], bool | None] | None = None, admitted_only: bool = False) -> Exchange:
     """Send ``body`` to the ``api`` route, streamed or not. A chat body gets the client's
     ``chat_template_kwargs`` (the profile's) unless it names its own. ``on_event(t, data)``
-    (streamed only) may return True to hang up (:meth:`KvClient.stream`). With the run's
+    (streamed only) may return True to hang up (:meth:`KvClient.stream`); ``admitted_only``
+    (streamed only) hangs up as soon as the status line arrives: 200 says the server admitted the
+    request (vLLM validates a prompt's form and length before it answers a stream's headers), a 4xx
+    comes with its body, and no generation is waited for. With the run's
     :class:`~kvgate.http.extensions.Extensions` on the endpoint, a vLLM extension the server refuses
     goes in its portable form where it has one (the exchange's ``refused`` and ``dropped`` say so)."""
     path = client.api(ROUTES[api])
@@ -78,7 +81,8 @@ def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = Fal
         body, refused, dropped = client.endpoint.extensions.adapt(client, body)
     if stream:
         body = {**body, "stream": True}
-        reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s, on_event=on_event)
+        reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s, on_event=on_event,
+                                                   hang_up_after_headers=admitted_only)
     else:
         reply = client.post(path, body, timeout_s=timeout_s)
     return Exchange(api, stream, body, reply, prompt_tokens, refused, dropped)
