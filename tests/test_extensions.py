@@ -169,3 +169,16 @@ def test_server_named_from_what_it_says(server, name):
         who = identify(c, MODEL)
     assert who.name == name and who.summary()["name"] == name
     assert (who.version is not None) == (server == "vllm")
+
+
+def test_content_chunks_count_tokens_not_role_or_finish_chunks():
+    """Without logprobs, tokens received are counted by the chunks carrying text: transformers serve's
+    chat stream opens with a role-only chunk and ends with a finish-only chunk of empty text (measured
+    2026-12-04: 24 tokens arrived in 26 chunks; kvgate had said "tokens received 26 ... must agree")."""
+    from kvgate.http.stream import summarize
+
+    chunk = '{"choices":[{"index":0,"delta":%s%s}],"object":"chat.completion.chunk"}'
+    events = [chunk % ('{"role":"assistant"}', ""), chunk % ('{"content":"The"}', ""),
+              chunk % ('{"content":" capital"}', ""), chunk % ('{"content":""}', ',"finish_reason":"length"'), "[DONE]"]
+    s = summarize(StreamReply(200, [(0.1 * i, e) for i, e in enumerate(events)]))
+    assert s.content_chunks == 2 and s.text == "The capital" and s.finish_reasons == ["length"]
