@@ -61,7 +61,7 @@ def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
     # the gates not sent are counted apart from the measured FAILs: summary.json, console, signoff.md
     not_sent = [g for g in summary["gates"] if g["status"] == "FAIL" and g["message"].startswith("not sent: ")]
     counts = summary["counts"]
-    assert counts["NOT_SENT"] == len(not_sent) >= len(later) - len(skipped), counts
+    assert counts["NOT_SENT"] == len(not_sent) >= sum(1 for g in later if g["status"] != "SKIP") > 0, counts
     assert counts["FAIL"] == sum(1 for g in summary["gates"] if g["status"] == "FAIL") - len(not_sent) >= 1
     assert f"NOT SENT: {len(not_sent)} gate(s) FAIL without a measurement, one cause (above); measured FAILs: " \
            f"{counts['FAIL']}" in proc.stdout
