@@ -46,6 +46,8 @@ PORTABLE = ("ignore_eos",)
 #: ordinary ids well inside any vocabulary).
 PROBE_TOKEN_IDS = (1000, 1001, 1002)
 TOKEN_IDS = "token-id prompt"
+#: The text prompt of every probe (one token of output asked).
+PROBE_PROMPT = "kv"
 CONTINUOUS_USAGE = "stream_options.continuous_usage_stats"
 KNOWN = ("ignore_eos", "min_tokens", CONTINUOUS_USAGE, TOKEN_IDS)
 #: Seconds a probe request may take (one token).
@@ -87,7 +89,7 @@ def used(body: dict[str, Any]) -> list[str]:
 
 def _probe_body(model: str, param: str | None, with_param: bool) -> tuple[dict[str, Any], bool]:
     """The minimal request probing ``param`` (with it or without) and whether it is streamed."""
-    body: dict[str, Any] = {"model": model, "prompt": "kv", "max_tokens": 1, "temperature": 0}
+    body: dict[str, Any] = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
     stream = param == CONTINUOUS_USAGE
     if stream:
         body["stream"] = True
