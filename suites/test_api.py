@@ -19,7 +19,7 @@ from kvgate.gates.api import (LOGPROBS_MATRIX, choice_text, continuous_usage_ver
                               messages_stream_verdict, n_choices_verdict, responses_reply_verdict,
                               responses_store_verdict, responses_stream_verdict, spanning_stop, stop_verdict,
                               token_texts)
-from kvgate.gates.common import json_body
+from kvgate.gates.common import json_body, refused_verdict
 from kvgate.http.probes import Exchange, send
 from kvgate.http.sdk import sdk_messages_stream, sdk_responses_stream
 
@@ -161,28 +161,29 @@ def test_messages_api(case, observed, kvgate_profile, kvgate_gate):
 @pytest.mark.api
 @pytest.mark.gate("api", cases=[f"logprobs/{a}" for a in APIS])
 def test_logprobs_matrix(case, observed, kvgate_gate):
-    assert kvgate_gate(logprobs_verdict(case.split("/")[1], observed[case])).passed
+    assert kvgate_gate(refused_verdict(logprobs_verdict(case.split("/")[1], observed[case]), observed[case])).passed
 
 
 @pytest.mark.api
 @pytest.mark.gate("api", cases=[f"n/{a}" for a in APIS])
 def test_n_choices(case, observed, kvgate_gate):
-    assert kvgate_gate(n_choices_verdict(case.split("/")[1], observed[case], N, TOKENS)).passed
+    assert kvgate_gate(refused_verdict(n_choices_verdict(case.split("/")[1], observed[case], N, TOKENS), observed[case])).passed
 
 
 @pytest.mark.api
 @pytest.mark.gate("api", cases=[f"stop/{a}" for a in APIS])
 def test_stop_string_spanning_tokens(case, observed, kvgate_gate):
-    assert kvgate_gate(stop_verdict(case.split("/")[1], *observed[case])).passed
+    assert kvgate_gate(refused_verdict(stop_verdict(case.split("/")[1], *observed[case]), observed[case])).passed
 
 
 @pytest.mark.api
 @pytest.mark.gate("api", cases=["max-completion-tokens/chat"])
 def test_max_completion_tokens(case, observed, kvgate_gate):
-    assert kvgate_gate(max_completion_tokens_verdict(observed[case], TOKENS)).passed
+    assert kvgate_gate(refused_verdict(max_completion_tokens_verdict(observed[case], TOKENS), observed[case])).passed
 
 
 @pytest.mark.api
 @pytest.mark.gate("api", cases=[f"continuous-usage/{a}" for a in APIS])
 def test_continuous_usage_stats(case, observed, kvgate_gate):
-    assert kvgate_gate(continuous_usage_verdict(case.split("/")[1], observed[case], TOKENS)).passed
+    assert kvgate_gate(refused_verdict(continuous_usage_verdict(case.split("/")[1], observed[case], TOKENS),
+                                       observed[case])).passed

@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from kvgate.gates.common import refused_verdict
 from kvgate.gates.max_tokens import cap_hit_verdict, over_cap_verdict, stream_usage_verdict
 from kvgate.http.probes import send
 from kvgate.verdict import Status, Verdict
@@ -28,7 +29,7 @@ def probe_tokens(profile):
 def test_finish_length_at_cap(case, kvgate_client, kvgate_profile, kvgate_gate):
     api, n, model = case.split("/")[1], probe_tokens(kvgate_profile), kvgate_profile.model.served_name
     exchange = send(kvgate_client, api, body(api, model, max_tokens=n, temperature=0, ignore_eos=True))
-    assert kvgate_gate(cap_hit_verdict(exchange, n)).passed
+    assert kvgate_gate(refused_verdict(cap_hit_verdict(exchange, n), exchange)).passed
 
 
 @pytest.mark.max_tokens
@@ -40,7 +41,7 @@ def test_streamed_usage_matches(case, kvgate_client, kvgate_profile, kvgate_gate
     params = dict(max_tokens=n, temperature=0, seed=0, ignore_eos=True, logprobs=0 if api == "completions" else True)
     plain = send(kvgate_client, api, body(api, model, **params))
     streamed = send(kvgate_client, api, body(api, model, **params, stream_options={"include_usage": True}), stream=True)
-    assert kvgate_gate(stream_usage_verdict(plain, streamed, n)).passed
+    assert kvgate_gate(refused_verdict(stream_usage_verdict(plain, streamed, n), plain, streamed)).passed
 
 
 @pytest.fixture(scope="module")
@@ -63,4 +64,5 @@ def test_profile_cap_enforced(case, over_cap, kvgate_profile, kvgate_gate):
     api, limits = case.split("/")[1], kvgate_profile.limits
     if over_cap is None:
         kvgate_gate(Verdict(f"max-tokens/{case}", Status.SKIP, "profile states no max_tokens cap (limits.max_tokens_cap)"))
-    assert kvgate_gate(over_cap_verdict(over_cap[api], limits.max_tokens_cap, limits.over_cap)).passed
+    assert kvgate_gate(refused_verdict(over_cap_verdict(over_cap[api], limits.max_tokens_cap, limits.over_cap),
+                                       over_cap[api])).passed

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from kvgate.gates.common import refused_verdict
 from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, body_ladder,
                                    body_size_verdict, chunk_schema_verdict, edge_body, edge_verdict, first_rung,
                                    integrity_verdict, ladder_body, min_tokens_verdict, non_ascii_verdict,
@@ -116,29 +117,30 @@ def observed(kvgate_client, kvgate_profile):
 def test_edge_request_gets_documented_outcome(case, observed, kvgate_profile, kvgate_gate):
     exchange, after = prepared(observed[case])
     limits = kvgate_profile.limits
-    assert kvgate_gate(edge_verdict(CASES[case], exchange, after, limits.max_tokens_cap,
-                                    kvgate_profile.engine.max_model_len, limits.canary_deadline_s)).passed
+    assert kvgate_gate(refused_verdict(edge_verdict(CASES[case], exchange, after, limits.max_tokens_cap,
+                                                    kvgate_profile.engine.max_model_len, limits.canary_deadline_s),
+                                       exchange)).passed
 
 
 @pytest.mark.requests
 @pytest.mark.gate("requests", cases=[f"min-tokens/{a}" for a in APIS])
 def test_min_tokens_holds_with_stop(case, observed, kvgate_profile, kvgate_gate):
     verdict = min_tokens_verdict(observed[case], MIN_TOKENS, MIN_TOKENS_MAX, kvgate_profile.limits.max_tokens_cap)
-    assert kvgate_gate(verdict).passed
+    assert kvgate_gate(refused_verdict(verdict, observed[case])).passed
 
 
 @pytest.mark.requests
 @pytest.mark.gate("requests", cases=[f"non-ascii-stream/{a}" for a in APIS])
 def test_non_ascii_stream_loses_no_bytes(case, observed, kvgate_gate):
     streamed, plain = observed[case]
-    assert kvgate_gate(non_ascii_verdict(streamed, plain)).passed
+    assert kvgate_gate(refused_verdict(non_ascii_verdict(streamed, plain), streamed, plain)).passed
 
 
 @pytest.mark.requests
 @pytest.mark.gate("requests", cases=[f"chunk-schema/{a}" for a in APIS])
 def test_stream_chunks_valid_openai_schema(case, observed, kvgate_gate):
     single, multi = observed[case]
-    assert kvgate_gate(chunk_schema_verdict(case.split("/")[1], single, multi, N_CHOICES)).passed
+    assert kvgate_gate(refused_verdict(chunk_schema_verdict(case.split("/")[1], single, multi, N_CHOICES), single, multi)).passed
 
 
 @pytest.mark.requests
@@ -146,7 +148,7 @@ def test_stream_chunks_valid_openai_schema(case, observed, kvgate_gate):
 def test_route_timeout_outlasts_longest_stream(case, observed, kvgate_profile, kvgate_gate):
     verdict = route_timeout_verdict(observed[case], longest_max_tokens(kvgate_profile),
                                     kvgate_profile.limits.route_timeout_s)
-    assert kvgate_gate(verdict).passed
+    assert kvgate_gate(refused_verdict(verdict, observed[case])).passed
 
 
 @pytest.mark.requests

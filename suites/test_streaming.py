@@ -9,7 +9,8 @@ import pytest
 from kvgate.gates.streaming import (buffer_probe_tokens, buffering_verdict, event_bytes, keepalive_verdict,
                                     sdk_verdict, stream_framing_verdict, stream_idle_verdict, stream_text_verdict,
                                     stream_ttft_verdict, undecided)
-from kvgate.http.probes import build_prompt, send, send_bytes
+from kvgate.gates.common import refused_verdict
+from kvgate.http.probes import build_prompt, portable_body, send, send_bytes
 from kvgate.http.prompts import PromptUnavailable
 from kvgate.http.sdk import sdk_stream
 from kvgate.http.stream import read_keepalive
@@ -46,7 +47,7 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         longer = buffer_probe_tokens(n, took, most, event_bytes(streamed.reply)) if undecided(streamed.reply) else None
         probe = (send(kvgate_client, api, {**body, "max_tokens": longer, "stream_options": {"include_usage": True}},
                       stream=True), None) if longer else (streamed, plain)
-        out[api] = (streamed, plain, sdk_stream(kvgate_endpoint, api, body), probe)
+        out[api] = (streamed, plain, sdk_stream(kvgate_endpoint, api, portable_body(kvgate_client, body)), probe)
     return out
 
 
@@ -63,7 +64,7 @@ def test_stream_conforms(case, observed, kvgate_profile, kvgate_gate):
         "openai-sdk": lambda: sdk_verdict(api, sdk, plain),
         "buffering": lambda: buffering_verdict(*probe),
     }[check]()
-    assert kvgate_gate(verdict).passed
+    assert kvgate_gate(refused_verdict(verdict, streamed, plain, probe)).passed
 
 
 @pytest.mark.streaming

@@ -15,6 +15,7 @@ from kvgate.load import LoadResult, RequestRecord
 from kvgate.load.scenarios import MetricsStep
 from kvgate.profile.models import ConsumedMetric, ProfileError, load_profile
 from kvgate.verdict import Status
+from kvgate.http.extensions import PROBE_PROMPT
 from tests.fakes.fake_vllm import E2E_BUCKETS, TTFT_BUCKETS, FakeConfig, FakeVLLM
 
 from .conftest import REPO, assert_passes_measured
@@ -381,7 +382,7 @@ def test_running_truth_passes_on_a_fast_healthy_server(pytester, tmp_path):
     cfg = FakeConfig(max_tokens_cap=1024, max_model_len=2048, itl_s=0.0015, ttft_s=0.005, max_num_seqs=2)
     with FakeVLLM(cfg) as fake:
         _, _, gates = run_suites(pytester, fake.url, "-k", "running", suites=SUITE, profile=prof)
-        held = sorted({r.max_tokens for r in fake.state.requests if r.max_tokens != 32})
+        held = sorted({r.max_tokens for r in fake.state.requests if r.max_tokens != 32 and r.prompt != PROBE_PROMPT})
     g = gates["fake-metrics/metrics/running-truth"]
     assert g["status"] == "PASS", g["message"]
     assert "vllm:num_requests_running summed to 2 and vllm:num_requests_waiting to 1 in all" in g["message"]

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from kvgate.http.extensions import PROBE_PROMPT
 from tests.fakes.fake_vllm import FakeConfig
 from tests.fakes.soak_fakes import SoakFakeVLLM, fill_then_plateau, flat, linear_leak, one_step, sawtooth
 
@@ -265,7 +266,8 @@ def test_a_traffic_workload_sends_the_samples_lengths_exactly_and_its_leak_is_ca
     prof = write_traffic_profile(tmp_path, rows)
     fake = fake_with(config=leaky_long())
     _, _, gates, _ = run_soak(pytester, fake.url, profile=prof)
-    sent = [(r.prompt_tokens, r.max_tokens) for r in fake.state.requests if r.endpoint == "completions"]
+    sent = [(r.prompt_tokens, r.max_tokens) for r in fake.state.requests
+            if r.endpoint == "completions" and r.max_tokens != 1]  # not the 1-token extension probes (kvgate.http.extensions)
     lengths = {p for p, _ in sent}
     assert lengths <= {12, 40, 90, 150, 230, 240} and len(lengths) >= 5, lengths  # exact: token-id prompts
     assert set(sent) <= {(12, 4), (40, 8), (90, 2), (150, 8), (230, 6), (240, 8)}
@@ -301,7 +303,8 @@ def test_a_traffic_workload_with_sessions_soaks_whole_sessions_with_growing_hist
     _, summary, gates, reports = run_soak(pytester, fake.url, profile=prof)
     mem, lat = gates["soak/memory"], gates["soak/latency"]
     assert mem["status"] == "PASS" and lat["status"] == "PASS", (mem["message"], lat["message"])
-    reqs = [r for r in fake.state.requests if r.endpoint == "completions" and r.prompt is not None]
+    reqs = [r for r in fake.state.requests if r.endpoint == "completions" and r.prompt is not None
+            and r.prompt != PROBE_PROMPT]  # not the 1-token extension probes (kvgate.http.extensions)
     by_session: dict[str, list] = {}
     for r in reqs:  # the unique session key sits in turn 0's user label and so in every later prompt
         key = r.prompt.split("User[trace ", 1)[1].split("/", 1)[0]

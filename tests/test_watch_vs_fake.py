@@ -58,6 +58,13 @@ def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
     # ONE reason in the console: the ENGINE HUNG line, naming the gate, once
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ENGINE HUNG: ")]
     assert lines == [f"ENGINE HUNG: {engine['reason']}"] and where in lines[0]
+    # the gates not sent are counted apart from the measured FAILs: summary.json, console, signoff.md
+    not_sent = [g for g in summary["gates"] if g["status"] == "FAIL" and g["message"].startswith("not sent: ")]
+    counts = summary["counts"]
+    assert counts["NOT_SENT"] == len(not_sent) >= sum(1 for g in later if g["status"] != "SKIP") > 0, counts
+    assert counts["FAIL"] == sum(1 for g in summary["gates"] if g["status"] == "FAIL") - len(not_sent) >= 1
+    assert f"NOT SENT: {len(not_sent)} gate(s) FAIL without a measurement, one cause (above); measured FAILs: " \
+           f"{counts['FAIL']}" in proc.stdout
     assert "OVERALL: FAIL" in proc.stdout
     # pytest counts the later gates' setup-phase FAILs as "failed", as summary.json does: no "errors"
     last = proc.stdout.strip().splitlines()[-1]

@@ -394,6 +394,16 @@ SERVERS: dict[str, str] = {
     # (else 501 not_supported_error); no /version.
     "llama.cpp": "llama.cpp's llama-server: POST /tokenize {content} -> {tokens}, /apply-template, /props, /health; "
     "Server: llama.cpp; owned_by llamacpp; /metrics 501 (no --metrics); no server-side cap",
+    # HF transformers 5.x `transformers serve` (transformers/cli/serving/: server.py, utils.py, completion.py):
+    # FastAPI under uvicorn; a request field outside the OpenAI params class (+ generation_config, seed,
+    # stream; chat: chat_template_kwargs) is refused 422 {"detail": "Unexpected fields in the request:
+    # {...}"}, ignore_eos and min_tokens included; a completions prompt that is not a string 400
+    # {"detail": "prompt must be a string."}; /v1/models cards {"owned_by": "local" (a local path), "id",
+    # "object", "created": 0, "status": {"value": "loaded"}}; /health; no /tokenize, /metrics, /version;
+    # no max_model_len enforced (measured 2026-12-03 on 5.24: prompts past the model's context served).
+    "transformers-serve": "HF transformers serve: unknown request fields 422 (ignore_eos, min_tokens), token-id "
+    "prompts 400 'prompt must be a string.', no max_model_len enforced, no server-side cap; /health, /v1/models "
+    "(owned_by local, a status field); no /tokenize, /metrics or /version",
     # python -m http.server over a directory holding v1/models (a file): GET of that file answers it,
     # any other GET 404, any POST 501 "Unsupported method ('POST')", both as http.server's HTML page.
     "static-files": "a static file server (python -m http.server) serving a v1/models file: every other GET "
@@ -1263,15 +1273,38 @@ _SHAPE_ROUTES: dict[str, frozenset[str]] = {
                                    "/extras/tokenize/count", "/extras/detokenize"}),
     "llama.cpp": frozenset({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
                             "/detokenize", "/apply-template", "/props"}),
+    "transformers-serve": frozenset({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions"}),
 }
 #: Routes only the other servers have: vLLM answers them 404.
 _NOT_VLLM = frozenset({"/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/apply-template", "/props"})
-_SERVER_HEADER = {"vllm": "uvicorn", "llama-cpp-python": "uvicorn", "llama.cpp": "llama.cpp",
+_SERVER_HEADER = {"vllm": "uvicorn", "llama-cpp-python": "uvicorn", "llama.cpp": "llama.cpp", "transformers-serve": "uvicorn",
                   "static-files": "SimpleHTTP/0.6 Python/3.11.9"}
 #: python -m http.server's error page (http.server.DEFAULT_ERROR_MESSAGE), code and message filled in.
 _HTTP_SERVER_ERROR = ('<!DOCTYPE HTML>\n<html lang="en">\n    <head>\n        <meta charset="utf-8">\n'
                       '        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n'
                       '        <p>Error code: {code}</p>\n        <p>Message: {message}.</p>\n    </body>\n</html>\n')
+
+
+def _openai_fields(kind: str) -> frozenset[str]:
+    """The request fields ``transformers serve`` takes: the openai SDK's params class of the route
+    (``CompletionCreateParamsBase`` / the chat one) plus its own ``generation_config``, ``seed``,
+    ``stream`` (chat: ``chat_template_kwargs``), as transformers/cli/serving builds its class."""
+    from openai.types import completion_create_params as cc
+    from openai.types.chat import completion_create_params as ch
+
+    base = ch.CompletionCreateParamsBase if kind == "chat" else cc.CompletionCreateParamsBase
+    own = {"generation_config", "seed", "stream"} | ({"chat_template_kwargs"} if kind == "chat" else set())
+    return frozenset(base.__required_keys__ | base.__optional_keys__ | own)
+
+
+def _strict_refusal(body: dict[str, Any], kind: str) -> Response | None:
+    """``transformers serve``'s refusals: an unexpected field 422, a completions prompt not a string 400."""
+    unexpected = set(body) - _openai_fields(kind)
+    if unexpected:
+        return JSONResponse({"detail": f"Unexpected fields in the request: {unexpected}"}, 422)
+    if kind == "completions" and not isinstance(body.get("prompt", ""), str):
+        return JSONResponse({"detail": "prompt must be a string."}, 400)
+    return None
 
 
 class _ServerShape:
@@ -1860,6 +1893,9 @@ class FakeVLLM:
         if cfg.server == "llama-cpp-python":  # llama_cpp/server/app.py get_models
             return JSONResponse({"object": "list", "data": [{"id": cfg.served_name, "object": "model", "owned_by": "me",
                                                              "permissions": []}]})
+        if cfg.server == "transformers-serve":  # cli/serving/model_manager.py list_models, a pinned local model
+            return JSONResponse({"object": "list", "data": [{"owned_by": "local", "id": cfg.served_name, "object": "model",
+                                                             "created": 0, "status": {"value": "loaded"}}]})
         if cfg.server == "llama.cpp":  # tools/server: n_ctx_train is the model's training context, not -c
             meta = {"vocab_type": 1, "n_vocab": 32000, "n_ctx_train": 2048, "n_embd": 256, "n_params": 4_000_000,
                     "size": 8_000_000}
@@ -2049,6 +2085,8 @@ class FakeVLLM:
             body = await self._json(request)
         except _BadRequest as e:
             return self._reject(e)
+        if self.config.server == "transformers-serve" and (strict := _strict_refusal(body, kind)) is not None:
+            return strict
         if "compress_prompt" in self.config.faults:
             body = _compressed(body, self.config)
         if kind == "chat" and "gateway_drops_system" in self.config.faults and isinstance(body.get("messages"), list):
@@ -2300,6 +2338,8 @@ class FakeVLLM:
             raise _BadRequest(str(e))
 
         # length semantics (vLLM 0.32): N > L -> 400 input_tokens; N == L -> 400; N + max_tokens > L -> clamp
+        if cfg.server == "transformers-serve":  # no max_model_len: any length is served
+            L = n_prompt + cfg.max_model_len  # room to generate whatever the prompt's length
         if n_prompt >= L:
             if "dead_after_over_length" in faults:
                 st.dead = True

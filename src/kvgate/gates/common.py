@@ -7,6 +7,7 @@ is reported as a *problem string* for the calling gate to FAIL on, never an exce
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kvgate.http.client import Reply, StreamReply, clip
@@ -104,3 +105,52 @@ def finish_reason(ex: Exchange) -> str | None:
     body = json_body(ex.reply) or {}
     ch = (body.get("choices") or [{}])[0]
     return ch.get("finish_reason") if isinstance(ch, dict) else None
+
+
+def exchanges_in(*observed: Any) -> list[Exchange]:
+    """Every :class:`Exchange` in ``observed``: exchanges, and tuples, lists and dict values holding
+    them (a case's observation as its suite keeps it), in order; anything else is passed over."""
+    out: list[Exchange] = []
+    for o in observed:
+        if isinstance(o, Exchange):
+            out.append(o)
+        elif isinstance(o, (tuple, list)):
+            out += exchanges_in(*o)
+        elif isinstance(o, dict):
+            out += exchanges_in(*o.values())
+    return out
+
+
+def refused_verdict(verdict: Verdict, *observed: Any) -> Verdict:
+    """``verdict`` of a case whose requests met a vLLM extension the server refuses
+    (:mod:`kvgate.http.extensions`; the ``refused`` of the exchanges in ``observed``,
+    :func:`exchanges_in`), or ``verdict`` unchanged when none did.
+
+    A PASS stands: it was measured on what came back (the portable form is noted in its evidence).
+    A non-PASS becomes SKIP -- a capability the server lacks, not its failure -- when the refusal took
+    the measurement away: a request sent as is with a refused extension (no portable form) was
+    answered 4xx, or one sent in its portable form (``ignore_eos`` left out) ended on its own
+    (finish_reason ``stop``) before its ``max_tokens``, the length the case needed. The SKIP names the
+    refused parameter and quotes the server's 4xx. Any other non-PASS stands: what came back decides
+    it (a generation past its cap FAILs with or without ``ignore_eos``)."""
+    met = [ex for ex in exchanges_in(*observed) if ex.refused]
+    if not met:
+        return verdict
+    refusals = {p: r for ex in met for p, r in ex.refused.items()}
+    note = {"refused_extensions": {p: r.evidence() for p, r in refusals.items()}}
+    if verdict.status is Status.PASS:
+        return dataclasses.replace(verdict, evidence={**verdict.evidence, **note})
+    took: list[str] = []
+    for ex in met:
+        for p, r in ex.refused.items():
+            if p not in ex.dropped and 400 <= ex.reply.status < 500:
+                took.append(f"{r.describe()}; the {ex.api} request carrying it was answered {ex.reply.status}")
+            elif p in ex.dropped and ex.reply.status == 200 and finish_reason(ex) not in (None, "length"):
+                took.append(f"{r.describe()}; sent without it, the {ex.api} generation ended "
+                            f"{finish_reason(ex)!r} before its max_tokens {num(ex.body.get('max_tokens'))}, "
+                            "the length the case needs")
+    if not took:
+        return dataclasses.replace(verdict, evidence={**verdict.evidence, **note})
+    took = list(dict.fromkeys(took))
+    return Verdict(verdict.gate, SKIP, f"{'; '.join(took)} -> SKIP (a capability the server lacks; not measured)",
+                   evidence={**verdict.evidence, **note, "unmeasured_verdict": verdict.message[:500]})

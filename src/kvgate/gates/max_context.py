@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvgate.http.probes import Exchange, QueueSample
-from kvgate.verdict import Verdict
+from kvgate.verdict import Status, Verdict
 from kvgate.http.client import clip
 from kvgate.gates.common import FAIL, PASS, completion_facts, finish_reason, num, server_error
 
@@ -66,9 +66,17 @@ def _no_answer_verdict(gate: str, what: str, error: str, queue: list[QueueSample
                    limit="a completion", evidence=ev)
 
 
-def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> Verdict:
+def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float, control: Exchange | None = None) -> Verdict:
     """A prompt of ``max_model_len + 1`` tokens is answered 4xx within ``deadline_s`` seconds,
-    before any stream starts (vLLM: 400 BadRequestError naming the limit)."""
+    before any stream starts (vLLM: 400 BadRequestError naming the limit).
+
+    A 4xx counts as the *length* refused only when ``control`` -- the same prompt form (API, text or
+    token ids) under the limit (the max-context case's request of ``max_model_len - max_tokens``
+    tokens, or one of ``max_model_len - 1`` tokens and ``max_tokens`` 1, streamed and hung up at its status
+    line) -- was answered 200: a server
+    that refuses the form itself (token ids: ``400 prompt must be a string.``, HF transformers serve)
+    says nothing about its limit. Refused too -> SKIP quoting both answers; no control, or one with no
+    answer -> INVALID (the rejection is not shown to be the length's)."""
     gate = f"max-context/over-length/{ex.api}{'-stream' if ex.stream else ''}"
     r = ex.reply
     ev = ex.evidence()
@@ -78,6 +86,21 @@ def over_length_verdict(ex: Exchange, max_model_len: int, deadline_s: float) -> 
             return Verdict(gate, FAIL, f"{what} rejected {r.status} after {r.elapsed_s:.2f} s; deadline {deadline_s:g} s -> FAIL",
                            measured=round(r.elapsed_s, 3), limit=deadline_s, unit="s", evidence=ev)
         msg = server_error(r, 100)
+        form = "token-id" if isinstance(ex.body.get("prompt"), list) else "text"
+        if control is None or control.reply.status != 200:
+            ev["control"] = control.evidence() if control is not None else None
+            seen = f"{what} rejected {r.status} ({msg})"
+            if control is not None and 400 <= control.reply.status < 500:
+                return Verdict(gate, Status.SKIP, f"{seen}, but the same {form} prompt under the limit "
+                               f"({num(control.prompt_tokens)} tokens) was refused too ({control.reply.status}: "
+                               f"{server_error(control.reply, 100)}): the server refuses the prompt's form, not its "
+                               "length -> SKIP (over-length not measurable with this form)", evidence=ev)
+            why = (f"the same {form} prompt under the limit got {control.reply.status or 'no answer'}" if control is not None
+                   else f"no {form} prompt under the limit was sent to show the form is served")
+            return Verdict(gate, Status.INVALID, f"{seen}; {why}: the rejection is not shown to be the length's "
+                           "-> INVALID", measured=r.status, limit="4xx after the form is served", unit="HTTP status",
+                           evidence=ev)
+        ev["control"] = {"prompt_tokens": control.prompt_tokens, "status": control.reply.status}
         return Verdict(gate, PASS, f"{what} -> {r.status} in {r.elapsed_s * 1000:.0f} ms ({msg}) -> PASS",
                        measured=r.status, limit="4xx", unit="HTTP status", evidence=ev)
     if r.status == 200:

@@ -36,6 +36,7 @@ from kvgate.http.sse import iter_data as iter_sse_data  # the one SSE framer, by
 from kvgate.http.text import clip  # the one clipping rule; re-exported for the gates
 
 if TYPE_CHECKING:
+    from kvgate.http.extensions import Extensions
     from kvgate.http.watch import EngineWatch
 
 Clock = Callable[[], float]
@@ -73,6 +74,9 @@ class Endpoint:
     #: The run's record of the engine's condition (:class:`kvgate.http.watch.EngineWatch`), shared by
     #: every client of this endpoint; None outside a run (no watch, no refusals).
     watch: "EngineWatch | None" = field(default=None, repr=False, compare=False)
+    #: The run's record of which vLLM request extensions the server refuses
+    #: (:class:`kvgate.http.extensions.Extensions`), shared like ``watch``; None outside a run (sent as is).
+    extensions: "Extensions | None" = field(default=None, repr=False, compare=False)
     #: Pids of the local process tree(s) serving this endpoint (the embedded vLLM kvgate launched,
     #: :mod:`kvgate.run.lifecycle`); empty for ``--endpoint``. The load gates measure host
     #: contention on their CPUs (:mod:`kvgate.host.contention`).

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvgate.http.client import EndpointUnreachable, KvClient, RawStream, Reply, StreamReply
+from kvgate.http.extensions import Refusal
 from kvgate.http.metrics import GaugePoll, poll_gauge, scrape_value
 from kvgate.http.prompts import (Api, ExactPrompt, PromptUnavailable, exact_prompt, local_counter, server_counter,
                       token_id_prompt)
@@ -32,6 +33,10 @@ class Exchange:
     body: dict[str, Any]
     reply: Reply | StreamReply
     prompt_tokens: int | None = None  # verified with /tokenize, tokens
+    #: vLLM extensions the request carried that the server refuses (:mod:`kvgate.http.extensions`),
+    #: by name; ``dropped``: those sent in their portable form (left out of ``body``).
+    refused: dict[str, Refusal] = dataclasses.field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
 
     def evidence(self) -> dict[str, Any]:
         r = self.reply
@@ -40,6 +45,9 @@ class Exchange:
             "request": {k: v for k, v in self.body.items() if k not in ("prompt", "messages")},
             "prompt_tokens_verified": self.prompt_tokens,
         }
+        if self.refused:
+            ev["refused_extensions"] = {p: {**x.evidence(), "sent": "without it" if p in self.dropped else "as is"}
+                                        for p, x in self.refused.items()}
         if isinstance(r, StreamReply):
             ev["events"] = len(r.events)
             ev["done"] = r.done
@@ -55,19 +63,36 @@ class Exchange:
 
 def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = False,
          timeout_s: float | None = None, prompt_tokens: int | None = None,
-         on_event: Callable[[float, str], bool | None] | None = None) -> Exchange:
+         on_event: Callable[[float, str], bool | None] | None = None, admitted_only: bool = False) -> Exchange:
     """Send ``body`` to the ``api`` route, streamed or not. A chat body gets the client's
     ``chat_template_kwargs`` (the profile's) unless it names its own. ``on_event(t, data)``
-    (streamed only) may return True to hang up (:meth:`KvClient.stream`)."""
+    (streamed only) may return True to hang up (:meth:`KvClient.stream`); ``admitted_only``
+    (streamed only) hangs up as soon as the status line arrives: 200 says the server admitted the
+    request (vLLM validates a prompt's form and length before it answers a stream's headers), a 4xx
+    comes with its body, and no generation is waited for. With the run's
+    :class:`~kvgate.http.extensions.Extensions` on the endpoint, a vLLM extension the server refuses
+    goes in its portable form where it has one (the exchange's ``refused`` and ``dropped`` say so)."""
     path = client.api(ROUTES[api])
     if api == "chat" and client.chat_template_kwargs and "chat_template_kwargs" not in body:
         body = {**body, "chat_template_kwargs": client.chat_template_kwargs}
+    refused: dict[str, Refusal] = {}
+    dropped: tuple[str, ...] = ()
+    if client.endpoint.extensions is not None:
+        body, refused, dropped = client.endpoint.extensions.adapt(client, body)
     if stream:
         body = {**body, "stream": True}
-        reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s, on_event=on_event)
+        reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s, on_event=on_event,
+                                                   hang_up_after_headers=admitted_only)
     else:
         reply = client.post(path, body, timeout_s=timeout_s)
-    return Exchange(api, stream, body, reply, prompt_tokens)
+    return Exchange(api, stream, body, reply, prompt_tokens, refused, dropped)
+
+
+def portable_body(client: KvClient, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as :func:`send` would send it to this server (a refused extension with a portable
+    form left out), for a request that goes another way (the openai SDK's)."""
+    ext = client.endpoint.extensions
+    return ext.adapt(client, body)[0] if ext is not None else body
 
 
 def send_bytes(client: KvClient, api: Api, body: dict[str, Any], *, timeout_s: float | None = None) -> RawStream:

@@ -20,7 +20,9 @@ from kvgate.http.sse import CHUNK, DONE, ERROR, MALFORMED, Grammar, classify, gr
 class StreamSummary:
     """``text``: concatenated deltas; ``finish_reasons``: every non-null finish_reason seen, in
     order; ``usage``: the last usage object; ``tokens_received``: tokens counted from per-chunk
-    logprobs (None when the server sent no logprobs); ``content_chunks``: chunks carrying a choice;
+    logprobs (None when the server sent no logprobs); ``content_chunks``: choices carrying text (a
+    chat stream's role-only first chunk and a finish-only last chunk with empty text -- HF
+    ``transformers serve`` sends one apart from the last token -- are no token);
     ``errors``: in-stream ``{"error": ...}`` events; ``undecodable``: events that were not JSON."""
 
     text: str = ""
@@ -57,7 +59,8 @@ def summarize(reply: StreamReply) -> StreamSummary:
             s.usage = ev.usage
         s.undecodable.extend(str(bad)[:200] for bad in ev.bad_choices)
         for choice in ev.choices:
-            s.content_chunks += 1
+            if choice.text:
+                s.content_chunks += 1
             if choice.text is not None:
                 s.text += choice.text
             if choice.logprob_tokens is not None:

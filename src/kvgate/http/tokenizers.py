@@ -37,6 +37,9 @@ ABSENT = (404, 405, 501)
 #: ``/v1/models`` ``owned_by`` values and ``Server`` headers that name a server.
 OWNERS = {"vllm": "vLLM", "llamacpp": "llama.cpp", "me": "llama-cpp-python"}
 SERVER_HEADERS = {"llama.cpp": "llama.cpp", "simplehttp": "a static file server (python -m http.server)"}
+#: A model card field only one server writes: HF ``transformers serve`` adds ``"status": {"value":
+#: "loaded" | "unloaded"}`` to each card (transformers/cli/serving/model_manager.py), not an OpenAI field.
+CARD_SHAPES = {"status.value": "HF transformers serve"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class ServerIdentity:
     owned_by: str | None = None
     server_header: str | None = None
     version: str | None = None
+    #: The server a model card's own shape names when nothing else does (:data:`CARD_SHAPES`).
+    card_says: str | None = None
 
     @property
     def name(self) -> str | None:
@@ -54,7 +59,12 @@ class ServerIdentity:
         for key, name in SERVER_HEADERS.items():
             if h.startswith(key):
                 return name
-        return OWNERS.get(self.owned_by or "")
+        return OWNERS.get(self.owned_by or "") or self.card_says
+
+    def summary(self) -> dict[str, Any]:
+        """For summary.json's ``server``: ``{"name", "version", "server_header", "owned_by"}`` (None where not said)."""
+        return {"name": self.name, "version": self.version, "server_header": self.server_header,
+                "owned_by": self.owned_by}
 
     def describe(self) -> str:
         """``llama.cpp, Server: llama.cpp; /v1/models owned_by llamacpp`` (what is known)."""
@@ -108,8 +118,11 @@ def identify(client: KvClient, model: str, reply: Reply | None = None) -> Server
     def header(r: Reply | None) -> str | None:
         return next((v for k, v in (r.headers if r is not None else {}).items() if k.lower() == "server"), None)
 
+    status = card.get("status")
+    says = CARD_SHAPES["status.value"] if isinstance(status, dict) and status.get("value") in ("loaded", "unloaded") \
+        else None
     return ServerIdentity(str(owned) if owned is not None else None, header(reply) or header(models),
-                          client.version())
+                          client.version(), says)
 
 
 def detect(client: KvClient, model: str) -> Tokenizers:

@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvgate.http.client import Endpoint
+from kvgate.http.client import Endpoint, KvClient
+from kvgate.http.extensions import PROBE_TIMEOUT_S
 from kvgate.http.sse import DONE, ERROR, MALFORMED, classify, error_text, split_sse  # the one SSE framer
 
 _BODY_TEXT_CAP = 1024 * 1024  # chars of a non-SSE body kept as text
@@ -64,6 +65,13 @@ def _body(body: dict[str, Any], stream: bool, include_usage: bool, extra: Mappin
     return body
 
 
+def _portable(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as this server takes it: a vLLM extension it refuses left out where the request has a
+    portable form (``ignore_eos``: the load is judged on what came back; :mod:`kvgate.http.extensions`)."""
+    ext = endpoint.extensions
+    return ext.portable(body, lambda: KvClient(endpoint, timeout_s=PROBE_TIMEOUT_S)) if ext is not None else body
+
+
 def completion_request(endpoint: Endpoint, *, model: str, prompt: str | list[int], max_tokens: int,
                        stream: bool = True, include_usage: bool = True, tag: str = "",
                        headers: Mapping[str, str] | None = None, hangup_after_chunks: int | None = None,
@@ -71,7 +79,8 @@ def completion_request(endpoint: Endpoint, *, model: str, prompt: str | list[int
     """A ``/completions`` request (streaming with usage by default). ``extra``: more body fields
     (``temperature=0``, ``ignore_eos=True``, ``min_tokens=N``...)."""
     body = _body({"model": model, "prompt": prompt, "max_tokens": max_tokens}, stream, include_usage, extra)
-    return RequestSpec(_api(endpoint, "/completions"), body, headers, tag, hangup_after_chunks, hangup_after_s)
+    return RequestSpec(_api(endpoint, "/completions"), _portable(endpoint, body), headers, tag, hangup_after_chunks,
+                       hangup_after_s)
 
 
 def chat_request(endpoint: Endpoint, *, model: str, messages: list[dict[str, Any]], max_tokens: int,
@@ -80,7 +89,8 @@ def chat_request(endpoint: Endpoint, *, model: str, messages: list[dict[str, Any
                  hangup_after_s: float | None = None, **extra: Any) -> RequestSpec:
     """A ``/chat/completions`` request (streaming with usage by default)."""
     body = _body({"model": model, "messages": messages, "max_tokens": max_tokens}, stream, include_usage, extra)
-    return RequestSpec(_api(endpoint, "/chat/completions"), body, headers, tag, hangup_after_chunks, hangup_after_s)
+    return RequestSpec(_api(endpoint, "/chat/completions"), _portable(endpoint, body), headers, tag,
+                       hangup_after_chunks, hangup_after_s)
 
 
 # ----------------------------------------------------------------------------- records

@@ -47,6 +47,13 @@ class Entry:
             return self.verdict.status.value
         return "ERROR" if self.error else "NO-VERDICT"
 
+    @property
+    def not_sent(self) -> bool:
+        """A FAIL recorded without a measurement: its requests were not sent after the run classified
+        the engine hung or the server gone (:meth:`kvgate.run.session.Run.before_gate`; the message
+        opens ``not sent: <the one reason>``). Counted apart from the measured FAILs."""
+        return self.status == "FAIL" and self.verdict is not None and self.verdict.message.startswith("not sent: ")
+
 
 #: A PASS/SKIP console line is shortened to this many characters (the main job had 48 verdict lines
 #: over 200, up to 773); the whole message is in summary.json, signoff.md and Allure.
@@ -105,6 +112,11 @@ class RunRecord:
     #: The engine's condition when the run classified it (:meth:`kvgate.http.watch.EngineWatch.summary`:
     #: hung, or stalling streams, with the one reason and where), else None.
     engine: dict[str, Any] | None = None
+    #: Which vLLM request extensions the server refuses, as probed (:meth:`kvgate.http.extensions.Extensions.summary`).
+    extensions: dict[str, Any] | None = None
+    #: What the server says it is (:meth:`kvgate.http.tokenizers.ServerIdentity.summary`: name,
+    #: version, Server header, owned_by), or None before it was asked.
+    server: dict[str, Any] | None = None
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _open: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -250,12 +262,28 @@ class RunRecord:
             "engine": self.engine,
             "kvgate": {"version": kvgate_version(), "commit": kvgate_commit()},
             **self._mode_fields(gates, running),
-            "counts": {s: sum(1 for e in self.entries.values() if e.status == s)
-                       for s in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")},
+            "counts": self.counts(),
+            "extensions": self.extensions,
+            "server": self.server,
             "gates": gates,
             "skipped_checks": skipped,
         }
         return self.redactor.data(out)
+
+    def counts(self) -> dict[str, int]:
+        """Gates per status; ``FAIL`` counts the measured FAILs only, ``NOT_SENT`` the FAILs not sent
+        after the engine was classified hung or the server gone (:attr:`Entry.not_sent`: one cause,
+        named once in ``engine``); pytest counts both as failed."""
+        entries = list(self.entries.values())
+        out = {s: sum(1 for e in entries if e.status == s) for s in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")}
+        out["NOT_SENT"] = sum(1 for e in entries if e.not_sent)
+        out["FAIL"] -= out["NOT_SENT"]
+        return out
+
+    def server_words(self) -> str:
+        """The server as it says it is: ``vLLM 0.32.0``, ``llama-cpp-python (version not reported)``,
+        or what it showed (``server not named: Server: uvicorn; /v1/models owned_by local``)."""
+        return server_words(self.server, self.server_version)
 
     def outcome(self, gates: list[dict[str, Any]] | None = None) -> "Outcome":
         """The run's :class:`kvgate.report.outcome.Outcome` under :attr:`gate_mode` (outcome, exit code)."""
@@ -282,7 +310,7 @@ class RunRecord:
         """The table's first line: profile, endpoint and vLLM version -- or that no server was contacted."""
         name = self.profile_name or "(no profile)"
         if self.contacted:
-            return f"kvgate {name} @ {self.endpoint or '-'} (vLLM {self.server_version or 'version unknown'})"
+            return f"kvgate {name} @ {self.endpoint or '-'} ({self.redactor.text(self.server_words())})"
         if self.launch.get("error"):
             server = "embedded vLLM" if self.launch.get("mode", "embedded") == "embedded" else f"{self.launch['mode']} server"
             return f"kvgate {name}: the {server} did not start (see the errors below)"
@@ -322,6 +350,10 @@ class RunRecord:
         if self.engine:
             word = {"hung": "ENGINE HUNG", "gone": "SERVER GONE"}.get(self.engine["condition"], "STREAMS STALLED")
             lines.append(f"{word}: {self.redactor.text(self.engine['reason'])}")
+        counts = self.counts()
+        if counts["NOT_SENT"]:
+            lines.append(f"NOT SENT: {counts['NOT_SENT']} gate(s) FAIL without a measurement, one cause (above); "
+                         f"measured FAILs: {counts['FAIL']}")
         out = self.outcome()
         if out.outcome != self.final_status() and out.exit_code != 0:  # certify: PASS verdicts, not certified
             lines.append(f"OVERALL: {self.final_status()} -- outcome {out.outcome} (exit {out.exit_code})")
@@ -333,6 +365,22 @@ class RunRecord:
             lines += [f"  not certified: {m['id']}: {m['check']} {m['status']} ({m['reason']})"
                       for m in out.not_certified]
         return lines
+
+
+def server_words(server: dict[str, Any] | None, version: str | None) -> str:
+    """How reports name the server (``server``: summary.json's ``server``; ``version``: its
+    ``server_version``, ``/version``'s): ``vLLM 0.32.0``; a named server other than vLLM with its
+    version or ``version not reported``; else what it showed, or ``server unknown``."""
+    name = (server or {}).get("name")
+    if name == "vLLM" or (name is None and version):
+        return f"vLLM {version or 'version not reported'}"
+    if name:
+        return f"{name} {version or '(version not reported)'}"
+    if server:
+        facts = [f"Server: {server['server_header']}" if server.get("server_header") else "no Server header",
+                 f"/v1/models owned_by {server['owned_by']}" if server.get("owned_by") else "no owned_by", "no /version"]
+        return f"server not named: {'; '.join(facts)}"
+    return "server unknown"
 
 
 def attach_text(name: str, text: str, redactor: Redactor, kind: str = "text") -> None:

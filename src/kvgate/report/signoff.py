@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kvgate.report.allure_meta import fmt_quantity, profile_sha256
+from kvgate.report.record import server_words
 from kvgate.report.redact import Redactor
 
 SIGNOFF = "signoff.md"
@@ -195,8 +196,9 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     profile = summary.get("profile") or "(no profile)"
     endpoint = summary.get("endpoint") or "-"
     counts = summary.get("counts") or {}
-    count_text = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")
-                           if k != "INCONCLUSIVE" or counts.get(k))
+    count_text = ", ".join(f"{counts.get(k, 0)} {k.replace('_', ' ')}"
+                           for k in ("PASS", "FAIL", "NOT_SENT", "INVALID", "INCONCLUSIVE", "SKIP", "ERROR")
+                           if k not in ("INCONCLUSIVE", "NOT_SENT") or counts.get(k))
     launch = summary.get("launch") or {}
     where = launch_words(launch, bool(summary.get("endpoint_contacted")))
     source = summary.get("profile_source")
@@ -214,7 +216,7 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
         f"| overall | **{overall}** ({count_text}) |",
         f"| profile | {_cell(prof_text, 300)} |",
         f"| endpoint | {_cell(endpoint, 300)} ({where}) |",
-        f"| server | vLLM {summary.get('server_version') or 'version unknown'} |",
+        f"| server | {server_words(summary.get('server'), summary.get('server_version'))} |",
         f"| run | `{summary.get('run_id') or '-'}`" + (f", {secs:.0f} s" if isinstance(secs, (int, float)) else "")
         + (f", gate mode {summary['gate_mode']}" if summary.get("gate_mode") else "") + " |",
     ]
@@ -234,6 +236,10 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
                      else "")]
     if summary.get("error"):
         lines += ["", f"**Error:** {_cell(summary['error'], 600)}"]
+    if counts.get("NOT_SENT"):
+        cause = (summary.get("engine") or {}).get("reason") or "the engine's condition"
+        lines += ["", f"**Not sent: {counts['NOT_SENT']} gate(s)** FAIL without a measurement, one cause: "
+                  f"{_cell(cause, 600)}. Counted apart from the {counts.get('FAIL', 0)} measured FAIL(s)."]
     if summary.get("complete") is False and overall != "ERROR":
         where_cut = f" during {summary['interrupted_in']}" if summary.get("interrupted_in") else ""
         lines += ["", f"**Interrupted{where_cut}.** Gates that did not run: "

@@ -35,6 +35,7 @@ import pytest
 
 from kvgate.http.client import Endpoint, clip
 from kvgate.http.preflight import PreflightError, preflight
+from kvgate.http.extensions import Extensions
 from kvgate.http.watch import EngineWatch
 from kvgate.launch.base import ENDPOINT_ENV, MODES as LAUNCH_MODES, Choice, choose
 from kvgate.launch.target import TargetError, api_key_env_problem, endpoint_from_url
@@ -153,6 +154,9 @@ class Run:
     #: The run's record of the engine's condition (:mod:`kvgate.http.watch`), carried by the
     #: endpoint every gate gets (:meth:`watched`).
     watch: EngineWatch | None = None
+    #: The run's record of which vLLM request extensions the server refuses
+    #: (:mod:`kvgate.http.extensions`; probed when first needed), carried like ``watch``.
+    extensions: Extensions | None = None
     #: The compare gate's baseline (:class:`kvgate.compare.baseline.LiveBaseline` or
     #: :class:`~kvgate.compare.baseline.RecordedBaseline`), or None with ``baseline_why`` saying why.
     baseline: Any = None
@@ -239,7 +243,8 @@ class Run:
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
                   kserve_notes=kserve_notes, lint=lint_findings,
                   watch=EngineWatch(profile.model.served_name, canary_deadline_s=profile.limits.canary_deadline_s,
-                                    stream_idle_timeout_s=_probe_idle_cut_s(profile, config.option.kvgate_gate_mode)))
+                                    stream_idle_timeout_s=_probe_idle_cut_s(profile, config.option.kvgate_gate_mode)),
+                  extensions=Extensions(profile.model.served_name))
         if wants and run.choice.unavailable:
             run.record.no_server = run.choice.unavailable
         run.vllm_version = _vllm_version(config, profile, choice.mode if choice is not None else "endpoint")
@@ -392,7 +397,10 @@ class Run:
 
     # ------------------------------------------------------------------ the engine's condition
     def watched(self, endpoint: Endpoint) -> Endpoint:
-        """``endpoint`` carrying the run's :class:`~kvgate.http.watch.EngineWatch`, its checks aimed at it."""
+        """``endpoint`` carrying the run's :class:`~kvgate.http.watch.EngineWatch` (its checks aimed at
+        it) and its :class:`~kvgate.http.extensions.Extensions`."""
+        if self.extensions is not None:
+            endpoint = dataclasses.replace(endpoint, extensions=self.extensions)
         if self.watch is None:
             return endpoint
         self.watch.bind(endpoint.base_url, endpoint.route_prefix, endpoint.headers())
@@ -521,6 +529,8 @@ class Run:
             self.record.not_run = missing
         if self.watch is not None:
             self.record.engine = self.watch.summary()
+        if self.extensions is not None:
+            self.record.extensions = self.extensions.summary()
         if self.record.gate_mode == "record" and self.record.complete:
             self.extra["overlay_path"] = str(self._write_overlay())
         path = self.record.write_summary(self.reports_dir / outputs.SUMMARY)
