@@ -79,8 +79,12 @@ def _body(model: str, text: str, max_tokens: int, kwargs: dict[str, Any] | None,
 
 def deliver(client: KvClient, label: str, body: dict[str, Any], rendered: int | None, *, long: bool,
             timeout_s: float) -> Delivery:
-    """POST ``body`` to chat and keep what came off the wire (never raises)."""
+    """POST ``body`` to chat and keep what came off the wire (never raises). On a server that refuses
+    one of vLLM's extensions (``ignore_eos``, probed once per run: :mod:`kvgate.http.extensions`) the
+    body goes in its portable form -- the alone and the overlapped answers alike, so they still compare."""
     stream = bool(body.get("stream"))
+    if client.endpoint.extensions is not None:
+        body = client.endpoint.extensions.adapt(client, body)[0]
     try:
         r = client.stream_bytes(client.api("/chat/completions"), body, timeout_s=timeout_s)
     except EndpointUnreachable as exc:
