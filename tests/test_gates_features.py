@@ -637,6 +637,7 @@ def test_stream_within_hangs_up_a_trickling_stream():
 
     class Trickle:
         chat_template_kwargs = None
+        endpoint = type("Endpoint", (), {"extensions": None})()  # outside a run: nothing probed, sent as is
 
         def api(self, path):
             return "/v1" + path
