@@ -642,7 +642,7 @@ def test_stream_within_hangs_up_a_trickling_stream():
         def api(self, path):
             return "/v1" + path
 
-        def stream(self, path, body, *, timeout_s=None, on_event=None):
+        def stream(self, path, body, *, timeout_s=None, on_event=None, **_):
             events = []
             for i in range(100):  # a token a second, for 100 s, unless the caller hangs up
                 events.append((float(i), json.dumps({"choices": [{"index": 0, "delta": {"content": "x"}}]})))
