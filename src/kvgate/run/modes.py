@@ -10,13 +10,7 @@
   INVALID: an undecided percentile certifies nothing) makes it ``NOT-CERTIFIED``
   and :func:`kvgate.report.outcome.decide` lists which (``summary.json`` ``not_certified``).
 
-Exit codes (:data:`kvgate.report.outcome.EXIT_CODES`; README "Verdicts and exit codes"; ``summary.json`` ``exit_code``): 0 pass,
-1 a gate failed, 2 interrupted / incomplete, 4 usage error (bad option, profile, unreachable
-endpoint), 5 no gate selected, 6 INVALID only (no gate failed, a measurement cannot be trusted),
-7 not certified (certify mode: something was skipped), 9 INCONCLUSIVE only (no gate failed or
-was INVALID; a percentile verdict stayed undecided at its sampling cap), 8 no server (the live gates selected could
-not run here: the launcher is unavailable; only the arithmetic was gated). 2, 4 and 5 are
-pytest's own codes.
+Exit codes and the outcome a run ends in: :mod:`kvgate.report.outcome` (:data:`~kvgate.report.outcome.EXIT_CODES`).
 """
 
 from __future__ import annotations
