@@ -199,7 +199,7 @@ def test_the_offline_guard_refuses_every_host_but_the_endpoint():
             "from kvgate.answers.lmeval.child import guard\n"
             "refused = guard(['127.0.0.1'])\n"
             "out = []\n"
-            "for url in ('http://huggingface.co/x', 'http://10.255.255.1:81/'):\n"
+            "for url in ('http://huggingface.co/x', 'http://127.0.0.2:81/'):\n"
             "    try: urllib.request.urlopen(url, timeout=2)\n"
             "    except OSError as exc: out.append(str(exc))\n"
             "s = socket.socket(); s.settimeout(2)\n"
@@ -208,7 +208,7 @@ def test_the_offline_guard_refuses_every_host_but_the_endpoint():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     refused, out = json.loads(done.stdout)
-    assert refused == ["huggingface.co:80", "10.255.255.1:81"]
+    assert refused == ["huggingface.co:80", "127.0.0.2:81"]
     assert "kvgate runs lm-eval offline: huggingface.co:80 is not the endpoint" in out[0] and out[2] is True
 
 
