@@ -506,7 +506,7 @@ def test_a_straddling_soak_extends_until_its_interval_clears_the_ceiling_then_pa
     assert "99.74% CI" in v.message  # the interval shown is the per-look one
     m = memory_verdict(analyze(result, sp))
     assert m.status is Status.PASS and "decided after" in m.message
-    assert f"soak round {n}/12 (extension: at most 30 rounds, until decided)" in lines[-1]
+    assert f"soak round {n}/30 (past the 12 planned: sampling until decided)" in lines[-1]
 
 
 def test_a_soak_still_straddling_at_max_duration_stays_inconclusive_naming_the_rounds_that_would_decide(tmp_path):

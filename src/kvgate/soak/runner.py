@@ -975,14 +975,15 @@ class SoakRunner:
             f = linear_fit([t / 3600 for t, _ in measured], [m for _, m in measured])
             slope = f"{f.slope:+.1f} MB/h (95% CI {f.ci_low:+.1f}..{f.ci_high:+.1f})"
         left = max(0.0, (p.rounds - k - 1) * p.round_s)
-        ext = ""
-        if k >= p.rounds:
-            left = max(0.0, (self._cap() - k - 1) * p.round_s)
-            ext = f" (extension: at most {self._cap()} rounds, until decided)"
+        of, ext = p.rounds, ""
+        if k >= p.rounds:  # sampling until decided: count against the cap, never "round 11/10"
+            of = self._cap()
+            left = max(0.0, (of - k - 1) * p.round_s)
+            ext = f" (past the {p.rounds} planned: sampling until decided)"
         ttft = row["ttft_p95_ms"]
         mem = row["mem_min_mb"]
         self.progress(
-            f"soak round {k + 1}/{p.rounds}{' (warm-up)' if row['warmup'] else ''}{ext}: "
+            f"soak round {k + 1}/{of}{' (warm-up)' if row['warmup'] else ''}{ext}: "
             f"TTFT p95 {'n/a' if ttft is None else f'{ttft:.0f} ms'}, "
             f"memory {'n/a' if mem is None else f'{mem:,.1f} MB'}, slope so far {slope}, "
             f"errors {row['errors']}/{row['requests']}, ETA {_hms(left)}")
