@@ -219,6 +219,14 @@ def test_missing_profile_argument_is_argparse_usage():
     assert e.value.code == 2
 
 
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"kvgate {version('kvgate')}"
+
+
 def test_python_dash_m_kvgate_help():
     proc = subprocess.run([sys.executable, "-m", "kvgate", "serve", "--help"], capture_output=True, text=True,
                           timeout=60, cwd=REPO)

@@ -42,10 +42,23 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def _installed_version() -> str:
+    """kvgate's version from its installed distribution metadata (pyproject.toml's ``version``);
+    ``"(not installed)"`` when run from a source tree without an install."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvgate")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvgate`` argument parser (sub-command ``serve``)."""
     parser = argparse.ArgumentParser(prog="kvgate", description="kvgate: deployment conformance for vLLM. "
                                      "The gates run under pytest (pytest --profile NAME); this command has helpers.")
+    parser.add_argument("--version", action="version", version=f"kvgate {_installed_version()}",
+                        help="print kvgate's version (as installed) and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="start the embedded vLLM alone and print its URL (Ctrl-C stops it)",
                            description="Start the embedded vLLM of an embedded profile (e.g. tiny-cpu) exactly as "
