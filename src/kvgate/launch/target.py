@@ -41,7 +41,8 @@ def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None
                       environ: dict[str, str] | None = None) -> Endpoint:
     """Split ``url`` into server root + route prefix and attach the API key from the environment.
     Raises :class:`TargetError` (one line) for a URL that does not parse (``http://[::1``), is not
-    http(s), carries credentials, or whose API-key variable is not set."""
+    http(s), carries credentials or a query string/fragment (kvgate sends neither), or whose API-key
+    variable is not set."""
     environ = os.environ if environ is None else environ
     try:
         parts = urlsplit(url)
@@ -53,6 +54,10 @@ def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None
     if "@" in parts.netloc:
         raise TargetError("--endpoint must not carry credentials (user:password@); put the API key in an "
                           "environment variable and name it with --api-key-env VAR")
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):  # never echoed: a query may hold a key
+        raise TargetError(f"--endpoint {urlunsplit((parts.scheme, parts.netloc, parts.path, '', ''))!r} carries a "
+                          f"query string or fragment (not shown) that kvgate would not send; give the server's root "
+                          f"or its /v1 URL without '?' or '#'")
     path = parts.path.rstrip("/")
     prefix = profile.endpoint.route_prefix
     for known in KNOWN_PREFIXES:
