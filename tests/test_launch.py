@@ -68,11 +68,11 @@ def test_not_a_url():
         endpoint_from_url("localhost:8000", load_profile("tiny-cpu"), environ={})
 
 
-@pytest.mark.parametrize("url", ["http://h:8000/v1?api-key=sk-secret123", "http://h:8000/v1#frag", "http://h/?"])
+@pytest.mark.parametrize("url", ["http://h:8000/v1?api-key=sk-secret123", "http://h:8000/v1#section9", "http://h/?"])
 def test_a_query_string_or_fragment_is_refused_never_dropped_or_echoed(url):
     with pytest.raises(TargetError, match="query string or fragment") as e:
         endpoint_from_url(url, load_profile("tiny-cpu"), environ={})
-    assert "sk-secret123" not in str(e.value) and "frag" not in str(e.value) and "\n" not in str(e.value)
+    assert "sk-secret123" not in str(e.value) and "section9" not in str(e.value) and "\n" not in str(e.value)
 
 
 def test_wait_ready_is_one_method_on_the_launcher_base():
