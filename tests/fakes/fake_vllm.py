@@ -1263,6 +1263,18 @@ class _BadRequest(Exception):
         return _error(str(self), self.status, self.err_type, self.param)
 
 
+class _BareServerError(_BadRequest):
+    """uvicorn's own answer to an exception nothing handled: ``500`` ``Internal Server Error``, text.
+    llama-cpp-python 0.3.36 gives it for a body that is not JSON (its RouteErrorHandler re-reads the
+    body to build the error and raises again; measured 2026-12-05)."""
+
+    def __init__(self) -> None:
+        super().__init__("Internal Server Error", status=500)
+
+    def response(self) -> Response:  # type: ignore[override]
+        return Response("Internal Server Error", status_code=500, media_type="text/plain; charset=utf-8")
+
+
 class _EngineError(Exception):
     """An injected engine failure during generation."""
 
@@ -1821,6 +1833,8 @@ class FakeVLLM:
         try:
             body = json.loads(await request.body() or b"null")
         except ValueError as e:
+            if self.config.server == "llama-cpp-python":
+                raise _BareServerError() from None
             raise _BadRequest(f"Invalid JSON body: {e}")
         if not isinstance(body, dict):
             raise _BadRequest("Request body must be a JSON object")
