@@ -106,6 +106,20 @@ def test_a_5xx_a_late_answer_a_dead_engine_and_a_sick_health_each_fail_named():
         in sick.message
 
 
+def test_a_server_without_a_health_route_is_judged_by_the_canary_alone():
+    """llama-cpp-python has no /health (every GET 404, measured 2026-12-05): not a finding after each
+    path; one 404 among 200s is (the route went away after a path)."""
+    absent = Reply(404, '{"detail":"Not Found"}', 0.002)
+    replies = {"guided-legacy": chat(), "prompt_embeds": Reply(400, '{"error": {"message": "no"}}', 0.01)}
+    v = input_paths_verdict(UNTRUSTED, run(replies, health=absent), CANARY, 10, 3000)
+    assert v.status is Status.PASS and "the canary generated after each; /health not judged: every GET /health " \
+        "answered 404 (the server has no such route) -> PASS" in v.message, v.message
+    mixed = run(replies)
+    mixed.sent[1] = PathSent(mixed.sent[1].probe, mixed.sent[1].reply, CANARY, absent, True, None, None)
+    v = input_paths_verdict(UNTRUSTED, mixed, CANARY, 10, 3000)
+    assert v.status is Status.FAIL and "/health answered 404" in v.message, v.message
+
+
 def test_no_generation_before_the_first_path_is_invalid():
     v = input_paths_verdict(UNTRUSTED, run({"guided-legacy": chat()}), Reply(0, "refused", 1.0), 10, 3000)
     assert v.status is Status.INVALID

@@ -197,3 +197,14 @@ def test_the_contract_names_a_route_a_new_revision_opens(pytester, monkeypatch):
     assert "security/auth-surface (baseline PASS: " in g["message"] and "; here FAIL: " in g["message"], g["message"]
     assert ("security/auth-surface/POST /reset_prefix_cache (baseline no key: 401 (refused); wrong key: 401 (refused); "
             "here no key: 200 (reached)") in g["message"], g["message"]
+
+
+def test_input_paths_on_a_server_without_health_is_judged_by_the_canary(pytester, monkeypatch):
+    """The fake posing as llama-cpp-python (no /health route: 404, as the real 0.3.36 server answers):
+    input-paths is judged by the canary after each path, the /health 404s are not findings (they were,
+    16 of them, on the real server before)."""
+    with FakeVLLM(shut(server="llama-cpp-python")) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "input-paths")
+    g = gates["fake-vllm-secure/security/input-paths"]
+    assert g["status"] == "PASS" and "/health not judged: every GET /health answered 404 (the server has no such " \
+        "route) -> PASS" in g["message"], g["message"]

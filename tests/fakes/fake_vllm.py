@@ -385,7 +385,7 @@ SERVERS: dict[str, str] = {
     # with stream_options.include_usage, and a token-id prompt fails pydantic validation (prompt is
     # str | list[str]) answered 500 by its RouteErrorHandler.
     "llama-cpp-python": "llama-cpp-python's server: /extras/tokenize, no /tokenize, /metrics, /version or /health; "
-    "owned_by me; no server-side cap, no usage chunk, token-id prompts answered 500",
+    "owned_by me; no server-side cap, no usage chunk, token-id prompts answered 500; a stream ended ([DONE], no finish chunk) while another request is in flight (interrupt_requests)",
     # llama.cpp's tools/server (ggml-org/llama.cpp tools/server/README.md): every answer carries
     # "Server: llama.cpp"; /v1/models cards owned_by "llamacpp" with a "meta" object (n_ctx_train, no
     # max_model_len); POST /tokenize {"content", "add_special" (default false), "parse_special"} ->
@@ -1263,6 +1263,18 @@ class _BadRequest(Exception):
         return _error(str(self), self.status, self.err_type, self.param)
 
 
+class _BareServerError(_BadRequest):
+    """uvicorn's own answer to an exception nothing handled: ``500`` ``Internal Server Error``, text.
+    llama-cpp-python 0.3.36 gives it for a body that is not JSON (its RouteErrorHandler re-reads the
+    body to build the error and raises again; measured 2026-12-05)."""
+
+    def __init__(self) -> None:
+        super().__init__("Internal Server Error", status=500)
+
+    def response(self) -> Response:  # type: ignore[override]
+        return Response("Internal Server Error", status_code=500, media_type="text/plain; charset=utf-8")
+
+
 class _EngineError(Exception):
     """An injected engine failure during generation."""
 
@@ -1821,6 +1833,8 @@ class FakeVLLM:
         try:
             body = json.loads(await request.body() or b"null")
         except ValueError as e:
+            if self.config.server == "llama-cpp-python":
+                raise _BareServerError() from None
             raise _BadRequest(f"Invalid JSON body: {e}")
         if not isinstance(body, dict):
             raise _BadRequest("Request body must be a JSON object")
@@ -2926,6 +2940,11 @@ class FakeVLLM:
                         raise _CutConnection("truncated_stream")
                     yield data
                     sent += 1
+                    if self.config.server == "llama-cpp-python" and len(self.state.inflight) > 1:
+                        # its default interrupt_requests=True (llama_cpp/server/app.py get_event_publisher):
+                        # another request waiting for the model ends this stream, [DONE] and no finish chunk
+                        yield "data: [DONE]\n\n"
+                        return
         except _EngineError as e:  # vLLM: an error event, then [DONE], on a 200 stream
             yield _sse({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
             yield "data: [DONE]\n\n"

