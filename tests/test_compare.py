@@ -443,7 +443,9 @@ def test_a_fake_30_percent_slower_fails_the_latency_case(pytester, fakes):
     lat = gates["latency"]
     assert lat["status"] == "FAIL" and result.ret == 1, lat["message"]
     assert "TTFT p50 " in lat["message"] and "(baseline + 10%) -> FAIL" in lat["message"]
-    assert lat["evidence"]["pairs"] == 20  # decided at the first look
+    # decided at a planned look (20 pairs each): the first on a quiet host; a busy one (CI's unit worker beside a
+    # vLLM) scatters a 9 ms TTFT gap enough that the second look decides it
+    assert lat["evidence"]["pairs"] in (20, 40), lat["evidence"]["pairs"]
 
 
 def test_record_then_compare_against_the_recording_without_a_second_server(pytester, fakes):
