@@ -216,45 +216,92 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 # ---------------------------------------------------------------------------- order and pytest-xdist
 E2E_DIR = "tests/e2e/"
 
+#: The e2e modules whose assertions hold on a busy machine: each judges token counts, texts, the
+#: rendered report, a container's life or a verdict against the fake -- never a latency, a TTFT, a
+#: soak slope, a priority gain, drain timing or host contention -- so they run beside the unit tests
+#: (:class:`UnitsThenE2E`'s first lane): a busy core makes them slower, not wrong. Whole modules (their
+#: module and session fixtures stay in one lane); a session fixture one of them uses is used by no
+#: module of the other lane (tests/e2e/conftest.py). Every other e2e module is timing-sensitive.
+E2E_BESIDE_UNITS = (
+    "test_causes.py",             # fit/live-pool, served-config, answers and compare FAILs: bytes, tokens, texts
+    "test_docker_launch.py",      # a container's start and removal; gates against the fake, as the unit half's
+    "test_kv_families.py",        # fit/live-pool token counts; preemptions of 10 long sequences (counts)
+    "test_null_block.py",         # the fit FAIL and a refused start (or the probe's waiting 1, running 0)
+    "test_overcommitted.py",      # fit FAIL and preemptions (counts)
+    "test_pools_endpoint.py",     # each pool's deployment and max-context gates through --endpoint
+    "test_real_model.py",         # answers at temperature 0, served-config, the auth surface
+    "test_report_browser.py",     # the rendered report of the overcommitted run and of a fake run
+)
+
 
 def _is_e2e(nodeid: str) -> bool:
     return nodeid.startswith(E2E_DIR) or f"/{E2E_DIR}" in nodeid
 
 
+def _beside_units(nodeid: str) -> bool:
+    """An e2e test of a module in :data:`E2E_BESIDE_UNITS`."""
+    return _is_e2e(nodeid) and nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in E2E_BESIDE_UNITS
+
+
+def _lane(nodeid: str) -> int:
+    """0: the e2e tests that run beside the unit tests; 1: the unit, fake and pytester tests; 2: the
+    timing-sensitive e2e tests, with the machine to themselves."""
+    return 2 - (not _is_e2e(nodeid)) - 2 * _beside_units(nodeid)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The end-to-end tests (tests/e2e/, each starting real vLLMs) run after all the others, in
-    their own order: the quick tests report first, and under pytest-xdist they can run on every
-    worker before the e2e tests get the machine to themselves (:class:`UnitsThenE2E`)."""
-    items[:] = [it for it in items if not _is_e2e(it.nodeid)] + [it for it in items if _is_e2e(it.nodeid)]
+    """The order (stable within each lane): the e2e tests that hold on a busy machine
+    (:data:`E2E_BESIDE_UNITS`), the unit, fake and pytester tests, then the timing-sensitive e2e
+    tests (tests/e2e/, each starting real vLLMs) last -- under pytest-xdist the first two run side
+    by side and the last gets the machine to itself (:class:`UnitsThenE2E`). A name in
+    E2E_BESIDE_UNITS that names no module in tests/e2e/ is an error (a renamed module would
+    silently change lanes)."""
+    stale = [n for n in E2E_BESIDE_UNITS if not (REPO / E2E_DIR / n).is_file()]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py E2E_BESIDE_UNITS names no module in {E2E_DIR}: {stale}")
+    items.sort(key=lambda it: _lane(it.nodeid))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``pytest tests -n 2``: the unit, fake and pytester tests are spread over the workers a test at
-    a time (as ``--dist load``); the e2e tests (tests/e2e/) go, in collection order, to ONE
-    worker, and only once every other worker is out of work -- each e2e test needs the machine's
-    CPUs (vLLM is pinned to them), so none runs beside another test. Applies to ``--dist load``
-    (what ``-n`` implies) and ``--dist loadfile``; other ``--dist`` modes are left as asked."""
+    """``pytest tests -n 2``, in three lanes:
+
+    1. the e2e modules in :data:`E2E_BESIDE_UNITS`, as ONE work unit, first, on one worker (in
+       collection order; module and session fixtures work as without xdist), while
+    2. the unit, fake and pytester tests are spread over the other worker(s) a test at a time (as
+       ``--dist load``); the first lane's worker joins them once its lane is done;
+    3. the other e2e tests (tests/e2e/, timing-sensitive) as ONE work unit on one worker, last, once
+       every other worker is out of work -- each needs the machine's CPUs (vLLM is pinned to them),
+       so none runs beside another test.
+
+    Applies to ``--dist load`` (what ``-n`` implies) and ``--dist loadfile``; other ``--dist`` modes
+    are left as asked. With one worker the lanes run one after the other."""
     if config.getoption("dist") not in ("load", "loadfile"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class UnitsThenE2E(LoadScopeScheduling):
+        BESIDE = "<kvgate e2e beside the unit tests, one worker>"
         E2E = "<kvgate e2e, one worker, alone>"
 
         def _split_scope(self, nodeid: str) -> str:
-            return self.E2E if _is_e2e(nodeid) else nodeid  # one test at a time: no module-scoped fixtures there
+            if _is_e2e(nodeid):
+                return self.BESIDE if _beside_units(nodeid) else self.E2E
+            return nodeid  # a unit test is a unit of work of its own: spread a test at a time
 
         def _assign_work_unit(self, node) -> None:
+            # the queue's order, whatever --loadscope-reorder made of it: the first lane, the unit tests, the e2e last
             if self.E2E in self.workqueue and len(self.workqueue) > 1:
-                self.workqueue.move_to_end(self.E2E)  # last, whatever --loadscope-reorder made of it
+                self.workqueue.move_to_end(self.E2E)
+            if self.BESIDE in self.workqueue:
+                self.workqueue.move_to_end(self.BESIDE, last=False)
             if next(iter(self.workqueue)) != self.E2E:
                 return super()._assign_work_unit(node)
             # An xdist worker holds back its last test until it gets more work or is shut down:
             # the other workers are done once at most that one is pending; they run it and stop.
             if any(self._pending_of(work) > 1 for n, work in self.assigned_work.items() if n is not node):
-                return  # the last of them to run low assigns the e2e unit
+                return  # the last of them to run low (the first lane's worker included) assigns the e2e unit
             super()._assign_work_unit(node)
             for other in self.nodes:
                 if other is not node and not other.shutting_down:

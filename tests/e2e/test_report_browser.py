@@ -3,7 +3,7 @@ the Allure 3 CLI and headless Chromium (Debian's ``chromium``) opens the pages, 
 from 127.0.0.1 on a free port (the report is a single-page app).
 
 - a real run on the embedded vLLM (``tiny-cpu-overcommitted``: fit and concurrent-long FAIL, the
-  deployment gates PASS; shared with test_embedded.py, see conftest.py): the overview's counts,
+  deployment gates PASS; shared with test_overcommitted.py, see conftest.py): the overview's counts,
   name and environment block, a FAILed gate's page (message, measured, limit, attachments), the
   history carried into a second render;
 - a run against the fake server (a FAIL, an INVALID, a PASS; an API key in play): the categories
@@ -12,7 +12,9 @@ from 127.0.0.1 on a free port (the report is a single-page app).
 
 Screenshots go to ``<the run's reports dir>/screenshots/``. The module skips, saying why, only
 where Chromium or the Allure CLI (Node) is not installed (``.ci/run`` installs Chromium with apt;
-``./bootstrap`` installs the Allure CLI when Node is present).
+``./bootstrap`` installs the Allure CLI when Node is present). Chromium runs the pages on virtual
+time (``--virtual-time-budget``) and nothing here is timed, so the module runs beside the unit tests
+(tests/conftest.py E2E_BESIDE_UNITS).
 """
 
 from __future__ import annotations
