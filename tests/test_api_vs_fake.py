@@ -16,8 +16,10 @@ from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import fake, run_suites  # noqa: F401  (fake: the healthy fake fixture, shared)
 
-# imported here, not first in each pytester run (which would import anthropic's SDK again: ~1-2 s)
+# imported here, not first in each pytester run (which would import anthropic's SDK again: ~1-2 s);
+# the anthropic SDK's types are built on first use (kvgate.http.sdk._anthropic): built here too
 import kvgate.gates.api  # noqa: E402,F401
+from kvgate.http.sdk import MESSAGE_EVENT  # noqa: E402,F401
 
 pytest_plugins = ["pytester"]
 PROFILE = REPO / "tests" / "data" / "fake-vllm.yaml"

@@ -142,10 +142,11 @@ def test_sigterm_tears_down_server_and_writes_incomplete_summary(tmp_path, when)
         nonlocal up_at
         if when == "during-startup":
             return time.monotonic() - t0 >= 8  # vLLM takes ~25-40 s to come up here
-        # mid-run: the server is up and the gates are under way (they and the 80 s soak take ~2 min)
+        # mid-run: the server is up and the gates are under way (they and the 80 s soak take ~2 min; kvgate
+        # polls /health every 0.25 s, so 2 s after vLLM's "startup complete" the first gates run)
         if up_at is None and _server_up(reports):
             up_at = time.monotonic()
-        return up_at is not None and time.monotonic() - up_at >= 5
+        return up_at is not None and time.monotonic() - up_at >= 2
 
     deadline = t0 + 300
     while not time_to_signal() and time.monotonic() < deadline:  # remember every process the run spawns

@@ -44,8 +44,8 @@ import pydantic
 from kvgate.gates.common import FAIL, PASS, SKIP, json_body, server_error
 from kvgate.http.client import Reply, StreamReply, clip
 from kvgate.http.probes import Exchange
-from kvgate.http.sdk import (CHAT_COMPLETION, COMPLETION, MESSAGE, MESSAGE_EVENT, RESPONSE, RESPONSE_EVENT,
-                             SdkFinal, SdkType)
+from kvgate.http import sdk as sdk_types  # MESSAGE, MESSAGE_EVENT: built on first use (the anthropic SDK, ~2 s)
+from kvgate.http.sdk import CHAT_COMPLETION, COMPLETION, RESPONSE, RESPONSE_EVENT, SdkFinal, SdkType
 from kvgate.http.sse import classify
 from kvgate.http.stream import summarize
 from kvgate.verdict import Status, Verdict, combine
@@ -595,7 +595,7 @@ def messages_reply_verdict(ex: Exchange, stop: Exchange | None, stop_sequence: s
         return read
     body, ev = read
     problems: list[str] = []
-    schema = schema_parts(gate, MESSAGE, [body], what, ev)
+    schema = schema_parts(gate, sdk_types.MESSAGE, [body], what, ev)
     text, usage = message_text(body), _obj(body, "usage")
     if not text:
         problems.append("no text block")
@@ -684,7 +684,7 @@ def messages_stream_verdict(ex: Exchange, plain: Exchange, sdk: SdkFinal | None,
     text = "".join((e.get("delta") or {}).get("text") or "" for e in events if e.get("type") == "content_block_delta")
     parts = [_check(f"{gate}/grammar", framing + messages_grammar(events), f"{len(events)} events: message_start "
                     "first, every content block stopped, one message_delta, message_stop last", what, ev)]
-    parts += schema_parts(gate, MESSAGE_EVENT, [e for e in events if e.get("type") != "ping"], what, ev)
+    parts += schema_parts(gate, sdk_types.MESSAGE_EVENT, [e for e in events if e.get("type") != "ping"], what, ev)
     plain_body = json_body(plain.reply) if plain.reply.status == 200 and not isinstance(plain.reply, StreamReply) else None
     if plain_body is not None:
         delta = next((e for e in events if e.get("type") == "message_delta"), {})

@@ -14,22 +14,23 @@ class its ``type`` selects, and the SDK's own default parse of it (what a client
 
 from __future__ import annotations
 
+import functools
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-import anthropic
-import anthropic._models
 import httpx
 import openai
 import openai._models
 import pydantic
-from anthropic.types import Message, RawMessageStreamEvent
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response, ResponseStreamEvent
 
 from kvgate.http.client import Endpoint
+
+if TYPE_CHECKING:
+    import anthropic
 
 
 @dataclass
@@ -172,6 +173,9 @@ def anthropic_client(endpoint: Endpoint, timeout_s: float) -> anthropic.Anthropi
     """``anthropic.Anthropic`` for ``endpoint``: the SDK appends ``/v1/messages`` to its base URL,
     so the base is the route prefix without its ``/v1``; the key goes as ``Authorization: Bearer``
     (what vLLM's ``--api-key`` checks on every route)."""
+    import anthropic  # ~2 s to import (more than openai): only when a /v1/messages case runs (_anthropic)
+
+    _anthropic()  # the SDK's types read before the SDK itself parses a reply, as when they were built at import
     headers = {"Host": endpoint.host_header} if endpoint.host_header else None
     prefix = endpoint.route_prefix.rstrip("/").removesuffix("/v1")
     return anthropic.Anthropic(base_url=endpoint.base_url.rstrip("/") + prefix, api_key=None,
@@ -284,20 +288,45 @@ def _openai_construct(cls: type, obj: Any) -> Any:
     return openai._models.construct_type(type_=cls, value=obj)
 
 
-def _anthropic_construct(cls: type, obj: Any) -> Any:
-    return anthropic._models.construct_type(type_=cls, value=obj)
-
-
-_OPENAI, _ANTHROPIC = f"openai {openai.__version__}", f"anthropic {anthropic.__version__}"
+_OPENAI = f"openai {openai.__version__}"
 #: A ``/v1/responses`` stream event (openai-python's ``ResponseStreamEvent``).
 RESPONSE_EVENT = SdkType(_OPENAI, "ResponseStreamEvent", _members(ResponseStreamEvent), _openai_construct)
-#: A ``/v1/messages`` stream event (anthropic-sdk-python's ``RawMessageStreamEvent``).
-MESSAGE_EVENT = SdkType(_ANTHROPIC, "RawMessageStreamEvent", _members(RawMessageStreamEvent), _anthropic_construct)
 #: A non-streamed ``/v1/responses`` reply.
 RESPONSE = SdkType(_OPENAI, "Response", {None: Response}, _openai_construct)
-#: A non-streamed ``/v1/messages`` reply.
-MESSAGE = SdkType(_ANTHROPIC, "Message", {None: Message}, _anthropic_construct)
 #: A non-streamed chat completion.
 CHAT_COMPLETION = SdkType(_OPENAI, "ChatCompletion", {None: ChatCompletion}, _openai_construct)
 #: A non-streamed completion.
 COMPLETION = SdkType(_OPENAI, "Completion", {None: Completion}, _openai_construct)
+
+
+@functools.cache
+def _anthropic() -> dict[str, SdkType]:
+    """The anthropic SDK's types, built on first use: ``import anthropic`` takes ~2 s (measured
+    2026-12-05, python -X importtime on the 2-core host: 2.05 s, openai 0.59 s), and every
+    ``pytest --profile`` run imports this module while it collects suites/test_api.py -- most runs
+    (``-m compare``, ``-m drain``, ...) never send a /v1/messages request."""
+    import anthropic
+    import anthropic._models
+    from anthropic.types import Message, RawMessageStreamEvent
+
+    models = anthropic._models  # the module these types came from (not one re-imported later)
+
+    def _anthropic_construct(cls: type, obj: Any) -> Any:
+        return models.construct_type(type_=cls, value=obj)
+
+    sdk = f"anthropic {anthropic.__version__}"
+    return {
+        # a /v1/messages stream event (anthropic-sdk-python's RawMessageStreamEvent)
+        "MESSAGE_EVENT": SdkType(sdk, "RawMessageStreamEvent", _members(RawMessageStreamEvent), _anthropic_construct),
+        # a non-streamed /v1/messages reply
+        "MESSAGE": SdkType(sdk, "Message", {None: Message}, _anthropic_construct),
+    }
+
+
+def __getattr__(name: str) -> SdkType:
+    """:data:`MESSAGE_EVENT` (a ``/v1/messages`` stream event, anthropic-sdk-python's
+    ``RawMessageStreamEvent``) and :data:`MESSAGE` (a non-streamed ``/v1/messages`` reply), built
+    on first access (:func:`_anthropic`). Raises AttributeError for any other name."""
+    if name in ("MESSAGE_EVENT", "MESSAGE"):
+        return _anthropic()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
