@@ -58,7 +58,8 @@ def first_piece(text):
 
 @pytest.fixture(scope="module")
 def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
-    """Every probe of this gate, four jobs at a time; the requests of one case in order (a stop
+    """Every probe of this gate, the deployment's concurrency of jobs at a time (``engine.max_num_seqs``,
+    at least 4; 4 took 6.2 s of smollm2-cpu's main job where max_num_seqs is 8, 2026-12-04); the requests of one case in order (a stop
     case sends its greedy answer first and chooses the stop string from it)."""
     client, model = kvgate_client, kvgate_profile.model.served_name
     timeout_s = kvgate_profile.limits.request_timeout_s  # the SDKs' own calls are bounded like kvgate's
@@ -121,7 +122,8 @@ def observed(kvgate_client, kvgate_endpoint, kvgate_profile):
         jobs[f"continuous-usage/{api}"] = lambda api=api: send(client, api, body(
             api, model, max_tokens=TOKENS, **greedy,
             stream_options={"include_usage": True, "continuous_usage_stats": True}), stream=True)
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    workers = max(1, min(len(jobs), max(4, kvgate_profile.engine.max_num_seqs or 0)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
         return {name: f.result() for name, f in futures.items()}
 

@@ -24,45 +24,56 @@ def probe_tokens(profile):
     return min(24, profile.limits.max_tokens_cap or 24)
 
 
+@pytest.fixture(scope="module")
+def observed(kvgate_client, kvgate_profile):
+    """Every probe of this gate at once (six jobs, each decode-bound: one after the other they took
+    10.5 s on smollm2-cpu, 2026-12-04): per API, a cap-hit request of :func:`probe_tokens` tokens; the
+    stream-usage pair (non-streamed, then the same streamed: usage and token counts are compared,
+    not text); and, when the profile states a cap, a request for ``cap + 16`` tokens (each runs until
+    the cap, a full-length decode). Keys ``cap-hit/API``, ``stream-usage/API`` (a pair),
+    ``over-cap/API`` (None when no cap is stated)."""
+    cap, n, model = kvgate_profile.limits.max_tokens_cap, probe_tokens(kvgate_profile), kvgate_profile.model.served_name
+
+    def usage_pair(api):
+        # completions logprobs 0: the sampled token's logprob only -- enough to count tokens, and allowed under any
+        # --max-logprobs (a deployment that sets 0 to refuse prompt logprobs, as tiny-cpu-features does, passes)
+        params = dict(max_tokens=n, temperature=0, seed=0, ignore_eos=True, logprobs=0 if api == "completions" else True)
+        plain = send(kvgate_client, api, body(api, model, **params))
+        return plain, send(kvgate_client, api, body(api, model, **params, stream_options={"include_usage": True}),
+                           stream=True)
+
+    jobs = {}
+    for api in APIS:
+        jobs[f"cap-hit/{api}"] = lambda api=api: send(kvgate_client, api, body(api, model, max_tokens=n, temperature=0,
+                                                                               ignore_eos=True))
+        jobs[f"stream-usage/{api}"] = lambda api=api: usage_pair(api)
+        jobs[f"over-cap/{api}"] = lambda api=api: None if cap is None else send(
+            kvgate_client, api, body(api, model, max_tokens=cap + 16, temperature=0, ignore_eos=True))
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 @pytest.mark.max_tokens
 @pytest.mark.gate("max-tokens", cases=[f"cap-hit/{a}" for a in APIS])
-def test_finish_length_at_cap(case, kvgate_client, kvgate_profile, kvgate_gate):
-    api, n, model = case.split("/")[1], probe_tokens(kvgate_profile), kvgate_profile.model.served_name
-    exchange = send(kvgate_client, api, body(api, model, max_tokens=n, temperature=0, ignore_eos=True))
-    assert kvgate_gate(refused_verdict(cap_hit_verdict(exchange, n), exchange)).passed
+def test_finish_length_at_cap(case, observed, kvgate_profile, kvgate_gate):
+    exchange = observed[case]
+    assert kvgate_gate(refused_verdict(cap_hit_verdict(exchange, probe_tokens(kvgate_profile)), exchange)).passed
 
 
 @pytest.mark.max_tokens
 @pytest.mark.gate("max-tokens", cases=[f"stream-usage/{a}" for a in APIS])
-def test_streamed_usage_matches(case, kvgate_client, kvgate_profile, kvgate_gate):
-    api, n, model = case.split("/")[1], probe_tokens(kvgate_profile), kvgate_profile.model.served_name
-    # completions logprobs 0: the sampled token's logprob only -- enough to count tokens, and allowed under any
-    # --max-logprobs (a deployment that sets 0 to refuse prompt logprobs, as tiny-cpu-features does, passes)
-    params = dict(max_tokens=n, temperature=0, seed=0, ignore_eos=True, logprobs=0 if api == "completions" else True)
-    plain = send(kvgate_client, api, body(api, model, **params))
-    streamed = send(kvgate_client, api, body(api, model, **params, stream_options={"include_usage": True}), stream=True)
-    assert kvgate_gate(refused_verdict(stream_usage_verdict(plain, streamed, n), plain, streamed)).passed
-
-
-@pytest.fixture(scope="module")
-def over_cap(kvgate_client, kvgate_profile):
-    """Per API: a request for ``cap + 16`` tokens, both APIs sent at once (each runs until the cap,
-    a full-length decode; concurrently they take the time of one). None when no cap is stated."""
-    cap, model = kvgate_profile.limits.max_tokens_cap, kvgate_profile.model.served_name
-    if cap is None:
-        return None
-    with ThreadPoolExecutor(max_workers=len(APIS)) as pool:
-        futures = {api: pool.submit(send, kvgate_client, api,
-                                    body(api, model, max_tokens=cap + 16, temperature=0, ignore_eos=True))
-                   for api in APIS}
-        return {api: f.result() for api, f in futures.items()}
+def test_streamed_usage_matches(case, observed, kvgate_profile, kvgate_gate):
+    plain, streamed = observed[case]
+    assert kvgate_gate(refused_verdict(stream_usage_verdict(plain, streamed, probe_tokens(kvgate_profile)),
+                                       plain, streamed)).passed
 
 
 @pytest.mark.max_tokens
 @pytest.mark.gate("max-tokens", cases=[f"over-cap/{a}" for a in APIS])
-def test_profile_cap_enforced(case, over_cap, kvgate_profile, kvgate_gate):
-    api, limits = case.split("/")[1], kvgate_profile.limits
-    if over_cap is None:
+def test_profile_cap_enforced(case, observed, kvgate_profile, kvgate_gate):
+    limits = kvgate_profile.limits
+    if observed[case] is None:
         kvgate_gate(Verdict(f"max-tokens/{case}", Status.SKIP, "profile states no max_tokens cap (limits.max_tokens_cap)"))
-    assert kvgate_gate(refused_verdict(over_cap_verdict(over_cap[api], limits.max_tokens_cap, limits.over_cap),
-                                       over_cap[api])).passed
+    assert kvgate_gate(refused_verdict(over_cap_verdict(observed[case], limits.max_tokens_cap, limits.over_cap),
+                                       observed[case])).passed

@@ -56,9 +56,15 @@ def prepared(observation):
     return observation
 
 
+def in_flight(profile, jobs, floor):
+    """Jobs in flight at once: the deployment's concurrency, ``engine.max_num_seqs`` (8 on smollm2-cpu:
+    its decode-bound probes batch in one engine step), at least ``floor``, at most ``jobs``."""
+    return max(1, min(jobs, max(floor, profile.engine.max_num_seqs or 0)))
+
+
 @pytest.fixture(scope="module")
 def observed(kvgate_client, kvgate_profile):
-    """Every probe of this gate, six at a time (the longest stream first, so it runs alongside the
+    """Every probe of this gate, :func:`in_flight` at a time (the longest stream first, so it runs alongside the
     rest): each edge request with a canary after it (max_tokens cases bounded by the cap with a
     prompt leaving CONTEXT_ROOM tokens of context), min_tokens, non-ASCII streamed and not, chunk
     streams (n=1; n=2 sampled, with usage), and the longest allowed stream."""
@@ -107,7 +113,7 @@ def observed(kvgate_client, kvgate_profile):
         jobs[f"non-ascii-stream/{api}"] = lambda api=api: non_ascii(api)
         jobs[f"chunk-schema/{api}"] = lambda api=api: chunks(api)
     jobs.update({name: (lambda c=c: edge(c)) for name, c in CASES.items()})
-    with ThreadPoolExecutor(max_workers=6) as pool:
+    with ThreadPoolExecutor(max_workers=in_flight(kvgate_profile, len(jobs), 6)) as pool:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
         return {name: f.result() for name, f in futures.items()}
 
