@@ -13,7 +13,9 @@ import re
 import subprocess
 import sys
 import time
+import types
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
@@ -74,12 +76,23 @@ def test_no_tokenize_message_names_the_server_not_kserve():
 
 # ---- whole runs ---------------------------------------------------------------------------------
 
-def run_all(url: str, reports) -> tuple[subprocess.CompletedProcess, dict, float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def run_all(url: str, reports, pytester=None) -> tuple[Any, dict, float]:
+    """The whole suite (``-m "not soak"``) against ``url``: ``(proc, summary.json, wall seconds)``.
+    Without ``pytester`` a subprocess, as a user runs it (kept for one server: the CLI's own proof);
+    with it the same command line in-process (``pytester.runpytest_inprocess``: the same plugin,
+    console and reports without the ~5 s of a fresh interpreter importing pytest, kvgate and the
+    openai SDK). ``proc`` has ``stdout``, ``stderr`` and ``returncode`` either way."""
+    args = ["-p", "no:cacheprovider", f"--profile={PROFILE}", f"--endpoint={url}", f"--kvgate-reports={reports}",
+            "-q", "-m", "not soak"]
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profile={PROFILE}",
-                           f"--endpoint={url}", f"--kvgate-reports={reports}", "suites", "-q", "-m", "not soak"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if pytester is None:
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args, "suites"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+    else:
+        result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), *args,
+                                              str(REPO / "suites"))
+        proc = types.SimpleNamespace(stdout=result.stdout.str(), stderr=result.stderr.str(), returncode=int(result.ret))
     return proc, json.loads((reports / "summary.json").read_text()), time.monotonic() - t0
 
 
@@ -128,11 +141,12 @@ def test_llama_cpp_python_run_ends_with_verdicts_only(tmp_path):
     assert_counts_agree(proc, summary, tmp_path)
 
 
-def test_static_file_server_run_is_verdicts_without_tracebacks(tmp_path):
+def test_static_file_server_run_is_verdicts_without_tracebacks(pytester, tmp_path):
     """A static file server listing the model (GET v1/models) and answering every POST 501: the
-    gates that send FAIL with what came back; no ERROR, no traceback; the counts agree."""
+    gates that send FAIL with what came back; no ERROR, no traceback; the counts agree (in-process:
+    the subprocess run is llama-cpp-python's)."""
     with FakeVLLM(FakeConfig(server="static-files")) as fake:
-        proc, summary, wall = run_all(fake.url, tmp_path)
+        proc, summary, wall = run_all(fake.url, tmp_path, pytester)
     assert wall < 40, wall
     assert summary["counts"].get("ERROR", 0) == 0 and "Traceback" not in proc.stdout + proc.stderr
     gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
@@ -185,16 +199,17 @@ def test_harness_error_in_a_call_is_counted_as_an_error_everywhere(pytester):
     assert {p.get("name"): p.get("value") for p in boom.iter("property")}["kvgate_verdict"] == "ERROR"
 
 
-def test_transformers_serve_run_makes_no_kvgate_mistake(tmp_path):
+def test_transformers_serve_run_makes_no_kvgate_mistake(pytester, tmp_path):
     """HF transformers serve's strictness (issue 41; the fake posing as it): every request carrying a
     vLLM extension refused 422, token-id prompts 400, no max_model_len. The extensions are probed once,
     ignore_eos goes in its portable form (the cases judged on what came back: they PASS), a case with
     no portable form SKIPs naming the refused parameter and quoting the 422, the over-length case is
-    not a PASS on a refusal of the prompt's form; the real gaps still FAIL; the server is named."""
+    not a PASS on a refusal of the prompt's form; the real gaps still FAIL; the server is named
+    (in-process: the subprocess run is llama-cpp-python's)."""
     cfg = FakeConfig(server="transformers-serve", max_tokens_cap=64, itl_s=0.002)
     with FakeVLLM(cfg) as fake:
         url = fake.url
-        proc, summary, wall = run_all(url, tmp_path)
+        proc, summary, wall = run_all(url, tmp_path, pytester)
     assert wall < 40, wall
     gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
     assert summary["counts"].get("ERROR", 0) == 0 and "Traceback" not in proc.stdout + proc.stderr
