@@ -2,18 +2,14 @@
 (tests/fakes/fake_vllm.py SERVERS): kvgate finds the tokenize endpoint the server has
 (kvgate.http.tokenizers), a capability it lacks SKIPs exactly the checks that need it naming the
 server, the real defects FAIL, and pytest, summary.json and JUnit count the same -- a whole run
-ends with verdicts only (subprocess runs of ``pytest --profile ... --endpoint <fake>``)."""
+ends with verdicts only (runs of ``pytest --profile ... --endpoint <fake>``: llama-cpp-python's in a
+subprocess, as a user runs it; the others in-process)."""
 
 from __future__ import annotations
 
 import collections
 import json
-import os
 import re
-import subprocess
-import sys
-import time
-import types
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -26,6 +22,7 @@ from kvgate.http.tokenizers import detect
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO
+from .test_watch_vs_fake import run_all as watch_run_all
 
 PROFILE = REPO / "tests" / "data" / "fake-llamacpp.yaml"
 MODEL = "fake-model"
@@ -77,23 +74,9 @@ def test_no_tokenize_message_names_the_server_not_kserve():
 # ---- whole runs ---------------------------------------------------------------------------------
 
 def run_all(url: str, reports, pytester=None) -> tuple[Any, dict, float]:
-    """The whole suite (``-m "not soak"``) against ``url``: ``(proc, summary.json, wall seconds)``.
-    Without ``pytester`` a subprocess, as a user runs it (kept for one server: the CLI's own proof);
-    with it the same command line in-process (``pytester.runpytest_inprocess``: the same plugin,
-    console and reports without the ~5 s of a fresh interpreter importing pytest, kvgate and the
-    openai SDK). ``proc`` has ``stdout``, ``stderr`` and ``returncode`` either way."""
-    args = ["-p", "no:cacheprovider", f"--profile={PROFILE}", f"--endpoint={url}", f"--kvgate-reports={reports}",
-            "-q", "-m", "not soak"]
-    t0 = time.monotonic()
-    if pytester is None:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        proc = subprocess.run([sys.executable, "-m", "pytest", *args, "suites"], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
-    else:
-        result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), *args,
-                                              str(REPO / "suites"))
-        proc = types.SimpleNamespace(stdout=result.stdout.str(), stderr=result.stderr.str(), returncode=int(result.ret))
-    return proc, json.loads((reports / "summary.json").read_text()), time.monotonic() - t0
+    """:func:`tests.test_watch_vs_fake.run_all` over this profile, soak left out: a subprocess without
+    ``pytester`` (llama-cpp-python's run: the CLI's own proof), else in-process."""
+    return watch_run_all(url, PROFILE, reports, pytester, "-m", "not soak")
 
 
 def assert_counts_agree(proc, summary, reports) -> None:

@@ -26,13 +26,15 @@ HUNG = REPO / "tests" / "data" / "fake-vllm-hung.yaml"
 STALL = REPO / "tests" / "data" / "fake-vllm-stall.yaml"
 
 
-def run_all(url: str, profile, reports, pytester=None) -> tuple[Any, dict, float]:
-    """The whole suite against ``url``: ``(proc, summary.json, wall seconds)``. Without ``pytester``
+def run_all(url: str, profile, reports, pytester=None, *extra: str) -> tuple[Any, dict, float]:
+    """The whole suite against ``url`` (``extra``: more pytest arguments): ``(proc, summary.json,
+    wall seconds)``. Without ``pytester``
     a subprocess, as a user runs it (the hung engine's run: the CLI's own proof); with it the same
     command line in-process (``pytester.runpytest_inprocess``: the same plugin, console and reports
     without the ~5 s of a fresh interpreter importing pytest, kvgate and the openai SDK). ``proc``
     has ``stdout``, ``stderr`` and ``returncode`` either way."""
-    args = ["-p", "no:cacheprovider", f"--profile={profile}", f"--endpoint={url}", f"--kvgate-reports={reports}", "-q"]
+    args = ["-p", "no:cacheprovider", f"--profile={profile}", f"--endpoint={url}", f"--kvgate-reports={reports}", "-q",
+            *extra]
     t0 = time.monotonic()
     if pytester is None:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
