@@ -2,8 +2,8 @@
 every POST body over 4 KB, /tokenize included (fault ``body_limit_413``), serving a 2,048-token
 context whose max-context prompts are ~10 KB bodies: no ERROR verdict and no traceback; the
 max-context and requests gates FAIL naming "413 for a N-byte body"; the body-size ladder names the
-cliff. A subprocess run of ``pytest --profile ... --endpoint <fake> suites``, as a user runs it
-(~15 s)."""
+cliff. A run of ``pytest --profile ... --endpoint <fake> suites`` in-process (pytester: the same
+command line; tests/test_watch_vs_fake.py's hung engine is the subprocess proof), ~10 s."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 from .conftest import REPO
 from .test_watch_vs_fake import run_all
 
+pytest_plugins = ["pytester"]
+
 PROFILE = REPO / "tests" / "data" / "fake-vllm-body-limit.yaml"
 
 
-def test_gateway_413_above_4kb_is_fail_verdicts_never_errors(tmp_path):
+def test_gateway_413_above_4kb_is_fail_verdicts_never_errors(pytester, tmp_path):
     cfg = FakeConfig(max_tokens_cap=64, max_model_len=2048, num_gpu_blocks=512, faults={"body_limit_413"},
                      max_body_bytes=4096)
     with FakeVLLM(cfg) as fake:
-        proc, summary, wall = run_all(fake.url, PROFILE, tmp_path)
+        proc, summary, wall = run_all(fake.url, PROFILE, tmp_path, pytester)
     out = proc.stdout + proc.stderr
     assert summary["counts"]["ERROR"] == 0 and "Traceback" not in out and "harness error" not in out, out[-3000:]
     assert summary["overall"] == "FAIL" and proc.returncode == 1

@@ -2,18 +2,16 @@
 (tests/fakes/fake_vllm.py SERVERS): kvgate finds the tokenize endpoint the server has
 (kvgate.http.tokenizers), a capability it lacks SKIPs exactly the checks that need it naming the
 server, the real defects FAIL, and pytest, summary.json and JUnit count the same -- a whole run
-ends with verdicts only (subprocess runs of ``pytest --profile ... --endpoint <fake>``)."""
+ends with verdicts only (runs of ``pytest --profile ... --endpoint <fake>``: llama-cpp-python's in a
+subprocess, as a user runs it; the others in-process)."""
 
 from __future__ import annotations
 
 import collections
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
@@ -24,6 +22,7 @@ from kvgate.http.tokenizers import detect
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO
+from .test_watch_vs_fake import run_all as watch_run_all
 
 PROFILE = REPO / "tests" / "data" / "fake-llamacpp.yaml"
 MODEL = "fake-model"
@@ -74,13 +73,10 @@ def test_no_tokenize_message_names_the_server_not_kserve():
 
 # ---- whole runs ---------------------------------------------------------------------------------
 
-def run_all(url: str, reports) -> tuple[subprocess.CompletedProcess, dict, float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profile={PROFILE}",
-                           f"--endpoint={url}", f"--kvgate-reports={reports}", "suites", "-q", "-m", "not soak"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    return proc, json.loads((reports / "summary.json").read_text()), time.monotonic() - t0
+def run_all(url: str, reports, pytester=None) -> tuple[Any, dict, float]:
+    """:func:`tests.test_watch_vs_fake.run_all` over this profile, soak left out: a subprocess without
+    ``pytester`` (llama-cpp-python's run: the CLI's own proof), else in-process."""
+    return watch_run_all(url, PROFILE, reports, pytester, "-m", "not soak")
 
 
 def assert_counts_agree(proc, summary, reports) -> None:
@@ -137,11 +133,12 @@ def test_llama_cpp_python_run_ends_with_verdicts_only(tmp_path):
     assert_counts_agree(proc, summary, tmp_path)
 
 
-def test_static_file_server_run_is_verdicts_without_tracebacks(tmp_path):
+def test_static_file_server_run_is_verdicts_without_tracebacks(pytester, tmp_path):
     """A static file server listing the model (GET v1/models) and answering every POST 501: the
-    gates that send FAIL with what came back; no ERROR, no traceback; the counts agree."""
+    gates that send FAIL with what came back; no ERROR, no traceback; the counts agree (in-process:
+    the subprocess run is llama-cpp-python's)."""
     with FakeVLLM(FakeConfig(server="static-files")) as fake:
-        proc, summary, wall = run_all(fake.url, tmp_path)
+        proc, summary, wall = run_all(fake.url, tmp_path, pytester)
     assert wall < 40, wall
     assert summary["counts"].get("ERROR", 0) == 0 and "Traceback" not in proc.stdout + proc.stderr
     gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
@@ -194,16 +191,17 @@ def test_harness_error_in_a_call_is_counted_as_an_error_everywhere(pytester):
     assert {p.get("name"): p.get("value") for p in boom.iter("property")}["kvgate_verdict"] == "ERROR"
 
 
-def test_transformers_serve_run_makes_no_kvgate_mistake(tmp_path):
+def test_transformers_serve_run_makes_no_kvgate_mistake(pytester, tmp_path):
     """HF transformers serve's strictness (issue 41; the fake posing as it): every request carrying a
     vLLM extension refused 422, token-id prompts 400, no max_model_len. The extensions are probed once,
     ignore_eos goes in its portable form (the cases judged on what came back: they PASS), a case with
     no portable form SKIPs naming the refused parameter and quoting the 422, the over-length case is
-    not a PASS on a refusal of the prompt's form; the real gaps still FAIL; the server is named."""
+    not a PASS on a refusal of the prompt's form; the real gaps still FAIL; the server is named
+    (in-process: the subprocess run is llama-cpp-python's)."""
     cfg = FakeConfig(server="transformers-serve", max_tokens_cap=64, itl_s=0.002)
     with FakeVLLM(cfg) as fake:
         url = fake.url
-        proc, summary, wall = run_all(url, tmp_path)
+        proc, summary, wall = run_all(url, tmp_path, pytester)
     assert wall < 40, wall
     gates = {g["id"].split("/", 1)[1]: g for g in summary["gates"]}
     assert summary["counts"].get("ERROR", 0) == 0 and "Traceback" not in proc.stdout + proc.stderr

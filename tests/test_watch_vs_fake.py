@@ -1,7 +1,8 @@
 """The whole suite against a fake whose engine hangs behind a healthy /health, and one that stalls
 every stream: the run ends within the bound (kvgate.http.watch), overall FAIL, with ONE reason
-naming where -- in the console and summary.json alike. Subprocess runs of ``pytest --profile ...
---endpoint <fake>`` over ``suites/``, as a user runs them."""
+naming where -- in the console and summary.json alike. Runs of ``pytest --profile ... --endpoint
+<fake>`` over ``suites/``: the hung engine's in a subprocess, as a user runs it; the others
+in-process (pytester), the same command line."""
 
 from __future__ import annotations
 
@@ -10,23 +11,39 @@ import os
 import subprocess
 import sys
 import time
+import types
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from kvgate.profile.models import load_profile
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
 from .conftest import REPO
 
+pytest_plugins = ["pytester"]
+
 HUNG = REPO / "tests" / "data" / "fake-vllm-hung.yaml"
 STALL = REPO / "tests" / "data" / "fake-vllm-stall.yaml"
 
 
-def run_all(url: str, profile, reports) -> tuple[subprocess.CompletedProcess, dict, float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def run_all(url: str, profile, reports, pytester=None, *extra: str) -> tuple[Any, dict, float]:
+    """The whole suite against ``url`` (``extra``: more pytest arguments): ``(proc, summary.json,
+    wall seconds)``. Without ``pytester``
+    a subprocess, as a user runs it (the hung engine's run: the CLI's own proof); with it the same
+    command line in-process (``pytester.runpytest_inprocess``: the same plugin, console and reports
+    without the ~5 s of a fresh interpreter importing pytest, kvgate and the openai SDK). ``proc``
+    has ``stdout``, ``stderr`` and ``returncode`` either way."""
+    args = ["-p", "no:cacheprovider", f"--profile={profile}", f"--endpoint={url}", f"--kvgate-reports={reports}", "-q",
+            *extra]
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profile={profile}",
-                           f"--endpoint={url}", f"--kvgate-reports={reports}", "suites", "-q"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    if pytester is None:
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args, "suites"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+    else:
+        result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), *args,
+                                              str(REPO / "suites"))
+        proc = types.SimpleNamespace(stdout=result.stdout.str(), stderr=result.stderr.str(), returncode=int(result.ret))
     wall = time.monotonic() - t0
     return proc, json.loads((reports / "summary.json").read_text()), wall
 
@@ -77,12 +94,12 @@ def test_hung_engine_ends_the_run_within_two_request_timeouts(tmp_path):
     assert all(g["status"] != "FAIL" for g in summary["gates"] if g["id"].split("/")[1] == "fit")
 
 
-def test_server_that_stalls_streams_costs_one_idle_timeout(tmp_path):
+def test_server_that_stalls_streams_costs_one_idle_timeout(pytester, tmp_path):
     # the issue's 40 s pause / 30 s idle timeout scaled by 1/10 (README: the literal run took ...)
     limits = load_profile(str(STALL)).limits
     cfg = FakeConfig(max_tokens_cap=64, faults={"pause_streams"}, pause_s=4.0, pause_after_chunks=4)
     with FakeVLLM(cfg) as fake:
-        proc, summary, wall = run_all(fake.url, STALL, tmp_path)
+        proc, summary, wall = run_all(fake.url, STALL, tmp_path, pytester)
     assert wall < 300 / 10 + 20, wall  # 5 min scaled, plus start-up
     assert summary["overall"] == "FAIL" and proc.returncode == 1
     engine = summary["engine"]
@@ -105,12 +122,12 @@ def test_server_that_stalls_streams_costs_one_idle_timeout(tmp_path):
         [f"STREAMS STALLED: {engine['reason']}"]
 
 
-def test_server_gone_mid_run_is_one_reason_not_an_error_per_gate(tmp_path):
+def test_server_gone_mid_run_is_one_reason_not_an_error_per_gate(pytester, tmp_path):
     """The server process dies mid-run (fault exit_after_generations: every later connection refused):
     the run classifies it GONE once, later live gates FAIL with that one reason, no harness ERROR."""
     cfg = FakeConfig(max_tokens_cap=64, faults={"exit_after_generations"}, exit_after=65)
     with FakeVLLM(cfg) as fake:
-        proc, summary, wall = run_all(fake.url, HUNG, tmp_path)
+        proc, summary, wall = run_all(fake.url, HUNG, tmp_path, pytester)
     assert summary["overall"] == "FAIL" and proc.returncode == 1, proc.stdout[-3000:]
     engine = summary["engine"]
     assert engine["condition"] == "gone" and "server gone since" in engine["reason"], engine

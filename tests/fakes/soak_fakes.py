@@ -7,7 +7,9 @@
   ``memory=None`` with ``no_rss=True`` drops the gauge (memory unmeasurable); the fault
   ``frozen_rss`` (:data:`~tests.fakes.fake_vllm.FAULTS`) holds it at the first scrape's value;
 - ``ttft_extra(t)``: seconds added before a request's first token, ``t`` = seconds since the
-  first generation request (a drift, a step);
+  first soak request (a drift, a step; the 1-token extension probe a run sends first,
+  :data:`kvgate.http.extensions.PROBE_PROMPT`, does not start the clock: on a busy host it can come
+  any time before the soak, which would move a step out of the soak's middle);
 - ``preempt(t)``: True -> this request counts one ``vllm:num_preemptions``.
 
 :data:`SHAPES` holds the patterns the soak gate must tell apart. :class:`FakeNVML` imitates the
@@ -23,6 +25,8 @@ import selectors
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
+
+from kvgate.http.extensions import PROBE_PROMPT
 
 from .fake_vllm import FakeVLLM
 
@@ -63,8 +67,9 @@ class SoakFakeVLLM(FakeVLLM):
 
     async def _engine(self, plan: Any) -> AsyncIterator[Any]:  # type: ignore[override]
         now = time.monotonic()
-        self.t_first = now if self.t_first is None else self.t_first
-        t = now - self.t_first
+        if self.t_first is None and plan.record.prompt != PROBE_PROMPT:
+            self.t_first = now
+        t = now - self.t_first if self.t_first is not None else 0.0
         if self.preempt is not None and self.preempt(t):
             self.state.preemptions += 1
             self.metrics.touch(plan.model)
