@@ -230,3 +230,25 @@ def test_transformers_serve_run_makes_no_kvgate_mistake(pytester, tmp_path):
     assert summary["server"]["name"] == "HF transformers serve" and summary["server_version"] is None
     assert "@ " + url + " (HF transformers serve (version not reported))" in proc.stdout
     assert_counts_agree(proc, summary, tmp_path)
+
+
+def test_the_canary_after_a_crashed_handler_goes_on_a_connection_of_its_own():
+    """llama-cpp-python 0.3.36 (measured 2026-12-05): a body that is not JSON -> uvicorn's bare 500, then
+    the connection closed without ``Connection: close``; the next request on that pooled connection read
+    ``Connection reset by peer`` in 6 ms while a new connection was served 200 -- the canary FAILed on a
+    kvgate artefact. The fake's route raises out of the app as the real one does."""
+    from kvgate.http.probes import canary, send_raw
+
+    with FakeVLLM(FakeConfig(server="llama-cpp-python")) as fake, client_for(fake) as c:
+        model = c.models().json["data"][0]["id"]
+        resets = 0
+        for _ in range(3):  # the control: the pooled connection the server dropped (10 of 10 reset here)
+            bad = send_raw(c, "completions", "{not json")
+            assert bad.reply.status == 500 and bad.reply.text == "Internal Server Error", bad.reply
+            pooled = c.post(c.api("/completions"), {"model": model, "prompt": "Say OK.", "max_tokens": 2})
+            resets += pooled.status == 0 and "reset" in pooled.text.lower()
+        assert resets >= 1, "the fake no longer drops the connection after its bare 500"
+        for _ in range(3):  # the canary asks the server, not the dropped connection
+            send_raw(c, "completions", "{not json")
+            ex = canary(c, model, 5.0)
+            assert ex.reply.status == 200 and ex.reply.json["choices"], ex.reply.text

@@ -2205,7 +2205,12 @@ class FakeVLLM:
         return resp
 
     def _reject(self, e: _BadRequest) -> Response:
-        """vLLM's error answer, as the error faults bend it (500 for a 400, a plain-text body)."""
+        """vLLM's error answer, as the error faults bend it (500 for a 400, a plain-text body).
+        :class:`_BareServerError` is raised on out of the app, as the real server's exception
+        is: Starlette answers ``500 Internal Server Error`` and uvicorn then closes the connection
+        (no ``Connection: close`` said) -- the next request on it reads ``Connection reset by peer``."""
+        if isinstance(e, _BareServerError):
+            raise RuntimeError("unhandled in the route (llama-cpp-python's RouteErrorHandler re-raising)")
         faults = self.config.faults
         if "validation_500" in faults and e.status == 400:
             return _error(f"Internal Server Error: {e}", 500, "InternalServerError")

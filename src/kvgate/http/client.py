@@ -228,6 +228,7 @@ class KvClient:
         self.endpoint = endpoint
         self.clock = clock
         self.chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs else None
+        self._transport = transport
         self._http = httpx.Client(
             base_url=endpoint.base_url.rstrip("/"),
             headers=endpoint.headers(),
@@ -268,18 +269,31 @@ class KvClient:
         """Full path for an OpenAI route: ``api('/models')`` -> ``/v1/models``."""
         return self.endpoint.route_prefix.rstrip("/") + path
 
+    def _own_connection(self) -> httpx.Client:
+        """A one-request client on a new connection, configured as the pool's (an injected
+        transport is shared: it has no connections of its own to be stale)."""
+        shared = self._http
+        return httpx.Client(base_url=shared.base_url, headers=shared.headers, timeout=shared.timeout,
+                            transport=self._transport, limits=httpx.Limits(max_keepalive_connections=0))
+
     def request(self, method: str, path: str, *, json_body: Any = None, timeout_s: float | None = None,
-                content: bytes | None = None) -> Reply:
+                content: bytes | None = None, own_connection: bool = False) -> Reply:
         """Send one request; raise :class:`EndpointUnreachable` only when no answer comes.
         ``content``: send these bytes as the body (``Content-Type: application/json``) instead of
-        ``json_body`` -- e.g. a body that is not JSON at all."""
+        ``json_body`` -- e.g. a body that is not JSON at all. ``own_connection``: on a new
+        connection, not one from the pool -- for a health check after a request that may have
+        crashed a handler: uvicorn closes the connection after an unhandled exception's 500 without
+        saying ``Connection: close``, and a request reusing it reads ``Connection reset by peer``
+        while the server serves fresh connections (llama-cpp-python 0.3.36 after a non-JSON body,
+        measured 2026-12-05: pooled ReadError in 6 ms, a new connection 200)."""
         watch = self.endpoint.watch
         refused = watch.refusal(stream=False) if watch is not None else None
         if refused:
             return Reply(status=0, text=refused, elapsed_s=0.0)
+        http = self._own_connection() if own_connection else self._http
         t0 = self.clock()
         try:
-            r = self._http.request(
+            r = http.request(
                 method, path, json=json_body if content is None else None, content=content,
                 headers={"Content-Type": "application/json"} if content is not None else None,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
@@ -295,6 +309,9 @@ class KvClient:
                 hang = watch.suspect(f"{method} {path}", waited)
                 text += f"; {hang.reason()}" if hang else ""
             return Reply(status=0, text=text, elapsed_s=waited)
+        finally:
+            if http is not self._http and self._transport is None:  # an injected transport is the caller's to close
+                http.close()
         return Reply(r.status_code, r.text, self.clock() - t0, dict(r.headers), _sent_bytes(r.request), len(r.content))
 
     def get(self, path: str, **kw: Any) -> Reply:

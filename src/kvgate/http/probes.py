@@ -63,7 +63,8 @@ class Exchange:
 
 def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = False,
          timeout_s: float | None = None, prompt_tokens: int | None = None,
-         on_event: Callable[[float, str], bool | None] | None = None, admitted_only: bool = False) -> Exchange:
+         on_event: Callable[[float, str], bool | None] | None = None, admitted_only: bool = False,
+         own_connection: bool = False) -> Exchange:
     """Send ``body`` to the ``api`` route, streamed or not. A chat body gets the client's
     ``chat_template_kwargs`` (the profile's) unless it names its own. ``on_event(t, data)``
     (streamed only) may return True to hang up (:meth:`KvClient.stream`); ``admitted_only``
@@ -71,7 +72,8 @@ def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = Fal
     request (vLLM validates a prompt's form and length before it answers a stream's headers), a 4xx
     comes with its body, and no generation is waited for. With the run's
     :class:`~kvgate.http.extensions.Extensions` on the endpoint, a vLLM extension the server refuses
-    goes in its portable form where it has one (the exchange's ``refused`` and ``dropped`` say so)."""
+    goes in its portable form where it has one (the exchange's ``refused`` and ``dropped`` say so).
+    ``own_connection`` (not streamed): on a new connection (:meth:`KvClient.request`)."""
     path = client.api(ROUTES[api])
     if api == "chat" and client.chat_template_kwargs and "chat_template_kwargs" not in body:
         body = {**body, "chat_template_kwargs": client.chat_template_kwargs}
@@ -84,7 +86,7 @@ def send(client: KvClient, api: Api, body: dict[str, Any], *, stream: bool = Fal
         reply: Reply | StreamReply = client.stream(path, body, timeout_s=timeout_s, on_event=on_event,
                                                    hang_up_after_headers=admitted_only)
     else:
-        reply = client.post(path, body, timeout_s=timeout_s)
+        reply = client.post(path, body, timeout_s=timeout_s, own_connection=own_connection)
     return Exchange(api, stream, body, reply, prompt_tokens, refused, dropped)
 
 
@@ -218,9 +220,10 @@ def has_tokenize(client: KvClient, model: str) -> bool:
 
 
 def canary(client: KvClient, model: str, deadline_s: float) -> Exchange:
-    """Health truth: a short generation that must succeed within ``deadline_s`` seconds."""
+    """Health truth: a short generation that must succeed within ``deadline_s`` seconds, on a
+    connection of its own (the probe before it may have left its pooled connection closed)."""
     body = {"model": model, "prompt": CANARY_PROMPT, "max_tokens": CANARY_MAX_TOKENS, "temperature": 0}
-    return send(client, "completions", body, timeout_s=deadline_s)
+    return send(client, "completions", body, timeout_s=deadline_s, own_connection=True)
 
 
 @dataclass

@@ -203,10 +203,11 @@ class HostileRun:
 
 
 def canary(client: KvClient, model: str, timeout_s: float) -> Reply:
-    """A 2-token completion: the engine still generates."""
+    """A 2-token completion on a connection of its own: the engine still generates (not: the
+    hostile request's pooled connection survived it)."""
     try:
         return client.post(client.api("/completions"), {"model": model, "prompt": "Say OK.", "max_tokens": 2,
-                                                          "temperature": 0}, timeout_s=timeout_s)
+                                                          "temperature": 0}, timeout_s=timeout_s, own_connection=True)
     except EndpointUnreachable as exc:
         return Reply(0, str(exc), timeout_s)
 
