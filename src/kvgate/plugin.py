@@ -279,7 +279,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         marker = pyfuncitem.get_closest_marker("gate")
         if run is None or marker is None:
             raise
-        run.recorder(pyfuncitem)(Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))  # recorded, then skipped
+        _unchained(run.recorder(pyfuncitem), Verdict(marker.args[0], Status.SKIP, f"{exc} -> SKIP"))  # recorded, then skipped
     except PreparationRefused as exc:
         from kvgate.gates.common import preparation_verdict
 
@@ -287,7 +287,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         if run is None or pyfuncitem.get_closest_marker("gate") is None:
             raise
         gate = test_id(pyfuncitem).removeprefix(f"{run.profile.name}/")
-        run.recorder(pyfuncitem)(preparation_verdict(gate, exc, run.profile.engine.max_model_len))  # raises: FAIL
+        _unchained(run.recorder(pyfuncitem), preparation_verdict(gate, exc, run.profile.engine.max_model_len))  # FAIL
     except EndpointUnreachable as exc:  # mid-run: the server may be gone -- then this gate's FAIL, the one reason
         run = pyfuncitem.config.stash.get(RUN, None)
         marker = pyfuncitem.get_closest_marker("gate")
@@ -295,8 +295,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
             and marker is not None else None
         if down is None:
             _redacted_failure(pyfuncitem, exc)
-        run.recorder(pyfuncitem)(Verdict(marker.args[0], Status.FAIL, f"{exc} -> FAIL", measured="no connection",
-                                         limit="an answer"))  # raises: FAIL (the run names the one reason first)
+        _unchained(run.recorder(pyfuncitem), Verdict(marker.args[0], Status.FAIL, f"{exc} -> FAIL",
+                                                     measured="no connection", limit="an answer"))  # raises: FAIL
     except Exception as exc:  # a harness error: one redacted line, never a traceback quoting the server
         _redacted_failure(pyfuncitem, exc)
 
@@ -355,6 +355,18 @@ class _Refused:
 
     def __repr__(self) -> str:
         return f"<refused: {self._exc}>"
+
+
+def _unchained(record: Any, verdict: Verdict) -> None:
+    """``record(verdict)`` -- the recorder raises the verdict's pytest outcome -- without the exception
+    being handled chained to it: pytest would print that one too ("During handling of the above
+    exception..."), unredacted, and a refusal's text may quote a server reply that repeats the
+    request's ``Authorization`` header (the verdict itself is redacted). Raises unless the verdict
+    is a PASS (recorded, nothing raised)."""
+    try:
+        record(verdict)
+    except BaseException as outcome:
+        raise outcome from None
 
 
 def _redacted_failure(item: pytest.Item, exc: Exception) -> None:
