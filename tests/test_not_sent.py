@@ -68,3 +68,15 @@ def test_server_named_from_what_it_says():
         assert rec.table()[0] == f"kvgate x @ http://127.0.0.1:8000/v1 ({words})"
         assert f"| server | {words} |" in signoff_markdown(validate_summary(rec.summary()))
         assert "version unknown" not in rec.table()[0]
+
+
+def test_an_interrupt_in_the_preflight_is_incomplete_exit_2_not_a_usage_error():
+    # newcomer 2026-12-05: SIGTERM during the preflight exited 2 while summary.json said ERROR, exit 4
+    rec = RunRecord("x", None, Redactor(), run_id="20261205T000000Z-abcdef")
+    rec.run_error, rec.complete = "interrupted during the preflight (Ctrl-C or SIGTERM); nothing was gated", False
+    rec.interrupted_in = "preflight"
+    s = rec.summary()
+    assert (s["overall"], s["outcome"], s["exit_code"]) == ("INCOMPLETE", "INCOMPLETE", 2), s
+    rec.interrupted_in = None  # a usage error proper stays ERROR, exit 4
+    s = rec.summary()
+    assert (s["overall"], s["outcome"], s["exit_code"]) == ("ERROR", "ERROR", 4), s

@@ -186,11 +186,12 @@ class RunRecord:
             e.error = message
 
     def overall(self) -> str:
-        """ERROR if the run could not start (:attr:`run_error`); FAIL if any FAIL or ERROR; else
+        """ERROR if the run could not start (:attr:`run_error`; INCOMPLETE if an interrupt stopped it
+        there: :attr:`interrupted_in`); FAIL if any FAIL or ERROR; else
         INVALID if any INVALID; else INCONCLUSIVE if any INCONCLUSIVE; else NO-SERVER when the live gates it selected had no server
         (:attr:`no_server`); else PASS (SKIPs allowed); NO-GATES when nothing ran."""
-        if self.run_error:
-            return "ERROR"
+        if self.run_error:  # an interrupt before anything was gated (the preflight): INCOMPLETE, exit 2
+            return "INCOMPLETE" if self.interrupted_in is not None else "ERROR"
         statuses = {e.status for e in self.entries.values()}
         if not statuses:
             return "NO-GATES"
@@ -217,7 +218,7 @@ class RunRecord:
     def final_status(self, running: bool = False) -> str:
         """The ``overall`` a report shows: RUNNING (written at start), ERROR, INCOMPLETE or :meth:`overall`."""
         if self.run_error:
-            return "ERROR"
+            return self.overall()  # ERROR, or INCOMPLETE when an interrupt stopped the run before any gate
         if running:
             return "RUNNING"
         return self.overall() if self.complete else "INCOMPLETE"

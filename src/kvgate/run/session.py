@@ -285,6 +285,8 @@ class Run:
         except KeyboardInterrupt:
             self.record.interrupted_in = "preflight"
             write_error_reports(self.config, "interrupted during the preflight (Ctrl-C or SIGTERM); nothing was gated")
+            sys.stderr.write("kvgate: interrupted during the preflight (Ctrl-C or SIGTERM); nothing was gated "
+                             "-> INCOMPLETE (exit 2)\n")
             raise
         self.record.endpoint_contacted = True
 
