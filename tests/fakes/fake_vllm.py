@@ -1272,7 +1272,11 @@ class _BareServerError(_BadRequest):
         super().__init__("Internal Server Error", status=500)
 
     def response(self) -> Response:  # type: ignore[override]
-        return Response("Internal Server Error", status_code=500, media_type="text/plain; charset=utf-8")
+        """Raised on out of the app, as the real server's exception is, wherever the route turns its
+        refusal into an answer: Starlette answers ``500 Internal Server Error`` (text) and uvicorn
+        then closes the connection without saying ``Connection: close`` -- the next request on it
+        reads ``Connection reset by peer``."""
+        raise RuntimeError("unhandled in the route (llama-cpp-python's RouteErrorHandler re-raising)")
 
 
 class _EngineError(Exception):
@@ -2205,12 +2209,10 @@ class FakeVLLM:
         return resp
 
     def _reject(self, e: _BadRequest) -> Response:
-        """vLLM's error answer, as the error faults bend it (500 for a 400, a plain-text body).
-        :class:`_BareServerError` is raised on out of the app, as the real server's exception
-        is: Starlette answers ``500 Internal Server Error`` and uvicorn then closes the connection
-        (no ``Connection: close`` said) -- the next request on it reads ``Connection reset by peer``."""
+        """vLLM's error answer, as the error faults bend it (500 for a 400, a plain-text body);
+        :class:`_BareServerError` raises out of the app (its ``response``)."""
         if isinstance(e, _BareServerError):
-            raise RuntimeError("unhandled in the route (llama-cpp-python's RouteErrorHandler re-raising)")
+            return e.response()  # raises: no fault bends an exception nothing handled
         faults = self.config.faults
         if "validation_500" in faults and e.status == 400:
             return _error(f"Internal Server Error: {e}", 500, "InternalServerError")
