@@ -230,6 +230,7 @@ E2E_BESIDE_UNITS = (
     "test_overcommitted.py",      # fit FAIL and preemptions (counts)
     "test_pools_endpoint.py",     # each pool's deployment and max-context gates through --endpoint
     "test_real_model.py",         # answers at temperature 0, served-config, the auth surface
+    "test_release.py",            # which cases PASS/FAIL on 0.32 and 0.28, refusals' texts, the contract
     "test_report_browser.py",     # the rendered report of the overcommitted run and of a fake run
 )
 

