@@ -123,6 +123,25 @@ def test_every_run_replaces_the_whole_report_set(pytester, tmp_path):
     assert not (reports / "vllm-server.log").exists() and not (reports / "summary.json.tmp").exists()
 
 
+def test_a_run_that_gates_nothing_keeps_the_recording_one_that_gates_replaces_it(pytester, tmp_path):
+    """golden.json (a recording a later --baseline-reports compares with) survives a run that gates
+    nothing -- an unreachable endpoint, a -m that names no marker, a typo in an option -- and goes
+    with the rest of the previous run's reports once a run gates its first case."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    golden = reports / outputs.GOLDEN
+    golden.write_text('{"recorded": "an earlier release"}')
+    suites = str(REPO / "suites")
+    for args in (("--endpoint", "http://127.0.0.1:9"), ("-m", "no_such_gate"), ("--gate-mode", "recrod")):
+        result = run(pytester, reports, "--profile", "tiny-cpu", *args, suites)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (args, result.outlines[-5:])
+        assert read_summary(reports)["overall"] == "ERROR", args  # the run's own reports: ERROR, not the last green
+        assert golden.read_text() == '{"recorded": "an earlier release"}', args
+    result = run(pytester, reports, "--profile", "llama70b-tp4", "-m", "fit", suites)
+    assert result.ret == pytest.ExitCode.OK
+    assert not golden.exists()  # this run gated (fit) and recorded nothing: no other run's golden beside its summary
+
+
 def test_collect_only_touches_no_reports(pytester, tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()

@@ -169,6 +169,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     if st.watch is not None:
         st.watch.gate = test_id(item)  # where a hang or a stall is classified, if it is
+    st.drop_previous_golden()
     with st.record.phase(f"gate {test_id(item)}"):
         return (yield)
 

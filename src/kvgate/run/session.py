@@ -262,11 +262,15 @@ class Run:
         return run
 
     def _replace_reports(self) -> None:
-        """One run, one set of reports: the previous run's go before anything runs."""
+        """One run, one set of reports: the previous run's go before anything runs -- all but its
+        golden.json (a recording a later run compares with), which goes when this run gates its
+        first case (:meth:`drop_previous_golden`): a run that gates nothing (a refused preflight, an
+        unreachable endpoint, Ctrl-C before the first gate) loses no recording."""
         junit = junit_path(self.config, self.reports_dir)
         allure_dir, replace_allure = allure_path(self.config, self.reports_dir)
         try:
-            outputs.clear(self.reports_dir, [junit] + ([allure_dir] if allure_dir and replace_allure else []))
+            outputs.clear(self.reports_dir, [junit] + ([allure_dir] if allure_dir and replace_allure else []),
+                          keep={outputs.GOLDEN})
             self.record.write_summary(self.reports_dir / outputs.SUMMARY, running=True)
         except OSError as exc:
             raise usage(f"--kvgate-reports {self.reports_dir}: cannot replace the previous run's reports "
@@ -275,6 +279,15 @@ class Run:
         if allure_dir is not None:
             self.config.option.allure_report_dir = str(allure_dir)
         self.config.option.xmlpath = str(junit)
+
+    def drop_previous_golden(self) -> None:
+        """The previous run's golden.json, kept while this run had gated nothing, goes now (once): from
+        here on this run writes its own reports, and a golden.json there is this run's or none.
+        Raises ``OSError`` when it cannot be removed."""
+        if self.extra.get("golden_dropped") or not self.extra.get("reports_cleared"):
+            return
+        self.extra["golden_dropped"] = True
+        (self.reports_dir / outputs.GOLDEN).unlink(missing_ok=True)
 
     def _preflight(self, api_key_env: str | None) -> None:
         try:
@@ -980,7 +993,8 @@ def _hold_reports(config: pytest.Config, reports: Path) -> None:
 
 def write_error_reports(config: pytest.Config, message: str) -> None:
     """A run that cannot start (usage error, preflight refusal) still replaces the reports as a
-    set: the previous run's outputs are removed, then an ``ERROR`` summary.json, a junit.xml with
+    set: the previous run's outputs are removed (all but a recording, golden.json: a run that gated
+    nothing takes no baseline with it), then an ``ERROR`` summary.json, a junit.xml with
     one error testcase and an Allure *broken* result are written, all with this run's id. Not in
     ``--collect-only`` (which is not a run). Never raises: an unwritable reports dir is itself the
     usage error being reported."""
@@ -1012,6 +1026,7 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
     # once this run has cleared the reports (configure), the server log there is this run's own:
     # keep it, it says why the embedded server failed its preflight
     keep = {outputs.SERVER_LOG} if run is not None and run.extra.get("reports_cleared") else set()
+    keep.add(outputs.GOLDEN)  # this run gated nothing: an earlier recording stays (a typo loses no baseline)
     try:
         reports.mkdir(parents=True, exist_ok=True)
         outputs.clear(reports, [junit] + ([allure_dir] if allure_dir and replace_allure else []), keep=keep)
