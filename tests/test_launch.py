@@ -63,6 +63,13 @@ def test_api_key_from_named_env_var():
         endpoint_from_url("http://h/v1", load_profile("tiny-cpu"), "MY_KEY", environ={})
 
 
+def test_whitespace_around_the_url_is_dropped_inside_it_refused():
+    ep = endpoint_from_url(" http://h:8000/v1 \n", load_profile("tiny-cpu"), environ={})
+    assert (ep.base_url, ep.route_prefix) == ("http://h:8000", "/v1")
+    with pytest.raises(TargetError, match=r"^--endpoint 'http://h:8000/v1 /x' has whitespace inside it; give the URL alone$"):
+        endpoint_from_url("http://h:8000/v1 /x", load_profile("tiny-cpu"), environ={})
+
+
 def test_not_a_url():
     with pytest.raises(TargetError, match="not an http"):
         endpoint_from_url("localhost:8000", load_profile("tiny-cpu"), environ={})

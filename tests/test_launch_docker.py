@@ -326,6 +326,16 @@ def test_kvgate_endpoint_env_overrides_the_launcher(pytester, monkeypatch):
     assert result.ret == 0 and summary["endpoint"] == url and summary["overall"] == "PASS"
 
 
+@pytest.mark.parametrize("given", [("--endpoint", "http://127.0.0.1:9/v1"), ("--isvc", "llm")])
+def test_launch_beside_an_endpoint_on_the_command_line_is_a_usage_error(pytester, monkeypatch, given):
+    monkeypatch.setattr(dl.DockerLauncher, "unavailable", classmethod(lambda cls, p: pytest.fail("not asked")))
+    result, summary = run(pytester, "--profile", "llama70b-tp4", "--launch", "docker", *given,
+                          str(REPO / "suites" / "test_deployment.py"))
+    assert result.ret == 4 and summary["overall"] == "ERROR"
+    assert (f"--launch=docker and {given[0]}: kvgate gates the server it is given and launches nothing; drop one of "
+            "them") in result.stderr.str()
+
+
 def test_launch_none_without_endpoint_is_a_usage_error(pytester, monkeypatch):
     monkeypatch.delenv("KVGATE_ENDPOINT", raising=False)
     result, summary = run(pytester, "--profile", "llama70b-tp4", "--launch", "none",

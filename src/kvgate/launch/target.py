@@ -42,8 +42,11 @@ def endpoint_from_url(url: str, profile: Profile, api_key_env: str | None = None
     """Split ``url`` into server root + route prefix and attach the API key from the environment.
     Raises :class:`TargetError` (one line) for a URL that does not parse (``http://[::1``), is not
     http(s), carries credentials or a query string/fragment (kvgate sends neither), or whose API-key
-    variable is not set."""
+    variable is not set. Whitespace around ``url`` (a pasted line) is dropped; inside it, refused."""
     environ = os.environ if environ is None else environ
+    url = url.strip()
+    if any(c.isspace() for c in url):
+        raise TargetError(f"--endpoint {redact_url(url)!r} has whitespace inside it; give the URL alone")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535

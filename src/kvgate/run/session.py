@@ -692,6 +692,10 @@ def _endpoint_and_launcher(config: pytest.Config, profile: Profile, redactor: Re
     run NO-SERVER). The API key joins the redactor. Raises ``pytest.UsageError``."""
     router = profile.pools.router_endpoint if profile.pools else None  # a pools profile's run goes to its router
     url = config.getoption("kvgate_endpoint") or os.environ.get(ENDPOINT_ENV) or router or None
+    given = [o for o, k in (("--endpoint", "kvgate_endpoint"), ("--isvc", "kvgate_isvc")) if config.getoption(k)]
+    if launch is not None and given:  # both on one command line (KVGATE_ENDPOINT overrides a --launch: docs/launchers.md)
+        raise usage(f"--launch={launch} and {given[0]}: kvgate gates the server it is given and launches nothing; "
+                    f"drop one of them")
     endpoint = None
     if url:
         try:
