@@ -91,6 +91,22 @@ def test_malformed_yaml_is_one_line_positioned_in_the_file(write_profile):
     assert "\n" not in str(exc.value) and "unicode string" not in str(exc.value)
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines(write_profile):
+    """YAML keeps the last of two equal keys silently: two engine sections would gate half the profile."""
+    text = "extends: tiny-cpu\nname: dup\nengine:\n  max_model_len: 256\nengine:\n  max_num_seqs: 2\n"
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(write_profile("dup", text)))
+    assert str(exc.value).endswith("dup.yaml: not valid YAML: line 5, column 1: key 'engine' given twice (first at "
+                                   "line 3); YAML would keep only the last")
+    nested = "extends: tiny-cpu\nname: dup2\nengine: {max_model_len: 256, max_model_len: 512}\n"
+    with pytest.raises(ProfileError, match=r"line 3, column 30: key 'max_model_len' given twice \(first at line 3\)"):
+        load_profile(str(write_profile("dup2", nested)))
+    merged = "extends: tiny-cpu\nname: merged\nbase: &b {max_model_len: 256}\nengine:\n  <<: *b\n"
+    with pytest.raises(ProfileError) as other:  # a merge key is not a duplicate (what follows is the schema's say)
+        load_profile(str(write_profile("merged", merged)))
+    assert "given twice" not in str(other.value)
+
+
 def test_a_missing_profile_dir_is_named_not_listed_as_none(tmp_path):
     with pytest.raises(ProfileError) as exc:
         load_profile("tiny-cpu", tmp_path / "nowhere")

@@ -1261,9 +1261,31 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(text.split())
 
 
+class _NoDuplicateKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names a key twice: YAML keeps the last silently,
+    so a profile with two ``engine:`` sections would be gated on half of what it says."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base constructor says so
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first at line {first.line + 1}); YAML would keep only "
+                    "the last", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_NoDuplicateKeys)  # noqa: S506 -- a SafeLoader
     except UnicodeDecodeError as exc:
         raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); a profile is a YAML file") from None
     except yaml.YAMLError as exc:
