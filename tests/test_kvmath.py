@@ -225,3 +225,12 @@ def test_kv_element_cause_names_both_sides():
                                                      "--kv-cache-dtype), the profile says float32 (4 B)")
     assert km.kv_element_cause(4, 2, "bfloat16").startswith("4-byte KV elements: the server runs float32,")
     assert "fp8" in km.kv_element_cause(1, 2, "bfloat16")
+
+
+@pytest.mark.parametrize("name, weights, close", [
+    ("float33", True, "float32"), ("bflaot16", True, "bfloat16"), ("bfloat16", True, None), ("Q4_K_M", True, None),
+    ("torch.float16", True, None), ("nvfp4", True, None),  # a format kvgate does not model: not a typo
+    ("bfloat61", False, "bfloat16"), ("auto", False, None), ("q4_k_m", False, None), (None, False, None),
+])
+def test_a_misspelt_dtype_is_named_an_unmodelled_one_is_not(name, weights, close):
+    assert km.misspelt_dtype(name, weights=weights) == close

@@ -45,6 +45,21 @@ def assert_error_replaced(reports, *words: str) -> dict:
     return summary
 
 
+@pytest.mark.parametrize("field, text, words", [
+    ("model", "model:\n  dtype: float33\n", "model.dtype 'float33' is not a dtype; did you mean 'float32'?"),
+    ("engine", "engine:\n  dtype: bfloat61\n", "engine.dtype 'bfloat61' is not a dtype; did you mean 'bfloat16'?"),
+])
+def test_a_misspelt_dtype_is_a_usage_error_naming_the_close_one(pytester, field, text, words):
+    """A typo is bad input (one line, exit 4), not a fit INVALID (exit 6) read as a measurement."""
+    reports = pytester.path / "reports"
+    stale_green(reports)
+    prof = pytester.path / "typo.yaml"
+    prof.write_text(f"extends: tiny-cpu\nname: typo\n{text}")
+    result = run(pytester, "--profile", str(prof), "-m", "fit", str(REPO / "suites"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert_error_replaced(reports, words)
+
+
 @pytest.mark.parametrize("expr, words", [
     ("deployment and", ["Wrong expression passed to '-m'", "deployment and"]),
     ("deploymnet", ["Unknown marker(s) in '-m' expression: deploymnet"]),

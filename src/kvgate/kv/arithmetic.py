@@ -127,6 +127,27 @@ def dtype_bytes(dtype: str) -> float:
     )
 
 
+#: vLLM's ``--dtype`` choices (``config/model.py``'s ``ModelDType``, unchanged 0.6-0.32).
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+
+def misspelt_dtype(name: str | None, *, weights: bool) -> str | None:
+    """The known dtype ``name`` is a misspelling of (``float33`` -> ``float32``), or None: ``name``
+    is known, or close to none (a format kvgate does not model, e.g. ``nvfp4``: the fit gate says
+    so). ``weights``: a weight dtype (:data:`FLOAT_DTYPE_BYTES`, :data:`GGUF_BITS_PER_WEIGHT`);
+    else vLLM's ``--dtype`` (:data:`VLLM_DTYPES`). Close: difflib's ratio >= 0.8."""
+    import difflib
+
+    if not name:
+        return None
+    key = str(name).lower().replace("-", "_").removeprefix("torch.")
+    known = [*FLOAT_DTYPE_BYTES, *GGUF_BITS_PER_WEIGHT] if weights else list(VLLM_DTYPES)
+    if key in known:
+        return None
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def vllm_kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str) -> int:
     """Bytes per KV element in vLLM for ``--kv-cache-dtype`` (``auto`` = the model dtype).
 

@@ -665,6 +665,12 @@ def _profile_and_lint(config: pytest.Config, name: str) -> tuple[Profile, list[A
     findings, refusal = lint_for_run(profile, profile_dir, config.option.kvgate_gate_mode)
     if refusal:
         raise usage(refusal)
+    from kvgate.kv.arithmetic import VLLM_DTYPES, misspelt_dtype
+
+    for field, value, weights in (("model.dtype", profile.model.dtype, True), ("engine.dtype", profile.engine.dtype, False)):
+        if (close := misspelt_dtype(value, weights=weights)) is not None:  # a typo, not an unmodelled format
+            known = "e.g. bfloat16, float16, float32, fp8, q4_k_m" if weights else ", ".join(VLLM_DTYPES)
+            raise usage(f"profile {profile.name}: {field} {value!r} is not a dtype; did you mean {close!r}? ({known})")
     return profile, findings
 
 
