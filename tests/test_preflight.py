@@ -99,6 +99,15 @@ def test_other_status_is_not_openai():
     assert e.value.kind == "not-openai" and "answered 404 (application/json" in str(e.value)
 
 
+def test_a_server_error_is_the_servers_failure_not_a_wrong_url():
+    with pytest.raises(PreflightError) as e:
+        check(reply(500, {"error": {"message": "Internal Server Error"}}))
+    assert e.value.kind == "server-error" and "\n" not in str(e.value)
+    assert str(e.value).startswith("endpoint http://kvgate.test/v1 answered 500 (application/json")
+    assert str(e.value).endswith("on /v1/models: the server failed the model list (see its log); nothing was gated")
+    assert "OpenAI-compatible" not in str(e.value)
+
+
 def test_model_not_served_names_the_models_it_serves():
     with pytest.raises(PreflightError) as e:
         check(reply(200, {"data": [{"id": "llama-3-8b"}, {"id": "qwen"}]}))

@@ -103,6 +103,7 @@ def preflight(endpoint: Endpoint, profile: Profile, api_key_env: str | None = No
     - ``unreachable``: nothing answered (connection refused, DNS, TLS, connect timeout);
     - ``auth``: 401/403 -- the key was refused or missing; names ``--api-key-env`` (and, with no key
       sent, ``OPENAI_API_KEY`` / ``VLLM_API_KEY`` where set: their names, never their values);
+    - ``server-error``: a 5xx -- something answers there and failed (its log says why);
     - ``not-openai``: any other status, a body that is not JSON, or JSON not in OpenAI's shape;
     - ``model``: the list does not contain the profile's model; names the models it serves.
     """
@@ -127,6 +128,9 @@ def preflight(endpoint: Endpoint, profile: Profile, api_key_env: str | None = No
         raise PreflightError(f"{where} did not finish answering {path} within {PREFLIGHT_TIMEOUT_S:g} s "
                              f"({reply.text.splitlines()[0] if reply.text else 'no answer'}); nothing was gated",
                              "not-openai")
+    if reply.status >= 500:  # something answers at this URL and failed: the server's error, not a wrong URL
+        raise PreflightError(f"{where} answered {reply.status} ({_describe_body(reply)}) on {path}: the server failed "
+                             "the model list (see its log); nothing was gated", "server-error")
     if reply.status != 200:
         raise PreflightError(f"{where} answered {reply.status} ({_describe_body(reply)}) on {path}: {hint}", "not-openai")
     body = reply.json
