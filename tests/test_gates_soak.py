@@ -269,6 +269,26 @@ def test_a_memory_gauge_that_never_moved_is_invalid_naming_whose_memory_it_read(
     assert live.status is Status.PASS and "covering the API-server process only" in live.message
 
 
+def test_a_process_tree_that_worked_while_its_memory_held_still_is_judged_not_frozen():
+    """psutil's PSS + swap of the launched tree, one value in every sample (the embedded tiny vLLM on short
+    requests, 2026-12-05: 1,548.863 MB over 5 rounds): the tree's CPU time grew, so the reads were of
+    working processes -- a measured flat line (PASS), said so; without that growth the same reads are
+    INVALID (nothing shows the source is live)."""
+    rs = rows(mem=lambda k: 1548.863)
+    for k, r in enumerate(rs):
+        r.update(mem_max_mb=1548.863, samples=60, sample_errors=0, server_cpu_s=100.0 + 12.5 * k)
+    v = memory_verdict(analyze(result(rs), SPEC))
+    assert v.status is Status.PASS, v.message
+    assert v.message.startswith("retained server memory 1,548.9 MB, slope +0.0 MB/h"), v.message
+    assert v.message.endswith("; memory held one value (1,548.863 MB) in every sample while the process tree used "
+                              "112.5 s of CPU serving the soak (read from the processes themselves: not a frozen "
+                              "gauge)"), v.message
+    for r in rs:
+        r["server_cpu_s"] = 100.0  # the tree did nothing, or kvgate could not read its CPU time
+    idle = memory_verdict(analyze(result(rs), SPEC))
+    assert idle.status is Status.INVALID and idle.message.startswith("server memory never moved"), idle.message
+
+
 def test_cut_short_soak_is_incomplete_in_every_half():
     res = result(rows()[:5], complete=False, stopped="SIGTERM")
     a = analyze(res, SPEC)

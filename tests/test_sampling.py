@@ -70,6 +70,7 @@ async def test_process_tree_covers_every_descendant_and_counts_pss_plus_swap(tre
     assert r["processes"] == 2
     assert r["uss"] >= 70e6 and r["rss"] >= r["uss"]     # both allocations, in two processes
     assert r["memory"] == pytest.approx(r["pss"] + r["swap"])
+    assert r["cpu_s"] > 0  # the tree's user + system seconds: that it worked while its memory was read
     assert s.quantity == "PSS + swap" and "all its descendants" in s.covers and str(tree.pid) in s.source
     import os
     import signal
@@ -103,6 +104,9 @@ def test_process_tree_falls_back_to_rss_when_smaps_is_denied():
         def memory_info(self):
             return type("M", (), {"rss": 123e6})()
 
+        def cpu_times(self):
+            raise psutil.AccessDenied(1)
+
     class FakePsutil:
         NoSuchProcess, ZombieProcess, AccessDenied = psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied
 
@@ -113,6 +117,7 @@ def test_process_tree_falls_back_to_rss_when_smaps_is_denied():
     s = ProcessTreeSampler([1], psutil_mod=FakePsutil)
     r = s.read()
     assert r["memory"] == 123e6 and r["swap"] is None and s.quantity.startswith("RSS (smaps denied")
+    assert r["cpu_s"] is None  # not readable: nothing shows the tree worked (kvgate.gates.soak.working_s)
 
 
 @pytest.mark.asyncio

@@ -441,13 +441,40 @@ def frozen_memory(a: SoakAnalysis) -> tuple[int, float] | None:
     """``(samples, MB)`` when every memory sample of the measured rounds read one value (each round's
     low and high equal, and equal across the rounds: zero variance) -- a gauge that never moved is
     not a measurement of a serving process (a cached ``/metrics``, a stale exporter); else None.
-    Samples: the rounds' sampling ticks that had a reading (at least 2 needed)."""
+    Samples: the rounds' sampling ticks that had a reading (at least 2 needed).
+
+    Not frozen: a process tree kvgate read itself (psutil, ``server_cpu_s``) whose CPU time grew over
+    the measured rounds -- the reads were of live, working processes, and memory that held still
+    while they served is a measurement (the embedded tiny vLLM on short requests: 40 samples of
+    1,548.863 MB over 5 rounds, 2026-12-05)."""
     rows = [r for r in a.result.measured if r.get("mem_min_mb") is not None and r.get("mem_max_mb") is not None]
     values = {v for r in rows for v in (r["mem_min_mb"], r["mem_max_mb"])}
     samples = sum(max(0, int(r.get("samples") or 0) - int(r.get("sample_errors") or 0)) for r in rows)
-    if len(rows) < 2 or len(values) != 1 or samples < 2:
+    if len(rows) < 2 or len(values) != 1 or samples < 2 or working_s(a) is not None:
         return None
     return samples, values.pop()
+
+
+def _held_still(a: SoakAnalysis) -> str:
+    """``; memory held one value ... while the tree used N s of CPU`` where every measured sample read
+    one value and the tree's CPU time grew (:func:`working_s`); else empty."""
+    rows = [r for r in a.result.measured if r.get("mem_min_mb") is not None and r.get("mem_max_mb") is not None]
+    values = {v for r in rows for v in (r["mem_min_mb"], r["mem_max_mb"])}
+    cpu = working_s(a)
+    if len(values) != 1 or cpu is None:
+        return ""
+    return (f"; memory held one value ({values.pop():,.3f} MB) in every sample while the process tree used "
+            f"{cpu:,.1f} s of CPU serving the soak (read from the processes themselves: not a frozen gauge)")
+
+
+def working_s(a: SoakAnalysis) -> float | None:
+    """Seconds of CPU the server's process tree used over the measured rounds (its ``server_cpu_s``
+    at the last measured round less at the first), when kvgate read the tree itself and it grew; else
+    None (another source, or no growth: nothing shows the reads were of working processes)."""
+    cpu = [r["server_cpu_s"] for r in a.result.measured if r.get("server_cpu_s") is not None]
+    if len(cpu) < 2 or cpu[-1] <= cpu[0]:
+        return None
+    return cpu[-1] - cpu[0]
 
 
 def memory_verdict(a: SoakAnalysis) -> Verdict:
@@ -490,7 +517,7 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
     last = f"; last part {_ci(g.last, 'MB/h')}" if g.last else ""
     head = (f"retained server memory {a.memory_level_mb:,.1f} MB, slope {_ci(g.full, 'MB/h')}{last} over "
             f"{_what(a)}; ceiling {ceiling:g} MB/h")
-    tail = f"; {src}{scrapes}{own}"
+    tail = f"; {src}{scrapes}{own}{_held_still(a)}"
     slope = round(g.full.slope, 3)
     if g.exceeds:
         return Verdict(gate, FAIL, f"{head}; {_ramp_words(g, a.result.measured)} -> FAIL ({a.classification}: "

@@ -575,7 +575,7 @@ ROUND_FIELDS = (
     "ttft_p50_ms", "ttft_p95_ms", "itl_p95_ms", "e2e_p95_ms", "tokens", "throughput_tok_s", "completed_rps",
     "lag_p99_ms", "loop_lag_p99_ms", "client_kept_up",
     "mem_min_mb", "mem_max_mb", "mem_last_mb", "rss_min_mb", "uss_min_mb", "swap_max_mb", "processes",
-    "kv_usage_max", "kv_usage_mean", "running_max", "waiting_max", "preemptions", "preemptions_total",
+    "server_cpu_s", "kv_usage_max", "kv_usage_mean", "running_max", "waiting_max", "preemptions", "preemptions_total",
     "gpu_used_max_mb", "gpu_used_max_frac", "kvgate_rss_mb", "samples", "sample_errors",
 )
 
@@ -593,6 +593,7 @@ class _Acc:
     uss_min: float | None = None
     swap_max: float | None = None
     processes: float | None = None
+    cpu_s: float | None = None
     kv_max: float | None = None
     kv_sum: float = 0.0
     kv_n: int = 0
@@ -829,6 +830,7 @@ class SoakRunner:
         a.uss_min = _lo(a.uss_min, mem.get("uss"))
         a.swap_max = _hi(a.swap_max, mem.get("swap"))
         a.processes = _hi(a.processes, mem.get("processes"))
+        a.cpu_s = _hi(a.cpu_s, mem.get("cpu_s"))
         met = readings.get("server-metrics") or {}
         kv = met.get("kv_usage")
         if kv is not None:
@@ -871,7 +873,7 @@ class SoakRunner:
             "client_kept_up": bool(result.client_kept_up(p.lag_bound_s)),
             "mem_min_mb": _mb(a.mem_min), "mem_max_mb": _mb(a.mem_max), "mem_last_mb": _mb(a.mem_last),
             "rss_min_mb": _mb(a.rss_min), "uss_min_mb": _mb(a.uss_min), "swap_max_mb": _mb(a.swap_max),
-            "processes": a.processes, "kv_usage_max": _r(a.kv_max, 4),
+            "processes": a.processes, "server_cpu_s": _r(a.cpu_s, 3), "kv_usage_max": _r(a.kv_max, 4),
             "kv_usage_mean": _r(a.kv_sum / a.kv_n, 4) if a.kv_n else None,
             "running_max": a.running_max, "waiting_max": a.waiting_max, "preemptions": pre_delta,
             "preemptions_total": a.pre_last, "gpu_used_max_mb": _mb(a.gpu_max), "gpu_used_max_frac": _r(a.gpu_frac, 4),

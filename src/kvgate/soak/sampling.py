@@ -98,8 +98,10 @@ class ProcessTreeSampler(_Counts):
     so restarted workers are followed. ``psutil_mod``: injectable for tests.
 
     Reading: ``memory`` (PSS + swap, or RSS where smaps is denied — see ``quantity``), ``rss``,
-    ``pss``, ``uss``, ``swap`` (bytes, summed over the tree), ``processes`` (count). ``memory`` is
-    None when no process of the tree is alive.
+    ``pss``, ``uss``, ``swap`` (bytes, summed over the tree), ``processes`` (count), ``cpu_s``
+    (seconds of user + system CPU the tree's live processes have used: that the tree worked while its
+    memory read one value, :func:`kvgate.gates.soak.frozen_memory`). ``memory`` is None when no
+    process of the tree is alive.
     """
 
     name = "server-memory"
@@ -126,6 +128,7 @@ class ProcessTreeSampler(_Counts):
         ps = self.psutil
         self.reads += 1
         totals = {"rss": 0.0, "pss": 0.0, "uss": 0.0, "swap": 0.0}
+        cpu: float | None = 0.0
         full = True
         n = 0
         try:
@@ -144,6 +147,11 @@ class ProcessTreeSampler(_Counts):
                 except ps.AccessDenied:
                     full = False
                     totals["rss"] += p.memory_info().rss
+                try:
+                    t = p.cpu_times()
+                    cpu = None if cpu is None else cpu + t.user + t.system
+                except ps.AccessDenied:
+                    cpu = None
                 n += 1
             except (ps.NoSuchProcess, ps.ZombieProcess):
                 continue
@@ -153,8 +161,8 @@ class ProcessTreeSampler(_Counts):
         if not full:
             self.quantity = "RSS (smaps denied: PSS/swap not readable; swapped-out pages are not seen)"
             return {"memory": totals["rss"], "rss": totals["rss"], "pss": None, "uss": None, "swap": None,
-                    "processes": float(n)}
-        return {"memory": totals["pss"] + totals["swap"], **totals, "processes": float(n)}
+                    "processes": float(n), "cpu_s": cpu}
+        return {"memory": totals["pss"] + totals["swap"], **totals, "processes": float(n), "cpu_s": cpu}
 
     async def sample(self) -> Reading:
         return await asyncio.to_thread(self.read)
