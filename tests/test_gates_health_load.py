@@ -158,7 +158,9 @@ def test_slow_health_while_busy_fails(pytester, suites, during):
     worst = re.search(r"reaches the 1 s probe timeout \(worst ([\d,]+) ms", g["message"])
     assert worst and int(worst.group(1).replace(",", "")) >= 1500 and f"during {during})" in g["message"], g["message"]
     if len(suites) == 2:
-        assert gates["fake-vllm/priority/short-over-long"]["status"] == "PASS"  # only the health gate sees it
+        # only the health gate sees it: the priority gate does not FAIL (PASS; INCONCLUSIVE where a loaded host
+        # leaves its SLO undecided in the rounds it has -- seen in CI 2026-12-05)
+        assert gates["fake-vllm/priority/short-over-long"]["status"] in ("PASS", "INCONCLUSIVE")
 
 
 def test_a_route_the_server_does_not_have_is_named_not_judged():
