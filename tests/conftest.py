@@ -193,14 +193,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _COSTS: dict[str, float] = {}
+_UNIT_COSTS: dict[str, float] = {}
+#: The unit files the cost table names one by one (the costliest), the rest summed.
+UNIT_FILES_SHOWN = 15
+UNITS = "unit, fake and pytester tests (all other files)"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Seconds per test file (setup + call + teardown; a module fixture's start counts in its first
     test), for the cost table below. Under pytest-xdist the controller sees every worker's reports."""
     path = report.nodeid.split("::", 1)[0]
-    key = path if _is_e2e(report.nodeid) else "unit, fake and pytester tests (all other files)"
+    key = path if _is_e2e(report.nodeid) else UNITS
     _COSTS[key] = _COSTS.get(key, 0.0) + (report.duration or 0.0)
+    if key == UNITS:
+        _UNIT_COSTS[path] = _UNIT_COSTS.get(path, 0.0) + (report.duration or 0.0)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -208,6 +214,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("test cost per file (seconds, summed over tests; CI reads this)")
         for name, secs in sorted(_COSTS.items(), key=lambda kv: -kv[1]):
             terminalreporter.line(f"{secs:8.1f}  {name}")
+        top = sorted(_UNIT_COSTS.items(), key=lambda kv: -kv[1])[:UNIT_FILES_SHOWN]
+        if len(_UNIT_COSTS) > 1:
+            terminalreporter.line(f"  of the unit, fake and pytester tests, the {len(top)} costliest of "
+                                  f"{len(_UNIT_COSTS)} files:")
+            for name, secs in top:
+                terminalreporter.line(f"{secs:10.1f}  {name}")
     if problem := config.stash.get(_REPORTS_PROBLEM, None):
         terminalreporter.section("checkout reports/ guard", sep="=", red=True, bold=True)
         terminalreporter.line(f"FAILED: {problem}", red=True)
