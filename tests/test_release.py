@@ -132,7 +132,9 @@ def test_an_environment_that_serves_another_release_is_refused(tmp_path):
 
 @pytest.mark.parametrize("given, message", [
     ("latest", "--vllm-version 'latest': not a release number (e.g. 0.28.0)"),
-    ("0.28.00", "--vllm-version '0.28.00': give the release exactly as published (e.g. 0.28.0)"),
+    *[(given, f"--vllm-version {given!r}: give the release exactly as published, three numbers (e.g. 0.28.0): pip "
+               "would install another and the served version would not match")
+      for given in ("0.28.00", "0.28", "0.28.0.0", "0.28.0+cpu", "0.28.0.post1")],
 ])
 def test_a_malformed_release_number_is_one_line(given, message):
     assert check_version("0.28.0") == check_version("v0.28.0") == "0.28.0"

@@ -338,8 +338,9 @@ def rule_dtype_mismatch(c: Context) -> Iterable[Finding]:
     served, declared = canonical_dtype(e.dtype), canonical_dtype(m.dtype)
     if not c.vllm or served is None or declared is None or served == declared:
         return
-    kv = (f"; with kv_cache_dtype auto its KV elements are {vllm_kv_dtype_bytes('auto', served)} B, not "
-          f"{vllm_kv_dtype_bytes('auto', declared)}") if e.kv_cache_dtype == "auto" else ""
+    got, said = vllm_kv_dtype_bytes("auto", served), vllm_kv_dtype_bytes("auto", declared)
+    kv = (f"; with kv_cache_dtype auto its KV elements are {got} B, not {said} B"
+          if e.kv_cache_dtype == "auto" and got != said else "")
     yield Finding("dtype-mismatch", WARNING, "engine.dtype",
                   f"engine.dtype {e.dtype} differs from model.dtype {m.dtype}: vLLM casts the weights to {served} as "
                   f"it loads them{kv}; the fit arithmetic counts the weights at model.dtype and the KV at "

@@ -173,6 +173,10 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
     from kvgate.launch.release import ReleaseError, check_version, ensure_release
 
     given = getattr(args, "vllm_version", None)
+    if given is not None and not given.strip():
+        print("kvgate serve: --vllm-version is empty (an unset variable?); give a release such as 0.28.0, or leave "
+              "the option out to serve the installed vLLM", file=err)
+        return USAGE
     wanted = given or (profile.launch.vllm_version if profile.launch else None)
     release = None
     if wanted:

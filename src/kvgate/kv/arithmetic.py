@@ -122,7 +122,8 @@ def dtype_bytes(dtype: str) -> float:
     if key in GGUF_BITS_PER_WEIGHT:
         return GGUF_BITS_PER_WEIGHT[key] / 8
     raise KvMathError(
-        f"unknown weight dtype {dtype!r}; known: {', '.join(sorted({*FLOAT_DTYPE_BYTES, *GGUF_BITS_PER_WEIGHT}))}"
+        f"weight dtype {dtype!r} is not modelled by the fit arithmetic; modelled: "
+        f"{', '.join(sorted({*FLOAT_DTYPE_BYTES, *GGUF_BITS_PER_WEIGHT}))}"
         " (or give model.weights_gib)"
     )
 

