@@ -174,6 +174,8 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Snapshot the checkout's reports/ once per run: in the controller under pytest-xdist (whose
     session spans every worker's), not in each worker."""
+    if session.config.getoption("kvgate_profile", default=None) is not None:
+        return  # a gate run (pytest --profile ...) that loaded this conftest, e.g. for a path not found: not kvgate's tests
     if not _is_xdist_worker(session.config):
         session.config.stash[_REPORTS_BEFORE] = reports_snapshot()
 
