@@ -170,23 +170,17 @@ def serve(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | 
         what = "the real model" if profile.model.embedded_model != "tiny" else "the tiny model"
         print(f"kvgate serve: cannot build {what}: {exc}", file=err)
         return FAILED
-    from kvgate.launch.release import ReleaseError, check_version, ensure_release
+    from kvgate.launch.release import ReleaseError, ensure_release, wanted
 
-    given = getattr(args, "vllm_version", None)
-    if given is not None and not given.strip():
-        print("kvgate serve: --vllm-version is empty (an unset variable?); give a release such as 0.28.0, or leave "
-              "the option out to serve the installed vLLM", file=err)
-        return USAGE
-    wanted = given or (profile.launch.vllm_version if profile.launch else None)
     release = None
-    if wanted:
-        opt = "--vllm-version" if given else "launch.vllm_version"
-        try:
-            release = (install_release or ensure_release)(check_version(wanted), cache_root(),
+    try:
+        version, _ = wanted(getattr(args, "vllm_version", None), profile.launch.vllm_version if profile.launch else None)
+        if version:
+            release = (install_release or ensure_release)(version, cache_root(),
                                                           say=lambda line: print(line, file=out, flush=True))
-        except ReleaseError as exc:
-            print(f"kvgate serve: {str(exc).replace('--vllm-version', opt, 1)}", file=err)
-            return USAGE
+    except ReleaseError as exc:
+        print(f"kvgate serve: {exc}", file=err)
+        return USAGE
     try:
         key, key_env, key_line, key_file = _serve_key(args, profile)
     except (LaunchError, OSError) as exc:

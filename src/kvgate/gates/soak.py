@@ -447,23 +447,28 @@ def frozen_memory(a: SoakAnalysis) -> tuple[int, float] | None:
     the measured rounds -- the reads were of live, working processes, and memory that held still
     while they served is a measurement (the embedded tiny vLLM on short requests: 40 samples of
     1,548.863 MB over 5 rounds, 2026-12-05)."""
+    rows, value = _one_value(a)
+    samples = sum(max(0, int(r.get("samples") or 0) - int(r.get("sample_errors") or 0)) for r in rows)
+    if len(rows) < 2 or value is None or samples < 2 or working_s(a) is not None:
+        return None
+    return samples, value
+
+
+def _one_value(a: SoakAnalysis) -> tuple[list[dict[str, Any]], float | None]:
+    """``(the measured rounds with a memory reading, the one value all their lows and highs read or None)``."""
     rows = [r for r in a.result.measured if r.get("mem_min_mb") is not None and r.get("mem_max_mb") is not None]
     values = {v for r in rows for v in (r["mem_min_mb"], r["mem_max_mb"])}
-    samples = sum(max(0, int(r.get("samples") or 0) - int(r.get("sample_errors") or 0)) for r in rows)
-    if len(rows) < 2 or len(values) != 1 or samples < 2 or working_s(a) is not None:
-        return None
-    return samples, values.pop()
+    return rows, (next(iter(values)) if len(values) == 1 else None)
 
 
 def _held_still(a: SoakAnalysis) -> str:
     """``; memory held one value ... while the tree used N s of CPU`` where every measured sample read
     one value and the tree's CPU time grew (:func:`working_s`); else empty."""
-    rows = [r for r in a.result.measured if r.get("mem_min_mb") is not None and r.get("mem_max_mb") is not None]
-    values = {v for r in rows for v in (r["mem_min_mb"], r["mem_max_mb"])}
+    _, value = _one_value(a)
     cpu = working_s(a)
-    if len(values) != 1 or cpu is None:
+    if value is None or cpu is None:
         return ""
-    return (f"; memory held one value ({values.pop():,.3f} MB) in every sample while the process tree used "
+    return (f"; memory held one value ({value:,.3f} MB) in every sample while the process tree used "
             f"{cpu:,.1f} s of CPU serving the soak (read from the processes themselves: not a frozen gauge)")
 
 

