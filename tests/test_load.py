@@ -31,6 +31,7 @@ from kvgate.load import (
     run_open_loop,
     split_sse,
 )
+from kvgate.stats import summarize
 from kvgate.verdict import Status
 
 # ----------------------------------------------------------------------------- fakes
@@ -186,7 +187,46 @@ def test_closed_loop_stops_at_the_deadline_by_itself():
     tr = FakeTransport(clock, service_s=1.0)
     res = asyncio.run(run_closed_loop(None, SPEC, n=100, concurrency=1, deadline_s=3.5, clock=clock,
                                       sleep=clock.sleep, transport=tr, loop_monitor_s=None))
-    assert len(res.records) == 4 and res.deadline_hit and res.n_requested == 100
+    # 3 end at 1, 2, 3 s; a 4th (p99 e2e so far 1 s) could not finish in the 0.5 s left: not started
+    assert len(res.records) == 3 and res.deadline_hit and res.n_requested == 100
+    assert all(r.ok and not r.censored for r in res.records)
+
+
+class TimedTransport(FakeTransport):
+    """A FakeTransport that honours the request's timeout: a send longer than ``timeout_s`` ends
+    at the timeout with the transport's "timeout: ..." error (as RawHttpTransport does)."""
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, timeout_s: float) -> None:
+        if self.service_s <= timeout_s:
+            return await super().send(spec, rec, timeout_s)
+        rec.sent_s = self.clock() - self.t0
+        await asyncio.sleep(0)
+        self.fake_clock.t += timeout_s
+        rec.status, rec.content_type = 200, "text/event-stream"
+        rec.error = f"timeout: no complete response within {timeout_s:.3f} s"
+        rec.end_s = self.clock() - self.t0
+
+
+def test_a_request_the_run_deadline_cuts_is_censored_not_a_server_error():
+    clock = FakeClock()
+    tr = TimedTransport(clock, service_s=1.0)
+    # nothing seen yet: the first wave starts and the 0.5 s deadline cuts both
+    res = asyncio.run(run_closed_loop(None, SPEC, n=4, concurrency=2, deadline_s=0.5, clock=clock,
+                                      sleep=clock.sleep, transport=tr, loop_monitor_s=None))
+    assert res.deadline_hit and res.records and all(r.censored and not r.ok and not r.failed for r in res.records)
+    assert summarize(res.records)["errors"] == 0 and summarize(res.records)["censored"] == len(res.records)
+    # with an e2e known from earlier batches (1 s) and 0.5 s left, nothing starts
+    clock2 = FakeClock()
+    res = asyncio.run(run_closed_loop(None, SPEC, n=4, concurrency=2, deadline_s=0.5, clock=clock2, sleep=clock2.sleep,
+                                      transport=TimedTransport(clock2, service_s=1.0), loop_monitor_s=None,
+                                      expected_e2e_s=[1.0]))
+    assert res.records == [] and res.deadline_hit
+    # its own request timeout (below the time left) is the server's: an error, not censored
+    clock3 = FakeClock()
+    res = asyncio.run(run_closed_loop(None, SPEC, n=1, concurrency=1, deadline_s=10.0, request_timeout_s=0.5,
+                                      clock=clock3, sleep=clock3.sleep, transport=TimedTransport(clock3, service_s=1.0),
+                                      loop_monitor_s=None))
+    assert [r.failed for r in res.records] == [True] and not res.records[0].censored
 
 
 def test_open_loop_stops_dispatching_past_the_deadline():

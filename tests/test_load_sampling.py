@@ -158,11 +158,34 @@ def test_errors_fail_at_the_first_look_without_more_sampling():
     assert "-> undecided" in v.message and "-> INCONCLUSIVE" not in v.message  # an open metric in a FAIL
 
 
-def test_itl_is_one_sample_per_request_its_own_p95_gap():
+def test_itl_pools_every_gap_of_the_succeeded_requests_and_tpot_stays_per_request():
     recs = [rec(0, 50.0, gaps_ms=(10,) * 19 + (200,)), rec(1, 60.0, gaps_ms=(10,) * 20), rec(2, 70.0, ok=False)]
     xs = slo_samples(recs)
-    assert len(xs["itl_ms"]) == 2 and xs["itl_ms"][0] == pytest.approx(19.5) and xs["itl_ms"][1] == pytest.approx(10)
+    assert len(xs["itl_ms"]) == 40 and [len(g) for g in xs["itl_gaps_ms"]] == [20, 20]  # the failed one adds none
+    assert float(np.percentile(xs["itl_ms"], 95)) == pytest.approx(10.0)  # pooled: 1 stall in 40 gaps is above p95
+    assert len(xs["tpot_ms"]) == 2 and xs["tpot_ms"][1] == pytest.approx(10.0, rel=0.01)
     assert xs["ttft_ms"] == [50.0, 60.0]
+
+
+def test_a_record_cut_by_the_deadline_is_censored_not_an_error():
+    from kvgate.load.sampling import error_rate
+    prof = slo_profile(100.0)
+    slo = prof.slo.model_copy(update={"e2e_p95_ms": 300.0})
+    done = [rec(i, 50.0) for i in range(3)]
+    late = rec(3, 50.0)
+    late.error, late.censored, late.end_s = "timeout: no complete response within 0.4 s", True, 0.4  # past 300 ms
+    early = rec(4, 50.0)
+    early.error, early.censored, early.first_token_s, early.content_s, early.end_s = "timeout: ...", True, None, [], 0.2
+    assert not late.ok and not late.failed and error_rate(done + [late, early]) == (0, 3)
+    xs = slo_samples(done + [late, early], slo)
+    assert xs["e2e_ms"][-1] == pytest.approx(400.0) and len(xs["e2e_ms"]) == 4  # the one past the limit: exceedance
+    assert xs["ttft_ms"] == [50.0] * 4 + [pytest.approx(200.0)]  # early: no TTFT seen, 200 ms > 100: exceedance
+    assert len(xs["itl_gaps_ms"]) == 3  # a cut stream's gaps leave the ITL sample
+    early.end_s = 0.09  # cut before its TTFT limit: leaves the TTFT sample (and e2e: below 300 ms)
+    assert len(slo_samples(done + [early], slo)["ttft_ms"]) == 3 and len(slo_samples(done + [early], slo)["e2e_ms"]) == 3
+    assert slo_decisions(done + [late, early], slo, 0.95)["errors"] == "PASS"
+    broken = rec(5, 50.0, ok=False)  # a server error stays one
+    assert error_rate(done + [late, broken]) == (1, 4)
 
 
 def test_merged_batches_share_one_time_base():
@@ -215,3 +238,31 @@ def test_interference_looks_count_waves_of_shorts():
     plan = one
     got = sample_batches(plan, send, decide)  # healthy: undecided at 16, PASS at 60 (15 waves), as one look was
     assert sent == [4, 11] and got.sampling.n == 60 and got.sampling.decisions == {"short TTFT": "PASS"}
+
+
+def test_the_reviews_deadline_case_on_the_fake_is_not_a_fail_for_errors():
+    """Review F4, live on the fault-injection fake: 16 tokens at 50 ms each (never an EOS),
+    concurrency 2, looks (4, 40) within 2.5 s. The second look's batch has what is left of the
+    2.5 s: what it cannot finish is censored (or not started), never a server error, so errors
+    PASS and the sampling stops on time undecided -> INCONCLUSIVE. Robust to a slower host: a
+    slower stream only means more censored (or fewer started) requests, still no error."""
+    from kvgate.http.client import Endpoint
+    from kvgate.load import completion_request
+    from kvgate.stats.confidence import LookPlan
+    from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+    prof = slo_profile(1000.0)
+    prof = prof.model_copy(update={"slo": prof.slo.model_copy(update={"e2e_p95_ms": 5000.0})})
+    plan = LookPlan((4, 40), 0.95, 0.975, max_s=2.5)
+    with FakeVLLM(FakeConfig(itl_s=0.05, eos_after=None)) as f:
+        ep = Endpoint(f.base_url)
+        spec = completion_request(ep, model=FakeConfig().served_name, prompt="hello",
+                                  max_tokens=16, ignore_eos=True)
+        got = sample_latency(ep, [spec], 2, plan, decider(prof, plan))
+    recs = got.result.records
+    assert recs and not any(r.failed for r in recs), [r.error for r in recs if r.failed]
+    assert got.sampling.decisions["errors"] == "PASS" and got.sampling.why_stopped == "time", got.sampling.to_dict()
+    obs = LoadObservation("latency", got.result, MetricsTrace(samples=[]), 16, 16, 2, sampling=got.sampling)
+    v = latency_verdict(obs, prof)
+    assert v.status is not Status.FAIL, v.message
+    assert "error rate" not in v.message or "error rate 0.0%" in v.message

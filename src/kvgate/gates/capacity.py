@@ -10,10 +10,12 @@ within ``slo.error_rate_max``; FAIL when a lower bound is above its limit or the
 over; otherwise UNDECIDED -- **an undecided step counts as not meeting the SLO** (the knee is the
 last step shown to meet it). A step whose client fell behind is INVALID (:func:`step_invalid`:
 the place for further rules that make a step's measurement untrustworthy, e.g. a contended host).
-Pooled ITL gaps are correlated within a request, so the ITL bound is optimistic.
+ITL p95 is the pooled-gap p95 (as ``vllm bench serve``), its bounds from a cluster bootstrap over
+requests (:func:`kvgate.stats.cluster.judge_pooled`: the gaps of one request are correlated, the
+request is the unit).
 
 Besides: goodput (requests per second that met every SLO by themselves: TTFT <= limit, e2e <=
-limit, the request's own ITL p95 <= limit), throughput (requests/s, output tokens/s, over the
+limit, the request's own TPOT -- its mean gap -- <= the ITL limit), throughput (requests/s, output tokens/s, over the
 step's wall time), and the scheduler gauges (peak running and waiting, preemptions, peak KV usage).
 
 **The knee** (:func:`knee_of`): the highest concurrency that PASSed with every lower step
@@ -42,6 +44,7 @@ from typing import Any, Sequence
 
 from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, judge, min_samples_to_pass
 from kvgate.load.sampling import slo_samples
+from kvgate.stats.cluster import judge_pooled
 from kvgate.load.scenarios import LoadObservation, ScenarioError, short_workload
 from kvgate.profile.models import Profile
 from kvgate.stats import percentile, request_metrics
@@ -162,7 +165,7 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     recs = obs.result.records
     ms = [(r, request_metrics(r)) for r in recs]
     good_recs = [(r, m) for r, m in ms if r.ok]
-    per = slo_samples(recs)  # ITL per request (each request's own p95 gap), as latency/slo judges it
+    per = slo_samples(recs, slo)  # ITL: pooled gaps (vllm bench serve), bound by a cluster bootstrap, as latency/slo
     values = {"TTFT": per["ttft_ms"], "ITL": per["itl_ms"], "e2e": per["e2e_ms"]}
     metrics: dict[str, dict[str, Any]] = {}
     decisions = []
@@ -172,7 +175,7 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
         if limit is None:
             metrics[label] = {"point": percentile(xs, Q * 100) if xs else None, "n": len(xs), "limit": None}
             continue
-        j = judge(xs, Q, limit, conf)
+        j = judge_pooled(per["itl_gaps_s"], Q, limit, conf, rng=0, scale=1e3) if label == "ITL" else judge(xs, Q, limit, conf)
         metrics[label] = {**j.to_dict(), "text": j.text(label, final=False)}
         decisions.append(j.decision)
     n = len(recs)
@@ -185,8 +188,8 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
             return False
         if slo.e2e_p95_ms is not None and (m.e2e_s is None or m.e2e_s * 1e3 > slo.e2e_p95_ms):
             return False
-        if slo.itl_p95_ms is not None and m.itl_s and percentile(m.itl_s, Q * 100) * 1e3 > slo.itl_p95_ms:
-            return False
+        if slo.itl_p95_ms is not None and m.tpot_s is not None and m.tpot_s * 1e3 > slo.itl_p95_ms:
+            return False  # per request: its TPOT (mean gap), as vllm bench serve's goodput reads "tpot"
         return True
 
     good = sum(1 for _, m in good_recs if met(m))
@@ -372,8 +375,8 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
           "peak_concurrency": profile.slo.peak_concurrency, "supported_peak": supported,
           "first_not_met": bad.concurrency if bad else None, "causes": causes, "max_num_seqs": mns,
           "kv_pool_full_length_sequences": full_seqs, "kv_pool_workload_sequences": wl_seqs,
-          "confidence": profile.slo.confidence, "note": "undecided steps count as not meeting the SLO; pooled ITL "
-          "gaps are correlated within a request, so the ITL bound is optimistic"}
+          "confidence": profile.slo.confidence, "note": "undecided steps count as not meeting the SLO; ITL p95 over pooled "
+          "gaps (vllm bench serve), bound by a cluster bootstrap over requests"}
     if need is None:
         part = Verdict(f"{GATE}.supported peak", Status.SKIP, f"knee {knee} / margin {margin:g} = {supported}; "
                        "no slo.peak_concurrency declared", measured=supported, unit="requests")

@@ -408,8 +408,8 @@ def concurrent_long_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
 
 
 SLO_FIELDS = SLO_METRICS
-#: The wording of each judged metric in a verdict (ITL is judged per request: see latency_verdict).
-_WHAT = {"TTFT": "TTFT", "ITL": "per-request ITL", "e2e": "e2e"}
+#: The wording of each judged metric in a verdict (ITL: the pooled-gap p95, as vllm bench serve; see latency_verdict).
+_WHAT = {"TTFT": "TTFT", "ITL": "ITL", "e2e": "e2e"}
 _STATUS = {C_PASS: PASS, C_FAIL: FAIL, UNDECIDED: Status.INCONCLUSIVE}
 
 
@@ -467,11 +467,12 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     of a traffic sample undecided). The message gives per metric the sample size, the p95, the
     bound used and the limit, then the looks and why sampling stopped.
 
-    ITL is judged per request (one sample per request: its own p95 inter-token gap,
-    :func:`kvgate.load.sampling.slo_samples`), not on pooled gaps: a request's gaps are correlated
-    (a prefill stalls every running stream at once), so a bound over pooled gaps would count
-    gaps as independent samples and be optimistic; per request, ``n`` is honest. The pooled gap
-    percentiles stay in the evidence (``summary.itl_ms``). TTFT and e2e are per request anyway.
+    ITL p95 is the field's: the p95 over all inter-token gaps pooled across requests, as
+    ``vllm bench serve`` computes it (:func:`kvgate.load.sampling.slo_samples`,
+    :func:`kvgate.stats.cluster.pooled_percentile`); its bounds come from a cluster bootstrap over
+    requests (:func:`kvgate.stats.cluster.judge_pooled`: a request's gaps are correlated, so the
+    unit is the request; the message states requests, gaps and the ICC). TPOT per request stays in
+    the evidence (``summary.tpot_ms``). TTFT and e2e are per request (order statistics).
 
     A replayed traffic sample (``obs.traffic``): FAIL before anything was sent when it does not fit
     (:func:`overlong_verdict`); the message says what was replayed (:func:`replay_text`) and the
@@ -498,7 +499,7 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     for key, field_name, label in SLO_FIELDS:
         j = judged.get(label)
         if j is None:
-            p95 = s[key]["p95"] if key != "itl_ms" else (percentile(xs[key], 95) if xs[key] else None)
+            p95 = s[key]["p95"] if key != "itl_ms" else (percentile(xs[key], 95) if xs[key] else None)  # pooled
             shown = "n/a" if p95 is None else f"{p95:,.0f} ms"
             parts.append(f"{_WHAT[label]} p95 {shown} (no SLO)")
             checks.append(Verdict(f"{gate}.{label} p95", SKIP, f"no SLO for {label} p95 (slo.{field_name})",
@@ -527,7 +528,8 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport,
           "confidence": {label: j.to_dict() for label, j in judged.items()},
           "sampling": sampling.to_dict() if sampling is not None else _one_look(len(recs), level).to_dict(),
-          "itl_basis": "per request: each request's p95 inter-token gap (pooled gaps in summary.itl_ms)",
+          "itl_basis": "pooled gaps across requests, as vllm bench serve (np.percentile over every gap); "
+                       "bound: cluster bootstrap over requests (unit request)",
           "host_contention": host_evidence(obs)}
     tail = ""
     source_n = None

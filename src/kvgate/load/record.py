@@ -104,7 +104,10 @@ class RequestRecord:
     socket), ``connect_s`` (seconds spent opening a new connection; 0 on reuse), ``first_byte_s``
     (first response byte, status line included), ``end_s`` (response complete, error, or hang-up),
     ``status`` (HTTP status; 0 when none came), ``error`` (one line; None when fine),
-    ``hung_up`` (the client hung up on purpose).
+    ``hung_up`` (the client hung up on purpose), ``censored`` (cut by kvgate's own time bound -- the
+run's deadline, not the request's own timeout nor the server: neither ok nor an error; its
+``error`` says what was cut, and the latency samples treat it as right-censored at its elapsed
+time, :func:`kvgate.load.sampling.slo_samples`).
 
     Filled by :meth:`finalize` (after the run): ``chunk_s`` (arrival of every SSE event, ``[DONE]``
     included), ``events`` (each event's raw ``data`` text), ``content_s`` (arrival of the events
@@ -127,6 +130,7 @@ class RequestRecord:
     content_type: str = ""
     error: str | None = None
     hung_up: bool = False
+    censored: bool = False
     # derived by finalize()
     chunk_s: list[float] = field(default_factory=list, repr=False)
     events: list[str] = field(default_factory=list, repr=False)
@@ -165,8 +169,14 @@ class RequestRecord:
 
     @property
     def ok(self) -> bool:
-        """HTTP 200, no error, not hung up by the client."""
-        return self.status == 200 and self.error is None and not self.hung_up
+        """HTTP 200, no error, not hung up by the client (a censored record is not ok)."""
+        return self.status == 200 and self.error is None and not self.hung_up and not self.censored
+
+    @property
+    def failed(self) -> bool:
+        """An error the server (or the path to it) is answerable for: not ok, not hung up on
+        purpose, not censored by kvgate's own deadline."""
+        return not self.ok and not self.hung_up and not self.censored
 
     def finalize(self, keep_pieces: bool = False) -> "RequestRecord":
         """Decode what the hot path stored (SSE events, JSON). Idempotent; returns self.
@@ -275,7 +285,7 @@ class RequestRecord:
             "lag_s": self.lag_s, "connect_s": self.connect_s, "first_byte_s": self.first_byte_s,
             "first_token_s": self.first_token_s, "end_s": self.end_s, "status": self.status,
             "chunks": len(self.chunk_s), "tokens": self.tokens, "finish_reason": self.finish_reason,
-            "done": self.done, "hung_up": self.hung_up, "error": self.error,
+            "done": self.done, "hung_up": self.hung_up, "censored": self.censored, "error": self.error,
         }
 
 

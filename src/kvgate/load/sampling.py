@@ -12,13 +12,25 @@ looks of :func:`kvgate.stats.confidence.plan_looks`, judged after each (:func:`k
   per request (TTFT, ITL, e2e, ms) and its decisions, shared by the sampling loop and the verdict
   (:func:`kvgate.gates.load.latency_verdict`) so both judge the same numbers.
 
-**ITL** is judged per request: each request contributes one sample, the p95 of its own
-inter-token gaps (ms). Pooled gaps (31 per 32-token request) are correlated within a request --
-one prefill stalls every running stream at once -- so an order-statistic bound over them would
-claim ``n`` = gaps where the independent units are requests (optimistic); per request, ``n`` is
-the number of requests that streamed two or more tokens. The pooled gap p95 (what
-``vllm bench serve`` reports as ITL p95) stays in the evidence (``summary.itl_ms``) as context.
-TTFT and e2e are one sample per request already.
+**ITL** is the field's ITL: percentiles over **all inter-token gaps pooled across requests**,
+exactly as ``vllm bench serve`` computes it (``vllm/benchmarks/serve.py``, ``calculate_metrics``:
+each successful request's gaps extended into one list, ``np.percentile`` over it;
+:func:`kvgate.stats.cluster.pooled_percentile`). Its confidence bound does not come from order
+statistics over gaps -- a request's gaps are correlated (one prefill stalls every running stream
+at once), so the gaps are not the independent unit -- but from a cluster bootstrap over requests
+(:func:`kvgate.stats.cluster.judge_pooled`: whole requests resampled, the pooled p95 recomputed;
+unit = request, effective n = requests, the within-request ICC stated). TPOT, the per-request mean
+gap ``(e2e - ttft) / (tokens - 1)``, stays in the samples (``tpot_ms``) where a per-request
+quantity is meant. TTFT and e2e are one sample per request, judged by order statistics.
+
+**Deadline censoring.** A request cut by kvgate's own time bound (the look's share of
+``max_s``, a capacity step's, interference's waves') is ``censored``
+(:attr:`kvgate.load.record.RequestRecord.censored`): it is not an error (:func:`error_rate` leaves
+it out), and in the latency samples it is right-censored at its elapsed time: one that had already
+passed a metric's limit counts as an exceedance of that limit, the others leave that sample; the
+run stops with ``why_stopped`` "time" (INCONCLUSIVE where undecided), never a FAIL for errors.
+Batches after the first get the e2e seen so far so no request starts that cannot finish in the
+time left (:func:`kvgate.load.schedule.run_closed_loop`).
 
 Every batch is bounded in count (the look's size) and time (the plan's ``max_s``; the first look
 by the caller's ``deadline_s``).
@@ -33,7 +45,8 @@ from typing import Any, Callable, Sequence
 from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, judge, sample_until_decided
 from kvgate.load.record import RequestRecord, RequestSpec
 from kvgate.load.schedule import LoadResult, closed_loop, frozen_heap
-from kvgate.stats import percentile, request_metrics
+from kvgate.stats import request_metrics
+from kvgate.stats.cluster import judge_pooled
 
 #: (record-metric key, ``slo`` field, label) of the percentiles the latency-SLO gate judges.
 SLO_METRICS = (("ttft_ms", "ttft_p95_ms", "TTFT"), ("itl_ms", "itl_p95_ms", "ITL"), ("e2e_ms", "e2e_p95_ms", "e2e"))
@@ -43,22 +56,63 @@ Q = 0.95
 ERRORS = "errors"
 
 
-def slo_samples(records: Sequence[Any]) -> dict[str, list[float]]:
-    """Per-request samples (ms) of the records that succeeded (hang-ups left out):
-    ``ttft_ms``, ``e2e_ms`` and ``itl_ms`` = each request's own p95 inter-token gap (requests with
-    at least two content events; see the module docstring)."""
-    out: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": [], "e2e_ms": []}
+def slo_samples(records: Sequence[Any], slo: Any = None) -> dict[str, Any]:
+    """The latency-SLO samples (ms) of ``records``: per request ``ttft_ms``, ``e2e_ms`` and
+    ``tpot_ms`` (succeeded records; hang-ups left out), ``itl_ms`` = every inter-token gap of
+    the succeeded records pooled (``vllm bench serve``'s ITL list; its p95 is the field's ITL p95),
+    ``itl_gaps_ms`` = the same gaps per request (a list of lists, the clusters of
+    :func:`kvgate.stats.cluster.judge_pooled`; requests with fewer than two content events add none)
+    and ``itl_gaps_s`` = those in seconds (what :func:`judge_slo` judges: percentile of seconds,
+    then x 1000, exactly as ``vllm bench serve``).
+
+    Censored records (kvgate's deadline cut them; see the module docstring) are right-censored
+    at their elapsed time when ``slo`` (a :class:`~kvgate.profile.models.SLOSpec`) is given: a
+    TTFT already seen counts as measured; one not seen, or an e2e, that had already run past its
+    limit counts as an exceedance (the elapsed time, > limit); the rest leave the sample. Their
+    gaps leave the ITL sample (a cut stream is not a finished one, as ``vllm bench serve``)."""
+    out: dict[str, Any] = {"ttft_ms": [], "itl_ms": [], "e2e_ms": [], "tpot_ms": [], "itl_gaps_ms": [],
+                           "itl_gaps_s": []}
     for r in records:
-        if getattr(r, "hung_up", False) or not r.ok:
+        if getattr(r, "hung_up", False):
+            continue
+        if getattr(r, "censored", False):
+            if slo is not None:
+                _censored(r, slo, out)
+            continue
+        if not r.ok:
             continue
         m = request_metrics(r)
         if m.ttft_s is not None:
             out["ttft_ms"].append(m.ttft_s * 1e3)
         if m.e2e_s is not None:
             out["e2e_ms"].append(m.e2e_s * 1e3)
+        if m.tpot_s is not None:
+            out["tpot_ms"].append(m.tpot_s * 1e3)
         if m.itl_s:
-            out["itl_ms"].append(percentile(m.itl_s, Q * 100) * 1e3)
+            gaps = [g * 1e3 for g in m.itl_s]
+            out["itl_gaps_s"].append(list(m.itl_s))
+            out["itl_gaps_ms"].append(gaps)
+            out["itl_ms"].extend(gaps)
     return out
+
+
+def _censored(r: Any, slo: Any, out: dict[str, Any]) -> None:
+    """Add censored record ``r`` to ``out`` where it is evidence (:func:`slo_samples`)."""
+    if r.sent_s is None or r.end_s is None:
+        return
+    elapsed = (r.end_s - r.sent_s) * 1e3
+    ttft_limit, e2e_limit = getattr(slo, "ttft_p95_ms", None), getattr(slo, "e2e_p95_ms", None)
+    if r.first_token_s is not None:
+        out["ttft_ms"].append((r.first_token_s - r.sent_s) * 1e3)
+    elif ttft_limit is not None and elapsed > ttft_limit:
+        out["ttft_ms"].append(elapsed)
+    if e2e_limit is not None and elapsed > e2e_limit:
+        out["e2e_ms"].append(elapsed)
+
+
+def censored_count(records: Sequence[Any]) -> int:
+    """Records cut by kvgate's own deadline (:attr:`~kvgate.load.record.RequestRecord.censored`)."""
+    return sum(1 for r in records if getattr(r, "censored", False))
 
 
 def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
@@ -66,15 +120,25 @@ def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
     """label (``TTFT``/``ITL``/``e2e``) -> :class:`~kvgate.stats.confidence.Judgement` of its p95 against
     ``slo.<field>`` at ``confidence`` (the PASS side at ``pass_confidence`` when given:
     :attr:`~kvgate.stats.confidence.LookPlan.pass_level`), for every metric the ``slo`` (a
-    :class:`~kvgate.profile.models.SLOSpec`) sets a limit on."""
-    xs = slo_samples(records)
-    return {label: judge(xs[key], Q, limit, confidence, pass_confidence)
-            for key, field_name, label in SLO_METRICS if (limit := getattr(slo, field_name)) is not None}
+    :class:`~kvgate.profile.models.SLOSpec`) sets a limit on. TTFT and e2e: order statistics over
+    requests; ITL: the pooled-gap p95 with a cluster bootstrap over requests (seed 0: the same
+    records give the same bound), a :class:`~kvgate.stats.cluster.PooledJudgement`."""
+    xs = slo_samples(records, slo)
+    out: dict[str, Judgement] = {}
+    for key, field_name, label in SLO_METRICS:
+        if (limit := getattr(slo, field_name)) is None:
+            continue
+        if key == "itl_ms":
+            out[label] = judge_pooled(xs["itl_gaps_s"], Q, limit, confidence, pass_confidence, rng=0, scale=1e3)
+        else:
+            out[label] = judge(xs[key], Q, limit, confidence, pass_confidence)
+    return out
 
 
 def error_rate(records: Sequence[Any]) -> tuple[int, int]:
-    """(errors, judged requests): failed records among those not deliberately hung up."""
-    judged = [r for r in records if not getattr(r, "hung_up", False)]
+    """(errors, judged requests): failed records among those neither deliberately hung up nor
+    censored by kvgate's own deadline (those are not the server's errors)."""
+    judged = [r for r in records if not getattr(r, "hung_up", False) and not getattr(r, "censored", False)]
     return sum(1 for r in judged if not r.ok), len(judged)
 
 
@@ -160,6 +224,8 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
     with frozen_heap():  # one full collection for all the batches, not one before each (schedule.frozen_heap)
         t0 = clock()
         s = sample_until_decided(plan, take, judged, clock=clock)
+    if s.why_stopped == "source" and batches and batches[-1][1].deadline_hit:
+        s.why_stopped = "time"  # the batch stopped at the time bound (requests that could not finish not started)
     if failed:
         s.decisions = dict(failed)
         if s.history:
@@ -176,16 +242,24 @@ def sample_latency(endpoint: Any, specs: Sequence[RequestSpec], concurrency: int
     workers at once, as one :func:`~kvgate.load.closed_loop` run) until ``decide`` has decided,
     in ``plan``'s looks: the first look's batch is bounded by ``deadline_s`` seconds, later ones by
     what is left of ``plan.max_s``; every request by ``request_timeout_s`` and cut after
-    ``idle_timeout_s`` of silence. ``loop``: the runner (tests inject a fake). Returns
-    :class:`Sampled` (samples = requests sent)."""
+    ``idle_timeout_s`` of silence. ``loop``: the runner (tests inject a fake; from the second
+    batch on it gets ``expected_e2e_s``, the e2e seconds of the requests finished so far, so it
+    starts none that cannot finish in the time left). Returns :class:`Sampled` (samples = requests
+    sent and not censored: a batch cut by the time bound adds fewer than asked, and the sampling
+    stops with why "time")."""
+    seen_e2e: list[float] = []  # seconds, the finished requests of earlier batches
+
     def send(k: int, left: float | None) -> tuple[LoadResult, int]:
         budget = deadline_s if left is None else max(0.001, min(left, deadline_s))
+        extra = {"expected_e2e_s": list(seen_e2e)} if seen_e2e else {}
         res = loop(endpoint, list(specs), n=k, concurrency=concurrency, deadline_s=budget,
-                   request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s)
-        return res, len(res.records)
+                   request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s, **extra)
+        seen_e2e.extend(r.end_s - r.sent_s for r in res.records
+                        if r.ok and r.sent_s is not None and r.end_s is not None)
+        return res, len(res.records) - censored_count(res.records)
 
     return sample_batches(plan, send, decide, first_deadline_s=deadline_s, clock=clock, stop_on_fail=stop_on_fail)
 
 
-__all__ = ["ERRORS", "Q", "SLO_METRICS", "Sampled", "error_rate", "judge_slo", "merge_results", "sample_batches",
+__all__ = ["ERRORS", "Q", "SLO_METRICS", "Sampled", "censored_count", "error_rate", "judge_slo", "merge_results", "sample_batches",
            "sample_latency", "slo_decisions", "slo_samples"]

@@ -287,7 +287,9 @@ def _decode(records: Sequence[RequestRecord], end_s: float) -> None:
     for r in records:
         if r.end_s is None:
             r.end_s = end_s
-            r.error = r.error or "not finished when the run ended"
+            if r.error is None:
+                r.error = "not finished when the run ended"
+                r.censored = True  # the run's own end cut it: kvgate's bound, not the server's error
         r.finalize()
 
 
@@ -295,7 +297,8 @@ async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Seq
                n: int | None, *, concurrency: int | None, offsets: list[float] | None, rate_rps: float | None,
                max_in_flight: int, deadline_s: float, request_timeout_s: float | None, clock: Clock,
                sleep: Sleep, transport: LoadTransport | None, loop_monitor_s: float | None,
-               freeze_gc: bool, idle_timeout_s: float | None = None) -> LoadResult:
+               freeze_gc: bool, idle_timeout_s: float | None = None,
+               expected_e2e_s: Sequence[float] | None = None) -> LoadResult:
     specs = _specs(requests, n)
     if idle_timeout_s is not None:  # specs without their own idle timeout get the run's
         idled: dict[int, RequestSpec] = {}
@@ -321,16 +324,30 @@ async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Seq
     cpu0, t0, monitor = _start(clock, transport, width, freeze_gc, loop_monitor_s, lag_samples)
     deadline = t0 + deadline_s
 
+    finished_e2e: list[float] = [float(x) for x in (expected_e2e_s or ())]
+
     async def one(i: int, rec: RequestRecord) -> None:
         left = deadline - clock()
         await transport.send(prepared[i], rec, min(req_timeout, left))
-        if left < req_timeout and rec.error is not None and rec.error.startswith("timeout"):
+        by_deadline = request_timeout_s is None or left < req_timeout  # the run's deadline was this request's bound
+        if by_deadline and rec.error is not None and rec.error.startswith("timeout"):
             state["deadline_hit"] = True  # cut short by the run deadline, not by its own timeout
+            rec.censored = True  # kvgate's time bound, not the server: neither ok nor an error
+        elif rec.error is None and rec.status == 200 and rec.sent_s is not None and rec.end_s is not None:
+            finished_e2e.append(rec.end_s - rec.sent_s)
+
+    def cannot_finish(now: float) -> bool:
+        """A request started now would not end before the deadline: the p99 of the e2e seen so far
+        (this run's finished requests and ``expected_e2e_s``) exceeds the time left. Nothing seen
+        yet (a run's first wave with no prior): it starts -- the only way to learn the e2e."""
+        if not finished_e2e:
+            return False
+        return float(np.percentile(finished_e2e, 99)) > deadline - now
 
     async def closed_worker(it: Any) -> None:
         for i in it:
             now = clock()
-            if now >= deadline:
+            if now >= deadline or cannot_finish(now):
                 state["deadline_hit"] = True
                 return
             rec = RequestRecord(index=i, scheduled_s=now - t0, tag=specs[i].tag)
@@ -390,7 +407,8 @@ async def run_closed_loop(endpoint: Endpoint | None, requests: RequestSpec | Seq
                           request_timeout_s: float | None = None, clock: Clock = time.perf_counter,
                           sleep: Sleep = asyncio.sleep, transport: LoadTransport | None = None,
                           loop_monitor_s: float | None = 0.005, freeze_gc: bool = True,
-                          idle_timeout_s: float | None = None) -> LoadResult:
+                          idle_timeout_s: float | None = None,
+                          expected_e2e_s: Sequence[float] | None = None) -> LoadResult:
     """Closed loop: ``concurrency`` workers send ``n`` requests in total (or one per spec).
 
     ``requests``: one spec (repeated ``n`` times) or a sequence (cycled to ``n``). A request's
@@ -402,13 +420,20 @@ async def run_closed_loop(endpoint: Endpoint | None, requests: RequestSpec | Seq
     ``idle_timeout_s``: cut any request silent this long, seconds (the gateway's idle timeout,
     :attr:`RequestSpec.idle_timeout_s`): it fails with an ``"idle timeout: ..."`` error, so a
     server that stalls every stream costs the run one idle timeout per request, not the stall.
+
+    **Censoring.** A request the deadline cuts (its timeout was the time left, not
+    ``request_timeout_s``) or that the run's end leaves open is ``censored``
+    (:attr:`RequestRecord.censored`): kvgate's bound, not a server error. And a worker starts no
+    request that cannot finish in the time left: the p99 of the e2e seen so far (this run's
+    finished requests plus ``expected_e2e_s``, seconds, e.g. earlier batches') above the seconds
+    left stops it (``deadline_hit``); with nothing seen yet the first wave starts.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     return await _run("closed", endpoint, requests, n, concurrency=concurrency, offsets=None, rate_rps=None,
                       max_in_flight=concurrency, deadline_s=deadline_s, request_timeout_s=request_timeout_s,
                       clock=clock, sleep=sleep, transport=transport, loop_monitor_s=loop_monitor_s,
-                      freeze_gc=freeze_gc, idle_timeout_s=idle_timeout_s)
+                      freeze_gc=freeze_gc, idle_timeout_s=idle_timeout_s, expected_e2e_s=expected_e2e_s)
 
 
 async def run_open_loop(endpoint: Endpoint | None, requests: RequestSpec | Sequence[RequestSpec], *,

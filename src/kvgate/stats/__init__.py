@@ -4,7 +4,8 @@ Per request (from a :class:`kvgate.load.RequestRecord`, all in seconds):
 
 - **TTFT** = ``first_token_s - sent_s`` (first event carrying generated text; from the moment the
   request was written, so schedule lag is *not* in it — see ``LoadResult.lags_s`` for that);
-- **ITL** = the gaps between consecutive content events of one request;
+- **ITL** = the gaps between consecutive content events of one request; pooled over requests
+  (:func:`summarize`, :mod:`kvgate.stats.cluster`) as ``vllm bench serve`` does;
 - **TPOT** = ``(e2e - ttft) / (tokens - 1)`` when ``tokens > 1``;
 - **e2e** = ``end_s - sent_s`` (response complete).
 
@@ -105,9 +106,12 @@ def request_metrics(rec: _Record) -> RequestMetrics:
 def summarize(records: Sequence[_Record], qs: Sequence[float] = (50, 95, 99)) -> dict[str, Any]:
     """Pooled latency summary of the records that succeeded, in **milliseconds**.
 
-    Returns ``{"requests", "ok", "errors", "hung_up", "error_rate", "tokens", "ttft_ms",
+    Returns ``{"requests", "ok", "errors", "hung_up", "censored", "error_rate", "tokens", "ttft_ms",
     "itl_ms", "tpot_ms", "e2e_ms", "max_gap_ms", "error_samples"}``; each ``*_ms`` is a
-    :func:`distribution`. ``error_rate`` = errors / (requests - deliberate hang-ups).
+    :func:`distribution`; ``itl_ms`` pools every gap of every successful request (its p95 is
+    ``vllm bench serve``'s ITL p95), ``tpot_ms`` is one value per request. ``error_rate`` = errors /
+    (requests - deliberate hang-ups - censored): a record cut by kvgate's own deadline (``censored``)
+    is neither ok nor an error.
     ``max_gap_ms`` is the longest silence within a successful stream, the wait for the first
     event included (``first event - sent``, then between consecutive events).
     """
@@ -119,10 +123,14 @@ def summarize(records: Sequence[_Record], qs: Sequence[float] = (50, 95, 99)) ->
     tokens = 0
     errors = 0
     hung = 0
+    censored = 0
     samples: list[str] = []
     for r in records:
         if r.hung_up:
             hung += 1
+            continue
+        if getattr(r, "censored", False):
+            censored += 1
             continue
         if not r.ok:
             errors += 1
@@ -141,12 +149,13 @@ def summarize(records: Sequence[_Record], qs: Sequence[float] = (50, 95, 99)) ->
         g = max_gap_s(r)
         if g is not None:
             gaps.append(g)
-    judged = len(records) - hung
+    judged = len(records) - hung - censored
     return {
         "requests": len(records),
         "ok": judged - errors,
         "errors": errors,
         "hung_up": hung,
+        "censored": censored,
         "error_rate": errors / judged if judged else 0.0,
         "tokens": tokens,
         "ttft_ms": distribution(ttft, qs, 1e3),
