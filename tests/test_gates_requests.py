@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from kvgate.http.client import Endpoint, KvClient, Reply, StreamReply
@@ -177,14 +178,97 @@ def timed_stream(ttft, itl, n, done=True):
     return Exchange("completions", True, {"max_tokens": n}, StreamReply(200, events, elapsed_s=events[-1][0]))
 
 
-def test_route_timeout_arithmetic():
-    # 512 tokens x 20 ms + 0.5 s = 10.7 s
+def stream_of(ttft, gaps, n_max=None):
+    """A completed stream: a token at ``ttft``, then one after each of ``gaps`` (seconds), [DONE]."""
+    t = [ttft]
+    for g in gaps:
+        t.append(t[-1] + g)
+    events = [(x, chunk("completions", f" t{i}", "length" if i == len(t) - 1 else None)) for i, x in enumerate(t)]
+    events.append((t[-1] + 0.001, "[DONE]"))
+    return Exchange("completions", True, {"max_tokens": n_max or len(t)}, StreamReply(200, events, elapsed_s=events[-1][0]))
+
+
+def test_route_timeout_arithmetic_is_the_measured_stream_when_it_ran_whole():
+    # 512 tokens: 0.5 s + 511 x 20 ms = 10.72 s measured
     v = route_timeout_verdict(timed_stream(0.5, 0.02, 512), 512, 10.0)
-    assert v.status is Status.FAIL
-    assert "512 tokens x ITL p95 20.0 ms + TTFT 500 ms = 10.7 s > gateway route timeout 10 s" in v.message
+    assert v.status is Status.FAIL and v.measured == pytest.approx(10.74, abs=0.01) and v.limit == 10.0
+    assert "measured whole: 512 tokens ended in 10.74 s > gateway route timeout 10 s" in v.message
     assert route_timeout_verdict(timed_stream(0.5, 0.02, 512), 512, 11.0).status is Status.PASS
     v = route_timeout_verdict(timed_stream(0.5, 0.02, 512), 512, None)
     assert v.status is Status.PASS and v.skipped_parts  # live PASS, arithmetic not checked
+
+
+def test_route_timeout_issue_48_stalls_beside_other_probes_do_not_fail_a_healthy_gateway():
+    """Issue 48: a 32-token stream that ended with [DONE] in 13.73 s while other probes ran beside
+    it (four gaps stretched to ~2 s) read '32 x ITL p95 2298.2 ms + TTFT 497 ms = 74.0 s >
+    60 s -> FAIL'. p95 x n is no bound on a sum: the estimate is the stream itself, 13.73 s."""
+    gaps = [0.2] * 31
+    for i in (3, 11, 19, 27):
+        gaps[i] = 1.96  # the stretched gaps
+    ex = stream_of(0.497, gaps)
+    assert ex.reply.elapsed_s == pytest.approx(13.738, abs=0.001)
+    old = 32 * float(np.percentile(gaps, 95)) + 0.497
+    assert old > 60  # what the p95 x n arithmetic said
+    v = route_timeout_verdict(ex, 32, 60.0, beside=5)
+    assert v.status is Status.PASS, v.message
+    assert "32 tokens ended in 13.74 s <= gateway route timeout 60 s" in v.message
+    assert "timed beside 5 other probes in flight" in v.message and v.measured <= 13.74
+    assert route_timeout_verdict(ex, 32, 60.0, beside=0).message.count("timed alone") == 1
+    # the same stream against a timeout below its real duration: FAIL naming measured and limit
+    v = route_timeout_verdict(ex, 32, 10.0, beside=5)
+    assert v.status is Status.FAIL and v.measured == pytest.approx(13.738, abs=0.001) and v.limit == 10.0
+    assert "13.74 s > gateway route timeout 10 s" in v.message
+
+
+def test_route_timeout_extrapolates_a_short_stream_by_its_mean_gap_and_bounds_the_sum():
+    # the server ended after 64 tokens; the profile allows 512: 0.5 + 63 x 20 ms measured, 448 more
+    ex = stream_of(0.5, [0.02] * 63, n_max=512)
+    t = ex.reply.elapsed_s
+    v = route_timeout_verdict(ex, 512, 60.0)
+    assert v.status is Status.PASS and "448 more x TPOT 20.0 ms" in v.message
+    assert v.evidence["requests/route-timeout/arithmetic"]["evidence"]["longest_generation_s"]["point"] == \
+        pytest.approx(t + 448 * 0.02, abs=1e-3)
+    v = route_timeout_verdict(ex, 512, 5.0)
+    assert v.status is Status.FAIL and v.measured == pytest.approx(t + 448 * 0.02, abs=0.01)
+    # noisy gaps: the mean's bounds straddle a timeout between them -> INCONCLUSIVE, not PASS/FAIL
+    rng = np.random.default_rng(0)
+    noisy = stream_of(0.5, list(rng.exponential(0.02, 15)), n_max=512)
+    ev = route_timeout_verdict(noisy, 512, 60.0).evidence["requests/route-timeout/arithmetic"]["evidence"]
+    lo, hi = ev["longest_generation_s"]["lower"], ev["longest_generation_s"]["upper"]
+    assert lo < hi
+    v = route_timeout_verdict(noisy, 512, (lo + hi) / 2)
+    assert v.status is Status.INCONCLUSIVE and "straddle" in v.message, v.message
+
+
+def test_route_timeout_on_the_fake_both_ways():
+    """Live on the fault-injection fake (32 tokens, 20 ms apart: ~0.65 s): a gateway whose total
+    timeout (0.3 s) is below the stream's duration cuts it -- FAIL naming when and how many tokens;
+    the healthy fake PASSes, also timed while four other streams ran beside the probe."""
+    from concurrent.futures import ThreadPoolExecutor
+    from kvgate.http.probes import send
+    from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+    def probe(f, beside=0):
+        c = KvClient(Endpoint(f.base_url), timeout_s=10)
+        b = {"model": FakeConfig().served_name, "prompt": "the kv cache", "max_tokens": 32, "temperature": 0,
+             "ignore_eos": True}
+        with ThreadPoolExecutor(max_workers=beside + 1) as pool:
+            others = [pool.submit(send, c, "completions", dict(b), stream=True) for _ in range(beside)]
+            ex = send(c, "completions", b, stream=True)
+            [o.result() for o in others]
+        return ex
+
+    with FakeVLLM(FakeConfig(itl_s=0.02, faults={"route_timeout"}, route_timeout_s=0.3)) as f:
+        v = route_timeout_verdict(probe(f), 32, 0.3)
+    assert v.status is Status.FAIL and "was cut after" in v.message and "no [DONE]" in v.message, v.message
+    with FakeVLLM(FakeConfig(itl_s=0.02)) as f:
+        alone, crowded = probe(f), probe(f, beside=4)
+    for ex, k in ((alone, 0), (crowded, 4)):
+        v = route_timeout_verdict(ex, 32, 60.0, beside=k)
+        assert v.status is Status.PASS and "measured whole: 32 tokens" in v.message, v.message
+        assert v.measured == pytest.approx(ex.reply.elapsed_s, abs=0.001)
+    v = route_timeout_verdict(alone, 32, alone.reply.elapsed_s / 2)  # a declared timeout below the real duration
+    assert v.status is Status.FAIL and v.limit == pytest.approx(alone.reply.elapsed_s / 2)
 
 
 def test_route_timeout_cut_stream_fails_live():
