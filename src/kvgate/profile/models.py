@@ -191,7 +191,7 @@ class LimitsSpec(_Strict):
     preemptions_allowed: int = Field(default=0, ge=0, description="[preemptions] vllm:num_preemptions allowed during the concurrent-long gate")
     schedule_lag_max_s: float = Field(default=0.05, gt=0, description="[s] client lag behind the load schedule above which a run is INVALID")
     host_contention_max: float = Field(default=0.25, ge=0, le=1, description="[ratio] share of a launched server's CPUs (its process tree's CPU affinity) that other processes may use during a latency measurement; above it the window's latency verdicts are INVALID, never FAIL (kvgate.host.contention; 0.25: half-way between a quiet host and one competing CPU-bound process, which takes half a CPU; measured: one background competitor 50%, plus two busy loops pinned to the server's CPU 87%)")
-    route_timeout_s: float | None = Field(default=None, gt=0, description="[s] the gateway's total route timeout (not idle), e.g. Knative's revision timeout 300 s: must outlast the longest stream the profile allows (cap x ITL p95 + TTFT)")
+    route_timeout_s: float | None = Field(default=None, gt=0, description="[s] the gateway's total route timeout (not idle), e.g. Knative's revision timeout 300 s: must outlast the longest stream the profile allows (the measured stream of that length, extrapolated by its mean gap when shorter)")
     chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="chat template options the clients send (e.g. {enable_thinking: false}); kvgate sends them to /tokenize and to every chat request alike")
     probe_timeout_s: float = Field(default=1.0, gt=0, description="[s] the liveness/readiness probe timeout the deployment's kubelet enforces (timeoutSeconds; default 1 s, Kubernetes' own default when a probe sets none); /health and /v1/models under load must answer within it (health/under-load). With --isvc the InferenceService's probes decide (the smaller timeoutSeconds of its predictor's livenessProbe/readinessProbe)")
 
@@ -206,7 +206,7 @@ class SLOSpec(_Strict):
 
     concurrency: int = Field(default=1, gt=0, description="[requests] concurrent requests the latency targets hold at")
     ttft_p95_ms: float | None = Field(default=None, gt=0, description="[ms] time to first token, p95")
-    itl_p95_ms: float | None = Field(default=None, gt=0, description="[ms] inter-token latency, p95")
+    itl_p95_ms: float | None = Field(default=None, gt=0, description="[ms] inter-token latency, p95: over all inter-token gaps pooled across requests, as vllm bench serve computes it (its bound from a cluster bootstrap over requests)")
     e2e_p95_ms: float | None = Field(default=None, gt=0, description="[ms] end-to-end request latency, p95")
     error_rate_max: float = Field(default=0.0, ge=0, le=1, description="[fraction] failed requests allowed")
     requests: int = Field(default=32, gt=0, description="[requests] measured by the latency-SLO gate (its first look)")
