@@ -1,0 +1,349 @@
+"""Operating characteristics of kvgate's statistical verdicts, measured (issue 48).
+
+Not a test: a Monte-Carlo benchmark. For every statistical case (latency/slo TTFT, ITL, e2e;
+latency/interference; capacity; soak memory, latency, GPU; compare/latency; answers/accuracy;
+pools/isolation; priority) and every dependence design (independent samples, lock-step waves
+with ICC 0.9 and 1.0, AR(1) rounds with phi 0.5 and 0.8; see ``benchmarks/verdict_sim``), it runs
+simulated servers of known truth through the case's *own* decision code -- the functions kvgate's
+verdicts call, never a reimplementation -- and counts PASS, FAIL and INCONCLUSIVE:
+
+- at the limit (truth exactly on it): the wrong-PASS rate and the wrong-FAIL rate, each held to
+  the case's stated rate (``1 - confidence`` unless the case says otherwise);
+- at 1.5x and 2x the limit (3x too for the soak): the power (a FAIL is right);
+- healthy (truth inside the limit with room): the false-alarm rate the budget adds up.
+
+A cell keeps its stated rate when ``rate <= stated + 3`` Monte-Carlo standard errors (at the
+stated rate). It writes ``docs/verdict-statistics.md`` (``--doc``) and
+``benchmarks/results/verdict_statistics-latest.json``, and exits 1 when any checked cell breaks
+its stated rate (0 when all keep it). Every cell is seeded (``--seed``): the same tree gives the
+same table.
+
+    flock /tmp/kvgate-heavy.lock .venv/bin/python benchmarks/verdict_statistics.py            # all, 2,000 runs a cell
+    .venv/bin/python benchmarks/verdict_statistics.py --runs 300 --cases "latency/slo TTFT,capacity" --no-doc
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import multiprocessing as mp
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for p in (REPO / "src", REPO / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from verdict_sim import Cell, mc_se, memoise_ranks, run_cell, within  # noqa: E402
+from verdict_sim.cases import CASES, FACTOR, Case, design_label  # noqa: E402
+
+DOC = REPO / "docs" / "verdict-statistics.md"
+RESULTS = REPO / "benchmarks" / "results" / "verdict_statistics-latest.json"
+#: The family-wise false-alarm budget the doc measures the main job against.
+BUDGET = 0.01
+
+_ADAPTERS: dict[str, Any] = {}
+
+
+def cell_seed(seed: int, case: str, design: str, truth: str) -> int:
+    """A cell's own seed: the same cell gets the same runs whatever else is run."""
+    return (seed * 1_000_003 + zlib.crc32(f"{case}|{design}|{truth}".encode())) % 2**63
+
+
+def _one_cell(job: tuple[str, str, str, int, int]) -> dict[str, Any]:
+    name, design_key, truth, runs, seed = job
+    memoise_ranks()
+    case = CASES[name]
+    design = next(d for d in case.designs if d.key == design_key)
+    if name not in _ADAPTERS:
+        _ADAPTERS[name] = case.make()
+    try:
+        cell = run_cell(name, design, truth, runs, cell_seed(seed, name, design_key, truth), _ADAPTERS[name])
+        return cell.to_dict()
+    except Exception as exc:  # a case whose code changed under the adapter: recorded, not hidden
+        return {"case": name, "design": design_key, "truth": truth, "runs": 0, "counts": {},
+                "error": f"{type(exc).__name__}: {exc}"[:300], "seconds": 0.0}
+
+
+def jobs_for(cases: list[Case], runs: int, seed: int) -> list[tuple[str, str, str, int, int]]:
+    return [(c.name, d.key, t, min(runs, c.max_runs or runs), seed) for c in cases for d in c.designs for t in c.truths]
+
+
+def run_all(cases: list[Case], runs: int, seed: int, workers: int) -> list[dict[str, Any]]:
+    """Every (case, design, truth) cell, ``workers`` processes (1: in this process)."""
+    jobs = jobs_for(cases, runs, seed)
+    # the costliest cells first, so the pool's last minutes are not one long cell
+    slow = ("soak/memory", "soak/latency", "latency/slo ITL")
+    jobs.sort(key=lambda j: (j[0] not in slow, j[2] not in ("limit", "1.5x")))
+    if workers <= 1:
+        out = []
+        for j in jobs:
+            out.append(_one_cell(j))
+            _progress(out[-1])
+        return out
+    ctx = mp.get_context("fork")
+    out = []
+    with ctx.Pool(workers) as pool:
+        for r in pool.imap_unordered(_one_cell, jobs):
+            out.append(r)
+            _progress(r)
+    return out
+
+
+def _progress(r: dict[str, Any]) -> None:
+    print(f"  {r['case']:22s} {r['design']:8s} {r['truth']:8s} {r['runs']:5d} runs {r['seconds']:7.1f} s "
+          f"{r.get('error') or r['counts']}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------- the table
+
+def _cell(results: list[dict[str, Any]], case: str, design: str, truth: str) -> Cell | None:
+    r = next((x for x in results if (x["case"], x["design"], x["truth"]) == (case, design, truth)), None)
+    if r is None or not r["runs"]:
+        return None
+    return Cell(r["case"], r["design"], r["truth"], r["runs"], r["counts"], r["seconds"])
+
+
+def checks(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case and design: the rates at the limit against the stated rate, power, the healthy
+    false alarm; ``ok`` = both rates at the limit (and the healthy FAIL rate) within stated + 3 SE."""
+    rows = []
+    for name, case in CASES.items():
+        for d in case.designs:
+            lim = _cell(results, name, d.key, "limit")
+            if lim is None:
+                mine = [x for x in results if (x["case"], x["design"]) == (name, d.key)]
+                if mine:
+                    err = next((x.get("error") for x in mine if x.get("error")), None)
+                    rows.append({"case": name, "design": d.key, "label": design_label(d), "error": err or "no runs",
+                                 "ok": False, "stated": case.stated})
+                continue
+            row: dict[str, Any] = {"case": name, "design": d.key, "label": design_label(d), "runs": lim.runs,
+                                   "stated": case.stated, "wrong_pass": lim.rate("PASS"), "wrong_fail": lim.rate("FAIL"),
+                                   "inconclusive": lim.rate("INCONCLUSIVE")}
+            other = 1 - row["wrong_pass"] - row["wrong_fail"] - row["inconclusive"]
+            row["other_at_limit"] = other if other > 1e-12 else 0.0
+            for t in case.truths:
+                if t in ("healthy", "limit"):
+                    continue
+                c = _cell(results, name, d.key, t)
+                row[f"power_{t}"] = None if c is None else c.rate("FAIL")
+                row[f"pass_{t}"] = None if c is None else c.rate("PASS")
+            h = _cell(results, name, d.key, "healthy")
+            row["healthy_fail"] = None if h is None else h.rate("FAIL")
+            row["healthy_pass"] = None if h is None else h.rate("PASS")
+            row["ok_pass"] = within(row["wrong_pass"], case.stated, lim.runs)
+            if not case.fail_at_limit_is_wrong:  # "at the limit" is past it: a FAIL there is right
+                row["power_limit"], row["wrong_fail"] = row["wrong_fail"], 0.0
+            row["ok_fail"] = within(row["wrong_fail"], case.stated, lim.runs)
+            row["ok_healthy"] = h is None or within(row["healthy_fail"], case.stated, h.runs)
+            row["ok"] = row["ok_pass"] and row["ok_fail"] and row["ok_healthy"]
+            rows.append(row)
+    return rows
+
+
+def budget(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The main job's false-alarm budget from the main-job cases' worst design: at the limit
+    (a healthy deployment sitting on every limit: the worst case) and at the healthy point; the
+    family as a sum (union bound) and as ``1 - prod(1 - r)`` (independent cases)."""
+    per: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if "error" in r or not CASES[r["case"]].main_job:
+            continue
+        p = per.setdefault(r["case"], {"at_limit": 0.0, "healthy": 0.0})
+        p["at_limit"] = max(p["at_limit"], r["wrong_fail"])
+        p["healthy"] = max(p["healthy"], r["healthy_fail"] or 0.0)
+    out: dict[str, Any] = {"budget": BUDGET, "cases": per}
+    for key in ("at_limit", "healthy"):
+        rates = [v[key] for v in per.values()]
+        out[f"sum_{key}"] = sum(rates)
+        out[f"union_{key}"] = 1 - math.prod(1 - x for x in rates)
+    k = len(per)
+    out["verdicts"] = k
+    out["per_case_level"] = BUDGET / k if k else None
+    try:
+        from kvgate.stats.confidence import min_samples_to_pass
+        lvl = 1 - BUDGET / k
+        out["p95_pass_needs"] = {"at_0.95": min_samples_to_pass(0.95, 0.95), f"at_{lvl:.4f}": min_samples_to_pass(0.95, lvl)}
+    except Exception:  # pragma: no cover - the doc says what it could compute
+        pass
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.1f}%"
+
+
+def _flag(ok: bool) -> str:
+    return "ok" if ok else "**BREAKS**"
+
+
+def commit() -> str:
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return sha + (" (with uncommitted changes under src/)" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) -> str:
+    """docs/verdict-statistics.md."""
+    bad = [r for r in rows if not r["ok"]]
+    L = [
+        "# Verdict statistics: operating characteristics, measured",
+        "",
+        "How often each statistical verdict of kvgate is wrong, measured by simulation: simulated servers of "
+        "known truth, run through each case's **own** decision code (the functions kvgate's verdicts call; "
+        "nothing re-implemented), under independent samples and under the dependence real runs have. "
+        "Produced by `benchmarks/verdict_statistics.py` (the simulated designs and the per-case adapters: "
+        "`benchmarks/verdict_sim/`); CI runs a smaller version, `tests/test_verdict_statistics.py`.",
+        "",
+        f"- **Run**: {meta['date']}, kvgate commit `{meta['commit']}`, **{meta['runs']:,} simulated runs per cell** "
+        + (f"(fewer where a row's `runs` says so: {', '.join(sorted({r['case'] for r in rows if r.get('runs') and r['runs'] < meta['runs']}))}, "
+           "whose decision code costs a tenth of a second or more a run), "
+           if any(r.get('runs') and r['runs'] < meta['runs'] for r in rows) else "")
+        + f"seed {meta['seed']}, {meta['cells']} cells, {meta['wall_s']:.0f} s wall on {meta['workers']} process(es).",
+        f"- **Outcome**: {len(rows) - len(bad)} of {len(rows)} (case, design) rows keep their stated rates"
+        + (f"; **{len(bad)} break them** (marked below)." if bad else "."),
+        "",
+        "## What is measured",
+        "",
+        "- **Truth at the limit**: the case's true quantity (a p95, a slope, a ratio, an accuracy, a gain) exactly on "
+        "its limit. A PASS there and a FAIL there are both counted as wrong: a rule whose errors are bounded at "
+        "`1 - confidence` gives each at most that rate at the boundary, and less away from it.",
+        "- **Power at 1.5x and 2x**: the truth that far on the wrong side of the limit (2x: twice the p95, twice the "
+        "slope ceiling, twice the allowed ratio, twice the allowed accuracy drop, half the gain); the FAIL rate. "
+        "Not a claim the code makes: reported, not checked.",
+        "- **Healthy**: the truth inside the limit with room (per case below); its FAIL rate is the false alarm "
+        "the budget adds up.",
+        "- **Stated**: the rate the case claims for a wrong PASS and for a wrong FAIL at its limit (per case below). "
+        "A cell keeps it when `measured <= stated + 3` Monte-Carlo standard errors, "
+        f"`3 sqrt(stated (1 - stated) / runs)` = {3 * mc_se(0.05, meta['runs']) * 100:.2f} points at 5% "
+        f"and {meta['runs']:,} runs.",
+        "",
+        "**Designs.** *independent*: every request (round) its own draw. *lock-step waves, ICC rho*: requests that "
+        "leave together (a closed loop's batch at `slo.concurrency`, an interference wave of 4 shorts, a pools wave, "
+        "a priority round's shorts in fours) share a wave effect, intraclass correlation rho (1.0: identical within "
+        "a wave, as measured on the embedded server: ICC 0.998). *AR(1) phi*: rounds (the soak) or interleaved pairs "
+        "(compare: a drift of the machine shared by both sides) autocorrelated at lag 1. Every design keeps the "
+        "marginal distribution (lognormal latencies, sigma 0.5 of log-latency), so the truth is the same under all "
+        "of them: only the dependence changes.",
+        "",
+        "## The table",
+        "",
+        "Rates over the runs of each cell. `wrong PASS` and `wrong FAIL` at the limit are checked against "
+        "`stated`; the rest of the runs at the limit are INCONCLUSIVE (the honest answer there).",
+        "",
+        "| case | design | runs | wrong PASS @limit | wrong FAIL @limit | INCONCL. @limit | stated (+3 SE) | power 1.5x "
+        "| power 2x | power 3x | FAIL healthy | PASS healthy | keeps stated |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            L.append(f"| {r['case']} | {r['label']} | 0 | error: {r['error']} | | | {_pct(r['stated'])} | | | | | | "
+                     "**BREAKS** (not run) |")
+            continue
+        tol = r["stated"] + 3 * mc_se(r["stated"], r["runs"])
+        L.append(f"| {r['case']} | {r['label']} | {r['runs']:,} | {_pct(r['wrong_pass'])} | {_pct(r['wrong_fail'])} | "
+                 f"{_pct(r['inconclusive'])} | {_pct(r['stated'])} ({_pct(tol)}) | {_pct(r.get('power_1.5x'))} | "
+                 f"{_pct(r.get('power_2x'))} | {_pct(r.get('power_3x')) if 'power_3x' in r else '-'} | "
+                 f"{_pct(r['healthy_fail'])} | {_pct(r['healthy_pass'])} | "
+                 f"{'ok' if r['ok'] else '**BREAKS** (' + ', '.join(w for w, k in (('PASS', 'ok_pass'), ('FAIL', 'ok_fail'), ('healthy FAIL', 'ok_healthy')) if not r[k]) + ')'} |")
+    L += ["", "## Per case: what runs, what is stated, what is healthy", "",
+          "| case | decided by | stated | healthy truth | in the main job |", "|---|---|---|---|---|"]
+    for name, c in CASES.items():
+        doc = (c.make.__doc__ or "").strip()
+        first = c.claim
+        L.append(f"| {name} | see `benchmarks/verdict_sim/cases.py` | {_pct(c.stated)}: {first} | {c.healthy} | "
+                 f"{'yes' if c.main_job else 'no'} |")
+        del doc
+    L += ["", "Each adapter's docstring in `benchmarks/verdict_sim/cases.py` names the kvgate functions that decide "
+          "(the scenario's plan, its sampling driver and `decide`, the gate's verdict function) and the truth it sets.",
+          "", "## The false-alarm budget of the main job", ""]
+    per = b["cases"]
+    L += ["The statistical verdicts of the main job (`pytest --profile smollm2-cpu`): "
+          + ", ".join(per) + ". Per case, its worst design's FAIL rate:", "",
+          "| case | FAIL rate, truth at the limit | FAIL rate, healthy |", "|---|---:|---:|"]
+    for name, v in per.items():
+        L.append(f"| {name} | {_pct(v['at_limit'])} | {_pct(v['healthy'])} |")
+    L += ["", f"- **Worst case** (a healthy deployment sitting exactly on every limit): any FAIL in the main job at most "
+          f"{_pct(b['sum_at_limit'])} (the sum; {_pct(b['union_at_limit'])} if the cases err independently).",
+          f"- **At the healthy point** (every truth at half its limit, no leak, no drop): {_pct(b['sum_healthy'])} "
+          f"(sum), {_pct(b['union_healthy'])} (independent).",
+          f"- **The budget**: {_pct(b['budget'])} of healthy main jobs may see any FAIL. "
+          + ("The current levels keep it at the healthy point" if b["sum_healthy"] <= b["budget"] else
+             "The current levels do **not** keep it at the healthy point")
+          + (" and at the limit." if b["sum_at_limit"] <= b["budget"] else
+             "; at the limit they do **not**: each case spends up to its own `1 - confidence` (5%), and "
+             f"{b['verdicts']} cases spend up to {b['verdicts'] * 5}% together."),
+          f"- **What level would**: {b['verdicts']} statistical verdicts sharing {_pct(b['budget'])} (Bonferroni) is "
+          f"{b['per_case_level'] * 100:.2f}% each on the FAIL side, a FAIL confidence of "
+          f"{(1 - b['per_case_level']) * 100:.2f}%. The FAIL side alone needs no more samples (a lower bound at a higher "
+          "level only moves down a rank or two); the PASS side stays at `slo.confidence`. "
+          + (f"Were the PASS side raised too, a p95 PASS would need {b['p95_pass_needs'][next(k for k in b['p95_pass_needs'] if k != 'at_0.95')]} "
+             f"samples instead of {b['p95_pass_needs']['at_0.95']}." if b.get("p95_pass_needs") else ""),
+          "",
+          "## Re-running it", "",
+          "```bash",
+          "flock /tmp/kvgate-heavy.lock .venv/bin/python benchmarks/verdict_statistics.py          # every case, 2,000 runs a cell",
+          ".venv/bin/python benchmarks/verdict_statistics.py --runs 300 --cases \"latency/slo TTFT,capacity\" --no-doc",
+          ".venv/bin/pytest tests/test_verdict_statistics.py -q -p no:cacheprovider                # CI's smaller version",
+          "```", "",
+          "It writes this page and `benchmarks/results/verdict_statistics-latest.json` (every cell's counts), and exits "
+          "1 when a checked cell breaks its stated rate. `--workers N` (default 2) runs cells in parallel; every cell "
+          "is seeded on its own (`--seed`), so the table does not depend on the order or the workers.", ""]
+    return "\n".join(L)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=2000, help="simulated runs per cell (default 2000)")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all): " + ", ".join(CASES))
+    ap.add_argument("--seed", type=int, default=48)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-doc", action="store_true", help="do not write docs/verdict-statistics.md")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.cases.split(",") if n.strip()] or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
+    cases = [CASES[n] for n in names]
+    memoise_ranks()
+    t0 = time.perf_counter()
+    results = run_all(cases, args.runs, args.seed, args.workers)
+    wall = time.perf_counter() - t0
+    rows = [r for r in checks(results) if r["case"] in names]
+    b = budget(rows)
+    meta = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),
+            "runs": args.runs, "seed": args.seed, "cells": len(results), "wall_s": wall, "workers": args.workers,
+            "cases": names}
+    for r in rows:
+        line = (f"{r['case']:22s} {r['label']:28s} " + (f"ERROR {r['error']}" if "error" in r else
+                f"wrongPASS {_pct(r['wrong_pass']):>6s} wrongFAIL {_pct(r['wrong_fail']):>6s} "
+                f"p1.5x {_pct(r.get('power_1.5x')):>6s} p2x {_pct(r.get('power_2x')):>6s} "
+                f"healthyFAIL {_pct(r['healthy_fail']):>6s} {_flag(r['ok'])}"))
+        print(line)
+    print(f"budget: sum at limit {_pct(b['sum_at_limit'])}, healthy {_pct(b['sum_healthy'])}; wall {wall:.0f} s")
+    if not args.no_doc:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps({"meta": meta, "cells": results, "rows": rows, "budget": b}, indent=1))
+        if set(names) == set(CASES):
+            DOC.write_text(render(rows, b, meta))
+            print(f"wrote {DOC.relative_to(REPO)} and {RESULTS.relative_to(REPO)}")
+        else:
+            print(f"wrote {RESULTS.relative_to(REPO)} (the doc only from a run of every case)")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
