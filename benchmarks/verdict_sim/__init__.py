@@ -56,7 +56,7 @@ class Design:
 
     @property
     def key(self) -> str:
-        return self.kind if self.kind == "iid" else f"{self.kind}{self.param:g}"
+        return f"{self.kind}{self.param:g}" if self.kind in ("waves", "ar1") else self.kind
 
     def latent(self, rng: np.random.Generator, n: int, wave: int = 4) -> np.ndarray:
         """``n`` unit-variance normal values with this design's dependence (``wave``: the wave size

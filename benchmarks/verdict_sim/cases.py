@@ -554,40 +554,53 @@ class Case:
     #: False where "at the limit" is just past it (an exact check): a FAIL there is right, so only
     #: the wrong PASS is held to ``stated`` at the limit (the wrong FAIL at the healthy point).
     fail_at_limit_is_wrong: bool = True
+    #: The kvgate functions that decide, as the doc's table names them.
+    decided_by: str = ""
 
 
 REQ = (IID, WAVES_09, WAVES_10)
+_LAT = "scenarios.latency_plan, load.sampling.sample_batches + slo_decisions, gates.load.latency_verdict"
+_SOAK = "gates.soak.undecided after every round past the planned ones, analyze + memory_verdict / latency_verdict"
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("latency/slo TTFT", REQ, lambda: latency_slo("TTFT"), True,
-         "1 - slo.confidence per side over the planned looks (split_levels)", "TTFT p95 at half the limit"),
+         "1 - slo.confidence per side over the planned looks (split_levels)", "TTFT p95 at half the limit",
+         decided_by=_LAT),
     Case("latency/slo ITL", REQ, lambda: latency_slo("ITL"), True,
          "1 - slo.confidence per side; truth = pooled inter-token gaps' p95 (vllm bench serve's ITL p95)",
-         "pooled ITL p95 at half the limit", max_runs=200),
+         "pooled ITL p95 at half the limit", max_runs=200, decided_by=_LAT),
     Case("latency/slo e2e", REQ, lambda: latency_slo("e2e"), True,
-         "1 - slo.confidence per side over the planned looks", "e2e p95 at half the limit"),
+         "1 - slo.confidence per side over the planned looks", "e2e p95 at half the limit", decided_by=_LAT),
     Case("latency/interference", REQ, interference, True,
-         "1 - slo.confidence per side over the planned looks (16/60 shorts)", "mixed short TTFT p95 at half the limit"),
+         "1 - slo.confidence per side over the planned looks (16/60 shorts)", "mixed short TTFT p95 at half the limit",
+         decided_by="scenarios.interference_plan, gates.load.interference_verdict at every look"),
     Case("capacity", REQ, capacity, False,
-         "1 - slo.confidence per side at the need step", "the need step's TTFT p95 at half the limit"),
+         "1 - slo.confidence per side at the need step", "the need step's TTFT p95 at half the limit",
+         decided_by="load.capacity.requests_for, gates.capacity.judge_step + capacity_verdict"),
     Case("soak/memory", (IID, AR_05, AR_08), lambda: soak("memory"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no growth (slope 0)",
-         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=300),
+         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=300, decided_by=_SOAK),
     Case("soak/latency", (IID, AR_05, AR_08), lambda: soak("latency"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no drift (slope 0)",
-         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=300),
+         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=300, decided_by=_SOAK),
     Case("soak/gpu-memory", (IID,), soak_gpu, False,
          "exact: a measured peak against a fixed budget (no estimate; at the limit = 1 MiB over it)",
-         "peak at half the budget", stated=0.0, fail_at_limit_is_wrong=False),
+         "peak at half the budget", stated=0.0, fail_at_limit_is_wrong=False,
+         decided_by="gates.soak.analyze + gpu_verdict"),
     Case("compare/latency", (IID, AR_05, AR_08), compare_latency, False,
-         "1 - slo.confidence per side over the planned looks", "no regression (ratio 1.0)"),
+         "1 - slo.confidence per side over the planned looks", "no regression (ratio 1.0)",
+         decided_by="plan_looks as suites/test_compare.py, sample_until_decided + gates.compare.latency_decisions, "
+                    "gates.compare.latency_verdict"),
     Case("answers/accuracy", (FIXED, RECORDED), accuracy, True,
-         "1 - accuracy.confidence per side", "the recorded accuracy (no drop)"),
+         "1 - accuracy.confidence per side", "the recorded accuracy (no drop)",
+         decided_by="gates.answers.accuracy_verdict"),
     Case("pools/isolation", REQ, pools_isolation, False,
          "1 - slo.confidence per side for the ratio (each run's bound at 1 - alpha/2)",
-         "mixed p95 at half of ratio_max x alone"),
+         "mixed p95 at half of ratio_max x alone",
+         decided_by="gates.pools.isolation_plan, sample_until_decided + isolation_decide, isolation_verdict"),
     Case("priority", REQ, priority, False,
          "none stated for the gain (documented point estimates); held to 1 - slo.confidence",
-         "gain 3 x min_gain"),
+         "gain 3 x min_gain",
+         decided_by="gates.priority.priority_plan, sample_until_decided + priority_decide, priority_verdict"),
 )}
 
 
