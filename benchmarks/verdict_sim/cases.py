@@ -83,20 +83,6 @@ def observation(name: str, records: list[Any], concurrency: int, sampling: Any =
                            sampling=sampling)
 
 
-def _no_gc_freeze() -> None:
-    """``sample_batches`` runs its batches inside ``frozen_heap`` (a full ``gc.collect`` and a heap
-    freeze around real network batches). A simulated batch allocates a few records: the freeze
-    only costs time, thousands of times, and decides nothing; swap it for a no-op context."""
-    import contextlib
-
-    from kvgate.load import sampling as s
-    if not getattr(s.frozen_heap, "_sim", False):
-        def nop(*a: Any, **k: Any) -> Any:
-            return contextlib.nullcontext()
-        nop._sim = True  # type: ignore[attr-defined]
-        s.frozen_heap = nop
-
-
 # ----------------------------------------------------------------------------- latency/slo
 
 _SLO_FIELD = {"TTFT": "ttft_p95_ms", "ITL": "itl_p95_ms", "e2e": "e2e_p95_ms"}
@@ -131,18 +117,37 @@ def _request_values(rng: np.random.Generator, metric: str, z: np.ndarray, target
     return [(100.0, [float(v) for v in row]) for row in gaps]
 
 
+def looks_by_verdict(plan: Any, verdict_at: Callable[[int, Any], Any]) -> str:
+    """Drive ``plan``'s looks as the gate's sampling loop does, judging each look by the gate's own
+    verdict: ``verdict_at(n, sampling)`` is the verdict on the first ``n`` samples with ``sampling``
+    (a :class:`kvgate.stats.confidence.Sampling` at that look: ``why_stopped`` "cap" at the last
+    look, "decided" before it -- the verdict reads its level and whether the sampling ended from
+    it). Stops at the first look whose verdict is not INCONCLUSIVE (the loop stops at the first
+    decided look, and a FAIL stands at once). Returns that status."""
+    from kvgate.stats.confidence import Sampling
+    status = INCONCLUSIVE
+    history: list[dict[str, Any]] = []
+    for k, n in enumerate(plan.looks):
+        last = k == len(plan.looks) - 1
+        history.append({"n": n, "decisions": {}, "t_s": 0.0})
+        s = Sampling(plan, history=list(history), n=n, why_stopped="cap" if last else "decided")
+        status = _status(verdict_at(n, s))
+        if status != INCONCLUSIVE:
+            break
+    return status
+
+
 def latency_slo(metric: str) -> Callable[[np.random.Generator, Design, str], str]:
     """latency/slo, one metric SLO'd (the others unset): the scenario's plan
-    (:func:`kvgate.load.scenarios.latency_plan`), its sampling driver
-    (:func:`kvgate.load.sampling.sample_batches`) with its ``decide`` (:func:`kvgate.load.sampling.slo_decisions`
-    at the look's level and the plan's PASS level, as ``run_latency`` passes it), then the gate's
-    verdict (:func:`kvgate.gates.load.latency_verdict`) on the merged records. Closed loop at
-    ``slo.concurrency``: lock-step designs move each batch's requests in waves of that size."""
+    (:func:`kvgate.load.scenarios.latency_plan`), judged at each planned look by the gate's verdict
+    (:func:`kvgate.gates.load.latency_verdict`, which judges the same numbers as the scenario's
+    ``decide``: :func:`kvgate.load.sampling.slo_decisions` and the dependence-aware
+    :func:`kvgate.load.scenarios.latency_judgements` where present), stopping at the first look
+    that decides (:func:`looks_by_verdict`). Closed loop at ``slo.concurrency``: a batch's
+    requests leave together, and lock-step designs move them in waves of that size."""
     from kvgate.gates.load import latency_verdict
-    from kvgate.load.sampling import sample_batches, slo_decisions
     from kvgate.load.scenarios import latency_plan
 
-    _no_gc_freeze()
     prof = _slo_case_profile(metric)
     plan = latency_plan(prof)
     limit = getattr(prof.slo, _SLO_FIELD[metric])
@@ -151,21 +156,9 @@ def latency_slo(metric: str) -> Callable[[np.random.Generator, Design, str], str
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
         cap = plan.looks[-1]
         vals = _request_values(rng, metric, design.latent(rng, cap, wave=c), FACTOR[truth] * limit)
-        sent = {"n": 0, "t": 0.0}
-
-        def send(k: int, left: float | None) -> tuple[Any, int]:
-            recs = []
-            for i in range(sent["n"], min(cap, sent["n"] + k)):
-                ttft, gaps = vals[i]
-                wave_t = sent["t"] + (i // c) * 2.0  # a wave's requests leave together
-                recs.append(record(i, wave_t, ttft, gaps))
-            sent["n"] += len(recs)
-            sent["t"] += (len(recs) // c + 1) * 2.0
-            return load_result(recs, c), len(recs)
-
-        got = sample_batches(plan, send, lambda recs, level: slo_decisions(recs, prof.slo, level, plan.pass_level),
-                             clock=lambda: 0.0)
-        return _status(latency_verdict(observation("latency (sim)", got.result.records, c, got.sampling), prof))
+        recs = [record(i, (i // c) * 2.0, ttft, gaps) for i, (ttft, gaps) in enumerate(vals)]
+        return looks_by_verdict(plan, lambda n, s: latency_verdict(
+            observation("latency (sim)", recs[:n], c, s), prof))
 
     return one
 
@@ -174,14 +167,13 @@ def latency_slo(metric: str) -> Callable[[np.random.Generator, Design, str], str
 
 def interference() -> Callable[[np.random.Generator, Design, str], str]:
     """latency/interference: the scenario's plan (:func:`kvgate.load.scenarios.interference_plan`,
-    waves of 4 shorts); at each planned look the gate's verdict
-    (:func:`kvgate.gates.load.interference_verdict`) on the shorts so far, stopping at the first
-    look that is not INCONCLUSIVE (the scenario's ``decide`` is a closure: the verdict judges the
-    same samples at the same levels). Truth: the mixed shorts' TTFT p95 against
+    waves of 4 shorts, each wave's count in ``extra["short_waves"]`` as the scenario records it); at
+    each planned look the gate's verdict (:func:`kvgate.gates.load.interference_verdict`) on the
+    shorts so far (:func:`looks_by_verdict`; the scenario's ``decide`` is a closure over the same
+    judgement). Truth: the mixed shorts' TTFT p95 against
     ``slo.short_ttft_p95_ms``; the alone run well inside it (context only)."""
     from kvgate.gates.load import interference_verdict
     from kvgate.load.scenarios import interference_plan
-    from kvgate.stats.confidence import Sampling
 
     prof = profile("smollm2-cpu")
     waves, per = 4, 4
@@ -196,16 +188,14 @@ def interference() -> Callable[[np.random.Generator, Design, str], str]:
         alone_x = lognormal_ms(rng.standard_normal(waves * per), 0.05 * limit)
         alone = observation("short alone (sim)", [record(i, i * 1.0, float(v), tag="short")
                                                   for i, v in enumerate(alone_x)], 1)
-        status = INCONCLUSIVE
-        for k, n in enumerate(plan.looks):
-            last = k == len(plan.looks) - 1
-            s = Sampling(plan, n=n, why_stopped="cap" if last else "decided")
-            extra = {"waves": n // per, "shorts_per_wave": per, "long_per_wave": 2, "long_prompt_tokens": 384}
-            status = _status(interference_verdict(alone, observation("short with long prefills (sim)", mixed[:n], per,
-                                                                     s, extra), prof))
-            if status != INCONCLUSIVE:
-                break
-        return status
+
+        def verdict_at(n: int, s: Any) -> Any:
+            extra = {"waves": n // per, "shorts_per_wave": per, "long_per_wave": 2, "long_prompt_tokens": 384,
+                     "short_waves": [per] * (n // per)}  # what the scenario's _waves counts per wave
+            return interference_verdict(alone, observation("short with long prefills (sim)", mixed[:n], per, s, extra),
+                                        prof)
+
+        return looks_by_verdict(plan, verdict_at)
 
     return one
 
@@ -467,13 +457,17 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
         alone_recs: list[Any] = []
         mixed_recs: list[Any] = []
         alone = observation("short alone (sim)", alone_recs, 1)
-        mixed = observation("short with the long load (sim)", mixed_recs, per, extra={"waves": 0})
+        waves_seen: list[int] = []
+        mixed = observation("short with the long load (sim)", mixed_recs, per,
+                            extra={"waves": 0, "shorts_per_wave": per, "short_waves": waves_seen})
 
         def take(k: int, left: float | None) -> int:
             i0 = len(mixed_recs)
             for i in range(i0, min(cap, i0 + k)):
                 alone_recs.append(record(i, i * 1.0, float(ax[i]), tag="short"))
                 mixed_recs.append(record(i, (i // per) * 5.0 + (i % per) * 0.0125, float(mx[i]), tag="short"))
+            waves_seen[:] = [per] * (len(mixed_recs) // per)
+            mixed.extra["waves"] = len(waves_seen)
             return len(mixed_recs) - i0
 
         s = sample_until_decided(plan, take, lambda c: {"isolation": isolation_decide(alone, mixed, spec, short, lag, c)},
