@@ -472,7 +472,7 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
 
         s = sample_until_decided(plan, take, lambda c: {"isolation": isolation_decide(alone, mixed, spec, short, lag, c)},
                                  clock=lambda: 0.0)
-        mixed.sampling = s
+        mixed.extra["sampling"] = s.to_dict()  # where run_isolation leaves it, and the verdict reads it
         return _status(isolation_verdict(alone, mixed, spec, short, lag))
 
     return one
@@ -517,7 +517,8 @@ def priority() -> Callable[[np.random.Generator, Design, str], str]:
 
         s = sample_until_decided(plan, take, lambda c: {"priority": priority_decide(without, with_, prof, c)},
                                  clock=lambda: 0.0)
-        with_.sampling = s
+        with_.extra["rounds"] = -(-len(recs) // per_round)  # as run_priority leaves them, the verdict reads them
+        with_.extra["sampling"] = s.to_dict()
         return _status(priority_verdict(without, with_, prof))
 
     return one
