@@ -17,6 +17,25 @@ import pytest
 
 httpx.HTTPTransport()  # instantiating triggers httpx's own lazy imports of httpcore internals
 
+# The same for cost: what a gate run imports lazily is imported again by every pytester in-process
+# run (its sys.modules snapshot drops it afterwards). matplotlib (every run's report plots, Agg as
+# kvgate.report.plots selects it) is ~100 modules; the openai SDK's resources (the streaming/api
+# gates' SDK checks), httpx_sse and pynvml (the run record) a few dozen more. Imported once here, an
+# inner run finds them loaded and runs the same code: a `-m fit` run against the fake profile took
+# 2.6-3.2 s (median of 5) without, 0.9-1.1 s with (2026-12-06, 2 shared cores).
+import httpx_sse  # noqa: E402,F401
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot  # noqa: E402,F401
+import openai.lib.streaming.chat  # noqa: E402,F401
+import openai.resources  # noqa: E402,F401
+
+try:
+    import pynvml  # noqa: F401
+except ImportError:  # pragma: no cover - optional, as in kvgate.report.allure_meta
+    pass
+
 REPO = Path(__file__).resolve().parents[1]
 
 # A shell starts a backgrounded job (`.ci/run &`, nohup, some CI runners) with SIGINT ignored, and
