@@ -128,3 +128,25 @@ def test_the_upper_bound_is_rarely_under_the_true_pooled_p95_under_dependence():
     misses = sum(1 for b in bounds if b.upper is not None and b.upper < truth)
     boot_misses = sum(1 for b in bounds if b.boot_upper < truth)
     assert misses <= 18 and boot_misses > misses, (misses, boot_misses)
+
+
+def test_latency_verdict_judges_the_pooled_itl_and_says_so():
+    """latency/slo on the stall set (60 requests, 1 in 10 with one 2 s gap) against ITL 100 ms: the
+    field's ITL p95 (~31 ms) PASSes; the old per-request statistic (~1.4 s) would have FAILed it."""
+    from kvgate.gates.load import latency_verdict
+    from kvgate.http.metrics import MetricsTrace
+    from kvgate.load import LoadResult
+    from kvgate.load.scenarios import LoadObservation
+    from kvgate.verdict import Status
+
+    recs = stall_set(n=60)
+    prof = PROFILE.model_copy(update={"slo": slo(100.0)})
+    obs = LoadObservation("latency", LoadResult("closed", recs, 60, 2.0, 60.0, concurrency=4), MetricsTrace(samples=[]),
+                          16, 8, 4)
+    v = latency_verdict(obs, prof)
+    assert v.status is Status.PASS, v.message
+    assert "ITL p95 (pooled gaps, as vllm bench serve)" in v.message and "unit request" in v.message
+    assert "pooled gaps across requests, as vllm bench serve" in v.evidence["itl_basis"]
+    bad = PROFILE.model_copy(update={"slo": slo(20.0)})
+    v = latency_verdict(obs, bad)
+    assert v.status is Status.FAIL and "> 20 ms -> FAIL" in v.message, v.message

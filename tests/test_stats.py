@@ -113,3 +113,16 @@ def test_t_table_matches_published_quantiles():
     assert t_quantile(0.95, 10) == pytest.approx(2.228, abs=1e-3)  # scipy or the table
     with pytest.raises(ValueError):
         t_quantile(0.95, 0)
+
+
+def test_summarize_leaves_a_deadline_censored_record_out_of_the_errors_and_pools_itl():
+    ok = rec(0, content=[1.1, 1.12, 1.14, 2.14])  # gaps 20, 20, 1000 ms
+    ok2 = rec(1, content=[1.1, 1.12, 1.14, 1.16])
+    cut = rec(2, error="timeout: no complete response within 0.2 s", status=200)
+    cut.censored = True
+    bad = rec(3, status=500, error="HTTP 500")
+    s = summarize([ok, ok2, cut, bad])
+    assert s["censored"] == 1 and s["errors"] == 1 and s["error_rate"] == pytest.approx(1 / 3)
+    assert s["itl_ms"]["n"] == 6  # pooled over requests, as vllm bench serve
+    assert s["itl_ms"]["p95"] == pytest.approx(percentile([20, 20, 1000, 20, 20, 20], 95), rel=1e-9)
+    assert s["tpot_ms"]["n"] == 2
