@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.answers import isolation
+from kvgate.answers.causes import serving_cause
 from kvgate.answers.lmeval.runner import run_task
 from kvgate.answers.needle import observe as observe_needles
 from kvgate.answers.observe import MULTIBYTE_PROMPTS, SAMPLED_SCRIPTS, ask, ask_many, body_for, echoed_prompt, render
@@ -118,7 +119,16 @@ def rendering_obs(kvgate_client, kvgate_profile, golden_obs):
               [{**m, "role": "user"} if m["role"] == "system" else m for m in messages])
     got = concurrently([lambda m=m: tokenize(kvgate_client, model, messages=m) for m in shapes],
                        kvgate_profile.slo.concurrency)
-    return RenderingObservation(name, *got, served=served)
+    serving = None
+    if name is not None and served is not None and got[0].ok and served != got[0].count:  # whose count is it?
+        serving = serving_cause(_plain_answers(golden_obs), about=name, rendered={name: got[0].count})
+    return RenderingObservation(name, *got, served=served, serving=serving)
+
+
+def _plain_answers(golden_obs):
+    """Each golden's non-streamed answer by name (different goldens, different requests): what
+    :func:`~kvgate.answers.causes.serving_cause` reads who served from."""
+    return {o.spec.name: o.plain for o in golden_obs}
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +149,9 @@ def _suspects(request) -> Suspects:
         causes["sampling"] = sampling_cause(temperature_zero_verdict(request.getfixturevalue("sampling_obs")))
     if "rendering" not in causes:
         causes["rendering"] = rendering_cause(request.getfixturevalue("rendering_obs"))
-    return Suspects(causes["sampling"], causes["rendering"])
+    if "serving" not in causes:
+        causes["serving"] = serving_cause(_plain_answers(request.getfixturevalue("golden_obs")))
+    return Suspects(causes["sampling"], causes["rendering"], causes["serving"])
 
 
 def _judged(request, decide) -> Verdict:
@@ -301,7 +313,22 @@ def check_memory(request, client, profile, collected) -> Verdict:
     for g, a in zip(profile.answers.memory, asked):
         collected.add(f"multi-turn/{g.name}", a)
         obs.append(MemoryObservation(g, a))
-    return _judged(request, lambda s: memory_verdict(obs, suspects=s))
+
+    def decide(s):
+        if s is not None:  # a FAIL's cause: the conversation rendered with and without its earlier turns
+            measured = concurrently([lambda m=m: tokenize(client, model, messages=m) for o in obs
+                                     for m in (o.spec.messages, _last_turn_only(o.spec.messages))],
+                                    profile.slo.concurrency)
+            for k, o in enumerate(obs):
+                o.whole, o.last_turn = measured[2 * k], measured[2 * k + 1]
+        return memory_verdict(obs, suspects=s)
+    return _judged(request, decide)
+
+
+def _last_turn_only(messages):
+    """The conversation without its earlier turns: its system turns and its last user turn."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    return [m for i, m in enumerate(messages) if i == last or m["role"] == "system"]
 
 
 def check_determinism(request, client, profile, collected) -> Verdict:

@@ -142,7 +142,7 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
     assert msg["golden"].startswith("6 of 6 goldens right, streamed == non-streamed (e.g. 'What is the capital of "
                                     "France?' -> 'Paris is the capital of France.'")
     assert msg["accuracy"].startswith("10 of 10 items right on fake-short-answers.jsonl: accuracy 100.0%")
-    assert ">= 92.0% (recorded x (1 - 0.08)) -> PASS" in msg["accuracy"]
+    assert "95% one-sided lower bound 74.1% >= 65.0% (answers.accuracy.min_accuracy) -> PASS" in msg["accuracy"]
     assert msg["multibyte"].startswith("6 prompt pairs (cjk, emoji, hangul, thai; temperature 0, 0.8)")
     # capital-france renders to 9 tokens, system/capital-japan to 15: on chat, rendered text and ids alike
     assert msg["input-paths"].startswith("2 conversations, 6 paths each (chat, chat/stream, ids, ids/stream, text, "
@@ -179,7 +179,7 @@ def test_healthy_answering_fake_passes_every_answers_case(pytester, answering_fa
 FAULT_CASES = {
     "garbage_answers": {
         "golden": ["confident flip", repr(_garbage("Paris is the capital of France.", "What is the capital of France?"))],
-        "accuracy": ["upper bound 30.8% < 92.0%", "0 of 10 items right",
+        "accuracy": ["95% one-sided upper bound 25.9% < 65.0%", "0 of 10 items right",
                      repr(_garbage("It is Rome, in Italy.", "What is the capital of Italy?"))],
         "multi-turn": ["2 of 2 answers forget an earlier turn",
                        repr(_garbage("It is Alice, as you told me.", answer_key(MEMORY["name-alice"])))],
@@ -234,6 +234,19 @@ FAULT_CASES = {
                            "turn (15 with the system turn, 9 without) -> FAIL"],
         "input-paths": ["system/capital-japan chat: prompt_tokens 9 vs 15 rendered (-6: = the rendering without the "
                         "system turn)"],
+    },
+    # two deployments behind one URL (issue 48): B's template leaves the system turn out -- the counts of a dropped
+    # system turn, named as the split the answers' system_fingerprint shows (tests/test_causes_lookalike.py)
+    "split_fleet": {
+        "system-message": ["system/capital-japan: the answer counted 9 prompt tokens (= the rendering without it, as a "
+                           "dropped system turn would count), not the rendering with the system turn (15 with the "
+                           "system turn, 9 without)"],
+        "input-paths": ["system/capital-japan chat: prompt_tokens 9 vs 15 rendered (-6: = the rendering without the "
+                        "system turn)"],
+    },
+    "gateway_keeps_last_turn": {
+        "multi-turn": ["2 of 2 answers forget an earlier turn", "name-alice: turn 1 said 'My name is Alice. Please "
+                       "remember it.'; asked 'What is my name? (turn 3)' -> 'I do not know your name yet.'"],
     },
     # a polluter's allowlist applied to the others while it is in flight: the victims beside it change; copies of it
     # alone change them again, copies of the others do not
@@ -290,6 +303,12 @@ FAULT_CAUSES = {
                        "each alone the victims changed again, beside plain requests they did not",
     "compress_prompt": "the prompt was shortened before the model: the server counted 45 prompt tokens of the 128-token "
                        "prompt sent (128 tokens at depth 10%, non-streamed)",
+    "split_fleet": "more than one deployment answers behind the endpoint (a canary split?): the answers carry 2 "
+                   "identities: system_fingerprint None on capital-france, opposite-up, multi-turn/capital-germany; "
+                   "system_fingerprint 'fp-b' on system/capital-japan, plural-mouse, completion/capital-france",
+    "gateway_keeps_last_turn": "the earlier turns never reached the server (a gateway keeping only the last user "
+                               "turn?): the server counted 7 prompt tokens for name-alice = the rendering of its last "
+                               "user turn alone (21 with its earlier turns, by /tokenize)",
     "double_bos_ids": "a second BOS on the ids path: the server puts the tokenizer's BOS (id 1 ('<s>')) in front of a "
                       "prompt that already begins with the template's",
 }

@@ -288,6 +288,15 @@ FAULTS: dict[str, str] = {
     "of words and drops the middle; the server counts (and the model reads) what was kept",
     "gateway_drops_system": "a gateway in front drops every system turn of a chat request (/v1/chat/completions only: "
     "/tokenize still renders them), so usage.prompt_tokens is the rendering without it",
+    # issue 48: causes told from their look-alikes (an answer cache, a dropped system turn, two deployments)
+    "answer_cache_first_words": "a gateway answer cache in front keys non-streamed chat answers by the first "
+    "cache_words (default 4) words of the last user turn: a later request whose last user turn begins alike gets the "
+    "first one's body verbatim (its id, created and usage: another prompt's prompt_tokens)",
+    "split_fleet": "two deployments behind one URL: a generation whose conversation (its non-system turns' text) has "
+    "an even crc32 is answered by deployment B, a later revision whose chat template leaves out system turns and whose "
+    "non-streamed answers carry system_fingerprint 'fp-b' (A's carry none); /tokenize is A's",
+    "gateway_keeps_last_turn": "a gateway in front keeps only a chat request's system turns and its last user turn "
+    "(the history trimmed): the server counts, and the model answers, that alone",
     "sampling_dropped": "a gateway in front drops temperature and seed: every generation samples at the server's "
     "default (temperature 1.0, no seed), so identical requests vary -- in answering mode an answer ends with "
     "' (take N)', N the request's arrival number",
@@ -522,6 +531,7 @@ class FakeConfig:
     # the first capture of the needle regex found in the prompt the "model" got (" 12345."), else " unknown."
     needle: str | None = None  # e.g. r"pass key is (\d+)"; None: no retrieval
     needle_question: str = "What is the pass key?"
+    cache_words: int = 4  # answer_cache_first_words: how many words of the last user turn key the cache
     compress_over: int = 100  # compress_prompt: prompts of more words than this are compressed
     compress_head: float = 0.05  # compress_prompt: the fraction of words kept from the beginning
     compress_tail: float = 0.3  # compress_prompt: the fraction of words kept from the end
@@ -925,6 +935,22 @@ def _compressed(body: dict[str, Any], cfg: "FakeConfig") -> dict[str, Any]:
             msgs[last] = {**msgs[last], "content": _compress(msgs[last]["content"], cfg)}
             return {**body, "messages": msgs}
     return body
+
+
+def _fleet_b(kind: str, body: dict[str, Any]) -> bool:
+    """split_fleet: whether deployment B answers the request (its conversation's non-system text, or
+    its prompt, has an even crc32: the same request always lands on the same deployment)."""
+    if kind == "chat" and isinstance(body.get("messages"), list):
+        text = answer_key([m for m in body["messages"] if isinstance(m, dict)])
+    else:
+        text = json.dumps(body.get("prompt"), default=str)
+    return zlib.crc32(text.encode()) % 2 == 0
+
+
+def _last_turn_only(messages: list[Any]) -> list[Any]:
+    """gateway_keeps_last_turn: the system turns and the last user turn, in their order."""
+    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=None)
+    return [m for i, m in enumerate(messages) if i == last or (isinstance(m, dict) and m.get("role") == "system")]
 
 
 def _garbage(text: str, key: str) -> str:
@@ -2109,6 +2135,11 @@ class FakeVLLM:
             body = _compressed(body, self.config)
         if kind == "chat" and "gateway_drops_system" in self.config.faults and isinstance(body.get("messages"), list):
             body["messages"] = [m for m in body["messages"] if not (isinstance(m, dict) and m.get("role") == "system")]
+        fleet_b = "split_fleet" in self.config.faults and _fleet_b(kind, body)
+        if kind == "chat" and fleet_b and isinstance(body.get("messages"), list):  # B's template: no system turn
+            body["messages"] = [m for m in body["messages"] if not (isinstance(m, dict) and m.get("role") == "system")]
+        if kind == "chat" and "gateway_keeps_last_turn" in self.config.faults and isinstance(body.get("messages"), list):
+            body["messages"] = _last_turn_only(body["messages"])
         if kind == "chat" and (urls := _media_urls(body)):
             if "fetch_media_urls" in self.config.faults:
                 await _fetch_all(urls)
@@ -2164,6 +2195,8 @@ class FakeVLLM:
             resp = await self._complete_nonstream(request, plan)
         finally:
             self._release(plan)
+        if fleet_b and resp.status_code == 200:  # deployment B names itself
+            resp = JSONResponse({**json.loads(resp.body), "system_fingerprint": "fp-b"})
         if cache_key is not None and resp.status_code == 200:
             self._response_cache[cache_key] = bytes(resp.body)
         if "truncate_under_overlap" in faults and resp.status_code == 200 and rec.seq in self._overlapped:
@@ -2175,8 +2208,14 @@ class FakeVLLM:
         body without the caller (``cache_ignores_caller``), or caller, route, model and
         messages/prompt only (``cache_ignores_fields``)."""
         faults = self.config.faults
-        if body.get("stream") or not faults & {"cache_ignores_caller", "cache_ignores_fields"}:
+        if body.get("stream") or not faults & {"cache_ignores_caller", "cache_ignores_fields", "answer_cache_first_words"}:
             return None
+        if "answer_cache_first_words" in faults:
+            if kind != "chat" or not isinstance(body.get("messages"), list):
+                return None
+            users = [m for m in body["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+            words = FakeTokenizer.content_text(users[-1].get("content")).split() if users else []
+            return json.dumps(["first-words", words[:self.config.cache_words]])
         if "cache_ignores_fields" in faults:
             return json.dumps([authorization, kind, body.get("model"), body.get("messages"), body.get("prompt")],
                               sort_keys=True, default=str)

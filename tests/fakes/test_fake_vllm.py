@@ -1535,7 +1535,8 @@ def test_fault_body_limit_413_on_every_post_route(client, fake):
 #: tests/test_answers_vs_fake.py (it fails exactly its case there; the healthy answering fake passes all).
 ANSWER_FAULTS = ("garbage_answers", "inject_fffd", "repetition_loop", "shift_one_token", "double_bos_ids",
                  "echo_prompt_first_delta", "nondeterministic_concurrency", "forget_first_turn", "template_drops_roles",
-                 "gateway_drops_system", "sampling_dropped", "contaminating", "stale_allowlist", "bad_words_500")
+                 "gateway_drops_system", "sampling_dropped", "contaminating", "stale_allowlist", "bad_words_500",
+                 "split_fleet", "gateway_keeps_last_turn")
 
 SYS_CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
 
@@ -1557,6 +1558,54 @@ def test_fault_gateway_drops_system_on_the_chat_route_only(client, fake):
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": SYS_CHAT, "max_tokens": 2}).json()
     assert r["usage"]["prompt_tokens"] == 6  # <s> <|user|> Capital of France? <|assistant|>
     assert client.post("/tokenize", json={"model": MODEL, "messages": SYS_CHAT}).json()["count"] == 9
+
+
+def _sys_chat(user: str, system: str | None = "Be brief.") -> dict:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return {"model": MODEL, "messages": msgs, "max_tokens": 2, "temperature": 0}
+
+
+def test_fault_answer_cache_first_words_serves_another_requests_body(client, fake):
+    first = client.post("/v1/chat/completions", json=_sys_chat("Capital of France?", None)).json()
+    other = client.post("/v1/chat/completions", json=_sys_chat("Capital of Japan, please?")).json()
+    assert other["id"] != first["id"] and other["usage"]["prompt_tokens"] == 10  # healthy: its own answer and count
+    fake.config.faults.add("answer_cache_first_words")
+    fake.config.cache_words = 2  # 'Capital of'
+    warm = client.post("/v1/chat/completions", json=_sys_chat("Capital of France?", None)).json()
+    hit = client.post("/v1/chat/completions", json=_sys_chat("Capital of Japan, please?")).json()
+    assert hit == warm and hit["usage"]["prompt_tokens"] == 6  # another request's body: its id, created, usage
+    streamed = client.post("/v1/chat/completions", json={**_sys_chat("Capital of Japan, please?"), "stream": True})
+    assert warm["id"] not in streamed.text  # streams are not cached
+    miss = client.post("/v1/chat/completions", json=_sys_chat("Largest ocean?")).json()
+    assert miss["id"] != warm["id"] and miss["usage"]["prompt_tokens"] == 8
+
+
+def test_fault_split_fleet_answers_by_content_from_two_deployments(client, fake):
+    from tests.fakes.fake_vllm import _fleet_b
+    on_b = next(u for u in ("Capital of France?", "Capital of Spain?", "Capital of Peru?", "Capital of Chad?")
+                if _fleet_b("chat", {"messages": [{"role": "user", "content": u}]}))
+    on_a = next(u for u in ("Capital of France?", "Capital of Spain?", "Capital of Peru?", "Capital of Chad?")
+                if not _fleet_b("chat", {"messages": [{"role": "user", "content": u}]}))
+    healthy = client.post("/v1/chat/completions", json=_sys_chat(on_b)).json()
+    assert "system_fingerprint" not in healthy and healthy["usage"]["prompt_tokens"] == 9
+    fake.config.faults.add("split_fleet")
+    b = [client.post("/v1/chat/completions", json=_sys_chat(on_b)).json() for _ in range(2)]
+    a = client.post("/v1/chat/completions", json=_sys_chat(on_a)).json()
+    assert [r["system_fingerprint"] for r in b] == ["fp-b", "fp-b"] and "system_fingerprint" not in a
+    assert b[0]["id"] != b[1]["id"]  # each deployment answers each request itself
+    assert [r["usage"]["prompt_tokens"] for r in (*b, a)] == [6, 6, 9]  # B's template leaves the system turn out
+    assert client.post("/tokenize", json={"model": MODEL, "messages": _sys_chat(on_b)["messages"]}).json()["count"] == 9
+
+
+def test_fault_gateway_keeps_last_turn_counts_the_last_user_turn_only(client, fake):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "I am Alice."},
+            {"role": "assistant", "content": "Hi Alice!"}, {"role": "user", "content": "Who am I?"}]
+    body = {"model": MODEL, "messages": msgs, "max_tokens": 2}
+    whole = client.post("/tokenize", json={"model": MODEL, "messages": msgs}).json()["count"]
+    assert client.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"] == whole == 16
+    fake.config.faults.add("gateway_keeps_last_turn")
+    last = client.post("/tokenize", json={"model": MODEL, "messages": [msgs[0], msgs[3]]}).json()["count"]
+    assert client.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"] == last == 9
 
 
 def test_fault_sampling_dropped_makes_identical_temperature_0_requests_differ(client, fake):

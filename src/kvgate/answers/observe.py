@@ -29,7 +29,8 @@ class Asked:
     ``prompt_tokens``: ``usage.prompt_tokens`` when reported. Who answered (a non-streamed answer):
     ``model`` (the body's ``model``), ``system_fingerprint`` and ``identity`` (the response
     headers that name a server or revision, :data:`IDENTITY_HEADERS`) -- two answers differing in
-    them came from different deployments."""
+    them came from different deployments. ``response_id`` and ``created`` (the body's ``id`` and
+    ``created``, a non-streamed answer): one id answering two different requests is a cache's."""
 
     route: str
     stream: bool
@@ -46,6 +47,8 @@ class Asked:
     model: str | None = None
     system_fingerprint: str | None = None
     identity: dict[str, str] = field(default_factory=dict)
+    response_id: str | None = None
+    created: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -116,6 +119,8 @@ def ask(client: KvClient, route: str, body: dict[str, Any], *, stream: bool = Fa
         out.model = body_json.get("model") if isinstance(body_json.get("model"), str) else None
         fp = body_json.get("system_fingerprint")
         out.system_fingerprint = fp if isinstance(fp, str) else None
+        out.response_id = body_json.get("id") if isinstance(body_json.get("id"), str) else None
+        out.created = body_json.get("created") if isinstance(body_json.get("created"), int) else None
         headers = getattr(r, "headers", None) or {}
         out.identity = {k.lower(): v for k, v in headers.items() if IDENTITY_HEADERS.match(k.lower())}
         if a.ok and route == "chat":  # the content only: reasoning and tool calls are not the answer here

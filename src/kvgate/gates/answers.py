@@ -91,17 +91,20 @@ class Suspects:
     """Causes measured by other cases, for the FAILs they explain (:func:`sampling_cause`,
     :func:`rendering_cause`): ``sampling`` -- temperature 0 not honoured, or more than one
     deployment answering; ``rendering`` -- the prompt the model got is not the conversation sent (a
-    template dropping roles or the system turn, a gateway dropping the system turn). None: nothing
-    measured points there."""
+    template dropping roles or the system turn, a gateway dropping the system turn); ``serving`` --
+    who served the gate's answers (:func:`kvgate.answers.causes.serving_cause`: an answer cache in
+    front, more than one deployment). None: nothing measured points there."""
 
     sampling: str | None = None
     rendering: str | None = None
+    serving: str | None = None
 
     def cause(self, *, sampling: bool = True, rendering: bool = True) -> str | None:
-        """The findings that can explain a FAIL (``sampling``: texts that differ or flip;
-        ``rendering``: answers to another prompt), joined; None when there is none."""
-        found = [c for c, on in ((self.sampling, sampling), (self.rendering, rendering)) if on and c]
-        return "; ".join(found) or None
+        """The findings that can explain a FAIL (``sampling``: texts that differ or flip, and who
+        served them; ``rendering``: answers to another prompt), joined; None when there is none."""
+        found = [c for c, on in ((self.sampling, sampling), (self.rendering, rendering), (self.serving, True))
+                 if on and c]
+        return "; ".join(dict.fromkeys(found)) or None
 
 
 def _cause(suspects: Suspects | None, **kinds: bool) -> str | None:
@@ -331,7 +334,9 @@ def multibyte_verdict(obs: list[MultibyteObservation], suspects: Suspects | None
     to the non-streamed one character for character (same temperature, same seed): a dropped,
     doubled or mangled multibyte character shows as a difference. The prompts' scripts must have
     reached the model intact (the answer is not checked for the script: a small model may answer in
-    English). ``suspects``: the cause of streamed and non-streamed texts that differ (sampling)."""
+    English). The cause, when measured: U+FFFD in streamed answers only, every non-streamed answer
+    intact (:func:`stream_corrupts`); else ``suspects``: the cause of streamed and non-streamed texts
+    that differ (sampling)."""
     gate = f"{GATE}/multibyte"
     bad: list[str] = []
     differ = False
@@ -354,12 +359,32 @@ def multibyte_verdict(obs: list[MultibyteObservation], suspects: Suspects | None
     if bad:
         return Verdict(gate, Status.FAIL, f"{len(bad)} multibyte findings (limit 0) in {len(obs)} prompt pairs: "
                        f"{'; '.join(bad[:3])} -> FAIL", measured=len(bad), limit=0, unit="findings", evidence=ev,
-                       cause=_cause(suspects, rendering=False) if differ else None)
+                       cause=stream_corrupts(obs) or (_cause(suspects, rendering=False) if differ else None))
     names = sorted({o.name for o in obs})
     temps = sorted({o.temperature for o in obs})
     return Verdict(gate, Status.PASS, f"{len(obs)} prompt pairs ({', '.join(names)}; temperature "
                    f"{', '.join(f'{t:g}' for t in temps)}): no U+FFFD, streamed == non-streamed character for "
                    "character -> PASS", measured=0, limit=0, unit="findings", evidence=ev)
+
+
+def stream_corrupts(obs: list[MultibyteObservation]) -> str | None:
+    """The cause "the stream corrupts multibyte text" when some streamed answer has a U+FFFD its
+    non-streamed twin has not, and no non-streamed answer has one (the frontend's streaming path
+    splits characters; the engine's text is intact); else None (U+FFFD on both paths is not the
+    stream's)."""
+    if any(o.plain.ok and REPLACEMENT in o.plain.text for o in obs):
+        return None
+    hit = [o for o in obs if o.plain.ok and o.streamed.ok and REPLACEMENT in o.streamed.text]
+    if not hit:
+        return None
+    o = hit[0]
+    return (f"the stream corrupts multibyte text (U+FFFD only in the streamed answer; the non-streamed one intact): "
+            f"{len(hit)} of {len(obs)} streamed answers, e.g. {o.name}@t={o.temperature:g} streamed "
+            f"{clip(o.streamed.text, 40)!r} vs non-streamed {clip(o.plain.text, 40)!r}")
+
+
+#: The replacement character a decoder puts where bytes did not make a character.
+REPLACEMENT = "\ufffd"
 
 
 @dataclass
@@ -410,11 +435,13 @@ def system_dropped_cause(served: int) -> str:
             "tokens = the rendering without it")
 
 
-def _count_finding(o: PathsObservation, key: str, c: int) -> tuple[str, str | None]:
+def _count_finding(o: PathsObservation, key: str, c: int, serving: str | None = None) -> tuple[str, str | None]:
     """``(what the count c of path ``key`` matches, the cause it names)``, from the measured
     renderings (:class:`PathsObservation`): the server's echo of its prompt when there is one, else
     every rendering whose count equals ``c`` -- one names its candidate, several say they cannot be
-    told apart, none says the evidence cannot tell."""
+    told apart, none says the evidence cannot tell. ``serving``: who served the answers
+    (:class:`Suspects`): a count equal to the rendering without the system turn names it, not a
+    dropped system turn (a cache's or another deployment's count looks alike)."""
     n = len(o.rendered_ids)
     echo = o.echoed.get(key)
     route = key.split("/")[0]  # the cause is the route's, streamed or not
@@ -436,7 +463,7 @@ def _count_finding(o: PathsObservation, key: str, c: int) -> tuple[str, str | No
     found: list[tuple[str, str]] = []
     ws = o.without_system
     if ws is not None and ws.ok and ws.count == c != n:
-        found.append(("the rendering without the system turn", system_dropped_cause(c)))
+        found.append(("the rendering without the system turn", serving or system_dropped_cause(c)))
     ts = o.text_special
     if ts is not None and ts.ok and ts.count == c != n:
         front = f" ({o._prefix_words()} in front)" if o._prefix_words() else ""
@@ -484,7 +511,7 @@ def input_paths_verdict(obs: list[PathsObservation], suspects: Suspects | None =
                 bad.append(f"{o.name} {key}: {a.error}")
                 continue
             if a.prompt_tokens is not None and a.prompt_tokens != n:
-                what, cause = _count_finding(o, key, a.prompt_tokens)
+                what, cause = _count_finding(o, key, a.prompt_tokens, suspects.serving if suspects else None)
                 bad.append(f"{o.name} {key}: prompt_tokens {a.prompt_tokens} vs {n} rendered "
                            f"({a.prompt_tokens - n:+d}: {what})")
                 if cause:
@@ -514,24 +541,50 @@ def input_paths_verdict(obs: list[PathsObservation], suspects: Suspects | None =
 
 @dataclass
 class MemoryObservation:
-    """A conversation whose last question depends on an earlier turn: the golden spec and its answer."""
+    """A conversation whose last question depends on an earlier turn: the golden spec and its answer;
+    ``whole`` and ``last_turn``: ``/tokenize`` of the conversation and of it without its earlier
+    turns (its system turns and last user turn only), measured for a FAIL's cause (None: not)."""
 
     spec: GoldenSpec
     answer: Asked
+    whole: Rendering | None = None
+    last_turn: Rendering | None = None
+
+
+def history_trimmed(o: MemoryObservation) -> str | None:
+    """The cause of a forgotten turn when the server counted the conversation without its earlier
+    turns: ``usage.prompt_tokens`` equal to ``/tokenize`` of its last user turn alone (system turns
+    kept) and not to the whole conversation's; else None (not measured, or the counts tell nothing:
+    equal to the whole -- the model got it all and forgot --, to neither, or both renderings alike)."""
+    w, t, c = o.whole, o.last_turn, o.answer.prompt_tokens
+    if w is None or t is None or not w.ok or not t.ok or c is None or w.count == t.count:
+        return None
+    if c == t.count:
+        return (f"the earlier turns never reached the server (a gateway keeping only the last user turn?): the server "
+                f"counted {c} prompt tokens for {o.spec.name} = the rendering of its last user turn alone ({w.count} "
+                "with its earlier turns, by /tokenize)")
+    return None
 
 
 def memory_verdict(obs: list[MemoryObservation], suspects: Suspects | None = None) -> Verdict:
-    """The multi-turn case: each answer meets its expectation (the fact given in an earlier turn);
-    ``suspects``: the cause of a forgotten turn (sampling, rendering)."""
+    """The multi-turn case: each answer meets its expectation (the fact given in an earlier turn).
+    The cause of a forgotten turn: the history trimmed before the server when the counts show it
+    (:func:`history_trimmed`), else ``suspects`` (sampling, rendering, serving)."""
     gate = f"{GATE}/multi-turn"
     bad, rows = [], {}
     forgot = False
+    trimmed: list[str] = []
     for o in obs:
         if not o.answer.ok:
             bad.append(f"{o.spec.name}: {o.answer.error}")
             continue
         met, _, what = expectation_match(o.spec.expect, o.answer.text)
         rows[o.spec.name] = {"turns": len(o.spec.messages or []), "answer": o.answer.text[:300], "expected": what, "met": met}
+        if o.whole is not None and o.last_turn is not None:
+            rows[o.spec.name].update(prompt_tokens=o.answer.prompt_tokens, rendered_whole=o.whole.count,
+                                     rendered_last_turn=o.last_turn.count)
+        if not met and (t := history_trimmed(o)):
+            trimmed.append(t)
         if not met:
             first = (o.spec.messages or [{}])[0].get("content", "")
             bad.append(f"{o.spec.name}: turn 1 said {clip(first, 50)!r}; asked {_prompt_of(o.spec)!r} -> "
@@ -543,7 +596,7 @@ def memory_verdict(obs: list[MemoryObservation], suspects: Suspects | None = Non
     if bad:
         return Verdict(gate, Status.FAIL, f"{len(bad)} of {len(obs)} answers forget an earlier turn (limit 0): {'; '.join(bad[:2])} "
                        "-> FAIL", measured=len(bad), limit=0, unit="conversations", evidence=ev,
-                       cause=_cause(suspects) if forgot else None)
+                       cause=(trimmed[0] if trimmed else _cause(suspects)) if forgot else None)
     eg = "; ".join(f"{n}: {clip(r['answer'], 40)!r}" for n, r in list(rows.items())[:2])
     return Verdict(gate, Status.PASS, f"{len(obs)} conversation{'s' if len(obs) != 1 else ''} answered from an "
                    f"earlier turn ({eg}) -> PASS",
@@ -824,17 +877,22 @@ class RenderingObservation:
     system prompt, if it has one, in its place) and ``as_user`` (the same contents, the system
     turn sent as a user turn: a template that renders roles renders it otherwise). ``name``: the
     golden it is (None: kvgate's probe conversation, the profile has no system golden); ``served``:
-    the server's ``usage.prompt_tokens`` for it on the chat route (None: not asked or not reported)."""
+    the server's ``usage.prompt_tokens`` for it on the chat route (None: not asked or not reported);
+    ``serving``: who served that answer, as the gate's answers show it
+    (:func:`kvgate.answers.causes.serving_cause`: its response also answered another request, or the
+    answers name more than one deployment; None: nothing shows either)."""
 
     name: str | None
     with_system: Rendering
     without_system: Rendering
     as_user: Rendering
     served: int | None = None
+    serving: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"golden": self.name, "served_prompt_tokens": self.served, "with_system": self.with_system.to_dict(),
-                "without_system": self.without_system.to_dict(), "system_as_user": self.as_user.to_dict()}
+                "without_system": self.without_system.to_dict(), "system_as_user": self.as_user.to_dict(),
+                "serving": self.serving}
 
 
 def _quoted(r: Rendering, n: int = 32) -> str:
@@ -849,7 +907,9 @@ def rendering_cause(obs: RenderingObservation | None) -> str | None:
     """What the rendering shows that makes the model answer another prompt, or None: the template
     renders a system turn like a user turn (it drops roles); it renders the conversation alike with
     and without its system turn (it drops the system message); the server counted the rendering
-    without the system turn (it never arrived)."""
+    without the system turn (it never arrived) -- unless the answers show who else served that count
+    (``obs.serving``: a cache's or another deployment's count looks alike; :class:`Suspects` carries
+    that one)."""
     if obs is None or not obs.with_system.ok:
         return None
     w, wo, u = obs.with_system, obs.without_system, obs.as_user
@@ -859,7 +919,7 @@ def rendering_cause(obs: RenderingObservation | None) -> str | None:
     if wo.ok and wo.ids == w.ids:
         return (f"the chat template drops the system message: /tokenize renders the conversation with and without its "
                 f"system turn to the same {w.count} tokens")
-    if obs.served is not None and wo.ok and obs.served == wo.count != w.count:
+    if obs.served is not None and wo.ok and obs.served == wo.count != w.count and obs.serving is None:
         return system_dropped_cause(obs.served)
     return None
 
@@ -870,8 +930,10 @@ def system_message_verdict(obs: RenderingObservation) -> Verdict:
     with it: PASS; equal to the rendering without it (a template's default system prompt included,
     as the server would render it): FAIL, the system message never reached the server; a template
     rendering both alike: FAIL, it drops the system message. Both renderings of one length (a count
-    cannot tell them apart) or the count equal to neither: INCONCLUSIVE. SKIP without
-    ``/tokenize``; INVALID when the server reported no ``prompt_tokens``."""
+    cannot tell them apart) or the count equal to neither: INCONCLUSIVE. A count other than the
+    rendering with the system turn while ``obs.serving`` shows who else served it (a cache in
+    front, more than one deployment): FAIL, that the cause. SKIP without ``/tokenize``; INVALID
+    when the server reported no ``prompt_tokens``."""
     gate = f"{GATE}/system-message"
     ev = obs.to_dict()
     w, wo = obs.with_system, obs.without_system
@@ -892,6 +954,12 @@ def system_message_verdict(obs: RenderingObservation) -> Verdict:
     if s == w.count and w.count != wo.count:
         return Verdict(gate, Status.PASS, f"{name}: the server counted {s} prompt tokens = the rendering with the "
                        f"system turn ({counts}) -> PASS", measured=s, limit=w.count, unit="tokens", evidence=ev)
+    if obs.serving is not None and s != w.count:
+        alike = " (= the rendering without it, as a dropped system turn would count)" if s == wo.count else ""
+        return Verdict(gate, Status.FAIL, f"{name}: the answer counted {s} prompt tokens{alike}, not the rendering "
+                       f"with the system turn ({counts}); the answers show who served it: {obs.serving} -> FAIL (an "
+                       "answer must be to its own conversation, system message included)", measured=s,
+                       limit=w.count, unit="tokens", evidence=ev, cause=obs.serving)
     if s == wo.count and w.count != wo.count:
         return Verdict(gate, Status.FAIL, f"{name}: the server counted {s} prompt tokens = the rendering without the "
                        f"system turn ({counts}) -> FAIL (the system message must reach the model)", measured=s,

@@ -16,11 +16,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.stats.confidence import PASS as PASS_, FAIL as FAIL_, UNDECIDED, Judgement, LookPlan, PercentileBound, bound, \
+from kvgate.stats.confidence import PASS as PASS_, FAIL as FAIL_, UNDECIDED, Judgement, LookPlan, PercentileBound, \
     judge, plan_looks
+from kvgate.stats.twosample import judge_quantile_ratio
 from kvgate.pools.routing import RoutingObservation
 from kvgate.profile.models import PoolsSpec, Profile
-from kvgate.load.scenarios import LoadObservation
+from kvgate.load.scenarios import LoadObservation, interference_judgement
+from kvgate.stats.dependence import DependentJudgement
 from kvgate.stats import request_metrics, summarize
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS
@@ -207,12 +209,17 @@ class IsolationChecks:
     problems: list[str]
     hol: dict[str, Any]
     decision: str
+    #: The SLO check at the effective n of the waves (unit, ICC within waves, effective n); None without a short SLO.
+    slo_dependent: DependentJudgement | None = None
 
 
 def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
-                     confidence: float) -> IsolationChecks:
+                     confidence: float, at_end: bool = False) -> IsolationChecks:
     """Judge the runs so far at ``confidence`` (a look's level): the sampler's ``decide`` and the
-    verdict use the same checks."""
+    verdict use the same checks. The SLO check is taken at the effective n of the mixed waves
+    (:func:`kvgate.load.scenarios.interference_judgement`); ``at_end`` (sampling over): a PASS too
+    few independent samples allow at ``confidence`` may be taken at the short profile's
+    ``slo.pass_confidence_floor``, stated."""
     a = summarize([r for r in alone.result.records if r.tag == "short"])
     m = summarize([r for r in mixed.result.records if r.tag == "short"])
     lm = summarize([r for r in mixed.result.records if r.tag == "long"])
@@ -229,7 +236,13 @@ def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: Pools
                         "token only after a long request sent ahead of them completed")
     slo = short_slo_ms(short)
     mixed_ms = _ttfts(mixed)
-    sj = judge(mixed_ms, Q, slo, confidence) if slo is not None else None
+    ex = mixed.extra or {}
+    # the mixed shorts come in waves behind the same long prefills: the SLO's bound at the effective n
+    # of the waves (ICC within waves), as latency/interference judges it
+    dj = (interference_judgement(mixed.result.records, ex.get("short_waves"), slo, confidence, None,
+                                 short.slo.pass_confidence_floor, at_end=at_end, per_wave=ex.get("shorts_per_wave"))
+          if slo is not None else None)
+    sj = dj.judgement if dj is not None else None
     rj = judge_ratio(_ttfts(alone), mixed_ms, spec.isolation.ttft_ratio_max, confidence)
     decisions = [d for d in (sj.decision if sj else None, rj.decision) if d]
     if problems or FAIL_ in decisions:
@@ -238,7 +251,7 @@ def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: Pools
         d = PASS_
     else:
         d = UNDECIDED
-    return IsolationChecks(sj, rj, problems, hol, d)
+    return IsolationChecks(sj, rj, problems, hol, d, dj)
 
 
 def isolation_decide(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
@@ -283,7 +296,9 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
     ex = mixed.extra or {}
     sampling = ex.get("sampling")
     level = sampling["per_look_confidence"] if sampling else short.slo.confidence
-    chk = isolation_checks(alone, mixed, spec, short, level)
+    chk = isolation_checks(alone, mixed, spec, short, level,
+                           at_end=not sampling or sampling.get("why_stopped") in ("cap", "time")
+                           or len(sampling.get("history") or ()) >= len(sampling.get("looks") or ()))
     a = summarize([r for r in alone.result.records if r.tag == "short"])
     m = summarize([r for r in mixed.result.records if r.tag == "short"])
     pa, pm = a["ttft_ms"]["p95"], m["ttft_ms"]["p95"]
@@ -294,7 +309,11 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
                           "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": chk.ratio.point},
                           "head_of_line": chk.hol, "ttft_ratio_max": ratio_max, "short_slo_ms": slo,
                           "host_contention": host_evidence(alone, mixed),
-                          "confidence": {"slo": chk.slo.to_dict() if chk.slo else None, "ratio": chk.ratio.to_dict(),
+                          "dependence": {"slo": chk.slo_dependent.dependence.to_dict() if chk.slo_dependent else None,
+                                         "ratio": "the mixed sample judged as independent short requests "
+                                                  "(pools.judge_ratio); its ICC within waves is the slo's"},
+                          "confidence": {"slo": chk.slo_dependent.to_dict() if chk.slo_dependent else None,
+                                         "ratio": chk.ratio.to_dict(),
                                          "sampling": sampling, "level": short.slo.confidence, "per_look": level}}
     load = (f"{ex.get('long_per_wave')} long {ex.get('long_prompt_tokens', 0):,}-token requests at a time "
             f"({ex.get('waves')} waves)")
@@ -307,7 +326,10 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
     if sampling:
         looks = (f" [{len(sampling['history'])} of {len(sampling['looks'])} planned looks, each at "
                  f"{level * 100:.4g}%, stopped: {sampling['why_stopped']}]")
-    clauses = ["short SLO: " + chk.slo.text("short TTFT", final=False) if chk.slo else "no short SLO declared",
+    clauses = ["short SLO: " + chk.slo_dependent.text("short TTFT", final=False,
+                                                      floor_field="the short pool's slo.pass_confidence_floor")
+               if chk.slo_dependent
+               else "no short SLO declared",
                chk.ratio.text(final=False)]
     body = f"{what}; " + "; ".join(clauses) + looks
     if chk.decision == FAIL_:
