@@ -344,6 +344,9 @@ FAULTS: dict[str, str] = {
     "cache_ignores_fields": "a response cache in front keys non-streamed generations by caller, route, model and "
     "messages/prompt only: the same messages with another response_format, stop, seed, tools or max_tokens get the "
     "first body (lunargate-ai/gateway#2); a repeat is answered at once",
+    "cache_fresh_ids": "a response cache in front keyed right (caller, route and the whole body) that writes a fresh "
+    "id and created into each replay: a repeat of a non-streamed generation is answered at once with the first "
+    "body's text, usage and logprobs under a new id",
     "truncate_under_overlap": "a gateway that truncates under overlap (envoy#43983): while another generation is in "
     "flight, a non-streamed answer declares its whole Content-Length and sends only its first 40% before the "
     "connection closes (status 200), and a stream ends cleanly before its finish chunk and [DONE]",
@@ -2156,7 +2159,12 @@ class FakeVLLM:
             await self.sleep(held)
         cache_key = self._cache_key(kind, body, request.headers.get("authorization", ""))
         if cache_key is not None and cache_key in self._response_cache:
-            return Response(self._response_cache[cache_key], media_type="application/json")
+            cached = self._response_cache[cache_key]
+            if "cache_fresh_ids" in self.config.faults:  # the replay under a new id and created
+                replay = json.loads(cached)
+                replay.update(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()) + 1)
+                cached = json.dumps(replay).encode()
+            return Response(cached, media_type="application/json")
         t_received = time.monotonic()
         cfg, st = self.config, self.state
         faults = frozenset(cfg.faults)
@@ -2208,6 +2216,8 @@ class FakeVLLM:
         body without the caller (``cache_ignores_caller``), or caller, route, model and
         messages/prompt only (``cache_ignores_fields``)."""
         faults = self.config.faults
+        if not body.get("stream") and "cache_fresh_ids" in faults:  # caller, route and the whole body
+            return json.dumps([authorization, kind, body], sort_keys=True, default=str)
         if body.get("stream") or not faults & {"cache_ignores_caller", "cache_ignores_fields", "answer_cache_first_words"}:
             return None
         if "answer_cache_first_words" in faults:
