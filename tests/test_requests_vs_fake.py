@@ -86,7 +86,7 @@ def _profile_with(tmp_path, **limits):
 def test_route_timeout_below_longest_stream_fails_arithmetic_and_live(pytester, fake, tmp_path):
     """A gateway with a 0.3 s total route timeout in front of 10 ms tokens: the 64-token stream the
     profile allows (~0.64 s) is cut without [DONE], and the profile's declared timeout fails the
-    arithmetic (64 x ITL p95 + TTFT > 0.3 s)."""
+    arithmetic (the cut stream's measured time plus its missing tokens at its mean gap > 0.3 s)."""
     fake.config.faults.add("route_timeout")
     fake.config.route_timeout_s, fake.config.itl_s = 0.3, 0.01
     _, summary, gates = run(pytester, fake.url, profile=_profile_with(tmp_path, route_timeout_s=0.3))
@@ -96,7 +96,8 @@ def test_route_timeout_below_longest_stream_fails_arithmetic_and_live(pytester, 
     assert "was cut after" in checks["requests/route-timeout/live"]["message"]
     assert "no [DONE]" in checks["requests/route-timeout/live"]["message"]
     arith = checks["requests/route-timeout/arithmetic"]
-    assert arith["status"] == "FAIL" and "64 tokens x ITL p95" in arith["message"]
+    assert arith["status"] == "FAIL" and "longest allowed generation 64 tokens = measured" in arith["message"]
+    assert "more x TPOT" in arith["message"]
     assert "> gateway route timeout 0.3 s" in arith["message"]
 
 
