@@ -70,6 +70,23 @@ def test_cache_rule_names_one_response_for_two_requests_and_nothing_else():
     assert cache_finding({"a": answer(rid=None), "b": answer(rid=None)}) is None  # no id: nothing measured
 
 
+def test_cache_rule_finds_a_replay_under_a_fresh_id_by_another_prompts_usage_and_text():
+    """A cache that writes a fresh id into each replay (tests/fakes cache_fresh_ids does, keyed right):
+    the system golden's count is not its rendering but capital-france's, and so is its text."""
+    replay = {"capital-france": answer("Paris is the capital.", rid="1"),
+              "system/capital-japan": answer("Paris is the capital.", rid="2", created=1_700_000_001)}
+    found = cache_finding(replay, about="system/capital-japan", rendered={"system/capital-japan": 15})
+    assert found == ("an answer cache in front serves one request's response for another: system/capital-japan's "
+                     "answer is capital-france's, text and usage alike ('Paris is the capital.', 9 prompt tokens), "
+                     "under another id; its usage is another prompt's: system/capital-japan renders to 15 tokens by "
+                     "/tokenize")
+    # not measured (no rendering), its own count, or its own text (a dropped system turn counts 9 too): no cache
+    assert cache_finding(replay, about="system/capital-japan") is None
+    assert cache_finding(replay, about="system/capital-japan", rendered={"system/capital-japan": 9}) is None
+    dropped = {**replay, "system/capital-japan": answer("Tokyo is the capital.", rid="2")}
+    assert cache_finding(dropped, about="system/capital-japan", rendered={"system/capital-japan": 15}) is None
+
+
 def test_fleet_rule_names_identities_that_change_between_requests_and_nothing_else():
     split = {"a": answer(rid="1"), "b": answer(rid="2", fp="fp-b"), "c": answer(rid="3")}
     assert fleet_finding(split) == ("more than one deployment answers behind the endpoint (a canary split?): the "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from kvgate.answers.checks import clip
 from kvgate.answers.observe import Asked
 
 
@@ -34,7 +35,9 @@ def cache_finding(answers: Mapping[str, Asked], about: str | None = None,
     """The cause "an answer cache in front" when two different requests got the same response (id
     and created), else None; ``about``: only a response that answered that request counts.
     ``rendered`` (name -> ``/tokenize`` count of that request's own rendering, when measured): a
-    served ``prompt_tokens`` that is not it is named as another prompt's usage."""
+    served ``prompt_tokens`` that is not it is named as another prompt's usage -- and, with ``about``,
+    a replay under a fresh id is found by it: ``about``'s count not its rendering's but another
+    request's, with that request's text and tokens (:func:`_replayed`)."""
     for (rid, created), names in shared_responses(answers).items():
         if about is not None and about not in names:
             continue
@@ -49,6 +52,21 @@ def cache_finding(answers: Mapping[str, Asked], about: str | None = None,
         when = f", created {created}" if created is not None else ""
         return (f"an answer cache in front serves one request's response for another: response id {rid!r}{when} "
                 f"answered both {first} and {other} ({len(names)} requests in all){usage}")
+    return _replayed(answers, about, rendered) if about is not None else None
+
+
+def _replayed(answers: Mapping[str, Asked], about: str, rendered: Mapping[str, int] | None) -> str | None:
+    """A cache that writes a fresh id into each replay: ``about``'s ``prompt_tokens`` is not its own
+    rendering's (``rendered[about]``, measured) but equals another request's, whose answer has the
+    same text and tokens. None unless all of that was measured."""
+    a, n = answers.get(about), (rendered or {}).get(about)
+    if a is None or not a.ok or not a.text or a.prompt_tokens is None or n is None or a.prompt_tokens == n:
+        return None
+    for name, b in answers.items():
+        if name != about and b.ok and b.prompt_tokens == a.prompt_tokens and b.text == a.text and b.tokens == a.tokens:
+            return (f"an answer cache in front serves one request's response for another: {about}'s answer is "
+                    f"{name}'s, text and usage alike ({clip(a.text, 40)!r}, {a.prompt_tokens} prompt tokens), under "
+                    f"another id; its usage is another prompt's: {about} renders to {n} tokens by /tokenize")
     return None
 
 
