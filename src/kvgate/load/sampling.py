@@ -242,18 +242,17 @@ def sample_latency(endpoint: Any, specs: Sequence[RequestSpec], concurrency: int
     workers at once, as one :func:`~kvgate.load.closed_loop` run) until ``decide`` has decided,
     in ``plan``'s looks: the first look's batch is bounded by ``deadline_s`` seconds, later ones by
     what is left of ``plan.max_s``; every request by ``request_timeout_s`` and cut after
-    ``idle_timeout_s`` of silence. ``loop``: the runner (tests inject a fake; from the second
-    batch on it gets ``expected_e2e_s``, the e2e seconds of the requests finished so far, so it
-    starts none that cannot finish in the time left). Returns :class:`Sampled` (samples = requests
+    ``idle_timeout_s`` of silence. ``loop``: the runner (tests inject a fake); it gets
+    ``expected_e2e_s``, the e2e seconds of the requests finished in earlier batches (empty at
+    first), so it starts none that cannot finish in the time left. Returns :class:`Sampled` (samples = requests
     sent and not censored: a batch cut by the time bound adds fewer than asked, and the sampling
     stops with why "time")."""
     seen_e2e: list[float] = []  # seconds, the finished requests of earlier batches
 
     def send(k: int, left: float | None) -> tuple[LoadResult, int]:
         budget = deadline_s if left is None else max(0.001, min(left, deadline_s))
-        extra = {"expected_e2e_s": list(seen_e2e)} if seen_e2e else {}
         res = loop(endpoint, list(specs), n=k, concurrency=concurrency, deadline_s=budget,
-                   request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s, **extra)
+                   request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s, expected_e2e_s=list(seen_e2e))
         seen_e2e.extend(r.end_s - r.sent_s for r in res.records
                         if r.ok and r.sent_s is not None and r.end_s is not None)
         return res, len(res.records) - censored_count(res.records)

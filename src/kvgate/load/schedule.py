@@ -324,6 +324,7 @@ async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Seq
     cpu0, t0, monitor = _start(clock, transport, width, freeze_gc, loop_monitor_s, lag_samples)
     deadline = t0 + deadline_s
 
+    finish_rule = expected_e2e_s is not None  # opt-in: start no request that cannot finish in the time left
     finished_e2e: list[float] = [float(x) for x in (expected_e2e_s or ())]
 
     async def one(i: int, rec: RequestRecord) -> None:
@@ -333,14 +334,17 @@ async def _run(mode: str, endpoint: Endpoint | None, requests: RequestSpec | Seq
         if by_deadline and rec.error is not None and rec.error.startswith("timeout"):
             state["deadline_hit"] = True  # cut short by the run deadline, not by its own timeout
             rec.censored = True  # kvgate's time bound, not the server: neither ok nor an error
-        elif rec.error is None and rec.status == 200 and rec.sent_s is not None and rec.end_s is not None:
+        elif finish_rule and rec.error is None and rec.status == 200 and rec.sent_s is not None \
+                and rec.end_s is not None:
             finished_e2e.append(rec.end_s - rec.sent_s)
 
     def cannot_finish(now: float) -> bool:
         """A request started now would not end before the deadline: the p99 of the e2e seen so far
         (this run's finished requests and ``expected_e2e_s``) exceeds the time left. Nothing seen
-        yet (a run's first wave with no prior): it starts -- the only way to learn the e2e."""
-        if not finished_e2e:
+        yet (a run's first wave with no prior): it starts -- the only way to learn the e2e. Only
+        with ``expected_e2e_s`` given (even empty): a run that must hold its load until the
+        deadline (health under load) keeps starting requests."""
+        if not finish_rule or not finished_e2e:
             return False
         return float(np.percentile(finished_e2e, 99)) > deadline - now
 
@@ -423,10 +427,12 @@ async def run_closed_loop(endpoint: Endpoint | None, requests: RequestSpec | Seq
 
     **Censoring.** A request the deadline cuts (its timeout was the time left, not
     ``request_timeout_s``) or that the run's end leaves open is ``censored``
-    (:attr:`RequestRecord.censored`): kvgate's bound, not a server error. And a worker starts no
-    request that cannot finish in the time left: the p99 of the e2e seen so far (this run's
-    finished requests plus ``expected_e2e_s``, seconds, e.g. earlier batches') above the seconds
-    left stops it (``deadline_hit``); with nothing seen yet the first wave starts.
+    (:attr:`RequestRecord.censored`): kvgate's bound, not a server error. With ``expected_e2e_s``
+    given (seconds, e.g. earlier batches' e2e; may be empty) a worker starts no request that
+    cannot finish in the time left: the p99 of the e2e seen so far (this run's finished requests
+    plus ``expected_e2e_s``) above the seconds left stops it (``deadline_hit``); with nothing seen
+    yet the first wave starts. None (default): requests start until the deadline (a load that
+    must last until then).
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
