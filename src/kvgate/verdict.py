@@ -210,17 +210,28 @@ def quantity(value: Any, unit: str | None, reason: str) -> dict[str, Any]:
 
 
 def combine(gate: str, parts: list[Verdict], headline: str | None = None) -> Verdict:
-    """Fold several sub-checks into one verdict: the first non-PASS decides (FAIL > INVALID > SKIP;
-    SKIP only when every part skipped).
+    """Fold several sub-checks into one verdict, failing closed: the worst part decides, in the order
+    FAIL > INVALID > INCOMPLETE > INCONCLUSIVE > SKIP > PASS. SKIP decides only when every part
+    skipped (a PASS beside skipped parts stays a PASS and lists them: :attr:`Verdict.skipped_parts`);
+    anything else that is not a PASS makes the whole not a PASS.
 
     The message joins every deciding part's message with ``"; "`` (on PASS, every passing part's);
     ``measured``/``limit``/units are those of the first deciding part -- on PASS the part named
     ``headline`` if it passed, else the first passing part. The evidence keeps every part (by its
     gate name) and ``parts`` lists them with their own status.
+
+    An empty ``parts`` is INVALID ("nothing measured": never a PASS on nothing). Raises
+    ``ValueError`` for a part whose status is not a :class:`Status` (a status this fold does not
+    order would otherwise fall through to PASS).
     """
-    order = [Status.FAIL, Status.INVALID, Status.SKIP]
+    unknown = [p.gate for p in parts if not isinstance(p.status, Status) or p.status not in _SEVERITY]
+    if unknown:
+        raise ValueError(f"combine({gate!r}): parts with a status that is not a kvgate Status: {unknown}")
+    if not parts:
+        return Verdict(gate, Status.INVALID, f"{gate}: nothing measured (no sub-check was folded) -> INVALID",
+                       evidence={}, cause="no sub-check ran: a verdict folded from nothing is never a PASS")
     evidence = {p.gate: p.to_dict() for p in parts}
-    for status in order:
+    for status in _SEVERITY[:-1]:
         bad = [p for p in parts if p.status is status]
         if bad and (status is not Status.SKIP or len(bad) == len(parts)):
             causes = list(dict.fromkeys(p.cause for p in bad if p.cause))
@@ -229,6 +240,10 @@ def combine(gate: str, parts: list[Verdict], headline: str | None = None) -> Ver
     passed = [p for p in parts if p.status is Status.PASS]
     lead = next((p for p in passed if p.gate == headline), passed[0] if passed else None)
     return _folded(gate, Status.PASS, "; ".join(p.message for p in passed), lead, evidence, parts)
+
+
+#: :func:`combine`'s order, worst first.
+_SEVERITY = (Status.FAIL, Status.INVALID, Status.INCOMPLETE, Status.INCONCLUSIVE, Status.SKIP, Status.PASS)
 
 
 def _folded(gate: str, status: Status, message: str, lead: Verdict | None, evidence: dict[str, Any],

@@ -492,7 +492,7 @@ def route_timeout_verdict(ex: Exchange, max_tokens: int, route_timeout_s: float 
                                  measured=round(point, 3), limit=route_timeout_s, unit="s", evidence=ev))
     v = combine(gate, parts, headline=f"{gate}/arithmetic")
     open_parts = [p for p in parts if p.status is Status.INCONCLUSIVE]
-    if v.status is PASS and open_parts:  # combine() knows no INCONCLUSIVE: an undecided part is not a PASS
+    if v.status is Status.INCONCLUSIVE and open_parts:  # combine() fails closed; the message names every part
         p = open_parts[0]
         v = dataclasses.replace(v, status=Status.INCONCLUSIVE, message="; ".join(q.message for q in parts),
                                 measured=p.measured, limit=p.limit, unit=p.unit)

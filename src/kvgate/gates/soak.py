@@ -17,7 +17,8 @@ a positive point estimate inside the noise is not a leak. Classification:
 - ``memory growth``: retained memory rising above the ceiling (TTFT p95 following or not);
 - ``preemption/placement``: TTFT p95 rising above its ceiling while memory is flat; preemptions
   climbing (or, without them, requests queueing) say which;
-- ``bounded cache``: memory rose significantly, then plateaued (the last part is flat): PASS;
+- ``bounded cache``: memory rose, then plateaued (the last part's upper bound at or below the
+  ceiling): PASS;
 - ``one-off step``: a slope shown above the ceiling, but all of its rise sits in one or two rounds
   with flat rounds before and after (:func:`kvgate.stats.find_step`: with those rounds' rises taken
   out, no growth is shown): PASS naming the step's rounds and size. A leak grows round after round
@@ -28,8 +29,10 @@ a positive point estimate inside the noise is not a leak. Classification:
 A slope is judged as the latency gates judge a percentile: TTFT drift PASSes only when the slope's
 whole interval is below its ceiling, FAILs when it is shown above it, and is INCONCLUSIVE when the
 interval straddles it, naming as its cause the soak's length (its interval's width at the rounds
-fitted, the rounds' scatter, and the rounds that would decide at that scatter); memory whose point
-estimate is above its ceiling without the growth being shown is INCONCLUSIVE the same way.
+fitted, the rounds' scatter, and the rounds that would decide at that scatter); memory PASSes only
+on an upper bound at or below its ceiling (:attr:`kvgate.stats.Growth.below`) and is INCONCLUSIVE
+the same way otherwise. Every interval counts rounds as its unit and allows for their lag-1
+autocorrelation (each verdict states it and the effective n: :func:`kvgate.stats.linear_fit`).
 
 **Sample until decided** (``soak.max_duration`` above ``duration``): after the planned rounds the
 runner takes a look after every round (:func:`undecided`: would either slope verdict be
@@ -167,10 +170,30 @@ def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Gr
     return growth(xs, ys, ceiling, spec.look_confidence, spec.last_part)
 
 
+def _step_above(g: Growth, xs: list[float]) -> bool:
+    """A TTFT step shown (:func:`kvgate.stats.find_step`: one or two rises, each 4x the other rounds'
+    scatter, flat after) whose rise over the fitted span is above the ceiling: latency has no step
+    pass (a level that moved up and stayed is drift), and a flat-jump-flat series' straight line is
+    too autocorrelated around it to show the rise by its interval alone."""
+    if g.kind != "step" or g.step is None or len(xs) < 2 or xs[-1] <= xs[0]:
+        return False
+    return g.step.rise / (xs[-1] - xs[0]) > g.ceiling
+
+
 def _ci(t: Trend, unit: str) -> str:
     pct = f"{t.ols.confidence * 100:.4g}%"
     return (f"{t.slope:+,.1f} {unit} ({pct} CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}; Theil-Sen "
-            f"{t.theil_sen:+,.1f})")
+            f"{t.theil_sen:+,.1f}; {_dependence(t)})")
+
+
+def _dependence(t: Trend) -> str:
+    """``unit round, lag-1 autocorrelation +0.34 (allowed for 0.61: n_eff 2.0 of 8)`` -- the unit the
+    interval counts, the dependence measured between rounds and the effective n it left."""
+    o = t.ols
+    rho = "n/a" if math.isnan(o.rho) else f"{o.rho:+.2f}"
+    used = f" (allowed for {o.rho_used:.2f}: n_eff {o.n_eff:.1f} of {o.n})" if o.rho_used > 0 else \
+        f" (n_eff {o.n_eff:.0f})"
+    return f"unit round, lag-1 autocorrelation {rho}{used}"
 
 
 def _step_words(step: Step, rounds: list[int]) -> str:
@@ -205,7 +228,8 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
     ttft_why = None if ttft else (f"only {len(ty)} of {len(rows)} measured rounds have a TTFT p95 from a client "
                                   "that kept its schedule (need 4)")
     c = spec.ttft_p95_slope_max_ms_per_h
-    ttft_shown = bool(ttft and (ttft.full.above(c) or (ttft.last is not None and ttft.last.above(c))))
+    ttft_shown = bool(ttft and (ttft.full.above(c) or (ttft.last is not None and ttft.last.above(c))
+                                or _step_above(ttft, tx)))
     pre = [r["preemptions"] for r in rows if r.get("preemptions") is not None]
     preemptions = float(sum(pre)) if pre else None
     px, py = _series(rows, "preemptions", rs)
@@ -243,7 +267,7 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
     elif memory is not None and memory.kind == "step" and memory.step is not None:
         cls = "one-off step"
         expl = _step_words(memory.step, mem_rounds)
-    elif memory is not None and memory.kind == "bounded":
+    elif memory is not None and memory.kind == "bounded" and memory.below:
         cls = "bounded cache"
         last = memory.last
         expl = (f"retained memory rose {memory.full.slope:+,.1f} MB/h, then plateaued (last part "
@@ -344,18 +368,29 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
     t, ceiling, p = g.full, g.ceiling, a.result.plan
     unit = f"{y_unit}/h"
     xs, ys = _series(a.result.measured, key, p.round_s, keep=keep)
+    pct = f"{t.ols.confidence * 100:.4g}%"
+    if t.ci_low > ceiling and g.kind != "step":  # least squares shows it, the robust slope does not sustain it
+        head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} lies above the ceiling but Theil-Sen "
+                f"{t.theil_sen:+,.1f} {unit} (interval {t.theil_low:+,.1f}..{t.theil_high:+,.1f}) does not: inconclusive")
+        cause = (f"one or two outlying rounds carry the least-squares slope: the robust Theil-Sen interval "
+                 f"{t.theil_low:+,.1f}..{t.theil_high:+,.1f} {unit} reaches the {ceiling:g} {unit} ceiling, so the "
+                 f"{what} is not shown (nor its absence); a longer soak decides")
+        return head, cause
+    lead = ""
+    if g.kind == "step" and g.step is not None:  # the step explains the rise; the rest must be shown below
+        lead = (f"a one-off step of {g.step.rise:+,.1f} {y_unit} explains the rise, but without it ")
+        t = g.step.rest.full
+        removed = [0.0] * len(ys)
+        for i, r in zip(g.step.points, g.step.rises):
+            for j in range(i, len(ys)):
+                removed[j] += r
+        ys = [v - d for v, d in zip(ys, removed)]
     sd = residual_sd(xs, ys, t.ols)
     width = t.ci_high - t.ci_low
-    pct = f"{t.ols.confidence * 100:.4g}%"
-    if t.ci_low > ceiling:  # least squares shows it, the robust slope does not (above() needs both)
-        head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} lies above the ceiling but Theil-Sen "
-                f"{t.theil_sen:+,.1f} {unit} does not: inconclusive")
-        cause = (f"one or two outlying rounds carry the least-squares slope: the robust Theil-Sen slope {t.theil_sen:+,.1f} "
-                 f"{unit} is within the {ceiling:g} {unit} ceiling, so the {what} is not shown; a longer soak decides")
-        return head, cause
-    head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} straddles the {ceiling:g} {unit} ceiling: "
-            f"neither {what} above it nor its absence is shown")
-    need = points_to_decide(abs(t.slope - ceiling), p.round_s / 3600.0, sd, t.ols.confidence, at_least=t.n + 1)
+    head = (f"{lead}the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} straddles the {ceiling:g} {unit} "
+            f"ceiling: neither {what} above it nor its absence is shown")
+    need = points_to_decide(abs(t.slope - ceiling), p.round_s / 3600.0, sd, t.ols.confidence, at_least=t.n + 1,
+                            rho=t.ols.rho_used)
     spread = f"{series} scatters {sd:,.1f} {y_unit} round to round around the fit"
     if need is None:
         more = (f"no soak length decides at this noise while the slope sits on the ceiling ({t.slope:+,.1f} {unit})")
@@ -369,13 +404,14 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
     short = "the soak is too short to decide"
     if ext is not None:
         short += f" even extended to soak.max_duration ({_secs(ext.cap * p.round_s)} s, {ext.cap - p.warmup_rounds} measured rounds)"
-    cause = f"{short}: the {pct} interval is {width:,.0f} {unit} wide at {t.n} rounds ({spread}); {more}"
+    cause = (f"{short}: the {pct} interval is {width:,.0f} {unit} wide at {t.n} rounds ({spread}; "
+             f"{_dependence(t)}); {more}")
     return head, cause
 
 
 #: What kept an extended soak going, per part (:func:`undecided`).
 _WHY = {"latency": "soak/latency's interval straddled its ceiling",
-        "memory": "soak/memory's estimate was above its ceiling, the growth not shown"}
+        "memory": "soak/memory's interval reached its ceiling: neither growth above it nor its absence shown"}
 
 
 def ran(a: SoakAnalysis) -> str:
@@ -486,8 +522,10 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
     """Retained server memory slope (MB/h) vs ``soak.memory_slope_max_mb_per_h``: FAIL only when
     the growth is shown (lower confidence bound above the ceiling, Theil-Sen agreeing), is not a
     plateau and no one-off step of one or two rounds explains it (a ramp: rising round after round,
-    still rising in the last part); INCONCLUSIVE when the point estimate is above the ceiling and
-    the growth not shown; INVALID when the memory source was absent (no reading to fit) or never
+    still rising in the last part); PASS only when its absence is shown (:attr:`Growth.below`: the
+    whole run's upper bound at or below the ceiling; for a bounded cache the last part's, after a
+    plateau; for a one-off step the series' without the step's rounds); INCONCLUSIVE otherwise,
+    with the rounds that would decide (:func:`_undecided`); INVALID when the memory source was absent (no reading to fit) or never
     moved (:func:`frozen_memory`). Every verdict names the source and whose memory it is
     (:func:`memory_source`): the launched server's whole process tree (psutil), the API-server
     process only (``process_resident_memory_bytes`` in ``/metrics``), or a Prometheus query."""
@@ -528,8 +566,8 @@ def memory_verdict(a: SoakAnalysis) -> Verdict:
         return Verdict(gate, FAIL, f"{head}; {_ramp_words(g, a.result.measured)} -> FAIL ({a.classification}: "
                        f"{a.explanation}){tail}",
                        measured=slope, limit=ceiling, unit="MB/h", evidence=_evidence(a))
-    if g.kind not in ("bounded", "step") and not math.isnan(g.full.slope) and g.full.slope > ceiling:
-        # the point estimate above the ceiling, the growth not shown: never a PASS
+    if not g.below:
+        # neither the growth nor its absence shown: a PASS rests on an upper bound, never a point estimate
         why, cause = _undecided(a, g, "mem_min_mb", "retained memory", "MB", "growth")
         return Verdict(gate, INCONCLUSIVE, f"{head} -> INCONCLUSIVE ({why}){tail}", measured=slope, limit=ceiling,
                        unit="MB/h", evidence=_evidence(a), cause=cause)
