@@ -678,3 +678,121 @@ def test_a_hung_up_record_with_a_cut_off_event_is_not_an_error():
     r.finalize()
     assert r.error is None and r.undecodable == 0 and r.text == "a" and r.chunk_s == [0.1] and not r.ok
     assert r.row()["chunks"] == 1 and r.row()["hung_up"] is True
+
+
+# ----------------------------------------------------------------------------- scenarios: own prefixes, de-synchronised
+# (issue 48: F7 -- every timed request its own prefix; F2 -- no lock-step waves)
+def _scenario_run(monkeypatch, what):
+    """Run ``what(client, endpoint, profile)`` against the fault-injection fake with every spec the
+    load runs send recorded; returns (result, [spec lists of each run], first-16-token tuples of each run)."""
+    import kvgate.load.scenarios as scenarios
+    from kvgate.http.client import KvClient
+    from kvgate.profile.models import load_profile
+    from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
+
+    from .conftest import REPO
+
+    runs: list[list[Any]] = []
+
+    def spy(real):
+        def call(endpoint, requests, **kw):
+            runs.append(list(requests))
+            return real(endpoint, requests, **kw)
+        return call
+    monkeypatch.setattr(scenarios, "closed_loop", spy(scenarios.closed_loop))
+    monkeypatch.setattr(scenarios, "open_loop", spy(scenarios.open_loop))
+    prof = load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml"))
+    with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.001)) as fake:
+        ep = Endpoint(fake.url.removesuffix("/v1"))
+        with KvClient(ep, timeout_s=10.0) as client:
+            out = what(client, ep, prof)
+
+            def head(spec: Any) -> tuple[int, ...]:
+                r = client.tokenize(model=prof.model.served_name, prompt=spec.body["prompt"])
+                return tuple(r.json["tokens"][:16])
+            heads = [[head(s) for s in run] for run in runs]
+    return out, runs, heads
+
+
+def test_latency_slo_sends_every_request_its_own_first_kv_block_and_thinks_between_sends(monkeypatch):
+    from kvgate.load.scenarios import run_latency
+
+    obs, runs, heads = _scenario_run(monkeypatch, lambda c, e, p: run_latency(c, e, p, rng=np.random.default_rng(1)))
+    flat = [h for run in heads for h in run]
+    n = len(obs.result.records)
+    assert n > 16 and len(flat) == n  # more looks than the first: every batch's requests built for it, none cycled
+    assert len(set(flat)) == len(flat), "two requests of latency/slo share their first 16 tokens (one KV block)"
+    think = obs.extra["think_s"]
+    assert think["n"] == n and 0 < think["mean"] < think["max"]  # a random think before every send
+    lag = obs.result.max_lag_s
+    assert lag < 0.25, lag  # the think moves scheduled_s: it is the design, not a client falling behind
+
+
+def test_interference_shorts_alone_and_mixed_have_prompts_of_their_own_at_random_offsets(monkeypatch):
+    from kvgate.load.scenarios import run_interference
+
+    def go(c, e, p):
+        return run_interference(c, e, p, rng=np.random.default_rng(7))
+    (alone, mixed), runs, heads = _scenario_run(monkeypatch, go)
+    flat = [h for run in heads for h in run]
+    assert len(set(flat)) == len(flat), "two requests of interference (alone or mixed) share their first KV block"
+    alone_heads, mixed_heads = set(heads[0]), {h for run in heads[1:] for h in run}
+    assert not alone_heads & mixed_heads  # the alone baseline is never the mixed shorts' cache
+    ex = mixed.extra
+    assert sum(ex["short_waves"]) == len([r for r in mixed.result.records if r.tag == "short"]) and ex["waves"] >= 4
+    offs = ex["offsets_s"]
+    assert len(offs) == ex["waves"] and all(len(o) == 4 and o == sorted(o) for o in offs)
+    window = ex["prefill_window_s"]
+    assert 0.05 <= window["first_guess"] <= 1.0
+    spread = [o[-1] - o[0] for o in offs]
+    assert max(spread) > 0.0375  # not four shorts 12.5 ms apart: each its own point of the window
+    # the same seed draws the same offsets (injected randomness); another seed others
+    from kvgate.load.scenarios import short_offsets
+    assert short_offsets(np.random.default_rng(3), 4, 1.0) == short_offsets(np.random.default_rng(3), 4, 1.0)
+    assert short_offsets(np.random.default_rng(3), 4, 1.0) != short_offsets(np.random.default_rng(4), 4, 1.0)
+
+
+def test_think_transport_draws_from_the_median_e2e_and_moves_the_schedule():
+    from kvgate.load.desync import ThinkTransport
+    from kvgate.load.record import RequestRecord
+
+    clock = {"t": 0.0}
+    slept: list[float] = []
+
+    class Inner:
+        name = "inner"
+
+        def bind(self, c, t0, m):
+            pass
+
+        def prepare(self, s):
+            return s
+
+        async def send(self, p, rec, timeout_s):
+            rec.sent_s = clock["t"]
+            clock["t"] += 2.0  # every request takes 2 s
+            rec.first_token_s = rec.end_s = clock["t"]
+
+        async def aclose(self):
+            pass
+
+    async def sleep(s):
+        slept.append(s)
+        clock["t"] += s
+
+    t = ThinkTransport(Inner(), np.random.default_rng(0), share=0.25, first_s=0.1, sleep=sleep)
+    t.bind(lambda: clock["t"], 0.0, 4)
+    recs = [RequestRecord(index=i, scheduled_s=clock["t"]) for i in range(20)]
+
+    async def go():
+        for r in recs:
+            r.scheduled_s = clock["t"]
+            await t.send(None, r, 60.0)
+    asyncio.run(go())
+    assert t.thinks_s[0] <= 0.1 and all(x <= 0.5 for x in t.thinks_s[1:]) and max(t.thinks_s[1:]) > 0.1
+    assert all(abs(r.sent_s - r.scheduled_s) < 1e-9 for r in recs)  # the think is not schedule lag
+    t2 = ThinkTransport(Inner(), np.random.default_rng(0), share=0.25, first_s=0.1, sleep=sleep)
+    t2.bind(lambda: clock["t"], 0.0, 4)
+    r = RequestRecord(index=0, scheduled_s=0.0)
+    asyncio.run(t2.send(None, r, 0.1))  # no time to think near the deadline
+    assert t2.thinks_s == [0.0]

@@ -24,7 +24,8 @@ from kvgate.stats.confidence import (FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, 
                                      min_samples_to_pass)
 from kvgate.profile.models import Profile
 from kvgate.load.sampling import Q, SLO_METRICS, judge_slo, slo_samples
-from kvgate.load.scenarios import LoadObservation, ScenarioError, Traffic, long_workload, short_workload
+from kvgate.load.scenarios import (LoadObservation, ScenarioError, Traffic, interference_judgement,
+                                   latency_judgements, long_workload, short_workload)
 from kvgate.stats import percentile, request_metrics, summarize
 from kvgate.traffic.sample import BYTES_PER_TOKEN
 from kvgate.verdict import Status, Verdict
@@ -490,7 +491,20 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     recs = obs.result.records
     sampling = obs.sampling
     level = sampling.plan.per_look if sampling is not None else slo.confidence
-    judged = judge_slo(recs, slo, level, sampling.plan.pass_level if sampling is not None else None)
+    up = sampling.plan.pass_level if sampling is not None else None
+    judged = judge_slo(recs, slo, level, up)
+    # TTFT and e2e (one value per request) of the closed loop at the effective n of the requests in send
+    # order (lag-1..c autocorrelation), as the sampling loop judged them; the profile's lower PASS level only
+    # at the end. A replay keeps the recorded arrivals (its bursts are the sample's): judged per request
+    at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")
+              or sampling.n >= sampling.plan.looks[-1])
+    dependent = latency_judgements(recs, slo, level, up, obs.concurrency, at_end) if t is None else {}
+    judged = {**judged, **{label: dj.judgement for label, dj in dependent.items()}}
+
+    def said(label: str, j: Any, final: bool = True) -> str:
+        if label in dependent:
+            return dependent[label].text(_WHAT[label], final=final, floor_field="slo.pass_confidence_floor")
+        return j.text(_WHAT[label], final=final)
     xs = slo_samples(recs)
     window = busiest_window([r.scheduled_s for r in recs]) if t is not None and t.plan.mode == "open" else None
     bursts: dict[str, Any] = {}
@@ -505,15 +519,16 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
             checks.append(Verdict(f"{gate}.{label} p95", SKIP, f"no SLO for {label} p95 (slo.{field_name})",
                                   measured=p95, unit="ms"))
             continue
-        text = j.text(_WHAT[label])
+        text = said(label, j)
         if j.decision == C_FAIL and window is not None and window["burst"]:
             share = bursts[label] = burst_share(recs, window, _over_slo(recs, key, j.limit))
             if share["concentrated"]:
                 text += f"; {_burst_text(window, share)}"
         (problems if j.decision == C_FAIL else undecided if j.decision == UNDECIDED else parts).append(
-            j.text(_WHAT[label], final=False) if j.decision == UNDECIDED else text)
-        checks.append(Verdict(f"{gate}.{label} p95", _STATUS[j.decision], j.text(_WHAT[label]), measured=j.bound.point,
-                              limit=j.limit, unit="ms", evidence=j.to_dict()))
+            said(label, j, final=False) if j.decision == UNDECIDED else text)
+        checks.append(Verdict(f"{gate}.{label} p95", _STATUS[j.decision], said(label, j), measured=j.bound.point,
+                              limit=j.limit, unit="ms",
+                              evidence=dependent[label].to_dict() if label in dependent else j.to_dict()))
     rate = s["error_rate"]
     errs = f"errors {s['errors']}/{s['requests']} (max rate {slo.error_rate_max:g})"
     if rate > slo.error_rate_max:
@@ -526,7 +541,9 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
                           limit=slo.error_rate_max, unit="ratio"))
     what = f"{s['requests']} requests ({obs.prompt_tokens:,}+{obs.output_tokens} tokens) at concurrency {obs.concurrency}"
     ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport,
-          "confidence": {label: j.to_dict() for label, j in judged.items()},
+          "confidence": {label: (dependent[label].to_dict() if label in dependent else j.to_dict())
+                         for label, j in judged.items()},
+          "dependence": {label: dj.dependence.to_dict() for label, dj in dependent.items()},
           "sampling": sampling.to_dict() if sampling is not None else _one_look(len(recs), level).to_dict(),
           "itl_basis": "pooled gaps across requests, as vllm bench serve (np.percentile over every gap); "
                        "bound: cluster bootstrap over requests (unit request)",
@@ -616,10 +633,14 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
     judged). The message says which workload suffers and by how much -- the measurement behind
     splitting short and long pools.
 
-    The samples are short requests, sent in waves of ``shorts_per_wave``
-    (:func:`kvgate.load.scenarios.run_interference`); the shorts of one wave queue behind the same
-    long prefills, so they are not fully independent and the bound is somewhat optimistic (the
-    wave, not the request, is the independent unit)."""
+    The samples are short requests, sent in waves of ``shorts_per_wave`` at random offsets across
+    the long prefill window (:func:`kvgate.load.scenarios.run_interference`); the shorts of one
+    wave queue behind the same long prefills, so the bound is taken at the effective n of the
+    waves (:func:`kvgate.load.scenarios.interference_judgement`: the ICC within waves by one-way
+    ANOVA, Kish's ``n / (1 + (m - 1) ICC)``), stated with its unit in the message and the evidence
+    (``dependence``). Too few effective samples for a PASS at its level: INCONCLUSIVE naming the
+    shorts that would decide and the confidence these give -- or, at the last look, a PASS at
+    ``slo.pass_confidence_floor`` when the profile declares one, saying so."""
     gate = "latency/interference"
     if (refused := overlong_verdict(gate, mixed)) is not None:
         return refused
@@ -641,11 +662,18 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
     sampling = mixed.sampling
     level = sampling.plan.per_look if sampling is not None else profile.slo.confidence
     up = sampling.plan.pass_level if sampling is not None else None
-    j = judge(slo_samples(shorts)["ttft_ms"], 0.95, limit, level, up) if limit is not None else None
+    # judged at the effective n of the waves (ICC within waves), as the sampling loop judged it; the
+    # profile's lower PASS level only once sampling is over (cap, time bound, one fixed run)
+    at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")
+              or sampling.n >= sampling.plan.looks[-1])
+    dj = (interference_judgement(mixed.result.records, ex.get("short_waves"), limit, level, up,
+                                 profile.slo.pass_confidence_floor, at_end) if limit is not None else None)
+    j = dj.judgement if dj is not None else None
     ev: dict[str, Any] = {"short_alone": a, "short_mixed": m, "long_mixed": lm, "mixed_plan": ex,
                           "trace_mixed": mixed.trace.to_dict(),
                           "short_ttft_p95_ms": {"alone": pa, "mixed": pm, "ratio": ratio},
-                          "confidence": j.to_dict() if j is not None else None,
+                          "confidence": dj.to_dict() if dj is not None else None,
+                          "dependence": dj.dependence.to_dict() if dj is not None else None,
                           "sampling": (sampling.to_dict() if sampling is not None else
                                        _one_look(len(shorts), level).to_dict()),
                           "host_contention": host_evidence(alone, mixed)}
@@ -671,7 +699,8 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
                         f"{late[len(late) // 2]:,.0f} ms after it; allowed: under {HOL_SHARE:.0%}) -- the server or "
                         "gateway queues short requests behind whole long generations (max_num_seqs full of long "
                         "sequences, one request per connection/slot); continuous batching would start them at once")
-    ttft = j.text("short-request TTFT while long prefills run", final=not problems) if j is not None else ""
+    ttft = (dj.text("short-request TTFT while long prefills run", final=not problems,
+                    floor_field="slo.pass_confidence_floor") if dj is not None else "")
     if j is not None and (j.decision == C_FAIL or pm is None or (problems and pm > limit)):
         problems.append(f"{ttft}: short-request SLO {limit:,.0f} ms broken, the short workload suffers, "
                         f"{(pm or 0) - (pa or 0):,.0f} ms added by long prefills (split short/long pools or "

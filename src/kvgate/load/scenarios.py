@@ -20,17 +20,23 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
 
 from kvgate.stats.confidence import LookPlan, Sampling, min_samples_to_pass, plan_looks, split_levels
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.host.contention import for_endpoint as contention_for
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, frozen_heap, open_loop
+from kvgate.load.desync import THINK_SHARE, ThinkTransport
+from kvgate.load.schedule import make_transport
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
 from kvgate.http.tokenizers import ABSENT
 from kvgate.profile.models import Profile, Workload
-from kvgate.stats.confidence import FAIL, PASS, judge
+from kvgate.stats.confidence import FAIL, PASS
+from kvgate.stats.dependence import (DependentJudgement, independent, judge_sample, send_order_dependence,
+                                    wave_dependence)
 from kvgate.load.sampling import ERRORS, Q, sample_batches, sample_latency, slo_decisions, slo_samples
 from kvgate.traffic.replay import ReplayPlan, ReplayResult, plan_replay, run_replay
 from kvgate.traffic.sample import TrafficSample, overlong, sample_for
@@ -220,6 +226,32 @@ def run_concurrent_long(client: KvClient, endpoint: Endpoint, profile: Profile, 
     return LoadObservation(f"concurrent-long ({name})", result, sampler.trace, prompt, out, wl.concurrency, after)
 
 
+#: The latency-SLO metrics judged one value per request in send order, here at their effective n
+#: (ITL's bound is the pooled-gap definition's own: :func:`kvgate.load.sampling.judge_slo`).
+PER_REQUEST = (("ttft_ms", "ttft_p95_ms", "TTFT"), ("e2e_ms", "e2e_p95_ms", "e2e"))
+
+
+def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_level: float | None, concurrency: int,
+                       at_end: bool = True) -> dict[str, DependentJudgement]:
+    """label (``TTFT``, ``e2e``) -> its p95 (ms) against ``slo.<field>`` judged at the effective n
+    of the requests in send order: the autocorrelation at lags 1..``concurrency`` (requests in
+    flight together are neighbours; a lock-step loop repeats every ``concurrency`` sends),
+    :func:`~kvgate.stats.dependence.send_order_dependence`, :func:`~kvgate.stats.dependence.judge_sample`
+    (FAIL side at ``level``, PASS side at ``pass_level``; at the last look, ``at_end``, a PASS
+    at ``slo.pass_confidence_floor`` when too few for ``pass_level``). Shared by the sampling
+    loop (:func:`run_latency`) and the verdict (:func:`kvgate.gates.load.latency_verdict`)."""
+    xs = slo_samples(sorted(records, key=lambda r: r.index))
+    out = {}
+    for key, field_name, label in PER_REQUEST:
+        limit = getattr(slo, field_name, None)
+        if limit is None:
+            continue
+        dep = send_order_dependence(xs[key], max(1, int(concurrency)), unit="request")
+        out[label] = judge_sample(xs[key], Q, limit, level, pass_level, dep,
+                                  getattr(slo, "pass_confidence_floor", None), at_end)
+    return out
+
+
 def latency_plan(profile: Profile) -> LookPlan:
     """The latency-SLO gate's looks: the first at ``slo.requests`` requests, then up to
     ``slo.request_cap`` (:func:`~kvgate.stats.confidence.plan_looks` at p95 and ``slo.confidence``,
@@ -232,7 +264,8 @@ def latency_plan(profile: Profile) -> LookPlan:
 
 def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
                 clock: Callable[[], float] = time.monotonic,
-                loop: Callable[..., LoadResult] | None = None) -> LoadObservation:
+                loop: Callable[..., LoadResult] | None = None,
+                rng: np.random.Generator | None = None) -> LoadObservation:
     """The SLO workload at ``slo.concurrency`` (closed loop), sampled until every SLO'd p95 is
     decided (:func:`~kvgate.load.sampling.sample_latency`, :func:`latency_plan`): the first look
     sends ``slo.requests`` requests (bounded by ``deadline_s``); while a metric is undecided, more
@@ -249,7 +282,15 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
 
     ``loop``: what runs each closed-loop batch (default :func:`kvgate.load.closed_loop`; a split
     run passes :meth:`kvgate.scale.session.ScaleOut.closed_loop`, which sends it from N workers and
-    returns their merged records -- the same looks, the same judging)."""
+    returns their merged records -- the same looks, the same judging).
+
+    Every request has a prompt of its own (``slo request i: ``, ``i`` counted over all batches,
+    built before its batch's clock starts): none shares a first KV block with another, so the
+    prefix cache serves no TTFT of the sample (it cycled 16 prompts: 80-94% repeats, vLLM's prefix
+    cache hit 50.8%, 2026-12-06). The default loop is de-synchronised: a random think time before
+    every send (:class:`kvgate.load.desync.ThinkTransport`, drawn with ``rng``, injected), so the
+    workers do not run in lock-step waves; the dependence left is measured in send order and the
+    percentiles judged at the effective n (:func:`latency_judgements`)."""
     name, wl = short_workload(profile)
     model = profile.model.served_name
     n, c = profile.slo.requests, profile.slo.concurrency
@@ -263,18 +304,48 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
         label = f"latency ({name}, replayed)"
         return _unsent(label, t, c, deadline_s) if t.overlong else \
             _replayed_looks(client, endpoint, profile, label, t, plan, decide, deadline_s, clock)
-    specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, min(n, 16), "slo")
+    built: list[RequestSpec] = []
+
+    def fresh(k: int) -> list[RequestSpec]:  # the next k requests, each its own prompt
+        i = len(built)
+        built.extend(_specs_of(client, endpoint, model, [(wl.prompt_tokens, wl.output_tokens)] * k, "slo", start=i))
+        return built[i:i + k]
+
+    gen = rng if rng is not None else np.random.default_rng()
+    thinks: list[float] = []
+
+    def batch(ep: Any, _specs_given: Any, *, n: int, **kw: Any) -> LoadResult:
+        specs_k = fresh(n)
+        if loop is not None:
+            return loop(ep, specs_k, n=n, **kw)
+        transport = ThinkTransport(make_transport(ep), gen)
+        try:
+            return closed_loop(ep, specs_k, n=n, transport=transport, **kw)
+        finally:
+            thinks.extend(transport.thinks_s)
+
+    def decide_dep(records: list[Any], level: float) -> dict[str, str]:
+        out = slo_decisions(records, profile.slo, level, plan.pass_level)
+        at_end = len(records) >= plan.looks[-1]
+        for label, dj in latency_judgements(records, profile.slo, level, plan.pass_level, c, at_end=at_end).items():
+            out[label] = dj.decision
+        return out
+
     sampler, own = _sampler(endpoint)
     try:
-        with sampler:
-            got = sample_latency(endpoint, specs, c, plan, decide, deadline_s=deadline_s,
+        with sampler:  # each batch builds its prompts before its own clock starts (batch)
+            got = sample_latency(endpoint, [], c, plan, decide_dep, deadline_s=deadline_s,
                                  request_timeout_s=profile.limits.request_timeout_s,
                                  idle_timeout_s=profile.limits.stream_idle_timeout_s, clock=clock,
-                                 loop=loop or closed_loop)
+                                 loop=batch)
     finally:
         own.close()
     return LoadObservation(f"latency ({name})", got.result, sampler.trace, wl.prompt_tokens, wl.output_tokens, c,
-                           sampling=got.sampling)
+                           sampling=got.sampling,
+                           extra={"prompts": "one per request", "think_s": {
+                               "n": len(thinks), "mean": float(np.mean(thinks)) if thinks else None,
+                               "max": max(thinks, default=None), "share_of_median_e2e": THINK_SHARE}
+                               if loop is None else None})
 
 
 def _slices(plan: ReplayPlan, done: set[int], k: int) -> ReplayPlan:
@@ -333,15 +404,66 @@ def _replayed_looks(client: KvClient, endpoint: Endpoint, profile: Profile, name
                            _p50([r.output_tokens for r in rows]), full.concurrency, traffic=t, sampling=got.sampling)
 
 
+#: [s] The interference shorts' send offsets are drawn across ``(SHORT_OFFSET_MIN_S, window)``, the
+#: window the long prefills of a wave take: the median long TTFT of the waves sent so far; before
+#: the first, :func:`prefill_window_guess`. Clipped to ``PREFILL_WINDOW_S`` (seconds).
+SHORT_OFFSET_MIN_S = 0.005
+PREFILL_WINDOW_S = (0.05, 10.0)
+#: [s] The most the first wave's window may be guessed at: the guess scales the alone TTFT, fixed
+#: overheads and all (a fake: 57 ms alone, 2 x 1,000 / 16 tokens -> 7.8 s guessed, 0.84 s measured),
+#: and a wave lasts at least its last short's offset.
+FIRST_WINDOW_MAX_S = 1.0
+
+
+def prefill_window_guess(alone_ttft_s: float | None, short_tokens: int, long_tokens: int, longs: int) -> float:
+    """Seconds the ``longs`` long prefills of a wave are expected to take before any was measured:
+    the alone shorts' median TTFT (``alone_ttft_s``) scaled by the tokens (``longs x long_tokens /
+    short_tokens``: prefill time grows with the tokens prefilled), clipped to :data:`PREFILL_WINDOW_S`;
+    at most :data:`FIRST_WINDOW_MAX_S`; 0.5 s when nothing was measured. Only the first wave's
+    offsets use it."""
+    lo = PREFILL_WINDOW_S[0]
+    if not alone_ttft_s or alone_ttft_s <= 0:
+        return 0.5
+    return min(FIRST_WINDOW_MAX_S, max(lo, alone_ttft_s * longs * long_tokens / max(1, short_tokens)))
+
+
+def long_ttft_window(records: Sequence[Any], guess: float) -> float:
+    """The prefill window of the next wave (seconds): the median TTFT of the long requests in
+    ``records`` that got a first token, clipped to :data:`PREFILL_WINDOW_S`; ``guess`` when none did."""
+    xs = sorted(r.first_token_s - r.sent_s for r in records
+                if r.tag == "long" and r.first_token_s is not None and r.sent_s is not None)
+    if not xs:
+        return guess
+    lo, hi = PREFILL_WINDOW_S
+    return min(hi, max(lo, xs[len(xs) // 2]))
+
+
+def short_offsets(rng: np.random.Generator, k: int, window_s: float) -> list[float]:
+    """``k`` send offsets (seconds after the wave's longs, ascending) drawn independently and
+    uniformly across ``(SHORT_OFFSET_MIN_S, window_s)`` with ``rng`` (injected): each short meets
+    the long prefills at a point of its own, so the shorts of one wave do not share one engine
+    step (four shorts 5-42.5 ms after the longs got their first token in the same step: ICC 0.998
+    within waves on the embedded smollm2-cpu, 2026-12-06)."""
+    hi = max(SHORT_OFFSET_MIN_S * 2, window_s)
+    return sorted(float(x) for x in rng.uniform(SHORT_OFFSET_MIN_S, hi, size=k))
+
+
 def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[RequestSpec]]], deadline_s: float,
-           **kw: Any) -> LoadResult:
-    """Each wave ``(longs, shorts)`` as one open-loop run (longs at 0 s, shorts 5-42 ms later),
-    the next starting when it ends (one :func:`~kvgate.load.frozen_heap` for them all, so no full
+           rng: np.random.Generator | None = None, window: dict[str, Any] | None = None,
+           short_waves: list[int] | None = None, **kw: Any) -> LoadResult:
+    """Each wave ``(longs, shorts)`` as one open-loop run (longs at 0 s, each short at its own
+    random offset across the long prefill window: :func:`short_offsets` with ``rng``, the window
+    ``window["s"]`` updated after each wave from the longs' TTFT, :func:`long_ttft_window`), the
+    next starting when it ends (one :func:`~kvgate.load.frozen_heap` for them all, so no full
     collection comes between two waves); records merged onto one time base (seconds since the
-    first wave's start), re-indexed in send order. Bounded: the waves share ``deadline_s``.
-    ``kw``: passed to :func:`~kvgate.load.open_loop` (timeouts)."""
+    first wave's start), re-indexed in send order. ``short_waves``: appended, per wave, the number
+    of short records it sent (the clusters of the interference verdict's ICC). ``window["offsets"]``
+    collects each wave's offsets. Bounded: the waves share ``deadline_s``. ``kw``: passed to
+    :func:`~kvgate.load.open_loop` (timeouts)."""
     import time
 
+    gen = rng if rng is not None else np.random.default_rng()
+    win = window if window is not None else {"s": 0.5}
     records: list[Any] = []
     lags: list[float] = []
     cpu, requested, hit, last = 0.0, 0, False, None
@@ -352,9 +474,14 @@ def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[Request
             if left <= 0:
                 hit = True
                 break
-            offsets = [0.0] * len(longs) + [0.005 + j * 0.0125 for j in range(len(shorts))]
+            offs = short_offsets(gen, len(shorts), float(win.get("s", 0.5)))
+            win.setdefault("offsets", []).append([round(x, 4) for x in offs])
+            offsets = [0.0] * len(longs) + offs
             start = time.monotonic() - t0
             last = open_loop(endpoint, [*longs, *shorts], offsets_s=offsets, deadline_s=left, **kw)
+            if short_waves is not None:
+                short_waves.append(sum(1 for r in last.records if r.tag == "short"))
+            win["s"] = long_ttft_window([r for r in [*records, *last.records]], float(win.get("s", 0.5)))
             records += [r.shift(start) for r in last.records]
             lags += last.loop_lag_s
             cpu += last.cpu_s
@@ -365,6 +492,46 @@ def _waves(endpoint: Endpoint, waves: list[tuple[list[RequestSpec], list[Request
     ends = [r.end_s for r in records if r.end_s is not None]
     return LoadResult("open", records, requested, max(ends, default=0.0), deadline_s, deadline_hit=hit,
                       loop_lag_s=lags, cpu_s=cpu, transport=last.transport if last else "")
+
+
+def by_wave(records: Sequence[Any], short_waves: Sequence[int], per_wave: int | None = None) -> list[list[Any]]:
+    """The short records of ``records`` (tag ``short``, in send order) cut into waves of
+    ``short_waves`` records each (what :func:`_waves` counted); shorts beyond the counts (waves
+    sent by a caller that did not count them) in groups of ``per_wave``, else one more group."""
+    shorts = [r for r in records if r.tag == "short"]
+    out, i = [], 0
+    for k in short_waves:
+        out.append(shorts[i:i + k])
+        i += k
+    step = max(1, per_wave or len(shorts))
+    while i < len(shorts):
+        out.append(shorts[i:i + step])
+        i += step
+    return [g for g in out if g]
+
+
+def ttft_by_wave(records: Sequence[Any], short_waves: Sequence[int], per_wave: int | None = None) -> list[list[float]]:
+    """Per wave (:func:`by_wave`), the TTFTs (ms) of its shorts that succeeded
+    (:func:`~kvgate.load.sampling.slo_samples`): the clusters of the interference ICC."""
+    return [xs for g in by_wave(records, short_waves, per_wave) if (xs := slo_samples(g)["ttft_ms"])]
+
+
+def interference_judgement(records: Sequence[Any], short_waves: Sequence[int] | None, limit: float, level: float,
+                           pass_level: float | None, floor: float | None = None,
+                           at_end: bool = True, per_wave: int | None = None) -> DependentJudgement:
+    """The interference shorts' TTFT p95 (ms) against ``limit`` at the effective n of their waves:
+    the ICC within waves (:func:`ttft_by_wave`, :func:`~kvgate.stats.dependence.wave_dependence`)
+    and :func:`~kvgate.stats.dependence.judge_sample` (FAIL side at ``level``, PASS side at
+    ``pass_level``; ``floor`` at the last look, ``at_end``; ``per_wave``: the size of waves not
+    counted in ``short_waves``, :func:`by_wave`). Shared by the sampling loop and the verdicts
+    (:func:`kvgate.gates.load.interference_verdict`, pools isolation), so all judge the same numbers."""
+    if short_waves is None:  # hand-built records with no waves recorded: one cluster each, stated so
+        xs = slo_samples([r for r in records if r.tag == "short"])["ttft_ms"]
+        dep = dataclasses.replace(independent(len(xs), "short request"), measure="waves not recorded, taken as independent")
+        return judge_sample(xs, Q, limit, level, pass_level, dep, floor, at_end)
+    groups = ttft_by_wave(records, short_waves, per_wave)
+    dep = wave_dependence(groups)
+    return judge_sample([x for g in groups for x in g], Q, limit, level, pass_level, dep, floor, at_end)
 
 
 #: Output tokens of the interference scenario's short requests (TTFT is what is judged).
@@ -409,14 +576,22 @@ def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4
 
 def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,
                      shorts_per_wave: int = 4, deadline_s: float = 300.0, max_waves: int | None = None,
-                     clock: Callable[[], float] = time.monotonic) -> tuple[LoadObservation, LoadObservation]:
+                     clock: Callable[[], float] = time.monotonic,
+                     rng: np.random.Generator | None = None) -> tuple[LoadObservation, LoadObservation]:
     """Short requests alone, then the same short requests while long prefills run.
 
-    Alone run: the short requests one at a time, each :data:`ALONE_OUTPUT_TOKENS` token out (its
-    TTFT is what it is sent for). Mixed run: ``waves`` waves; each sends the long workload's
-    concurrency of long requests at the wave's start and ``shorts_per_wave`` short requests
-    spread over the next 50 ms, so every short request is queued behind (or batched with) fresh
-    long prefills. A wave starts when the previous one has ended, so no more than the declared
+    Alone run: ``waves x shorts_per_wave`` short requests one at a time, each
+    :data:`ALONE_OUTPUT_TOKENS` token out (its TTFT is what it is sent for), with prompts of their
+    own (salt ``(alone)``: the mixed shorts never find them in the prefix cache). Mixed run:
+    ``waves`` waves; each sends the long workload's concurrency of long requests at the wave's
+    start and ``shorts_per_wave`` short requests, each at a random offset across the long
+    prefill window (:func:`short_offsets` with ``rng``, injected; the window is the median long
+    TTFT of the waves so far, before the first :func:`prefill_window_guess` from the alone TTFT),
+    so every short meets fresh long prefills at a point of its own and the shorts of one wave do
+    not share one engine step (the ICC within waves is measured and judged by the verdict:
+    :mod:`kvgate.stats.dependence`). Every request of the run has a prompt of its own (the
+    ``i``-th short ``short request i: ``, the ``i``-th long ``long request i: ``): no two share a
+    first KV block. A wave starts when the previous one has ended, so no more than the declared
     long concurrency runs at once (waves 1 s apart overlapped on a busy 2-core machine: 8 longs
     filled max_num_seqs 8 and the shorts waited for whole long generations -- a load the profile
     never declared). The waves' records share one time base (seconds since the first wave's
@@ -426,10 +601,11 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
     the unit; a first look of ``waves`` waves, and while the short requests' TTFT p95 against
     ``slo.short_ttft_p95_ms`` is undecided, more waves in the planned looks (by default up to the
     fewest waves that can PASS, 15 at 95%; with ``max_waves``, up to that); within
-    ``slo.max_duration_s``. Every wave after the first ``waves`` has fresh long prompts (a
-    re-sent long prompt would come from the prefix cache, no prefill) and the first look's short
-    prompts again, as the first look's shorts re-send the alone run's. The mixed observation's
-    ``sampling`` says what was done.
+    ``slo.max_duration_s``. Each look is judged at the effective n of its waves
+    (:func:`~kvgate.stats.dependence.wave_dependence`); at the last look a PASS may be taken at
+    ``slo.pass_confidence_floor`` (stated). The mixed observation's ``sampling`` says what was
+    done; its ``extra``: ``short_waves`` (short records per wave, in send order), ``offsets_s``
+    (each wave's short offsets) and ``prefill_window_s``.
 
     With ``traffic:`` on the short (or long) workload, its requests' prompt lengths come from the
     sample (the first ``waves x shorts_per_wave`` of its replay plan, cycled if the sample is
@@ -462,8 +638,15 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
                     [(min(long.prompt_tokens, limit - lout), lout)] * (waves * long.concurrency))
     lprompt = min(long.prompt_tokens, limit - lout)
     conc = long.concurrency
-    shorts = (_specs_of(client, endpoint, model, short_lengths, "short") if st else
-              _specs(client, endpoint, model, short.prompt_tokens, sout, n_short, "short"))
+    shorts: list[RequestSpec] = []
+
+    def shorts_for(w: int) -> list[RequestSpec]:  # wave w's short requests, each its own prompt
+        while len(shorts) < (w + 1) * shorts_per_wave:
+            i = len(shorts)
+            lens = (drawn(st, i + shorts_per_wave, sout)[i:] if st else [(short.prompt_tokens, sout)] * shorts_per_wave)
+            shorts.extend(_specs_of(client, endpoint, model, lens, "short", start=i))
+        return shorts[w * shorts_per_wave:(w + 1) * shorts_per_wave]
+
     longs: list[RequestSpec] = []
 
     def longs_for(w: int) -> list[RequestSpec]:  # wave w's long requests, built when first needed
@@ -473,32 +656,39 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
             longs.extend(_specs_of(client, endpoint, model, lens, "long", start=i))
         return longs[w * conc:(w + 1) * conc]
 
-    longs_for(waves - 1)  # the first look's prompts are built before anything is timed, as the shorts'
+    longs_for(waves - 1)  # the first look's prompts are built before anything is timed
+    shorts_for(waves - 1)
     plan = interference_plan(profile, waves, shorts_per_wave, max_waves)
     slo_limit = profile.slo.short_ttft_p95_ms
     sent = {"waves": 0}
+    short_waves: list[int] = []
+    window: dict[str, Any] = {"s": 0.5}
+    gen = rng if rng is not None else np.random.default_rng()
 
     def send(k: int, left: float | None) -> tuple[LoadResult, int]:
         n_w = max(1, -(-k // shorts_per_wave))
         w0 = sent["waves"]
-        batch = [(longs_for(w), [shorts[(w * shorts_per_wave + j) % len(shorts)] for j in range(shorts_per_wave)])
-                 for w in range(w0, w0 + n_w)]
+        batch = [(longs_for(w), shorts_for(w)) for w in range(w0, w0 + n_w)]
         budget = deadline_s if left is None else max(0.001, min(left, deadline_s))
-        res = _waves(endpoint, batch, budget, request_timeout_s=profile.limits.request_timeout_s,
+        res = _waves(endpoint, batch, budget, rng=gen, window=window, short_waves=short_waves,
+                     request_timeout_s=profile.limits.request_timeout_s,
                      idle_timeout_s=profile.limits.stream_idle_timeout_s)
         sent["waves"] += len(batch)
         return res, sum(1 for r in res.records if r.tag == "short")
 
     def decide(records: list[Any], level: float) -> dict[str, str]:
-        sh = [r for r in records if r.tag == "short"]
         bad = any(not r.ok for r in records)
         out = {ERRORS: FAIL if bad else PASS}
         if slo_limit is not None:
-            out["short TTFT"] = judge(slo_samples(sh)["ttft_ms"], Q, slo_limit, level, plan.pass_level).decision
+            out["short TTFT"] = interference_judgement(records, short_waves, slo_limit, level, plan.pass_level,
+                                                       profile.slo.pass_confidence_floor,
+                                                       at_end=sum(short_waves) >= plan.looks[-1]).decision
         return out
 
     alone_out = min(sout, ALONE_OUTPUT_TOKENS)
-    solo = [dataclasses.replace(s, body={**s.body, "max_tokens": alone_out}) for s in shorts]
+    alone_lengths = short_lengths if st else [(short.prompt_tokens, alone_out)] * n_short
+    solo = [dataclasses.replace(s, body={**s.body, "max_tokens": alone_out})
+            for s in _specs_of(client, endpoint, model, alone_lengths, "short", salt=" (alone)")]
     sampler, own = _sampler(endpoint)
     try:
         with sampler:
@@ -506,6 +696,10 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
                                 request_timeout_s=profile.limits.request_timeout_s,
                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
         trace_alone = sampler.trace
+        alone_ttft = sorted(slo_samples(alone.records)["ttft_ms"])
+        window["s"] = prefill_window_guess(alone_ttft[len(alone_ttft) // 2] / 1e3 if alone_ttft else None,
+                                           _p50([p for p, _ in short_lengths]), lprompt, conc)
+        window["first_s"] = window["s"]
         sampler2, own2 = _sampler(endpoint)
         try:
             with sampler2:
@@ -522,7 +716,10 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
                             sout, long.concurrency + shorts_per_wave,
                             extra={"long_prompt_tokens": _p50([p for p, _ in long_lengths]),
                                    "long_per_wave": long.concurrency, "waves": sent["waves"],
-                                   "shorts_per_wave": shorts_per_wave,
+                                   "shorts_per_wave": shorts_per_wave, "short_waves": list(short_waves),
+                                   "offsets_s": window.get("offsets", []),
+                                   "prefill_window_s": {"first_guess": window.get("first_s"),
+                                                        "last": window.get("s")},
                                    "long_traffic": lt.plan.provenance() if lt else None}, traffic=st or lt,
                             sampling=got.sampling))
 

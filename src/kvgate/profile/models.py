@@ -214,7 +214,7 @@ class SLOSpec(_Strict):
         default=0.95, gt=0.5, lt=1, description="[fraction] confidence of percentile verdicts: PASS needs the "
         "one-sided upper order-statistic bound within the limit, FAIL the lower bound above it")
     pass_confidence_floor: float | None = Field(
-        default=None, ge=0.5, lt=1, description="[fraction] the lowest confidence a PASS of dependent samples "
+        default=None, gt=0.5, lt=1, description="[fraction] the lowest confidence a PASS of dependent samples "
         "(interference waves, the latency closed loop) may state when, at its last look, the effective n is too small "
         "for slo.confidence: the verdict states the confidence the samples give and this field; null: such a PASS is "
         "INCONCLUSIVE naming the n that would decide (the FAIL side stays at slo.confidence)")

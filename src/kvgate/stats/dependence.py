@@ -148,12 +148,23 @@ def wave_dependence(groups: Sequence[Sequence[float]], unit: str = "short reques
                       n / deff if n else 0.0)
 
 
-def send_order_dependence(xs: Sequence[float], max_lag: int, unit: str = "request") -> Dependence:
+#: The autocorrelations' sum is counted beyond this many of its standard errors under independence
+#: (``sqrt(K / n)``) only: a sum that noise alone would reach is not taken as dependence.
+NOISE_Z = 1.645
+
+
+def send_order_dependence(xs: Sequence[float], max_lag: int, unit: str = "request",
+                          noise_z: float = NOISE_Z) -> Dependence:
     """The :class:`Dependence` of a series in send order (a closed loop's requests): the
     autocorrelations at lags 1..``max_lag`` (the loop's concurrency: requests sent together are
     neighbours, and a lock-step loop repeats its wave every ``concurrency`` requests), the design
-    effect ``1 + 2 * max(0, sum_k (1 - k/n) r_k)`` (the variance inflation of a stationary series,
-    truncated at ``max_lag``; 4 identical values per wave give 4, Kish's ``m`` at ICC 1). Fewer
+    effect ``1 + 2 * max(0, sum_k (1 - k/n) r_k - noise_z * sqrt(max_lag / n))`` (the variance
+    inflation of a stationary series, truncated at ``max_lag``; 4 identical values per wave give
+    about 4, Kish's ``m`` at ICC 1), the sum counted beyond what independent values reach by chance
+    one time in 20 (``noise_z`` standard errors): independent requests keep their n (at 80
+    requests the sum's noise alone cost a healthy server its PASS), while lock-step waves -- the
+    sum 1.5 against a noise allowance of 0.37 at 80 -- still lose most of theirs (simulated in
+    tests/test_dependence.py at the limit: within the stated error rates). Fewer
     than ``max_lag + 2`` values: not estimable, design effect ``max_lag`` (the worst case of waves
     of ``max_lag``)."""
     n, k = len(xs), max(1, int(max_lag))
@@ -163,7 +174,7 @@ def send_order_dependence(xs: Sequence[float], max_lag: int, unit: str = "reques
         deff = float(k)
         return Dependence(unit, "send order", n, None, what, None, deff, n / deff if n else 0.0, lags)
     s = sum((1 - j / n) * float(r) for j, r in enumerate(lags, 1) if r is not None)
-    deff = 1.0 + 2.0 * max(0.0, s)
+    deff = 1.0 + 2.0 * max(0.0, s - noise_z * math.sqrt(k / n))
     return Dependence(unit, "send order", n, None, what, float(s), deff, n / deff, lags)
 
 
@@ -236,5 +247,66 @@ def one_per_cluster(groups: Sequence[Sequence[float]], rng: np.random.Generator)
     return [float(g[int(rng.integers(len(g)))]) for g in groups if len(g)]
 
 
-__all__ = ["Dependence", "icc_oneway", "independent", "judge_dependent", "kish_n_eff", "lag_autocorr",
+__all__ = ["Dependence", "DependentJudgement", "icc_oneway", "independent", "judge_dependent", "judge_sample", "kish_n_eff", "lag_autocorr",
            "n_to_decide", "one_per_cluster", "pass_confidence", "send_order_dependence", "wave_dependence"]
+
+
+@dataclass(frozen=True)
+class DependentJudgement:
+    """A percentile judged at the effective n (:func:`judge_sample`): the ``judgement``, the
+    ``dependence`` measured, ``need`` (values in ``dependence.unit`` a PASS at the stated level
+    would need at this dependence; None when a PASS was possible), ``achieved`` (the confidence a
+    PASS has on these samples, :func:`pass_confidence`) and ``floor`` (the lower PASS level the
+    caller allowed and used; None: not used)."""
+
+    judgement: Judgement
+    dependence: Dependence
+    need: int | None
+    achieved: float
+    floor: float | None = None
+    #: The PASS level stated (the plan's), when the judgement's own is the ``floor``.
+    stated: float | None = None
+
+    @property
+    def decision(self) -> str:
+        return self.judgement.decision
+
+    def text(self, what: str, unit: str = "ms", final: bool = True, floor_field: str = "") -> str:
+        """The judgement's clause (:meth:`~kvgate.stats.confidence.Judgement.text`, ``n=`` the
+        effective n), then the dependence (unit, measure, effective n), then -- when no PASS was
+        possible -- the n that would decide and the confidence these samples give; a PASS at the
+        declared lower level names it (``floor_field``)."""
+        dep = self.dependence
+        out = f"{self.judgement.text(what, unit, final)}; {dep.text()}"
+        b = self.judgement.bound
+        if self.floor is not None:
+            out += (f"; a PASS at the {self.floor * 100:.4g}% the profile declares for too few independent samples"
+                    f"{f' ({floor_field})' if floor_field else ''}: these samples give {self.achieved * 100:.1f}%"
+                    + (f", {(self.stated or b.upper_level) * 100:.4g}% would need about {self.need:,} {dep.unit}s"
+                       if self.need is not None else ""))
+        elif self.need is not None:
+            out += (f"; a PASS at {b.upper_level * 100:.4g}% needs about {self.need:,} {dep.unit}s at this "
+                    f"dependence (effective n {min_samples_to_pass(b.q, b.upper_level)}); these samples give "
+                    f"{self.achieved * 100:.1f}%")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.judgement.to_dict(), "dependence": self.dependence.to_dict(), "n_to_decide": self.need,
+                "pass_confidence_achieved": self.achieved, "pass_confidence_floor_used": self.floor}
+
+
+def judge_sample(values: Sequence[float], q: float, limit: float, confidence: float, pass_confidence_: float | None,
+                 dep: Dependence, floor: float | None = None, at_end: bool = True) -> DependentJudgement:
+    """:func:`judge_dependent`; when no PASS is possible at the effective n (too few independent
+    values for ``pass_confidence_``), ``floor`` is given, lower, and ``at_end`` (the sampling's
+    last look: no more values will come), the PASS side at ``floor`` instead -- a PASS then
+    errs at most ``1 - floor`` and says so. The FAIL side is never lowered."""
+    j = judge_dependent(values, q, limit, confidence, pass_confidence_, dep)
+    hi = confidence if pass_confidence_ is None else pass_confidence_
+    achieved = pass_confidence(values, q, limit, dep.n_eff) if len(values) else 0.0
+    need = n_to_decide(q, hi, dep) if j.bound.upper_rank is None and len(values) else None
+    if (j.decision == UNDECIDED and need is not None and floor is not None and at_end and floor < hi):
+        low = judge_dependent(values, q, limit, confidence, floor, dep)
+        if low.decision == PASS:
+            return DependentJudgement(low, dep, need, achieved, floor, hi)
+    return DependentJudgement(j, dep, need, achieved)
