@@ -18,7 +18,6 @@ from typing import Any
 
 from kvgate.stats.confidence import PASS as PASS_, FAIL as FAIL_, UNDECIDED, Judgement, LookPlan, PercentileBound, \
     judge, plan_looks
-from kvgate.stats.twosample import judge_quantile_ratio
 from kvgate.pools.routing import RoutingObservation
 from kvgate.profile.models import PoolsSpec, Profile
 from kvgate.load.scenarios import LoadObservation, interference_judgement
