@@ -195,24 +195,44 @@ def test_latency_verdict_p95_pass_fail_inconclusive_on_exact_numbers():
     samp = {"per_look_confidence": 0.95, "why_stopped": "decided"}
     same = latency_verdict(prof, pairs_of(50, 50, 100, spread=2), samp, "baseline B")
     assert same.status is Status.PASS, same.message
-    assert "TTFT p95 51.8 ms vs baseline 51.8 ms (+0.0%), 95% upper bound 52.0 ms (n=100) <= 57.0 ms (baseline + 10%) " \
-           "-> PASS" in same.message
+    assert "TTFT p95 51.8 ms vs baseline 51.8 ms (+0.0%; allowed +10%); 97.5% bounds: new upper 52.0 ms (n=100) <= " \
+           "1.1 x baseline lower 51.6 ms (n=100) = 56.8 ms -> PASS" in same.message
     slow = latency_verdict(prof, pairs_of(65, 50, 100, spread=2), samp, "baseline B")
-    assert slow.status is Status.FAIL and "TTFT p95 66.8 ms vs baseline 51.8 ms (+29.0%), 95% lower bound 66.6 ms " \
-        "(n=100) > 57.0 ms (baseline + 10%) -> FAIL" in slow.message
-    assert "ITL p95 2.0 ms vs baseline 2.0 ms (+0.0%)" in slow.message and (slow.measured, slow.limit) == (66.8, 57.0)
-    # 56 +- 6 against 50 +- 6: p95 bounds 60.91..61.88 ms straddle 1.1 x 55.4 = 60.94 ms
+    assert slow.status is Status.FAIL and "TTFT p95 66.8 ms vs baseline 51.8 ms (+29.0%; allowed +10%); 97.5% bounds: " \
+        "new lower 66.6 ms (n=100) > 1.1 x baseline upper 52.0 ms (n=100) = 57.2 ms -> FAIL" in slow.message
+    assert "ITL p95 2.0 ms vs baseline 2.0 ms (+0.0%" in slow.message and (slow.measured, slow.limit) == (66.8, 57.0)
+    # 56 +- 6 against 50 +- 6: new's bounds 60.8..62.0 ms overlap 1.1 x the baseline's 60.3..61.6 ms
     edge = latency_verdict(prof, pairs_of(56, 50, 100, spread=6), samp, "baseline B")
     assert edge.status is Status.INCONCLUSIVE, edge.message
-    assert "95% bounds 60.9..61.9 ms (n=100) straddle 60.9 ms (baseline + 10%) -> INCONCLUSIVE" in edge.message
+    assert "97.5% bounds: new 60.8 ms..62.0 ms (n=100), 1.1 x baseline 60.3 ms..61.6 ms (n=100) overlap -> " \
+        "INCONCLUSIVE" in edge.message
 
 
-def test_latency_verdict_new_revision_failing_requests_fails():
+def test_latency_verdict_the_baselines_p95_is_an_estimate_too():
+    # F6: the old rule judged new (56 +- 6) against 1.1 x the baseline's *point* p95; the baseline's own
+    # bounds make a +5% revision PASS and a +10.8% one INCONCLUSIVE, never FAIL on the baseline's noise
+    prof = load_profile(str(PROFILE))
+    prof = prof.model_copy(update={"compare": prof.compare.model_copy(update={"quantile": 0.95})})
+    samp = {"per_look_confidence": 0.95, "why_stopped": "decided"}
+    ok = latency_verdict(prof, pairs_of(53, 50, 100, spread=6), samp, "baseline B")
+    assert ok.status is Status.PASS and "new upper 59.0 ms (n=100) <= 1.1 x baseline lower 54.8 ms" in ok.message
+    assert ok.evidence["rule"].startswith("two samples (kvgate.stats.twosample.judge_quantile_ratio)")
+
+
+def test_latency_verdict_new_revision_failing_requests_fails_only_when_shown():
     prof = load_profile(str(PROFILE))
     p = pairs_of(50, 50, 10)
     p.new[3] = Timing(None, None, None, 0, "HTTP 500: engine dead")
-    v = latency_verdict(prof, p, {}, "baseline B")
-    assert v.status is Status.FAIL and "failed 1 of 10 latency requests, the baseline B 0 (first: HTTP 500" in v.message
+    one = latency_verdict(prof, p, {}, "baseline B")  # 1 of 10: McNemar p 0.5 -- no PASS, no FAIL
+    assert one.status is Status.INCONCLUSIVE, one.message
+    assert ("the new revision failed 1 of 10 latency requests, the baseline B 0 (1 pairs only the new revision "
+            "failed, 0 only the baseline; McNemar exact p = 0.5 > 0.05: more failures than the baseline, too few to "
+            "tell; first: HTTP 500: engine dead) -> INCONCLUSIVE") in one.message
+    for i in (0, 1, 2, 4, 5):
+        p.new[i] = Timing(None, None, None, 0, "HTTP 500: engine dead")
+    six = latency_verdict(prof, p, {}, "baseline B")  # 6 of 10 against none: p = 0.5^6 = 0.0156
+    assert six.status is Status.FAIL and (six.measured, six.limit) == (6, 0), six.message
+    assert "McNemar exact p = 0.0156 <= 0.05; first: HTTP 500: engine dead) -> FAIL" in six.message
 
 
 def test_take_pairs_alternates_and_stops_at_its_time_bound():
@@ -402,7 +422,8 @@ def test_same_fake_on_both_sides_passes_and_writes_its_golden_answers(pytester, 
     assert "not re-run against the baseline" in gates["contract"]["message"]
     assert gates["outputs"]["message"].startswith(f"6 golden prompts vs the baseline {base.url} (--baseline): "
                                                   "6 identical, 0 parted at a near tie")
-    assert "TTFT p50 " in gates["latency"]["message"] and "(baseline + 10%) -> PASS" in gates["latency"]["message"]
+    lat_msg = gates["latency"]["message"]
+    assert "TTFT p50 " in lat_msg and "x baseline lower" in lat_msg and lat_msg.count("-> PASS") == 3, lat_msg
     assert result.ret == 0 and summary["outcome"] == "PASS"
     golden = json.loads((pytester.path / "reports" / "golden.json").read_text())
     assert [p["name"] for p in golden["prompts"]] == ["single-turn/1", "single-turn/2", "single-turn/3",
@@ -442,7 +463,8 @@ def test_a_fake_30_percent_slower_fails_the_latency_case(pytester, fakes):
     result, _, gates = run_compare(pytester, new.url, f"--baseline={base.url}", "-k", "latency")
     lat = gates["latency"]
     assert lat["status"] == "FAIL" and result.ret == 1, lat["message"]
-    assert "TTFT p50 " in lat["message"] and "(baseline + 10%) -> FAIL" in lat["message"]
+    assert "TTFT p50 " in lat["message"] and "allowed +10%); 98.75% bounds: new lower" in lat["message"]
+    assert "x baseline upper" in lat["message"] and "-> FAIL" in lat["message"]
     # decided at a planned look (20 pairs each): the first on a quiet host; a busy one (CI's unit worker beside a
     # vLLM) scatters a 9 ms TTFT gap enough that the second look decides it
     assert lat["evidence"]["pairs"] in (20, 40), lat["evidence"]["pairs"]

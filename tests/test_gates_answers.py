@@ -21,6 +21,7 @@ from kvgate.gates.answers import (GoldenObservation, MemoryObservation, Multibyt
                                   system_message_verdict, temperature_zero_verdict)
 from kvgate.http.rendering import Rendering, first_difference, parting
 from kvgate.profile.models import AccuracySpec, AnswersSpec, DeterminismSpec, GoldenExpect, GoldenSpec, Profile
+from kvgate.profile.models import load_profile
 from kvgate.verdict import Status
 
 from .conftest import MINIMAL
@@ -267,31 +268,65 @@ def acc_spec(**kw):
     return AnswersSpec(accuracy=AccuracySpec(file="task.jsonl", **kw))
 
 
-def test_accuracy_at_or_above_the_recorded_limit_passes():
+def test_accuracy_against_the_recorded_run_is_a_non_inferiority_test_both_ways():
+    # F9: 395/500 vs recorded 400/500 at tolerance 0.1: Newcombe's one-sided lower bound -5.2 >= -8.0 points
+    ok = accuracy_verdict(acc_spec(recorded_correct=400, recorded_items=500, tolerance=0.1), rows(395, 500), "t")
+    assert ok.status is Status.PASS, ok.message
+    assert ok.message.endswith("non-inferior: the difference's 95% one-sided lower bound -5.2 >= -8.0 points "
+                               "(limit 72.0%, recorded x (1 - 0.1)) -> PASS")
+    assert (ok.measured, ok.limit) == (0.79, 0.72) and ok.evidence["decision"]["decision"] == "PASS"
+    bad = accuracy_verdict(acc_spec(recorded_correct=47, recorded_items=65), rows(20, 65), "task.jsonl")
+    assert bad.status is Status.FAIL, bad.message
+    assert ("worse than the recorded run by more than the tolerance: the difference's 95% one-sided upper bound "
+            "-27.5 < -5.8 points (limit 66.5%, recorded x (1 - 0.08)) -> FAIL; e.g. item-20: 'Lyon'") in bad.message
+
+
+def test_accuracy_above_the_limit_on_the_point_but_not_on_the_bound_is_inconclusive():
+    # F9: the old rule PASSed 50/65 on its point (76.9% >= 66.5%); 65 items against 65 cannot resolve 5.8 points
     v = accuracy_verdict(acc_spec(recorded_correct=47, recorded_items=65), rows(50, 65), "task.jsonl")
-    assert v.status is Status.PASS
-    assert v.message.startswith("50 of 65 items right on task.jsonl: accuracy 76.9% (95% CI ")
-    assert v.message.endswith(">= 66.5% (recorded x (1 - 0.08)) -> PASS")
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert v.message.startswith("50 of 65 items right on task.jsonl: accuracy 76.9% (95% CI 64.8%..86.5%); vs "
+                                "recorded 47/65 (72.3%): +4.6 points")
+    assert ("the difference's 95% one-sided bounds -7.9..+17.0 straddle -5.8 points (limit 66.5%, recorded x "
+            "(1 - 0.08)): 65 items cannot tell -> INCONCLUSIVE") in v.message
     assert (v.measured, v.limit) == (round(50 / 65, 4), round(47 / 65 * 0.92, 4))
 
 
 def test_accuracy_fails_only_when_the_upper_bound_is_below_the_limit():
-    v = accuracy_verdict(acc_spec(recorded_correct=10, recorded_items=10), rows(0, 10), "task.jsonl")
+    v = accuracy_verdict(acc_spec(min_accuracy=0.6), rows(20, 65), "task.jsonl")
     assert v.status is Status.FAIL
-    assert "accuracy 0.0% (95% CI 0.0%..30.8%)" in v.message
-    assert "; upper bound 30.8% < 92.0% (recorded x (1 - 0.08)) -> FAIL; e.g. item-0: 'Lyon'; item-1: 'Lyon'" in v.message
-    assert (v.measured, v.limit) == (0.0, 0.92)
+    assert "accuracy 30.8% (95% CI 19.9%..43.4%); 95% one-sided upper bound 41.5% < 60.0% " \
+           "(answers.accuracy.min_accuracy) -> FAIL; e.g. item-20: 'Lyon'; item-21: 'Lyon'" in v.message
+    assert (v.measured, v.limit) == (0.3077, 0.6)
 
 
 def test_accuracy_below_the_limit_with_an_upper_bound_above_is_inconclusive():
     v = accuracy_verdict(acc_spec(recorded_correct=10, recorded_items=10), rows(8, 10), "task.jsonl")
     assert v.status is Status.INCONCLUSIVE
-    assert "below 92.0% (recorded x (1 - 0.08)) but its upper bound 97.5% is not: 10 items cannot tell" in v.message
+    assert "bounds -45.9..+5.0 straddle -8.0 points (limit 92.0%, recorded x (1 - 0.08)): 10 items cannot tell" \
+        in v.message
 
 
-def test_accuracy_min_accuracy_wins_over_the_recorded_run():
+def test_accuracy_min_accuracy_wins_over_the_recorded_run_and_passes_on_its_lower_bound():
     v = accuracy_verdict(acc_spec(min_accuracy=0.5, recorded_correct=10, recorded_items=10), rows(6, 10), "t")
-    assert v.status is Status.PASS and ">= 50.0% (answers.accuracy.min_accuracy) -> PASS" in v.message
+    assert v.status is Status.INCONCLUSIVE, v.message  # 60% on the point, but its lower bound 30.4% is below 50%
+    assert "95% one-sided bounds 30.4%..85.0% straddle 50.0% (answers.accuracy.min_accuracy)" in v.message
+    v = accuracy_verdict(acc_spec(min_accuracy=0.5), rows(9, 10), "t")
+    assert v.status is Status.PASS and v.message.endswith(
+        "95% one-sided lower bound 60.6% >= 50.0% (answers.accuracy.min_accuracy) -> PASS"), v.message
+
+
+def test_accuracy_the_embedded_default_passes_its_profile_at_the_accuracy_it_measured():
+    # smollm2-cpu measured 47 of 65 (float32; 49 in bfloat16 and with an fp8 KV cache): its floor must PASS it
+    prof = load_profile("smollm2-cpu")
+    a = prof.answers.accuracy
+    v = accuracy_verdict(prof.answers, rows(47, 65), "task.jsonl")
+    assert v.status is Status.PASS, v.message
+    assert "95% one-sided lower bound 61.8% >= 55.0% (answers.accuracy.min_accuracy) -> PASS" in v.message
+    assert (a.recorded_correct, a.recorded_items) == (47, 65) and "vs recorded 47/65" in v.message
+    assert accuracy_verdict(prof.answers, rows(43, 65), "t").status is Status.PASS  # 43 is the fewest that PASS
+    assert accuracy_verdict(prof.answers, rows(42, 65), "t").status is Status.INCONCLUSIVE
+    assert accuracy_verdict(prof.answers, rows(26, 65), "t").status is Status.FAIL
 
 
 def test_accuracy_without_a_limit_skips_and_mostly_unanswered_is_invalid():
@@ -678,7 +713,7 @@ def fail_verdicts():
          ["3 fragile flips", "answers.max_fragile_flips 2"]),
         (golden_verdict(AnswersSpec(goldens=[g]), [GoldenObservation(g, failed(), asked("P", stream=True))]),
          ["1 not answered (limit 0)"]),
-        (accuracy_verdict(acc_spec(min_accuracy=0.9), rows(0, 20), "t"), ["accuracy 0.0%", "upper bound 16.8% < 90.0%"]),
+        (accuracy_verdict(acc_spec(min_accuracy=0.9), rows(0, 20), "t"), ["accuracy 0.0%", "95% one-sided upper bound 13.9% < 90.0%"]),
         (degeneration_verdict(AnswersSpec(), [("s", "!!!!!!!!", "length")]),
          ["1 of 1 answers degenerate", "over 100%", "answers.max_repeat_fraction 50%"]),
         (multibyte_verdict([mb("cjk", "a\ufffd", "a\ufffd")]), ["2 multibyte findings (limit 0)"]),

@@ -116,7 +116,7 @@ def outcome(scores, **kw) -> Outcome:
 
 
 def test_lm_eval_scores_are_judged_with_kvgates_interval_both_ways():
-    a = AnswersSpec(accuracy=acc_spec())
+    a = AnswersSpec(accuracy=acc_spec().model_copy(update={"min_accuracy": 0.65}))
     v = lm_eval_verdict(a, outcome([1.0] * 8))
     assert v.status is Status.PASS and v.message.startswith(
         "8 of 8 items right on fake-questions.jsonl (lm-eval 0.4.13, local-chat-completions, acc,none): accuracy 100.0% "
@@ -125,12 +125,14 @@ def test_lm_eval_scores_are_judged_with_kvgates_interval_both_ways():
                                      "metric": "acc,none", "seconds": 6.5, "num_concurrent": 4}
     v = lm_eval_verdict(a, outcome([0.0] * 8))
     assert v.status is Status.FAIL and "0 of 8 items right" in v.message
-    assert "upper bound 36.9% < 92.0% (recorded x (1 - 0.08)) -> FAIL; e.g. item-0: 'answer 0'" in v.message
-    assert (v.measured, v.limit) == (0.0, 0.92)
-    # min_accuracy wins, as for kvgate's own scorer; a bool score counts
-    v = lm_eval_verdict(AnswersSpec(accuracy=acc_spec().model_copy(update={"min_accuracy": 0.5})),
-                        outcome([True] * 5 + [False] * 3))
-    assert v.status is Status.PASS and ">= 50.0% (answers.accuracy.min_accuracy) -> PASS" in v.message
+    assert "95% one-sided upper bound 31.2% < 65.0% (answers.accuracy.min_accuracy) -> FAIL; e.g. item-0: 'answer 0'" \
+        in v.message
+    assert (v.measured, v.limit) == (0.0, 0.65)
+    # against the recorded 8/8 alone: a non-inferiority test 8 items cannot decide; a bool score counts
+    v = lm_eval_verdict(AnswersSpec(accuracy=acc_spec()), outcome([True] * 8))
+    assert v.status is Status.INCONCLUSIVE and "8 items cannot tell -> INCONCLUSIVE" in v.message, v.message
+    v = lm_eval_verdict(AnswersSpec(accuracy=acc_spec()), outcome([False] * 8))
+    assert v.status is Status.FAIL and "worse than the recorded run by more than the tolerance" in v.message
 
 
 def test_no_lm_eval_score_is_skip_or_invalid_never_pass():
@@ -311,7 +313,8 @@ def test_the_task_through_lm_eval_passes_on_right_answers_with_the_runs_key(pyte
     assert gate["status"] == "PASS", gate["message"]
     assert gate["message"] == ("8 of 8 items right on fake-questions.jsonl (lm-eval 0.4.13, local-chat-completions, "
                                "acc,none): accuracy 100.0% (95% CI 63.1%..100.0%); vs recorded 8/8 (100.0%): +0.0 points "
-                               "(95% CI -32.4..+32.4); accuracy 100.0% >= 92.0% (recorded x (1 - 0.08)) -> PASS")
+                               "(95% CI -32.4..+32.4); 95% one-sided lower bound 68.8% >= 65.0% "
+                               "(answers.accuracy.min_accuracy) -> PASS")
     assert len(asked) == 8 and {r.max_tokens for r in asked} == {24} and {r.status for r in asked} == {200}
     assert gate["evidence"]["lm_eval"]["num_concurrent"] == 4 and gate["evidence"]["lm_eval"]["seconds"] > 0
     assert_passes_measured(summary)
@@ -327,7 +330,7 @@ def test_the_task_through_lm_eval_fails_on_wrong_answers_quoting_them(pytester):
     assert gate["status"] == "FAIL", gate["message"]
     assert gate["message"].startswith("0 of 8 items right on fake-questions.jsonl (lm-eval 0.4.13, "
                                       "local-chat-completions, acc,none): accuracy 0.0% (95% CI 0.0%..36.9%)")
-    assert ("upper bound 36.9% < 92.0% (recorded x (1 - 0.08)) -> FAIL; e.g. capital-italy: "
+    assert ("95% one-sided upper bound 31.2% < 65.0% (answers.accuracy.min_accuracy) -> FAIL; e.g. capital-italy: "
             f"{_garbage('It is Rome, in Italy.', 'What is the capital of Italy?')!r}") in gate["message"]
     assert gate["measured"] == {"value": 0.0, "unit": "fraction"}
 
@@ -371,8 +374,9 @@ def test_a_task_yaml_of_your_own_runs_over_its_local_data(pytester, tmp_path):
         "  - {function: take_first}\n"
         "metric_list:\n- {metric: exact_match, aggregation: mean, higher_is_better: true}\n")
     prof = tmp_path / "own.yaml"
+    # 2 of 3 right: its one-sided 95% lower bound 13.5% PASSes a floor of 10% (3 items cannot show 60%)
     prof.write_text(yaml.safe_dump({"extends": str(REPO / "tests" / "data" / "fake-answers.yaml"),
-                                    "answers": {"accuracy": {"file": None, "min_accuracy": 0.6, "recorded_correct": None,
+                                    "answers": {"accuracy": {"file": None, "min_accuracy": 0.1, "recorded_correct": None,
                                                              "recorded_items": None,
                                                              "lm_eval": {"task": "evals/capitals.yaml", "route": "chat"}}}}))
     with FakeVLLM(FakeConfig(max_tokens_cap=64, answers=dict(ANSWERS))) as fake:

@@ -1,5 +1,6 @@
-"""The accuracy task: a local JSONL file of short-answer items, scored per item, and the binomial
-intervals a verdict needs.
+"""The accuracy task: a local JSONL file of short-answer items, scored per item. The binomial
+intervals a verdict needs live in :mod:`kvgate.stats.proportion` (``interval`` and
+``difference_interval`` stay importable from here).
 
 One item a line: ``{"id": "capital-france", "question": "What is the capital of France?",
 "answer": "\\\\bParis\\\\b"}`` -- ``question`` (one user turn), or ``messages`` (a conversation), or
@@ -9,13 +10,12 @@ One item a line: ``{"id": "capital-france", "question": "What is the capital of 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
+from kvgate.stats.proportion import difference_interval, interval  # noqa: F401 -- kept importable from here
 
 
 class TaskError(Exception):
@@ -77,35 +77,6 @@ def matches(answer: str, text: str) -> bool:
     """kvgate's rule: the ``answer`` regex found in ``text``, case-insensitive (also lm-eval's
     score of kvgate's task: :func:`kvgate.answers.lmeval.task.process_results`)."""
     return re.search(answer, text, re.IGNORECASE) is not None
-
-
-def interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Exact (Clopper-Pearson) two-sided interval of a proportion ``k``/``n`` at ``confidence``."""
-    if n <= 0:
-        return (0.0, 1.0)
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
-    return (float(ci.low), float(ci.high))
-
-
-def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (c - h, c + h)
-
-
-def difference_interval(k1: int, n1: int, k0: int, n0: int, confidence: float = 0.95) -> tuple[float, float, float]:
-    """``(d, low, high)``: the difference ``k1/n1 - k0/n0`` with Newcombe's hybrid score interval
-    (method 10 of Newcombe 1998, Wilson intervals combined) at ``confidence``."""
-    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
-    p1, p0 = k1 / n1, k0 / n0
-    l1, u1 = _wilson(k1, n1, z)
-    l0, u0 = _wilson(k0, n0, z)
-    d = p1 - p0
-    low = d - math.sqrt((p1 - l1) ** 2 + (u0 - p0) ** 2)
-    high = d + math.sqrt((u1 - p1) ** 2 + (p0 - l0) ** 2)
-    return (d, low, high)
 
 
 def scored(items: list[Item], texts: list[str | None]) -> list[dict[str, Any]]:

@@ -44,6 +44,8 @@ from kvgate.answers.tokendiff import Difference, compare_answers
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.rendering import Rendering, first_difference
 from kvgate.profile.models import AnswersSpec, GoldenSpec, LongContextSpec, Profile
+from kvgate.stats.proportion import FAIL as FAIL_, PASS as PASS_, UNDECIDED as UNDECIDED_, judge_at_least, \
+    judge_not_worse
 from kvgate.verdict import Status, Verdict
 
 if TYPE_CHECKING:
@@ -199,12 +201,20 @@ def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie:
 
 def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: str,
                      suspects: Suspects | None = None) -> Verdict:
-    """The accuracy case: ``rows`` from :func:`kvgate.answers.task.scored`. The limit is
-    ``min_accuracy``, else the recorded accuracy x (1 - ``tolerance``). PASS when the accuracy is at
-    or above it; FAIL when the interval's upper bound is below it (confidently worse); else
-    INCONCLUSIVE (the items cannot tell). An item not answered counts as wrong; INVALID when more
-    than half were not answered (the task measured the transport, not the model). ``suspects``: the
-    cause of a FAIL or INCONCLUSIVE (sampling, rendering)."""
+    """The accuracy case: ``rows`` from :func:`kvgate.answers.task.scored`; items are the unit
+    (``n`` items, ``k`` right; an item not answered counts as wrong). Decided on bounds, never on
+    the point (:mod:`kvgate.stats.proportion`, each bound one-sided at ``accuracy.confidence``;
+    the message also shows the two-sided interval at that level):
+
+    - ``min_accuracy`` (a floor): PASS when the Clopper-Pearson lower bound is at or above it,
+      FAIL when the upper bound is below it, else INCONCLUSIVE (the items cannot tell);
+    - else the recorded run (``recorded_correct``/``recorded_items``, scored separately): a
+      non-inferiority test on the difference, Newcombe's hybrid score interval: PASS when its
+      lower bound is at or above ``-tolerance x recorded accuracy``, FAIL when its upper bound is
+      below it, else INCONCLUSIVE. ``limit`` (reported) = recorded x (1 - tolerance).
+
+    INVALID when more than half were not answered (the task measured the transport, not the
+    model). ``suspects``: the cause of a FAIL or INCONCLUSIVE (sampling, rendering)."""
     gate = f"{GATE}/accuracy"
     a = answers.accuracy
     assert a is not None
@@ -214,38 +224,57 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
     lo, hi = interval(k, n, a.confidence)
     acc = k / n if n else 0.0
     conf = f"{a.confidence:.0%}"
-    ev: dict[str, Any] = {"task": source, "items": n, "correct": k, "unanswered": unanswered,
+    ev: dict[str, Any] = {"task": source, "items": n, "correct": k, "unanswered": unanswered, "unit": "item",
                           "interval": [round(lo, 4), round(hi, 4)], "confidence": a.confidence,
                           "wrong": [r for r in rows if not r["correct"]][:40]}
     head = f"{k} of {n} items right on {source}: accuracy {acc:.1%} ({conf} CI {lo:.1%}..{hi:.1%})"
     if n == 0 or unanswered * 2 > n:
         return Verdict(gate, Status.INVALID, f"{head}; {unanswered} not answered -> INVALID", evidence=ev)
+    ni = None
     recorded = None
     if a.recorded_correct is not None and a.recorded_items:
         k0, n0 = a.recorded_correct, a.recorded_items
         d, dlo, dhi = difference_interval(k, n, k0, n0, a.confidence)
         recorded = k0 / n0
-        ev["recorded"] = {"correct": k0, "items": n0, "difference": round(d, 4), "difference_interval": [round(dlo, 4), round(dhi, 4)]}
+        ni = judge_not_worse(k, n, k0, n0, a.tolerance * recorded, a.confidence)
+        ev["recorded"] = {"correct": k0, "items": n0, "difference": round(d, 4),
+                          "difference_interval": [round(dlo, 4), round(dhi, 4)], "non_inferiority": ni.to_dict()}
         head += f"; vs recorded {k0}/{n0} ({recorded:.1%}): {d * 100:+.1f} points ({conf} CI {dlo * 100:+.1f}..{dhi * 100:+.1f})"
+    one = f"{conf} one-sided"
     if a.min_accuracy is not None:
         limit, why = a.min_accuracy, "answers.accuracy.min_accuracy"
-    elif recorded is not None:
+        rj = judge_at_least(k, n, limit, a.confidence)
+        ev["decision"] = rj.to_dict()
+        decision = rj.decision
+        said = {PASS_: f"{one} lower bound {rj.lower:.1%} >= {limit:.1%} ({why})",
+                FAIL_: f"{one} upper bound {rj.upper:.1%} < {limit:.1%} ({why})",
+                UNDECIDED_: f"{one} bounds {rj.lower:.1%}..{rj.upper:.1%} straddle {limit:.1%} ({why})"}[decision]
+    elif recorded is not None and ni is not None:
         limit, why = recorded * (1 - a.tolerance), f"recorded x (1 - {a.tolerance:g})"
+        margin = -ni.margin * 100
+        ev["decision"] = ni.to_dict()
+        decision = ni.decision
+        said = {PASS_: f"non-inferior: the difference's {one} lower bound {ni.low * 100:+.1f} >= {margin:+.1f} points "
+                       f"(limit {limit:.1%}, {why})",
+                FAIL_: f"worse than the recorded run by more than the tolerance: the difference's {one} upper bound "
+                       f"{ni.high * 100:+.1f} < {margin:+.1f} points (limit {limit:.1%}, {why})",
+                UNDECIDED_: f"the difference's {one} bounds {ni.low * 100:+.1f}..{ni.high * 100:+.1f} straddle "
+                            f"{margin:+.1f} points (limit {limit:.1%}, {why})"}[decision]
     else:
         return Verdict(gate, Status.SKIP, f"{head}; no limit declared (answers.accuracy.min_accuracy or "
                        "recorded_correct/recorded_items) -> SKIP", measured=round(acc, 4), unit="fraction", evidence=ev)
     ev["limit"] = round(limit, 4)
     wrong = [r for r in rows if not r["correct"]][:2]
     eg = "; e.g. " + "; ".join(f"{r['id']}: {clip(r['answer'], 50)!r}" for r in wrong) if wrong else ""
-    if acc >= limit:
-        return Verdict(gate, Status.PASS, f"{head}; accuracy {acc:.1%} >= {limit:.1%} ({why}) -> PASS", measured=round(acc, 4),
+    if decision == PASS_:
+        return Verdict(gate, Status.PASS, f"{head}; {said} -> PASS", measured=round(acc, 4),
                        limit=round(limit, 4), unit="fraction", evidence=ev)
-    if hi < limit:
-        return Verdict(gate, Status.FAIL, f"{head}; upper bound {hi:.1%} < {limit:.1%} ({why}) -> FAIL{eg}",
+    if decision == FAIL_:
+        return Verdict(gate, Status.FAIL, f"{head}; {said} -> FAIL{eg}",
                        measured=round(acc, 4), limit=round(limit, 4), unit="fraction", evidence=ev,
                        cause=_cause(suspects))
-    return Verdict(gate, Status.INCONCLUSIVE, f"{head}; below {limit:.1%} ({why}) but its upper bound {hi:.1%} is not: "
-                   f"{n} items cannot tell -> INCONCLUSIVE{eg}", measured=round(acc, 4), limit=round(limit, 4),
+    return Verdict(gate, Status.INCONCLUSIVE, f"{head}; {said}: {n} items cannot tell -> INCONCLUSIVE{eg}",
+                   measured=round(acc, 4), limit=round(limit, 4),
                    unit="fraction", evidence=ev, cause=_cause(suspects) or f"the evidence cannot tell: {n} items are "
                    "too few to separate this accuracy from the limit")
 

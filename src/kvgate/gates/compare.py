@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from scipy import stats as _st
+
 from kvgate.answers.needle import PATHS
 from kvgate.compare.contract import CONTRACT_GATES, diff, normal
 from kvgate.answers.tokendiff import Answer, Difference, compare_answers
@@ -26,8 +28,8 @@ from kvgate.compare.latency import METRICS, Pairs, summary
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.rendering import Rendering, parting
 from kvgate.profile.models import Profile
-from kvgate.stats import percentile
-from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, Judgement, judge
+from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, UNDECIDED
+from kvgate.stats.twosample import QuantileRatio, judge_quantile_ratio
 from kvgate.verdict import Status, Verdict
 
 GATE = "compare"
@@ -202,81 +204,117 @@ def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[st
     return Verdict(gate, Status.PASS, f"{head} -> PASS", measured=0, limit=allowed, unit="prompts", evidence=ev)
 
 
-def latency_judgements(profile: Profile, pairs: Pairs, confidence: float) -> dict[str, tuple[Judgement, float] | None]:
-    """Per metric: the new revision's ``compare.quantile`` judged (:func:`kvgate.stats.confidence.judge`
-    at ``confidence``) against ``(1 + compare.max_regression)`` x the baseline's point estimate
-    (ms), with that baseline value; None when either side has no sample."""
+def latency_judgements(profile: Profile, pairs: Pairs, confidence: float) -> dict[str, QuantileRatio | None]:
+    """Per metric: the new revision's ``compare.quantile`` against ``(1 + compare.max_regression)``
+    x the baseline's, both samples' order-statistic bounds counting
+    (:func:`kvgate.stats.twosample.judge_quantile_ratio` at ``confidence``: each side's bound at
+    ``1 - (1 - confidence) / 2``; FAIL when new's lower bound > (1 + r) x base's upper, PASS when
+    new's upper <= (1 + r) x base's lower); None when either side has no sample. Values in ms."""
     c = profile.compare
-    out: dict[str, tuple[Judgement, float] | None] = {}
+    out: dict[str, QuantileRatio | None] = {}
     for m in METRICS:
         new, base = pairs.values("new", m), pairs.values("base", m)
-        if not new or not base:
-            out[m] = None
-            continue
-        ref = percentile(base, c.quantile * 100)
-        out[m] = (judge(new, c.quantile, (1 + c.max_regression) * ref, confidence), ref)
+        out[m] = judge_quantile_ratio(base, new, c.quantile, 1 + c.max_regression, confidence) if new and base else None
     return out
 
 
 def latency_decisions(profile: Profile, pairs: Pairs, confidence: float) -> dict[str, str]:
     """metric -> PASS/FAIL/UNDECIDED, for :func:`kvgate.stats.confidence.sample_until_decided`."""
-    return {m: (j[0].decision if j else J_FAIL) for m, j in latency_judgements(profile, pairs, confidence).items()}
+    return {m: (j.decision if j else J_FAIL) for m, j in latency_judgements(profile, pairs, confidence).items()}
 
 
-def _latency_clause(what: str, j: Judgement, ref: float, allowance: float, word: str) -> str:
-    """``TTFT p95 21.3 ms vs baseline 19.3 ms (+10.4%), 98.33% upper bound 21.0 ms (n=160) <= 21.2 ms
-    (baseline + 10%) -> PASS``: FAIL cites the lower bound, INCONCLUSIVE both."""
-    b = j.bound
-    rel = f"{(b.point / ref - 1) * 100:+.1f}%" if ref > 0 and b.point is not None else "n/a"
-    head = f"{what} {b.label} {b.point:,.1f} ms vs baseline {ref:,.1f} ms ({rel})"
-    lim = f"{j.limit:,.1f} ms (baseline + {allowance:.0%})"
-    c = f"{b.confidence * 100:.4g}%"
+def failure_test(pairs: Pairs, confidence: float) -> dict[str, Any]:
+    """Does the new revision fail more requests than the baseline, on the same interleaved pairs?
+    Paired, so McNemar's exact test on the discordant pairs: ``b`` pairs the new revision failed and
+    the baseline answered, ``c`` the reverse; under no difference each discordant pair is a fair
+    coin, so ``p = P(Bin(b + c, 1/2) >= b)`` (one-sided). ``decision``: FAIL when ``p <= 1 -
+    confidence`` (5 new-only failures against none at 95%), UNDECIDED when ``b > c`` but not shown
+    (no PASS on a difference the pairs cannot tell), else PASS. Whether any single failure is
+    allowed at all is latency/slo's ``slo.error_rate_max``, not this comparison's."""
+    n = min(len(pairs.new), len(pairs.base))
+    b = sum(1 for i in range(n) if pairs.new[i].error is not None and pairs.base[i].error is None)
+    c = sum(1 for i in range(n) if pairs.base[i].error is not None and pairs.new[i].error is None)
+    p = float(_st.binom.sf(b - 1, b + c, 0.5)) if b else 1.0
+    d = J_FAIL if b and p <= 1 - confidence else UNDECIDED if b > c else J_PASS
+    return {"new_only": b, "base_only": c, "p_value": p, "confidence": confidence, "decision": d,
+            "method": "McNemar exact, one-sided, on the discordant pairs"}
+
+
+def _latency_clause(what: str, j: QuantileRatio, allowance: float, word: str) -> str:
+    """``TTFT p95 21.3 ms vs baseline 19.3 ms (+10.4%); 97.5% bounds: new upper 21.0 ms (n=160) <= 1.1 x
+    baseline lower 19.5 ms (n=160) = 21.5 ms -> PASS``: FAIL cites new's lower against the baseline's
+    upper, INCONCLUSIVE both ranges."""
+    nb, bb = j.new, j.base
+    r = 1 + allowance
+    rel = f"{(j.point - 1) * 100:+.1f}%" if j.point is not None else "n/a"
+    pt = "n/a" if nb.point is None else f"{nb.point:,.1f} ms"
+    ref = "n/a" if bb.point is None else f"{bb.point:,.1f} ms"
+    head = f"{what} {nb.label} {pt} vs baseline {ref} ({rel}; allowed +{allowance:.0%}); {j.side * 100:.4g}% bounds"
+
+    def ms(x: float | None) -> str:
+        return "none" if x is None else f"{x:,.1f} ms"
     if word == "PASS":
-        return f"{head}, {c} upper bound {b.upper:,.1f} ms (n={b.n}) <= {lim} -> PASS"
+        return (f"{head}: new upper {ms(nb.upper)} (n={nb.n}) <= {r:g} x baseline lower {ms(bb.lower)} "
+                f"(n={bb.n}) = {ms(r * bb.lower)} -> PASS")
     if word == "FAIL":
-        return f"{head}, {c} lower bound {b.lower:,.1f} ms (n={b.n}) > {lim} -> FAIL"
-    lo = "none" if b.lower is None else f"{b.lower:,.1f}"
-    hi = "none" if b.upper is None else f"{b.upper:,.1f}"
-    return f"{head}, {c} bounds {lo}..{hi} ms (n={b.n}) straddle {lim} -> INCONCLUSIVE"
+        return (f"{head}: new lower {ms(nb.lower)} (n={nb.n}) > {r:g} x baseline upper {ms(bb.upper)} "
+                f"(n={bb.n}) = {ms(r * bb.upper)} -> FAIL")
+    return (f"{head}: new {ms(nb.lower)}..{ms(nb.upper)} (n={nb.n}), {r:g} x baseline "
+            f"{ms(None if bb.lower is None else r * bb.lower)}..{ms(None if bb.upper is None else r * bb.upper)} "
+            f"(n={bb.n}) overlap -> INCONCLUSIVE")
 
 
 def latency_verdict(profile: Profile, pairs: Pairs, sampling: dict[str, Any], label: str) -> Verdict:
-    """The latency case: FAIL when any metric's new percentile is above ``(1 + max_regression)`` x the
-    baseline's with confidence (its lower bound), or the new revision failed requests the baseline
-    answered; PASS when every upper bound is within; else INCONCLUSIVE (the sampling cap or time
-    bound reached undecided). ``sampling``: :meth:`kvgate.stats.confidence.Sampling.to_dict`."""
+    """The latency case: FAIL when any metric's new percentile is shown above ``(1 + max_regression)``
+    x the baseline's -- two estimates, so both samples' bounds count
+    (:func:`latency_judgements`) -- or the new revision is shown to fail more of the same pairs
+    (:func:`failure_test`); PASS when every metric's ratio is shown within and no failure
+    difference is open; else INCONCLUSIVE. Judged at the per-look level of ``sampling``
+    (:meth:`kvgate.stats.confidence.Sampling.to_dict`; Bonferroni over the planned looks).
+    ``measured``/``limit`` (ms): the new revision's TTFT percentile and (1 + max_regression) x the
+    baseline's (point estimates; the verdict rests on the bounds in the message)."""
     c = profile.compare
     gate = f"{GATE}/latency"
     conf = sampling.get("per_look_confidence") or profile.slo.confidence
+    ft = failure_test(pairs, conf)
     ev = {"baseline": label, "pairs": len(pairs.order), "summary": summary(pairs), "sampling": sampling,
-          "max_regression": c.max_regression, "quantile": c.quantile,
-          "rule": "the new revision's percentile judged like an SLO (order-statistic bounds, planned looks) against "
-                  "(1 + max_regression) x the baseline's point estimate from the same interleaved pairs"}
+          "max_regression": c.max_regression, "quantile": c.quantile, "failures": ft,
+          "rule": "two samples (kvgate.stats.twosample.judge_quantile_ratio): FAIL when the new revision's lower "
+                  "bound > (1 + max_regression) x the baseline's upper bound, PASS when its upper bound <= (1 + "
+                  "max_regression) x the baseline's lower bound, each bound at 1 - (1 - per-look confidence) / 2; "
+                  "failures: McNemar exact on the interleaved pairs"}
     new_err, base_err = pairs.errors("new"), pairs.errors("base")
     n = len(pairs.order)
-    if new_err and len(new_err) > len(base_err):
-        return Verdict(gate, Status.FAIL, f"the new revision failed {len(new_err)} of {n} latency requests, the "
-                       f"{label} {len(base_err)} (first: {new_err[0][:120]}) -> FAIL", measured=len(new_err),
-                       limit=len(base_err), unit="requests", evidence=ev)
+    fails = (f"the new revision failed {len(new_err)} of {n} latency requests, the {label} {len(base_err)} "
+             f"({ft['new_only']} pairs only the new revision failed, {ft['base_only']} only the baseline; McNemar "
+             f"exact p = {ft['p_value']:.3g}")
+    if ft["decision"] == J_FAIL:
+        return Verdict(gate, Status.FAIL, f"{fails} <= {1 - conf:.3g}; first: {new_err[0][:120]}) -> FAIL",
+                       measured=len(new_err), limit=len(base_err), unit="requests", evidence=ev)
     js = latency_judgements(profile, pairs, conf)
     parts, worst = [], PASS
     for m, j in js.items():
         if j is None:
             return Verdict(gate, Status.INVALID, f"no {METRICS[m]} sample from {'the new revision' if not pairs.values('new', m) else 'the ' + label} "
                            f"({n} pairs) -> INVALID", evidence=ev)
-        jm, ref = j
-        word = {J_PASS: "PASS", J_FAIL: "FAIL"}.get(jm.decision, "INCONCLUSIVE")
-        parts.append(_latency_clause(METRICS[m].split(" (")[0], jm, ref, c.max_regression, word))
+        word = {J_PASS: "PASS", J_FAIL: "FAIL"}.get(j.decision, "INCONCLUSIVE")
+        parts.append(_latency_clause(METRICS[m].split(" (")[0], j, c.max_regression, word))
         if word == "FAIL":
             worst = FAIL
         elif word == "INCONCLUSIVE" and worst == PASS:
+            worst = "INCONCLUSIVE"
+    if ft["decision"] == UNDECIDED:
+        parts.append(f"{fails} > {1 - conf:.3g}: more failures than the baseline, too few to tell"
+                     f"{'; first: ' + new_err[0][:120] if new_err else ''}) -> INCONCLUSIVE")
+        if worst == PASS:
             worst = "INCONCLUSIVE"
     status = Status(worst)
     stop = sampling.get("why_stopped")
     msg = f"{n} interleaved pairs vs the {label}: " + "; ".join(parts) + (f" (stopped: {stop})" if stop else "")
     ttft = js["ttft"]
-    return Verdict(gate, status, msg, measured=round(ttft[0].bound.point, 1) if ttft and ttft[0].bound.point else None,
-                   limit=round(ttft[0].limit, 1) if ttft else None, unit="ms", evidence=ev)
+    return Verdict(gate, status, msg, measured=round(ttft.new.point, 1) if ttft and ttft.new.point else None,
+                   limit=round((1 + c.max_regression) * ttft.base.point, 1) if ttft and ttft.base.point else None,
+                   unit="ms", evidence=ev)
 
 
 def features_verdict(base: dict[str, str], new: dict[str, str], label: str) -> Verdict:

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvgate.stats.confidence import PASS as PASS_, FAIL as FAIL_, UNDECIDED, Judgement, LookPlan, PercentileBound, \
     judge, plan_looks
+from kvgate.stats.twosample import judge_quantile_ratio
 from kvgate.pools.routing import RoutingObservation
 from kvgate.profile.models import PoolsSpec, Profile
 from kvgate.load.scenarios import LoadObservation, interference_judgement
@@ -171,16 +172,10 @@ class RatioJudgement:
 
 def judge_ratio(alone_ms: list[float], mixed_ms: list[float], ratio_max: float, confidence: float) -> RatioJudgement:
     """:class:`RatioJudgement` of the two runs' TTFT samples (ms) at ``confidence`` for the ratio
-    (each run's bound at ``1 - (1 - confidence) / 2``)."""
-    side = 1 - (1 - confidence) / 2
-    m, a = bound(mixed_ms, Q, side), bound(alone_ms, Q, side)
-    if m.upper is not None and a.lower is not None and m.upper <= ratio_max * a.lower:
-        d = PASS_
-    elif m.lower is not None and a.upper is not None and m.lower > ratio_max * a.upper:
-        d = FAIL_
-    else:
-        d = UNDECIDED
-    return RatioJudgement(m, a, ratio_max, d)
+    (each run's bound at ``1 - (1 - confidence) / 2``): the two-sample rule of
+    :func:`kvgate.stats.twosample.judge_quantile_ratio`, mixed as the new sample, alone as the base."""
+    r = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence)
+    return RatioJudgement(r.new, r.base, ratio_max, r.decision)
 
 
 def isolation_plan(first: int, short: Profile) -> LookPlan:

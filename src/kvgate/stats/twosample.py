@@ -1,0 +1,162 @@
+"""Two samples compared with confidence: the ratio of two quantiles (order-statistic bounds of
+each sample) and the ratio of two locations (Hodges-Lehmann / Mann-Whitney on logs).
+
+**Quantile ratio** (:func:`judge_quantile_ratio`): is ``new``'s ``q``-quantile within
+``ratio_max`` x ``base``'s? Both quantiles are estimates, so both samples' bounds count: each
+sample's distribution-free order-statistic bound (:func:`kvgate.stats.confidence.bound`) at
+``1 - (1 - c) / 2`` (Bonferroni over the two samples), and
+
+- PASS when ``new.upper <= ratio_max x base.lower`` (the ratio's upper bound is within),
+- FAIL when ``new.lower > ratio_max x base.upper`` (the ratio's lower bound is above),
+- otherwise UNDECIDED.
+
+Each error is within ``1 - c``: a wrong FAIL at the allowance needs new's lower bound above its
+true quantile or base's upper bound below its own, each at most ``(1 - c) / 2``
+(tests/test_stats_decisions.py simulates it at the allowance). pools/isolation (mixed vs alone)
+and compare/latency (new revision vs baseline) both judge with it. Samples in any one unit (ms).
+
+**Location ratio** (:func:`shift_ratio`): ``x / y`` as a scale factor between two positive
+samples, estimated by the Hodges-Lehmann estimator on logs (the median of every ``log x_i - log
+y_j``) with the exact Mann-Whitney confidence bounds (the k-th smallest and largest of those
+``m n`` differences), distribution-free under a shift of the log distributions; valid at small
+samples (8 and 8: the one-sided 95% bounds are the 16th smallest and largest of 64 differences).
+The priority gate's gain (TTFT without priority / with priority) is judged on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from kvgate.stats.confidence import DEFAULT_CONFIDENCE, PercentileBound, bound
+
+PASS, FAIL, UNDECIDED = "PASS", "FAIL", "UNDECIDED"
+
+
+@dataclass(frozen=True)
+class QuantileRatio:
+    """``new q-quantile / base q-quantile <= ratio_max`` judged on both samples' order-statistic
+    bounds, each at ``side`` = ``1 - (1 - c) / 2``: ``decision`` PASS (new.upper <= ratio_max x
+    base.lower), FAIL (new.lower > ratio_max x base.upper) or UNDECIDED; ``point``: the ratio of
+    the point estimates (shown, never judged)."""
+
+    new: PercentileBound
+    base: PercentileBound
+    ratio_max: float
+    decision: str
+    confidence: float
+
+    @property
+    def point(self) -> float | None:
+        m, a = self.new.point, self.base.point
+        return m / a if m and a and not math.isnan(m) and not math.isnan(a) else None
+
+    @property
+    def side(self) -> float:
+        """Each sample's bound level, ``1 - (1 - confidence) / 2``."""
+        return self.new.confidence
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"new": self.new.to_dict(), "base": self.base.to_dict(), "ratio_max": self.ratio_max,
+                "point": self.point, "decision": self.decision, "confidence": self.confidence,
+                "rule": "PASS: new upper <= ratio_max x base lower; FAIL: new lower > ratio_max x base upper; "
+                        "each bound one-sided at 1 - (1 - confidence) / 2"}
+
+
+def judge_quantile_ratio(base: Sequence[float], new: Sequence[float], q: float, ratio_max: float,
+                         confidence: float = DEFAULT_CONFIDENCE) -> QuantileRatio:
+    """:class:`QuantileRatio` of ``new`` against ``base`` (same unit) at ``confidence`` for the
+    ratio (each sample's bound at ``1 - (1 - confidence) / 2``). Raises ValueError on ``q`` or
+    ``confidence`` out of range (:func:`kvgate.stats.confidence.bound`)."""
+    side = 1 - (1 - confidence) / 2
+    m, a = bound(new, q, side), bound(base, q, side)
+    if m.upper is not None and a.lower is not None and m.upper <= ratio_max * a.lower:
+        d = PASS
+    elif m.lower is not None and a.upper is not None and m.lower > ratio_max * a.upper:
+        d = FAIL
+    else:
+        d = UNDECIDED
+    return QuantileRatio(m, a, ratio_max, d, confidence)
+
+
+# ----------------------------------------------------------------------------- location ratio
+
+
+@lru_cache(maxsize=256)
+def _mw_cdf(m: int, n: int) -> tuple[float, ...]:
+    """The exact null distribution of the Mann-Whitney U for samples of ``m`` and ``n`` (no ties):
+    ``cdf[u] = P(U <= u)``, u = 0..m n (counting lattice paths)."""
+    # f[j][u]: arrangements of i x's and j y's with U = u, built up over i
+    f = [[1] + [0] * (m * n) for _ in range(n + 1)]  # i = 0: U = 0 only
+    for i in range(1, m + 1):
+        g = [[0] * (m * n + 1) for _ in range(n + 1)]
+        for j in range(n + 1):
+            for u in range(i * j + 1):
+                # the largest element is an x (it beats all j y's) or a y
+                c = f[j][u - j] if u >= j else 0
+                if j:
+                    c += g[j - 1][u]
+                g[j][u] = c
+        f = g
+    counts = np.array(f[n], dtype=float)
+    return tuple(np.cumsum(counts) / counts.sum())
+
+
+def _mw_rank(m: int, n: int, confidence: float) -> int:
+    """The 1-based rank ``k`` of the sorted ``m n`` differences that bounds the shift from below at
+    one-sided ``confidence`` (largest ``k`` with ``P(U <= k - 1) <= 1 - c``; 0: none). Exact for
+    ``m n <= 2500``, else the normal approximation with continuity correction."""
+    alpha = 1 - confidence
+    if m * n <= 2500:
+        cdf = _mw_cdf(m, n)
+        k = 0
+        while k < m * n and cdf[k] <= alpha:  # cdf[k] = P(U <= k): rank k + 1 still bounds
+            k += 1
+        return k
+    from scipy import stats as _st
+    mu, sd = m * n / 2, math.sqrt(m * n * (m + n + 1) / 12)
+    return max(0, int(math.floor(mu + float(_st.norm.ppf(alpha)) * sd - 0.5)) + 1)
+
+
+@dataclass(frozen=True)
+class ShiftRatio:
+    """The scale factor ``x / y`` between two positive samples: ``point`` (Hodges-Lehmann on logs,
+    exponentiated), ``lower``/``upper`` its exact Mann-Whitney bounds each one-sided at
+    ``confidence`` (None: too few samples for a bound), ``m``/``n`` the sample sizes, ``rank``
+    the order statistic of the ``m n`` log differences used."""
+
+    point: float | None
+    lower: float | None
+    upper: float | None
+    confidence: float
+    m: int
+    n: int
+    rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"point": self.point, "lower": self.lower, "upper": self.upper, "confidence": self.confidence,
+                "m": self.m, "n": self.n, "rank": self.rank,
+                "method": "Hodges-Lehmann on log values, exact Mann-Whitney bounds, each one-sided"}
+
+
+def shift_ratio(x: Sequence[float], y: Sequence[float], confidence: float = DEFAULT_CONFIDENCE) -> ShiftRatio:
+    """:class:`ShiftRatio` of ``x`` over ``y`` (positive values, any one unit). Empty input or a
+    value <= 0 raises ValueError."""
+    xs, ys = np.asarray(list(x), dtype=float), np.asarray(list(y), dtype=float)
+    if xs.size == 0 or ys.size == 0:
+        raise ValueError(f"both samples need values, got {xs.size} and {ys.size}")
+    if (xs <= 0).any() or (ys <= 0).any():
+        raise ValueError("values must be positive (a ratio of scales)")
+    d = np.sort((np.log(xs)[:, None] - np.log(ys)[None, :]).ravel())
+    m, n = xs.size, ys.size
+    k = _mw_rank(m, n, confidence)
+    lo = float(math.exp(d[k - 1])) if k >= 1 else None
+    hi = float(math.exp(d[m * n - k])) if k >= 1 else None
+    return ShiftRatio(float(math.exp(np.median(d))), lo, hi, confidence, m, n, k)
+
+
+__all__ = ["FAIL", "PASS", "QuantileRatio", "ShiftRatio", "UNDECIDED", "judge_quantile_ratio", "shift_ratio"]
