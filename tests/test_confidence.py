@@ -128,3 +128,16 @@ def test_split_looks_keep_each_error_within_one_minus_confidence(plan):
         if j is not None:
             failed |= live & ~passed & (below[:, n - 1] < j)  # the j-th smallest > limit
     assert passed.mean() <= 0.05 and failed.mean() <= 0.05
+
+
+def test_plan_looks_never_plans_more_looks_than_max_looks():
+    # F15: split=True with max_looks 1 planned 2 looks (32 and the smallest size that can PASS)
+    from kvgate.stats.confidence import plan_looks as _plan
+    one = _plan(32, 256, 0.95, 0.95, max_looks=1, split=True)
+    assert one.looks == (256,) and one.per_look == 0.95
+    rng = __import__("random").Random(7)
+    for _ in range(1500):
+        first, cap, k = rng.randint(1, 300), rng.randint(1, 600), rng.randint(1, 6)
+        p = _plan(first, cap, 0.95, rng.choice([0.9, 0.95, 0.99]), max_looks=k, split=rng.random() < 0.5)
+        assert len(p.looks) <= k, (first, cap, k, p)
+    assert _plan(32, 256, 0.95, 0.95, split=True).looks == (32, 80, 160, 256)  # unchanged where it fitted

@@ -399,6 +399,19 @@ def test_determinism_near_tie_parting_is_named_not_failed():
     assert v.evidence["prompts"]["g"]["near_ties"] == 1
 
 
+def test_determinism_near_ties_are_tested_against_every_distinct_answer():
+    # F15: with max_distinct 2, a near-tie variant of the *second* distinct answer is that answer, not a third
+    alone = asked("Paris", ["Paris"], [{"Paris": 0.0, "Rome": -9.0}])
+    other = asked("Rome is big", ["Rome", " is", " big"], [{"Rome": 0.0}, {" is": 0.0}, {" big": -0.5, " large": -0.55}])
+    tie = asked("Rome is large", ["Rome", " is", " large"], [{"Rome": 0.0}, {" is": 0.0}, {" large": -0.5, " big": -0.55}])
+    v = determinism_verdict(det_spec(max_distinct=2), {"g": [alone, other, tie]})
+    assert v.status is Status.PASS, v.message
+    assert v.evidence["prompts"]["g"]["distinct"] == 2 and v.evidence["prompts"]["g"]["near_ties"] == 1
+    third = asked("Berlin", ["Berlin"], [{"Berlin": 0.0, "Paris": -9.0}])
+    v = determinism_verdict(det_spec(max_distinct=2), {"g": [alone, other, tie, third]})
+    assert v.status is Status.FAIL and "g: 3 distinct outputs in 4" in v.message, v.message
+
+
 def test_determinism_distinct_outputs_fail_naming_both_and_the_limit():
     alone = asked("Paris is the capital of France.")
     batch = asked("Paris indeed is the capital of France.")

@@ -634,8 +634,8 @@ def memory_verdict(obs: list[MemoryObservation], suspects: Suspects | None = Non
 
 def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]], suspects: Suspects | None = None) -> Verdict:
     """The determinism case: ``runs`` maps a golden to its answers (the first alone, the rest each
-    inside a concurrent batch). Answers that part from the first beyond a near tie (by either side's
-    logprobs, ``determinism.near_tie_logprob``) are distinct outputs; FAIL when a prompt has more than
+    inside a concurrent batch). Answers that part from every distinct answer so far beyond a near tie
+    (by either side's logprobs, ``determinism.near_tie_logprob``) are distinct outputs; FAIL when a prompt has more than
     ``determinism.max_distinct``. Near-tie partings are counted and named, not failed.
     ``suspects``: the cause of outputs that change (sampling: temperature 0 not honoured even alone)."""
     gate = f"{GATE}/determinism"
@@ -652,8 +652,8 @@ def determinism_verdict(spec: AnswersSpec, runs: dict[str, list[Asked]], suspect
         for a in ok[1:]:
             if any(a.text == b.text for b in distinct):
                 continue
-            diff = compare_answers(distinct[0].answer(), a.answer(), d.near_tie_logprob)
-            if diff.kind == "near-tie":
+            # a near tie of any distinct answer so far is that answer, not a new one
+            if any(compare_answers(b.answer(), a.answer(), d.near_tie_logprob).kind == "near-tie" for b in distinct):
                 tie_here += 1
                 continue
             distinct.append(a)

@@ -311,9 +311,10 @@ def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFI
 
 def _looks(first: int, cap: int, need: int, max_looks: int) -> list[int]:
     """``first``, then ``need`` (when above it, at most ``cap``), then doubling, ending at ``cap``,
-    at most ``max_looks`` (the cap replaces the last when there are too many)."""
+    at most ``max_looks`` (the cap replaces the last when there are too many; ``max_looks`` 1: the cap
+    alone)."""
     looks = [first]
-    if need > first:
+    if need > first and max_looks > 1:
         looks.append(min(need, cap))
     while looks[-1] < cap and len(looks) < max_looks:
         looks.append(min(cap, 2 * looks[-1]))
