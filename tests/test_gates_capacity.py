@@ -147,11 +147,23 @@ def test_causes_preemptions_kv_full_prefill_interference_decode_and_unknown():
         "/metrics gave no scheduler gauges: the cause is not known"]
 
 
-def test_undecided_step_counts_as_not_meeting_the_slo():
-    steps = [step(1), step(2), step(4, "UNDECIDED", ttft=480, running=4, waiting=0)]
-    v = capacity_verdict(steps, profile(peak=3, max_num_seqs=8), {"why_stopped": "not met"})
-    assert v.status is Status.FAIL and "knee 2 " in v.message
-    assert "undecided at the step's sample size: counted as not meeting the SLO" in v.message
+def test_an_undecided_step_at_or_below_the_need_is_inconclusive_naming_its_bounds():
+    # F1: step 4's TTFT p95 bounds 700..1,400 ms straddle the 1,000 ms limit: not shown to miss it -> no FAIL
+    und = step(4, "UNDECIDED", ttft=1000, running=4, waiting=0)
+    und.metrics["TTFT"].update(lower=700.0, upper=1400.0, text="TTFT p95 1,000 ms, 95% bounds 700 ms..1,400 ms (n=59; "
+                               "3 over) straddle 1,000 ms -> undecided")
+    v = capacity_verdict([step(1), step(2), und], profile(peak=3, max_num_seqs=8), {"why_stopped": "not met"})
+    assert v.status is Status.INCONCLUSIVE and "knee 2 " in v.message, v.message
+    assert v.message.endswith("declared peak 3 x margin 1.25 = 4: step 4 is undecided (TTFT p95 1,000 ms, 95% bounds "
+                              "700 ms..1,400 ms (n=59; 3 over) straddle 1,000 ms -> undecided), neither shown to meet "
+                              "the SLO nor to miss it -> INCONCLUSIVE"), v.message
+    assert "undecided at the step's sample size: not shown to meet the SLO (nor to miss it)" in v.message
+    # the same ladder with step 4 shown to miss the SLO: FAIL; and a FAIL at the need beyond an undecided step FAILs
+    v = capacity_verdict([step(1), step(2), step(4, "FAIL", ttft=1500)], profile(peak=3), {"why_stopped": "not met"})
+    assert v.status is Status.FAIL and v.message.endswith("declared peak 3 x margin 1.25 = 4 > knee 2 -> FAIL")
+    v = capacity_verdict([step(1), step(2, "UNDECIDED"), step(4, "FAIL", ttft=1500)], profile(peak=3),
+                         {"why_stopped": "not met"})
+    assert v.status is Status.FAIL and "> knee 1 -> FAIL" in v.message, v.message
 
 
 def test_no_declared_peak_skips_with_the_knee_and_time_out_is_inconclusive():

@@ -7,8 +7,8 @@ against the peak it must carry (``slo.peak_concurrency``) times ``capacity.margi
 (:func:`kvgate.stats.confidence.judge` at ``slo.confidence``; one look per step): the step meets the SLO
 (PASS) only when every limited percentile's upper bound is within its limit and the error rate
 within ``slo.error_rate_max``; FAIL when a lower bound is above its limit or the error rate is
-over; otherwise UNDECIDED -- **an undecided step counts as not meeting the SLO** (the knee is the
-last step shown to meet it). A step whose client fell behind is INVALID (:func:`step_invalid`:
+over; otherwise UNDECIDED -- the knee is the last step *shown* to meet it, and an undecided step
+at or below the need gives INCONCLUSIVE naming its bounds (not FAIL: nothing showed it misses). A step whose client fell behind is INVALID (:func:`step_invalid`:
 the place for further rules that make a step's measurement untrustworthy, e.g. a contended host).
 ITL p95 is the pooled-gap p95 (as ``vllm bench serve``), its bounds from a cluster bootstrap over
 requests (:func:`kvgate.stats.cluster.judge_pooled`: the gaps of one request are correlated, the
@@ -24,8 +24,11 @@ PASSing too. A wrong knee needs the first step past the true knee to PASS wrongl
 that is not a PASS, :func:`kvgate.load.capacity.search`).
 
 **The verdict** (:func:`capacity_verdict`): ``need = ceil(slo.peak_concurrency x capacity.margin)``
-(a step of the search when at least its first); PASS when the knee >= need, FAIL otherwise -- naming the knee, the
-first failing step and its limiting cause from the gauges (:func:`limiting_causes`). INVALID when
+(a step of the search when at least its first); PASS when the knee >= need; FAIL when a step at or
+below need is FAIL (shown to miss the SLO) -- naming the knee, the first failing step and its
+limiting cause from the gauges (:func:`limiting_causes`); INCONCLUSIVE when the first step at or
+below need that is not a PASS is UNDECIDED, naming its bounds (three outcomes per step: the knee
+search is an intersection-union test on the PASS side, no correction across steps). INVALID when
 the step that decided it was INVALID, INCONCLUSIVE when the search ran out of time before reaching
 need or need lies between the knee and the first step not met without being measured (steps judged
 again for another peak: the search itself always measures need when it is >= the first step). No
@@ -303,8 +306,19 @@ def _failing_text(s: StepResult) -> str:
     if s.errors:
         bad.append(f"{s.errors}/{s.requests} requests failed")
     if s.decision == UNDECIDED:
-        bad.append("undecided at the step's sample size: counted as not meeting the SLO")
+        bad.append("undecided at the step's sample size: not shown to meet the SLO (nor to miss it)")
     return "; ".join(bad) or _step_text(s)
+
+
+def _undecided_text(s: StepResult | None) -> str:
+    """The bounds of an undecided step's open metrics (``TTFT p95 ..., 95% bounds 700..1,400 ms ...``)
+    and an error rate still open."""
+    if s is None:
+        return "not measured"
+    bits = [m["text"] for m in s.metrics.values() if m.get("text") and m.get("decision") == UNDECIDED]
+    if s.errors:
+        bits.append(f"{s.errors}/{s.requests} requests failed")
+    return "; ".join(bits) or _step_text(s)
 
 
 def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict[str, Any] | None = None) -> Verdict:
@@ -384,6 +398,7 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
                        f"(a peak up to {supported} would pass at margin {margin:g}) -> SKIP", measured=knee,
                        unit="requests", evidence=ev, parts=(part,))
     decided = next((s for s in ordered if s.concurrency <= need and s.decision != C_PASS), None)
+    failed = next((s for s in ordered if s.concurrency <= need and s.decision == C_FAIL), None)
     if knee >= need:
         status, tail = Status.PASS, (f"declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} <= "
                                      f"knee {knee} -> PASS")
@@ -398,12 +413,17 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
         status, tail = Status.INCONCLUSIVE, (
             f"the declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} lies between the knee "
             f"{knee} and the first step not meeting the SLO ({bad.concurrency}) and was not measured -> INCONCLUSIVE")
+    elif failed is not None:  # a step at or below need shown to miss the SLO: need cannot be carried either
+        status, tail = Status.FAIL, (f"declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} > "
+                                     f"knee {knee} -> FAIL")
     elif decided is not None and decided.decision == INVALID:
         status, tail = Status.INVALID, (f"step {decided.concurrency} cannot be trusted ({decided.invalid}); the "
                                         f"declared peak x margin = {need} was not judged -> INVALID")
-    else:
-        status, tail = Status.FAIL, (f"declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need} > "
-                                     f"knee {knee} -> FAIL")
+    else:  # UNDECIDED at or below need: its bounds straddle the limit -- neither shown to meet nor to miss it
+        status, tail = Status.INCONCLUSIVE, (
+            f"declared peak {profile.slo.peak_concurrency} x margin {margin:g} = {need}: step "
+            f"{decided.concurrency if decided else '?'} is undecided ({_undecided_text(decided)}), neither shown to "
+            f"meet the SLO nor to miss it -> INCONCLUSIVE")
     part = Verdict(f"{GATE}.supported peak", Status.PASS if status is Status.PASS else status,
                    f"knee {knee} / margin {margin:g} = {supported}; declared {profile.slo.peak_concurrency}",
                    measured=supported, limit=profile.slo.peak_concurrency, unit="requests")
