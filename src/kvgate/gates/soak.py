@@ -170,16 +170,6 @@ def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Gr
     return growth(xs, ys, ceiling, spec.look_confidence, spec.last_part)
 
 
-def _step_above(g: Growth, xs: list[float]) -> bool:
-    """A TTFT step shown (:func:`kvgate.stats.find_step`: one or two rises, each 4x the other rounds'
-    scatter, flat after) whose rise over the fitted span is above the ceiling: latency has no step
-    pass (a level that moved up and stayed is drift), and a flat-jump-flat series' straight line is
-    too autocorrelated around it to show the rise by its interval alone."""
-    if g.kind != "step" or g.step is None or len(xs) < 2 or xs[-1] <= xs[0]:
-        return False
-    return g.step.rise / (xs[-1] - xs[0]) > g.ceiling
-
-
 def _ci(t: Trend, unit: str) -> str:
     pct = f"{t.ols.confidence * 100:.4g}%"
     return (f"{t.slope:+,.1f} {unit} ({pct} CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}; Theil-Sen "
@@ -228,8 +218,7 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
     ttft_why = None if ttft else (f"only {len(ty)} of {len(rows)} measured rounds have a TTFT p95 from a client "
                                   "that kept its schedule (need 4)")
     c = spec.ttft_p95_slope_max_ms_per_h
-    ttft_shown = bool(ttft and (ttft.full.above(c) or (ttft.last is not None and ttft.last.above(c))
-                                or _step_above(ttft, tx)))
+    ttft_shown = bool(ttft and (ttft.full.above(c) or (ttft.last is not None and ttft.last.above(c))))
     pre = [r["preemptions"] for r in rows if r.get("preemptions") is not None]
     preemptions = float(sum(pre)) if pre else None
     px, py = _series(rows, "preemptions", rs)
@@ -597,7 +586,8 @@ def _ramp_words(g: Growth, rows: list[dict[str, Any]]) -> str:
 
 def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
     """TTFT-p95 slope (ms/h) vs ``soak.ttft_p95_slope_max_ms_per_h`` (a step or a drift both
-    FAIL; there is no plateau pass for latency) and the soak's error rate vs ``slo.error_rate_max``.
+    FAIL when the interval shows it -- a short soak's step may stay INCONCLUSIVE, its residuals
+    autocorrelated around the line; there is no plateau pass for latency) and the soak's error rate vs ``slo.error_rate_max``.
     As the latency gates judge a percentile: FAIL when the drift is shown (the interval's lower bound
     above the ceiling, Theil-Sen agreeing), PASS only when the interval's upper bound is below it,
     INCONCLUSIVE when it straddles it -- its cause the soak's length, with the rounds that would
