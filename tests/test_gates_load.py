@@ -112,6 +112,32 @@ def test_interference_fails_head_of_line_blocking_even_within_the_slo():
         "no PASS possible) (n=8; 0 over) straddle 5,000 ms -> INCONCLUSIVE" in good.message, good.message
 
 
+def test_interference_with_no_short_sample_is_invalid_and_the_slo_clause_needs_a_shown_fail():
+    # F13: shorts answered 200 but never got a first token: was FAIL "SLO broken, the short workload suffers"
+    from kvgate.gates.load import interference_verdict
+    loose = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"short_ttft_p95_ms": 5000})})
+    alone = LoadObservation("short alone", LoadResult("closed", [tagged(i, "short", 0.0, 0.05, 0.1) for i in range(4)],
+                                                      4, 0.4, 60.0), MetricsTrace(samples=[]), 16, 8, 1)
+    rs = mixed_run(lambda t: t + 0.5)
+    for r in rs:
+        if r.tag == "short":
+            r.first_token_s, r.content_s = None, []
+    mixed = LoadObservation("mixed", LoadResult("open", rs, 12, 3.0, 60.0), MetricsTrace(samples=[]), 16, 8, 6,
+                            extra={"long_per_wave": 2, "long_prompt_tokens": 200, "waves": 2})
+    v = interference_verdict(alone, mixed, loose)
+    assert v.status is Status.INVALID, v.message
+    assert "no short request got a first token (8 sent, 0 failed): the short workload was not measured -> INVALID" \
+        in v.message and "broken" not in v.message
+    # head-of-line blocking FAILs within the SLO without claiming the SLO broken (the p95 is not shown above it)
+    hol = LoadObservation("mixed", LoadResult("open", mixed_run(lambda t: t + 1.1), 12, 3.0, 60.0),
+                          MetricsTrace(samples=[]), 16, 8, 6,
+                          extra={"long_per_wave": 2, "long_prompt_tokens": 200, "waves": 2})
+    tight = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"short_ttft_p95_ms": 1085})})
+    f = interference_verdict(alone, hol, tight)  # p95 1,090 ms > 1,085 on the point; lower bound 1,080: not shown
+    assert f.status is Status.FAIL and "head-of-line blocking" in f.message, f.message
+    assert "broken" not in f.message, f.message
+
+
 def test_a_profile_without_a_long_or_short_workload_skips_the_gates_that_load_with_it():
     """A profile that declares only short workloads: the long-sequence and interference gates SKIP
     naming what is missing (they used to end in a harness ERROR, ScenarioError); the SLO gate runs."""

@@ -701,12 +701,16 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
                         "sequences, one request per connection/slot); continuous batching would start them at once")
     ttft = (dj.text("short-request TTFT while long prefills run", final=not problems,
                     floor_field="slo.pass_confidence_floor") if dj is not None else "")
-    if j is not None and (j.decision == C_FAIL or pm is None or (problems and pm > limit)):
+    if j is not None and j.decision == C_FAIL:  # the SLO clause only on a shown FAIL, never on a point (F13)
         problems.append(f"{ttft}: short-request SLO {limit:,.0f} ms broken, the short workload suffers, "
                         f"{(pm or 0) - (pa or 0):,.0f} ms added by long prefills (split short/long pools or "
                         "limit max_num_batched_tokens)")
     if problems:
         return Verdict(gate, FAIL, f"{what}; " + "; ".join(problems) + f"{looks} -> FAIL", measured=measured,
+                       limit=limit, unit="ms", evidence=ev)
+    if pm is None and limit is not None:  # no short TTFT and nothing failed: nothing measured, no verdict (F13)
+        return Verdict(gate, Status.INVALID, f"{what}; no short request got a first token ({m['requests']} sent, "
+                       f"{m['errors']} failed): the short workload was not measured -> INVALID", measured=None,
                        limit=limit, unit="ms", evidence=ev)
     hol_s = (f"; no head-of-line blocking ({hol['blocked']} of {hol['judged']} short requests got their first token "
              "only after a long request queued ahead of them completed)" if hol["judged"] else "")
