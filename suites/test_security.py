@@ -14,6 +14,7 @@ import pytest
 from kvgate.gates.security import (CASES, auth_surface_verdict, cache_verdict, flood_verdict, hostile_verdict,
                                    input_paths_verdict, media_skip, media_verdict, secrets_verdict)
 from kvgate.http.client import KvClient
+from kvgate.run.quiet import settle
 from kvgate.security.cache import probe_cache
 from kvgate.security.hostile import PROBES, Context
 from kvgate.security.paths import PATH_PROBES
@@ -117,10 +118,13 @@ def check_cache(request, client, profile):
     note = ("the profile names no second key (security.cache.second_key_env)" if not spec.second_key_env
             else f"${spec.second_key_env} is not set" if not key else "")
     timeout_s = profile.security.deadline_s
+    quiet = lambda: settle(client.metrics_text).to_dict()  # noqa: E731  what runs beside the timing look, stated
     if key is None:
-        return cache_verdict(spec, probe_cache(client, profile.model.served_name, timeout_s=timeout_s, second_key_note=note))
+        return cache_verdict(spec, probe_cache(client, profile.model.served_name, timeout_s=timeout_s,
+                                               second_key_note=note, before_timing=quiet))
     with _client(client, key) as second:
-        return cache_verdict(spec, probe_cache(client, profile.model.served_name, timeout_s=timeout_s, second=second))
+        return cache_verdict(spec, probe_cache(client, profile.model.served_name, timeout_s=timeout_s, second=second,
+                                               before_timing=quiet))
 
 
 def check_flood(request, client, profile):

@@ -41,7 +41,11 @@ def test_a_shut_door_passes_every_case(pytester, monkeypatch):
         in paths, paths
     cache = gates["fake-vllm-secure/security/cache"]["message"]
     assert "5 changed fields (response_format, stop, seed, tools, max_tokens) each answered afresh; the second caller's " \
-        "answer to the same request was its own" in cache and "no repeat served from a cache -> PASS" in cache, cache
+        "answer to the same request was its own; 3 sampled answers to one request each drawn afresh; every identical " \
+        "repeat a fresh body through the engine; 5 identical repeats against 5 same-prompt controls" in cache \
+        and "no repeat served from a cache -> PASS" in cache, cache
+    beside = gates["fake-vllm-secure/security/cache"]["evidence"]["beside"]
+    assert beside["idle"] is True and beside["running"] == 0, beside  # the timing look began on an idle server
     flood = gates["fake-vllm-secure/security/flood"]
     assert "5 requests at once (max_in_flight 2): 3 refused 429 within" in flood["message"], flood["message"]
     written = [f for f in (pytester.path / "reports").rglob("*") if f.is_file()]
@@ -75,6 +79,7 @@ FAULTS = {  # fault -> (the one case it FAILs, fragment of its message)
     "cache_ignores_caller": ("cache", "the second caller got the first caller's body (id chatcmpl-"),
     "cache_ignores_fields": ("cache", "the same messages with another response_format, stop, seed, tools, max_tokens "
                              "got the base request's body (id chatcmpl-"),
+    "cache_fresh_ids": ("cache", "the sampled request (temperature 1, unseeded) got the first answer's text "),
     "slow_refusal": ("flood", "refusals came after"),
     "refuse_500": ("flood", "answered otherwise: 500"),
 }
@@ -208,3 +213,24 @@ def test_input_paths_on_a_server_without_health_is_judged_by_the_canary(pytester
     g = gates["fake-vllm-secure/security/input-paths"]
     assert g["status"] == "PASS" and "/health not judged: every GET /health answered 404 (the server has no such " \
         "route) -> PASS" in g["message"], g["message"]
+
+
+def test_a_prefix_cache_that_makes_repeats_faster_passes_and_a_replay_under_fresh_ids_fails_on_its_usage(
+        pytester, monkeypatch):
+    """Issue 48: vLLM's prefix cache (prefill 5 ms a token, whole 16-token blocks cached) makes every
+    later request of the timed prompt faster than the first; the same-prompt controls get the same
+    hits, so the healthy fake PASSes. Behind a cache that replays the first body under fresh ids, the
+    repeats carry the first's usage (cached_tokens 0) while the controls found the prefix blocks."""
+    cfg = dict(prefill_s_per_token=0.005, prompt_tokens_details=True)
+    with FakeVLLM(shut(**cfg)) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "cache")
+    g = gates["fake-vllm-secure/security/cache"]
+    assert g["status"] == "PASS", g["message"]
+    timed = g["evidence"]["timed"]
+    assert timed[0]["cached_tokens"] == 0 and all(t["cached_tokens"] > 0 for t in timed[1:]), timed
+    with FakeVLLM(shut(faults={"cache_fresh_ids"}, **cfg)) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "cache")
+    g = gates["fake-vllm-secure/security/cache"]
+    assert g["status"] == "FAIL", g["message"]
+    assert "5 identical repeats carried the first answer's usage (cached_tokens 0) while every same-prompt control " \
+        "found " in g["message"], g["message"]

@@ -21,6 +21,7 @@ Cases (ids ``PROFILE/security/CASE``): ``auth-surface``, ``hostile-parameters``,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvgate.gates.common import FAIL, PASS, SKIP
@@ -33,6 +34,9 @@ from kvgate.security.paths import RENDERED_RISE, plain
 from kvgate.security.probe import (WRONG_KEY, Echo, HostileRun, Knock, PathRun, Spelled, SpelledKnock, Surface,
                                    canary_ok, counted_prompt)
 from kvgate.security.routes import SPELLING_CAUSES
+from kvgate.stats.coincidence import repeat_chance, sequence_probability
+from kvgate.stats.dependence import send_order_dependence
+from kvgate.stats.twosample import shift_ratio
 from kvgate.verdict import Status, Verdict
 
 GATE = "security"
@@ -417,18 +421,130 @@ def input_paths_verdict(spec: SecuritySpec, run: PathRun, first_canary: Reply, d
 
 # ------------------------------------------------------------------------------------------ cache
 
+#: One-sided confidence of each bound of the repeat/control time ratio (exact Mann-Whitney).
+CACHE_TIMING_CONFIDENCE = 0.99
+#: A sampled text repeated with at most this chance under honest sampling is a cache's replay.
+CACHE_REPEAT_ALPHA = 1e-3
+#: Factor on a sampled text's probability from its logprobs: vLLM reports the raw distribution's
+#: logprobs, a top-k/top-p from the model's generation config renormalises (and another tokenisation
+#: of the same text adds a little); 10x covers ~0.15 nats a token over 12 tokens.
+CACHE_LOGPROB_SLACK = 10.0
+#: [s] two answers produced this far apart cannot carry the same whole-second ``created``.
+CREATED_APART_S = 2.0
+
+
+def _cache_sampled(run: CacheRun) -> tuple[str | None, str | None, dict[str, Any]]:
+    """(a finding: the sampled request's text or body repeated beyond what sampling gives;
+    an undecided note: repeated with no logprobs to size the chance; evidence)."""
+    ok = [a for a in run.sampled if a.reply.status == 200 and a.text is not None]
+    ev: dict[str, Any] = {"sent": len(run.sampled), "answered": len(ok),
+                          "answers": [{"id": a.id, "text": clip(a.text or "", 80),
+                                       "logprob_sum": round(sum(a.logprobs), 3) if a.logprobs else None}
+                                      for a in ok]}
+    if len(ok) < 2:
+        return None, None, ev
+    first, later = ok[0], ok[1:]
+    same_id = [a for a in later if first.id is not None and a.id == first.id]
+    if same_id:
+        return (f"the sampled request (temperature 1, unseeded) got the first answer's body again {len(same_id)} of "
+                f"{len(later)} times (id {clip(first.id or '-', 40)})"), None, ev
+    same = [a for a in later if a.text == first.text]
+    lps = first.logprobs
+    p = sequence_probability(lps, CACHE_LOGPROB_SLACK) if lps else None
+    chance = repeat_chance(len(same), len(later), p) if p is not None else None
+    ev.update(repeats_of_first=len(same), text_probability_bound=p, chance=chance, alpha=CACHE_REPEAT_ALPHA,
+              slack=CACHE_LOGPROB_SLACK)
+    if same and chance is not None and chance < CACHE_REPEAT_ALPHA:
+        return (f"the sampled request (temperature 1, unseeded) got the first answer's text {clip(first.text or '', 40)!r} "
+                f"again {len(same)} of {len(later)} times under fresh ids: its {len(lps or [])} tokens' logprobs give it "
+                f"at most {p:.2g} a draw ({CACHE_LOGPROB_SLACK:g}x slack), so {len(same)} of {len(later)} has chance "
+                f"{chance:.2g} < {CACHE_REPEAT_ALPHA:g} -- replays"), None, ev
+    if same and len(same) == len(later) and p is None:
+        return None, (f"the sampled request got the same text {len(same) + 1} times under fresh ids and the server "
+                      "reports no logprobs to size how often sampling repeats it"), ev
+    return None, None, ev
+
+
+def _cache_repeats(run: CacheRun) -> list[str]:
+    """Findings that an identical timed repeat was the first answer's body: the same ``id``; the same text and whole-second ``created`` though produced at least
+    :data:`CREATED_APART_S` apart; the first's usage (``cached_tokens``) while every same-prompt
+    control, through the engine, found more prompt tokens in vLLM's prefix cache."""
+    first = next((a for k, a in run.timed if k == "first" and a.reply.status == 200), None)
+    if first is None:
+        return []
+    reps = [a for k, a in run.timed if k == "repeat" and a.reply.status == 200]
+    ctrls = [a for k, a in run.timed if k == "control" and a.reply.status == 200]
+    out = []
+    # the same id: a temperature-0 repeat's bytes may match on a server that writes no id (the created check is its case)
+    body = [a for a in reps if first.id is not None and a.id == first.id]
+    if body:
+        out.append(f"{len(body)} of {len(reps)} identical repeats got the first answer's body (id {clip(first.id or '-', 40)})")
+    done = first.sent_at + first.reply.elapsed_s
+    created = [a for a in reps if a not in body and first.created is not None and a.created == first.created
+               and a.text == first.text and a.sent_at - done >= CREATED_APART_S]
+    if created:
+        out.append(f"{len(created)} identical repeat{'s' if len(created) != 1 else ''} sent at least "
+                   f"{CREATED_APART_S:g} s after the first answer carried its text and its created {first.created}")
+    c0, first_usage = first.cached_tokens, (first.reply.json or {}).get("usage")
+    rest = [a for a in reps if a not in body]
+    cc = [a.cached_tokens for a in ctrls]
+    if (c0 is not None and len(rest) >= 2 and len(ctrls) >= 2 and all(a.cached_tokens == c0 for a in rest)
+            and all(c is not None and c > c0 for c in cc)
+            and all((a.reply.json or {}).get("usage") == first_usage for a in rest)):
+        out.append(f"{len(rest)} identical repeats carried the first answer's usage (cached_tokens {c0}) while every "
+                   f"same-prompt control found {min(cc)}-{max(cc)} prompt tokens in vLLM's prefix cache: the repeats "
+                   "never reached the engine")
+    return out
+
+
+def _cache_timing(spec: CacheSpec, run: CacheRun) -> tuple[str, str, dict[str, Any]]:
+    """(decision ``faster``/``not faster``/``undecided``, its words, evidence) of the identical
+    repeats' end-to-end times against the same-prompt controls' (stats.twosample.shift_ratio)."""
+    reps = [t for k, t in run.timing if k == "repeat" and t > 0]
+    ctrls = [t for k, t in run.timing if k == "control" and t > 0]
+    cut = 1 - spec.faster_max
+    if not reps or not ctrls:
+        return "undecided", "no repeat and control times to compare", {"decision": "undecided", "cut": cut}
+    r = shift_ratio(reps, ctrls, CACHE_TIMING_CONFIDENCE)
+    if r.upper is not None and r.upper < cut:
+        decision = "faster"
+    elif r.lower is not None and r.lower >= cut:
+        decision = "not faster"
+    else:
+        decision = "undecided"
+    bounds = (f"one-sided {CACHE_TIMING_CONFIDENCE:.0%} bounds {r.lower:.2f}-{r.upper:.2f}" if r.lower is not None
+              else f"too few for {CACHE_TIMING_CONFIDENCE:.0%} bounds")
+    # the dependence, measured: drift on the host shows as autocorrelation in send order; the random order
+    # within each pair puts it on both kinds alike
+    dep = send_order_dependence([math.log(t) for k, t in run.timing if k in ("repeat", "control") and t > 0], 1)
+    words = (f"{len(reps)} identical repeats against {len(ctrls)} same-prompt controls (unit: request, one at a time, "
+             f"each pair in random order; {dep.text()}; vLLM's prefix cache serves both alike): repeat/control "
+             f"time ratio {r.point:.2f} ({bounds}, Hodges-Lehmann with exact Mann-Whitney bounds) -- "
+             + {"faster": f"repeats faster than the engine answers the same prompt (upper bound under {cut:.2f})",
+                "not faster": f"no repeat advantage (lower bound at or above {cut:.2f})",
+                "undecided": f"not shown {spec.faster_max:.0%} faster"}[decision])
+    return decision, words, {"ratio": r.to_dict(), "decision": decision, "cut": cut, "dependence": dep.to_dict()}
+
+
 def cache_verdict(spec: CacheSpec, run: CacheRun) -> Verdict:
     """No answer is another request's body replayed (:func:`kvgate.security.cache.replayed`: the same
     ``id``, or the same bytes): not the second caller's answer to the same request
     (``security.cache.second_key_env``), not the same messages with another ``response_format``,
     ``stop``, ``seed``, ``tools`` or ``max_tokens``; and -- unless ``security.cache.declared`` --
-    the identical repeats are not all more than ``faster_max`` faster than the fastest uncached
-    request (the first and the fresh ones), MLCommons' audit rule made robust to a slow first
-    request: every repeat must beat every uncached request by that margin to count as a hit.
+    no identical request is answered from a cache, shown by what a response cache leaves and vLLM's
+    own prefix cache does not: an identical repeat with the first answer's ``id``/bytes, its
+    ``created`` though produced :data:`CREATED_APART_S` later, or its usage (``cached_tokens``) while
+    same-prompt controls hit the prefix cache; a sampled (temperature 1, unseeded) text repeated more
+    often than its logprobs allow (:func:`kvgate.stats.coincidence.repeat_chance` <
+    :data:`CACHE_REPEAT_ALPHA`).
 
-    FAIL names the other caller's body (its id and text), each field the cache ignored, and the
-    repeats' times against the uncached ones. With a declared cache the hit is named in the PASS.
-    INVALID: the base request or the timed requests got no 200 (nothing to compare)."""
+    Timing never FAILs: the repeats' times against same-prompt controls (same prompt tokens, so
+    vLLM's prefix cache serves both alike; :func:`kvgate.stats.twosample.shift_ratio` at one-sided
+    :data:`CACHE_TIMING_CONFIDENCE`) support a FAIL, and alone -- repeats shown more than
+    ``faster_max`` faster with no body evidence -- make it INCONCLUSIVE, as does a sampled text
+    repeated by a server that reports no logprobs. FAIL names the other caller's body, each field the
+    cache ignored, and the replays. With a declared cache the hit is named in the PASS. INVALID: the
+    base request or the timed requests got no 200 (nothing to compare)."""
     gid = f"{GATE}/cache"
     base = run.base
     evidence: dict[str, Any] = {
@@ -438,15 +554,17 @@ def cache_verdict(spec: CacheSpec, run: CacheRun) -> Verdict:
         "callers": [{"who": a.label, "status": a.reply.status, "id": a.id, "text": clip(a.text or "", 120)}
                     for a in run.callers] if run.callers else None,
         "timing_ms": [(k, round(t * 1e3, 1)) for k, t in run.timing], "timing_errors": run.timing_errors,
+        "timed": [{"kind": k, "status": a.reply.status, "id": a.id, "created": a.created,
+                   "cached_tokens": a.cached_tokens} for k, a in run.timed],
+        "beside": run.beside,
     }
     if base is None or base.reply.status != 200:
         return Verdict(gid, Status.INVALID, f"the base request got {_what(base.reply) if base else 'nothing'} -> INVALID "
                        "(no answer to compare the others with)", evidence=evidence)
-    uncached = [t for k, t in run.timing if k in ("first", "fresh")]
-    repeats = [t for k, t in run.timing if k == "repeat"]
-    if not uncached or not repeats:
+    kinds = {k for k, _ in run.timing}
+    if not {"first", "repeat", "control"} <= kinds:
         return Verdict(gid, Status.INVALID, f"the timed requests got no 200 ({', '.join(run.timing_errors) or 'none sent'}) "
-                       "-> INVALID (no repeat to time against a fresh request)", evidence=evidence)
+                       "-> INVALID (no repeat to time against a same-prompt control)", evidence=evidence)
     bad: list[str] = []
     if run.callers is not None:
         a, b = run.callers
@@ -457,24 +575,37 @@ def cache_verdict(spec: CacheSpec, run: CacheRun) -> Verdict:
     if ignored:
         bad.append(f"the same messages with another {', '.join(ignored)} got the base request's body (id "
                    f"{clip(base.id or '-', 40)}): the cache key omits {'them' if len(ignored) > 1 else 'it'}")
-    slowest_repeat, fastest = max(repeats), min(uncached)
-    hit = slowest_repeat < (1 - spec.faster_max) * fastest
-    timing = (f"{len(repeats)} identical repeats took at most {slowest_repeat * 1e3:,.0f} ms, {len(uncached)} uncached "
-              f"requests at least {fastest * 1e3:,.0f} ms")
-    if hit and not spec.declared:
-        bad.append(f"{timing}: every repeat more than {spec.faster_max:.0%} faster -- a response cache the profile does "
-                   "not declare (security.cache.declared)")
-    evidence["repeat_hit"] = hit
+    sampled_hit, sampled_open, evidence["sampled"] = _cache_sampled(run)
+    hits = _cache_repeats(run) + ([sampled_hit] if sampled_hit else [])
+    decision, timing, evidence["timing"] = _cache_timing(spec, run)
+    if run.beside and run.beside.get("idle") is False:  # the overlap, stated where it was measured
+        timing += f" ({run.beside.get('words')})"
+    evidence["repeat_hit"] = bool(hits) or decision == "faster"
+    if hits and not spec.declared:
+        bad.append("; ".join(hits) + " -- a response cache the profile does not declare (security.cache.declared)")
     if bad:
-        return Verdict(gid, FAIL, "; ".join(bad) + " -> FAIL (a cache must key the caller and every field that changes "
-                       "the answer; MLCommons' audits reject repeats served from a cache)", measured=len(bad), limit=0,
-                       unit="findings", evidence=evidence)
+        return Verdict(gid, FAIL, "; ".join(bad) + f"; {timing} -> FAIL (a cache must key the caller and every field "
+                       "that changes the answer; MLCommons' audits reject repeats served from a cache)",
+                       measured=len(bad), limit=0, unit="findings", evidence=evidence)
     callers = ("the second caller's answer to the same request was its own" if run.callers is not None
                else f"callers not compared ({run.second_key_note})")
     fields = f"{len(run.variants)} changed fields ({', '.join(run.variants)}) each answered afresh"
-    hit_note = (f"{timing}: the declared cache's hit" if hit and spec.declared else
-                f"{timing}: no repeat served from a cache")
-    return Verdict(gid, PASS, f"{fields}; {callers}; {hit_note} -> PASS", measured=0, limit=0, unit="findings",
+    n_s = evidence["sampled"]["answered"]
+    sampled = (f"{n_s} sampled answers to one request each drawn afresh" if n_s >= 2
+               else "the sampled request not compared (fewer than 2 answers)")
+    if spec.declared:
+        hit_note = ("the declared cache's hit: " + "; ".join(hits + ([timing] if decision == "faster" else []))
+                    if hits or decision == "faster" else f"{timing}: no repeat served from the declared cache")
+        return Verdict(gid, PASS, f"{fields}; {callers}; {sampled}; {hit_note} -> PASS", measured=0, limit=0,
+                       unit="findings", evidence=evidence)
+    if decision == "faster" or sampled_open:
+        why = (f"{timing}, but no answer carries a replay's evidence (same id or created, the first's usage, a "
+               "sampled text repeated)" if decision == "faster" else sampled_open)
+        return Verdict(gid, Status.INCONCLUSIVE, f"{fields}; {callers}; {why} -> INCONCLUSIVE (timing alone never "
+                       "FAILs; a server reporting logprobs and usage.prompt_tokens_details would decide)",
+                       measured=0, limit=0, unit="findings", evidence=evidence)
+    return Verdict(gid, PASS, f"{fields}; {callers}; {sampled}; every identical repeat a fresh body through the "
+                   f"engine; {timing}: no repeat served from a cache -> PASS", measured=0, limit=0, unit="findings",
                    evidence=evidence)
 
 
