@@ -397,10 +397,12 @@ def compare_latency() -> Callable[[np.random.Generator, Design, str], str]:
 
 def accuracy() -> Callable[[np.random.Generator, Design, str], str]:
     """answers/accuracy: :func:`kvgate.gates.answers.accuracy_verdict` on scored rows, smollm2-cpu's
-    task size (``recorded_items``, 65) and its recorded accuracy ``p0`` = 47/65. Truth: the served
-    accuracy ``p0 (1 - x tolerance)`` (x = 1 at the limit, 1.5, 2; healthy x = 0). Designs:
-    ``fixed`` -- ``min_accuracy`` = ``p0 (1 - tolerance)``, a known floor; ``recorded`` -- the limit
-    from a recorded run that is itself a draw (``recorded_correct`` ~ Bin(65, p0)), as in the profile."""
+    task size (``recorded_items``, 65) and its recorded accuracy ``p0`` = 47/65. Designs:
+    ``fixed`` -- the profile's ``min_accuracy`` (0.55; ``p0 (1 - tolerance)`` when unset), a known
+    floor, as the main job judges it; ``recorded`` -- the limit ``recorded x (1 - tolerance)`` from a
+    recorded run that is itself a draw (``recorded_correct`` ~ Bin(65, p0)), ``min_accuracy``
+    unset. Truth: the served accuracy ``p0 - x (p0 - limit)`` (x = 1 at the limit, 1.5, 2: that
+    many times the allowed drop; healthy x = 0: the recorded accuracy)."""
     from kvgate.gates.answers import accuracy_verdict
     from kvgate.profile.models import AnswersSpec
 
@@ -408,16 +410,17 @@ def accuracy() -> Callable[[np.random.Generator, Design, str], str]:
     acc = prof.answers.accuracy
     n0, k0 = acc.recorded_items, acc.recorded_correct
     p0, tol = k0 / n0, acc.tolerance
+    floor = acc.min_accuracy if acc.min_accuracy is not None else p0 * (1 - tol)
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
         x = 0.0 if truth == "healthy" else FACTOR[truth]
-        p = p0 * (1 - x * tol)
+        limit = floor if design.kind == "fixed" else p0 * (1 - tol)
+        p = max(0.0, p0 - x * (p0 - limit))
         correct = rng.random(n0) < p
         rows = [{"id": f"item-{i}", "correct": bool(ok), "answer": "a" if ok else "b", "expected": "a",
                  "answered": True} for i, ok in enumerate(correct)]
         if design.kind == "fixed":
-            spec = acc.model_copy(update={"min_accuracy": p0 * (1 - tol), "recorded_correct": None,
-                                          "recorded_items": None})
+            spec = acc.model_copy(update={"min_accuracy": floor})
         else:
             spec = acc.model_copy(update={"min_accuracy": None, "recorded_correct": int(rng.binomial(n0, p0))})
         return _status(accuracy_verdict(AnswersSpec(accuracy=spec), rows, "task (sim)"))
@@ -586,7 +589,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
          decided_by="plan_looks as suites/test_compare.py, sample_until_decided + gates.compare.latency_decisions, "
                     "gates.compare.latency_verdict"),
     Case("answers/accuracy", (FIXED, RECORDED), accuracy, True,
-         "1 - accuracy.confidence per side", "the recorded accuracy (no drop)",
+         "1 - accuracy.confidence per side (one-sided Clopper-Pearson; Newcombe non-inferiority for a recorded run)",
+         "the recorded accuracy 47/65 (no drop)",
          decided_by="gates.answers.accuracy_verdict"),
     Case("pools/isolation", REQ, pools_isolation, False,
          "1 - slo.confidence per side for the ratio (each run's bound at 1 - alpha/2)",
@@ -600,7 +604,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
 
 
 def design_label(d: Design) -> str:
-    return {"fixed": "known floor (min_accuracy)", "recorded": "recorded run, itself a draw"}.get(d.kind, d.label)
+    return {"fixed": "the profile's floor (min_accuracy)", "recorded": "recorded run, itself a draw"}.get(d.kind, d.label)
 
 
 __all__ = ["CASES", "Case", "FACTOR", "design_label", "profile", "record"]
