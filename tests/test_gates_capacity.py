@@ -351,3 +351,30 @@ def test_ctrl_c_in_the_suite_keeps_the_finished_steps_and_a_well_formed_junit(py
     cases = suite.findall("testcase")
     assert all(c.get("name") for c in cases) and int(suite.get("tests")) == len(cases)
     assert {c.get("name") for c in cases} >= {"fake-capacity/capacity/knee", "run"}
+
+
+def test_a_step_judges_an_error_allowance_on_its_bounds_and_counts_failures_as_exceedances():
+    # F10: slo.error_rate_max 0.05 -- 80 clean requests PASS (upper bound 3.7%); 1 failed of 60 is undecided
+    # (bounds 0.1%..7.7%), not a FAIL on 1.7% nor a PASS; 12 of 60 FAIL (lower bound 12.0%)
+    from kvgate.gates.capacity import judge_step
+    from kvgate.http.metrics import MetricsTrace
+    from kvgate.load import LoadResult
+    from kvgate.load.scenarios import LoadObservation
+    from .test_gates_load import rec
+
+    p = profile(ttft=500.0)
+    p = p.model_copy(update={"slo": p.slo.model_copy(update={"error_rate_max": 0.05})})
+
+    def step_of(ok, failed):
+        recs = [rec(i) for i in range(ok)] + [rec(ok + i, status=500) for i in range(failed)]
+        return judge_step(LoadObservation("c=4", LoadResult("closed", recs, len(recs), 2.0, 60.0),
+                                          MetricsTrace(samples=[]), 16, 8, 4), p)
+
+    assert step_of(80, 0).decision == "PASS"
+    one = step_of(59, 1)
+    assert one.decision == "UNDECIDED" and one.metrics["errors"]["decision"] == "UNDECIDED", one.metrics
+    assert one.metrics["errors"]["text"] == "error rate 1/60 requests = 1.7%, 95% bounds 0.1%..7.7% straddle 5.0% " \
+        "-> undecided"
+    assert one.metrics["TTFT"]["n"] == 60 and one.metrics["TTFT"]["exceed"] == 1  # the failure counted as over
+    bad = step_of(48, 12)
+    assert bad.decision == "FAIL" and "lower bound 11.97% > 5.0%" in bad.metrics["errors"]["text"], bad.metrics["errors"]

@@ -393,3 +393,24 @@ def test_concurrent_long_replay_compares_each_request_with_its_recorded_output(t
     assert good.evidence["traffic"]["plan"]["mode"] == "closed"
     bad = run([*want[:-1], 7])
     assert bad.status is Status.FAIL and "1 completed with [7] tokens instead of their recorded output" in bad.message
+
+
+def test_an_error_allowance_is_judged_on_clopper_pearson_bounds_both_ways():
+    # F10: slo.error_rate_max 0.05 -- 1 failed of 40 (2.5%) is not shown within 5% (upper bound 11.3%) nor above it:
+    # no PASS on the point; 12 of 40 (30%, lower bound 18.3%) FAILs; the zero allowance stays a count
+    from kvgate.load.sampling import judge_errors, with_failures
+    prof = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"error_rate_max": 0.05})})
+    one = [rec(i) for i in range(39)] + [rec(39, status=500)]
+    v = latency_verdict(obs(one), prof)
+    assert v.status is not Status.PASS, v.message
+    part = next(p for p in v.parts if p.gate.endswith("error rate"))
+    assert part.status is Status.INCONCLUSIVE and part.message == \
+        "error rate 1/40 requests = 2.5%, 95% bounds 0.1%..11.3% straddle 5.0% -> INCONCLUSIVE", part.message
+    many = [rec(i) for i in range(28)] + [rec(28 + i, status=500) for i in range(12)]
+    f = latency_verdict(obs(many), prof)
+    assert f.status is Status.FAIL and "error rate 12/40 requests = 30.0%, 95% lower bound 18.31% > 5.0% -> FAIL" \
+        in f.message, f.message
+    assert judge_errors(one, PROFILE.slo, 0.95).decision == "FAIL"  # error_rate_max 0: one error FAILs
+    # failed requests count as exceedances in the TTFT/e2e samples when an allowance lets them through
+    assert with_failures([50.0, 60.0], one, prof.slo) == [50.0, 60.0, float("inf")]
+    assert with_failures([50.0, 60.0], one, PROFILE.slo) == [50.0, 60.0]

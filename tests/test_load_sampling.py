@@ -277,3 +277,16 @@ def test_the_reviews_deadline_case_on_the_fake_is_not_a_fail_for_errors():
     v = latency_verdict(obs, prof)
     assert v.status is not Status.FAIL, v.message
     assert "error rate" not in v.message or "error rate 0.0%" in v.message
+
+
+def test_slo_decisions_judge_an_error_allowance_on_its_bounds():
+    # F10: with slo.error_rate_max 0.05, 1 error in 40 is undecided (bounds 0.1%..11.3%), not a PASS on its 2.5%
+    from types import SimpleNamespace
+    from kvgate.load.sampling import slo_decisions
+    from .test_gates_load import rec
+    recs = [rec(i, status=500 if i == 0 else 200) for i in range(40)]
+    slo = SimpleNamespace(ttft_p95_ms=None, itl_p95_ms=None, e2e_p95_ms=None, error_rate_max=0.05)
+    assert slo_decisions(recs, slo, 0.95) == {"errors": "UNDECIDED"}
+    assert slo_decisions(recs, SimpleNamespace(**{**vars(slo), "error_rate_max": 0.0}), 0.95) == {"errors": "FAIL"}
+    clean = [rec(i) for i in range(80)]
+    assert slo_decisions(clean, slo, 0.95) == {"errors": "PASS"}  # upper bound 3.7% <= 5%

@@ -6,8 +6,9 @@ against the peak it must carry (``slo.peak_concurrency``) times ``capacity.margi
 :func:`kvgate.load.capacity.run_step`): TTFT, ITL and e2e p95 are judged with confidence
 (:func:`kvgate.stats.confidence.judge` at ``slo.confidence``; one look per step): the step meets the SLO
 (PASS) only when every limited percentile's upper bound is within its limit and the error rate
-within ``slo.error_rate_max``; FAIL when a lower bound is above its limit or the error rate is
-over; otherwise UNDECIDED -- the knee is the last step *shown* to meet it, and an undecided step
+within ``slo.error_rate_max`` (an allowance above 0: its Clopper-Pearson upper bound within, failed
+requests counted as exceedances in TTFT and e2e; 0: no error at all); FAIL when a lower bound is
+above its limit or the error rate is shown over; otherwise UNDECIDED -- the knee is the last step *shown* to meet it, and an undecided step
 at or below the need gives INCONCLUSIVE naming its bounds (not FAIL: nothing showed it misses). A step whose client fell behind is INVALID (:func:`step_invalid`:
 the place for further rules that make a step's measurement untrustworthy, e.g. a contended host).
 ITL p95 is the pooled-gap p95 (as ``vllm bench serve``), its bounds from a cluster bootstrap over
@@ -46,7 +47,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, judge, min_samples_to_pass
-from kvgate.load.sampling import slo_samples
+from kvgate.load.sampling import slo_samples, with_failures
+from kvgate.stats.proportion import judge_at_most
 from kvgate.stats.cluster import judge_pooled
 from kvgate.load.scenarios import LoadObservation, ScenarioError, short_workload
 from kvgate.profile.models import Profile
@@ -169,7 +171,9 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     ms = [(r, request_metrics(r)) for r in recs]
     good_recs = [(r, m) for r, m in ms if r.ok]
     per = slo_samples(recs, slo)  # ITL: pooled gaps (vllm bench serve), bound by a cluster bootstrap, as latency/slo
-    values = {"TTFT": per["ttft_ms"], "ITL": per["itl_ms"], "e2e": per["e2e_ms"]}
+    # failed requests count as exceedances when slo.error_rate_max lets them through (F10)
+    values = {"TTFT": with_failures(per["ttft_ms"], recs, slo), "ITL": per["itl_ms"],
+              "e2e": with_failures(per["e2e_ms"], recs, slo)}
     metrics: dict[str, dict[str, Any]] = {}
     decisions = []
     for label, fname in METRICS:
@@ -183,7 +187,6 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
         decisions.append(j.decision)
     n = len(recs)
     errors = n - len(good_recs)
-    rate = errors / n if n else 1.0
     wall = obs.result.wall_s or 0.0
 
     def met(m: Any) -> bool:
@@ -198,11 +201,15 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     good = sum(1 for _, m in good_recs if met(m))
     tokens = sum(m.tokens or 0 for _, m in good_recs)
     invalid = step_invalid(obs, profile)
+    # the error rate on its Clopper-Pearson bounds when an allowance is set; 0: any error FAILs (F10)
+    errs = judge_at_most(errors, n, slo.error_rate_max, conf) if n else None
+    if errs is not None and not errs.exact:
+        metrics["errors"] = {**errs.to_dict(), "text": errs.text("error rate", final=False)}
     if invalid is not None:
         decision = INVALID
-    elif n == 0 or rate > slo.error_rate_max or C_FAIL in decisions:
+    elif n == 0 or (errs is not None and errs.decision == C_FAIL) or C_FAIL in decisions:
         decision = C_FAIL
-    elif decisions and all(d == C_PASS for d in decisions):
+    elif decisions and all(d == C_PASS for d in decisions) and errs is not None and errs.decision == C_PASS:
         decision = C_PASS
     else:
         decision = UNDECIDED

@@ -23,7 +23,7 @@ from typing import Any
 from kvgate.stats.confidence import (FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge,
                                      min_samples_to_pass)
 from kvgate.profile.models import Profile
-from kvgate.load.sampling import Q, SLO_METRICS, judge_slo, slo_samples
+from kvgate.load.sampling import Q, SLO_METRICS, judge_errors, judge_slo, slo_samples
 from kvgate.load.scenarios import (LoadObservation, ScenarioError, Traffic, interference_judgement,
                                    latency_judgements, long_workload, short_workload)
 from kvgate.stats import percentile, request_metrics, summarize
@@ -531,14 +531,21 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
                               evidence=dependent[label].to_dict() if label in dependent else j.to_dict()))
     rate = s["error_rate"]
     errs = f"errors {s['errors']}/{s['requests']} (max rate {slo.error_rate_max:g})"
-    if rate > slo.error_rate_max:
-        problems.append(f"error rate {rate:.1%} > {slo.error_rate_max:.1%} ({s['error_samples'][:2]})")
-    else:
-        parts.append(errs)
-    good = rate <= slo.error_rate_max
-    checks.append(Verdict(f"{gate}.error rate", PASS if good else FAIL, f"error rate {rate:.1%}; max "
-                          f"{slo.error_rate_max:.1%} -> {'PASS' if good else 'FAIL'}", measured=rate,
-                          limit=slo.error_rate_max, unit="ratio"))
+    if slo.error_rate_max > 0:  # an allowance: judged on Clopper-Pearson bounds, not the point (F10)
+        ej = judge_errors(recs, slo, level)
+        (problems if ej.decision == C_FAIL else undecided if ej.decision == UNDECIDED else parts).append(
+            ej.text("error rate", final=False) + (f" ({s['error_samples'][:2]})" if ej.decision == C_FAIL else ""))
+        checks.append(Verdict(f"{gate}.error rate", _STATUS[ej.decision], ej.text("error rate"), measured=ej.rate,
+                              limit=slo.error_rate_max, unit="ratio", evidence=ej.to_dict()))
+    else:  # no allowance: any error FAILs, a measured fact
+        if rate > slo.error_rate_max:
+            problems.append(f"error rate {rate:.1%} > {slo.error_rate_max:.1%} ({s['error_samples'][:2]})")
+        else:
+            parts.append(errs)
+        good = rate <= slo.error_rate_max
+        checks.append(Verdict(f"{gate}.error rate", PASS if good else FAIL, f"error rate {rate:.1%}; max "
+                              f"{slo.error_rate_max:.1%} -> {'PASS' if good else 'FAIL'}", measured=rate,
+                              limit=slo.error_rate_max, unit="ratio"))
     what = f"{s['requests']} requests ({obs.prompt_tokens:,}+{obs.output_tokens} tokens) at concurrency {obs.concurrency}"
     ev = {"summary": s, "trace": obs.trace.to_dict(), "wall_s": obs.result.wall_s, "transport": obs.result.transport,
           "confidence": {label: (dependent[label].to_dict() if label in dependent else j.to_dict())

@@ -38,11 +38,13 @@ by the caller's ``deadline_s``).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, judge, sample_until_decided
+from kvgate.stats.proportion import RateJudgement, judge_at_most
 from kvgate.load.record import RequestRecord, RequestSpec
 from kvgate.load.schedule import LoadResult, closed_loop, frozen_heap
 from kvgate.stats import request_metrics
@@ -130,8 +132,8 @@ def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
             continue
         if key == "itl_ms":
             out[label] = judge_pooled(xs["itl_gaps_s"], Q, limit, confidence, pass_confidence, rng=0, scale=1e3)
-        else:
-            out[label] = judge(xs[key], Q, limit, confidence, pass_confidence)
+        else:  # failed requests as exceedances when an error allowance lets them through (F10)
+            out[label] = judge(with_failures(xs[key], records, slo), Q, limit, confidence, pass_confidence)
     return out
 
 
@@ -142,13 +144,34 @@ def error_rate(records: Sequence[Any]) -> tuple[int, int]:
     return sum(1 for r in judged if not r.ok), len(judged)
 
 
+def judge_errors(records: Sequence[Any], slo: Any, confidence: float) -> RateJudgement:
+    """The error rate (:func:`error_rate`; unit: the request) against ``slo.error_rate_max``
+    (:func:`kvgate.stats.proportion.judge_at_most`): with an allowance above 0, PASS when the
+    one-sided Clopper-Pearson upper bound at ``confidence`` is within it, FAIL when the lower bound
+    is above it, else UNDECIDED; an allowance of 0 is a count (any error FAILs, a measured fact)."""
+    bad, n = error_rate(records)
+    return judge_at_most(bad, n, slo.error_rate_max, confidence)
+
+
+def with_failures(samples: list[float], records: Sequence[Any], slo: Any) -> list[float]:
+    """``samples`` (TTFT or e2e, ms) with every failed request (:func:`error_rate`'s errors) counted
+    as an exceedance (+inf: it met no latency limit) when ``slo.error_rate_max`` > 0 -- dropping the
+    failures an allowance lets through would bias the p95 low (the slowest are the ones cut). With
+    an allowance of 0 any error FAILs the gate by itself, and ``samples`` come back as given."""
+    if not getattr(slo, "error_rate_max", 0):
+        return list(samples)
+    bad, _ = error_rate(records)
+    return list(samples) + [math.inf] * bad
+
+
 def slo_decisions(records: Sequence[Any], slo: Any, confidence: float,
                   pass_confidence: float | None = None) -> dict[str, str]:
-    """The sampling loop's decisions: each SLO'd metric's (:func:`judge_slo`) plus ``errors``: FAIL
-    once the error rate exceeds ``slo.error_rate_max`` (a FAIL whatever more samples say), else PASS."""
+    """The sampling loop's decisions: each SLO'd metric's (:func:`judge_slo`) plus ``errors``
+    (:func:`judge_errors` at ``confidence``: a FAIL stands whatever more samples say; no request
+    judged yet: PASS, the metrics decide)."""
     out = {label: j.decision for label, j in judge_slo(records, slo, confidence, pass_confidence).items()}
-    bad, n = error_rate(records)
-    out[ERRORS] = FAIL if n and bad / n > slo.error_rate_max else PASS
+    ej = judge_errors(records, slo, confidence)
+    out[ERRORS] = ej.decision if ej.n else PASS
     return out
 
 
@@ -260,5 +283,5 @@ def sample_latency(endpoint: Any, specs: Sequence[RequestSpec], concurrency: int
     return sample_batches(plan, send, decide, first_deadline_s=deadline_s, clock=clock, stop_on_fail=stop_on_fail)
 
 
-__all__ = ["ERRORS", "Q", "SLO_METRICS", "Sampled", "censored_count", "error_rate", "judge_slo", "merge_results", "sample_batches",
-           "sample_latency", "slo_decisions", "slo_samples"]
+__all__ = ["ERRORS", "Q", "SLO_METRICS", "Sampled", "censored_count", "error_rate", "judge_errors", "judge_slo", "merge_results", "sample_batches",
+           "sample_latency", "slo_decisions", "slo_samples", "with_failures"]
