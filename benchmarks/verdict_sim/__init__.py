@@ -45,18 +45,27 @@ class Design:
 
     kind: str
     param: float = 0.0
+    #: The profile's ``slo.pass_confidence_floor`` for this design (None: unset, the strict claim:
+    #: no PASS below ``slo.confidence``). A floor lets a PASS of too few effective samples state a
+    #: lower confidence: its wrong-PASS claim is then ``1 - floor``.
+    floor: float | None = None
 
     @property
     def label(self) -> str:
         if self.kind == "iid":
-            return "independent"
-        if self.kind == "waves":
-            return f"lock-step waves, ICC {self.param:g}"
-        return f"AR(1) phi {self.param:g}"
+            out = "independent"
+        elif self.kind == "waves":
+            out = f"lock-step waves, ICC {self.param:g}"
+        elif self.kind == "ar1":
+            out = f"AR(1) phi {self.param:g}"
+        else:
+            out = self.kind
+        return out + (f", pass_confidence_floor {self.floor:g}" if self.floor is not None else "")
 
     @property
     def key(self) -> str:
-        return f"{self.kind}{self.param:g}" if self.kind in ("waves", "ar1") else self.kind
+        base = f"{self.kind}{self.param:g}" if self.kind in ("waves", "ar1") else self.kind
+        return base + (f"+floor{self.floor:g}" if self.floor is not None else "")
 
     def latent(self, rng: np.random.Generator, n: int, wave: int = 4) -> np.ndarray:
         """``n`` unit-variance normal values with this design's dependence (``wave``: the wave size
@@ -84,6 +93,8 @@ WAVES_09 = Design("waves", 0.9)
 WAVES_10 = Design("waves", 1.0)
 AR_05 = Design("ar1", 0.5)
 AR_08 = Design("ar1", 0.8)
+#: Lock-step waves at ICC 1.0 judged under the floor smollm2-cpu ships (slo.pass_confidence_floor 0.6).
+WAVES_10_FLOOR = Design("waves", 1.0, floor=0.6)
 
 
 def lognormal_ms(z: np.ndarray, p95_ms: float, sigma: float = SIGMA) -> np.ndarray:
@@ -158,4 +169,4 @@ def memoise_ranks() -> None:
 
 
 __all__ = ["AR_05", "AR_08", "Cell", "Design", "FAIL", "IID", "INCONCLUSIVE", "OTHER", "PASS", "SIGMA", "TRUTHS",
-           "WAVES_09", "WAVES_10", "Z95", "lognormal_ms", "mc_se", "memoise_ranks", "run_cell", "within"]
+           "WAVES_09", "WAVES_10", "WAVES_10_FLOOR", "Z95", "lognormal_ms", "mc_se", "memoise_ranks", "run_cell", "within"]

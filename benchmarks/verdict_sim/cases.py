@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from verdict_sim import (AR_05, AR_08, FAIL, IID, INCONCLUSIVE, PASS, WAVES_09, WAVES_10, Design, lognormal_ms)
+from verdict_sim import (AR_05, AR_08, FAIL, IID, INCONCLUSIVE, PASS, WAVES_09, WAVES_10, WAVES_10_FLOOR, Design,
+                         lognormal_ms)
 
 #: How far the truth is from the limit, per truth point ("worse" direction; healthy: better).
 FACTOR = {"healthy": 0.5, "limit": 1.0, "1.5x": 1.5, "2x": 2.0, "3x": 3.0}
@@ -92,6 +93,7 @@ TOKENS, ITL_WITHIN_RHO = 8, 0.5
 
 
 def _slo_case_profile(metric: str) -> Any:
+    """smollm2-cpu with one latency SLO set (``metric``'s), the others unset."""
     p = profile("smollm2-cpu")
     limits = {f: None for f in _SLO_FIELD.values()}
     limits[_SLO_FIELD[metric]] = getattr(p.slo, _SLO_FIELD[metric])
@@ -148,12 +150,14 @@ def latency_slo(metric: str) -> Callable[[np.random.Generator, Design, str], str
     from kvgate.gates.load import latency_verdict
     from kvgate.load.scenarios import latency_plan
 
-    prof = _slo_case_profile(metric)
-    plan = latency_plan(prof)
-    limit = getattr(prof.slo, _SLO_FIELD[metric])
-    c = prof.slo.concurrency
+    base = _slo_case_profile(metric)
+    plan = latency_plan(base)
+    limit = getattr(base.slo, _SLO_FIELD[metric])
+    c = base.slo.concurrency
+    profs = {}
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
+        prof = profs.get(design.floor) or profs.setdefault(design.floor, with_slo(base, pass_confidence_floor=design.floor))
         cap = plan.looks[-1]
         vals = _request_values(rng, metric, design.latent(rng, cap, wave=c), FACTOR[truth] * limit)
         recs = [record(i, (i // c) * 2.0, ttft, gaps) for i, (ttft, gaps) in enumerate(vals)]
@@ -175,12 +179,14 @@ def interference() -> Callable[[np.random.Generator, Design, str], str]:
     from kvgate.gates.load import interference_verdict
     from kvgate.load.scenarios import interference_plan
 
-    prof = profile("smollm2-cpu")
+    base = profile("smollm2-cpu")
     waves, per = 4, 4
-    plan = interference_plan(prof, waves, per)
-    limit = prof.slo.short_ttft_p95_ms
+    plan = interference_plan(base, waves, per)
+    limit = base.slo.short_ttft_p95_ms
+    profs = {}
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
+        prof = profs.get(design.floor) or profs.setdefault(design.floor, with_slo(base, pass_confidence_floor=design.floor))
         cap = plan.looks[-1]
         x = lognormal_ms(design.latent(rng, cap, wave=per), FACTOR[truth] * limit)
         mixed = [record(i, (i // per) * 10.0 + (i % per) * 0.0125, float(v), [20.0], tag="short")
@@ -557,18 +563,20 @@ class Case:
 
 
 REQ = (IID, WAVES_09, WAVES_10)
+#: The cases that honour ``slo.pass_confidence_floor``: judged strict (unset) and as smollm2-cpu ships.
+REQ_FLOOR = REQ + (WAVES_10_FLOOR,)
 _LAT = "scenarios.latency_plan, load.sampling.sample_batches + slo_decisions, gates.load.latency_verdict"
 _SOAK = "gates.soak.undecided after every round past the planned ones, analyze + memory_verdict / latency_verdict"
 CASES: dict[str, Case] = {c.name: c for c in (
-    Case("latency/slo TTFT", REQ, lambda: latency_slo("TTFT"), True,
+    Case("latency/slo TTFT", REQ_FLOOR, lambda: latency_slo("TTFT"), True,
          "1 - slo.confidence per side over the planned looks (split_levels)", "TTFT p95 at half the limit",
          decided_by=_LAT),
     Case("latency/slo ITL", REQ, lambda: latency_slo("ITL"), True,
          "1 - slo.confidence per side; truth = pooled inter-token gaps' p95 (vllm bench serve's ITL p95)",
          "pooled ITL p95 at half the limit", max_runs=200, decided_by=_LAT),
-    Case("latency/slo e2e", REQ, lambda: latency_slo("e2e"), True,
+    Case("latency/slo e2e", REQ_FLOOR, lambda: latency_slo("e2e"), True,
          "1 - slo.confidence per side over the planned looks", "e2e p95 at half the limit", decided_by=_LAT),
-    Case("latency/interference", REQ, interference, True,
+    Case("latency/interference", REQ_FLOOR, interference, True,
          "1 - slo.confidence per side over the planned looks (16/60 shorts)", "mixed short TTFT p95 at half the limit",
          decided_by="scenarios.interference_plan, gates.load.interference_verdict at every look"),
     Case("capacity", REQ, capacity, False,
