@@ -43,11 +43,12 @@ def run(short_ttft_s, status=200, preemptions=(0.0, 0.0), rounds=1):
 def test_gain_passes_with_both_runs_and_the_slo_upper_bound_in_the_message():
     v = priority_verdict(run(0.6), run(0.09, preemptions=(0.0, 3.0), rounds=15), PROFILE)
     assert v.status is Status.PASS, v.message
-    assert "short TTFT p95 600 ms without priority, 90 ms with it (6.7x better, point estimates); preemptions 0 / 3" \
-        in v.message
+    assert ("short TTFT p95 600 ms without priority, 90 ms with it; gain 6.67x (Hodges-Lehmann on log TTFT, 95% "
+            "one-sided bounds 6.67x..6.67x, 4 and 4 requests); preemptions 0 / 3") in v.message
     assert ("(need >= 1.5x); short-request SLO: short TTFT with priority p95 90 ms, 95% upper bound 90 ms (n=60) "
             "<= 100 ms -> PASS; canary after -> PASS") in v.message
     assert v.measured == pytest.approx(90.0) and v.evidence["gain"] == pytest.approx(600 / 90)
+    assert v.evidence["confidence"]["gain"]["lower"] == pytest.approx(600 / 90)
     assert v.evidence["runs"]["with"]["short"]["requests"] == 4  # the gain: first rounds, same size
     assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
@@ -63,9 +64,25 @@ def test_too_few_short_requests_with_priority_are_inconclusive_with_both_bounds(
 def test_no_gain_fails_as_priority_ignored():
     v = priority_verdict(run(0.6), run(0.55), PROFILE)
     assert v.status is Status.FAIL
-    assert "priority ignored: short TTFT p95 550 ms with priority vs 600 ms without (1.09x; need >= 1.5x)" in v.message
+    assert ("priority ignored: short TTFT p95 550 ms with priority vs 600 ms without (gain 1.09x (Hodges-Lehmann on "
+            "log TTFT, 95% one-sided bounds 1.09x..1.09x, 4 and 4 requests) < 1.5x needed)") in v.message
     assert "95% lower bound 550 ms (n=4; 4 over) > 100 ms -> FAIL" in v.message
     assert "short-request SLO 100 ms broken even with priority" in v.message
+
+
+def test_a_gain_whose_bounds_straddle_min_gain_is_inconclusive_not_a_point_pass():
+    # F14: first rounds of 4 and 4 with scatter: a 2.0x Hodges-Lehmann gain whose bounds straddle 1.5x -- the
+    # old rule PASSed the p95 points (900 / 400 = 2.2x >= 1.5x)
+    without, with_ = run(0.6), run(0.09, rounds=15)
+    for o, ttfts in ((without, (0.2, 0.3, 0.5, 0.9)), (with_, (0.1, 0.15, 0.25, 0.4))):
+        for r, t in zip([r for r in o.result.records[:8] if r.tag == "short"], ttfts):
+            r.first_token_s = r.sent_s + t
+            r.content_s = [r.first_token_s + k * 0.01 for k in range(8)]
+    v = priority_verdict(without, with_, PROFILE)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "the gain's bounds straddle 1.5x: the first rounds (4 and 4 short requests) cannot tell" in v.message
+    g = v.evidence["confidence"]["gain"]
+    assert g["lower"] < 1.5 <= g["upper"] and g["point"] == pytest.approx(2.0, rel=0.05), g
 
 
 def test_failed_requests_fail_and_no_priority_profile_skips():
@@ -94,7 +111,7 @@ GID = "fake-vllm/priority/short-over-long"
 
 
 @pytest.mark.parametrize("policy, itl_s, status, fragment", [
-    ("priority", 0.005, "PASS", "x better, point estimates); preemptions"),
+    ("priority", 0.005, "PASS", "(Hodges-Lehmann on log TTFT, 80% one-sided bounds"),
     # FCFS: longs of ~0.18 s (8 x 20 ms), 16 through 2 slots ~1.4 s, so the shorts (sent 0.3-0.52 s in) wait ~1 s
     # for the queue in BOTH runs: the gain stays near 1x even when a busy host (CI's unit worker beside a vLLM)
     # adds 100-200 ms of scatter -- with 0.06 s longs the queue wait (~0.2 s) was that scatter's size and an FCFS

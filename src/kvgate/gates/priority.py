@@ -19,6 +19,7 @@ from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, J
 from kvgate.profile.models import PrioritySpec, Profile
 from kvgate.load.scenarios import LoadObservation
 from kvgate.stats import request_metrics, summarize
+from kvgate.stats.twosample import ShiftRatio, shift_ratio
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.gates.health import canary_verdict
@@ -71,7 +72,11 @@ def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile,
                      "preemptions": obs.trace.delta("preemptions"), "peak_waiting": obs.trace.peak("waiting")}
     runs["with"]["short_all_rounds"] = summarize(_shorts(with_))
     p_without, p_with = runs["without"]["short"]["ttft_ms"]["p95"], runs["with"]["short"]["ttft_ms"]["p95"]
-    gain = p_without / p_with if p_without and p_with else None
+    # the gain: TTFT without / with priority as a scale factor of the first rounds' shorts, Hodges-Lehmann on
+    # logs with exact Mann-Whitney bounds (kvgate.stats.twosample.shift_ratio), one-sided at slo.confidence
+    firsts = [[x for x in _ttft_ms([r for r in _first(o) if r.tag == "short"]) if x > 0] for o in (without, with_)]
+    gj = shift_ratio(firsts[0], firsts[1], profile.slo.confidence) if all(firsts) else None
+    gain = gj.point if gj is not None else None
     limit = profile.slo.short_ttft_p95_ms
     problems = []
     for key, obs in (("without", without), ("with", with_)):
@@ -79,15 +84,30 @@ def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile,
             s = summarize([r for r in obs.result.records if r.tag == tag])
             if s["errors"]:
                 problems.append(f"{s['errors']} {tag} requests failed {key} priority ({s['error_samples'][:2]})")
-    if gain is None or gain < spec.min_gain:
+    if gj is None or (gj.upper is not None and gj.upper < spec.min_gain):
         problems.append(f"priority ignored: short TTFT p95 {_ms(p_with)} with priority vs {_ms(p_without)} without "
-                        f"({'n/a' if gain is None else f'{gain:.2f}x'}; need >= {spec.min_gain:g}x) -- the server runs "
+                        f"({_gain_text(gj)} < {spec.min_gain:g}x needed) -- the server runs "
                         "FCFS (start vLLM with --scheduling-policy priority) or a gateway drops the 'priority' field")
     sj = judge(_ttft_ms(_shorts(with_)), Q, limit, confidence) if limit is not None else None
     if sj is not None and sj.decision == C_FAIL:
         problems.append(f"short-request SLO {limit:,.0f} ms broken even with priority")
-    decision = C_FAIL if problems else (C_PASS if sj is None or sj.decision == C_PASS else UNDECIDED)
-    return runs, gain, sj, problems, decision
+    shown = gj is not None and gj.lower is not None and gj.lower >= spec.min_gain
+    decision = C_FAIL if problems else (C_PASS if shown and (sj is None or sj.decision == C_PASS) else UNDECIDED)
+    return runs, gj, sj, problems, decision
+
+
+def _first(obs: LoadObservation) -> list[Any]:
+    """The records of ``obs``'s first round (``extra["first_round_records"]``; all when unset)."""
+    return obs.result.records[:(obs.extra or {}).get("first_round_records") or None]
+
+
+def _gain_text(gj: ShiftRatio | None) -> str:
+    """``gain 6.7x (Hodges-Lehmann, 95% bounds 6.1x..7.2x, 4 and 4 requests)`` or ``gain n/a``."""
+    if gj is None:
+        return "gain n/a (no first-token time in a first round)"
+    b = ("no bound at this size" if gj.lower is None else
+         f"{gj.confidence * 100:.4g}% one-sided bounds {gj.lower:.2f}x..{gj.upper:.2f}x")
+    return f"gain {gj.point:.2f}x (Hodges-Lehmann on log TTFT, {b}, {gj.m} and {gj.n} requests)"
 
 
 def priority_decide(without: LoadObservation, with_: LoadObservation, profile: Profile, confidence: float) -> str:
@@ -122,12 +142,14 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
     Confidence (:mod:`kvgate.stats.confidence`): the **short SLO** is a percentile against a limit, judged
     on its order-statistic bounds over every with-priority short request (more rounds in planned
     looks, :func:`priority_plan`; PASS needs the upper bound within, FAIL the lower bound above;
-    undecided at the cap: INCONCLUSIVE). The **gain** is an A/B effect size of two p95 point
-    estimates of ``priority.shorts`` requests each (the first round of each, back to back), kept as
-    point estimates on purpose: at 8 requests a run no p95 has an upper bound (59 are needed at
-    95%), so a bound-based gain could never PASS at the profile's sizes without ~10x the runs,
-    and the gate's margin is wide -- measured on tiny-cpu-priority: priority 9-10x, FCFS 1.05-1.3x
-    (1.9x on a contended host) against ``min_gain`` 3. The message says the gain is a point ratio."""
+    undecided at the cap: INCONCLUSIVE). The **gain** compares the first round of each run
+    (``priority.shorts`` requests each, back to back) as a scale factor of their whole TTFT
+    distributions, not two p95 points (at 8 requests a p95 has no upper bound): Hodges-Lehmann on
+    log TTFT with exact Mann-Whitney bounds one-sided at ``slo.confidence``
+    (:func:`kvgate.stats.twosample.shift_ratio`; 8 and 8: the 16th smallest and largest of the 64
+    log ratios). "Priority ignored" (FAIL) when its upper bound is below ``min_gain``; shown when
+    its lower bound is at or above it; else INCONCLUSIVE. Measured on tiny-cpu-priority: priority
+    9-10x, FCFS 1.05-1.3x (1.9x on a contended host) against ``min_gain`` 3."""
     skip = not_asked(profile)
     if skip is not None:
         return skip
@@ -138,7 +160,8 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
     ex = with_.extra or {}
     sampling = ex.get("sampling")
     level = sampling["per_look_confidence"] if sampling else profile.slo.confidence
-    runs, gain, sj, problems, decision = _checks(without, with_, profile, level)
+    runs, gj, sj, problems, decision = _checks(without, with_, profile, level)
+    gain = gj.point if gj is not None else None
     p_without, p_with = runs["without"]["short"]["ttft_ms"]["p95"], runs["with"]["short"]["ttft_ms"]["p95"]
     limit = profile.slo.short_ttft_p95_ms
 
@@ -150,7 +173,7 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
             f"{ex.get('long_prompt_tokens', 0):,}+{ex.get('long_output_tokens')}-token requests (priority {spec.low}) fill "
             f"the server (max_num_seqs {ex.get('max_num_seqs') or 'default'}): short TTFT p95 "
             f"{_ms(p_without)} without priority, {_ms(p_with)} with it"
-            + (f" ({gain:.1f}x better, point estimates)" if gain else "")
+            + (f"; {_gain_text(gj)}" if gj is not None else "")
             + f"; preemptions {pre('without')} / {pre('with')}")
     rounds = ex.get("rounds") or 1
     slo_text = ""
@@ -164,7 +187,7 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
                           "canary": can.to_dict() if can else None,
                           "confidence": {"slo": sj.to_dict() if sj else None, "sampling": sampling,
                                          "level": profile.slo.confidence, "per_look": level,
-                                         "gain": "point estimates of the first round of each run (not bounded)"}}
+                                         "gain": gj.to_dict() if gj is not None else None}}
     if can is not None and can.status is FAIL:
         problems.append(can.message.removesuffix(" -> FAIL"))
     measured = sj.bound.point if sj is not None else p_with
@@ -172,9 +195,14 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
         return Verdict(GATE, FAIL, f"{what}{slo_text}; " + "; ".join(problems) + " -> FAIL", measured=measured,
                        limit=limit, unit="ms", evidence=ev)
     if decision == UNDECIDED:
-        return Verdict(GATE, INCONCLUSIVE, f"{what} (need >= {spec.min_gain:g}x){slo_text}; undecided after "
-                       f"{sj.bound.n if sj else 0} short requests with priority (sampling bounded by slo.max_requests "
-                       "and slo.max_duration_s) -> INCONCLUSIVE", measured=measured, limit=limit, unit="ms", evidence=ev)
+        if gj is not None and not (gj.lower is not None and gj.lower >= spec.min_gain):
+            why = (f"the gain's bounds straddle {spec.min_gain:g}x: the first rounds ({gj.m} and {gj.n} short "
+                   "requests) cannot tell (raise priority.shorts)")
+        else:
+            why = (f"undecided after {sj.bound.n if sj else 0} short requests with priority (sampling bounded by "
+                   "slo.max_requests and slo.max_duration_s)")
+        return Verdict(GATE, INCONCLUSIVE, f"{what} (need >= {spec.min_gain:g}x){slo_text}; {why} -> INCONCLUSIVE",
+                       measured=measured, limit=limit, unit="ms", evidence=ev)
     return Verdict(GATE, PASS, f"{what} (need >= {spec.min_gain:g}x){slo_text}; canary after -> PASS",
                    measured=measured, limit=limit, unit="ms", evidence=ev)
 
