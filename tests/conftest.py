@@ -22,7 +22,9 @@ httpx.HTTPTransport()  # instantiating triggers httpx's own lazy imports of http
 # kvgate.report.plots selects it) is ~100 modules; the openai SDK's resources (the streaming/api
 # gates' SDK checks), httpx_sse and pynvml (the run record) a few dozen more. Imported once here, an
 # inner run finds them loaded and runs the same code: a `-m fit` run against the fake profile took
-# 2.6-3.2 s (median of 5) without, 0.9-1.1 s with (2026-12-06, 2 shared cores).
+# 2.6-3.2 s (median of 5) without, 0.9-1.1 s with; a gate run of tests/test_gates_autoscale.py 0.4-0.9 s
+# less (2026-12-06, 2 shared cores). Where a test has already imported matplotlib outside a pytester
+# run (tests/test_plots.py), the later runs of that process found it loaded anyway.
 import httpx_sse  # noqa: E402,F401
 import matplotlib  # noqa: E402
 
