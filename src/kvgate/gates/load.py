@@ -23,7 +23,7 @@ from typing import Any
 from kvgate.stats.confidence import (FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge,
                                      min_samples_to_pass)
 from kvgate.profile.models import Profile
-from kvgate.load.sampling import Q, SLO_METRICS, judge_errors, judge_slo, slo_samples
+from kvgate.load.sampling import Q, SLO_METRICS, judge_errors, judge_slo, slo_levels, slo_samples
 from kvgate.load.scenarios import (LoadObservation, ScenarioError, Traffic, interference_judgement,
                                    latency_judgements, long_workload, short_workload)
 from kvgate.stats import percentile, request_metrics, summarize
@@ -455,6 +455,15 @@ def latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     return _on_contended_host(_latency_verdict(obs, profile), [obs], profile)
 
 
+def _multiplicity(slo: Any, level: float, up: float | None) -> dict[str, Any]:
+    """What latency/slo's FAIL side is corrected for (F11; :func:`kvgate.load.sampling.slo_levels`)."""
+    fail, passed = slo_levels(slo, level, up)
+    m = sum(1 for _, f, _ in SLO_METRICS if getattr(slo, f, None) is not None)
+    return {"metrics": m, "method": "Bonferroni on the FAIL side (any one metric FAILs the gate)",
+            "per_look_level": level, "fail_level": fail, "pass_level": passed,
+            "pass_side": "uncorrected: every metric must PASS (intersection-union)"}
+
+
 def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     """TTFT, ITL and e2e p95 (ms) at ``slo.concurrency`` judged with confidence
     (:func:`kvgate.stats.confidence.judge`) against ``slo.*_p95_ms``; error rate within ``slo.error_rate_max``.
@@ -551,6 +560,7 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
           "confidence": {label: (dependent[label].to_dict() if label in dependent else j.to_dict())
                          for label, j in judged.items()},
           "dependence": {label: dj.dependence.to_dict() for label, dj in dependent.items()},
+          "multiplicity": _multiplicity(slo, level, up),
           "sampling": sampling.to_dict() if sampling is not None else _one_look(len(recs), level).to_dict(),
           "itl_basis": "pooled gaps across requests, as vllm bench serve (np.percentile over every gap); "
                        "bound: cluster bootstrap over requests (unit request)",

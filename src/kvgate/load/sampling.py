@@ -43,7 +43,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, judge, sample_until_decided
+from kvgate.stats.confidence import (FAIL, PASS, UNDECIDED, Judgement, LookPlan, Sampling, family_level, judge,
+                                     sample_until_decided)
 from kvgate.stats.proportion import RateJudgement, judge_at_most
 from kvgate.load.record import RequestRecord, RequestSpec
 from kvgate.load.schedule import LoadResult, closed_loop, frozen_heap
@@ -117,6 +118,17 @@ def censored_count(records: Sequence[Any]) -> int:
     return sum(1 for r in records if getattr(r, "censored", False))
 
 
+def slo_levels(slo: Any, confidence: float, pass_confidence: float | None = None) -> tuple[float, float]:
+    """(FAIL-side level, PASS-side level) of each latency metric the ``slo`` judges (F11): any one
+    metric's FAIL fails latency/slo, so the FAIL side is corrected over the ``m`` SLO'd metrics of
+    :data:`SLO_METRICS` (:func:`kvgate.stats.confidence.family_level`: ``1 - (1 - confidence) / m``,
+    Bonferroni); the PASS side (every metric must PASS) stays at ``pass_confidence`` (``confidence``
+    when None). Used by :func:`judge_slo` and :func:`kvgate.load.scenarios.latency_judgements` alike,
+    so the sampling's decisions and the verdict judge each side at the same level."""
+    m = sum(1 for _, field_name, _ in SLO_METRICS if getattr(slo, field_name, None) is not None)
+    return family_level(confidence, m), (confidence if pass_confidence is None else pass_confidence)
+
+
 def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
               pass_confidence: float | None = None) -> dict[str, Judgement]:
     """label (``TTFT``/``ITL``/``e2e``) -> :class:`~kvgate.stats.confidence.Judgement` of its p95 against
@@ -124,8 +136,10 @@ def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
     :attr:`~kvgate.stats.confidence.LookPlan.pass_level`), for every metric the ``slo`` (a
     :class:`~kvgate.profile.models.SLOSpec`) sets a limit on. TTFT and e2e: order statistics over
     requests; ITL: the pooled-gap p95 with a cluster bootstrap over requests (seed 0: the same
-    records give the same bound), a :class:`~kvgate.stats.cluster.PooledJudgement`."""
+    records give the same bound), a :class:`~kvgate.stats.cluster.PooledJudgement`. The FAIL side is
+    corrected over the metrics judged (:func:`slo_levels`; F11), the PASS side is not."""
     xs = slo_samples(records, slo)
+    confidence, pass_confidence = slo_levels(slo, confidence, pass_confidence)
     out: dict[str, Judgement] = {}
     for key, field_name, label in SLO_METRICS:
         if (limit := getattr(slo, field_name)) is None:
@@ -284,4 +298,4 @@ def sample_latency(endpoint: Any, specs: Sequence[RequestSpec], concurrency: int
 
 
 __all__ = ["ERRORS", "Q", "SLO_METRICS", "Sampled", "censored_count", "error_rate", "judge_errors", "judge_slo", "merge_results", "sample_batches",
-           "sample_latency", "slo_decisions", "slo_samples", "with_failures"]
+           "sample_latency", "slo_decisions", "slo_levels", "slo_samples", "with_failures"]

@@ -37,7 +37,8 @@ from kvgate.profile.models import Profile, Workload
 from kvgate.stats.confidence import FAIL, PASS
 from kvgate.stats.dependence import (DependentJudgement, independent, judge_sample, send_order_dependence,
                                     wave_dependence)
-from kvgate.load.sampling import ERRORS, Q, sample_batches, sample_latency, slo_decisions, slo_samples
+from kvgate.load.sampling import (ERRORS, Q, sample_batches, sample_latency, slo_decisions, slo_levels, slo_samples,
+                                 with_failures)
 from kvgate.traffic.replay import ReplayPlan, ReplayResult, plan_replay, run_replay
 from kvgate.traffic.sample import TrafficSample, overlong, sample_for
 
@@ -239,8 +240,11 @@ def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_leve
     :func:`~kvgate.stats.dependence.send_order_dependence`, :func:`~kvgate.stats.dependence.judge_sample`
     (FAIL side at ``level``, PASS side at ``pass_level``; at the last look, ``at_end``, a PASS
     at ``slo.pass_confidence_floor`` when too few for ``pass_level``). Shared by the sampling
-    loop (:func:`run_latency`) and the verdict (:func:`kvgate.gates.load.latency_verdict`)."""
+    loop (:func:`run_latency`) and the verdict (:func:`kvgate.gates.load.latency_verdict`).
+    The FAIL side is corrected over the SLO'd metrics (:func:`kvgate.load.sampling.slo_levels`,
+    F11), as :func:`kvgate.load.sampling.judge_slo`."""
     xs = slo_samples(sorted(records, key=lambda r: r.index))
+    level, pass_level = slo_levels(slo, level, pass_level)
     out = {}
     for key, field_name, label in PER_REQUEST:
         limit = getattr(slo, field_name, None)

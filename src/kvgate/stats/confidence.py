@@ -201,6 +201,17 @@ class Judgement:
         return {**self.bound.to_dict(), "limit": self.limit, "decision": self.decision, "exceed": self.exceed}
 
 
+def family_level(confidence: float, m: int) -> float:
+    """The FAIL side's level when ``m`` metrics are judged and any one FAIL fails the whole (a
+    union of ``m`` FAIL tests): ``1 - (1 - confidence) / m`` (Bonferroni), so a wrong FAIL of the
+    whole stays within ``1 - confidence``. The PASS side needs no correction (every metric must
+    PASS: an intersection-union test). ``m`` < 2 returns ``confidence``. Raises ValueError when
+    ``confidence`` is not in (0, 1)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return confidence if m < 2 else 1.0 - (1.0 - confidence) / m
+
+
 def judge(values: Sequence[float], q: float, limit: float, confidence: float = DEFAULT_CONFIDENCE,
           pass_confidence: float | None = None) -> Judgement:
     """Judge the ``q``-quantile of ``values`` against ``limit`` (same unit) at ``confidence``; the
@@ -393,6 +404,6 @@ def sample_until_decided(plan: LookPlan, take: Callable[[int, float | None], int
 
 __all__ = [
     "DEFAULT_CONFIDENCE", "FAIL", "Judgement", "LookPlan", "PASS", "PercentileBound", "Sampling", "UNDECIDED", "bound",
-    "judge", "lower_rank", "max_exceedances", "min_samples_to_pass", "plan_looks", "sample_until_decided",
+    "family_level", "judge", "lower_rank", "max_exceedances", "min_samples_to_pass", "plan_looks", "sample_until_decided",
     "split_levels", "upper_rank",
 ]
