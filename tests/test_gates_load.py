@@ -505,3 +505,30 @@ def test_three_metrics_one_clearly_over_fails_and_all_clearly_under_pass(monkeyp
     assert all("TTFT" in v.message for s, v in got if s == Status.FAIL)
     run_ok, _ = _three_at(monkeypatch, e2e_factor=0.5, ttft_factor=0.5, gap_factor=0.5)
     assert all(run_ok(rng)[0] == Status.PASS for _ in range(10))
+
+
+def test_failed_requests_are_exceedances_in_the_dependence_path_too():
+    """F10 in latency_judgements (the closed loop's TTFT/e2e at the effective n, what the sampling's
+    decide and the verdict use): with slo.error_rate_max > 0, 12 failed of 100 are +inf exceedances
+    -- the p95 is beyond any limit, TTFT and e2e FAIL (measured on the 88 that finished they PASSed);
+    1 failed of 100 still PASSes; an allowance of 0 leaves the sample as measured (the errors FAIL
+    by themselves)."""
+    import numpy as np
+
+    from kvgate.load.scenarios import latency_judgements
+    recs = _sim_three(np.random.default_rng(5), 100, 1000.0, 100.0)
+    for r in recs[88:]:
+        r.status, r.error = 500, "HTTP 500"
+    slo = PROFILE.slo.model_copy(update={"ttft_p95_ms": 3000.0, "e2e_p95_ms": 10000.0, "itl_p95_ms": None,
+                                         "error_rate_max": 0.2})
+    bad = latency_judgements(recs, slo, 0.95, None, 4)
+    assert {k: j.decision for k, j in bad.items()} == {"TTFT": "FAIL", "e2e": "FAIL"}
+    assert bad["TTFT"].dependence.n == 100 and bad["TTFT"].judgement.bound.lower == float("inf")
+    none = slo.model_copy(update={"error_rate_max": 0.0})
+    assert {k: j.decision for k, j in latency_judgements(recs, none, 0.95, None, 4).items()} == \
+        {"TTFT": "PASS", "e2e": "PASS"}
+    few = _sim_three(np.random.default_rng(5), 100, 1000.0, 100.0)
+    few[50].status, few[50].error = 500, "HTTP 500"
+    ok = latency_judgements(few, slo, 0.95, None, 4)
+    assert {k: j.decision for k, j in ok.items()} == {"TTFT": "PASS", "e2e": "PASS"}
+    assert ok["TTFT"].dependence.n == 100

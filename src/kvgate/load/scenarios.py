@@ -242,8 +242,12 @@ def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_leve
     at ``slo.pass_confidence_floor`` when too few for ``pass_level``). Shared by the sampling
     loop (:func:`run_latency`) and the verdict (:func:`kvgate.gates.load.latency_verdict`).
     The FAIL side is corrected over the SLO'd metrics (:func:`kvgate.load.sampling.slo_levels`,
-    F11), as :func:`kvgate.load.sampling.judge_slo`."""
-    xs = slo_samples(sorted(records, key=lambda r: r.index))
+    F11), as :func:`kvgate.load.sampling.judge_slo`. With ``slo.error_rate_max`` > 0 every failed
+    request counts as an exceedance (+inf, :func:`kvgate.load.sampling.with_failures`, F10) as
+    judge_slo counts it: the dependence is measured on the measured values in send order (a +inf
+    has no autocorrelation) and its design effect applied to all ``n`` values judged."""
+    ordered = sorted(records, key=lambda r: r.index)
+    xs = slo_samples(ordered)
     level, pass_level = slo_levels(slo, level, pass_level)
     out = {}
     for key, field_name, label in PER_REQUEST:
@@ -251,7 +255,10 @@ def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_leve
         if limit is None:
             continue
         dep = send_order_dependence(xs[key], max(1, int(concurrency)), unit="request")
-        out[label] = judge_sample(xs[key], Q, limit, level, pass_level, dep,
+        values = with_failures(xs[key], ordered, slo)
+        if len(values) > len(xs[key]):  # the failures join the sample at the measured design effect
+            dep = dataclasses.replace(dep, n=len(values), n_eff=len(values) / dep.design_effect)
+        out[label] = judge_sample(values, Q, limit, level, pass_level, dep,
                                   getattr(slo, "pass_confidence_floor", None), at_end)
     return out
 
