@@ -269,6 +269,20 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
                  f"{_pct(r.get('power_2x'))} | {_pct(r.get('power_3x')) if 'power_3x' in r else '-'} | "
                  f"{_pct(r['healthy_fail'])} | {_pct(r['healthy_pass'])} | "
                  f"{'ok' if r['ok'] else '**BREAKS** (' + ', '.join(w for w, k in (('PASS', 'ok_pass'), ('FAIL', 'ok_fail'), ('healthy FAIL', 'ok_healthy')) if not r[k]) + ')'} |")
+    if bad:
+        L += ["", "## Where a case breaks its stated rate", ""]
+        for r in bad:
+            if "error" in r:
+                L.append(f"- **{r['case']}**, {r['label']}: not run ({r['error']}).")
+                continue
+            parts = []
+            if not r["ok_pass"]:
+                parts.append(f"wrong PASS {_pct(r['wrong_pass'])} at the limit, stated {_pct(r.get('stated_pass', r['stated']))}")
+            if not r["ok_fail"]:
+                parts.append(f"wrong FAIL {_pct(r['wrong_fail'])} at the limit, stated {_pct(r['stated'])}")
+            if not r["ok_healthy"]:
+                parts.append(f"FAIL {_pct(r['healthy_fail'])} of healthy runs, stated {_pct(r['stated'])}")
+            L.append(f"- **{r['case']}**, {r['label']} ({r['runs']:,} runs): " + "; ".join(parts) + ".")
     L += ["", "## Per case: what runs, what is stated, what is healthy", "",
           "| case | decided by | stated | healthy truth | in the main job |", "|---|---|---|---|---|"]
     for name, c in CASES.items():
@@ -320,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=48)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-doc", action="store_true", help="do not write docs/verdict-statistics.md")
+    ap.add_argument("--render", action="store_true",
+                    help="run nothing: re-render docs/verdict-statistics.md from benchmarks/results/verdict_statistics-latest.json")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other cases' cells from benchmarks/results/verdict_statistics-latest.json (each "
                          "cell keeps the commit it ran on) and re-run only --cases; the doc when every case has cells")
@@ -329,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
     cases = [CASES[n] for n in names]
+    if args.render:
+        saved = json.loads(RESULTS.read_text())
+        rows = checks(saved["cells"])
+        DOC.write_text(render(rows, budget(rows), saved["meta"]))
+        print(f"wrote {DOC.relative_to(REPO)} from {RESULTS.relative_to(REPO)}")
+        return 0 if all(r["ok"] for r in rows) else 1
     memoise_ranks()
     sha = commit()
     t0 = time.perf_counter()

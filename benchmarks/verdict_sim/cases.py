@@ -565,7 +565,7 @@ class Case:
 REQ = (IID, WAVES_09, WAVES_10)
 #: The cases that honour ``slo.pass_confidence_floor``: judged strict (unset) and as smollm2-cpu ships.
 REQ_FLOOR = REQ + (WAVES_10_FLOOR,)
-_LAT = "scenarios.latency_plan, load.sampling.sample_batches + slo_decisions, gates.load.latency_verdict"
+_LAT = "scenarios.latency_plan, gates.load.latency_verdict at every look"
 _SOAK = "gates.soak.undecided after every round past the planned ones, analyze + memory_verdict / latency_verdict"
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("latency/slo TTFT", REQ_FLOOR, lambda: latency_slo("TTFT"), True,
@@ -584,10 +584,10 @@ CASES: dict[str, Case] = {c.name: c for c in (
          decided_by="load.capacity.requests_for, gates.capacity.judge_step + capacity_verdict"),
     Case("soak/memory", (IID, AR_05, AR_08), lambda: soak("memory"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no growth (slope 0)",
-         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=300, decided_by=_SOAK),
+         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, decided_by=_SOAK),
     Case("soak/latency", (IID, AR_05, AR_08), lambda: soak("latency"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no drift (slope 0)",
-         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=300, decided_by=_SOAK),
+         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, decided_by=_SOAK),
     Case("soak/gpu-memory", (IID,), soak_gpu, False,
          "exact: a measured peak against a fixed budget (no estimate; at the limit = 1 MiB over it)",
          "peak at half the budget", stated=0.0, fail_at_limit_is_wrong=False,
