@@ -378,3 +378,29 @@ def test_a_step_judges_an_error_allowance_on_its_bounds_and_counts_failures_as_e
     assert one.metrics["TTFT"]["n"] == 60 and one.metrics["TTFT"]["exceed"] == 1  # the failure counted as over
     bad = step_of(48, 12)
     assert bad.decision == "FAIL" and "lower bound 11.97% > 5.0%" in bad.metrics["errors"]["text"], bad.metrics["errors"]
+
+
+def test_a_deadline_cut_request_is_censored_not_a_step_error():
+    """A request cut by the step's own time bound (RequestRecord.censored) is not the server's
+    error: 80 finished + 1 censored with no error allowance PASSes (errors 0; it FAILed as 1/81
+    errors before); the other way, a real HTTP 500 in the same step still FAILs with errors 1."""
+    from kvgate.gates.capacity import judge_step
+    from kvgate.http.metrics import MetricsTrace
+    from kvgate.load import LoadResult
+    from kvgate.load.scenarios import LoadObservation
+    from .test_gates_load import rec
+
+    p = profile(ttft=500.0)
+    assert p.slo.error_rate_max == 0.0
+
+    def step_of(last):
+        recs = [rec(i) for i in range(80)] + [last]
+        return judge_step(LoadObservation("c=4", LoadResult("closed", recs, len(recs), 2.0, 60.0),
+                                          MetricsTrace(samples=[]), 16, 8, 4), p)
+
+    cut = rec(80)
+    cut.censored, cut.error, cut.done = True, "deadline: step time bound reached", False
+    s = step_of(cut)
+    assert s.errors == 0 and s.decision == "PASS" and s.error_samples == [], (s.errors, s.decision)
+    failed = step_of(rec(80, status=500))
+    assert failed.errors == 1 and failed.decision == "FAIL", (failed.errors, failed.decision)

@@ -532,3 +532,14 @@ def test_failed_requests_are_exceedances_in_the_dependence_path_too():
     ok = latency_judgements(few, slo, 0.95, None, 4)
     assert {k: j.decision for k, j in ok.items()} == {"TTFT": "PASS", "e2e": "PASS"}
     assert ok["TTFT"].dependence.n == 100
+
+
+def test_interference_counts_a_deadline_cut_short_as_censored_not_an_error():
+    """The waves' sampling decide (load.scenarios.wave_errors): a short cut by kvgate's own wave
+    deadline is censored -- errors PASS (it read FAIL, stopping the sampling on a FAIL); a server
+    error FAILs."""
+    from kvgate.load.scenarios import wave_errors
+    cut = rec(3)
+    cut.censored, cut.error = True, "deadline: waves' time bound reached"
+    assert not cut.ok and wave_errors([rec(0), rec(1), rec(2), cut]) == "PASS"
+    assert wave_errors([rec(0), rec(1), rec(2), rec(3, status=500)]) == "FAIL"

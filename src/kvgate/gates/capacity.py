@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, judge, min_samples_to_pass
-from kvgate.load.sampling import slo_samples, with_failures
+from kvgate.load.sampling import error_rate, slo_samples, with_failures
 from kvgate.stats.proportion import judge_at_most
 from kvgate.stats.cluster import judge_pooled
 from kvgate.load.scenarios import LoadObservation, ScenarioError, short_workload
@@ -186,7 +186,9 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
         metrics[label] = {**j.to_dict(), "text": j.text(label, final=False)}
         decisions.append(j.decision)
     n = len(recs)
-    errors = n - len(good_recs)
+    # the server's errors (RequestRecord.failed): a request cut by kvgate's own deadline (the step's time
+    # bound) is censored, not an error, and is left out of the rate's denominator (load.sampling.error_rate)
+    errors, judged = error_rate(recs)
     wall = obs.result.wall_s or 0.0
 
     def met(m: Any) -> bool:
@@ -202,7 +204,7 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     tokens = sum(m.tokens or 0 for _, m in good_recs)
     invalid = step_invalid(obs, profile)
     # the error rate on its Clopper-Pearson bounds when an allowance is set; 0: any error FAILs (F10)
-    errs = judge_at_most(errors, n, slo.error_rate_max, conf) if n else None
+    errs = judge_at_most(errors, judged, slo.error_rate_max, conf) if judged else None
     if errs is not None and not errs.exact:
         metrics["errors"] = {**errs.to_dict(), "text": errs.text("error rate", final=False)}
     if invalid is not None:
@@ -223,7 +225,7 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
         output_tokens_per_s=tokens / wall if wall else 0.0, goodput_rps=good / wall if wall else 0.0, good=good,
         peak_running=tr.peak("running"), peak_waiting=tr.peak("waiting"), preemptions=tr.delta("preemptions"),
         peak_kv_usage=tr.peak("kv_usage"), deadline_hit=obs.result.deadline_hit, invalid=invalid, phase=phase,
-        error_samples=[str(r.error or r.status)[:120] for r, _ in ms if not r.ok][:3],
+        error_samples=[str(r.error or r.status)[:120] for r, _ in ms if r.failed][:3],
         host_contention=tr.host.to_dict() if getattr(tr, "host", None) is not None else None)
 
 

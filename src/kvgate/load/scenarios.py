@@ -554,6 +554,14 @@ SHORT_OUTPUT_TOKENS = 8
 ALONE_OUTPUT_TOKENS = 1
 
 
+def wave_errors(records: Sequence[Any]) -> str:
+    """Interference's error decision at a look: FAIL when any request failed
+    (:attr:`kvgate.load.record.RequestRecord.failed`: the server's error), else PASS -- a request
+    cut by the waves' own deadline is censored (kvgate's time bound, not the server), and one hung
+    up on purpose is no error either."""
+    return FAIL if any(r.failed for r in records) else PASS
+
+
 def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4,
                       max_waves: int | None = None) -> LookPlan:
     """The interference gate's looks, in short requests, whole waves each. With
@@ -688,8 +696,7 @@ def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, wav
         return res, sum(1 for r in res.records if r.tag == "short")
 
     def decide(records: list[Any], level: float) -> dict[str, str]:
-        bad = any(not r.ok for r in records)
-        out = {ERRORS: FAIL if bad else PASS}
+        out = {ERRORS: wave_errors(records)}
         if slo_limit is not None:
             out["short TTFT"] = interference_judgement(records, short_waves, slo_limit, level, plan.pass_level,
                                                        profile.slo.pass_confidence_floor,
