@@ -969,7 +969,7 @@ class AccuracySpec(_Strict):
     recorded_correct: int | None = Field(default=None, ge=0, description="[items] right on the reference deployment")
     recorded_items: int | None = Field(default=None, gt=0, description="[items] scored on the reference deployment")
     tolerance: float = Field(default=0.08, ge=0, lt=1, description="[fraction] relative: limit = recorded accuracy x (1 - tolerance)")
-    confidence: float = Field(default=0.95, gt=0, lt=1, description="[fraction] of the accuracy's two-sided interval")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="[fraction] level of each one-sided Clopper-Pearson bound the accuracy is decided on (PASS: lower bound >= min_accuracy; FAIL: upper bound < it; against a recorded run, the Newcombe difference bounds at this level); the message also shows the two-sided interval at this level")
 
     @model_validator(mode="after")
     def _recorded(self) -> "AccuracySpec":
@@ -1084,7 +1084,7 @@ class CacheSpec(_Strict):
 
     declared: bool = Field(default=False, description="the deployment serves repeated identical requests from a response cache by design (a gateway's cache): a repeat that comes back faster is then named as the cache's hit, not FAILed; the callers and the fields must still key it")
     second_key_env: str | None = Field(default=None, description="name of the env var holding a second caller's API key: the same request from both callers must never return the other's body (unset: that check is not run, and the verdict says so)")
-    faster_max: float = Field(default=0.10, gt=0, lt=1, description="[fraction] how much faster than the fastest uncached request every repeat of an identical request may be before it counts as served from a cache (MLCommons' endpoint audits: 10%)")
+    faster_max: float = Field(default=0.10, gt=0, lt=1, description="[fraction] how much faster than the same-prompt controls (same prompt tokens, a stop string of their own, so vLLM's prefix cache serves both alike) identical repeats may be: repeats shown faster than (1 - faster_max) x the controls (the upper bound of the Hodges-Lehmann repeat/control time ratio, one-sided 99%) with no replay in any body make the case INCONCLUSIVE, and support a FAIL the bodies show; timing alone never FAILs (MLCommons' endpoint audits: 10%)")
 
 
 class SecuritySpec(_Strict):
