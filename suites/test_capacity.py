@@ -6,7 +6,7 @@ p95 SLO with confidence -- and the declared peak (``slo.peak_concurrency``) time
 import pytest
 
 from kvgate.gates.capacity import (capacity_verdict, judge_step, knee_of, min_samples, need_of, not_applicable,
-                                   steps_csv)
+                                   step_decisions, steps_csv)
 from kvgate.load.capacity import ladder, requests_for, run_step, search
 from kvgate.report.capacity_plot import capacity_png
 from kvgate.report.outputs import CAPACITY_CSV, CAPACITY_PNG
@@ -26,7 +26,8 @@ def test_declared_peak_is_below_the_knee(case, pytestconfig, kvgate_client, kvga
 
     def measure(concurrency, seconds_left):
         n = requests_for(profile, concurrency, least)
-        return run_step(kvgate_client, kvgate_endpoint, profile, concurrency, n, seconds_left, salt=f"c{concurrency}")
+        return run_step(kvgate_client, kvgate_endpoint, profile, concurrency, n, seconds_left, salt=f"c{concurrency}",
+                        decide=lambda recs, level, up: step_decisions(recs, profile, level, up))  # looks per step (F1)
 
     steps = ladder(spec.start_concurrency, max(spec.max_concurrency, spec.start_concurrency), need)
     found = search(measure, lambda obs: judge_step(obs, profile).decision, steps, bisect_steps=spec.bisect_steps,

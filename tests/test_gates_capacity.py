@@ -404,3 +404,68 @@ def test_a_deadline_cut_request_is_censored_not_a_step_error():
     assert s.errors == 0 and s.decision == "PASS" and s.error_samples == [], (s.errors, s.decision)
     failed = step_of(rec(80, status=500))
     assert failed.errors == 1 and failed.decision == "FAIL", (failed.errors, failed.decision)
+
+
+def test_a_step_in_planned_looks_stops_at_its_first_passable_look_on_the_fake():
+    """F1: a step sampled in planned looks (load.capacity.run_step with gates.capacity.step_decisions):
+    on the healthy fake, far under a 500 ms TTFT limit, it stops at its first look that can PASS
+    (59/72/96 at 98.3% per look, PASS side 97.5%: 59 cannot PASS at 97.5%, 72 can) and judge_step
+    PASSes it at the plan's levels, stating the looks."""
+    from kvgate.gates.capacity import judge_step, step_decisions
+    from kvgate.http.client import Endpoint, KvClient
+    from kvgate.load.capacity import run_step, step_plan
+
+    p = profile(ttft=500.0)
+    p = p.model_copy(update={"limits": p.limits.model_copy(update={"schedule_lag_max_s": 1.0})})
+    plan = step_plan(p, 59, 60.0)
+    assert plan.looks == (59, 72, 96)
+    with FakeVLLM(FakeConfig(max_tokens_cap=8)) as fake:
+        ep = Endpoint(fake.base_url)
+        with KvClient(ep, timeout_s=10.0) as client:
+            obs = run_step(client, ep, p, 4, 59, 60.0, salt="c4",
+                           decide=lambda recs, level, up: step_decisions(recs, p, level, up))
+    s = judge_step(obs, p)
+    assert obs.sampling.why_stopped == "decided" and obs.sampling.n == 72, obs.sampling.to_dict()
+    assert s.decision == "PASS" and s.requests == 72 and "97.5%" in s.metrics["TTFT"]["text"], s.metrics["TTFT"]
+
+
+def test_a_step_straddling_its_limit_in_looks_is_inconclusive_naming_its_bounds():
+    """The other way: a step whose TTFT p95 sits at the limit (injected loop: lognormal TTFT, p95 =
+    500 ms, seeded) is sampled to the plan's cap undecided; the need step undecided reads
+    INCONCLUSIVE naming its bounds -- not FAIL, not PASS."""
+    import math
+
+    import numpy as np
+
+    from kvgate.gates.capacity import judge_step, step_decisions
+    from kvgate.http.client import Endpoint, KvClient
+    from kvgate.load import LoadResult
+    from kvgate.load.capacity import run_step
+    from .test_gates_load import rec
+
+    rng = np.random.default_rng(48)
+    sent = {"n": 0}
+
+    def loop(ep, specs, *, n, concurrency, deadline_s, **kw):
+        recs = []
+        for _ in range(n):
+            r = rec(sent["n"])
+            ttft = math.exp(math.log(0.5) - 0.5 * 1.6448536269514722 + 0.5 * rng.standard_normal())
+            r.first_token_s, r.content_s = ttft, [ttft + k * 0.01 for k in range(8)]
+            r.end_s = r.content_s[-1] + 1e-3
+            recs.append(r)
+            sent["n"] += 1
+        return LoadResult("closed", recs, n, 1.0, deadline_s, concurrency=concurrency)
+
+    p = profile(ttft=500.0, peak=4, margin=1.0)
+    p = p.model_copy(update={"limits": p.limits.model_copy(update={"schedule_lag_max_s": 1.0})})
+    with FakeVLLM(FakeConfig(max_tokens_cap=8)) as fake:  # only /tokenize and /metrics are asked of it
+        ep = Endpoint(fake.base_url)
+        with KvClient(ep, timeout_s=10.0) as client:
+            obs = run_step(client, ep, p, 4, 59, 60.0, salt="c4", loop=loop, clock=lambda: 0.0,
+                           decide=lambda recs, level, up: step_decisions(recs, p, level, up))
+    s = judge_step(obs, p)
+    assert obs.sampling.why_stopped == "cap" and obs.sampling.n == 96, obs.sampling.to_dict()
+    assert s.decision == "UNDECIDED", s.metrics["TTFT"]
+    v = capacity_verdict([s], p, None)
+    assert v.status is Status.INCONCLUSIVE and "bounds" in v.message and "TTFT" in v.message, v.message

@@ -163,13 +163,10 @@ def step_invalid(obs: LoadObservation, profile: Profile) -> str | None:
     return None if v is None else v.message.removesuffix(" -> INVALID")
 
 
-def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") -> StepResult:
-    """Judge one step (see the module docstring): the percentiles with confidence, errors,
-    goodput, throughput and the gauges."""
-    slo, conf = profile.slo, profile.slo.confidence
-    recs = obs.result.records
-    ms = [(r, request_metrics(r)) for r in recs]
-    good_recs = [(r, m) for r, m in ms if r.ok]
+def _step_metrics(recs: Sequence[Any], slo: Any, conf: float,
+                  up: float | None) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Each SLO'd metric of a step's records judged at ``conf`` (the PASS side at ``up`` when given):
+    (label -> the judgement's dict with its text, the decisions of the SLO'd metrics)."""
     per = slo_samples(recs, slo)  # ITL: pooled gaps (vllm bench serve), bound by a cluster bootstrap, as latency/slo
     # failed requests count as exceedances when slo.error_rate_max lets them through (F10)
     values = {"TTFT": with_failures(per["ttft_ms"], recs, slo), "ITL": per["itl_ms"],
@@ -182,9 +179,39 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
         if limit is None:
             metrics[label] = {"point": percentile(xs, Q * 100) if xs else None, "n": len(xs), "limit": None}
             continue
-        j = judge_pooled(per["itl_gaps_s"], Q, limit, conf, rng=0, scale=1e3) if label == "ITL" else judge(xs, Q, limit, conf)
+        j = (judge_pooled(per["itl_gaps_s"], Q, limit, conf, up, rng=0, scale=1e3) if label == "ITL"
+             else judge(xs, Q, limit, conf, up))
         metrics[label] = {**j.to_dict(), "text": j.text(label, final=False)}
         decisions.append(j.decision)
+    return metrics, decisions
+
+
+def step_decisions(records: Sequence[Any], profile: Profile, level: float, pass_level: float | None) -> dict[str, str]:
+    """A step's decisions at one planned look (:func:`kvgate.load.capacity.run_step`'s ``decide``):
+    each SLO'd metric's at ``level`` (PASS side at ``pass_level``) and ``errors`` (the server's
+    errors, censored records left out; PASS while none is judged) -- the numbers :func:`judge_step`
+    judges at the same look's level, so the step's sampling never stops on what its verdict reads
+    otherwise."""
+    metrics, _ = _step_metrics(records, profile.slo, level, pass_level)
+    out = {label: m["decision"] for label, m in metrics.items() if m.get("limit") is not None}
+    errors, judged = error_rate(records)
+    out["errors"] = judge_at_most(errors, judged, profile.slo.error_rate_max, level).decision if judged else C_PASS
+    return out
+
+
+def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") -> StepResult:
+    """Judge one step (see the module docstring): the percentiles with confidence, errors,
+    goodput, throughput and the gauges. A step sampled in planned looks (``obs.sampling``,
+    :func:`kvgate.load.capacity.run_step` with ``decide``) is judged at its plan's per-look level
+    (PASS side at the plan's PASS level), as its looks were; else at ``slo.confidence``."""
+    slo = profile.slo
+    sampling = getattr(obs, "sampling", None)
+    conf = sampling.plan.per_look if sampling is not None else slo.confidence
+    up = sampling.plan.pass_level if sampling is not None else None
+    recs = obs.result.records
+    ms = [(r, request_metrics(r)) for r in recs]
+    good_recs = [(r, m) for r, m in ms if r.ok]
+    metrics, decisions = _step_metrics(recs, slo, conf, up)
     n = len(recs)
     # the server's errors (RequestRecord.failed): a request cut by kvgate's own deadline (the step's time
     # bound) is censored, not an error, and is left out of the rate's denominator (load.sampling.error_rate)
@@ -452,5 +479,5 @@ def steps_csv(steps: Sequence[StepResult]) -> str:
     return buf.getvalue()
 
 
-__all__ = ["GATE", "METRICS", "StepResult", "capacity_verdict", "fit_capacity", "judge_step", "knee_of",
+__all__ = ["GATE", "METRICS", "StepResult", "capacity_verdict", "fit_capacity", "judge_step", "knee_of", "step_decisions",
            "limiting_causes", "min_samples", "need_of", "not_applicable", "step_invalid", "steps_csv"]

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
 from kvgate.http.client import Endpoint, KvClient
-from kvgate.load import closed_loop
+from kvgate.load import LoadResult, RequestSpec, closed_loop
+from kvgate.load.sampling import Q, sample_latency
 from kvgate.load.scenarios import LoadObservation, _sampler, _specs, short_workload
+from kvgate.stats.confidence import LookPlan, plan_looks
 from kvgate.profile.models import Profile
 
 T = TypeVar("T")
@@ -157,27 +159,63 @@ def requests_for(profile: Profile, concurrency: int, min_samples: int) -> int:
     return given if given is not None else max(min_samples, 2 * concurrency)
 
 
+def step_plan(profile: Profile, n: int, deadline_s: float) -> LookPlan:
+    """A step's planned looks (F1): the first at ``n`` requests (:func:`requests_for`), then up to
+    ``max(n, slo.request_cap)`` (:func:`~kvgate.stats.confidence.plan_looks` at p95 and
+    ``slo.confidence``, ``split``: the FAIL side Bonferroni over every look, the PASS side over the
+    looks that can PASS), bounded by the step's ``deadline_s`` (what the search has left)."""
+    return plan_looks(n, max(n, profile.slo.request_cap), Q, profile.slo.confidence, max_s=deadline_s, split=True)
+
+
 def run_step(client: KvClient, endpoint: Endpoint, profile: Profile, concurrency: int, n: int,
-             deadline_s: float, salt: str = "") -> LoadObservation:
+             deadline_s: float, salt: str = "",
+             decide: Callable[[list[Any], float, float | None], dict[str, str]] | None = None,
+             clock: Callable[[], float] = time.monotonic, loop: Callable[..., LoadResult] = closed_loop) -> LoadObservation:
     """``n`` requests of the SLO workload at ``concurrency`` in flight (closed loop) while
     ``/metrics`` is sampled; bounded by ``deadline_s`` seconds. Every request has a prompt of its
     own (``capacity request i<salt>: ``): none shares a first KV block with another, and ``salt``
     keeps this step's prompts out of the prefix cache of earlier steps. A traffic sample on the
     workload is not replayed here: the capacity search uses the declared lengths (prompt_tokens +
-    output_tokens)."""
+    output_tokens).
+
+    With ``decide`` (``(records, per-look level, PASS-side level) -> decisions``, e.g.
+    :func:`kvgate.gates.capacity.step_decisions`): the step is sampled in the planned looks of
+    :func:`step_plan` (:func:`kvgate.load.sampling.sample_batches`, closed-loop batches of fresh
+    prompts), stopping at the first look that decides, at the plan's cap or when ``deadline_s`` is
+    spent; the observation's ``sampling`` says what was done and the verdict judges at its per-look
+    level. Without it, one batch of ``n``. ``clock`` and ``loop`` (the batch runner) are injected in
+    tests."""
     name, wl = short_workload(profile)
     model = profile.model.served_name
-    specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, n, "capacity", salt=salt)
     sampler, own = _sampler(endpoint)
+    sampling = None
     try:
-        with sampler:
-            result = closed_loop(endpoint, specs, n=n, concurrency=concurrency, deadline_s=deadline_s,
-                                 request_timeout_s=profile.limits.request_timeout_s,
-                                 idle_timeout_s=profile.limits.stream_idle_timeout_s)
+        if decide is None:
+            specs = _specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, n, "capacity", salt=salt)
+            with sampler:
+                result = loop(endpoint, specs, n=n, concurrency=concurrency, deadline_s=deadline_s,
+                              request_timeout_s=profile.limits.request_timeout_s,
+                              idle_timeout_s=profile.limits.stream_idle_timeout_s)
+        else:
+            plan = step_plan(profile, n, deadline_s)
+            built: list[RequestSpec] = []
+
+            def batch(ep: Any, _given: Any, *, n: int, **kw: Any) -> LoadResult:
+                i = len(built)  # the next n requests, each its own prompt, built before the batch's clock
+                built.extend(_specs(client, endpoint, model, wl.prompt_tokens, wl.output_tokens, n, "capacity",
+                                    salt=f"{salt} {i}"))
+                return loop(ep, built[i:i + n], n=n, **kw)
+
+            with sampler:
+                got = sample_latency(endpoint, [], concurrency, plan,
+                                     lambda recs, level: decide(recs, level, plan.pass_level), deadline_s=deadline_s,
+                                     request_timeout_s=profile.limits.request_timeout_s,
+                                     idle_timeout_s=profile.limits.stream_idle_timeout_s, clock=clock, loop=batch)
+            result, sampling = got.result, got.sampling
     finally:
         own.close()
     return LoadObservation(f"capacity c={concurrency} ({name})", result, sampler.trace, wl.prompt_tokens,
-                           wl.output_tokens, concurrency)
+                           wl.output_tokens, concurrency, sampling=sampling)
 
 
-__all__ = ["PROMPTS_PER_STEP", "Search", "SearchStep", "ladder", "requests_for", "run_step", "search"]
+__all__ = ["PROMPTS_PER_STEP", "Search", "SearchStep", "ladder", "requests_for", "run_step", "search", "step_plan"]
