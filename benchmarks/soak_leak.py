@@ -163,18 +163,29 @@ def _envelope(rows: list[dict], raw: list[tuple[float, float | None]]) -> list[f
 
 def _judge(rows: list[dict], mem: list[float | None], start: int, n: int, warm: int, round_s: float, spec) -> dict:
     """The soak gate's memory and TTFT decisions for rounds ``start .. start+n`` as one soak
-    (its first ``warm`` rounds not fitted), exactly as :func:`kvgate.gates.soak.analyze` judges."""
+    (its first ``warm`` rounds not fitted), exactly as :func:`kvgate.gates.soak.analyze` judges: each fit at
+    ``spec.look_confidence``; memory FAIL when growth :attr:`~kvgate.stats.Growth.exceeds`, PASS only when its
+    absence is shown (:attr:`~kvgate.stats.Growth.below`: ``bounded`` needs a plateau whose last part's upper
+    bound is under the ceiling), else INCONCLUSIVE (a ``rose`` never PASSes)."""
     idx = [i for i in range(start + warm, start + n) if mem[i] is not None]
     xs = [(rows[i]["t_start_s"] + round_s / 2) / 3600 for i in idx]
-    g = growth(xs, [mem[i] for i in idx], spec.memory_slope_max_mb_per_h, spec.confidence, spec.last_part)
+    g = growth(xs, [mem[i] for i in idx], spec.memory_slope_max_mb_per_h, spec.look_confidence, spec.last_part)
     tdx = [i for i in range(start + warm, start + n) if rows[i]["ttft_p95_ms"] is not None and rows[i]["client_kept_up"]]
     t = growth([(rows[i]["t_start_s"] + round_s / 2) / 3600 for i in tdx], [rows[i]["ttft_p95_ms"] for i in tdx],
-               spec.ttft_p95_slope_max_ms_per_h, spec.confidence, spec.last_part) if len(tdx) >= 4 else None
+               spec.ttft_p95_slope_max_ms_per_h, spec.look_confidence, spec.last_part) if len(tdx) >= 4 else None
     c = spec.ttft_p95_slope_max_ms_per_h
     ttft_fail = bool(t and (t.full.above(c) or (t.last is not None and t.last.above(c))))
+    outcome = "FAIL" if g.exceeds else ("PASS" if g.below else "INCONCLUSIVE")
     return {"start_s": rows[start]["t_start_s"], "memory_fail": g.exceeds, "memory_kind": g.kind,
+            "memory_outcome": outcome, "memory_inconclusive": outcome == "INCONCLUSIVE",
             "memory_slope": round(g.full.slope, 2), "memory_ci": [round(g.full.ci_low, 2), round(g.full.ci_high, 2)],
             "ttft_fail": ttft_fail, "lagged": sum(1 for i in range(start + warm, start + n) if not rows[i]["client_kept_up"])}
+
+
+def _kinds(res: list[dict]) -> dict[str, int]:
+    """How many windows' memory series were each :attr:`kvgate.stats.Growth.kind` (growth, step,
+    bounded, rose, flat)."""
+    return {k: sum(1 for x in res if x["memory_kind"] == k) for k in sorted({x["memory_kind"] for x in res})}
 
 
 def evaluate(path: Path, settle_s: float, ceiling: float | None) -> dict:
@@ -201,7 +212,10 @@ def evaluate(path: Path, settle_s: float, ceiling: float | None) -> dict:
         out[f"back_to_back_{n * round_s:g}s"] = {
             "soaks": len(soaks), "memory_false_alarms": sum(x["memory_fail"] for x in soaks),
             "latency_false_alarms": sum(x["ttft_fail"] for x in soaks),
-            "leak_found": sum(x["memory_fail"] for x in leaks), "healthy": soaks}
+            "memory_inconclusive": sum(x["memory_inconclusive"] for x in soaks),
+            "healthy_kinds": _kinds(soaks),
+            "leak_found": sum(x["memory_fail"] for x in leaks),
+            "leak_inconclusive": sum(x["memory_inconclusive"] for x in leaks), "healthy": soaks}
     # sliding windows: how often a soak of each length finds the leak / cries wolf
     curve = []
     for n in (8, 10, 12, 15, 20, 30, 45, 60, 80):
@@ -213,6 +227,8 @@ def evaluate(path: Path, settle_s: float, ceiling: float | None) -> dict:
         curve.append({"soak_s": n * round_s, "windows": len(h),
                       "leak_found": round(sum(x["memory_fail"] for x in lk) / len(lk), 3),
                       "memory_false_alarms": round(sum(x["memory_fail"] for x in h) / len(h), 3),
+                      "memory_inconclusive": round(sum(x["memory_inconclusive"] for x in h) / len(h), 3),
+                      "leak_inconclusive": round(sum(x["memory_inconclusive"] for x in lk) / len(lk), 3),
                       "latency_false_alarms": round(sum(x["ttft_fail"] for x in h) / len(h), 3)})
     out["sliding_windows"] = curve
     shortest = next((c["soak_s"] for c in curve if c["leak_found"] >= 0.95), None)
@@ -270,7 +286,9 @@ def injected(path: Path, settle_s: float, seed: int = 0) -> dict:
 
     def share(res: list[dict], key: str = "memory_fail") -> dict:
         k = sum(bool(x[key]) for x in res)
-        return {"windows": len(res), "fail": k, "share": round(k / len(res), 3)}
+        u = sum(bool(x["memory_inconclusive"]) for x in res)
+        return {"windows": len(res), "fail": k, "share": round(k / len(res), 3), "inconclusive": u,
+                "kinds": _kinds(res)}
 
     out: dict = {"file": str(path), "soak_s": n * round_s, "measured_rounds": n - warm, "windows": len(starts),
                  "ceiling_mb_per_h": spec.memory_slope_max_mb_per_h, "healthy": share(judged(lambda s0: [0.0] * n))}
@@ -290,8 +308,7 @@ def injected(path: Path, settle_s: float, seed: int = 0) -> dict:
         return [STEP_MB if k >= at else 0.0 for k in range(n)]
 
     res = judged(step)
-    out[f"step_{STEP_MB:g}_mb"] = {**share(res), "kinds": {k: sum(1 for x in res if x["memory_kind"] == k)
-                                                            for k in sorted({x["memory_kind"] for x in res})}}
+    out[f"step_{STEP_MB:g}_mb"] = share(res)
     return out
 
 
