@@ -183,8 +183,11 @@ def test_revision_timeout_shorter_than_the_longest_stream_fails(profile):
     obj = load("spec-serverless.yaml")
     obj["spec"]["predictor"]["timeout"] = 30
     t = part(verdict(obj, profile), "timeout")
-    assert t.status.value == "FAIL" and t.message.startswith("route timeout 30 s (spec.predictor.timeout 30 s) < the "
-                                                             "longest stream the profile allows, 512 tokens"), t.message
+    assert t.status.value == "FAIL" and t.message.startswith("route timeout 30 s (spec.predictor.timeout 30 s) < the SLO "
+                                                             "budget of the longest stream the profile allows, 512 tokens"), t.message
+    # a budget, said so: n x a gap p95 is no bound on a sum of n gaps (the measured stream is requests/route-timeout's)
+    assert "x the ITL limit 60 ms (slo.itl_p95_ms)" in t.message and "= 32.2 s, an SLO budget, not a measurement" in t.message
+    assert "a p95 of gaps bounds no sum of gaps" in words and t.evidence["longest_stream_kind"].startswith("SLO budget")
     del obj["spec"]["predictor"]["timeout"]
     t = part(verdict(obj, profile), "timeout")
     assert t.status.value == "PASS" and "Knative's revision timeoutSeconds default 300 s" in t.message

@@ -436,9 +436,18 @@ def _probes_check(s: ServingSpec, profile: Profile, health: Sequence[ProbeSample
 
 
 def longest_stream_s(profile: Profile) -> tuple[float | None, str]:
-    """``(seconds, words)``: the longest stream the profile allows -- ``limits.max_tokens_cap``
-    (else ``max_model_len`` - 64) x the SLO's per-token time ``slo.itl_p95_ms`` + its
-    ``slo.ttft_p95_ms`` (0 when unset); None when the SLO gives no per-token time."""
+    """``(seconds, words)``: the SLO budget of the longest stream the profile allows --
+    ``limits.max_tokens_cap`` (else ``max_model_len`` - 64) gaps each at the ITL limit
+    ``slo.itl_p95_ms``, + the TTFT limit ``slo.ttft_p95_ms`` (0 when unset); None when the SLO
+    gives no per-token time.
+
+    A budget read off the profile's limits, not a bound on any stream: ``slo.itl_p95_ms`` limits
+    the p95 of all gaps pooled (as vllm bench serve computes it), and n x a gap percentile bounds
+    no sum of n gaps -- a stream's time is n x its mean gap (TPOT) plus its first token, and a
+    server whose gaps pass the p95 limit can have a larger mean (one gap in ten a stall). What a
+    real stream of that length takes is measured by requests/route-timeout (the sum of a measured
+    stream's gaps, :func:`kvgate.gates.requests.route_timeout_verdict`); this check (no traffic)
+    only says whether the route cuts a stream that keeps the SLO's per-token pace."""
     slo, lim = profile.slo, profile.limits
     tokens = lim.max_tokens_cap or profile.engine.max_model_len - 64
     src = "limits.max_tokens_cap" if lim.max_tokens_cap else "max_model_len - 64: no limits.max_tokens_cap"
@@ -446,19 +455,23 @@ def longest_stream_s(profile: Profile) -> tuple[float | None, str]:
         return None, f"the profile gives no per-token time (slo.itl_p95_ms) for its {tokens:,}-token streams"
     ttft = slo.ttft_p95_ms or 0.0
     total = tokens * slo.itl_p95_ms / 1000 + ttft / 1000
-    return total, (f"{tokens:,} tokens ({src}) x ITL p95 {slo.itl_p95_ms:g} ms (slo.itl_p95_ms) + TTFT p95 "
-                   f"{ttft:,.0f} ms (slo.ttft_p95_ms{'' if slo.ttft_p95_ms else ' unset'}) = {total:.1f} s")
+    return total, (f"{tokens:,} tokens ({src}) x the ITL limit {slo.itl_p95_ms:g} ms (slo.itl_p95_ms) + the TTFT "
+                   f"limit {ttft:,.0f} ms (slo.ttft_p95_ms{'' if slo.ttft_p95_ms else ' unset'}) = {total:.1f} s, an SLO "
+                   "budget, not a measurement (a p95 of gaps bounds no sum of gaps; requests/route-timeout times a "
+                   "real stream)")
 
 
 def _timeout_check(s: ServingSpec, profile: Profile) -> Verdict:
     """The request timeout KServe puts on the route (serverless: the Knative revision's
     ``timeoutSeconds`` = ``spec.predictor.timeout``, default 300 s; RawDeployment: the HTTPRoute's,
     default 60 s; LLMInferenceService: its route rules' ``timeouts.request``) outlasts the longest
-    stream the profile allows (:func:`longest_stream_s`) and the profile's ``limits.route_timeout_s``."""
+    stream the profile allows at the SLO's per-token pace (:func:`longest_stream_s`, a budget, not a
+    measurement) and the profile's ``limits.route_timeout_s``."""
     gate = f"{SPEC}.timeout"
     longest, words = longest_stream_s(profile)
     declared = profile.limits.route_timeout_s
     ev = {"timeout_s": s.timeout_s, "where": s.timeout_where, "longest_stream_s": longest, "longest": words,
+          "longest_stream_kind": "SLO budget (tokens x slo.itl_p95_ms + slo.ttft_p95_ms), not measured",
           "profile_route_timeout_s": declared}
     if s.timeout_s is None:
         if "not read" in s.timeout_where:
@@ -466,8 +479,8 @@ def _timeout_check(s: ServingSpec, profile: Profile) -> Verdict:
         return Verdict(gate, PASS, f"{s.timeout_where}: no stream is cut -> PASS", evidence=ev)
     bad = []
     if longest is not None and s.timeout_s < longest:
-        bad.append(f"route timeout {s.timeout_s:g} s ({s.timeout_where}) < the longest stream the profile allows, "
-                   f"{words}: the route cuts the longest streams")
+        bad.append(f"route timeout {s.timeout_s:g} s ({s.timeout_where}) < the SLO budget of the longest stream the "
+                   f"profile allows, {words}: the route cuts the longest streams that keep the SLO's per-token pace")
     if declared is not None and s.timeout_s < declared:
         bad.append(f"route timeout {s.timeout_s:g} s ({s.timeout_where}) < profile limits.route_timeout_s {declared:g} s")
     if bad:
