@@ -8,12 +8,15 @@ every LoRA adapter answers as itself with output of its own, more of them than s
 a repeated prefix hits the prefix cache (cached_tokens, the hits counter, TTFT). A feature the
 profile does not turn on is one SKIP saying which flag is unset."""
 
+import dataclasses
+
 import pytest
 
 from kvgate.gates.features import (cases, feature_of, grammar, halted_verdict, lora_listed_verdict, lora_verdict, observe,
                                    over_max_loras_verdict, prefix_verdict, reasoning_verdict, skip_verdict,
                                    structured_verdict, tool_ids_verdict, tools_verdict)
 from kvgate.http.features import Halt
+from kvgate.run.quiet import Quiet, settle
 
 
 def of(feature):
@@ -24,8 +27,10 @@ def of(feature):
 @pytest.fixture(scope="module")
 def observed(kvgate_client, kvgate_profile):
     """Every request of the cases that run, one at a time, each grammar with a canary after it;
-    once the engine stops answering the rest are not sent (:func:`kvgate.gates.features.observe`)."""
-    return observe(kvgate_client, kvgate_profile)
+    once the engine stops answering the rest are not sent (:func:`kvgate.gates.features.observe`).
+    The prefix ladder (cold vs warm TTFT) starts once the server runs nothing else (run/quiet.settle:
+    waited, bounded, stated in its verdict's evidence), as requests/route-timeout's stream does."""
+    return observe(kvgate_client, kvgate_profile, settle=lambda: settle(kvgate_client.metrics_text))
 
 
 def verdict_of(case, obs, decide):
@@ -92,4 +97,7 @@ def test_lora_adapters_answer_as_themselves(case, feature_on, observed, kvgate_p
 def test_repeated_prefix_hits_the_prefix_cache(case, feature_on, observed, kvgate_profile, kvgate_gate):
     details = kvgate_profile.engine.enable_prompt_tokens_details
     verdict = verdict_of(case, observed[case], lambda ladder: prefix_verdict(kvgate_profile, ladder, details))
+    quiet = observed.get("prefix-caching/beside")  # what the server ran when the ladder began (issue 48)
+    if isinstance(quiet, Quiet):
+        verdict = dataclasses.replace(verdict, evidence={**(verdict.evidence or {}), "beside": quiet.to_dict()})
     assert kvgate_gate(verdict).passed

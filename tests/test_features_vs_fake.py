@@ -81,6 +81,9 @@ def test_healthy_fake_passes_every_features_case(pytester, features_fake):
     cold = [t for t in prefix["evidence"]["tries"] if t["prefix_tokens"] == 1024 and t["cold"]]
     assert cold[0]["ttft_s"] >= COLD_PREFILL_S  # the cold prefill is slept, whatever the machine's load
     assert prefix["limit"] == {"value": 1.5, "unit": "ratio"} and prefix["measured"]["value"] >= 1.5
+    # the ladder began once the server ran nothing else (the LoRA burst before it included): settled and stated
+    beside = prefix["evidence"]["beside"]
+    assert beside["idle"] is True and beside["left"] is None and beside["waited_s"] <= 10, beside
     assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 

@@ -1016,7 +1016,7 @@ def halted_verdict(case: str, halt: Halt) -> Verdict:
 # every case at once: what the features suite and the compare gate (features lost) both run
 
 
-def observe(client: Any, profile: Profile) -> dict[str, Any]:
+def observe(client: Any, profile: Profile, settle: Any = None) -> dict[str, Any]:
     """Send the requests of every case that runs (:func:`cases` less :func:`skip_verdict`), one at a
     time -- a temperature-0 answer is compared streamed and not, and batch composition changes a
     near-tie argmax (measured on the tiny model: concurrent pairs differed) -- tools and reasoning
@@ -1025,7 +1025,10 @@ def observe(client: Any, profile: Profile) -> dict[str, Any]:
     cases) -> observation. Once a request (a canary included) goes unanswered within its deadline,
     or the endpoint goes away, the rest are not sent: their observation is the
     :class:`~kvgate.http.features.Halt` naming where the engine stopped. ``client``: a
-    :class:`~kvgate.http.client.KvClient`. The only function of this module that sends requests."""
+    :class:`~kvgate.http.client.KvClient`. ``settle``: called (no arguments) right before the prefix
+    ladder, whose verdict reads cold/warm TTFT -- :func:`kvgate.run.quiet.settle` waits, bounded, until
+    the server runs nothing else (the LoRA burst before it, a request of an earlier gate); its result
+    goes to ``out["prefix-caching/beside"]``. The only function of this module that sends requests."""
     from kvgate.http.client import EndpointUnreachable
     from kvgate.http.features import both_ways, observe_lora, observe_prefix, stalled, tool_loop, with_canary
 
@@ -1045,6 +1048,8 @@ def observe(client: Any, profile: Profile) -> dict[str, Any]:
     if any(c.startswith("lora/") for c in run):
         jobs["lora"] = lambda: observe_lora(client, profile, listed_adapters(client.models().json))
     if "prefix-caching" in run:
+        if settle is not None:
+            jobs["prefix-caching/beside"] = settle
         jobs["prefix-caching"] = lambda: observe_prefix(client, profile)
     out: dict[str, Any] = {}
     halt = None

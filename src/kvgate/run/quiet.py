@@ -7,8 +7,8 @@ TTFT and gaps are measured beside that work, and its verdict would depend on wha
 (issue 48). :func:`settle` waits, bounded, until ``vllm:num_requests_running`` reads 0, and says
 what it saw: the overlap is measured and stated, never silent.
 
-Used by suites/test_requests.py (the route-timeout stream) and suites/test_security.py (the cache
-case's timing look).
+Used by suites/test_requests.py (the route-timeout stream), suites/test_security.py (the cache
+case's timing look) and suites/test_features.py (the prefix-caching ladder's cold vs warm TTFT).
 """
 
 from __future__ import annotations
