@@ -7,8 +7,7 @@ failed 4 of 6 runs under a loaded host, 2026-12-06): latency_judgements sorts re
 a look after the first sees 0..7, 0..63 and sorts them interleaved; only merge_results re-indexes,
 after the last look. The looks' dependence is then not the verdict's: the sampling stopped on a
 PASS at 72 requests that the verdict, on the re-indexed records, judged INCONCLUSIVE (effective n
-68.3 < 72). Strict xfail until src/kvgate/load/sampling.py re-indexes records as each batch
-arrives (the fix is the load owner's): it then XPASSes and this marker must go.
+68.3 < 72). sample_batches now numbers each batch's records in send order as it arrives.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from kvgate.load.scenarios import latency_judgements, latency_plan
 from tests.test_load_sampling import Synthetic, slo_profile
 
 
-@pytest.mark.xfail(strict=True, reason="sample_batches hands decide the batches' records with per-batch "
-                   "indices (0..k-1 each); latency_judgements sorts by index: the looks measure a scrambled send "
-                   "order (re-indexed only by merge_results after the last look)")
 def test_each_look_sees_its_records_indexed_in_send_order():
     prof = slo_profile(1_000.0, requests=8, cap=96)
     plan = latency_plan(prof)

@@ -245,6 +245,8 @@ def sample_batches(plan: LookPlan, send: Callable[[int, float | None], tuple[Loa
         start = clock() - t0
         res, added = send(k, left)
         batches.append((start, res))
+        for j, r in enumerate(res.records):  # send order across batches, as merge_results numbers them: each
+            r.index = len(records) + j       # look's decide (its send-order dependence) sees the verdict's order
         records.extend(res.records)
         return added
 
