@@ -27,6 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .fake_vllm import _QuickStopServer
+
 ROUTER_FAULTS = {
     "all_short": "every request goes to the short pool",
     "all_long": "every request goes to the long pool",
@@ -46,7 +48,7 @@ class FakeRouter:
         self.fault = fault
         self.sent: list[tuple[int, str]] = []  # (body bytes, pool) per forwarded request
         self.app = Starlette(routes=[Route("/{path:path}", self._proxy, methods=["GET", "POST"])])
-        self._server: uvicorn.Server | None = None
+        self._server: _QuickStopServer | None = None
         self._thread: threading.Thread | None = None
         self.base_url: str | None = None
         self._client: httpx.AsyncClient | None = None
@@ -89,7 +91,7 @@ class FakeRouter:
     def start(self, timeout: float = 10.0) -> "FakeRouter":
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
                                 lifespan="off", ws="none")
-        self._server = server = uvicorn.Server(config)
+        self._server = server = _QuickStopServer(config)  # stops in ms, not ~0.15 s (fake_vllm)
         self._thread = threading.Thread(target=server.run, name="fake-router", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -103,7 +105,7 @@ class FakeRouter:
 
     def stop(self) -> None:
         if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
+            self._server.request_exit()
             self._thread.join(5)
         self._server = self._thread = None
 
