@@ -210,25 +210,38 @@ def interference() -> Callable[[np.random.Generator, Design, str], str]:
 
 def capacity() -> Callable[[np.random.Generator, Design, str], str]:
     """capacity: the step at ``need`` = ceil(peak x margin) (smollm2-cpu with ``slo.peak_concurrency``
-    4, TTFT p95 the one SLO), ``capacity.requests_per_step`` as the search sends
-    (:func:`kvgate.load.capacity.requests_for`), judged by :func:`kvgate.gates.capacity.judge_step`,
-    the gate's verdict by :func:`kvgate.gates.capacity.capacity_verdict` over that step (the steps
-    below it are not simulated: their outcome would only add to the need step's). Truth: that
-    step's TTFT p95 against the limit; lock-step waves of the step's concurrency."""
+    4, TTFT p95 the one SLO), sampled in the step's planned looks as the search samples it
+    (:func:`kvgate.load.capacity.step_plan` from :func:`~kvgate.load.capacity.requests_for`'s n),
+    each look judged by :func:`kvgate.gates.capacity.judge_step` (at the look's levels, from
+    ``obs.sampling``) and the gate's :func:`kvgate.gates.capacity.capacity_verdict` over that step
+    (:func:`looks_by_verdict`; the steps below it are not simulated: their outcome would only add
+    to the need step's). Truth: that step's TTFT p95 against the limit; lock-step waves of the
+    step's concurrency."""
     from kvgate.gates.capacity import capacity_verdict, judge_step, min_samples, need_of
-    from kvgate.load.capacity import requests_for
+    from kvgate.load import capacity as cap_mod
 
     base = profile("smollm2-cpu")
     prof = with_slo(base, peak_concurrency=4, itl_p95_ms=None, e2e_p95_ms=None)
     need = need_of(prof)
-    n = requests_for(prof, need, min_samples(prof))
+    n = cap_mod.requests_for(prof, need, min_samples(prof))
+    step_plan = getattr(cap_mod, "step_plan", None)
+    if step_plan is not None:
+        plan = step_plan(prof, n, 600.0)
+    else:  # one look of n (the search before 2475e61)
+        from kvgate.stats.confidence import LookPlan
+        plan = LookPlan((n,), prof.slo.confidence, prof.slo.confidence)
     limit = prof.slo.ttft_p95_ms
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
-        x = lognormal_ms(design.latent(rng, n, wave=need), FACTOR[truth] * limit)
+        cap = plan.looks[-1]
+        x = lognormal_ms(design.latent(rng, cap, wave=need), FACTOR[truth] * limit)
         recs = [record(i, (i // need) * 2.0, float(v), [20.0] * (TOKENS - 1)) for i, v in enumerate(x)]
-        step = judge_step(observation(f"capacity step {need} (sim)", recs, need), prof)
-        return _status(capacity_verdict([step], prof, {"why_stopped": "cap"}))
+
+        def verdict_at(k: int, s: Any) -> Any:
+            step = judge_step(observation(f"capacity step {need} (sim)", recs[:k], need, s), prof)
+            return capacity_verdict([step], prof, {"why_stopped": "cap"})
+
+        return looks_by_verdict(plan, verdict_at)
 
     return one
 
@@ -580,8 +593,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
          "1 - slo.confidence per side over the planned looks (16/60 shorts)", "mixed short TTFT p95 at half the limit",
          decided_by="scenarios.interference_plan, gates.load.interference_verdict at every look"),
     Case("capacity", REQ, capacity, False,
-         "1 - slo.confidence per side at the need step", "the need step's TTFT p95 at half the limit",
-         decided_by="load.capacity.requests_for, gates.capacity.judge_step + capacity_verdict"),
+         "1 - slo.confidence per side at the need step over its planned looks", "the need step's TTFT p95 at half the limit",
+         decided_by="load.capacity.step_plan, gates.capacity.judge_step + capacity_verdict at every look"),
     Case("soak/memory", (IID, AR_05, AR_08), lambda: soak("memory"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no growth (slope 0)",
          truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, decided_by=_SOAK),
