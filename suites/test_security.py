@@ -14,12 +14,17 @@ import pytest
 from kvgate.gates.security import (CASES, auth_surface_verdict, cache_verdict, flood_verdict, hostile_verdict,
                                    input_paths_verdict, media_skip, media_verdict, secrets_verdict)
 from kvgate.http.client import KvClient
+from kvgate.launch.target import TargetError, endpoint_from_url
+from kvgate.launch.kserve import serving_spec
+from kvgate.launch.served import SOURCES
+from kvgate.run.session import ISVC_OBJECT
+from kvgate.security.fields import FIELD_PROBES, remote_code, trust_remote_code_in
 from kvgate.run.quiet import settle
 from kvgate.security.cache import probe_cache
 from kvgate.security.hostile import PROBES, Context
 from kvgate.security.paths import PATH_PROBES
 from kvgate.security.probe import (WRONG_KEY, MediaTrap, canary, echo_probes, flood, knock, offer_media,
-                                   send_hostile, send_paths)
+                                   send_fields, send_hostile, send_paths, tokenize_without_key)
 from kvgate.security.routes import root_path_of
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -100,7 +105,54 @@ def check_hostile(request, client, profile):
     ctx = Context(model, arch.vocab_size if arch else None)
     first = canary(client, model, profile.limits.canary_deadline_s)
     run = send_hostile(client, ctx, PROBES, deadline_s=sec.deadline_s, canary_deadline_s=profile.limits.canary_deadline_s)
-    return hostile_verdict(sec, run, first, sec.deadline_s)
+    alive = all(s.canary_ok for s in run.sent)  # not after the engine went down
+    kw = dict(deadline_s=sec.deadline_s, canary_deadline_s=profile.limits.canary_deadline_s,
+              image="image" in sec.media_inputs)
+    fields = [send_fields(client, model, FIELD_PROBES, via="through the endpoint", alive=alive, **kw)]
+    url = request.config.getoption("kvgate_direct_endpoint", None)
+    if url is not None:  # the engine's own answer to each field, past the gateway (same key)
+        try:
+            direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=client.endpoint.api_key,
+                                         host_header=None)
+        except TargetError as exc:
+            pytest.fail(str(exc).replace("--endpoint ", "--direct-endpoint ", 1), pytrace=False)
+        with KvClient(direct, timeout_s=30.0) as pod:
+            fields.append(send_fields(pod, model, FIELD_PROBES, via="direct (--direct-endpoint)",
+                                      alive=all(s.canary_ok for s in fields[0].sent),
+                                      **kw))
+    with _client(client, None) as nokey:
+        open_tokenize = tokenize_without_key(nokey, model, sec.deadline_s)
+    return hostile_verdict(sec, run, first, sec.deadline_s, fields=fields,
+                           remote=_remote_code(request, client, profile), tokenize_nokey=open_tokenize)
+
+
+def _remote_code(request, client, profile):
+    """Whether the served config runs remote code, from the first source that says: the launched
+    server's command line, the --isvc object's container args, the profile's engine.extra_args,
+    vLLM's dev-mode /server_info (model_config.trust_remote_code)."""
+    endpoint = request.getfixturevalue("kvgate_endpoint")
+    isvc = request.config.stash.get(ISVC_OBJECT, None)
+
+    def isvc_args():
+        try:
+            return trust_remote_code_in(serving_spec(isvc).argv or ()) if isvc is not None else None
+        except (ValueError, TypeError, AttributeError, KeyError):
+            return None
+
+    def server_info():
+        r = client.get("/server_info?config_format=json", timeout_s=profile.security.deadline_s)
+        cfg = (r.json or {}).get("vllm_config") if r.status == 200 and isinstance(r.json, dict) else None
+        value = (cfg.get("model_config") or {}).get("trust_remote_code") if isinstance(cfg, dict) else None
+        return value if isinstance(value, bool) else None
+
+    sources = [("the profile's engine.extra_args", lambda: trust_remote_code_in(profile.engine.extra_args)),
+               ("/server_info model_config", server_info)]
+    if isvc is not None:
+        sources.insert(0, ("the --isvc object's container args", isvc_args))
+    if endpoint.server_argv:  # a server kvgate launched: its whole command line (vLLM's default is off)
+        launcher = SOURCES.get(endpoint.launched_by or "", "the launched server's command line")
+        sources.insert(0, (launcher, lambda: bool(trust_remote_code_in(endpoint.server_argv))))
+    return remote_code(sources)
 
 
 def check_input_paths(request, client, profile):

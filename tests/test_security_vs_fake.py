@@ -80,6 +80,14 @@ FAULTS = {  # fault -> (the one case it FAILs, fragment of its message)
     "cache_ignores_fields": ("cache", "the same messages with another response_format, stop, seed, tools, max_tokens "
                              "got the base request's body (id chatcmpl-"),
     "cache_fresh_ids": ("cache", "the sampled request (temperature 1, unseeded) got the first answer's text "),
+    "kv_transfer_tp_kills": ("hostile-parameters", "on request fields that configure server internals: "
+                             "kv_transfer_params.tp_size tp_size 2^31-1 with a remote prefill (CVE-2026-94626; through "
+                             "the endpoint): no answer within 2 s; after kv_transfer_params.tp_size tp_size 2^31-1"),
+    "code_revision_honoured": ("hostile-parameters", "mm_processor_kwargs.code_revision code_revision "
+                               "'kvgate-probe-no-such-revision-0' (CVE-2026-114053; through the endpoint): 500 (JSON "
+                               "error: \"Revision Not Found: "),
+    "auth_misses_lora_tensors": ("auth-surface", "1 of 89 routes answered a caller without the key: POST "
+                                 "/load_lora_adapter_from_tensors (no key: 400 (JSON error: \"lora_name is required\")"),
     "slow_refusal": ("flood", "refusals came after"),
     "refuse_500": ("flood", "answered otherwise: 500"),
 }
@@ -193,7 +201,7 @@ def test_the_contract_names_a_route_a_new_revision_opens(pytester, monkeypatch):
                                  profile=SECURE)
     g = gates["fake-vllm-secure/compare/contract"]
     assert g["status"] == "PASS" and g["message"].startswith("all that held on the recorded baseline "), g["message"]
-    assert " (1 case, 87 routes) holds on the new revision" in g["message"], g["message"]
+    assert " (1 case, 89 routes) holds on the new revision" in g["message"], g["message"]
     with FakeVLLM(shut(faults={"open_admin_route"})) as fake:
         _, _, gates = run_suites(pytester, fake.url, *key, f"--baseline-reports={recording}", *only, suites=suites,
                                  profile=SECURE)
@@ -234,3 +242,62 @@ def test_a_prefix_cache_that_makes_repeats_faster_passes_and_a_replay_under_fres
     assert g["status"] == "FAIL", g["message"]
     assert "5 identical repeats carried the first answer's usage (cached_tokens 0) while every same-prompt control " \
         "found " in g["message"], g["message"]
+
+
+def test_request_fields_that_configure_internals_name_the_field_and_the_cve(pytester, monkeypatch):
+    """Issue 49: a server whose decode worker dies on kv_transfer_params.tp_size 2^31-1 FAILs
+    hostile-parameters naming the field, the value, the CVE and the dead canary, its cause the field;
+    the harmless value (tp_size 1) before it was answered 200 with the engine alive."""
+    with FakeVLLM(shut(faults={"kv_transfer_tp_kills"}, dead_mode="500")) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "hostile")
+    g = gates["fake-vllm-secure/security/hostile-parameters"]
+    assert g["status"] == "FAIL" and g["message"].startswith("2 findings on request fields that configure server "
+                                                             "internals: "), g["message"]
+    assert "the 2-token canary got 500" in g["message"] and "hostile requests not answered" not in g["message"]
+    assert g["cause"] == "a request's kv_transfer_params.tp_size reaches the server's internals unchecked (CVE-2026-94626)"
+    rows = {(r["probe"], r["value"]): r for r in g["evidence"]["request_fields"]["requests"] if "probe" in r}
+    assert rows[("kv_transfer_params-tp_size", "harmless")]["status"] == 200
+    assert rows[("kv_transfer_params-tp_size", "harmless")]["canary"] == 200
+    assert rows[("code_revision-tokenize", "out-of-range")]["sent"] is False  # not after the engine went down
+
+
+def test_trust_remote_code_with_an_open_tokenize_is_its_own_finding(pytester, monkeypatch):
+    """trust_remote_code in the served config (/server_info's model_config) with /tokenize answering
+    without the key FAILs naming both (CVE-2026-114053's preconditions), even where the server
+    ignores code_revision; behind a door that closes /tokenize the same config PASSes, named; the
+    server that honours code_revision as well FAILs with both findings."""
+    cfg = dict(trust_remote_code=True, server_info=True)
+    with FakeVLLM(shut(auth_guard="prefix", **cfg)) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "hostile")
+    g = gates["fake-vllm-secure/security/hostile-parameters"]
+    assert g["status"] == "FAIL", g["message"]
+    assert g["message"].startswith("1 finding on request fields that configure server internals: trust_remote_code is "
+                                   "on (/server_info model_config) and POST /tokenize answered a caller without the key "
+                                   "200 (JSON: "), g["message"]
+    assert g["cause"].startswith("trust_remote_code with a /tokenize open to callers without the key"), g["cause"]
+    with FakeVLLM(shut(**cfg)) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "hostile")
+    g = gates["fake-vllm-secure/security/hostile-parameters"]
+    assert g["status"] == "PASS" and "; trust_remote_code on (/server_info model_config), POST /tokenize answered a " \
+        "caller without the key 401 " in g["message"], g["message"]
+    with FakeVLLM(shut(auth_guard="prefix", faults={"code_revision_honoured"}, **cfg)) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "hostile")
+    g = gates["fake-vllm-secure/security/hostile-parameters"]
+    assert g["status"] == "FAIL" and g["message"].startswith("3 findings on request fields"), g["message"]
+    for part in ("mm_processor_kwargs.code_revision code_revision 'kvgate-probe-no-such-revision-0' (CVE-2026-114053; "
+                 "through the endpoint): 500", "(CVE-2026-114053; through the endpoint, /tokenize): 500",
+                 "trust_remote_code is on (/server_info model_config) and POST /tokenize answered"):
+        assert part in g["message"], (part, g["message"])
+
+
+def test_every_lora_admin_route_is_knocked_on(pytester, monkeypatch):
+    """sglang#26789: the door's route list has every LoRA admin spelling; the healthy fake refuses
+    each 401 to both callers."""
+    with FakeVLLM(shut()) as fake:
+        _, _, gates = run(pytester, monkeypatch, fake, "-k", "auth-surface")
+    g = gates["fake-vllm-secure/security/auth-surface"]
+    assert g["status"] == "PASS", g["message"]
+    knocked = {(k["route"], k["who"]): k["status"] for k in g["evidence"]["knocks"]}
+    for route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/load_lora_adapter_from_tensors",
+                  "/load_lora_adapter", "/unload_lora_adapter", "/load_lora_adapter_from_tensors"):
+        assert knocked[(f"POST {route}", "no key")] == 401 and knocked[(f"POST {route}", "wrong key")] == 401, route

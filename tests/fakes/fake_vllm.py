@@ -374,6 +374,15 @@ FAULTS: dict[str, str] = {
     # issue 33: a verdict must rest on something observed
     "html_200": "every generation is answered 200 text/html '<html><body>oops</body></html>' (a gateway's "
     "catch-all page served with success): an SSE parser finds no event in it, and raises nothing",
+    # issue 49: request fields that configure server internals; every LoRA admin route behind the key
+    "kv_transfer_tp_kills": "a generation whose kv_transfer_params.tp_size is above 1024 kills the engine (the decode "
+    "worker sizes per-rank state by it and is OOM-killed, CVE-2026-94626): it and every later generation fail as "
+    "dead_mode says while /health stays 200 (healthy: kv_transfer_params ignored, no KV connector)",
+    "code_revision_honoured": "mm_processor_kwargs.code_revision on chat and /tokenize is honoured: the processor is "
+    "loaded from that revision, and one that does not exist answers 500 naming it (CVE-2026-114053; healthy: "
+    "mm_processor_kwargs ignored on a text request)",
+    "auth_misses_lora_tensors": "the auth check exempts POST /load_lora_adapter_from_tensors (its handler answers "
+    "400 on a body without lora_name): every other LoRA admin route stays behind the key (sglang#26789)",
 }
 
 #: Words the ``request_template_rendered`` fault adds to a prompt (kvgate's expanding template adds 160).
@@ -477,6 +486,7 @@ class FakeConfig:
     enable_prefix_caching: bool = True
     dtype: str = "float16"  # the model dtype /server_info reports (vLLM's ModelConfig.dtype, "torch.float16")
     server_info: bool = False  # like VLLM_SERVER_DEV_MODE=1: GET /server_info answers (else 404, vLLM's default)
+    trust_remote_code: bool = False  # like --trust-remote-code: /server_info's model_config says so
     max_num_seqs: int = 256  # admitted ("running") at once; more wait (num_requests_waiting)
     scheduling_policy: str = "fcfs"  # "priority": waiting requests admitted by (priority, arrival) like vLLM
     # generation
@@ -1418,7 +1428,8 @@ class _Guard:
             path = urllib.parse.urlsplit(f"http://{host}{path}").path or "/"
         guarded = path.startswith(_GUARDED_PREFIX) if cfg.auth_guard == "prefix" else path not in cfg.open_routes
         if ("open_inference_route" in faults and path == "/v1/completions") or \
-                ("open_admin_route" in faults and path == "/reset_prefix_cache"):
+                ("open_admin_route" in faults and path == "/reset_prefix_cache") or \
+                ("auth_misses_lora_tensors" in faults and path == "/load_lora_adapter_from_tensors"):
             guarded = False
         if "auth_raw_path" in faults:
             if any(path.startswith(o.rstrip("/") + "/") for o in cfg.open_routes):
@@ -1882,6 +1893,10 @@ class FakeVLLM:
             # vLLM 0.32's other routes (the security gate knocks on them): /invocations is chat
             Route("/invocations", self._chat, methods=["POST"]),
             Route("/reset_prefix_cache", self._reset_prefix_cache, methods=["POST"]),
+            # the LoRA admin routes under every spelling (vLLM's /v1 ones, SGLang's from-tensors)
+            *(Route(p, self._lora_admin, methods=["POST"]) for p in (
+                "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/load_lora_adapter_from_tensors",
+                "/load_lora_adapter_from_tensors")),
             Route("/scale_elastic_ep", self._scale_elastic_ep, methods=["POST"]),
             Route("/is_scaling_elastic_ep", self._is_scaling, methods=["POST"]),
             Route("/openapi.json", self._openapi, methods=["GET"]),
@@ -1901,6 +1916,21 @@ class FakeVLLM:
 
     async def _reset_prefix_cache(self, request: Request) -> Response:
         return Response(status_code=200)
+
+    async def _lora_admin(self, request: Request) -> Response:
+        """A LoRA admin route (load, unload, load from tensors): validates its body as vLLM does --
+        ``lora_name`` is required -- and loads nothing (200 with a message when named). SGLang's
+        root ``/load_lora_adapter_from_tensors`` is served only under ``auth_misses_lora_tensors``
+        (vLLM has no such route: 404)."""
+        if request.url.path == "/load_lora_adapter_from_tensors" and "auth_misses_lora_tensors" not in self.config.faults:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        try:
+            body = await self._json(request)
+        except _BadRequest as e:
+            return e.response()
+        if not isinstance(body.get("lora_name"), str) or not body["lora_name"]:
+            return _error("lora_name is required", 400, "BadRequestError")
+        return Response(f"LoRA request {body['lora_name']!r} accepted (the fake loads nothing)", status_code=200)
 
     async def _scale_elastic_ep(self, request: Request) -> Response:
         return _error("new_data_parallel_size is required", 400, "Bad Request")
@@ -1965,7 +1995,7 @@ class FakeVLLM:
         override = {"max_new_tokens": cfg.max_tokens_cap} if cfg.max_tokens_cap else {}
         model = {"model": cfg.model_path, "served_model_name": cfg.served_name, "dtype": f"torch.{cfg.dtype}",
                  "max_model_len": cfg.max_model_len, "quantization": None, "generation_config": "auto",
-                 "override_generation_config": override}
+                 "override_generation_config": override, "trust_remote_code": cfg.trust_remote_code}
         cache = {"block_size": cfg.block_size, "cache_dtype": cfg.cache_dtype, "num_gpu_blocks": blocks,
                  "gpu_memory_utilization": cfg.gpu_memory_utilization, "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes}
         if request.query_params.get("config_format") == "json":
@@ -2012,6 +2042,16 @@ class FakeVLLM:
         cards += [card(name, f"/adapters/{name}", cfg.served_name, None) for name in cfg.lora_adapters]
         return JSONResponse({"object": "list", "data": cards})
 
+    def _code_revision(self, body: dict[str, Any]) -> Response | None:
+        """The ``code_revision_honoured`` fault: a request's ``mm_processor_kwargs.code_revision`` names
+        the revision the processor is loaded from; the fake has none, so it answers 500 naming it."""
+        kwargs = body.get("mm_processor_kwargs")
+        if "code_revision_honoured" not in self.config.faults or not isinstance(kwargs, dict) \
+                or kwargs.get("code_revision") is None:
+            return None
+        return _error(f"Revision Not Found: {kwargs['code_revision']!r} is not a revision of {self.config.model_path} "
+                      "(loading the processor's remote code)", 500, "InternalServerError")
+
     async def _tokenize(self, request: Request) -> Response:
         if "no_tokenize" in self.config.faults:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
@@ -2020,6 +2060,8 @@ class FakeVLLM:
         try:
             body = await self._json(request)
             self._check_model(body)
+            if (honoured := self._code_revision(body)) is not None:
+                return honoured
             if "messages" in body:
                 words = self.tokenizer.render_chat(body["messages"], bool(body.get("add_generation_prompt", True)),
                                                    body.get("chat_template_kwargs"), self._drop_roles)
@@ -2206,6 +2248,8 @@ class FakeVLLM:
                 await _fetch_all(urls)
             else:
                 return self._reject(_BadRequest("media URLs are not fetched by this deployment"))
+        if (honoured := self._code_revision(body)) is not None:
+            return honoured
         if (refused := await self._refuse_flood()) is not None:
             return refused
         if isinstance(body.get("n"), int) and body["n"] > 1 and not body.get("stream"):
@@ -2496,8 +2540,13 @@ class FakeVLLM:
 
         if "hostile_seed_kills" in faults and isinstance(seed, int) and seed > 2**63 - 1:
             st.dead = True
+        kvt = body.get("kv_transfer_params")
+        if "kv_transfer_tp_kills" in faults and isinstance(kvt, dict) and isinstance(kvt.get("tp_size"), int) \
+                and kvt["tp_size"] > 1024:
+            st.dead = True
         if st.dead and ("dead_after_over_length" in faults or "empty_prompt_kills" in faults
-                        or "hostile_seed_kills" in faults or "responses_template_kills" in faults):
+                        or "hostile_seed_kills" in faults or "responses_template_kills" in faults
+                        or "kv_transfer_tp_kills" in faults):
             return None
 
         # effective output limit, like vllm.entrypoints...get_max_tokens

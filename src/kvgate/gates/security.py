@@ -22,7 +22,7 @@ Cases (ids ``PROFILE/security/CASE``): ``auth-surface``, ``hostile-parameters``,
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.client import Reply
@@ -30,9 +30,10 @@ from kvgate.http.text import clip, describe_answer
 from kvgate.profile.models import AdmissionSpec, CacheSpec, SecuritySpec
 from kvgate.security.cache import CacheRun, replayed
 from kvgate.http.raw import TIMED_OUT
+from kvgate.security.fields import RemoteCode
 from kvgate.security.paths import RENDERED_RISE, plain
-from kvgate.security.probe import (WRONG_KEY, Echo, HostileRun, Knock, PathRun, Spelled, SpelledKnock, Surface,
-                                   canary_ok, counted_prompt)
+from kvgate.security.probe import (WRONG_KEY, Echo, FieldRun, FieldSent, HostileRun, Knock, PathRun, Spelled,
+                                   SpelledKnock, Surface, canary_ok, counted_prompt)
 from kvgate.security.routes import SPELLING_CAUSES
 from kvgate.stats.coincidence import repeat_chance, sequence_probability
 from kvgate.stats.dependence import send_order_dependence
@@ -223,10 +224,18 @@ def auth_surface_verdict(spec: SecuritySpec, surface: Surface | None) -> Verdict
 
 # ------------------------------------------------------------------------------------------ hostile
 
-def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, deadline_s: float) -> Verdict:
+def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, deadline_s: float,
+                    fields: Sequence[FieldRun] = (), remote: RemoteCode | None = None,
+                    tokenize_nokey: Reply | None = None) -> Verdict:
     """Each hostile request is answered within ``security.deadline_s`` with a 4xx (refused) or a
     bounded 200 (a JSON completion with at most the choices asked for); the canary after it
     generates; resident memory rises at most ``security.memory_jump_mb`` over them all.
+
+    Then the request fields that configure server internals (:data:`kvgate.security.fields.FIELD_PROBES`,
+    ``fields``: one :class:`~kvgate.security.probe.FieldRun` per address sent to, the endpoint and
+    ``--direct-endpoint``), judged by :func:`fields_part`; and ``trust_remote_code`` in the served
+    config (``remote``) together with a ``POST /tokenize`` that answered a caller without the key
+    (``tokenize_nokey``) is a finding of its own, naming both.
 
     FAIL names each request that was answered otherwise (a 5xx, an unbounded or non-JSON 200, no
     answer in time) and the one after which the canary failed (the engine went down; later ones
@@ -282,19 +291,127 @@ def hostile_verdict(spec: SecuritySpec, run: HostileRun, first_canary: Reply, de
                 "rss_after_bytes": run.rss_after, "memory_jump_mb": jump, "deadline_s": deadline_s,
                 "allowed": spec.hostile_allow}
     sent = len(run.sent) - len(unsent)
-    if bad:
-        tail = f"; {len(unsent)} not sent after it ({_more(unsent, 3)})" if unsent else ""
-        failed = sum(1 for r in rows if r.get("outcome") in ("unanswered", "unguarded"))
-        return Verdict(gid, FAIL, f"{failed} of {len(run.sent)} hostile requests not answered with a 4xx or a bounded "
-                       f"200 in time{f', the engine down after one' if canary_down else ''}: {'; '.join(bad[:5])}{tail} -> FAIL",
-                       measured=len(bad), limit=0, unit="findings", evidence=evidence)
+    f_bad, f_words, evidence["request_fields"], f_cause = fields_part(spec, fields, remote, tokenize_nokey, deadline_s)
+    if bad or f_bad:
+        parts = []
+        if bad:
+            tail = f"; {len(unsent)} not sent after it ({_more(unsent, 3)})" if unsent else ""
+            failed = sum(1 for r in rows if r.get("outcome") in ("unanswered", "unguarded"))
+            parts.append(f"{failed} of {len(run.sent)} hostile requests not answered with a 4xx or a bounded 200 in "
+                         f"time{f', the engine down after one' if canary_down else ''}: {'; '.join(bad[:5])}{tail}")
+        if f_bad:
+            parts.append(f"{len(f_bad)} finding{'s' if len(f_bad) != 1 else ''} on request fields that configure server "
+                         f"internals: {'; '.join(f_bad[:5])}")
+        return Verdict(gid, FAIL, "; ".join(parts) + " -> FAIL", measured=len(bad) + len(f_bad), limit=0,
+                       unit="findings", evidence=evidence, cause=f_cause)
     fast = max((t for _, t in refused), default=0.0)
     allowed_n = sum(1 for r in rows if r.get("outcome") == "allowed")
     return Verdict(gid, PASS, f"{sent} hostile requests: {len(refused)} refused 4xx (slowest {fast * 1e3:.0f} ms), "
                    f"{len(bounded)} bounded 200s ({_more(bounded, 4) or 'none'})"
                    + (f", {allowed_n} allowed by the profile" if allowed_n else "")
-                   + f"; the canary generated after each; {memory} -> PASS", measured=0, limit=0, unit="requests",
-                   evidence=evidence)
+                   + f"; the canary generated after each; {memory}" + (f"; {f_words}" if f_words else "") + " -> PASS",
+                   measured=0, limit=0, unit="requests", evidence=evidence)
+
+
+#: What a field that took an engine down says about the server (the verdict's ``cause``).
+FIELD_CAUSE = "a request's {field} reaches the server's internals unchecked ({cve})"
+REMOTE_CODE_CAUSE = ("trust_remote_code with a /tokenize open to callers without the key: anyone can name the code "
+                     "revision the processor loads (mm_processor_kwargs.code_revision, CVE-2026-114053)")
+
+
+def _field_outcome(sent: FieldSent, deadline_s: float) -> str:
+    """``unanswered`` (no answer within ``deadline_s``), ``refused`` (4xx), ``accepted`` (a bounded
+    200: one choice and at most the tokens asked; on ``/tokenize`` a JSON object), else ``unguarded``."""
+    r = sent.reply
+    assert r is not None
+    if r.status == 0 or r.elapsed_s > deadline_s:
+        return "unanswered"
+    if 400 <= r.status < 500:
+        return "refused"
+    if sent.probe.route == "tokenize":
+        return "accepted" if r.status == 200 and isinstance(r.json, dict) else "unguarded"
+    return "accepted" if path_bounded(sent.probe.route, r) else "unguarded"
+
+
+def fields_part(spec: SecuritySpec, runs: Sequence[FieldRun], remote: RemoteCode | None, tokenize_nokey: Reply | None,
+                deadline_s: float) -> tuple[list[str], str, dict[str, Any], str | None]:
+    """The request fields judged: (findings, the PASS words, evidence, the cause).
+
+    Each value of each field (harmless and out-of-range) must be refused 4xx or accepted as a
+    bounded 200 (stripped, ignored or honoured harmlessly) within ``deadline_s``; after it the
+    canary generates and ``/health`` answers 200 (a server whose every ``/health`` answered 404 is
+    judged by the canary alone); resident memory rises at most ``security.memory_jump_mb`` over each
+    address's probes. ``trust_remote_code`` on (``remote``) with ``tokenize_nokey`` a 2xx is a
+    finding naming both. No runs and no remote-code reading: ``([], "", {...}, None)``."""
+    bad: list[str] = []
+    causes: list[str] = []
+    rows: list[dict[str, Any]] = []
+    words: list[str] = []
+    for run in runs:
+        healths = [s.health.status for s in run.sent if s.health is not None]
+        no_health = bool(healths) and all(h == 404 for h in healths)
+        codes: dict[str, list[str]] = {}
+        for s in run.sent:
+            p = s.probe
+            what = p.harmless[0] if s.which == "harmless" else p.hostile[0]
+            if s.reply is None:
+                rows.append({"via": run.via, "field": p.field, "probe": p.name, "value": s.which, "sent": False})
+                continue
+            r = s.reply
+            outcome = _field_outcome(s, deadline_s)
+            named = f"{p.field} {what} ({p.cve}; {run.via}{', /tokenize' if p.route == 'tokenize' else ''})"
+            if outcome == "unanswered":
+                bad.append(f"{named}: {'no answer' if r.status == 0 else f'{r.status} after {r.elapsed_s:.1f} s'} "
+                           f"within {deadline_s:g} s")
+            elif outcome == "unguarded":
+                bad.append(f"{named}: {_what(r)} in {r.elapsed_s * 1e3:.0f} ms")
+            if outcome in ("unanswered", "unguarded") or not s.canary_ok:
+                causes.append(FIELD_CAUSE.format(field=p.field, cve=p.cve))
+            if not s.canary_ok:
+                bad.append(f"after {named} the 2-token canary got {_what(s.canary) if s.canary else 'nothing'}: the "
+                           "engine is down")
+            elif s.health is not None and s.health.status != 200 and not no_health:
+                bad.append(f"after {named} /health answered {_what(s.health)}")
+            codes.setdefault(f"{p.field}{' on /tokenize' if p.route == 'tokenize' else ''}", []).append(
+                str(r.status) if outcome in ("refused", "accepted") else outcome)
+            rows.append({"via": run.via, "field": p.field, "probe": p.name, "value": s.which, "what": what,
+                         "status": r.status, "elapsed_s": round(r.elapsed_s, 4), "outcome": outcome,
+                         "answer": clip(r.text, 160), "canary": s.canary.status if s.canary else None,
+                         "health": s.health.status if s.health else None})
+        jump = None
+        if run.rss_before is not None and run.rss_after is not None:
+            jump = (run.rss_after - run.rss_before) / 1e6
+            if jump > spec.memory_jump_mb:
+                bad.append(f"resident memory rose {jump:+,.1f} MB over the request fields ({run.via}; "
+                           f"security.memory_jump_mb {spec.memory_jump_mb:g})")
+        n = sum(1 for s in run.sent if s.reply is not None)
+        if n:
+            memory = f"resident memory {jump:+,.1f} MB" if jump is not None else "resident memory not observed"
+            words.append(f"{n} request-field values {run.via} (harmless/out-of-range: "
+                         + ", ".join(f"{k} {'/'.join(v)}" for k, v in codes.items())
+                         + f"), the canary and {'/health' if not no_health else 'no /health (404)'} after each, {memory}")
+        rows.append({"via": run.via, "rss_before_bytes": run.rss_before, "rss_after_bytes": run.rss_after,
+                     "memory_jump_mb": jump})
+    ev: dict[str, Any] = {"requests": rows,
+                          "remote_code": {"value": remote.value, "source": remote.source} if remote else None,
+                          "tokenize_without_key": ({"status": tokenize_nokey.status, "answer": clip(tokenize_nokey.text, 160)}
+                                                   if tokenize_nokey is not None else None)}
+    if remote is not None:
+        open_tokenize = tokenize_nokey is not None and 200 <= tokenize_nokey.status < 300
+        door = (f"POST /tokenize answered a caller without the key {_what(tokenize_nokey)}"
+                if tokenize_nokey is not None else "POST /tokenize not tried without the key")
+        if remote.value and open_tokenize:
+            no_key = " (the profile declares no key: security.auth none)" if spec.auth != "required" else ""
+            bad.append(f"trust_remote_code is on ({remote.source}) and {door}{no_key}: a caller without the key can send "
+                       "mm_processor_kwargs.code_revision to a server that runs the model's own code (CVE-2026-114053)")
+            causes.append(REMOTE_CODE_CAUSE)
+        elif remote.value:
+            words.append(f"trust_remote_code on ({remote.source}), {door}")
+        elif remote.seen:
+            words.append(f"trust_remote_code off ({remote.source})")
+        else:
+            words.append(f"trust_remote_code {remote.source}")
+    return bad, "; ".join(words), ev, "; ".join(dict.fromkeys(causes)) or None
 
 
 # ------------------------------------------------------------------------------------------ input paths

