@@ -76,9 +76,9 @@ def jobs_for(cases: list[Case], runs: int, seed: int) -> list[tuple[str, str, st
     return [(c.name, d.key, t, min(runs, c.max_runs or runs), seed) for c in cases for d in c.designs for t in c.truths]
 
 
-def run_all(cases: list[Case], runs: int, seed: int, workers: int) -> list[dict[str, Any]]:
-    """Every (case, design, truth) cell, ``workers`` processes (1: in this process)."""
-    jobs = jobs_for(cases, runs, seed)
+def run_all(cases: list[Case], runs: int, seed: int, workers: int, truths: set[str] | None = None) -> list[dict[str, Any]]:
+    """Every (case, design, truth) cell (``truths``: only those), ``workers`` processes (1: in this process)."""
+    jobs = [j for j in jobs_for(cases, runs, seed) if truths is None or j[2] in truths]
     # the costliest cells first, so the pool's last minutes are not one long cell
     slow = ("soak/memory", "soak/latency", "latency/slo ITL")
     jobs.sort(key=lambda j: (j[0] not in slow, j[2] not in ("limit", "1.5x")))
@@ -157,7 +157,8 @@ def budget(rows: list[dict[str, Any]]) -> dict[str, Any]:
     family as a sum (union bound) and as ``1 - prod(1 - r)`` (independent cases)."""
     per: dict[str, dict[str, float]] = {}
     for r in rows:
-        if "error" in r or not CASES[r["case"]].main_job:
+        case = CASES[r["case"]]
+        if "error" in r or not case.main_job or (case.main_job_designs and r["design"] not in case.main_job_designs):
             continue
         p = per.setdefault(r["case"], {"at_limit": 0.0, "healthy": 0.0})
         p["at_limit"] = max(p["at_limit"], r["wrong_fail"])
@@ -214,9 +215,13 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
         + (f"(fewer where a row's `runs` says so: {', '.join(sorted({r['case'] for r in rows if r.get('runs') and r['runs'] < meta['runs']}))}, "
            "whose decision code costs a tenth of a second or more a run), "
            if any(r.get('runs') and r['runs'] < meta['runs'] for r in rows) else "")
-        + f"seed {meta['seed']}, {meta['cells']} cells, {meta['wall_s']:.0f} s wall on {meta['workers']} process(es).",
+        + f"seed {meta['seed']}, {meta['cells']} cells, "
+        + (f"{meta['cpu_s']:,.0f} s of simulation summed over the cells ({meta['workers']} worker processes on two "
+           "shared cores; run in parts, merged with `--merge`)." if meta.get("cpu_s") else
+           f"{meta['wall_s']:.0f} s wall on {meta['workers']} process(es)."),
         f"- **Outcome**: {len(rows) - len(bad)} of {len(rows)} (case, design) rows keep their stated rates"
         + (f"; **{len(bad)} break them** (marked below)." if bad else "."),
+        *[f"- **Note**: {n}" for n in meta.get("notes", ())],
         "",
         "## What is measured",
         "",
@@ -293,7 +298,8 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
           "", "## The false-alarm budget of the main job", ""]
     per = b["cases"]
     L += ["The statistical verdicts of the main job (`pytest --profile smollm2-cpu`): "
-          + ", ".join(per) + ". Per case, its worst design's FAIL rate:", "",
+          + ", ".join(per) + ". Per case, its worst design's FAIL rate (answers/accuracy: the profile's floor, as the "
+          "main job judges it):", "",
           "| case | FAIL rate, truth at the limit | FAIL rate, healthy |", "|---|---:|---:|"]
     for name, v in per.items():
         L.append(f"| {name} | {_pct(v['at_limit'])} | {_pct(v['healthy'])} |")
@@ -334,11 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=48)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-doc", action="store_true", help="do not write docs/verdict-statistics.md")
+    ap.add_argument("--truths", default="", help="comma-separated truth points to run (default: each case's all)")
     ap.add_argument("--render", action="store_true",
                     help="run nothing: re-render docs/verdict-statistics.md from benchmarks/results/verdict_statistics-latest.json")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other cases' cells from benchmarks/results/verdict_statistics-latest.json (each "
-                         "cell keeps the commit it ran on) and re-run only --cases; the doc when every case has cells")
+                         "cell keeps the commit it ran on) and re-run only --cases (with --truths: only those cells); "
+                         "the doc when every case has cells")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()] or list(CASES)
     unknown = [n for n in names if n not in CASES]
@@ -348,20 +356,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         saved = json.loads(RESULTS.read_text())
         rows = checks(saved["cells"])
-        DOC.write_text(render(rows, budget(rows), saved["meta"]))
+        meta = {**saved["meta"], "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "cells": len(saved["cells"]), "cpu_s": sum(c.get("seconds", 0.0) for c in saved["cells"]),
+                "commit": ", ".join(sorted({c.get("commit", "?") for c in saved["cells"]}))}
+        DOC.write_text(render(rows, budget(rows), meta))
         print(f"wrote {DOC.relative_to(REPO)} from {RESULTS.relative_to(REPO)}")
         return 0 if all(r["ok"] for r in rows) else 1
     memoise_ranks()
     sha = commit()
     t0 = time.perf_counter()
-    results = run_all(cases, args.runs, args.seed, args.workers)
+    truths = {t.strip() for t in args.truths.split(",") if t.strip()} or None
+    results = run_all(cases, args.runs, args.seed, args.workers, truths)
     wall = time.perf_counter() - t0
     for r in results:
         r["commit"] = sha
     kept: list[dict[str, Any]] = []
     if args.merge and RESULTS.exists():
         old = json.loads(RESULTS.read_text())
-        kept = [c for c in old.get("cells", []) if c["case"] not in names and c["case"] in CASES]
+        fresh = {(c["case"], c["design"], c["truth"]) for c in results}
+        kept = [c for c in old.get("cells", []) if c["case"] in CASES and (
+            (c["case"], c["design"], c["truth"]) not in fresh if truths else c["case"] not in names)]
         wall += float(old.get("meta", {}).get("wall_s", 0.0)) if kept else 0.0
     cells = kept + results
     covered = sorted({c["case"] for c in cells}, key=list(CASES).index)

@@ -573,6 +573,9 @@ class Case:
     fail_at_limit_is_wrong: bool = True
     #: The kvgate functions that decide, as the doc's table names them.
     decided_by: str = ""
+    #: The design keys the main job runs this case under, for the budget (None: every design,
+    #: the worst counted).
+    main_job_designs: tuple[str, ...] | None = None
 
 
 REQ = (IID, WAVES_09, WAVES_10)
@@ -612,7 +615,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("answers/accuracy", (FIXED, RECORDED), accuracy, True,
          "1 - accuracy.confidence per side (one-sided Clopper-Pearson; Newcombe non-inferiority for a recorded run)",
          "the recorded accuracy 47/65 (no drop)",
-         decided_by="gates.answers.accuracy_verdict"),
+         decided_by="gates.answers.accuracy_verdict", main_job_designs=("fixed",)),
     Case("pools/isolation", REQ, pools_isolation, False,
          "1 - slo.confidence per side for the ratio (each run's bound at 1 - alpha/2)",
          "mixed p95 at half of ratio_max x alone",
