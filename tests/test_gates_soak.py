@@ -439,3 +439,40 @@ def test_memory_whose_interval_reaches_the_ceiling_is_inconclusive_whatever_its_
     fit = v.evidence["analysis"]["memory_mb_per_h"]
     assert fit["slope"] < 20 < fit["ci_high"] and v.status is Status.INCONCLUSIVE, v.message
     assert "-> INCONCLUSIVE (the 95% interval" in v.message and "neither growth above it nor its absence" in v.message
+
+
+# The real embedded main job's soak (pytest --profile smollm2-cpu, 2026-12-06): 28 measured rounds of
+# 4 s (the sampling-until-decided cap, 120 s), retained memory in MB; residual lag-1 autocorrelation
+# +0.63, allowed for 0.82. profiles/smollm2-cpu.yaml sizes its memory ceiling from it.
+SMOLLM2_MEM = [2914.025, 2913.638, 2913.638, 2914.826, 2913.633, 2913.634, 2909.872, 2909.744, 2912.738,
+               2919.437, 2919.424, 2919.398, 2919.398, 2914.482, 2913.588, 2919.357, 2919.347, 2915.191,
+               2913.585, 2913.585, 2913.585, 2913.57, 2913.42, 2913.369, 2913.369, 2913.352, 2913.693, 2913.353]
+
+
+def smollm2(extra):
+    """The soak memory verdict on :data:`SMOLLM2_MEM` + ``extra(k)`` (MB, k the measured round) under the
+    smollm2-cpu profile's own soak spec (two warm-up rounds before the measured ones)."""
+    spec = load_profile(str(REPO / "profiles" / "smollm2-cpu.yaml")).soak
+    plan = SoakPlan(rounds=30, round_s=4, warmup_rounds=2, rate_rps=1, mix=())
+    out = []
+    for k in range(30):
+        m = (SMOLLM2_MEM[0] if k < 2 else SMOLLM2_MEM[k - 2] + extra(k - 2))
+        r = {f: None for f in ROUND_FIELDS}
+        r.update(round=k, warmup=k < 2, t_start_s=k * 4.0, t_end_s=(k + 1) * 4.0, requests=4, errors=0, ok=4,
+                 ttft_p95_ms=200.0, mem_min_mb=m, mem_max_mb=m + 5, client_kept_up=True, lag_p99_ms=1.0,
+                 loop_lag_p99_ms=1.0, preemptions=0, waiting_max=0.0, kvgate_rss_mb=150.0)
+        out.append(r)
+    return spec, memory_verdict(analyze(result(out, plan=plan), spec))
+
+
+def test_the_real_smollm2_soak_memory_passes_its_gross_leak_ceiling():
+    spec, v = smollm2(lambda k: 0.0)
+    assert v.status is Status.PASS, v.message
+    assert f"ceiling {spec.memory_slope_max_mb_per_h:g} MB/h -> PASS" in v.message and "n_eff 2.8 of 28" in v.message
+
+
+def test_the_real_smollm2_soak_with_a_ramp_at_twice_its_ceiling_never_passes():
+    spec, _ = smollm2(lambda k: 0.0)
+    per_round = 2 * spec.memory_slope_max_mb_per_h * 4 / 3600  # MB a 4-s round at 2x the ceiling
+    _, v = smollm2(lambda k: per_round * k)
+    assert v.status in (Status.FAIL, Status.INCONCLUSIVE) and "-> PASS" not in v.message, v.message

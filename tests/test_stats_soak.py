@@ -85,9 +85,9 @@ def test_linear_growth_is_not_mistaken_for_a_plateau_even_with_a_short_noisy_las
         g = growth(x, y, ceiling=20.0)
         assert not g.plateau and g.kind != "bounded" and not g.below, seed  # never a PASS
         kinds.append(g.kind)
-    # 5x the ceiling in 12 noisy rounds: shown in 17 of 20 (the rest undecided: their residuals'
-    # autocorrelation, measured by chance, widened the interval)
-    assert kinds.count("growth") >= 16 and set(kinds) <= {"growth", "flat"}
+    # 5x the ceiling in 12 noisy rounds: shown in 19 of 20 (the rest undecided, "rose" or "flat": their
+    # residuals' autocorrelation, measured by chance, widened the interval)
+    assert kinds.count("growth") >= 16 and set(kinds) <= {"growth", "flat", "rose"}
 
 
 def test_growth_that_starts_late_is_caught_by_the_last_part_fit():

@@ -244,12 +244,79 @@ def _t_from_table(confidence: float, df: int) -> float:
 #: The most lag-1 autocorrelation of the rounds a slope's interval is widened for (:func:`round_dependence`):
 #: beyond it the widening would be unbounded; a series that dependent is a random walk, not a trend.
 RHO_MAX = 0.9
-#: The fewest degrees of freedom a dependent fit's critical value takes (``n_eff - 2`` below it): at 1
+#: The fewest degrees of freedom of the t rule :func:`ar1_critical` falls back to beyond ``AR1_MAX_N``
+#: rounds (``n_eff - 2`` below it; the rule short soaks used before the bootstrap): at 1
 #: (t = 12.7 at 95%) a tenth of independent 9-round series had their interval widened 11x; at 2, 3.8x,
 #: with the same error rates under AR(1) rounds (tests/test_stats_soak.py).
 MIN_DF = 2.0
 #: The fewest rounds of a soak's last part that show a plateau on their own measured dependence.
 MIN_OWN_RHO = 8
+
+
+#: Draws of the AR(1) bootstrap behind a dependent slope's critical value (:func:`ar1_critical`): 48 of
+#: them lie beyond a 99.76% two-sided quantile (at 4,000, ten: its value moved 15% with the seed).
+AR1_DRAWS = 20000
+#: Above this many rounds the critical value is Student's t at ``n_eff - 2`` degrees of freedom
+#: (:func:`ar1_critical` there agrees with it within a few percent, and the bootstrap's cost grows with n).
+AR1_MAX_N = 200
+#: How many standard errors (``sqrt((1 - rho**2) / n)``) above the measured ``rho_used`` the bootstrap
+#: draws its rounds at (:func:`ar1_critical`): the plug-in estimate alone is noisy at 8-40 rounds and
+#: under-covers (wrong PASS 8.4-9.4% at AR(1) 0.8, 1,000 series a cell, where 5% is stated).
+AR1_RHO_SE = 1.0
+#: The grid the dependence is rounded up to before :func:`ar1_critical` (its cache key).
+AR1_GRID = 0.01
+
+
+def _rho_used_rows(r: np.ndarray) -> np.ndarray:
+    """:func:`round_dependence`'s ``rho_used`` of each row of residuals ``r`` (draws x rounds, one line)."""
+    n = r.shape[1]
+    ss = (r ** 2).sum(axis=1)
+    rho = np.where(ss > 0, (r[:, 1:] * r[:, :-1]).sum(axis=1) / np.where(ss > 0, ss, 1.0), 0.0)
+    b = 1.0 / n
+    used = (rho + 2.0 * b) / (1.0 - 4.0 * b) if n > 4 else np.where(rho + 2.0 * b > 0, RHO_MAX, 0.0)
+    return np.clip(used, 0.0, RHO_MAX)
+
+
+@functools.lru_cache(maxsize=8192)
+def _ar1_critical(n: int, phi: float, confidence: float, floor: float) -> float:
+    seed = int(n * 1_000_003 + round(phi * 1000) * 1009 + round(confidence * 1e6) + round(floor * 1000) * 7)
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal((AR1_DRAWS, n))
+    u = np.empty_like(e)
+    u[:, 0] = e[:, 0] / math.sqrt(1.0 - phi * phi)  # stationary start
+    for t in range(1, n):
+        u[:, t] = phi * u[:, t - 1] + e[:, t]
+    x = np.arange(n, dtype=float) - (n - 1) / 2.0
+    sxx = float((x ** 2).sum())
+    um = u.mean(axis=1, keepdims=True)
+    b = (u @ x) / sxx  # the true slope is 0
+    resid = u - um - b[:, None] * x
+    se = np.sqrt((resid ** 2).sum(axis=1) / (n - 2) / sxx)
+    used = np.maximum(_rho_used_rows(resid), floor)
+    stat = np.abs(b) / (se * np.sqrt((1.0 + used) / (1.0 - used)))
+    return float(np.quantile(stat[np.isfinite(stat)], confidence))
+
+
+def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0) -> float:
+    """The two-sided ``confidence`` critical value of a least-squares slope over ``n`` evenly spaced
+    rounds whose errors are AR(1) with lag-1 autocorrelation ``rho`` (a fit's ``rho_used``, ``(0,
+    RHO_MAX]``), studentised as :func:`linear_fit` studentises it: the independent-rounds standard
+    error times ``sqrt((1 + r) / (1 - r))``, ``r`` each series' own ``rho_used`` (:func:`round_dependence`;
+    at least ``floor``). A parametric (sieve) bootstrap: :data:`AR1_DRAWS` Gaussian AR(1) series of
+    ``n`` rounds at ``rho`` (rounded up to :data:`AR1_GRID`), the quantile of ``|slope| / widened SE``;
+    deterministic (seeded from ``(n, rho, confidence, floor)``) and cached. So the critical value
+    carries both what the short series' residual scatter and its noisy, bias-corrected ``rho`` miss
+    (Santer et al.'s ``t`` at ``n_eff - 2`` degrees of freedom, floored at :data:`MIN_DF`, is ~2x too
+    wide at 28 rounds and ``rho`` 0.8). Above :data:`AR1_MAX_N` rounds that t rule. Dimensionless."""
+    if n < 3:
+        return math.inf
+    rho = rho + AR1_RHO_SE * math.sqrt(max(0.0, 1.0 - rho * rho) / n)  # its estimate's noise, one-sided
+    phi = min(RHO_MAX, math.ceil(round(rho / AR1_GRID, 6)) * AR1_GRID)
+    fl = min(RHO_MAX, math.ceil(round(max(0.0, floor) / AR1_GRID, 6)) * AR1_GRID)
+    if n > AR1_MAX_N:
+        n_eff = n * (1.0 - phi) / (1.0 + phi)
+        return _t_real_df(confidence, max(MIN_DF, n_eff - 2.0))
+    return _ar1_critical(int(n), round(phi, 4), round(confidence, 6), round(fl, 4))
 
 
 def round_dependence(resid: Sequence[float], lines: int = 1) -> tuple[float, float]:
@@ -320,14 +387,14 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
     are taken in the order given (rounds in time). ``autocorrelated`` (default): the rounds may be
     dependent (memory and cache state carry from round to round), so the interval is widened for
     the residuals' lag-1 autocorrelation (:func:`round_dependence`, ``rho_used``): the standard error
-    by ``sqrt((1 + rho) / (1 - rho))`` (AR(1) errors about a trend) and the critical value taken
-    at the effective n's degrees of freedom, ``t(confidence, max(MIN_DF, n_eff - 2))`` -- a small-sample
-    critical value that grows as the dependence eats the rounds. Independent rounds (``rho_used`` 0)
-    get the textbook interval ``t(confidence, n - 2) x stderr``. Measured through :func:`growth` with
-    the slope on the ceiling (wrong FAIL / wrong PASS, 1,000 AR(1) series a cell, 95%): independent
-    rounds 0.7-3.2% / 2.1-3.6%; phi 0.5: 3.3-4.6% / 3.7-5.9%; phi 0.8: 5.2-7.5% / 5.4-8.8% (8-40
-    rounds; the high ends at 8-12 rounds, which cannot see strong dependence); as independent rounds
-    the same cells read 10-34% / 14-35%. ``rho_floor``: the least autocorrelation to allow for (a
+    by ``sqrt((1 + rho) / (1 - rho))`` (AR(1) errors about a trend) and the critical value
+    :func:`ar1_critical` (a parametric AR(1) bootstrap at this ``n`` and ``rho_used``, studentised the
+    same way; at least ``t(confidence, n - 2)``) -- a small-sample critical value that grows as the
+    dependence eats the rounds. Independent rounds (``rho_used`` 0) get the textbook interval
+    ``t(confidence, n - 2) x stderr``. Measured through :func:`growth` with the slope on the ceiling
+    (wrong FAIL / wrong memory PASS, 1,000 AR(1) series a cell, 95%, 8-40 rounds; tests/test_stats_soak.py's
+    cells): see docs/soak.md; the high ends sit at 8-12 rounds of phi 0.8, which cannot see strong
+    dependence; as independent rounds the same cells read 10-34% / 14-35%. ``rho_floor``: the least autocorrelation to allow for (a
     short part of a series allows at least the whole series'). ``autocorrelated=False``: the
     independent-rounds interval.
     """
@@ -356,9 +423,9 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
         used = min(RHO_MAX, max(used, rho_floor))
     n_eff = n * (1.0 - used) / (1.0 + used)
     t_iid = t_quantile(confidence, n - 2)
-    if used > 0.0:
-        t_dep = _t_real_df(confidence, max(MIN_DF, n_eff - 2.0))
-        half = t_dep * math.sqrt((1.0 + used) / (1.0 - used)) * stderr
+    if used > 0.0:  # never narrower than independent rounds' interval
+        crit = ar1_critical(n, used, confidence, min(used, rho_floor) if autocorrelated else 0.0)
+        half = max(t_iid, crit * math.sqrt((1.0 + used) / (1.0 - used))) * stderr
     else:
         half = t_iid * stderr
     widening = half / (t_iid * stderr) if stderr > 0 else 1.0
@@ -391,13 +458,13 @@ def slope_half_width(n: int, spacing: float, sd: float, confidence: float = 0.95
     ``spacing`` apart (x-units) whose residuals scatter ``sd`` (y-units): ``t(confidence, n - 2) x sd
     / sqrt(Sxx)``, ``Sxx = spacing**2 x n (n**2 - 1) / 12``; with lag-1 autocorrelation ``rho`` (a
     fit's ``rho_used``, in ``[0, 1)``) widened as :func:`linear_fit` widens it (``sqrt((1 + rho) /
-    (1 - rho))``, critical value at ``max(MIN_DF, n_eff - 2)`` degrees of freedom). y-units per x-unit; inf for ``n < 3``."""
+    (1 - rho))``, critical value :func:`ar1_critical`). y-units per x-unit; inf for ``n < 3``."""
     if n < 3:
         return math.inf
     sxx = spacing ** 2 * n * (n ** 2 - 1) / 12.0
     if rho > 0.0:
-        n_eff = n * (1.0 - rho) / (1.0 + rho)
-        return _t_real_df(confidence, max(MIN_DF, n_eff - 2.0)) * math.sqrt((1.0 + rho) / (1.0 - rho)) * sd / math.sqrt(sxx)
+        crit = max(t_quantile(confidence, n - 2), ar1_critical(n, rho, confidence) * math.sqrt((1.0 + rho) / (1.0 - rho)))
+        return crit * sd / math.sqrt(sxx)
     return t_quantile(confidence, n - 2) * sd / math.sqrt(sxx)
 
 
@@ -758,7 +825,7 @@ def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
 
 
 __all__ = [
-    "MIN_DF", "MIN_OWN_RHO", "RHO_MAX", "STEP_FLAT_AFTER", "STEP_NOISE", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
+    "AR1_DRAWS", "AR1_GRID", "AR1_MAX_N", "MIN_DF", "ar1_critical", "MIN_OWN_RHO", "RHO_MAX", "STEP_FLAT_AFTER", "STEP_NOISE", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
     "find_step", "growth", "linear_fit", "low_envelope", "max_gap_s", "percentile", "points_to_decide", "request_metrics",
     "residual_sd", "round_dependence", "slope_half_width", "summarize", "t_quantile", "theil_sen", "trend",
 ]
