@@ -124,7 +124,9 @@ def test_isolation_view_puts_the_short_pools_workload_beside_the_long_load():
 # ------------------------------------------------------------------------------ isolation, pure
 #: The pure verdicts at the defaults: 95% confidence, ratio at most 3x, short SLO 300 ms.
 SPEC = PROFILE.pools.model_copy(update={"isolation": PROFILE.pools.isolation.model_copy(update={"ttft_ratio_max": 3})})
-SHORT = POOLS["short"].model_copy(update={"slo": POOLS["short"].slo.model_copy(update={"confidence": 0.95})})
+# the unit tests judge strictly (no floor: fake-pool-short.yaml declares one for the suite run on the fakes)
+SHORT = POOLS["short"].model_copy(update={"slo": POOLS["short"].slo.model_copy(update={"confidence": 0.95,
+                                                                              "pass_confidence_floor": None})})
 
 
 def runs(alone_ms, mixed_ms, spw=4):
@@ -439,3 +441,29 @@ def test_pools_suite_through_an_inverted_router_fails_routing(pytester, pools):
     routing = gates["fake-pools/pools/routing"]
     assert routing["status"] == "FAIL" and "4 of 4 short requests reached the long pool" in routing["message"]
     assert summary["overall"] == "FAIL"
+
+
+def test_isolation_ratio_takes_the_mixed_shorts_at_the_effective_n_of_their_waves():
+    """The ratio's mixed side (pools.judge_ratio): 100 mixed shorts in 25 waves of 4 identical TTFTs
+    (ICC 1) are worth 25 -- judged as 100 independent ones the ratio PASSed (upper 90 ms <= 3 x 38 ms);
+    at the effective n no upper bound exists at 97.5% (undecided, n=25 stated); at the last look a
+    declared 60% floor PASSes it, stated; a ratio clearly over FAILs at the effective n all the same.
+    The evidence states the unit, ICC and effective n."""
+    from kvgate.gates.pools import judge_ratio
+    alone_ms = spread(100, 20, 40)
+    mixed_ms = [t for t in spread(25, 40, 90) for _ in range(4)]
+    assert judge_ratio(alone_ms, mixed_ms, 3.0, 0.95).decision == "PASS"  # as independent: the old rule
+    dep = judge_ratio(alone_ms, mixed_ms, 3.0, 0.95, mixed_n_eff=25.0)
+    assert dep.decision == "UNDECIDED" and dep.mixed.n == 25 and dep.mixed.upper is None, dep.to_dict()
+    floored = judge_ratio(alone_ms, mixed_ms, 3.0, 0.95, mixed_n_eff=25.0, floor=0.6, at_end=True)
+    assert floored.decision == "PASS" and floored.floor == 0.6
+    assert "upper at the 60% the profile declares" in floored.text() and "(n=25 effective)" in floored.text()
+    over = judge_ratio(alone_ms, [3.0 * t for t in mixed_ms], 1.5, 0.95, mixed_n_eff=25.0, floor=0.6, at_end=True)
+    assert over.decision == "FAIL" and over.floor is None, over.to_dict()
+    alone, mixed = runs(alone_ms, mixed_ms)
+    mixed.extra.update(short_waves=[4] * 25, shorts_per_wave=4)
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    rd = v.evidence["dependence"]["ratio"]
+    assert rd["unit"] == "short request" and rd["cluster"] == "wave" and rd["n_eff"] == pytest.approx(25.0), rd
+    assert v.evidence["confidence"]["ratio"]["mixed"]["n"] == 25

@@ -21,8 +21,8 @@ from kvgate.stats.confidence import PASS as PASS_, FAIL as FAIL_, UNDECIDED, Jud
 from kvgate.stats.twosample import judge_quantile_ratio
 from kvgate.pools.routing import RoutingObservation
 from kvgate.profile.models import PoolsSpec, Profile
-from kvgate.load.scenarios import LoadObservation, interference_judgement
-from kvgate.stats.dependence import DependentJudgement
+from kvgate.load.scenarios import LoadObservation, interference_judgement, ttft_by_wave
+from kvgate.stats.dependence import Dependence, DependentJudgement, independent, wave_dependence
 from kvgate.stats import request_metrics, summarize
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS
@@ -137,6 +137,9 @@ class RatioJudgement:
     alone: PercentileBound
     ratio_max: float
     decision: str
+    #: The declared floor the mixed upper bound was taken at (a PASS too few effective samples allow at
+    #: ``side``: :func:`judge_ratio`), else None.
+    floor: float | None = None
 
     @property
     def point(self) -> float | None:
@@ -154,7 +157,11 @@ class RatioJudgement:
         def ms(x: float | None) -> str:
             return "none" if x is None else f"{x:,.0f} ms"
         if self.decision == PASS_:
-            return (f"{head}: with the long load upper {ms(m.upper)} (n={m.n}) <= {r:g}x alone lower {ms(a.lower)} "
+            at = (f" at the {self.floor * 100:.4g}% the profile declares for too few independent samples (the short "
+                  "pool's slo.pass_confidence_floor)") if self.floor is not None else ""
+            return (f"{head}: with the long load upper{at} {ms(m.upper)} (n={m.n} effective) <= {r:g}x alone lower "
+                    f"{ms(a.lower)} (n={a.n}) = {ms(r * a.lower)} -> PASS" if at else
+                    f"{head}: with the long load upper {ms(m.upper)} (n={m.n}) <= {r:g}x alone lower {ms(a.lower)} "
                     f"(n={a.n}) = {ms(r * a.lower)} -> PASS")
         if self.decision == FAIL_:
             return (f"{head}: with the long load lower {ms(m.lower)} (n={m.n}) > {r:g}x alone upper {ms(a.upper)} "
@@ -165,17 +172,43 @@ class RatioJudgement:
 
     def to_dict(self) -> dict[str, Any]:
         return {"mixed": self.mixed.to_dict(), "alone": self.alone.to_dict(), "ratio_max": self.ratio_max,
-                "point": self.point, "decision": self.decision,
+                "point": self.point, "decision": self.decision, "pass_confidence_floor_used": self.floor,
                 "rule": "PASS: mixed upper <= ratio_max x alone lower; FAIL: mixed lower > ratio_max x alone upper; "
                         "each bound one-sided at 1 - (1 - confidence) / 2"}
 
 
-def judge_ratio(alone_ms: list[float], mixed_ms: list[float], ratio_max: float, confidence: float) -> RatioJudgement:
+def judge_ratio(alone_ms: list[float], mixed_ms: list[float], ratio_max: float, confidence: float,
+                mixed_n_eff: float | None = None, floor: float | None = None, at_end: bool = False) -> RatioJudgement:
     """:class:`RatioJudgement` of the two runs' TTFT samples (ms) at ``confidence`` for the ratio
     (each run's bound at ``1 - (1 - confidence) / 2``): the two-sample rule of
-    :func:`kvgate.stats.twosample.judge_quantile_ratio`, mixed as the new sample, alone as the base."""
-    r = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence)
+    :func:`kvgate.stats.twosample.judge_quantile_ratio`, mixed as the new sample, alone as the base.
+    ``mixed_n_eff``: the mixed shorts' effective n (they come in waves behind the same long
+    prefills: :func:`mixed_dependence`), their bound's ranks taken at it (its ``n=`` is then the
+    effective n); None: independent. The alone shorts are sent one at a time: independent. At the
+    last look (``at_end``), when the effective n allows no mixed upper bound at its side's level and
+    the short pool declares a lower ``floor`` (``slo.pass_confidence_floor``), a PASS may take the
+    mixed upper bound at ``floor`` (:attr:`RatioJudgement.floor`, stated); its FAIL side never moves."""
+    r = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence, new_n_eff=mixed_n_eff)
+    side = 1 - (1 - confidence) / 2
+    if (r.decision == UNDECIDED and r.new.upper is None and at_end and floor is not None and floor < side
+            and mixed_n_eff is not None and mixed_n_eff < len(mixed_ms)):
+        low = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence, new_n_eff=mixed_n_eff,
+                                   new_pass_confidence=floor)
+        if low.decision == PASS_:
+            return RatioJudgement(low.new, low.base, ratio_max, low.decision, floor)
     return RatioJudgement(r.new, r.base, ratio_max, r.decision)
+
+
+def mixed_dependence(mixed: LoadObservation, n: int) -> Dependence:
+    """The mixed shorts' dependence with the wave as the cluster (ICC within waves,
+    :func:`kvgate.stats.dependence.wave_dependence` over ``extra["short_waves"]``), its effective n
+    rescaled to the ``n`` TTFTs judged (``n`` / design effect); waves not recorded: independent,
+    stated so."""
+    ex = mixed.extra or {}
+    if ex.get("short_waves") is None:
+        return dataclasses.replace(independent(n, "short request"), measure="waves not recorded, taken as independent")
+    dep = wave_dependence(ttft_by_wave(mixed.result.records, ex["short_waves"], ex.get("shorts_per_wave")))
+    return dataclasses.replace(dep, n=n, n_eff=n / dep.design_effect if n else 0.0)
 
 
 def isolation_plan(first: int, short: Profile) -> LookPlan:
@@ -205,6 +238,8 @@ class IsolationChecks:
     decision: str
     #: The SLO check at the effective n of the waves (unit, ICC within waves, effective n); None without a short SLO.
     slo_dependent: DependentJudgement | None = None
+    #: The mixed shorts' dependence the ratio's mixed bound is taken at (unit, ICC within waves, effective n).
+    ratio_dependence: Dependence | None = None
 
 
 def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
@@ -237,7 +272,10 @@ def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: Pools
                                  short.slo.pass_confidence_floor, at_end=at_end, per_wave=ex.get("shorts_per_wave"))
           if slo is not None else None)
     sj = dj.judgement if dj is not None else None
-    rj = judge_ratio(_ttfts(alone), mixed_ms, spec.isolation.ttft_ratio_max, confidence)
+    # the mixed shorts' bound at the effective n of their waves, as the SLO's (F2 on the ratio's mixed side)
+    mdep = mixed_dependence(mixed, len(mixed_ms))
+    rj = judge_ratio(_ttfts(alone), mixed_ms, spec.isolation.ttft_ratio_max, confidence, mdep.n_eff,
+                     short.slo.pass_confidence_floor, at_end)
     decisions = [d for d in (sj.decision if sj else None, rj.decision) if d]
     if problems or FAIL_ in decisions:
         d = FAIL_
@@ -245,7 +283,7 @@ def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: Pools
         d = PASS_
     else:
         d = UNDECIDED
-    return IsolationChecks(sj, rj, problems, hol, d, dj)
+    return IsolationChecks(sj, rj, problems, hol, d, dj, mdep)
 
 
 def isolation_decide(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
@@ -304,8 +342,10 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
                           "head_of_line": chk.hol, "ttft_ratio_max": ratio_max, "short_slo_ms": slo,
                           "host_contention": host_evidence(alone, mixed),
                           "dependence": {"slo": chk.slo_dependent.dependence.to_dict() if chk.slo_dependent else None,
-                                         "ratio": "the mixed sample judged as independent short requests "
-                                                  "(pools.judge_ratio); its ICC within waves is the slo's"},
+                                         "ratio": {**chk.ratio_dependence.to_dict(),
+                                                   "applied_to": "the mixed side's bound (ranks at the effective n); "
+                                                                 "alone: one at a time, independent"}
+                                         if chk.ratio_dependence else None},
                           "confidence": {"slo": chk.slo_dependent.to_dict() if chk.slo_dependent else None,
                                          "ratio": chk.ratio.to_dict(),
                                          "sampling": sampling, "level": short.slo.confidence, "per_look": level}}

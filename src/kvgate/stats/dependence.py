@@ -182,6 +182,26 @@ def _floor_n(n_eff: float, n: int) -> int:
     return max(1, min(n, int(math.floor(n_eff + 1e-9))))
 
 
+def dependent_bound(values: Sequence[float], q: float, confidence: float, pass_confidence: float | None,
+                    n_eff: float) -> PercentileBound:
+    """The ``q``-quantile's one-sided bounds of ``values`` worth ``n_eff`` independent values:
+    :func:`judge_dependent`'s ranks (those of ``m`` = floor(``n_eff``) mapped onto the ``n`` sorted
+    values, the conservative end of each block); the upper at ``pass_confidence`` when given. Its
+    ``n`` is ``m``. Used where a dependent sample is one side of a comparison
+    (:func:`kvgate.stats.twosample.judge_quantile_ratio`'s ``new_n_eff``)."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    hi = confidence if pass_confidence is None else pass_confidence
+    if n == 0:
+        return PercentileBound(q, 0, None, None, None, confidence, None, None, None if hi == confidence else hi)
+    m = _floor_n(n_eff, n)
+    km, jm = upper_rank(m, q, hi), lower_rank(m, q, confidence)
+    k = None if km is None else min(n, math.ceil(km * n / m - 1e-9))
+    j = None if jm is None else min(n, int(math.floor((jm - 1) * n / m + 1e-9)) + 1)
+    return PercentileBound(q, m, percentile(xs, q * 100), xs[j - 1] if j else None, xs[k - 1] if k else None,
+                           confidence, j, k, None if hi == confidence else hi)
+
+
 def judge_dependent(values: Sequence[float], q: float, limit: float, confidence: float,
                     pass_confidence: float | None, dep: Dependence) -> Judgement:
     """Judge the ``q``-quantile of ``values`` against ``limit`` as
@@ -194,19 +214,10 @@ def judge_dependent(values: Sequence[float], q: float, limit: float, confidence:
     no PASS. The :class:`~kvgate.stats.confidence.Judgement`'s ``bound.n`` is ``m`` (what
     its text prints as ``n=``). ``dep.n_eff >= n`` gives :func:`~kvgate.stats.confidence.judge`'s
     own ranks. Raises ValueError like :func:`~kvgate.stats.confidence.upper_rank`."""
-    xs = sorted(float(v) for v in values)
-    n = len(xs)
-    hi = confidence if pass_confidence is None else pass_confidence
-    exceed = sum(1 for v in xs if v > limit)
-    if n == 0:
-        b = PercentileBound(q, 0, None, None, None, confidence, None, None, None if hi == confidence else hi)
+    exceed = sum(1 for v in values if float(v) > limit)
+    b = dependent_bound(values, q, confidence, pass_confidence, dep.n_eff)
+    if b.n == 0:
         return Judgement(b, limit, UNDECIDED, 0)
-    m = _floor_n(dep.n_eff, n)
-    km, jm = upper_rank(m, q, hi), lower_rank(m, q, confidence)
-    k = None if km is None else min(n, math.ceil(km * n / m - 1e-9))
-    j = None if jm is None else min(n, int(math.floor((jm - 1) * n / m + 1e-9)) + 1)
-    b = PercentileBound(q, m, percentile(xs, q * 100), xs[j - 1] if j else None, xs[k - 1] if k else None,
-                        confidence, j, k, None if hi == confidence else hi)
     if b.upper is not None and b.upper <= limit:
         d = PASS
     elif b.lower is not None and b.lower > limit:
@@ -247,7 +258,7 @@ def one_per_cluster(groups: Sequence[Sequence[float]], rng: np.random.Generator)
     return [float(g[int(rng.integers(len(g)))]) for g in groups if len(g)]
 
 
-__all__ = ["Dependence", "DependentJudgement", "icc_oneway", "independent", "judge_dependent", "judge_sample", "kish_n_eff", "lag_autocorr",
+__all__ = ["Dependence", "DependentJudgement", "dependent_bound", "icc_oneway", "independent", "judge_dependent", "judge_sample", "kish_n_eff", "lag_autocorr",
            "n_to_decide", "one_per_cluster", "pass_confidence", "send_order_dependence", "wave_dependence"]
 
 

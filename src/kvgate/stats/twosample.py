@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kvgate.stats.confidence import DEFAULT_CONFIDENCE, PercentileBound, bound
+from kvgate.stats.dependence import dependent_bound
 
 PASS, FAIL, UNDECIDED = "PASS", "FAIL", "UNDECIDED"
 
@@ -68,12 +69,19 @@ class QuantileRatio:
 
 
 def judge_quantile_ratio(base: Sequence[float], new: Sequence[float], q: float, ratio_max: float,
-                         confidence: float = DEFAULT_CONFIDENCE) -> QuantileRatio:
+                         confidence: float = DEFAULT_CONFIDENCE, new_n_eff: float | None = None,
+                         new_pass_confidence: float | None = None) -> QuantileRatio:
     """:class:`QuantileRatio` of ``new`` against ``base`` (same unit) at ``confidence`` for the
-    ratio (each sample's bound at ``1 - (1 - confidence) / 2``). Raises ValueError on ``q`` or
-    ``confidence`` out of range (:func:`kvgate.stats.confidence.bound`)."""
+    ratio (each sample's bound at ``1 - (1 - confidence) / 2``). ``new_n_eff``: ``new`` is worth
+    that many independent values (dependent, e.g. shorts in waves: its bound's ranks at the
+    effective n, :func:`kvgate.stats.dependence.dependent_bound`; its ``n`` is then the effective
+    n); None: independent. ``new_pass_confidence``: the level of ``new``'s upper bound when it is
+    dependent (a declared floor, lower than its side's; the caller states it). Raises ValueError on ``q`` or ``confidence`` out of range
+    (:func:`kvgate.stats.confidence.bound`)."""
     side = 1 - (1 - confidence) / 2
-    m, a = bound(new, q, side), bound(base, q, side)
+    a = bound(base, q, side)
+    m = bound(new, q, side) if new_n_eff is None or new_n_eff >= len(new) else \
+        dependent_bound(new, q, side, new_pass_confidence, new_n_eff)
     if m.upper is not None and a.lower is not None and m.upper <= ratio_max * a.lower:
         d = PASS
     elif m.lower is not None and a.upper is not None and m.lower > ratio_max * a.upper:
