@@ -14,12 +14,13 @@ verdicts call, never a reimplementation -- and counts PASS, FAIL and INCONCLUSIV
 
 A cell keeps its stated rate when ``rate <= stated + 3`` Monte-Carlo standard errors (at the
 stated rate). It writes ``docs/verdict-statistics.md`` (``--doc``) and
-``benchmarks/results/verdict_statistics-latest.json``, and exits 1 when any checked cell breaks
-its stated rate (0 when all keep it). Every cell is seeded (``--seed``): the same tree gives the
+``benchmarks/results/verdict_statistics-latest.json`` (``--results``), merging cell by cell
+(``--replace``: only this run's cells; see ``--help`` for what each flag writes), and exits 1 when
+any checked cell breaks its stated rate (0 when all keep it). Every cell is seeded (``--seed``): the same tree gives the
 same table.
 
     flock /tmp/kvgate-heavy.lock .venv/bin/python benchmarks/verdict_statistics.py            # all, 2,000 runs a cell
-    .venv/bin/python benchmarks/verdict_statistics.py --runs 300 --cases "latency/slo TTFT,capacity" --no-doc
+    .venv/bin/python benchmarks/verdict_statistics.py --runs 300 --cases "latency/slo TTFT,capacity" --results /tmp/vs.json --no-doc
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
            if any(r.get('runs') and r['runs'] < meta['runs'] for r in rows) else "")
         + f"seed {meta['seed']}, {meta['cells']} cells, "
         + (f"{meta['cpu_s']:,.0f} s of simulation summed over the cells ({meta['workers']} worker processes on two "
-           "shared cores; run in parts, merged with `--merge`)." if meta.get("cpu_s") else
+           "shared cores; run in parts, merged cell by cell)." if meta.get("cpu_s") else
            f"{meta['wall_s']:.0f} s wall on {meta['workers']} process(es)."),
         f"- **Outcome**: {len(rows) - len(bad)} of {len(rows)} (case, design) rows keep their stated rates"
         + (f"; **{len(bad)} break them** (marked below)." if bad else "."),
@@ -324,11 +325,11 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
           "## Re-running it", "",
           "```bash",
           "flock /tmp/kvgate-heavy.lock .venv/bin/python benchmarks/verdict_statistics.py          # every case, 2,000 runs a cell",
-          ".venv/bin/python benchmarks/verdict_statistics.py --runs 300 --cases \"latency/slo TTFT,capacity\" --no-doc",
+          ".venv/bin/python benchmarks/verdict_statistics.py --runs 300 --cases \"latency/slo TTFT,capacity\" --results /tmp/vs.json --no-doc",
           ".venv/bin/pytest tests/test_verdict_statistics.py -q -p no:cacheprovider                # CI's smaller version",
           "```", "",
-          "It writes this page and `benchmarks/results/verdict_statistics-latest.json` (every cell's counts), and exits "
-          "1 when a checked cell breaks its stated rate. `--workers N` (default 2) runs cells in parallel; every cell "
+          "It writes `benchmarks/results/verdict_statistics-latest.json` (every cell's counts; `--results PATH` writes another file) and, once that file holds cells of every case, this page (not with `--no-doc`, which still writes the results file). A run merges cell by cell: each (case, design, truth) cell it runs replaces that cell in the results file, every other cell is kept with the commit and runs it ran with -- so a `--cases` run never loses the other cases' 2,000-run cells, but its own cells do replace theirs (try a quick run into `--results /tmp/...`). `--replace` writes only this run's cells. `--render` runs nothing and rewrites only this page from the results file."
+          " It exits 1 when a checked cell breaks its stated rate. `--workers N` (default 2) runs cells in parallel; every cell "
           "is seeded on its own (`--seed`), so the table does not depend on the order or the workers.", ""]
     return "\n".join(L)
 
@@ -339,28 +340,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all): " + ", ".join(CASES))
     ap.add_argument("--seed", type=int, default=48)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--no-doc", action="store_true", help="do not write docs/verdict-statistics.md")
+    ap.add_argument("--no-doc", action="store_true",
+                    help="do not write docs/verdict-statistics.md; the results file (--results) is still written "
+                         "(merged as below)")
     ap.add_argument("--truths", default="", help="comma-separated truth points to run (default: each case's all)")
+    ap.add_argument("--results", type=Path, default=RESULTS, metavar="PATH",
+                    help="the results file read and written (default benchmarks/results/verdict_statistics-latest.json)")
     ap.add_argument("--render", action="store_true",
-                    help="run nothing: re-render docs/verdict-statistics.md from benchmarks/results/verdict_statistics-latest.json")
+                    help="run nothing: rewrite only docs/verdict-statistics.md, from the results file")
+    ap.add_argument("--replace", action="store_true",
+                    help="write the results file with only this run's cells, dropping every cell it holds (without "
+                         "it a run merges: each cell it runs -- case, design, truth -- replaces that cell in the "
+                         "results file, every other cell is kept with the commit and runs it ran with)")
     ap.add_argument("--merge", action="store_true",
-                    help="keep the other cases' cells from benchmarks/results/verdict_statistics-latest.json (each "
-                         "cell keeps the commit it ran on) and re-run only --cases (with --truths: only those cells); "
-                         "the doc when every case has cells")
+                    help="the default now (kept for old command lines): merge this run's cells into the results file")
+    ap.epilog = ("Writes: the results file always (merged, or replaced with --replace); docs/verdict-statistics.md "
+                 "unless --no-doc, and only when the results file then holds cells of every case. --render writes "
+                 "only the doc.")
     args = ap.parse_args(argv)
+    if args.replace and args.merge:
+        ap.error("--merge and --replace contradict each other (a run merges unless --replace)")
+    results_path: Path = args.results
     names = [n.strip() for n in args.cases.split(",") if n.strip()] or list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
     cases = [CASES[n] for n in names]
     if args.render:
-        saved = json.loads(RESULTS.read_text())
+        saved = json.loads(results_path.read_text())
         rows = checks(saved["cells"])
         meta = {**saved["meta"], "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "cells": len(saved["cells"]), "cpu_s": sum(c.get("seconds", 0.0) for c in saved["cells"]),
                 "commit": ", ".join(sorted({c.get("commit", "?") for c in saved["cells"]}))}
         DOC.write_text(render(rows, budget(rows), meta))
-        print(f"wrote {DOC.relative_to(REPO)} from {RESULTS.relative_to(REPO)}")
+        print(f"wrote {DOC.relative_to(REPO)} from {results_path}")
         return 0 if all(r["ok"] for r in rows) else 1
     memoise_ranks()
     sha = commit()
@@ -371,11 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         r["commit"] = sha
     kept: list[dict[str, Any]] = []
-    if args.merge and RESULTS.exists():
-        old = json.loads(RESULTS.read_text())
+    if not args.replace and results_path.exists():
+        # Cell-level merge: a cell this run ran replaces the saved one; every other known cell is kept.
+        old = json.loads(results_path.read_text())
         fresh = {(c["case"], c["design"], c["truth"]) for c in results}
-        kept = [c for c in old.get("cells", []) if c["case"] in CASES and (
-            (c["case"], c["design"], c["truth"]) not in fresh if truths else c["case"] not in names)]
+        kept = [c for c in old.get("cells", []) if c["case"] in CASES
+                and (c["case"], c["design"], c["truth"]) not in fresh]
         wall += float(old.get("meta", {}).get("wall_s", 0.0)) if kept else 0.0
     cells = kept + results
     covered = sorted({c["case"] for c in cells}, key=list(CASES).index)
@@ -383,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     b = budget(rows)
     commits = sorted({c.get("commit", sha) for c in cells})
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": ", ".join(commits), "runs": args.runs, "seed": args.seed, "cells": len(cells), "wall_s": wall,
+            "commit": ", ".join(commits), "runs": max([args.runs] + [int(c.get("runs") or 0) for c in kept]), "seed": args.seed, "cells": len(cells), "wall_s": wall,
             "workers": args.workers, "cases": covered}
     for r in rows:
         if r["case"] not in names:
@@ -394,14 +408,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"healthyFAIL {_pct(r['healthy_fail']):>6s} {_flag(r['ok'])}"))
         print(line)
     print(f"budget: sum at limit {_pct(b['sum_at_limit'])}, healthy {_pct(b['sum_healthy'])}; wall {wall:.0f} s")
-    if not args.no_doc:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({"meta": meta, "cells": cells, "rows": rows, "budget": b}, indent=1))
-        if set(covered) == set(CASES):
-            DOC.write_text(render(rows, b, meta))
-            print(f"wrote {DOC.relative_to(REPO)} and {RESULTS.relative_to(REPO)}")
-        else:
-            print(f"wrote {RESULTS.relative_to(REPO)} (the doc only once every case has cells)")
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps({"meta": meta, "cells": cells, "rows": rows, "budget": b}, indent=1))
+    how = (f"replaced (--replace): {len(results)} cells" if args.replace else
+           f"merged: {len(results)} cells run, {len(kept)} kept")
+    if args.no_doc:
+        print(f"wrote {results_path} ({how}); not the doc (--no-doc)")
+    elif set(covered) == set(CASES):
+        DOC.write_text(render(rows, b, meta))
+        print(f"wrote {DOC.relative_to(REPO)} and {results_path} ({how})")
+    else:
+        print(f"wrote {results_path} ({how}); not the doc (only once every case has cells)")
     return 0 if all(r["ok"] for r in rows if r["case"] in names) else 1
 
 

@@ -165,3 +165,51 @@ def test_unknown_case_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--cases", "latency/nope", "--no-doc"])
     assert e.value.code == 2 and "unknown case" in capsys.readouterr().err
+
+
+def _cells(path):
+    import json
+
+    return {(c["case"], c["design"], c["truth"]): c["runs"] for c in json.loads(path.read_text())["cells"]}
+
+
+def test_a_partial_run_merges_into_the_results_and_keeps_the_other_cases_cells(tmp_path, monkeypatch):
+    """The fault: a ``--cases`` run rewrote the results with only its own cells (the 2,000-run
+    cells of every other case lost, the next ``--render`` wrong). Now it merges cell by cell; the
+    doc is never written (``--no-doc``, and a partial results file never renders it)."""
+    doc = tmp_path / "doc.md"
+    monkeypatch.setattr(bench, "DOC", doc)
+    res = tmp_path / "results.json"
+    common = ["--truths", "limit", "--workers", "1", "--results", str(res), "--no-doc"]
+    bench.main(["--runs", "20", "--cases", "answers/accuracy,compare/latency", "--replace", *common])
+    first = _cells(res)
+    assert first and set(first.values()) == {20}
+    assert {k[0] for k in first} == {"answers/accuracy", "compare/latency"}
+    bench.main(["--runs", "30", "--cases", "answers/accuracy", *common])
+    merged = _cells(res)
+    assert set(merged) == set(first)                                  # nothing lost
+    assert {k: v for k, v in merged.items() if k[0] == "compare/latency"} == \
+        {k: v for k, v in first.items() if k[0] == "compare/latency"}  # the other case's cells kept as they were
+    assert {v for k, v in merged.items() if k[0] == "answers/accuracy"} == {30}  # the newer cells replace the older
+    assert not doc.exists()
+
+
+def test_replace_writes_only_this_runs_cells(tmp_path, monkeypatch):
+    """The other way: with ``--replace`` the results file holds this run's cells alone."""
+    monkeypatch.setattr(bench, "DOC", tmp_path / "doc.md")
+    res = tmp_path / "results.json"
+    common = ["--runs", "20", "--truths", "limit", "--workers", "1", "--results", str(res), "--no-doc"]
+    bench.main(["--cases", "answers/accuracy,compare/latency", *common])
+    bench.main(["--cases", "answers/accuracy", "--replace", *common])
+    assert {k[0] for k in _cells(res)} == {"answers/accuracy"}
+
+
+def test_merge_and_replace_together_are_a_usage_error_and_help_says_what_each_writes(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--merge", "--replace", "--no-doc"])
+    assert e.value.code == 2 and "contradict" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(--results) is still written" in out and "--render writes only the doc" in out
+    assert "replaces that cell in the results file" in out
