@@ -451,7 +451,7 @@ def _three_at(monkeypatch, e2e_factor: float = 1.0, ttft_factor: float = 1.0, ga
     import kvgate.load.sampling as sampling
     from kvgate.load.scenarios import latency_plan
     from kvgate.stats.confidence import Sampling, judge
-    monkeypatch.setattr(sampling, "judge_pooled", lambda clusters, q, limit, conf, pconf, rng=0, scale=1.0:
+    monkeypatch.setattr(sampling, "judge_pooled", lambda clusters, q, limit, conf, pconf, rng=0, scale=1.0, waves=None:
                         judge([g * scale for c_ in clusters for g in c_], q, limit, conf, pconf))
     base = load_profile("smollm2-cpu")
     big = np.random.default_rng(1)

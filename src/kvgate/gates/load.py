@@ -480,8 +480,10 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     ITL p95 is the field's: the p95 over all inter-token gaps pooled across requests, as
     ``vllm bench serve`` computes it (:func:`kvgate.load.sampling.slo_samples`,
     :func:`kvgate.stats.cluster.pooled_percentile`); its bounds come from a cluster bootstrap over
-    requests (:func:`kvgate.stats.cluster.judge_pooled`: a request's gaps are correlated, so the
-    unit is the request; the message states requests, gaps and the ICC). TPOT per request stays in
+    waves (:func:`kvgate.stats.cluster.judge_pooled`: a request's gaps are correlated, and so are
+    the requests of one closed-loop batch, so the unit is the wave of ``slo.concurrency`` requests
+    sent together; the message states waves, requests, gaps, the ICC between requests in a wave
+    and the effective n). TPOT per request stays in
     the evidence (``summary.tpot_ms``). TTFT and e2e are per request (order statistics).
 
     A replayed traffic sample (``obs.traffic``): FAIL before anything was sent when it does not fit
@@ -563,7 +565,8 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
           "multiplicity": _multiplicity(slo, level, up),
           "sampling": sampling.to_dict() if sampling is not None else _one_look(len(recs), level).to_dict(),
           "itl_basis": "pooled gaps across requests, as vllm bench serve (np.percentile over every gap); "
-                       "bound: cluster bootstrap over requests (unit request)",
+                       "bound: cluster bootstrap over waves (unit wave: slo.concurrency requests sent together, "
+                       "send index // concurrency; ICC between requests in a wave and n_eff in confidence.ITL)",
           "host_contention": host_evidence(obs)}
     tail = ""
     source_n = None

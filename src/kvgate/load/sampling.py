@@ -17,9 +17,11 @@ exactly as ``vllm bench serve`` computes it (``vllm/benchmarks/serve.py``, ``cal
 each successful request's gaps extended into one list, ``np.percentile`` over it;
 :func:`kvgate.stats.cluster.pooled_percentile`). Its confidence bound does not come from order
 statistics over gaps -- a request's gaps are correlated (one prefill stalls every running stream
-at once), so the gaps are not the independent unit -- but from a cluster bootstrap over requests
-(:func:`kvgate.stats.cluster.judge_pooled`: whole requests resampled, the pooled p95 recomputed;
-unit = request, effective n = requests, the within-request ICC stated). TPOT, the per-request mean
+at once), and the requests of one closed-loop batch share the engine's steps, so neither gaps nor
+requests are the independent unit -- but from a cluster bootstrap over waves (the ``slo.concurrency``
+requests sent together, by send index; :func:`kvgate.stats.cluster.judge_pooled`: whole waves
+resampled, the pooled p95 recomputed; unit = wave, the ICC between requests in a wave and the
+effective n stated). TPOT, the per-request mean
 gap ``(e2e - ttft) / (tokens - 1)``, stays in the samples (``tpot_ms``) where a per-request
 quantity is meant. TTFT and e2e are one sample per request, judged by order statistics.
 
@@ -66,7 +68,9 @@ def slo_samples(records: Sequence[Any], slo: Any = None) -> dict[str, Any]:
     ``itl_gaps_ms`` = the same gaps per request (a list of lists, the clusters of
     :func:`kvgate.stats.cluster.judge_pooled`; requests with fewer than two content events add none)
     and ``itl_gaps_s`` = those in seconds (what :func:`judge_slo` judges: percentile of seconds,
-    then x 1000, exactly as ``vllm bench serve``).
+    then x 1000, exactly as ``vllm bench serve``), ``itl_index`` = each of those requests' send
+    index (``RequestRecord.index``; its position when a record has none): :func:`judge_slo` groups
+    them into waves of ``slo.concurrency`` (``index // concurrency``).
 
     Censored records (kvgate's deadline cut them; see the module docstring) are right-censored
     at their elapsed time when ``slo`` (a :class:`~kvgate.profile.models.SLOSpec`) is given: a
@@ -74,8 +78,8 @@ def slo_samples(records: Sequence[Any], slo: Any = None) -> dict[str, Any]:
     limit counts as an exceedance (the elapsed time, > limit); the rest leave the sample. Their
     gaps leave the ITL sample (a cut stream is not a finished one, as ``vllm bench serve``)."""
     out: dict[str, Any] = {"ttft_ms": [], "itl_ms": [], "e2e_ms": [], "tpot_ms": [], "itl_gaps_ms": [],
-                           "itl_gaps_s": []}
-    for r in records:
+                           "itl_gaps_s": [], "itl_index": []}
+    for pos, r in enumerate(records):
         if getattr(r, "hung_up", False):
             continue
         if getattr(r, "censored", False):
@@ -94,6 +98,8 @@ def slo_samples(records: Sequence[Any], slo: Any = None) -> dict[str, Any]:
         if m.itl_s:
             gaps = [g * 1e3 for g in m.itl_s]
             out["itl_gaps_s"].append(list(m.itl_s))
+            idx = getattr(r, "index", None)
+            out["itl_index"].append(pos if idx is None else int(idx))
             out["itl_gaps_ms"].append(gaps)
             out["itl_ms"].extend(gaps)
     return out
@@ -135,8 +141,10 @@ def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
     ``slo.<field>`` at ``confidence`` (the PASS side at ``pass_confidence`` when given:
     :attr:`~kvgate.stats.confidence.LookPlan.pass_level`), for every metric the ``slo`` (a
     :class:`~kvgate.profile.models.SLOSpec`) sets a limit on. TTFT and e2e: order statistics over
-    requests; ITL: the pooled-gap p95 with a cluster bootstrap over requests (seed 0: the same
-    records give the same bound), a :class:`~kvgate.stats.cluster.PooledJudgement`. The FAIL side is
+    requests; ITL: the pooled-gap p95 with a cluster bootstrap over the closed loop's waves (the
+    requests sent together: send index // ``slo.concurrency``; seed 0: the same records give the
+    same bound), a :class:`~kvgate.stats.cluster.PooledJudgement` (unit wave; the module docstring of
+    :mod:`kvgate.stats.cluster` says why always the wave). The FAIL side is
     corrected over the metrics judged (:func:`slo_levels`; F11), the PASS side is not."""
     xs = slo_samples(records, slo)
     confidence, pass_confidence = slo_levels(slo, confidence, pass_confidence)
@@ -145,7 +153,9 @@ def judge_slo(records: Sequence[Any], slo: Any, confidence: float,
         if (limit := getattr(slo, field_name)) is None:
             continue
         if key == "itl_ms":
-            out[label] = judge_pooled(xs["itl_gaps_s"], Q, limit, confidence, pass_confidence, rng=0, scale=1e3)
+            c = max(1, int(getattr(slo, "concurrency", 1) or 1))
+            out[label] = judge_pooled(xs["itl_gaps_s"], Q, limit, confidence, pass_confidence, rng=0, scale=1e3,
+                                      waves=[i // c for i in xs["itl_index"]])
         else:  # failed requests as exceedances when an error allowance lets them through (F10)
             out[label] = judge(with_failures(xs[key], records, slo), Q, limit, confidence, pass_confidence)
     return out
