@@ -142,6 +142,46 @@ def test_a_run_that_gates_nothing_keeps_the_recording_one_that_gates_replaces_it
     assert not golden.exists()  # this run gated (fit) and recorded nothing: no other run's golden beside its summary
 
 
+def test_a_bad_profile_run_sets_the_previous_gated_run_aside_whole_and_a_gated_run_clears_it(pytester, tmp_path):
+    """A typo in --profile (exit 4, nothing gated) used to replace an 8-minute run's summary,
+    junit.xml and allure-results with an empty ERROR set. Now that run's set moves whole into
+    previous-run/ (its bytes, its run id) and the reports dir holds this run's ERROR set alone; a
+    second typo keeps the gated run there, not the first typo's ERROR set; the next run that gates
+    clears previous-run/ with the rest."""
+    reports = tmp_path / "reports"
+    suites = str(REPO / "suites")
+    assert run(pytester, reports, "--profile", "tiny-cpu", "-m", "fit", suites).ret == pytest.ExitCode.OK
+    gated = {n: (reports / n).read_bytes() for n in (outputs.SUMMARY, outputs.JUNIT)}
+    gated_id = read_summary(reports)["run_id"]
+    assert read_summary(reports)["overall"] == "PASS" and allure_run_ids(reports) == {gated_id}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nmodel: [unclosed\n")
+    for typo in (1, 2):
+        result = run(pytester, reports, f"--profile={bad}", "-m", "fit", suites)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines[-5:]
+        assert read_summary(reports)["overall"] == "ERROR", typo  # this run's own reports: ERROR
+        assert junit_run_id(reports) == read_summary(reports)["run_id"] != gated_id
+        prev = reports / outputs.PREVIOUS
+        assert {n: (prev / n).read_bytes() for n in gated} == gated, typo  # the gated run's set, untouched
+        assert allure_run_ids(prev) == {gated_id}
+        assert not (reports / (outputs.PREVIOUS + ".tmp")).exists()
+    assert run(pytester, reports, "--profile", "tiny-cpu", "-m", "fit", suites).ret == pytest.ExitCode.OK
+    assert not (reports / outputs.PREVIOUS).exists() and read_summary(reports)["overall"] == "PASS"
+
+
+def test_an_error_set_is_not_set_aside(tmp_path):
+    """The other way: a previous ERROR set (or no summary) is no run's verdict worth keeping: it is
+    left for clear(), and an earlier previous-run/ stays as it was."""
+    reports = tmp_path / "reports"
+    (reports / outputs.PREVIOUS).mkdir(parents=True)
+    (reports / outputs.PREVIOUS / outputs.SUMMARY).write_text('{"overall": "PASS"}')
+    (reports / outputs.SUMMARY).write_text('{"overall": "ERROR"}')
+    assert outputs.set_aside(reports) is None
+    assert (reports / outputs.PREVIOUS / outputs.SUMMARY).read_text() == '{"overall": "PASS"}'
+    (reports / outputs.SUMMARY).unlink()
+    assert outputs.set_aside(reports) is None
+
+
 def test_collect_only_touches_no_reports(pytester, tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()

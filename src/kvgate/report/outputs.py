@@ -14,6 +14,7 @@ nothing.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -47,8 +48,11 @@ POOLS_DIR = "pools"
 #: the compare gate's golden answers (kvgate.compare.golden.GOLDEN_FILE): what a later run's
 #: ``--baseline-reports`` compares with.
 GOLDEN = "golden.json"
+#: where a run stopped by a usage error before gating anything moves the previous run's whole set
+#: (:func:`set_aside`), so its own ERROR set can take the reports dir without losing that run's.
+PREVIOUS = "previous-run"
 OWNED = (SUMMARY, SUMMARY + ".tmp", JUNIT, ALLURE, SERVER_LOG, OVERLAY, SIGNOFF, *SOAK_FILES, *CAPACITY_FILES, POOLS_DIR,
-         GOLDEN)
+         GOLDEN, PREVIOUS)
 #: The reports dir's run lock (:func:`hold`): held by the run writing there, for the run's life.
 LOCK = ".kvgate-run.lock"
 #: JUnit testsuite property / Allure label and environment key that carry the run id.
@@ -103,6 +107,35 @@ def clear(reports: Path, extra: list[Path] | tuple[Path, ...] = (), keep: set[st
             continue
         removed.append(p)
     return removed
+
+
+def set_aside(reports: Path, extra: list[Path] | tuple[Path, ...] = (), keep: set[str] | frozenset[str] = frozenset()
+              ) -> Path | None:
+    """Move the previous run's outputs -- :data:`OWNED` in ``reports`` less ``keep`` and
+    :data:`PREVIOUS`, plus the ``extra`` paths (a JUnit file or Allure directory chosen elsewhere,
+    moved in under their own names) -- into ``reports/previous-run/``, replacing a set moved there
+    before, so they stay one run's set. Only a set whose summary.json says a run gated (its
+    ``overall`` is not ``ERROR``) is moved: a previous ERROR set, or outputs with no readable
+    summary, are left for :func:`clear`. Returns the folder, or None when nothing was moved.
+    Raises ``OSError`` when a path cannot be moved."""
+    try:
+        overall = json.loads((reports / SUMMARY).read_text()).get("overall")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if overall in (None, "ERROR"):
+        return None
+    dest = reports / PREVIOUS
+    staging = reports / (PREVIOUS + ".tmp")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    for p in [*(reports / n for n in OWNED if n not in keep and n != PREVIOUS), *extra]:
+        if p.exists() or p.is_symlink():
+            shutil.move(str(p), str(staging / p.name))
+    if dest.exists():
+        shutil.rmtree(dest)
+    staging.rename(dest)
+    return dest
 
 
 def _suite(root: ET.Element) -> ET.Element:

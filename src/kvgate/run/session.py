@@ -1001,8 +1001,10 @@ def _hold_reports(config: pytest.Config, reports: Path) -> None:
 
 def write_error_reports(config: pytest.Config, message: str) -> None:
     """A run that cannot start (usage error, preflight refusal) still replaces the reports as a
-    set: the previous run's outputs are removed (all but a recording, golden.json: a run that gated
-    nothing takes no baseline with it), then an ``ERROR`` summary.json, a junit.xml with
+    set: the previous run's outputs are moved, whole, into ``previous-run/`` when that run gated
+    (:func:`kvgate.report.outputs.set_aside`; an earlier ERROR set is just removed), all but a
+    recording, golden.json, which stays where a later ``--baseline-reports`` reads it (a run that
+    gated nothing takes no baseline with it), then an ``ERROR`` summary.json, a junit.xml with
     one error testcase and an Allure *broken* result are written, all with this run's id. Not in
     ``--collect-only`` (which is not a run). Never raises: an unwritable reports dir is itself the
     usage error being reported."""
@@ -1035,9 +1037,14 @@ def write_error_reports(config: pytest.Config, message: str) -> None:
     # keep it, it says why the embedded server failed its preflight
     keep = {outputs.SERVER_LOG} if run is not None and run.extra.get("reports_cleared") else set()
     keep.add(outputs.GOLDEN)  # this run gated nothing: an earlier recording stays (a typo loses no baseline)
+    extra = [junit] + ([allure_dir] if allure_dir and replace_allure else [])
     try:
         reports.mkdir(parents=True, exist_ok=True)
-        outputs.clear(reports, [junit] + ([allure_dir] if allure_dir and replace_allure else []), keep=keep)
+        if outputs.SERVER_LOG not in keep:  # this run cleared nothing yet: what is there is the previous run's
+            # a run that gated keeps its whole set in previous-run/ (a typo loses no 8-minute run's reports);
+            # the reports dir itself then holds this run's ERROR set alone
+            outputs.set_aside(reports, extra, keep=keep)
+        outputs.clear(reports, extra, keep=keep | {outputs.PREVIOUS})
         record.write_summary(reports / outputs.SUMMARY)
         outputs.write_junit_problem(junit, run_id, "ERROR", record.run_error)
         if allure_dir is not None:
