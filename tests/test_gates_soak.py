@@ -212,9 +212,46 @@ def test_soak_latency_passes_only_below_fails_only_above_and_straddling_is_incon
     # a flat TTFT: PASS only when the interval's upper bound is under the ceiling, else INCONCLUSIVE
     flat, ok = soak_latency(ttft_rows(0.0, 10.0))
     assert flat.ttft.full.ci_high < 12000 and ok.status is Status.PASS and ok.cause is None
-    assert "-> PASS (no TTFT drift: the whole interval is below the ceiling)" in ok.message
+    # ... over 8 rounds its last part's interval (+-23,413 ms/h) straddles the ceiling: the PASS says so
+    assert flat.ttft.last.ci_low < 12000 < flat.ttft.last.ci_high
+    assert "-> PASS (no linear TTFT drift: the whole run's interval is below the ceiling; the last part's interval " \
+           "-23,412.8..+23,412.8 ms/h straddles it, so a late onset is neither shown nor ruled out" in ok.message
     noisy, unsure = soak_latency(ttft_rows(0.0, 200.0))
     assert noisy.ttft.full.slope < 12000 < noisy.ttft.full.ci_high and unsure.status is Status.INCONCLUSIVE
+
+
+def late_ramp(rounds, ms_per_round, last_third=True, frac=0.88):
+    """Flat TTFT p95 (+-1 ms) whose last measured third (or the rounds from ``frac`` of the run on)
+    climbs ``ms_per_round`` a round (x 450 = ms/h at 8 s rounds)."""
+    rs = ttft_rows(0.0, 1.0, rounds=rounds)
+    start = len(rs) - (len(rs) - 2) // 3 if last_third else int(len(rs) * frac)
+    for i, r in enumerate(rs[start:]):
+        r["ttft_p95_ms"] += ms_per_round * (i + 1)
+    return rs
+
+
+def test_soak_latency_pass_says_whether_the_last_part_is_below_or_undecided_and_a_late_drift_fails():
+    """The whole run's upper bound tests a linear drift and carries the PASS; the last part checks a
+    late onset. The issue: a PASS read "no TTFT drift: the whole interval is below the ceiling" while
+    its last part's interval (-86,638..+60,978 ms/h) straddled the 30,000 ceiling."""
+    # healthy, long and quiet: both intervals below -> PASS saying both
+    a, v = soak_latency(ttft_rows(0.0, 1.0, rounds=26))
+    assert a.ttft.full.ci_high < 12000 and a.ttft.last.ci_high < 12000
+    assert v.status is Status.PASS and "-> PASS (no TTFT drift: the whole interval is below the ceiling, and " \
+        "the last part's too)" in v.message and "straddles" not in v.message
+    # a ramp of +45,000 ms/h over the last 12 of 98 rounds: the whole run's interval below, the last
+    # part's straddling -> PASS on the linear test, the late onset named undecided, never "no drift"
+    a, v = soak_latency(late_ramp(100, 100.0, last_third=False))
+    lo, hi = a.ttft.last.ci_low, a.ttft.last.ci_high
+    assert a.ttft.full.ci_high < 12000 and lo < 12000 < hi and not a.ttft_shown
+    assert v.status is Status.PASS and "no TTFT drift" not in v.message
+    assert (f"-> PASS (no linear TTFT drift: the whole run's interval is below the ceiling; the last part's interval "
+            f"{lo:+,.1f}..{hi:+,.1f} ms/h straddles it, so a late onset is neither shown nor ruled out") in v.message
+    # +13,500 ms/h over the last third: the whole run's interval still below (-48..+6,986), the last
+    # part's lower bound above the ceiling -> FAIL (late drift), not PASS
+    a, v = soak_latency(late_ramp(100, 30.0))
+    assert a.ttft.full.ci_high < 12000 < a.ttft.last.ci_low and a.ttft_shown
+    assert v.status is Status.FAIL and "PASS" not in v.message and "TTFT p95 rising" in v.message, v.message
 
 
 def test_preemption_placement_names_the_preemptions():

@@ -27,7 +27,9 @@ a positive point estimate inside the noise is not a leak. Classification:
 - ``healthy``.
 
 A slope is judged as the latency gates judge a percentile: TTFT drift PASSes only when the slope's
-whole interval is below its ceiling, FAILs when it is shown above it, and is INCONCLUSIVE when the
+whole-run interval is below its ceiling (the message says whether the last part's is below too or
+straddles it: a late onset undecided), FAILs when the whole run's or the last part's is shown above
+it (a linear or a late drift), and is INCONCLUSIVE when the whole run's
 interval straddles it, naming as its cause the soak's length (its interval's width at the rounds
 fitted, the rounds' scatter, and the rounds that would decide at that scatter); memory PASSes only
 on an upper bound at or below its ceiling (:attr:`kvgate.stats.Growth.below`) and is INCONCLUSIVE
@@ -588,8 +590,10 @@ def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
     """TTFT-p95 slope (ms/h) vs ``soak.ttft_p95_slope_max_ms_per_h`` (a step or a drift both
     FAIL when the interval shows it -- a short soak's step may stay INCONCLUSIVE, its residuals
     autocorrelated around the line; there is no plateau pass for latency) and the soak's error rate vs ``slo.error_rate_max``.
-    As the latency gates judge a percentile: FAIL when the drift is shown (the interval's lower bound
-    above the ceiling, Theil-Sen agreeing), PASS only when the interval's upper bound is below it,
+    As the latency gates judge a percentile: FAIL when the drift is shown (the whole run's or the
+    last part's interval's lower bound above the ceiling, Theil-Sen agreeing: a linear drift or a
+    late one), PASS only when the whole run's interval's upper bound is below it -- the PASS message
+    then says whether the last part's interval is below too or straddles it (a late onset undecided),
     INCONCLUSIVE when it straddles it -- its cause the soak's length, with the rounds that would
     decide at the scatter measured (:func:`_undecided`)."""
     gate = "soak/latency"
@@ -629,7 +633,18 @@ def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
         why, cause = _undecided(a, g, "ttft_p95_ms", "TTFT p95", "ms", "TTFT drift", keep=lambda r: r["client_kept_up"])
         return Verdict(gate, INCONCLUSIVE, f"{head} -> INCONCLUSIVE ({why}){seen}", measured=slope, limit=ceiling,
                        unit="ms/h", evidence=_evidence(a), cause=cause)
-    label = "no TTFT drift: the whole interval is below the ceiling"
+    # The whole run's upper bound tests a linear drift and carries the PASS; the last part is the
+    # check for a late onset: shown above the ceiling it FAILed above (ttft_shown), below it agrees,
+    # and straddling it is undecided -- said so, never folded into "no drift".
+    lp = g.last
+    if lp is None:
+        label = "no TTFT drift: the whole interval is below the ceiling (no last part fitted)"
+    elif lp.below(ceiling):
+        label = "no TTFT drift: the whole interval is below the ceiling, and the last part's too"
+    else:
+        label = (f"no linear TTFT drift: the whole run's interval is below the ceiling; the last part's interval "
+                 f"{lp.ci_low:+,.1f}..{lp.ci_high:+,.1f} ms/h straddles it, so a late onset is neither shown "
+                 "nor ruled out (a late drift FAILs only once that part's lower bound clears the ceiling)")
     label += "" if a.classification == "healthy" else f"; soak classified {a.classification}"
     return Verdict(gate, PASS, f"{head} -> PASS ({label}){seen}", measured=slope, limit=ceiling,
                    unit="ms/h", evidence=_evidence(a))
