@@ -278,3 +278,52 @@ def test_a_flat_healthy_series_still_passes_most_of_the_time():
     # held-still memory (one value in every round) is a zero-width interval at 0: PASS
     g = growth((np.arange(8) * ROUND_H).tolist(), [1548.863] * 8, ceiling=40.0)
     assert g.below and g.kind == "flat" and g.full.ci_high == 0.0
+
+
+# soak.autocorrelation_max: a stated design assumption (issue 48 -- short soaks cannot rule out AR(1)
+# 0.9 from their own residuals, so without one they rarely decide)
+
+def verdicts_assuming(cap, n, phi, slope, ceiling, runs, seed):
+    from kvgate.stats import assumed_autocorrelation
+
+    with assumed_autocorrelation(cap):
+        return verdicts(n, phi, slope, ceiling, runs, seed)
+
+
+@pytest.mark.parametrize("phi,n", [(0.0, 28), (0.5, 12), (0.5, 28)])
+def test_an_assumed_autocorrelation_keeps_the_stated_rates_when_it_holds(phi, n):
+    # the slope on the ceiling: a memory PASS and a FAIL are both wrong there
+    fail, mem_pass, lat_pass = verdicts_assuming(0.5, n, phi, 0.0, 0.0, 600, seed=300 + n)
+    assert fail <= allowance(600) and mem_pass <= allowance(600) and lat_pass <= allowance(600), (fail, mem_pass, lat_pass)
+
+
+def test_an_assumed_autocorrelation_narrows_a_short_soak_enough_to_decide_and_says_so():
+    from kvgate.stats import assumed_autocorrelation
+
+    # the embedded smollm2-cpu's retained memory, 28 rounds of 4 s (2026-12-06; lag-1 +0.63 measured)
+    mem = [2914.025, 2913.638, 2913.638, 2914.826, 2913.633, 2913.634, 2909.872, 2909.744, 2912.738, 2919.437,
+           2919.424, 2919.398, 2919.398, 2914.482, 2913.588, 2919.357, 2919.347, 2915.191, 2913.585, 2913.585,
+           2913.585, 2913.57, 2913.42, 2913.369, 2913.369, 2913.352, 2913.693, 2913.353]
+    x = [i * 4 / 3600 for i in range(len(mem))]
+    free = linear_fit(x, mem, 0.9976)
+    with assumed_autocorrelation(0.5):
+        held = linear_fit(x, mem, 0.9976)
+    assert free.assumed is None and free.rho_used > 0.8
+    assert held.assumed == 0.5 and held.rho_used == 0.5  # 0.63 is within 0.5's noise at 28 rounds
+    assert held.ci_high - held.ci_low < (free.ci_high - free.ci_low) / 3
+    assert held.ci_low < held.slope < held.ci_high
+
+
+def test_an_assumption_the_residuals_contradict_is_not_used():
+    from kvgate.stats import assumed_autocorrelation
+
+    rng = np.random.default_rng(5)
+    y = np.cumsum(rng.standard_normal(40)).tolist()  # a random walk: lag-1 ~0.9 in its residuals
+    x = [i * ROUND_H for i in range(40)]
+    with assumed_autocorrelation(0.3):
+        f = linear_fit(x, y, 0.95)
+    assert f.rho > 0.3 + 1.645 * math.sqrt((1 - 0.09) / 40)
+    assert f.assumed is None and f.rho_used > 0.3
+    with pytest.raises(ValueError):
+        with assumed_autocorrelation(0.95):
+            pass

@@ -78,7 +78,7 @@ from typing import Any
 
 from kvgate.profile.models import Profile, SoakSpec
 from kvgate.soak.runner import SoakResult
-from kvgate.stats import Growth, Step, Trend, growth, points_to_decide, residual_sd, trend
+from kvgate.stats import Growth, Step, Trend, assumed_autocorrelation, growth, points_to_decide, residual_sd, trend
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, SKIP
 
@@ -169,7 +169,8 @@ def _series(rows: list[dict[str, Any]], key: str, round_s: float,
 def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Growth | None:
     if len(xs) < 4 or len(set(xs)) < 2:
         return None
-    return growth(xs, ys, ceiling, spec.look_confidence, spec.last_part)
+    with assumed_autocorrelation(getattr(spec, "autocorrelation_max", None)):
+        return growth(xs, ys, ceiling, spec.look_confidence, spec.last_part)
 
 
 def _ci(t: Trend, unit: str) -> str:
@@ -185,6 +186,8 @@ def _dependence(t: Trend) -> str:
     rho = "n/a" if math.isnan(o.rho) else f"{o.rho:+.2f}"
     used = f" (allowed for {o.rho_used:.2f}: n_eff {o.n_eff:.1f} of {o.n})" if o.rho_used > 0 else \
         f" (n_eff {o.n_eff:.0f})"
+    if o.assumed is not None:
+        used += f" -- at most {o.assumed:.2f} assumed (soak.autocorrelation_max), not contradicted"
     return f"unit round, lag-1 autocorrelation {rho}{used}"
 
 

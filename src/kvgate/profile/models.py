@@ -643,6 +643,11 @@ class SoakSpec(_Strict):
     memory_query: MemoryQuery | None = Field(default=None, description="a Prometheus query for server memory")
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="[fraction] level of the slopes' confidence intervals")
     last_part: float = Field(default=1 / 3, gt=0, le=0.5, description="[fraction] of measured rounds fitted separately")
+    autocorrelation_max: float | None = Field(
+        default=None, ge=0, le=0.9,
+        description="[fraction] the most lag-1 autocorrelation of rounds the slopes' intervals allow for -- a stated "
+                    "design assumption, used only while the residuals do not exceed it beyond their noise; null: "
+                    "assume nothing (up to 0.9: short soaks then rarely decide)")
     lagged_rounds_max: float = Field(default=0.1, ge=0, le=1,
                                      description="[fraction] of rounds whose client fell behind before the soak is INVALID")
     gpu_slack_mib: float = Field(default=256.0, ge=0,

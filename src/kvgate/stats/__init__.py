@@ -28,6 +28,9 @@ rests on an upper bound (:attr:`Growth.below`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import functools
 import math
 from dataclasses import asdict, dataclass, field
@@ -266,20 +269,46 @@ AR1_RHO_SE = 1.0
 #: The grid the dependence is rounded up to before :func:`ar1_critical` (its cache key).
 AR1_GRID = 0.01
 
+#: The most round-to-round autocorrelation a deployment's soak design assumes (``soak.autocorrelation_max``),
+#: set for a fit by :func:`assumed_autocorrelation`; None: assume nothing (allow up to :data:`RHO_MAX`).
+_RHO_CAP: contextvars.ContextVar[float | None] = contextvars.ContextVar("kvgate_rho_cap", default=None)
 
-def _rho_used_rows(r: np.ndarray) -> np.ndarray:
-    """:func:`round_dependence`'s ``rho_used`` of each row of residuals ``r`` (draws x rounds, one line)."""
+
+@contextlib.contextmanager
+def assumed_autocorrelation(cap: float | None):
+    """Within the block, :func:`linear_fit` allows for lag-1 autocorrelation of the rounds up to ``cap``
+    (in ``[0, RHO_MAX]``) instead of up to :data:`RHO_MAX` -- a stated design assumption (the profile's
+    ``soak.autocorrelation_max``), used only while the residuals do not contradict it: a fit whose
+    measured lag-1 autocorrelation lies above ``cap`` by more than its one-sided 95% noise
+    (``1.645 sqrt((1 - cap**2) / n)``) allows for the dependence it measured, as without the
+    assumption (:attr:`Slope.assumed`). Short soaks need it: at 8-12 rounds the measured ``rho`` is too
+    noisy to rule out AR(1) 0.9, and a slope interval that allows for 0.9 is ~12x as wide as for
+    independent rounds (an 11-round TTFT series of the embedded tiny-cpu: +/-385,000 ms/h). None: no
+    assumption. Raises ValueError outside ``[0, RHO_MAX]``."""
+    if cap is not None and not 0.0 <= cap <= RHO_MAX:
+        raise ValueError(f"assumed autocorrelation must be in [0, {RHO_MAX}], got {cap!r}")
+    token = _RHO_CAP.set(cap)
+    try:
+        yield
+    finally:
+        _RHO_CAP.reset(token)
+
+
+def _rho_used_rows(r: np.ndarray, cap: float = RHO_MAX) -> np.ndarray:
+    """:func:`round_dependence`'s ``rho_used`` of each row of residuals ``r`` (draws x rounds, one line),
+    at most ``cap``."""
     n = r.shape[1]
     ss = (r ** 2).sum(axis=1)
     rho = np.where(ss > 0, (r[:, 1:] * r[:, :-1]).sum(axis=1) / np.where(ss > 0, ss, 1.0), 0.0)
     b = 1.0 / n
     used = (rho + 2.0 * b) / (1.0 - 4.0 * b) if n > 4 else np.where(rho + 2.0 * b > 0, RHO_MAX, 0.0)
-    return np.clip(used, 0.0, RHO_MAX)
+    return np.clip(used, 0.0, cap)
 
 
 @functools.lru_cache(maxsize=8192)
-def _ar1_critical(n: int, phi: float, confidence: float, floor: float) -> float:
-    seed = int(n * 1_000_003 + round(phi * 1000) * 1009 + round(confidence * 1e6) + round(floor * 1000) * 7)
+def _ar1_critical(n: int, phi: float, confidence: float, floor: float, cap: float = RHO_MAX) -> float:
+    seed = int(n * 1_000_003 + round(phi * 1000) * 1009 + round(confidence * 1e6) + round(floor * 1000) * 7
+               + (0 if cap >= RHO_MAX else round(cap * 1000) * 131))
     rng = np.random.default_rng(seed)
     e = rng.standard_normal((AR1_DRAWS, n))
     u = np.empty_like(e)
@@ -292,12 +321,12 @@ def _ar1_critical(n: int, phi: float, confidence: float, floor: float) -> float:
     b = (u @ x) / sxx  # the true slope is 0
     resid = u - um - b[:, None] * x
     se = np.sqrt((resid ** 2).sum(axis=1) / (n - 2) / sxx)
-    used = np.maximum(_rho_used_rows(resid), floor)
+    used = np.maximum(_rho_used_rows(resid, cap), floor)
     stat = np.abs(b) / (se * np.sqrt((1.0 + used) / (1.0 - used)))
     return float(np.quantile(stat[np.isfinite(stat)], confidence))
 
 
-def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0) -> float:
+def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0, cap: float | None = None) -> float:
     """The two-sided ``confidence`` critical value of a least-squares slope over ``n`` evenly spaced
     rounds whose errors are AR(1) with lag-1 autocorrelation ``rho`` (a fit's ``rho_used``, ``(0,
     RHO_MAX]``), studentised as :func:`linear_fit` studentises it: the independent-rounds standard
@@ -307,16 +336,19 @@ def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0) -> f
     deterministic (seeded from ``(n, rho, confidence, floor)``) and cached. So the critical value
     carries both what the short series' residual scatter and its noisy, bias-corrected ``rho`` miss
     (Santer et al.'s ``t`` at ``n_eff - 2`` degrees of freedom, floored at :data:`MIN_DF`, is ~2x too
-    wide at 28 rounds and ``rho`` 0.8). Above :data:`AR1_MAX_N` rounds that t rule. Dimensionless."""
+    wide at 28 rounds and ``rho`` 0.8). Above :data:`AR1_MAX_N` rounds that t rule. ``cap``: the design's
+    assumed most autocorrelation (:func:`assumed_autocorrelation`): the draws' dependence and each draw's
+    own allowance at most that. Dimensionless."""
     if n < 3:
         return math.inf
     rho = rho + AR1_RHO_SE * math.sqrt(max(0.0, 1.0 - rho * rho) / n)  # its estimate's noise, one-sided
-    phi = min(RHO_MAX, math.ceil(round(rho / AR1_GRID, 6)) * AR1_GRID)
-    fl = min(RHO_MAX, math.ceil(round(max(0.0, floor) / AR1_GRID, 6)) * AR1_GRID)
+    top = RHO_MAX if cap is None else min(RHO_MAX, cap)
+    phi = min(top, math.ceil(round(rho / AR1_GRID, 6)) * AR1_GRID)
+    fl = min(top, math.ceil(round(max(0.0, floor) / AR1_GRID, 6)) * AR1_GRID)
     if n > AR1_MAX_N:
         n_eff = n * (1.0 - phi) / (1.0 + phi)
         return _t_real_df(confidence, max(MIN_DF, n_eff - 2.0))
-    return _ar1_critical(int(n), round(phi, 4), round(confidence, 6), round(fl, 4))
+    return _ar1_critical(int(n), round(phi, 4), round(confidence, 6), round(fl, 4), round(top, 4))
 
 
 def round_dependence(resid: Sequence[float], lines: int = 1) -> tuple[float, float]:
@@ -369,6 +401,9 @@ class Slope:
     rho_used: float = 0.0
     n_eff: float = math.nan
     widening: float = 1.0
+    #: The design's assumed most autocorrelation the interval allowed for (``soak.autocorrelation_max``),
+    #: when one was set and the residuals did not contradict it; None otherwise.
+    assumed: float | None = None
 
     @property
     def excludes_zero(self) -> bool:
@@ -421,15 +456,21 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
     rho, used = round_dependence(resid) if autocorrelated else (math.nan, 0.0)
     if autocorrelated:
         used = min(RHO_MAX, max(used, rho_floor))
+    cap = _RHO_CAP.get() if autocorrelated else None
+    if cap is not None and not (math.isfinite(rho) and rho > cap + 1.645 * math.sqrt(max(0.0, 1.0 - cap * cap) / n)):
+        used = min(used, cap)  # the design's assumption, not contradicted by these residuals
+    else:
+        cap = None
     n_eff = n * (1.0 - used) / (1.0 + used)
     t_iid = t_quantile(confidence, n - 2)
     if used > 0.0:  # never narrower than independent rounds' interval
-        crit = ar1_critical(n, used, confidence, min(used, rho_floor) if autocorrelated else 0.0)
+        crit = ar1_critical(n, used, confidence, min(used, rho_floor) if autocorrelated else 0.0, cap)
         half = max(t_iid, crit * math.sqrt((1.0 + used) / (1.0 - used))) * stderr
     else:
         half = t_iid * stderr
     widening = half / (t_iid * stderr) if stderr > 0 else 1.0
-    return Slope(slope, intercept, slope - half, slope + half, stderr, r2, n, confidence, rho, used, n_eff, widening)
+    return Slope(slope, intercept, slope - half, slope + half, stderr, r2, n, confidence, rho, used, n_eff, widening,
+                 cap)
 
 
 def _t_real_df(confidence: float, df: float) -> float:
@@ -825,7 +866,7 @@ def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
 
 
 __all__ = [
-    "AR1_DRAWS", "AR1_GRID", "AR1_MAX_N", "MIN_DF", "ar1_critical", "MIN_OWN_RHO", "RHO_MAX", "STEP_FLAT_AFTER", "STEP_NOISE", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
+    "AR1_DRAWS", "AR1_GRID", "assumed_autocorrelation", "AR1_MAX_N", "MIN_DF", "ar1_critical", "MIN_OWN_RHO", "RHO_MAX", "STEP_FLAT_AFTER", "STEP_NOISE", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
     "find_step", "growth", "linear_fit", "low_envelope", "max_gap_s", "percentile", "points_to_decide", "request_metrics",
     "residual_sd", "round_dependence", "slope_half_width", "summarize", "t_quantile", "theil_sen", "trend",
 ]
