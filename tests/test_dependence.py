@@ -140,3 +140,21 @@ def test_independent_waves_pass_a_healthy_server_at_the_level_their_effective_n_
         dep = wave_dependence(x)
         passes += judge_dependent(x.ravel(), 0.95, LIMIT / 0.6, 0.975, level, dep).decision == PASS
     assert passes / 300 > least, passes
+
+
+def test_send_order_text_states_the_sum_and_its_part_beyond_the_noise_allowance():
+    from kvgate.stats.dependence import send_order_dependence
+    # lock-step waves of 4 identical values: a large sum, most of it beyond the noise allowance
+    xs = [float(v) for v in np.random.default_rng(3).normal(100, 10, 40) for _ in range(4)]
+    dep = send_order_dependence(xs, 4)
+    beyond = dep.value - 1.645 * math.sqrt(4 / len(xs))
+    assert dep.design_effect == pytest.approx(1 + 2 * beyond)
+    text = dep.text()
+    assert text.startswith(f"160 requests, lag-1..4 autocorrelation in send order: sum {dep.value:.2f} "
+                           f"({beyond:.2f} beyond noise): effective n {dep.n_eff:,.1f}"), text
+    d = dep.to_dict()
+    assert d["autocorr_sum"] == dep.value and d["autocorr_sum_beyond_noise"] == pytest.approx(beyond)
+    assert "1.645 * sqrt(K / n)" in d["formula"] and "beyond its noise allowance" in d["formula"]
+    # independent values: the sum is within its noise, nothing beyond: n kept
+    ind = send_order_dependence(list(np.random.default_rng(4).normal(100, 10, 400)), 4)
+    assert "(0.00 beyond noise)" in ind.text() and ind.n_eff == 400

@@ -342,7 +342,7 @@ def test_isolation_samples_more_waves_until_the_bounds_pass(monkeypatch):
     assert v.status is Status.PASS, v.message
     # the mixed shorts are judged at the effective n of their 32 waves (the ICC within waves measured and
     # stated); at 90% when they are worth enough, else at the declared 60% floor, said so
-    assert re.match(r"short-request TTFT p95 through the router \d+ ms alone, \d+ ms while the long pool serves 2 "
+    assert re.search(r"short-request TTFT p95 through the router \d+ ms alone, \d+ ms while the long pool serves 2 "
                     r"long 1,000-token requests at a time \(32 waves\); short SLO: short TTFT p95 \d+ ms, (90|60)% upper "
                     r"bound \d+ ms \(n=\d+\) <= 300 ms -> PASS; 64 short requests in 32 waves, ICC within waves "
                     r"\(one-way ANOVA\) -?[\d.]+: effective n [\d.]+", v.message), v.message

@@ -366,3 +366,63 @@ def test_contention_row_reads_the_capacity_steps_windows(tmp_path):
     md = signoff_markdown(validate_summary(record(tmp_path, ("tiny/capacity/knee", knee)).summary()))
     assert "7% of the server's CPUs (CPU 0) went to other processes" in md
     assert "the worst of 2 measured windows: `tiny/capacity/knee` (concurrency 8) |" in md
+
+
+def floor_pass() -> Verdict:
+    """An interference PASS taken at slo.pass_confidence_floor: the judgement's evidence as
+    kvgate.stats.dependence.DependentJudgement.to_dict writes it."""
+    return Verdict("latency/interference", Status.PASS,
+                   "short-request TTFT p95 3,122 ms, 60% upper bound 3,687 ms (n=19) <= 6,000 ms -> PASS; "
+                   + "word " * 40 + "-> PASS", measured=3122.0, limit=6000.0, unit="ms",
+                   evidence={"confidence": {"decision": "PASS", "upper_confidence": 0.6, "confidence": 0.975,
+                                            "pass_confidence_achieved": 0.6226, "pass_confidence_floor_used": 0.6,
+                                            "pass_confidence_stated": 0.95}})
+
+
+def test_a_pass_at_the_floor_says_its_confidence_first_everywhere_a_plain_pass_does_not(tmp_path):
+    v = floor_pass()
+    assert v.message.startswith("PASS at 62% confidence (below the 95% slo.confidence asks: too few independent "
+                                "samples; slo.pass_confidence_floor 0.6) -- short-request TTFT p95"), v.message
+    assert v.evidence["pass_confidence"] == {"achieved": 0.6226, "floor": 0.6, "stated": 0.95}
+    # a PASS at slo.confidence (no floor used) is a plain one: no field, no prefix
+    plain = Verdict("latency/interference", Status.PASS, "p95 1 ms -> PASS",
+                    evidence={"confidence": {"decision": "PASS", "pass_confidence_floor_used": None}})
+    assert "pass_confidence" not in plain.evidence and plain.message == "p95 1 ms -> PASS"
+    rec = record(tmp_path, ("tiny/latency/interference", v), ("tiny/fit/kv-pool", kv_pass()))
+    summary = validate_summary(rec.summary())  # the schema allows the field
+    gate = next(g for g in summary["gates"] if g["id"] == "tiny/latency/interference")
+    assert gate["evidence"]["pass_confidence"]["achieved"] == 0.6226
+    md = signoff_markdown(summary, None)
+    section = md.split("### Passed at a lower confidence than slo.confidence", 1)[1].split("<details>", 1)[0]
+    assert f"- `tiny/latency/interference`: {v.message}" in section  # whole
+    assert "tiny/fit/kv-pool" not in section
+    # the console line is shortened, but keeps the confidence at its end
+    line = next(ln for ln in rec.table() if "tiny/latency/interference" in ln)
+    assert line.endswith(" (PASS at 62%)") and "…" in line, line
+    assert not next(ln for ln in rec.table() if "tiny/fit/kv-pool" in ln).endswith("%)")
+    note = next(ln for ln in rec.table() if "shortened to" in ln)
+    assert "signoff.md each that did not pass or passed below slo.confidence" in note
+    # no such PASS: no section
+    assert "lower confidence" not in signoff_markdown(validate_summary(record(tmp_path, ("tiny/fit/kv-pool",
+                                                                                       kv_pass())).summary()), None)
+
+
+def test_a_statistical_pass_says_it_was_decided_on_its_bound_a_plain_pair_says_which_way(tmp_path):
+    v = Verdict("answers/accuracy", Status.PASS, "47 of 65 right; 95% one-sided lower bound 61.8% >= 55.0% -> PASS",
+                measured=0.7231, limit=0.55, unit="fraction", evidence={"confidence": 0.95, "decision": {}})
+    md = signoff_markdown(validate_summary(record(tmp_path, ("tiny/answers/accuracy", v),
+                                                  ("tiny/fit/kv-pool", kv_pass())).summary()), None)
+    row = next(ln for ln in md.splitlines() if "`tiny/answers/accuracy`" in ln)
+    assert "| decided on its bound (see the message) |" in row and "measured >= limit" not in row
+    assert "| measured >= limit |" in next(ln for ln in md.splitlines() if "`tiny/fit/kv-pool`" in ln)
+
+
+def test_inconclusive_means_any_statistical_verdict_stayed_undecided_not_only_a_percentile(tmp_path):
+    v = Verdict("soak/memory", Status.INCONCLUSIVE, "slope 99.76% CI -3,849.9..+3,834.4 MB/h straddles 60 MB/h "
+                "-> INCONCLUSIVE", measured=-7.7, limit=60, unit="MB/h")
+    summary = validate_summary(record(tmp_path, ("tiny/soak/memory", v)).summary())
+    md = signoff_markdown(summary, None)
+    assert "statistical verdict stayed undecided (its interval straddles its limit" in md.splitlines()[2]
+    assert "percentile" not in md.splitlines()[2]
+    if summary.get("exit_meaning"):
+        assert "a statistical verdict stayed undecided: its interval straddles its limit" in summary["exit_meaning"]

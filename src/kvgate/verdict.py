@@ -79,6 +79,57 @@ def printable_data(obj: Any) -> Any:
     return obj
 
 
+#: The evidence key every PASS taken at ``slo.pass_confidence_floor`` carries (set by :class:`Verdict`
+#: itself from the judgement's ``pass_confidence_floor_used``): ``{"achieved": 0.623 or None,
+#: "floor": 0.6, "stated": 0.95 or None}`` -- the confidence the PASS has, the floor it was taken at,
+#: the level slo.confidence asked of it.
+PASS_CONFIDENCE = "pass_confidence"
+
+
+def floor_pass(evidence: Any) -> dict[str, Any] | None:
+    """The lowest-confidence PASS taken at a declared floor anywhere in ``evidence`` (nested dicts and
+    lists: a folded verdict keeps its parts' evidence): a dict whose ``pass_confidence_floor_used`` is
+    a number and whose ``decision`` (when stated) is PASS. Returns ``{"achieved", "floor", "stated"}``
+    (fractions; ``achieved`` None when the judgement did not state it -- the floor is then its
+    level), an already-set :data:`PASS_CONFIDENCE` as it is, or None."""
+    if isinstance(evidence, dict) and isinstance(evidence.get(PASS_CONFIDENCE), dict):
+        return evidence[PASS_CONFIDENCE]
+    found: list[dict[str, Any]] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, dict):
+            f = o.get("pass_confidence_floor_used")
+            if isinstance(f, (int, float)) and not isinstance(f, bool) and o.get("decision", "PASS") == "PASS":
+                a = o.get("pass_confidence_achieved")
+                found.append({"achieved": float(a) if isinstance(a, (int, float)) else None, "floor": float(f),
+                              "stated": o.get("pass_confidence_stated")})
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+    walk(evidence)
+    if not found:
+        return None
+    return min(found, key=lambda d: d["achieved"] if d["achieved"] is not None else d["floor"])
+
+
+def floor_pass_words(low: dict[str, Any]) -> str:
+    """``PASS at 62% confidence (below slo.confidence 95%: too few independent samples;
+    slo.pass_confidence_floor 0.6)`` for a :func:`floor_pass` record; ``PASS at 62%`` short form is
+    :func:`floor_pass_short`."""
+    stated = low.get("stated")
+    below = f"below the {stated * 100:.4g}% slo.confidence asks" if isinstance(stated, (int, float)) else "below slo.confidence"
+    return (f"{floor_pass_short(low)} confidence ({below}: too few independent samples; "
+            f"slo.pass_confidence_floor {low['floor']:g})")
+
+
+def floor_pass_short(low: dict[str, Any]) -> str:
+    """``PASS at 62%``: the confidence a floor PASS has (the floor when not stated)."""
+    a = low.get("achieved")
+    return f"PASS at {(a if a is not None else low['floor']) * 100:.0f}%"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One gate's outcome.
@@ -116,6 +167,12 @@ class Verdict:
                 object.__setattr__(self, name, printable(value))
         if self.evidence:
             object.__setattr__(self, "evidence", printable_data(self.evidence))
+        if self.status is Status.PASS:
+            low = floor_pass(self.evidence)
+            if low is not None:
+                object.__setattr__(self, "evidence", {**self.evidence, PASS_CONFIDENCE: low})
+                if not self.message.startswith("PASS at "):
+                    object.__setattr__(self, "message", f"{floor_pass_words(low)} -- {self.message}")
 
     @property
     def passed(self) -> bool:

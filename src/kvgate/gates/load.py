@@ -28,7 +28,7 @@ from kvgate.load.scenarios import (LoadObservation, ScenarioError, Traffic, inte
                                    latency_judgements, long_workload, short_workload)
 from kvgate.stats import percentile, request_metrics, summarize
 from kvgate.traffic.sample import BYTES_PER_TOKEN
-from kvgate.verdict import Status, Verdict
+from kvgate.verdict import Status, Verdict, floor_pass
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.gates.health import canary_verdict
 
@@ -419,12 +419,13 @@ def _one_look(n: int, confidence: float) -> LookPlan:
 
 
 def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: int | None = None,
-                  cap_field: str | None = "slo.max_requests") -> str:
+                  cap_field: str | None = "slo.max_requests", floor_used: float | None = None) -> str:
     """How the percentile was sampled, for a verdict: ``looks planned at 32/86/172/256 requests
     (each at 98.75%: 95% over 4 looks); took 2 (n=86); stopped: decided``; looks whose errors are
     spent apart (:func:`kvgate.stats.confidence.split_levels`): ``looks planned at 32/80/160/256
     requests (a FAIL at 98.75% each: 95% over 4 looks; a PASS at 98.33%: 95% over the 3 that can
-    PASS); ...``. ``why_stopped``: decided,
+    PASS); ...``; ``floor_used``: a PASS was taken at ``slo.pass_confidence_floor`` instead, which the
+    clause then says (``...; this PASS taken at the 60% floor instead ...``). ``why_stopped``: decided,
     the cap, the time bound (``slo.max_duration_s``) or the source (a traffic sample with only
     ``source_n`` requests). A cap below the fewest samples a p95 PASS needs at the per-look level
     says so (no PASS was ever possible; raise ``cap_field``). Empty without ``sampling`` (a single
@@ -445,6 +446,9 @@ def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: i
               if p.per_look_pass is None or p.per_look_pass == p.per_look else
               f"a FAIL at {p.per_look * 100:.4g}% each: {c} over {k} looks; a PASS at {p.per_look_pass * 100:.4g}%: "
               f"{c} over the {p.pass_looks} that can PASS")
+    if floor_used is not None:  # the PASS level actually used, not the plan's
+        levels += (f"; this PASS taken at the {floor_used * 100:.4g}% floor instead (slo.pass_confidence_floor: "
+                   f"too few independent samples for {(p.per_look_pass or p.per_look) * 100:.4g}%)")
     return (f"looks planned at {'/'.join(f'{n:,}' for n in p.looks)} {unit} ({levels}); took "
             f"{len(sampling.history)} (n={sampling.n:,}); stopped: {why}")
 
@@ -579,7 +583,7 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
         if window is not None and window["burst"] and not problems:
             tail += (f"; the burst at {window['start_s']:.1f}-{window['end_s']:.1f} s ({window['requests']} requests, "
                      f"{window['mean_rps']:.1f} req/s mean) held the SLO")
-    looks = sampling_text(sampling, source_n=source_n)
+    looks = sampling_text(sampling, source_n=source_n, floor_used=(floor_pass(ev) or {}).get("floor"))
     looks = f"; {looks}" if looks else ""
     order = (FAIL, Status.INCONCLUSIVE, PASS)
     lead = next((c for st in order for c in checks if c.status is st), checks[-1])
@@ -701,7 +705,8 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
         what = f"{what}; {replay_text(mixed.traffic, profile, how='prompt lengths sent in the waves')}"
         ev["traffic"] = traffic_evidence(mixed)
     waves = ex.get("waves")
-    looks = sampling_text(sampling, unit="short requests", cap_field=None)
+    looks = sampling_text(sampling, unit="short requests", cap_field=None,
+                          floor_used=dj.floor if dj is not None and dj.decision == C_PASS else None)
     looks = (f"; {waves} waves of {ex.get('shorts_per_wave', '?')} short requests, {looks}" if looks and waves
              else f"; {looks}" if looks else "")
     measured = pm

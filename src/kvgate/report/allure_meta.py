@@ -78,8 +78,9 @@ MEANING = {
                "on the deployment; rerun it (see the evidence for why)",
     "SKIP": "not checked",
     "INCOMPLETE": "cut short before it could decide; never a pass",
-    "INCONCLUSIVE": "the percentile's confidence interval still straddles the limit at the sampling cap: neither a "
-                    "pass nor a defect; measure more (slo.max_requests, slo.max_duration_s) or on a quieter host",
+    "INCONCLUSIVE": "the statistical verdict stayed undecided (its interval straddles its limit at the most the run "
+                    "could measure): neither a pass nor a defect; measure more (the message names the field, e.g. "
+                    "slo.max_requests, slo.max_duration_s, soak.max_duration) or on a quieter host",
 }
 
 #: What to change when a gate FAILs (the description's last line); the message carries the numbers.

@@ -7,7 +7,7 @@ Exit codes (:data:`EXIT_CODES`; README "Verdicts and exit codes"; ``summary.json
 1 a gate failed, 2 interrupted / incomplete, 4 usage error (bad option, profile, unreachable
 endpoint), 5 no gate selected, 6 INVALID only (no gate failed, a measurement cannot be trusted),
 7 not certified (certify mode: something was skipped), 9 INCONCLUSIVE only (no gate failed or
-was INVALID; a percentile verdict stayed undecided at its sampling cap), 8 no server (the live gates selected could
+was INVALID; a statistical verdict stayed undecided: its interval straddles its limit), 8 no server (the live gates selected could
 not run here: the launcher is unavailable; only the arithmetic was gated). 2, 4 and 5 are
 pytest's own codes.
 """
@@ -38,7 +38,7 @@ OUTCOME_MEANING = {
     "CERTIFIED": "certified: every selected gate and check was made and passed",
     "FAIL": "a gate failed", "INCOMPLETE": "interrupted or incomplete", "ERROR": "usage error (nothing was gated)",
     "NO-GATES": "no gate selected", "INVALID": "INVALID only: no gate failed, a measurement cannot be trusted",
-    "INCONCLUSIVE": "INCONCLUSIVE only: no gate failed or was INVALID; a percentile stayed undecided at its sampling cap",
+    "INCONCLUSIVE": "INCONCLUSIVE only: no gate failed or was INVALID; a statistical verdict stayed undecided: its interval straddles its limit",
     "NOT-CERTIFIED": "not certified: a gate or check was skipped or INVALID (certify mode)",
     "NO-SERVER": "no server: the live gates could not run here (the launcher is unavailable); only the "
                  "arithmetic was gated",
@@ -51,7 +51,7 @@ EXIT_MEANING = {
     6: "INVALID only: no gate failed, a measurement cannot be trusted",
     7: "not certified: a gate or check was skipped or INVALID (certify mode)",
     8: "no server: the live gates could not run (launcher unavailable here)",
-    9: "INCONCLUSIVE only: no gate failed or was INVALID; a percentile stayed undecided at its sampling cap",
+    9: "INCONCLUSIVE only: no gate failed or was INVALID; a statistical verdict stayed undecided: its interval straddles its limit",
 }
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kvgate.report.allure_meta import kvgate_commit, kvgate_version
 from kvgate.report.redact import Redactor
-from kvgate.verdict import Status, Verdict, skip_reason
+from kvgate.verdict import Status, Verdict, floor_pass, floor_pass_short, skip_reason
 
 if TYPE_CHECKING:
     from kvgate.report.outcome import Outcome
@@ -338,14 +338,18 @@ class RunRecord:
             note = e.verdict.not_checked_note() if e.verdict else ""
             msg = self.redactor.text(f"{msg} ({note})" if note else msg)
             head = f"{e.status:<8} {e.test_id:<44} "
-            if e.status in ("PASS", "SKIP") and len(head) + len(msg) > LINE_CHARS:
-                msg, shortened = _elide(msg, LINE_CHARS - len(head)), shortened + 1
+            low = floor_pass(e.verdict.evidence) if e.verdict is not None and e.status == "PASS" else None
+            tag = f" ({floor_pass_short(low)})" if low is not None else ""  # a PASS below slo.confidence shows it
+            if e.status in ("PASS", "SKIP") and len(head) + len(msg) + len(tag) > LINE_CHARS:
+                msg, shortened = _elide(msg, LINE_CHARS - len(head) - len(tag)), shortened + 1
+            msg += tag
             lines.append(head + msg)
             if e.verdict is not None and e.verdict.cause and e.status not in ("PASS", "SKIP"):
                 lines.append(f"{'':<9}cause: {self.redactor.text(' '.join(e.verdict.cause.split()))}")
         if shortened:
             lines.append(f"({shortened} PASS/SKIP line{'s' if shortened > 1 else ''} shortened to {LINE_CHARS} characters; "
-                         "every message whole in summary.json, signoff.md and the Allure report)")
+                         "every message whole in summary.json and the Allure report, and in signoff.md each that did not "
+                         "pass or passed below slo.confidence)")
         if self.run_error:
             lines.append(f"ERROR: {self.redactor.text(self.run_error)}")
         if self.engine:

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from kvgate.report.allure_meta import fmt_quantity, profile_sha256
 from kvgate.report.record import server_words
 from kvgate.report.redact import Redactor
+from kvgate.verdict import floor_pass
 
 SIGNOFF = "signoff.md"
 #: A PASS row's message is cut to this many characters (the full text is in summary.json and the
@@ -31,8 +32,8 @@ OVERALL_MEANING = {
     "PASS": "every gate passed (SKIPs listed below were not checked)",
     "FAIL": "at least one gate found a defect in the deployment (or kvgate could not run it): do not roll out",
     "INVALID": "no FAIL, but at least one measurement could not be trusted: rerun before signing",
-    "INCONCLUSIVE": "no FAIL, but at least one percentile could not be decided within its sampling cap (its "
-                    "confidence interval straddles the limit): measure longer or on a quieter host before signing",
+    "INCONCLUSIVE": "no FAIL, but at least one statistical verdict stayed undecided (its interval straddles its "
+                    "limit at the most the run could measure): measure longer or on a quieter host before signing",
     "SKIP": "nothing was checked",
     "INCOMPLETE": "the run was cut short: not every gate ran, so this is no sign-off",
     "ERROR": "the run could not start: nothing was gated",
@@ -154,12 +155,33 @@ def host_contention(summary: Mapping[str, Any]) -> str:
     return "not measured (no load gate ran: the latency windows and the capacity steps measure it)"
 
 
+#: The "passes when" cell of a statistical verdict: it decides on a confidence bound of the measured
+#: value, not on the point estimate in the measured column.
+BOUND_DECIDED = "decided on its bound (see the message)"
+
+
+def decided_on_bound(g: Mapping[str, Any]) -> bool:
+    """Whether gate ``g`` (a summary.json gate) decided on a confidence bound: its evidence (or a
+    check's) holds a ``confidence`` level or judgement, or a ``dependence``."""
+    def has(ev: Any) -> bool:
+        return isinstance(ev, dict) and (ev.get("confidence") is not None or ev.get("dependence") is not None)
+    return has(g.get("evidence")) or any(has(c.get("evidence")) for c in g.get("checks") or [] if isinstance(c, dict))
+
+
+def lower_confidence_passes(gates: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The PASSes taken at ``slo.pass_confidence_floor``, below ``slo.confidence`` (their evidence's
+    :data:`~kvgate.verdict.PASS_CONFIDENCE`, or a judgement in it that used the floor)."""
+    return [g for g in gates if g.get("status") == "PASS" and floor_pass(g.get("evidence") or {}) is not None]
+
+
 def passes_when(g: Mapping[str, Any]) -> str:
     """Which way a gate's measured/limit pair passes (``"measured <= limit"``), read from the pair and
     its verdict: a PASS held the relation its numbers show, a FAIL needed the opposite one. ``"-"``
     when the pair is not two numbers of one unit, or the verdict decides neither way."""
     m, lim = g.get("measured") or {}, g.get("limit") or {}
     mv, lv = m.get("value"), lim.get("value")
+    if g.get("status") in ("PASS", "FAIL") and decided_on_bound(g):
+        return BOUND_DECIDED
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (mv, lv)) or m.get("unit") != lim.get("unit"):
         return "-"
     if g.get("status") == "PASS":
@@ -254,6 +276,12 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
         lines.append(f"All {len(gates)} gates passed.")
     else:
         lines.append("No gate recorded a verdict.")
+    low = lower_confidence_passes(gates)
+    if low:  # a PASS below slo.confidence is read whole, apart from the plain ones
+        lines += ["", "### Passed at a lower confidence than slo.confidence", "",
+                  "Too few independent samples for slo.confidence; the profile's slo.pass_confidence_floor let "
+                  "these PASS at the confidence stated first in each message:", ""]
+        lines += [f"- `{g.get('id')}`: {_cell(g.get('message', ''), None)}" for g in low]
     if passed:  # folded (GitHub renders <details>), so the decisive rows stay on one screen
         lines += ["", f"<details><summary>{len(passed)} PASS</summary>", "", *_verdict_table(passed), "", "</details>"]
     lines += ["", "### Fit", ""]

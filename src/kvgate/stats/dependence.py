@@ -115,13 +115,23 @@ class Dependence:
         """``60 short requests in 15 waves, ICC within waves 0.42 (one-way ANOVA): effective n 26``."""
         where = f" in {self.clusters} {self.cluster}s" if self.clusters is not None else ""
         val = "not estimable (worst case assumed)" if self.value is None else f"{self.value:.2f}"
+        if self.cluster == "send order" and self.value is not None:
+            # the value is a sum over lags; only its part beyond the noise allowance counts
+            # (send_order_dependence: design effect 1 + 2 * beyond)
+            val = (f"{'sum ' if len(self.lags) > 1 else ''}{self.value:.2f} "
+                   f"({(self.design_effect - 1.0) / 2.0:.2f} beyond noise)")
+            return f"{self.n:,} {self.unit}s, {self.measure}: {val}: effective n {self.n_eff:,.1f}"
         return (f"{self.n:,} {self.unit}s{where}, {self.measure} {val}: effective n {self.n_eff:,.1f}")
 
     def to_dict(self) -> dict[str, Any]:
         out = {"unit": self.unit, "cluster": self.cluster, "n": self.n, "clusters": self.clusters,
                "measure": self.measure, "value": self.value, "design_effect": self.design_effect,
                "n_eff": self.n_eff, "formula": ("Kish: n / (1 + (m - 1) * rho)" if self.clusters is not None
-                                                 else "n / (1 + 2 * sum of lag-k autocorrelations)")}
+                                                 else "n / (1 + 2 * max(0, sum_k (1 - k/n) r_k - 1.645 * sqrt(K / n))): "
+                                                      "the lag-1..K autocorrelation sum beyond its noise allowance")}
+        if self.cluster == "send order" and self.value is not None:
+            out["autocorr_sum"] = self.value
+            out["autocorr_sum_beyond_noise"] = (self.design_effect - 1.0) / 2.0
         if self.lags:
             out["lag_autocorr"] = list(self.lags)
         return out
@@ -303,7 +313,8 @@ class DependentJudgement:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.judgement.to_dict(), "dependence": self.dependence.to_dict(), "n_to_decide": self.need,
-                "pass_confidence_achieved": self.achieved, "pass_confidence_floor_used": self.floor}
+                "pass_confidence_achieved": self.achieved, "pass_confidence_floor_used": self.floor,
+                "pass_confidence_stated": self.stated}
 
 
 def judge_sample(values: Sequence[float], q: float, limit: float, confidence: float, pass_confidence_: float | None,
