@@ -895,3 +895,15 @@ def test_long_context_fails_below_min_retrieved_a_missing_answer_and_is_invalid_
     assert v.status is Status.FAIL and v.message.startswith("2 pass-key answers missing (limit 0): 512 tokens at "
                                                             "depth 90% (non-streamed): HTTP 500: boom")
     assert long_context_verdict(spec, [], 1024).status is Status.INVALID
+
+
+def test_accuracy_recorded_difference_is_context_only_when_min_accuracy_decides():
+    # min_accuracy decides: the "vs recorded" interval is shown and says it is not judged
+    v = accuracy_verdict(acc_spec(min_accuracy=0.5, recorded_correct=10, recorded_items=10), rows(9, 10), "t")
+    assert v.status is Status.PASS, v.message
+    assert "vs recorded 10/10" in v.message and "(context, not judged: answers.accuracy.min_accuracy decides)" in v.message
+    assert v.evidence["recorded"]["judged"] is False
+    # the recorded run decides: its comparison is the verdict, not context
+    v = accuracy_verdict(acc_spec(recorded_correct=400, recorded_items=500, tolerance=0.1), rows(395, 500), "t")
+    assert "vs recorded 400/500" in v.message and "not judged" not in v.message
+    assert "judged" not in v.evidence["recorded"]

@@ -248,3 +248,14 @@ def test_a_traffic_path_in_the_same_directory_is_kept_as_written(write_profile):
     child = write_profile("child", "extends: base\n")
     (child.parent / "t.jsonl").write_text('{"prompt_tokens": 10, "output_tokens": 5, "arrival_s": 0}\n')
     assert load_profile(str(child)).workloads["w"].traffic.path == "t.jsonl"
+
+
+def test_pass_confidence_floor_above_confidence_is_an_error_naming_both(write_profile):
+    path = write_profile("floorhigh", MINIMAL + "slo:\n  confidence: 0.9\n  pass_confidence_floor: 0.95\n")
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(path))
+    msg = str(exc.value)
+    assert "slo.pass_confidence_floor 0.95" in msg and "slo.confidence 0.9" in msg
+    # below (and equal to) slo.confidence loads
+    ok = load_profile(str(write_profile("floorok", MINIMAL + "slo:\n  confidence: 0.95\n  pass_confidence_floor: 0.6\n")))
+    assert ok.slo.pass_confidence_floor == 0.6 and ok.slo.confidence == 0.95

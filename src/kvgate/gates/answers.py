@@ -242,6 +242,9 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
         head += f"; vs recorded {k0}/{n0} ({recorded:.1%}): {d * 100:+.1f} points ({conf} CI {dlo * 100:+.1f}..{dhi * 100:+.1f})"
     one = f"{conf} one-sided"
     if a.min_accuracy is not None:
+        if recorded is not None:  # min_accuracy decides: the comparison above is shown, not judged
+            head += " (context, not judged: answers.accuracy.min_accuracy decides)"
+            ev["recorded"]["judged"] = False
         limit, why = a.min_accuracy, "answers.accuracy.min_accuracy"
         rj = judge_at_least(k, n, limit, a.confidence)
         ev["decision"] = rj.to_dict()

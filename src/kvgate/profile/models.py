@@ -235,6 +235,17 @@ class SLOSpec(_Strict):
         """``max_requests``, default 8 x ``requests`` (never below ``requests``)."""
         return max(self.requests, self.max_requests or 8 * self.requests)
 
+    @model_validator(mode="after")
+    def _floor_below_confidence(self) -> "SLOSpec":
+        """``pass_confidence_floor`` is a lower PASS level: above ``confidence`` it would make a PASS
+        of too few samples claim more than one of enough (raises ValueError naming both)."""
+        f = self.pass_confidence_floor
+        if f is not None and f > self.confidence:
+            raise ValueError(f"slo.pass_confidence_floor {f:g} is above slo.confidence {self.confidence:g}: the floor is "
+                             "the lowest confidence a PASS of too few independent samples may state, at most "
+                             "slo.confidence (lower it, or leave it null)")
+        return self
+
 
 class TrafficSpec(_Strict):
     """A workload's traffic sample, replayed instead of fixed lengths (:mod:`kvgate.traffic`).
