@@ -165,6 +165,10 @@ def test_a_bad_profile_run_sets_the_previous_gated_run_aside_whole_and_a_gated_r
         assert {n: (prev / n).read_bytes() for n in gated} == gated, typo  # the gated run's set, untouched
         assert allure_run_ids(prev) == {gated_id}
         assert not (reports / (outputs.PREVIOUS + ".tmp")).exists()
+    # a run that clears the ERROR set and then gates nothing (an unreachable endpoint) keeps it too
+    result = run(pytester, reports, "--profile", "tiny-cpu", "--endpoint", "http://127.0.0.1:9", suites)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and read_summary(reports)["overall"] == "ERROR"
+    assert {n: (reports / outputs.PREVIOUS / n).read_bytes() for n in gated} == gated
     assert run(pytester, reports, "--profile", "tiny-cpu", "-m", "fit", suites).ret == pytest.ExitCode.OK
     assert not (reports / outputs.PREVIOUS).exists() and read_summary(reports)["overall"] == "PASS"
 

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import signal
+import shutil
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -270,7 +271,7 @@ class Run:
         allure_dir, replace_allure = allure_path(self.config, self.reports_dir)
         try:
             outputs.clear(self.reports_dir, [junit] + ([allure_dir] if allure_dir and replace_allure else []),
-                          keep={outputs.GOLDEN})
+                          keep={outputs.GOLDEN, outputs.PREVIOUS})
             self.record.write_summary(self.reports_dir / outputs.SUMMARY, running=True)
         except OSError as exc:
             raise usage(f"--kvgate-reports {self.reports_dir}: cannot replace the previous run's reports "
@@ -281,13 +282,16 @@ class Run:
         self.config.option.xmlpath = str(junit)
 
     def drop_previous_golden(self) -> None:
-        """The previous run's golden.json, kept while this run had gated nothing, goes now (once): from
+        """The previous run's golden.json and previous-run/ (a set moved aside by a usage error,
+        :func:`write_error_reports`), kept while this run had gated nothing, go now (once): from
         here on this run writes its own reports, and a golden.json there is this run's or none.
         Raises ``OSError`` when it cannot be removed."""
         if self.extra.get("golden_dropped") or not self.extra.get("reports_cleared"):
             return
         self.extra["golden_dropped"] = True
         (self.reports_dir / outputs.GOLDEN).unlink(missing_ok=True)
+        # a set an earlier usage error moved aside (previous-run/) goes with it: this run gates
+        shutil.rmtree(self.reports_dir / outputs.PREVIOUS, ignore_errors=True)
 
     def _preflight(self, api_key_env: str | None) -> None:
         try:
