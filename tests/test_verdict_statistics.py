@@ -50,8 +50,6 @@ def _ranks():
 #: Guarded cells the committed decision code does not yet keep (docs/verdict-statistics.md says by
 #: how much): strict xfail, so the day the code keeps its rate this test fails until the entry goes.
 BREAKS: dict[tuple[str, str], str] = {
-    ("priority", "waves1"): "issue 48 F14: the gain's Mann-Whitney bounds take lock-step shorts as independent "
-                            "(full run: wrong PASS 20.7%, wrong FAIL 21.8% at ICC 1.0)",
 }
 #: Not listed: pools/isolation under ICC 1.0 breaks its rate in the full run (wrong PASS 9.7% of 2,000 at the
 #: limit) but 300 runs cannot tell 9.7% from 5% + 3 SE (8.8%): the full benchmark is where it shows.
