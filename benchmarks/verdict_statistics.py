@@ -221,7 +221,7 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
            "shared cores; run in parts, merged cell by cell)." if meta.get("cpu_s") else
            f"{meta['wall_s']:.0f} s wall on {meta['workers']} process(es)."),
         f"- **Outcome**: {len(rows) - len(bad)} of {len(rows)} (case, design) rows keep their stated rates"
-        + (f"; **{len(bad)} break them** (marked below)." if bad else "."),
+        + (f"; **{len(bad)} {'breaks it' if len(bad) == 1 else 'break them'}** (marked below)." if bad else "."),
         *[f"- **Note**: {n}" for n in meta.get("notes", ())],
         "",
         "## What is measured",
