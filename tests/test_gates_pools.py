@@ -467,3 +467,38 @@ def test_isolation_ratio_takes_the_mixed_shorts_at_the_effective_n_of_their_wave
     rd = v.evidence["dependence"]["ratio"]
     assert rd["unit"] == "short request" and rd["cluster"] == "wave" and rd["n_eff"] == pytest.approx(25.0), rd
     assert v.evidence["confidence"]["ratio"]["mixed"]["n"] == 25
+
+
+def test_isolation_identical_waves_at_icc_1_take_the_floor_as_the_ratios_level_both_ways():
+    """Lock-step waves of 4 identical TTFTs (ICC 1.0 exactly: no within-wave variance) are measured as
+    ICC 1 and worth one value per wave. Strict (no floor): no PASS (INCONCLUSIVE). With the short pool's
+    60% floor the PASS is the *ratio's* 60%: the mixed side at 62.5% (60% + alone's 2.5%), not at 60%
+    (which left the ratio at 57.5%: the pools/isolation row's wrong PASS of 9.7% at ICC 1.0 were all
+    such floor PASSes), the confidence the samples give stated. A ratio over its limit FAILs all the same."""
+    from kvgate.gates.pools import judge_ratio
+    from kvgate.stats.dependence import wave_dependence
+    alone_ms = spread(100, 20, 40)
+    mixed_ms = [t for t in spread(25, 40, 90) for _ in range(4)]
+    dep = wave_dependence([mixed_ms[i:i + 4] for i in range(0, 100, 4)])
+    assert dep.value == 1.0 and dep.n_eff == pytest.approx(25.0)
+    floored = judge_ratio(alone_ms, mixed_ms, 3.0, 0.95, mixed_n_eff=dep.n_eff, floor=0.6, at_end=True)
+    assert floored.decision == "PASS" and floored.mixed.upper_level == pytest.approx(0.625), floored.to_dict()
+    assert floored.achieved is not None and 0.6 <= floored.achieved < 0.95 and floored.stated == 0.95
+    assert "mixed side at 62.5%, alone at 97.5%" in floored.text(), floored.text()
+    alone, mixed = runs(alone_ms, mixed_ms)
+    mixed.extra.update(short_waves=[4] * 25, shorts_per_wave=4)
+    strict = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
+    assert strict.status is Status.INCONCLUSIVE, strict.message
+    fl = SHORT.model_copy(update={"slo": SHORT.slo.model_copy(update={"pass_confidence_floor": 0.6})})
+    v = isolation_verdict(alone, mixed, SPEC, fl, 0.25)
+    assert v.status is Status.PASS and v.message.startswith("PASS at "), v.message
+    pc = v.evidence["pass_confidence"]
+    assert pc["floor"] == 0.6 and pc["achieved"] >= 0.6, pc
+    assert v.evidence["confidence"]["ratio"]["pass_confidence_achieved"] == pytest.approx(floored.achieved)
+    alone, mixed = runs(alone_ms, [4.0 * t for t in mixed_ms])  # ratio ~8x against 3x
+    mixed.extra.update(short_waves=[4] * 25, shorts_per_wave=4)
+    for prof in (SHORT, fl):
+        bad = isolation_verdict(alone, mixed, SPEC.model_copy(update={"isolation": SPEC.isolation.model_copy(
+            update={"ttft_ratio_max": 3})}), prof.model_copy(update={"slo": prof.slo.model_copy(
+                update={"short_ttft_p95_ms": 10_000})}), 0.25)
+        assert bad.status is Status.FAIL and "the split does not isolate" in bad.message, bad.message

@@ -23,6 +23,7 @@ from kvgate.pools.routing import RoutingObservation
 from kvgate.profile.models import PoolsSpec, Profile
 from kvgate.load.scenarios import LoadObservation, interference_judgement, ttft_by_wave
 from kvgate.stats.dependence import Dependence, DependentJudgement, independent, wave_dependence
+from kvgate.stats.dependence import pass_confidence as dep_pass_confidence
 from kvgate.stats import request_metrics, summarize
 from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS
@@ -137,9 +138,13 @@ class RatioJudgement:
     alone: PercentileBound
     ratio_max: float
     decision: str
-    #: The declared floor the mixed upper bound was taken at (a PASS too few effective samples allow at
-    #: ``side``: :func:`judge_ratio`), else None.
+    #: The declared floor (``slo.pass_confidence_floor``) a PASS too few effective samples allow was taken
+    #: at, as the *ratio's* level (:func:`judge_ratio`), else None.
     floor: float | None = None
+    #: With ``floor``: the confidence the ratio's PASS has on these samples (the mixed side's highest
+    #: level whose upper bound is within, less alone's ``1 - side``) and the level stated (``c``).
+    achieved: float | None = None
+    stated: float | None = None
 
     @property
     def point(self) -> float | None:
@@ -158,7 +163,9 @@ class RatioJudgement:
             return "none" if x is None else f"{x:,.0f} ms"
         if self.decision == PASS_:
             at = (f" at the {self.floor * 100:.4g}% the profile declares for too few independent samples (the short "
-                  "pool's slo.pass_confidence_floor)") if self.floor is not None else ""
+                  f"pool's slo.pass_confidence_floor; the ratio's level: mixed side at {m.upper_level * 100:.4g}%, alone "
+                  f"at {a.confidence * 100:.4g}%; these samples give "
+                  f"{(self.achieved or 0.0) * 100:.1f}%)") if self.floor is not None else ""
             return (f"{head}: with the long load upper{at} {ms(m.upper)} (n={m.n} effective) <= {r:g}x alone lower "
                     f"{ms(a.lower)} (n={a.n}) = {ms(r * a.lower)} -> PASS" if at else
                     f"{head}: with the long load upper {ms(m.upper)} (n={m.n}) <= {r:g}x alone lower {ms(a.lower)} "
@@ -173,6 +180,7 @@ class RatioJudgement:
     def to_dict(self) -> dict[str, Any]:
         return {"mixed": self.mixed.to_dict(), "alone": self.alone.to_dict(), "ratio_max": self.ratio_max,
                 "point": self.point, "decision": self.decision, "pass_confidence_floor_used": self.floor,
+                "pass_confidence_achieved": self.achieved, "pass_confidence_stated": self.stated,
                 "rule": "PASS: mixed upper <= ratio_max x alone lower; FAIL: mixed lower > ratio_max x alone upper; "
                         "each bound one-sided at 1 - (1 - confidence) / 2"}
 
@@ -186,16 +194,23 @@ def judge_ratio(alone_ms: list[float], mixed_ms: list[float], ratio_max: float, 
     prefills: :func:`mixed_dependence`), their bound's ranks taken at it (its ``n=`` is then the
     effective n); None: independent. The alone shorts are sent one at a time: independent. At the
     last look (``at_end``), when the effective n allows no mixed upper bound at its side's level and
-    the short pool declares a lower ``floor`` (``slo.pass_confidence_floor``), a PASS may take the
-    mixed upper bound at ``floor`` (:attr:`RatioJudgement.floor`, stated); its FAIL side never moves."""
+    the short pool declares a lower ``floor`` (``slo.pass_confidence_floor``), a PASS may be taken
+    at ``floor`` *for the ratio*: the mixed upper bound at ``floor + (1 - side)`` with alone's lower
+    bound still at ``side`` (Bonferroni: the two errors sum to at most ``1 - floor``; the mixed side
+    alone at ``floor`` left the ratio at ``floor - (1 - side)``, 57.5% for a stated 60%), stated with
+    the confidence these samples give (:attr:`RatioJudgement.achieved`); its FAIL side never moves.
+    Lock-step waves of identical values (ICC 1.0, no within-wave variance) are measured as ICC 1
+    (:func:`kvgate.stats.dependence.icc_oneway`), one value per wave; not estimable: the same worst case."""
     r = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence, new_n_eff=mixed_n_eff)
     side = 1 - (1 - confidence) / 2
-    if (r.decision == UNDECIDED and r.new.upper is None and at_end and floor is not None and floor < side
+    if (r.decision == UNDECIDED and r.new.upper is None and at_end and floor is not None and floor < confidence
             and mixed_n_eff is not None and mixed_n_eff < len(mixed_ms)):
+        mixed_level = floor + (1 - side)
         low = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence, new_n_eff=mixed_n_eff,
-                                   new_pass_confidence=floor)
-        if low.decision == PASS_:
-            return RatioJudgement(low.new, low.base, ratio_max, low.decision, floor)
+                                   new_pass_confidence=mixed_level)
+        if low.decision == PASS_ and low.base.lower is not None:
+            got = dep_pass_confidence(mixed_ms, Q, ratio_max * low.base.lower, mixed_n_eff) - (1 - side)
+            return RatioJudgement(low.new, low.base, ratio_max, low.decision, floor, got, confidence)
     return RatioJudgement(r.new, r.base, ratio_max, r.decision)
 
 
