@@ -471,11 +471,14 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
     spec = top.pools
     short = with_slo(profile(spec.short.profile), short_ttft_p95_ms=None, ttft_p95_ms=None)
     iso, lag = spec.isolation, short.limits.schedule_lag_max_s
+    # each design at its own slo.pass_confidence_floor (strict: unset; the short pool ships 0.6), as capacity
+    shorts: dict[float | None, Any] = {}
     per = iso.shorts_per_wave
     plan = isolation_plan(iso.waves * per, short)
     alone_p95 = 10.0
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
+        sp = shorts.get(design.floor) or shorts.setdefault(design.floor, with_slo(short, pass_confidence_floor=design.floor))
         cap = plan.looks[-1]
         ax = lognormal_ms(rng.standard_normal(cap), alone_p95)
         mx = lognormal_ms(design.latent(rng, cap, wave=per), FACTOR[truth] * iso.ttft_ratio_max * alone_p95)
@@ -495,10 +498,10 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
             mixed.extra["waves"] = len(waves_seen)
             return len(mixed_recs) - i0
 
-        s = sample_until_decided(plan, take, lambda c: {"isolation": isolation_decide(alone, mixed, spec, short, lag, c)},
+        s = sample_until_decided(plan, take, lambda c: {"isolation": isolation_decide(alone, mixed, spec, sp, lag, c)},
                                  clock=lambda: 0.0)
         mixed.extra["sampling"] = s.to_dict()  # where run_isolation leaves it, and the verdict reads it
-        return _status(isolation_verdict(alone, mixed, spec, short, lag))
+        return _status(isolation_verdict(alone, mixed, spec, sp, lag))
 
     return one
 
@@ -619,7 +622,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
          "1 - accuracy.confidence per side (one-sided Clopper-Pearson; Newcombe non-inferiority for a recorded run)",
          "the recorded accuracy 47/65 (no drop)",
          decided_by="gates.answers.accuracy_verdict", main_job_designs=("fixed",)),
-    Case("pools/isolation", REQ, pools_isolation, False,
+    Case("pools/isolation", REQ_FLOOR, pools_isolation, False,
          "1 - slo.confidence per side for the ratio (each run's bound at 1 - alpha/2)",
          "mixed p95 at half of ratio_max x alone",
          decided_by="gates.pools.isolation_plan, sample_until_decided + isolation_decide, isolation_verdict"),
