@@ -313,7 +313,8 @@ def test_the_task_through_lm_eval_passes_on_right_answers_with_the_runs_key(pyte
     assert gate["status"] == "PASS", gate["message"]
     assert gate["message"] == ("8 of 8 items right on fake-questions.jsonl (lm-eval 0.4.13, local-chat-completions, "
                                "acc,none): accuracy 100.0% (95% CI 63.1%..100.0%); vs recorded 8/8 (100.0%): +0.0 points "
-                               "(95% CI -32.4..+32.4); 95% one-sided lower bound 68.8% >= 65.0% "
+                               "(95% CI -32.4..+32.4) (context, not judged: answers.accuracy.min_accuracy decides); 95% one-sided "
+                               "lower bound 68.8% >= 65.0% "
                                "(answers.accuracy.min_accuracy) -> PASS")
     assert len(asked) == 8 and {r.max_tokens for r in asked} == {24} and {r.status for r in asked} == {200}
     assert gate["evidence"]["lm_eval"]["num_concurrent"] == 4 and gate["evidence"]["lm_eval"]["seconds"] > 0

@@ -351,7 +351,9 @@ def test_a_profile_with_max_duration_judges_each_look_at_the_split_confidence_an
     fake = fake_with(memory=sawtooth(3, 40.0))
     _, summary, gates, reports = run_soak(pytester, fake.url, profile=prof)
     mem, lat = gates["soak/memory"], gates["soak/latency"]
-    assert mem["status"] == "PASS" and lat["status"] == "PASS", (mem["message"], lat["message"])
+    # latency carries the look-splitting proof; the sawtooth memory's residuals over 10-14 rounds are strongly
+    # autocorrelated, so its interval (allowing for that, issue 48) may stay undecided -- never a FAIL
+    assert mem["status"] in ("PASS", "INCONCLUSIVE") and lat["status"] == "PASS", (mem["message"], lat["message"])
     ext = analysis(lat)["extension"]
     assert ext["planned_rounds"] == 10 and ext["max_rounds"] == 14 and ext["decided"] and ext["looks"][0]["rounds"] == 10
     assert analysis(lat)["look_confidence"] == pytest.approx(0.99) and "99% CI" in lat["message"]

