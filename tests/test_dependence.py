@@ -158,35 +158,3 @@ def test_send_order_text_states_the_sum_and_its_part_beyond_the_noise_allowance(
     # independent values: the sum is within its noise, nothing beyond: n kept
     ind = send_order_dependence(list(np.random.default_rng(4).normal(100, 10, 400)), 4)
     assert "(0.00 beyond noise)" in ind.text() and ind.n_eff == 400
-
-
-def test_block_dependence_finds_lock_step_waves_and_keeps_independent_values_near_their_n():
-    from kvgate.stats.dependence import block_dependence
-    rng = np.random.default_rng(48)
-    # 43 values in waves of 4 identical (ICC 1, as a priority round's shorts in the benchmark): worth ~11
-    waves = np.repeat(rng.standard_normal(11), 4)[:43]
-    dep = block_dependence(list(waves))
-    assert dep.value == pytest.approx(1.0) and 10.0 <= dep.n_eff <= 11.0, dep
-    assert dep.cluster == "wave" and "the worst wave size: 4" in dep.text() and "effective n 10.8" in dep.text()
-    # independent values: the worst of the noisy estimates costs some n, never most of it (mean over 200 draws)
-    ne = [block_dependence(list(rng.standard_normal(43))).n_eff for _ in range(200)]
-    assert 25 <= float(np.mean(ne)) <= 43, float(np.mean(ne))
-    # too few to estimate: the worst case, one value per wave of 8 (at most all of them one value)
-    few = block_dependence([1.0, 2.0, 3.0, 4.0])
-    assert few.value is None and few.n_eff == pytest.approx(1.0)
-
-
-def test_shift_ratio_at_the_effective_n_widens_the_bounds_and_keeps_the_point():
-    from kvgate.stats.twosample import shift_ratio
-    rng = np.random.default_rng(7)
-    x, y = np.exp(rng.normal(1.1, 0.5, 40)), np.exp(rng.normal(0.0, 0.5, 40))
-    full, eff = shift_ratio(x, y, 0.95), shift_ratio(x, y, 0.95, 10.0, 10.0)
-    assert eff.point == full.point and (eff.m_eff, eff.n_eff) == (10, 10) and (full.m_eff, full.n_eff) == (40, 40)
-    assert eff.lower < full.lower and eff.upper > full.upper
-    # the mapped rank is the conservative end of the block one of the 10 x 10 effective differences stands for
-    from kvgate.stats.twosample import _mw_rank
-    k10 = _mw_rank(10, 10, 0.95)
-    assert eff.rank == (k10 - 1) * 16 + 1
-    # at the effective n of the samples themselves: the plain bounds, nothing mapped
-    same = shift_ratio(x, y, 0.95, 40.0, 40.0)
-    assert (same.lower, same.upper, same.rank) == (full.lower, full.upper, full.rank)

@@ -15,10 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import math
-
-from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, plan_looks
-from kvgate.stats.dependence import Dependence, DependentJudgement, block_dependence, judge_sample
+from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, Judgement, LookPlan, judge, plan_looks
 from kvgate.profile.models import PrioritySpec, Profile
 from kvgate.load.scenarios import LoadObservation
 from kvgate.stats import request_metrics, summarize
@@ -63,21 +60,9 @@ def priority_plan(profile: Profile) -> LookPlan:
     return plan_looks(spec.shorts, slo.request_cap, Q, slo.confidence, max_s=slo.max_duration_s)
 
 
-def short_dependence(records: list[Any]) -> tuple[list[float], Dependence]:
-    """The short requests' TTFTs (ms, send order) of ``records`` and their dependence: shorts the
-    engine admits together behind the same longs move together (lock-step waves), so the series is
-    cut into consecutive waves of 2..8 and the worst Kish design effect of the ICC of log TTFT
-    within them gives the effective n (:func:`kvgate.stats.dependence.block_dependence`)."""
-    xs = _ttft_ms(sorted((r for r in records if r.tag == "short"), key=lambda r: r.index))
-    return xs, block_dependence([math.log(x) for x in xs if x > 0])
-
-
-def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile, confidence: float,
-            at_end: bool = False) -> tuple[dict[str, Any], Any, DependentJudgement | None, list[str], str]:
-    """``(runs, gain, slo judgement, problems, decision)`` of the runs so far at ``confidence``: the
-    gain's Mann-Whitney bounds at each first round's effective n, the short SLO at the effective n
-    of every with-priority short (:func:`short_dependence`), at the last look (``at_end``) a PASS at
-    ``slo.pass_confidence_floor`` when too few for ``confidence`` (stated in the verdict)."""
+def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile,
+            confidence: float) -> tuple[dict[str, Any], float | None, Judgement | None, list[str], str]:
+    """``(runs, gain, slo judgement, problems, decision)`` of the runs so far at ``confidence``."""
     spec = profile.priority or PrioritySpec()
     runs = {}
     for key, obs in (("without", without), ("with", with_)):
@@ -89,12 +74,8 @@ def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile, 
     p_without, p_with = runs["without"]["short"]["ttft_ms"]["p95"], runs["with"]["short"]["ttft_ms"]["p95"]
     # the gain: TTFT without / with priority as a scale factor of the first rounds' shorts, Hodges-Lehmann on
     # logs with exact Mann-Whitney bounds (kvgate.stats.twosample.shift_ratio), one-sided at slo.confidence
-    deps = [short_dependence(_first(o)) for o in (without, with_)]
-    firsts = [[x for x in xs if x > 0] for xs, _ in deps]
-    gj = (shift_ratio(firsts[0], firsts[1], profile.slo.confidence, deps[0][1].n_eff, deps[1][1].n_eff)
-          if all(firsts) else None)
-    runs["without"]["short_dependence"] = deps[0][1].to_dict()
-    runs["with"]["short_dependence"] = deps[1][1].to_dict()
+    firsts = [[x for x in _ttft_ms([r for r in _first(o) if r.tag == "short"]) if x > 0] for o in (without, with_)]
+    gj = shift_ratio(firsts[0], firsts[1], profile.slo.confidence) if all(firsts) else None
     gain = gj.point if gj is not None else None
     limit = profile.slo.short_ttft_p95_ms
     problems = []
@@ -107,10 +88,7 @@ def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile, 
         problems.append(f"priority ignored: short TTFT p95 {_ms(p_with)} with priority vs {_ms(p_without)} without "
                         f"({_gain_text(gj)} < {spec.min_gain:g}x needed) -- the server runs "
                         "FCFS (start vLLM with --scheduling-policy priority) or a gateway drops the 'priority' field")
-    sj = None
-    if limit is not None:
-        xs, dep = short_dependence(_shorts(with_))
-        sj = judge_sample(xs, Q, limit, confidence, None, dep, profile.slo.pass_confidence_floor, at_end)
+    sj = judge(_ttft_ms(_shorts(with_)), Q, limit, confidence) if limit is not None else None
     if sj is not None and sj.decision == C_FAIL:
         problems.append(f"short-request SLO {limit:,.0f} ms broken even with priority")
     shown = gj is not None and gj.lower is not None and gj.lower >= spec.min_gain
@@ -123,16 +101,13 @@ def _first(obs: LoadObservation) -> list[Any]:
     return obs.result.records[:(obs.extra or {}).get("first_round_records") or None]
 
 
-def _gain_text(gj: ShiftRatio | None, deps: list[tuple[list[float], Dependence]] | None = None) -> str:
-    """``gain 6.7x (Hodges-Lehmann on log TTFT, 95% one-sided bounds 6.1x..7.2x at effective n 11
-    and 12; without: 43 short requests in 11 waves, ICC ... effective n 11.2; with: ...)`` or ``gain n/a``."""
+def _gain_text(gj: ShiftRatio | None) -> str:
+    """``gain 6.7x (Hodges-Lehmann, 95% bounds 6.1x..7.2x, 4 and 4 requests)`` or ``gain n/a``."""
     if gj is None:
         return "gain n/a (no first-token time in a first round)"
     b = ("no bound at this size" if gj.lower is None else
          f"{gj.confidence * 100:.4g}% one-sided bounds {gj.lower:.2f}x..{gj.upper:.2f}x")
-    sizes = f"effective n {gj.m_eff} and {gj.n_eff} of {gj.m} and {gj.n} short requests"
-    dep = ("; unit the short request; without: " + deps[0][1].text() + "; with: " + deps[1][1].text()) if deps else ""
-    return f"gain {gj.point:.2f}x (Hodges-Lehmann on log TTFT, {b} at {sizes}{dep})"
+    return f"gain {gj.point:.2f}x (Hodges-Lehmann on log TTFT, {b}, {gj.m} and {gj.n} requests)"
 
 
 def priority_decide(without: LoadObservation, with_: LoadObservation, profile: Profile, confidence: float) -> str:
@@ -141,8 +116,7 @@ def priority_decide(without: LoadObservation, with_: LoadObservation, profile: P
     requests that left late are decided (INVALID: more rounds cannot mend it)."""
     if _late(without, with_, profile) is not None:
         return C_FAIL
-    at_end = len(_shorts(with_)) >= priority_plan(profile).looks[-1]
-    return _checks(without, with_, profile, confidence, at_end)[4]
+    return _checks(without, with_, profile, confidence)[4]
 
 
 def _late(without: LoadObservation, with_: LoadObservation, profile: Profile) -> Verdict | None:
@@ -173,14 +147,7 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
     distributions, not two p95 points (at 8 requests a p95 has no upper bound): Hodges-Lehmann on
     log TTFT with exact Mann-Whitney bounds one-sided at ``slo.confidence``
     (:func:`kvgate.stats.twosample.shift_ratio`; 8 and 8: the 16th smallest and largest of the 64
-    log ratios). The shorts the engine admits together move together (lock-step waves: the benchmark's
-    ICC 0.9-1.0 in fours gave 20% wrong PASS and FAIL when counted as independent, issue 48), so both
-    the gain's bounds (Mann-Whitney at each first round's effective n) and the short SLO (the order
-    statistics at the with-priority shorts' effective n; at the last look a PASS at
-    ``slo.pass_confidence_floor``, stated) count waves: the unit is the short request, the ICC of log
-    TTFT within consecutive waves of 2..8 in send order (the worst wave size) gives Kish's
-    effective n (:func:`short_dependence`), all three in the message and evidence
-    (``confidence.dependence``). "Priority ignored" (FAIL) when its upper bound is below ``min_gain``; shown when
+    log ratios). "Priority ignored" (FAIL) when its upper bound is below ``min_gain``; shown when
     its lower bound is at or above it; else INCONCLUSIVE. Measured on tiny-cpu-priority: priority
     9-10x, FCFS 1.05-1.3x (1.9x on a contended host) against ``min_gain`` 3."""
     skip = not_asked(profile)
@@ -193,9 +160,7 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
     ex = with_.extra or {}
     sampling = ex.get("sampling")
     level = sampling["per_look_confidence"] if sampling else profile.slo.confidence
-    at_end = (not sampling or sampling.get("why_stopped") in ("cap", "time", "source")
-              or len(_shorts(with_)) >= priority_plan(profile).looks[-1])
-    runs, gj, sj, problems, decision = _checks(without, with_, profile, level, at_end)
+    runs, gj, sj, problems, decision = _checks(without, with_, profile, level)
     gain = gj.point if gj is not None else None
     p_without, p_with = runs["without"]["short"]["ttft_ms"]["p95"], runs["with"]["short"]["ttft_ms"]["p95"]
     limit = profile.slo.short_ttft_p95_ms
@@ -208,29 +173,24 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
             f"{ex.get('long_prompt_tokens', 0):,}+{ex.get('long_output_tokens')}-token requests (priority {spec.low}) fill "
             f"the server (max_num_seqs {ex.get('max_num_seqs') or 'default'}): short TTFT p95 "
             f"{_ms(p_without)} without priority, {_ms(p_with)} with it"
-            + (f"; {_gain_text(gj, [short_dependence(_first(o)) for o in (without, with_)])}"
-               if gj is not None else "")
+            + (f"; {_gain_text(gj)}" if gj is not None else "")
             + f"; preemptions {pre('without')} / {pre('with')}")
     rounds = ex.get("rounds") or 1
     slo_text = ""
     if sj is not None:
         looks = (f" [{rounds} with-priority rounds, {len(sampling['history'])} of {len(sampling['looks'])} planned looks "
                  f"each at {level * 100:.4g}%, stopped: {sampling['why_stopped']}]") if sampling else ""
-        slo_text = ("; short-request SLO: " + sj.text("short TTFT with priority", final=False,
-                                                       floor_field="slo.pass_confidence_floor") + looks)
+        slo_text = "; short-request SLO: " + sj.text("short TTFT with priority", final=False) + looks
     can = canary_verdict(with_.canary, profile.limits.canary_deadline_s, after="the priority run") \
         if with_.canary is not None else None
     ev: dict[str, Any] = {"runs": runs, "gain": gain, "min_gain": spec.min_gain, "plan": ex,
                           "canary": can.to_dict() if can else None,
                           "confidence": {"slo": sj.to_dict() if sj else None, "sampling": sampling,
                                          "level": profile.slo.confidence, "per_look": level,
-                                         "dependence": {"gain_without": runs["without"]["short_dependence"],
-                                                        "gain_with": runs["with"]["short_dependence"],
-                                                        "slo": sj.dependence.to_dict() if sj else None},
                                          "gain": gj.to_dict() if gj is not None else None}}
     if can is not None and can.status is FAIL:
         problems.append(can.message.removesuffix(" -> FAIL"))
-    measured = sj.judgement.bound.point if sj is not None else p_with
+    measured = sj.bound.point if sj is not None else p_with
     if problems:
         return Verdict(GATE, FAIL, f"{what}{slo_text}; " + "; ".join(problems) + " -> FAIL", measured=measured,
                        limit=limit, unit="ms", evidence=ev)
@@ -239,8 +199,7 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
             why = (f"the gain's bounds straddle {spec.min_gain:g}x: the first rounds ({gj.m} and {gj.n} short "
                    "requests) cannot tell (raise priority.shorts)")
         else:
-            why = (f"undecided after {sj.dependence.n if sj else 0} short requests with priority (effective n "
-                   f"{sj.dependence.n_eff if sj else 0:.1f}; sampling bounded by "
+            why = (f"undecided after {sj.bound.n if sj else 0} short requests with priority (sampling bounded by "
                    "slo.max_requests and slo.max_duration_s)")
         return Verdict(GATE, INCONCLUSIVE, f"{what} (need >= {spec.min_gain:g}x){slo_text}; {why} -> INCONCLUSIVE",
                        measured=measured, limit=limit, unit="ms", evidence=ev)

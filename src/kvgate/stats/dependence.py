@@ -262,48 +262,13 @@ def n_to_decide(q: float, level: float, dep: Dependence) -> int:
     return math.ceil(min_samples_to_pass(q, level) * dep.design_effect - 1e-9)
 
 
-#: The largest wave (shorts the engine admits together) :func:`block_dependence` looks for.
-MAX_WAVE = 8
-
-
-def block_dependence(xs: Sequence[float], unit: str = "short request", max_wave: int = MAX_WAVE) -> Dependence:
-    """The :class:`Dependence` of a series in send order whose waves are not known in advance (an
-    open loop's shorts that the engine admits together behind the same longs): the series cut into
-    consecutive waves of ``w`` values for every ``w`` in 2..``max_wave`` with at least 3 full waves
-    (``w <= n / 3``: an ICC of 2 waves is noise; a last partial wave kept),
-    the ICC within them (:func:`icc_oneway`) and Kish's design effect ``1 + (w - 1) rho`` each; the
-    largest design effect is taken (the worst case over the wave sizes: lock-step waves of 4 at ICC
-    1 give about 4 at ``w`` = 4 or 8, independent values 1 to 2: the maximum of noisy estimates
-    errs on the safe side). Fewer than 6 values, or no variation: not estimable, design effect
-    ``min(max_wave, n)`` (one value per wave of ``max_wave``). Values are used as given (pass logs
-    for a scale: TTFT)."""
-    x = [float(v) for v in xs]
-    n = len(x)
-    best: tuple[float, int, float | None] | None = None
-    for w in range(2, min(int(max_wave), n // 3) + 1):
-        groups = [x[i:i + w] for i in range(0, n, w)]
-        icc = icc_oneway(groups)
-        if icc is None:
-            continue
-        deff = kish_n_eff(1, w, icc) ** -1
-        if best is None or deff > best[0]:
-            best = (deff, w, icc)
-    what = f"ICC within consecutive waves of 2..{max_wave} in send order (one-way ANOVA, the worst wave size"
-    if best is None:
-        deff = float(max(1, min(int(max_wave), n)))
-        return Dependence(unit, "wave", n, -(-n // max_wave) if n else 0, what + ")", None, deff,
-                          n / deff if n else 0.0)
-    deff, w, icc = best
-    return Dependence(unit, "wave", n, -(-n // w), what + f": {w})", icc, deff, n / deff)
-
-
 def one_per_cluster(groups: Sequence[Sequence[float]], rng: np.random.Generator) -> list[float]:
     """One value drawn at random (``rng``, injected) from each non-empty cluster of ``groups``:
     independent values when the clusters are."""
     return [float(g[int(rng.integers(len(g)))]) for g in groups if len(g)]
 
 
-__all__ = ["Dependence", "DependentJudgement", "MAX_WAVE", "block_dependence", "dependent_bound", "icc_oneway", "independent", "judge_dependent", "judge_sample", "kish_n_eff", "lag_autocorr",
+__all__ = ["Dependence", "DependentJudgement", "dependent_bound", "icc_oneway", "independent", "judge_dependent", "judge_sample", "kish_n_eff", "lag_autocorr",
            "n_to_decide", "one_per_cluster", "pass_confidence", "send_order_dependence", "wave_dependence"]
 
 

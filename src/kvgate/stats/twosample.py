@@ -144,28 +144,16 @@ class ShiftRatio:
     m: int
     n: int
     rank: int
-    #: The effective sizes the bounds were taken at (floor of the caller's ``m_eff``/``n_eff``;
-    #: ``m``/``n`` when the samples are independent).
-    m_eff: int | None = None
-    n_eff: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"point": self.point, "lower": self.lower, "upper": self.upper, "confidence": self.confidence,
-                "m": self.m, "n": self.n, "rank": self.rank, "m_eff": self.m_eff, "n_eff": self.n_eff,
-                "method": "Hodges-Lehmann on log values, exact Mann-Whitney bounds, each one-sided"
-                          + (" at the effective sizes (rank mapped onto the m n differences)"
-                             if (self.m_eff, self.n_eff) != (self.m, self.n) else "")}
+                "m": self.m, "n": self.n, "rank": self.rank,
+                "method": "Hodges-Lehmann on log values, exact Mann-Whitney bounds, each one-sided"}
 
 
-def shift_ratio(x: Sequence[float], y: Sequence[float], confidence: float = DEFAULT_CONFIDENCE,
-                m_eff: float | None = None, n_eff: float | None = None) -> ShiftRatio:
-    """:class:`ShiftRatio` of ``x`` over ``y`` (positive values, any one unit). With ``m_eff`` /
-    ``n_eff`` (dependent samples worth that many independent values each,
-    :mod:`kvgate.stats.dependence`), the bounds are Mann-Whitney's at those sizes ``M``, ``N``
-    (floors, at least 1, at most ``m``, ``n``): its rank ``K`` among ``M N`` mapped onto the
-    ``m n`` sorted log differences at the conservative end of the block one effective difference
-    stands for (lower: ``floor((K - 1) m n / (M N)) + 1``, upper symmetric); the point is
-    unchanged. Empty input or a value <= 0 raises ValueError."""
+def shift_ratio(x: Sequence[float], y: Sequence[float], confidence: float = DEFAULT_CONFIDENCE) -> ShiftRatio:
+    """:class:`ShiftRatio` of ``x`` over ``y`` (positive values, any one unit). Empty input or a
+    value <= 0 raises ValueError."""
     xs, ys = np.asarray(list(x), dtype=float), np.asarray(list(y), dtype=float)
     if xs.size == 0 or ys.size == 0:
         raise ValueError(f"both samples need values, got {xs.size} and {ys.size}")
@@ -173,13 +161,10 @@ def shift_ratio(x: Sequence[float], y: Sequence[float], confidence: float = DEFA
         raise ValueError("values must be positive (a ratio of scales)")
     d = np.sort((np.log(xs)[:, None] - np.log(ys)[None, :]).ravel())
     m, n = xs.size, ys.size
-    me = m if m_eff is None else max(1, min(m, int(math.floor(m_eff + 1e-9))))
-    ne = n if n_eff is None else max(1, min(n, int(math.floor(n_eff + 1e-9))))
-    ke = _mw_rank(me, ne, confidence)
-    k = ke if (me, ne) == (m, n) or ke < 1 else int(math.floor((ke - 1) * m * n / (me * ne) + 1e-9)) + 1
+    k = _mw_rank(m, n, confidence)
     lo = float(math.exp(d[k - 1])) if k >= 1 else None
     hi = float(math.exp(d[m * n - k])) if k >= 1 else None
-    return ShiftRatio(float(math.exp(np.median(d))), lo, hi, confidence, m, n, k, me, ne)
+    return ShiftRatio(float(math.exp(np.median(d))), lo, hi, confidence, m, n, k)
 
 
 __all__ = ["FAIL", "PASS", "QuantileRatio", "ShiftRatio", "UNDECIDED", "judge_quantile_ratio", "shift_ratio"]
