@@ -156,7 +156,7 @@ def test_the_doc_names_a_broken_cell_and_the_budget():
     page = bench.render(rows, b, {"date": "2026-12-06", "commit": "abc", "runs": 100, "seed": 1, "cells": 4,
                                   "wall_s": 1.0, "workers": 1})
     assert "| latency/slo TTFT | independent | 100 | 3.0% | 20.0% | 77.0% | 5.0% (11.5%) | 90.0% | 100.0% |" in page
-    assert "**BREAKS** (FAIL)" in page and "**1 break them**" in page
+    assert "**BREAKS** (FAIL)" in page and "**1 breaks it**" in page
     assert "any FAIL in the main job at most 20.0%" in page
 
 
