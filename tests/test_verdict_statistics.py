@@ -50,6 +50,8 @@ def _ranks():
 #: Guarded cells the committed decision code does not yet keep (docs/verdict-statistics.md says by
 #: how much): strict xfail, so the day the code keeps its rate this test fails until the entry goes.
 BREAKS: dict[tuple[str, str], str] = {
+    ("capacity", "waves1"): "issue 48 F2: a capacity step's closed loop judged as independent requests "
+                            "(full run: wrong PASS ~50%, wrong FAIL ~12% at ICC 1.0)",
     ("priority", "waves1"): "issue 48 F14: the gain's Mann-Whitney bounds take lock-step shorts as independent "
                             "(full run: wrong PASS 20.7%, wrong FAIL 21.8% at ICC 1.0)",
 }
