@@ -55,7 +55,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, lower_rank, upper_rank
+from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, decide, lower_rank, upper_rank
 
 #: Fewest requests (clusters) a bootstrap bound is given for.
 MIN_REQUESTS = 10
@@ -302,12 +302,7 @@ def judge_pooled(gaps: Sequence[Sequence[float]], q: float, limit: float, confid
     ``waves``: the requests' wave labels (:func:`cluster_bound`)."""
     b = cluster_bound(gaps, q, confidence, pass_confidence, replicates=replicates, rng=rng, scale=scale, waves=waves)
     exceed = sum(1 for req in gaps for g in req if g * scale > limit)
-    if b.upper is not None and b.upper <= limit:
-        d = PASS
-    elif b.lower is not None and b.lower > limit:
-        d = FAIL
-    else:
-        d = UNDECIDED
+    d = decide(b.lower, b.upper, limit)
     return PooledJudgement(b, limit, d, exceed)  # type: ignore[arg-type]
 
 

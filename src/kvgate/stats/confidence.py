@@ -212,18 +212,24 @@ def family_level(confidence: float, m: int) -> float:
     return confidence if m < 2 else 1.0 - (1.0 - confidence) / m
 
 
+def decide(lower: float | None, upper: float | None, limit: float) -> str:
+    """The three-outcome rule every bound-based verdict uses: PASS when the ``upper`` bound is within
+    ``limit``, FAIL when the ``lower`` bound is above it, otherwise (a bound missing, or the two
+    straddling the limit) UNDECIDED. Bounds and limit in one unit; None: no such bound."""
+    if upper is not None and upper <= limit:
+        return PASS
+    if lower is not None and lower > limit:
+        return FAIL
+    return UNDECIDED
+
+
 def judge(values: Sequence[float], q: float, limit: float, confidence: float = DEFAULT_CONFIDENCE,
           pass_confidence: float | None = None) -> Judgement:
     """Judge the ``q``-quantile of ``values`` against ``limit`` (same unit) at ``confidence``; the
     PASS side (the upper bound) at ``pass_confidence`` when given (:attr:`LookPlan.pass_level`)."""
     b = bound(values, q, confidence, pass_confidence)
     exceed = sum(1 for v in values if v > limit)
-    if b.upper is not None and b.upper <= limit:
-        d = PASS
-    elif b.lower is not None and b.lower > limit:
-        d = FAIL
-    else:
-        d = UNDECIDED
+    d = decide(b.lower, b.upper, limit)
     return Judgement(b, limit, d, exceed)
 
 
@@ -403,7 +409,7 @@ def sample_until_decided(plan: LookPlan, take: Callable[[int, float | None], int
 
 
 __all__ = [
-    "DEFAULT_CONFIDENCE", "FAIL", "Judgement", "LookPlan", "PASS", "PercentileBound", "Sampling", "UNDECIDED", "bound",
+    "DEFAULT_CONFIDENCE", "FAIL", "Judgement", "LookPlan", "PASS", "PercentileBound", "Sampling", "UNDECIDED", "decide", "bound",
     "family_level", "judge", "lower_rank", "max_exceedances", "min_samples_to_pass", "plan_looks", "sample_until_decided",
     "split_levels", "upper_rank",
 ]

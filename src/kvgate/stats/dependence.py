@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats as _st
 
-from kvgate.stats.confidence import (FAIL, PASS, UNDECIDED, Judgement, PercentileBound, lower_rank,
+from kvgate.stats.confidence import (FAIL, PASS, UNDECIDED, Judgement, decide, PercentileBound, lower_rank,
                                      min_samples_to_pass, upper_rank)
 from kvgate.stats import percentile
 
@@ -228,12 +228,7 @@ def judge_dependent(values: Sequence[float], q: float, limit: float, confidence:
     b = dependent_bound(values, q, confidence, pass_confidence, dep.n_eff)
     if b.n == 0:
         return Judgement(b, limit, UNDECIDED, 0)
-    if b.upper is not None and b.upper <= limit:
-        d = PASS
-    elif b.lower is not None and b.lower > limit:
-        d = FAIL
-    else:
-        d = UNDECIDED
+    d = decide(b.lower, b.upper, limit)
     return Judgement(b, limit, d, exceed)
 
 
