@@ -441,8 +441,17 @@ def _latency_run(pytester, url: str, profile: Path, reports: Path, *extra: str):
     return result, gate
 
 
-def test_local_workers_judge_exactly_what_one_process_judges(pytester, tmp_path):
+def test_local_workers_send_the_one_process_design_and_judge_it_alike(pytester, tmp_path):
+    """Four local workers offer the traffic one process offers -- the same prompts in the same
+    order, the same looks of the plan, the same random think before every send (drawn per worker
+    from a seeded stream: their first sends spread, not in lock-step) -- and the merge is judged by
+    the same rule. Two runs are two samples: each stops at the look its own data decides, so the
+    looks taken are prefixes of one plan, not equal by force."""
+    from kvgate.load.scenarios import latency_plan
+    from kvgate.profile.models import load_profile
+
     profile = _scale_profile(tmp_path)
+    plan = latency_plan(load_profile(str(profile))).looks
     with FakeVLLM(FakeConfig(max_tokens_cap=64, itl_s=0.001)) as fake:
         _, one = _latency_run(pytester, fake.url, profile, tmp_path / "one")
         sent_one = Counter(r.prompt for r in fake.state.requests if r.prompt and r.prompt.startswith("slo request"))
@@ -450,9 +459,13 @@ def test_local_workers_judge_exactly_what_one_process_judges(pytester, tmp_path)
         result, split = _latency_run(pytester, fake.url, profile, tmp_path / "split", "--workers", "local:4")
         sent_split = Counter(r.prompt for r in fake.state.requests if r.prompt and r.prompt.startswith("slo request"))
     assert one["status"] == split["status"] == "PASS", (one["message"], split["message"])
-    assert sent_split == sent_one and sum(sent_one.values()) == one["evidence"]["summary"]["requests"]  # the same requests
-    looks = [[(h["n"], h["decisions"]) for h in g["evidence"]["sampling"]["history"]] for g in (one, split)]
-    assert looks[0] == looks[1]  # the same looks, decided alike
+    for sent, gate in ((sent_one, one), (sent_split, split)):  # requests 0..n-1, each once, n a look of the plan
+        n = gate["evidence"]["summary"]["requests"]
+        assert set(sent.values()) == {1} and {int(p.split()[2].rstrip(":")) for p in sent} == set(range(n)), sent
+        looks = [h["n"] for h in gate["evidence"]["sampling"]["history"]]
+        assert looks == list(plan[:len(looks)]) and looks[-1] == n
+    assert one["evidence"]["design"]["think_s"]["n"] == sent_one.total()
+    assert split["evidence"]["design"]["think_s"]["drawn_on"].startswith("each worker")
     rows = split["evidence"]["workers"]
     assert [r["worker"] for r in rows] == [0, 1, 2, 3] and sum(r["sent"] for r in rows) == sum(sent_split.values())
     assert "(4 local workers: " in split["message"] and ", merged) -> PASS" in split["message"]
@@ -467,6 +480,8 @@ def test_local_workers_judge_exactly_what_one_process_judges(pytester, tmp_path)
     assert merged["evidence"]["summary"]["ttft_ms"] == split["evidence"]["summary"]["ttft_ms"]
     assert merged["evidence"]["confidence"] == split["evidence"]["confidence"]
     run = load_run(run_dir)
+    first = sorted(r.sent_s for r in run.batches[0].merged.records)[:4]  # each worker's first send
+    assert first[-1] - first[0] > 0.001, first  # thought apart: not one lock-step wave
     ttft = [(r.first_token_s - r.sent_s) * 1e3 for b in run.batches for r in b.merged.records if r.ok]
     assert split["evidence"]["summary"]["ttft_ms"]["p95"] == pytest.approx(percentile(ttft, 95), rel=1e-3)
 

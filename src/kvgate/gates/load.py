@@ -571,7 +571,8 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
           "itl_basis": "pooled gaps across requests, as vllm bench serve (np.percentile over every gap); "
                        "bound: cluster bootstrap over waves (unit wave: slo.concurrency requests sent together, "
                        "send index // concurrency; ICC between requests in a wave and n_eff in confidence.ITL)",
-          "host_contention": host_evidence(obs)}
+          "host_contention": host_evidence(obs),
+          "design": obs.extra}  # prompts one per request; the think before each send (kvgate.load.desync)
     tail = ""
     source_n = None
     if t is not None:

@@ -28,7 +28,7 @@ from kvgate.stats.confidence import LookPlan, Sampling, min_samples_to_pass, pla
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.host.contention import for_endpoint as contention_for
 from kvgate.load import LoadResult, RequestSpec, closed_loop, completion_request, frozen_heap, open_loop
-from kvgate.load.desync import THINK_SHARE, ThinkTransport
+from kvgate.load.desync import FIRST_THINK_S, THINK_SHARE, ThinkTransport
 from kvgate.load.schedule import make_transport
 from kvgate.http.metrics import MetricsSampler, MetricsScrape, MetricsTrace, histogram_buckets, take_scrape
 from kvgate.http.probes import Exchange, build_prompt, canary
@@ -327,8 +327,9 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
 
     def batch(ep: Any, _specs_given: Any, *, n: int, **kw: Any) -> LoadResult:
         specs_k = fresh(n)
-        if loop is not None:
-            return loop(ep, specs_k, n=n, **kw)
+        if loop is not None:  # split: each worker draws the same think design from its own seeded stream
+            think = {"share": THINK_SHARE, "first_s": FIRST_THINK_S, "seed": int(gen.integers(2**31))}
+            return loop(ep, specs_k, n=n, think=think, **kw)
         transport = ThinkTransport(make_transport(ep), gen)
         try:
             return closed_loop(ep, specs_k, n=n, transport=transport, **kw)
@@ -356,7 +357,8 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
                            extra={"prompts": "one per request", "think_s": {
                                "n": len(thinks), "mean": float(np.mean(thinks)) if thinks else None,
                                "max": max(thinks, default=None), "share_of_median_e2e": THINK_SHARE}
-                               if loop is None else None})
+                               if loop is None else {"drawn_on": "each worker, seeded per batch from the run's stream",
+                                                     "share_of_median_e2e": THINK_SHARE}})
 
 
 def _slices(plan: ReplayPlan, done: set[int], k: int) -> ReplayPlan:

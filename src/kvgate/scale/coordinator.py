@@ -377,14 +377,17 @@ class Coordinator:
     def closed_loop(self, endpoint: Endpoint | None, requests: RequestSpec | Sequence[RequestSpec], *,
                     concurrency: int, n: int | None = None, deadline_s: float = 600.0,
                     request_timeout_s: float | None = None, idle_timeout_s: float | None = None,
-                    **_: Any) -> LoadResult:
+                    think: dict[str, float] | None = None, **_: Any) -> LoadResult:
         """:func:`kvgate.load.closed_loop` on the workers: ``n`` requests (``requests`` cycled) at
         ``concurrency`` in all, split (:func:`kvgate.scale.split.closed_slice`); the merged
         :class:`LoadResult` (records on the shared start's time base). ``endpoint`` is ignored: the
-        workers load the coordinator's."""
+        workers load the coordinator's. ``think`` (``share``, ``first_s``, ``seed``): the one
+        process's random think before every send (:class:`kvgate.load.desync.ThinkTransport`),
+        which each worker then draws from its own seeded stream (batch ``meta["think"]``)."""
         specs, n = _specs(requests, n)
         return self.run_batch("closed", specs, n, deadline_s, concurrency=concurrency,
-                              request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s).merged
+                              request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
+                              meta={"think": dict(think)} if think else None).merged
 
     def open_loop(self, endpoint: Endpoint | None, requests: RequestSpec | Sequence[RequestSpec], *,
                   rate_rps: float | None = None, n: int | None = None, rng: Any = 0,

@@ -46,7 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from kvgate.http.client import Endpoint
+from kvgate.load.desync import ThinkTransport
 from kvgate.load.record import RequestRecord, RequestSpec
 from kvgate.load.raw_http import new_event_loop
 from kvgate.load.schedule import LoadResult, closed_loop, make_transport, open_loop, run_closed_loop, run_open_loop
@@ -177,6 +180,19 @@ class _Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self.stop_.set()
         self.thread.join(timeout=5)
+
+
+def _thinking(batch: Batch, k: int, tr: Any) -> Any:
+    """``tr`` as the batch asks it sent: a closed batch whose ``meta["think"]`` carries the one
+    process's think design (``share``, ``first_s``, ``seed``; :class:`kvgate.load.desync.ThinkTransport`)
+    waits the same kind of random think before every send, drawn from this worker's own stream
+    (``numpy.random.default_rng([seed, k])``: the workers' phases independent, the run repeatable
+    from its seed); anything else is sent as it is."""
+    think = batch.meta.get("think") if batch.mode == "closed" else None
+    if not think:
+        return tr
+    rng = np.random.default_rng([int(think["seed"]), int(k)])
+    return ThinkTransport(tr, rng, share=float(think["share"]), first_s=float(think["first_s"]))
 
 
 class _Overlapping:
@@ -363,7 +379,8 @@ class Worker:
                 try:
                     ref_perf, ref_wall = self.perf(), self.wall()
                     kw: dict[str, Any] = {"deadline_s": batch.deadline_s, "request_timeout_s": batch.request_timeout_s,
-                                          "clock": self.perf, "transport": tr, "freeze_gc": False}
+                                          "clock": self.perf, "transport": _thinking(batch, self.w.k, tr),
+                                          "freeze_gc": False}
                     if batch.mode == "closed":
                         result = await self.closed_async(self._endpoint(), list(a.specs),
                                                          concurrency=max(1, a.concurrency), **kw)
@@ -417,7 +434,7 @@ class Worker:
         # the loop's own clock is self.perf (time.perf_counter): the raw client then stamps arrivals
         # when the poll returned (kvgate.load.raw_http); its start t0 comes back through bind()
         kw: dict[str, Any] = {"deadline_s": batch.deadline_s, "request_timeout_s": batch.request_timeout_s,
-                              "clock": self.perf, "transport": tr}
+                              "clock": self.perf, "transport": _thinking(batch, self.w.k, tr)}
         if batch.mode == "closed":
             result = self.closed(endpoint, list(a.specs), concurrency=max(1, a.concurrency), **kw)
         else:
