@@ -1080,6 +1080,8 @@ class SoakRunner:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             halt_wait.cancel()
+            # a tick in flight finishes (bounded), so every read it made is counted in its tick
+            await asyncio.wait({sampling}, timeout=max(1.0, 2 * p.sample_period_s))
             sampling.cancel()
             await asyncio.gather(sampling, halt_wait, return_exceptions=True)
             sink.close()
