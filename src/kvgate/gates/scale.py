@@ -235,18 +235,18 @@ def scaled_verdict(v: Verdict, run: ScaleRun, profile: Any, lagged_rounds_max: f
 def merged_latency_verdict(run: ScaleRun, profile: Any) -> Verdict:
     """``kvgate merge DIR`` for the latency-SLO gate: ``run``'s batches as the gate's looks
     (:func:`kvgate.scale.merge.resample` with :func:`kvgate.load.scenarios.latency_plan` and
-    :func:`kvgate.load.sampling.slo_decisions`), judged by :func:`kvgate.gates.load.latency_verdict`,
+    :func:`kvgate.load.scenarios.latency_decide`), judged by :func:`kvgate.gates.load.latency_verdict`,
     held to the workers' checks (:func:`scaled_verdict`). No ``/metrics`` trace and no host
     contention of the server: the coordinator's live run has those. The records are shifted in place."""
     from kvgate.gates.load import latency_verdict
     from kvgate.http.metrics import MetricsTrace
-    from kvgate.load.sampling import slo_decisions
-    from kvgate.load.scenarios import LoadObservation, latency_plan, short_workload
+    from kvgate.load.scenarios import LoadObservation, latency_decide, latency_plan, short_workload
     from kvgate.scale.merge import resample
 
     name, wl = short_workload(profile)
     run = run.only("latency")  # a soak's rounds in the same directory are not the latency gate's looks
-    got = resample(run, latency_plan(profile), lambda recs, level: slo_decisions(recs, profile.slo, level))
+    plan = latency_plan(profile)
+    got = resample(run, plan, latency_decide(profile, plan))  # the live run's decision, look for look
     obs = LoadObservation(f"latency ({name})", got.result, MetricsTrace(samples=[]), wl.prompt_tokens, wl.output_tokens,
                           profile.slo.concurrency, sampling=got.sampling)
     return scaled_verdict(latency_verdict(obs, profile), run, profile)

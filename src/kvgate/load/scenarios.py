@@ -263,6 +263,21 @@ def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_leve
     return out
 
 
+def latency_decide(profile: Profile, plan: LookPlan) -> Callable[[list[Any], float], dict[str, str]]:
+    """latency/slo's decision at a look, ``(records, level) -> {metric: decision}``: the SLO
+    decisions of :func:`kvgate.load.sampling.slo_decisions`, TTFT/e2e (and ITL) replaced by the
+    judgements at the send-order effective n (:func:`latency_judgements`). The live sampling and
+    ``kvgate merge``'s replay of it call this one function, so both stop at the same look."""
+    def decide(records: list[Any], level: float) -> dict[str, str]:
+        out = slo_decisions(records, profile.slo, level, plan.pass_level)
+        at_end = len(records) >= plan.looks[-1]
+        for label, dj in latency_judgements(records, profile.slo, level, plan.pass_level,
+                                            profile.slo.concurrency, at_end=at_end).items():
+            out[label] = dj.decision
+        return out
+    return decide
+
+
 def latency_plan(profile: Profile) -> LookPlan:
     """The latency-SLO gate's looks: the first at ``slo.requests`` requests, then up to
     ``slo.request_cap`` (:func:`~kvgate.stats.confidence.plan_looks` at p95 and ``slo.confidence``,
@@ -336,12 +351,7 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
         finally:
             thinks.extend(transport.thinks_s)
 
-    def decide_dep(records: list[Any], level: float) -> dict[str, str]:
-        out = slo_decisions(records, profile.slo, level, plan.pass_level)
-        at_end = len(records) >= plan.looks[-1]
-        for label, dj in latency_judgements(records, profile.slo, level, plan.pass_level, c, at_end=at_end).items():
-            out[label] = dj.decision
-        return out
+    decide_dep = latency_decide(profile, plan)
 
     sampler, own = _sampler(endpoint)
     try:
