@@ -104,6 +104,13 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="where --profile NAME is looked up (give it with '=': --profile-dir=DIR)")
     group.addoption("--soak-duration", dest="kvgate_soak_duration", default=None, metavar="DURATION",
                     help="override the profile's soak.duration, e.g. 10m, 6h, 90s (warm-up included)")
+    group.addoption("--soak-control", dest="kvgate_soak_control", default=None, metavar="URL",
+                    help="offer the soak's rounds (same schedule, prompts, rate) to this second endpoint alongside, "
+                         "one whose state the gated deployment cannot touch: soak/latency then says whether a TTFT "
+                         "drift is local (only the gated endpoint) or shared (both: network, client host, upstream)")
+    group.addoption("--soak-control-key-env", dest="kvgate_soak_control_key_env", default=None, metavar="VAR",
+                    help="environment variable holding the --soak-control endpoint's API key (default: none; "
+                         "never printed)")
     group.addoption("--baseline", dest="kvgate_baseline", default=None, metavar="URL",
                     help="the compare gate's baseline: the revision serving today (same --api-key-env); "
                          "runs the compare gate (see docs/compare.md)")

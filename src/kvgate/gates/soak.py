@@ -49,6 +49,16 @@ looks, :mod:`kvgate.stats.confidence`): the chance that any look PASSes a drift 
 at ``confidence``, as before. Every verdict says how long the soak ran and why (:func:`ran`); one
 still undecided at ``max_duration`` is INCONCLUSIVE, its cause the rounds that would have decided.
 
+**A control** (``--soak-control URL``): the same rounds -- schedule, prompts, rate -- are offered to
+a second endpoint alongside, whose state the gated deployment cannot touch, and its per-round TTFT
+p95 is fitted as the gated endpoint's is (same ceiling, same confidence, unit round). The latency
+verdict's status is the gated endpoint's as without a control; its message carries both slopes
+and intervals and, with its cause, says where a drift comes from (:func:`drift_cause`): *local*
+(the gated endpoint's drift shown above the ceiling, the control's interval below it), *shared*
+(both shown above: the network, the client host, an upstream) or *undecided* (naming whose
+interval straddles); with ``soak.max_duration`` a drift shown while the control straddles keeps
+the soak sampling (``"latency cause"``). Without ``--soak-control`` nothing changes.
+
 A cut-short soak (signal, deadline) is INCOMPLETE, never PASS; a soak whose client fell behind in
 more than ``soak.lagged_rounds_max`` of its rounds is INVALID; memory that cannot be measured (no
 reading: the source was absent) or that never moved (every sample one value: a frozen gauge) makes
@@ -115,6 +125,12 @@ class SoakAnalysis:
     errors: int
     classification: str
     explanation: str
+    #: ``--soak-control``: the control endpoint's TTFT-p95 slope (ms/h, fitted as ``ttft``), None
+    #: without a control or with ``control_why`` when it could not be fitted.
+    control: Growth | None = None
+    control_why: str | None = None
+    #: ``--soak-control``: where the gated endpoint's drift comes from (:func:`drift_cause`); None without.
+    drift: "DriftCause | None" = None
 
     def measured(self) -> dict[str, Any]:
         """The numbers for summary.json: slopes, intervals, classification, sources, counts."""
@@ -139,6 +155,11 @@ class SoakAnalysis:
             "requests": self.requests, "errors": self.errors,
             "samplers": r.samplers, "sampling_ticks": r.ticks, "complete": r.complete, "stopped": r.stopped,
             "files": r.files,
+            "control": None if r.control is None else {
+                **r.control, "ttft_p95_ms_per_h": _growth_dict(self.control), "ttft_why_not": self.control_why,
+                "requests": sum(c["requests"] for c in r.control_measured),
+                "errors": sum(c["errors"] for c in r.control_measured),
+                "drift_cause": self.drift.to_dict() if self.drift else None},
         }
 
 
@@ -269,8 +290,102 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
     else:
         cls = "healthy"
         expl = "no memory growth or TTFT drift shown"
+    control, control_why, drift = None, None, None
+    if result.control is not None:
+        crows = result.control_measured
+        cx, cy = _series(crows, "ttft_p95_ms", rs, keep=lambda r: r["client_kept_up"])
+        control = _fit(cx, cy, c, spec)
+        if control is None:
+            bad = sum(r["errors"] for r in crows)
+            control_why = (f"only {len(cy)} of {len(crows)} measured rounds at the control have a TTFT p95 from a "
+                           f"client that kept its schedule (need 4; {bad} of {sum(r['requests'] for r in crows)} "
+                           "control requests failed)")
+        drift = drift_cause(ttft, control, c, result.control.get("endpoint") or "the control", control_why)
     return SoakAnalysis(spec, result, len(rows), memory, memory_why, level, ttft, ttft_why, ttft_shown, preemptions,
-                        rising, waiting, own, lagged, requests, errors, cls, expl)
+                        rising, waiting, own, lagged, requests, errors, cls, expl, control, control_why, drift)
+
+
+@dataclass(frozen=True)
+class DriftCause:
+    """Where the gated endpoint's TTFT drift comes from, told by a control endpoint offered the same
+    rounds alongside (``--soak-control``; :func:`drift_cause`). ``kind``: ``local`` (only the gated
+    endpoint drifts: its slope shown above the ceiling, the control's interval below it), ``shared``
+    (both shown above: the network, the client host, an upstream), ``undecided`` (``straddles``
+    names whose interval, ``"gated"`` and/or ``"control"``, lies across the ceiling -- or was not
+    fitted) or ``none`` (no drift at the gated endpoint: its interval below the ceiling, nothing to
+    attribute). ``short``: the finding in a clause; ``words``: it with both slopes and intervals."""
+
+    kind: str
+    short: str
+    words: str
+    straddles: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "short": self.short, "words": self.words, "straddles": list(self.straddles)}
+
+
+def _shown(g: Growth, ceiling: float) -> bool:
+    """The slope is shown above ``ceiling``: the whole run's interval or the last part's (as ``ttft_shown``)."""
+    return g.full.above(ceiling) or (g.last is not None and g.last.above(ceiling))
+
+
+def _interval(g: Growth, ceiling: float) -> str:
+    """``+288,000.0 ms/h (95% CI +250,000.0..+326,000.0)``, the last part's beside it when only it is shown."""
+    t = g.full
+    out = f"{t.slope:+,.1f} ms/h ({t.ols.confidence * 100:.4g}% CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f})"
+    if not t.above(ceiling) and g.last is not None and g.last.above(ceiling):
+        out += f", last part {g.last.slope:+,.1f} ms/h (CI {g.last.ci_low:+,.1f}..{g.last.ci_high:+,.1f})"
+    return out
+
+
+def drift_cause(gated: Growth | None, control: Growth | None, ceiling: float, control_name: str = "the control",
+                control_why: str | None = None) -> DriftCause:
+    """Local, shared or undecided, from two TTFT-p95 slope fits (ms/h, :func:`kvgate.stats.growth` over
+    the same measured rounds: unit round, each interval allowing for its lag-1 autocorrelation) and
+    their common ``ceiling`` (ms/h). A slope is *shown* above the ceiling as the latency verdict shows
+    it (the whole run's or the last part's lower bound above it, Theil-Sen agreeing) and *below* it
+    when the whole run's upper bound is at or below it and nothing is shown above; otherwise it
+    straddles. Gated shown, control below: ``local``; both shown: ``shared``; gated shown and the
+    control straddling, or the gated straddling: ``undecided`` naming which; gated below: ``none``.
+    A fit that is None (too few rounds; ``control_why`` says why for the control) straddles."""
+    c = ceiling
+    if gated is None:
+        return DriftCause("undecided", "the gated endpoint's TTFT slope was not fitted",
+                          "local or shared undecided: the gated endpoint's TTFT slope was not fitted", ("gated",))
+    g_words = f"the gated endpoint's {_interval(gated, c)}"
+    if control is None:
+        why = control_why or "no control rounds"
+        return DriftCause("undecided", f"the control {control_name} was not measured ({why})",
+                          f"local or shared undecided: {g_words}; the control {control_name} was not measured: {why}",
+                          ("control",))
+    c_state = "above" if _shown(control, c) else ("below" if control.full.below(c) else "straddles")
+    c_words = f"the control {control_name}'s {_interval(control, c)}"
+    same = "on the same rounds, prompts and client"
+    if _shown(gated, c):
+        if c_state == "below":
+            return DriftCause("local", "only the gated endpoint drifts; the control stays below the ceiling",
+                              f"local: only the gated endpoint drifts -- {g_words} lies above the {c:g} ms/h ceiling, "
+                              f"{c_words} below it, {same}: the decay is the gated deployment's own (its engine, "
+                              "node or gateway), not the network, the client host or an upstream both share")
+        if c_state == "above":
+            return DriftCause("shared", "the control drifts too: a cause both endpoints share",
+                              f"shared: both endpoints drift above the {c:g} ms/h ceiling -- {g_words}, {c_words}, "
+                              f"{same}: a cause both share (the network, the client host, an upstream), not the "
+                              "gated deployment's own state")
+        return DriftCause("undecided", "the gated endpoint drifts; the control's interval straddles the ceiling",
+                          f"local or shared undecided: {g_words} lies above the {c:g} ms/h ceiling, but {c_words} "
+                          "straddles it: the control's drift is neither shown nor ruled out", ("control",))
+    if gated.full.below(c):
+        also = {"above": " (the control drifts on its own: its own decay, not the gated endpoint's)",
+                "below": "", "straddles": " (the control's interval straddles the ceiling)"}[c_state]
+        return DriftCause("none", "no drift at the gated endpoint to attribute",
+                          f"no drift at the gated endpoint to attribute: {g_words} lies below the {c:g} ms/h "
+                          f"ceiling; {c_words}{also}")
+    both = ("gated", "control") if c_state == "straddles" else ("gated",)
+    short = "the gated endpoint's interval straddles the ceiling"
+    return DriftCause("undecided", short + (", and so does the control's" if len(both) > 1 else ""),
+                      f"local or shared undecided: {g_words} straddles the {c:g} ms/h ceiling; {c_words} lies "
+                      f"{'across' if c_state == 'straddles' else c_state} it", both)
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -405,7 +520,9 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
 
 #: What kept an extended soak going, per part (:func:`undecided`).
 _WHY = {"latency": "soak/latency's interval straddled its ceiling",
-        "memory": "soak/memory's interval reached its ceiling: neither growth above it nor its absence shown"}
+        "memory": "soak/memory's interval reached its ceiling: neither growth above it nor its absence shown",
+        "latency cause": "soak/latency's drift was shown but the control's interval straddled the ceiling "
+                         "(local or shared undecided)"}
 
 
 def ran(a: SoakAnalysis) -> str:
@@ -444,8 +561,11 @@ def undecided(result: SoakResult, spec: SoakSpec, profile: Profile) -> list[str]
     out = []
     if memory_verdict(a).status is INCONCLUSIVE:
         out.append("memory")
-    if latency_verdict(a, profile).status is INCONCLUSIVE:
+    lat = latency_verdict(a, profile).status
+    if lat is INCONCLUSIVE:
         out.append("latency")
+    elif lat is FAIL and a.drift is not None and a.drift.kind == "undecided" and a.control is not None:
+        out.append("latency cause")  # --soak-control: the control's interval straddles; more rounds may decide
     return out
 
 
@@ -625,15 +745,27 @@ def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
     pre_s = "n/a (no /metrics)" if a.preemptions is None else f"{a.preemptions:,.0f}"
     seen = (f"; errors {a.errors}/{a.requests} in the measured rounds (the mix's counts include the warm-up); "
             f"preemptions {pre_s}")
+    d = a.drift
+    if d is not None:  # --soak-control: the control's slope beside the gated one's
+        ctl = a.result.control.get("endpoint") if a.result.control else "the control"
+        seen += (f"; control {ctl} (the same rounds alongside): TTFT p95 slope {_ci(a.control.full, 'ms/h')}"
+                 if a.control is not None else f"; control {ctl}: {a.control_why}")
     if a.ttft_shown:
         problems.insert(0, f"{a.classification}: {a.explanation}")
+        if d is not None:
+            problems.insert(0, f"drift cause {d.kind}: {d.short}")
     slope = round(g.full.slope, 3)
     if problems:  # the drift's cause is the soak's classification of it (memory growth, preemptions, queueing)
+        cause = f"{a.classification}: {a.explanation}" if a.ttft_shown else None
+        if cause is not None and d is not None:  # local, shared or undecided first, from the control
+            cause = f"{d.words}; {cause}"
         return Verdict(gate, FAIL, f"{head} -> FAIL ({'; '.join(problems)}){seen}", measured=slope,
-                       limit=ceiling, unit="ms/h", evidence=_evidence(a),
-                       cause=f"{a.classification}: {a.explanation}" if a.ttft_shown else None)
+                       limit=ceiling, unit="ms/h", evidence=_evidence(a), cause=cause)
     if math.isnan(g.full.ci_high) or g.full.ci_high >= ceiling:  # a PASS needs the whole interval below
         why, cause = _undecided(a, g, "ttft_p95_ms", "TTFT p95", "ms", "TTFT drift", keep=lambda r: r["client_kept_up"])
+        if d is not None:
+            why += f"; drift cause {d.kind}: {d.short}"
+            cause += f"; {d.words}"
         return Verdict(gate, INCONCLUSIVE, f"{head} -> INCONCLUSIVE ({why}){seen}", measured=slope, limit=ceiling,
                        unit="ms/h", evidence=_evidence(a), cause=cause)
     # The whole run's upper bound tests a linear drift and carries the PASS; the last part is the
@@ -649,6 +781,8 @@ def latency_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
                  f"{lp.ci_low:+,.1f}..{lp.ci_high:+,.1f} ms/h straddles it, so a late onset is neither shown "
                  "nor ruled out (a late drift FAILs only once that part's lower bound clears the ceiling)")
     label += "" if a.classification == "healthy" else f"; soak classified {a.classification}"
+    if d is not None:
+        label += f"; {d.short}"
     return Verdict(gate, PASS, f"{head} -> PASS ({label}){seen}", measured=slope, limit=ceiling,
                    unit="ms/h", evidence=_evidence(a))
 
@@ -691,4 +825,4 @@ def gpu_verdict(a: SoakAnalysis, profile: Profile) -> Verdict:
                    measured=worst["peak_used_mib"], limit=worst["limit_mib"], unit="MiB", evidence=ev)
 
 
-__all__ = ["SoakAnalysis", "analyze", "gpu_verdict", "latency_verdict", "memory_verdict", "ran", "undecided"]
+__all__ = ["DriftCause", "SoakAnalysis", "analyze", "drift_cause", "gpu_verdict", "latency_verdict", "memory_verdict", "ran", "undecided"]

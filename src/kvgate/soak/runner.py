@@ -579,6 +579,11 @@ ROUND_FIELDS = (
     "gpu_used_max_mb", "gpu_used_max_frac", "kvgate_rss_mb", "samples", "sample_errors",
 )
 
+#: Columns of the control endpoint's per-round CSV (``--soak-control``: the same rounds offered to a
+#: second endpoint alongside; times in seconds since the soak started, latencies in ms).
+CONTROL_FIELDS = ("round", "warmup", "t_start_s", "t_end_s", "requests", "ok", "errors", "ttft_p50_ms",
+                  "ttft_p95_ms", "e2e_p95_ms", "lag_p99_ms", "client_kept_up")
+
 
 @dataclass
 class _Acc:
@@ -645,11 +650,20 @@ class SoakResult:
     memory_skip: str | None = None
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     extension: "Extension | None" = None
+    #: ``--soak-control``: the control endpoint (``{"endpoint": display URL}``), None without one.
+    control: dict[str, Any] | None = None
+    #: The control's rows (:data:`CONTROL_FIELDS`), one per round kept, in round order.
+    control_rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def measured(self) -> list[dict[str, Any]]:
         """Rows after the warm-up."""
         return [r for r in self.rows if not r["warmup"]]
+
+    @property
+    def control_measured(self) -> list[dict[str, Any]]:
+        """The control's rows after the warm-up (empty without ``--soak-control``)."""
+        return [r for r in self.control_rows if not r["warmup"]]
 
     def rounds_csv(self) -> str:
         """The per-round rows as CSV text."""
@@ -657,6 +671,14 @@ class SoakResult:
         w = csv.DictWriter(buf, fieldnames=list(ROUND_FIELDS), extrasaction="ignore")
         w.writeheader()
         w.writerows(self.rows)
+        return buf.getvalue()
+
+    def control_csv(self) -> str:
+        """The control endpoint's per-round rows (:data:`CONTROL_FIELDS`) as CSV text."""
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(CONTROL_FIELDS), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(self.control_rows)
         return buf.getvalue()
 
     def turns_csv(self) -> str | None:
@@ -765,6 +787,16 @@ class SoakRunner:
     ``send_round(k, offsets, specs, deadline_s, start_s=t0 + k * round_s)``, so the sender can
     publish it ahead of an instant fixed by the schedule (never by when the call happened).
     Sampling, round rows and the round boundaries stay on ``t0 + k * round_s`` as without a lead.
+
+    **Control** (``control``, ``control_requests``; ``--soak-control``): every round is also offered
+    to a control endpoint, alongside and on the same schedule: ``control_requests(k)`` gives the
+    same offsets and prompts addressed to it (:meth:`SoakPlan.requests` with the control's
+    endpoint), sent by ``control`` concurrently with the gated round on this event loop. Its
+    per-round TTFT (:data:`CONTROL_FIELDS`) goes to ``soak-control-rounds.csv`` and
+    :attr:`SoakResult.control_rows` (kept and dropped with the gated round's), so the gate can tell a
+    drift of the gated endpoint alone (local) from one both see (shared:
+    :func:`kvgate.gates.soak.drift_cause`). ``control_name``: the control's display URL. Not with a
+    lead (the workers send the gated rounds): ValueError.
     """
 
     def __init__(self, plan: SoakPlan, send_round: SendRound, samplers: Samplers, *,
@@ -772,7 +804,17 @@ class SoakRunner:
                  out_dir: Path | None = None, progress: Callable[[str], None] | None = None,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
                  on_records: Callable[[int, list[Any]], None] | None = None,
-                 judge: Callable[[SoakResult], Sequence[str]] | None = None, lead_s: float = 0.0) -> None:
+                 judge: Callable[[SoakResult], Sequence[str]] | None = None, lead_s: float = 0.0,
+                 control: SendRound | None = None,
+                 control_requests: Callable[[int], tuple[list[float], list[Any]]] | None = None,
+                 control_name: str = "") -> None:
+        if control is not None and (control_requests is None or lead_s > 0):
+            raise ValueError("a soak control needs control_requests and no lead (workers send no control)")
+        self.control = control
+        self.control_requests = control_requests
+        self.control_name = control_name
+        self.control_rows: list[dict[str, Any]] = []
+        self._control_sink: _CsvSink | None = None
         self.plan = plan
         self.lead_s = float(lead_s)
         self.on_records = on_records
@@ -880,6 +922,19 @@ class SoakRunner:
             "kvgate_rss_mb": _mb(a.own_min), "samples": a.ticks, "sample_errors": a.errors,
         }
 
+    def _control_row(self, k: int, result: LoadResult) -> dict[str, Any]:
+        """Round ``k`` at the control endpoint (:data:`CONTROL_FIELDS`): requests, errors, TTFT
+        p50/p95 and e2e p95 (ms), schedule lag p99 (ms) and whether its client kept up."""
+        p = self.plan
+        s = summarize(result.records)
+        lags = result.lags_s
+        return {"round": k, "warmup": k < p.warmup_rounds, "t_start_s": round(k * p.round_s, 3),
+                "t_end_s": round((k + 1) * p.round_s, 3), "requests": s["requests"], "ok": s["ok"],
+                "errors": s["errors"], "ttft_p50_ms": _r(s["ttft_ms"]["p50"], 2),
+                "ttft_p95_ms": _r(s["ttft_ms"]["p95"], 2), "e2e_p95_ms": _r(s["e2e_ms"]["p95"], 2),
+                "lag_p99_ms": _r(float(np.percentile(lags, 99)) * 1e3 if lags else 0.0, 2),
+                "client_kept_up": bool(result.client_kept_up(p.lag_bound_s))}
+
     def _count(self, specs: Sequence[Any], result: LoadResult) -> None:
         """Add one round's requests to the per-workload tally (bounded: six numbers per workload,
         and for a workload drawing sessions five per turn position: see :meth:`workloads`). A
@@ -984,9 +1039,12 @@ class SoakRunner:
             ext = f" (past the {p.rounds} planned: sampling until decided)"
         ttft = row["ttft_p95_ms"]
         mem = row["mem_min_mb"]
+        c = self.control_rows[-1] if self.control_rows and self.control_rows[-1]["round"] == k else None
+        ctl = "" if c is None else \
+            f" (control {'n/a' if c['ttft_p95_ms'] is None else format(c['ttft_p95_ms'], '.0f') + ' ms'})"
         self.progress(
             f"soak round {k + 1}/{of}{' (warm-up)' if row['warmup'] else ''}{ext}: "
-            f"TTFT p95 {'n/a' if ttft is None else f'{ttft:.0f} ms'}, "
+            f"TTFT p95 {'n/a' if ttft is None else f'{ttft:.0f} ms'}{ctl}, "
             f"memory {'n/a' if mem is None else f'{mem:,.1f} MB'}, slope so far {slope}, "
             f"errors {row['errors']}/{row['requests']}, ETA {_hms(left)}")
 
@@ -994,9 +1052,14 @@ class SoakRunner:
                      done: asyncio.Event, sink: _CsvSink, req_sink: _CsvSink) -> None:
         offsets, specs = self.requests(k)
         deadline_s = self.plan.round_s + self.plan.request_timeout_s
+        control = None
         if self.lead_s > 0:
             result = await self.send_round(k, offsets, specs, deadline_s,  # type: ignore[call-arg]
                                            start_s=self._t0 + k * self.plan.round_s)
+        elif self.control is not None and self.control_requests is not None:
+            c_offsets, c_specs = self.control_requests(k)  # the same schedule and prompts, to the control
+            result, control = await asyncio.gather(self.send_round(k, offsets, specs, deadline_s),
+                                                   self.control(k, c_offsets, c_specs, deadline_s))
         else:
             result = await self.send_round(k, offsets, specs, deadline_s)
         if self._decided_at is not None and k >= self._decided_at:
@@ -1016,6 +1079,12 @@ class SoakRunner:
         del result  # per-request records end here: only the round row is kept
         self.rows.append(row)
         sink.write([row])
+        if control is not None:
+            c_row = self._control_row(k, control)
+            del control
+            self.control_rows.append(c_row)
+            if self._control_sink is not None:
+                self._control_sink.write([c_row])
         self._progress(row)
         self._look()
         done.set()
@@ -1040,6 +1109,9 @@ class SoakRunner:
         out = self.out_dir
         sink = _CsvSink(out / "soak-rounds.csv" if out else None, ROUND_FIELDS)
         req_sink = _CsvSink(out / "soak-requests.csv" if out else None, REQUEST_FIELDS)
+        self.control_rows = []
+        if self.control is not None:
+            self._control_sink = _CsvSink(out / "soak-control-rounds.csv" if out else None, CONTROL_FIELDS)
         self._t0 = t0 = self.clock() + self.lead_s
         hard = t0 + p.hard_deadline_s
         loop = SamplingLoop(self.samplers.ordered(), p.sample_period_s, self._on_tick, self.clock, self.sleep,
@@ -1086,8 +1158,11 @@ class SoakRunner:
             await asyncio.gather(sampling, halt_wait, return_exceptions=True)
             sink.close()
             req_sink.close()
+            if self._control_sink is not None:
+                self._control_sink.close()
             await self.samplers.aclose()
         self.rows.sort(key=lambda r: r["round"])
+        self.control_rows.sort(key=lambda r: r["round"])
         target = self._decided_at if self._decided_at is not None else (cap if self.extension else p.rounds)
         complete = self.stopped is None and len(self.rows) == target
         if self.stopped is None and not complete:
@@ -1141,12 +1216,16 @@ class SoakRunner:
         if self.out_dir is not None:
             files = {"rounds_csv": str(self.out_dir / "soak-rounds.csv"),
                      "requests_csv": str(self.out_dir / "soak-requests.csv")}
+            if self.control is not None:
+                files["control_rounds_csv"] = str(self.out_dir / "soak-control-rounds.csv")
         ext = None
         if self.extension is not None:
             ext = dataclasses.replace(self.extension, looks=list(self.extension.looks))
         return SoakResult(self.plan, list(self.rows), complete, stopped, self.samplers.describe(), ticks,
                           self.clock() - self._t0, files, gpu, self.samplers.gpu_skip, self.samplers.memory_skip,
-                          self.workloads(), ext)
+                          self.workloads(), ext,
+                          {"endpoint": self.control_name} if self.control is not None else None,
+                          list(self.control_rows))
 
     def _look(self) -> None:
         """Judge the rows so far (an extension's look, once the planned rounds are in): record which
@@ -1223,7 +1302,7 @@ class StopOnSignals:
 
 
 __all__ = [
-    "BURST_MAX", "DEFAULT_MIX", "Extension", "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
+    "BURST_MAX", "CONTROL_FIELDS", "DEFAULT_MIX", "Extension", "MB", "MixItem", "REQUEST_FIELDS", "ROUND_FIELDS", "Samplers", "SendRound", "SoakError", "SoakPlan", "SoakResult",
     "SessionTurn", "SoakRunner", "StopOnSignals", "build_samplers", "mix_of", "open_loop_sender", "plan_for", "prefix", "soak_spec",
     "token_prompt", "with_prompts",
 ]
