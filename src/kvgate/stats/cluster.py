@@ -55,7 +55,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kvgate.stats.confidence import FAIL, PASS, UNDECIDED, Judgement, decide, lower_rank, upper_rank
+from kvgate.stats.confidence import (FAIL, PASS, UNDECIDED, Judgement, QuantileLevels, decide, lower_rank,
+                                    upper_rank)
 
 #: Fewest requests (clusters) a bootstrap bound is given for.
 MIN_REQUESTS = 10
@@ -118,7 +119,7 @@ def _replicates(groups: list[np.ndarray], q: float, b: int, rng: np.random.Gener
 
 
 @dataclass(frozen=True)
-class ClusterBound:
+class ClusterBound(QuantileLevels):
     """The pooled ``q``-quantile (fraction) of the gaps of ``n`` requests (``gaps`` in all):
     ``point`` (as ``vllm bench serve``), ``lower``/``upper`` one-sided percentile-bootstrap bounds
     at ``confidence`` (upper at ``upper_confidence`` when set); None below :data:`MIN_REQUESTS`.
@@ -150,14 +151,6 @@ class ClusterBound:
     requests: int | None = None
     #: with unit "wave": ICC between the requests of one wave (of their exceedance fractions)
     icc_requests: float | None = None
-
-    @property
-    def label(self) -> str:
-        return f"p{self.q * 100:g}"
-
-    @property
-    def upper_level(self) -> float:
-        return self.confidence if self.upper_confidence is None else self.upper_confidence
 
     @property
     def design_effect(self) -> float | None:

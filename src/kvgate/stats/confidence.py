@@ -107,8 +107,28 @@ def min_samples_to_pass(q: float, confidence: float = DEFAULT_CONFIDENCE, exceed
     return n
 
 
+class QuantileLevels:
+    """What a one-sided quantile bound's fields ``q`` (fraction), ``confidence`` and
+    ``upper_confidence`` (None: ``confidence``) name: its label and its upper bound's level. Mixed
+    into :class:`PercentileBound` and :class:`kvgate.stats.cluster.ClusterBound`."""
+
+    q: float
+    confidence: float
+    upper_confidence: float | None
+
+    @property
+    def label(self) -> str:
+        """``p95`` (``p99.9`` for fractional percentiles)."""
+        return f"p{self.q * 100:g}"
+
+    @property
+    def upper_level(self) -> float:
+        """The level of the upper bound (``upper_confidence`` when set, else ``confidence``)."""
+        return self.confidence if self.upper_confidence is None else self.upper_confidence
+
+
 @dataclass(frozen=True)
-class PercentileBound:
+class PercentileBound(QuantileLevels):
     """The ``q``-quantile (fraction: 0.95 = p95) of ``n`` samples: ``point`` (interpolated
     percentile), ``lower``/``upper`` one-sided bounds at ``confidence`` (None: no order statistic
     is a bound at this ``n``), their 1-based ranks, and ``exceed`` = samples above ``limit``
@@ -124,16 +144,6 @@ class PercentileBound:
     upper_rank: int | None
     #: The upper bound's level when it differs from the lower's (``split`` looks); None: ``confidence``.
     upper_confidence: float | None = None
-
-    @property
-    def label(self) -> str:
-        """``p95`` (``p99.9`` for fractional percentiles)."""
-        return f"p{self.q * 100:g}"
-
-    @property
-    def upper_level(self) -> float:
-        """The level of :attr:`upper` (``upper_confidence`` when set, else ``confidence``)."""
-        return self.confidence if self.upper_confidence is None else self.upper_confidence
 
     def to_dict(self) -> dict[str, Any]:
         out = {"q": self.q, "n": self.n, "point": self.point, "lower": self.lower, "upper": self.upper,
