@@ -1,12 +1,16 @@
 """Gate: a client that hangs up frees its slot. After a disconnect mid-stream, before the first
 token and mid-request (non-streamed), vllm:num_requests_running returns to its baseline well
-before the request would have finished on its own, and a canary generation still succeeds."""
+before the request would have finished on its own, and a canary generation still succeeds. After a
+cancellation storm (cancellations before the first byte, mid-prefill, after the first token,
+mid-decode) vllm:kv_cache_usage_perc returns to its baseline within a bound sized from the server's
+own step, and a max-context prompt is admitted and completes."""
 
 import pytest
 
-from kvgate.gates.disconnect import disconnect_verdict
+from kvgate.gates.disconnect import disconnect_verdict, storm_verdict
 from kvgate.gates.streaming import buffer_probe_tokens, event_bytes, undecided
 from kvgate.http.probes import DISCONNECT_CASES, decode_rate, disconnect
+from kvgate.load.storm import run_storm
 
 PROBE_TOKENS = 32
 
@@ -35,3 +39,14 @@ def test_hang_up_frees_slot(case, rate, kvgate_client, kvgate_profile, kvgate_ga
     obs = disconnect(kvgate_client, kvgate_profile.model.served_name, case, max_tokens=longest,
                      rate=rate, deadline_s=limits.disconnect_release_s)
     assert kvgate_gate(disconnect_verdict(obs, limits.disconnect_release_s)).passed
+
+
+@pytest.mark.disconnect
+@pytest.mark.gate("disconnect", cases=["cancellation-storm"])
+def test_cancellation_storm_frees_kv(case, kvgate_client, kvgate_endpoint, kvgate_profile, kvgate_gate):
+    limits = kvgate_profile.limits
+    obs = run_storm(kvgate_client, kvgate_endpoint, kvgate_profile.model.served_name,
+                    max_model_len=kvgate_profile.engine.max_model_len, k=limits.storm_cancellations,
+                    steps=limits.storm_release_steps, floor_s=limits.storm_release_floor_s,
+                    canary_deadline_s=limits.canary_deadline_s, decode_tokens=min(32, limits.max_tokens_cap or 32))
+    assert kvgate_gate(storm_verdict(obs)).passed

@@ -383,6 +383,12 @@ FAULTS: dict[str, str] = {
     "mm_processor_kwargs ignored on a text request)",
     "auth_misses_lora_tensors": "the auth check exempts POST /load_lora_adapter_from_tensors (its handler answers "
     "400 on a body without lora_name): every other LoRA admin route stays behind the key (sglang#26789)",
+    # issue 49: a cancellation storm leaks KV (the disconnect gate's cancellation-storm case)
+    "leak_cancelled_kv": "a request the client cancels while its KV is being built (admitted, before its first "
+    "token reached the client: mid-prefill or right before the first byte) never frees its KV blocks "
+    "(vllm#46283, #50425): num_requests_running falls back but vllm:kv_cache_usage_perc stays up by its blocks "
+    "(state.leaked_kv_blocks), and a prompt needing more blocks than are left free waits (num_requests_waiting 1, "
+    "never admitted) until its client gives up; a request cancelled after its first token frees its blocks",
 }
 
 #: Words the ``request_template_rendered`` fault adds to a prompt (kvgate's expanding template adds 160).
@@ -648,6 +654,7 @@ class FakeState:
     aborting: bool = False  # in-flight generations are being aborted (abort_on_sigterm, shutdown_timeout_s)
     t_exit: float | None = None  # monotonic time the server began to exit after the drain
     last_admitted: float = 0.0  # monotonic time the last generation was admitted (nondeterministic_concurrency)
+    leaked_kv_blocks: int = 0  # leak_cancelled_kv: blocks of cancelled requests never freed
 
     @property
     def running(self) -> int:
@@ -659,7 +666,7 @@ class FakeState:
         return sum(len(b) for b in self.leaked)
 
     def kv_blocks_used(self, block_size: int) -> int:
-        return sum(math.ceil(a.tokens / block_size) for a in self.active.values())
+        return sum(math.ceil(a.tokens / block_size) for a in self.active.values()) + self.leaked_kv_blocks
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -2764,7 +2771,7 @@ class FakeVLLM:
                 raise _EngineError("server shutting down")
             key = (plan.priority if cfg.scheduling_policy == "priority" else 0, rec.seq)
             st.queue[rec.seq] = key
-            while st.running >= cfg.max_num_seqs or key != min(st.queue.values()):
+            while st.running >= cfg.max_num_seqs or key != min(st.queue.values()) or self._kv_short(plan):
                 if closing.is_set():
                     raise _EngineError("server shutting down")
                 slot_freed.clear()
@@ -2849,6 +2856,9 @@ class FakeVLLM:
             if waiting:
                 st.waiting -= 1
             if admitted:
+                delivered = rec.t_first_byte if plan.stream else rec.t_first_token
+                if not (finished or failed) and "leak_cancelled_kv" in plan.faults and delivered is None:
+                    st.leaked_kv_blocks += max(1, math.ceil(entry.tokens / cfg.block_size))  # never freed
                 if finished or failed or "stuck_gauges" not in plan.faults:
                     st.active.pop(rec.seq, None)
                     slot_freed.set()
@@ -2907,6 +2917,15 @@ class FakeVLLM:
             cache.move_to_end(h)
         while len(cache) > max(1, cfg.num_gpu_blocks):
             cache.popitem(last=False)
+
+    def _kv_short(self, plan: _Plan) -> bool:
+        """leak_cancelled_kv: the KV pool, less the leaked blocks and those in use, cannot hold this
+        prompt (and its first token): it is not admitted."""
+        cfg, st = self.config, self.state
+        if "leak_cancelled_kv" not in plan.faults or not st.leaked_kv_blocks:
+            return False
+        need = math.ceil((plan.prompt_tokens + 1) / cfg.block_size)
+        return need > cfg.num_gpu_blocks - st.kv_blocks_used(cfg.block_size)
 
     def _admit_entry(self, rec: RequestRecord, entry: _Active, model: str) -> bool:
         rec.t_admitted = time.monotonic()

@@ -76,3 +76,107 @@ def disconnect_verdict(obs: Any, deadline_s: float) -> Verdict:
     return Verdict(gate, PASS, f"num_requests_running back to {obs.baseline:g} {obs.poll.elapsed_s:.2f} s after the "
                    f"client hung up ({obs.case}){natural}; limit {limit:.2f} s -> PASS",
                    measured=round(obs.poll.elapsed_s, 3), limit=round(limit, 3), unit="s", evidence=ev)
+
+
+STORM_GATE = "disconnect/cancellation-storm"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.2f}%"
+
+
+def _bound_text(obs: Any) -> str:
+    """How the release bound was sized, in words (:func:`kvgate.load.storm.release_bound`)."""
+    p = obs.probe
+    if p is None or p.step_s is None:
+        why = p.why if p is not None and p.why else "no step probe ran"
+        return f"{obs.bound_s:.2f} s (the {obs.floor_s:g} s floor: the decode step could not be measured, {why})"
+    sized = (p.prefill_s or 0.0) + obs.steps * p.step_s
+    return (f"{obs.bound_s:.2f} s = max({obs.floor_s:g} s floor, {p.prefill_s or 0.0:.3f} s prefill of a "
+            f"{p.prompt_tokens:,}-token prompt + {obs.steps} x {p.step_s * 1e3:.1f} ms decode step = {sized:.2f} s)")
+
+
+def _canary_text(obs: Any) -> tuple[str, bool]:
+    """The max-context canary in words and whether it was refused (not admitted, an error, or no answer)."""
+    if obs.canary is None:
+        return (obs.canary_error or "the max-context canary was not sent"), True
+    r, n = obs.canary.reply, obs.canary.prompt_tokens
+    what = f"max-context canary ({n:,}-token prompt)" if n else "max-context canary"
+    if r.status == 200:
+        return f"{what} completed in {r.elapsed_s:.2f} s", False
+    last = obs.canary_queue[-1] if obs.canary_queue else None
+    seen = f"; /metrics while it waited: waiting {last.waiting:g}, running {last.running:g}" if (
+        last is not None and last.waiting is not None and last.running is not None) else ""
+    if r.status == 0:
+        held = " (not admitted: the pool cannot hold it)" if last is not None and (last.waiting or 0) >= 1 else ""
+        return f"{what} refused: no answer within its {obs.canary_deadline_s:g} s deadline{held}{seen}", True
+    return f"{what} refused: HTTP {r.status} ({(r.text or '')[:120]}){seen}", True
+
+
+def storm_verdict(obs: Any) -> Verdict:
+    """``disconnect/cancellation-storm``: after ``k`` cancellations at staged moments
+    (:mod:`kvgate.load.storm`) ``vllm:kv_cache_usage_perc`` is back to its pre-storm baseline
+    (within half a KV block) within a bound sized from the server's own measured step
+    (``obs.bound_s``), and a max-context canary is admitted and completes.
+
+    FAIL names the usage before and after, the bound, the stage(s) whose cancellations left the
+    usage up (each stage is polled back to the level it began at, so each stage's leak is its own)
+    with where its requests really were when cut, and whether the canary was refused. A canary
+    refused FAILs even without the gauge. Without ``kv_cache_usage_perc`` (or ``/metrics``) the
+    release is not observable: SKIP saying so. INVALID when no request was really cut (all completed
+    before their hang-up) or when the gauge never rose above its baseline across the storm and the
+    canary (a return to baseline then proves nothing). ``measured``: the slowest stage's release [s]
+    (PASS) or the usage after [fraction of the pool] (FAIL); ``limit``: the bound [s] or the baseline."""
+    can_text, refused = _canary_text(obs)
+    stages = getattr(obs, "stages", [])
+    ev = {"k": obs.k, "kv_baseline": obs.baseline, "kv_final": obs.final, "kv_peak": obs.peak,
+          "tolerance": obs.tolerance, "num_gpu_blocks": obs.num_gpu_blocks, "bound_s": round(obs.bound_s, 4),
+          "release_steps": obs.steps, "floor_s": obs.floor_s,
+          "probe": obs.probe.evidence() if obs.probe is not None else None,
+          "probe_released": None if obs.probe_release is None else obs.probe_release.reached,
+          "stages": [s.evidence() for s in stages],
+          "canary": obs.canary.evidence() if obs.canary is not None else obs.canary_error,
+          "canary_refused": refused, "canary_queue": [vars(q) for q in obs.canary_queue[-10:]]}
+    if obs.baseline is None:
+        absent = ("the server's /metrics has no vllm:kv_cache_usage_perc (nor vllm:gpu_cache_usage_perc)"
+                  if obs.metrics else "the server exposes no /metrics")
+        if refused:
+            return Verdict(STORM_GATE, FAIL, f"{can_text} -> FAIL ({absent}: KV release not observable, no storm "
+                           "sent)", measured="refused", limit="a completion", evidence=ev)
+        return Verdict(STORM_GATE, SKIP, f"{absent}: whether cancelled requests free their KV blocks is not "
+                       f"observable, so no storm was sent ({can_text})", evidence=ev)
+    per = ", ".join(f"{s.stage} {len(s.moments)}" for s in stages)
+    if stages and obs.cut == 0 and not refused:
+        return Verdict(STORM_GATE, Status.INVALID, f"none of the {obs.k} storm requests was cut before it completed "
+                       f"({'; '.join(f'{s.stage}: {s.moments}' for s in stages)}): nothing was cancelled, so a "
+                       "release was not measured", evidence=ev)
+    tol = obs.tolerance
+    leaks = [s for s in stages if s.leaked]
+    final_up = obs.final is not None and obs.final > obs.baseline + tol
+    head = (f"vllm:kv_cache_usage_perc {_pct(obs.baseline)} before the storm, {_pct(obs.final)} after {obs.cut} "
+            f"cancellations of {obs.k} ({per})")
+    if leaks or final_up or refused:
+        where = "; ".join(
+            f"{s.stage} {_pct(s.before)} -> {_pct(s.after)} after {s.poll.elapsed_s:.2f} s "
+            f"(cut {', '.join(sorted(set(s.moments)))})" for s in leaks)
+        parts = [head]
+        if leaks or final_up:
+            parts.append(f"not back within {_bound_text(obs)}; left up by: {where or 'the stages together'}")
+        else:
+            parts.append(f"back to baseline within {_bound_text(obs)}")
+        parts.append(can_text)
+        cause = ("cancelled requests' KV blocks never freed" if leaks or final_up
+                 else "the KV pool refuses a max-length prompt after the storm")
+        measured = obs.final if leaks or final_up else "refused"
+        return Verdict(STORM_GATE, FAIL, "; ".join(parts) + f" -> FAIL ({cause})", measured=measured,
+                       limit=obs.baseline if leaks or final_up else "a completion",
+                       unit="fraction of the KV pool" if leaks or final_up else None, evidence=ev)
+    if obs.peak is None or obs.peak <= obs.baseline + tol:
+        return Verdict(STORM_GATE, Status.INVALID, f"vllm:kv_cache_usage_perc read {_pct(obs.peak)} at most across "
+                       f"the storm and the max-context canary, baseline {_pct(obs.baseline)}: the gauge never moved, "
+                       "so its return to baseline proves nothing", evidence=ev)
+    slowest = max((s.poll.elapsed_s for s in stages if s.poll is not None), default=0.0)
+    return Verdict(STORM_GATE, PASS, f"{head}: back to baseline (within {tol * 100:.2f}%) after every stage, the "
+                   f"slowest in {slowest:.2f} s, bound {_bound_text(obs)}; peak {_pct(obs.peak)} during; "
+                   f"{can_text} -> PASS", measured=round(slowest, 3), limit=round(obs.bound_s, 3), unit="s",
+                   evidence=ev)
