@@ -110,11 +110,7 @@ def knock(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: str, *, dead
             out.unprobed = planned[i:]
             break
         for who, client in (("no key", nokey), ("wrong key", wrong)):
-            try:
-                r = client.request(route.method, route.path, content=body if route.method != "GET" else None,
-                                   timeout_s=deadline_s)
-            except EndpointUnreachable as exc:
-                r = Reply(0, str(exc), deadline_s)
+            r = _call(client, route, body, deadline_s)
             out.knocks.append(Knock(route, who, _keep(r)))
             if route.undo and 200 <= r.status < 300:
                 u = keyed.request(route.method, route.undo, content=b"{}", timeout_s=deadline_s)
@@ -128,6 +124,16 @@ def knock(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: str, *, dead
                                   root_path=root_path, deadline_s=deadline_s, budget_s=budget_s - (clock() - t0),
                                   clock=clock, raw=raw)
     return out
+
+
+def _call(client: KvClient, route: Route, body: bytes, deadline_s: float) -> Reply:
+    """``route`` called through ``client`` (``body`` unless it is a GET), within ``deadline_s``; an
+    unreachable endpoint is a status-0 :class:`Reply` naming why, never an exception."""
+    try:
+        return client.request(route.method, route.path, content=body if route.method != "GET" else None,
+                              timeout_s=deadline_s)
+    except EndpointUnreachable as exc:
+        return Reply(0, str(exc), deadline_s)
 
 
 def knock_spellings(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: str, planned: list[Route], *,
@@ -152,11 +158,7 @@ def knock_spellings(keyed: KvClient, nokey: KvClient, wrong: KvClient, model: st
     for slot in SLOTS:
         tried = []
         for route in candidates.get(slot, []):
-            try:
-                r = keyed.request(route.method, route.path, content=body if route.method != "GET" else None,
-                                  timeout_s=deadline_s)
-            except EndpointUnreachable as exc:
-                r = Reply(0, str(exc), deadline_s)
+            r = _call(keyed, route, body, deadline_s)
             if 200 <= r.status < 300:
                 out.references[route.label] = _keep(r)
                 reps.append(route)
