@@ -17,7 +17,7 @@ from kvgate.http.client import Endpoint, KvClient, Reply
 from kvgate.http.metrics import GaugePoll
 from kvgate.http.probes import Exchange, QueueSample
 from kvgate.load.storm import STAGES, StageResult, StepProbe, StormObservation, long_prompt_tokens, release_bound, \
-    run_storm
+    run_storm, settled
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
@@ -132,3 +132,31 @@ def test_release_bound_is_sized_from_the_measured_step_and_floored(prefill, step
 
 def test_long_prompt_is_bounded():
     assert [long_prompt_tokens(n) for n in (64, 256, 1024, 8192, 131072)] == [32, 32, 128, 512, 512]
+
+
+def gauge(values):
+    """A /metrics fetch reading ``values`` in turn (the last repeated) and a clock its sleeps advance."""
+    now, it = [0.0], iter(values)
+    last = [values[0]]
+
+    def fetch():
+        last[0] = next(it, last[0])
+        return f"vllm:kv_cache_usage_perc {last[0]}\n"
+
+    def sleep(s):
+        now[0] += s
+
+    return fetch, (lambda: now[0]), sleep
+
+
+def test_a_stale_read_at_baseline_is_not_a_release():
+    # the gauge still shows the pool from before the cut prefill's step; the step ends and shows the leak
+    fetch, clock, sleep = gauge([0.0, 0.2])
+    p = settled(fetch, 0.001, 1.0, 0.3, clock=clock, sleep=sleep)
+    assert not p.reached and p.last == 0.2 and 0.99 <= p.elapsed_s <= 1.4
+
+
+def test_a_release_read_twice_is_reached_at_the_first_read():
+    fetch, clock, sleep = gauge([0.3, 0.3, 0.0, 0.0])
+    p = settled(fetch, 0.001, 1.0, 0.3, clock=clock, sleep=sleep)
+    assert p.reached and p.elapsed_s == pytest.approx(0.2) and [v for _, v in p.samples] == [0.3, 0.3, 0.0, 0.0]

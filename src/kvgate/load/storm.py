@@ -18,8 +18,9 @@ caching shares no block between them):
    half the probe's prefill), ``after-first-token`` (hung up after the first SSE event),
    ``mid-decode`` (hung up after :data:`DECODE_HANGUP_CHUNKS` events of ``decode_tokens``). After
    each stage ``vllm:kv_cache_usage_perc`` is polled back to the level the stage started from
-   (within the bound; a stage that leaks leaves the next starting higher, so each stage's leak is
-   its own).
+   (within the bound, and still there two decode steps later -- a prefill later for mid-prefill --
+   :func:`settled`; a stage that leaks leaves the next starting higher, so each stage's leak is its
+   own).
 3. a **max-context canary**: a prompt of ``max_model_len - CANARY_MAX_TOKENS`` tokens, sent with
    :func:`kvgate.http.probes.send_watched` (``waiting``/``running`` sampled while it is outstanding:
    a prompt the leaked pool cannot hold waits, never admitted).
@@ -55,6 +56,8 @@ PROBE_TOKENS = 8
 CANARY_MAX_TOKENS = 2
 #: [s] one stage's requests (hung up early by design) must all end within this.
 STAGE_DEADLINE_S = 30.0
+#: [s] the least wait before a reached release is read again (:func:`settled`).
+MIN_CONFIRM_S = 0.05
 #: [fraction of the pool] the tolerance of "back to baseline" when the pool's block count is unknown.
 DEFAULT_TOLERANCE = 1e-3
 
@@ -176,6 +179,33 @@ def moment(rec: Any) -> str:
     return "completed" if 200 <= rec.status < 300 else f"error: HTTP {rec.status}"
 
 
+def settled(fetch: Callable[[], str | None], target: float, bound_s: float, confirm_s: float, *,
+            clock: Callable[[], float], sleep: Callable[[float], None]) -> GaugePoll:
+    """The KV usage polled down to ``target`` [fraction] within ``bound_s`` seconds
+    (:func:`kvgate.http.metrics.poll_gauge`), and still there ``confirm_s`` seconds later: the gauge
+    is published once per engine step, so a read taken while a cut request's step is still running
+    (a prefill) shows the pool as it was before that request. Reached: ``elapsed_s`` is the first
+    of the two reads. Bounded: at most ``bound_s + confirm_s`` seconds of polls."""
+    t0 = clock()
+    samples: list[tuple[float, float | None]] = []
+    for _ in range(int(bound_s / max(confirm_s, MIN_CONFIRM_S)) + 2):
+        left = bound_s - (clock() - t0)
+        poll = poll_gauge(fetch, "kv_usage", target, max(0.0, left), clock=clock, sleep=sleep)
+        at = clock() - t0 - poll.elapsed_s
+        samples += [(round(at + t, 4), v) for t, v in poll.samples]
+        if not poll.reached:
+            return GaugePoll("kv_usage", target, False, samples, clock() - t0)
+        reached_s = at + poll.elapsed_s
+        sleep(confirm_s)
+        value = _kv(fetch())
+        samples.append((round(clock() - t0, 4), value))
+        if value is not None and value <= target:
+            return GaugePoll("kv_usage", target, True, samples, reached_s)
+        if clock() - t0 >= bound_s:
+            break
+    return GaugePoll("kv_usage", target, False, samples, clock() - t0)
+
+
 def _probe(client: KvClient, scraper: KvClient, model: str, prompt: ExactPrompt, timeout_s: float) -> StepProbe:
     """The step probe; at its first token event ``scraper`` reads the KV usage while the probe still
     decodes (``kv_during``: the gauge moving, whatever the background sampler's timing caught)."""
@@ -289,8 +319,9 @@ def _storm(client: KvClient, scraper: KvClient, endpoint: Endpoint, model: str, 
         moments = [moment(r.finalize()) for r in sorted(result.records, key=lambda r: r.index)]
         poll = None
         if before is not None:
-            poll = poll_gauge(client.metrics_text, "kv_usage", before + obs.tolerance, obs.bound_s,
-                              clock=clock, sleep=sleep)
+            step = probe.step_s or 0.0
+            confirm = max(MIN_CONFIRM_S, 2 * step, (probe.prefill_s or 0.0) if stage == "mid-prefill" else 0.0)
+            poll = settled(client.metrics_text, before + obs.tolerance, obs.bound_s, confirm, clock=clock, sleep=sleep)
         obs.stages.append(StageResult(stage, moments, before, poll))
     obs.final = _kv(client.metrics_text())
 
