@@ -8,7 +8,8 @@ from a few KB up to a max-context request (2x, and multibyte) get a 200 or a doc
 a gateway's 413 or a 5xx for a body the profile allows; under overlap (the profile's concurrency)
 every body arrives whole -- its Content-Length, its JSON, its stream's finish chunk and [DONE], its
 prompt as /tokenize counts it, the long temperature-0 answer as it is alone (and on the
-direct-to-pod endpoint, --direct-endpoint)."""
+direct-to-pod endpoint, --direct-endpoint); a request sent once reaches the engine once -- the engine's
+own counters (--direct-endpoint's /metrics when given) move by what was sent, not by a gateway's retries."""
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
@@ -17,10 +18,11 @@ import pytest
 
 from kvgate.gates.common import refused_verdict
 from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOKENS_MAX, NON_ASCII_PROMPT, body_ladder,
-                                   body_size_verdict, chunk_schema_verdict, edge_body, edge_verdict, first_rung,
-                                   integrity_verdict, ladder_body, min_tokens_verdict, non_ascii_verdict,
-                                   route_timeout_verdict, tokens_per_byte)
+                                   body_size_verdict, chunk_schema_verdict, duplicate_work_verdict, edge_body,
+                                   edge_verdict, first_rung, integrity_verdict, ladder_body, min_tokens_verdict,
+                                   non_ascii_verdict, route_timeout_verdict, tokens_per_byte)
 from kvgate.http.client import KvClient
+from kvgate.http.duplicates import observe_duplicate_work
 from kvgate.http.integrity import observe_overlap
 from kvgate.launch.target import TargetError, endpoint_from_url
 from kvgate.http.probes import build_prompt, canary, send, send_raw
@@ -192,3 +194,32 @@ def test_bodies_arrive_whole_under_overlap(case, request, kvgate_client, kvgate_
         with KvClient(direct, timeout_s=profile.limits.request_timeout_s) as pod:
             obs = observe_overlap(kvgate_client, profile.model.served_name, direct=pod, **kw)
     assert kvgate_gate(integrity_verdict(obs, NEAR_TIE)).passed
+
+
+@pytest.mark.requests
+@pytest.mark.gate("requests", cases=["no-duplicate-work"])
+def test_request_sent_once_reaches_engine_once(case, request, kvgate_client, kvgate_profile, kvgate_gate):
+    """What the engine counted against what kvgate sent (kvgate.http.duplicates): a gateway that retries a
+    5xx or a request past its per-try timeout runs the work twice. The engine's counters are read from
+    --direct-endpoint's /metrics when given (the pod behind the gateway), else the endpoint's own.
+
+    On the main job's embedded server there is no gateway: the case still runs (4 requests of 8 tokens,
+    ~2 s) and PASSes when the counts are equal -- what it proves there is stated in its message (the path
+    kvgate gates, its own client included, resends nothing; the counters account one request once), not a
+    gateway's retry policy; a SKIP would say less than was measured."""
+    profile, url = kvgate_profile, request.config.getoption("kvgate_direct_endpoint", None)
+    limits = profile.limits
+    kw = dict(model=profile.model.served_name, max_model_len=profile.engine.max_model_len,
+              max_tokens_cap=limits.max_tokens_cap, try_timeout_s=limits.gateway_try_timeout_s,
+              route_timeout_s=limits.route_timeout_s, timeout_s=limits.request_timeout_s)
+    if url is None:
+        obs = observe_duplicate_work(kvgate_client, kvgate_client, source="the endpoint's /metrics", **kw)
+    else:
+        try:  # the pod answers with the gateway's key; its URL split as --endpoint's is
+            direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=kvgate_client.endpoint.api_key,
+                                         host_header=None)
+        except TargetError as exc:
+            pytest.fail(str(exc).replace("--endpoint ", "--direct-endpoint ", 1), pytrace=False)
+        with KvClient(direct, timeout_s=limits.request_timeout_s) as pod:
+            obs = observe_duplicate_work(kvgate_client, pod, source="--direct-endpoint's /metrics", **kw)
+    assert kvgate_gate(duplicate_work_verdict(obs, limits.gateway_try_timeout_s)).passed

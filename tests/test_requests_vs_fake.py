@@ -30,7 +30,7 @@ def run(pytester, url, suites=SUITE, profile=PROFILE):
 def test_healthy_fake_passes_every_edge_request(pytester, fake):
     result, summary, gates = run(pytester, fake.url)
     assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
-    assert len(gates) == 32 and all(g["status"] == "PASS" for g in gates.values())
+    assert len(gates) == 33 and all(g["status"] == "PASS" for g in gates.values())
     # ids read from profile data; a 4xx case names the server's reason, a 200 case its tokens
     assert "-> 400" in gates["requests/max-tokens/zero/chat"]["message"]
     assert "-> 404" in gates["requests/malformed/unknown-model"]["message"]
@@ -169,7 +169,7 @@ def test_edge_requests_through_the_route_prefix(pytester, fake):
     """Case 4 through a route prefix (KServe's /openai/v1): the same documented outcomes; a
     server answering 500 there is caught there too."""
     _, summary, gates = run(pytester, fake.base_url + "/openai/v1")
-    assert summary["overall"] == "PASS" and len(gates) == 32, [g["message"] for g in gates.values()
+    assert summary["overall"] == "PASS" and len(gates) == 33, [g["message"] for g in gates.values()
                                                                if g["status"] != "PASS"]
     fake.config.faults.add("validation_500")
     _, _, gates = run(pytester, fake.base_url + "/openai/v1")

@@ -116,7 +116,8 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                          "runs the compare gate (see docs/compare.md)")
     group.addoption("--direct-endpoint", dest="kvgate_direct_endpoint", default=None, metavar="URL",
                     help="a direct-to-pod URL beside the gateway (same --api-key-env): the requests gate's integrity "
-                         "case compares the long answer's bytes with it")
+                         "case compares the long answer's bytes with it; no-duplicate-work reads the engine's own "
+                         "counters from its /metrics")
     group.addoption("--baseline-reports", dest="kvgate_baseline_reports", default=None, metavar="DIR",
                     help="the compare gate's baseline: the reports directory of an earlier run recorded with "
                          "--gate-mode record (its golden.json); give it with '=': --baseline-reports=DIR")

@@ -8,13 +8,19 @@ by request-body size, with the misconfigurations the pools gates must catch.
 Faults (:data:`ROUTER_FAULTS`): ``all_short`` / ``all_long`` (everything to one pool),
 ``inverted`` (the threshold on the wrong side: small bodies to the long pool, large ones to the
 short pool), ``drop_long`` (a body above the threshold is answered 502 by the router itself and
-never forwarded), ``None`` = healthy (at most ``threshold`` bytes -> short, more -> long). GET
+never forwarded), ``retrying`` (a gateway that retries: a request whose upstream answers 5xx, or
+has not answered within ``try_timeout_s`` -- the try abandoned, its connection closed -- is sent
+again, ``retries`` more times at most; the client gets the last try's answer, or 504), ``None`` =
+healthy (at most ``threshold`` bytes -> short, more -> long; never retries; with ``try_timeout_s``
+set a try that has not answered within it gets 504, not resent). Route one pool alone by passing its
+URL as both; ``retried`` counts the resends. GET
 requests (``/v1/models``, ``/metrics``) go to the short pool, as nginx's empty ``$content_length``
 does. Responses are streamed through (SSE passes chunk by chunk).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -34,19 +40,24 @@ ROUTER_FAULTS = {
     "all_long": "every request goes to the long pool",
     "inverted": "the threshold on the wrong side: at most threshold bytes -> long pool, more -> short pool",
     "drop_long": "a body above the threshold is answered 502 by the router and never forwarded",
+    "retrying": "a POST answered 5xx by its upstream, or not answered within try_timeout_s, is sent again "
+    "(retries more times at most): the engine runs the same work twice",
 }
 
 
 class FakeRouter:
     """A reverse proxy on a free loopback port in a background thread (see module doc)."""
 
-    def __init__(self, short_url: str, long_url: str, threshold: int, fault: str | None = None) -> None:
+    def __init__(self, short_url: str, long_url: str, threshold: int, fault: str | None = None, *,
+                 try_timeout_s: float | None = None, retries: int = 1) -> None:
         if fault is not None and fault not in ROUTER_FAULTS:
             raise ValueError(f"unknown router fault {fault!r}; known: {', '.join(ROUTER_FAULTS)}")
         self.upstreams = {"short": short_url.rstrip("/"), "long": long_url.rstrip("/")}
         self.threshold = threshold
         self.fault = fault
         self.sent: list[tuple[int, str]] = []  # (body bytes, pool) per forwarded request
+        self.try_timeout_s, self.retries = try_timeout_s, retries
+        self.retried = 0  # resends (retrying)
         self.app = Starlette(routes=[Route("/{path:path}", self._proxy, methods=["GET", "POST"])])
         self._server: _QuickStopServer | None = None
         self._thread: threading.Thread | None = None
@@ -80,9 +91,23 @@ class FakeRouter:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        upstream = self._client.build_request(request.method, self.upstreams[pool] + request.url.path,
-                                              content=body, headers=headers)
-        r = await self._client.send(upstream, stream=True)
+        tries = 1 + (self.retries if self.fault == "retrying" and request.method == "POST" else 0)
+        for attempt in range(tries):
+            if attempt:
+                self.retried += 1
+            upstream = self._client.build_request(request.method, self.upstreams[pool] + request.url.path,
+                                                  content=body, headers=headers)
+            try:
+                r = await asyncio.wait_for(self._client.send(upstream, stream=True), self.try_timeout_s)
+            except asyncio.TimeoutError:  # the try abandoned: its connection closed, the engine sees a hang-up
+                if attempt + 1 < tries:
+                    continue
+                return Response("<html><body>504 Gateway Time-out</body></html>", status_code=504,
+                                media_type="text/html")
+            if r.status_code >= 500 and attempt + 1 < tries:
+                await r.aclose()
+                continue
+            break
         keep = {k: v for k, v in r.headers.items()
                 if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding")}
         return StreamingResponse(r.aiter_raw(), status_code=r.status_code, headers=keep,

@@ -1,7 +1,8 @@
 """Gate ``requests``: the request shapes real clients send get documented outcomes, never a 5xx
 or a dead engine; stream chunks are valid against the OpenAI schema; non-ASCII streams lose no
 bytes; the gateway's total route timeout outlasts the longest stream the profile allows; under
-overlap every body arrives whole (``integrity``, :func:`integrity_verdict`).
+overlap every body arrives whole (``integrity``, :func:`integrity_verdict`); a request sent once
+reaches the engine once, whatever a gateway retries (``no-duplicate-work``, :func:`duplicate_work_verdict`).
 Asserted by ``suites/test_requests.py``.
 
 The catalogue of edge requests (:data:`EDGE_CASES`) is data: each case names the fields it sends
@@ -30,6 +31,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from kvgate.answers.tokendiff import Answer, answer_of, compare_answers, logprobs_of
 from kvgate.http.client import StreamReply, clip
+from kvgate.http.duplicates import DuplicateWork, Edge
 from kvgate.http.integrity import Delivery, Overlap
 from kvgate.http.probes import Exchange
 from kvgate.http.text import describe_answer
@@ -812,3 +814,120 @@ def integrity_verdict(obs: Overlap, near_tie_logprob: float) -> Verdict:
                    f"usage.prompt_tokens = /tokenize's count on {counted_ok}; the long temperature-0 answer "
                    f"({len(ref.text):,} characters, sha256 {_digest(ref.text)}) the same {copies} times in overlap"
                    f"{tie_note}{direct} -> PASS", measured=0, limit=0, unit="bodies", evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------ no-duplicate-work
+
+def _moved(edge: Edge) -> str:
+    """How far the counters moved across ``edge``'s reads, one clause."""
+    (t0, a), (t1, b) = edge.reads[0], edge.reads[-1]
+    if a is None or b is None:
+        return "a /metrics read failed"
+    parts = [f"{(y or 0) - (x or 0):+,.0f} {what}" for what, x, y in
+             (("requests", a.requests, b.requests), ("prompt tokens", a.prompt_tokens, b.prompt_tokens),
+              ("generation tokens", a.generation_tokens, b.generation_tokens))]
+    return f"{', '.join(parts)} in {t1 - t0:.1f} s over {len(edge.reads)} reads"
+
+
+def duplicate_work_verdict(obs: DuplicateWork, try_timeout_s: float | None = None) -> Verdict:
+    """A request the client sent once reaches the engine once: the engine's counters
+    (``vllm:request_success_total`` over every ``finished_reason``, ``vllm:prompt_tokens_total``)
+    moved across the window by at most what kvgate sent (``len(obs.sent)`` requests; their prompt
+    tokens as usage or /tokenize counted them, x 1). ``vllm:generation_tokens_total`` against the
+    completion tokens delivered is stated, not judged (a 5xx's tokens are generated, never delivered).
+
+    FAIL: more requests or more prompt tokens counted than sent, naming sent vs counted, the extra
+    prompt tokens and the likely cause from the evidence (answers kvgate got 5xx for; slow requests
+    that ran past ``try_timeout_s`` [s]). SKIP: the counters cannot be read (``obs.error``).
+    SKIP too when no request reached the engine (none answered 200, the counters never moved).
+    INVALID: the counters moved before the window with nothing sent, or were still moving after it
+    (another client's traffic); the engine ran requests not kvgate's when the window opened; it still
+    ran some when it closed and nothing extra was counted yet; it counted fewer than it answered
+    (the /metrics read is not the serving engine's: one replica of several, the gateway's own)."""
+    gid = "requests/no-duplicate-work"
+    ev = obs.to_dict()
+    if obs.error is not None or obs.before is None or obs.after is None:
+        return Verdict(gid, SKIP, f"the engine's counters cannot be read: {obs.error} -> SKIP (give the engine's own "
+                       "pod with --direct-endpoint=URL to count what reaches it)", evidence=ev)
+    before, after = obs.before, obs.after
+    if not before.quiet:
+        return Verdict(gid, Status.INVALID, f"{obs.source}: the engine's counters moved with kvgate sending nothing "
+                       f"before the window ({_moved(before)}) -> INVALID (another client's traffic, or an earlier "
+                       "request still finishing: what kvgate sends could not be told from it)", evidence=ev,
+                       cause="traffic kvgate did not send reached the engine while it counted")
+    if before.settled is False:
+        left = before.counts
+        return Verdict(gid, Status.INVALID, f"{obs.source}: the engine still ran {left.running or 0:g} and queued "
+                       f"{left.waiting or 0:g} requests not kvgate's after {before.waited_s:.1f} s -> INVALID (their "
+                       "counts would land in the window)", evidence=ev)
+    b, a = before.counts, after.counts
+    n_sent = len(obs.sent)
+    known = [s.prompt_tokens for s in obs.sent if s.prompt_tokens is not None]
+    unknown = n_sent - len(known)
+    pt_sent = sum(known)
+    answered = [s for s in obs.sent if s.status == 200]
+    errors = [s for s in obs.sent if s.status >= 500 or s.status == 0]
+    delivered = sum(s.completion_tokens for s in obs.sent)
+    d_req = round((a.requests or 0) - (b.requests or 0))  # counters of whole requests and tokens
+    d_pt = round((a.prompt_tokens or 0) - (b.prompt_tokens or 0))
+    d_gen = None if a.generation_tokens is None or b.generation_tokens is None else \
+        round(a.generation_tokens - b.generation_tokens)
+    extra_req = max(0, d_req - n_sent)
+    extra_pt = max(0, d_pt - pt_sent) if not unknown else 0
+    gen = (f"; generation tokens counted {num(d_gen)}, delivered {num(delivered)}" if d_gen is not None else
+           "; no vllm:generation_tokens_total")
+    sent_words = (f"{n_sent} requests ({num(pt_sent)} prompt tokens"
+                  f"{f', {unknown} more of unknown length' if unknown else ''}) kvgate sent once each")
+    counted = f"the engine counted {num(d_req)} requests and {num(d_pt)} prompt tokens"
+    slow = [s for s in obs.sent if s.label.startswith("slow")]
+    ev["judged"] = {"sent_requests": n_sent, "sent_prompt_tokens": pt_sent, "unknown_prompts": unknown,
+                    "counted_requests": d_req, "counted_prompt_tokens": d_pt, "counted_generation_tokens": d_gen,
+                    "delivered_completion_tokens": delivered, "extra_requests": extra_req,
+                    "extra_prompt_tokens": extra_pt, "answered_5xx_or_none": len(errors)}
+    if not after.quiet:
+        return Verdict(gid, Status.INVALID, f"{obs.source}: {counted} for the {sent_words}, but the counters were "
+                       f"still moving after the last answer ({_moved(after)}) -> INVALID (another client's traffic "
+                       "or a request kvgate did not send)", measured=d_req, limit=n_sent, unit="requests", evidence=ev)
+    if extra_req or extra_pt:
+        causes = []
+        late = [s for s in slow if s.status in (0, 502, 503, 504) or
+                (try_timeout_s is not None and s.elapsed_s >= try_timeout_s)]
+        failed = [s for s in errors if s not in late]
+        if failed:
+            causes.append(f"{len(failed)} of {n_sent} requests answered 5xx or not at all "
+                          f"({', '.join(sorted({str(s.status) for s in failed}))}): a gateway that retries 5xx sends "
+                          "them to the engine again")
+        if late:
+            said = ", ".join(f"{s.status or 'no answer'} after {s.elapsed_s:.2f} s" for s in late)
+            causes.append(f"{len(late)} slow requests sized past the gateway's per-try timeout "
+                          f"{try_timeout_s if try_timeout_s is not None else '?'} s got {said}: a gateway that retries "
+                          "on its own timeout runs them again while the abandoned try runs on")
+        cause = "; ".join(causes) or "a hop between kvgate and the engine resends requests (a gateway's or a client " \
+                                     "library's retries)"
+        what = (f"{extra_req} extra request{'s' if extra_req != 1 else ''}" if extra_req else "no extra request")
+        measured, limit, unit = (d_req, n_sent, "requests") if extra_req else (d_pt, pt_sent, "prompt tokens")
+        return Verdict(gid, FAIL, f"{obs.source}: {counted} for the {sent_words} -> FAIL ({what} and "
+                       f"{num(extra_pt)} extra prompt tokens of duplicate work{gen}; a request sent once must reach "
+                       "the engine once)", measured=measured, limit=limit, unit=unit, evidence=ev, cause=cause)
+    if after.settled is False:
+        left = after.counts
+        return Verdict(gid, Status.INVALID, f"{obs.source}: {counted} for the {sent_words}, but it still ran "
+                       f"{left.running or 0:g} and queued {left.waiting or 0:g} requests {after.waited_s:.1f} s after the "
+                       "last answer -> INVALID (their counts had not landed)", measured=d_req, limit=n_sent,
+                       unit="requests", evidence=ev)
+    if d_req == 0 and d_pt == 0 and not answered:
+        said = ", ".join(sorted({str(s.status or "no answer") for s in obs.sent}))
+        return Verdict(gid, SKIP, f"{obs.source}: none of the {sent_words} reached the engine (answered {said}; its "
+                       "counters never moved) -> SKIP (no work to find duplicated; the cases that judge answers name "
+                       "them)", evidence=ev)
+    pt_answered = sum(s.prompt_tokens or 0 for s in answered)
+    if d_req < len(answered) or d_pt < pt_answered:
+        return Verdict(gid, Status.INVALID, f"{obs.source}: {counted}, fewer than the {len(answered)} requests "
+                       f"({num(pt_answered)} prompt tokens) it answered of the {sent_words} -> INVALID (these counters "
+                       "are not the serving engine's: one replica of several, or the gateway's own; give the pod with "
+                       "--direct-endpoint=URL)", measured=d_req, limit=n_sent, unit="requests", evidence=ev)
+    slow_words = (f"{len(slow)} slow requests of {', '.join(f'{s.elapsed_s:.2f}' for s in slow)} s ({obs.slow_how})"
+                  if slow else obs.slow_how)
+    return Verdict(gid, PASS, f"{obs.source}: {counted} for the {sent_words} ({len(answered)} answered 200{gen}); "
+                   f"{slow_words} -> PASS (no duplicate work; the window's edges quiet: nothing else counted)",
+                   measured=d_req, limit=n_sent, unit="requests", evidence=ev)
