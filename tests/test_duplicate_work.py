@@ -119,6 +119,16 @@ def test_verdict_extra_prompt_tokens_alone_fail():
     assert "no extra request and 10 extra prompt tokens" in v.message
 
 
+def test_verdict_abandoned_tries_vllm_does_not_count_still_fail_on_prompt_tokens():
+    """vLLM's semantics: 2 slow requests' 4 tries all abandoned (aborted: no request_success), each prefilled."""
+    sent7 = (*sent(5, 10), *(Sent(f"slow {i}", 504, 10, "tokenize", 0, 40, 0.3) for i in (1, 2)))
+    after = Counts(105, 1090, 850)
+    v = duplicate_work_verdict(DuplicateWork("s", edge(C0, C0), edge(after, after), sent7), try_timeout_s=0.3)
+    assert v.status is Status.FAIL and (v.measured, v.limit, v.unit) == (90, 70, "prompt tokens"), v.message
+    assert "no extra request (2 fewer: vLLM counts no aborted try" in v.message and "20 extra prompt tokens" in v.message
+    assert v.cause.startswith("2 slow requests sized past the gateway's per-try timeout 0.3 s got 504 after 0.30 s")
+
+
 def test_verdict_other_traffic_before_the_window_is_invalid():
     moving = edge(C0, Counts(101, 1010, 810), Counts(102, 1020, 820), Counts(103, 1030, 830))
     v = duplicate_work_verdict(DuplicateWork("s", moving, edge(C1, C1), sent()))

