@@ -16,6 +16,9 @@ turn by everything that needs only a healthy tiny-cpu server -- one vLLM start i
    second ``kvgate serve`` of a changed model FAILs against it and against its recording;
    3d. the latency gate from ``--workers local:4`` against it: the same verdict, looks and request
    count as from one process, and ``kvgate merge`` of the shipped records agrees (~25 s);
+   3e. the soak with a control (``--soak-control``) against it through two drifting TCP proxies:
+   the drift in front of the gated endpoint alone FAILs soak/latency naming *local*, in front of
+   both *shared* (~60 s);
 4. Ctrl-C stops ``kvgate serve`` and its whole vLLM process group, no traceback (last: it ends the
    server).
 
@@ -347,6 +350,50 @@ def test_latency_gate_from_four_local_workers_judges_what_one_process_judges(run
     assert main(["merge", str(tmp_path / "scale"), "--profile", "tiny-cpu"]) == 0
     merged = json.loads((tmp_path / "scale" / "merged.json").read_text())["verdict"]
     assert merged["status"] == "PASS" and merged["evidence"]["summary"]["ttft_ms"] == b.evidence["summary"]["ttft_ms"]
+
+
+# ------------------------------------------------------------------ 3e. a soak with a control
+#: [ms/h] The soak's TTFT-slope ceiling here (50 ms a second of soak); the proxies drift 3x that.
+CONTROL_CEILING = 180_000
+DRIFT_S_PER_S = 0.15  # 540,000 ms/h
+
+
+def test_a_soak_with_a_control_names_a_drift_in_front_of_one_endpoint_local_and_of_both_shared(running_server,
+                                                                                                tmp_path):
+    """The issue's proof of ``--soak-control``: the served tiny-cpu behind two TCP proxies
+    (tests/e2e/drift_proxy.py), one the gated endpoint, one the control; ``pytest -m soak`` (a 20 s
+    soak of 2 s rounds at 4 req/s, short chats) with the drift in front of the gated endpoint only
+    FAILs soak/latency naming *local*, and with it in front of both, *shared* -- both slopes and
+    intervals in the message and evidence. ~60 s on 2 cores (two soaks; the server is the module's)."""
+    from .drift_proxy import DriftProxy
+
+    prof = tmp_path / "tiny-cpu-control.yaml"
+    prof.write_text(f"name: tiny-cpu\nextends: {REPO / 'profiles' / 'tiny-cpu.yaml'}\nsoak:\n  duration: 20s\n"
+                    f"  max_duration: 20s\n  round: 2s\n  warmup: 2s\n  rate_rps: 4\n  mix: {{chat-short: 1}}\n"
+                    f"  ttft_p95_slope_max_ms_per_h: {CONTROL_CEILING}\n")
+    seen = {}
+    for kind in ("local", "shared"):
+        gated = DriftProxy(running_server.url, DRIFT_S_PER_S).start()
+        control = DriftProxy(running_server.url, DRIFT_S_PER_S if kind == "shared" else 0.0).start()
+        try:
+            proc, summary = main_job(tmp_path / kind, f"--profile={prof}", f"--endpoint={gated.url}",
+                                     f"--soak-control={control.url}", "-m", "soak")
+        finally:
+            gated.stop()
+            control.stop()
+        lat = next(g for g in summary["gates"] if g["id"].endswith("soak/latency"))
+        seen[kind] = lat
+        ev = lat["evidence"]["analysis"]
+        g, c = ev["ttft_p95_ms_per_h"], ev["control"]["ttft_p95_ms_per_h"]
+        print(f"{kind}: gated {g['slope']:+,.0f} ms/h ({g['ci_low']:+,.0f}..{g['ci_high']:+,.0f}), control "
+              f"{c['slope']:+,.0f} ({c['ci_low']:+,.0f}..{c['ci_high']:+,.0f}) vs {CONTROL_CEILING:,}; proxies held up to "
+              f"{gated.max_delay_s:.2f} / {control.max_delay_s:.2f} s; {lat['status']}: {lat.get('cause')}")
+        assert lat["status"] == "FAIL", lat["message"]
+        assert lat["cause"].startswith(f"{kind}: "), lat["cause"]
+        assert ev["control"]["drift_cause"]["kind"] == kind and g["ci_low"] > CONTROL_CEILING
+        assert (c["ci_low"] > CONTROL_CEILING) if kind == "shared" else (c["ci_high"] < CONTROL_CEILING), c
+        assert f"control {control.url}" in lat["message"] and ev["control"]["errors"] == 0
+    assert seen["local"]["cause"] != seen["shared"]["cause"]
 
 
 # ------------------------------------------------------------------ 4. Ctrl-C (last: ends the server)
