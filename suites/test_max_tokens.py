@@ -1,13 +1,16 @@
 """Gate: max_tokens caps. completion_tokens <= max_tokens with finish_reason "length" at the cap;
-streamed usage == non-streamed usage == tokens received; the profile's cap enforced."""
+streamed usage == non-streamed usage == tokens received; the profile's cap enforced; under speculative
+decoding, tokens delivered == usage.completion_tokens <= max_tokens == the engine's generation counter."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from kvgate.gates.common import refused_verdict
-from kvgate.gates.max_tokens import cap_hit_verdict, over_cap_verdict, stream_usage_verdict
+from kvgate.gates.max_tokens import cap_hit_verdict, over_cap_verdict, speculative_usage_verdict, stream_usage_verdict
 from kvgate.http.probes import send
+from kvgate.http.usage import observe_spec_usage
 from kvgate.verdict import Status, Verdict
 
 PROMPT = "the kv cache pool holds each block of the sequence"
@@ -77,3 +80,26 @@ def test_profile_cap_enforced(case, observed, kvgate_profile, kvgate_gate):
         kvgate_gate(Verdict(f"max-tokens/{case}", Status.SKIP, "profile states no max_tokens cap (limits.max_tokens_cap)"))
     assert kvgate_gate(refused_verdict(over_cap_verdict(observed[case], limits.max_tokens_cap, limits.over_cap),
                                        observed[case])).passed
+
+
+def spec_probe_tokens(profile):
+    """22 tokens (no multiple of a 2-, 3- or 4-token verify step, where an overshoot shows), within the cap."""
+    return min(22, profile.limits.max_tokens_cap or 22)
+
+
+@pytest.fixture(scope="module")
+def speculative(kvgate_client, kvgate_profile):
+    """Four probes between two idle /metrics scrapes (:func:`kvgate.http.usage.observe_spec_usage`);
+    None, and nothing sent, when the profile declares no ``engine.speculative_config``."""
+    if kvgate_profile.engine.speculative_config is None:
+        return None
+    return observe_spec_usage(kvgate_client, kvgate_profile.model.served_name, max_tokens=spec_probe_tokens(kvgate_profile),
+                              clock=time.monotonic, sleep=time.sleep)
+
+
+@pytest.mark.max_tokens
+@pytest.mark.gate("max-tokens", cases=["speculative-usage"])
+def test_speculative_usage_is_what_was_delivered(case, speculative, kvgate_profile, kvgate_gate):
+    verdict = speculative_usage_verdict(speculative, kvgate_profile.engine.speculative_config)
+    sent = [d.exchange for d in speculative.deliveries] if speculative is not None else []
+    assert kvgate_gate(refused_verdict(verdict, sent)).passed

@@ -363,6 +363,12 @@ FAULTS: dict[str, str] = {
     "the token where it began (the holdback cut mid-token: '<thin' of '</think>', vllm PR#45636)",
     "n_one_choice": "a non-streamed request with n > 1 is answered with one choice (index 0), usage of that one",
     "ignore_max_completion_tokens": "chat ignores max_completion_tokens (only max_tokens bounds the reply)",
+    # issue 49: speculative decoding's usage (sglang#39826)
+    "spec_usage_drafts": "speculative decoding (num_speculative_tokens k, default 3; one draft accepted a step, so 2 "
+    "tokens delivered a step): usage.completion_tokens counts every drafted token, the k-1 rejected a step too, "
+    "where the client got only the delivered ones (the generation counter stays right)",
+    "spec_counter_drafts": "speculative decoding: vllm:generation_tokens_total counts the k-1 rejected drafts a step "
+    "too (usage stays right)",
     "forget_previous_response": "a /v1/responses request's previous_response_id is accepted and ignored: the stored "
     "turn is not in its context",
     # issue 38: an SDK parse failure named at its path, drift told from a client break
@@ -542,6 +548,9 @@ class FakeConfig:
     reasoning_parser: str | None = None  # like --reasoning-parser: chat answers split reasoning / content
     lora_adapters: tuple[str, ...] = ()  # like --lora-modules: served (and listed) with served_name as parent
     prompt_tokens_details: bool = False  # like --enable-prompt-tokens-details (vLLM's default: off)
+    # like --speculative-config num_speculative_tokens: /metrics then has vllm:spec_decode_num_drafts/_draft_tokens/
+    # _accepted_tokens, one draft accepted a step (2 tokens a step: the accepted draft and the bonus token)
+    num_speculative_tokens: int | None = None
     near_tie_at: int | None = 2  # temperature 0: this token's runner-up is 0.01 nats below it (flip_near_ties takes it)
     shutdown_timeout_s: float = 30.0  # like --shutdown-timeout: after sigterm(), in-flight work left then is aborted
     # answering mode (the answers gate): prompt key -> the answer text the "model" gives (see the module docstring)
@@ -809,6 +818,13 @@ class _Plan:
     ids_as_tokens: bool = False  # "return_tokens_as_token_ids": echoed prompt tokens as "token_id:N"
     polluter: str | None = None  # contaminating: the word this request's allowlist or bias forces on the others
     stale: str | None = None  # stale_allowlist: the word of the uncleared row this request took
+    spec_k: int | None = None  # num_speculative_tokens (speculative decoding), None: off
+
+
+def _spec_steps(generated: int) -> int:
+    """Verify steps of the fake's speculative decoding for ``generated`` tokens: 2 a step (one accepted draft and
+    the bonus token), the last step maybe 1."""
+    return (generated + 1) // 2
 
 
 def _plan_tokens(
@@ -1262,6 +1278,11 @@ class _Metrics:
         self.queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
                                labels, buckets=E2E_BUCKETS, registry=r)
         self.rss = Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", registry=r)
+        # vllm/v1/spec_decode/metrics.py: only under --speculative-config (touched by touch_spec)
+        self.spec_drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", labels, registry=r)
+        self.spec_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", labels, registry=r)
+        self.spec_accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", labels,
+                                     registry=r)
         # vLLM's HTTP instrumentator (prometheus-fastapi-instrumentator); the fake counts its rejections (4xx)
         self.http = Counter("http_requests", "Total number of requests by method, status and handler.",
                             ["handler", "method", "status"], registry=r)
@@ -1278,6 +1299,11 @@ class _Metrics:
             m.labels(model, "0")
         for reason in FINISH_REASONS:
             self.success.labels(model, "0", reason)
+
+    def touch_spec(self, model: str) -> None:
+        """The speculative-decoding counters at 0, as vLLM shows them from startup under --speculative-config."""
+        for m in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted):
+            m.labels(model, "0")
 
 
 # --------------------------------------------------------------------------------------------
@@ -2159,6 +2185,8 @@ class FakeVLLM:
             return Response(b"Internal Server Error", status_code=500, media_type="text/plain")
         model = cfg.served_name
         m.touch(model)
+        if cfg.num_speculative_tokens is not None:
+            m.touch_spec(model)
         m.running.labels(model, "0").set(st.running)
         st.waiting_peak = max(st.waiting_peak, st.waiting)
         shown = 0 if "frozen_queue_gauge" in cfg.faults else (
@@ -2620,6 +2648,7 @@ class FakeVLLM:
             batch_tokens=batch_tokens, echo=echo, stop_hit=stop_hit,
             echo_ids=kind == "completions" and bool(body.get("echo")),
             ids_as_tokens=bool(body.get("return_tokens_as_token_ids")), polluter=polluter, stale=stale,
+            spec_k=cfg.num_speculative_tokens,
         )
 
     def _polluter(self, body: dict[str, Any]) -> str | None:
@@ -2865,6 +2894,7 @@ class FakeVLLM:
                 else:
                     entry.stuck = True
             if finished:
+                self._spec_count(plan, entry.generated)
                 m.success.labels(model, "0", plan.finish_reason).inc()
                 m.e2e.labels(model, "0").observe(now - rec.t_received)
             elif failed:
@@ -3018,8 +3048,23 @@ class FakeVLLM:
         return JSONResponse({"id": rec.id, "object": obj, "created": plan.created, "model": plan.model,
                              "choices": [choice], "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None})
 
+    def _spec_count(self, plan: _Plan, generated: int) -> None:
+        """A finished request's speculative-decoding counters (2 tokens delivered a step: one accepted draft and the
+        bonus token; k drafted); spec_counter_drafts adds the k-1 rejected a step to the generation counter."""
+        k, model, m = plan.spec_k or 3, self.config.served_name, self.metrics
+        steps = _spec_steps(generated)
+        if plan.spec_k is not None:
+            m.spec_drafts.labels(model, "0").inc(steps)
+            m.spec_draft_tokens.labels(model, "0").inc(steps * k)
+            m.spec_accepted.labels(model, "0").inc(generated - steps)
+        if "spec_counter_drafts" in plan.faults:
+            m.generation_tokens.labels(model, "0").inc(steps * (k - 1))
+            self.state.generation_tokens_total += steps * (k - 1)
+
     @staticmethod
     def _usage(plan: _Plan, completion_tokens: int) -> dict[str, Any]:
+        if "spec_usage_drafts" in plan.faults:  # the rejected drafts billed too
+            completion_tokens += _spec_steps(completion_tokens) * ((plan.spec_k or 3) - 1)
         details = {"cached_tokens": plan.cached_tokens} if plan.details else None
         return {"prompt_tokens": plan.prompt_tokens, "total_tokens": plan.prompt_tokens + completion_tokens,
                 "completion_tokens": completion_tokens, "prompt_tokens_details": details}

@@ -1,13 +1,19 @@
 """Gate ``max-tokens``: ``completion_tokens <= max_tokens`` and ``finish_reason == "length"`` at the
 cap; streamed usage == non-streamed usage == tokens received; the profile's cap enforced (reject or
-clamp). Asserted by ``suites/test_max_tokens.py``.
+clamp); under speculative decoding, tokens delivered == usage == the engine's generation counter
+(``speculative-usage``). Asserted by ``suites/test_max_tokens.py``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvgate.http.probes import Exchange
-from kvgate.verdict import Verdict
+from kvgate.http.usage import SpecUsageObservation
+from kvgate.verdict import Status, Verdict
 from kvgate.gates.common import FAIL, PASS, completion_facts, finish_reason, server_error
+
+SKIP, INVALID = Status.SKIP, Status.INVALID
 
 
 
@@ -94,3 +100,101 @@ def over_cap_verdict(ex: Exchange, cap: int, mode: str) -> Verdict:
                        measured=ct, limit=cap, unit="tokens", evidence=ev)
     return Verdict(gate, PASS, f"max_tokens={asked} clamped to {ct} tokens (cap {cap}) -> PASS", measured=ct,
                    limit=cap, unit="tokens", evidence=ev)
+
+
+SPEC_GATE = "max-tokens/speculative-usage"
+
+
+def _spec_words(spec: dict) -> str:
+    """``ngram, 3 speculative tokens`` from an ``engine.speculative_config``."""
+    method = spec.get("method") or spec.get("model") or "speculation"
+    k = spec.get("num_speculative_tokens")
+    return f"{method}, {k} speculative tokens" if k is not None else str(method)
+
+
+def speculative_usage_verdict(obs: SpecUsageObservation | None, spec: dict | None) -> Verdict:
+    """Under speculative decoding (``engine.speculative_config``), per probe: tokens delivered (logprob
+    entries; the text re-tokenised when none came back) == ``usage.completion_tokens`` <= ``max_tokens``;
+    over the probes: the ``vllm:generation_tokens_total`` delta between two idle scrapes == the tokens
+    delivered. SKIP when the profile declares no ``speculative_config`` (``obs`` then None). INVALID when
+    no probe's tokens could be counted, or when vLLM's draft counter exists and never moved (no draft was
+    proposed: nothing was measured under speculation). The counter comparison is left unjudged (named
+    in the evidence) when the server was not idle around the probes, ``/metrics`` lacks the counter, or
+    other requests finished meanwhile (``vllm:request_success_total`` moved by more than the probes).
+    FAIL names, per request, delivered vs counted vs ``max_tokens``."""
+    if spec is None or obs is None:
+        return Verdict(SPEC_GATE, SKIP, "profile declares no engine.speculative_config: the server does not run "
+                       "speculative decoding, so draft tokens cannot enter usage; nothing to check")
+    rows = [d.row() for d in obs.deliveries]
+    n = len(rows)
+    ev: dict[str, Any] = {"speculative_config": spec, "requests": rows, "prompt": obs.prompt,
+                          "counters_before": obs.before, "counters_after": obs.after,
+                          "settle_scrapes": obs.settle_scrapes, "notes": list(obs.notes),
+                          "exchanges": [d.exchange.evidence() for d in obs.deliveries]}
+    broken = [d for d in obs.deliveries if d.problem]
+    if broken:
+        return Verdict(SPEC_GATE, FAIL, "; ".join(f"{d.label} {d.problem}" for d in broken) + " -> FAIL",
+                       measured=broken[0].exchange.reply.status, limit=200, unit="HTTP status", evidence=ev)
+    counted = [d for d in obs.deliveries if d.delivered is not None]
+    if not counted:
+        return Verdict(SPEC_GATE, INVALID, f"none of {n} answers carried logprobs and /tokenize could not re-count "
+                       "their text: the tokens delivered were not counted, usage cannot be checked", evidence=ev)
+    bad = [d for d in counted if d.usage_tokens != d.delivered or d.delivered > d.max_tokens
+           or (d.usage_tokens is not None and d.usage_tokens > d.max_tokens)]
+    delivered = sum(d.delivered for d in counted)
+    billed = sum(d.usage_tokens or 0 for d in counted)
+    drafts, draft_tokens, accepted = obs.delta("drafts"), obs.delta("draft_tokens"), obs.delta("accepted_tokens")
+    ev["spec_decode"] = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
+    if bad:
+        over = [d for d in bad if d.delivered > d.max_tokens]
+        more = [d for d in bad if d.usage_tokens is not None and d.usage_tokens > d.delivered]
+        cause = ("a verify step's accepted drafts delivered past max_tokens" if over else
+                 "usage counts drafted tokens the verifier rejected (billed, never delivered)" if more else
+                 "usage counts fewer tokens than were delivered, or none")
+        per = "; ".join(f"{d.label}: delivered {d.delivered} (by {d.counted_by}), usage.completion_tokens "
+                        f"{d.usage_tokens}, max_tokens {d.max_tokens}" for d in bad)
+        ev["cause"] = cause
+        if over:  # the worst overshoot: delivered against max_tokens
+            worst = max(over, key=lambda d: d.delivered - d.max_tokens)
+            measured, limit = worst.delivered, worst.max_tokens
+        else:  # the worst disagreement: usage against delivered
+            worst = max(bad, key=lambda d: abs((d.usage_tokens or 0) - d.delivered))
+            measured, limit = worst.usage_tokens, worst.delivered
+        return Verdict(SPEC_GATE, FAIL, f"under speculative decoding ({_spec_words(spec)}) {len(bad)} of {n} requests "
+                       f"disagree: {per} -> FAIL ({cause})", measured=measured, limit=limit, unit="tokens", evidence=ev)
+    gen, finished = obs.delta("generation_tokens"), obs.delta("requests_finished")
+    quiet = all(q is not None and q.reached for q in (obs.quiet_before, obs.quiet_after))
+    counter_words = ""
+    if gen is None:
+        ev["skipped_checks"] = {"generation_tokens_total": "GET /metrics has no vllm:generation_tokens_total"}
+    elif not quiet:
+        ev["skipped_checks"] = {"generation_tokens_total": "vllm:num_requests_running did not reach 0 before and "
+                                "after the probes within the wait: other traffic would move the counter"}
+    elif finished is not None and finished != n:
+        ev["skipped_checks"] = {"generation_tokens_total": f"vllm:request_success_total moved by {finished:g}, the "
+                                f"probes were {n}: other requests finished meanwhile"}
+    elif gen != delivered:
+        ev["cause"] = ("the engine counts drafted tokens as generated" if gen > delivered else
+                       "the engine counts fewer tokens than it delivered")
+        return Verdict(SPEC_GATE, FAIL, f"under speculative decoding ({_spec_words(spec)}) vllm:generation_tokens_total "
+                       f"moved by {gen:g} over {n} idle-bracketed requests that delivered {delivered} tokens "
+                       f"(usage {billed}) -> FAIL ({ev['cause']})", measured=gen, limit=delivered, unit="tokens",
+                       evidence=ev)
+    else:
+        counter_words = f"; vllm:generation_tokens_total +{gen:g} == delivered"
+    if "skipped_checks" in ev:
+        counter_words = f"; generation counter not judged ({ev['skipped_checks']['generation_tokens_total']})"
+    if drafts is not None and drafts <= 0:
+        return Verdict(SPEC_GATE, INVALID, f"vllm:spec_decode_num_drafts_total did not move over {n} requests "
+                       f"({delivered} tokens): no draft was proposed, so usage was not measured under speculation",
+                       measured=drafts, limit="> 0 drafts", unit="drafts", evidence=ev)
+    if drafts is None:
+        spec_words = "; drafts not observable (no vllm:spec_decode_* series)"
+    else:
+        rate = f" ({accepted / draft_tokens:.0%})" if accepted is not None and draft_tokens else ""
+        spec_words = f"; {drafts:g} drafts, {accepted if accepted is None else f'{accepted:g}'} of {draft_tokens:g} " \
+                     f"draft tokens accepted{rate}"
+    return Verdict(SPEC_GATE, PASS, f"under speculative decoding ({_spec_words(spec)}) {n} requests delivered == "
+                   f"usage.completion_tokens <= max_tokens {counted[0].max_tokens} each ({delivered} tokens, by "
+                   f"{counted[0].counted_by}){counter_words}{spec_words} -> PASS", measured=billed, limit=delivered,
+                   unit="tokens", evidence=ev)

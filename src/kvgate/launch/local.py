@@ -83,8 +83,8 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
     inside the container for the docker launcher). ``port``: the TCP port on 127.0.0.1.
     ``default_dtype``: ``--dtype`` when the profile sets none (float32 on the CPU, see module doc;
     the docker launcher passes None: the model's own dtype on a GPU). JSON fields
-    (``override_generation_config``, ``structured_outputs_config``) are rendered with
-    :func:`json.dumps`, ``structured_outputs_config`` compact. ``engine.lora_modules`` becomes one
+    (``override_generation_config``, ``structured_outputs_config``, ``speculative_config``) are rendered with
+    :func:`json.dumps`, ``structured_outputs_config`` and ``speculative_config`` compact. ``engine.lora_modules`` becomes one
     ``--lora-modules NAME=PATH ...`` (vLLM's parser takes every pair after the one flag): PATH is
     the value as written (a path or HF id as the server sees it), or, for the value ``embedded``,
     ``lora_dirs[NAME]`` (adapter name -> the directory kvgate built,
@@ -157,6 +157,8 @@ def _feature_flags(e: EngineSpec, lora_dirs: Mapping[str, Path]) -> list[str]:
         out += ["--lora-modules", *pairs]
     if e.enable_prompt_tokens_details:
         out.append("--enable-prompt-tokens-details")
+    if e.speculative_config is not None:
+        out += ["--speculative-config", json.dumps(e.speculative_config, separators=(",", ":"))]
     return out
 
 

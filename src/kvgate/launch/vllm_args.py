@@ -241,6 +241,7 @@ FIELD_FLAGS = {
     "structured_outputs_config": "--structured-outputs-config", "enable_lora": "--enable-lora",
     "max_loras": "--max-loras", "max_lora_rank": "--max-lora-rank", "lora_modules": "--lora-modules",
     "enable_prompt_tokens_details": "--enable-prompt-tokens-details",
+    "speculative_config": "--speculative-config",
 }
 
 

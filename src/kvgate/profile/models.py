@@ -167,6 +167,7 @@ class EngineSpec(_Strict):
     max_lora_rank: int | None = Field(default=None, gt=0, description="[rank] --max-lora-rank: the largest adapter rank served")
     lora_modules: dict[str, str] = Field(default_factory=dict, description="--lora-modules NAME=PATH: adapters served at start-up, by the model name clients send; the value 'embedded' (embedded model only) has kvgate build a deterministic adapter")
     enable_prompt_tokens_details: bool = Field(default=False, description="--enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens in every answer (the prefix-caching case reads it)")
+    speculative_config: dict[str, Any] | None = Field(default=None, description="--speculative-config (JSON), e.g. {method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3}: speculative decoding; enables the max-tokens/speculative-usage case (tokens delivered vs usage.completion_tokens, max_tokens and vllm:generation_tokens_total)")
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the command line")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the launched server")
 
