@@ -28,6 +28,7 @@ from kvgate.launch.target import TargetError, endpoint_from_url
 from kvgate.http.probes import build_prompt, canary, send, send_raw
 from kvgate.http.prompts import PromptError
 from kvgate.run.quiet import settle
+from kvgate.run.session import current
 
 APIS = ["completions", "chat"]
 CASES = {c.name: c for c in EDGE_CASES}
@@ -204,16 +205,20 @@ def test_request_sent_once_reaches_engine_once(case, request, kvgate_client, kvg
     --direct-endpoint's /metrics when given (the pod behind the gateway), else the endpoint's own.
 
     On the main job's embedded server there is no gateway: the case still runs (4 requests of 8 tokens,
-    ~2 s) and PASSes when the counts are equal -- what it proves there is stated in its message (the path
-    kvgate gates, its own client included, resends nothing; the counters account one request once), not a
-    gateway's retry policy; a SKIP would say less than was measured."""
+    ~2 s expected) and PASSes when the counts are equal -- its message names the server kvgate started with
+    no gateway between, so what it proves there is that the path kvgate gates (its own client included)
+    resends nothing and the engine's counters account one request once, not a gateway's retry policy; a
+    SKIP would say less than was measured, and certify would count it as not checked."""
     profile, url = kvgate_profile, request.config.getoption("kvgate_direct_endpoint", None)
     limits = profile.limits
     kw = dict(model=profile.model.served_name, max_model_len=profile.engine.max_model_len,
               max_tokens_cap=limits.max_tokens_cap, try_timeout_s=limits.gateway_try_timeout_s,
               route_timeout_s=limits.route_timeout_s, timeout_s=limits.request_timeout_s)
     if url is None:
-        obs = observe_duplicate_work(kvgate_client, kvgate_client, source="the endpoint's /metrics", **kw)
+        mode = current(request.config).launch_mode
+        source = (f"the {mode} server kvgate started, no gateway between (its /metrics)"
+                  if mode in ("embedded", "docker") else "the endpoint's /metrics")
+        obs = observe_duplicate_work(kvgate_client, kvgate_client, source=source, **kw)
     else:
         try:  # the pod answers with the gateway's key; its URL split as --endpoint's is
             direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=kvgate_client.endpoint.api_key,
