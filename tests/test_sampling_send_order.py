@@ -1,6 +1,6 @@
 """Each look of the latency sampling judges its requests in send order, as the verdict does.
 
-Found chasing tests/test_scale.py::test_local_workers_judge_exactly_what_one_process_judges (it
+Found chasing tests/test_scale.py::test_local_workers_send_the_one_process_design_and_judge_it_alike (it
 failed 4 of 6 runs under a loaded host, 2026-12-06): latency_judgements sorts records by
 ``r.index`` to measure the send-order autocorrelation (the effective n), but during sampling
 ``decide`` gets the batches' records as sent, each batch indexed from 0 (schedule.closed_loop), so
