@@ -87,6 +87,7 @@ def test_latency_verdict_names_local_when_only_the_gated_endpoint_drifts():
     assert ev["endpoint"] == "http://control:8000/v1" and ev["drift_cause"]["kind"] == "local"
     assert ev["ttft_p95_ms_per_h"]["ci_high"] < CEILING < v.evidence["analysis"]["ttft_p95_ms_per_h"]["ci_low"]
     assert ev["requests"] == 300 and ev["errors"] == 0
+    assert [r["ttft_p95_ms"] for r in v.evidence["control_rounds"]] == [FLAT(k) for k in range(12)]
 
 
 def test_latency_verdict_names_shared_when_the_control_drifts_too_and_undecided_keeps_sampling():
@@ -115,6 +116,7 @@ def test_without_a_control_nothing_changes():
     a = analyze(result(rows(ttft=DRIFT)), SPEC)
     v = latency_verdict(a, profile())
     assert a.drift is None and a.control is None and v.evidence["analysis"]["control"] is None
+    assert "control_rounds" not in v.evidence
     assert "control" not in v.message and v.cause.startswith("preemption/placement: ")
 
 
@@ -205,10 +207,16 @@ def test_two_fakes_drift_in_front_of_one_is_local_of_both_is_shared(pytester, fa
     assert ev["control"]["endpoint"] == control.url
 
 
-def test_the_control_key_variable_without_a_control_is_refused(pytester):
+@pytest.mark.parametrize("args, said", [
+    (["--soak-control-key-env", "CTL_KEY"], "*--soak-control-key-env without --soak-control URL*"),
+    (["--soak-control=http://127.0.0.1:9/v1", "--soak-control-key-env", "KVGATE_TEST_UNSET_CTL_KEY"],
+     "*--soak-control: API key variable KVGATE_TEST_UNSET_CTL_KEY is not set (named by --soak-control-key-env)*"),
+    (["--soak-control=http://127.0.0.1:9/v1", "--workers", "local:2"], "*--soak-control with --workers*"),
+    (["--soak-control="], "*--soak-control= is empty*"),
+], ids=["key-without-url", "unset-key", "workers", "empty"])
+def test_a_control_that_cannot_be_used_is_refused_in_one_line(pytester, args, said):
     r = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p",
                                      "no:cacheprovider", "--profile", str(PROFILE), "--endpoint", "http://127.0.0.1:9/v1",
-                                     "--kvgate-reports", str(pytester.path / "r"), "--soak-control-key-env", "CTL_KEY",
-                                     "--collect-only")
+                                     "--kvgate-reports", str(pytester.path / "r"), *args, "--collect-only")
     assert r.ret == pytest.ExitCode.USAGE_ERROR
-    r.stderr.fnmatch_lines(["*--soak-control-key-env without --soak-control URL*"])
+    r.stderr.fnmatch_lines([said])

@@ -441,7 +441,10 @@ def _evidence(a: SoakAnalysis) -> dict[str, Any]:
     keep = ("round", "warmup", "t_start_s", "requests", "errors", "ttft_p50_ms", "ttft_p95_ms", "itl_p95_ms",
             "mem_min_mb", "mem_max_mb", "swap_max_mb", "kv_usage_max", "preemptions", "running_max", "waiting_max",
             "gpu_used_max_mb", "kvgate_rss_mb", "client_kept_up", "lag_p99_ms")
-    return {"rounds": [{k: r.get(k) for k in keep} for r in a.result.rows], "analysis": a.measured()}
+    out = {"rounds": [{k: r.get(k) for k in keep} for r in a.result.rows], "analysis": a.measured()}
+    if a.result.control is not None:  # --soak-control: the control's rounds beside the gated ones
+        out["control_rounds"] = [dict(r) for r in a.result.control_rows]
+    return out
 
 
 def _precheck(gate: str, a: SoakAnalysis) -> Verdict | None:
