@@ -22,7 +22,7 @@ from kvgate.gates.requests import (CONTEXT_ROOM, EDGE_CASES, MIN_TOKENS, MIN_TOK
                                    edge_verdict, first_rung, integrity_verdict, ladder_body, min_tokens_verdict,
                                    non_ascii_verdict, route_timeout_verdict, tokens_per_byte)
 from kvgate.http.client import KvClient
-from kvgate.http.duplicates import observe_duplicate_work
+from kvgate.http.duplicates import metrics_at, observe_duplicate_work, shown_url
 from kvgate.http.integrity import observe_overlap
 from kvgate.launch.target import TargetError, endpoint_from_url
 from kvgate.http.probes import build_prompt, canary, send, send_raw
@@ -202,7 +202,8 @@ def test_bodies_arrive_whole_under_overlap(case, request, kvgate_client, kvgate_
 def test_request_sent_once_reaches_engine_once(case, request, kvgate_client, kvgate_profile, kvgate_gate):
     """What the engine counted against what kvgate sent (kvgate.http.duplicates): a gateway that retries a
     5xx or a request past its per-try timeout runs the work twice. The engine's counters are read from
-    --direct-endpoint's /metrics when given (the pod behind the gateway), else the endpoint's own.
+    --engine-metrics URL when given, else --direct-endpoint's /metrics (the pod behind the gateway), else
+    the endpoint's own.
 
     On the main job's embedded server there is no gateway: the case still runs (4 requests of 8 tokens,
     ~2 s expected) and PASSes when the counts are equal -- its message names the server kvgate started with
@@ -210,11 +211,15 @@ def test_request_sent_once_reaches_engine_once(case, request, kvgate_client, kvg
     resends nothing and the engine's counters account one request once, not a gateway's retry policy; a
     SKIP would say less than was measured, and certify would count it as not checked."""
     profile, url = kvgate_profile, request.config.getoption("kvgate_direct_endpoint", None)
+    metrics_url = request.config.getoption("kvgate_engine_metrics", None)
     limits = profile.limits
     kw = dict(model=profile.model.served_name, max_model_len=profile.engine.max_model_len,
               max_tokens_cap=limits.max_tokens_cap, try_timeout_s=limits.gateway_try_timeout_s,
               route_timeout_s=limits.route_timeout_s, timeout_s=limits.request_timeout_s)
-    if url is None:
+    if metrics_url is not None:
+        obs = observe_duplicate_work(kvgate_client, metrics_at(metrics_url),
+                                     source=f"--engine-metrics {shown_url(metrics_url)}", **kw)
+    elif url is None:
         mode = current(request.config).launch_mode
         source = (f"the {mode} server kvgate started, no gateway between (its /metrics)"
                   if mode in ("embedded", "docker") else "the endpoint's /metrics")

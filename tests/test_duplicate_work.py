@@ -7,10 +7,13 @@ observations built here (no server, no sleep)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from kvgate.gates.requests import duplicate_work_verdict
-from kvgate.http.duplicates import SLOW_CAP_S, Counts, DuplicateWork, Edge, Sent, _edge, slow_target
+from kvgate.http.duplicates import (SLOW_CAP_S, Counts, DuplicateWork, Edge, Sent, _edge, metrics_at, shown_url,
+                                    slow_target)
 from kvgate.verdict import Status
 from tests.fakes.fake_router import FakeRouter
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
@@ -74,16 +77,20 @@ def test_gateway_retrying_past_its_try_timeout_fails_naming_the_extra_work(pytes
 
 def test_gateway_retrying_5xx_fails_and_healthy_gateway_passes_the_same_5xx(pytester, tmp_path):
     """The engine answers every generation 500 half way (error_mid_stream): the retrying router sends each
-    again (8 runs of 4 requests, 2x the prompt tokens /tokenize counts); the healthy one does not (4 of 4)."""
+    again (8 runs of 4 requests, 2x the prompt tokens /tokenize counts; read at --engine-metrics URL); the
+    healthy one does not (4 of 4, read at the endpoint's own /metrics)."""
     with FakeVLLM(FakeConfig(max_tokens_cap=64, faults={"error_mid_stream"})) as fake:
         with gateway(fake, "retrying") as router:
-            _, bad = run(pytester, tmp_path, router.url)
+            metrics = f"{fake.base_url}/metrics"
+            _, bad = run(pytester, tmp_path, router.url, f"--engine-metrics={metrics}")
         with gateway(fake) as healthy:
             _, good = run(pytester, tmp_path, healthy.url)
     assert bad["status"] == "FAIL", bad["message"]
     j = bad["evidence"]["judged"]
     assert (j["sent_requests"], j["counted_requests"]) == (4, 8) and j["unknown_prompts"] == 0
     assert j["counted_prompt_tokens"] == 2 * j["sent_prompt_tokens"] == 2 * j["extra_prompt_tokens"]
+    assert bad["message"].startswith(f"--engine-metrics {metrics}: the engine counted 8 requests and "
+                                     f"{2 * j['sent_prompt_tokens']} prompt tokens for the 4 requests"), bad["message"]
     assert "4 extra requests and " in bad["message"], bad["message"]
     assert "4 of 4 requests answered 5xx or not at all (500): a gateway that retries 5xx" in bad["cause"], bad["cause"]
     assert "no slow requests: the profile declares no gateway per-try timeout" in str(bad["evidence"]["slow_how"])
@@ -157,6 +164,14 @@ def test_verdict_unreadable_counters_skip_naming_direct_endpoint():
     v = duplicate_work_verdict(DuplicateWork("the endpoint's /metrics", error="the endpoint's /metrics answers no "
                                              "Prometheus /metrics"))
     assert v.status is Status.SKIP and "--direct-endpoint=URL" in v.message
+
+
+def test_engine_metrics_url_read_without_credentials_shown():
+    with socket.socket() as sock:  # a port nothing listens on (bound, then closed)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert metrics_at(f"http://127.0.0.1:{port}/metrics", timeout_s=2)() is None
+    assert shown_url("http://user:secret@10.0.0.7:9091/metrics?token=abc") == "http://10.0.0.7:9091/metrics"
 
 
 def test_slow_target_past_the_try_timeout_bounded():

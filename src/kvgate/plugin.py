@@ -118,6 +118,10 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="a direct-to-pod URL beside the gateway (same --api-key-env): the requests gate's integrity "
                          "case compares the long answer's bytes with it; no-duplicate-work reads the engine's own "
                          "counters from its /metrics")
+    group.addoption("--engine-metrics", dest="kvgate_engine_metrics", default=None, metavar="URL",
+                    help="the engine's own Prometheus URL (a pod's metrics port, a metrics sidecar; read without a "
+                         "key): requests/no-duplicate-work reads the engine's counters there (before "
+                         "--direct-endpoint's /metrics and the endpoint's)")
     group.addoption("--baseline-reports", dest="kvgate_baseline_reports", default=None, metavar="DIR",
                     help="the compare gate's baseline: the reports directory of an earlier run recorded with "
                          "--gate-mode record (its golden.json); give it with '=': --baseline-reports=DIR")

@@ -28,6 +28,9 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -221,18 +224,40 @@ def _stream_tpot(reply: StreamReply) -> float | None:
     return (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 2 else None
 
 
-def observe_duplicate_work(client: KvClient, engine: KvClient, model: str, *, source: str, max_model_len: int,
+def shown_url(url: str) -> str:
+    """``url`` without user info or query (what a verdict may print: a URL can carry a credential)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.hostname or "" if parts.port is None else f"{parts.hostname}:{parts.port}",
+                       parts.path, "", ""))
+
+
+def metrics_at(url: str, timeout_s: float = 10.0) -> Callable[[], str | None]:
+    """A reader of one Prometheus URL (``--engine-metrics``: the engine's own /metrics, e.g. a pod's port
+    or a metrics sidecar), unauthenticated: each call GETs it and gives the body on a 200, else None
+    (an error, a refused connection, a timeout of ``timeout_s`` seconds)."""
+    def read() -> str | None:
+        try:
+            r = httpx.get(url, timeout=timeout_s)
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+    return read
+
+
+def observe_duplicate_work(client: KvClient, engine: KvClient | Callable[[], str | None], model: str, *,
+                           source: str, max_model_len: int,
                            max_tokens_cap: int | None, try_timeout_s: float | None, route_timeout_s: float | None,
                            timeout_s: float, clock: Callable[[], float] = time.monotonic,
                            sleep: Callable[[float], None] = time.sleep) -> DuplicateWork:
     """Send the requests (module doc) through ``client``, reading the engine's counters from
-    ``engine.metrics_text()`` (the same client, or --direct-endpoint's) before and after. Bounded:
+    ``engine.metrics_text()`` (the same client, or --direct-endpoint's) -- or ``engine()``, a reader
+    such as :func:`metrics_at` -- before and after. Bounded:
     at most ``PLAIN + 1 + SLOW`` requests, each within ``timeout_s``; each window edge at most
     ``SETTLE_S`` (+ twice the slow target after) + ``QUIET_READS x QUIET_S`` seconds. Never raises
     for what the endpoint answers; ``error`` says why counters could not be read."""
     def metrics() -> str | None:
         try:
-            return engine.metrics_text()
+            return engine.metrics_text() if isinstance(engine, KvClient) else engine()
         except EndpointUnreachable:  # a pod that cannot be reached: no counts (a read that failed)
             return None
 
@@ -283,5 +308,5 @@ def observe_duplicate_work(client: KvClient, engine: KvClient, model: str, *, so
     return DuplicateWork(source, before, after, tuple(sent), target, how, missing=missing)
 
 
-__all__ = ["COUNTERS", "Counts", "DuplicateWork", "Edge", "PLAIN", "QUIET_S", "SLOW", "Sent", "observe_duplicate_work",
-           "read_counts", "slow_target"]
+__all__ = ["COUNTERS", "Counts", "DuplicateWork", "Edge", "PLAIN", "QUIET_S", "SLOW", "Sent", "metrics_at", "shown_url",
+           "observe_duplicate_work", "read_counts", "slow_target"]
