@@ -23,7 +23,7 @@ from tests.fakes.soak_fakes import flat, run_virtual
 from .conftest import REPO
 from .test_gates_soak import SPEC, profile, result, rows
 from .test_soak_runner import MB, Mem, Metrics, plan, sender
-from .test_soak_vs_fake import BUSY_HOST_TTFT_CEILING, PROFILE, SUITE, fake_with  # noqa: F401  (fixture)
+from .test_soak_vs_fake import PROFILE, SUITE, fake_with  # noqa: F401  (fake_with: a fixture)
 
 pytest_plugins = ["pytester"]
 CEILING = SPEC.ttft_p95_slope_max_ms_per_h  # 100 ms/h; PLAN: 12 rounds of 300 s (1/12 h), 2 warm-up
@@ -161,17 +161,17 @@ def test_the_runner_offers_the_control_the_same_rounds_alongside_and_keeps_its_r
 # ----------------------------------------------------------------------------- two fakes, the real suite
 
 def drifting(t):
-    """400 ms a second of soak (1,440,000 ms/h, 4x :data:`CONTROL_CEILING`; 1 s at the soak's end,
-    under the overlay's 3 s idle timeout)."""
-    return 0.4 * t
+    """800 ms a second of soak (2,880,000 ms/h, 4x :data:`CONTROL_CEILING`; 2 s at the soak's end,
+    under the overlay's 5 s idle timeout)."""
+    return 0.8 * t
 
 
-#: [ms/h] Two fakes serve from two threads of the test process beside the client: measured
-#: 2026-12-06, the drift-free control's round p95s scattered ~20 ms and its slope read +56,093 ms/h
-#: (95% CI -39,174..+151,359) against fake-soak's 36,000 (straddling, as a busy host's scatter does:
-#: tests/test_soak_vs_fake.py's BUSY_HOST_TTFT_CEILING), so the control's "below" is judged here at
-#: that busy-host ceiling and the drift sized well above it.
-CONTROL_CEILING = BUSY_HOST_TTFT_CEILING
+#: [ms/h] The ceiling the control's "below" is judged at: 200 ms a second of soak, 20x fake-soak's
+#: 36,000. Two fakes serve from two threads of the test process: measured 2026-12-06 beside one busy
+#: loop (CI's unit lane beside an e2e one), the drift-free control read +9,034 ms/h (95% CI
+#: -370,335..+388,402): against 360,000 (test_soak_vs_fake.py's BUSY_HOST_TTFT_CEILING) it straddled
+#: -> undecided, not local (1 run of 1; at 720,000, 2 of 2 beside the busy loop read local and shared).
+CONTROL_CEILING = 720_000
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
@@ -179,7 +179,7 @@ def test_two_fakes_drift_in_front_of_one_is_local_of_both_is_shared(pytester, fa
     gated = fake_with(memory=flat(), ttft_extra=drifting)
     control = fake_with(memory=flat(), ttft_extra=drifting if shared else None)
     prof = tmp_path / "fake-soak-control.yaml"
-    prof.write_text(f"extends: {PROFILE}\nlimits:\n  stream_idle_timeout_s: 3\n"
+    prof.write_text(f"extends: {PROFILE}\nlimits:\n  stream_idle_timeout_s: 5\n"
                     f"soak:\n  rate_rps: 20\n  ttft_p95_slope_max_ms_per_h: {CONTROL_CEILING}\n")
     # the suite in a process of its own: in this one the client's event loop shares the GIL with both
     # fakes' loops, and a round's stall reads as a control that straddles (measured in-process,
