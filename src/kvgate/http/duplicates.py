@@ -21,6 +21,10 @@ starts when it is done); then, when the profile declares the gateway's per-try t
 (``limits.gateway_try_timeout_s``), one streamed pace probe and :data:`SLOW` requests sized from its
 mean gap to run :data:`SLOW_PAST` x that timeout (at most 0.9 x ``route_timeout_s`` when declared,
 at most :data:`SLOW_CAP_S`, within the context and the cap), not streamed, at once.
+
+Whose counters: ``--engine-metrics`` URL (:func:`metrics_at`), else ``--direct-endpoint``'s /metrics,
+else the endpoint's own (the suite chooses; a gateway that load-balances over several replicas shows one
+replica's counts, which the verdict tells by counting fewer than were answered).
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ class DuplicateWork:
     """The observation: ``source`` (whose /metrics: the endpoint's or --direct-endpoint's),
     ``before`` / ``after`` (:class:`Edge`), ``sent`` (:class:`Sent`, in order), ``slow_target_s``
     (None: no slow requests) and ``slow_how`` (why, or how they were sized), ``error`` (the counters
-    could not be read: why)."""
+    could not be read: why), ``missing`` (the counters of :data:`COUNTERS` absent from /metrics)."""
 
     source: str
     before: Edge | None = None
