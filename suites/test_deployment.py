@@ -5,12 +5,13 @@ memory limit, probe timeouts, route timeout, grace period)."""
 
 import pytest
 
-from kvgate.gates.deployment import NO_ISVC, SPEC, cache_config_verdict, max_model_len_verdict, served_config_verdict, \
-    served_model_verdict, spec_verdict
+from kvgate.gates.deployment import NO_ISVC, SPEC, cache_config_verdict, max_model_len_verdict, memory_peak_verdict, \
+    served_config_verdict, served_model_verdict, spec_verdict
 from kvgate.http.health_sampler import HealthSampler
 from kvgate.http.probes import observe_deployment, observe_served
 from kvgate.launch.served import launched_config
 from kvgate.run.health_watch import health_log, probe_limit
+from kvgate.run.memory import observe_memory
 from kvgate.run.session import ISVC_OBJECT
 from kvgate.verdict import Status, Verdict
 
@@ -64,3 +65,15 @@ def test_inference_service_matches_profile(case, pytestconfig, kvgate_client, kv
         sampler = HealthSampler(kvgate_endpoint, probe_limit(pytestconfig)[0], SPEC, client=kvgate_client)
         samples += [sampler.probe("/health") for _ in range(SPEC_HEALTH_PROBES)]
     assert kvgate_gate(spec_verdict(obj, kvgate_profile, samples, where)).passed
+
+
+@pytest.mark.deployment
+@pytest.mark.gate("deployment", cases=["memory-peak"])
+def test_memory_limit_holds_the_measured_peak(case, pytestconfig, kvgate_client, kvgate_endpoint, kvgate_profile,
+                                              kvgate_gate):
+    """The container's memory limit (--isvc: the predictor's resources.limits.memory; else the profile's
+    limits.container_memory_limit_gib) against the server's memory peak measured in this run -- its process tree
+    while it loaded the model, and one reading now -- with limits.memory_peak_margin."""
+    peaks, unseen = observe_memory(kvgate_endpoint, kvgate_client)
+    obj = pytestconfig.stash.get(ISVC_OBJECT, None)
+    assert kvgate_gate(memory_peak_verdict(peaks, obj, kvgate_profile, unseen)).passed

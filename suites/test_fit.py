@@ -7,7 +7,9 @@ and runs with the deployment gate.
 
 import pytest
 
+from kvgate.gates.deployment import served_max_model_len
 from kvgate.gates.fit import fit_table, fit_verdict, live_pool_verdict
+from kvgate.http.probes import observe_deployment
 from kvgate.http.metrics import cache_config, parse
 from kvgate.report.plots import checks_png
 from kvgate.verdict import Status, Verdict
@@ -33,4 +35,9 @@ def test_predicted_pool_matches_vllm(case, kvgate_client, kvgate_profile, kvgate
     if labels is None:
         kvgate_gate(Verdict("fit/live-pool", Status.SKIP, "server exposes no vllm:cache_config_info; "
                             "predicted KV pool not comparable"))  # skips the test
-    assert kvgate_gate(live_pool_verdict(kvgate_profile, labels)).passed
+    served, source = None, ""
+    if kvgate_profile.engine.max_model_len_auto:  # vLLM chose the length: the arithmetic uses the one it serves
+        served, source = served_max_model_len(observe_deployment(kvgate_client, kvgate_profile.model.served_name),
+                                              kvgate_profile)
+        source = source if served is not None else f"not read: {source}"
+    assert kvgate_gate(live_pool_verdict(kvgate_profile, labels, served, source)).passed

@@ -39,12 +39,14 @@ def fake():
 def test_healthy_fake_passes_every_gate(pytester, fake):
     result, summary, gates = run_suites(pytester, fake.url)
     assert summary["overall"] == "PASS", [g["message"] for g in gates.values() if g["status"] != "PASS"]
-    assert len(gates) == 31 and [i for i, g in gates.items() if g["status"] != "PASS"] == [
-        "fake-vllm/deployment/spec", "fake-vllm/max-tokens/speculative-usage"]
+    assert len(gates) == 32 and [i for i, g in gates.items() if g["status"] != "PASS"] == [
+        "fake-vllm/deployment/spec", "fake-vllm/deployment/memory-peak", "fake-vllm/max-tokens/speculative-usage"]
+    # --endpoint: only the API server's RSS is visible, no limit to hold it to (both ways: tests/test_memory_peak.py)
+    assert "no container memory limit to compare" in gates["fake-vllm/deployment/memory-peak"]["message"]
     assert gates["fake-vllm/deployment/spec"]["status"] == "SKIP"  # no --isvc
     # no engine.speculative_config: nothing sent (its both-ways proof: tests/test_spec_usage_vs_fake.py)
     assert "profile declares no engine.speculative_config" in gates["fake-vllm/max-tokens/speculative-usage"]["message"]
-    result.assert_outcomes(passed=29, skipped=2)
+    result.assert_outcomes(passed=29, skipped=3)
     assert summary["server_version"] == "0.32.0+fake"
     assert_passes_measured(summary)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 

@@ -107,11 +107,13 @@ def test_reports_written_and_secrets_redacted(pytester, monkeypatch):
                      "--kvgate-reports", str(reports), str(REPO / "suites" / "test_deployment.py"),
                      str(REPO / "suites" / "test_max_tokens.py"))
         assert fake.state.requests, "the fake saw no traffic"
-    result.assert_outcomes(passed=10, skipped=2)  # deployment/spec: no --isvc; max-tokens/speculative-usage: no speculation
+    result.assert_outcomes(passed=10, skipped=3)  # deployment/spec: no --isvc; max-tokens/speculative-usage: no speculation;
+    # deployment/memory-peak: no limit to compare
     summary = read_summary(reports)
     assert summary["overall"] == "PASS" and summary["complete"] is True
     assert summary["endpoint"] == url and summary["endpoint_contacted"] is True
     assert {g["id"] for g in summary["gates"] if g["status"] != "PASS"} == {"fake-vllm/deployment/spec",
+                                                                           "fake-vllm/deployment/memory-peak",
                                                                            "fake-vllm/max-tokens/speculative-usage"}
     assert all({"measured", "limit", "evidence", "message"} <= set(g) for g in summary["gates"])
     assert (reports / "junit.xml").is_file()

@@ -51,11 +51,9 @@ def served_model_verdict(obs: DeploymentObservation, profile: Profile) -> Verdic
                    measured=want, limit=want, evidence=ev)
 
 
-def max_model_len_verdict(obs: DeploymentObservation, profile: Profile) -> Verdict:
-    """``max_model_len`` advertised by the ``/v1/models`` card and by ``/tokenize`` equals the
-    profile's ``engine.max_model_len`` (tokens). Either source may be absent (KServe's route has
-    no ``max_model_len``); both absent -> SKIP with the reason."""
-    gate, want = "deployment/max-model-len", profile.engine.max_model_len
+def advertised_max_model_len(obs: DeploymentObservation, profile: Profile) -> dict[str, Any]:
+    """``{source: tokens}``: the ``max_model_len`` the ``/v1/models`` card of the profile's served
+    name and ``/tokenize`` advertise (each absent when not said; KServe's route says neither)."""
     seen: dict[str, Any] = {}
     body = json_body(obs.models)
     if body and isinstance(body.get("data"), list):
@@ -66,7 +64,54 @@ def max_model_len_verdict(obs: DeploymentObservation, profile: Profile) -> Verdi
         tb = json_body(obs.tokenize)
         if obs.tokenize.status == 200 and tb and "max_model_len" in tb:
             seen["/tokenize"] = tb["max_model_len"]
+    return seen
+
+
+def served_max_model_len(obs: DeploymentObservation, profile: Profile) -> tuple[int | None, str]:
+    """``(tokens, source)``: the served ``max_model_len`` read back (:func:`advertised_max_model_len`;
+    ``/v1/models`` first), or ``(None, why not)``."""
+    seen = advertised_max_model_len(obs, profile)
+    for src, value in seen.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, src
+    return None, ("the server advertises no max_model_len (/v1/models card and /tokenize lack it)" if not seen
+                  else f"the advertised max_model_len is not a positive integer ({seen})")
+
+
+def _auto_len_verdict(gate: str, seen: dict[str, Any], profile: Profile, ev: dict[str, Any]) -> Verdict:
+    """``engine.max_model_len: auto``: the length vLLM chose, read back, is at least
+    ``engine.min_model_len`` (the need)."""
+    need = profile.engine.min_model_len or profile.engine.max_model_len
+    ev = {**ev, "profile": "auto", "min_model_len": need}
+    if not seen:
+        return Verdict(gate, SKIP, f"max_model_len: auto, but the server advertises no max_model_len (/v1/models card "
+                       f"and /tokenize lack it): the length vLLM chose is not readable; the max-context gate checks "
+                       f"that {num(need)} tokens (engine.min_model_len) are served", limit=need, unit="tokens",
+                       evidence=ev)
+    bad = {src: v for src, v in seen.items() if not isinstance(v, int) or isinstance(v, bool) or v < need}
+    if bad:
+        src, got = next(iter(bad.items()))
+        return Verdict(gate, FAIL, f"max_model_len: auto served {num(got) if isinstance(got, int) else repr(got)} "
+                       f"tokens ({src}) < {num(need)} tokens needed (engine.min_model_len) -> FAIL (vLLM's --max-model-len "
+                       "auto fits the length to the KV pool it got: a smaller pool than planned, e.g. "
+                       "gpu_memory_utilization or another process on the GPU)", measured=got, limit=need, unit="tokens",
+                       evidence=ev)
+    got = min(seen.values())
+    srcs = " and ".join(seen)
+    return Verdict(gate, PASS, f"max_model_len: auto served {num(got)} tokens per {srcs} >= {num(need)} needed "
+                   f"(engine.min_model_len) -> PASS", measured=got, limit=need, unit="tokens", evidence=ev)
+
+
+def max_model_len_verdict(obs: DeploymentObservation, profile: Profile) -> Verdict:
+    """``max_model_len`` advertised by the ``/v1/models`` card and by ``/tokenize`` equals the
+    profile's ``engine.max_model_len`` (tokens); with ``engine.max_model_len: auto`` it is at least
+    ``engine.min_model_len`` (:func:`_auto_len_verdict`). Either source may be absent (KServe's
+    route has no ``max_model_len``); both absent -> SKIP with the reason."""
+    gate, want = "deployment/max-model-len", profile.engine.max_model_len
+    seen = advertised_max_model_len(obs, profile)
     ev = {"advertised": seen, "profile": want, "version": obs.version}
+    if profile.engine.max_model_len_auto:
+        return _auto_len_verdict(gate, seen, profile, ev)
     if not seen:
         return Verdict(gate, SKIP, "server advertises no max_model_len (/v1/models card and /tokenize lack it); "
                        "the max-context gate checks enforcement instead", limit=want, unit="tokens", evidence=ev)
@@ -552,6 +597,81 @@ def spec_verdict(obj: dict[str, Any] | None, profile: Profile, health: Sequence[
     return dataclasses.replace(v, evidence=ev)
 
 
+# ---------------------------------------------------------------------------- deployment/memory-peak
+MEMORY = "deployment/memory-peak"
+
+
+def _memory_limit(obj: dict[str, Any] | None, profile: Profile) -> tuple[float | None, str, Verdict | None]:
+    """``(bytes, where, verdict)``: the container memory limit to hold the peak to -- with ``--isvc``
+    the predictor container's ``resources.limits.memory``, else ``limits.container_memory_limit_gib``
+    -- or ``(None, why none, None)``; ``verdict`` is a FAIL when the spec's quantity is unreadable."""
+    if obj is not None:
+        s = serving_spec(obj)
+        raw = (s.resources.get("limits") or {}).get("memory")
+        if raw is None:
+            return None, (f"{s.container}.resources.limits.memory is unset in {s.kind} {s.name} (a namespace "
+                          "LimitRange default is not visible here)"), None
+        try:
+            return parse_quantity(raw), f"{s.container}.resources.limits.memory {raw} ({s.kind} {s.name})", None
+        except ValueError as exc:
+            return None, "", Verdict(MEMORY, FAIL, f"{s.container}.resources.limits.memory: {exc} -> FAIL",
+                                     unit="bytes", evidence={"limit": raw})
+    gib = profile.limits.container_memory_limit_gib
+    if gib is not None:
+        return gib * (1 << 30), f"limits.container_memory_limit_gib {gib:g} GiB (the profile; no --isvc)", None
+    return None, "no --isvc and the profile declares no limits.container_memory_limit_gib", None
+
+
+def memory_peak_verdict(peaks: Sequence[Any], obj: dict[str, Any] | None, profile: Profile,
+                        unseen: str = "") -> Verdict:
+    """``deployment/memory-peak``: the container memory limit (:func:`_memory_limit`) is at least
+    the server's measured memory peak x (1 + ``limits.memory_peak_margin``) -- below it the pod is
+    OOMKilled (while loading, or under load) before any GPU OOM. ``peaks``: the
+    :class:`kvgate.host.peak.MemoryPeak` readings of this run (the launcher's model-load peak of
+    the process tree, the case's own reading); the largest whole-tree one decides, else a
+    ``lower_bound`` one (the API server's RSS only), which can FAIL a limit but never PASS it.
+    ``unseen``: why no tree was readable (words for the SKIP). No peak: SKIP; no limit: SKIP with
+    the peak in the message and evidence. Pure; bytes throughout (GiB = 2**30 in messages)."""
+    from kvgate.host.peak import fmt_gib
+
+    margin = profile.limits.memory_peak_margin
+    try:
+        limit, where, bad = _memory_limit(obj, profile)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # deployment/spec names the shape
+        return Verdict(MEMORY, FAIL, f"the KServe object's resources cannot be read ({type(exc).__name__}: {exc}) -> FAIL",
+                       evidence={"error": f"{type(exc).__name__}: {exc}"})
+    if bad is not None:
+        return bad
+    whole = [p for p in peaks if p is not None and not p.lower_bound]
+    part = [p for p in peaks if p is not None and p.lower_bound]
+    peak = max(whole or part, key=lambda p: p.bytes) if (whole or part) else None
+    ev: dict[str, Any] = {"peaks": [p.to_dict() for p in peaks if p is not None], "limit_bytes": limit,
+                          "limit_where": where, "margin": margin}
+    if peak is None:
+        return Verdict(MEMORY, SKIP, f"no memory peak of the server measured ({unseen or 'no reading'}); "
+                       "deployment/spec.memory judges the estimated loading peak", limit=limit, unit="bytes", evidence=ev)
+    need = peak.bytes * (1 + margin)
+    ev.update(peak_bytes=peak.bytes, need_bytes=need, peak_phase=peak.phase, peak_source=peak.source)
+    if limit is None:
+        return Verdict(MEMORY, SKIP, f"server memory peak {peak.words()}; no container memory limit to compare "
+                       f"({where}) -> SKIP", measured=peak.bytes, unit="bytes", evidence=ev)
+    sums = (f"measured peak {peak.words()} + {margin:.0%} margin (limits.memory_peak_margin) = {fmt_gib(need)}")
+    if limit < need:
+        part_words = (" -- and that is the API server alone: the engine core and workers need more" if peak.lower_bound
+                      else "")
+        return Verdict(MEMORY, FAIL, f"container memory limit {fmt_gib(limit)} ({where}) < {sums}{part_words} -> FAIL "
+                       "(the pod is OOMKilled before any GPU OOM)", measured=peak.bytes, limit=limit, unit="bytes",
+                       evidence=ev)
+    if peak.lower_bound:
+        return Verdict(MEMORY, SKIP, f"only the API server's memory is visible ({peak.words()}, {peak.source}); "
+                       f"the container memory limit {fmt_gib(limit)} ({where}) holds it with the margin, which says "
+                       "nothing of the engine core and workers that load the model; deployment/spec.memory judges "
+                       "the estimated loading peak", measured=peak.bytes, limit=limit, unit="bytes", evidence=ev)
+    return Verdict(MEMORY, PASS, f"container memory limit {fmt_gib(limit)} ({where}) >= {sums}; headroom "
+                   f"{fmt_gib(limit - peak.bytes)} ({limit / peak.bytes - 1:.0%} above the peak) -> PASS",
+                   measured=peak.bytes, limit=limit, unit="bytes", evidence=ev)
+
+
 # ---------------------------------------------------------------------------- deployment/served-config
 SERVED = "deployment/served-config"
 #: The fields ``deployment/served-config`` compares, in report order, with their words.
@@ -766,7 +886,8 @@ def _profile_values(profile: Profile, args: VllmArgs) -> dict[str, tuple[str, An
         out["kv_element_bytes"] = (where, _Elements(size, words))
     except KvMathError:
         pass
-    out["max_model_len"] = ("engine.max_model_len", e.max_model_len)
+    if not e.max_model_len_auto:  # auto: vLLM chooses; deployment/max-model-len judges it against min_model_len
+        out["max_model_len"] = ("engine.max_model_len", e.max_model_len)
     q = profile_flags(profile, args).values.get("quantization")
     if q is not None:
         out["quantization"] = ("engine.extra_args --quantization", q[1])

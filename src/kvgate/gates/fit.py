@@ -539,14 +539,46 @@ def _llamacpp_parts(p: FitPlan) -> list[Verdict]:
     return parts
 
 
-def fit_verdict(profile: Profile) -> Verdict:
+def at_served_len(profile: Profile, served: int | None = None, source: str = "") -> tuple[Profile, str]:
+    """``(profile, words)`` for the arithmetic. With ``engine.max_model_len: auto`` vLLM chooses the
+    length (vllm PR#29431): given the ``served`` length read back (tokens; ``source`` names where,
+    e.g. ``/v1/models``) the profile's ``engine.max_model_len`` is replaced by it; without one it
+    stays the need (``engine.min_model_len``) and ``words`` says so. A fixed length: ``profile``
+    unchanged, ``words`` empty. Pure; never validates the copy (the served length is a fact)."""
+    e = profile.engine
+    if not e.max_model_len_auto:
+        return profile, ""
+    if served is None:
+        return profile, (f"max_model_len: auto -- judged at the {e.max_model_len:,} tokens needed (engine.min_model_len): "
+                         f"the length vLLM chose is not read here{f' ({source})' if source else ''}")
+    copy = profile.model_copy(update={"engine": e.model_copy(update={"max_model_len": served})})
+    return copy, (f"max_model_len: auto -- vLLM serves {served:,} tokens ({source or 'read back'}; "
+                  f"{e.max_model_len:,} needed): the arithmetic uses the served length")
+
+
+def _noted(v: Verdict, words: str, served: int | None) -> Verdict:
+    """``v`` with the ``max_model_len: auto`` words appended (:func:`at_served_len`)."""
+    if not words:
+        return v
+    return replace(v, message=f"{v.message} [{words}]",
+                   evidence={**v.evidence, "max_model_len_auto": {"served": served, "words": words}})
+
+
+def fit_verdict(profile: Profile, served_len: int | None = None, served_source: str = "") -> Verdict:
     """The fit gate's verdict (gate ``"fit"``) for ``profile``; needs no server.
 
     FAIL when any check in the module docstring fails; the message joins the failing checks'
     sentences (or, on PASS, all of them). INVALID when the arithmetic cannot be done for this
     profile (e.g. MLA, no architecture): no number can be trusted, so neither PASS nor FAIL.
-    ``evidence["plan"]`` holds every number of the :class:`FitPlan`.
+    ``evidence["plan"]`` holds every number of the :class:`FitPlan`. ``served_len`` /
+    ``served_source``: with ``engine.max_model_len: auto``, the length the server serves and where
+    it was read (:func:`at_served_len`); without one the need is judged, and the message says so.
     """
+    profile, words = at_served_len(profile, served_len, served_source)
+    return _noted(_fit_verdict(profile), words, served_len)
+
+
+def _fit_verdict(profile: Profile) -> Verdict:
     try:
         p = plan(profile)
     except KvMathError as exc:
@@ -845,7 +877,16 @@ def live_kv_elements(p: FitPlan, labels: dict[str, str]) -> LiveElements:
     return LiveElements(km.read_kv_element_bytes(pool_bytes, blocks, elements), source, None, expected, words, described)
 
 
-def live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict:
+def live_pool_verdict(profile: Profile, cache_config: dict[str, str], served_len: int | None = None,
+                      served_source: str = "") -> Verdict:
+    """:func:`_live_pool_verdict` at the length the server serves when the profile says
+    ``engine.max_model_len: auto`` (``served_len`` read back from ``served_source``, e.g.
+    ``/v1/models``; :func:`at_served_len`), else at the profile's."""
+    profile, words = at_served_len(profile, served_len, served_source)
+    return _noted(_live_pool_verdict(profile, cache_config), words, served_len)
+
+
+def _live_pool_verdict(profile: Profile, cache_config: dict[str, str]) -> Verdict:
     """Compare the predicted KV capacity with what a live vLLM allocated (gate ``"fit.live"``).
 
     ``cache_config`` are the labels of ``vllm:cache_config_info`` (vLLM 0.32 publishes every

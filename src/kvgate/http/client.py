@@ -87,6 +87,10 @@ class Endpoint:
     server_argv: tuple[str, ...] = field(default=(), compare=False)
     #: Which launcher started the server (``"embedded"``, ``"docker"``); None for ``--endpoint``.
     launched_by: str | None = None
+    #: The memory peak of the launched server's process tree while it loaded the model
+    #: (:class:`kvgate.host.peak.MemoryPeak`, sampled by its launcher); None for ``--endpoint`` or
+    #: where no tree was visible. ``deployment/memory-peak`` holds the container's limit to it.
+    load_peak: Any = field(default=None, compare=False)
 
     @property
     def display(self) -> str:

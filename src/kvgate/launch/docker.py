@@ -46,7 +46,7 @@ import httpx
 
 from kvgate.profile.models import Profile
 from kvgate.launch.base import LaunchError, Launcher
-from kvgate.launch.local import LOOPBACK, free_port, render_command
+from kvgate.launch.local import LOOPBACK, free_port, render_command, tree_watch
 from kvgate.launch.lora import EMBEDDED as EMBEDDED_ADAPTER
 
 #: The image when the profile names none: vLLM's own OpenAI server at the version kvgate targets.
@@ -177,6 +177,9 @@ class DockerLauncher(Launcher):
     """
 
     mode: ClassVar[str] = "docker"
+    #: Reads the container's process tree on this host while it loads (:data:`kvgate.launch.local.TreeReader`;
+    #: the run sets it); None: not sampled.
+    tree_reader: Any = None
 
     def __init__(self, profile: Profile, log_path: Path, *, startup_budget_s: float | None = None,
                  environ: Mapping[str, str] | None = None, container_factory: Callable[[str], Any] | None = None,
@@ -195,6 +198,9 @@ class DockerLauncher(Launcher):
         self.base_url: str | None = None
         self.container: Any = None
         self.container_id: str | None = None
+        #: The model load's memory peak (the container's tree on this host, sampled once per poll); None: not sampled.
+        self.load_peak: Any = None
+        self._healthy = False
         self._port = 0
         self._t0 = 0.0
 
@@ -350,27 +356,54 @@ class DockerLauncher(Launcher):
         deadline = self._t0 + self.startup_budget_s
         body = {"model": self.profile.model.served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
         healthy = False
-        with httpx.Client(timeout=httpx.Timeout(10.0)) as http:
-            while True:
-                wrapped = self._wrapped()
-                if wrapped is not None:
-                    wrapped.reload()
-                    if wrapped.status in ("exited", "dead"):
-                        code = wrapped.attrs.get("State", {}).get("ExitCode")
-                        raise self._failed(f"the server's container exited with code {code} during start-up")
-                try:
-                    if not healthy:
-                        healthy = http.get(f"{url}/health").status_code == 200
-                    if healthy:
-                        r = http.post(f"{url}/v1/completions", json=body)
-                        if r.status_code == 200 and r.json().get("choices"):
-                            break
-                except (httpx.HTTPError, ValueError):
-                    pass
-                if self.clock() > deadline:
-                    what = "answered /health but no generation" if healthy else "not healthy"
-                    raise self._failed(f"{what} after {self.startup_budget_s:g} s (launch.startup_budget_s)")
-                self.sleep(self.poll_s)
+        watch = None  # the container's process tree on this host (State.Pid): the model load's memory peak
+        try:
+            with httpx.Client(timeout=httpx.Timeout(10.0)) as http:
+                while True:
+                    wrapped = self._wrapped()
+                    if wrapped is not None:
+                        wrapped.reload()
+                        if wrapped.status in ("exited", "dead"):
+                            code = wrapped.attrs.get("State", {}).get("ExitCode")
+                            raise self._failed(f"the server's container exited with code {code} during start-up")
+                        watch = watch or self._tree_watch(wrapped)
+                    if watch is not None:
+                        watch.sample()
+                    if self._poll(http, url, body, healthy, deadline):
+                        break
+                    healthy = self._healthy
+                    self.sleep(self.poll_s)
+        finally:
+            if watch is not None:
+                watch.sample(force=True)  # the state at ready
+                self.load_peak = watch.peak()
         self.startup_s = self.clock() - self._t0
         self.base_url = url
         return url
+
+    def _tree_watch(self, wrapped: Any) -> Any:
+        """A :func:`kvgate.launch.local.tree_watch` over the container's processes as this host sees
+        them (``State.Pid``, the container's first process); None before it has one."""
+        pid = (wrapped.attrs.get("State") or {}).get("Pid") if isinstance(getattr(wrapped, "attrs", None), dict) else None
+        if not isinstance(pid, int) or pid <= 0:
+            return None
+        return tree_watch(self.tree_reader, pid, phase="during model load (container start to the first generation)",
+                          label=f"container {self.container_id or ''}".strip(), clock=self.clock, t0=self._t0)
+
+    def _poll(self, http: httpx.Client, url: str, body: dict[str, Any], healthy: bool, deadline: float) -> bool:
+        """One readiness poll: ``/health`` until 200, then one generation; True once it answers.
+        Raises :class:`LaunchError` past ``deadline``."""
+        self._healthy = healthy
+        try:
+            if not healthy:
+                healthy = self._healthy = http.get(f"{url}/health").status_code == 200
+            if healthy:
+                r = http.post(f"{url}/v1/completions", json=body)
+                if r.status_code == 200 and r.json().get("choices"):
+                    return True
+        except (httpx.HTTPError, ValueError):
+            pass
+        if self.clock() > deadline:
+            what = "answered /health but no generation" if healthy else "not healthy"
+            raise self._failed(f"{what} after {self.startup_budget_s:g} s (launch.startup_budget_s)")
+        return False

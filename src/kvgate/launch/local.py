@@ -56,6 +56,7 @@ from kvgate.launch.lora import EMBEDDED as EMBEDDED_ADAPTER
 from kvgate.security.middleware import KEY_ENV, OPEN_ENV
 
 if TYPE_CHECKING:
+    from kvgate.host.peak import MemoryPeak, PeakWatch
     from kvgate.launch.release import Release
 
 LOOPBACK = "127.0.0.1"
@@ -75,7 +76,8 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
                    lora_dirs: Mapping[str, Path] | None = None) -> list[str]:
     """vLLM 0.32's OpenAI server command line for ``profile``: ``python -m
     vllm.entrypoints.openai.api_server --model MODEL_DIR --served-model-name model.served_name
-    --host 127.0.0.1 --port PORT --max-model-len N``, then one flag per ``engine`` field the profile
+    --host 127.0.0.1 --port PORT --max-model-len N`` (``auto`` for ``engine.max_model_len: auto``), then one
+    flag per ``engine`` field the profile
     sets (a field left at its default, ``None`` or ``False``, renders nothing), then
     ``engine.extra_args`` verbatim.
 
@@ -98,7 +100,7 @@ def render_command(profile: Profile, model_dir: Path | str, port: int, python: s
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", profile.model.served_name,
         "--host", LOOPBACK, "--port", str(port),
-        "--max-model-len", str(e.max_model_len),
+        "--max-model-len", "auto" if e.max_model_len_auto else str(e.max_model_len),  # auto: vLLM fits it to the pool
     ]
     flags: list[tuple[str, object]] = [
         ("--tensor-parallel-size", e.tensor_parallel_size if e.tensor_parallel_size != 1 else None),
@@ -211,6 +213,26 @@ def wait_health(url: str, proc: subprocess.Popen, deadline: float, sleep: Callab
 
 
 
+#: How a launcher reads a process tree's memory: ``(pid, label) -> (read, source, quantity)`` or None
+#: (``read()`` one reading in the shape of :meth:`kvgate.soak.sampling.ProcessTreeSampler.read`; the
+#: run sets :func:`kvgate.run.memory.tree_reader`, the soak's sampler, on the launcher it builds).
+TreeReader = Callable[[int, str], "tuple[Callable[[], Mapping[str, object]], str, Callable[[], str]] | None"]
+
+
+def tree_watch(reader: "TreeReader | None", pid: int, *, phase: str, label: str,
+               clock: Callable[[], float] = time.monotonic, t0: float | None = None) -> "PeakWatch | None":
+    """A :class:`kvgate.host.peak.PeakWatch` over the process tree rooted at ``pid``, read by
+    ``reader`` (:data:`TreeReader`); None without one. The launchers sample it once per readiness
+    poll: the model load's memory peak, for ``deployment/memory-peak``."""
+    from kvgate.host.peak import PeakWatch
+
+    got = reader(pid, label) if reader is not None else None
+    if got is None:
+        return None
+    read, source, quantity = got
+    return PeakWatch(read, phase=phase, source=source, quantity=quantity, clock=clock, t0=t0)
+
+
 def embedded_key(profile: Profile, api_key_env: str | None = None, environ: Mapping[str, str] | None = None,
                  token: Callable[[], str] = lambda: "kvgate-" + secrets.token_urlsafe(32)) -> str | None:
     """The API key the embedded server of this run requires: the value of ``api_key_env`` when the
@@ -245,6 +267,8 @@ class EmbeddedServer(Launcher):
 
     mode = "embedded"
     ready_stop_grace_s = 1.0
+    #: Reads the server's process tree while it loads (:data:`TreeReader`; the run sets it); None: not sampled.
+    tree_reader: "TreeReader | None" = None
 
     @classmethod
     def unavailable(cls, profile: Profile) -> str | None:
@@ -289,6 +313,8 @@ class EmbeddedServer(Launcher):
         self.command: list[str] = []
         self.server_cpus = server_cpus(reserve_client_cpu)
         self.poll_s = 0.25
+        #: The model load's memory peak (:meth:`_wait` samples the tree once per poll); None until sampled.
+        self.load_peak: "MemoryPeak | None" = None
         self._port = 0
         self._t0 = 0.0
 
@@ -368,14 +394,31 @@ class EmbeddedServer(Launcher):
         does not need a clean shutdown), so an interrupted start-up returns within a second or two."""
         assert self.proc is not None
         url = f"http://{LOOPBACK}:{self._port}"
-        wait_health(url, self.proc, self._t0 + self.startup_budget_s, self.sleep, self.poll_s,
+        watch = tree_watch(self.tree_reader, self.proc.pid, phase="during model load (launch to /health 200)",
+                           label="embedded vLLM", clock=self.clock, t0=self._t0)
+
+        def sleep(s: float) -> None:  # a tree reading per poll, at most 1 a second (host.peak)
+            if watch is not None:
+                watch.sample()
+            self.sleep(s)
+
+        try:
+            self._wait_health(url, sleep)
+        finally:
+            if watch is not None:
+                watch.sample(force=True)  # the state at ready
+                self.load_peak = watch.peak()
+        self.startup_s = self.clock() - self._t0
+        self.base_url = url
+        return url
+
+    def _wait_health(self, url: str, sleep: Callable[[float], None]) -> None:
+        assert self.proc is not None
+        wait_health(url, self.proc, self._t0 + self.startup_budget_s, sleep, self.poll_s,
                     lambda code: f"embedded vLLM exited with code {code} during startup; "
                                  f"{log_tail(self.log_path, self.clock() - self._t0)}",
                     lambda: f"embedded vLLM not healthy after {self.startup_budget_s:g} s; "
                             f"{log_tail(self.log_path, self.clock() - self._t0)}", self.clock)
-        self.startup_s = self.clock() - self._t0
-        self.base_url = url
-        return url
 
     def _group_gone(self) -> bool:
         try:

@@ -130,6 +130,12 @@ class HardwareSpec(_Strict):
     memory_gib: float | None = Field(default=None, gt=0, description="[GiB] memory per device (nvidia-smi total / 1024); sizes the KV budget")
 
 
+def _int_or_auto(schema: dict[str, Any]) -> None:
+    """JSON Schema of ``engine.max_model_len``: a positive integer or ``auto``."""
+    number = {k: schema.pop(k) for k in ("type", "exclusiveMinimum") if k in schema}
+    schema["anyOf"] = [number, {"const": "auto"}]
+
+
 class EngineSpec(_Strict):
     """vLLM serve arguments (``vllm serve --help`` names with ``_``). ``None`` = leave vLLM's default.
 
@@ -140,7 +146,9 @@ class EngineSpec(_Strict):
     runtime: Literal["vllm", "llama.cpp"] = Field(default="vllm", description="the serving engine: vllm, or llama.cpp (llama-box, Ollama) layer offload")
     vllm_version: str | None = Field(default=None, description="[version] the vLLM the deployment runs (e.g. 0.32.0); kvgate lint checks the engine arguments against it (null: the installed vLLM)")
     tensor_parallel_size: int = Field(default=1, gt=0, description="[GPUs] --tensor-parallel-size; weights and KV heads are split over this many GPUs")
-    max_model_len: int = Field(gt=0, description="[tokens] --max-model-len: prompt + output per request; longer requests are rejected; one such sequence must fit the KV pool")
+    max_model_len: int = Field(gt=0, json_schema_extra=_int_or_auto, description="[tokens] --max-model-len: prompt + output per request; longer requests are rejected; one such sequence must fit the KV pool. 'auto' (vLLM only; needs min_model_len): vLLM picks the largest length its KV pool holds (vllm PR#29431) -- kvgate renders --max-model-len auto, reads the served length back (deployment/max-model-len) and its live gates use min_model_len")
+    min_model_len: int | None = Field(default=None, gt=0, description="[tokens] with max_model_len: auto only: the smallest context the deployment needs; the served max_model_len must be at least this (deployment/max-model-len), the fit gate's arithmetic and the live gates use it until the served length is read")
+    max_model_len_auto: bool = Field(default=False, description="set by max_model_len: auto (write that instead); max_model_len then holds min_model_len")
     max_num_seqs: int | None = Field(default=None, gt=0, description="[sequences] --max-num-seqs: requests scheduled at once (the rest wait); null = vLLM's default")
     max_num_batched_tokens: int | None = Field(default=None, gt=0, description="[tokens] --max-num-batched-tokens: tokens per scheduler step (prefill chunk); sizes the activation peak")
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="[fraction] --gpu-memory-utilization: share of each GPU vLLM may use; the KV pool is what is left of it")
@@ -171,6 +179,33 @@ class EngineSpec(_Strict):
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to the command line")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the launched server")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_len(cls, data: Any) -> Any:
+        """``max_model_len: auto`` -> ``max_model_len_auto`` with ``max_model_len = min_model_len``
+        (the length every arithmetic and live gate uses until the served one is read). Accepted on
+        the vLLM runtime only, with ``min_model_len``; ``min_model_len`` only with auto."""
+        if not isinstance(data, dict):
+            return data
+        auto = data.get("max_model_len") == "auto"
+        if not auto and not data.get("max_model_len_auto"):
+            if data.get("min_model_len") is not None:
+                raise ValueError("engine.min_model_len is the need of max_model_len: auto; with a fixed "
+                                 f"max_model_len ({data.get('max_model_len')}) drop it")
+            return data
+        if data.get("runtime", "vllm") != "vllm":
+            raise ValueError(f"engine.max_model_len: auto is vLLM's --max-model-len auto; the {data.get('runtime')} "
+                             "runtime needs a number (its num_ctx)")
+        need = data.get("min_model_len")
+        if need is None:
+            raise ValueError("engine.max_model_len: auto needs engine.min_model_len: the smallest context the "
+                             "deployment needs (vLLM picks whatever its KV pool holds, e.g. 20,272 of 40,960 tokens: "
+                             "KAITO PR#2156)")
+        if not auto and data.get("max_model_len") not in (None, need):
+            raise ValueError(f"engine.max_model_len_auto: max_model_len {data.get('max_model_len')} must equal "
+                             f"min_model_len {need} (write max_model_len: auto)")
+        return {**data, "max_model_len": need, "max_model_len_auto": True}
+
 
 class LimitsSpec(_Strict):
     """The request-side contract.
@@ -198,6 +233,8 @@ class LimitsSpec(_Strict):
     route_timeout_s: float | None = Field(default=None, gt=0, description="[s] the gateway's total route timeout (not idle), e.g. Knative's revision timeout 300 s: must outlast the longest stream the profile allows (the measured stream of that length, extrapolated by its mean gap when shorter)")
     gateway_try_timeout_s: float | None = Field(default=None, gt=0, description="[s] the gateway's per-try (upstream) timeout, when it retries a request that has not answered within it (Envoy/Istio perTryTimeout): requests/no-duplicate-work sends 2 requests sized to run 1.25x past it (at most 0.9 x route_timeout_s, 120 s) and counts what reaches the engine; None: no slow requests are sent")
     chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="chat template options the clients send (e.g. {enable_thinking: false}); kvgate sends them to /tokenize and to every chat request alike")
+    memory_peak_margin: float = Field(default=0.2, ge=0, description="[fraction] headroom a container memory limit keeps above the server's measured memory peak (deployment/memory-peak): limit >= peak x (1 + margin); it covers a peak between two samples and page cache the cgroup is charged for")
+    container_memory_limit_gib: float | None = Field(default=None, gt=0, description="[GiB] the container memory limit the deployment runs under, for runs without --isvc (with --isvc the predictor container's resources.limits.memory decides); deployment/memory-peak holds it to the measured peak; null: the peak is reported, not judged")
     probe_timeout_s: float = Field(default=1.0, gt=0, description="[s] the liveness/readiness probe timeout the deployment's kubelet enforces (timeoutSeconds; default 1 s, Kubernetes' own default when a probe sets none); /health and /v1/models under load must answer within it (health/under-load). With --isvc the InferenceService's probes decide (the smaller timeoutSeconds of its predictor's livenessProbe/readinessProbe)")
 
 

@@ -45,6 +45,7 @@ from kvgate.launch.realmodel import RealModelError, is_built, model_dir_for
 from kvgate.launch.release import Release, ReleaseError, ensure_release
 from kvgate.launch.tinymodel import TinyModelError, cache_root, ensure_model
 from kvgate.run.session import LAUNCH_ERROR_KEY, RUN, SERVER_KEY, Run, current, test_id, write_error_reports
+from kvgate.run.memory import tree_reader
 
 #: Set once the fixture has the server healthy: from then on the fixture's teardown stops it.
 OWNED_KEY = "embedded_server_owned"
@@ -80,13 +81,17 @@ def _build(st: Run) -> Launcher:
         launcher = launcher_class(mode)(st.profile, log, startup_budget_s=st.startup_budget_s)
         for secret in getattr(launcher, "secrets", ()):
             st.redactor.add(secret)
+        if mode == "docker":  # the model load's memory peak of the container's tree (deployment/memory-peak)
+            launcher.tree_reader = tree_reader
         return launcher
     key = embedded_key(st.profile, st.config.getoption("kvgate_api_key_env"))
     st.redactor.add(key)
     model_dir = model_dir_for(st.profile, build_tiny=ensure_model)
     release = _release(st) if st.vllm_version else None
-    return EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0,
-                          lora_dirs=ensure_adapters(st.profile.engine, model_dir), api_key=key, release=release)
+    server = EmbeddedServer(st.profile, model_dir, log, startup_budget_s=st.startup_budget_s or 240.0,
+                            lora_dirs=ensure_adapters(st.profile.engine, model_dir), api_key=key, release=release)
+    server.tree_reader = tree_reader  # the model load's memory peak of its process tree (deployment/memory-peak)
+    return server
 
 
 def _release(st: Run) -> Release:
@@ -243,7 +248,8 @@ def embedded_endpoint(config: pytest.Config) -> Generator[Endpoint, None, None]:
     # the command line a single launched server was given (not a pools router's): deployment/served-config reads it
     argv = tuple(getattr(server, "command", None) or ()) if st.launch_mode in ("embedded", "docker") else ()
     st.endpoint = Endpoint(base_url=url, managed=True, server_pids=pids, api_key=getattr(server, "api_key", None),
-                           server_argv=argv, launched_by=st.launch_mode if argv else None)
+                           server_argv=argv, launched_by=st.launch_mode if argv else None,
+                           load_peak=getattr(server, "load_peak", None) if argv else None)
     st.record.endpoint = st.endpoint.display
     st.record.launch = server.describe()
     if server.pid is not None:
