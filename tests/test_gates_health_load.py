@@ -140,6 +140,11 @@ def test_healthy_fake_passes_on_its_own_load_with_the_isvcs_probe_timeout(pytest
     assert "probe timeout 10 s (spec.predictor.model.readinessProbe" in result.stdout.str()  # the header says it
     assert result.ret == 0
     assert_passes_measured(read_summary(reports))  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
+    # health/ready-to-serving: the fake served at kvgate's first look (no onset seen): SKIP, naming the isvc's probe
+    ready = {x["id"]: x for x in read_summary(reports)["gates"]}["kserve-fake/health/ready-to-serving"]
+    assert ready["status"] == "SKIP" and "already served at kvgate's first look" in ready["message"], ready["message"]
+    assert "the InferenceService's readinessProbe" in ready["message"] and "timeout 10 s" in ready["message"]
+    assert ready["evidence"]["probe"]["timing"]["timeoutSeconds"] == 10 and ready["evidence"]["readiness"]["refusals"] == 0
 
 
 @pytest.mark.parametrize("suites, during", [

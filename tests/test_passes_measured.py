@@ -39,7 +39,8 @@ WALKED = {
             "tests/test_gates_fit.py::test_live_exact_match_passes"],
     # the canary: a part of the max-context, concurrency and other verdicts of the healthy runs
     "health": ["tests/test_gates_vs_fake.py::test_healthy_fake_passes_every_gate",
-               "tests/test_gates_vs_fake.py::test_load_gates_pass_on_healthy_fake"],
+               "tests/test_gates_vs_fake.py::test_load_gates_pass_on_healthy_fake",
+               "tests/test_readiness.py::test_a_launched_server_that_serves_at_once_passes_with_the_measured_gap"],
     "health_load": ["tests/test_gates_health_load.py::test_healthy_fake_passes_on_its_own_load_with_the_isvcs_probe_timeout"],
     "load": ["tests/test_gates_vs_fake.py::test_load_gates_pass_on_healthy_fake"],
     "max_context": ["tests/test_gates_vs_fake.py::test_healthy_fake_passes_every_gate"],

@@ -90,6 +90,11 @@ def test_main_job_passes_every_gate_on_embedded_vllm(embedded_run):
     assert health["status"] == "PASS" and "/health p50 " in health["message"] and ", p99 " in health["message"], health
     assert "under the load of tiny-cpu/concurrency/long-sequences" in health["message"], health["message"]
     assert "its own load" not in health["message"] and health["limit"] == {"value": 1000.0, "unit": "ms"}
+    # ready -> serving, timed by the embedded launcher at start-up: /health 200 and the model listed, then the first
+    # 1-token generation (issue 49; limits.ready_to_serving_max_s, default 5 s)
+    ready = {x["id"]: x for x in summary["gates"]}["tiny-cpu/health/ready-to-serving"]
+    assert ready["status"] == "PASS" and ready["measured"]["unit"] == "s" and ready["measured"]["value"] < 5, ready
+    assert ready["evidence"]["readiness"]["where"] == "the embedded launcher" and ready["evidence"]["readiness"]["onset_seen"]
     # the drain gate runs last (--shutdown-timeout 10): in-flight outcomes and the exit time in the evidence
     drain = {x["id"].removeprefix("tiny-cpu/"): x for x in summary["gates"] if x["id"].startswith("tiny-cpu/drain/")}
     assert list(drain) == ["drain/in-flight", "drain/exit", "drain/new-requests"], list(drain)

@@ -537,6 +537,9 @@ class FakeConfig:
     route_timeout_s: float = 1.0  # route_timeout: the gateway's total timeout, seconds
     schedulable_tokens: int | None = None  # never_schedule: None -> max_model_len - block_size
     slow_health_s: float = 3.0  # slow_health_while_busy: /health's delay while a generation is in flight
+    # ready is not serving (health/ready-to-serving): for this many seconds after start() /health answers 200 and
+    # /v1/models lists the model, but completions and chat answer 503 (the engine still warming); 0: serve at once
+    refuse_generations_s: float = 0.0
     hang_after: int = 60  # hang_after_generations: generations served before every later one is held
     exit_after: int = 60  # exit_after_generations: generations served before the server is gone
     pause_s: float = 40.0  # pause_streams: seconds of silence in every stream
@@ -1728,6 +1731,11 @@ class FakeVLLM:
     it on exit. ``reset()`` clears state and metrics between tests without restarting.
     """
 
+    #: The fake's clock for refuse_generations_s (monotonic seconds); a test may set ``fake.clock`` before start().
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    #: ``clock()`` when start() returned (None: not started).
+    t_started: float | None = None
+
     def __init__(self, config: FakeConfig | None = None, *, sleep: Callable[[float], Awaitable[Any]] | None = None,
                  **overrides: Any) -> None:
         self.config = config if config is not None else FakeConfig()
@@ -1811,6 +1819,7 @@ class FakeVLLM:
                 raise RuntimeError(f"fake vLLM server did not start within {timeout}s")
             time.sleep(0.002)
         self.base_url = f"http://{host}:{self.port}"
+        self.t_started = self.clock()  # refuse_generations_s counts from here
         return self.base_url
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -2257,6 +2266,9 @@ class FakeVLLM:
             if "drain_500" in self.config.faults:
                 return _error("EngineCore is shutting down", 500, "InternalServerError")
             return _error("The server is shutting down", 503, "ServiceUnavailableError")
+        if self.config.refuse_generations_s and self.t_started is not None \
+                and self.clock() - self.t_started < self.config.refuse_generations_s:  # ready, not serving
+            return _error("The engine is not ready to serve yet (warming up)", 503, "ServiceUnavailableError")
         if "html_error_page" in self.config.faults:
             return Response(HTML_502, status_code=502, media_type="text/html")
         if (page := _html_200(self.config.faults)) is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Protocol
@@ -60,6 +61,9 @@ class Launcher(Protocol):
     #: seconds :meth:`wait_ready` lets a server that failed to come up stop before SIGKILL;
     #: ``None``: the launcher's own ``stop()`` default
     ready_stop_grace_s: ClassVar[float | None] = None
+    #: ready -> serving as timed at start-up (:class:`kvgate.http.readiness.Readiness`), or None:
+    #: not timed (set by :meth:`_watch_serving`, or by a launcher's own start-up loop)
+    readiness: Any = None
 
     @property
     def pid(self) -> int | None: ...
@@ -76,10 +80,33 @@ class Launcher(Protocol):
         if not self._launched():
             self.launch()
         try:
-            return self._wait()
+            url = self._wait()
+            self._watch_serving(url)
+            return url
         except BaseException:
             self.stop(grace_s=self.ready_stop_grace_s)
             raise
+
+    def _watch_serving(self, url: str) -> None:
+        """Time ready -> serving on the server just seen healthy (:mod:`kvgate.http.readiness`):
+        look for ``/health`` 200 and the profile's model listed, then try a 1-token generation
+        every 0.25 s until one completes, at most :func:`kvgate.http.readiness.watch_bound_s`
+        (``limits.ready_to_serving_max_s``) seconds; the result in :attr:`readiness` for the
+        health/ready-to-serving case. Skipped for a launcher that timed it in its own loop (the
+        docker launcher: :attr:`readiness` already set) or has no ``profile``. Costs one 1-token
+        generation on a server that serves at once. Never raises for the server's answers."""
+        profile = getattr(self, "profile", None)
+        if getattr(self, "readiness", None) is not None or profile is None:
+            return
+        from kvgate.http.client import Endpoint, KvClient
+        from kvgate.http.readiness import watch_bound_s, watch_client
+
+        clock = getattr(self, "clock", None) or time.monotonic
+        sleep = getattr(self, "sleep", None) or time.sleep
+        bound = watch_bound_s(profile.limits.ready_to_serving_max_s)
+        with KvClient(Endpoint(url, api_key=getattr(self, "api_key", None)), timeout_s=bound, clock=clock) as client:
+            self.readiness = watch_client(client, profile.model.served_name, where=f"the {self.mode} launcher",
+                                          launched=True, bound_s=bound, clock=clock, sleep=sleep)
 
     def _launched(self) -> bool:
         """Whether :meth:`launch` has started the server (a process, a container)."""

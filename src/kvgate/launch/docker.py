@@ -180,6 +180,8 @@ class DockerLauncher(Launcher):
     #: Reads the container's process tree on this host while it loads (:data:`kvgate.launch.local.TreeReader`;
     #: the run sets it); None: not sampled.
     tree_reader: Any = None
+    #: ready -> serving as the start-up loop times it (:meth:`_generation`); None until then
+    _ready_rec: Any = None
 
     def __init__(self, profile: Profile, log_path: Path, *, startup_budget_s: float | None = None,
                  environ: Mapping[str, str] | None = None, container_factory: Callable[[str], Any] | None = None,
@@ -397,13 +399,41 @@ class DockerLauncher(Launcher):
         try:
             if not healthy:
                 healthy = self._healthy = http.get(f"{url}/health").status_code == 200
-            if healthy:
-                r = http.post(f"{url}/v1/completions", json=body)
-                if r.status_code == 200 and r.json().get("choices"):
-                    return True
+            if healthy and self._generation(http, url, body):
+                return True
         except (httpx.HTTPError, ValueError):
             pass
         if self.clock() > deadline:
             what = "answered /health but no generation" if healthy else "not healthy"
             raise self._failed(f"{what} after {self.startup_budget_s:g} s (launch.startup_budget_s)")
         return False
+
+    def _generation(self, http: httpx.Client, url: str, body: dict[str, Any]) -> bool:
+        """After ``/health`` 200: ready -> serving timed here (:mod:`kvgate.http.readiness`; the
+        base's watch is then skipped) -- ``GET /v1/models`` until it lists the model (the ready
+        instant), and this poll's generation recorded as served or refused. True once one served
+        (:attr:`readiness` set). Raises ``httpx.HTTPError`` only from the model list."""
+        from kvgate.http.readiness import Attempt, Recorder
+
+        rec = self._ready_rec
+        if rec is None:
+            rec = self._ready_rec = Recorder("the docker launcher", onset_seen=True, bound_s=self.startup_budget_s,
+                                             poll_s=self.poll_s, clock=self.clock)
+        if rec.ready_at is None:
+            models = http.get(f"{url}/v1/models")
+            data = models.json().get("data") if models.status_code == 200 else None
+            if isinstance(data, list) and self.profile.model.served_name in [m.get("id") for m in data
+                                                                           if isinstance(m, dict)]:
+                rec.ready()
+        t0 = self.clock()
+        try:
+            r = http.post(f"{url}/v1/completions", json=body)
+            served = r.status_code == 200 and bool(r.json().get("choices"))
+            attempt = Attempt(served, r.status_code, "served" if served else
+                              f"/v1/completions: {r.status_code} ({r.text[:120]})", self.clock() - t0)
+        except (httpx.HTTPError, ValueError) as exc:
+            attempt = Attempt(False, 0, f"/v1/completions: no answer ({type(exc).__name__})", self.clock() - t0)
+        rec.attempt(attempt)
+        if attempt.served:
+            self.readiness = rec.out
+        return attempt.served

@@ -343,6 +343,60 @@ def probe_timeout(obj: dict[str, Any]) -> ProbeTimeout | None:
     return min(found, key=lambda p: p.seconds) if found else None
 
 
+#: Kubernetes' Probe defaults (core/v1): periodSeconds, timeoutSeconds, successThreshold, failureThreshold, initialDelaySeconds.
+K8S_PROBE_DEFAULTS = {"periodSeconds": 10.0, "timeoutSeconds": 1.0, "successThreshold": 1.0, "failureThreshold": 3.0,
+                      "initialDelaySeconds": 0.0}
+
+
+@dataclass(frozen=True)
+class ReadinessProbe:
+    """The serving container's ``readinessProbe`` as the kubelet runs it: ``where`` (its path in the
+    object), ``action`` (``httpGet /health :8080``, ``tcpSocket :8080``, ``exec [...]``, ``grpc :8080``)
+    and ``timing`` (seconds / counts, each field as written or Kubernetes' default; ``defaulted``
+    names those not written)."""
+
+    where: str
+    action: str
+    path: str | None
+    timing: dict[str, float]
+    defaulted: tuple[str, ...]
+
+    def words(self) -> str:
+        t = self.timing
+        return (f"the InferenceService's readinessProbe {self.action} every {t['periodSeconds']:g} s (timeout "
+                f"{t['timeoutSeconds']:g} s, ready after {t['successThreshold']:g} success, initialDelaySeconds "
+                f"{t['initialDelaySeconds']:g}; {self.where}"
+                + (f"; {', '.join(self.defaulted)} Kubernetes' default" if self.defaulted else "") + ")")
+
+    def evidence(self) -> dict[str, Any]:
+        return {"where": self.where, "action": self.action, "path": self.path, "timing": dict(self.timing),
+                "defaulted": list(self.defaulted)}
+
+
+def readiness_probe(obj: dict[str, Any]) -> ReadinessProbe | None:
+    """The serving container's readiness probe (the container :func:`serving_spec` reads), or None
+    when it declares none. Pure."""
+    path, c, _ = _serving_container(obj)
+    probe = c.get("readinessProbe") if isinstance(c, dict) else None
+    if not isinstance(probe, dict):
+        return None
+    if isinstance(probe.get("httpGet"), dict):
+        h = probe["httpGet"]
+        route = str(h.get("path") or "/")
+        action, route_path = f"httpGet {route}" + (f" :{h['port']}" if h.get("port") is not None else ""), route
+    elif isinstance(probe.get("tcpSocket"), dict):
+        action, route_path = f"tcpSocket :{probe['tcpSocket'].get('port')}", None
+    elif isinstance(probe.get("grpc"), dict):
+        action, route_path = f"grpc :{probe['grpc'].get('port')}", None
+    elif isinstance(probe.get("exec"), dict):
+        action, route_path = f"exec {list(probe['exec'].get('command') or [])}", None
+    else:
+        action, route_path = "no handler", None
+    timing = {k: float(probe[k]) if probe.get(k) is not None else v for k, v in K8S_PROBE_DEFAULTS.items()}
+    defaulted = tuple(k for k in K8S_PROBE_DEFAULTS if probe.get(k) is None)
+    return ReadinessProbe(f"{path}.readinessProbe", action, route_path, timing, defaulted)
+
+
 def custom_objects_api() -> CustomObjects:
     """``CustomObjectsApi`` from the in-cluster config (a Job's service account) or ``~/.kube/config``."""
     from kubernetes import client, config

@@ -236,6 +236,7 @@ class LimitsSpec(_Strict):
     memory_peak_margin: float = Field(default=0.2, ge=0, description="[fraction] headroom a container memory limit keeps above the server's measured memory peak (deployment/memory-peak): limit >= peak x (1 + margin); it covers a peak between two samples and page cache the cgroup is charged for")
     container_memory_limit_gib: float | None = Field(default=None, gt=0, description="[GiB] the container memory limit the deployment runs under, for runs without --isvc (with --isvc the predictor container's resources.limits.memory decides); deployment/memory-peak holds it to the measured peak; null: the peak is reported, not judged")
     probe_timeout_s: float = Field(default=1.0, gt=0, description="[s] the liveness/readiness probe timeout the deployment's kubelet enforces (timeoutSeconds; default 1 s, Kubernetes' own default when a probe sets none); /health and /v1/models under load must answer within it (health/under-load). With --isvc the InferenceService's probes decide (the smaller timeoutSeconds of its predictor's livenessProbe/readinessProbe)")
+    ready_to_serving_max_s: float = Field(default=5.0, gt=0, description="[s] the longest a server may report ready (/health 200 and /v1/models listing the model: what a Kubernetes readiness probe sees) while generations are refused or unanswered; Kubernetes routes traffic the moment the probe passes (health/ready-to-serving: timed on every server kvgate starts, and through --endpoint from the run's first look)")
 
 
 class SLOSpec(_Strict):

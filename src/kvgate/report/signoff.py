@@ -129,6 +129,23 @@ def contention_windows(summary: Mapping[str, Any]) -> list[tuple[str, str, Mappi
     return [(gid, name, w) for (gid, name), w in seen.items()]
 
 
+def ready_to_serving(summary: Mapping[str, Any]) -> str | None:
+    """signoff.md's ready -> serving row: the health/ready-to-serving verdict's measured seconds (from
+    ready -- ``/health`` 200, the model listed -- to the first completed generation), its limit,
+    status and who timed it; None when the run has no such verdict."""
+    g = next((g for g in summary.get("gates") or [] if str(g.get("id", "")).endswith("/health/ready-to-serving")), None)
+    if g is None:
+        return None
+    m, lim = (g.get("measured") or {}).get("value"), (g.get("limit") or {}).get("value")
+    ev = (g.get("evidence") or {}).get("readiness") or {}
+    who = f", timed by {ev['where']}" if ev.get("where") else ""
+    refused = f", {ev['refusals']} refusals" if ev.get("refusals") else ""
+    seen = f"{m:g} s" + ("" if ev.get("onset_seen", True) else " at least (ready before kvgate looked)") \
+        if isinstance(m, (int, float)) else "not measured"
+    limit = f" (limit {lim:g} s)" if isinstance(lim, (int, float)) else ""
+    return f"{seen}{limit}{refused}{who}: {g.get('status')}"
+
+
 def host_contention(summary: Mapping[str, Any]) -> str:
     """signoff.md's host-contention row, for every run: the worst window's figures (its share of the
     server's CPUs that went to other processes, per CPU, the server tree's and kvgate's time, the
@@ -250,6 +267,8 @@ def signoff_markdown(summary: Mapping[str, Any], fit_table: str | None = None,
     if command:
         lines.append(f"| server command | `{_cell(command, None).replace('`', chr(39))}` |")
     lines.append(f"| host contention | {_cell(host_contention(summary), None)} |")
+    if (ready := ready_to_serving(summary)) is not None:
+        lines.append(f"| ready -> serving | {_cell(ready, None)} |")
     if launch.get("mode") in ("embedded", "docker") and not launch.get("error"):
         lines += ["", LAUNCHED_MEANING.format(mode=launch["mode"])]
     if summary.get("gate_mode") not in (None, "enforce") and summary.get("outcome"):

@@ -162,6 +162,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if server is not None and not st.needs_server(items):
         server.stop()  # the selection needs no server (e.g. -k fit): do not keep one running
         st.extra.pop(SERVER_KEY)  # only now: a stop cut short by Ctrl-C is finished at sessionfinish
+    if st is not None and st.endpoint is not None and not config.option.collectonly:
+        from kvgate.run.readiness import first_look, selects_case
+
+        if selects_case(items):  # a given endpoint: ready -> serving timed from here, before the first gate
+            first_look(st)
 
 
 @pytest.hookimpl(wrapper=True)
