@@ -178,6 +178,17 @@ def test_body_sizes_up_to_max_context_get_documented_answers(case, observed, kvg
     assert kvgate_gate(body_size_verdict(rungs, exchanges, kvgate_profile.engine.max_model_len, how)).passed
 
 
+def _direct(url: str, profile, kvgate_client) -> KvClient:
+    """A client of ``--direct-endpoint`` (the pod behind the gateway): the gateway's key, its URL
+    split as ``--endpoint``'s is; a URL that is not one fails the case in one line."""
+    try:
+        direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=kvgate_client.endpoint.api_key,
+                                     host_header=None)
+    except TargetError as exc:
+        pytest.fail(str(exc).replace("--endpoint ", "--direct-endpoint ", 1), pytrace=False)
+    return KvClient(direct, timeout_s=profile.limits.request_timeout_s)
+
+
 @pytest.mark.requests
 @pytest.mark.gate("requests", cases=["integrity"])
 def test_bodies_arrive_whole_under_overlap(case, request, kvgate_client, kvgate_profile, kvgate_gate):
@@ -187,12 +198,7 @@ def test_bodies_arrive_whole_under_overlap(case, request, kvgate_client, kvgate_
     if url is None:
         obs = observe_overlap(kvgate_client, profile.model.served_name, **kw)
     else:
-        try:  # the pod answers with the gateway's key; its URL split as --endpoint's is
-            direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=kvgate_client.endpoint.api_key,
-                                         host_header=None)
-        except TargetError as exc:
-            pytest.fail(str(exc).replace("--endpoint ", "--direct-endpoint ", 1), pytrace=False)
-        with KvClient(direct, timeout_s=profile.limits.request_timeout_s) as pod:
+        with _direct(url, profile, kvgate_client) as pod:
             obs = observe_overlap(kvgate_client, profile.model.served_name, direct=pod, **kw)
     assert kvgate_gate(integrity_verdict(obs, NEAR_TIE)).passed
 
@@ -225,11 +231,6 @@ def test_request_sent_once_reaches_engine_once(case, request, kvgate_client, kvg
                   if mode in ("embedded", "docker") else "the endpoint's /metrics")
         obs = observe_duplicate_work(kvgate_client, kvgate_client, source=source, **kw)
     else:
-        try:  # the pod answers with the gateway's key; its URL split as --endpoint's is
-            direct = dataclasses.replace(endpoint_from_url(url, profile), api_key=kvgate_client.endpoint.api_key,
-                                         host_header=None)
-        except TargetError as exc:
-            pytest.fail(str(exc).replace("--endpoint ", "--direct-endpoint ", 1), pytrace=False)
-        with KvClient(direct, timeout_s=limits.request_timeout_s) as pod:
+        with _direct(url, profile, kvgate_client) as pod:
             obs = observe_duplicate_work(kvgate_client, pod, source="--direct-endpoint's /metrics", **kw)
     assert kvgate_gate(duplicate_work_verdict(obs, limits.gateway_try_timeout_s)).passed

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from kvgate.http.client import EndpointUnreachable, KvClient, StreamReply
-from kvgate.http.metrics import MetricsError, parse
+from kvgate.http.metrics import parse_or_none
 from kvgate.http.probes import Exchange, portable_body, send
 
 #: engine counter -> Prometheus sample name (vLLM 0.32's v1 loggers; summed over label sets)
@@ -85,11 +85,8 @@ class Counts:
 
 def read_counts(text: str | None) -> Counts | None:
     """:class:`Counts` from one ``/metrics`` body; None when there is no body or it does not parse."""
-    if text is None:
-        return None
-    try:
-        scrape = parse(text)
-    except MetricsError:
+    scrape = parse_or_none(text)
+    if scrape is None:
         return None
     vals = {k: scrape.total(name) for k, name in {**COUNTERS, **GAUGES}.items()}
     return Counts(**vals)

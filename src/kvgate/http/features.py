@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvgate.http.client import KvClient, StreamReply
-from kvgate.http.metrics import MetricsError, cache_config, parse
+from kvgate.http.metrics import MetricsError, cache_config, parse, parse_or_none
 from kvgate.http.probes import Exchange, canary, send
 from kvgate.http.prompts import TOKEN_IDS
 from kvgate.kv.arithmetic import vllm_block_size
@@ -206,11 +206,8 @@ def block_size(profile: Profile, metrics_text: str | None) -> tuple[int, str]:
 
 def _counters(client: KvClient) -> tuple[float | None, float | None]:
     text = client.metrics_text()
-    if text is None:
-        return None, None
-    try:
-        scrape = parse(text)
-    except MetricsError:
+    scrape = parse_or_none(text)
+    if scrape is None:
         return None, None
     return scrape.total("prefix_hits"), scrape.total("prefix_queries")
 

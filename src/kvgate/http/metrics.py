@@ -64,6 +64,17 @@ def parse(text: str) -> Scrape:
     return out
 
 
+def parse_or_none(text: str | None) -> Scrape | None:
+    """:func:`parse`, or None when there is no body or it is not Prometheus text (a missing or
+    broken ``/metrics`` is a reading that is not there, never an exception)."""
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except MetricsError:
+        return None
+
+
 def cache_config(scrape: Scrape) -> dict[str, str] | None:
     """Labels of ``vllm:cache_config_info`` (block_size, gpu_memory_utilization, cache_dtype,
     num_gpu_blocks, kv_cache_memory_bytes, kv_cache_size_tokens, ...), or None if absent."""
@@ -89,12 +100,8 @@ class GaugePoll:
 
 def scrape_value(text: str | None, logical: str) -> float | None:
     """Sum of ``logical``'s samples in one ``/metrics`` body (None if absent or unparsable)."""
-    if text is None:
-        return None
-    try:
-        return parse(text).total(logical)
-    except MetricsError:
-        return None
+    scrape = parse_or_none(text)
+    return None if scrape is None else scrape.total(logical)
 
 
 def poll_gauge(fetch: Callable[[], str | None], logical: str, target: float, deadline_s: float, *,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvgate.http.client import KvClient, StreamReply
-from kvgate.http.metrics import GaugePoll, MetricsError, parse, poll_gauge
+from kvgate.http.metrics import GaugePoll, parse_or_none, poll_gauge
 from kvgate.http.probes import Exchange, portable_body, send
 from kvgate.http.stream import summarize
 
@@ -48,11 +48,8 @@ def counters(text: str | None) -> dict[str, float | None]:
     """Each :data:`COUNTERS` entry summed over its label sets in one ``/metrics`` body (None: absent
     or the body unparsable)."""
     out: dict[str, float | None] = {k: None for k in COUNTERS}
-    if text is None:
-        return out
-    try:
-        scrape = parse(text)
-    except MetricsError:
+    scrape = parse_or_none(text)
+    if scrape is None:
         return out
     for key, names in COUNTERS.items():
         for name in names:

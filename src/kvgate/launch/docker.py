@@ -46,7 +46,7 @@ import httpx
 
 from kvgate.profile.models import Profile
 from kvgate.launch.base import LaunchError, Launcher
-from kvgate.launch.local import LOOPBACK, free_port, render_command, tree_watch
+from kvgate.launch.local import LOOPBACK, free_port, ready_peak, render_command, tree_watch
 from kvgate.launch.lora import EMBEDDED as EMBEDDED_ADAPTER
 
 #: The image when the profile names none: vLLM's own OpenAI server at the version kvgate targets.
@@ -376,9 +376,7 @@ class DockerLauncher(Launcher):
                     healthy = self._healthy
                     self.sleep(self.poll_s)
         finally:
-            if watch is not None:
-                watch.sample(force=True)  # the state at ready
-                self.load_peak = watch.peak()
+            ready_peak(self, watch)
         self.startup_s = self.clock() - self._t0
         self.base_url = url
         return url

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import httpx
 
@@ -233,6 +233,14 @@ def tree_watch(reader: "TreeReader | None", pid: int, *, phase: str, label: str,
     return PeakWatch(read, phase=phase, source=source, quantity=quantity, clock=clock, t0=t0)
 
 
+def ready_peak(launcher: Any, watch: "PeakWatch | None") -> None:
+    """At ready (or a start-up given up): one last forced reading of ``watch`` (the state at ready)
+    and its peak kept as ``launcher.load_peak``; nothing without a watch."""
+    if watch is not None:
+        watch.sample(force=True)
+        launcher.load_peak = watch.peak()
+
+
 def embedded_key(profile: Profile, api_key_env: str | None = None, environ: Mapping[str, str] | None = None,
                  token: Callable[[], str] = lambda: "kvgate-" + secrets.token_urlsafe(32)) -> str | None:
     """The API key the embedded server of this run requires: the value of ``api_key_env`` when the
@@ -405,9 +413,7 @@ class EmbeddedServer(Launcher):
         try:
             self._wait_health(url, sleep)
         finally:
-            if watch is not None:
-                watch.sample(force=True)  # the state at ready
-                self.load_peak = watch.peak()
+            ready_peak(self, watch)
         self.startup_s = self.clock() - self._t0
         self.base_url = url
         return url

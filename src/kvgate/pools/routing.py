@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from kvgate.http.client import Endpoint, KvClient
 from kvgate.launch.target import TargetError, endpoint_from_url
-from kvgate.http.metrics import MetricsError, parse
+from kvgate.http.metrics import parse_or_none
 from kvgate.http.probes import build_prompt
 from kvgate.profile.models import Profile, RoutingRule
 from kvgate.stats.confidence import LookPlan, sample_until_decided
@@ -102,11 +102,8 @@ def landing_counts(text: str | None) -> dict[str, float] | None:
     ``http_requests_total`` with a 4xx status on the generation routes (absent on servers without
     the HTTP instrumentator: 0). None when there is no usable ``/metrics`` or no
     ``vllm:request_success_total`` at all."""
-    if text is None:
-        return None
-    try:
-        scrape = parse(text)
-    except MetricsError:
+    scrape = parse_or_none(text)
+    if scrape is None:
         return None
     served = scrape.samples.get("vllm:request_success_total")
     if not served:
