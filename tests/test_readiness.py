@@ -128,6 +128,11 @@ def test_never_ready_or_not_looked_skips_saying_why():
                 launched=False, bound_s=2.0)
     v = ready_to_serving_verdict(obs, LIMIT, WHERE)
     assert v.status is Status.SKIP and "never reported ready" in v.message and "/health 404" in v.message
+    assert clock.t == 1000.0 and "no readiness endpoint" in v.message  # no /health to time: one look, no wait
+    clock = Clock()  # a /health that answers, not yet 200: watched for the bound
+    obs = watch(clock, lambda: Look(503, True), lambda t: pytest.fail("no generation before ready"),
+                launched=False, bound_s=2.0)
+    assert clock.t >= 1002.0 and ready_to_serving_verdict(obs, LIMIT, WHERE).status is Status.SKIP
     v = ready_to_serving_verdict(None, LIMIT, WHERE, missing="the pools launcher does not time it")
     assert v.status is Status.SKIP and "the pools launcher does not time it" in v.message
 

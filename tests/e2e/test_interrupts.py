@@ -143,7 +143,9 @@ def test_sigint_during_teardown_keeps_the_verdicts(run):
     s = run.summary()
     assert run.proc.returncode == pytest.ExitCode.OK, out[-3000:]
     assert s["overall"] == "PASS" and s["complete"] is True and s["not_run"] == []
-    assert s["counts"]["PASS"] == len(s["gates"]) >= 4 and run.junit_overall() == "PASS"
+    skips = [g["id"] for g in s["gates"] if g["status"] == "SKIP"]  # memory-peak: no container limit declared
+    assert skips == ["tiny-cpu/deployment/memory-peak"], skips
+    assert s["counts"]["PASS"] == len(s["gates"]) - 1 >= 4 and run.junit_overall() == "PASS"
     teardown = next(p for p in s["phases"] if p["name"] == "teardown")
     # the signal lands in the stop (the group is killed, recorded) -- or, if vLLM was already gone,
     # after it, where it is ignored; either way the finished run stays finished
