@@ -135,3 +135,17 @@ def test_through_the_plugin_live_pool_reads_the_served_length_and_max_model_len_
     mml = gates["fake-auto/deployment/max-model-len"]
     assert mml["status"] == "FAIL" and "served 128 tokens (/v1/models) < 200 tokens needed" in mml["message"]
     assert result.ret == 1
+
+
+def test_the_live_gates_work_at_the_served_length_not_the_need(pytester, auto_profile):
+    """max_model_len: auto needing 200 against a healthy fake serving 256: the run adopts the served
+    length after the preflight (Run.adopt_served_len), so the max-context gate's over-length probes
+    send 257 tokens -- not 201, which the server rightly answers 200 (a newcomer's run FAILed four
+    healthy over-length cases that way, 2026-12-06)."""
+    with FakeVLLM(fake_config()) as fake:
+        _, summary, gates = run_suites(pytester, fake.url, "-k", "over_length or fits", profile=auto_profile,
+                                       suites=["suites/test_max_context.py"])
+    over = {k: g for k, g in gates.items() if "/over-length/" in k}
+    assert over and all(g["status"] == "PASS" for g in over.values()), [g["message"] for g in over.values()]
+    assert any("257" in g["message"] or "256" in g["message"] for g in over.values()), \
+        [g["message"] for g in over.values()]

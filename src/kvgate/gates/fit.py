@@ -548,12 +548,15 @@ def at_served_len(profile: Profile, served: int | None = None, source: str = "")
     e = profile.engine
     if not e.max_model_len_auto:
         return profile, ""
-    if served is None:
-        return profile, (f"max_model_len: auto -- judged at the {e.max_model_len:,} tokens needed (engine.min_model_len): "
+    if served is None:  # the need (a run's profile may already hold the served length: not here)
+        if e.min_model_len is not None and e.min_model_len != e.max_model_len:
+            profile = profile.model_copy(update={"engine": e.model_copy(update={"max_model_len": e.min_model_len})})
+        return profile, (f"max_model_len: auto -- judged at the {e.min_model_len or e.max_model_len:,} tokens needed "
+                         f"(engine.min_model_len): "
                          f"the length vLLM chose is not read here{f' ({source})' if source else ''}")
     copy = profile.model_copy(update={"engine": e.model_copy(update={"max_model_len": served})})
     return copy, (f"max_model_len: auto -- vLLM serves {served:,} tokens ({source or 'read back'}; "
-                  f"{e.max_model_len:,} needed): the arithmetic uses the served length")
+                  f"{e.min_model_len or e.max_model_len:,} needed): the arithmetic uses the served length")
 
 
 def _noted(v: Verdict, words: str, served: int | None) -> Verdict:

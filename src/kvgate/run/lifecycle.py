@@ -275,6 +275,7 @@ def _preflight_embedded(config: pytest.Config, st: Run, server: Launcher) -> Non
 
     try:
         preflight(st.endpoint, st.profile, None)
+        st.adopt_served_len()
         _served_release(st, server)
     except PreflightError as exc:
         _teardown(config, st, server)

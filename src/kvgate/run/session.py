@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import pytest
 
-from kvgate.http.client import Endpoint, clip
+from kvgate.http.client import Endpoint, EndpointUnreachable, KvClient, clip
 from kvgate.http.preflight import PreflightError, preflight
 from kvgate.http.extensions import Extensions
 from kvgate.http.watch import EngineWatch
@@ -310,6 +310,29 @@ class Run:
                              "-> INCOMPLETE (exit 2)\n")
             raise
         self.record.endpoint_contacted = True
+        self.adopt_served_len()
+
+    def adopt_served_len(self) -> None:
+        """``engine.max_model_len: auto``: vLLM chose the length (vllm PR#29431); once the endpoint
+        answered the preflight, its ``/v1/models`` ``max_model_len`` replaces the need in this run's
+        profile, so every live gate (over-length probes, max-context prompts) works at the length the
+        server enforces; ``engine.min_model_len`` stays the need deployment/max-model-len judges it
+        against. Nothing changes when the profile is not auto or the list names no length (the live
+        gates then use the need, and deployment/max-model-len says it could not be read)."""
+        e = self.profile.engine
+        if not e.max_model_len_auto or self.endpoint is None:
+            return
+        try:
+            with KvClient(self.endpoint, timeout_s=10.0) as client:
+                body = client.models().json
+        except EndpointUnreachable:
+            return
+        rows = body.get("data") if isinstance(body, dict) else None
+        served = next((m.get("max_model_len") for m in rows or () if isinstance(m, dict)
+                       and m.get("id") == self.profile.model.served_name), None)
+        if isinstance(served, int) and not isinstance(served, bool) and served > 0:
+            self.extra["max_model_len_auto"] = {"need": e.min_model_len, "served": served}
+            self.profile = self.profile.model_copy(update={"engine": e.model_copy(update={"max_model_len": served})})
 
     def _preflight_baseline(self, api_key_env: str | None) -> None:
         """A live baseline answers the same preflight as the endpoint (one request, 10 s), so an
