@@ -18,7 +18,7 @@ from kvgate.verdict import Status
 from tests.fakes.fake_router import FakeRouter
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
 
-from .conftest import assert_passes_measured
+from .conftest import REPO, assert_passes_measured
 from .test_gates_vs_fake import run_suites
 from .test_requests_vs_fake import _profile_with
 
@@ -193,3 +193,16 @@ def test_edge_is_bounded_and_waits_on_injected_time():
         t[0] += s
     e = _edge(lambda: next(texts), 10.0, lambda: t[0], sleep)
     assert e.settled is True and not e.quiet and len(e.reads) == 4 and e.waited_s == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("value", ["garbage", "ftp://user:secret@host/metrics", "", "http://host:70000/metrics"])
+def test_an_engine_metrics_value_that_is_no_url_is_refused_in_one_line(pytester, tmp_path, value):
+    """A typo in --engine-metrics stops the run before anything is sent (exit 4, one line, no
+    credential echoed) -- before, the run went on and the case SKIPped 'answers no /metrics'."""
+    result = pytester.runpytest_inprocess("-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "-p",
+                                          "no:cacheprovider", f"--profile={_profile_with(tmp_path)}",
+                                          "--endpoint=http://127.0.0.1:9/v1", f"--engine-metrics={value}",
+                                          f"--kvgate-reports={tmp_path / 'r'}", str(REPO / "suites" / "test_requests.py"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "--engine-metrics:" in err and "secret" not in err + result.stdout.str(), err

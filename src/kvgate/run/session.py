@@ -242,6 +242,9 @@ class Run:
                 endpoint_from_url(direct, profile)
             except TargetError as exc:
                 raise usage(redactor.text(str(exc).replace("--endpoint ", "--direct-endpoint ", 1))) from None
+        if (metrics := config.getoption("kvgate_engine_metrics", default=None)) is not None:
+            if (why := _metrics_url_problem(metrics)) is not None:  # a typo must not silently drop the case
+                raise usage(redactor.text(why))
         record = RunRecord(profile.name, profile.source, redactor, endpoint=endpoint.display if endpoint else None,
                            run_id=config.stash[RUN_ID], gate_mode=config.option.kvgate_gate_mode)
         run = cls(config, profile, record, redactor, reports, endpoint, budget, choice=choice,
@@ -760,6 +763,24 @@ def _recording_is_reports(config: pytest.Config) -> bool:
     """Whether ``--baseline-reports`` names this run's own reports directory (``--kvgate-reports``)."""
     recording = getattr(config.option, "kvgate_baseline_reports", None)
     return bool(recording) and Path(recording).resolve() == reports_dir(config).resolve()
+
+
+def _metrics_url_problem(url: str) -> str | None:
+    """Why ``--engine-metrics URL`` cannot be read, in one line (None: an http(s) URL with a host
+    and a valid port). The URL is never echoed whole: it may carry a credential."""
+    from urllib.parse import urlsplit
+
+    head = "--engine-metrics"
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        return f"{head}: not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url.strip():
+        got = f"scheme {parts.scheme!r}" if parts.scheme not in ("http", "https") else "no host"
+        return (f"{head}: expected an http(s) URL of the engine's Prometheus endpoint, e.g. "
+                f"http://10.0.0.5:8000/metrics ({got if url.strip() else 'empty'})")
+    return None if port is None or 0 < port < 65536 else f"{head}: port {port} out of range"
 
 
 def _soak_control(config: pytest.Config, profile: Profile, redactor: Redactor) -> Endpoint | None:
