@@ -779,7 +779,7 @@ def _metrics_url_problem(url: str) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname or " " in url.strip():
         got = f"scheme {parts.scheme!r}" if parts.scheme not in ("http", "https") else "no host"
         return (f"{head}: expected an http(s) URL of the engine's Prometheus endpoint, e.g. "
-                f"http://10.0.0.5:8000/metrics ({got if url.strip() else 'empty'})")
+                f"http://vllm-pod.models.svc:8000/metrics ({got if url.strip() else 'empty'})")
     return None if port is None or 0 < port < 65536 else f"{head}: port {port} out of range"
 
 
