@@ -73,7 +73,18 @@ def test_search_stops_at_the_first_step_not_met_and_bisects_to_the_knee():
     clock, measure = fake_clock(1.0)
     s = search(measure, lambda c: "PASS" if c <= 11 else "UNDECIDED", ladder(1, 64), bisect_steps=0,
                max_duration_s=100, clock=clock)
-    assert [x.concurrency for x in s.steps] == [1, 2, 4, 8, 16]  # undecided counts as not met: the search stops
+    # undecided ends the knee, not the ladder: nothing was shown to miss, so every step is measured
+    assert [x.concurrency for x in s.steps] == [1, 2, 4, 8, 16, 32, 64] and s.why_stopped == "not met"
+    clock, measure = fake_clock(1.0)
+    s = search(measure, lambda c: "PASS" if c <= 8 else ("UNDECIDED" if c <= 16 else "FAIL"), ladder(1, 64),
+               bisect_steps=2, max_duration_s=100, clock=clock)
+    # the first FAIL ends the ladder; the bisection runs between the last PASS (8) and the first non-PASS (16)
+    assert [(x.concurrency, x.phase) for x in s.steps] == [(1, "ladder"), (2, "ladder"), (4, "ladder"), (8, "ladder"),
+                                                           (16, "ladder"), (32, "ladder"), (12, "bisect"), (10, "bisect")]
+    clock, measure = fake_clock(1.0)
+    s = search(measure, lambda c: "PASS" if c <= 8 else ("UNDECIDED" if c <= 16 else "INVALID"), ladder(1, 64),
+               max_duration_s=100, clock=clock)
+    assert [x.concurrency for x in s.steps] == [1, 2, 4, 8, 16, 32] and s.why_stopped == "not met"
 
 
 def test_search_is_bounded_by_the_cap_and_by_time():
@@ -157,6 +168,13 @@ def test_an_undecided_step_at_or_below_the_need_is_inconclusive_naming_its_bound
     assert v.message.endswith("declared peak 3 x margin 1.25 = 4: step 4 is undecided (TTFT p95 1,000 ms, 95% bounds "
                               "700 ms..1,400 ms (n=59; 3 over) straddle 1,000 ms -> undecided), neither shown to meet "
                               "the SLO nor to miss it -> INCONCLUSIVE"), v.message
+    # the search went on past the undecided step: step 8 shown to miss -> a peak needing 8 FAILs, naming both steps
+    v = capacity_verdict([step(1), step(2), und, step(8, "FAIL", ttft=2500, running=8, waiting=4)],
+                         profile(peak=6, max_num_seqs=8), {"why_stopped": "not met"})
+    assert v.status is Status.FAIL and v.evidence["first_not_met"] == 4 and v.evidence["first_failed"] == 8, v.message
+    assert "first step not meeting the SLO: concurrency 4 (UNDECIDED: " in v.message
+    assert "; first step shown to miss it: concurrency 8 (FAIL: TTFT p95 2,500 ms" in v.message
+    assert v.message.endswith("declared peak 6 x margin 1.25 = 8 > knee 2 -> FAIL"), v.message
     assert "undecided at the step's sample size: not shown to meet the SLO (nor to miss it)" in v.message
     # the same ladder with step 4 shown to miss the SLO: FAIL; and a FAIL at the need beyond an undecided step FAILs
     v = capacity_verdict([step(1), step(2), step(4, "FAIL", ttft=1500)], profile(peak=3), {"why_stopped": "not met"})

@@ -197,9 +197,9 @@ def test_replay_profile_load_gates_replay_the_sample_and_pass(running_server, tm
 # ------------------------------------------------------------------ 3b. the capacity search
 def test_capacity_search_finds_the_knee_passes_the_declared_peak_and_fails_one_above(running_server, tmp_path):
     """``pytest --profile tiny-cpu -m capacity --endpoint URL`` with tiny-cpu's TTFT p95 limit tightened to
-    1,500 ms (an overlay): the search (steps 16, 32, 64, 128, stopping at the first not met) finds a knee,
-    writes capacity.png and capacity-steps.csv and PASSes tiny-cpu's declared peak 12 (x 1.25 = 15); the
-    same measured steps judged for a profile declaring the first failing step as its peak FAIL, naming
+    1,500 ms (an overlay): the search (steps 16, 32, 64, 128, stopping at the first step shown to miss)
+    finds a knee, writes capacity.png and capacity-steps.csv and PASSes tiny-cpu's declared peak 12 (x 1.25
+    = 15); the same measured steps judged for a profile declaring the first failing step as its peak FAIL, naming
     the knee and the limiting cause (queueing at max_num_seqs 8: the knee lies past it, where only the
     queue raises TTFT). Why the overlay: at tiny-cpu's own 5,000 ms every step up to the cap met the SLO
     (TTFT p95 359 / 955 / 1,083 / 2,547 ms at 16 / 32 / 64 / 128, 13 s in all, on 2 cores), so no step
@@ -214,19 +214,24 @@ def test_capacity_search_finds_the_knee_passes_the_declared_peak_and_fails_one_a
     [g] = [g for g in target["gates"] if g["id"] == "tiny-cpu/capacity/knee"]
     assert g["status"] == "PASS" and "declared peak 12 x margin 1.25 = 15 <= knee " in g["message"], g["message"]
     ev = g["evidence"]
-    knee, first_bad = ev["knee"], ev["first_not_met"]
+    knee, first_bad, first_failed = ev["knee"], ev["first_not_met"], ev["first_failed"]
     assert knee >= 16 and first_bad == 2 * knee and ev["search"]["wall_s"] < 90, (ev["search"], g["message"])
+    # a first step not met may be undecided (CI 2026-12-06 under load: step 64's TTFT p95 1,397 ms, bounds
+    # 1,356..1,545 ms, straddled 1,500); the search goes on until a step is shown to miss (128 misses by ~1.7x)
+    assert first_failed is not None and first_failed >= first_bad, (ev["search"], g["message"])
     assert "limiting cause: queueing: up to " in g["message"] and "with running at max_num_seqs 8" in g["message"]
     reports = tmp_path / "reports"
     assert (reports / "capacity.png").read_bytes()[:4] == b"\x89PNG"
     assert len((reports / "capacity-steps.csv").read_text().splitlines()) == len(ev["steps"]) + 1
     over = load_profile(str(tight))
-    over = over.model_copy(update={"slo": over.slo.model_copy(update={"peak_concurrency": first_bad})})
+    over = over.model_copy(update={"slo": over.slo.model_copy(update={"peak_concurrency": first_failed})})
     v = capacity_verdict([StepResult.from_dict(s) for s in ev["steps"]], over, ev["search"])
     assert v.status.value == "FAIL" and v.message.startswith(f"knee {knee} concurrent requests"), v.message
     assert f"first step not meeting the SLO: concurrency {first_bad} (" in v.message
+    assert first_failed == first_bad or f"; first step shown to miss it: concurrency {first_failed} (FAIL: " in v.message
     assert "limiting cause: queueing: up to " in v.message
-    assert v.message.endswith(f"declared peak {first_bad} x margin 1.25 = {int(first_bad * 1.25)} > knee {knee} -> FAIL")
+    assert v.message.endswith(f"declared peak {first_failed} x margin 1.25 = {int(first_failed * 1.25)} > knee {knee} "
+                              "-> FAIL"), v.message
 
 
 # ------------------------------------------------------------------ 3c. the compare gate

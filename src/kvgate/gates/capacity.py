@@ -21,8 +21,9 @@ step's wall time), and the scheduler gauges (peak running and waiting, preemptio
 
 **The knee** (:func:`knee_of`): the highest concurrency that PASSed with every lower step
 PASSing too. A wrong knee needs the first step past the true knee to PASS wrongly: at most
-``1 - slo.confidence`` per metric, as for the latency gate (the search stops at the first step
-that is not a PASS, :func:`kvgate.load.capacity.search`).
+``1 - slo.confidence`` per metric, as for the latency gate (the knee ends at the first step that
+is not a PASS; the search goes on past an UNDECIDED step until one is shown to miss,
+:func:`kvgate.load.capacity.search`).
 
 **The verdict** (:func:`capacity_verdict`): ``need = ceil(slo.peak_concurrency x capacity.margin)``
 (a step of the search when at least its first); PASS when the knee >= need; FAIL when a step at or
@@ -401,6 +402,9 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
     else:
         head += (f"; first step not meeting the SLO: concurrency {bad.concurrency} ({bad.decision}: "
                  f"{_failing_text(bad)})")
+    shown = next((s for s in ordered if s.decision == C_FAIL), None)
+    if shown is not None and bad is not None and shown is not bad:  # the search went on past an undecided step
+        head += f"; first step shown to miss it: concurrency {shown.concurrency} (FAIL: {_failing_text(shown)})"
     if at_knee is not None:
         head += (f"; at the knee goodput {at_knee.goodput_rps:.2f} req/s, throughput {at_knee.throughput_rps:.2f} req/s "
                  f"({at_knee.output_tokens_per_s:,.0f} output tokens/s)")
@@ -423,9 +427,11 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
     supported = math.floor(knee / margin + 1e-9)
     ev = {"steps": [s.to_dict() for s in steps], "search": search, "knee": knee, "need": need, "margin": margin,
           "peak_concurrency": profile.slo.peak_concurrency, "supported_peak": supported,
-          "first_not_met": bad.concurrency if bad else None, "causes": causes, "max_num_seqs": mns,
+          "first_not_met": bad.concurrency if bad else None, "first_failed": shown.concurrency if shown else None,
+          "causes": causes, "max_num_seqs": mns,
           "kv_pool_full_length_sequences": full_seqs, "kv_pool_workload_sequences": wl_seqs,
-          "confidence": profile.slo.confidence, "note": "undecided steps count as not meeting the SLO; ITL p95 over pooled "
+          "confidence": profile.slo.confidence, "note": "the knee is the last step shown to meet the SLO below the first that was not; an "
+          "undecided step ends the knee, not the search (first_failed: the first step shown to miss); ITL p95 over pooled "
           "gaps (vllm bench serve), bound by a cluster bootstrap over requests"}
     if need is None:
         part = Verdict(f"{GATE}.supported peak", Status.SKIP, f"knee {knee} / margin {margin:g} = {supported}; "

@@ -9,8 +9,11 @@ step's prompts carry a salt of their own, so no step finds the previous one's pr
 prefix cache.
 
 :func:`search` drives the steps: the ladder in order (:func:`ladder`: doubling from a start to a
-cap, the concurrency the verdict needs inserted), stopping at the first step that is not a PASS;
-then ``bisect_steps`` steps between the last PASS and that step. Measuring and deciding are
+cap, the concurrency the verdict needs inserted), stopping at the first step shown to miss the SLO
+(FAIL) or not trusted (INVALID) -- an UNDECIDED step (bounds straddling a limit) ends the knee but
+not the ladder, so a step above it can still be shown to miss (a declared peak above an undecided
+step is then a FAIL, not left unmeasured); then ``bisect_steps`` steps between the last PASS and the
+first step that was not one. Measuring and deciding are
 injected (``measure(concurrency, seconds_left)``, ``decide(observation)`` -> PASS/FAIL/UNDECIDED/
 INVALID), so the search is tested without a server; the wall clock is injectable too. Bounded:
 at most ``len(ladder) + bisect_steps`` steps, each given only the seconds the search has left.
@@ -29,7 +32,7 @@ from kvgate.http.client import Endpoint, KvClient
 from kvgate.load import LoadResult, RequestSpec, closed_loop
 from kvgate.load.sampling import Q, sample_latency
 from kvgate.load.scenarios import LoadObservation, _sampler, _specs, short_workload
-from kvgate.stats.confidence import LookPlan, plan_looks
+from kvgate.stats.confidence import UNDECIDED, LookPlan, plan_looks
 from kvgate.profile.models import Profile
 
 T = TypeVar("T")
@@ -75,7 +78,8 @@ class SearchStep(Generic[T]):
 @dataclass
 class Search(Generic[T]):
     """What :func:`search` did: ``steps`` in the order measured, ``why_stopped`` (``not met``: a
-    step did not PASS; ``cap``: every ladder step PASSed; ``time``: ``max_duration_s`` ran out
+    step FAILed or was INVALID, or a step was UNDECIDED and the ladder ended; ``cap``: every ladder
+    step PASSed; ``time``: ``max_duration_s`` ran out
     before the ladder ended; ``interrupted``: a Ctrl-C/SIGTERM cut a step short, which is not
     kept), ``ladder``, ``max_duration_s`` and ``wall_s``."""
 
@@ -94,8 +98,9 @@ class Search(Generic[T]):
 def search(measure: Callable[[int, float], T], decide: Callable[[T], str], steps: list[int], *,
            bisect_steps: int = 0, max_duration_s: float = 300.0,
            clock: Callable[[], float] = time.monotonic) -> Search[T]:
-    """Measure the ``steps`` (ascending concurrencies) in order until one does not PASS, then bisect
-    ``bisect_steps`` times between the last PASS (0 when none) and it. ``measure(c, seconds_left)``
+    """Measure the ``steps`` (ascending concurrencies) in order until one FAILs or is INVALID (an
+    UNDECIDED step is passed over: it ends the knee, not the ladder), then bisect ``bisect_steps``
+    times between the last PASS below the first step that did not PASS (0 when none) and that step. ``measure(c, seconds_left)``
     runs a step; ``decide(obs)`` judges it. A step is started only while time is left. A
     ``KeyboardInterrupt`` in a step ends the search there (``why_stopped`` ``interrupted``, the
     finished steps kept) instead of losing them; the caller re-raises it."""
@@ -130,13 +135,15 @@ def _search(s: Search[T], measure: Callable[[int, float], T], decide: Callable[[
         if d is None:
             s.why_stopped = "time"
             break
-        if d != PASS:
-            hi = c
-            s.why_stopped = "not met"
+        if d != PASS and hi is None:
+            hi = c  # the first step not shown to meet the SLO: the knee lies below it
+        if d not in (PASS, UNDECIDED):
+            s.why_stopped = "not met"  # FAIL (shown to miss) or INVALID: nothing above it is worth a step
             break
-        lo = c
+        if hi is None:
+            lo = c
     else:
-        s.why_stopped = "cap"
+        s.why_stopped = "cap" if hi is None else "not met"
     if hi is not None:
         for _ in range(bisect_steps):
             mid = (lo + hi) // 2
