@@ -5,7 +5,7 @@ priority until its bounds decide), and the engine survives the preemptions."""
 
 import pytest
 
-from kvgate.gates.priority import not_asked, priority_decide, priority_plan, priority_verdict
+from kvgate.gates.priority import not_asked, priority_verdict
 from kvgate.report.record import latency_png, records_csv
 from kvgate.load.scenarios import run_priority
 
@@ -19,8 +19,7 @@ def test_high_priority_shorts_overtake_low_priority_longs(case, kvgate_client, k
     if skip is not None:
         assert kvgate_gate(skip).passed
         return
-    without, with_ = run_priority(kvgate_client, kvgate_endpoint, kvgate_profile, plan=priority_plan(kvgate_profile),
-                                  decide=lambda wo, w, c: priority_decide(wo, w, kvgate_profile, c))
+    without, with_ = run_priority(kvgate_client, kvgate_endpoint, kvgate_profile)
     files = {}
     for obs in (without, with_):
         files[f"{obs.name} requests.csv"] = records_csv(obs.result.rows())

@@ -24,94 +24,117 @@ pytest_plugins = ["pytester"]
 PROFILE = load_profile(str(REPO / "tests" / "data" / "fake-vllm.yaml"))
 
 
-def run(short_ttft_s, status=200, preemptions=(0.0, 0.0), rounds=1):
-    """``rounds`` rounds of 4 longs then 4 shorts (TTFT ``short_ttft_s``), one after the other."""
+def run(short_ttft_s, status=200, preemptions=3.0, rounds=1, shorts=16):
+    """``rounds`` rounds of 4 longs then ``shorts`` shorts (TTFT ``short_ttft_s``: one value for
+    every round, or one per round), one after the other (``extra["round_sizes"]`` as run_priority
+    leaves them)."""
+    ttfts = short_ttft_s if isinstance(short_ttft_s, (list, tuple)) else [short_ttft_s] * rounds
     recs = []
-    for k in range(rounds):
+    for k, ttft in enumerate(ttfts):
         t = 2.0 * k
         recs += [tagged(len(recs), "long", t, t + 0.1, t + 1.0) for i in range(4)]
-        recs += [tagged(len(recs), "short", t + 0.3, t + 0.3 + short_ttft_s, t + 0.5 + short_ttft_s) for j in range(4)]
+        recs += [tagged(len(recs), "short", t + 0.3 + 0.01 * j, t + 0.3 + 0.01 * j + ttft, t + 0.5 + ttft)
+                 for j in range(shorts)]
     for r in recs:
         r.status = status
-    trace = MetricsTrace(samples=[(0.0, {"preemptions": preemptions[0], "waiting": 0}),
-                                  (1.0, {"preemptions": preemptions[1], "waiting": 4})])
-    return LoadObservation("x", LoadResult("open", recs, len(recs), 1.5, 60.0), trace, 16, 8, 8,
-                           extra={"longs": 4, "shorts": 4, "long_prompt_tokens": 200, "long_output_tokens": 8,
-                                  "max_num_seqs": 2, "rounds": rounds, "first_round_records": 8})
+    trace = MetricsTrace(samples=[(0.0, {"preemptions": 0.0, "waiting": 0}), (1.0, {"preemptions": 0.0, "waiting": 4})])
+    return LoadObservation("x", LoadResult("open", recs, len(recs), 2.0 * len(ttfts), 60.0), trace, 16, 8, 8,
+                           extra={"longs": 4, "shorts": shorts, "long_prompt_tokens": 200, "long_output_tokens": 8,
+                                  "max_num_seqs": 2, "pairs": len(ttfts), "rounds": len(ttfts),
+                                  "round_sizes": [4 + shorts] * len(ttfts), "preemptions": preemptions,
+                                  "why_stopped": "pairs"})
 
 
-def test_gain_passes_with_both_runs_and_the_slo_upper_bound_in_the_message():
-    v = priority_verdict(run(0.6), run(0.09, preemptions=(0.0, 3.0), rounds=15), PROFILE)
+def test_gain_over_pairs_of_rounds_passes_with_both_sides_and_the_slo_upper_bound_in_the_message():
+    v = priority_verdict(run([0.6, 0.5, 0.7, 0.6], preemptions=0.0), run([0.09, 0.095, 0.09, 0.08], rounds=4), PROFILE)
     assert v.status is Status.PASS, v.message
-    assert ("short TTFT p95 600 ms without priority, 90 ms with it; gain 6.67x (Hodges-Lehmann on log TTFT, 95% "
-            "one-sided bounds 6.67x..6.67x, 4 and 4 requests); preemptions 0 / 3") in v.message
-    assert ("(need >= 1.5x); short-request SLO: short TTFT with priority p95 90 ms, 95% upper bound 90 ms (n=60) "
-            "<= 100 ms -> PASS; canary after -> PASS") in v.message
-    assert v.measured == pytest.approx(90.0) and v.evidence["gain"] == pytest.approx(600 / 90)
-    assert v.evidence["confidence"]["gain"]["lower"] == pytest.approx(600 / 90)
-    assert v.evidence["runs"]["with"]["short"]["requests"] == 4  # the gain: first rounds, same size
+    g = v.evidence["confidence"]["gain"]
+    assert g["n"] == 4 and g["unit"] == "pair of rounds" and g["ratios"] == pytest.approx([6.667, 5.263, 7.778, 7.5], rel=1e-3)
+    assert 1.5 <= g["lower"] < g["point"] < g["upper"], g
+    assert ("4 pairs of rounds: short TTFT p95 700 ms without priority, 95 ms with it; gain 6.73x (geometric mean "
+            "over 4 pairs of rounds of each pair's Hodges-Lehmann factor on short TTFT: 6.67x, 5.26x, 7.78x, 7.50x; 95% "
+            "one-sided bounds 5.47x..8.28x); preemptions 0 / 3 (need >= 1.5x)") in v.message, v.message
+    assert ("short-request SLO: short TTFT with priority p95 95 ms, 95% upper bound 95 ms (n=64) <= 100 ms -> PASS; "
+            "canary after -> PASS") in v.message
+    # the SLO's unit and its within-round dependence stated (not corrected): 4 rounds of 16 shorts
+    dep = v.evidence["confidence"]["slo_dependence"]
+    assert dep["unit"] == "short request" and dep["cluster"] == "round" and dep["n"] == 64, dep
+    assert v.measured == pytest.approx(95.0)
+    assert v.evidence["runs"]["with"]["short"]["requests"] == 64 and v.evidence["runs"]["with"]["rounds"] == 4
     assert_passes_measured(v)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
 
-def test_too_few_short_requests_with_priority_are_inconclusive_with_both_bounds():
+def test_one_pair_of_rounds_gives_no_bound_and_is_inconclusive():
+    # F (CI 2026-12-06): one round each way read as 43 independent shorts gave bounds where the
+    # round is one unit; a single pair now decides nothing
     v = priority_verdict(run(0.6), run(0.09), PROFILE)
     assert v.status is Status.INCONCLUSIVE, v.message
-    assert "95% bounds 90 ms..none (fewer than 59 samples: no PASS possible) (n=4; 0 over) straddle 100 ms" in v.message
-    assert v.message.endswith("undecided after 4 short requests with priority (sampling bounded by slo.max_requests "
-                              "and slo.max_duration_s) -> INCONCLUSIVE")
+    assert "gain 6.67x (geometric mean over 1 pair of rounds of each pair's Hodges-Lehmann factor on short TTFT: " \
+           "6.67x; no bound from one pair)" in v.message
+    assert v.message.endswith("1 complete pair(s) of rounds (pairs): a gain needs 2 for a bound (raise the time or "
+                              "check the rounds' errors) -> INCONCLUSIVE"), v.message
 
 
 def test_no_gain_fails_as_priority_ignored():
-    v = priority_verdict(run(0.6), run(0.55), PROFILE)
+    v = priority_verdict(run([0.6, 0.62, 0.58]), run([0.55, 0.6, 0.5]), PROFILE)
     assert v.status is Status.FAIL
-    assert ("priority ignored: short TTFT p95 550 ms with priority vs 600 ms without (gain 1.09x (Hodges-Lehmann on "
-            "log TTFT, 95% one-sided bounds 1.09x..1.09x, 4 and 4 requests) < 1.5x needed)") in v.message
-    assert "95% lower bound 550 ms (n=4; 4 over) > 100 ms -> FAIL" in v.message
+    assert ("priority ignored: short TTFT p95 600 ms with priority vs 620 ms without (the gain's 95% upper bound "
+            "1.21x over 3 pairs of rounds < 1.5x needed)") in v.message, v.message
+    assert "95% lower bound 600 ms (n=48; 48 over) > 100 ms -> FAIL" in v.message
     assert "short-request SLO 100 ms broken even with priority" in v.message
 
 
 def test_a_gain_whose_bounds_straddle_min_gain_is_inconclusive_not_a_point_pass():
-    # F14: first rounds of 4 and 4 with scatter: a 2.0x Hodges-Lehmann gain whose bounds straddle 1.5x -- the
-    # old rule PASSed the p95 points (900 / 400 = 2.2x >= 1.5x)
-    without, with_ = run(0.6), run(0.09, rounds=15)
-    for o, ttfts in ((without, (0.2, 0.3, 0.5, 0.9)), (with_, (0.1, 0.15, 0.25, 0.4))):
-        for r, t in zip([r for r in o.result.records[:8] if r.tag == "short"], ttfts):
-            r.first_token_s = r.sent_s + t
-            r.content_s = [r.first_token_s + k * 0.01 for k in range(8)]
-    v = priority_verdict(without, with_, PROFILE)
+    # F14: the pairs disagree (1.2x and 3.0x): a 1.9x point whose bounds straddle 1.5x -- not a PASS
+    v = priority_verdict(run([0.06, 0.15]), run([0.05, 0.05]), PROFILE)
     assert v.status is Status.INCONCLUSIVE, v.message
-    assert "the gain's bounds straddle 1.5x: the first rounds (4 and 4 short requests) cannot tell" in v.message
+    assert "the gain's bounds straddle 1.5x over 2 pairs of rounds (raise priority.pairs)" in v.message
     g = v.evidence["confidence"]["gain"]
-    assert g["lower"] < 1.5 <= g["upper"] and g["point"] == pytest.approx(2.0, rel=0.05), g
+    assert g["lower"] < 1.5 <= g["upper"] and g["point"] == pytest.approx(1.897, rel=1e-3), g
 
 
 def test_failed_requests_fail_and_no_priority_profile_skips():
-    v = priority_verdict(run(0.6), run(0.1, status=500), PROFILE)
-    assert v.status is Status.FAIL and "4 short requests failed with priority" in v.message
+    v = priority_verdict(run(0.6, rounds=2), run(0.1, status=500, rounds=2), PROFILE)
+    assert v.status is Status.FAIL and "64 short requests failed with priority" not in v.message
+    assert "32 short requests failed with priority" in v.message, v.message
     plain = PROFILE.model_copy(update={"priority": None})
     skip = not_asked(plain)
     assert skip.status is Status.SKIP and "profile does not use priority scheduling" in skip.message
+
+
+def test_the_gain_s_stated_rate_holds_when_a_round_s_shorts_are_one_value():
+    # the unit is the pair: shorts identical within a round (ICC 1), the true gain at min_gain -- a
+    # wrong PASS stays within 1 - slo.confidence (2,000 simulated runs, 4 pairs: 5% + 3 Monte-Carlo SEs)
+    import numpy as np
+
+    rng, wrong, runs = np.random.default_rng(7), 0, 2000
+    prof = PROFILE.model_copy(update={"slo": PROFILE.slo.model_copy(update={"short_ttft_p95_ms": None})})
+    for _ in range(runs):
+        with_ = np.exp(rng.normal(0, 0.4, 4)) * 0.1
+        without = np.exp(rng.normal(0, 0.4, 4)) * 0.1 * 1.5  # gain exactly min_gain 1.5
+        v = priority_verdict(run([float(x) for x in without], shorts=6), run([float(x) for x in with_], shorts=6), prof)
+        wrong += v.status is Status.PASS
+    assert wrong / runs <= 0.05 + 3 * (0.05 * 0.95 / runs) ** 0.5, wrong / runs
 
 
 SUITE = ["suites/test_priority.py"]
 
 
 def fast_slo_profile(where):
-    """fake-vllm.yaml for a priority gate that can PASS in a few rounds against the fake: 80%
-    confidence, 12 shorts a round (0.3-0.52 s, while the longs run ~0.5 s) and a cap of 53 -- looks
-    at 12 and 53 short requests, each at 93.3% (53 can PASS: 4 more with-priority rounds); the
-    fake's shorts take 50-120 ms with priority, so the short SLO is 300 ms here. (At fake-vllm.yaml's
-    own cap of 64 = 8 x slo.requests, looks at 6 and 64 each at 97.5% need 72: no PASS possible.)"""
+    """fake-vllm.yaml for a priority gate that can PASS against the fake: 80% confidence, 12 shorts
+    a round (0.3-0.52 s, while the longs run ~0.5 s), 4 pairs of rounds (the default): 48 shorts
+    with priority (32 let a p95 PASS at 80%); the fake's shorts take 50-120 ms with priority, so
+    the short SLO is 300 ms here."""
     path = where / "fake-vllm-fast-slo.yaml"
     path.write_text(f"name: fake-vllm\nextends: {REPO / 'tests' / 'data' / 'fake-vllm.yaml'}\n"
-                    "slo:\n  confidence: 0.8\n  max_requests: 53\n  short_ttft_p95_ms: 300\n"
+                    "slo:\n  confidence: 0.8\n  short_ttft_p95_ms: 300\n"
                     "priority:\n  shorts: 12\n  shorts_every_s: 0.02\n")
     return path
 GID = "fake-vllm/priority/short-over-long"
 
 
 @pytest.mark.parametrize("policy, itl_s, status, fragment", [
-    ("priority", 0.005, "PASS", "(Hodges-Lehmann on log TTFT, 80% one-sided bounds"),
+    ("priority", 0.005, "PASS", "Hodges-Lehmann factor on short TTFT: "),
     # FCFS: longs of ~0.18 s (8 x 20 ms), 16 through 2 slots ~1.4 s, so the shorts (sent 0.3-0.52 s in) wait ~1 s
     # for the queue in BOTH runs: the gain stays near 1x even when a busy host (CI's unit worker beside a vLLM)
     # adds 100-200 ms of scatter -- with 0.06 s longs the queue wait (~0.2 s) was that scatter's size and an FCFS
@@ -127,13 +150,16 @@ def test_suite_against_the_fake(pytester, policy, itl_s, status, fragment):
         _, _, gates = run_suites(pytester, fake.url, suites=SUITE, profile=fast)
     g = gates[GID]
     assert g["status"] == status and fragment in g["message"], g["message"]
-    sampling = g["evidence"]["confidence"]["sampling"]
-    if status == "PASS":  # the first round (6 requests) cannot PASS; more rounds were sent until the bound did
-        assert len(sampling["history"]) > 1 and g["evidence"]["plan"]["rounds"] > 1
-        assert re.search(r"short-request SLO: short TTFT with priority p95 \d+ ms, 9\d.\d+% upper bound \d+ ms "
-                         r"\(n=\d+\) <= 300 ms -> PASS", g["message"]), g["message"]
-    else:  # priority ignored is decided at the first look: nothing more sent
-        assert len(sampling["history"]) == 1 and g["evidence"]["plan"]["rounds"] == 1
+    gain, plan = g["evidence"]["confidence"]["gain"], g["evidence"]["plan"]
+    # both ways: 4 pairs of rounds, each side 4 rounds of 16 longs + 12 shorts, the gain over the 4 pairs
+    assert plan["pairs"] == 4 and plan["round_sizes"] == [28] * 4 and gain["n"] == 4 and len(gain["ratios"]) == 4, plan
+    assert "4 pairs of rounds: short TTFT p95 " in g["message"] and "80% one-sided bounds " in g["message"]
+    if status == "PASS":
+        assert gain["lower"] >= 1.5, gain
+        assert re.search(r"short-request SLO: short TTFT with priority p95 \d+ ms, 80% upper bound \d+ ms "
+                         r"\(n=48\) <= 300 ms -> PASS", g["message"]), g["message"]
+    else:
+        assert gain["upper"] < 1.5, gain
 
 
 def test_the_two_runs_send_prompts_of_their_own_so_the_prefix_cache_favours_neither():

@@ -51,7 +51,7 @@ WALKED = {
                 "tests/test_gates_metrics.py::test_histograms_pass_when_the_client_lands_in_the_servers_buckets",
                 "tests/test_gates_metrics.py::test_under_load_passes_and_a_500_fails"],
     "pools": ["tests/test_gates_pools.py::test_pools_suite_through_a_healthy_router_passes_and_runs_only_the_pools_gates"],
-    "priority": ["tests/test_gates_priority.py::test_gain_passes_with_both_runs_and_the_slo_upper_bound_in_the_message"],
+    "priority": ["tests/test_gates_priority.py::test_gain_over_pairs_of_rounds_passes_with_both_sides_and_the_slo_upper_bound_in_the_message"],
     "scale": ["tests/test_scale.py::test_local_workers_send_the_one_process_design_and_judge_it_alike"],
     "requests": ["tests/test_requests_vs_fake.py::test_healthy_fake_passes_every_edge_request"],
     "security": ["tests/test_security_vs_fake.py::test_a_shut_door_passes_every_case"],

@@ -52,9 +52,9 @@ def _ranks():
 BREAKS: dict[tuple[str, str], str] = {
     ("capacity", "waves1"): "issue 48 F2: a capacity step's closed loop judged as independent requests "
                             "(full run: wrong PASS ~50%, wrong FAIL ~12% at ICC 1.0)",
-    ("priority", "waves1"): "issue 48 F14: the gain's Mann-Whitney bounds take lock-step shorts as independent "
-                            "(full run: wrong PASS 20.7%, wrong FAIL 21.8% at ICC 1.0)",
 }
+#: priority's ICC 1.0 row read wrong PASS 20.7% / wrong FAIL 21.8% while its gain's Mann-Whitney bounds took one
+#: round's lock-step shorts as independent; judged over pairs of rounds now (the pair the unit): 5.2% / 4.8%.
 #: pools/isolation's ICC 1.0 row read wrong PASS 9.7% (2,000 runs) while its adapter judged the strict design
 #: at the short pool's shipped 60% floor: every wrong PASS was a floor PASS. Strict now (floor row separate,
 #: stated 40%): 0.0% of 1,000 strict, 9.3% of 1,000 at the floor.

@@ -506,45 +506,33 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
 # -------------------------------------------------------------------------------- priority
 
 def priority() -> Callable[[np.random.Generator, Design, str], str]:
-    """priority: tiny-cpu-priority, the short SLO unset (the gain is the case): the gate's plan
-    (:func:`kvgate.gates.priority.priority_plan`), :func:`kvgate.stats.confidence.sample_until_decided`
-    with :func:`kvgate.gates.priority.priority_decide` (more *with priority* rounds while undecided),
-    then :func:`kvgate.gates.priority.priority_verdict`. Truth: the gain (short TTFT p95 without
-    priority / with) = ``priority.min_gain`` at the limit, ``min_gain / 1.5`` and ``/ 2`` (power),
-    ``3 x min_gain`` healthy (measured 9-10x against 3). Shorts of a round in waves of 4."""
-    from kvgate.gates.priority import priority_decide, priority_plan, priority_verdict
+    """priority: tiny-cpu-priority, the short SLO unset (the gain is the case): ``priority.pairs``
+    pairs of rounds as :func:`kvgate.load.scenarios.run_priority` leaves them (each side's rounds
+    merged, ``round_sizes``), judged by :func:`kvgate.gates.priority.priority_verdict` (the gain
+    over the pairs, :func:`kvgate.stats.twosample.ratio_over_units`). Truth: the gain (short TTFT
+    without priority / with, every quantile alike) = ``priority.min_gain`` at the limit, ``min_gain
+    / 1.5`` and ``/ 2`` (power), ``3 x min_gain`` healthy (measured 6-10x against 3). A round's
+    shorts in waves of 4, each round its own draw."""
+    from kvgate.gates.priority import priority_verdict
     from kvgate.profile.models import PrioritySpec
-    from kvgate.stats.confidence import sample_until_decided
 
     base = profile("tiny-cpu-priority")
     prof = with_slo(base, short_ttft_p95_ms=None)
     pspec = prof.priority or PrioritySpec()
-    plan = priority_plan(prof)
-    per_round, gain_min = pspec.shorts, pspec.min_gain
+    per_round, gain_min, pairs = pspec.shorts, pspec.min_gain, pspec.pairs
     with_p95 = 100.0
+
+    def side(name: str, values: list[np.ndarray]) -> Any:
+        recs = [record(len_i, 0.5 + len_i * 0.1, float(v), tag="short")
+                for len_i, v in enumerate(x for vals in values for x in vals)]
+        return observation(name, recs, per_round, extra={"round_sizes": [per_round] * len(values), "pairs": pairs,
+                                                         "shorts": per_round, "why_stopped": "pairs"})
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
         gain = 3 * gain_min if truth == "healthy" else gain_min / FACTOR[truth]
-        cap = plan.looks[-1]
-        wx = lognormal_ms(design.latent(rng, cap, wave=4), with_p95)
-        ox = lognormal_ms(design.latent(rng, per_round, wave=4), gain * with_p95)
-        without = observation("without priority (sim)", [record(i, 0.5 + i * 0.1, float(v), tag="short")
-                                                         for i, v in enumerate(ox)], per_round,
-                              extra={"first_round_records": per_round})
-        recs: list[Any] = []
-        with_ = observation("with priority (sim)", recs, per_round, extra={"first_round_records": per_round})
-
-        def take(k: int, left: float | None) -> int:
-            i0 = len(recs)
-            for i in range(i0, min(cap, i0 + k)):
-                recs.append(record(i, 0.5 + i * 0.1, float(wx[i]), tag="short"))
-            return len(recs) - i0
-
-        s = sample_until_decided(plan, take, lambda c: {"priority": priority_decide(without, with_, prof, c)},
-                                 clock=lambda: 0.0)
-        with_.extra["rounds"] = -(-len(recs) // per_round)  # as run_priority leaves them, the verdict reads them
-        with_.extra["sampling"] = s.to_dict()
-        return _status(priority_verdict(without, with_, prof))
+        w = [lognormal_ms(design.latent(rng, per_round, wave=4), with_p95) for _ in range(pairs)]
+        o = [lognormal_ms(design.latent(rng, per_round, wave=4), gain * with_p95) for _ in range(pairs)]
+        return _status(priority_verdict(side("without priority (sim)", o), side("with priority (sim)", w), prof))
 
     return one
 
@@ -624,9 +612,10 @@ CASES: dict[str, Case] = {c.name: c for c in (
          "mixed p95 at half of ratio_max x alone",
          decided_by="gates.pools.isolation_plan, sample_until_decided + isolation_decide, isolation_verdict"),
     Case("priority", REQ, priority, False,
-         "none stated for the gain (documented point estimates); held to 1 - slo.confidence",
+         "1 - slo.confidence per side for the gain (one-sided Student t over the pairs of rounds)",
          "gain 3 x min_gain",
-         decided_by="gates.priority.priority_plan, sample_until_decided + priority_decide, priority_verdict"),
+         decided_by="load.scenarios.run_priority's pairs of rounds, gates.priority.priority_verdict "
+                    "(stats.twosample.ratio_over_units)"),
 )}
 
 

@@ -830,32 +830,36 @@ def merged_results(first: LoadResult, more: LoadResult) -> LoadResult:
 
 
 def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
-                 plan: LookPlan | None = None,
-                 decide: Callable[[LoadObservation, LoadObservation, float], str] | None = None,
                  clock: Callable[[], float] | None = None) -> tuple[LoadObservation, LoadObservation]:
     """Low-priority long requests fill the server, high-priority short ones arrive while they run;
-    the same pattern twice, each run with prompts of its own (so the prefix cache favours neither):
-    with the ``priority`` field (longs ``priority.low``, shorts ``priority.high``), then without it
-    (every request priority 0: what the server does on arrival order). Longs: ``priority.longs``
-    requests of the long workload (prompt so that prompt + output <= max_model_len, at most 64
-    output tokens) at 0 s; shorts: ``priority.shorts`` requests of the short workload (8 output
-    tokens: TTFT is judged) from ``priority.shorts_after_s``, every ``priority.shorts_every_s``. A
-    canary follows all runs (priority preemption under KV pressure must not take the engine down;
-    it is reported on the "with" observation). Returns ``(without, with)``; records tagged
-    ``short``/``long``; bounded by ``deadline_s`` each.
+    the same pattern in ``priority.pairs`` pairs of rounds, each pair one round with the ``priority``
+    field (longs ``priority.low``, shorts ``priority.high``) and one without it (every request
+    priority 0: what the server does on arrival order), back to back, the order alternating (pair 1
+    with first, pair 2 without first, ...: a server's first heavy run is the slower one -- a cold
+    tiny-cpu server's short TTFT p95 1.28x slower, measured -- and a slow drift of the host hits
+    both sides of a pair alike). Every round has prompts of its own, so the prefix cache favours
+    neither. Longs: ``priority.longs`` requests of the long workload (prompt so that prompt + output
+    <= max_model_len, at most 64 output tokens) at 0 s; shorts: ``priority.shorts`` requests of the
+    short workload (8 output tokens: TTFT is judged) from ``priority.shorts_after_s``, every
+    ``priority.shorts_every_s``. A canary follows all rounds (priority preemption under KV pressure
+    must not take the engine down; it is reported on the "with" observation).
 
-    With ``plan`` (a :class:`~kvgate.stats.confidence.LookPlan` in short requests, the first look =
-    ``priority.shorts``) and ``decide`` (``(without, with, per-look confidence) -> PASS/FAIL/UNDECIDED``),
-    undecided looks repeat the *with priority* run (fresh prompts each round) until decided, at the
-    plan's cap or its ``max_s`` (:func:`kvgate.stats.confidence.sample_until_decided`): the short SLO is
-    judged on every with-priority short request; the gain compares the first round of each (same
-    size, back to back). ``with.extra``: ``rounds``, ``first_round_records`` and ``sampling``."""
+    Why pairs: a round's shorts share its queue (ICC 0.92-0.98 within a round on the embedded
+    server), so the pair of rounds is the independent unit the gain is judged on
+    (:func:`kvgate.stats.twosample.ratio_over_units`). Bounded: the rounds share ``deadline_s``; a
+    round is started only while time is left and gets what is left (``extra["why_stopped"]``
+    ``time`` when pairs were left unsent).
+
+    Returns ``(without, with)``, each the rounds of its side merged in send order (records tagged
+    ``short``/``long``); each ``extra``: ``round_sizes`` (records per round, in order),
+    ``preemptions`` (the vllm:num_preemptions delta summed over its rounds; None when /metrics has
+    none), ``pairs`` (complete pairs), ``rounds``, the plan's sizes. ``clock`` is injected in tests."""
     import dataclasses
     import time
 
-    from kvgate.stats.confidence import sample_until_decided
     from kvgate.profile.models import PrioritySpec
 
+    now = clock or time.monotonic
     spec = profile.priority or PrioritySpec()
     sname, short = short_workload(profile)
     lname, long = long_workload(profile)
@@ -866,8 +870,8 @@ def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile, deadlin
     offsets = [0.0] * spec.longs + [spec.shorts_after_s + j * spec.shorts_every_s for j in range(spec.shorts)]
 
     def pattern(run: str, low: int | None, high: int | None) -> list[RequestSpec]:
-        # fresh prompts per run: the second run re-sending the first one's would find them in the
-        # prefix cache (a measured 1.9x "gain" on an FCFS server, CI 2026-12-01), not in the queue order
+        # fresh prompts per round: a round re-sending another's would find them in the prefix cache
+        # (a measured 1.9x "gain" on an FCFS server, CI 2026-12-01), not in the queue order
         longs = _specs(client, endpoint, model, lprompt, lout, spec.longs, "long", salt=f" ({run})")
         shorts = _specs(client, endpoint, model, short.prompt_tokens, sout, spec.shorts, "short", salt=f" ({run})")
         if low is None or high is None:
@@ -885,46 +889,47 @@ def run_priority(client: KvClient, endpoint: Endpoint, profile: Profile, deadlin
             own.close()
         return result, sampler.trace
 
-    # "with" goes first: a server's first heavy run is the slower one (a cold tiny-cpu server: 1.28x
-    # slower short TTFT p95, measured), so any order bias shrinks the measured gain -- it can make
-    # a priority server look worse, never an FCFS one look better
-    runs = []
-    for label, specs in (("with priority", pattern("with", spec.low, spec.high)),
-                         ("without priority", pattern("without", None, None))):
-        result, trace = send(specs, deadline_s)
-        runs.append(LoadObservation(f"{sname} among {lname}, {label}", result, trace, short.prompt_tokens,
-                                    sout, len(specs),
-                                    extra={"longs": spec.longs, "long_prompt_tokens": lprompt, "long_output_tokens": lout,
-                                           "shorts": spec.shorts, "max_num_seqs": profile.engine.max_num_seqs,
-                                           "policy": profile.engine.scheduling_policy, "high": spec.high,
-                                           "low": spec.low, "rounds": 1, "first_round_records": len(result.records)}))
-    with_, without = runs
-    if plan is not None and decide is not None:
-        rounds = {"n": 0}
-
-        def shorts_sent() -> int:
-            return sum(1 for r in with_.result.records if r.tag == "short")
-
-        def take(k: int, left: float | None) -> int:
-            if rounds["n"] == 0:  # the first look is the run above
-                rounds["n"] = 1
-                return shorts_sent()
-            before, t0 = shorts_sent(), time.monotonic()
-            for _ in range(-(-k // spec.shorts)):
-                within = deadline_s if left is None else min(deadline_s, left - (time.monotonic() - t0))
-                if within <= 0:
-                    break
-                rounds["n"] += 1
-                more, _ = send(pattern(f"with, round {rounds['n']}", spec.low, spec.high), within)
-                with_.result = merged_results(with_.result, more)
-            assert with_.extra is not None
-            with_.extra["rounds"] = rounds["n"]
-            return min(k, shorts_sent() - before)
-
-        sampling = sample_until_decided(plan, take, lambda c: {"priority": decide(without, with_, c)},
-                                        clock or time.monotonic)
-        assert with_.extra is not None
-        with_.extra["sampling"] = sampling.to_dict()
+    sides: dict[str, LoadObservation] = {}
+    t0, why, pairs = now(), "pairs", 0
+    for k in range(spec.pairs):
+        order = (("with", spec.low, spec.high), ("without", None, None))
+        for key, low, high in (order if k % 2 == 0 else order[::-1]):
+            left = deadline_s - (now() - t0)
+            if left <= 0:
+                why = "time"
+                break
+            result, trace = send(pattern(f"{key}, pair {k + 1}", low, high), left)
+            pre = trace.delta("preemptions")
+            obs = sides.get(key)
+            if obs is None:
+                label = "with priority" if key == "with" else "without priority"
+                sides[key] = LoadObservation(
+                    f"{sname} among {lname}, {label}", result, trace, short.prompt_tokens, sout, len(offsets),
+                    extra={"longs": spec.longs, "long_prompt_tokens": lprompt, "long_output_tokens": lout,
+                           "shorts": spec.shorts, "max_num_seqs": profile.engine.max_num_seqs,
+                           "policy": profile.engine.scheduling_policy, "high": spec.high, "low": spec.low,
+                           "pairs_planned": spec.pairs, "round_sizes": [len(result.records)], "preemptions": pre})
+            else:
+                assert obs.extra is not None
+                obs.result = merged_results(obs.result, result)
+                obs.extra["round_sizes"].append(len(result.records))
+                p0 = obs.extra["preemptions"]
+                obs.extra["preemptions"] = None if p0 is None or pre is None else p0 + pre
+        else:
+            pairs += 1
+            continue
+        break
+    for key in ("with", "without"):  # a side the time never reached: no rounds (the verdict: no pair to judge)
+        if key not in sides:
+            sides[key] = LoadObservation(f"{sname} among {lname}, {key} priority",
+                                         LoadResult("open", [], 0, 0.0, deadline_s), MetricsTrace(samples=[]),
+                                         short.prompt_tokens, sout, len(offsets),
+                                         extra={"round_sizes": [], "preemptions": None, "pairs_planned": spec.pairs})
+    with_, without = sides["with"], sides["without"]
+    for obs in (with_, without):
+        assert obs.extra is not None
+        obs.extra.update(pairs=pairs, rounds=len(obs.extra["round_sizes"]), why_stopped=why,
+                         wall_s=round(now() - t0, 3))
     with_.canary = canary(client, model, profile.limits.canary_deadline_s)
     return without, with_
 

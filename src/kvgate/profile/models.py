@@ -443,7 +443,8 @@ class PrioritySpec(_Strict):
     or the KV pool holds), then high-priority short requests arrive; their TTFT p95 is measured
     with the ``priority`` field and again without it (same requests, all priority 0). vLLM serves
     the lowest value first (``--scheduling-policy priority``; vllm/config/scheduler.py) and, under
-    KV pressure, preempts the lowest-priority running request (v1/core/sched/scheduler.py)."""
+    KV pressure, preempts the lowest-priority running request (v1/core/sched/scheduler.py). The
+    pattern runs ``pairs`` times each way, in pairs of rounds: the pair is the independent unit."""
 
     high: int = Field(default=0, description="the priority value short (interactive) requests send; lower is served first")
     low: int = Field(default=10, description="the priority value long (batch) requests send")
@@ -451,7 +452,8 @@ class PrioritySpec(_Strict):
     shorts: int = Field(default=8, gt=0, description="[requests] high-priority short requests sent while the longs run")
     shorts_after_s: float = Field(default=0.5, ge=0, description="[s] when the first short request goes out, after the longs")
     shorts_every_s: float = Field(default=0.1, gt=0, description="[s] spacing of the short requests")
-    min_gain: float = Field(default=2.0, gt=1, description="[ratio] short TTFT p95 without priority / with priority must reach this, or priority is ignored (measured on tiny-cpu-priority: FCFS 1.05-1.3x, 1.9x on a contended 2-core host; priority 9-10x)")
+    pairs: int = Field(default=4, ge=2, le=32, description="[pairs of rounds] the pattern runs this many times with priority and as often without, in pairs back to back (order alternating); the pair is the gain's independent unit (a round's shorts share its queue), so the gain's bounds are a Student t interval over the pairs: 2 give a bound at all, 4 (default) bound a gain twice min_gain at a spread of 0.3 in log ratio")
+    min_gain: float = Field(default=2.0, gt=1, description="[ratio] the short requests' TTFT without priority / with priority (the geometric mean over the pairs of each pair's Hodges-Lehmann scale factor) must be shown at or above this (its lower bound), or, when its upper bound is below it, priority is ignored (measured on tiny-cpu-priority: FCFS 1.05-1.3x, 1.9x on a contended 2-core host; priority 6-10x)")
 
 
 class AutoscaleSpec(_Strict):
