@@ -77,10 +77,10 @@ def pair_gains(without: LoadObservation, with_: LoadObservation) -> list[ShiftRa
     return out
 
 
-def _checks(without: LoadObservation, with_: LoadObservation,
-            profile: Profile) -> tuple[dict[str, Any], UnitRatio | None, Judgement | None, list[str], str]:
-    """``(runs, gain, slo judgement, problems, decision)``, the gain over the pairs and the SLO
-    judged at ``slo.confidence``."""
+def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile,
+            pairs: list[ShiftRatio]) -> tuple[dict[str, Any], UnitRatio | None, Judgement | None, list[str], str]:
+    """``(runs, gain, slo judgement, problems, decision)``, the gain over ``pairs``
+    (:func:`pair_gains`) and the SLO judged at ``slo.confidence``."""
     spec, conf = profile.priority or PrioritySpec(), profile.slo.confidence
     runs = {}
     for key, obs in (("without", without), ("with", with_)):
@@ -90,7 +90,6 @@ def _checks(without: LoadObservation, with_: LoadObservation,
                      "preemptions": ex.get("preemptions", obs.trace.delta("preemptions")),
                      "peak_waiting": obs.trace.peak("waiting"), "rounds": len(rounds_of(obs))}
     p_without, p_with = runs["without"]["short"]["ttft_ms"]["p95"], runs["with"]["short"]["ttft_ms"]["p95"]
-    pairs = pair_gains(without, with_)
     gj = ratio_over_units([g.point for g in pairs if g.point], conf) if pairs else None
     limit = profile.slo.short_ttft_p95_ms
     problems = []
@@ -167,7 +166,8 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
     if inv is not None:
         return inv
     ex = with_.extra or {}
-    runs, gj, sj, problems, decision = _checks(without, with_, profile)
+    gains = pair_gains(without, with_)
+    runs, gj, sj, problems, decision = _checks(without, with_, profile, gains)
     p_without, p_with = runs["without"]["short"]["ttft_ms"]["p95"], runs["with"]["short"]["ttft_ms"]["p95"]
     limit = profile.slo.short_ttft_p95_ms
 
@@ -192,7 +192,7 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
                           "plan": ex, "canary": can.to_dict() if can else None,
                           "confidence": {"slo": sj.to_dict() if sj else None, "level": profile.slo.confidence,
                                          "gain": gj.to_dict() if gj is not None else None,
-                                         "gain_pairs": [g.to_dict() for g in pair_gains(without, with_)],
+                                         "gain_pairs": [g.to_dict() for g in gains],
                                          "slo_dependence": dep.to_dict() if dep is not None else None}}
     if can is not None and can.status is FAIL:
         problems.append(can.message.removesuffix(" -> FAIL"))
