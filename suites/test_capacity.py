@@ -27,7 +27,8 @@ def test_declared_peak_is_below_the_knee(case, pytestconfig, kvgate_client, kvga
     def measure(concurrency, seconds_left):
         n = requests_for(profile, concurrency, least)
         return run_step(kvgate_client, kvgate_endpoint, profile, concurrency, n, seconds_left, salt=f"c{concurrency}",
-                        decide=lambda recs, level, up: step_decisions(recs, profile, level, up))  # looks per step (F1)
+                        decide=lambda recs, level, up: step_decisions(recs, profile, level, up,  # looks per step (F1)
+                                                                      concurrency=concurrency))
 
     steps = ladder(spec.start_concurrency, max(spec.max_concurrency, spec.start_concurrency), need)
     found = search(measure, lambda obs: judge_step(obs, profile).decision, steps, bisect_steps=spec.bisect_steps,

@@ -50,9 +50,9 @@ def _ranks():
 #: Guarded cells the committed decision code does not yet keep (docs/verdict-statistics.md says by
 #: how much): strict xfail, so the day the code keeps its rate this test fails until the entry goes.
 BREAKS: dict[tuple[str, str], str] = {
-    ("capacity", "waves1"): "issue 48 F2: a capacity step's closed loop judged as independent requests "
-                            "(full run: wrong PASS ~50%, wrong FAIL ~12% at ICC 1.0)",
 }
+#: capacity's ICC 1.0 row read wrong PASS ~50% / wrong FAIL ~12% while a step's closed loop was judged as
+#: independent requests; judged at the send-order effective n now (as latency/slo).
 #: priority's ICC 1.0 row read wrong PASS 20.7% / wrong FAIL 21.8% while its gain's Mann-Whitney bounds took one
 #: round's lock-step shorts as independent; judged over pairs of rounds now (the pair the unit): 5.2% / 4.8%.
 #: pools/isolation's ICC 1.0 row read wrong PASS 9.7% (2,000 runs) while its adapter judged the strict design

@@ -231,15 +231,18 @@ def capacity() -> Callable[[np.random.Generator, Design, str], str]:
         from kvgate.stats.confidence import LookPlan
         plan = LookPlan((n,), prof.slo.confidence, prof.slo.confidence)
     limit = prof.slo.ttft_p95_ms
+    profs: dict[float | None, Any] = {}
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
+        # each design at its own slo.pass_confidence_floor (strict: unset), as the latency/slo case
+        fp = profs.get(design.floor) or profs.setdefault(design.floor, with_slo(prof, pass_confidence_floor=design.floor))
         cap = plan.looks[-1]
         x = lognormal_ms(design.latent(rng, cap, wave=need), FACTOR[truth] * limit)
         recs = [record(i, (i // need) * 2.0, float(v), [20.0] * (TOKENS - 1)) for i, v in enumerate(x)]
 
         def verdict_at(k: int, s: Any) -> Any:
-            step = judge_step(observation(f"capacity step {need} (sim)", recs[:k], need, s), prof)
-            return capacity_verdict([step], prof, {"why_stopped": "cap"})
+            step = judge_step(observation(f"capacity step {need} (sim)", recs[:k], need, s), fp)
+            return capacity_verdict([step], fp, {"why_stopped": "cap"})
 
         return looks_by_verdict(plan, verdict_at)
 
@@ -586,7 +589,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("latency/interference", REQ_FLOOR, interference, True,
          "1 - slo.confidence per side over the planned looks (16/60 shorts)", "mixed short TTFT p95 at half the limit",
          decided_by="scenarios.interference_plan, gates.load.interference_verdict at every look"),
-    Case("capacity", REQ, capacity, False,
+    Case("capacity", REQ_FLOOR, capacity, False,
          "1 - slo.confidence per side at the need step over its planned looks", "the need step's TTFT p95 at half the limit",
          decided_by="load.capacity.step_plan, gates.capacity.judge_step + capacity_verdict at every look"),
     Case("soak/memory", (IID, AR_05, AR_08), lambda: soak("memory"), True,

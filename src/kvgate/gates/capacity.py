@@ -11,9 +11,16 @@ requests counted as exceedances in TTFT and e2e; 0: no error at all); FAIL when 
 above its limit or the error rate is shown over; otherwise UNDECIDED -- the knee is the last step *shown* to meet it, and an undecided step
 at or below the need gives INCONCLUSIVE naming its bounds (not FAIL: nothing showed it misses). A step whose client fell behind is INVALID (:func:`step_invalid`:
 the place for further rules that make a step's measurement untrustworthy, e.g. a contended host).
+A step is a closed loop at its concurrency, judged as latency/slo judges its own (issue 48: lock-step
+waves had wrong PASS 49% / wrong FAIL 24% at the limit when judged as independent requests): TTFT and
+e2e at the effective n of the requests in send order
+(:func:`kvgate.load.scenarios.latency_judgements`, lag-1..concurrency autocorrelation; a step whose
+effective n is too small to PASS is UNDECIDED, its text naming the n that would decide; a PASS at
+``slo.pass_confidence_floor`` only at the step's last look, stated); the FAIL side corrected over
+the SLO'd metrics (:func:`kvgate.load.sampling.slo_levels`).
 ITL p95 is the pooled-gap p95 (as ``vllm bench serve``), its bounds from a cluster bootstrap over
-requests (:func:`kvgate.stats.cluster.judge_pooled`: the gaps of one request are correlated, the
-request is the unit).
+the step's waves (send index // concurrency; :func:`kvgate.stats.cluster.judge_pooled`).
+Each step's metrics state their unit, dependence and effective n (evidence and message).
 
 Besides: goodput (requests per second that met every SLO by themselves: TTFT <= limit, e2e <=
 limit, the request's own TPOT -- its mean gap -- <= the ITL limit), throughput (requests/s, output tokens/s, over the
@@ -48,10 +55,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, judge, min_samples_to_pass
-from kvgate.load.sampling import error_rate, slo_samples, with_failures
+from kvgate.load.sampling import error_rate, slo_levels, slo_samples
 from kvgate.stats.proportion import judge_at_most
 from kvgate.stats.cluster import judge_pooled
-from kvgate.load.scenarios import LoadObservation, ScenarioError, short_workload
+from kvgate.stats.dependence import Dependence
+from kvgate.load.scenarios import LoadObservation, ScenarioError, latency_judgements, short_workload
 from kvgate.profile.models import Profile
 from kvgate.stats import percentile, request_metrics
 from kvgate.verdict import Status, Verdict
@@ -164,36 +172,53 @@ def step_invalid(obs: LoadObservation, profile: Profile) -> str | None:
     return None if v is None else v.message.removesuffix(" -> INVALID")
 
 
-def _step_metrics(recs: Sequence[Any], slo: Any, conf: float,
-                  up: float | None) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Each SLO'd metric of a step's records judged at ``conf`` (the PASS side at ``up`` when given):
-    (label -> the judgement's dict with its text, the decisions of the SLO'd metrics)."""
-    per = slo_samples(recs, slo)  # ITL: pooled gaps (vllm bench serve), bound by a cluster bootstrap, as latency/slo
-    # failed requests count as exceedances when slo.error_rate_max lets them through (F10)
-    values = {"TTFT": with_failures(per["ttft_ms"], recs, slo), "ITL": per["itl_ms"],
-              "e2e": with_failures(per["e2e_ms"], recs, slo)}
+def _step_metrics(recs: Sequence[Any], slo: Any, conf: float, up: float | None, concurrency: int,
+                  at_end: bool = False) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Each SLO'd metric of a step's records judged at ``conf`` (the PASS side at ``up`` when given),
+    as latency/slo judges its closed loop (issue 48: a step is the same closed loop at the step's
+    ``concurrency``): TTFT and e2e at the effective n of the requests in send order
+    (:func:`kvgate.load.scenarios.latency_judgements`: lag-1..``concurrency`` autocorrelation beyond
+    its noise allowance, failed requests as exceedances under an error allowance, the profile's
+    ``slo.pass_confidence_floor`` only ``at_end``); ITL the pooled-gap p95 (vllm bench serve) with a
+    cluster bootstrap over the loop's waves (send index // ``concurrency``). The FAIL side is
+    corrected over the SLO'd metrics (:func:`kvgate.load.sampling.slo_levels`), as latency/slo's.
+    Returns (label -> the judgement's dict with its text -- TTFT/e2e with ``dependence``: unit,
+    measure, n_eff --, the decisions of the SLO'd metrics)."""
+    c = max(1, int(concurrency or 1))
+    per = slo_samples(recs, slo)
+    fail_level, pass_level = slo_levels(slo, conf, up)
+    dependent = latency_judgements(recs, slo, conf, up, c, at_end)
     metrics: dict[str, dict[str, Any]] = {}
     decisions = []
     for label, fname in METRICS:
         limit = getattr(slo, fname)
-        xs = values[label]
         if limit is None:
+            xs = per["itl_ms"] if label == "ITL" else per["ttft_ms" if label == "TTFT" else "e2e_ms"]
             metrics[label] = {"point": percentile(xs, Q * 100) if xs else None, "n": len(xs), "limit": None}
             continue
-        j = (judge_pooled(per["itl_gaps_s"], Q, limit, conf, up, rng=0, scale=1e3) if label == "ITL"
-             else judge(xs, Q, limit, conf, up))
-        metrics[label] = {**j.to_dict(), "text": j.text(label, final=False)}
-        decisions.append(j.decision)
+        if label == "ITL":
+            pj = judge_pooled(per["itl_gaps_s"], Q, limit, fail_level, pass_level, rng=0, scale=1e3,
+                              waves=[i // c for i in per["itl_index"]])
+            metrics[label] = {**pj.to_dict(), "text": pj.text(label, final=False)}
+            decisions.append(pj.decision)
+        else:
+            dj = dependent[label]
+            metrics[label] = {**dj.to_dict(), "text": dj.text(label, final=False,
+                                                              floor_field="slo.pass_confidence_floor")}
+            decisions.append(dj.decision)
     return metrics, decisions
 
 
-def step_decisions(records: Sequence[Any], profile: Profile, level: float, pass_level: float | None) -> dict[str, str]:
+def step_decisions(records: Sequence[Any], profile: Profile, level: float, pass_level: float | None, *,
+                   concurrency: int) -> dict[str, str]:
     """A step's decisions at one planned look (:func:`kvgate.load.capacity.run_step`'s ``decide``):
-    each SLO'd metric's at ``level`` (PASS side at ``pass_level``) and ``errors`` (the server's
-    errors, censored records left out; PASS while none is judged) -- the numbers :func:`judge_step`
-    judges at the same look's level, so the step's sampling never stops on what its verdict reads
-    otherwise."""
-    metrics, _ = _step_metrics(records, profile.slo, level, pass_level)
+    each SLO'd metric's at ``level`` (PASS side at ``pass_level``; TTFT/e2e at the effective n of the
+    step's closed loop at ``concurrency``, ITL over its waves) and ``errors`` (the server's errors,
+    censored records left out; PASS while none is judged) -- the numbers :func:`judge_step` judges
+    at the same look's level, so the step's sampling never stops on what its verdict reads
+    otherwise (the profile's ``slo.pass_confidence_floor`` is for the last look only, where the
+    sampling stops anyway)."""
+    metrics, _ = _step_metrics(records, profile.slo, level, pass_level, concurrency)
     out = {label: m["decision"] for label, m in metrics.items() if m.get("limit") is not None}
     errors, judged = error_rate(records)
     out["errors"] = judge_at_most(errors, judged, profile.slo.error_rate_max, level).decision if judged else C_PASS
@@ -212,7 +237,10 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     recs = obs.result.records
     ms = [(r, request_metrics(r)) for r in recs]
     good_recs = [(r, m) for r, m in ms if r.ok]
-    metrics, decisions = _step_metrics(recs, slo, conf, up)
+    # the floor PASS (slo.pass_confidence_floor) only at the step's last look, as latency/slo
+    at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")
+              or sampling.n >= sampling.plan.looks[-1])
+    metrics, decisions = _step_metrics(recs, slo, conf, up, obs.concurrency, at_end)
     n = len(recs)
     # the server's errors (RequestRecord.failed): a request cut by kvgate's own deadline (the step's time
     # bound) is censored, not an error, and is left out of the rate's denominator (load.sampling.error_rate)
@@ -347,6 +375,36 @@ def _failing_text(s: StepResult) -> str:
     return "; ".join(bad) or _step_text(s)
 
 
+def _dependence(m: dict[str, Any]) -> Dependence | None:
+    """The :class:`~kvgate.stats.dependence.Dependence` a metric's judgement dict states (TTFT/e2e), or None."""
+    d = m.get("dependence")
+    if not isinstance(d, dict):
+        return None
+    return Dependence(d["unit"], d["cluster"], d["n"], d.get("clusters"), d["measure"], d.get("value"),
+                      d["design_effect"], d["n_eff"], tuple(d.get("lag_autocorr") or ()))
+
+
+def dependence_text(s: StepResult) -> str:
+    """What a step's limited metrics were worth (unit, dependence measured, effective n):
+    ``TTFT: 72 requests, lag-1..4 autocorrelation in send order: sum 0.05 (0.00 beyond noise):
+    effective n 72.0; ITL: unit wave (send index // 4), ICC 0.10 ...`` -- "" when none is judged."""
+    bits = []
+    for label, m in s.metrics.items():
+        if m.get("limit") is None or label == "errors":
+            continue
+        dep = _dependence(m)
+        if dep is not None:
+            bits.append(f"{label}: {dep.text()}")
+        elif label == "ITL":
+            icc = m.get("icc")
+            neff = m.get("n_eff_gaps")
+            bits.append(f"ITL: {m.get('n', '?')} {m.get('unit', 'wave')}s (send index // {s.concurrency}), "
+                        "cluster bootstrap"
+                        + (f", ICC {icc:.2f}" if isinstance(icc, (int, float)) else "")
+                        + (f", effective n {neff:,.0f} gaps" if isinstance(neff, (int, float)) else ""))
+    return "; ".join(bits)
+
+
 def _undecided_text(s: StepResult | None) -> str:
     """The bounds of an undecided step's open metrics (``TTFT p95 ..., 95% bounds 700..1,400 ms ...``)
     and an error rate still open."""
@@ -405,6 +463,8 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
     shown = next((s for s in ordered if s.decision == C_FAIL), None)
     if shown is not None and bad is not None and shown is not bad:  # the search went on past an undecided step
         head += f"; first step shown to miss it: concurrency {shown.concurrency} (FAIL: {_failing_text(shown)})"
+    if at_knee is not None and (deps := dependence_text(at_knee)):
+        head += f"; at the knee judged at the effective n of its closed loop ({deps})"
     if at_knee is not None:
         head += (f"; at the knee goodput {at_knee.goodput_rps:.2f} req/s, throughput {at_knee.throughput_rps:.2f} req/s "
                  f"({at_knee.output_tokens_per_s:,.0f} output tokens/s)")
@@ -430,9 +490,14 @@ def capacity_verdict(steps: Sequence[StepResult], profile: Profile, search: dict
           "first_not_met": bad.concurrency if bad else None, "first_failed": shown.concurrency if shown else None,
           "causes": causes, "max_num_seqs": mns,
           "kv_pool_full_length_sequences": full_seqs, "kv_pool_workload_sequences": wl_seqs,
-          "confidence": profile.slo.confidence, "note": "the knee is the last step shown to meet the SLO below the first that was not; an "
-          "undecided step ends the knee, not the search (first_failed: the first step shown to miss); ITL p95 over pooled "
-          "gaps (vllm bench serve), bound by a cluster bootstrap over requests"}
+          "confidence": profile.slo.confidence,
+          "dependence": {str(s.concurrency): {label: m["dependence"] for label, m in s.metrics.items()
+                                              if isinstance(m.get("dependence"), dict)} for s in steps},
+          "note": "the knee is the last step shown to meet the SLO below the first that was not; an undecided step "
+          "ends the knee, not the search (first_failed: the first step shown to miss); TTFT/e2e judged per request at "
+          "the effective n of the step's closed loop (lag-1..concurrency autocorrelation in send order, as latency/slo); "
+          "ITL p95 over pooled gaps (vllm bench serve), bound by a cluster bootstrap over the step's waves "
+          "(send index // concurrency)"}
     if need is None:
         part = Verdict(f"{GATE}.supported peak", Status.SKIP, f"knee {knee} / margin {margin:g} = {supported}; "
                        "no slo.peak_concurrency declared", measured=supported, unit="requests")
@@ -485,5 +550,5 @@ def steps_csv(steps: Sequence[StepResult]) -> str:
     return buf.getvalue()
 
 
-__all__ = ["GATE", "METRICS", "StepResult", "capacity_verdict", "fit_capacity", "judge_step", "knee_of", "step_decisions",
+__all__ = ["GATE", "METRICS", "StepResult", "capacity_verdict", "dependence_text", "fit_capacity", "judge_step", "knee_of", "step_decisions",
            "limiting_causes", "min_samples", "need_of", "not_applicable", "step_invalid", "steps_csv"]

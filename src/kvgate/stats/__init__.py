@@ -58,11 +58,17 @@ class _Record(Protocol):  # what kvgate.load.RequestRecord provides
 
 
 def percentile(values: Iterable[float], q: float) -> float:
-    """The ``q``-th percentile (0-100, linear interpolation, numpy's default); NaN when empty."""
+    """The ``q``-th percentile (0-100, linear interpolation, numpy's default); NaN when empty;
+    +inf when it falls between two +inf values (failed requests counted as exceedances,
+    :func:`kvgate.load.sampling.with_failures`: numpy's interpolation would give NaN there)."""
     arr = np.asarray(list(values), dtype=float)
     if arr.size == 0:
         return math.nan
-    return float(np.percentile(arr, q))
+    with np.errstate(invalid="ignore"):  # inf - inf in the interpolation: answered below
+        v = float(np.percentile(arr, q))
+    if math.isnan(v) and not np.isnan(arr).any():
+        return math.inf
+    return v
 
 
 def distribution(values: Iterable[float], qs: Sequence[float] = (50, 95, 99), scale: float = 1.0) -> dict[str, Any]:
