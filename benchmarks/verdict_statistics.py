@@ -77,9 +77,12 @@ def jobs_for(cases: list[Case], runs: int, seed: int) -> list[tuple[str, str, st
     return [(c.name, d.key, t, min(runs, c.max_runs or runs), seed) for c in cases for d in c.designs for t in c.truths]
 
 
-def run_all(cases: list[Case], runs: int, seed: int, workers: int, truths: set[str] | None = None) -> list[dict[str, Any]]:
-    """Every (case, design, truth) cell (``truths``: only those), ``workers`` processes (1: in this process)."""
-    jobs = [j for j in jobs_for(cases, runs, seed) if truths is None or j[2] in truths]
+def run_all(cases: list[Case], runs: int, seed: int, workers: int, truths: set[str] | None = None,
+            designs: set[str] | None = None) -> list[dict[str, Any]]:
+    """Every (case, design, truth) cell (``truths``, ``designs`` -- design keys: only those),
+    ``workers`` processes (1: in this process)."""
+    jobs = [j for j in jobs_for(cases, runs, seed)
+            if (truths is None or j[2] in truths) and (designs is None or j[1] in designs)]
     # the costliest cells first, so the pool's last minutes are not one long cell
     slow = ("soak/memory", "soak/latency", "latency/slo ITL")
     jobs.sort(key=lambda j: (j[0] not in slow, j[2] not in ("limit", "1.5x")))
@@ -344,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="do not write docs/verdict-statistics.md; the results file (--results) is still written "
                          "(merged as below)")
     ap.add_argument("--truths", default="", help="comma-separated truth points to run (default: each case's all)")
+    ap.add_argument("--designs", default="", help="comma-separated design keys to run (iid, waves0.9, ar10.8, "
+                    "ar10.8+rhomaxnull, ...; default: each case's all)")
     ap.add_argument("--results", type=Path, default=RESULTS, metavar="PATH",
                     help="the results file read and written (default benchmarks/results/verdict_statistics-latest.json)")
     ap.add_argument("--render", action="store_true",
@@ -379,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     sha = commit()
     t0 = time.perf_counter()
     truths = {t.strip() for t in args.truths.split(",") if t.strip()} or None
-    results = run_all(cases, args.runs, args.seed, args.workers, truths)
+    designs = {d.strip() for d in args.designs.split(",") if d.strip()} or None
+    results = run_all(cases, args.runs, args.seed, args.workers, truths, designs)
     wall = time.perf_counter() - t0
     for r in results:
         r["commit"] = sha

@@ -49,6 +49,10 @@ class Design:
     #: no PASS below ``slo.confidence``). A floor lets a PASS of too few effective samples state a
     #: lower confidence: its wrong-PASS claim is then ``1 - floor``.
     floor: float | None = None
+    #: soak: the profile's ``soak.autocorrelation_max`` for this design; ``"profile"`` (default): as
+    #: the profile states it (smollm2-cpu: 0.5); None: the profile assumes nothing (the slopes allow for
+    #: what the residuals cannot rule out, up to ``kvgate.stats.RHO_MAX``).
+    soak_rho_max: float | None | str = "profile"
 
     @property
     def label(self) -> str:
@@ -60,11 +64,16 @@ class Design:
             out = f"AR(1) phi {self.param:g}"
         else:
             out = self.kind
+        if self.soak_rho_max != "profile":
+            out += (", soak.autocorrelation_max null (nothing assumed)" if self.soak_rho_max is None
+                    else f", soak.autocorrelation_max {self.soak_rho_max:g}")
         return out + (f", pass_confidence_floor {self.floor:g}" if self.floor is not None else "")
 
     @property
     def key(self) -> str:
         base = f"{self.kind}{self.param:g}" if self.kind in ("waves", "ar1") else self.kind
+        if self.soak_rho_max != "profile":
+            base += "+rhomax" + ("null" if self.soak_rho_max is None else f"{self.soak_rho_max:g}")
         return base + (f"+floor{self.floor:g}" if self.floor is not None else "")
 
     def latent(self, rng: np.random.Generator, n: int, wave: int = 4) -> np.ndarray:
@@ -93,6 +102,9 @@ WAVES_09 = Design("waves", 0.9)
 WAVES_10 = Design("waves", 1.0)
 AR_05 = Design("ar1", 0.5)
 AR_08 = Design("ar1", 0.8)
+#: AR(1) 0.8 rounds with the soak assuming nothing (``soak.autocorrelation_max`` null): what the
+#: slopes' intervals give where the profile does not state an assumption the rounds break.
+AR_08_NO_ASSUMPTION = Design("ar1", 0.8, soak_rho_max=None)
 #: Lock-step waves at ICC 1.0 judged under the floor smollm2-cpu ships (slo.pass_confidence_floor 0.6).
 WAVES_10_FLOOR = Design("waves", 1.0, floor=0.6)
 
@@ -168,5 +180,5 @@ def memoise_ranks() -> None:
                 setattr(mod, name, functools.lru_cache(maxsize=65536)(f))
 
 
-__all__ = ["AR_05", "AR_08", "Cell", "Design", "FAIL", "IID", "INCONCLUSIVE", "OTHER", "PASS", "SIGMA", "TRUTHS",
+__all__ = ["AR_05", "AR_08", "AR_08_NO_ASSUMPTION", "Cell", "Design", "FAIL", "IID", "INCONCLUSIVE", "OTHER", "PASS", "SIGMA", "TRUTHS",
            "WAVES_09", "WAVES_10", "WAVES_10_FLOOR", "Z95", "lognormal_ms", "mc_se", "memoise_ranks", "run_cell", "within"]

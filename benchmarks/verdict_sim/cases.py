@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from verdict_sim import (AR_05, AR_08, FAIL, IID, INCONCLUSIVE, PASS, WAVES_09, WAVES_10, WAVES_10_FLOOR, Design,
+from verdict_sim import (AR_05, AR_08, AR_08_NO_ASSUMPTION, FAIL, IID, INCONCLUSIVE, PASS, WAVES_09, WAVES_10, WAVES_10_FLOOR, Design,
                          lognormal_ms)
 
 #: How far the truth is from the limit, per truth point ("worse" direction; healthy: better).
@@ -292,7 +292,12 @@ def soak(part: str) -> Callable[[np.random.Generator, Design, str], str]:
     samplers = {"server-memory": {"source": "simulated process tree", "quantity": "PSS + swap", "reads": 1000,
                                   "last_error": None}}
 
+    specs: dict[Any, Any] = {}
+
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
+        # the design's soak.autocorrelation_max (default: the profile's own)
+        sp = spec if design.soak_rho_max == "profile" else specs.setdefault(
+            design.soak_rho_max, spec.model_copy(update={"autocorrelation_max": design.soak_rho_max}))
         f = 0.0 if truth == "healthy" else FACTOR[truth]
         mem_slope, lat_slope = (f * mem_c, 0.0) if part == "memory" else (0.0, f * lat_c)
         zm, zl = design.latent(rng, cap), design.latent(rng, cap)
@@ -313,9 +318,9 @@ def soak(part: str) -> Callable[[np.random.Generator, Design, str], str]:
 
         for k in range(planned):
             add(k)
-        while len(rows) < cap and undecided(result(), spec, prof):
+        while len(rows) < cap and undecided(result(), sp, prof):
             add(len(rows))
-        a = analyze(result(), spec)
+        a = analyze(result(), sp)
         return _status(memory_verdict(a) if part == "memory" else latency_verdict(a, prof))
 
     return one
@@ -592,10 +597,10 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("capacity", REQ_FLOOR, capacity, False,
          "1 - slo.confidence per side at the need step over its planned looks", "the need step's TTFT p95 at half the limit",
          decided_by="load.capacity.step_plan, gates.capacity.judge_step + capacity_verdict at every look"),
-    Case("soak/memory", (IID, AR_05, AR_08), lambda: soak("memory"), True,
+    Case("soak/memory", (IID, AR_05, AR_08, AR_08_NO_ASSUMPTION), lambda: soak("memory"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no growth (slope 0)",
          truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, decided_by=_SOAK),
-    Case("soak/latency", (IID, AR_05, AR_08), lambda: soak("latency"), True,
+    Case("soak/latency", (IID, AR_05, AR_08, AR_08_NO_ASSUMPTION), lambda: soak("latency"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no drift (slope 0)",
          truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, decided_by=_SOAK),
     Case("soak/gpu-memory", (IID,), soak_gpu, False,
