@@ -202,10 +202,12 @@ def test_a_16_kb_buffer_in_front_of_a_fast_server_fails_buffering_on_the_sized_p
     for api in ("completions", "chat"):
         g = gates[f"fake-vllm-cap/streaming/buffering/{api}"]
         assert g["status"] == "FAIL", g["message"]
+        # named by the flushes' one size, however long the holds: ~0.2 s apart on a quiet host (the old rule called
+        # that a late reader), 1.19 s once on a loaded CI host (the 3-ms fake slowed; the wording then said only
+        # "silence")
         assert re.search(r"content chunks arrived in \d+ bursts \(each within \d+ ms\), the \d+ before the last "
-                         r"1[56]\.\d-16\.\d KB each \(a buffer of ~16 KB flushed each time it filled\), 0\.\d\d s apart at "
-                         r"most", g["message"]), g["message"]
-        assert g["measured"]["value"] < 1.0  # held less than a second: the old rule called this a late reader
+                         r"1[56]\.\d-16\.\d KB each \(a buffer of ~16 KB flushed each time it filled\), \d+\.\d\d s apart "
+                         r"at most", g["message"]), g["message"]
     # the same probe read as generated PASSes: tests/test_gates_streaming.py (a healthy stream reads one event a time)
 
 

@@ -283,7 +283,7 @@ class Delivery:
         if self.bursts == 1:
             return (f"all {self.chunks} content chunks arrived within {_ms(self.widest_s)}, {self.first_s:.2f} s after "
                     "the request")
-        if self.fixed_pieces and self.held_s < BUFFER_MIN_HOLD_S:
+        if self.fixed_pieces:  # sized flushes name the buffer, however long a loaded host made the holds
             lo, hi = min(self.pieces) / 1024, max(self.pieces) / 1024
             return (f"{self.chunks} content chunks arrived in {self.bursts} bursts (each within {_ms(self.widest_s)}), "
                     f"the {len(self.pieces)} before the last {lo:.1f}-{hi:.1f} KB each (a buffer of ~{hi:.0f} KB "
