@@ -274,7 +274,11 @@ def test_knee_found_within_one_search_step_of_the_known_value(fake_search):
     trail = [(s.concurrency, s.decision, s.p95("TTFT")) for s in judged]
     # 16 x 0.02 s = 300 ms plus the client's overhead: 16 on a quiet host, 8 when a loaded one adds > 200 ms
     assert knee in (8, 16) and bad.concurrency == 2 * knee, trail
-    assert knee <= KNOWN_KNEE < bad.concurrency  # the known knee lies within the one step the search ended on
+    # the known knee lies between the knee and the first step shown to miss: the step after the knee may be
+    # undecided (CI 2026-12-06 under load: step 16 at TTFT p95 311 ms, effective n 17.5 of 96 -- the ladder goes
+    # on past it, and step 32 FAILs)
+    failed = next(s for s in judged if s.decision == "FAIL")
+    assert knee <= KNOWN_KNEE < failed.concurrency, trail
     # each step sampled in its planned looks from max(32, 2 x c) (32 can PASS at 80% when independent)
     assert judged[0].requests >= 32 and judged[-1].requests >= 2 * bad.concurrency, trail
     assert judged[0].p95("TTFT") < judged[1].p95("TTFT"), trail
@@ -291,15 +295,22 @@ def test_fake_peak_below_the_knee_passes_above_it_fails_naming_knee_and_cause(fa
     bad = capacity_verdict(judged, p.model_copy(update={"slo": p.slo.model_copy(update={"peak_concurrency": 32})}),
                            found.to_dict())
     assert bad.message.startswith(f"knee {knee} concurrent requests"), bad.message
+    failed = next((s for s in judged if s.decision == "FAIL"), None)
     if knee_of(judged)[1].decision == "UNDECIDED":
-        # a loaded host put the step after the knee at the limit: judged at the effective n of its lock-step
-        # waves it is undecided, and the need above it unmeasured -- INCONCLUSIVE naming the n that would decide
-        assert bad.status is Status.INCONCLUSIVE and "needs about" in bad.message, bad.message
-        return
-    assert bad.status is Status.FAIL, bad.message
-    assert f"first step not meeting the SLO: concurrency {first_bad} (FAIL: TTFT p95 " in bad.message
-    # the fake's TTFT rises with the requests running, none wait (max_num_seqs 256): prefill interference
-    assert "limiting cause: prefill interference: TTFT p95 " in bad.message, bad.message
+        # a loaded host left the step after the knee undecided (judged at the effective n of its closed loop);
+        # the ladder went on: a step shown to miss at or below the need (40) FAILs the peak, naming that step;
+        # none -- INCONCLUSIVE naming the n that would decide
+        if failed is None or failed.concurrency > 40:
+            assert bad.status is Status.INCONCLUSIVE and "needs about" in bad.message, bad.message
+            return
+        assert bad.status is Status.FAIL, bad.message
+        assert f"first step not meeting the SLO: concurrency {first_bad} (UNDECIDED: " in bad.message, bad.message
+        assert f"; first step shown to miss it: concurrency {failed.concurrency} (FAIL: TTFT p95 " in bad.message
+    else:
+        assert bad.status is Status.FAIL, bad.message
+        assert f"first step not meeting the SLO: concurrency {first_bad} (FAIL: TTFT p95 " in bad.message
+        # the fake's TTFT rises with the requests running, none wait (max_num_seqs 256): prefill interference
+        assert "limiting cause: prefill interference: TTFT p95 " in bad.message, bad.message
     assert bad.message.endswith(f"declared peak 32 x margin 1.25 = 40 > knee {knee} -> FAIL")
     assert_passes_measured(ok)  # a PASS rests on evidence or a measured value (tests/test_passes_measured.py)
 
