@@ -54,7 +54,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, judge, min_samples_to_pass
+from kvgate.stats.confidence import FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, min_samples_to_pass
 from kvgate.load.sampling import error_rate, slo_levels, slo_samples
 from kvgate.stats.proportion import judge_at_most
 from kvgate.stats.cluster import judge_pooled
@@ -375,15 +375,6 @@ def _failing_text(s: StepResult) -> str:
     return "; ".join(bad) or _step_text(s)
 
 
-def _dependence(m: dict[str, Any]) -> Dependence | None:
-    """The :class:`~kvgate.stats.dependence.Dependence` a metric's judgement dict states (TTFT/e2e), or None."""
-    d = m.get("dependence")
-    if not isinstance(d, dict):
-        return None
-    return Dependence(d["unit"], d["cluster"], d["n"], d.get("clusters"), d["measure"], d.get("value"),
-                      d["design_effect"], d["n_eff"], tuple(d.get("lag_autocorr") or ()))
-
-
 def dependence_text(s: StepResult) -> str:
     """What a step's limited metrics were worth (unit, dependence measured, effective n):
     ``TTFT: 72 requests, lag-1..4 autocorrelation in send order: sum 0.05 (0.00 beyond noise):
@@ -392,7 +383,8 @@ def dependence_text(s: StepResult) -> str:
     for label, m in s.metrics.items():
         if m.get("limit") is None or label == "errors":
             continue
-        dep = _dependence(m)
+        d = m.get("dependence")
+        dep = Dependence.from_dict(d) if isinstance(d, dict) else None
         if dep is not None:
             bits.append(f"{label}: {dep.text()}")
         elif label == "ITL":

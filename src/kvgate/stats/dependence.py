@@ -123,6 +123,13 @@ class Dependence:
             return f"{self.n:,} {self.unit}s, {self.measure}: {val}: effective n {self.n_eff:,.1f}"
         return (f"{self.n:,} {self.unit}s{where}, {self.measure} {val}: effective n {self.n_eff:,.1f}")
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Dependence":
+        """The :class:`Dependence` a :meth:`to_dict` wrote (a step's evidence read back); raises
+        KeyError when a field it needs is missing."""
+        return cls(d["unit"], d["cluster"], d["n"], d.get("clusters"), d["measure"], d.get("value"),
+                   d["design_effect"], d["n_eff"], tuple(d.get("lag_autocorr") or ()))
+
     def to_dict(self) -> dict[str, Any]:
         out = {"unit": self.unit, "cluster": self.cluster, "n": self.n, "clusters": self.clusters,
                "measure": self.measure, "value": self.value, "design_effect": self.design_effect,
