@@ -232,8 +232,8 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     (PASS side at the plan's PASS level), as its looks were; else at ``slo.confidence``."""
     slo = profile.slo
     sampling = getattr(obs, "sampling", None)
-    conf = sampling.plan.per_look if sampling is not None else slo.confidence
-    up = sampling.plan.pass_level if sampling is not None else None
+    conf = sampling.plan.per_look if sampling is not None else profile.verdicts.fail_confidence(slo.confidence)
+    up = sampling.plan.pass_level if sampling is not None else slo.confidence
     recs = obs.result.records
     ms = [(r, request_metrics(r)) for r in recs]
     good_recs = [(r, m) for r, m in ms if r.ok]

@@ -442,10 +442,12 @@ def sampling_text(sampling: Sampling | None, unit: str = "requests", source_n: i
            "source": (f"the traffic sample had only {source_n:,} requests" if source_n is not None
                       else "a batch ran into its deadline")}.get(sampling.why_stopped, sampling.why_stopped or "?")
     k, c = len(p.looks), f"{p.confidence * 100:.4g}%"
+    cf = c if p.fail_confidence is None else (f"{p.fail_confidence * 100:.4g}% (the run's false-alarm budget "
+                                              f"share, verdicts.false_alarm_budget)")
     levels = (f"each at {p.per_look * 100:.4g}%: {c} over {k} look{'s' if k != 1 else ''}"
               if p.per_look_pass is None or p.per_look_pass == p.per_look else
-              f"a FAIL at {p.per_look * 100:.4g}% each: {c} over {k} looks; a PASS at {p.per_look_pass * 100:.4g}%: "
-              f"{c} over the {p.pass_looks} that can PASS")
+              f"a FAIL at {p.per_look * 100:.4g}% each: {cf} over {k} look{'s' if k != 1 else ''}; a PASS at "
+              f"{p.per_look_pass * 100:.4g}%: {c} over the {p.pass_looks} that can PASS")
     if floor_used is not None:  # the PASS level actually used, not the plan's
         levels += (f"; this PASS taken at the {floor_used * 100:.4g}% floor instead (slo.pass_confidence_floor: "
                    f"too few independent samples for {(p.per_look_pass or p.per_look) * 100:.4g}%)")
@@ -505,8 +507,8 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     t = obs.traffic
     recs = obs.result.records
     sampling = obs.sampling
-    level = sampling.plan.per_look if sampling is not None else slo.confidence
-    up = sampling.plan.pass_level if sampling is not None else None
+    level = sampling.plan.per_look if sampling is not None else profile.verdicts.fail_confidence(slo.confidence)
+    up = sampling.plan.pass_level if sampling is not None else slo.confidence
     judged = judge_slo(recs, slo, level, up)
     # TTFT and e2e (one value per request) of the closed loop at the effective n of the requests in send
     # order (lag-1..c autocorrelation), as the sampling loop judged them; the profile's lower PASS level only
@@ -685,8 +687,9 @@ def _interference_verdict(alone: LoadObservation, mixed: LoadObservation, profil
             f"{ex.get('long_prompt_tokens', 0):,}-token prefills run ({ratio:.1f}x)") if pa and pm else \
         f"short-request TTFT p95 alone {pa}, mixed {pm}"
     sampling = mixed.sampling
-    level = sampling.plan.per_look if sampling is not None else profile.slo.confidence
-    up = sampling.plan.pass_level if sampling is not None else None
+    level = (sampling.plan.per_look if sampling is not None
+             else profile.verdicts.fail_confidence(profile.slo.confidence))
+    up = sampling.plan.pass_level if sampling is not None else profile.slo.confidence
     # judged at the effective n of the waves (ICC within waves), as the sampling loop judged it; the
     # profile's lower PASS level only once sampling is over (cap, time bound, one fixed run)
     at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")

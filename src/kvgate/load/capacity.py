@@ -170,8 +170,11 @@ def step_plan(profile: Profile, n: int, deadline_s: float) -> LookPlan:
     """A step's planned looks (F1): the first at ``n`` requests (:func:`requests_for`), then up to
     ``max(n, slo.request_cap)`` (:func:`~kvgate.stats.confidence.plan_looks` at p95 and
     ``slo.confidence``, ``split``: the FAIL side Bonferroni over every look, the PASS side over the
-    looks that can PASS), bounded by the step's ``deadline_s`` (what the search has left)."""
-    return plan_looks(n, max(n, profile.slo.request_cap), Q, profile.slo.confidence, max_s=deadline_s, split=True)
+    looks that can PASS), bounded by the step's ``deadline_s`` (what the search has left); the FAIL
+    side at the family's share of the run's false-alarm budget (``verdicts.false_alarm_budget``)."""
+    c = profile.slo.confidence
+    return plan_looks(n, max(n, profile.slo.request_cap), Q, c, max_s=deadline_s, split=True,
+                      fail_confidence=profile.verdicts.fail_confidence(c))
 
 
 def run_step(client: KvClient, endpoint: Endpoint, profile: Profile, concurrency: int, n: int,

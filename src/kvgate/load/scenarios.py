@@ -283,9 +283,11 @@ def latency_plan(profile: Profile) -> LookPlan:
     ``slo.request_cap`` (:func:`~kvgate.stats.confidence.plan_looks` at p95 and ``slo.confidence``,
     bounded by ``slo.max_duration_s``), the PASS side corrected over the looks that can PASS only
     (``split``): 32 up to 256 -> 32/80/160/256, a healthy deployment PASSes at 80 requests (86
-    with one level for both sides)."""
+    with one level for both sides). The FAIL side at the family's share of the run's false-alarm
+    budget (``verdicts.false_alarm_budget``; :meth:`~kvgate.profile.models.VerdictsSpec.fail_confidence`)."""
     slo = profile.slo
-    return plan_looks(slo.requests, slo.request_cap, Q, slo.confidence, max_s=slo.max_duration_s, split=True)
+    return plan_looks(slo.requests, slo.request_cap, Q, slo.confidence, max_s=slo.max_duration_s, split=True,
+                      fail_confidence=profile.verdicts.fail_confidence(slo.confidence))
 
 
 def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline_s: float = 300.0,
@@ -589,20 +591,24 @@ def interference_plan(profile: Profile, waves: int = 4, shorts_per_wave: int = 4
 
     Why not more looks by default: a wave costs ~3.3 s on the embedded smollm2-cpu server (2 fresh
     384-token prefills and 4 short ones, 2 cores), and a PASS-capable look beyond the first
-    splits the PASS error too (16/72/144: PASS from 18 waves, ~10 s more on every healthy run)."""
+    splits the PASS error too (16/72/144: PASS from 18 waves, ~10 s more on every healthy run).
+
+    The FAIL side at the family's share of the run's false-alarm budget
+    (``verdicts.false_alarm_budget``; :meth:`~kvgate.profile.models.VerdictsSpec.fail_confidence`)."""
     first = waves * shorts_per_wave
     conf, max_s = profile.slo.confidence, profile.slo.max_duration_s
+    fc = profile.verdicts.fail_confidence(conf)
     if profile.slo.short_ttft_p95_ms is None:
-        return plan_looks(first, first, Q, conf, max_s=max_s)
+        return plan_looks(first, first, Q, conf, max_s=max_s, fail_confidence=fc)
 
     def whole(n: int) -> int:
         return -(-n // shorts_per_wave) * shorts_per_wave
 
     if max_waves is None:
         one = max(first, whole(min_samples_to_pass(Q, conf)))
-        return split_levels(sorted({first, one}), Q, conf, max_s=max_s)
+        return split_levels(sorted({first, one}), Q, conf, max_s=max_s, fail_confidence=fc)
     p = plan_looks(first, max(first, max_waves * shorts_per_wave), Q, conf, max_s=max_s, split=True)
-    return split_levels(sorted({whole(n) for n in p.looks}), Q, conf, max_s=max_s)
+    return split_levels(sorted({whole(n) for n in p.looks}), Q, conf, max_s=max_s, fail_confidence=fc)
 
 
 def run_interference(client: KvClient, endpoint: Endpoint, profile: Profile, waves: int = 4,

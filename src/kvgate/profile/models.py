@@ -23,6 +23,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kvgate.stats.confidence import budget_level
+
 #: Profiles shipped with kvgate live at the repository root, beside ``src/``.
 DEFAULT_PROFILE_DIR = Path(__file__).resolve().parents[3] / "profiles"
 
@@ -1177,6 +1179,33 @@ class SecuritySpec(_Strict):
         return self
 
 
+class VerdictsSpec(_Strict):
+    """The run's false-alarm budget: the chance that a deployment sitting exactly on every limit
+    gets any statistical FAIL in one run. It is split equally (Bonferroni) over the fixed list of
+    statistical verdict families, :attr:`FAMILIES` -- the same split whatever ``-m`` selects, so a
+    verdict never depends on what else ran -- and each family's FAIL side is judged at
+    ``1 - budget / len(FAMILIES)`` (:func:`kvgate.stats.confidence.budget_level`), never below its
+    own confidence. The PASS side (a wrong PASS is not a false alarm) keeps the family's own level."""
+
+    #: The statistical verdict families a run may hold (docs/verdict-statistics.md): each can FAIL
+    #: a healthy deployment on its limit by chance. latency/slo's TTFT, ITL, e2e and error rate are
+    #: one family (corrected over its metrics inside it).
+    FAMILIES: ClassVar[tuple[str, ...]] = (
+        "latency/slo", "latency/interference", "capacity", "soak/memory", "soak/latency", "answers/accuracy",
+        "compare/latency", "pools/isolation", "priority")
+
+    false_alarm_budget: float | None = Field(
+        default=None, gt=0, lt=0.5, description="[fraction] the chance a deployment on every limit gets any "
+        "statistical FAIL in one run, split equally over the 9 statistical verdict families (each FAIL side at "
+        "1 - budget/9, never below its own confidence); null: each family at its own confidence (a run may then "
+        "see up to the sum of their 1 - confidence)")
+
+    def fail_confidence(self, own: float) -> float:
+        """The FAIL side's overall level of a family whose own level is ``own`` (a fraction):
+        ``max(own, 1 - false_alarm_budget / len(FAMILIES))``; ``own`` when no budget is set."""
+        return budget_level(own, self.false_alarm_budget, len(self.FAMILIES))
+
+
 class Profile(_Strict):
     """A whole deployment profile. ``name`` defaults to the file stem; ``source`` is the file read."""
 
@@ -1221,6 +1250,8 @@ class Profile(_Strict):
                                    "parameters, media URLs, secrets in answers, a flood at the door")
     api: ApiSpec = Field(default_factory=ApiSpec, description="the api gate: checks of the Responses/Messages APIs "
                          "and SDK-validated shapes the engine is known to break, accepted with a reason")
+    verdicts: VerdictsSpec = Field(default_factory=VerdictsSpec, description="the run's false-alarm budget: the "
+                                   "statistical FAILs' level, allocated over the verdict families")
 
     @model_validator(mode="after")
     def _features(self) -> "Profile":

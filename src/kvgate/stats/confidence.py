@@ -35,6 +35,7 @@ correlated within a request, so an ITL bound from them is optimistic (gates that
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -222,6 +223,21 @@ def family_level(confidence: float, m: int) -> float:
     return confidence if m < 2 else 1.0 - (1.0 - confidence) / m
 
 
+def budget_level(confidence: float, budget: float | None, families: int) -> float:
+    """The FAIL side's level of one statistical family when a run's false-alarm ``budget`` (the
+    chance that a deployment sitting on every limit gets any statistical FAIL in the run) is split
+    equally over ``families`` families (Bonferroni: ``1 - budget / families``), never below the
+    family's own ``confidence``; ``budget`` None: ``confidence`` (nothing allocated). Numbers:
+    budget 0.01 over 9 families -> 0.99889 (a FAIL at 99.89%, where 95% alone allows 5%). The
+    PASS side is not a false alarm and keeps ``confidence``. Raises ValueError on ``budget`` outside
+    (0, 1) or ``families`` < 1."""
+    if budget is None:
+        return confidence
+    if not 0.0 < budget < 1.0 or families < 1:
+        raise ValueError(f"budget must be in (0, 1) and families >= 1, got {budget}, {families}")
+    return max(confidence, 1.0 - budget / families)
+
+
 def decide(lower: float | None, upper: float | None, limit: float) -> str:
     """The three-outcome rule every bound-based verdict uses: PASS when the ``upper`` bound is within
     ``limit``, FAIL when the ``lower`` bound is above it, otherwise (a bound missing, or the two
@@ -249,7 +265,9 @@ class LookPlan:
     judged at ``per_look`` = ``1 - (1 - confidence) / len(looks)``; ``max_s``: wall-time bound of the
     whole sampling (seconds; None = unbounded, for synthetic tests). ``per_look_pass``: the PASS
     side's level when the errors are spent apart (:func:`split_levels`: Bonferroni over the
-    ``pass_looks`` looks that can PASS), else None (both sides at ``per_look``)."""
+    ``pass_looks`` looks that can PASS), else None (both sides at ``per_look``). ``fail_confidence``:
+    the FAIL side's overall level when a run's false-alarm budget sets it above ``confidence``
+    (:func:`budget_level`; ``per_look`` is then ``1 - (1 - fail_confidence) / len(looks)``), else None."""
 
     looks: tuple[int, ...]
     confidence: float
@@ -257,6 +275,7 @@ class LookPlan:
     max_s: float | None = None
     per_look_pass: float | None = None
     pass_looks: int | None = None
+    fail_confidence: float | None = None
 
     @property
     def pass_level(self) -> float:
@@ -271,46 +290,67 @@ class LookPlan:
             out["pass_looks"] = self.pass_looks
             out["correction"] = ("Bonferroni over the planned looks for a FAIL, over the looks that can PASS "
                                  "for a PASS")
+        if self.fail_confidence is not None:
+            out["fail_confidence"] = self.fail_confidence
+            out["correction"] += " (the FAIL side at the run's false-alarm budget share)"
         return out
 
 
 def split_levels(looks: Sequence[int], q: float, confidence: float = DEFAULT_CONFIDENCE,
-                 max_s: float | None = None) -> LookPlan:
+                 max_s: float | None = None, fail_confidence: float | None = None) -> LookPlan:
     """``looks`` with the two errors spent apart: every look's lower bound (FAIL) at ``1 - (1 - c)
     / K`` for its ``K`` looks; the upper bound (PASS) at ``1 - (1 - c) / K_pass``, ``K_pass`` the
     looks at least :func:`min_samples_to_pass` at that level -- the smallest ``K_pass`` for which
     between 1 and ``K_pass`` looks are that large (a look smaller cannot PASS at all: it spends no
     PASS error). No look large enough at any ``K_pass``: both sides at ``1 - (1 - c) / K``.
     Numbers (p95, 95%): 16/60 -> FAIL at 97.5%, PASS at 95% (one look can PASS: 60 >= 59);
-    32/80/160/256 -> FAIL at 98.75%, PASS at 98.33% (three looks >= 80). Raises ValueError on
-    empty or non-ascending ``looks``."""
+    32/80/160/256 -> FAIL at 98.75%, PASS at 98.33% (three looks >= 80). ``fail_confidence`` (a
+    run's false-alarm budget share, :func:`budget_level`; None: ``confidence``): the FAIL side's
+    overall level instead of ``confidence`` -- 16/60 at 0.99889 -> FAIL at 99.94%, PASS at 95%.
+    Raises ValueError on empty or non-ascending ``looks``."""
     ns = tuple(int(n) for n in looks)
     if not ns or ns[0] < 1 or any(b <= a for a, b in zip(ns, ns[1:])):
         raise ValueError(f"looks must be ascending sample sizes >= 1, got {list(looks)}")
+    fc = None if fail_confidence is None or fail_confidence <= confidence else fail_confidence
     alpha, k = 1 - confidence, len(ns)
-    per = 1 - alpha / k
+    per = 1 - (1 - (confidence if fc is None else fc)) / k
     for k_pass in range(1, k + 1):
         level = 1 - alpha / k_pass
         can = sum(1 for n in ns if n >= min_samples_to_pass(q, level))
         if 1 <= can <= k_pass:
-            return LookPlan(ns, confidence, per, max_s, per_look_pass=level, pass_looks=k_pass)
-    return LookPlan(ns, confidence, per, max_s)
+            return LookPlan(ns, confidence, per, max_s, per_look_pass=level, pass_looks=k_pass, fail_confidence=fc)
+    if fc is None:
+        return LookPlan(ns, confidence, per, max_s)
+    return LookPlan(ns, confidence, per, max_s, per_look_pass=1 - alpha / k, pass_looks=k, fail_confidence=fc)
 
 
 def plan_looks(first: int, cap: int, q: float, confidence: float = DEFAULT_CONFIDENCE, max_looks: int = 4,
-               max_s: float | None = None, split: bool = False) -> LookPlan:
+               max_s: float | None = None, split: bool = False, fail_confidence: float | None = None) -> LookPlan:
     """Looks from ``first`` samples up to ``cap``: the first at ``first``; then the smallest size at
     which a PASS with no exceedance is possible at the per-look level (when above ``first``);
     then doubling; always ending at ``cap``; at most ``max_looks`` (``max_looks`` 1: one look, at
     ``cap``). ``first >= cap`` gives one look at ``first``. ``split``: the PASS side corrected
     over the looks that can PASS only (:func:`split_levels`; the second look at the smallest size
     that can PASS at that level): 32 up to 256 at p95/95% -> 32/80/160/256, PASS from 80, not 86.
-    Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
+    ``fail_confidence`` (a run's false-alarm budget share, :func:`budget_level`; None or at most
+    ``confidence``: ``confidence``): the FAIL side's overall level; the looks are planned for the
+    PASS side as without it. Raises ValueError on ``first < 1`` or ``max_looks < 1``."""
     if first < 1 or max_looks < 1:
         raise ValueError(f"first and max_looks must be >= 1, got {first}, {max_looks}")
     cap = max(cap, first)
     if split:
-        return _split_plan(first, cap, q, confidence, max_looks, max_s)
+        return _split_plan(first, cap, q, confidence, max_looks, max_s, fail_confidence)
+    plan = _plan_one_level(first, cap, q, confidence, max_looks, max_s)
+    if fail_confidence is None or fail_confidence <= confidence:
+        return plan
+    k = len(plan.looks)
+    return dataclasses.replace(plan, per_look=1 - (1 - fail_confidence) / k, per_look_pass=plan.per_look,
+                               pass_looks=k, fail_confidence=fail_confidence)
+
+
+def _plan_one_level(first: int, cap: int, q: float, confidence: float, max_looks: int,
+                    max_s: float | None) -> LookPlan:
+    """:func:`plan_looks` without ``split``: both sides at ``1 - (1 - confidence) / K``."""
     k, best = 1, None
     for _ in range(2 * max_looks + 2):
         per = 1 - (1 - confidence) / k
@@ -350,7 +390,8 @@ def _looks(first: int, cap: int, need: int, max_looks: int) -> list[int]:
     return sorted(set(looks))
 
 
-def _split_plan(first: int, cap: int, q: float, confidence: float, max_looks: int, max_s: float | None) -> LookPlan:
+def _split_plan(first: int, cap: int, q: float, confidence: float, max_looks: int, max_s: float | None,
+                fail_confidence: float | None = None) -> LookPlan:
     """:func:`plan_looks` with ``split``: for ``K_pass`` = 1, 2, ...: looks with the second at the
     smallest size that can PASS at ``1 - (1 - c) / K_pass``; the first whose looks that large
     number between 1 and ``K_pass`` (:func:`split_levels` then gives that level)."""
@@ -358,8 +399,8 @@ def _split_plan(first: int, cap: int, q: float, confidence: float, max_looks: in
         need = min_samples_to_pass(q, 1 - (1 - confidence) / k_pass)
         looks = _looks(first, cap, need, max_looks)
         if 1 <= sum(1 for n in looks if n >= need) <= k_pass:
-            return split_levels(looks, q, confidence, max_s)
-    return split_levels(_looks(first, cap, first, max_looks), q, confidence, max_s)
+            return split_levels(looks, q, confidence, max_s, fail_confidence)
+    return split_levels(_looks(first, cap, first, max_looks), q, confidence, max_s, fail_confidence)
 
 
 @dataclass
@@ -419,7 +460,8 @@ def sample_until_decided(plan: LookPlan, take: Callable[[int, float | None], int
 
 
 __all__ = [
-    "DEFAULT_CONFIDENCE", "FAIL", "Judgement", "LookPlan", "PASS", "PercentileBound", "Sampling", "UNDECIDED", "decide", "bound",
+    "DEFAULT_CONFIDENCE", "FAIL", "Judgement", "LookPlan", "PASS", "PercentileBound", "Sampling", "UNDECIDED", "budget_level",
+    "decide", "bound",
     "family_level", "judge", "lower_rank", "max_exceedances", "min_samples_to_pass", "plan_looks", "sample_until_decided",
     "split_levels", "upper_rank",
 ]
