@@ -223,7 +223,8 @@ def check_accuracy(request, client, profile, collected) -> Verdict:
     for it, a in zip(items, asked):
         collected.add(f"accuracy/{it.id}", a)
     rows = scored(items, [a.text if a.ok else None for a in asked])
-    return _judged(request, lambda s: accuracy_verdict(profile.answers, rows, path.name, suspects=s))
+    fc = profile.verdicts.fail_confidence(acc.confidence)  # the FAIL side at the run's false-alarm budget share
+    return _judged(request, lambda s: accuracy_verdict(profile.answers, rows, path.name, suspects=s, fail_confidence=fc))
 
 
 def check_accuracy_lm_eval(request, client, profile, collected) -> Verdict:
@@ -237,7 +238,8 @@ def check_accuracy_lm_eval(request, client, profile, collected) -> Verdict:
     for s in outcome.samples:
         if s.get("generated"):  # a generated text (not a multiple choice's loglikelihoods)
             collected.add_text(f"accuracy/{s.get('id')}", s["answer"])
-    return _judged(request, lambda s: lm_eval_verdict(profile.answers, outcome, suspects=s))
+    fc = profile.verdicts.fail_confidence(acc.confidence)  # the FAIL side at the run's false-alarm budget share
+    return _judged(request, lambda s: lm_eval_verdict(profile.answers, outcome, suspects=s, fail_confidence=fc))
 
 
 def check_multibyte(request, client, profile, collected) -> Verdict:

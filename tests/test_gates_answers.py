@@ -329,6 +329,34 @@ def test_accuracy_the_embedded_default_passes_its_profile_at_the_accuracy_it_mea
     assert accuracy_verdict(prof.answers, rows(26, 65), "t").status is Status.FAIL
 
 
+BUDGET_FC = 1 - 0.01 / 9  # verdicts.false_alarm_budget 0.01 over the 9 families: the FAIL side at 99.89%
+
+
+def test_accuracy_fail_side_at_the_false_alarm_budget_share():
+    # 28 of 65 against a 55% floor: the 95% upper bound 54.0% FAILs; at the budget's 99.89% it is 62.5%: undecided
+    floor, at = acc_spec(min_accuracy=0.55), rows(28, 65)
+    assert accuracy_verdict(floor, at, "t").status is Status.FAIL
+    v = accuracy_verdict(floor, at, "t", fail_confidence=BUDGET_FC)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "bounds 32.6% (95% one-sided lower)..62.5% (99.89% one-sided upper) straddle 55.0%" in v.message
+    assert v.evidence["fail_confidence"] == BUDGET_FC and v.evidence["decision"]["fail_confidence"] == BUDGET_FC
+    clear = accuracy_verdict(floor, rows(15, 65), "t", fail_confidence=BUDGET_FC)  # 23%: well under half the floor
+    assert clear.status is Status.FAIL and "99.89% one-sided upper bound 42.0% < 55.0%" in clear.message
+    ok = accuracy_verdict(floor, rows(47, 65), "t")  # the PASS side keeps accuracy.confidence: the same verdict
+    assert accuracy_verdict(floor, rows(47, 65), "t", fail_confidence=BUDGET_FC).message == ok.message
+    # the non-inferiority test against the recorded run: its upper bound at the budget's level
+    rec = acc_spec(recorded_correct=47, recorded_items=65)
+    assert accuracy_verdict(rec, rows(30, 65), "t").status is Status.FAIL  # upper bound -12.0 < -5.8 points
+    v = accuracy_verdict(rec, rows(30, 65), "t", fail_confidence=BUDGET_FC)
+    assert v.status is Status.INCONCLUSIVE and "-38.9 (95% one-sided lower)..+0.1 (99.89% one-sided upper)" in v.message
+    bad = accuracy_verdict(rec, rows(15, 65), "t", fail_confidence=BUDGET_FC)
+    assert bad.status is Status.FAIL and "99.89% one-sided upper bound -22.6 < -5.8 points" in bad.message
+    assert accuracy_verdict(rec, rows(60, 65), "t", fail_confidence=BUDGET_FC).message == \
+        accuracy_verdict(rec, rows(60, 65), "t").message
+    # no budget (fail_confidence None or the own level): byte-for-byte the old verdict
+    assert accuracy_verdict(floor, at, "t", fail_confidence=0.95) == accuracy_verdict(floor, at, "t")
+
+
 def test_accuracy_without_a_limit_skips_and_mostly_unanswered_is_invalid():
     assert accuracy_verdict(acc_spec(), rows(5, 10), "t").status is Status.SKIP
     half = [{**r, "answered": i > 5, "correct": False} for i, r in enumerate(rows(0, 10))]

@@ -58,6 +58,31 @@ def test_accuracy_floor_and_non_inferiority_both_ways():
     assert judge_not_worse(20, 65, 47, 65, 0.058).decision == "FAIL"
 
 
+def test_proportions_judge_the_fail_side_at_a_level_of_its_own():
+    fc = 1 - 0.01 / 9  # a 1% false-alarm budget over 9 families
+    assert judge_at_most(9, 80, 0.05).decision == "FAIL"  # 95% lower bound 6.0% > 5%
+    two = judge_at_most(9, 80, 0.05, 0.95, fc)  # 99.89% lower bound 3.2%: not shown above 5%
+    assert two.decision == "UNDECIDED" and two.upper == judge_at_most(9, 80, 0.05).upper
+    assert "bounds 3.2% (99.89% lower)..18.8% (95% upper) straddle 5.0%" in two.text("error rate")
+    assert two.to_dict()["fail_confidence"] == fc and two.fail_level == fc
+    assert judge_at_most(20, 80, 0.05, 0.95, fc).text("error rate").endswith("99.89% lower bound 12.09% > 5.0% -> FAIL")
+    assert judge_at_most(0, 80, 0.05, 0.95, fc).text("error rate") == judge_at_most(0, 80, 0.05).text("error rate")
+    assert judge_at_most(9, 80, 0.05, 0.95, 0.95) == judge_at_most(9, 80, 0.05)  # the same level: as before
+    assert "fail_confidence" not in judge_at_most(9, 80, 0.05).to_dict()
+    assert (judge_at_least(28, 65, 0.55).decision, judge_at_least(28, 65, 0.55, 0.95, fc).decision) == ("FAIL", "UNDECIDED")
+    assert judge_at_least(15, 65, 0.55, 0.95, fc).decision == "FAIL"
+    assert judge_at_least(47, 65, 0.55, 0.95, fc).lower == judge_at_least(47, 65, 0.55).lower  # PASS side unchanged
+    m = 0.08 * 47 / 65
+    assert (judge_not_worse(30, 65, 47, 65, m).decision, judge_not_worse(30, 65, 47, 65, m, 0.95, fc).decision) == \
+        ("FAIL", "UNDECIDED")
+    assert judge_not_worse(15, 65, 47, 65, m, 0.95, fc).decision == "FAIL"
+    assert judge_not_worse(30, 65, 47, 65, m, 0.95, fc).low == judge_not_worse(30, 65, 47, 65, m).low
+    # at the ceiling (true 5%, 200 requests, 2,000 runs): wrong FAIL 0.0% at the budget's level (4.5% at 95%)
+    ks = np.random.default_rng(10).binomial(200, 0.05, 2000)
+    assert sum(judge_at_most(int(k), 200, 0.05, 0.95, fc).decision == "FAIL" for k in ks) / 2000 <= \
+        (1 - fc) + 3 * math.sqrt((1 - fc) * fc / 2000)
+
+
 def test_accuracy_floor_at_the_limit_passes_wrongly_within_its_rate():
     # true accuracy exactly at min_accuracy 0.6, 50 items, 400 runs: measured wrong PASS 2.0%, wrong FAIL 4.0%
     # (the point-estimate rule it replaced: 29% at a true 0.55, review F9); FAILs a true 0.35 in 96%

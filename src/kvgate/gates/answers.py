@@ -200,7 +200,7 @@ def golden_verdict(answers: AnswersSpec, obs: list[GoldenObservation], near_tie:
 
 
 def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: str,
-                     suspects: Suspects | None = None) -> Verdict:
+                     suspects: Suspects | None = None, fail_confidence: float | None = None) -> Verdict:
     """The accuracy case: ``rows`` from :func:`kvgate.answers.task.scored`; items are the unit
     (``n`` items, ``k`` right; an item not answered counts as wrong). Decided on bounds, never on
     the point (:mod:`kvgate.stats.proportion`, each bound one-sided at ``accuracy.confidence``;
@@ -214,7 +214,13 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
       below it, else INCONCLUSIVE. ``limit`` (reported) = recorded x (1 - tolerance).
 
     INVALID when more than half were not answered (the task measured the transport, not the
-    model). ``suspects``: the cause of a FAIL or INCONCLUSIVE (sampling, rendering)."""
+    model). ``suspects``: the cause of a FAIL or INCONCLUSIVE (sampling, rendering).
+    ``fail_confidence``: the level of the bound that can FAIL (the Clopper-Pearson upper bound, the
+    difference's upper bound) -- the family's share of the run's false-alarm budget,
+    ``profile.verdicts.fail_confidence(accuracy.confidence)``
+    (:meth:`~kvgate.profile.models.VerdictsSpec.fail_confidence`); None: ``accuracy.confidence``.
+    The PASS side stays at ``accuracy.confidence``; the texts name each side's level and the
+    evidence records ``fail_confidence`` when it differs."""
     gate = f"{GATE}/accuracy"
     a = answers.accuracy
     assert a is not None
@@ -230,39 +236,47 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
     head = f"{k} of {n} items right on {source}: accuracy {acc:.1%} ({conf} CI {lo:.1%}..{hi:.1%})"
     if n == 0 or unanswered * 2 > n:
         return Verdict(gate, Status.INVALID, f"{head}; {unanswered} not answered -> INVALID", evidence=ev)
+    fc = None if fail_confidence is None or fail_confidence == a.confidence else fail_confidence
+    if fc is not None:
+        ev["fail_confidence"] = fc
     ni = None
     recorded = None
     if a.recorded_correct is not None and a.recorded_items:
         k0, n0 = a.recorded_correct, a.recorded_items
         d, dlo, dhi = difference_interval(k, n, k0, n0, a.confidence)
         recorded = k0 / n0
-        ni = judge_not_worse(k, n, k0, n0, a.tolerance * recorded, a.confidence)
+        ni = judge_not_worse(k, n, k0, n0, a.tolerance * recorded, a.confidence, fc)
         ev["recorded"] = {"correct": k0, "items": n0, "difference": round(d, 4),
                           "difference_interval": [round(dlo, 4), round(dhi, 4)], "non_inferiority": ni.to_dict()}
         head += f"; vs recorded {k0}/{n0} ({recorded:.1%}): {d * 100:+.1f} points ({conf} CI {dlo * 100:+.1f}..{dhi * 100:+.1f})"
     one = f"{conf} one-sided"
+    # the FAIL side's level (the budget share) named where it differs: a FAIL's bound, and an undecided pair
+    one_fail = one if fc is None else f"{fc * 100:.4g}% one-sided"
     if a.min_accuracy is not None:
         if recorded is not None:  # min_accuracy decides: the comparison above is shown, not judged
             head += " (context, not judged: answers.accuracy.min_accuracy decides)"
             ev["recorded"]["judged"] = False
         limit, why = a.min_accuracy, "answers.accuracy.min_accuracy"
-        rj = judge_at_least(k, n, limit, a.confidence)
+        rj = judge_at_least(k, n, limit, a.confidence, fc)
         ev["decision"] = rj.to_dict()
         decision = rj.decision
+        bounds = (f"{one} bounds {rj.lower:.1%}..{rj.upper:.1%}" if fc is None else
+                  f"bounds {rj.lower:.1%} ({one} lower)..{rj.upper:.1%} ({one_fail} upper)")
         said = {PASS_: f"{one} lower bound {rj.lower:.1%} >= {limit:.1%} ({why})",
-                FAIL_: f"{one} upper bound {rj.upper:.1%} < {limit:.1%} ({why})",
-                UNDECIDED_: f"{one} bounds {rj.lower:.1%}..{rj.upper:.1%} straddle {limit:.1%} ({why})"}[decision]
+                FAIL_: f"{one_fail} upper bound {rj.upper:.1%} < {limit:.1%} ({why})",
+                UNDECIDED_: f"{bounds} straddle {limit:.1%} ({why})"}[decision]
     elif recorded is not None and ni is not None:
         limit, why = recorded * (1 - a.tolerance), f"recorded x (1 - {a.tolerance:g})"
         margin = -ni.margin * 100
         ev["decision"] = ni.to_dict()
         decision = ni.decision
+        bounds = (f"the difference's {one} bounds {ni.low * 100:+.1f}..{ni.high * 100:+.1f}" if fc is None else
+                  f"the difference's bounds {ni.low * 100:+.1f} ({one} lower)..{ni.high * 100:+.1f} ({one_fail} upper)")
         said = {PASS_: f"non-inferior: the difference's {one} lower bound {ni.low * 100:+.1f} >= {margin:+.1f} points "
                        f"(limit {limit:.1%}, {why})",
-                FAIL_: f"worse than the recorded run by more than the tolerance: the difference's {one} upper bound "
-                       f"{ni.high * 100:+.1f} < {margin:+.1f} points (limit {limit:.1%}, {why})",
-                UNDECIDED_: f"the difference's {one} bounds {ni.low * 100:+.1f}..{ni.high * 100:+.1f} straddle "
-                            f"{margin:+.1f} points (limit {limit:.1%}, {why})"}[decision]
+                FAIL_: f"worse than the recorded run by more than the tolerance: the difference's {one_fail} upper "
+                       f"bound {ni.high * 100:+.1f} < {margin:+.1f} points (limit {limit:.1%}, {why})",
+                UNDECIDED_: f"{bounds} straddle {margin:+.1f} points (limit {limit:.1%}, {why})"}[decision]
     else:
         return Verdict(gate, Status.SKIP, f"{head}; no limit declared (answers.accuracy.min_accuracy or "
                        "recorded_correct/recorded_items) -> SKIP", measured=round(acc, 4), unit="fraction", evidence=ev)
@@ -282,14 +296,15 @@ def accuracy_verdict(answers: AnswersSpec, rows: list[dict[str, Any]], source: s
                    "too few to separate this accuracy from the limit")
 
 
-def lm_eval_verdict(answers: AnswersSpec, outcome: "Outcome", suspects: Suspects | None = None) -> Verdict:
+def lm_eval_verdict(answers: AnswersSpec, outcome: "Outcome", suspects: Suspects | None = None,
+                    fail_confidence: float | None = None) -> Verdict:
     """The accuracy case through lm-eval (``answers.accuracy.lm_eval``): lm-eval's per-sample
     scores (:class:`kvgate.answers.lmeval.runner.Outcome`) judged as :func:`accuracy_verdict`
     judges kvgate's own (a sample scoring 1 is an item right), the evidence naming lm-eval's
     version, model, metric and seconds. SKIP when the task needs a download (kvgate runs lm-eval
     offline), saying what it reached for; INVALID when lm-eval gave no scores (a failed request --
     lm-eval stops at the first --, a task that cannot be built), or scores that are not 0 or 1 (no
-    binomial interval: name a right/wrong metric)."""
+    binomial interval: name a right/wrong metric). ``fail_confidence``: as :func:`accuracy_verdict`'s."""
     gate = f"{GATE}/accuracy"
     via = f"lm-eval {outcome.version or '(version unknown)'}, {outcome.model}"
     ev: dict[str, Any] = {"lm_eval": {"task": outcome.task, "version": outcome.version, "model": outcome.model,
@@ -311,7 +326,8 @@ def lm_eval_verdict(answers: AnswersSpec, outcome: "Outcome", suspects: Suspects
                        "exact_match or acc)", evidence=ev)
     rows = [{"id": str(s.get("id")), "correct": float(s["score"]) == 1.0, "answer": str(s.get("answer") or "")[:160],
              "expected": str(s.get("expected") or "")[:160], "answered": True} for s in outcome.samples]
-    verdict = accuracy_verdict(answers, rows, f"{outcome.task} ({via}, {outcome.metric})", suspects=suspects)
+    verdict = accuracy_verdict(answers, rows, f"{outcome.task} ({via}, {outcome.metric})", suspects=suspects,
+                               fail_confidence=fail_confidence)
     return replace(verdict, evidence={**verdict.evidence, **ev})
 
 
