@@ -8,7 +8,7 @@ import pytest
 
 from kvgate.http.client import Endpoint
 from kvgate.gates.soak import analyze, gpu_verdict, latency_verdict, memory_verdict
-from kvgate.profile.models import SoakSpec, load_profile
+from kvgate.profile.models import SoakSpec, VerdictsSpec, load_profile
 from kvgate.soak.sampling import MetricsMemorySampler, PrometheusSampler, ProcessTreeSampler
 from kvgate.soak.runner import ROUND_FIELDS, SoakPlan, SoakResult, build_samplers
 from kvgate.verdict import Status
@@ -514,3 +514,87 @@ def test_the_real_smollm2_soak_with_a_ramp_at_twice_its_ceiling_never_passes():
     per_round = 2 * spec.memory_slope_max_mb_per_h * 4 / 3600  # MB a 4-s round at 2x the ceiling
     _, v = smollm2(lambda k: per_round * k)
     assert v.status in (Status.FAIL, Status.INCONCLUSIVE) and "-> PASS" not in v.message, v.message
+
+
+# ----------------------------------------------------------------------------- the run's false-alarm budget
+
+#: The FAIL side's overall level under a run's false-alarm budget of 1% (split over the 9 statistical
+#: families: 1 - 0.01/9 = 0.99889); the PASS side keeps soak.confidence (95%).
+BUDGET_FC = VerdictsSpec(false_alarm_budget=0.01).fail_confidence(0.95)
+
+
+def budgeted(p):
+    """``p`` with ``verdicts.false_alarm_budget: 0.01``."""
+    return p.model_copy(update={"verdicts": VerdictsSpec(false_alarm_budget=0.01)})
+
+
+def mem_ramp(mb_per_round, scatter_mb):
+    """:func:`rows` whose retained memory rises ``mb_per_round`` a 5-min round (x 12 = MB/h) with a
+    scatter of +-``scatter_mb`` signed + - - + in every 4 measured rounds (lag-1 about 0)."""
+    return rows(mem=lambda k: 500 + mb_per_round * k + (scatter_mb if (k - 2) % 4 in (0, 3) else -scatter_mb))
+
+
+def test_memory_barely_shown_above_its_ceiling_fails_without_a_budget_and_is_inconclusive_with_one():
+    # 24 MB/h against 20: the 95% lower end +22.3 clears the ceiling; at 99.89% (the budget share) +19.8 does not
+    plain, held = analyze(result(mem_ramp(2.0, 0.3)), SPEC), analyze(result(mem_ramp(2.0, 0.3)), SPEC, BUDGET_FC)
+    assert plain.memory.full.ci_low > 20 > held.memory.full.ci_low
+    assert held.memory.full.ci_high == plain.memory.full.ci_high  # the PASS side's end unchanged
+    v0, v1 = memory_verdict(plain), memory_verdict(held)
+    assert v0.status is Status.FAIL and "95% CI +22.3..+25.6" in v0.message and "budget" not in v0.message
+    assert v1.status is Status.INCONCLUSIVE, v1.message
+    assert ("CI +19.8..+25.6: lower end at 99.89% for a FAIL (the run's false-alarm budget share), upper at 95% "
+            "for a PASS") in v1.message
+    ev = v1.evidence["analysis"]
+    assert ev["fail_confidence"] == pytest.approx(BUDGET_FC) and ev["fail_look_confidence"] == pytest.approx(BUDGET_FC)
+    assert ev["memory_mb_per_h"]["lower_confidence"] == pytest.approx(BUDGET_FC)
+    assert "fail_confidence" not in v0.evidence["analysis"] and "lower_confidence" not in \
+        v0.evidence["analysis"]["memory_mb_per_h"]
+    # a leak at 3x the ceiling with little noise still FAILs under the budget
+    leak = memory_verdict(analyze(result(mem_ramp(5.0, 0.5)), SPEC, BUDGET_FC))
+    assert leak.status is Status.FAIL and leak.measured == pytest.approx(60.0, rel=0.01), leak.message
+    # no budget above soak.confidence: nothing changes
+    assert memory_verdict(analyze(result(mem_ramp(2.0, 0.3)), SPEC, 0.95)).message == v0.message
+
+
+def test_soak_latency_barely_shown_above_fails_without_a_budget_and_keeps_sampling_with_one():
+    from kvgate.gates.soak import undecided
+
+    rs = ttft_rows(30.0, 2.0)  # 13,500 ms/h against 12,000
+    plan = SoakPlan(rounds=len(rs), round_s=8, warmup_rounds=2, rate_rps=2, mix=())
+    p, pb = profile(), budgeted(profile())
+    plain = analyze(result(rs, plan=plan), TINY)
+    held = analyze(result(rs, plan=plan), TINY, pb.verdicts.fail_confidence(TINY.confidence))
+    assert plain.ttft.full.ci_low > 12000 > held.ttft.full.ci_low and plain.ttft.full.ci_high == held.ttft.full.ci_high
+    assert latency_verdict(plain, p).status is Status.FAIL
+    v = latency_verdict(held, pb)
+    assert v.status is Status.INCONCLUSIVE and "the interval (lower end at 99.89% for a FAIL" in v.message, v.message
+    # the look's judge: decided (FAIL) without the budget, undecided (sample on) with it
+    assert undecided(result(rs, plan=plan), TINY, p) == [] and undecided(result(rs, plan=plan), TINY, pb) == ["latency"]
+    # a drift at 3x the ceiling still FAILs
+    rs3 = ttft_rows(80.0, 2.0)
+    plan3 = SoakPlan(rounds=len(rs3), round_s=8, warmup_rounds=2, rate_rps=2, mix=())
+    assert latency_verdict(analyze(result(rs3, plan=plan3), TINY, BUDGET_FC), pb).status is Status.FAIL
+
+
+@pytest.mark.parametrize("case", ["healthy", "bounded", "step", "ttft flat", "ttft late straddle"])
+def test_soak_passes_are_the_same_with_and_without_a_budget(case):
+    """A PASS rests on upper ends only (the whole run's, a plateau's, a step's flat rest's), which the
+    budget leaves at soak.look_confidence: the same PASS, the same slopes and upper ends."""
+    if case == "healthy":
+        res, spec = result(rows()), SPEC
+    elif case == "bounded":
+        res, spec = result(rows(mem=lambda k: 500 + min(k, 6) * 8.0)), SPEC
+    elif case == "step":
+        out = [dict(r) for r in rows(mem=lambda k: 500.0 + (0.01 if k % 2 else 0.0) + (60.0 if k >= 6 else 0.0))]
+        res, spec = result(out), SPEC
+    else:
+        rs = ttft_rows(0.0, 10.0) if case == "ttft flat" else late_ramp(100, 100.0, last_third=False)
+        res, spec = result(rs, plan=SoakPlan(rounds=len(rs), round_s=8, warmup_rounds=2, rate_rps=2, mix=())), TINY
+    a0, a1 = analyze(res, spec), analyze(res, spec, BUDGET_FC)
+    judge = memory_verdict if not case.startswith("ttft") else (lambda a: latency_verdict(a, profile()))
+    v0, v1 = judge(a0), judge(a1)
+    assert v0.status is Status.PASS and v1.status is Status.PASS, (v0.message, v1.message)
+    assert v1.measured == v0.measured and a1.classification == a0.classification
+    for g0, g1 in ((a0.memory, a1.memory), (a0.ttft, a1.ttft)):
+        assert g1.kind == g0.kind and g1.full.ci_high == g0.full.ci_high and g1.full.ci_low <= g0.full.ci_low
+    assert "lower end at 99.89% for a FAIL" in v1.message and "lower end" not in v0.message

@@ -327,3 +327,42 @@ def test_an_assumption_the_residuals_contradict_is_not_used():
     with pytest.raises(ValueError):
         with assumed_autocorrelation(0.95):
             pass
+
+
+def test_an_interval_whose_lower_end_is_at_the_fail_sides_budget_level():
+    """linear_fit/trend/growth's ``lower_confidence``: the lower end (what shows growth: a FAIL) at a
+    run's false-alarm budget share, the upper end (a PASS) at the own level, the same dependence."""
+    from kvgate.stats import AR1_DRAWS, AR1_TAIL, ar1_critical, trend
+
+    rng = np.random.default_rng(7)
+    x = np.arange(20, dtype=float)
+    e = np.zeros(20)
+    for t in range(1, 20):  # AR(1) 0.5 rounds: the bootstrap's critical value, at both levels
+        e[t] = 0.5 * e[t - 1] + rng.standard_normal()
+    y = 3.0 * x + e
+    sym, asym = linear_fit(x, y, 0.95), linear_fit(x, y, 0.95, lower_confidence=0.99995)
+    assert sym.rho_used > 0 and asym.rho_used == sym.rho_used
+    assert asym.ci_high == sym.ci_high and asym.ci_low < sym.ci_low and asym.slope == sym.slope
+    assert asym.lower_confidence == 0.99995 and asym.low_level == 0.99995 and sym.low_level == 0.95
+    assert "lower_confidence" not in sym.to_dict() and asym.to_dict()["lower_confidence"] == 0.99995
+    # the lower end is the two-sided interval's at that level; equal levels: the symmetric interval
+    assert asym.ci_low == pytest.approx(linear_fit(x, y, 0.99995).ci_low)
+    assert linear_fit(x, y, 0.95, lower_confidence=0.95) == sym
+    # Theil-Sen's lower end moves too (and only it), widened by the lower end's own widening
+    t0, t1 = trend(x, y, 0.95), trend(x, y, 0.95, lower_confidence=0.99995)
+    assert t1.theil_high == t0.theil_high and t1.theil_low < t0.theil_low and t1.theil_sen == t0.theil_sen
+    assert "lower_confidence" not in t0.to_dict() and t1.to_dict()["lower_confidence"] == 0.99995
+    # a level beyond what the draws resolve: the resolved quantile, Student's t tail beyond it; levels
+    # the draws resolve (every shipped per-look level, 99.76% at most) read off the draws as before
+    resolved = 1 - AR1_TAIL / AR1_DRAWS
+    base = ar1_critical(20, 0.5, resolved, cap=0.5)
+    tail = ar1_critical(20, 0.5, 0.99995, cap=0.5)
+    assert 1.2 < tail / base < 2.0 and base < ar1_critical(20, 0.5, 0.9999, cap=0.5) < tail
+    assert ar1_critical(20, 0.5, 0.9976, cap=0.5) < base
+    # growth: a slope barely shown above the ceiling at 95% is not shown at the budget's level
+    yy = 1.06 * x + np.where(np.arange(20) % 4 < 2, 0.3, -0.3)
+    assert growth(x, yy, 1.0, 0.95).exceeds and not growth(x, yy, 1.0, 0.95, lower_confidence=0.99995).exceeds
+    g0, g1 = growth(x, yy, 1.0, 0.95), growth(x, yy, 1.0, 0.95, lower_confidence=0.99995)
+    assert g1.full.ci_high == g0.full.ci_high and not g1.below and not g0.below
+    # ... while growth at 3x the ceiling still is
+    assert growth(x, 3.0 * x + np.where(np.arange(20) % 4 < 2, 0.3, -0.3), 1.0, 0.95, lower_confidence=0.99995).exceeds

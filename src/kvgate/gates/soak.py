@@ -49,6 +49,18 @@ looks, :mod:`kvgate.stats.confidence`): the chance that any look PASSes a drift 
 at ``confidence``, as before. Every verdict says how long the soak ran and why (:func:`ran`); one
 still undecided at ``max_duration`` is INCONCLUSIVE, its cause the rounds that would have decided.
 
+**The run's false-alarm budget** (``verdicts.false_alarm_budget``; :func:`analyze`'s
+``fail_confidence``, the suite passing ``profile.verdicts.fail_confidence(soak.confidence)``): a
+wrong FAIL of a deployment sitting on its ceiling is a false alarm, so the FAIL side -- every slope
+interval's lower end: least squares with its AR(1) critical value, Theil-Sen, the last part, the
+rest of a one-off step -- is judged at ``1 - (1 - fail_confidence) / looks``
+(:meth:`~kvgate.profile.models.SoakSpec.fail_look_confidence`; 99.89% over 21 looks -> 99.995% a
+look), while the upper ends -- what a PASS, a plateau, a step's flat rest rest on -- stay at
+``soak.look_confidence`` (:func:`kvgate.stats.growth`'s ``lower_confidence``). So a PASS is the same
+with and without a budget; a slope barely shown above its ceiling reads INCONCLUSIVE under it. The
+verdicts state both levels when they differ, and the evidence records them (``fail_confidence``,
+``fail_look_confidence``). No budget: both ends at ``soak.look_confidence``, as before.
+
 **A control** (``--soak-control URL``): the same rounds -- schedule, prompts, rate -- are offered to
 a second endpoint alongside, whose state the gated deployment cannot touch, and its per-round TTFT
 p95 is fitted as the gated endpoint's is (same ceiling, same confidence, unit round). The latency
@@ -131,6 +143,14 @@ class SoakAnalysis:
     control_why: str | None = None
     #: ``--soak-control``: where the gated endpoint's drift comes from (:func:`drift_cause`); None without.
     drift: "DriftCause | None" = None
+    #: The FAIL side's overall level under the run's false-alarm budget (a fraction; each look's lower
+    #: ends at :meth:`SoakSpec.fail_look_confidence` of it); None: no budget above ``soak.confidence``.
+    fail_confidence: float | None = None
+
+    @property
+    def fail_look(self) -> float | None:
+        """The level every slope interval's lower end is at, each look (None: ``soak.look_confidence``)."""
+        return self.spec.fail_look_confidence(self.fail_confidence)
 
     def measured(self) -> dict[str, Any]:
         """The numbers for summary.json: slopes, intervals, classification, sources, counts."""
@@ -142,6 +162,8 @@ class SoakAnalysis:
                        "measured": self.n_measured, "round_s": r.plan.round_s, "lagged": self.lagged},
             "extension": r.extension.to_dict() if r.extension else None,
             "look_confidence": self.spec.look_confidence,
+            **({} if self.fail_look is None else {"fail_confidence": self.fail_confidence,
+                                                  "fail_look_confidence": self.fail_look}),
             "offered_rps": r.plan.rate_rps,
             "mix": mix_evidence(r),
             "memory_mb_per_h": _growth_dict(self.memory),
@@ -187,17 +209,45 @@ def _series(rows: list[dict[str, Any]], key: str, round_s: float,
     return xs, ys
 
 
-def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec) -> Growth | None:
+def _fit(xs: list[float], ys: list[float], ceiling: float, spec: SoakSpec,
+         fail_look: float | None = None) -> Growth | None:
+    """:func:`kvgate.stats.growth` at ``soak.look_confidence``, the lower ends at ``fail_look`` when set
+    (the run's false-alarm budget share a look); None with fewer than 4 rounds."""
     if len(xs) < 4 or len(set(xs)) < 2:
         return None
     with assumed_autocorrelation(getattr(spec, "autocorrelation_max", None)):
-        return growth(xs, ys, ceiling, spec.look_confidence, spec.last_part)
+        return growth(xs, ys, ceiling, spec.look_confidence, spec.last_part, lower_confidence=fail_look)
+
+
+def _pct(level: float) -> str:
+    return f"{level * 100:.4g}%"
 
 
 def _ci(t: Trend, unit: str) -> str:
-    pct = f"{t.ols.confidence * 100:.4g}%"
-    return (f"{t.slope:+,.1f} {unit} ({pct} CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}; Theil-Sen "
-            f"{t.theil_sen:+,.1f}; {_dependence(t)})")
+    """``+1.2 MB/h (95% CI -3.0..+5.4; Theil-Sen ...)``; with the lower end at another level (the run's
+    false-alarm budget) ``(CI -3.0..+5.4: lower end at 99.99% for a FAIL, upper at 95% for a PASS; ...)``."""
+    return (f"{t.slope:+,.1f} {unit} ({_ci_words(t)}; Theil-Sen {t.theil_sen:+,.1f}; {_dependence(t)})")
+
+
+def _ci_words(t: Trend) -> str:
+    """``95% CI -3.0..+5.4``, or ``CI -3.0..+5.4: lower end at 99.99% for a FAIL, upper at 95% for a
+    PASS`` when the two ends are at different levels."""
+    o = t.ols
+    if o.lower_confidence is None:
+        return f"{_pct(o.confidence)} CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}"
+    return (f"CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f}: {_ends(o)}")
+
+
+def _ends(o: Any) -> str:
+    """``lower end at 99.99% for a FAIL (the run's false-alarm budget share), upper at 95% for a PASS``."""
+    return (f"lower end at {_pct(o.lower_confidence)} for a FAIL (the run's false-alarm budget share), upper at "
+            f"{_pct(o.confidence)} for a PASS")
+
+
+def _interval_name(t: Trend) -> str:
+    """``the 95% interval``, or ``the interval (lower end at ..., upper at ...)``."""
+    o = t.ols
+    return f"the {_pct(o.confidence)} interval" if o.lower_confidence is None else f"the interval ({_ends(o)})"
 
 
 def _dependence(t: Trend) -> str:
@@ -225,12 +275,17 @@ def _step_words(step: Step, rounds: list[int]) -> str:
             "sizing itself once, not a leak (a leak rises round after round)")
 
 
-def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
-    """Fit the measured rounds of ``result`` against ``spec``'s ceilings and classify."""
+def analyze(result: SoakResult, spec: SoakSpec, fail_confidence: float | None = None) -> SoakAnalysis:
+    """Fit the measured rounds of ``result`` against ``spec``'s ceilings and classify.
+    ``fail_confidence``: the FAIL side's overall level under the run's false-alarm budget
+    (``profile.verdicts.fail_confidence(spec.confidence)``, a fraction): every slope interval's lower
+    end at :meth:`SoakSpec.fail_look_confidence` of it, the upper ends at ``spec.look_confidence``;
+    None (or not above ``spec.confidence``): both ends at ``spec.look_confidence``."""
+    fail_look = spec.fail_look_confidence(fail_confidence)
     rs = result.plan.round_s
     rows = result.measured
     mx, my = _series(rows, "mem_min_mb", rs)
-    memory = _fit(mx, my, spec.memory_slope_max_mb_per_h, spec)
+    memory = _fit(mx, my, spec.memory_slope_max_mb_per_h, spec, fail_look)
     mem_rounds = [r["round"] for r in rows if r.get("mem_min_mb") is not None and not (
         isinstance(r["mem_min_mb"], float) and math.isnan(r["mem_min_mb"]))]
     memory_why = None
@@ -240,7 +295,7 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
         memory_why = (f"server memory not measurable: {why} ({len(my)} of {len(rows)} measured rounds had a "
                       "reading)")
     tx, ty = _series(rows, "ttft_p95_ms", rs, keep=lambda r: r["client_kept_up"])
-    ttft = _fit(tx, ty, spec.ttft_p95_slope_max_ms_per_h, spec)
+    ttft = _fit(tx, ty, spec.ttft_p95_slope_max_ms_per_h, spec, fail_look)
     ttft_why = None if ttft else (f"only {len(ty)} of {len(rows)} measured rounds have a TTFT p95 from a client "
                                   "that kept its schedule (need 4)")
     c = spec.ttft_p95_slope_max_ms_per_h
@@ -294,7 +349,7 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
     if result.control is not None:
         crows = result.control_measured
         cx, cy = _series(crows, "ttft_p95_ms", rs, keep=lambda r: r["client_kept_up"])
-        control = _fit(cx, cy, c, spec)
+        control = _fit(cx, cy, c, spec, fail_look)
         if control is None:
             bad = sum(r["errors"] for r in crows)
             control_why = (f"only {len(cy)} of {len(crows)} measured rounds at the control have a TTFT p95 from a "
@@ -302,7 +357,8 @@ def analyze(result: SoakResult, spec: SoakSpec) -> SoakAnalysis:
                            "control requests failed)")
         drift = drift_cause(ttft, control, c, result.control.get("endpoint") or "the control", control_why)
     return SoakAnalysis(spec, result, len(rows), memory, memory_why, level, ttft, ttft_why, ttft_shown, preemptions,
-                        rising, waiting, own, lagged, requests, errors, cls, expl, control, control_why, drift)
+                        rising, waiting, own, lagged, requests, errors, cls, expl, control, control_why, drift,
+                        None if fail_look is None else fail_confidence)
 
 
 @dataclass(frozen=True)
@@ -332,7 +388,7 @@ def _shown(g: Growth, ceiling: float) -> bool:
 def _interval(g: Growth, ceiling: float) -> str:
     """``+288,000.0 ms/h (95% CI +250,000.0..+326,000.0)``, the last part's beside it when only it is shown."""
     t = g.full
-    out = f"{t.slope:+,.1f} ms/h ({t.ols.confidence * 100:.4g}% CI {t.ci_low:+,.1f}..{t.ci_high:+,.1f})"
+    out = f"{t.slope:+,.1f} ms/h ({_ci_words(t)})"
     if not t.above(ceiling) and g.last is not None and g.last.above(ceiling):
         out += f", last part {g.last.slope:+,.1f} ms/h (CI {g.last.ci_low:+,.1f}..{g.last.ci_high:+,.1f})"
     return out
@@ -480,9 +536,8 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
     t, ceiling, p = g.full, g.ceiling, a.result.plan
     unit = f"{y_unit}/h"
     xs, ys = _series(a.result.measured, key, p.round_s, keep=keep)
-    pct = f"{t.ols.confidence * 100:.4g}%"
     if t.ci_low > ceiling and g.kind != "step":  # least squares shows it, the robust slope does not sustain it
-        head = (f"the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} lies above the ceiling but Theil-Sen "
+        head = (f"{_interval_name(t)} {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} lies above the ceiling but Theil-Sen "
                 f"{t.theil_sen:+,.1f} {unit} (interval {t.theil_low:+,.1f}..{t.theil_high:+,.1f}) does not: inconclusive")
         cause = (f"one or two outlying rounds carry the least-squares slope: the robust Theil-Sen interval "
                  f"{t.theil_low:+,.1f}..{t.theil_high:+,.1f} {unit} reaches the {ceiling:g} {unit} ceiling, so the "
@@ -499,9 +554,11 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
         ys = [v - d for v, d in zip(ys, removed)]
     sd = residual_sd(xs, ys, t.ols)
     width = t.ci_high - t.ci_low
-    head = (f"{lead}the {pct} interval {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} straddles the {ceiling:g} {unit} "
+    head = (f"{lead}{_interval_name(t)} {t.ci_low:+,.1f}..{t.ci_high:+,.1f} {unit} straddles the {ceiling:g} {unit} "
             f"ceiling: neither {what} above it nor its absence is shown")
-    need = points_to_decide(abs(t.slope - ceiling), p.round_s / 3600.0, sd, t.ols.confidence, at_least=t.n + 1,
+    # the side that would decide: the lower end (FAIL) for a slope above the ceiling, else the upper (PASS)
+    side = t.ols.low_level if t.slope > ceiling else t.ols.confidence
+    need = points_to_decide(abs(t.slope - ceiling), p.round_s / 3600.0, sd, side, at_least=t.n + 1,
                             rho=t.ols.rho_used)
     spread = f"{series} scatters {sd:,.1f} {y_unit} round to round around the fit"
     if need is None:
@@ -516,7 +573,7 @@ def _undecided(a: SoakAnalysis, g: Growth, key: str, series: str, y_unit: str, w
     short = "the soak is too short to decide"
     if ext is not None:
         short += f" even extended to soak.max_duration ({_secs(ext.cap * p.round_s)} s, {ext.cap - p.warmup_rounds} measured rounds)"
-    cause = (f"{short}: the {pct} interval is {width:,.0f} {unit} wide at {t.n} rounds ({spread}; "
+    cause = (f"{short}: {_interval_name(t)} is {width:,.0f} {unit} wide at {t.n} rounds ({spread}; "
              f"{_dependence(t)}); {more}")
     return head, cause
 
@@ -542,6 +599,10 @@ def ran(a: SoakAnalysis) -> str:
     n = len(a.result.rows)
     level = (f"each look judged at {spec.look_confidence * 100:.4g}%: {spec.confidence * 100:g}% split over "
              f"{spec.looks} looks")
+    if a.fail_look is not None:
+        level = (f"each look judged at {_pct(spec.look_confidence)} for a PASS and {_pct(a.fail_look)} for a FAIL: "
+                 f"{spec.confidence * 100:g}% and {_pct(a.fail_confidence)} (the run's false-alarm budget share) "
+                 f"split over {spec.looks} looks")
     why = " and ".join(_WHY.get(x, x) for x in ext.extended_for)
     of = f"{_secs(n * p.round_s)} s of at most {_secs(ext.cap * p.round_s)} s"
     if n <= ext.planned:
@@ -559,8 +620,9 @@ def undecided(result: SoakResult, spec: SoakSpec, profile: Profile) -> list[str]
     until decided (:class:`kvgate.soak.runner.SoakRunner`). Judged as the final verdicts are: at
     ``spec.look_confidence``, the confidence Bonferroni-split over the soak's looks, so stopping at
     the first look that decides keeps the chance of a wrong PASS (or FAIL) within
-    ``1 - spec.confidence``."""
-    a = analyze(result, spec)
+    ``1 - spec.confidence`` -- the FAIL side at the run's false-alarm budget share when
+    ``profile.verdicts`` sets one (:func:`analyze`'s ``fail_confidence``)."""
+    a = analyze(result, spec, profile.verdicts.fail_confidence(spec.confidence))
     out = []
     if memory_verdict(a).status is INCONCLUSIVE:
         out.append("memory")

@@ -756,6 +756,17 @@ class SoakSpec(_Strict):
         a wrong PASS, or a wrong FAIL -- stays within ``1 - confidence``. ``confidence`` itself with one look."""
         return 1 - (1 - self.confidence) / self.looks
 
+    def fail_look_confidence(self, fail_confidence: float | None) -> float | None:
+        """The level each look judges the FAIL side at (every slope interval's lower end) when a run's
+        false-alarm budget sets the FAIL side's overall level ``fail_confidence`` (a fraction,
+        ``Profile.verdicts.fail_confidence(confidence)``) above ``confidence``: ``1 - (1 -
+        fail_confidence) / looks`` (Bonferroni over the same looks as :attr:`look_confidence`;
+        0.99889 over 21 looks -> 0.999947). None when ``fail_confidence`` is None or not above
+        ``confidence``: both ends at :attr:`look_confidence`."""
+        if fail_confidence is None or fail_confidence <= self.confidence:
+            return None
+        return 1 - (1 - fail_confidence) / self.looks
+
     @model_validator(mode="after")
     def _shape(self) -> "SoakSpec":
         try:

@@ -21,6 +21,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvgate.gates.soak import SoakAnalysis
 
 
+def _low_level(f: Any) -> str:
+    """``, lower end at 99.99%`` when the slope's lower end is at another level (the run's false-alarm
+    budget share, :func:`kvgate.stats.linear_fit`'s ``lower_confidence``); else empty."""
+    return "" if getattr(f, "lower_confidence", None) is None else f", lower end at {f.lower_confidence * 100:.4g}%"
+
+
 def _band(tr: Trend, x: np.ndarray, xs: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fitted line and its two-sided confidence band of the mean at ``x`` (fit points ``xs``)."""
     f = tr.ols
@@ -60,7 +66,7 @@ def _panel(ax: Any, rows: list[dict[str, Any]], key: str, band_keys: tuple[str, 
             ax.plot(x * scale, y, "-", color="#c0392b", lw=1.5, label=f"least squares {growth.full.slope:+,.1f} {unit}")
             ax.fill_between(x * scale, lo, hi, color="#c0392b", alpha=0.15,
                             label=f"{growth.full.ols.confidence * 100:.4g}% band ({growth.full.ci_low:+,.1f}.."
-                                  f"{growth.full.ci_high:+,.1f})")
+                                  f"{growth.full.ci_high:+,.1f}{_low_level(growth.full.ols)})")
             ts = growth.full
             ax.plot(x * scale, ts.theil_intercept + ts.theil_sen * x, "--", color="#2c3e50", lw=1,
                     label=f"Theil-Sen {ts.theil_sen:+,.1f} {unit}")

@@ -274,6 +274,13 @@ AR1_MAX_N = 200
 AR1_RHO_SE = 1.0
 #: The grid the dependence is rounded up to before :func:`ar1_critical` (its cache key).
 AR1_GRID = 0.01
+#: The fewest of the :data:`AR1_DRAWS` draws that must lie beyond a level for :func:`ar1_critical` to read
+#: it off the draws (40: levels up to 99.8%; every shipped profile's per-look level, 99.76% at most, is
+#: read so). A level beyond (a FAIL side at a run's false-alarm budget share, 99.995% a look) is the
+#: quantile at ``1 - AR1_TAIL / AR1_DRAWS`` scaled by Student's t tail at ``(n - 2) / (1 + rho)``
+#: degrees of freedom: against 2,000,000 draws, 8-28 rounds, rho 0.3-0.8, within -5..+11% at 99.89%
+#: and -14..+32% at 99.995% (mostly wider), where the 20,000 draws' own extreme reads -24..+15%.
+AR1_TAIL = 40
 
 #: The most round-to-round autocorrelation a deployment's soak design assumes (``soak.autocorrelation_max``),
 #: set for a fit by :func:`assumed_autocorrelation`; None: assume nothing (allow up to :data:`RHO_MAX`).
@@ -342,7 +349,9 @@ def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0, cap:
     deterministic (seeded from ``(n, rho, confidence, floor)``) and cached. So the critical value
     carries both what the short series' residual scatter and its noisy, bias-corrected ``rho`` miss
     (Santer et al.'s ``t`` at ``n_eff - 2`` degrees of freedom, floored at :data:`MIN_DF`, is ~2x too
-    wide at 28 rounds and ``rho`` 0.8). Above :data:`AR1_MAX_N` rounds that t rule. ``cap``: the design's
+    wide at 28 rounds and ``rho`` 0.8). Above :data:`AR1_MAX_N` rounds that t rule. A ``confidence`` beyond
+    what the draws resolve (fewer than :data:`AR1_TAIL` of them beyond it): the quantile at the level they
+    resolve times Student's t tail ratio (:data:`AR1_TAIL`). ``cap``: the design's
     assumed most autocorrelation (:func:`assumed_autocorrelation`): the draws' dependence and each draw's
     own allowance at most that. Dimensionless."""
     if n < 3:
@@ -354,7 +363,13 @@ def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0, cap:
     if n > AR1_MAX_N:
         n_eff = n * (1.0 - phi) / (1.0 + phi)
         return _t_real_df(confidence, max(MIN_DF, n_eff - 2.0))
-    return _ar1_critical(int(n), round(phi, 4), round(confidence, 6), round(fl, 4), round(top, 4))
+    resolved = 1.0 - AR1_TAIL / AR1_DRAWS
+    if confidence <= resolved:
+        return _ar1_critical(int(n), round(phi, 4), round(confidence, 6), round(fl, 4), round(top, 4))
+    # beyond what the draws resolve (:data:`AR1_TAIL`): the resolved quantile, Student's t tail beyond it
+    nu = max(MIN_DF, (n - 2.0) / (1.0 + phi))
+    base = _ar1_critical(int(n), round(phi, 4), round(resolved, 6), round(fl, 4), round(top, 4))
+    return base * _t_real_df(confidence, nu) / _t_real_df(resolved, nu)
 
 
 def round_dependence(resid: Sequence[float], lines: int = 1) -> tuple[float, float]:
@@ -410,18 +425,29 @@ class Slope:
     #: The design's assumed most autocorrelation the interval allowed for (``soak.autocorrelation_max``),
     #: when one was set and the residuals did not contradict it; None otherwise.
     assumed: float | None = None
+    #: The level of ``ci_low`` when it differs from ``confidence`` (:func:`linear_fit`'s
+    #: ``lower_confidence``: the FAIL side at a run's false-alarm budget share); None: ``confidence``.
+    lower_confidence: float | None = None
 
     @property
     def excludes_zero(self) -> bool:
         """True when the whole confidence interval lies on one side of 0 (a significant trend)."""
         return (self.ci_low > 0 or self.ci_high < 0) and not math.isnan(self.ci_low)
 
+    @property
+    def low_level(self) -> float:
+        """The level ``ci_low`` is at: ``lower_confidence``, else ``confidence``."""
+        return self.confidence if self.lower_confidence is None else self.lower_confidence
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.lower_confidence is None:
+            del out["lower_confidence"]
+        return out
 
 
 def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
-               autocorrelated: bool = True, rho_floor: float = 0.0) -> Slope:
+               autocorrelated: bool = True, rho_floor: float = 0.0, lower_confidence: float | None = None) -> Slope:
     """Ordinary least squares of ``y`` on ``x`` with a ``confidence`` interval on the slope.
 
     Needs at least 2 points with distinct ``x``; the interval needs 3 (``df = n - 2``). The points
@@ -437,7 +463,11 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
     cells): see docs/soak.md; the high ends sit at 8-12 rounds of phi 0.8, which cannot see strong
     dependence; as independent rounds the same cells read 10-34% / 14-35%. ``rho_floor``: the least autocorrelation to allow for (a
     short part of a series allows at least the whole series'). ``autocorrelated=False``: the
-    independent-rounds interval.
+    independent-rounds interval. ``lower_confidence`` (None, or equal to ``confidence``: a symmetric
+    interval): the level of the lower end, the two-sided interval's at that level (so it errs
+    ``(1 - lower_confidence) / 2`` below), the upper end staying at ``confidence`` -- the FAIL side
+    (a slope shown above a ceiling) judged at a run's false-alarm budget share while the PASS side
+    keeps its own level; the same dependence, a critical value at each level.
     """
     xa = np.asarray(x, dtype=float)
     ya = np.asarray(y, dtype=float)
@@ -457,7 +487,8 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
     syy = float(((ya - ym) ** 2).sum())
     r2 = 1.0 - sse / syy if syy > 0 else 1.0
     if n < 3:
-        return Slope(slope, intercept, math.nan, math.nan, math.nan, r2, n, confidence, math.nan, 0.0, float(n), 1.0)
+        return Slope(slope, intercept, math.nan, math.nan, math.nan, r2, n, confidence, math.nan, 0.0, float(n), 1.0,
+                     None, None if lower_confidence == confidence else lower_confidence)
     stderr = math.sqrt(sse / (n - 2) / sxx)
     rho, used = round_dependence(resid) if autocorrelated else (math.nan, 0.0)
     if autocorrelated:
@@ -468,15 +499,21 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
     else:
         cap = None
     n_eff = n * (1.0 - used) / (1.0 + used)
-    t_iid = t_quantile(confidence, n - 2)
-    if used > 0.0:  # never narrower than independent rounds' interval
-        crit = ar1_critical(n, used, confidence, min(used, rho_floor) if autocorrelated else 0.0, cap)
-        half = max(t_iid, crit * math.sqrt((1.0 + used) / (1.0 - used))) * stderr
-    else:
-        half = t_iid * stderr
-    widening = half / (t_iid * stderr) if stderr > 0 else 1.0
-    return Slope(slope, intercept, slope - half, slope + half, stderr, r2, n, confidence, rho, used, n_eff, widening,
-                 cap)
+    floor = min(used, rho_floor) if autocorrelated else 0.0
+
+    def half_at(level: float) -> float:
+        t_iid = t_quantile(level, n - 2)
+        if used > 0.0:  # never narrower than independent rounds' interval
+            crit = ar1_critical(n, used, level, floor, cap)
+            return max(t_iid, crit * math.sqrt((1.0 + used) / (1.0 - used))) * stderr
+        return t_iid * stderr
+
+    half = half_at(confidence)
+    widening = half / (t_quantile(confidence, n - 2) * stderr) if stderr > 0 else 1.0
+    low = None if lower_confidence is None or lower_confidence == confidence else lower_confidence
+    half_low = half if low is None else half_at(low)
+    return Slope(slope, intercept, slope - half_low, slope + half, stderr, r2, n, confidence, rho, used, n_eff,
+                 widening, cap, low)
 
 
 def _t_real_df(confidence: float, df: float) -> float:
@@ -610,15 +647,18 @@ class Trend:
                 "intercept": self.ols.intercept, "theil_sen": self.theil_sen, "theil_low": self.theil_low,
                 "theil_high": self.theil_high, "theil_intercept": self.theil_intercept, "unit": "round",
                 "rho": None if math.isnan(self.ols.rho) else self.ols.rho, "rho_used": self.ols.rho_used,
-                "n_eff": self.ols.n_eff, "widening": self.ols.widening}
+                "n_eff": self.ols.n_eff, "widening": self.ols.widening,
+                **({} if self.ols.lower_confidence is None else {"lower_confidence": self.ols.lower_confidence})}
 
 
-def theil_sen(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
+def theil_sen(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
+              lower_confidence: float | None = None) -> tuple[float, float, float, float]:
     """Theil-Sen slope of ``y`` on ``x``: ``(slope, low, high, intercept)`` -- scipy's
     ``stats.theilslopes(y, x, alpha=confidence)`` computed the same way (Sen 1968 eq. 2.6, ties
     corrected; intercept ``median(y) - slope x median(x)``) without its per-call overhead (the soak's
     operating-characteristic tests fit tens of thousands of series); ``low``/``high`` its
-    ``confidence`` interval for independent points (NaN where the ranks fall outside). Needs 2 points."""
+    ``confidence`` interval for independent points (NaN where the ranks fall outside); ``lower_confidence``
+    (None: ``confidence``): ``low`` from the two-sided interval at that level instead. Needs 2 points."""
     xa = np.asarray(x, dtype=float).ravel()
     ya = np.asarray(y, dtype=float).ravel()
     if xa.size != ya.size:
@@ -635,6 +675,9 @@ def theil_sen(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) 
     inter = float(np.median(ya) - med * np.median(xa))
     alpha = 1.0 - confidence if confidence > 0.5 else confidence
     z = _norm_ppf(alpha / 2.0)
+    lc = confidence if lower_confidence is None else lower_confidence
+    alpha_low = 1.0 - lc if lc > 0.5 else lc
+    z_low = z if alpha_low == alpha else _norm_ppf(alpha_low / 2.0)
     n, nt = ya.size, slopes.size
 
     def ties(a: np.ndarray) -> float:
@@ -647,7 +690,7 @@ def theil_sen(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) 
         return med, math.nan, math.nan, inter
     sigma = math.sqrt(sigsq)
     hi_i = min(int(np.round((nt - z * sigma) / 2.0)), nt - 1)
-    lo_i = max(int(np.round((nt + z * sigma) / 2.0)) - 1, 0)
+    lo_i = max(int(np.round((nt + z_low * sigma) / 2.0)) - 1, 0)
     if not (0 <= lo_i < nt and 0 <= hi_i < nt):
         return med, math.nan, math.nan, inter
     return med, float(slopes[lo_i]), float(slopes[hi_i]), inter
@@ -660,15 +703,21 @@ def _norm_ppf(p: float) -> float:
     return float(_st.norm.ppf(p))
 
 
-def trend(x: Sequence[float], y: Sequence[float], confidence: float = 0.95, rho_floor: float = 0.0) -> Trend:
+def trend(x: Sequence[float], y: Sequence[float], confidence: float = 0.95, rho_floor: float = 0.0,
+          lower_confidence: float | None = None) -> Trend:
     """:func:`linear_fit` and :func:`theil_sen` of the same points (needs 3 for an interval), in
     round order; the Theil-Sen interval widened about its slope by the least-squares fit's
-    ``widening`` (autocorrelated rounds, :func:`linear_fit`)."""
-    ols = linear_fit(x, y, confidence, rho_floor=rho_floor)
-    ts, lo, hi, b = theil_sen(x, y, confidence)
+    ``widening`` (autocorrelated rounds, :func:`linear_fit`). ``lower_confidence`` (None:
+    ``confidence``): both lower ends at that level (the FAIL side), the upper ends at ``confidence``;
+    the Theil-Sen lower end widened by the least-squares lower end's own widening."""
+    ols = linear_fit(x, y, confidence, rho_floor=rho_floor, lower_confidence=lower_confidence)
+    ts, lo, hi, b = theil_sen(x, y, confidence, ols.lower_confidence)
     w = ols.widening
     if w > 1.0 and math.isfinite(w):
-        lo, hi = ts - (ts - lo) * w, ts + (hi - ts) * w
+        w_low = w
+        if ols.lower_confidence is not None and ols.stderr > 0 and ols.n >= 3:
+            w_low = (ols.slope - ols.ci_low) / (t_quantile(ols.lower_confidence, ols.n - 2) * ols.stderr)
+        lo, hi = ts - (ts - lo) * w_low, ts + (hi - ts) * w
     return Trend(ols, ts, lo, hi, b)
 
 
@@ -794,9 +843,10 @@ def _segments_rho(x: Sequence[float], y: Sequence[float], cut: int) -> float:
 
 
 def _shape(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float, last_frac: float,
-           min_last: int) -> Growth:
+           min_last: int, lower_confidence: float | None = None) -> Growth:
     """The slopes' judgement alone (no step detection); see :class:`Growth`."""
-    full = trend(x, y, confidence)
+    lc = lower_confidence
+    full = trend(x, y, confidence, lower_confidence=lc)
     n = len(x)
     k = max(min_last, int(math.ceil(n * last_frac)))
     last = last_fail = None
@@ -806,9 +856,9 @@ def _shape(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
         # one around the two parts' own lines; to show a plateau (PASS) the latter (so that the bend of
         # a cache that filled, then held, is not read as dependence), or from MIN_OWN_RHO rounds its own
         seg = _segments_rho(x, y, n - k)
-        last = trend(x[n - k:], y[n - k:], confidence, 0.0 if k >= MIN_OWN_RHO else seg)
+        last = trend(x[n - k:], y[n - k:], confidence, 0.0 if k >= MIN_OWN_RHO else seg, lc)
         worst = max(seg, full.ols.rho_used)
-        last_fail = last if worst <= last.ols.rho_used else trend(x[n - k:], y[n - k:], confidence, worst)
+        last_fail = last if worst <= last.ols.rho_used else trend(x[n - k:], y[n - k:], confidence, worst, lc)
     rose = full.above(ceiling)
     plateau = bool(last is not None and last.below(ceiling) and last.ci_high < full.slope
                    and last.theil_sen <= ceiling)
@@ -824,7 +874,7 @@ def _shape(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
 
 def find_step(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float = 0.95,
               last_frac: float = 1 / 3, min_last: int = 4, max_points: int = STEP_ROUNDS_MAX,
-              flat_after: int = STEP_FLAT_AFTER) -> Step | None:
+              flat_after: int = STEP_FLAT_AFTER, lower_confidence: float | None = None) -> Step | None:
     """The fewest (up to ``max_points``) largest rises between consecutive points whose removal
     leaves a flat series (no rise above ``ceiling`` shown, not even one that plateaued), each
     :data:`STEP_NOISE` times the rest's scatter, and carry :data:`STEP_SHARE` of its rises, with ``flat_after`` points or more after the last of
@@ -840,7 +890,7 @@ def find_step(x: Sequence[float], y: Sequence[float], ceiling: float, confidence
         for p in points:
             removed[p:] += rises[p - 1]
         rest_y = ya - removed
-        rest = _shape(x, rest_y.tolist(), ceiling, confidence, last_frac, min_last)
+        rest = _shape(x, rest_y.tolist(), ceiling, confidence, last_frac, min_last, lower_confidence)
         scatter = residual_sd(x, rest_y.tolist(), rest.full.ols)
         stands_out = all(rises[p - 1] > STEP_NOISE * scatter for p in points)
         if rest.kind == "flat" and stands_out and \
@@ -851,18 +901,22 @@ def find_step(x: Sequence[float], y: Sequence[float], ceiling: float, confidence
 
 
 def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: float = 0.95,
-           last_frac: float = 1 / 3, min_last: int = 4, steps: bool = True) -> Growth:
+           last_frac: float = 1 / 3, min_last: int = 4, steps: bool = True,
+           lower_confidence: float | None = None) -> Growth:
     """Judge the trend of ``y`` on ``x`` against ``ceiling`` (see :class:`Growth`). Needs 3
     points; the last part is fitted only when it has ``min_last`` points and fewer than all.
     ``steps``: a rise (shown growth, one that plateaued, one least squares shows alone, or a slope
-    above the ceiling shown neither way whose rest is then shown under it) that :func:`find_step` explains is a ``"step"``, never ``exceeds``."""
-    g = _shape(x, y, ceiling, confidence, last_frac, min_last)
+    above the ceiling shown neither way whose rest is then shown under it) that :func:`find_step` explains is a ``"step"``, never ``exceeds``.
+    ``lower_confidence`` (None: ``confidence``): every fit's lower ends -- what shows growth, a rise,
+    a FAIL -- at that level (a run's false-alarm budget share), the upper ends -- what shows its
+    absence, a plateau, a PASS -- at ``confidence`` (:func:`linear_fit`)."""
+    g = _shape(x, y, ceiling, confidence, last_frac, min_last, lower_confidence)
     # a slope above the ceiling whose (widened) interval shows nothing either way: a step explains it
     # only when the series without the step is shown under the ceiling (else noise reads as "steps")
     undecided = g.kind == "flat" and g.full.slope > ceiling and not g.below
     if not (steps and (g.exceeds or g.kind in ("bounded", "rose") or undecided)):
         return g
-    step = find_step(x, y, ceiling, confidence, last_frac, min_last)
+    step = find_step(x, y, ceiling, confidence, last_frac, min_last, lower_confidence=lower_confidence)
     if step is None:
         return g
     out = Growth(g.full, g.last, ceiling, g.plateau, False, "step", step)
@@ -872,7 +926,7 @@ def growth(x: Sequence[float], y: Sequence[float], ceiling: float, confidence: f
 
 
 __all__ = [
-    "AR1_DRAWS", "AR1_GRID", "assumed_autocorrelation", "AR1_MAX_N", "MIN_DF", "ar1_critical", "MIN_OWN_RHO", "RHO_MAX", "STEP_FLAT_AFTER", "STEP_NOISE", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
+    "AR1_DRAWS", "AR1_GRID", "AR1_TAIL", "assumed_autocorrelation", "AR1_MAX_N", "MIN_DF", "ar1_critical", "MIN_OWN_RHO", "RHO_MAX", "STEP_FLAT_AFTER", "STEP_NOISE", "STEP_ROUNDS_MAX", "STEP_SHARE", "Growth", "RequestMetrics", "Slope", "Step", "Trend", "distribution",
     "find_step", "growth", "linear_fit", "low_envelope", "max_gap_s", "percentile", "points_to_decide", "request_metrics",
     "residual_sd", "round_dependence", "slope_half_width", "summarize", "t_quantile", "theil_sen", "trend",
 ]
