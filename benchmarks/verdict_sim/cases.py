@@ -281,7 +281,10 @@ def soak(part: str) -> Callable[[np.random.Generator, Design, str], str]:
     (:func:`kvgate.gates.soak.analyze`, :func:`~kvgate.gates.soak.memory_verdict`,
     :func:`~kvgate.gates.soak.latency_verdict`). Truth: the judged series' slope (retained memory
     MB/h, TTFT p95 ms/h) against its ceiling, the other series flat; noise per round from the
-    design (independent, AR(1) in rounds), scaled by :data:`SOAK_CEILING_SE`."""
+    design (independent, AR(1) in rounds), scaled by :data:`SOAK_CEILING_SE`. The FAIL side (every
+    slope interval's lower end) at the profile's false-alarm budget share, as the suite judges it
+    (``verdicts.fail_confidence(soak.confidence)`` to :func:`~kvgate.gates.soak.analyze`; the looks'
+    judge reads it from the profile)."""
     from kvgate.gates.soak import analyze, latency_verdict, memory_verdict, undecided
     from kvgate.soak.runner import ROUND_FIELDS, SoakResult
 
@@ -320,7 +323,7 @@ def soak(part: str) -> Callable[[np.random.Generator, Design, str], str]:
             add(k)
         while len(rows) < cap and undecided(result(), sp, prof):
             add(len(rows))
-        a = analyze(result(), sp)
+        a = analyze(result(), sp, prof.verdicts.fail_confidence(sp.confidence))  # the FAIL side at the budget share
         return _status(memory_verdict(a) if part == "memory" else latency_verdict(a, prof))
 
     return one
