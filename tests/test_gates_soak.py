@@ -598,3 +598,21 @@ def test_soak_passes_are_the_same_with_and_without_a_budget(case):
     for g0, g1 in ((a0.memory, a1.memory), (a0.ttft, a1.ttft)):
         assert g1.kind == g0.kind and g1.full.ci_high == g0.full.ci_high and g1.full.ci_low <= g0.full.ci_low
     assert "lower end at 99.89% for a FAIL" in v1.message and "lower end" not in v0.message
+
+
+def test_an_extended_soak_states_both_per_look_levels_under_a_budget():
+    from kvgate.gates.soak import ran
+    from kvgate.soak.runner import Extension
+
+    spec = TINY.model_copy(update={"max_duration": "160s"})  # 11 looks: 99.55% a look, the FAIL side 99.99%
+    rs = ttft_rows(0.0, 1.0, rounds=12)
+    plan = SoakPlan(rounds=10, round_s=8, warmup_rounds=2, rate_rps=2, mix=())
+    res = result(rs, plan=plan, extension=Extension(planned=10, cap=20, looks=[(10, ("latency",)), (11, ("latency",)),
+                                                                                 (12, ())]))
+    assert ran(analyze(res, spec)) == ("decided after 10 measured rounds (96 s of at most 160 s; 8 planned, extended "
+                                       "2 rounds while soak/latency's interval straddled its ceiling; each look judged "
+                                       "at 99.55%: 95% split over 11 looks)")
+    a = analyze(res, spec, BUDGET_FC)
+    assert a.fail_look == pytest.approx(1 - (1 - BUDGET_FC) / 11)
+    assert ran(a).endswith("each look judged at 99.55% for a PASS and 99.99% for a FAIL: 95% and 99.89% (the run's "
+                           "false-alarm budget share) split over 11 looks)"), ran(a)
