@@ -124,11 +124,11 @@ def test_latency_not_slower_than_the_baseline(case, request, kvgate_baseline, kv
     t = profile.limits.canary_deadline_s
     pairs = Pairs()
     plan = plan_looks(c.latency_requests, c.latency_requests_max, c.quantile, profile.slo.confidence,
-                      max_s=c.latency_max_s)
+                      max_s=c.latency_max_s, fail_confidence=profile.verdicts.fail_confidence(profile.slo.confidence))
     sampling = sample_until_decided(
         plan, lambda k, left: take_pairs(pairs, lambda: timed(kvgate_client, body, t), lambda: timed(base_client, body, t),
                                          k, left),
-        lambda conf: latency_decisions(profile, pairs, conf))
+        lambda conf: latency_decisions(profile, pairs, conf, plan.pass_level))
     verdict = latency_verdict(profile, pairs, sampling.to_dict(), base.label)
     assert kvgate_gate(verdict, attachments={"compare-latency.csv": pairs.rows_csv()}).passed
 

@@ -208,6 +208,36 @@ def test_latency_verdict_p95_pass_fail_inconclusive_on_exact_numbers():
         "INCONCLUSIVE" in edge.message
 
 
+def test_latency_fail_side_at_the_false_alarm_budget_share():
+    # verdicts.false_alarm_budget 0.01: the plan's per-look FAIL level 1 - 0.01/9 (one look), PASS at 95%
+    from kvgate.gates.compare import latency_decisions
+    from kvgate.profile.models import VerdictsSpec
+    from kvgate.stats.confidence import plan_looks
+    prof = load_profile(str(PROFILE))
+    prof = prof.model_copy(update={"compare": prof.compare.model_copy(update={"quantile": 0.95})})
+    budget = prof.model_copy(update={"verdicts": VerdictsSpec(false_alarm_budget=0.01)})
+    fc = budget.verdicts.fail_confidence(0.95)
+    plan = plan_looks(100, 100, 0.95, 0.95, fail_confidence=fc)
+    assert (plan.per_look, plan.pass_level) == (fc, 0.95)
+    samp = {**plan.to_dict(), "why_stopped": "cap"}
+    near = pairs_of(60, 50, 100, spread=6)  # +18%: 97.5% bounds 64.4 ms > 1.1 x 59.2 ms FAIL
+    assert latency_verdict(prof, near, {"per_look_confidence": 0.95}, "baseline B").status is Status.FAIL
+    v = latency_verdict(budget, near, samp, "baseline B")
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "bounds at 99.94% (new lower, baseline upper) and 97.5% (new upper, baseline lower)" in v.message
+    assert v.evidence["levels"] == {"fail_per_look": fc, "pass_per_look": 0.95}
+    assert v.evidence["sampling"]["fail_confidence"] == fc
+    assert latency_decisions(budget, near, plan.per_look, plan.pass_level)["ttft"] == "UNDECIDED"
+    # a 2x regression still FAILs -- given the pairs: the baseline's p95 upper bound at 99.94% needs 147 (168 at
+    # 99.98%, the default plan's 3 looks up to 160: there a p95 FAIL cannot come; McNemar's still can)
+    slow = latency_verdict(budget, pairs_of(100, 50, 200, spread=6), samp, "baseline B")
+    assert slow.status is Status.FAIL and "99.94% bounds: new lower 104.8 ms (n=200) > 1.1 x baseline upper" in slow.message
+    same = pairs_of(50, 50, 100, spread=6)  # the PASS side keeps slo.confidence: the same verdict
+    assert latency_verdict(budget, same, samp, "baseline B").message == \
+        latency_verdict(prof, same, {"per_look_confidence": 0.95, "why_stopped": "cap"}, "baseline B").message
+    assert latency_verdict(budget, same, {}, "baseline B").status is Status.PASS  # no sampling: the same levels
+
+
 def test_latency_verdict_the_baselines_p95_is_an_estimate_too():
     # F6: the old rule judged new (56 +- 6) against 1.1 x the baseline's *point* p95; the baseline's own
     # bounds make a +5% revision PASS and a +10.8% one INCONCLUSIVE, never FAIL on the baseline's noise

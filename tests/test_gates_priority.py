@@ -11,7 +11,7 @@ import pytest
 from kvgate.gates.priority import not_asked, priority_verdict
 from kvgate.load import LoadResult
 from kvgate.http.metrics import MetricsTrace
-from kvgate.profile.models import load_profile
+from kvgate.profile.models import VerdictsSpec, load_profile
 from kvgate.load.scenarios import LoadObservation
 from kvgate.verdict import Status
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLM
@@ -91,6 +91,28 @@ def test_a_gain_whose_bounds_straddle_min_gain_is_inconclusive_not_a_point_pass(
     assert "the gain's bounds straddle 1.5x over 2 pairs of rounds (raise priority.pairs)" in v.message
     g = v.evidence["confidence"]["gain"]
     assert g["lower"] < 1.5 <= g["upper"] and g["point"] == pytest.approx(1.897, rel=1e-3), g
+
+
+def test_the_fail_side_at_the_false_alarm_budget_share():
+    # verdicts.false_alarm_budget 0.01: the gain's upper bound (and the SLO's lower bound) at 1 - 0.01/9 = 99.89%
+    budget = PROFILE.model_copy(update={"verdicts": VerdictsSpec(false_alarm_budget=0.01)})
+    near = run([0.12, 0.125, 0.115, 0.12]), run([0.09] * 4, rounds=4)  # a 1.33x gain against 1.5x
+    v = priority_verdict(*near, PROFILE)
+    assert v.status is Status.FAIL and "the gain's 95% upper bound 1.39x over 4 pairs of rounds < 1.5x" in v.message
+    v = priority_verdict(*near, budget)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "one-sided bounds 1.28x (95%)..1.58x (99.89%, the FAIL side)" in v.message
+    assert v.evidence["confidence"]["fail_confidence"] == pytest.approx(1 - 0.01 / 9)
+    assert v.evidence["confidence"]["gain"]["upper_confidence"] == pytest.approx(1 - 0.01 / 9)
+    fcfs = priority_verdict(run([0.095, 0.1, 0.09, 0.095]), run([0.09] * 4, rounds=4), budget)  # 1.05x: ignored
+    assert fcfs.status is Status.FAIL and "the gain's 99.89% upper bound 1.30x over 4 pairs" in fcfs.message
+    slow = priority_verdict(run([0.6, 0.62, 0.58]), run([0.55, 0.6, 0.5]), budget)  # 6x the short SLO
+    assert slow.status is Status.FAIL and "99.89% lower bound 600 ms (n=48; 48 over) > 100 ms -> FAIL" in slow.message
+    good = run([0.6, 0.5, 0.7, 0.6], preemptions=0.0), run([0.09, 0.095, 0.09, 0.08], rounds=4)
+    a, b = priority_verdict(*good, PROFILE), priority_verdict(*good, budget)  # the PASS side keeps slo.confidence
+    assert a.status is b.status is Status.PASS and a.evidence["confidence"]["gain"]["lower"] == \
+        b.evidence["confidence"]["gain"]["lower"]
+    assert "fail_confidence" not in a.evidence["confidence"]
 
 
 def test_failed_requests_fail_and_no_priority_profile_skips():

@@ -174,6 +174,10 @@ def test_ratio_over_units_bounds_on_exact_numbers_and_errs_within_its_rate_when_
     assert r.lower == pytest.approx(5.045, rel=1e-3) and r.upper == pytest.approx(8.124, rel=1e-3)  # t(3) 2.353
     one = ratio_over_units([6.0])
     assert one.lower is None and one.upper is None and one.point == 6.0
+    two = ratio_over_units([6.0, 7.0, 5.0, 8.0], 0.95, upper_confidence=1 - 0.01 / 9)  # the FAIL side's own level
+    assert two.lower == r.lower and two.upper == pytest.approx(17.36, rel=1e-3)  # t(3) at 99.89% 9.85
+    assert two.to_dict()["upper_confidence"] == two.upper_level and "upper_confidence" not in r.to_dict()
+    assert ratio_over_units([6.0, 7.0, 5.0, 8.0], 0.95, upper_confidence=0.95) == r
     # each unit a pair of rounds whose 43 shorts share one queue (ICC 1 within a round: a round is one
     # value): 4 pairs at a true gain of exactly 3 -- wrong "shown" and wrong "refuted" each within 5%
     # (the Mann-Whitney bounds over the 43 and 43 shorts of one pair: 46.5% and 51.2% of 1,000, measured)

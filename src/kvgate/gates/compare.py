@@ -204,23 +204,34 @@ def outputs_verdict(profile: Profile, prompts: list[GoldenPrompt], base: dict[st
     return Verdict(gate, Status.PASS, f"{head} -> PASS", measured=0, limit=allowed, unit="prompts", evidence=ev)
 
 
-def latency_judgements(profile: Profile, pairs: Pairs, confidence: float) -> dict[str, QuantileRatio | None]:
+def latency_judgements(profile: Profile, pairs: Pairs, confidence: float,
+                       pass_confidence: float | None = None) -> dict[str, QuantileRatio | None]:
     """Per metric: the new revision's ``compare.quantile`` against ``(1 + compare.max_regression)``
     x the baseline's, both samples' order-statistic bounds counting
     (:func:`kvgate.stats.twosample.judge_quantile_ratio` at ``confidence``: each side's bound at
     ``1 - (1 - confidence) / 2``; FAIL when new's lower bound > (1 + r) x base's upper, PASS when
-    new's upper <= (1 + r) x base's lower); None when either side has no sample. Values in ms."""
+    new's upper <= (1 + r) x base's lower); None when either side has no sample. Values in ms.
+    ``pass_confidence`` (the plan's :attr:`~kvgate.stats.confidence.LookPlan.pass_level`; None:
+    ``confidence``): the PASS side's level when the FAIL side's, ``confidence``, is the run's
+    false-alarm budget share (:meth:`~kvgate.profile.models.VerdictsSpec.fail_confidence`)."""
     c = profile.compare
+    up = confidence if pass_confidence is None else pass_confidence
+    fc = None if up == confidence else confidence
     out: dict[str, QuantileRatio | None] = {}
     for m in METRICS:
         new, base = pairs.values("new", m), pairs.values("base", m)
-        out[m] = judge_quantile_ratio(base, new, c.quantile, 1 + c.max_regression, confidence) if new and base else None
+        out[m] = judge_quantile_ratio(base, new, c.quantile, 1 + c.max_regression, up,
+                                      fail_confidence=fc) if new and base else None
     return out
 
 
-def latency_decisions(profile: Profile, pairs: Pairs, confidence: float) -> dict[str, str]:
-    """metric -> PASS/FAIL/UNDECIDED, for :func:`kvgate.stats.confidence.sample_until_decided`."""
-    return {m: (j.decision if j else J_FAIL) for m, j in latency_judgements(profile, pairs, confidence).items()}
+def latency_decisions(profile: Profile, pairs: Pairs, confidence: float,
+                      pass_confidence: float | None = None) -> dict[str, str]:
+    """metric -> PASS/FAIL/UNDECIDED, for :func:`kvgate.stats.confidence.sample_until_decided`
+    (``confidence`` the plan's per-look FAIL level, ``pass_confidence`` its PASS level:
+    :func:`latency_judgements`)."""
+    return {m: (j.decision if j else J_FAIL)
+            for m, j in latency_judgements(profile, pairs, confidence, pass_confidence).items()}
 
 
 def failure_test(pairs: Pairs, confidence: float) -> dict[str, Any]:
@@ -249,7 +260,13 @@ def _latency_clause(what: str, j: QuantileRatio, allowance: float, word: str) ->
     rel = f"{(j.point - 1) * 100:+.1f}%" if j.point is not None else "n/a"
     pt = "n/a" if nb.point is None else f"{nb.point:,.1f} ms"
     ref = "n/a" if bb.point is None else f"{bb.point:,.1f} ms"
-    head = f"{what} {nb.label} {pt} vs baseline {ref} ({rel}; allowed +{allowance:.0%}); {j.side * 100:.4g}% bounds"
+    if j.fail_confidence is None:
+        levels = f"{j.side * 100:.4g}% bounds"
+    else:  # the FAIL side at the run's false-alarm budget share: each clause names the level it rests on
+        levels = {"PASS": f"{j.side * 100:.4g}% bounds", "FAIL": f"{j.fail_side * 100:.4g}% bounds"}.get(
+            word, f"bounds at {j.fail_side * 100:.4g}% (new lower, baseline upper) and {j.side * 100:.4g}% (new upper, "
+                  "baseline lower)")
+    head = f"{what} {nb.label} {pt} vs baseline {ref} ({rel}; allowed +{allowance:.0%}); {levels}"
 
     def ms(x: float | None) -> str:
         return "none" if x is None else f"{x:,.1f} ms"
@@ -270,12 +287,20 @@ def latency_verdict(profile: Profile, pairs: Pairs, sampling: dict[str, Any], la
     (:func:`latency_judgements`) -- or the new revision is shown to fail more of the same pairs
     (:func:`failure_test`); PASS when every metric's ratio is shown within and no failure
     difference is open; else INCONCLUSIVE. Judged at the per-look level of ``sampling``
-    (:meth:`kvgate.stats.confidence.Sampling.to_dict`; Bonferroni over the planned looks).
+    (:meth:`kvgate.stats.confidence.Sampling.to_dict`; Bonferroni over the planned looks): the FAIL
+    side (the ratio's FAIL, McNemar) at ``per_look_confidence``, the PASS side at
+    ``per_look_pass_confidence`` when the plan has one (the FAIL side then at the run's
+    false-alarm budget share, ``fail_confidence``); no sampling: the FAIL side at
+    ``profile.verdicts.fail_confidence(slo.confidence)``, the PASS side at ``slo.confidence``.
     ``measured``/``limit`` (ms): the new revision's TTFT percentile and (1 + max_regression) x the
     baseline's (point estimates; the verdict rests on the bounds in the message)."""
     c = profile.compare
     gate = f"{GATE}/latency"
-    conf = sampling.get("per_look_confidence") or profile.slo.confidence
+    if sampling.get("per_look_confidence"):
+        conf = sampling["per_look_confidence"]
+        up = sampling.get("per_look_pass_confidence") or conf
+    else:
+        conf, up = profile.verdicts.fail_confidence(profile.slo.confidence), profile.slo.confidence
     ft = failure_test(pairs, conf)
     ev = {"baseline": label, "pairs": len(pairs.order), "summary": summary(pairs), "sampling": sampling,
           "max_regression": c.max_regression, "quantile": c.quantile, "failures": ft,
@@ -283,6 +308,8 @@ def latency_verdict(profile: Profile, pairs: Pairs, sampling: dict[str, Any], la
                   "bound > (1 + max_regression) x the baseline's upper bound, PASS when its upper bound <= (1 + "
                   "max_regression) x the baseline's lower bound, each bound at 1 - (1 - per-look confidence) / 2; "
                   "failures: McNemar exact on the interleaved pairs"}
+    if up != conf:  # the FAIL side at the run's false-alarm budget share (verdicts.false_alarm_budget)
+        ev["levels"] = {"fail_per_look": conf, "pass_per_look": up}
     new_err, base_err = pairs.errors("new"), pairs.errors("base")
     n = len(pairs.order)
     fails = (f"the new revision failed {len(new_err)} of {n} latency requests, the {label} {len(base_err)} "
@@ -291,7 +318,7 @@ def latency_verdict(profile: Profile, pairs: Pairs, sampling: dict[str, Any], la
     if ft["decision"] == J_FAIL:
         return Verdict(gate, Status.FAIL, f"{fails} <= {1 - conf:.3g}; first: {new_err[0][:120]}) -> FAIL",
                        measured=len(new_err), limit=len(base_err), unit="requests", evidence=ev)
-    js = latency_judgements(profile, pairs, conf)
+    js = latency_judgements(profile, pairs, conf, up)
     parts, worst = [], PASS
     for m, j in js.items():
         if j is None:

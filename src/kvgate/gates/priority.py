@@ -80,8 +80,11 @@ def pair_gains(without: LoadObservation, with_: LoadObservation) -> list[ShiftRa
 def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile,
             pairs: list[ShiftRatio]) -> tuple[dict[str, Any], UnitRatio | None, Judgement | None, list[str], str]:
     """``(runs, gain, slo judgement, problems, decision)``, the gain over ``pairs``
-    (:func:`pair_gains`) and the SLO judged at ``slo.confidence``."""
+    (:func:`pair_gains`) and the SLO judged at ``slo.confidence``; each FAIL side (the gain's upper
+    bound, the SLO's lower bound) at the family's share of the run's false-alarm budget,
+    ``profile.verdicts.fail_confidence(slo.confidence)`` (the same level without a budget)."""
     spec, conf = profile.priority or PrioritySpec(), profile.slo.confidence
+    fc = profile.verdicts.fail_confidence(conf)
     runs = {}
     for key, obs in (("without", without), ("with", with_)):
         ex = obs.extra or {}
@@ -90,7 +93,7 @@ def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile,
                      "preemptions": ex.get("preemptions", obs.trace.delta("preemptions")),
                      "peak_waiting": obs.trace.peak("waiting"), "rounds": len(rounds_of(obs))}
     p_without, p_with = runs["without"]["short"]["ttft_ms"]["p95"], runs["with"]["short"]["ttft_ms"]["p95"]
-    gj = ratio_over_units([g.point for g in pairs if g.point], conf) if pairs else None
+    gj = ratio_over_units([g.point for g in pairs if g.point], conf, upper_confidence=fc) if pairs else None
     limit = profile.slo.short_ttft_p95_ms
     problems = []
     for key, obs in (("without", without), ("with", with_)):
@@ -100,10 +103,10 @@ def _checks(without: LoadObservation, with_: LoadObservation, profile: Profile,
                 problems.append(f"{s['errors']} {tag} requests failed {key} priority ({s['error_samples'][:2]})")
     if gj is not None and gj.upper is not None and gj.upper < spec.min_gain:
         problems.append(f"priority ignored: short TTFT p95 {_ms(p_with)} with priority vs {_ms(p_without)} without "
-                        f"(the gain's {gj.confidence * 100:.4g}% upper bound {gj.upper:.2f}x over {gj.n} pairs of rounds < "
+                        f"(the gain's {gj.upper_level * 100:.4g}% upper bound {gj.upper:.2f}x over {gj.n} pairs of rounds < "
                         f"{spec.min_gain:g}x needed) -- the server runs "
                         "FCFS (start vLLM with --scheduling-policy priority) or a gateway drops the 'priority' field")
-    sj = judge(_ttft_ms(_shorts(with_.result.records)), Q, limit, conf) if limit is not None else None
+    sj = judge(_ttft_ms(_shorts(with_.result.records)), Q, limit, fc, conf) if limit is not None else None
     if sj is not None and sj.decision == C_FAIL:
         problems.append(f"short-request SLO {limit:,.0f} ms broken even with priority")
     shown = gj is not None and gj.lower is not None and gj.lower >= spec.min_gain
@@ -117,8 +120,10 @@ def _gain_text(gj: UnitRatio | None) -> str:
     if gj is None:
         return "gain n/a (no complete pair of rounds with first-token times)"
     each = ", ".join(f"{r:.2f}x" for r in gj.ratios)
+    c, cu = f"{gj.confidence * 100:.4g}%", f"{gj.upper_level * 100:.4g}%"
     b = ("no bound from one pair" if gj.lower is None else
-         f"{gj.confidence * 100:.4g}% one-sided bounds {gj.lower:.2f}x..{gj.upper:.2f}x")
+         f"{c} one-sided bounds {gj.lower:.2f}x..{gj.upper:.2f}x" if cu == c else
+         f"one-sided bounds {gj.lower:.2f}x ({c})..{gj.upper:.2f}x ({cu}, the FAIL side)")
     return (f"gain {gj.point:.2f}x (geometric mean over {gj.n} pair{'s' if gj.n != 1 else ''} of rounds of each "
             f"pair's Hodges-Lehmann factor on short TTFT: {each}; {b})")
 
@@ -147,7 +152,10 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
     The **gain** is judged over independent units, pairs of rounds
     (:func:`kvgate.load.scenarios.run_priority`): per pair the Hodges-Lehmann scale factor of the
     short TTFT without over with priority, then the geometric mean over the pairs with one-sided
-    Student t bounds at ``slo.confidence`` (:func:`kvgate.stats.twosample.ratio_over_units`): the
+    Student t bounds at ``slo.confidence`` (:func:`kvgate.stats.twosample.ratio_over_units`; the
+    upper bound, and the short SLO's lower bound -- the FAIL sides -- at the family's share of the
+    run's false-alarm budget, ``profile.verdicts.fail_confidence(slo.confidence)``, recorded as
+    ``confidence.fail_confidence``): the
     shorts of one round share its queue (ICC 0.92-0.98 within a round on the embedded server), so
     their Mann-Whitney bounds read them as 43 independent values where they are a handful (CI
     2026-12-06: a healthy priority server's 6.2x gain read 2.02x..13.85x from one round each way,
@@ -186,11 +194,13 @@ def priority_verdict(without: LoadObservation, with_: LoadObservation, profile: 
         groups = [_ttft_ms(_shorts(r)) for r in rounds_of(with_)]
         dep = wave_dependence([g for g in groups if g], unit="short request", cluster="round")
         slo_text = "; short-request SLO: " + sj.text("short TTFT with priority", final=False)
+    fc = profile.verdicts.fail_confidence(profile.slo.confidence)  # the FAIL sides' level (_checks)
     can = canary_verdict(with_.canary, profile.limits.canary_deadline_s, after="the priority run") \
         if with_.canary is not None else None
     ev: dict[str, Any] = {"runs": runs, "gain": gj.point if gj is not None else None, "min_gain": spec.min_gain,
                           "plan": ex, "canary": can.to_dict() if can else None,
                           "confidence": {"slo": sj.to_dict() if sj else None, "level": profile.slo.confidence,
+                                         **({"fail_confidence": fc} if fc != profile.slo.confidence else {}),
                                          "gain": gj.to_dict() if gj is not None else None,
                                          "gain_pairs": [g.to_dict() for g in gains],
                                          "slo_dependence": dep.to_dict() if dep is not None else None}}

@@ -12,7 +12,9 @@ sample's distribution-free order-statistic bound (:func:`kvgate.stats.confidence
 
 Each error is within ``1 - c``: a wrong FAIL at the allowance needs new's lower bound above its
 true quantile or base's upper bound below its own, each at most ``(1 - c) / 2``
-(tests/test_stats_decisions.py simulates it at the allowance). pools/isolation (mixed vs alone)
+(tests/test_stats_decisions.py simulates it at the allowance). With ``fail_confidence`` (a run's
+false-alarm budget share) the two bounds that can FAIL (new's lower, base's upper) are at
+``1 - (1 - fail_confidence) / 2``, the two that can PASS stay at ``1 - (1 - c) / 2``. pools/isolation (mixed vs alone)
 and compare/latency (new revision vs baseline) both judge with it. Samples in any one unit (ms).
 
 **Location ratio** (:func:`shift_ratio`): ``x / y`` as a scale factor between two positive
@@ -52,13 +54,15 @@ class QuantileRatio:
     """``new q-quantile / base q-quantile <= ratio_max`` judged on both samples' order-statistic
     bounds, each at ``side`` = ``1 - (1 - c) / 2``: ``decision`` PASS (new.upper <= ratio_max x
     base.lower), FAIL (new.lower > ratio_max x base.upper) or UNDECIDED; ``point``: the ratio of
-    the point estimates (shown, never judged)."""
+    the point estimates (shown, never judged). ``fail_confidence``: the FAIL side's level when it
+    is not ``confidence`` (new's lower and base's upper bound then at ``fail_side``), else None."""
 
     new: PercentileBound
     base: PercentileBound
     ratio_max: float
     decision: str
     confidence: float
+    fail_confidence: float | None = None
 
     @property
     def point(self) -> float | None:
@@ -67,37 +71,59 @@ class QuantileRatio:
 
     @property
     def side(self) -> float:
-        """Each sample's bound level, ``1 - (1 - confidence) / 2``."""
+        """Each sample's bound level, ``1 - (1 - confidence) / 2`` (the PASS side's: base's lower
+        bound's, when the FAIL side has a level of its own)."""
+        return self.base.confidence
+
+    @property
+    def fail_side(self) -> float:
+        """The level of the bounds that can FAIL (new's lower, base's upper): ``1 - (1 -
+        fail_confidence) / 2``; :attr:`side` without a ``fail_confidence``."""
         return self.new.confidence
 
     def to_dict(self) -> dict[str, Any]:
-        return {"new": self.new.to_dict(), "base": self.base.to_dict(), "ratio_max": self.ratio_max,
-                "point": self.point, "decision": self.decision, "confidence": self.confidence,
-                "rule": "PASS: new upper <= ratio_max x base lower; FAIL: new lower > ratio_max x base upper; "
-                        "each bound one-sided at 1 - (1 - confidence) / 2"}
+        out = {"new": self.new.to_dict(), "base": self.base.to_dict(), "ratio_max": self.ratio_max,
+               "point": self.point, "decision": self.decision, "confidence": self.confidence,
+               "rule": "PASS: new upper <= ratio_max x base lower; FAIL: new lower > ratio_max x base upper; "
+                       "each bound one-sided at 1 - (1 - confidence) / 2"}
+        if self.fail_confidence is not None:
+            out["fail_confidence"] = self.fail_confidence
+            out["rule"] += " (new lower and base upper at 1 - (1 - fail_confidence) / 2)"
+        return out
 
 
 def judge_quantile_ratio(base: Sequence[float], new: Sequence[float], q: float, ratio_max: float,
                          confidence: float = DEFAULT_CONFIDENCE, new_n_eff: float | None = None,
-                         new_pass_confidence: float | None = None) -> QuantileRatio:
+                         new_pass_confidence: float | None = None,
+                         fail_confidence: float | None = None) -> QuantileRatio:
     """:class:`QuantileRatio` of ``new`` against ``base`` (same unit) at ``confidence`` for the
     ratio (each sample's bound at ``1 - (1 - confidence) / 2``). ``new_n_eff``: ``new`` is worth
     that many independent values (dependent, e.g. shorts in waves: its bound's ranks at the
     effective n, :func:`kvgate.stats.dependence.dependent_bound`; its ``n`` is then the effective
     n); None: independent. ``new_pass_confidence``: the level of ``new``'s upper bound when it is
-    dependent (a declared floor, lower than its side's; the caller states it). Raises ValueError on ``q`` or ``confidence`` out of range
+    dependent (a declared floor, lower than its side's; the caller states it). ``fail_confidence``
+    (a run's false-alarm budget share; None or ``confidence``: as before): the bounds that can FAIL
+    (new's lower, base's upper) at ``1 - (1 - fail_confidence) / 2``, the PASS side's at ``1 - (1 -
+    confidence) / 2``. Raises ValueError on ``q`` or ``confidence`` out of range
     (:func:`kvgate.stats.confidence.bound`)."""
     side = 1 - (1 - confidence) / 2
-    a = bound(base, q, side)
-    m = bound(new, q, side) if new_n_eff is None or new_n_eff >= len(new) else \
-        dependent_bound(new, q, side, new_pass_confidence, new_n_eff)
+    fc = None if fail_confidence is None or fail_confidence == confidence else fail_confidence
+    if fc is None:
+        a = bound(base, q, side)
+        m = bound(new, q, side) if new_n_eff is None or new_n_eff >= len(new) else \
+            dependent_bound(new, q, side, new_pass_confidence, new_n_eff)
+    else:
+        fside = 1 - (1 - fc) / 2
+        a = bound(base, q, side, fside)
+        m = bound(new, q, fside, side) if new_n_eff is None or new_n_eff >= len(new) else \
+            dependent_bound(new, q, fside, side if new_pass_confidence is None else new_pass_confidence, new_n_eff)
     if m.upper is not None and a.lower is not None and m.upper <= ratio_max * a.lower:
         d = PASS
     elif m.lower is not None and a.upper is not None and m.lower > ratio_max * a.upper:
         d = FAIL
     else:
         d = UNDECIDED
-    return QuantileRatio(m, a, ratio_max, d, confidence)
+    return QuantileRatio(m, a, ratio_max, d, confidence, fc)
 
 
 # ----------------------------------------------------------------------------- location ratio
@@ -181,7 +207,9 @@ class UnitRatio:
     """A ratio measured once per independent unit: ``point`` (the geometric mean of ``ratios``),
     ``lower``/``upper`` (each one-sided at ``confidence``: Student t on the log ratios, ``n - 1``
     degrees of freedom; None below 2 units), ``n`` units, ``sd_log`` (the log ratios' sample
-    standard deviation), ``unit`` (what one ratio is)."""
+    standard deviation), ``unit`` (what one ratio is). ``upper_confidence``: the level ``upper`` is
+    one-sided at when it is not ``confidence`` (a FAIL side judged at a run's false-alarm budget
+    share), else None."""
 
     point: float | None
     lower: float | None
@@ -191,17 +219,29 @@ class UnitRatio:
     sd_log: float | None
     ratios: tuple[float, ...]
     unit: str
+    upper_confidence: float | None = None
+
+    @property
+    def upper_level(self) -> float:
+        """The level ``upper`` is one-sided at: ``upper_confidence``, else ``confidence``."""
+        return self.confidence if self.upper_confidence is None else self.upper_confidence
 
     def to_dict(self) -> dict[str, Any]:
-        return {"point": self.point, "lower": self.lower, "upper": self.upper, "confidence": self.confidence,
-                "n": self.n, "n_eff": self.n, "sd_log": self.sd_log, "ratios": list(self.ratios), "unit": self.unit,
-                "method": "geometric mean of one ratio per independent unit, one-sided Student t bounds on the logs"}
+        out = {"point": self.point, "lower": self.lower, "upper": self.upper, "confidence": self.confidence,
+               "n": self.n, "n_eff": self.n, "sd_log": self.sd_log, "ratios": list(self.ratios), "unit": self.unit,
+               "method": "geometric mean of one ratio per independent unit, one-sided Student t bounds on the logs"}
+        if self.upper_confidence is not None:
+            out["upper_confidence"] = self.upper_confidence
+        return out
 
 
 def ratio_over_units(ratios: Sequence[float], confidence: float = DEFAULT_CONFIDENCE,
-                     unit: str = "pair of rounds") -> UnitRatio:
-    """:class:`UnitRatio` of ``ratios`` (positive, one per independent ``unit``). Empty input or a
-    ratio <= 0 raises ValueError."""
+                     unit: str = "pair of rounds", upper_confidence: float | None = None) -> UnitRatio:
+    """:class:`UnitRatio` of ``ratios`` (positive, one per independent ``unit``), both bounds
+    one-sided at ``confidence``; the upper at ``upper_confidence`` when given and different (the
+    caller's FAIL side at a level of its own: priority FAILs a gain whose upper bound is below
+    ``min_gain``). Numbers: 6, 7, 5, 8 -> upper 8.12x at 95%, 17.4x at 99.89% (t at 3 df 2.35,
+    9.85). Empty input or a ratio <= 0 raises ValueError."""
     from kvgate.stats import t_quantile
 
     xs = np.asarray([float(r) for r in ratios], dtype=float)
@@ -211,12 +251,14 @@ def ratio_over_units(ratios: Sequence[float], confidence: float = DEFAULT_CONFID
         raise ValueError("ratios must be positive and finite")
     logs = np.log(xs)
     mean = float(logs.mean())
+    uc = None if upper_confidence is None or upper_confidence == confidence else upper_confidence
     if xs.size < 2:
-        return UnitRatio(math.exp(mean), None, None, confidence, 1, None, tuple(xs.tolist()), unit)
+        return UnitRatio(math.exp(mean), None, None, confidence, 1, None, tuple(xs.tolist()), unit, uc)
     sd = float(logs.std(ddof=1))
     half = t_quantile(2 * confidence - 1, xs.size - 1) * sd / math.sqrt(xs.size)  # one-sided at confidence
-    return UnitRatio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), confidence, int(xs.size), sd,
-                     tuple(xs.tolist()), unit)
+    up = half if uc is None else t_quantile(2 * uc - 1, xs.size - 1) * sd / math.sqrt(xs.size)
+    return UnitRatio(math.exp(mean), math.exp(mean - half), math.exp(mean + up), confidence, int(xs.size), sd,
+                     tuple(xs.tolist()), unit, uc)
 
 
 __all__ = ["FAIL", "PASS", "QuantileRatio", "ShiftRatio", "UNDECIDED", "UnitRatio", "judge_quantile_ratio",
