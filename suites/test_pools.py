@@ -41,10 +41,12 @@ def test_short_requests_keep_their_ttft_while_the_long_pool_is_loaded(case, kvga
         return
     spec, short = kvgate_profile.pools, kvgate_pools.profiles["short"]
     iso, lag = spec.isolation, short.limits.schedule_lag_max_s
-    alone, mixed = run_isolation(kvgate_pools, iso.waves, iso.shorts_per_wave,
-                                 plan=isolation_plan(iso.waves * iso.shorts_per_wave, short),
-                                 decide=lambda a, m, c: isolation_decide(a, m, spec, short, lag, c))
-    verdict = isolation_verdict(alone, mixed, spec, short, lag)
+    # the FAIL side at the run's false-alarm budget share (the run's profile: verdicts.false_alarm_budget)
+    fc = kvgate_profile.verdicts.fail_confidence(short.slo.confidence)
+    plan = isolation_plan(iso.waves * iso.shorts_per_wave, short, fail_confidence=fc)
+    alone, mixed = run_isolation(kvgate_pools, iso.waves, iso.shorts_per_wave, plan=plan,
+                                 decide=lambda a, m, c: isolation_decide(a, m, spec, short, lag, c, plan.pass_level))
+    verdict = isolation_verdict(alone, mixed, spec, short, lag, fail_confidence=fc)
     # the short SLO, not verdict.limit: an INVALID verdict's limit is text
     picture = interference_png(alone.result.records, mixed.result.records, short_slo_ms(short),
                                f"{kvgate_profile.name}: short-request TTFT through the router, alone vs long pool busy")

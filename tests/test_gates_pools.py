@@ -221,6 +221,40 @@ def test_the_isolation_plan_is_spaced_for_the_ratio_and_judged_at_the_slo_level(
     assert judge_ratio([10.0] * 86, [20.0] * 86, 3, p.per_look).decision == "PASS"  # 86 can PASS
 
 
+def test_isolation_fail_side_at_the_false_alarm_budget_share():
+    # verdicts.false_alarm_budget 0.01 -> the FAIL side at 1 - 0.01/9 = 99.89% (the ratio's per-run bounds at 99.94%)
+    fc = 1 - 0.01 / 9
+    near = runs(spread(200, 100, 120), spread(200, 200, 309))  # SLO 300 ms: p95 304 ms, 95% lower bound 301 ms
+    assert isolation_verdict(*near, SPEC, SHORT, 0.25).status is Status.FAIL
+    v = isolation_verdict(*near, SPEC, SHORT, 0.25, fail_confidence=fc)
+    assert v.status is Status.INCONCLUSIVE, v.message
+    assert "bounds (99.89% lower, 95% upper) 297 ms..307 ms (n=200; 17 over) straddle 300 ms" in v.message
+    assert (v.evidence["confidence"]["per_look"], v.evidence["confidence"]["per_look_pass"]) == (fc, 0.95)
+    ratio = runs(spread(200, 20, 30), spread(200, 60, 93))  # 3.1x against 3x: FAIL at 97.5% a run, not at 99.94%
+    assert isolation_verdict(*ratio, SPEC, SHORT, 0.25).status is Status.FAIL
+    v = isolation_verdict(*ratio, SPEC, SHORT, 0.25, fail_confidence=fc)
+    assert v.status is Status.INCONCLUSIVE and v.evidence["confidence"]["ratio"]["fail_confidence"] == fc
+    assert "bounds of each run at 99.94% (with the load lower, alone upper) and 97.5% (with the load upper" in v.message
+    bad = isolation_verdict(*runs(spread(200, 20, 30), spread(200, 150, 200)), SPEC, SHORT, 0.25, fail_confidence=fc)
+    assert bad.status is Status.FAIL and "99.94% bounds of each run: with the long load lower 195 ms (n=200) > 3x " \
+        "alone upper 30 ms" in bad.message  # 6.7x still FAILs
+    ok = runs(spread(100, 20, 40), spread(100, 40, 90))  # the PASS side keeps slo.confidence: the same verdict
+    assert isolation_verdict(*ok, SPEC, SHORT, 0.25, fail_confidence=fc).message == \
+        isolation_verdict(*ok, SPEC, SHORT, 0.25).message
+    # the plan: the same looks, per_look the FAIL side's, per_look_pass the old per-look level
+    p = isolation_plan(16, load_profile("tiny-cpu"), fail_confidence=fc)
+    assert p.looks == (16, 99, 198, 256) and p.per_look == pytest.approx(1 - (1 - fc) / 4)
+    assert p.pass_level == pytest.approx(1 - 0.05 / 4) and p.fail_confidence == fc
+    assert isolation_plan(16, load_profile("tiny-cpu"), fail_confidence=0.95) == isolation_plan(16, load_profile("tiny-cpu"))
+    assert isolation_decide(*near, SPEC, SHORT, 0.25, 0.95) == "FAIL"
+    assert isolation_decide(*near, SPEC, SHORT, 0.25, fc, 0.95) == "UNDECIDED"
+    alone, mixed = runs(spread(200, 20, 30), spread(200, 150, 200))
+    mixed.extra["sampling"] = {**p.to_dict(), "history": [{"n": 200}] * 3, "why_stopped": "decided"}
+    v = isolation_verdict(alone, mixed, SPEC, SHORT, 0.25)
+    assert v.status is Status.FAIL and "[3 of 4 planned looks, each at 99.97% for a FAIL (the run's false-alarm " \
+        "budget share), 98.75% for a PASS, stopped: decided]" in v.message, v.message
+
+
 # ------------------------------------------------------------------------------ against fakes
 @pytest.fixture
 def pools():

@@ -145,6 +145,9 @@ class RatioJudgement:
     #: level whose upper bound is within, less alone's ``1 - side``) and the level stated (``c``).
     achieved: float | None = None
     stated: float | None = None
+    #: The ratio's FAIL-side level when a run's false-alarm budget sets it apart (mixed's lower and alone's
+    #: upper bound then at ``1 - (1 - fail_confidence) / 2``), else None.
+    fail_confidence: float | None = None
 
     @property
     def point(self) -> float | None:
@@ -158,6 +161,12 @@ class RatioJudgement:
         c = f"{m.confidence * 100:.4g}%"
         pt = "n/a" if self.point is None else f"{self.point:.1f}x"
         head = f"TTFT p95 ratio {pt} (allowed {r:g}x); {c} bounds of each run"
+        if self.fail_confidence is not None:  # the FAIL side (mixed lower, alone upper) at the budget's share
+            cp = f"{a.confidence * 100:.4g}%"  # alone's lower bound: the PASS side's level
+            levels = {PASS_: f"{cp} bounds of each run", FAIL_: f"{c} bounds of each run"}.get(
+                self.decision, f"bounds of each run at {c} (with the load lower, alone upper) and {cp} (with the load "
+                               "upper, alone lower)")
+            head = f"TTFT p95 ratio {pt} (allowed {r:g}x); {levels}"
 
         def ms(x: float | None) -> str:
             return "none" if x is None else f"{x:,.0f} ms"
@@ -178,15 +187,20 @@ class RatioJudgement:
                 f"(n={a.n}) overlap -> {'INCONCLUSIVE' if final else 'undecided'}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mixed": self.mixed.to_dict(), "alone": self.alone.to_dict(), "ratio_max": self.ratio_max,
-                "point": self.point, "decision": self.decision, "pass_confidence_floor_used": self.floor,
-                "pass_confidence_achieved": self.achieved, "pass_confidence_stated": self.stated,
-                "rule": "PASS: mixed upper <= ratio_max x alone lower; FAIL: mixed lower > ratio_max x alone upper; "
-                        "each bound one-sided at 1 - (1 - confidence) / 2"}
+        out = {"mixed": self.mixed.to_dict(), "alone": self.alone.to_dict(), "ratio_max": self.ratio_max,
+               "point": self.point, "decision": self.decision, "pass_confidence_floor_used": self.floor,
+               "pass_confidence_achieved": self.achieved, "pass_confidence_stated": self.stated,
+               "rule": "PASS: mixed upper <= ratio_max x alone lower; FAIL: mixed lower > ratio_max x alone upper; "
+                       "each bound one-sided at 1 - (1 - confidence) / 2"}
+        if self.fail_confidence is not None:
+            out["fail_confidence"] = self.fail_confidence
+            out["rule"] += " (mixed lower and alone upper at 1 - (1 - fail_confidence) / 2)"
+        return out
 
 
 def judge_ratio(alone_ms: list[float], mixed_ms: list[float], ratio_max: float, confidence: float,
-                mixed_n_eff: float | None = None, floor: float | None = None, at_end: bool = False) -> RatioJudgement:
+                mixed_n_eff: float | None = None, floor: float | None = None, at_end: bool = False,
+                fail_confidence: float | None = None) -> RatioJudgement:
     """:class:`RatioJudgement` of the two runs' TTFT samples (ms) at ``confidence`` for the ratio
     (each run's bound at ``1 - (1 - confidence) / 2``): the two-sample rule of
     :func:`kvgate.stats.twosample.judge_quantile_ratio`, mixed as the new sample, alone as the base.
@@ -200,18 +214,22 @@ def judge_ratio(alone_ms: list[float], mixed_ms: list[float], ratio_max: float, 
     alone at ``floor`` left the ratio at ``floor - (1 - side)``, 57.5% for a stated 60%), stated with
     the confidence these samples give (:attr:`RatioJudgement.achieved`); its FAIL side never moves.
     Lock-step waves of identical values (ICC 1.0, no within-wave variance) are measured as ICC 1
-    (:func:`kvgate.stats.dependence.icc_oneway`), one value per wave; not estimable: the same worst case."""
-    r = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence, new_n_eff=mixed_n_eff)
+    (:func:`kvgate.stats.dependence.icc_oneway`), one value per wave; not estimable: the same worst case.
+    ``fail_confidence`` (a run's false-alarm budget share; None or ``confidence``: both sides at
+    ``confidence``): the FAIL side's level (mixed's lower and alone's upper bound at ``1 - (1 -
+    fail_confidence) / 2``), ``confidence`` then the PASS side's only."""
+    fc = None if fail_confidence is None or fail_confidence == confidence else fail_confidence
+    r = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence, new_n_eff=mixed_n_eff, fail_confidence=fc)
     side = 1 - (1 - confidence) / 2
     if (r.decision == UNDECIDED and r.new.upper is None and at_end and floor is not None and floor < confidence
             and mixed_n_eff is not None and mixed_n_eff < len(mixed_ms)):
         mixed_level = floor + (1 - side)
         low = judge_quantile_ratio(alone_ms, mixed_ms, Q, ratio_max, confidence, new_n_eff=mixed_n_eff,
-                                   new_pass_confidence=mixed_level)
+                                   new_pass_confidence=mixed_level, fail_confidence=fc)
         if low.decision == PASS_ and low.base.lower is not None:
             got = dep_pass_confidence(mixed_ms, Q, ratio_max * low.base.lower, mixed_n_eff) - (1 - side)
-            return RatioJudgement(low.new, low.base, ratio_max, low.decision, floor, got, confidence)
-    return RatioJudgement(r.new, r.base, ratio_max, r.decision)
+            return RatioJudgement(low.new, low.base, ratio_max, low.decision, floor, got, confidence, fc)
+    return RatioJudgement(r.new, r.base, ratio_max, r.decision, fail_confidence=fc)
 
 
 def mixed_dependence(mixed: LoadObservation, n: int) -> Dependence:
@@ -226,17 +244,24 @@ def mixed_dependence(mixed: LoadObservation, n: int) -> Dependence:
     return dataclasses.replace(dep, n=n, n_eff=n / dep.design_effect if n else 0.0)
 
 
-def isolation_plan(first: int, short: Profile) -> LookPlan:
+def isolation_plan(first: int, short: Profile, fail_confidence: float | None = None) -> LookPlan:
     """The looks of the isolation run: from ``first`` short requests (``waves`` x ``shorts_per_wave``)
     up to the short pool's ``slo.request_cap``, within its ``slo.max_duration_s``, at most 4 looks.
     Spaced for the stricter of the two checks (the ratio's per-run bounds at ``1 - (1 - c) / (2K)``:
     its first possible PASS is 99 requests at 95%, 4 looks, where the SLO alone needs 86), and
     ``per_look`` = ``1 - (1 - c) / K``, the SLO check's level (the ratio's per-run level follows
-    from it, :func:`judge_ratio`)."""
+    from it, :func:`judge_ratio`). ``fail_confidence`` (the run's false-alarm budget share for this
+    family, ``profile.verdicts.fail_confidence(c)`` of the run's profile; None or at most ``c``: as
+    without): ``per_look`` is then the FAIL side's, ``1 - (1 - fail_confidence) / K``, and
+    ``per_look_pass`` keeps ``1 - (1 - c) / K`` for the PASS side (the looks as without it)."""
     slo = short.slo
     c = slo.confidence
     plan = plan_looks(first, slo.request_cap, Q, 1 - (1 - c) / 2, max_s=slo.max_duration_s)
-    return dataclasses.replace(plan, confidence=c, per_look=1 - (1 - c) / len(plan.looks))
+    k = len(plan.looks)
+    if fail_confidence is None or fail_confidence <= c:
+        return dataclasses.replace(plan, confidence=c, per_look=1 - (1 - c) / k)
+    return dataclasses.replace(plan, confidence=c, per_look=1 - (1 - fail_confidence) / k,
+                               per_look_pass=1 - (1 - c) / k, pass_looks=k, fail_confidence=fail_confidence)
 
 
 @dataclass(frozen=True)
@@ -258,8 +283,10 @@ class IsolationChecks:
 
 
 def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
-                     confidence: float, at_end: bool = False) -> IsolationChecks:
-    """Judge the runs so far at ``confidence`` (a look's level): the sampler's ``decide`` and the
+                     confidence: float, at_end: bool = False, pass_confidence: float | None = None) -> IsolationChecks:
+    """Judge the runs so far at ``confidence`` (a look's level; the PASS side at ``pass_confidence``
+    when given: the plan's :attr:`~kvgate.stats.confidence.LookPlan.pass_level`, ``confidence`` then
+    the FAIL side's at the run's false-alarm budget share): the sampler's ``decide`` and the
     verdict use the same checks. The SLO check is taken at the effective n of the mixed waves
     (:func:`kvgate.load.scenarios.interference_judgement`); ``at_end`` (sampling over): a PASS too
     few independent samples allow at ``confidence`` may be taken at the short profile's
@@ -283,14 +310,15 @@ def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: Pools
     ex = mixed.extra or {}
     # the mixed shorts come in waves behind the same long prefills: the SLO's bound at the effective n
     # of the waves (ICC within waves), as latency/interference judges it
-    dj = (interference_judgement(mixed.result.records, ex.get("short_waves"), slo, confidence, None,
+    up = None if pass_confidence is None or pass_confidence == confidence else pass_confidence
+    dj = (interference_judgement(mixed.result.records, ex.get("short_waves"), slo, confidence, up,
                                  short.slo.pass_confidence_floor, at_end=at_end, per_wave=ex.get("shorts_per_wave"))
           if slo is not None else None)
     sj = dj.judgement if dj is not None else None
     # the mixed shorts' bound at the effective n of their waves, as the SLO's (F2 on the ratio's mixed side)
     mdep = mixed_dependence(mixed, len(mixed_ms))
-    rj = judge_ratio(_ttfts(alone), mixed_ms, spec.isolation.ttft_ratio_max, confidence, mdep.n_eff,
-                     short.slo.pass_confidence_floor, at_end)
+    rj = judge_ratio(_ttfts(alone), mixed_ms, spec.isolation.ttft_ratio_max, confidence if up is None else up,
+                     mdep.n_eff, short.slo.pass_confidence_floor, at_end, fail_confidence=confidence)
     decisions = [d for d in (sj.decision if sj else None, rj.decision) if d]
     if problems or FAIL_ in decisions:
         d = FAIL_
@@ -302,17 +330,18 @@ def isolation_checks(alone: LoadObservation, mixed: LoadObservation, spec: Pools
 
 
 def isolation_decide(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
-                     schedule_lag_max_s: float, confidence: float) -> str:
+                     schedule_lag_max_s: float, confidence: float, pass_confidence: float | None = None) -> str:
     """The sampler's ``decide`` (:func:`kvgate.pools.routing.run_isolation`): the
-    :attr:`IsolationChecks.decision` at a look's ``confidence``; a run the client fell behind in is
+    :attr:`IsolationChecks.decision` at a look's ``confidence`` (the PASS side at
+    ``pass_confidence``, the plan's ``pass_level``, when given); a run the client fell behind in is
     decided (INVALID: more samples cannot mend it), so its sampling stops."""
     if any(o.result.invalid_verdict(ISOLATION, schedule_lag_max_s) for o in (alone, mixed)):
         return FAIL_
-    return isolation_checks(alone, mixed, spec, short, confidence).decision
+    return isolation_checks(alone, mixed, spec, short, confidence, pass_confidence=pass_confidence).decision
 
 
 def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: PoolsSpec, short: Profile,
-                      schedule_lag_max_s: float) -> Verdict:
+                      schedule_lag_max_s: float, fail_confidence: float | None = None) -> Verdict:
     """Short requests' TTFT p95 through the router while the long pool serves its declared long
     load, with confidence (:mod:`kvgate.stats.confidence`: distribution-free order-statistic bounds):
 
@@ -328,7 +357,11 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
 
     Judged at the per-look level of the sampling in ``mixed.extra["sampling"]``
     (:func:`kvgate.pools.routing.run_isolation` with :func:`isolation_plan`; without it, one look at
-    ``slo.confidence``). Undecided at the last look: INCONCLUSIVE with both bounds. INVALID when the
+    ``slo.confidence``); the FAIL side at the plan's ``per_look_confidence``, the PASS side at its
+    ``per_look_pass_confidence`` when it has one (the FAIL side then at the run's false-alarm budget
+    share, :func:`isolation_plan`); without sampling the FAIL side at ``fail_confidence`` when given
+    (``profile.verdicts.fail_confidence(slo.confidence)`` of the run's profile). Undecided at the
+    last look: INCONCLUSIVE with both bounds. INVALID when the
     client fell behind its schedule, or when either window ran on a contended host
     (:func:`kvgate.gates.load.contended`; before judging: a contended alone run would shrink the ratio,
     so here not even a PASS stands; the pools behind the router are not a process tree kvgate
@@ -342,10 +375,16 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
                            limit=v.limit, unit=v.unit, evidence=v.evidence)
     ex = mixed.extra or {}
     sampling = ex.get("sampling")
-    level = sampling["per_look_confidence"] if sampling else short.slo.confidence
+    if sampling:
+        level = sampling["per_look_confidence"]
+        up = sampling.get("per_look_pass_confidence") or level
+    else:
+        up = short.slo.confidence
+        level = up if fail_confidence is None or fail_confidence <= up else fail_confidence
     chk = isolation_checks(alone, mixed, spec, short, level,
                            at_end=not sampling or sampling.get("why_stopped") in ("cap", "time")
-                           or len(sampling.get("history") or ()) >= len(sampling.get("looks") or ()))
+                           or len(sampling.get("history") or ()) >= len(sampling.get("looks") or ()),
+                           pass_confidence=up)
     a = summarize([r for r in alone.result.records if r.tag == "short"])
     m = summarize([r for r in mixed.result.records if r.tag == "short"])
     pa, pm = a["ttft_ms"]["p95"], m["ttft_ms"]["p95"]
@@ -363,7 +402,8 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
                                          if chk.ratio_dependence else None},
                           "confidence": {"slo": chk.slo_dependent.to_dict() if chk.slo_dependent else None,
                                          "ratio": chk.ratio.to_dict(),
-                                         "sampling": sampling, "level": short.slo.confidence, "per_look": level}}
+                                         "sampling": sampling, "level": short.slo.confidence, "per_look": level,
+                                         **({"per_look_pass": up} if up != level else {})}}
     load = (f"{ex.get('long_per_wave')} long {ex.get('long_prompt_tokens', 0):,}-token requests at a time "
             f"({ex.get('waves')} waves)")
     if pa and pm:
@@ -373,8 +413,10 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
         what = f"short-request TTFT p95 through the router alone {pa}, with the long load {pm}"
     looks = ""
     if sampling:
+        each = (f"{level * 100:.4g}%" if up == level else
+                f"{level * 100:.4g}% for a FAIL (the run's false-alarm budget share), {up * 100:.4g}% for a PASS")
         looks = (f" [{len(sampling['history'])} of {len(sampling['looks'])} planned looks, each at "
-                 f"{level * 100:.4g}%, stopped: {sampling['why_stopped']}]")
+                 f"{each}, stopped: {sampling['why_stopped']}]")
     clauses = ["short SLO: " + chk.slo_dependent.text("short TTFT", final=False,
                                                       floor_field="the short pool's slo.pass_confidence_floor")
                if chk.slo_dependent
