@@ -279,6 +279,37 @@ def test_the_reviews_deadline_case_on_the_fake_is_not_a_fail_for_errors():
     assert "error rate" not in v.message or "error rate 0.0%" in v.message
 
 
+def test_error_rate_fail_side_at_the_budget_share_its_pass_side_not_stricter():
+    # verdicts.false_alarm_budget 0.01: latency/slo's plan 32/80/160/256 FAILs at 1 - (1 - 0.99889)/4 a look;
+    # the error rate's PASS side keeps the 1 - 0.05/4 = 98.75% both sides had (errors_pass_level)
+    from types import SimpleNamespace
+    from kvgate.load.sampling import errors_pass_level, judge_errors
+    from kvgate.stats.confidence import plan_looks
+    from .test_gates_load import rec
+    fc = 1 - 0.01 / 9
+    plan = plan_looks(32, 256, 0.95, split=True, fail_confidence=fc)
+    assert errors_pass_level(plan) == 1 - 0.05 / 4 and plan.per_look == pytest.approx(1 - (1 - fc) / 4)
+    assert errors_pass_level(plan_looks(32, 256, 0.95, split=True)) is None and errors_pass_level(None) is None
+    slo = SimpleNamespace(ttft_p95_ms=None, itl_p95_ms=None, e2e_p95_ms=None, error_rate_max=0.05)
+    old = 1 - 0.05 / 4
+
+    def errors(k, n=256):
+        return [rec(i, status=500 if i < k else 200) for i in range(n)]
+    # 5 of 256: upper bound 4.91% at 98.75% PASSes; at the FAIL side's 99.97% it would be 6.93%
+    assert judge_errors(errors(5), slo, old).decision == "PASS"
+    assert judge_errors(errors(5), slo, plan.per_look, errors_pass_level(plan)).decision == "PASS"
+    assert judge_errors(errors(5), slo, plan.per_look).decision == "UNDECIDED"
+    # 23 of 256 (9.0%): lower bound 5.41% at 98.75% FAILs; 3.98% at the budget's level does not
+    assert judge_errors(errors(23), slo, old).decision == "FAIL"
+    near = judge_errors(errors(23), slo, plan.per_look, errors_pass_level(plan))
+    assert near.decision == "UNDECIDED" and near.fail_confidence == plan.per_look and near.confidence == old
+    assert judge_errors(errors(60), slo, plan.per_look, errors_pass_level(plan)).decision == "FAIL"  # 23%: clear
+    assert slo_decisions(errors(23), slo, plan.per_look, plan.pass_level, errors_pass_level(plan)) == \
+        {"errors": "UNDECIDED"}
+    # no budget: the same judgement as before
+    assert judge_errors(errors(23), slo, old, None) == judge_errors(errors(23), slo, old, old)
+
+
 def test_slo_decisions_judge_an_error_allowance_on_its_bounds():
     # F10: with slo.error_rate_max 0.05, 1 error in 40 is undecided (bounds 0.1%..11.3%), not a PASS on its 2.5%
     from types import SimpleNamespace

@@ -23,7 +23,7 @@ from typing import Any
 from kvgate.stats.confidence import (FAIL as C_FAIL, PASS as C_PASS, UNDECIDED, LookPlan, Sampling, judge,
                                      min_samples_to_pass)
 from kvgate.profile.models import Profile
-from kvgate.load.sampling import Q, SLO_METRICS, judge_errors, judge_slo, slo_levels, slo_samples
+from kvgate.load.sampling import Q, SLO_METRICS, errors_pass_level, judge_errors, judge_slo, slo_levels, slo_samples
 from kvgate.load.scenarios import (LoadObservation, ScenarioError, Traffic, interference_judgement,
                                    latency_judgements, long_workload, short_workload)
 from kvgate.stats import percentile, request_metrics, summarize
@@ -549,7 +549,8 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     rate = s["error_rate"]
     errs = f"errors {s['errors']}/{s['requests']} (max rate {slo.error_rate_max:g})"
     if slo.error_rate_max > 0:  # an allowance: judged on Clopper-Pearson bounds, not the point (F10)
-        ej = judge_errors(recs, slo, level)
+        # the PASS side at the level it had before a false-alarm budget moved the FAIL side (errors_pass_level)
+        ej = judge_errors(recs, slo, level, errors_pass_level(sampling.plan) if sampling is not None else up)
         (problems if ej.decision == C_FAIL else undecided if ej.decision == UNDECIDED else parts).append(
             ej.text("error rate", final=False) + (f" ({s['error_samples'][:2]})" if ej.decision == C_FAIL else ""))
         checks.append(Verdict(f"{gate}.error rate", _STATUS[ej.decision], ej.text("error rate"), measured=ej.rate,

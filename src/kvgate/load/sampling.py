@@ -168,13 +168,31 @@ def error_rate(records: Sequence[Any]) -> tuple[int, int]:
     return sum(1 for r in judged if not r.ok), len(judged)
 
 
-def judge_errors(records: Sequence[Any], slo: Any, confidence: float) -> RateJudgement:
+def judge_errors(records: Sequence[Any], slo: Any, confidence: float,
+                 pass_confidence: float | None = None) -> RateJudgement:
     """The error rate (:func:`error_rate`; unit: the request) against ``slo.error_rate_max``
     (:func:`kvgate.stats.proportion.judge_at_most`): with an allowance above 0, PASS when the
-    one-sided Clopper-Pearson upper bound at ``confidence`` is within it, FAIL when the lower bound
-    is above it, else UNDECIDED; an allowance of 0 is a count (any error FAILs, a measured fact)."""
+    one-sided Clopper-Pearson upper bound at ``pass_confidence`` (None: ``confidence``) is within
+    it, FAIL when the lower bound at ``confidence`` is above it, else UNDECIDED; an allowance of 0
+    is a count (any error FAILs, a measured fact). ``confidence`` is the look's FAIL-side level
+    (the run's false-alarm budget share when one is set), ``pass_confidence`` the PASS side's
+    (:func:`errors_pass_level`), so the budget makes no error-rate PASS stricter."""
     bad, n = error_rate(records)
-    return judge_at_most(bad, n, slo.error_rate_max, confidence)
+    if pass_confidence is None or pass_confidence == confidence:
+        return judge_at_most(bad, n, slo.error_rate_max, confidence)
+    return judge_at_most(bad, n, slo.error_rate_max, pass_confidence, fail_confidence=confidence)
+
+
+def errors_pass_level(plan: LookPlan | None) -> float | None:
+    """The error rate's PASS-side level at a look of ``plan``: ``1 - (1 - confidence) / K`` over its
+    ``K`` looks (Bonferroni over every look: an error-rate PASS is possible at any look), the level
+    both sides had before a run's false-alarm budget moved the FAIL side to ``plan.per_look``; None
+    when the plan has no budget (``fail_confidence`` None: both sides at ``per_look``, as before)
+    or there is no plan. Not :attr:`~kvgate.stats.confidence.LookPlan.pass_level`: that one is
+    corrected only over the looks large enough for a p95 PASS."""
+    if plan is None or plan.fail_confidence is None:
+        return None
+    return 1 - (1 - plan.confidence) / len(plan.looks)
 
 
 def with_failures(samples: list[float], records: Sequence[Any], slo: Any) -> list[float]:
@@ -189,12 +207,13 @@ def with_failures(samples: list[float], records: Sequence[Any], slo: Any) -> lis
 
 
 def slo_decisions(records: Sequence[Any], slo: Any, confidence: float,
-                  pass_confidence: float | None = None) -> dict[str, str]:
+                  pass_confidence: float | None = None, errors_pass_confidence: float | None = None) -> dict[str, str]:
     """The sampling loop's decisions: each SLO'd metric's (:func:`judge_slo`) plus ``errors``
-    (:func:`judge_errors` at ``confidence``: a FAIL stands whatever more samples say; no request
-    judged yet: PASS, the metrics decide)."""
+    (:func:`judge_errors` at ``confidence``, its PASS side at ``errors_pass_confidence`` when given,
+    :func:`errors_pass_level`: a FAIL stands whatever more samples say; no request judged yet:
+    PASS, the metrics decide)."""
     out = {label: j.decision for label, j in judge_slo(records, slo, confidence, pass_confidence).items()}
-    ej = judge_errors(records, slo, confidence)
+    ej = judge_errors(records, slo, confidence, errors_pass_confidence)
     out[ERRORS] = ej.decision if ej.n else PASS
     return out
 
@@ -309,5 +328,5 @@ def sample_latency(endpoint: Any, specs: Sequence[RequestSpec], concurrency: int
     return sample_batches(plan, send, decide, first_deadline_s=deadline_s, clock=clock, stop_on_fail=stop_on_fail)
 
 
-__all__ = ["ERRORS", "Q", "SLO_METRICS", "Sampled", "censored_count", "error_rate", "judge_errors", "judge_slo", "merge_results", "sample_batches",
+__all__ = ["ERRORS", "Q", "SLO_METRICS", "Sampled", "censored_count", "error_rate", "errors_pass_level", "judge_errors", "judge_slo", "merge_results", "sample_batches",
            "sample_latency", "slo_decisions", "slo_levels", "slo_samples", "with_failures"]

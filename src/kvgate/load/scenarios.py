@@ -37,8 +37,8 @@ from kvgate.profile.models import Profile, Workload
 from kvgate.stats.confidence import FAIL, PASS
 from kvgate.stats.dependence import (DependentJudgement, independent, judge_sample, send_order_dependence,
                                     wave_dependence)
-from kvgate.load.sampling import (ERRORS, Q, sample_batches, sample_latency, slo_decisions, slo_levels, slo_samples,
-                                 with_failures)
+from kvgate.load.sampling import (ERRORS, Q, errors_pass_level, sample_batches, sample_latency, slo_decisions, slo_levels,
+                                 slo_samples, with_failures)
 from kvgate.traffic.replay import ReplayPlan, ReplayResult, plan_replay, run_replay
 from kvgate.traffic.sample import TrafficSample, overlong, sample_for
 
@@ -269,7 +269,7 @@ def latency_decide(profile: Profile, plan: LookPlan) -> Callable[[list[Any], flo
     judgements at the send-order effective n (:func:`latency_judgements`). The live sampling and
     ``kvgate merge``'s replay of it call this one function, so both stop at the same look."""
     def decide(records: list[Any], level: float) -> dict[str, str]:
-        out = slo_decisions(records, profile.slo, level, plan.pass_level)
+        out = slo_decisions(records, profile.slo, level, plan.pass_level, errors_pass_level(plan))
         at_end = len(records) >= plan.looks[-1]
         for label, dj in latency_judgements(records, profile.slo, level, plan.pass_level,
                                             profile.slo.concurrency, at_end=at_end).items():
@@ -325,7 +325,7 @@ def run_latency(client: KvClient, endpoint: Endpoint, profile: Profile, deadline
     plan = latency_plan(profile)
 
     def decide(records: list[Any], level: float) -> dict[str, str]:
-        return slo_decisions(records, profile.slo, level, plan.pass_level)
+        return slo_decisions(records, profile.slo, level, plan.pass_level, errors_pass_level(plan))
 
     t = _traffic(profile, name, wl, c, profile.slo.request_cap)
     if t is not None:
