@@ -49,6 +49,12 @@ def with_slo(p: Any, **fields: Any) -> Any:
     return p.model_copy(update={"slo": p.slo.model_copy(update=fields)})
 
 
+def run_verdicts() -> Any:
+    """The run's false-alarm budget (``verdicts``) as the main job's profile, smollm2-cpu, sets it:
+    the cases judged on other profiles (pools, priority) take their FAIL side's level from it."""
+    return profile("smollm2-cpu").verdicts
+
+
 # ----------------------------------------------------------------------------------- records
 
 def record(i: int, sent_s: float, ttft_ms: float, gaps_ms: Any = (), tag: str = "") -> Any:
@@ -374,8 +380,9 @@ COMPARE_SIGMA = 0.1
 def compare_latency() -> Callable[[np.random.Generator, Design, str], str]:
     """compare/latency: the suite's plan (``plan_looks(compare.latency_requests,
     compare.latency_requests_max, compare.quantile, slo.confidence)``, as
-    ``suites/test_compare.py`` builds it), :func:`kvgate.stats.confidence.sample_until_decided`
-    with :func:`kvgate.gates.compare.latency_decisions`, then the gate's
+    ``suites/test_compare.py`` builds it, the FAIL side at ``verdicts.fail_confidence(slo.confidence)``:
+    smollm2-cpu's false-alarm budget share), :func:`kvgate.stats.confidence.sample_until_decided`
+    with :func:`kvgate.gates.compare.latency_decisions` (PASS side at the plan's ``pass_level``), then the gate's
     :func:`kvgate.gates.compare.latency_verdict`. Truth: every metric's new p95 = the truth
     point's multiple of ``(1 + compare.max_regression)`` x the baseline's (healthy: no regression,
     ratio 1.0); lognormal with :data:`COMPARE_SIGMA`. Pairs interleaved one at a time: ``ar1`` designs are a drift of the machine shared
@@ -387,7 +394,7 @@ def compare_latency() -> Callable[[np.random.Generator, Design, str], str]:
     prof = profile("smollm2-cpu")
     c = prof.compare
     plan = plan_looks(c.latency_requests, c.latency_requests_max, c.quantile, prof.slo.confidence,
-                      max_s=c.latency_max_s)
+                      max_s=c.latency_max_s, fail_confidence=prof.verdicts.fail_confidence(prof.slo.confidence))
     allowed = 1 + c.max_regression
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
@@ -417,7 +424,8 @@ def compare_latency() -> Callable[[np.random.Generator, Design, str], str]:
                 pairs.order.append("new" if i % 2 == 0 else "base")
             return len(pairs.order) - i0
 
-        s = sample_until_decided(plan, take, lambda conf: latency_decisions(prof, pairs, conf), clock=lambda: 0.0)
+        s = sample_until_decided(plan, take, lambda conf: latency_decisions(prof, pairs, conf, plan.pass_level),
+                                 clock=lambda: 0.0)
         return _status(latency_verdict(prof, pairs, s.to_dict(), "baseline (sim)"))
 
     return one
@@ -432,7 +440,9 @@ def accuracy() -> Callable[[np.random.Generator, Design, str], str]:
     floor, as the main job judges it; ``recorded`` -- the limit ``recorded x (1 - tolerance)`` from a
     recorded run that is itself a draw (``recorded_correct`` ~ Bin(65, p0)), ``min_accuracy``
     unset. Truth: the served accuracy ``p0 - x (p0 - limit)`` (x = 1 at the limit, 1.5, 2: that
-    many times the allowed drop; healthy x = 0: the recorded accuracy)."""
+    many times the allowed drop; healthy x = 0: the recorded accuracy). The FAIL side at
+    ``verdicts.fail_confidence(accuracy.confidence)`` (smollm2-cpu's false-alarm budget share), as
+    the suite passes it."""
     from kvgate.gates.answers import accuracy_verdict
     from kvgate.profile.models import AnswersSpec
 
@@ -441,6 +451,7 @@ def accuracy() -> Callable[[np.random.Generator, Design, str], str]:
     n0, k0 = acc.recorded_items, acc.recorded_correct
     p0, tol = k0 / n0, acc.tolerance
     floor = acc.min_accuracy if acc.min_accuracy is not None else p0 * (1 - tol)
+    fc = prof.verdicts.fail_confidence(acc.confidence)
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
         x = 0.0 if truth == "healthy" else FACTOR[truth]
@@ -453,7 +464,7 @@ def accuracy() -> Callable[[np.random.Generator, Design, str], str]:
             spec = acc.model_copy(update={"min_accuracy": floor})
         else:
             spec = acc.model_copy(update={"min_accuracy": None, "recorded_correct": int(rng.binomial(n0, p0))})
-        return _status(accuracy_verdict(AnswersSpec(accuracy=spec), rows, "task (sim)"))
+        return _status(accuracy_verdict(AnswersSpec(accuracy=spec), rows, "task (sim)", fail_confidence=fc))
 
     return one
 
@@ -471,7 +482,9 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
     long load, as ``run_isolation`` does), then :func:`kvgate.gates.pools.isolation_verdict`. The
     short SLO unset: the ratio is the case. Truth: the mixed shorts' TTFT p95 = the truth point's
     multiple of ``isolation.ttft_ratio_max`` x the alone p95 (healthy: half of it). Alone shorts
-    are sequential (independent); the mixed ones in waves of ``shorts_per_wave``."""
+    are sequential (independent); the mixed ones in waves of ``shorts_per_wave``. The FAIL side at
+    the run's false-alarm budget share for the short pool's ``slo.confidence``, the budget
+    smollm2-cpu's (:func:`run_verdicts`: tiny-cpu-pools sets none), as the suite passes it."""
     from kvgate.gates.pools import isolation_decide, isolation_plan, isolation_verdict
     from kvgate.stats.confidence import sample_until_decided
 
@@ -482,7 +495,8 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
     # each design at its own slo.pass_confidence_floor (strict: unset; the short pool ships 0.6), as capacity
     shorts: dict[float | None, Any] = {}
     per = iso.shorts_per_wave
-    plan = isolation_plan(iso.waves * per, short)
+    fc = run_verdicts().fail_confidence(short.slo.confidence)
+    plan = isolation_plan(iso.waves * per, short, fail_confidence=fc)
     alone_p95 = 10.0
 
     def one(rng: np.random.Generator, design: Design, truth: str) -> str:
@@ -506,10 +520,11 @@ def pools_isolation() -> Callable[[np.random.Generator, Design, str], str]:
             mixed.extra["waves"] = len(waves_seen)
             return len(mixed_recs) - i0
 
-        s = sample_until_decided(plan, take, lambda c: {"isolation": isolation_decide(alone, mixed, spec, sp, lag, c)},
+        s = sample_until_decided(plan, take, lambda c: {"isolation": isolation_decide(alone, mixed, spec, sp, lag, c,
+                                                                                      plan.pass_level)},
                                  clock=lambda: 0.0)
         mixed.extra["sampling"] = s.to_dict()  # where run_isolation leaves it, and the verdict reads it
-        return _status(isolation_verdict(alone, mixed, spec, sp, lag))
+        return _status(isolation_verdict(alone, mixed, spec, sp, lag, fail_confidence=fc))
 
     return one
 
@@ -523,12 +538,14 @@ def priority() -> Callable[[np.random.Generator, Design, str], str]:
     over the pairs, :func:`kvgate.stats.twosample.ratio_over_units`). Truth: the gain (short TTFT
     without priority / with, every quantile alike) = ``priority.min_gain`` at the limit, ``min_gain
     / 1.5`` and ``/ 2`` (power), ``3 x min_gain`` healthy (measured 6-10x against 3). A round's
-    shorts in waves of 4, each round its own draw."""
+    shorts in waves of 4, each round its own draw. The FAIL side at the run's false-alarm budget
+    share, the budget smollm2-cpu's (:func:`run_verdicts`: tiny-cpu-priority sets none; copied into
+    the profile, whose ``verdicts`` the gate reads)."""
     from kvgate.gates.priority import priority_verdict
     from kvgate.profile.models import PrioritySpec
 
     base = profile("tiny-cpu-priority")
-    prof = with_slo(base, short_ttft_p95_ms=None)
+    prof = with_slo(base, short_ttft_p95_ms=None).model_copy(update={"verdicts": run_verdicts()})
     pspec = prof.priority or PrioritySpec()
     per_round, gain_min, pairs = pspec.shorts, pspec.min_gain, pspec.pairs
     with_p95 = 100.0
