@@ -332,7 +332,7 @@ def test_an_assumption_the_residuals_contradict_is_not_used():
 def test_an_interval_whose_lower_end_is_at_the_fail_sides_budget_level():
     """linear_fit/trend/growth's ``lower_confidence``: the lower end (what shows growth: a FAIL) at a
     run's false-alarm budget share, the upper end (a PASS) at the own level, the same dependence."""
-    from kvgate.stats import AR1_DRAWS, AR1_TAIL, ar1_critical, trend
+    from kvgate.stats import AR1_DRAWS, AR1_TAIL, ar1_critical, t_quantile, trend
 
     rng = np.random.default_rng(7)
     x = np.arange(20, dtype=float)
@@ -345,8 +345,11 @@ def test_an_interval_whose_lower_end_is_at_the_fail_sides_budget_level():
     assert asym.ci_high == sym.ci_high and asym.ci_low < sym.ci_low and asym.slope == sym.slope
     assert asym.lower_confidence == 0.99995 and asym.low_level == 0.99995 and sym.low_level == 0.95
     assert "lower_confidence" not in sym.to_dict() and asym.to_dict()["lower_confidence"] == 0.99995
-    # the lower end is the two-sided interval's at that level; equal levels: the symmetric interval
-    assert asym.ci_low == pytest.approx(linear_fit(x, y, 0.99995).ci_low)
+    # the lower end is the two-sided interval's at that level (its critical value extrapolated from the
+    # upper end's draws: no second bootstrap); equal levels: the symmetric interval
+    u = sym.rho_used
+    half = max(t_quantile(0.99995, 18), ar1_critical(20, u, 0.99995, base=0.95) * math.sqrt((1 + u) / (1 - u)))
+    assert asym.ci_low == pytest.approx(sym.slope - half * sym.stderr, rel=1e-12)
     assert linear_fit(x, y, 0.95, lower_confidence=0.95) == sym
     # Theil-Sen's lower end moves too (and only it), widened by the lower end's own widening
     t0, t1 = trend(x, y, 0.95), trend(x, y, 0.95, lower_confidence=0.99995)

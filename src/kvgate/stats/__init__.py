@@ -339,7 +339,8 @@ def _ar1_critical(n: int, phi: float, confidence: float, floor: float, cap: floa
     return float(np.quantile(stat[np.isfinite(stat)], confidence))
 
 
-def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0, cap: float | None = None) -> float:
+def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0, cap: float | None = None,
+                 base: float | None = None) -> float:
     """The two-sided ``confidence`` critical value of a least-squares slope over ``n`` evenly spaced
     rounds whose errors are AR(1) with lag-1 autocorrelation ``rho`` (a fit's ``rho_used``, ``(0,
     RHO_MAX]``), studentised as :func:`linear_fit` studentises it: the independent-rounds standard
@@ -350,8 +351,11 @@ def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0, cap:
     carries both what the short series' residual scatter and its noisy, bias-corrected ``rho`` miss
     (Santer et al.'s ``t`` at ``n_eff - 2`` degrees of freedom, floored at :data:`MIN_DF`, is ~2x too
     wide at 28 rounds and ``rho`` 0.8). Above :data:`AR1_MAX_N` rounds that t rule. A ``confidence`` beyond
-    what the draws resolve (fewer than :data:`AR1_TAIL` of them beyond it): the quantile at the level they
-    resolve times Student's t tail ratio (:data:`AR1_TAIL`). ``cap``: the design's
+    what the draws resolve (fewer than :data:`AR1_TAIL` of them beyond it): the quantile at a level they
+    resolve times Student's t tail ratio (:data:`AR1_TAIL`) -- at ``base`` when given and resolved (the
+    level whose draws a caller already holds: :func:`linear_fit` passes its upper end's, so a lower end
+    at a run's false-alarm budget share costs no second bootstrap), else at ``1 - AR1_TAIL / AR1_DRAWS``.
+    ``cap``: the design's
     assumed most autocorrelation (:func:`assumed_autocorrelation`): the draws' dependence and each draw's
     own allowance at most that. Dimensionless."""
     if n < 3:
@@ -366,10 +370,11 @@ def ar1_critical(n: int, rho: float, confidence: float, floor: float = 0.0, cap:
     resolved = 1.0 - AR1_TAIL / AR1_DRAWS
     if confidence <= resolved:
         return _ar1_critical(int(n), round(phi, 4), round(confidence, 6), round(fl, 4), round(top, 4))
-    # beyond what the draws resolve (:data:`AR1_TAIL`): the resolved quantile, Student's t tail beyond it
+    # beyond what the draws resolve (:data:`AR1_TAIL`): a resolved quantile, Student's t tail beyond it
+    at = base if base is not None and 0.5 < base <= resolved else resolved
     nu = max(MIN_DF, (n - 2.0) / (1.0 + phi))
-    base = _ar1_critical(int(n), round(phi, 4), round(resolved, 6), round(fl, 4), round(top, 4))
-    return base * _t_real_df(confidence, nu) / _t_real_df(resolved, nu)
+    crit = _ar1_critical(int(n), round(phi, 4), round(at, 6), round(fl, 4), round(top, 4))
+    return crit * _t_real_df(confidence, nu) / _t_real_df(at, nu)
 
 
 def round_dependence(resid: Sequence[float], lines: int = 1) -> tuple[float, float]:
@@ -504,7 +509,7 @@ def linear_fit(x: Sequence[float], y: Sequence[float], confidence: float = 0.95,
     def half_at(level: float) -> float:
         t_iid = t_quantile(level, n - 2)
         if used > 0.0:  # never narrower than independent rounds' interval
-            crit = ar1_critical(n, used, level, floor, cap)
+            crit = ar1_critical(n, used, level, floor, cap, base=confidence)
             return max(t_iid, crit * math.sqrt((1.0 + used) / (1.0 - used))) * stderr
         return t_iid * stderr
 
