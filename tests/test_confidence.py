@@ -141,3 +141,31 @@ def test_plan_looks_never_plans_more_looks_than_max_looks():
         p = _plan(first, cap, 0.95, rng.choice([0.9, 0.95, 0.99]), max_looks=k, split=rng.random() < 0.5)
         assert len(p.looks) <= k, (first, cap, k, p)
     assert _plan(32, 256, 0.95, 0.95, split=True).looks == (32, 80, 160, 256)  # unchanged where it fitted
+
+
+def test_a_false_alarm_budget_sets_the_fail_side_apart_and_leaves_the_pass_side():
+    """verdicts.false_alarm_budget 0.01 over 9 families: a FAIL at 99.89% overall (0.028% a look
+    over latency/slo's 4 looks, 0.056% over interference's 2), the PASS side and the looks as
+    without a budget; no budget or one looser than the family's own level: unchanged."""
+    from kvgate.stats.confidence import budget_level
+    fc = budget_level(0.95, 0.01, 9)
+    assert fc == pytest.approx(1 - 0.01 / 9)
+    assert budget_level(0.95, None, 9) == 0.95 and budget_level(0.999, 0.1, 9) == 0.999
+    with pytest.raises(ValueError):
+        budget_level(0.95, 0.0, 9)
+    plain, budgeted = plan_looks(32, 256, 0.95, 0.95, split=True), plan_looks(32, 256, 0.95, 0.95, split=True,
+                                                                               fail_confidence=fc)
+    assert budgeted.looks == plain.looks == (32, 80, 160, 256)
+    assert budgeted.pass_level == plain.pass_level and budgeted.per_look == pytest.approx(1 - 0.01 / 9 / 4)
+    assert budgeted.to_dict()["fail_confidence"] == fc and "fail_confidence" not in plain.to_dict()
+    two = split_levels([16, 60], 0.95, 0.95, fail_confidence=fc)
+    assert two.pass_level == 0.95 and two.per_look == pytest.approx(1 - 0.01 / 9 / 2)
+    one = plan_looks(32, 256, 0.95, 0.975, fail_confidence=fc)  # one level for both sides without a budget
+    assert one.looks == plan_looks(32, 256, 0.95, 0.975).looks and one.pass_level == plan_looks(32, 256, 0.95, 0.975).per_look
+    # 60 values whose lower bound at 97.5% is just above the limit: FAIL without the budget, undecided with it
+    xs = [float(v) for v in range(1, 61)]
+    limit = judge(xs, 0.95, 0.0, 0.975).bound.lower - 0.5
+    assert judge(xs, 0.95, limit, plain_level := 0.975).decision == FAIL, plain_level
+    assert judge(xs, 0.95, limit, two.per_look, two.pass_level).decision == UNDECIDED
+    assert judge(xs, 0.95, 10.0, two.per_look, two.pass_level).decision == FAIL  # far above: still FAIL
+    assert judge(xs, 0.95, 100.0, two.per_look, two.pass_level).decision == PASS

@@ -595,6 +595,27 @@ class Case:
     #: The design keys the main job runs this case under, for the budget (None: every design,
     #: the worst counted).
     main_job_designs: tuple[str, ...] | None = None
+    #: The wrong-FAIL rate the case claims at the limit when it differs from ``stated``: the case's
+    #: share of its profile's false-alarm budget (``verdicts.false_alarm_budget`` / 9, :func:`budget_share`);
+    #: None: ``stated`` (no budget in the adapter's profile).
+    stated_fail: float | None = None
+
+    @property
+    def fail_stated(self) -> float:
+        """The wrong-FAIL rate held at the limit (and at the healthy point)."""
+        return self.stated if self.stated_fail is None else self.stated_fail
+
+
+def budget_share(name: str = "smollm2-cpu", own: float = 0.95) -> float | None:
+    """The wrong-FAIL rate a family of profile ``name`` (own level ``own``) states under the
+    profile's false-alarm budget: ``1 - verdicts.fail_confidence(own)``; None when the profile sets
+    no budget (the family states ``1 - own``)."""
+    v = profile(name).verdicts
+    return None if v.false_alarm_budget is None else round(1 - v.fail_confidence(own), 8)
+
+
+#: smollm2-cpu's budget share per family (the adapters below judge on that profile).
+_SHARE = budget_share()
 
 
 REQ = (IID, WAVES_09, WAVES_10)
@@ -605,44 +626,45 @@ _SOAK = "gates.soak.undecided after every round past the planned ones, analyze +
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("latency/slo TTFT", REQ_FLOOR, lambda: latency_slo("TTFT"), True,
          "1 - slo.confidence per side over the planned looks (split_levels)", "TTFT p95 at half the limit",
-         decided_by=_LAT),
+         stated_fail=_SHARE, decided_by=_LAT),
     Case("latency/slo ITL", REQ, lambda: latency_slo("ITL"), True,
          "1 - slo.confidence per side; truth = pooled inter-token gaps' p95 (vllm bench serve's ITL p95)",
-         "pooled ITL p95 at half the limit", max_runs=200, decided_by=_LAT),
+         "pooled ITL p95 at half the limit", max_runs=200, stated_fail=_SHARE, decided_by=_LAT),
     Case("latency/slo e2e", REQ_FLOOR, lambda: latency_slo("e2e"), True,
-         "1 - slo.confidence per side over the planned looks", "e2e p95 at half the limit", decided_by=_LAT),
+         "1 - slo.confidence per side over the planned looks", "e2e p95 at half the limit", stated_fail=_SHARE, decided_by=_LAT),
     Case("latency/interference", REQ_FLOOR, interference, True,
          "1 - slo.confidence per side over the planned looks (16/60 shorts)", "mixed short TTFT p95 at half the limit",
-         decided_by="scenarios.interference_plan, gates.load.interference_verdict at every look"),
+         stated_fail=_SHARE, decided_by="scenarios.interference_plan, gates.load.interference_verdict at every look"),
     Case("capacity", REQ_FLOOR, capacity, False,
          "1 - slo.confidence per side at the need step over its planned looks", "the need step's TTFT p95 at half the limit",
-         decided_by="load.capacity.step_plan, gates.capacity.judge_step + capacity_verdict at every look"),
+         stated_fail=_SHARE, decided_by="load.capacity.step_plan, gates.capacity.judge_step + capacity_verdict at every look"),
     Case("soak/memory", (IID, AR_05, AR_08, AR_08_NO_ASSUMPTION), lambda: soak("memory"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no growth (slope 0)",
-         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, decided_by=_SOAK),
+         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, stated_fail=_SHARE, decided_by=_SOAK),
     Case("soak/latency", (IID, AR_05, AR_08, AR_08_NO_ASSUMPTION), lambda: soak("latency"), True,
          "1 - soak.confidence over all looks (Bonferroni, soak.look_confidence)", "no drift (slope 0)",
-         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, decided_by=_SOAK),
+         truths=("healthy", "limit", "1.5x", "2x", "3x"), max_runs=500, stated_fail=_SHARE, decided_by=_SOAK),
     Case("soak/gpu-memory", (IID,), soak_gpu, False,
          "exact: a measured peak against a fixed budget (no estimate; at the limit = 1 MiB over it)",
          "peak at half the budget", stated=0.0, fail_at_limit_is_wrong=False,
          decided_by="gates.soak.analyze + gpu_verdict"),
     Case("compare/latency", (IID, AR_05, AR_08), compare_latency, False,
          "1 - slo.confidence per side over the planned looks", "no regression (ratio 1.0)",
-         decided_by="plan_looks as suites/test_compare.py, sample_until_decided + gates.compare.latency_decisions, "
+         stated_fail=_SHARE, decided_by="plan_looks as suites/test_compare.py, sample_until_decided + gates.compare.latency_decisions, "
                     "gates.compare.latency_verdict"),
     Case("answers/accuracy", (FIXED, RECORDED), accuracy, True,
          "1 - accuracy.confidence per side (one-sided Clopper-Pearson; Newcombe non-inferiority for a recorded run)",
          "the recorded accuracy 47/65 (no drop)",
-         decided_by="gates.answers.accuracy_verdict", main_job_designs=("fixed",)),
+         stated_fail=_SHARE, decided_by="gates.answers.accuracy_verdict", main_job_designs=("fixed",)),
     Case("pools/isolation", REQ_FLOOR, pools_isolation, False,
          "1 - slo.confidence per side for the ratio (each run's bound at 1 - alpha/2)",
          "mixed p95 at half of ratio_max x alone",
-         decided_by="gates.pools.isolation_plan, sample_until_decided + isolation_decide, isolation_verdict"),
+         stated_fail=_SHARE, decided_by="gates.pools.isolation_plan, sample_until_decided + isolation_decide, "
+                                        "isolation_verdict"),
     Case("priority", REQ, priority, False,
          "1 - slo.confidence per side for the gain (one-sided Student t over the pairs of rounds)",
          "gain 3 x min_gain",
-         decided_by="load.scenarios.run_priority's pairs of rounds, gates.priority.priority_verdict "
+         stated_fail=_SHARE, decided_by="load.scenarios.run_priority's pairs of rounds, gates.priority.priority_verdict "
                     "(stats.twosample.ratio_over_units)"),
 )}
 

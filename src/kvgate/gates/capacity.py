@@ -173,7 +173,7 @@ def step_invalid(obs: LoadObservation, profile: Profile) -> str | None:
 
 
 def _step_metrics(recs: Sequence[Any], slo: Any, conf: float, up: float | None, concurrency: int,
-                  at_end: bool = False) -> tuple[dict[str, dict[str, Any]], list[str]]:
+                  at_end: bool = False, fail_worst: bool = False) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Each SLO'd metric of a step's records judged at ``conf`` (the PASS side at ``up`` when given),
     as latency/slo judges its closed loop (issue 48: a step is the same closed loop at the step's
     ``concurrency``): TTFT and e2e at the effective n of the requests in send order
@@ -183,11 +183,12 @@ def _step_metrics(recs: Sequence[Any], slo: Any, conf: float, up: float | None, 
     cluster bootstrap over the loop's waves (send index // ``concurrency``). The FAIL side is
     corrected over the SLO'd metrics (:func:`kvgate.load.sampling.slo_levels`), as latency/slo's.
     Returns (label -> the judgement's dict with its text -- TTFT/e2e with ``dependence``: unit,
-    measure, n_eff --, the decisions of the SLO'd metrics)."""
+    measure, n_eff --, the decisions of the SLO'd metrics). ``fail_worst`` (a run with a false-alarm
+    budget): TTFT/e2e's FAIL side at one value per ``concurrency`` requests."""
     c = max(1, int(concurrency or 1))
     per = slo_samples(recs, slo)
     fail_level, pass_level = slo_levels(slo, conf, up)
-    dependent = latency_judgements(recs, slo, conf, up, c, at_end)
+    dependent = latency_judgements(recs, slo, conf, up, c, at_end, fail_worst)
     metrics: dict[str, dict[str, Any]] = {}
     decisions = []
     for label, fname in METRICS:
@@ -218,7 +219,8 @@ def step_decisions(records: Sequence[Any], profile: Profile, level: float, pass_
     at the same look's level, so the step's sampling never stops on what its verdict reads
     otherwise (the profile's ``slo.pass_confidence_floor`` is for the last look only, where the
     sampling stops anyway)."""
-    metrics, _ = _step_metrics(records, profile.slo, level, pass_level, concurrency)
+    metrics, _ = _step_metrics(records, profile.slo, level, pass_level, concurrency,
+                               fail_worst=profile.verdicts.false_alarm_budget is not None)
     out = {label: m["decision"] for label, m in metrics.items() if m.get("limit") is not None}
     errors, judged = error_rate(records)
     out["errors"] = judge_at_most(errors, judged, profile.slo.error_rate_max, level).decision if judged else C_PASS
@@ -240,7 +242,8 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     # the floor PASS (slo.pass_confidence_floor) only at the step's last look, as latency/slo
     at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")
               or sampling.n >= sampling.plan.looks[-1])
-    metrics, decisions = _step_metrics(recs, slo, conf, up, obs.concurrency, at_end)
+    metrics, decisions = _step_metrics(recs, slo, conf, up, obs.concurrency, at_end,
+                                       profile.verdicts.false_alarm_budget is not None)
     n = len(recs)
     # the server's errors (RequestRecord.failed): a request cut by kvgate's own deadline (the step's time
     # bound) is censored, not an error, and is left out of the rate's denominator (load.sampling.error_rate)

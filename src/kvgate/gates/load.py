@@ -515,7 +515,8 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     # at the end. A replay keeps the recorded arrivals (its bursts are the sample's): judged per request
     at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")
               or sampling.n >= sampling.plan.looks[-1])
-    dependent = latency_judgements(recs, slo, level, up, obs.concurrency, at_end) if t is None else {}
+    dependent = (latency_judgements(recs, slo, level, up, obs.concurrency, at_end,
+                                    fail_worst=profile.verdicts.false_alarm_budget is not None) if t is None else {})
     judged = {**judged, **{label: dj.judgement for label, dj in dependent.items()}}
 
     def said(label: str, j: Any, final: bool = True) -> str:

@@ -233,7 +233,7 @@ PER_REQUEST = (("ttft_ms", "ttft_p95_ms", "TTFT"), ("e2e_ms", "e2e_p95_ms", "e2e
 
 
 def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_level: float | None, concurrency: int,
-                       at_end: bool = True) -> dict[str, DependentJudgement]:
+                       at_end: bool = True, fail_worst: bool = False) -> dict[str, DependentJudgement]:
     """label (``TTFT``, ``e2e``) -> its p95 (ms) against ``slo.<field>`` judged at the effective n
     of the requests in send order: the autocorrelation at lags 1..``concurrency`` (requests in
     flight together are neighbours; a lock-step loop repeats every ``concurrency`` sends),
@@ -245,7 +245,9 @@ def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_leve
     F11), as :func:`kvgate.load.sampling.judge_slo`. With ``slo.error_rate_max`` > 0 every failed
     request counts as an exceedance (+inf, :func:`kvgate.load.sampling.with_failures`, F10) as
     judge_slo counts it: the dependence is measured on the measured values in send order (a +inf
-    has no autocorrelation) and its design effect applied to all ``n`` values judged."""
+    has no autocorrelation) and its design effect applied to all ``n`` values judged. ``fail_worst``
+    (a run with a false-alarm budget, ``verdicts.false_alarm_budget``): the FAIL side at one value
+    per ``concurrency`` requests (:func:`~kvgate.stats.dependence.send_order_dependence`)."""
     ordered = sorted(records, key=lambda r: r.index)
     xs = slo_samples(ordered)
     level, pass_level = slo_levels(slo, level, pass_level)
@@ -254,7 +256,7 @@ def latency_judgements(records: Sequence[Any], slo: Any, level: float, pass_leve
         limit = getattr(slo, field_name, None)
         if limit is None:
             continue
-        dep = send_order_dependence(xs[key], max(1, int(concurrency)), unit="request")
+        dep = send_order_dependence(xs[key], max(1, int(concurrency)), unit="request", fail_worst=fail_worst)
         values = with_failures(xs[key], ordered, slo)
         if len(values) > len(xs[key]):  # the failures join the sample at the measured design effect
             dep = dataclasses.replace(dep, n=len(values), n_eff=len(values) / dep.design_effect)
@@ -272,7 +274,8 @@ def latency_decide(profile: Profile, plan: LookPlan) -> Callable[[list[Any], flo
         out = slo_decisions(records, profile.slo, level, plan.pass_level, errors_pass_level(plan))
         at_end = len(records) >= plan.looks[-1]
         for label, dj in latency_judgements(records, profile.slo, level, plan.pass_level,
-                                            profile.slo.concurrency, at_end=at_end).items():
+                                            profile.slo.concurrency, at_end=at_end,
+                                            fail_worst=profile.verdicts.false_alarm_budget is not None).items():
             out[label] = dj.decision
         return out
     return decide

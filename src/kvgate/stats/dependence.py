@@ -110,6 +110,18 @@ class Dependence:
     design_effect: float
     n_eff: float
     lags: tuple[float | None, ...] = ()
+    #: The effective n a FAIL's (lower) bound is taken at, when below ``n_eff``: for a send-order
+    #: series, one value per ``max_lag`` requests (:func:`send_order_dependence`, the worst a
+    #: lock-step loop can be). At a false-alarm budget's FAIL level (0.028% a look) the PASS side's
+    #: estimate -- the lag sum beyond its noise allowance, biased low at 32 requests -- made wrong
+    #: FAILs 2.3% at ICC 1 where 0.11% is stated; the sum counted whole still 0.47%; the worst case
+    #: 0.0% (tests/test_dependence.py). None: ``n_eff``.
+    fail_n_eff: float | None = None
+
+    @property
+    def n_eff_fail(self) -> float:
+        """The effective n the FAIL side uses: ``fail_n_eff``, else ``n_eff``."""
+        return self.n_eff if self.fail_n_eff is None else min(self.n_eff, self.fail_n_eff)
 
     def text(self) -> str:
         """``60 short requests in 15 waves, ICC within waves 0.42 (one-way ANOVA): effective n 26``."""
@@ -128,7 +140,7 @@ class Dependence:
         """The :class:`Dependence` a :meth:`to_dict` wrote (a step's evidence read back); raises
         KeyError when a field it needs is missing."""
         return cls(d["unit"], d["cluster"], d["n"], d.get("clusters"), d["measure"], d.get("value"),
-                   d["design_effect"], d["n_eff"], tuple(d.get("lag_autocorr") or ()))
+                   d["design_effect"], d["n_eff"], tuple(d.get("lag_autocorr") or ()), d.get("n_eff_fail"))
 
     def to_dict(self) -> dict[str, Any]:
         out = {"unit": self.unit, "cluster": self.cluster, "n": self.n, "clusters": self.clusters,
@@ -141,6 +153,8 @@ class Dependence:
             out["autocorr_sum_beyond_noise"] = (self.design_effect - 1.0) / 2.0
         if self.lags:
             out["lag_autocorr"] = list(self.lags)
+        if self.fail_n_eff is not None:
+            out["n_eff_fail"] = self.fail_n_eff
         return out
 
 
@@ -171,7 +185,7 @@ NOISE_Z = 1.645
 
 
 def send_order_dependence(xs: Sequence[float], max_lag: int, unit: str = "request",
-                          noise_z: float = NOISE_Z) -> Dependence:
+                          noise_z: float = NOISE_Z, fail_worst: bool = False) -> Dependence:
     """The :class:`Dependence` of a series in send order (a closed loop's requests): the
     autocorrelations at lags 1..``max_lag`` (the loop's concurrency: requests sent together are
     neighbours, and a lock-step loop repeats its wave every ``concurrency`` requests), the design
@@ -183,7 +197,10 @@ def send_order_dependence(xs: Sequence[float], max_lag: int, unit: str = "reques
     sum 1.5 against a noise allowance of 0.37 at 80 -- still lose most of theirs (simulated in
     tests/test_dependence.py at the limit: within the stated error rates). Fewer
     than ``max_lag + 2`` values: not estimable, design effect ``max_lag`` (the worst case of waves
-    of ``max_lag``)."""
+    of ``max_lag``). ``fail_worst`` (a run with a false-alarm budget): the FAIL side's effective n
+    (:attr:`Dependence.n_eff_fail`) is that worst case, ``n / max_lag``, whatever the estimate --
+    a FAIL at a budget's level (0.028% a look) cannot rest on an estimate that small samples bias
+    low; False: both sides at ``n_eff`` (validated at 95%: tests/test_dependence.py)."""
     n, k = len(xs), max(1, int(max_lag))
     lags = tuple(lag_autocorr(xs, j) for j in range(1, k + 1)) if n >= k + 2 else ()
     what = f"lag-1..{k} autocorrelation in send order" if k > 1 else "lag-1 autocorrelation in send order"
@@ -192,7 +209,8 @@ def send_order_dependence(xs: Sequence[float], max_lag: int, unit: str = "reques
         return Dependence(unit, "send order", n, None, what, None, deff, n / deff if n else 0.0, lags)
     s = sum((1 - j / n) * float(r) for j, r in enumerate(lags, 1) if r is not None)
     deff = 1.0 + 2.0 * max(0.0, s - noise_z * math.sqrt(k / n))
-    return Dependence(unit, "send order", n, None, what, float(s), deff, n / deff, lags)
+    worse = fail_worst and float(k) > deff
+    return Dependence(unit, "send order", n, None, what, float(s), deff, n / deff, lags, n / k if worse else None)
 
 
 def _floor_n(n_eff: float, n: int) -> int:
@@ -200,11 +218,11 @@ def _floor_n(n_eff: float, n: int) -> int:
 
 
 def dependent_bound(values: Sequence[float], q: float, confidence: float, pass_confidence: float | None,
-                    n_eff: float) -> PercentileBound:
+                    n_eff: float, fail_n_eff: float | None = None) -> PercentileBound:
     """The ``q``-quantile's one-sided bounds of ``values`` worth ``n_eff`` independent values:
     :func:`judge_dependent`'s ranks (those of ``m`` = floor(``n_eff``) mapped onto the ``n`` sorted
-    values, the conservative end of each block); the upper at ``pass_confidence`` when given. Its
-    ``n`` is ``m``. Used where a dependent sample is one side of a comparison
+    values, the conservative end of each block); the upper at ``pass_confidence`` when given; the
+    lower at ``fail_n_eff`` when given (:attr:`Dependence.n_eff_fail`). Its ``n`` is ``m``. Used where a dependent sample is one side of a comparison
     (:func:`kvgate.stats.twosample.judge_quantile_ratio`'s ``new_n_eff``)."""
     xs = sorted(float(v) for v in values)
     n = len(xs)
@@ -212,9 +230,10 @@ def dependent_bound(values: Sequence[float], q: float, confidence: float, pass_c
     if n == 0:
         return PercentileBound(q, 0, None, None, None, confidence, None, None, None if hi == confidence else hi)
     m = _floor_n(n_eff, n)
-    km, jm = upper_rank(m, q, hi), lower_rank(m, q, confidence)
+    mf = m if fail_n_eff is None else min(m, _floor_n(fail_n_eff, n))
+    km, jm = upper_rank(m, q, hi), lower_rank(mf, q, confidence)
     k = None if km is None else min(n, math.ceil(km * n / m - 1e-9))
-    j = None if jm is None else min(n, int(math.floor((jm - 1) * n / m + 1e-9)) + 1)
+    j = None if jm is None else min(n, int(math.floor((jm - 1) * n / mf + 1e-9)) + 1)
     return PercentileBound(q, m, percentile(xs, q * 100), xs[j - 1] if j else None, xs[k - 1] if k else None,
                            confidence, j, k, None if hi == confidence else hi)
 
@@ -232,7 +251,7 @@ def judge_dependent(values: Sequence[float], q: float, limit: float, confidence:
     its text prints as ``n=``). ``dep.n_eff >= n`` gives :func:`~kvgate.stats.confidence.judge`'s
     own ranks. Raises ValueError like :func:`~kvgate.stats.confidence.upper_rank`."""
     exceed = sum(1 for v in values if float(v) > limit)
-    b = dependent_bound(values, q, confidence, pass_confidence, dep.n_eff)
+    b = dependent_bound(values, q, confidence, pass_confidence, dep.n_eff, dep.n_eff_fail)
     if b.n == 0:
         return Judgement(b, limit, UNDECIDED, 0)
     d = decide(b.lower, b.upper, limit)
