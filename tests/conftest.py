@@ -261,6 +261,8 @@ E2E_DIR = "tests/e2e/"
 E2E_BESIDE_UNITS = (
     "test_causes.py",             # fit/live-pool, served-config, answers and compare FAILs: bytes, tokens, texts
     "test_docker_launch.py",      # a container's start and removal; gates against the fake, as the unit half's
+    "test_features.py",           # features PASS/FAIL on what came back (tool arguments, whitespace, cached_tokens);
+                                  # slowest reply 0.77 s of the 30 s features.deadline_s (2026-12-06)
     "test_kv_families.py",        # fit/live-pool token counts; preemptions of 10 long sequences (counts)
     "test_null_block.py",         # the fit FAIL and a refused start (or the probe's waiting 1, running 0)
     "test_overcommitted.py",      # fit FAIL and preemptions (counts)
