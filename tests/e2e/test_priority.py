@@ -1,14 +1,14 @@
 """The priority gate on the real embedded vLLM: started with --scheduling-policy priority it
 PASSES with a gain shown over 4 pairs of rounds (its lower bound at or above min_gain 3) and its
 short SLO's upper bound within (172 short requests with priority); the same profile served FCFS
-FAILS ("priority ignored": the gain's upper bound below 3, over 2 pairs). Two vLLM starts (~40 s
-each on 2 cores) plus two runs of the gate (8 and 4 rounds)."""
+FAILS ("priority ignored": the gain's upper bound below 3, over 2 pairs). Two vLLM starts (~20 s
+each on 2 cores) plus two runs of the gate (8 and 4 rounds); the FCFS server's run is shared with
+test_drain.py (tests/e2e/conftest.py ``fcfs_abort_run``: its drain gate runs last)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ..conftest import REPO
 from .test_embedded import main_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -30,15 +30,14 @@ def test_priority_server_passes_with_a_measured_gain(tmp_path):
           f"{runs['with']['preemptions']}; {g['evidence']['plan']['wall_s']:.0f} s of rounds")
 
 
-def test_same_profile_served_fcfs_fails_as_priority_ignored(tmp_path):
-    fcfs = tmp_path / "tiny-cpu-priority-served-fcfs.yaml"
-    # 2 pairs, not 4: a gain near 1 is shown below 3x by far with one degree of freedom (measured at 4 pairs:
-    # 0.98x, bounds 0.93..1.04, pair spread sd 0.05 in log -> at 2 pairs an upper bound ~1.2x); CI time
-    fcfs.write_text(f"name: tiny-cpu-priority\nextends: {REPO / 'profiles' / 'tiny-cpu-priority.yaml'}\n"
-                    "engine:\n  scheduling_policy: fcfs\npriority:\n  pairs: 2\n")
-    proc, summary = main_job(tmp_path, f"--profile={fcfs}", "-m", "priority")
+def test_same_profile_served_fcfs_fails_as_priority_ignored(fcfs_abort_run):
+    # the FCFS server's run (tests/e2e/conftest.py fcfs_abort_run: 2 pairs; its drain gate, last, is test_drain.py's)
+    proc, summary = fcfs_abort_run
     g = {x["id"]: x for x in summary["gates"]}[GID]
-    assert proc.returncode != 0 and g["status"] == "FAIL", g["message"]
+    assert proc.returncode == 1 and g["status"] == "FAIL", g["message"]
+    # nothing FAILed but this gate and the drain gate, whose abort on SIGTERM the shared run is there to show
+    failed = [x["id"] for x in summary["gates"] if x["status"] == "FAIL" and x["id"] != GID]
+    assert all(i.startswith("tiny-cpu-priority/drain/") for i in failed), failed
     assert "priority ignored: short TTFT p95" in g["message"]
     gj = g["evidence"]["confidence"]["gain"]
     assert gj["n"] == 2 and gj["upper"] < 3, g["message"]
