@@ -225,6 +225,9 @@ def test_latency_fail_side_at_the_false_alarm_budget_share():
     v = latency_verdict(budget, near, samp, "baseline B")
     assert v.status is Status.INCONCLUSIVE, v.message
     assert "bounds at 99.94% (new lower, baseline upper) and 97.5% (new upper, baseline lower)" in v.message
+    # 100 pairs hold no 99.94% upper bound of the baseline's p95: the verdict says no FAIL was possible and why
+    assert ("no FAIL possible at n=100: the baseline's 99.94% upper bound on a p95 needs at least 147 pairs "
+            "(raise compare.latency_requests_max)") in v.message, v.message
     assert v.evidence["levels"] == {"fail_per_look": fc, "pass_per_look": 0.95}
     assert v.evidence["sampling"]["fail_confidence"] == fc
     assert latency_decisions(budget, near, plan.per_look, plan.pass_level)["ttft"] == "UNDECIDED"

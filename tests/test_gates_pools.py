@@ -194,7 +194,9 @@ def test_isolation_with_too_few_samples_is_inconclusive_with_both_bounds():
            "(n=16; 0 over) straddle 300 ms -> undecided" in v.message
     assert "with the long load 80 ms..none (n=16), 3x alone 108 ms..none (n=16) overlap -> undecided" in v.message
     assert v.message.endswith("undecided after 16 short requests (sampling bounded by the short pool's "
-                              "slo.max_requests and slo.max_duration_s) -> INCONCLUSIVE")
+                              "slo.max_requests and slo.max_duration_s); no ratio FAIL was possible: the alone run's "
+                              "97.5% upper bound on a p95 needs at least 72 requests, it had 16 (raise the short "
+                              "pool's slo.max_requests) -> INCONCLUSIVE"), v.message
 
 
 def test_isolation_fails_on_the_slo_lower_bound_and_on_the_ratio_bounds():
@@ -235,6 +237,10 @@ def test_isolation_fail_side_at_the_false_alarm_budget_share():
     v = isolation_verdict(*ratio, SPEC, SHORT, 0.25, fail_confidence=fc)
     assert v.status is Status.INCONCLUSIVE and v.evidence["confidence"]["ratio"]["fail_confidence"] == fc
     assert "bounds of each run at 99.94% (with the load lower, alone upper) and 97.5% (with the load upper" in v.message
+    few = isolation_verdict(*runs(spread(100, 20, 30), spread(100, 60, 93)), SPEC, SHORT, 0.25, fail_confidence=fc)
+    assert few.status is Status.INCONCLUSIVE and ("no ratio FAIL was possible: the alone run's 99.94% upper bound "
+                                                  "on a p95 needs at least 147 requests, it had 100") in few.message, \
+        few.message
     bad = isolation_verdict(*runs(spread(200, 20, 30), spread(200, 150, 200)), SPEC, SHORT, 0.25, fail_confidence=fc)
     assert bad.status is Status.FAIL and "99.94% bounds of each run: with the long load lower 195 ms (n=200) > 3x " \
         "alone upper 30 ms" in bad.message  # 6.7x still FAILs

@@ -28,7 +28,7 @@ from kvgate.compare.latency import METRICS, Pairs, summary
 from kvgate.gates.common import FAIL, PASS, SKIP
 from kvgate.http.rendering import Rendering, parting
 from kvgate.profile.models import Profile
-from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, UNDECIDED
+from kvgate.stats.confidence import FAIL as J_FAIL, PASS as J_PASS, UNDECIDED, min_samples_to_pass
 from kvgate.stats.twosample import QuantileRatio, judge_quantile_ratio
 from kvgate.verdict import Status, Verdict
 
@@ -276,9 +276,15 @@ def _latency_clause(what: str, j: QuantileRatio, allowance: float, word: str) ->
     if word == "FAIL":
         return (f"{head}: new lower {ms(nb.lower)} (n={nb.n}) > {r:g} x baseline upper {ms(bb.upper)} "
                 f"(n={bb.n}) = {ms(r * bb.upper)} -> FAIL")
+    no_fail = ""
+    if bb.upper is None:  # a FAIL needs the baseline's upper bound: too few pairs for one at its level
+        lvl = j.fail_side if j.fail_confidence is not None else j.side
+        no_fail = (f"; no FAIL possible at n={bb.n}: the baseline's {lvl * 100:.4g}% upper bound on a "
+                   f"p{bb.q * 100:g} needs at least {min_samples_to_pass(bb.q, lvl):,} pairs (raise "
+                   "compare.latency_requests_max)")
     return (f"{head}: new {ms(nb.lower)}..{ms(nb.upper)} (n={nb.n}), {r:g} x baseline "
             f"{ms(None if bb.lower is None else r * bb.lower)}..{ms(None if bb.upper is None else r * bb.upper)} "
-            f"(n={bb.n}) overlap -> INCONCLUSIVE")
+            f"(n={bb.n}) overlap{no_fail} -> INCONCLUSIVE")
 
 
 def latency_verdict(profile: Profile, pairs: Pairs, sampling: dict[str, Any], label: str) -> Verdict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.stats.confidence import PASS as PASS_, FAIL as FAIL_, UNDECIDED, Judgement, LookPlan, PercentileBound, \
-    judge, plan_looks
+    judge, min_samples_to_pass, plan_looks
 from kvgate.stats.twosample import judge_quantile_ratio
 from kvgate.pools.routing import RoutingObservation
 from kvgate.profile.models import PoolsSpec, Profile
@@ -435,8 +435,15 @@ def isolation_verdict(alone: LoadObservation, mixed: LoadObservation, spec: Pool
         return Verdict(ISOLATION, FAIL, f"{body}; " + "; ".join(problems) + " -> FAIL", measured=pm, limit=slo,
                        unit="ms", evidence=ev)
     if chk.decision == UNDECIDED:
+        a = chk.ratio.alone
+        no_fail = ""
+        if chk.ratio.decision == UNDECIDED and a.upper is None:  # a ratio FAIL needs alone's upper bound
+            no_fail = (f"; no ratio FAIL was possible: the alone run's {a.upper_level * 100:.4g}% upper bound on a "
+                       f"p{a.q * 100:g} needs at least {min_samples_to_pass(a.q, a.upper_level):,} requests, it had "
+                       f"{a.n:,} (raise the short pool's slo.max_requests)")
         return Verdict(ISOLATION, Status.INCONCLUSIVE, f"{body}; undecided after {m['requests']} short requests "
-                       "(sampling bounded by the short pool's slo.max_requests and slo.max_duration_s) -> INCONCLUSIVE",
+                       f"(sampling bounded by the short pool's slo.max_requests and slo.max_duration_s){no_fail} "
+                       "-> INCONCLUSIVE",
                        measured=pm, limit=slo, unit="ms", evidence=ev)
     return Verdict(ISOLATION, PASS, f"{body}; {chk.hol['blocked']} of {chk.hol['judged']} short requests "
                    "head-of-line blocked -> PASS", measured=pm, limit=slo, unit="ms", evidence=ev)
