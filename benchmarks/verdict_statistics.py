@@ -301,7 +301,10 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
     L += ["", "## Per case: what runs, what is stated, what is healthy", "",
           "| case | decided by | stated | healthy truth | in the main job |", "|---|---|---|---|---|"]
     for name, c in CASES.items():
-        L.append(f"| {name} | {c.decided_by} | {_pct(c.stated)}: {c.claim} | {c.healthy} | "
+        stated = (f"{_pct(c.stated)}: {c.claim}" if c.stated_fail is None else
+                  f"PASS {_pct(c.stated)}: {c.claim}; FAIL {_pct(c.stated_fail)}: the false-alarm budget's share "
+                  f"(smollm2-cpu's verdicts.false_alarm_budget {_pct(BUDGET)} / {FAMILIES} families)")
+        L.append(f"| {name} | {c.decided_by} | {stated} | {c.healthy} | "
                  f"{'yes' if c.main_job else 'no'} |")
     L += ["", "Each adapter's docstring in `benchmarks/verdict_sim/cases.py` names the kvgate functions that decide "
           "(the scenario's plan, its sampling driver and `decide`, the gate's verdict function) and the truth it sets.",
