@@ -177,3 +177,15 @@ def test_send_order_text_states_the_sum_and_its_part_beyond_the_noise_allowance(
     # independent values: the sum is within its noise, nothing beyond: n kept
     ind = send_order_dependence(list(np.random.default_rng(4).normal(100, 10, 400)), 4)
     assert "(0.00 beyond noise)" in ind.text() and ind.n_eff == 400
+
+
+def test_the_fail_sides_worst_case_is_stated_where_a_budget_asks_for_it():
+    """Under a false-alarm budget (``fail_worst``) the text names the FAIL side's effective n (one
+    value per ``max_lag`` requests) beside the PASS side's; independent values keep both."""
+    from kvgate.stats.dependence import send_order_dependence
+    xs = list(np.random.default_rng(4).normal(100, 10, 400))
+    dep = send_order_dependence(xs, 4, fail_worst=True)
+    assert dep.n_eff == 400 and dep.n_eff_fail == 100 and dep.to_dict()["n_eff_fail"] == 100
+    assert dep.text().endswith("effective n 400.0 (a FAIL: one value per 4 requests, the worst case: effective n 100.0)")
+    plain = send_order_dependence(xs, 4)
+    assert plain.n_eff_fail == 400 and "a FAIL" not in plain.text() and "n_eff_fail" not in plain.to_dict()

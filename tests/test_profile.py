@@ -259,3 +259,25 @@ def test_pass_confidence_floor_above_confidence_is_an_error_naming_both(write_pr
     # below (and equal to) slo.confidence loads
     ok = load_profile(str(write_profile("floorok", MINIMAL + "slo:\n  confidence: 0.95\n  pass_confidence_floor: 0.6\n")))
     assert ok.slo.pass_confidence_floor == 0.6 and ok.slo.confidence == 0.95
+
+
+@pytest.mark.parametrize("value, says", [
+    ("1.0e-9", "greater than or equal to 0.000001"), ("0.5", "less than 0.5"), ("true", "valid number"),
+    ('"1%"', "valid number"), ("0", "greater than or equal to 0.000001")])
+def test_a_false_alarm_budget_out_of_range_is_one_line_naming_the_field(write_profile, value, says):
+    """verdicts.false_alarm_budget: below 1e-6 a FAIL level rounds to certainty (1 - 1e-15/9/4
+    is 1.0 in floating point: a harness error mid-run); a boolean is not 1.0."""
+    p = write_profile("b", MINIMAL + f"verdicts:\n  false_alarm_budget: {value}\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(p))
+    msg = str(e.value)
+    assert f"field 'verdicts.false_alarm_budget': Input should be" in msg and says in msg, msg
+
+
+def test_a_bare_verdicts_section_is_no_budget_and_a_loose_budget_moves_nothing(write_profile):
+    bare = load_profile(str(write_profile("bare", MINIMAL + "verdicts:\n  # false_alarm_budget: 0.01\n")))
+    assert bare.verdicts.false_alarm_budget is None and not bare.verdicts.raises(0.95)
+    loose = load_profile(str(write_profile("loose", MINIMAL + "verdicts:\n  false_alarm_budget: 0.45\n")))
+    assert loose.verdicts.fail_confidence(0.95) == 0.95 and not loose.verdicts.raises(0.95)  # 5% a family = its own
+    main = load_profile("smollm2-cpu")
+    assert main.verdicts.raises(0.95) and main.verdicts.fail_confidence(0.95) == pytest.approx(1 - 0.01 / 9)

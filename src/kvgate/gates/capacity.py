@@ -220,7 +220,7 @@ def step_decisions(records: Sequence[Any], profile: Profile, level: float, pass_
     otherwise (the profile's ``slo.pass_confidence_floor`` is for the last look only, where the
     sampling stops anyway)."""
     metrics, _ = _step_metrics(records, profile.slo, level, pass_level, concurrency,
-                               fail_worst=profile.verdicts.false_alarm_budget is not None)
+                               fail_worst=profile.verdicts.raises(profile.slo.confidence))
     out = {label: m["decision"] for label, m in metrics.items() if m.get("limit") is not None}
     errors, judged = error_rate(records)
     out["errors"] = judge_at_most(errors, judged, profile.slo.error_rate_max, level).decision if judged else C_PASS
@@ -243,7 +243,7 @@ def judge_step(obs: LoadObservation, profile: Profile, phase: str = "ladder") ->
     at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")
               or sampling.n >= sampling.plan.looks[-1])
     metrics, decisions = _step_metrics(recs, slo, conf, up, obs.concurrency, at_end,
-                                       profile.verdicts.false_alarm_budget is not None)
+                                       profile.verdicts.raises(profile.slo.confidence))
     n = len(recs)
     # the server's errors (RequestRecord.failed): a request cut by kvgate's own deadline (the step's time
     # bound) is censored, not an error, and is left out of the rate's denominator (load.sampling.error_rate)

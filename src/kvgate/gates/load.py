@@ -516,7 +516,7 @@ def _latency_verdict(obs: LoadObservation, profile: Profile) -> Verdict:
     at_end = (sampling is None or sampling.why_stopped in ("cap", "time", "source")
               or sampling.n >= sampling.plan.looks[-1])
     dependent = (latency_judgements(recs, slo, level, up, obs.concurrency, at_end,
-                                    fail_worst=profile.verdicts.false_alarm_budget is not None) if t is None else {})
+                                    fail_worst=profile.verdicts.raises(profile.slo.confidence)) if t is None else {})
     judged = {**judged, **{label: dj.judgement for label, dj in dependent.items()}}
 
     def said(label: str, j: Any, final: bool = True) -> str:

@@ -275,7 +275,7 @@ def latency_decide(profile: Profile, plan: LookPlan) -> Callable[[list[Any], flo
         at_end = len(records) >= plan.looks[-1]
         for label, dj in latency_judgements(records, profile.slo, level, plan.pass_level,
                                             profile.slo.concurrency, at_end=at_end,
-                                            fail_worst=profile.verdicts.false_alarm_budget is not None).items():
+                                            fail_worst=profile.verdicts.raises(profile.slo.confidence)).items():
             out[label] = dj.decision
         return out
     return decide

@@ -1192,11 +1192,12 @@ class SecuritySpec(_Strict):
 
 class VerdictsSpec(_Strict):
     """The run's false-alarm budget: the chance that a deployment sitting exactly on every limit
-    gets any statistical FAIL in one run. It is split equally (Bonferroni) over the fixed list of
-    statistical verdict families, :attr:`FAMILIES` -- the same split whatever ``-m`` selects, so a
-    verdict never depends on what else ran -- and each family's FAIL side is judged at
-    ``1 - budget / len(FAMILIES)`` (:func:`kvgate.stats.confidence.budget_level`), never below its
-    own confidence. The PASS side (a wrong PASS is not a false alarm) keeps the family's own level."""
+    gets any statistical FAIL in one run. It is split equally (Bonferroni) over kvgate's 9
+    statistical verdict families -- latency/slo, latency/interference, capacity, soak/memory,
+    soak/latency, answers/accuracy, compare/latency, pools/isolation, priority -- the same split
+    whatever -m selects, so a verdict never depends on what else ran. Each family's FAIL side is
+    judged at 1 - budget/9 (never below its own confidence); its PASS side keeps the family's own
+    level (a wrong PASS is not a false alarm)."""
 
     #: The statistical verdict families a run may hold (docs/verdict-statistics.md): each can FAIL
     #: a healthy deployment on its limit by chance. latency/slo's TTFT, ITL, e2e and error rate are
@@ -1206,15 +1207,21 @@ class VerdictsSpec(_Strict):
         "compare/latency", "pools/isolation", "priority")
 
     false_alarm_budget: float | None = Field(
-        default=None, gt=0, lt=0.5, description="[fraction] the chance a deployment on every limit gets any "
-        "statistical FAIL in one run, split equally over the 9 statistical verdict families (each FAIL side at "
-        "1 - budget/9, never below its own confidence); null: each family at its own confidence (a run may then "
-        "see up to the sum of their 1 - confidence)")
+        default=None, ge=1e-6, lt=0.5, strict=True, description="[fraction] the chance a deployment on every limit "
+        "gets any statistical FAIL in one run, split equally over the 9 statistical verdict families (each FAIL side "
+        "at 1 - budget/9, never below its own confidence; a closed loop's TTFT/e2e FAIL then counts one value per "
+        "slo.concurrency requests); at least 1e-6 (below it a level rounds to certainty); null: each family at its "
+        "own confidence (a run may then see up to the sum of their 1 - confidence)")
 
     def fail_confidence(self, own: float) -> float:
         """The FAIL side's overall level of a family whose own level is ``own`` (a fraction):
         ``max(own, 1 - false_alarm_budget / len(FAMILIES))``; ``own`` when no budget is set."""
         return budget_level(own, self.false_alarm_budget, len(self.FAMILIES))
+
+    def raises(self, own: float) -> bool:
+        """True when the budget moves a family of level ``own`` to a stricter FAIL side (a budget
+        whose share is no stricter than ``own`` changes nothing)."""
+        return self.fail_confidence(own) > own
 
 
 class Profile(_Strict):
@@ -1263,6 +1270,14 @@ class Profile(_Strict):
                          "and SDK-validated shapes the engine is known to break, accepted with a reason")
     verdicts: VerdictsSpec = Field(default_factory=VerdictsSpec, description="the run's false-alarm budget: the "
                                    "statistical FAILs' level, allocated over the verdict families")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_verdicts(cls, data: Any) -> Any:
+        """A bare ``verdicts:`` (its only key commented out) reads as no budget, not as an error."""
+        if isinstance(data, dict) and "verdicts" in data and data["verdicts"] is None:
+            data = {**data, "verdicts": {}}
+        return data
 
     @model_validator(mode="after")
     def _features(self) -> "Profile":

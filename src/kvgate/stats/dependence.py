@@ -132,7 +132,11 @@ class Dependence:
             # (send_order_dependence: design effect 1 + 2 * beyond)
             val = (f"{'sum ' if len(self.lags) > 1 else ''}{self.value:.2f} "
                    f"({(self.design_effect - 1.0) / 2.0:.2f} beyond noise)")
-            return f"{self.n:,} {self.unit}s, {self.measure}: {val}: effective n {self.n_eff:,.1f}"
+            fail = ""
+            if self.fail_n_eff is not None and self.fail_n_eff < self.n_eff:  # a budget's FAIL side: the worst case
+                fail = (f" (a FAIL: one value per {self.n / self.fail_n_eff:,.0f} {self.unit}s, the worst case: "
+                        f"effective n {self.fail_n_eff:,.1f})")
+            return f"{self.n:,} {self.unit}s, {self.measure}: {val}: effective n {self.n_eff:,.1f}{fail}"
         return (f"{self.n:,} {self.unit}s{where}, {self.measure} {val}: effective n {self.n_eff:,.1f}")
 
     @classmethod
