@@ -321,7 +321,9 @@ def test_a_traffic_workload_sends_the_samples_lengths_exactly_and_its_leak_is_ca
 
 def test_a_traffic_workload_with_sessions_soaks_whole_sessions_with_growing_history(pytester, fake_with, tmp_path):
     # 3-turn sessions sharing a 32-token system prompt (two blocks of the fake's 16), recorded
-    # 0.05 s apart, and single requests between them; the soak draws whole units of the sample
+    # 0.05 s apart, and single requests between them; the soak draws whole units of the sample. At
+    # 8 requests/s: at 12 a loaded CI host (2026-12-06) left the client sharing the fake's process
+    # behind its schedule in 2 of 9 rounds (p99 lag 544 ms > 500 ms): INVALID, not the server's doing
     rows = []
     for s in range(4):
         t = s * 0.5
@@ -332,7 +334,7 @@ def test_a_traffic_workload_with_sessions_soaks_whole_sessions_with_growing_hist
     prof = tmp_path / "fake-soak-sessions.yaml"
     prof.write_text(f"extends: {MIXED}\nengine: {{enable_prompt_tokens_details: true}}\nworkloads:\n"
                     "  trace: {prompt_tokens: 64, output_tokens: 8, concurrency: 2, traffic: sample.jsonl}\n"
-                    f"soak:\n  mix: {{trace: 1}}\n  rate_rps: 12\n  ttft_p95_slope_max_ms_per_h: {BUSY_HOST_TTFT_CEILING}\n")
+                    f"soak:\n  mix: {{trace: 1}}\n  rate_rps: 8\n  ttft_p95_slope_max_ms_per_h: {BUSY_HOST_TTFT_CEILING}\n")
     fake = fake_with(config=FakeConfig(max_tokens_cap=64, prompt_tokens_details=True))
     _, summary, gates, reports = run_soak(pytester, fake.url, profile=prof)
     mem, lat = gates["soak/memory"], gates["soak/latency"]
