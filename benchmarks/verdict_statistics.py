@@ -330,7 +330,8 @@ def render(rows: list[dict[str, Any]], b: dict[str, Any], meta: dict[str, Any]) 
           f"- **At the healthy point** (every truth at half its limit, no leak, no drop): {_pct(b['sum_healthy'])} "
           f"(sum), {_pct(b['union_healthy'])} (independent).",
           "- **The price**: power near the limit (the lower bound a FAIL needs moves down a few ranks); the power "
-          "columns above are measured at this level. No PASS needs more samples.",
+          "columns above are measured at this level (where a note says a row's power cells ran before the budget, "
+          "they read high). No PASS needs more samples.",
           "",
           "## Re-running it", "",
           "```bash",
